@@ -1,0 +1,6 @@
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // protoc comes from Debian's protobuf-compiler (scripts/bootstrap.sh installs it).
+    tonic_build::configure().compile_protos(&["gpufleet/v1/gpufleet.proto"], &["."])?;
+    println!("cargo:rerun-if-changed=gpufleet/v1/gpufleet.proto");
+    Ok(())
+}
