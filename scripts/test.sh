@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite (README command 2): installs what is missing, checks formatting,
+# builds both binaries, then runs every crate's tests, including the end-to-end suite
+# that drives real Terraform against a real backend process.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$GPUFLEET_ROOT"
+
+say() { printf '\n==> %s\n' "$*"; }
+
+say "bootstrap"
+scripts/bootstrap.sh
+
+say "cargo fmt --check"
+cargo fmt --all -- --check
+
+say "cargo build --workspace --bins"
+cargo build --workspace --bins
+
+target_dir="${CARGO_TARGET_DIR:-$GPUFLEET_ROOT/target}"
+export GPUFLEET_AGENT_BIN="$target_dir/debug/gpufleet-agent"
+export GPUFLEET_PROVIDER_BIN="$target_dir/debug/terraform-provider-gpufleet"
+TERRAFORM_BIN="$(command -v terraform)"
+export TERRAFORM_BIN
+
+say "cargo test --workspace (agent: $GPUFLEET_AGENT_BIN, terraform: $TERRAFORM_BIN)"
+cargo test --workspace
