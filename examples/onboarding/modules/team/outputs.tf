@@ -1,0 +1,41 @@
+output "tenant_id" {
+  description = "The team's tenant id."
+  value       = gpufleet_tenant.this.id
+}
+
+output "tenant_token" {
+  description = "The team's bearer token (issued at create; null after an import)."
+  value       = gpufleet_tenant.this.token
+  sensitive   = true
+}
+
+output "reservation_id" {
+  description = "The team's reservation id, or null without a reservation."
+  value       = one(gpufleet_reservation.this[*].id)
+}
+
+output "cluster_id" {
+  description = "The team's cluster id."
+  value       = gpufleet_tenant_cluster.this.id
+}
+
+output "cluster_endpoint" {
+  description = "Kubernetes API server URL or Slurm login host:port."
+  value       = gpufleet_tenant_cluster.this.endpoint
+}
+
+output "cluster_credentials" {
+  description = "A kubeconfig or Slurm login for the team's cluster alone."
+  value       = gpufleet_tenant_cluster.this.credentials
+  sensitive   = true
+}
+
+output "node_hostnames" {
+  description = "Hostnames of the cluster's nodes."
+  value       = gpufleet_tenant_cluster.this.nodes[*].hostname
+}
+
+output "storage_path" {
+  description = "Where the cluster's dedicated volume is mounted."
+  value       = gpufleet_tenant_cluster.this.storage_path
+}

@@ -1,0 +1,71 @@
+resource "gpufleet_tenant" "research" {
+  name = "ml-research"
+}
+
+resource "gpufleet_gpu_quota" "research_h100" {
+  tenant     = gpufleet_tenant.research.id
+  gpu_type   = "H100-80GB"
+  gpus       = 16
+  burst_gpus = 8
+}
+
+resource "gpufleet_gpu_quota" "research_a100" {
+  tenant   = gpufleet_tenant.research.id
+  gpu_type = "A100-80GB"
+  gpus     = 8
+}
+
+# A cluster can draw nodes only from a reservation that is active now. A start
+# time in the past is accepted and means "from now on".
+resource "gpufleet_reservation" "training" {
+  tenant     = gpufleet_tenant.research.id
+  gpu_type   = "H100-80GB"
+  node_count = 2
+  start_time = "2026-01-01T00:00:00Z"
+  end_time   = "2030-01-01T00:00:00Z"
+
+  depends_on = [gpufleet_gpu_quota.research_h100]
+}
+
+# A Kubernetes cluster on the two reserved H100 nodes.
+resource "gpufleet_tenant_cluster" "example" {
+  tenant         = gpufleet_tenant.research.id
+  name           = "training"
+  orchestrator   = "kubernetes"
+  gpu_type       = "H100-80GB"
+  node_count     = 2 # scales in place
+  reservation_id = gpufleet_reservation.training.id
+  storage_gib    = 500 # grows in place, never shrinks
+}
+
+# A Slurm cluster on one A100 node from the pool, each GPU split by MIG into
+# 3g.40gb + 2g.20gb + 2 x 1g.10gb (7 compute slices, 8 memory slices: a full GPU).
+resource "gpufleet_tenant_cluster" "inference" {
+  tenant       = gpufleet_tenant.research.id
+  name         = "inference"
+  orchestrator = "slurm"
+  gpu_type     = "A100-80GB"
+  node_count   = 1
+  storage_gib  = 100
+  mig_layout = {
+    "3g.40gb" = 1
+    "2g.20gb" = 1
+    "1g.10gb" = 2
+  }
+
+  depends_on = [gpufleet_gpu_quota.research_a100]
+}
+
+output "training_endpoint" {
+  value = gpufleet_tenant_cluster.example.endpoint
+}
+
+output "training_hostnames" {
+  value = gpufleet_tenant_cluster.example.nodes[*].hostname
+}
+
+# A kubeconfig for this cluster alone.
+output "training_kubeconfig" {
+  value     = gpufleet_tenant_cluster.example.credentials
+  sensitive = true
+}
