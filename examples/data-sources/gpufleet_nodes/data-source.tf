@@ -1,5 +1,6 @@
-# Every node the caller may see: all nodes with an admin token; with a tenant
-# token, free nodes and the tenant's own.
+# Every node the caller may see. With a tenant token, the holder (cluster_id,
+# tenant_id) of nodes held by other tenants is hidden, so read free nodes with
+# the admin token.
 data "gpufleet_nodes" "all" {}
 
 # Only the H100 nodes.
@@ -7,6 +8,11 @@ data "gpufleet_nodes" "h100" {
   gpu_type = "H100-80GB"
 }
 
-output "free_h100_hostnames" {
-  value = [for n in data.gpufleet_nodes.h100.nodes : n.hostname if n.cluster_id == ""]
+# H100 pool nodes no cluster runs on (nodes reserved but not yet drawn by a
+# cluster are among them).
+output "unassigned_h100_pool_hostnames" {
+  value = [
+    for n in data.gpufleet_nodes.h100.nodes : n.hostname
+    if n.capacity == "pool" && n.cluster_id == ""
+  ]
 }
