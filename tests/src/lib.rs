@@ -1,1 +1,20 @@
-//! placeholder
+//! End-to-end harness: the real backend binary, the real provider binary and real Terraform.
+//!
+//! - [`Backend`] starts `gpufleet-agent serve` on a free port with a temp data dir and stops it
+//!   on drop; [`Backend::restart`] keeps the data dir and the address.
+//! - [`Clients`] are the gRPC service clients that carry a bearer token on every call.
+//! - [`Terraform`] is one Terraform working directory wired to the provider binary through
+//!   `dev_overrides`, with methods that run Terraform and fail with its output.
+//!
+//! Binaries are found by env var (`GPUFLEET_AGENT_BIN`, `GPUFLEET_PROVIDER_BIN`,
+//! `TERRAFORM_BIN`), else in the workspace's build output (see [`binaries`]).
+
+pub mod backend;
+pub mod binaries;
+pub mod grpc;
+pub mod terraform;
+pub mod times;
+
+pub use backend::Backend;
+pub use grpc::Clients;
+pub use terraform::{Terraform, TfRun};

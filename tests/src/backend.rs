@@ -1,0 +1,217 @@
+//! One `gpufleet-agent serve` process with its own data dir, admin token and port.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::binaries;
+use crate::grpc::Clients;
+
+/// What `serve` prints on stdout once it accepts connections.
+const LISTENING_PREFIX: &str = "gpufleet-agent listening on ";
+
+/// A safety net for a backend that never gets to listen (a hang, not a slow start):
+/// startup takes well under a second.
+const STARTUP_LIMIT: Duration = Duration::from_secs(60);
+
+/// The simulated hardware's fault file, read by the agent from its data dir.
+pub const SIM_FAULTS_FILE: &str = "sim-faults.toml";
+
+pub struct Backend {
+    child: Option<Child>,
+    /// Holds the data dir and the agent's log; removed on drop.
+    root: tempfile::TempDir,
+    admin_token: String,
+    /// `host:port` the agent listens on; kept across restarts.
+    address: String,
+}
+
+impl Backend {
+    /// Starts the agent on a free port (`--listen 127.0.0.1:0`) with a fresh data dir and a
+    /// generated admin token, and waits for its listening line.
+    pub fn start() -> Backend {
+        let root = tempfile::Builder::new()
+            .prefix("gpufleet-backend-")
+            .tempdir()
+            .expect("create temp dir for the backend");
+        fs::create_dir_all(root.path().join("data")).expect("create data dir");
+        let mut backend = Backend {
+            child: None,
+            root,
+            admin_token: generate_token("admin"),
+            address: "127.0.0.1:0".to_string(),
+        };
+        backend.spawn();
+        backend
+    }
+
+    /// `http://host:port`, as the provider's `endpoint` takes it.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.root.path().join("data")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.root.path().join("agent.log")
+    }
+
+    /// The agent's stderr so far (its structured log), for failure messages.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// gRPC clients that act as the admin.
+    pub async fn admin(&self) -> Clients {
+        Clients::connect(&self.endpoint(), &self.admin_token).await
+    }
+
+    /// gRPC clients that act with `token` (e.g. a tenant's).
+    pub async fn clients(&self, token: &str) -> Clients {
+        Clients::connect(&self.endpoint(), token).await
+    }
+
+    /// Stops the agent with SIGTERM (a clean shutdown), then starts it again on the same
+    /// data dir, admin token and address.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// Makes the simulated hardware fail as `toml` says (e.g. `fail_create_after = 1`).
+    pub fn write_sim_faults(&self, toml: &str) {
+        let path = self.data_dir().join(SIM_FAULTS_FILE);
+        fs::write(&path, toml).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+
+    /// Removes the simulated hardware's fault file.
+    pub fn clear_sim_faults(&self) {
+        let path = self.data_dir().join(SIM_FAULTS_FILE);
+        if path.exists() {
+            fs::remove_file(&path).unwrap_or_else(|e| panic!("remove {}: {e}", path.display()));
+        }
+    }
+
+    fn spawn(&mut self) {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("open agent log");
+        let mut child = Command::new(binaries::agent())
+            .arg("serve")
+            .arg("--listen")
+            .arg(&self.address)
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .arg("--admin-token")
+            .arg(&self.admin_token)
+            .env_remove("GPUFLEET_ADMIN_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn gpufleet-agent serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        self.child = Some(child);
+        let address = self.wait_for_listening_line(stdout);
+        self.address = address;
+    }
+
+    /// Reads stdout until the listening line and returns its `host:port`. A thread keeps
+    /// draining stdout afterwards so the agent never blocks on a full pipe.
+    fn wait_for_listening_line(&mut self, stdout: std::process::ChildStdout) -> String {
+        let (lines_tx, lines_rx) = mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                // The receiver stops listening after the listening line; keep draining.
+                let _ = lines_tx.send(line);
+            }
+        });
+        loop {
+            match lines_rx.recv_timeout(STARTUP_LIMIT) {
+                Ok(line) => {
+                    if let Some(url) = line.trim().strip_prefix(LISTENING_PREFIX) {
+                        let address = url.trim().trim_start_matches("http://");
+                        return address.trim_end_matches('/').to_string();
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self.child.as_mut().and_then(|c| c.wait().ok());
+                    panic!(
+                        "gpufleet-agent exited ({status:?}) before printing {LISTENING_PREFIX:?}\n--- agent log ---\n{}",
+                        self.log()
+                    );
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.kill();
+                    panic!(
+                        "gpufleet-agent did not print {LISTENING_PREFIX:?} within {STARTUP_LIMIT:?}\n--- agent log ---\n{}",
+                        self.log()
+                    );
+                }
+            }
+        }
+    }
+
+    /// SIGTERM, then wait for the exit.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let status = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+            if !matches!(status, Ok(s) if s.success()) {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Path of a file in the data dir (for assertions on what the agent wrote).
+    pub fn data_file(&self, name: impl AsRef<Path>) -> PathBuf {
+        self.data_dir().join(name)
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A token nobody can guess within a test run: `prefix-` and 32 hex digits from the
+/// process's random hash keys.
+pub fn generate_token(prefix: &str) -> String {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let mut hex = String::new();
+    for _ in 0..2 {
+        let mut hasher = RandomState::new().build_hasher();
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default(),
+        );
+        hex.push_str(&format!("{:016x}", hasher.finish()));
+    }
+    format!("{prefix}-{hex}")
+}

@@ -1,0 +1,135 @@
+//! gRPC clients for every gpufleet.v1 service, carrying one bearer token.
+
+use gpufleet_proto::v1::fleet_service_client::FleetServiceClient;
+use gpufleet_proto::v1::gpu_quota_service_client::GpuQuotaServiceClient;
+use gpufleet_proto::v1::reservation_service_client::ReservationServiceClient;
+use gpufleet_proto::v1::tenant_cluster_service_client::TenantClusterServiceClient;
+use gpufleet_proto::v1::tenant_service_client::TenantServiceClient;
+use gpufleet_proto::v1::{
+    ListGpuQuotasRequest, ListNodesRequest, ListReservationsRequest, ListTenantClustersRequest,
+    ListTenantsRequest,
+};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone)]
+pub struct BearerAuth {
+    value: MetadataValue<Ascii>,
+}
+
+impl BearerAuth {
+    pub fn new(token: &str) -> BearerAuth {
+        let value = gpufleet_proto::bearer(token)
+            .parse()
+            .expect("a token is printable ASCII");
+        BearerAuth { value }
+    }
+}
+
+impl tonic::service::Interceptor for BearerAuth {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        request
+            .metadata_mut()
+            .insert(gpufleet_proto::AUTHORIZATION, self.value.clone());
+        Ok(request)
+    }
+}
+
+pub type Authed = InterceptedService<Channel, BearerAuth>;
+
+/// One client per service, all on one connection and one token.
+#[derive(Clone)]
+pub struct Clients {
+    pub tenants: TenantServiceClient<Authed>,
+    pub quotas: GpuQuotaServiceClient<Authed>,
+    pub reservations: ReservationServiceClient<Authed>,
+    pub clusters: TenantClusterServiceClient<Authed>,
+    pub fleet: FleetServiceClient<Authed>,
+}
+
+/// What the backend holds, as seen with one token: for "the backend is empty" and
+/// "nothing changed" assertions.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Inventory {
+    pub tenants: Vec<gpufleet_proto::v1::Tenant>,
+    pub quotas: Vec<gpufleet_proto::v1::GpuQuota>,
+    pub reservations: Vec<gpufleet_proto::v1::Reservation>,
+    pub clusters: Vec<gpufleet_proto::v1::TenantCluster>,
+}
+
+impl Inventory {
+    pub fn is_empty(&self) -> bool {
+        self.tenants.is_empty()
+            && self.quotas.is_empty()
+            && self.reservations.is_empty()
+            && self.clusters.is_empty()
+    }
+}
+
+impl Clients {
+    pub async fn connect(endpoint: &str, token: &str) -> Clients {
+        let channel = Channel::from_shared(endpoint.to_string())
+            .unwrap_or_else(|e| panic!("bad endpoint {endpoint:?}: {e}"))
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect to {endpoint}: {e}"));
+        let auth = BearerAuth::new(token);
+        Clients {
+            tenants: TenantServiceClient::with_interceptor(channel.clone(), auth.clone()),
+            quotas: GpuQuotaServiceClient::with_interceptor(channel.clone(), auth.clone()),
+            reservations: ReservationServiceClient::with_interceptor(channel.clone(), auth.clone()),
+            clusters: TenantClusterServiceClient::with_interceptor(channel.clone(), auth.clone()),
+            fleet: FleetServiceClient::with_interceptor(channel, auth),
+        }
+    }
+
+    /// Every tenant, quota, reservation and cluster this token can see. A tenant token's
+    /// ListTenants may be refused; that counts as "none visible".
+    pub async fn inventory(&mut self) -> Inventory {
+        let tenants = match self.tenants.list_tenants(ListTenantsRequest {}).await {
+            Ok(r) => r.into_inner().tenants,
+            Err(status) if status.code() == tonic::Code::PermissionDenied => Vec::new(),
+            Err(status) => panic!("ListTenants: {status}"),
+        };
+        let quotas = self
+            .quotas
+            .list_gpu_quotas(ListGpuQuotasRequest::default())
+            .await
+            .unwrap_or_else(|s| panic!("ListGpuQuotas: {s}"))
+            .into_inner()
+            .quotas;
+        let reservations = self
+            .reservations
+            .list_reservations(ListReservationsRequest::default())
+            .await
+            .unwrap_or_else(|s| panic!("ListReservations: {s}"))
+            .into_inner()
+            .reservations;
+        let clusters = self
+            .clusters
+            .list_tenant_clusters(ListTenantClustersRequest::default())
+            .await
+            .unwrap_or_else(|s| panic!("ListTenantClusters: {s}"))
+            .into_inner()
+            .clusters;
+        Inventory {
+            tenants,
+            quotas,
+            reservations,
+            clusters,
+        }
+    }
+
+    /// Every node this token can see.
+    pub async fn nodes(&mut self) -> Vec<gpufleet_proto::v1::Node> {
+        self.fleet
+            .list_nodes(ListNodesRequest::default())
+            .await
+            .unwrap_or_else(|s| panic!("ListNodes: {s}"))
+            .into_inner()
+            .nodes
+    }
+}
