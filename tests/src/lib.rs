@@ -11,7 +11,9 @@
 
 pub mod backend;
 pub mod binaries;
+pub mod fixtures;
 pub mod grpc;
+pub mod json;
 pub mod terraform;
 pub mod times;
 
