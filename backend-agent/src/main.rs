@@ -1,1 +1,53 @@
-fn main() {}
+//! `gpufleet-agent`: the gpufleet control plane (`serve`), its small admin client
+//! (`fleet`, `nodes`) and the read-only hardware check (`hw-check`).
+
+mod access;
+mod auth;
+mod catalog;
+mod cli;
+mod client;
+mod fleet;
+mod hardware;
+mod mig;
+mod rules;
+mod serve;
+mod services;
+mod state;
+mod store;
+mod volumes;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            cli::Command::Serve(args) => serve::run(args).await,
+            cli::Command::Fleet(args) => client::print_fleet(args).await,
+            cli::Command::Nodes(args) => client::print_nodes(args).await,
+            cli::Command::HwCheck(args) => client::hw_check(args),
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The small admin client: `fleet` and `nodes` tables, and `hw-check`.
+
+use anyhow::Context;
+use gpufleet_proto::v1::{self, fleet_service_client::FleetServiceClient};
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::cli::{ClientArgs, HwCheckArgs};
+
+type Client = FleetServiceClient<
+    InterceptedService<
+        Channel,
+        Box<dyn Fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send + Sync>,
+    >,
+>;
+
+fn token(args: &ClientArgs) -> anyhow::Result<String> {
+    if let Some(t) = args.token.as_ref().filter(|t| !t.is_empty()) {
+        return Ok(t.clone());
+    }
+    let path = args.data_dir.join("admin.token");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "no token: set GPUFLEET_TOKEN or --token, or run where {} exists",
+            path.display()
+        )
+    })?;
+    Ok(text.trim().to_string())
+}
+
+async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
+    let value: MetadataValue<_> = gpufleet_proto::bearer(&token(args)?)
+        .parse()
+        .context("the token is not valid header text")?;
+    let channel = Channel::from_shared(args.endpoint.clone())
+        .with_context(|| format!("bad endpoint '{}'", args.endpoint))?
+        .connect()
+        .await
+        .with_context(|| {
+            format!(
+                "cannot reach the control plane at {} (is `gpufleet-agent serve` running?)",
+                args.endpoint
+            )
+        })?;
+    let add_token: Box<
+        dyn Fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send + Sync,
+    > = Box::new(move |mut req: tonic::Request<()>| {
+        req.metadata_mut()
+            .insert(gpufleet_proto::AUTHORIZATION, value.clone());
+        Ok(req)
+    });
+    Ok(FleetServiceClient::with_interceptor(channel, add_token))
+}
+
+/// The status code and message, without transport metadata.
+fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+}
+
+/// Left-aligned columns wide enough for every cell.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        parts.join("  ").trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out += &line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+pub async fn print_fleet(args: ClientArgs) -> anyhow::Result<()> {
+    let mut client = connect(&args).await?;
+    let types = client
+        .list_gpu_types(v1::ListGpuTypesRequest {})
+        .await
+        .map_err(status)?
+        .into_inner()
+        .gpu_types;
+    let nodes = client
+        .list_nodes(v1::ListNodesRequest::default())
+        .await
+        .map_err(status)?
+        .into_inner()
+        .nodes;
+    let rows: Vec<Vec<String>> = types
+        .iter()
+        .map(|t| {
+            let free = |cap: &str| {
+                nodes
+                    .iter()
+                    .filter(|n| {
+                        n.gpu_type == t.name && n.capacity == cap && n.cluster_id.is_empty()
+                    })
+                    .count()
+            };
+            vec![
+                t.name.clone(),
+                t.gpus_per_node.to_string(),
+                format!("{}", t.memory_mib),
+                t.pool_nodes.to_string(),
+                free("pool").to_string(),
+                t.on_demand_nodes.to_string(),
+                free("on-demand").to_string(),
+                if t.mig_capable { "yes" } else { "no" }.into(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(
+            &[
+                "GPU TYPE",
+                "GPUS/NODE",
+                "MEMORY MIB",
+                "POOL NODES",
+                "POOL FREE",
+                "ON-DEMAND NODES",
+                "ON-DEMAND FREE",
+                "MIG"
+            ],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+pub async fn print_nodes(args: ClientArgs) -> anyhow::Result<()> {
+    let mut client = connect(&args).await?;
+    let nodes = client
+        .list_nodes(v1::ListNodesRequest::default())
+        .await
+        .map_err(status)?
+        .into_inner()
+        .nodes;
+    let rows: Vec<Vec<String>> = nodes
+        .into_iter()
+        .map(|n| {
+            let cluster = if n.cluster_id.is_empty() {
+                "-".to_string()
+            } else {
+                n.cluster_id
+            };
+            vec![
+                n.hostname,
+                n.gpu_type,
+                n.capacity,
+                n.gpu_count.to_string(),
+                n.driver_version,
+                cluster,
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(
+            &["HOSTNAME", "GPU TYPE", "CAPACITY", "GPUS", "DRIVER", "CLUSTER"],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+pub fn hw_check(args: HwCheckArgs) -> anyhow::Result<()> {
+    print!("{}", crate::hardware::check_report(args.hardware)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tables_align_columns() {
+        let t = super::table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(t, "A    BB\nxyz  1\n");
+    }
+}

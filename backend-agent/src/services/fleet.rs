@@ -1,0 +1,148 @@
+//! FleetService: nodes, GPU types, availability over a window, MIG layout checks.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gpufleet_proto::v1::{self, fleet_service_server::FleetService};
+use tonic::{Request, Response, Status};
+
+use super::{capacity, holdings, invalid, node_messages, Exclude};
+use crate::auth::authenticate;
+use crate::catalog;
+use crate::state::{db_error, now, rfc3339, AppState};
+use crate::store::{self, nodes::POOL};
+
+pub struct Fleet {
+    pub state: Arc<AppState>,
+}
+
+impl Fleet {
+    fn list_nodes(
+        &self,
+        request: Request<v1::ListNodesRequest>,
+    ) -> Result<v1::ListNodesResponse, Status> {
+        let conn = self.state.db();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        let req = request.into_inner();
+        let gpu_type = Some(req.gpu_type.as_str()).filter(|s| !s.is_empty());
+        let cluster = Some(req.cluster_id.as_str()).filter(|s| !s.is_empty());
+        // Filtering by another tenant's cluster answers like an unknown cluster: nothing.
+        if let Some(c) = cluster {
+            let visible = store::clusters::get(&conn, c)
+                .map_err(db_error)?
+                .is_some_and(|c| caller.sees(&c.tenant_id));
+            if !visible {
+                return Ok(v1::ListNodesResponse { nodes: vec![] });
+            }
+        }
+        let rows = store::nodes::list(&conn, gpu_type, cluster).map_err(db_error)?;
+        Ok(v1::ListNodesResponse {
+            nodes: node_messages(&conn, &caller, rows)?,
+        })
+    }
+
+    fn list_gpu_types(
+        &self,
+        request: Request<v1::ListGpuTypesRequest>,
+    ) -> Result<v1::ListGpuTypesResponse, Status> {
+        let conn = self.state.db();
+        authenticate(&self.state, &conn, &request)?;
+        let mut types: BTreeMap<String, v1::GpuType> = BTreeMap::new();
+        for n in store::nodes::list(&conn, None, None).map_err(db_error)? {
+            let t = types
+                .entry(n.gpu_type.clone())
+                .or_insert_with(|| v1::GpuType {
+                    name: n.gpu_type.clone(),
+                    gpus_per_node: n.gpu_count as i32,
+                    memory_mib: catalog::memory_mib(&n.gpu_type).unwrap_or(0) as i64,
+                    mig_capable: catalog::mig_capable(&n.gpu_type),
+                    mig_profiles: catalog::mig_profiles(&n.gpu_type),
+                    ..Default::default()
+                });
+            if n.capacity == POOL {
+                t.pool_nodes += 1;
+            } else {
+                t.on_demand_nodes += 1;
+            }
+        }
+        Ok(v1::ListGpuTypesResponse {
+            gpu_types: types.into_values().collect(),
+        })
+    }
+
+    fn availability(
+        &self,
+        request: Request<v1::AvailabilityRequest>,
+    ) -> Result<v1::Availability, Status> {
+        let conn = self.state.db();
+        authenticate(&self.state, &conn, &request)?;
+        let req = request.into_inner();
+        catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
+        let t = now();
+        let start = req
+            .start_time
+            .as_ref()
+            .map(gpufleet_proto::timestamp::to_unix)
+            .unwrap_or(t)
+            .max(t);
+        let end = req
+            .end_time
+            .as_ref()
+            .map(gpufleet_proto::timestamp::to_unix);
+        if let Some(end) = end {
+            if end <= start {
+                return Err(invalid(format!(
+                    "end_time: must be after start_time and in the future ({} is not after {})",
+                    rfc3339(end),
+                    rfc3339(start)
+                )));
+            }
+        }
+        let held = holdings(&conn, &req.gpu_type, t, Exclude::default())?;
+        let cap = capacity(&conn, &req.gpu_type, &held)?;
+        Ok(v1::Availability {
+            free_pool_nodes: cap.free_pool(start, end),
+            free_on_demand_nodes: cap.free_on_demand(start, end),
+            gpu_type: req.gpu_type,
+        })
+    }
+
+    fn check_mig_layout(
+        &self,
+        request: Request<v1::CheckMigLayoutRequest>,
+    ) -> Result<v1::CheckMigLayoutResponse, Status> {
+        let conn = self.state.db();
+        authenticate(&self.state, &conn, &request)?;
+        let req = request.into_inner();
+        catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
+        crate::mig::check(&req.gpu_type, &req.layout)
+    }
+}
+
+#[tonic::async_trait]
+impl FleetService for Fleet {
+    async fn list_nodes(
+        &self,
+        r: Request<v1::ListNodesRequest>,
+    ) -> Result<Response<v1::ListNodesResponse>, Status> {
+        Fleet::list_nodes(self, r).map(Response::new)
+    }
+    async fn list_gpu_types(
+        &self,
+        r: Request<v1::ListGpuTypesRequest>,
+    ) -> Result<Response<v1::ListGpuTypesResponse>, Status> {
+        Fleet::list_gpu_types(self, r).map(Response::new)
+    }
+    async fn get_availability(
+        &self,
+        r: Request<v1::AvailabilityRequest>,
+    ) -> Result<Response<v1::Availability>, Status> {
+        self.availability(r).map(Response::new)
+    }
+    async fn check_mig_layout(
+        &self,
+        r: Request<v1::CheckMigLayoutRequest>,
+    ) -> Result<Response<v1::CheckMigLayoutResponse>, Status> {
+        Fleet::check_mig_layout(self, r).map(Response::new)
+    }
+}

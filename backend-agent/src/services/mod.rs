@@ -1,0 +1,290 @@
+//! gRPC services, one module per service, and what they share: status helpers,
+//! visibility rules, and loading the holdings the capacity and quota arithmetic needs.
+
+pub mod clusters;
+pub mod fleet;
+pub mod quotas;
+pub mod reservations;
+pub mod tenants;
+
+use std::collections::HashMap;
+
+use gpufleet_proto::v1;
+use rusqlite::Connection;
+use sha2::{Digest, Sha256};
+use tonic::Status;
+
+use crate::auth::Caller;
+use crate::rules::{Capacity, Span};
+use crate::state::db_error;
+use crate::store::{self, nodes::POOL, tenants::TenantRow};
+
+pub fn invalid(message: impl Into<String>) -> Status {
+    Status::invalid_argument(message)
+}
+
+pub fn precondition(message: impl Into<String>) -> Status {
+    Status::failed_precondition(message)
+}
+
+/// The one NOT_FOUND message for an id, whether it does not exist or belongs to
+/// another tenant, so a tenant cannot learn what others have.
+pub fn not_found(kind: &str, id: &str) -> Status {
+    Status::not_found(format!("{kind} '{id}' not found"))
+}
+
+/// A stable digest of a create request's parameters, to tell a retry from a reused id.
+pub fn fingerprint(parts: &[&dyn std::fmt::Debug]) -> String {
+    let text: Vec<String> = parts.iter().map(|p| format!("{p:?}")).collect();
+    hex::encode(Sha256::digest(text.join("\u{1f}").as_bytes()))
+}
+
+pub fn request_id_conflict(request_id: &str, kind: &str) -> Status {
+    invalid(format!(
+        "request_id: '{request_id}' was already used for a different {kind} create request; use a new request_id"
+    ))
+}
+
+/// The tenant a request acts for: the given id when the caller may see it, the caller's
+/// own tenant when a tenant token leaves it empty.
+pub fn target_tenant(
+    conn: &Connection,
+    caller: &Caller,
+    tenant_id: &str,
+) -> Result<TenantRow, Status> {
+    let id = match (caller, tenant_id) {
+        (Caller::Tenant(own), "") => own.as_str(),
+        (Caller::Admin, "") => return Err(invalid("tenant_id: required")),
+        (_, id) => id,
+    };
+    visible_tenant(conn, caller, id)
+}
+
+pub fn visible_tenant(conn: &Connection, caller: &Caller, id: &str) -> Result<TenantRow, Status> {
+    match store::tenants::get(conn, id).map_err(db_error)? {
+        Some(t) if caller.sees(&t.id) => Ok(t),
+        _ => Err(not_found("tenant", id)),
+    }
+}
+
+/// The tenant filter of a List call: None (all) for the admin without a filter.
+pub fn list_scope(
+    conn: &Connection,
+    caller: &Caller,
+    tenant_id: &str,
+) -> Result<Option<String>, Status> {
+    match (caller, tenant_id) {
+        (Caller::Admin, "") => Ok(None),
+        _ => Ok(Some(target_tenant(conn, caller, tenant_id)?.id)),
+    }
+}
+
+pub fn to_timestamp(unix: i64) -> Option<prost_types::Timestamp> {
+    Some(gpufleet_proto::timestamp::from_unix(unix))
+}
+
+pub fn to_hash_map<V: Clone>(m: &std::collections::BTreeMap<String, V>) -> HashMap<String, V> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+pub fn gpus_per_node(conn: &Connection, gpu_type: &str) -> Result<i64, Status> {
+    conn.query_row(
+        "SELECT COALESCE(MAX(gpu_count), 0) FROM nodes WHERE gpu_type = ?1",
+        [gpu_type],
+        |r| r.get(0),
+    )
+    .map_err(db_error)
+}
+
+/// Who holds nodes of one model, and when.
+#[derive(Debug, Clone)]
+pub struct Holding {
+    pub tenant_id: String,
+    pub start: i64,
+    pub end: Option<i64>,
+    pub pool: i64,
+    pub on_demand: i64,
+    /// A cluster that does not draw from a live reservation (counts as "used" now).
+    pub unreserved_cluster: bool,
+    pub is_reservation: bool,
+}
+
+/// What to leave out when computing holdings, because the request replaces it.
+#[derive(Default, Clone, Copy)]
+pub struct Exclude<'a> {
+    pub cluster: Option<&'a str>,
+    /// A reservation being updated, and its new end (its clusters outlive it from then).
+    pub reservation: Option<(&'a str, i64)>,
+}
+
+/// Everything that holds nodes of `gpu_type` from `now` on:
+/// - reservations hold their pool/on-demand nodes over their window;
+/// - clusters drawing from a reservation hold their nodes from the reservation's end on
+///   (the reservation covers them until then);
+/// - other clusters hold their nodes from now on (open-ended).
+pub fn holdings(
+    conn: &Connection,
+    gpu_type: &str,
+    now: i64,
+    exclude: Exclude,
+) -> Result<Vec<Holding>, Status> {
+    let mut out = Vec::new();
+    let mut reservation_end = HashMap::new();
+    for r in store::reservations::list(conn, None, Some(gpu_type)).map_err(db_error)? {
+        let end = match exclude.reservation {
+            Some((id, new_end)) if id == r.id => {
+                reservation_end.insert(r.id.clone(), new_end);
+                continue;
+            }
+            _ => r.end_time,
+        };
+        reservation_end.insert(r.id.clone(), end);
+        if end > now {
+            out.push(Holding {
+                tenant_id: r.tenant_id,
+                start: r.start_time,
+                end: Some(end),
+                pool: r.pool_nodes,
+                on_demand: r.on_demand_nodes,
+                unreserved_cluster: false,
+                is_reservation: true,
+            });
+        }
+    }
+    for c in store::clusters::list(conn, None, Some(gpu_type), None).map_err(db_error)? {
+        if exclude.cluster == Some(c.id.as_str()) {
+            continue;
+        }
+        let held = store::nodes::list(conn, None, Some(&c.id)).map_err(db_error)?;
+        let pool = held.iter().filter(|n| n.capacity == POOL).count() as i64;
+        let live_end = c
+            .reservation_id
+            .as_ref()
+            .and_then(|r| reservation_end.get(r).copied())
+            .filter(|&end| end > now);
+        out.push(Holding {
+            tenant_id: c.tenant_id,
+            start: live_end.unwrap_or(now),
+            end: None,
+            pool,
+            on_demand: held.len() as i64 - pool,
+            unreserved_cluster: live_end.is_none(),
+            is_reservation: false,
+        });
+    }
+    Ok(out)
+}
+
+pub fn node_counts(conn: &Connection, gpu_type: &str) -> Result<(i64, i64), Status> {
+    conn.query_row(
+        "SELECT COALESCE(SUM(capacity = 'pool'), 0), COALESCE(SUM(capacity = 'on-demand'), 0) FROM nodes WHERE gpu_type = ?1",
+        [gpu_type],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .map_err(db_error)
+}
+
+pub fn capacity(
+    conn: &Connection,
+    gpu_type: &str,
+    holdings: &[Holding],
+) -> Result<Capacity, Status> {
+    let (pool_nodes, on_demand_nodes) = node_counts(conn, gpu_type)?;
+    let span = |h: &Holding, amount: i64| Span {
+        start: h.start,
+        end: h.end,
+        amount,
+    };
+    Ok(Capacity {
+        pool_nodes,
+        on_demand_nodes,
+        pool_used: holdings.iter().map(|h| span(h, h.pool)).collect(),
+        on_demand_used: holdings.iter().map(|h| span(h, h.on_demand)).collect(),
+    })
+}
+
+/// A tenant's GPU demand over time, from its holdings.
+pub fn demand(holdings: &[Holding], tenant_id: &str, gpus_per_node: i64) -> Vec<Span> {
+    holdings
+        .iter()
+        .filter(|h| h.tenant_id == tenant_id)
+        .map(|h| Span {
+            start: h.start,
+            end: h.end,
+            amount: (h.pool + h.on_demand) * gpus_per_node,
+        })
+        .collect()
+}
+
+/// The store's quota limit for a tenant and model, for the rules.
+pub fn limit(
+    conn: &Connection,
+    tenant_id: &str,
+    gpu_type: &str,
+) -> Result<Option<crate::rules::Limit>, Status> {
+    Ok(store::quotas::for_model(conn, tenant_id, gpu_type)
+        .map_err(db_error)?
+        .map(|q| crate::rules::Limit {
+            gpus: q.gpus,
+            burst_gpus: q.burst_gpus,
+        }))
+}
+
+/// Nodes as the API shows them; a tenant caller does not learn who holds others' nodes.
+pub fn node_messages(
+    conn: &Connection,
+    caller: &Caller,
+    rows: Vec<store::nodes::NodeRow>,
+) -> Result<Vec<v1::Node>, Status> {
+    let mut out = Vec::with_capacity(rows.len());
+    for n in rows {
+        let tenant_id = match &n.cluster_id {
+            Some(c) => store::clusters::get(conn, c)
+                .map_err(db_error)?
+                .map(|c| c.tenant_id)
+                .unwrap_or_default(),
+            None => String::new(),
+        };
+        let (cluster_id, tenant_id) = if caller.sees(&tenant_id) {
+            (n.cluster_id.clone().unwrap_or_default(), tenant_id)
+        } else {
+            (String::new(), String::new())
+        };
+        let mut gpus = Vec::new();
+        for g in store::nodes::gpus(conn, &n.id).map_err(db_error)? {
+            let mig_devices = store::nodes::mig_devices(conn, &n.id, g.index)
+                .map_err(db_error)?
+                .into_iter()
+                .map(|d| v1::MigDevice {
+                    profile: d.profile,
+                    profile_id: d.profile_id as i32,
+                    start: d.start as i32,
+                    size: d.size as i32,
+                    memory_mib: d.memory_mib,
+                    uuid: d.uuid,
+                })
+                .collect();
+            gpus.push(v1::Gpu {
+                index: g.index as i32,
+                uuid: g.uuid,
+                model: g.model,
+                memory_mib: g.memory_mib,
+                mig_enabled: g.mig_enabled,
+                mig_devices,
+            });
+        }
+        out.push(v1::Node {
+            id: n.id,
+            hostname: n.hostname,
+            gpu_type: n.gpu_type,
+            capacity: n.capacity,
+            gpu_count: n.gpu_count as i32,
+            gpus,
+            driver_version: n.driver_version,
+            cuda_version: n.cuda_version,
+            cluster_id,
+            tenant_id,
+        });
+    }
+    Ok(out)
+}

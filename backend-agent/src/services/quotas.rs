@@ -1,0 +1,261 @@
+//! GpuQuotaService: per-tenant, per-model GPU limits and their usage.
+
+use std::sync::Arc;
+
+use gpufleet_proto::v1::{self, gpu_quota_service_server::GpuQuotaService};
+use tonic::{Request, Response, Status};
+
+use super::{
+    demand, fingerprint, gpus_per_node, holdings, invalid, list_scope, not_found, precondition,
+    request_id_conflict, visible_tenant, Exclude,
+};
+use crate::auth::{authenticate, Caller};
+use crate::rules::{self, Limit, QuotaSubject, Span};
+use crate::state::{db_error, now, AppState};
+use crate::{catalog, store};
+use rusqlite::Connection;
+use store::{idempotency::Prior, quotas::QuotaRow};
+
+pub struct Quotas {
+    pub state: Arc<AppState>,
+}
+
+fn message(q: QuotaRow) -> v1::GpuQuota {
+    v1::GpuQuota {
+        id: q.id,
+        tenant_id: q.tenant_id,
+        gpu_type: q.gpu_type,
+        gpus: q.gpus,
+        burst_gpus: q.burst_gpus,
+    }
+}
+
+fn visible_quota(conn: &Connection, caller: &Caller, id: &str) -> Result<QuotaRow, Status> {
+    match store::quotas::get(conn, id).map_err(db_error)? {
+        Some(q) if caller.sees(&q.tenant_id) => Ok(q),
+        _ => Err(not_found("gpu quota", id)),
+    }
+}
+
+impl Quotas {
+    fn create(&self, request: Request<v1::CreateGpuQuotaRequest>) -> Result<v1::GpuQuota, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        authenticate(&self.state, &tx, &request)?.require_admin("creating a gpu quota")?;
+        let req = request.into_inner();
+        rules::required("request_id", &req.request_id).map_err(invalid)?;
+        rules::required("tenant_id", &req.tenant_id).map_err(invalid)?;
+        catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
+        rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
+        rules::at_least("burst_gpus", req.burst_gpus, 0).map_err(invalid)?;
+        let tenant = visible_tenant(&tx, &Caller::Admin, &req.tenant_id)?;
+        let print = fingerprint(&[&req.tenant_id, &req.gpu_type, &req.gpus, &req.burst_gpus]);
+        let quota =
+            match store::idempotency::lookup(&tx, "quota", &tenant.id, &req.request_id, &print)
+                .map_err(db_error)?
+            {
+                Prior::Same(id) => store::quotas::get(&tx, &id)
+                    .map_err(db_error)?
+                    .ok_or_else(|| not_found("gpu quota", &id))?,
+                Prior::Conflict => return Err(request_id_conflict(&req.request_id, "gpu quota")),
+                Prior::New => {
+                    if let Some(existing) = store::quotas::for_model(&tx, &tenant.id, &req.gpu_type)
+                        .map_err(db_error)?
+                    {
+                        return Err(Status::already_exists(format!(
+                        "gpu_type: tenant '{}' already has a {} quota (id {}); update it instead",
+                        tenant.name, req.gpu_type, existing.id
+                    )));
+                    }
+                    let q = QuotaRow {
+                        id: uuid::Uuid::new_v4().to_string(),
+                        tenant_id: tenant.id.clone(),
+                        gpu_type: req.gpu_type,
+                        gpus: req.gpus,
+                        burst_gpus: req.burst_gpus,
+                    };
+                    store::quotas::insert(&tx, &q).map_err(db_error)?;
+                    store::idempotency::record(
+                        &tx,
+                        "quota",
+                        &tenant.id,
+                        &req.request_id,
+                        &print,
+                        &q.id,
+                    )
+                    .map_err(db_error)?;
+                    q
+                }
+            };
+        tx.commit().map_err(db_error)?;
+        Ok(message(quota))
+    }
+
+    fn get(&self, request: Request<v1::GetGpuQuotaRequest>) -> Result<v1::GpuQuota, Status> {
+        let conn = self.state.db();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        Ok(message(visible_quota(
+            &conn,
+            &caller,
+            &request.get_ref().id,
+        )?))
+    }
+
+    fn list(
+        &self,
+        request: Request<v1::ListGpuQuotasRequest>,
+    ) -> Result<v1::ListGpuQuotasResponse, Status> {
+        let conn = self.state.db();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        let scope = list_scope(&conn, &caller, &request.get_ref().tenant_id)?;
+        let quotas = store::quotas::list(&conn, scope.as_deref()).map_err(db_error)?;
+        Ok(v1::ListGpuQuotasResponse {
+            quotas: quotas.into_iter().map(message).collect(),
+        })
+    }
+
+    fn update(&self, request: Request<v1::UpdateGpuQuotaRequest>) -> Result<v1::GpuQuota, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        authenticate(&self.state, &tx, &request)?.require_admin("updating a gpu quota")?;
+        let req = request.into_inner();
+        let mut q = visible_quota(&tx, &Caller::Admin, &req.id)?;
+        rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
+        rules::at_least("burst_gpus", req.burst_gpus, 0).map_err(invalid)?;
+        let tenant = visible_tenant(&tx, &Caller::Admin, &q.tenant_id)?;
+        let t = now();
+        let held = holdings(&tx, &q.gpu_type, t, Exclude::default())?;
+        let gpn = gpus_per_node(&tx, &q.gpu_type)?;
+        let subject = QuotaSubject {
+            tenant: &tenant.name,
+            gpu_type: &q.gpu_type,
+        };
+        rules::check_quota_update(
+            &subject,
+            Limit {
+                gpus: req.gpus,
+                burst_gpus: req.burst_gpus,
+            },
+            &demand(&held, &q.tenant_id, gpn),
+            t,
+        )
+        .map_err(precondition)?;
+        q.gpus = req.gpus;
+        q.burst_gpus = req.burst_gpus;
+        store::quotas::update(&tx, &q.id, q.gpus, q.burst_gpus).map_err(db_error)?;
+        tx.commit().map_err(db_error)?;
+        Ok(message(q))
+    }
+
+    fn delete(
+        &self,
+        request: Request<v1::DeleteGpuQuotaRequest>,
+    ) -> Result<v1::DeleteResponse, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        authenticate(&self.state, &tx, &request)?.require_admin("deleting a gpu quota")?;
+        let q = visible_quota(&tx, &Caller::Admin, &request.get_ref().id)?;
+        let reservations = store::reservations::list(&tx, Some(&q.tenant_id), Some(&q.gpu_type))
+            .map_err(db_error)?;
+        let clusters = store::clusters::list(&tx, Some(&q.tenant_id), Some(&q.gpu_type), None)
+            .map_err(db_error)?;
+        if !reservations.is_empty() || !clusters.is_empty() {
+            let mut what: Vec<String> = reservations
+                .iter()
+                .map(|r| format!("reservation {}", r.id))
+                .collect();
+            what.extend(clusters.iter().map(|c| format!("cluster '{}'", c.name)));
+            return Err(precondition(format!(
+                "the {} quota is still used by {}; delete them first",
+                q.gpu_type,
+                what.join(", ")
+            )));
+        }
+        store::quotas::delete(&tx, &q.id).map_err(db_error)?;
+        store::idempotency::forget(&tx, &q.id).map_err(db_error)?;
+        tx.commit().map_err(db_error)?;
+        Ok(v1::DeleteResponse {})
+    }
+
+    fn usage(&self, request: Request<v1::QuotaUsageRequest>) -> Result<v1::QuotaUsage, Status> {
+        let conn = self.state.db();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        let req = request.into_inner();
+        let tenant = super::target_tenant(&conn, &caller, &req.tenant_id)?;
+        catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
+        let t = now();
+        let held: Vec<_> = holdings(&conn, &req.gpu_type, t, Exclude::default())?
+            .into_iter()
+            .filter(|h| h.tenant_id == tenant.id)
+            .collect();
+        let gpn = gpus_per_node(&conn, &req.gpu_type)?;
+        let used: i64 = held
+            .iter()
+            .filter(|h| h.unreserved_cluster)
+            .map(|h| (h.pool + h.on_demand) * gpn)
+            .sum();
+        let reservations: Vec<Span> = held
+            .iter()
+            .filter(|h| h.is_reservation)
+            .map(|h| Span {
+                start: h.start,
+                end: h.end,
+                amount: (h.pool + h.on_demand) * gpn,
+            })
+            .collect();
+        let reserved = rules::peak(&reservations, t, None);
+        let limit = super::limit(&conn, &tenant.id, &req.gpu_type)?.unwrap_or(Limit {
+            gpus: 0,
+            burst_gpus: 0,
+        });
+        Ok(v1::QuotaUsage {
+            tenant_id: tenant.id,
+            gpu_type: req.gpu_type,
+            gpus: limit.gpus,
+            burst_gpus: limit.burst_gpus,
+            used,
+            reserved,
+            available: (limit.total() - used - reserved).max(0),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl GpuQuotaService for Quotas {
+    async fn create_gpu_quota(
+        &self,
+        r: Request<v1::CreateGpuQuotaRequest>,
+    ) -> Result<Response<v1::GpuQuota>, Status> {
+        self.create(r).map(Response::new)
+    }
+    async fn get_gpu_quota(
+        &self,
+        r: Request<v1::GetGpuQuotaRequest>,
+    ) -> Result<Response<v1::GpuQuota>, Status> {
+        self.get(r).map(Response::new)
+    }
+    async fn list_gpu_quotas(
+        &self,
+        r: Request<v1::ListGpuQuotasRequest>,
+    ) -> Result<Response<v1::ListGpuQuotasResponse>, Status> {
+        self.list(r).map(Response::new)
+    }
+    async fn update_gpu_quota(
+        &self,
+        r: Request<v1::UpdateGpuQuotaRequest>,
+    ) -> Result<Response<v1::GpuQuota>, Status> {
+        self.update(r).map(Response::new)
+    }
+    async fn delete_gpu_quota(
+        &self,
+        r: Request<v1::DeleteGpuQuotaRequest>,
+    ) -> Result<Response<v1::DeleteResponse>, Status> {
+        self.delete(r).map(Response::new)
+    }
+    async fn get_quota_usage(
+        &self,
+        r: Request<v1::QuotaUsageRequest>,
+    ) -> Result<Response<v1::QuotaUsage>, Status> {
+        self.usage(r).map(Response::new)
+    }
+}

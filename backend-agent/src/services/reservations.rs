@@ -1,0 +1,348 @@
+//! ReservationService: nodes of one GPU model held for a tenant over a time window.
+
+use std::sync::Arc;
+
+use gpufleet_proto::v1::{self, reservation_service_server::ReservationService};
+use rusqlite::Connection;
+use tonic::{Request, Response, Status};
+
+use super::{
+    capacity, demand, fingerprint, gpus_per_node, holdings, invalid, list_scope, not_found,
+    precondition, request_id_conflict, target_tenant, to_timestamp, Exclude,
+};
+use crate::auth::{authenticate, Caller};
+use crate::catalog;
+use crate::rules::{self, QuotaSubject, Span, Split};
+use crate::state::{db_error, now, rfc3339, AppState};
+use crate::store::{self, idempotency::Prior, nodes::POOL, reservations::ReservationRow};
+
+pub struct Reservations {
+    pub state: Arc<AppState>,
+}
+
+pub fn message(r: ReservationRow, now: i64) -> v1::Reservation {
+    v1::Reservation {
+        status: rules::reservation_status(r.start_time, r.end_time, now).into(),
+        id: r.id,
+        tenant_id: r.tenant_id,
+        gpu_type: r.gpu_type,
+        node_count: r.node_count,
+        start_time: to_timestamp(r.start_time),
+        end_time: to_timestamp(r.end_time),
+        allow_on_demand: r.allow_on_demand,
+        pool_nodes: r.pool_nodes,
+        on_demand_nodes: r.on_demand_nodes,
+    }
+}
+
+pub fn visible_reservation(
+    conn: &Connection,
+    caller: &Caller,
+    id: &str,
+) -> Result<ReservationRow, Status> {
+    match store::reservations::get(conn, id).map_err(db_error)? {
+        Some(r) if caller.sees(&r.tenant_id) => Ok(r),
+        _ => Err(not_found("reservation", id)),
+    }
+}
+
+/// Pool and on-demand nodes the clusters of a reservation hold.
+pub fn held_by_clusters(conn: &Connection, reservation_id: &str) -> Result<Split, Status> {
+    let mut held = Split {
+        pool: 0,
+        on_demand: 0,
+    };
+    for c in store::clusters::list(conn, None, None, Some(reservation_id)).map_err(db_error)? {
+        for n in store::nodes::list(conn, None, Some(&c.id)).map_err(db_error)? {
+            if n.capacity == POOL {
+                held.pool += 1;
+            } else {
+                held.on_demand += 1;
+            }
+        }
+    }
+    Ok(held)
+}
+
+/// Places `r` (its node_count and window) against everything else, and checks the quota.
+fn place(
+    conn: &Connection,
+    tenant_name: &str,
+    r: &mut ReservationRow,
+    exclude: Exclude,
+    min: Split,
+    t: i64,
+) -> Result<(), Status> {
+    let held = holdings(conn, &r.gpu_type, t, exclude)?;
+    let cap = capacity(conn, &r.gpu_type, &held)?;
+    let from = r.start_time.max(t);
+    let window = format!("from {} to {}", rfc3339(from), rfc3339(r.end_time));
+    let split = rules::split_reservation(
+        &r.gpu_type,
+        &cap,
+        r.node_count,
+        from,
+        r.end_time,
+        r.allow_on_demand,
+        min,
+        &window,
+    )
+    .map_err(precondition)?;
+    let gpn = gpus_per_node(conn, &r.gpu_type)?;
+    let subject = QuotaSubject {
+        tenant: tenant_name,
+        gpu_type: &r.gpu_type,
+    };
+    let limit = super::limit(conn, &r.tenant_id, &r.gpu_type)?;
+    let new = Span {
+        start: r.start_time,
+        end: Some(r.end_time),
+        amount: r.node_count * gpn,
+    };
+    rules::check_quota(&subject, limit, &demand(&held, &r.tenant_id, gpn), new, t)
+        .map_err(precondition)?;
+    r.pool_nodes = split.pool;
+    r.on_demand_nodes = split.on_demand;
+    Ok(())
+}
+
+impl Reservations {
+    fn create(
+        &self,
+        request: Request<v1::CreateReservationRequest>,
+    ) -> Result<v1::Reservation, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        let caller = authenticate(&self.state, &tx, &request)?;
+        let req = request.into_inner();
+        rules::required("request_id", &req.request_id).map_err(invalid)?;
+        let tenant = target_tenant(&tx, &caller, &req.tenant_id)?;
+        catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
+        rules::at_least("node_count", req.node_count, 1).map_err(invalid)?;
+        let t = now();
+        let start = req
+            .start_time
+            .as_ref()
+            .map(gpufleet_proto::timestamp::to_unix)
+            .unwrap_or(t);
+        let end = req
+            .end_time
+            .as_ref()
+            .map(gpufleet_proto::timestamp::to_unix)
+            .ok_or_else(|| invalid("end_time: required"))?;
+        if end <= start {
+            return Err(invalid(format!(
+                "end_time: must be after start_time ({} is not after {})",
+                rfc3339(end),
+                rfc3339(start)
+            )));
+        }
+        if end <= t {
+            return Err(invalid(format!(
+                "end_time: must be in the future (got {})",
+                rfc3339(end)
+            )));
+        }
+        let print = fingerprint(&[
+            &tenant.id,
+            &req.gpu_type,
+            &req.node_count,
+            &start,
+            &end,
+            &req.allow_on_demand,
+        ]);
+        let r = match store::idempotency::lookup(
+            &tx,
+            "reservation",
+            &tenant.id,
+            &req.request_id,
+            &print,
+        )
+        .map_err(db_error)?
+        {
+            Prior::Same(id) => store::reservations::get(&tx, &id)
+                .map_err(db_error)?
+                .ok_or_else(|| not_found("reservation", &id))?,
+            Prior::Conflict => return Err(request_id_conflict(&req.request_id, "reservation")),
+            Prior::New => {
+                let mut r = ReservationRow {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    tenant_id: tenant.id.clone(),
+                    gpu_type: req.gpu_type,
+                    node_count: req.node_count,
+                    // A window that began in the past starts now.
+                    start_time: start.max(t),
+                    end_time: end,
+                    allow_on_demand: req.allow_on_demand,
+                    pool_nodes: 0,
+                    on_demand_nodes: 0,
+                };
+                place(
+                    &tx,
+                    &tenant.name,
+                    &mut r,
+                    Exclude::default(),
+                    Split {
+                        pool: 0,
+                        on_demand: 0,
+                    },
+                    t,
+                )?;
+                store::reservations::insert(&tx, &r).map_err(db_error)?;
+                store::idempotency::record(
+                    &tx,
+                    "reservation",
+                    &tenant.id,
+                    &req.request_id,
+                    &print,
+                    &r.id,
+                )
+                .map_err(db_error)?;
+                tracing::info!(id = %r.id, tenant = %tenant.name, nodes = r.node_count, "created reservation");
+                r
+            }
+        };
+        tx.commit().map_err(db_error)?;
+        Ok(message(r, t))
+    }
+
+    fn get(&self, request: Request<v1::GetReservationRequest>) -> Result<v1::Reservation, Status> {
+        let conn = self.state.db();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        Ok(message(
+            visible_reservation(&conn, &caller, &request.get_ref().id)?,
+            now(),
+        ))
+    }
+
+    fn list(
+        &self,
+        request: Request<v1::ListReservationsRequest>,
+    ) -> Result<v1::ListReservationsResponse, Status> {
+        let conn = self.state.db();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        let scope = list_scope(&conn, &caller, &request.get_ref().tenant_id)?;
+        let t = now();
+        let rows = store::reservations::list(&conn, scope.as_deref(), None).map_err(db_error)?;
+        Ok(v1::ListReservationsResponse {
+            reservations: rows.into_iter().map(|r| message(r, t)).collect(),
+        })
+    }
+
+    fn update(
+        &self,
+        request: Request<v1::UpdateReservationRequest>,
+    ) -> Result<v1::Reservation, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        let caller = authenticate(&self.state, &tx, &request)?;
+        let req = request.into_inner();
+        let mut r = visible_reservation(&tx, &caller, &req.id)?;
+        let tenant = super::visible_tenant(&tx, &Caller::Admin, &r.tenant_id)?;
+        let t = now();
+        // 0 / absent leave a field unchanged (proto3 has no presence for int64).
+        if req.node_count < 0 {
+            return Err(invalid(format!(
+                "node_count: must be at least 1 (got {})",
+                req.node_count
+            )));
+        }
+        if req.node_count > 0 {
+            r.node_count = req.node_count;
+        }
+        if let Some(end) = req
+            .end_time
+            .as_ref()
+            .map(gpufleet_proto::timestamp::to_unix)
+        {
+            if end <= r.start_time {
+                return Err(invalid(format!(
+                    "end_time: must be after start_time ({} is not after {})",
+                    rfc3339(end),
+                    rfc3339(r.start_time)
+                )));
+            }
+            if end <= t {
+                return Err(invalid(format!(
+                    "end_time: must be in the future (got {})",
+                    rfc3339(end)
+                )));
+            }
+            r.end_time = end;
+        }
+        let held = held_by_clusters(&tx, &r.id)?;
+        if r.node_count < held.pool + held.on_demand {
+            return Err(precondition(format!(
+                "node_count: cannot shrink to {} while its clusters hold {} nodes; scale or delete them first",
+                r.node_count,
+                held.pool + held.on_demand
+            )));
+        }
+        let id = r.id.clone();
+        let exclude = Exclude {
+            cluster: None,
+            reservation: Some((&id, r.end_time)),
+        };
+        place(&tx, &tenant.name, &mut r, exclude, held, t)?;
+        store::reservations::update(&tx, &r).map_err(db_error)?;
+        tx.commit().map_err(db_error)?;
+        Ok(message(r, t))
+    }
+
+    fn delete(
+        &self,
+        request: Request<v1::DeleteReservationRequest>,
+    ) -> Result<v1::DeleteResponse, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        let caller = authenticate(&self.state, &tx, &request)?;
+        let r = visible_reservation(&tx, &caller, &request.get_ref().id)?;
+        let clusters = store::clusters::list(&tx, None, None, Some(&r.id)).map_err(db_error)?;
+        if !clusters.is_empty() {
+            let names: Vec<String> = clusters.iter().map(|c| format!("'{}'", c.name)).collect();
+            return Err(precondition(format!(
+                "reservation {} still has clusters drawing from it: {}; delete them first",
+                r.id,
+                names.join(", ")
+            )));
+        }
+        store::reservations::delete(&tx, &r.id).map_err(db_error)?;
+        store::idempotency::forget(&tx, &r.id).map_err(db_error)?;
+        tx.commit().map_err(db_error)?;
+        Ok(v1::DeleteResponse {})
+    }
+}
+
+#[tonic::async_trait]
+impl ReservationService for Reservations {
+    async fn create_reservation(
+        &self,
+        r: Request<v1::CreateReservationRequest>,
+    ) -> Result<Response<v1::Reservation>, Status> {
+        self.create(r).map(Response::new)
+    }
+    async fn get_reservation(
+        &self,
+        r: Request<v1::GetReservationRequest>,
+    ) -> Result<Response<v1::Reservation>, Status> {
+        self.get(r).map(Response::new)
+    }
+    async fn list_reservations(
+        &self,
+        r: Request<v1::ListReservationsRequest>,
+    ) -> Result<Response<v1::ListReservationsResponse>, Status> {
+        self.list(r).map(Response::new)
+    }
+    async fn update_reservation(
+        &self,
+        r: Request<v1::UpdateReservationRequest>,
+    ) -> Result<Response<v1::Reservation>, Status> {
+        self.update(r).map(Response::new)
+    }
+    async fn delete_reservation(
+        &self,
+        r: Request<v1::DeleteReservationRequest>,
+    ) -> Result<Response<v1::DeleteResponse>, Status> {
+        self.delete(r).map(Response::new)
+    }
+}

@@ -1,0 +1,120 @@
+//! Tenant cluster rows. Their nodes are the `nodes` rows whose `cluster_id` points here.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{Connection, OptionalExtension, Row};
+
+use super::{from_json, to_json};
+
+#[derive(Debug, Clone)]
+pub struct ClusterRow {
+    pub id: String,
+    pub tenant_id: String,
+    pub name: String,
+    pub orchestrator: String,
+    pub gpu_type: String,
+    pub node_count: i64,
+    pub reservation_id: Option<String>,
+    pub storage_gib: i64,
+    pub status: String,
+    pub endpoint: String,
+    pub credentials: String,
+    pub storage_path: String,
+    pub mig_layout: BTreeMap<String, u32>,
+}
+
+const COLUMNS: &str = "id, tenant_id, name, orchestrator, gpu_type, node_count, reservation_id, storage_gib, status, endpoint, credentials, storage_path, mig_layout";
+
+fn from_row(r: &Row) -> rusqlite::Result<ClusterRow> {
+    Ok(ClusterRow {
+        id: r.get(0)?,
+        tenant_id: r.get(1)?,
+        name: r.get(2)?,
+        orchestrator: r.get(3)?,
+        gpu_type: r.get(4)?,
+        node_count: r.get(5)?,
+        reservation_id: r.get(6)?,
+        storage_gib: r.get(7)?,
+        status: r.get(8)?,
+        endpoint: r.get(9)?,
+        credentials: r.get(10)?,
+        storage_path: r.get(11)?,
+        mig_layout: from_json(&r.get::<_, String>(12)?),
+    })
+}
+
+pub fn insert(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
+    conn.execute(
+        &format!(
+            "INSERT INTO clusters ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        ),
+        rusqlite::params![
+            c.id,
+            c.tenant_id,
+            c.name,
+            c.orchestrator,
+            c.gpu_type,
+            c.node_count,
+            c.reservation_id,
+            c.storage_gib,
+            c.status,
+            c.endpoint,
+            c.credentials,
+            c.storage_path,
+            to_json(&c.mig_layout)
+        ],
+    )?;
+    Ok(())
+}
+
+pub fn get(conn: &Connection, id: &str) -> rusqlite::Result<Option<ClusterRow>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM clusters WHERE id = ?1"),
+        [id],
+        from_row,
+    )
+    .optional()
+}
+
+pub fn by_name(
+    conn: &Connection,
+    tenant_id: &str,
+    name: &str,
+) -> rusqlite::Result<Option<ClusterRow>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM clusters WHERE tenant_id = ?1 AND name = ?2"),
+        [tenant_id, name],
+        from_row,
+    )
+    .optional()
+}
+
+/// Clusters filtered by tenant, GPU model and/or reservation.
+pub fn list(
+    conn: &Connection,
+    tenant_id: Option<&str>,
+    gpu_type: Option<&str>,
+    reservation_id: Option<&str>,
+) -> rusqlite::Result<Vec<ClusterRow>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM clusters
+         WHERE (?1 IS NULL OR tenant_id = ?1) AND (?2 IS NULL OR gpu_type = ?2)
+           AND (?3 IS NULL OR reservation_id = ?3)
+         ORDER BY tenant_id, name"
+    ))?;
+    let rows = stmt.query_map([tenant_id, gpu_type, reservation_id], from_row)?;
+    rows.collect()
+}
+
+pub fn update(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE clusters SET node_count = ?2, storage_gib = ?3, status = ?4, mig_layout = ?5 WHERE id = ?1",
+        (&c.id, c.node_count, c.storage_gib, &c.status, to_json(&c.mig_layout)),
+    )?;
+    Ok(())
+}
+
+pub fn delete(conn: &Connection, id: &str) -> rusqlite::Result<()> {
+    conn.execute("DELETE FROM clusters WHERE id = ?1", [id])?;
+    Ok(())
+}

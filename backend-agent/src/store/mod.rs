@@ -1,0 +1,183 @@
+//! The durable state: one SQLite database under the data dir.
+//!
+//! WAL journal, foreign keys on, a busy timeout, and schema migrations kept in code as an
+//! ordered list; each applied migration is recorded in `schema_version`. Callers run every
+//! mutation inside one transaction, so a crash leaves either the old or the new state.
+
+pub mod clusters;
+pub mod idempotency;
+pub mod nodes;
+pub mod quotas;
+pub mod reservations;
+pub mod tenants;
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+/// Migrations in order; index + 1 is the schema version. Never edit an applied one: append.
+const MIGRATIONS: &[&str] = &[
+    // 1: the initial schema.
+    r#"
+    CREATE TABLE tenants (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        display_name TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        token_hash TEXT NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL
+    );
+    CREATE TABLE quotas (
+        id TEXT PRIMARY KEY,
+        tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        gpu_type TEXT NOT NULL,
+        gpus INTEGER NOT NULL CHECK (gpus >= 0),
+        burst_gpus INTEGER NOT NULL CHECK (burst_gpus >= 0),
+        UNIQUE (tenant_id, gpu_type)
+    );
+    CREATE TABLE reservations (
+        id TEXT PRIMARY KEY,
+        tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        gpu_type TEXT NOT NULL,
+        node_count INTEGER NOT NULL CHECK (node_count >= 1),
+        start_time INTEGER NOT NULL,
+        end_time INTEGER NOT NULL,
+        allow_on_demand INTEGER NOT NULL,
+        pool_nodes INTEGER NOT NULL CHECK (pool_nodes >= 0),
+        on_demand_nodes INTEGER NOT NULL CHECK (on_demand_nodes >= 0),
+        CHECK (end_time > start_time),
+        CHECK (pool_nodes + on_demand_nodes = node_count)
+    );
+    CREATE TABLE clusters (
+        id TEXT PRIMARY KEY,
+        tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        name TEXT NOT NULL,
+        orchestrator TEXT NOT NULL CHECK (orchestrator IN ('kubernetes', 'slurm')),
+        gpu_type TEXT NOT NULL,
+        node_count INTEGER NOT NULL CHECK (node_count >= 1),
+        reservation_id TEXT REFERENCES reservations(id),
+        storage_gib INTEGER NOT NULL CHECK (storage_gib >= 1),
+        status TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        credentials TEXT NOT NULL,
+        storage_path TEXT NOT NULL,
+        mig_layout TEXT NOT NULL,
+        UNIQUE (tenant_id, name)
+    );
+    -- A node belongs to at most one cluster: ownership is this single column.
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        hostname TEXT NOT NULL UNIQUE,
+        gpu_type TEXT NOT NULL,
+        capacity TEXT NOT NULL CHECK (capacity IN ('pool', 'on-demand')),
+        gpu_count INTEGER NOT NULL,
+        driver_version TEXT NOT NULL,
+        cuda_version TEXT NOT NULL,
+        cluster_id TEXT REFERENCES clusters(id)
+    );
+    CREATE TABLE gpus (
+        node_id TEXT NOT NULL REFERENCES nodes(id),
+        idx INTEGER NOT NULL,
+        uuid TEXT NOT NULL UNIQUE,
+        model TEXT NOT NULL,
+        memory_mib INTEGER NOT NULL,
+        mig_enabled INTEGER NOT NULL,
+        PRIMARY KEY (node_id, idx)
+    );
+    CREATE TABLE mig_devices (
+        node_id TEXT NOT NULL,
+        gpu_idx INTEGER NOT NULL,
+        profile TEXT NOT NULL,
+        profile_id INTEGER NOT NULL,
+        start INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        memory_mib INTEGER NOT NULL,
+        uuid TEXT NOT NULL,
+        PRIMARY KEY (node_id, gpu_idx, start),
+        FOREIGN KEY (node_id, gpu_idx) REFERENCES gpus(node_id, idx)
+    );
+    -- Idempotent creates: (kind, scope, request_id) -> the object the first call created.
+    -- scope is the owning tenant id (empty for tenants) so request ids never collide
+    -- across tenants.
+    CREATE TABLE idempotency (
+        kind TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        object_id TEXT NOT NULL,
+        PRIMARY KEY (kind, scope, request_id)
+    );
+    "#,
+];
+
+/// Opens (creating when needed) the database and brings its schema up to date.
+pub fn open(path: &Path) -> anyhow::Result<Connection> {
+    let mut conn = Connection::open(path)?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    migrate(&mut conn)?;
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+    )?;
+    let current: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+        [],
+        |r| r.get(0),
+    )?;
+    if current > MIGRATIONS.len() as i64 {
+        anyhow::bail!(
+            "the database has schema version {current}, newer than this binary knows ({}); use a newer gpufleet-agent",
+            MIGRATIONS.len()
+        );
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (?1, ?2)",
+            (i as i64 + 1, crate::state::now()),
+        )?;
+        tx.commit()?;
+        tracing::info!(version = i + 1, "applied schema migration");
+    }
+    Ok(())
+}
+
+/// Serializes a string map for a TEXT column.
+pub fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("maps of strings always serialize")
+}
+
+pub fn from_json<T: serde::de::DeserializeOwned + Default>(text: &str) -> T {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn migrations_apply_once_and_are_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        drop(super::open(&path).unwrap());
+        let conn = super::open(&path).unwrap();
+        let versions: i64 = conn
+            .query_row("SELECT COUNT(*) FROM schema_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(versions, super::MIGRATIONS.len() as i64);
+        let fk: i64 = conn
+            .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(fk, 1);
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+}

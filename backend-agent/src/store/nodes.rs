@@ -1,0 +1,188 @@
+//! Node, GPU and MIG device rows: the fleet as NVML would report it.
+
+use rusqlite::{Connection, Row};
+
+#[derive(Debug, Clone)]
+pub struct NodeRow {
+    pub id: String,
+    pub hostname: String,
+    pub gpu_type: String,
+    /// "pool" or "on-demand".
+    pub capacity: String,
+    pub gpu_count: i64,
+    pub driver_version: String,
+    pub cuda_version: String,
+    pub cluster_id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct GpuRow {
+    pub node_id: String,
+    pub index: i64,
+    pub uuid: String,
+    pub model: String,
+    pub memory_mib: i64,
+    pub mig_enabled: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigDeviceRow {
+    pub profile: String,
+    pub profile_id: i64,
+    pub start: i64,
+    pub size: i64,
+    pub memory_mib: i64,
+    pub uuid: String,
+}
+
+pub const POOL: &str = "pool";
+pub const ON_DEMAND: &str = "on-demand";
+
+const COLUMNS: &str =
+    "id, hostname, gpu_type, capacity, gpu_count, driver_version, cuda_version, cluster_id";
+
+fn from_row(r: &Row) -> rusqlite::Result<NodeRow> {
+    Ok(NodeRow {
+        id: r.get(0)?,
+        hostname: r.get(1)?,
+        gpu_type: r.get(2)?,
+        capacity: r.get(3)?,
+        gpu_count: r.get(4)?,
+        driver_version: r.get(5)?,
+        cuda_version: r.get(6)?,
+        cluster_id: r.get(7)?,
+    })
+}
+
+pub fn count(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("SELECT COUNT(*) FROM nodes", [], |r| r.get(0))
+}
+
+pub fn insert(conn: &Connection, n: &NodeRow, gpus: &[GpuRow]) -> rusqlite::Result<()> {
+    conn.execute(
+        &format!("INSERT INTO nodes ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+        rusqlite::params![
+            n.id,
+            n.hostname,
+            n.gpu_type,
+            n.capacity,
+            n.gpu_count,
+            n.driver_version,
+            n.cuda_version,
+            n.cluster_id
+        ],
+    )?;
+    for g in gpus {
+        conn.execute(
+            "INSERT INTO gpus (node_id, idx, uuid, model, memory_mib, mig_enabled) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            (&g.node_id, g.index, &g.uuid, &g.model, g.memory_mib, g.mig_enabled),
+        )?;
+    }
+    Ok(())
+}
+
+/// Nodes in hostname order, optionally narrowed to a GPU model and/or a cluster.
+pub fn list(
+    conn: &Connection,
+    gpu_type: Option<&str>,
+    cluster_id: Option<&str>,
+) -> rusqlite::Result<Vec<NodeRow>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM nodes
+         WHERE (?1 IS NULL OR gpu_type = ?1) AND (?2 IS NULL OR cluster_id = ?2)
+         ORDER BY hostname"
+    ))?;
+    let rows = stmt.query_map([gpu_type, cluster_id], from_row)?;
+    rows.collect()
+}
+
+/// Free nodes of a model and capacity kind, lowest hostname first.
+pub fn free(conn: &Connection, gpu_type: &str, capacity: &str) -> rusqlite::Result<Vec<NodeRow>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM nodes WHERE gpu_type = ?1 AND capacity = ?2 AND cluster_id IS NULL ORDER BY hostname"
+    ))?;
+    let rows = stmt.query_map([gpu_type, capacity], from_row)?;
+    rows.collect()
+}
+
+/// Hands a free node to a cluster; fails (0 rows) if someone else holds it.
+pub fn assign(conn: &Connection, node_id: &str, cluster_id: &str) -> rusqlite::Result<bool> {
+    let changed = conn.execute(
+        "UPDATE nodes SET cluster_id = ?2 WHERE id = ?1 AND cluster_id IS NULL",
+        [node_id, cluster_id],
+    )?;
+    Ok(changed == 1)
+}
+
+pub fn release(conn: &Connection, node_id: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE nodes SET cluster_id = NULL WHERE id = ?1",
+        [node_id],
+    )?;
+    Ok(())
+}
+
+pub fn gpus(conn: &Connection, node_id: &str) -> rusqlite::Result<Vec<GpuRow>> {
+    let mut stmt = conn.prepare(
+        "SELECT node_id, idx, uuid, model, memory_mib, mig_enabled FROM gpus WHERE node_id = ?1 ORDER BY idx",
+    )?;
+    let rows = stmt.query_map([node_id], |r| {
+        Ok(GpuRow {
+            node_id: r.get(0)?,
+            index: r.get(1)?,
+            uuid: r.get(2)?,
+            model: r.get(3)?,
+            memory_mib: r.get(4)?,
+            mig_enabled: r.get(5)?,
+        })
+    })?;
+    rows.collect()
+}
+
+pub fn mig_devices(
+    conn: &Connection,
+    node_id: &str,
+    gpu_index: i64,
+) -> rusqlite::Result<Vec<MigDeviceRow>> {
+    let mut stmt = conn.prepare(
+        "SELECT profile, profile_id, start, size, memory_mib, uuid FROM mig_devices
+         WHERE node_id = ?1 AND gpu_idx = ?2 ORDER BY start",
+    )?;
+    let rows = stmt.query_map((node_id, gpu_index), |r| {
+        Ok(MigDeviceRow {
+            profile: r.get(0)?,
+            profile_id: r.get(1)?,
+            start: r.get(2)?,
+            size: r.get(3)?,
+            memory_mib: r.get(4)?,
+            uuid: r.get(5)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Records a GPU's MIG state as the hardware reported it after a change.
+pub fn set_mig_state(
+    conn: &Connection,
+    node_id: &str,
+    gpu_index: i64,
+    mig_enabled: bool,
+    devices: &[MigDeviceRow],
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE gpus SET mig_enabled = ?3 WHERE node_id = ?1 AND idx = ?2",
+        (node_id, gpu_index, mig_enabled),
+    )?;
+    conn.execute(
+        "DELETE FROM mig_devices WHERE node_id = ?1 AND gpu_idx = ?2",
+        (node_id, gpu_index),
+    )?;
+    for d in devices {
+        conn.execute(
+            "INSERT INTO mig_devices (node_id, gpu_idx, profile, profile_id, start, size, memory_mib, uuid)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            rusqlite::params![node_id, gpu_index, d.profile, d.profile_id, d.start, d.size, d.memory_mib, d.uuid],
+        )?;
+    }
+    Ok(())
+}

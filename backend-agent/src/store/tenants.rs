@@ -1,0 +1,95 @@
+//! Tenant rows.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{Connection, OptionalExtension, Row};
+
+use super::{from_json, to_json};
+
+#[derive(Debug, Clone)]
+pub struct TenantRow {
+    pub id: String,
+    pub name: String,
+    pub display_name: String,
+    pub labels: BTreeMap<String, String>,
+    pub created_at: i64,
+}
+
+const COLUMNS: &str = "id, name, display_name, labels, created_at";
+
+fn from_row(r: &Row) -> rusqlite::Result<TenantRow> {
+    Ok(TenantRow {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        display_name: r.get(2)?,
+        labels: from_json(&r.get::<_, String>(3)?),
+        created_at: r.get(4)?,
+    })
+}
+
+pub fn insert(conn: &Connection, t: &TenantRow, token_hash: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        (&t.id, &t.name, &t.display_name, to_json(&t.labels), token_hash, t.created_at),
+    )?;
+    Ok(())
+}
+
+pub fn get(conn: &Connection, id: &str) -> rusqlite::Result<Option<TenantRow>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM tenants WHERE id = ?1"),
+        [id],
+        from_row,
+    )
+    .optional()
+}
+
+pub fn by_name(conn: &Connection, name: &str) -> rusqlite::Result<Option<TenantRow>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM tenants WHERE name = ?1"),
+        [name],
+        from_row,
+    )
+    .optional()
+}
+
+pub fn by_token_hash(conn: &Connection, hash: &str) -> rusqlite::Result<Option<TenantRow>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM tenants WHERE token_hash = ?1"),
+        [hash],
+        from_row,
+    )
+    .optional()
+}
+
+pub fn list(conn: &Connection) -> rusqlite::Result<Vec<TenantRow>> {
+    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM tenants ORDER BY name"))?;
+    let rows = stmt.query_map([], from_row)?;
+    rows.collect()
+}
+
+pub fn update(
+    conn: &Connection,
+    id: &str,
+    display_name: &str,
+    labels: &BTreeMap<String, String>,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE tenants SET display_name = ?2, labels = ?3 WHERE id = ?1",
+        (id, display_name, to_json(labels)),
+    )?;
+    Ok(())
+}
+
+pub fn set_token_hash(conn: &Connection, id: &str, token_hash: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE tenants SET token_hash = ?2 WHERE id = ?1",
+        (id, token_hash),
+    )?;
+    Ok(())
+}
+
+pub fn delete(conn: &Connection, id: &str) -> rusqlite::Result<()> {
+    conn.execute("DELETE FROM tenants WHERE id = ?1", [id])?;
+    Ok(())
+}
