@@ -1,0 +1,299 @@
+//! Bad input is refused at plan time, with an error that names the attribute and the
+//! reason, and nothing reaches the backend (`apply` stops at its plan too).
+
+use gpufleet_e2e::fixtures::{create_pool_cluster, create_quota, create_tenant};
+use gpufleet_e2e::times::rfc3339_in_hours;
+use gpufleet_e2e::{Backend, Terraform, TfRun};
+
+/// Plans `hcl`, asserts that it fails mentioning each of `needles`; then applies it and
+/// asserts that the apply fails the same way and the backend holds what it held before.
+async fn assert_refused_at_plan(backend: &Backend, tf: &Terraform, hcl: &str, needles: &[&str]) {
+    let before = backend.admin().await.inventory().await;
+    tf.write_main(hcl);
+    let plan: TfRun = tf.plan_fails();
+    plan.assert_mentions(needles);
+    let apply = tf.apply_fails();
+    apply.assert_mentions(needles);
+    let after = backend.admin().await.inventory().await;
+    assert_eq!(before, after, "a refused plan changed the backend\n{apply}");
+}
+
+/// A backend and a working dir with the admin token, initialised.
+fn admin_workdir() -> (Backend, Terraform) {
+    let backend = Backend::start();
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_main("");
+    tf.init();
+    (backend, tf)
+}
+
+#[tokio::test]
+async fn bad_tenant_name_is_refused() {
+    let (backend, tf) = admin_workdir();
+    // A valid sibling shows that nothing at all is applied when one resource is refused.
+    let hcl = r#"
+resource "gpufleet_tenant" "ok" {
+  name = "fine-name"
+}
+resource "gpufleet_tenant" "bad" {
+  name = "Bad_Name"
+}
+"#;
+    assert_refused_at_plan(&backend, &tf, hcl, &["name", "Bad_Name", "DNS label"]).await;
+
+    let too_long = "a".repeat(64);
+    let hcl = format!("resource \"gpufleet_tenant\" \"bad\" {{\n  name = \"{too_long}\"\n}}\n");
+    assert_refused_at_plan(&backend, &tf, &hcl, &["name", "63"]).await;
+}
+
+#[tokio::test]
+async fn unknown_gpu_model_is_refused_listing_known_ones() {
+    let (backend, tf) = admin_workdir();
+    let hcl = r#"
+resource "gpufleet_tenant" "t" {
+  name = "team"
+}
+resource "gpufleet_gpu_quota" "q" {
+  tenant   = gpufleet_tenant.t.id
+  gpu_type = "V100-16GB"
+  gpus     = 8
+}
+"#;
+    assert_refused_at_plan(
+        &backend,
+        &tf,
+        hcl,
+        &[
+            "gpu_type",
+            "V100-16GB",
+            "H100-80GB",
+            "A100-80GB",
+            "H200-141GB",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn reservation_ending_before_it_starts_is_refused() {
+    let (backend, tf) = admin_workdir();
+    let hcl = format!(
+        r#"
+resource "gpufleet_tenant" "t" {{
+  name = "team"
+}}
+resource "gpufleet_reservation" "r" {{
+  tenant     = gpufleet_tenant.t.id
+  gpu_type   = "H100-80GB"
+  node_count = 1
+  start_time = "{start}"
+  end_time   = "{end}"
+}}
+"#,
+        start = rfc3339_in_hours(48),
+        end = rfc3339_in_hours(24),
+    );
+    assert_refused_at_plan(&backend, &tf, &hcl, &["end_time", "start_time"]).await;
+
+    let hcl = r#"
+resource "gpufleet_tenant" "t" {
+  name = "team"
+}
+resource "gpufleet_reservation" "r" {
+  tenant     = gpufleet_tenant.t.id
+  gpu_type   = "H100-80GB"
+  node_count = 1
+  start_time = "tomorrow"
+  end_time   = "2031-01-01T00:00:00Z"
+}
+"#;
+    assert_refused_at_plan(&backend, &tf, hcl, &["start_time", "RFC 3339"]).await;
+}
+
+#[tokio::test]
+async fn counts_below_one_are_refused() {
+    let (backend, tf) = admin_workdir();
+    let reservation = format!(
+        r#"
+resource "gpufleet_tenant" "t" {{
+  name = "team"
+}}
+resource "gpufleet_reservation" "r" {{
+  tenant     = gpufleet_tenant.t.id
+  gpu_type   = "H100-80GB"
+  node_count = 0
+  start_time = "{start}"
+  end_time   = "{end}"
+}}
+"#,
+        start = rfc3339_in_hours(1),
+        end = rfc3339_in_hours(24),
+    );
+    assert_refused_at_plan(
+        &backend,
+        &tf,
+        &reservation,
+        &["node_count", "at least 1", "0"],
+    )
+    .await;
+
+    let cluster = r#"
+resource "gpufleet_tenant" "t" {
+  name = "team"
+}
+resource "gpufleet_tenant_cluster" "c" {
+  tenant       = gpufleet_tenant.t.id
+  name         = "c"
+  orchestrator = "slurm"
+  gpu_type     = "H100-80GB"
+  node_count   = -2
+}
+"#;
+    assert_refused_at_plan(&backend, &tf, cluster, &["node_count", "at least 1", "-2"]).await;
+
+    let quota = r#"
+resource "gpufleet_tenant" "t" {
+  name = "team"
+}
+resource "gpufleet_gpu_quota" "q" {
+  tenant     = gpufleet_tenant.t.id
+  gpu_type   = "H100-80GB"
+  gpus       = -1
+}
+"#;
+    assert_refused_at_plan(&backend, &tf, quota, &["gpus", "-1"]).await;
+}
+
+#[tokio::test]
+async fn orchestrator_must_be_kubernetes_or_slurm() {
+    let (backend, tf) = admin_workdir();
+    let hcl = r#"
+resource "gpufleet_tenant" "t" {
+  name = "team"
+}
+resource "gpufleet_tenant_cluster" "c" {
+  tenant       = gpufleet_tenant.t.id
+  name         = "c"
+  orchestrator = "nomad"
+  gpu_type     = "H100-80GB"
+  node_count   = 1
+}
+"#;
+    assert_refused_at_plan(
+        &backend,
+        &tf,
+        hcl,
+        &["orchestrator", "nomad", "kubernetes", "slurm"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn quota_surely_short_is_refused_with_the_numbers() {
+    let (backend, tf) = admin_workdir();
+    let mut admin = backend.admin().await;
+    let (tenant, _) = create_tenant(&mut admin, "team").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 16, 0).await;
+
+    // 3 nodes x 8 GPUs = 24 GPUs against a quota of 16.
+    let hcl = format!(
+        r#"
+resource "gpufleet_reservation" "r" {{
+  tenant     = "{tenant}"
+  gpu_type   = "H100-80GB"
+  node_count = 3
+  start_time = "{start}"
+  end_time   = "{end}"
+}}
+"#,
+        tenant = tenant.id,
+        start = rfc3339_in_hours(1),
+        end = rfc3339_in_hours(24),
+    );
+    assert_refused_at_plan(
+        &backend,
+        &tf,
+        &hcl,
+        &["node_count", "24", "H100-80GB", "16"],
+    )
+    .await;
+
+    // The same through a cluster from the pool.
+    let hcl = format!(
+        r#"
+resource "gpufleet_tenant_cluster" "c" {{
+  tenant       = "{tenant}"
+  name         = "big"
+  orchestrator = "kubernetes"
+  gpu_type     = "H100-80GB"
+  node_count   = 3
+}}
+"#,
+        tenant = tenant.id,
+    );
+    assert_refused_at_plan(
+        &backend,
+        &tf,
+        &hcl,
+        &["node_count", "24", "H100-80GB", "16"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn pool_capacity_surely_short_is_refused_with_the_numbers() {
+    let (backend, tf) = admin_workdir();
+    let mut admin = backend.admin().await;
+    let (tenant, _) = create_tenant(&mut admin, "team").await;
+    create_quota(&mut admin, &tenant.id, "A100-80GB", 64, 0).await;
+
+    // The default fleet has 2 A100-80GB nodes and no on-demand A100 capacity.
+    let hcl = format!(
+        r#"
+resource "gpufleet_reservation" "r" {{
+  tenant          = "{tenant}"
+  gpu_type        = "A100-80GB"
+  node_count      = 3
+  start_time      = "{start}"
+  end_time        = "{end}"
+  allow_on_demand = true
+}}
+"#,
+        tenant = tenant.id,
+        start = rfc3339_in_hours(1),
+        end = rfc3339_in_hours(24),
+    );
+    assert_refused_at_plan(&backend, &tf, &hcl, &["node_count", "3", "2", "A100-80GB"]).await;
+}
+
+#[tokio::test]
+async fn lowering_a_quota_below_use_is_refused_with_the_numbers() {
+    let backend = Backend::start();
+    let tf = Terraform::new(&backend, backend.admin_token());
+    let config = |gpus: i64| {
+        format!(
+            r#"
+resource "gpufleet_tenant" "t" {{
+  name = "team"
+}}
+resource "gpufleet_gpu_quota" "q" {{
+  tenant   = gpufleet_tenant.t.id
+  gpu_type = "H100-80GB"
+  gpus     = {gpus}
+}}
+"#
+        )
+    };
+    tf.write_main(&config(16));
+    tf.init();
+    tf.apply();
+    // 8 GPUs in use through a cluster made outside this configuration.
+    let mut admin = backend.admin().await;
+    let tenant_id = tf.resource("gpufleet_tenant.t")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    create_pool_cluster(&mut admin, &tenant_id, "inuse", "H100-80GB", 1).await;
+
+    assert_refused_at_plan(&backend, &tf, &config(4), &["gpus", "4", "8"]).await;
+}
