@@ -1,0 +1,409 @@
+//! GPU models and their MIG profiles.
+//!
+//! Geometry (7 compute slices, 8 memory slices, placements, max counts) is the same on
+//! every MIG-capable model here; names and memory sizes differ per model. Memory figures
+//! are what `nvidia-smi mig -lgip` reports where the reference gives one; elsewhere they
+//! are derived (see `PROFILE_MEMORY_MIB`). On real hardware NVML's figure wins.
+
+use serde::{Deserialize, Serialize};
+use std::sync::OnceLock;
+
+/// One MIG GPU-instance profile of one GPU model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigProfile {
+    /// Profile id as `nvidia-smi mig -lgip` prints it: 19, 20, 15, 14, 9, 5, 0.
+    pub id: u32,
+    /// Per-model name, e.g. "1g.10gb", "1g.10gb+me", "3g.40gb".
+    pub name: String,
+    pub compute_slices: u8,
+    /// Placement size in memory slices.
+    pub memory_slices: u8,
+    /// Memory slices where an instance of this profile may start.
+    pub valid_starts: Vec<u8>,
+    pub max_per_gpu: u8,
+    pub memory_mib: u64,
+}
+
+/// A GPU model the fleet knows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuModel {
+    /// "A100-40GB", "A100-80GB", "H100-80GB", "H100-94GB", "H200-141GB", "B200", "GH200".
+    pub name: String,
+    /// Architecture family: "Ampere", "Hopper" or "Blackwell".
+    pub architecture: String,
+    pub memory_mib: u64,
+    pub mig_capable: bool,
+    /// Minimum Linux driver for the architecture (e.g. Hopper "520.61.05").
+    pub min_driver: String,
+    /// MIG profiles, largest last in id order of the table; empty when `!mig_capable`.
+    pub profiles: Vec<MigProfile>,
+}
+
+impl GpuModel {
+    /// The profile with this exact name on this model.
+    pub fn profile(&self, name: &str) -> Option<&MigProfile> {
+        self.profiles.iter().find(|p| p.name == name)
+    }
+
+    /// The profile with this NVML profile id on this model.
+    pub fn profile_by_id(&self, id: u32) -> Option<&MigProfile> {
+        self.profiles.iter().find(|p| p.id == id)
+    }
+
+    /// Profile names in catalog order (smallest first), for error messages.
+    pub fn profile_names(&self) -> Vec<&str> {
+        self.profiles.iter().map(|p| p.name.as_str()).collect()
+    }
+}
+
+/// Shape of one profile: (id, compute slices, memory slices, valid starts, max per GPU).
+/// Identical on every MIG-capable model (confirmed on A100-40GB, H100-80GB, H100 NVL).
+const GEOMETRY: [(u32, u8, u8, &[u8], u8); 7] = [
+    (19, 1, 1, &[0, 1, 2, 3, 4, 5, 6], 7),
+    (20, 1, 1, &[0, 1, 2, 3, 4, 5, 6], 1),
+    (15, 1, 2, &[0, 2, 4, 6], 4),
+    (14, 2, 2, &[0, 2, 4], 3),
+    (9, 3, 4, &[0, 4], 2),
+    (5, 4, 4, &[0], 1),
+    (0, 7, 8, &[0], 1),
+];
+
+/// Per model: name, architecture, total MiB, profile names in GEOMETRY order, and memory
+/// MiB per profile in GEOMETRY order.
+///
+/// Memory per profile, in MiB (GiB x 1024; the reference prints two decimals, so 19.62
+/// is 19.625 GiB = 20096 MiB):
+/// - A100-40GB, H100-80GB, H100-94GB, H200-141GB: from the reference table (H200 7g is
+///   given as "~140", taken as 140 GiB).
+/// - A100-80GB: no figures given; taken equal to H100-80GB (same 80 GB and slice count).
+/// - B200 (180 GB) and GH200 (96 GB): no figures given; H100-80GB figures scaled by
+///   180/80 and 96/80 and rounded down to 1/8 GiB. Treat them as estimates.
+///
+/// The +me profile has the memory of the plain 1g profile.
+type ModelRow = (&'static str, &'static str, u64, [&'static str; 7], [u64; 7]);
+
+const MODELS: [ModelRow; 7] = [
+    (
+        "A100-40GB",
+        "Ampere",
+        40 * 1024,
+        [
+            "1g.5gb",
+            "1g.5gb+me",
+            "1g.10gb",
+            "2g.10gb",
+            "3g.20gb",
+            "4g.20gb",
+            "7g.40gb",
+        ],
+        [4864, 4864, 9984, 9984, 20096, 20096, 40448],
+    ),
+    (
+        "A100-80GB",
+        "Ampere",
+        80 * 1024,
+        [
+            "1g.10gb",
+            "1g.10gb+me",
+            "1g.20gb",
+            "2g.20gb",
+            "3g.40gb",
+            "4g.40gb",
+            "7g.80gb",
+        ],
+        [9984, 9984, 20096, 20096, 40448, 40448, 81152],
+    ),
+    (
+        "H100-80GB",
+        "Hopper",
+        80 * 1024,
+        [
+            "1g.10gb",
+            "1g.10gb+me",
+            "1g.20gb",
+            "2g.20gb",
+            "3g.40gb",
+            "4g.40gb",
+            "7g.80gb",
+        ],
+        [9984, 9984, 20096, 20096, 40448, 40448, 81152],
+    ),
+    (
+        "H100-94GB",
+        "Hopper",
+        94 * 1024,
+        [
+            "1g.12gb",
+            "1g.12gb+me",
+            "1g.24gb",
+            "2g.24gb",
+            "3g.47gb",
+            "4g.47gb",
+            "7g.94gb",
+        ],
+        [11008, 11008, 22144, 22144, 47488, 47488, 95360],
+    ),
+    (
+        "H200-141GB",
+        "Hopper",
+        141 * 1024,
+        [
+            "1g.18gb",
+            "1g.18gb+me",
+            "1g.35gb",
+            "2g.35gb",
+            "3g.71gb",
+            "4g.71gb",
+            "7g.141gb",
+        ],
+        [16384, 16384, 33024, 33024, 71168, 71168, 143360],
+    ),
+    (
+        "B200",
+        "Blackwell",
+        180 * 1024,
+        [
+            "1g.23gb",
+            "1g.23gb+me",
+            "1g.45gb",
+            "2g.45gb",
+            "3g.90gb",
+            "4g.90gb",
+            "7g.180gb",
+        ],
+        [22400, 22400, 45184, 45184, 91008, 91008, 182528],
+    ),
+    (
+        "GH200",
+        "Hopper",
+        96 * 1024,
+        [
+            "1g.12gb",
+            "1g.12gb+me",
+            "1g.24gb",
+            "2g.24gb",
+            "3g.48gb",
+            "4g.48gb",
+            "7g.96gb",
+        ],
+        [12032, 12032, 24064, 24064, 48512, 48512, 97408],
+    ),
+];
+
+/// Minimum driver per architecture: Ampere from CUDA 11.0 (11.0 GA needs 450.51.06; the
+/// reference only says ">= 450"), Hopper from CUDA 11.8 (520.61.05), Blackwell from
+/// CUDA 12.8 (570.26).
+pub fn min_driver_for(architecture: &str) -> Option<&'static str> {
+    match architecture {
+        "Ampere" => Some("450.51.06"),
+        "Hopper" => Some("520.61.05"),
+        "Blackwell" => Some("570.26"),
+        _ => None,
+    }
+}
+
+/// CUDA toolkit -> minimum Linux driver (NVIDIA's CUDA release notes), oldest first.
+pub const CUDA_MIN_DRIVER: [(&str, &str); 12] = [
+    ("11.8", "520.61.05"),
+    ("12.0", "525.60.13"),
+    ("12.1", "530.30.02"),
+    ("12.2", "535.54.03"),
+    ("12.3", "545.23.06"),
+    ("12.4", "550.54.14"),
+    ("12.5", "555.42.02"),
+    ("12.6", "560.28.03"),
+    ("12.8", "570.26"),
+    ("12.9", "575.51.03"),
+    ("13.0", "580.65.06"),
+    ("13.1", "590.44.01"),
+];
+
+/// Compares dotted driver versions numerically ("570.124.06" > "570.26").
+pub fn compare_driver_versions(a: &str, b: &str) -> std::cmp::Ordering {
+    let parse = |v: &str| -> Vec<u64> {
+        v.split('.')
+            .map(|x| x.trim().parse().unwrap_or(0))
+            .collect()
+    };
+    parse(a).cmp(&parse(b))
+}
+
+/// The newest CUDA version in [`CUDA_MIN_DRIVER`] that `driver` runs, if any.
+pub fn newest_cuda_for_driver(driver: &str) -> Option<&'static str> {
+    CUDA_MIN_DRIVER
+        .iter()
+        .rev()
+        .find(|(_, min)| compare_driver_versions(driver, min) != std::cmp::Ordering::Less)
+        .map(|(cuda, _)| *cuda)
+}
+
+fn build_models() -> Vec<GpuModel> {
+    MODELS
+        .iter()
+        .map(|(name, arch, total, names, mibs)| GpuModel {
+            name: name.to_string(),
+            architecture: arch.to_string(),
+            memory_mib: *total,
+            mig_capable: true,
+            min_driver: min_driver_for(arch).unwrap_or_default().to_string(),
+            profiles: GEOMETRY
+                .iter()
+                .zip(names.iter().zip(mibs.iter()))
+                .map(
+                    |(&(id, compute, memory, starts, max), (pname, mib))| MigProfile {
+                        id,
+                        name: pname.to_string(),
+                        compute_slices: compute,
+                        memory_slices: memory,
+                        valid_starts: starts.to_vec(),
+                        max_per_gpu: max,
+                        memory_mib: *mib,
+                    },
+                )
+                .collect(),
+        })
+        .collect()
+}
+
+/// All known GPU models.
+pub fn models() -> &'static [GpuModel] {
+    static MODELS_CELL: OnceLock<Vec<GpuModel>> = OnceLock::new();
+    MODELS_CELL.get_or_init(build_models)
+}
+
+/// The model with exactly this name.
+pub fn model(name: &str) -> Option<&'static GpuModel> {
+    models().iter().find(|m| m.name == name)
+}
+
+/// Names of all known models, in catalog order.
+pub fn model_names() -> Vec<&'static str> {
+    models().iter().map(|m| m.name.as_str()).collect()
+}
+
+/// The model whose NVML name (e.g. "NVIDIA H100 80GB HBM3") matches, judged by the
+/// family and the memory size NVML reports. Used by the NVML backend.
+pub fn model_for_nvml(nvml_name: &str, memory_mib: u64) -> Option<&'static GpuModel> {
+    let upper = nvml_name.to_ascii_uppercase();
+    let gib = memory_mib as f64 / 1024.0;
+    let candidates: Vec<&GpuModel> = models()
+        .iter()
+        .filter(|m| {
+            let family = m.name.split('-').next().unwrap_or(&m.name);
+            upper.contains(family)
+        })
+        .collect();
+    // "GH200" contains "H200": among matching families the longest name is the real one.
+    let best_family_len = candidates
+        .iter()
+        .map(|m| m.name.split('-').next().unwrap_or(&m.name).len())
+        .max()?;
+    candidates
+        .into_iter()
+        .filter(|m| m.name.split('-').next().unwrap_or(&m.name).len() == best_family_len)
+        .min_by(|a, b| {
+            let da = (a.memory_mib as f64 / 1024.0 - gib).abs();
+            let db = (b.memory_mib as f64 / 1024.0 - gib).abs();
+            da.total_cmp(&db)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seven_models_with_seven_profiles_each() {
+        assert_eq!(
+            model_names(),
+            vec![
+                "A100-40GB",
+                "A100-80GB",
+                "H100-80GB",
+                "H100-94GB",
+                "H200-141GB",
+                "B200",
+                "GH200"
+            ]
+        );
+        for m in models() {
+            assert!(m.mig_capable, "{}", m.name);
+            let ids: Vec<u32> = m.profiles.iter().map(|p| p.id).collect();
+            assert_eq!(ids, vec![19, 20, 15, 14, 9, 5, 0], "{}", m.name);
+            assert!(!m.min_driver.is_empty(), "{}", m.name);
+        }
+    }
+
+    #[test]
+    fn geometry_matches_the_reference_table() {
+        let m = model("H100-80GB").unwrap();
+        let p = m.profile("3g.40gb").unwrap();
+        assert_eq!((p.id, p.compute_slices, p.memory_slices), (9, 3, 4));
+        assert_eq!(p.valid_starts, vec![0, 4]);
+        assert_eq!(p.max_per_gpu, 2);
+        assert_eq!(m.profile("1g.10gb+me").unwrap().max_per_gpu, 1);
+        assert_eq!(m.profile("4g.40gb").unwrap().valid_starts, vec![0]);
+        assert_eq!(m.profile_by_id(0).unwrap().name, "7g.80gb");
+        assert_eq!(m.profile("7g.80gb").unwrap().memory_mib, 81152);
+    }
+
+    #[test]
+    fn every_placement_stays_inside_eight_memory_slices() {
+        for m in models() {
+            for p in &m.profiles {
+                for s in &p.valid_starts {
+                    assert!(s + p.memory_slices <= 8, "{} {}@{}", m.name, p.name, s);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn memory_grows_with_profile_size_and_fits_the_gpu() {
+        for m in models() {
+            for p in &m.profiles {
+                assert!(p.memory_mib <= m.memory_mib, "{} {}", m.name, p.name);
+                assert!(p.memory_mib > 0);
+            }
+            let one = m.profile_by_id(19).unwrap().memory_mib;
+            let seven = m.profile_by_id(0).unwrap().memory_mib;
+            assert!(seven > 7 * one, "{}", m.name);
+        }
+    }
+
+    #[test]
+    fn min_driver_per_architecture() {
+        assert_eq!(model("H100-80GB").unwrap().min_driver, "520.61.05");
+        assert_eq!(model("GH200").unwrap().min_driver, "520.61.05");
+        assert_eq!(model("B200").unwrap().min_driver, "570.26");
+        assert_eq!(model("A100-40GB").unwrap().min_driver, "450.51.06");
+    }
+
+    #[test]
+    fn cuda_for_driver() {
+        assert_eq!(newest_cuda_for_driver("550.54.15"), Some("12.4"));
+        assert_eq!(newest_cuda_for_driver("570.124.06"), Some("12.8"));
+        assert_eq!(newest_cuda_for_driver("580.65.06"), Some("13.0"));
+        assert_eq!(newest_cuda_for_driver("535.54.02"), Some("12.1"));
+        assert_eq!(newest_cuda_for_driver("470.82.01"), None);
+    }
+
+    #[test]
+    fn exact_name_lookup_only() {
+        assert!(model("h100-80gb").is_none());
+        assert!(model("H100").is_none());
+    }
+
+    #[test]
+    fn nvml_names_map_to_models() {
+        let m = |n: &str, mib: u64| model_for_nvml(n, mib).map(|m| m.name.as_str());
+        assert_eq!(m("NVIDIA H100 80GB HBM3", 81559), Some("H100-80GB"));
+        assert_eq!(m("NVIDIA H100 NVL", 95830), Some("H100-94GB"));
+        assert_eq!(m("NVIDIA H200", 143771), Some("H200-141GB"));
+        assert_eq!(m("NVIDIA GH200 480GB", 97871), Some("GH200"));
+        assert_eq!(m("NVIDIA A100-SXM4-40GB", 40960), Some("A100-40GB"));
+        assert_eq!(m("NVIDIA A100-SXM4-80GB", 81920), Some("A100-80GB"));
+        assert_eq!(m("NVIDIA B200", 183359), Some("B200"));
+        assert_eq!(m("NVIDIA L40S", 46068), None);
+    }
+}

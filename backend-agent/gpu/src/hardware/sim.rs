@@ -1,0 +1,642 @@
+//! A simulated node: MIG state per GPU held as the hardware holds it.
+//!
+//! It enforces the MIG rules with its own checks (not the planner's), so a planner bug
+//! shows up as a failed create. Faults can be injected: a failing create or destroy, and
+//! GPUs or instances marked busy.
+
+use super::{BusyState, GpuBackend, GpuHealth, GpuInfo, HwError, MigInstance};
+use crate::catalog::{self, GpuModel};
+use std::collections::BTreeSet;
+use std::sync::{Mutex, MutexGuard};
+
+const SIM_COMPUTE_SLICES: u32 = 7;
+const SIM_MEMORY_SLICES: u32 = 8;
+
+/// A node of identical simulated GPUs. See the module docs.
+#[derive(Debug)]
+pub struct SimulatedNode {
+    hostname: String,
+    driver_version: String,
+    model: GpuModel,
+    state: Mutex<SimState>,
+}
+
+#[derive(Debug, Default)]
+struct SimState {
+    gpus: Vec<SimGpu>,
+    /// (creates still to pass before the failing one, message).
+    failing_create: Option<(u32, String)>,
+    failing_destroy: Option<(u32, String)>,
+}
+
+#[derive(Debug)]
+struct SimGpu {
+    info: GpuInfo,
+    busy_starts: BTreeSet<u8>,
+    whole_busy: bool,
+    retired_pages_pending: bool,
+}
+
+impl SimulatedNode {
+    /// `gpu_count` GPUs of `model`, MIG off, nothing running.
+    pub fn new(hostname: &str, model: &GpuModel, gpu_count: u32, driver_version: &str) -> Self {
+        let gpus = (0..gpu_count)
+            .map(|index| GpuInfo {
+                index,
+                uuid: gpu_uuid(hostname, index),
+                model: model.name.clone(),
+                memory_mib: model.memory_mib,
+                mig_enabled: false,
+                instances: Vec::new(),
+            })
+            .collect();
+        Self::from_infos(hostname, model, driver_version, gpus)
+    }
+
+    /// Rebuilds a node from recorded GPU state (e.g. the control plane's database after
+    /// a restart). Every record is checked against the MIG rules.
+    pub fn with_state(
+        hostname: &str,
+        model: &GpuModel,
+        driver_version: &str,
+        gpus: Vec<GpuInfo>,
+    ) -> Result<Self, HwError> {
+        for (pos, gpu) in gpus.iter().enumerate() {
+            if gpu.index as usize != pos {
+                return Err(HwError::Rule(format!(
+                    "gpus[{pos}].index: must be {pos} (GPUs are listed in index order), got {}",
+                    gpu.index
+                )));
+            }
+            if !gpu.instances.is_empty() && !gpu.mig_enabled {
+                return Err(HwError::Rule(format!(
+                    "gpus[{pos}].instances: MIG mode is off but {} instance(s) are recorded",
+                    gpu.instances.len()
+                )));
+            }
+            let mut placed: Vec<MigInstance> = Vec::new();
+            for inst in &gpu.instances {
+                check_create(model, gpu.index, &placed, inst.profile_id, inst.start)?;
+                placed.push(inst.clone());
+            }
+        }
+        let mut gpus = gpus;
+        for g in &mut gpus {
+            g.instances.sort_by_key(|i| i.start);
+        }
+        Ok(Self::from_infos(hostname, model, driver_version, gpus))
+    }
+
+    fn from_infos(
+        hostname: &str,
+        model: &GpuModel,
+        driver_version: &str,
+        gpus: Vec<GpuInfo>,
+    ) -> Self {
+        let gpus = gpus
+            .into_iter()
+            .map(|info| SimGpu {
+                info,
+                busy_starts: BTreeSet::new(),
+                whole_busy: false,
+                retired_pages_pending: false,
+            })
+            .collect();
+        Self {
+            hostname: hostname.to_string(),
+            driver_version: driver_version.to_string(),
+            model: model.clone(),
+            state: Mutex::new(SimState {
+                gpus,
+                ..SimState::default()
+            }),
+        }
+    }
+
+    /// The model every GPU of this node is.
+    pub fn model(&self) -> &GpuModel {
+        &self.model
+    }
+
+    /// The next `create_instance` fails with `message` and changes nothing.
+    pub fn fail_next_create(&self, message: &str) {
+        self.fail_create_at(1, message);
+    }
+
+    /// The `n`-th `create_instance` from now (1 = the next) fails with `message`.
+    pub fn fail_create_at(&self, n: u32, message: &str) {
+        self.lock().failing_create = Some((n.max(1) - 1, message.to_string()));
+    }
+
+    /// The next `destroy_instance` fails with `message` and changes nothing.
+    pub fn fail_next_destroy(&self, message: &str) {
+        self.lock().failing_destroy = Some((0, message.to_string()));
+    }
+
+    /// Marks the instance starting at `start` on `gpu` as running work (or idle).
+    pub fn set_in_use(&self, gpu: u32, start: u8, busy: bool) {
+        if let Some(g) = self.lock().gpus.get_mut(gpu as usize) {
+            if busy {
+                g.busy_starts.insert(start);
+            } else {
+                g.busy_starts.remove(&start);
+            }
+        }
+    }
+
+    /// Marks the whole GPU (MIG off) as running work, or every one of its instances
+    /// when MIG is on; `false` clears both.
+    pub fn set_gpu_in_use(&self, gpu: u32, busy: bool) {
+        if let Some(g) = self.lock().gpus.get_mut(gpu as usize) {
+            g.whole_busy = busy && !g.info.mig_enabled;
+            g.busy_starts = if busy {
+                g.info.instances.iter().map(|i| i.start).collect()
+            } else {
+                BTreeSet::new()
+            };
+        }
+    }
+
+    /// Makes `health` report pending page retirement on `gpu` (a finding that fails it).
+    pub fn set_retired_pages_pending(&self, gpu: u32, pending: bool) {
+        if let Some(g) = self.lock().gpus.get_mut(gpu as usize) {
+            g.retired_pages_pending = pending;
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SimState> {
+        // A panic while holding the lock cannot leave the state half-changed: every
+        // mutation is a single push/remove after all checks.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl SimState {
+    fn gpu(&mut self, gpu: u32) -> Result<&mut SimGpu, HwError> {
+        self.gpus
+            .get_mut(gpu as usize)
+            .ok_or(HwError::InvalidGpu(gpu))
+    }
+
+    /// Counts down an armed fault; true when this call is the one to fail.
+    fn trips(slot: &mut Option<(u32, String)>) -> Option<String> {
+        match slot.take() {
+            Some((0, msg)) => Some(msg),
+            Some((n, msg)) => {
+                *slot = Some((n - 1, msg));
+                None
+            }
+            None => None,
+        }
+    }
+}
+
+/// The simulator's own rule checks for creating `profile_id` at `start` next to `existing`.
+fn check_create(
+    model: &GpuModel,
+    gpu: u32,
+    existing: &[MigInstance],
+    profile_id: u32,
+    start: u8,
+) -> Result<(), HwError> {
+    let Some(profile) = model.profile_by_id(profile_id) else {
+        let ids: Vec<String> = model
+            .profiles
+            .iter()
+            .map(|p| format!("{} ({})", p.id, p.name))
+            .collect();
+        return Err(HwError::Rule(format!(
+            "gpu {gpu}: profile id {profile_id} does not exist on {}; valid ids: {}",
+            model.name,
+            ids.join(", ")
+        )));
+    };
+    if !profile.valid_starts.contains(&start) {
+        let starts: Vec<String> = profile.valid_starts.iter().map(|s| s.to_string()).collect();
+        return Err(HwError::Rule(format!(
+            "gpu {gpu}: {} can only start at slice {}, not {start}",
+            profile.name,
+            starts.join(", ")
+        )));
+    }
+    let end = start as u32 + profile.memory_slices as u32;
+    if end > SIM_MEMORY_SLICES {
+        return Err(HwError::Rule(format!(
+            "gpu {gpu}: {}@{start} would end at slice {end}, past the last slice {}",
+            profile.name,
+            SIM_MEMORY_SLICES - 1
+        )));
+    }
+    for other in existing {
+        let other_end = other.start as u32 + other.size as u32;
+        if (start as u32) < other_end && (other.start as u32) < end {
+            return Err(HwError::Rule(format!(
+                "gpu {gpu}: {}@{start} overlaps {}@{} (memory slices {}..{})",
+                profile.name, other.profile, other.start, other.start, other_end
+            )));
+        }
+    }
+    let same = existing
+        .iter()
+        .filter(|i| i.profile_id == profile_id)
+        .count();
+    if same >= profile.max_per_gpu as usize {
+        return Err(HwError::Rule(format!(
+            "gpu {gpu}: {}: at most {} per GPU",
+            profile.name, profile.max_per_gpu
+        )));
+    }
+    let compute: u32 = existing
+        .iter()
+        .map(|i| {
+            model
+                .profile_by_id(i.profile_id)
+                .map_or(0, |p| p.compute_slices as u32)
+        })
+        .sum();
+    if compute + profile.compute_slices as u32 > SIM_COMPUTE_SLICES {
+        return Err(HwError::Rule(format!(
+            "gpu {gpu}: {} needs {} compute slice(s) but only {} of {SIM_COMPUTE_SLICES} are free",
+            profile.name,
+            profile.compute_slices,
+            SIM_COMPUTE_SLICES - compute
+        )));
+    }
+    Ok(())
+}
+
+impl GpuBackend for SimulatedNode {
+    fn hostname(&self) -> String {
+        self.hostname.clone()
+    }
+
+    fn driver_version(&self) -> Result<String, HwError> {
+        Ok(self.driver_version.clone())
+    }
+
+    fn cuda_version(&self) -> Result<String, HwError> {
+        catalog::newest_cuda_for_driver(&self.driver_version)
+            .map(str::to_string)
+            .ok_or_else(|| {
+                HwError::Unsupported(format!(
+                    "driver {} predates every CUDA version the catalog knows (11.8 needs 520.61.05)",
+                    self.driver_version
+                ))
+            })
+    }
+
+    fn gpus(&self) -> Result<Vec<GpuInfo>, HwError> {
+        Ok(self.lock().gpus.iter().map(|g| g.info.clone()).collect())
+    }
+
+    fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<(), HwError> {
+        let mut state = self.lock();
+        let g = state.gpu(gpu)?;
+        if !self.model.mig_capable {
+            return Err(HwError::Unsupported(format!(
+                "gpu {gpu}: {} does not support MIG",
+                self.model.name
+            )));
+        }
+        if g.info.mig_enabled == enabled {
+            return Ok(());
+        }
+        if g.whole_busy {
+            return Err(HwError::InUse {
+                gpu,
+                instances: vec![format!("GPU {gpu} ({})", g.info.uuid)],
+            });
+        }
+        if !enabled && !g.info.instances.is_empty() {
+            return Err(HwError::Rule(format!(
+                "gpu {gpu}: cannot turn MIG off while {} instance(s) exist; destroy them first",
+                g.info.instances.len()
+            )));
+        }
+        g.info.mig_enabled = enabled;
+        Ok(())
+    }
+
+    fn create_instance(
+        &self,
+        gpu: u32,
+        profile_id: u32,
+        start: u8,
+    ) -> Result<MigInstance, HwError> {
+        let mut state = self.lock();
+        state.gpu(gpu)?;
+        if let Some(msg) = SimState::trips(&mut state.failing_create) {
+            return Err(HwError::Injected(msg));
+        }
+        let g = state.gpu(gpu)?;
+        if !g.info.mig_enabled {
+            return Err(HwError::Rule(format!(
+                "gpu {gpu}: MIG mode is off; enable it before creating instances"
+            )));
+        }
+        check_create(&self.model, gpu, &g.info.instances, profile_id, start)?;
+        let profile = self
+            .model
+            .profile_by_id(profile_id)
+            .expect("check_create accepted the profile id");
+        let instance = MigInstance {
+            profile_id,
+            profile: profile.name.clone(),
+            start,
+            size: profile.memory_slices,
+            memory_mib: profile.memory_mib,
+            uuid: mig_uuid(&self.hostname, gpu, profile_id, start),
+        };
+        g.info.instances.push(instance.clone());
+        g.info.instances.sort_by_key(|i| i.start);
+        Ok(instance)
+    }
+
+    fn destroy_instance(&self, gpu: u32, start: u8) -> Result<(), HwError> {
+        let mut state = self.lock();
+        state.gpu(gpu)?;
+        if let Some(msg) = SimState::trips(&mut state.failing_destroy) {
+            return Err(HwError::Injected(msg));
+        }
+        let g = state.gpu(gpu)?;
+        let Some(pos) = g.info.instances.iter().position(|i| i.start == start) else {
+            return Err(HwError::Rule(format!(
+                "gpu {gpu}: no MIG instance starts at slice {start}"
+            )));
+        };
+        if g.busy_starts.contains(&start) {
+            let i = &g.info.instances[pos];
+            return Err(HwError::InUse {
+                gpu,
+                instances: vec![format!("{}@{} ({})", i.profile, i.start, i.uuid)],
+            });
+        }
+        g.info.instances.remove(pos);
+        Ok(())
+    }
+
+    fn health(&self, gpu: u32) -> Result<GpuHealth, HwError> {
+        let mut state = self.lock();
+        let g = state.gpu(gpu)?;
+        let mut findings = Vec::new();
+        if g.retired_pages_pending {
+            findings.push(format!(
+                "gpu {gpu}: retired pages are pending; reset the GPU (or reboot) before use"
+            ));
+        }
+        Ok(GpuHealth {
+            index: gpu,
+            temperature_c: Some(35),
+            power_mw: Some(70_000),
+            ecc_uncorrected: Some(0),
+            retired_pages_pending: Some(g.retired_pages_pending),
+            healthy: findings.is_empty(),
+            findings,
+        })
+    }
+
+    fn busy(&self, gpu: u32) -> Result<BusyState, HwError> {
+        let mut state = self.lock();
+        let g = state.gpu(gpu)?;
+        Ok(BusyState {
+            whole_gpu: g.whole_busy,
+            instance_starts: g
+                .info
+                .instances
+                .iter()
+                .map(|i| i.start)
+                .filter(|s| g.busy_starts.contains(s))
+                .collect(),
+        })
+    }
+}
+
+/// FNV-1a over 128 bits: a stable hash for deterministic UUIDs (std's hasher is not
+/// guaranteed stable across Rust releases).
+fn fnv1a_128(parts: &[&[u8]]) -> u128 {
+    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+    const PRIME: u128 = 0x0000000001000000000000000000013B;
+    let mut h = OFFSET;
+    for part in parts {
+        for &b in part.iter().chain(std::iter::once(&0xffu8)) {
+            h ^= b as u128;
+            h = h.wrapping_mul(PRIME);
+        }
+    }
+    h
+}
+
+fn uuid_from_hash(h: u128) -> String {
+    uuid::Builder::from_random_bytes(h.to_be_bytes())
+        .into_uuid()
+        .hyphenated()
+        .to_string()
+}
+
+/// "GPU-<uuid>" derived from hostname and index.
+pub(crate) fn gpu_uuid(hostname: &str, index: u32) -> String {
+    let h = fnv1a_128(&[b"gpu", hostname.as_bytes(), &index.to_be_bytes()]);
+    format!("GPU-{}", uuid_from_hash(h))
+}
+
+/// "MIG-<uuid>" derived from hostname, GPU index, profile and start: the same instance
+/// recreated after a rollback gets the same UUID.
+pub(crate) fn mig_uuid(hostname: &str, gpu: u32, profile_id: u32, start: u8) -> String {
+    let h = fnv1a_128(&[
+        b"mig",
+        hostname.as_bytes(),
+        &gpu.to_be_bytes(),
+        &profile_id.to_be_bytes(),
+        &[start],
+    ]);
+    format!("MIG-{}", uuid_from_hash(h))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> SimulatedNode {
+        SimulatedNode::new(
+            "node-a",
+            catalog::model("H100-80GB").unwrap(),
+            2,
+            "550.54.15",
+        )
+    }
+
+    fn rule(r: Result<MigInstance, HwError>) -> String {
+        match r {
+            Err(HwError::Rule(m)) => m,
+            other => panic!("expected a rule error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn uuids_are_deterministic_and_distinct() {
+        let a = node().gpus().unwrap();
+        let b = node().gpus().unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a[0].uuid, a[1].uuid);
+        assert!(
+            a[0].uuid.starts_with("GPU-") && a[0].uuid.len() == 40,
+            "{}",
+            a[0].uuid
+        );
+        let other = SimulatedNode::new(
+            "node-b",
+            catalog::model("H100-80GB").unwrap(),
+            1,
+            "550.54.15",
+        );
+        assert_ne!(other.gpus().unwrap()[0].uuid, a[0].uuid);
+        assert!(mig_uuid("node-a", 0, 9, 0).starts_with("MIG-"));
+        assert_ne!(mig_uuid("node-a", 0, 9, 0), mig_uuid("node-a", 0, 9, 4));
+    }
+
+    #[test]
+    fn create_needs_mig_mode() {
+        let n = node();
+        assert!(rule(n.create_instance(0, 9, 0)).contains("MIG mode is off"));
+        n.set_mig_mode(0, true).unwrap();
+        let i = n.create_instance(0, 9, 0).unwrap();
+        assert_eq!(
+            (i.profile.as_str(), i.start, i.size, i.memory_mib),
+            ("3g.40gb", 0, 4, 40448)
+        );
+        assert!(!n.gpus().unwrap()[1].mig_enabled);
+    }
+
+    #[test]
+    fn enforces_starts_overlap_counts_and_compute() {
+        let n = node();
+        n.set_mig_mode(0, true).unwrap();
+        assert!(
+            rule(n.create_instance(0, 5, 4)).contains("4g.40gb can only start at slice 0, not 4")
+        );
+        n.create_instance(0, 9, 0).unwrap();
+        assert!(rule(n.create_instance(0, 5, 0)).contains("overlaps 3g.40gb@0"));
+        assert!(rule(n.create_instance(0, 19, 3)).contains("overlaps"));
+        n.create_instance(0, 9, 4).unwrap();
+        assert!(rule(n.create_instance(0, 9, 4)).contains("overlaps"));
+        // Memory full and compute at 6: a fresh GPU tests the count and compute rules.
+        n.set_mig_mode(1, true).unwrap();
+        n.create_instance(1, 20, 0).unwrap();
+        assert!(rule(n.create_instance(1, 20, 1)).contains("1g.10gb+me: at most 1 per GPU"));
+        assert!(rule(n.create_instance(1, 5, 0)).contains("overlaps 1g.10gb+me@0"));
+        for s in [1, 2, 3, 4, 5, 6] {
+            n.create_instance(1, 19, s).unwrap();
+        }
+        assert_eq!(n.gpus().unwrap()[1].instances.len(), 7);
+        assert!(rule(n.create_instance(1, 999, 0)).contains("profile id 999 does not exist"));
+    }
+
+    #[test]
+    fn compute_limit_without_memory_overlap() {
+        let n = node();
+        n.set_mig_mode(0, true).unwrap();
+        // 4g@0 (4 compute) + 2g@4 (2) + 1g.20gb@6 (1) = 7 compute, 8 memory: full.
+        n.create_instance(0, 5, 0).unwrap();
+        n.create_instance(0, 14, 4).unwrap();
+        n.create_instance(0, 15, 6).unwrap();
+        let n2 = node();
+        n2.set_mig_mode(0, true).unwrap();
+        // 2g@0, 2g@2, 2g@4 = 6 compute; 1g.20gb@6 = 7; nothing more fits by compute.
+        for s in [0, 2, 4] {
+            n2.create_instance(0, 14, s).unwrap();
+        }
+        n2.create_instance(0, 19, 6).unwrap();
+        assert!(rule(n2.create_instance(0, 19, 7)).contains("can only start"));
+    }
+
+    #[test]
+    fn destroy_and_mig_off() {
+        let n = node();
+        n.set_mig_mode(0, true).unwrap();
+        n.create_instance(0, 0, 0).unwrap();
+        match n.set_mig_mode(0, false) {
+            Err(HwError::Rule(m)) => {
+                assert!(m.contains("cannot turn MIG off while 1 instance(s) exist"))
+            }
+            other => panic!("{other:?}"),
+        }
+        n.set_in_use(0, 0, true);
+        assert!(matches!(
+            n.destroy_instance(0, 0),
+            Err(HwError::InUse { gpu: 0, .. })
+        ));
+        n.set_in_use(0, 0, false);
+        n.destroy_instance(0, 0).unwrap();
+        assert!(matches!(n.destroy_instance(0, 0), Err(HwError::Rule(_))));
+        n.set_mig_mode(0, false).unwrap();
+        assert!(!n.gpus().unwrap()[0].mig_enabled);
+    }
+
+    #[test]
+    fn injected_create_failure_changes_nothing() {
+        let n = node();
+        n.set_mig_mode(0, true).unwrap();
+        n.fail_create_at(2, "power glitch");
+        n.create_instance(0, 19, 0).unwrap();
+        assert_eq!(
+            n.create_instance(0, 19, 1),
+            Err(HwError::Injected("power glitch".into()))
+        );
+        assert_eq!(n.gpus().unwrap()[0].instances.len(), 1);
+        n.create_instance(0, 19, 1).unwrap();
+    }
+
+    #[test]
+    fn busy_reports_instances_and_whole_gpu() {
+        let n = node();
+        n.set_gpu_in_use(0, true);
+        assert!(n.busy(0).unwrap().whole_gpu);
+        assert!(matches!(
+            n.set_mig_mode(0, true),
+            Err(HwError::InUse { .. })
+        ));
+        n.set_gpu_in_use(0, false);
+        n.set_mig_mode(0, true).unwrap();
+        n.create_instance(0, 9, 4).unwrap();
+        n.set_in_use(0, 4, true);
+        assert_eq!(n.busy(0).unwrap().instance_starts, vec![4]);
+        assert!(matches!(n.busy(5), Err(HwError::InvalidGpu(5))));
+    }
+
+    #[test]
+    fn with_state_restores_and_validates() {
+        let n = node();
+        n.set_mig_mode(1, true).unwrap();
+        n.create_instance(1, 9, 4).unwrap();
+        n.create_instance(1, 14, 0).unwrap();
+        let saved = n.gpus().unwrap();
+        let m = catalog::model("H100-80GB").unwrap();
+        let restored = SimulatedNode::with_state("node-a", m, "550.54.15", saved.clone()).unwrap();
+        assert_eq!(restored.gpus().unwrap(), saved);
+        let mut bad = saved.clone();
+        bad[1].instances[0].start = 4; // 2g@4 overlaps the recorded 3g@4.
+        assert!(SimulatedNode::with_state("node-a", m, "550.54.15", bad).is_err());
+        let mut off = saved;
+        off[1].mig_enabled = false;
+        assert!(SimulatedNode::with_state("node-a", m, "550.54.15", off).is_err());
+    }
+
+    #[test]
+    fn driver_and_cuda() {
+        let n = node();
+        assert_eq!(n.driver_version().unwrap(), "550.54.15");
+        assert_eq!(n.cuda_version().unwrap(), "12.4");
+        assert_eq!(n.hostname(), "node-a");
+    }
+
+    #[test]
+    fn health_findings() {
+        let n = node();
+        assert!(n.health(0).unwrap().healthy);
+        n.set_retired_pages_pending(0, true);
+        let h = n.health(0).unwrap();
+        assert!(!h.healthy);
+        assert_eq!(h.retired_pages_pending, Some(true));
+        assert!(h.findings[0].contains("retired pages are pending"));
+    }
+}
