@@ -1,1 +1,17 @@
-fn main() {}
+//! terraform-provider-gpufleet: the Terraform provider for gpufleet.
+
+mod client;
+mod data_sources;
+mod framework;
+mod protocol;
+mod provider;
+mod resources;
+mod times;
+mod validation;
+
+use std::sync::Arc;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    protocol::serve("gpufleet", Arc::new(provider::GpufleetProvider::new())).await
+}

@@ -1,0 +1,235 @@
+//! The gpufleet API client: one channel, the bearer token on every call, and the one
+//! place where gRPC statuses become diagnostics a person can act on.
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use gpufleet_proto::v1::{
+    fleet_service_client::FleetServiceClient, gpu_quota_service_client::GpuQuotaServiceClient,
+    reservation_service_client::ReservationServiceClient,
+    tenant_cluster_service_client::TenantClusterServiceClient,
+    tenant_service_client::TenantServiceClient, GpuType, ListGpuTypesRequest,
+};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Status};
+
+use crate::framework::Diagnostic;
+
+/// Adds `authorization: Bearer <token>` to each request.
+#[derive(Clone)]
+pub struct BearerAuth(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for BearerAuth {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert(gpufleet_proto::AUTHORIZATION, value.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Authed = InterceptedService<Channel, BearerAuth>;
+
+pub struct Client {
+    endpoint: String,
+    channel: Channel,
+    auth: BearerAuth,
+    /// The catalog does not change while Terraform runs: fetched once per process.
+    gpu_types: tokio::sync::OnceCell<Vec<GpuType>>,
+}
+
+impl Client {
+    /// A client that connects on first use (so a plan that needs no API call does not
+    /// need the backend).
+    pub fn new(endpoint: &str, token: Option<&str>, ca_cert_pem: Option<&str>) -> Result<Self, Diagnostic> {
+        let mut builder = Endpoint::from_shared(endpoint.to_string())
+            .map_err(|e| {
+                Diagnostic::error(
+                    format!("endpoint: {endpoint:?} is not a valid URL ({e})"),
+                    "Use e.g. http://127.0.0.1:7700 or https://gpufleet.example.com.",
+                )
+            })?
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(120))
+            .tcp_nodelay(true);
+        if let Some(pem) = ca_cert_pem {
+            let host = builder.uri().host().unwrap_or_default().to_string();
+            let tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(pem))
+                .domain_name(host);
+            builder = builder.tls_config(tls).map_err(|e| {
+                Diagnostic::error(format!("ca_cert_pem: cannot use this certificate ({e})"), "")
+            })?;
+        } else if endpoint.starts_with("https://") {
+            return Err(Diagnostic::error(
+                "ca_cert_pem: an https endpoint needs the CA certificate that signed the backend's certificate",
+                "This provider does not bundle public root certificates; set `ca_cert_pem` to the PEM of the backend's CA.",
+            ));
+        }
+        let auth = match token {
+            Some(token) => {
+                let value = gpufleet_proto::bearer(token).parse().map_err(|_| {
+                    Diagnostic::error("token: contains characters not allowed in a header", "")
+                })?;
+                BearerAuth(Some(value))
+            }
+            None => BearerAuth(None),
+        };
+        Ok(Self {
+            endpoint: endpoint.to_string(),
+            channel: builder.connect_lazy(),
+            auth,
+            gpu_types: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    pub fn tenants(&self) -> TenantServiceClient<Authed> {
+        TenantServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    pub fn quotas(&self) -> GpuQuotaServiceClient<Authed> {
+        GpuQuotaServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    pub fn reservations(&self) -> ReservationServiceClient<Authed> {
+        ReservationServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    pub fn fleet(&self) -> FleetServiceClient<Authed> {
+        FleetServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    pub fn clusters(&self) -> TenantClusterServiceClient<Authed> {
+        TenantClusterServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    /// The GPU model catalog (cached for the life of the provider process).
+    pub async fn gpu_types(&self) -> Result<&[GpuType], Diagnostic> {
+        self.gpu_types
+            .get_or_try_init(|| async {
+                self.fleet()
+                    .list_gpu_types(ListGpuTypesRequest {})
+                    .await
+                    .map(|r| r.into_inner().gpu_types)
+                    .map_err(|s| self.diagnostic(&s))
+            })
+            .await
+            .map(Vec::as_slice)
+    }
+
+    /// A person-readable diagnostic for a failed call.
+    pub fn diagnostic(&self, status: &Status) -> Diagnostic {
+        describe_status(&self.endpoint, status)
+    }
+}
+
+/// Maps a gRPC status to a diagnostic: transport failures say where and what to check,
+/// authentication failures point at the token, and the backend's own messages (which
+/// name the field and the numbers) pass through verbatim.
+pub fn describe_status(endpoint: &str, status: &Status) -> Diagnostic {
+    let message = status.message();
+    match status.code() {
+        Code::Unavailable | Code::Unknown | Code::DeadlineExceeded if is_transport_failure(status) => {
+            Diagnostic::error(
+                format!(
+                    "cannot reach the gpufleet backend at {endpoint}: {}. Is `gpufleet-agent serve` running? Set `endpoint` or GPUFLEET_ENDPOINT.",
+                    transport_cause(status)
+                ),
+                "",
+            )
+        }
+        Code::Unauthenticated => Diagnostic::error(
+            format!("the backend rejected the token: {message}. Set `token` or GPUFLEET_TOKEN."),
+            "",
+        ),
+        Code::PermissionDenied => Diagnostic::error(
+            format!("the token does not allow this: {message}"),
+            "Managing tenants and quotas needs the admin token; a tenant token manages only its own reservations and clusters.",
+        ),
+        Code::DeadlineExceeded => Diagnostic::error(
+            format!("the gpufleet backend at {endpoint} did not answer in time: {message}"),
+            "",
+        ),
+        _ => Diagnostic::error(message.to_string(), ""),
+    }
+}
+
+fn is_transport_failure(status: &Status) -> bool {
+    status.source().is_some()
+        || status.message().contains("transport error")
+        || status.message().contains("error trying to connect")
+}
+
+/// The innermost cause of a transport failure, in words ("connection refused").
+fn transport_cause(status: &Status) -> String {
+    let mut source = status.source();
+    let mut innermost: Option<String> = None;
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io_words(io);
+        }
+        innermost = Some(err.to_string());
+        source = err.source();
+    }
+    innermost.unwrap_or_else(|| status.message().to_string())
+}
+
+fn io_words(err: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match err.kind() {
+        ErrorKind::ConnectionRefused => "connection refused".into(),
+        ErrorKind::ConnectionReset => "connection reset".into(),
+        ErrorKind::TimedOut => "connection timed out".into(),
+        ErrorKind::NotFound => "host not found".into(),
+        _ => err.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn refused_connection_is_one_clear_sentence() {
+        // A port nothing listens on: bind, note the port, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let client = Client::new(&endpoint, Some("t"), None).unwrap();
+        let err = client.gpu_types().await.unwrap_err();
+        assert_eq!(
+            err.summary,
+            format!("cannot reach the gpufleet backend at {endpoint}: connection refused. Is `gpufleet-agent serve` running? Set `endpoint` or GPUFLEET_ENDPOINT.")
+        );
+    }
+
+    #[test]
+    fn backend_messages_pass_through_verbatim() {
+        let status = Status::failed_precondition("needs 24 H100-80GB GPUs, quota leaves 16");
+        assert_eq!(
+            describe_status("http://x", &status).summary,
+            "needs 24 H100-80GB GPUs, quota leaves 16"
+        );
+        let status = Status::unauthenticated("unknown token");
+        assert_eq!(
+            describe_status("http://x", &status).summary,
+            "the backend rejected the token: unknown token. Set `token` or GPUFLEET_TOKEN."
+        );
+    }
+
+    #[test]
+    fn https_without_a_ca_is_refused_with_the_reason() {
+        let err = Client::new("https://gpufleet.example.com", None, None).err().unwrap();
+        assert!(err.summary.starts_with("ca_cert_pem:"));
+        let err = Client::new("not a url", None, None).err().unwrap();
+        assert!(err.summary.starts_with("endpoint:"));
+    }
+}

@@ -1,0 +1,14 @@
+//! The provider's own framework: values, schemas, diagnostics and the resource and data
+//! source contracts. Nothing here knows the Terraform plugin protocol (see `protocol`).
+
+pub mod diagnostics;
+pub mod plan;
+pub mod schema;
+pub mod traits;
+pub mod value;
+
+pub use diagnostics::{Diagnostic, Diagnostics, Severity};
+pub use plan::{any_changed, changed, default_when_unset, keep_prior, mark_unknown, requires_replace_if_changed};
+pub use schema::{Attribute, Mode, Schema, Type};
+pub use traits::{DataSourceType, PlannedChange, ProviderType, ResourceType};
+pub use value::{AttrPath, PathStep, Value};

@@ -1,0 +1,115 @@
+//! How a resource or data source describes its attributes to Terraform.
+
+use std::collections::BTreeMap;
+
+/// Attribute types (Terraform's, restricted to what this provider uses).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Type {
+    String,
+    Number,
+    Bool,
+    List(Box<Type>),
+    Map(Box<Type>),
+    Object(BTreeMap<String, Type>),
+}
+
+impl Type {
+    pub fn list(of: Type) -> Self {
+        Type::List(Box::new(of))
+    }
+
+    pub fn map(of: Type) -> Self {
+        Type::Map(Box::new(of))
+    }
+
+    pub fn object<'a>(fields: impl IntoIterator<Item = (&'a str, Type)>) -> Self {
+        Type::Object(
+            fields
+                .into_iter()
+                .map(|(k, t)| (k.to_string(), t))
+                .collect(),
+        )
+    }
+}
+
+/// Who sets an attribute: the configuration, the provider, or either.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Required,
+    Optional,
+    /// Set by the provider only.
+    Computed,
+    /// Set by the configuration, or defaulted by the provider when absent.
+    OptionalComputed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attribute {
+    pub name: &'static str,
+    pub ty: Type,
+    pub mode: Mode,
+    pub sensitive: bool,
+    /// Markdown.
+    pub description: &'static str,
+}
+
+impl Attribute {
+    fn new(name: &'static str, ty: Type, mode: Mode, description: &'static str) -> Self {
+        Self {
+            name,
+            ty,
+            mode,
+            sensitive: false,
+            description,
+        }
+    }
+
+    pub fn required(name: &'static str, ty: Type, description: &'static str) -> Self {
+        Self::new(name, ty, Mode::Required, description)
+    }
+
+    pub fn optional(name: &'static str, ty: Type, description: &'static str) -> Self {
+        Self::new(name, ty, Mode::Optional, description)
+    }
+
+    pub fn computed(name: &'static str, ty: Type, description: &'static str) -> Self {
+        Self::new(name, ty, Mode::Computed, description)
+    }
+
+    pub fn optional_computed(name: &'static str, ty: Type, description: &'static str) -> Self {
+        Self::new(name, ty, Mode::OptionalComputed, description)
+    }
+
+    pub fn sensitive(mut self) -> Self {
+        self.sensitive = true;
+        self
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schema {
+    pub version: i64,
+    /// Markdown.
+    pub description: &'static str,
+    pub attributes: Vec<Attribute>,
+}
+
+impl Schema {
+    pub fn new(description: &'static str, attributes: Vec<Attribute>) -> Self {
+        Self {
+            version: 0,
+            description,
+            attributes,
+        }
+    }
+
+    /// The object type of the whole resource.
+    pub fn object_type(&self) -> Type {
+        Type::Object(
+            self.attributes
+                .iter()
+                .map(|a| (a.name.to_string(), a.ty.clone()))
+                .collect(),
+        )
+    }
+}

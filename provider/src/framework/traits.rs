@@ -1,0 +1,83 @@
+//! The contracts a resource and a data source implement, free of any protocol library.
+
+use async_trait::async_trait;
+
+use super::diagnostics::Diagnostics;
+use super::schema::Schema;
+use super::value::{AttrPath, Value};
+
+/// What a plan for one resource instance says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedChange {
+    /// The planned state: known values must equal the state after apply.
+    pub state: Value,
+    /// Attributes whose change forces the resource to be replaced.
+    pub requires_replace: Vec<AttrPath>,
+}
+
+#[async_trait]
+pub trait ResourceType: Send + Sync {
+    /// The type name without the provider prefix, e.g. `tenant`.
+    fn name(&self) -> &'static str;
+
+    fn schema(&self) -> Schema;
+
+    /// Checks the configuration alone (no backend): values may be unknown.
+    async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
+        let _ = config;
+        Ok(())
+    }
+
+    /// The object as the backend has it now; `None` when it no longer exists.
+    async fn read(&self, state: &Value) -> Result<Option<Value>, Diagnostics>;
+
+    /// Plans a create (`prior` is `None`) or an update.
+    async fn plan(
+        &self,
+        prior: Option<&Value>,
+        proposed: Value,
+        config: &Value,
+    ) -> Result<PlannedChange, Diagnostics>;
+
+    async fn create(&self, planned: &Value, config: &Value) -> Result<Value, Diagnostics>;
+
+    async fn update(
+        &self,
+        prior: &Value,
+        planned: &Value,
+        config: &Value,
+    ) -> Result<Value, Diagnostics>;
+
+    async fn delete(&self, prior: &Value) -> Result<(), Diagnostics>;
+
+    /// The full state of the object with this id.
+    async fn import(&self, id: &str) -> Result<Value, Diagnostics>;
+}
+
+#[async_trait]
+pub trait DataSourceType: Send + Sync {
+    /// The type name without the provider prefix, e.g. `gpu_types`.
+    fn name(&self) -> &'static str;
+
+    fn schema(&self) -> Schema;
+
+    async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
+        let _ = config;
+        Ok(())
+    }
+
+    async fn read(&self, config: &Value) -> Result<Value, Diagnostics>;
+}
+
+/// The provider itself: its configuration and what it offers.
+#[async_trait]
+pub trait ProviderType: Send + Sync + 'static {
+    fn schema(&self) -> Schema;
+
+    /// Receives the provider block's values (some may be unknown during plan).
+    async fn configure(&self, config: &Value) -> Result<(), Diagnostics>;
+
+    fn resources(&self) -> Vec<std::sync::Arc<dyn ResourceType>>;
+
+    fn data_sources(&self) -> Vec<std::sync::Arc<dyn DataSourceType>>;
+}

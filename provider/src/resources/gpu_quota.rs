@@ -1,0 +1,287 @@
+//! `gpufleet_gpu_quota`: how many GPUs of one model a tenant may hold.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use gpufleet_proto::v1 as api;
+use tonic::Code;
+
+use super::{check_min, diag, known_gpu_type, quota_usage, request_id, required_i64, required_str};
+use crate::framework::{
+    default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
+    Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
+};
+use crate::provider::ProviderState;
+
+pub struct GpuQuota {
+    provider: Arc<ProviderState>,
+}
+
+impl GpuQuota {
+    pub fn new(provider: Arc<ProviderState>) -> Self {
+        Self { provider }
+    }
+}
+
+const REPLACE_ON: &[&str] = &["tenant", "gpu_type"];
+
+fn state(q: &api::GpuQuota) -> Value {
+    Value::object([
+        ("id", Value::string(&q.id)),
+        ("tenant", Value::string(&q.tenant_id)),
+        ("gpu_type", Value::string(&q.gpu_type)),
+        ("gpus", Value::Number(q.gpus)),
+        ("burst_gpus", Value::Number(q.burst_gpus)),
+    ])
+}
+
+/// The plan without backend checks.
+pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedChange {
+    let mut planned = proposed;
+    default_when_unset(&mut planned, config, "burst_gpus", Value::Number(0));
+    let requires_replace = match prior {
+        None => {
+            mark_unknown(&mut planned, &["id"]);
+            vec![]
+        }
+        Some(prior) => requires_replace_if_changed(prior, &planned, REPLACE_ON),
+    };
+    PlannedChange {
+        state: planned,
+        requires_replace,
+    }
+}
+
+/// The refusal when a quota is lowered below what the tenant uses and reserves.
+pub fn lowering_error(gpu_type: &str, gpus: i64, burst: i64, usage: &api::QuotaUsage) -> Option<Diagnostic> {
+    let held = usage.used + usage.reserved;
+    (gpus + burst < held).then(|| {
+        Diagnostic::error_at(
+            AttrPath::attr("gpus"),
+            format!(
+                "gpus: cannot lower the {gpu_type} quota to {} GPUs ({gpus} guaranteed + {burst} burst): the tenant uses {} and has {} reserved ({held} in all)",
+                gpus + burst,
+                usage.used,
+                usage.reserved
+            ),
+            "Release clusters or reservations of this model first, or keep the quota at least at what is held.",
+        )
+    })
+}
+
+impl GpuQuota {
+    /// Plan-time checks that ask the backend; skipped while an input is unknown.
+    async fn check_with_backend(&self, prior: Option<&Value>, planned: &Value) -> Result<(), Diagnostics> {
+        let Some(client) = self.provider.plan_client() else {
+            return Ok(());
+        };
+        if let Some(gpu_type) = planned.str_attr("gpu_type").map_err(diag)? {
+            known_gpu_type(&client, gpu_type).await?;
+        }
+        let (Some(tenant), Some(gpu_type), Some(gpus), Some(burst)) = (
+            planned.str_attr("tenant").map_err(diag)?,
+            planned.str_attr("gpu_type").map_err(diag)?,
+            planned.i64_attr("gpus").map_err(diag)?,
+            planned.i64_attr("burst_gpus").map_err(diag)?,
+        ) else {
+            return Ok(());
+        };
+        match prior {
+            None => {
+                // A tenant has at most one quota per model: say so now, not at apply.
+                let existing = client
+                    .quotas()
+                    .list_gpu_quotas(api::ListGpuQuotasRequest {
+                        tenant_id: tenant.to_string(),
+                    })
+                    .await
+                    .map_err(|s| client.diagnostic(&s))?
+                    .into_inner()
+                    .quotas;
+                if let Some(q) = existing.iter().find(|q| q.gpu_type == gpu_type) {
+                    return Err(Diagnostic::error_at(
+                        AttrPath::attr("gpu_type"),
+                        format!("gpu_type: the tenant already has a {gpu_type} quota (id {})", q.id),
+                        format!("Import it instead: terraform import <address> {}", q.id),
+                    )
+                    .into());
+                }
+            }
+            Some(prior) => {
+                let before = required_i64(prior, "gpus")? + prior.i64_attr("burst_gpus").map_err(diag)?.unwrap_or(0);
+                if gpus + burst < before {
+                    let usage = quota_usage(&client, tenant, gpu_type).await?;
+                    if let Some(d) = lowering_error(gpu_type, gpus, burst, &usage) {
+                        return Err(d.into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ResourceType for GpuQuota {
+    fn name(&self) -> &'static str {
+        "gpu_quota"
+    }
+
+    fn schema(&self) -> Schema {
+        Schema::new(
+            "A tenant's quota of one GPU model: guaranteed GPUs plus burst GPUs.",
+            vec![
+                Attribute::computed("id", Type::String, "The quota's id, assigned by the backend."),
+                Attribute::required(
+                    "tenant",
+                    Type::String,
+                    "Id of the tenant (a `gpufleet_tenant`'s `id`). Changing it forces replacement.",
+                ),
+                Attribute::required(
+                    "gpu_type",
+                    Type::String,
+                    "GPU model, e.g. `H100-80GB`. Changing it forces replacement.",
+                ),
+                Attribute::required(
+                    "gpus",
+                    Type::Number,
+                    "Guaranteed GPUs, 0 or more. Changes in place; lowering it below what the tenant uses and reserves is refused at plan time.",
+                ),
+                Attribute::optional_computed(
+                    "burst_gpus",
+                    Type::Number,
+                    "Extra GPUs the tenant may use from idle pool or on-demand capacity. Defaults to `0`. Changes in place.",
+                ),
+            ],
+        )
+    }
+
+    async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
+        let mut diags = Diagnostics::default();
+        check_min(config, "gpus", 0, &mut diags);
+        check_min(config, "burst_gpus", 0, &mut diags);
+        diags.into_result()
+    }
+
+    async fn read(&self, prior: &Value) -> Result<Option<Value>, Diagnostics> {
+        let client = self.provider.client()?;
+        let id = required_str(prior, "id")?;
+        match client.quotas().get_gpu_quota(api::GetGpuQuotaRequest { id }).await {
+            Ok(q) => Ok(Some(state(&q.into_inner()))),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(client.diagnostic(&s).into()),
+        }
+    }
+
+    async fn plan(
+        &self,
+        prior: Option<&Value>,
+        proposed: Value,
+        config: &Value,
+    ) -> Result<PlannedChange, Diagnostics> {
+        let planned = plan(prior, proposed, config);
+        let replacing = !planned.requires_replace.is_empty();
+        self.check_with_backend(if replacing { None } else { prior }, &planned.state)
+            .await?;
+        Ok(planned)
+    }
+
+    async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let request = api::CreateGpuQuotaRequest {
+            request_id: request_id(),
+            tenant_id: required_str(planned, "tenant")?,
+            gpu_type: required_str(planned, "gpu_type")?,
+            gpus: required_i64(planned, "gpus")?,
+            burst_gpus: required_i64(planned, "burst_gpus")?,
+        };
+        let created = client
+            .quotas()
+            .create_gpu_quota(request)
+            .await
+            .map_err(|s| client.diagnostic(&s))?;
+        Ok(state(&created.into_inner()))
+    }
+
+    async fn update(&self, prior: &Value, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let request = api::UpdateGpuQuotaRequest {
+            id: required_str(prior, "id")?,
+            gpus: required_i64(planned, "gpus")?,
+            burst_gpus: required_i64(planned, "burst_gpus")?,
+        };
+        let updated = client
+            .quotas()
+            .update_gpu_quota(request)
+            .await
+            .map_err(|s| client.diagnostic(&s))?;
+        Ok(state(&updated.into_inner()))
+    }
+
+    async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        let client = self.provider.client()?;
+        let id = required_str(prior, "id")?;
+        match client.quotas().delete_gpu_quota(api::DeleteGpuQuotaRequest { id }).await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::NotFound => Ok(()),
+            Err(s) => Err(client.diagnostic(&s).into()),
+        }
+    }
+
+    async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let q = client
+            .quotas()
+            .get_gpu_quota(api::GetGpuQuotaRequest { id: id.to_string() })
+            .await
+            .map_err(|s| client.diagnostic(&s))?;
+        Ok(state(&q.into_inner()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn burst_defaults_to_zero_and_id_is_unknown_on_create() {
+        let cfg = Value::object([("gpus", Value::Number(16))]);
+        let planned = plan(None, cfg.clone(), &cfg);
+        assert_eq!(planned.state.get("burst_gpus"), &Value::Number(0));
+        assert!(planned.state.get("id").is_unknown());
+    }
+
+    #[test]
+    fn tenant_and_model_force_replacement() {
+        let prior = Value::object([
+            ("id", Value::string("q1")),
+            ("tenant", Value::string("t1")),
+            ("gpu_type", Value::string("H100-80GB")),
+            ("gpus", Value::Number(16)),
+            ("burst_gpus", Value::Number(0)),
+        ]);
+        let mut proposed = prior.clone();
+        proposed.set("gpus", Value::Number(8));
+        assert!(plan(Some(&prior), proposed.clone(), &proposed).requires_replace.is_empty());
+        proposed.set("gpu_type", Value::string("A100-80GB"));
+        assert_eq!(
+            plan(Some(&prior), proposed.clone(), &proposed).requires_replace,
+            vec![AttrPath::attr("gpu_type")]
+        );
+    }
+
+    #[test]
+    fn lowering_below_holdings_names_the_numbers() {
+        let usage = api::QuotaUsage {
+            used: 8,
+            reserved: 16,
+            ..Default::default()
+        };
+        let err = lowering_error("H100-80GB", 16, 0, &usage).unwrap();
+        assert_eq!(
+            err.summary,
+            "gpus: cannot lower the H100-80GB quota to 16 GPUs (16 guaranteed + 0 burst): the tenant uses 8 and has 16 reserved (24 in all)"
+        );
+        assert!(lowering_error("H100-80GB", 24, 0, &usage).is_none());
+    }
+}

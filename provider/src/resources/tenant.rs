@@ -1,0 +1,253 @@
+//! `gpufleet_tenant`: a team on the fleet, and its bearer token.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use gpufleet_proto::v1 as api;
+use tonic::Code;
+
+use super::{diag, request_id, required_str};
+use crate::framework::{
+    default_when_unset, mark_unknown, requires_replace_if_changed, Attribute, Diagnostics,
+    PlannedChange, ResourceType, Schema, Type, Value,
+};
+use crate::provider::ProviderState;
+use crate::validation;
+
+pub struct Tenant {
+    provider: Arc<ProviderState>,
+}
+
+impl Tenant {
+    pub fn new(provider: Arc<ProviderState>) -> Self {
+        Self { provider }
+    }
+}
+
+/// The state of a tenant as the backend reports it; the token is never reported back.
+fn state(t: &api::Tenant, token: Value) -> Value {
+    Value::object([
+        ("id", Value::string(&t.id)),
+        ("name", Value::string(&t.name)),
+        ("display_name", Value::string(&t.display_name)),
+        ("labels", Value::string_map(&t.labels)),
+        ("token", token),
+    ])
+}
+
+/// Plans a tenant: defaults made concrete, computed values unknown only on create, and
+/// replacement when the name changes.
+pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedChange {
+    let mut planned = proposed;
+    // display_name defaults to the name (sent explicitly, so the plan is what happens).
+    default_when_unset(&mut planned, config, "display_name", config.get("name").clone());
+    default_when_unset(&mut planned, config, "labels", Value::Map(Default::default()));
+    match prior {
+        None => {
+            mark_unknown(&mut planned, &["id", "token"]);
+            PlannedChange {
+                state: planned,
+                requires_replace: vec![],
+            }
+        }
+        Some(prior) => {
+            let requires_replace = requires_replace_if_changed(prior, &planned, &["name"]);
+            PlannedChange {
+                state: planned,
+                requires_replace,
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ResourceType for Tenant {
+    fn name(&self) -> &'static str {
+        "tenant"
+    }
+
+    fn schema(&self) -> Schema {
+        Schema::new(
+            "A tenant: a team on the shared GPU fleet, with its own bearer token.",
+            vec![
+                Attribute::computed("id", Type::String, "The tenant's id, assigned by the backend."),
+                Attribute::required(
+                    "name",
+                    Type::String,
+                    "Tenant name: a DNS label (1 to 63 lowercase letters, digits and `-`). Changing it forces replacement.",
+                ),
+                Attribute::optional_computed(
+                    "display_name",
+                    Type::String,
+                    "Human-readable name. Defaults to `name`. Changes in place.",
+                ),
+                Attribute::optional_computed(
+                    "labels",
+                    Type::map(Type::String),
+                    "Free-form labels. Defaults to none. Change in place.",
+                ),
+                Attribute::computed(
+                    "token",
+                    Type::String,
+                    "The tenant's bearer token, issued at create and kept in state (the backend stores only its hash). Null after import.",
+                )
+                .sensitive(),
+            ],
+        )
+    }
+
+    async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
+        let mut diags = Diagnostics::default();
+        match config.str_attr("name") {
+            Ok(Some(name)) => {
+                if let Err(reason) = validation::dns_label(name) {
+                    diags.attr_error("name", reason);
+                }
+            }
+            Ok(None) => {}
+            Err(d) => diags.push(d),
+        }
+        diags.into_result()
+    }
+
+    async fn read(&self, prior: &Value) -> Result<Option<Value>, Diagnostics> {
+        let client = self.provider.client()?;
+        let id = required_str(prior, "id")?;
+        match client.tenants().get_tenant(api::GetTenantRequest { id }).await {
+            Ok(t) => Ok(Some(state(&t.into_inner(), prior.get("token").clone()))),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(client.diagnostic(&s).into()),
+        }
+    }
+
+    async fn plan(
+        &self,
+        prior: Option<&Value>,
+        proposed: Value,
+        config: &Value,
+    ) -> Result<PlannedChange, Diagnostics> {
+        Ok(plan(prior, proposed, config))
+    }
+
+    async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let request = api::CreateTenantRequest {
+            request_id: request_id(),
+            name: required_str(planned, "name")?,
+            display_name: required_str(planned, "display_name")?,
+            labels: planned.string_map_attr("labels").map_err(diag)?.unwrap_or_default(),
+        };
+        let created = client
+            .tenants()
+            .create_tenant(request)
+            .await
+            .map_err(|s| client.diagnostic(&s))?
+            .into_inner();
+        let tenant = created.tenant.unwrap_or_default();
+        Ok(state(&tenant, Value::String(created.token)))
+    }
+
+    async fn update(
+        &self,
+        prior: &Value,
+        planned: &Value,
+        _config: &Value,
+    ) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let request = api::UpdateTenantRequest {
+            id: required_str(prior, "id")?,
+            display_name: required_str(planned, "display_name")?,
+            labels: planned.string_map_attr("labels").map_err(diag)?.unwrap_or_default(),
+        };
+        let updated = client
+            .tenants()
+            .update_tenant(request)
+            .await
+            .map_err(|s| client.diagnostic(&s))?
+            .into_inner();
+        Ok(state(&updated, prior.get("token").clone()))
+    }
+
+    async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        let client = self.provider.client()?;
+        let id = required_str(prior, "id")?;
+        match client.tenants().delete_tenant(api::DeleteTenantRequest { id }).await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::NotFound => Ok(()),
+            Err(s) => Err(client.diagnostic(&s).into()),
+        }
+    }
+
+    async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let tenant = client
+            .tenants()
+            .get_tenant(api::GetTenantRequest { id: id.to_string() })
+            .await
+            .map_err(|s| client.diagnostic(&s))?
+            .into_inner();
+        // The backend keeps only the token's hash: an imported tenant has no token.
+        Ok(state(&tenant, Value::Null))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::framework::AttrPath;
+
+    fn config(name: &str) -> Value {
+        Value::object([("name", Value::string(name))])
+    }
+
+    #[test]
+    fn create_plans_defaults_and_unknown_computed_values() {
+        let planned = plan(None, config("team-a"), &config("team-a"));
+        assert_eq!(planned.state.get("display_name"), &Value::string("team-a"));
+        assert_eq!(planned.state.get("labels"), &Value::Map(Default::default()));
+        assert!(planned.state.get("id").is_unknown());
+        assert!(planned.state.get("token").is_unknown());
+    }
+
+    #[test]
+    fn update_keeps_computed_values_and_replaces_only_on_name() {
+        let prior = Value::object([
+            ("id", Value::string("t1")),
+            ("name", Value::string("team-a")),
+            ("display_name", Value::string("team-a")),
+            ("labels", Value::Map(Default::default())),
+            ("token", Value::string("secret")),
+        ]);
+        let mut proposed = prior.clone();
+        proposed.set("display_name", Value::string("Team A"));
+        let mut cfg = config("team-a");
+        cfg.set("display_name", Value::string("Team A"));
+        let planned = plan(Some(&prior), proposed, &cfg);
+        assert!(planned.requires_replace.is_empty());
+        assert_eq!(planned.state.get("token"), &Value::string("secret"));
+        assert_eq!(planned.state.get("id"), &Value::string("t1"));
+
+        let mut proposed = prior.clone();
+        proposed.set("name", Value::string("team-b"));
+        let planned = plan(Some(&prior), proposed, &config("team-b"));
+        assert_eq!(planned.requires_replace, vec![AttrPath::attr("name")]);
+    }
+
+    #[test]
+    fn removing_display_name_plans_the_name_again() {
+        let prior = Value::object([
+            ("name", Value::string("team-a")),
+            ("display_name", Value::string("Team A")),
+        ]);
+        let planned = plan(Some(&prior), prior.clone(), &config("team-a"));
+        assert_eq!(planned.state.get("display_name"), &Value::string("team-a"));
+    }
+
+    #[tokio::test]
+    async fn bad_names_are_refused_with_the_attribute() {
+        let tenant = Tenant::new(Arc::new(ProviderState::default()));
+        let err = tenant.validate(&config("Team_A")).await.unwrap_err();
+        assert_eq!(err.0[0].path, Some(AttrPath::attr("name")));
+        assert!(err.0[0].summary.starts_with("name: \"Team_A\" is not a DNS label"));
+    }
+}
