@@ -14,7 +14,7 @@ provider "gpufleet" {
   endpoint = var.gpufleet_endpoint
   token    = var.gpufleet_token
 
-  # Only for an https:// endpoint whose certificate is signed by a private CA.
+  # Required for an https:// endpoint: the PEM of the CA that signed its certificate.
   # ca_cert_pem = file("${path.module}/gpufleet-ca.pem")
 }
 
