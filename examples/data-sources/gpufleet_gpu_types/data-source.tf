@@ -1,4 +1,4 @@
-# Every GPU model of the catalog, with its pool and on-demand capacity and its
+# Every GPU model the fleet has nodes of, with its pool and on-demand capacity and its
 # MIG profiles.
 data "gpufleet_gpu_types" "all" {}
 
