@@ -18,6 +18,7 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn ResourceType>> {
     vec![
         Arc::new(tenant::Tenant::new(state.clone())),
         Arc::new(gpu_quota::GpuQuota::new(state.clone())),
+        Arc::new(reservation::Reservation::new(state.clone())),
 
 
     ]

@@ -1,1 +1,469 @@
-//! placeholder
+//! `gpufleet_reservation`: whole nodes of one model held for a tenant over a window.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use gpufleet_proto::v1 as api;
+use tonic::Code;
+
+use super::{check_min, diag, known_gpu_type, quota_usage, request_id, required_i64, required_str};
+use crate::client::Client;
+use crate::framework::{
+    default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
+    Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
+};
+use crate::provider::ProviderState;
+use crate::times;
+
+pub struct Reservation {
+    provider: Arc<ProviderState>,
+}
+
+impl Reservation {
+    pub fn new(provider: Arc<ProviderState>) -> Self {
+        Self { provider }
+    }
+}
+
+/// Computed attributes that an in-place change of node_count or end_time recomputes.
+const ALLOCATION: &[&str] = &["status", "pool_nodes", "on_demand_nodes"];
+
+/// The state as the backend reports it, keeping the spelling of times from `spelled`
+/// (the prior or planned state) where it denotes the backend's instant.
+fn state(r: &api::Reservation, spelled: Option<&Value>, now: i64) -> Value {
+    let spelling = |name: &str| spelled.and_then(|s| s.get(name).as_str(&AttrPath::attr(name)).ok().flatten());
+    let start = r.start_time.as_ref().map(|t| t.seconds).unwrap_or_default();
+    let end = r.end_time.as_ref().map(|t| t.seconds).unwrap_or_default();
+    Value::object([
+        ("id", Value::string(&r.id)),
+        ("tenant", Value::string(&r.tenant_id)),
+        ("gpu_type", Value::string(&r.gpu_type)),
+        ("node_count", Value::Number(r.node_count)),
+        ("start_time", Value::String(times::keep_start_spelling(spelling("start_time"), start, now))),
+        ("end_time", Value::String(times::keep_spelling(spelling("end_time"), end))),
+        ("allow_on_demand", Value::Bool(r.allow_on_demand)),
+        ("status", Value::string(&r.status)),
+        ("pool_nodes", Value::Number(r.pool_nodes)),
+        ("on_demand_nodes", Value::Number(r.on_demand_nodes)),
+    ])
+}
+
+fn instant(v: &Value, name: &str) -> Option<i64> {
+    v.str_attr(name).ok().flatten().and_then(|s| times::unix(s).ok())
+}
+
+/// The plan without backend checks.
+pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value, now: i64) -> PlannedChange {
+    let mut planned = proposed;
+    default_when_unset(&mut planned, config, "allow_on_demand", Value::Bool(false));
+    let Some(prior) = prior else {
+        mark_unknown(&mut planned, &["id"]);
+        mark_unknown(&mut planned, ALLOCATION);
+        return PlannedChange {
+            state: planned,
+            requires_replace: vec![],
+        };
+    };
+    // allow_on_demand cannot be changed through the API: a new value needs a new reservation.
+    let mut requires_replace =
+        requires_replace_if_changed(prior, &planned, &["tenant", "gpu_type", "allow_on_demand"]);
+    // Times are compared as instants; a start in the past that the backend moved to the
+    // creation time is the same start.
+    let same_start = match (instant(&planned, "start_time"), instant(prior, "start_time")) {
+        (Some(p), Some(b)) => times::same_start(p, b, now),
+        _ => false,
+    };
+    if !same_start {
+        requires_replace.push(AttrPath::attr("start_time"));
+    }
+    let end_changed = planned.get("end_time").is_unknown()
+        || instant(&planned, "end_time") != instant(prior, "end_time");
+    let count_changed = planned.get("node_count") != prior.get("node_count");
+    if end_changed || count_changed {
+        mark_unknown(&mut planned, ALLOCATION);
+    }
+    PlannedChange {
+        state: planned,
+        requires_replace,
+    }
+}
+
+/// The refusal when the pool (plus on-demand capacity, if allowed) is short in a window.
+pub fn capacity_error(
+    needed: i64,
+    gpu_type: &str,
+    window: (i64, i64),
+    free: &api::Availability,
+    allow_on_demand: bool,
+) -> Option<Diagnostic> {
+    let usable = free.free_pool_nodes + if allow_on_demand { free.free_on_demand_nodes } else { 0 };
+    if usable >= needed {
+        return None;
+    }
+    let hint = if !allow_on_demand && free.free_pool_nodes + free.free_on_demand_nodes >= needed {
+        " (set allow_on_demand = true to take the rest from on-demand capacity)"
+    } else {
+        ""
+    };
+    Some(Diagnostic::error_at(
+        AttrPath::attr("node_count"),
+        format!(
+            "node_count: needs {needed} {gpu_type} nodes from {} to {}, {} free in the pool and {} on demand{hint}",
+            times::canonical(window.0),
+            times::canonical(window.1),
+            free.free_pool_nodes,
+            free.free_on_demand_nodes,
+        ),
+        "See the gpufleet_availability data source for what a window has free.",
+    ))
+}
+
+/// The refusal when a tenant's quota surely cannot cover `gpus` more GPUs: even ignoring
+/// other reservations, the limit minus what clusters use is smaller.
+pub fn quota_error(gpus: i64, gpu_type: &str, usage: &api::QuotaUsage, path: &str) -> Option<Diagnostic> {
+    let leaves = (usage.gpus + usage.burst_gpus - usage.used).max(0);
+    (gpus > leaves).then(|| {
+        Diagnostic::error_at(
+            AttrPath::attr(path),
+            format!("{path}: needs {gpus} {gpu_type} GPUs, quota leaves {leaves}"),
+            format!(
+                "The tenant's {gpu_type} quota is {} guaranteed + {} burst, and its clusters use {}.",
+                usage.gpus, usage.burst_gpus, usage.used
+            ),
+        )
+    })
+}
+
+async fn availability(client: &Client, gpu_type: &str, from: i64, to: i64) -> Result<api::Availability, Diagnostics> {
+    client
+        .fleet()
+        .get_availability(api::AvailabilityRequest {
+            gpu_type: gpu_type.to_string(),
+            start_time: Some(times::to_proto(from)),
+            end_time: Some(times::to_proto(to)),
+        })
+        .await
+        .map(|r| r.into_inner())
+        .map_err(|s| client.diagnostic(&s).into())
+}
+
+impl Reservation {
+    /// Capacity and quota checks at plan time, when every input is known.
+    async fn check_with_backend(&self, prior: Option<&Value>, planned: &Value) -> Result<(), Diagnostics> {
+        let Some(client) = self.provider.plan_client() else {
+            return Ok(());
+        };
+        let Some(gpu_type) = planned.str_attr("gpu_type").map_err(diag)? else {
+            return Ok(());
+        };
+        let model = known_gpu_type(&client, gpu_type).await?;
+        let (Some(tenant), Some(count), Some(start), Some(end), Some(allow)) = (
+            planned.str_attr("tenant").map_err(diag)?,
+            planned.i64_attr("node_count").map_err(diag)?,
+            instant(planned, "start_time"),
+            instant(planned, "end_time"),
+            planned.bool_attr("allow_on_demand").map_err(diag)?,
+        ) else {
+            return Ok(());
+        };
+        let now = times::now();
+        let from = start.max(now);
+        if end <= from {
+            return Ok(()); // the backend refuses a window that has ended, with its words
+        }
+        let mut diags = Diagnostics::default();
+        // What must be newly found: everything on create; on update, the added nodes over
+        // the current window and all nodes over an extension.
+        let (mut needs, extra_nodes) = match prior {
+            None => (vec![(count, (from, end))], count),
+            Some(prior) => {
+                let old_count = required_i64(prior, "node_count")?;
+                let old_end = instant(prior, "end_time").unwrap_or(end);
+                let mut needs = vec![];
+                if count > old_count && end.min(old_end) > from {
+                    needs.push((count - old_count, (from, end.min(old_end))));
+                }
+                if end > old_end {
+                    needs.push((count, (old_end.max(from), end)));
+                }
+                (needs, (count - old_count).max(0))
+            }
+        };
+        for (nodes, window) in needs.drain(..) {
+            let free = availability(&client, gpu_type, window.0, window.1).await?;
+            if let Some(d) = capacity_error(nodes, gpu_type, window, &free, allow) {
+                diags.push(d);
+                break;
+            }
+        }
+        if extra_nodes > 0 {
+            let usage = quota_usage(&client, tenant, gpu_type).await?;
+            let gpus = extra_nodes * i64::from(model.gpus_per_node);
+            if let Some(d) = quota_error(gpus, gpu_type, &usage, "node_count") {
+                diags.push(d);
+            }
+        }
+        diags.into_result()
+    }
+
+    async fn get(&self, client: &Client, id: String) -> Result<Option<api::Reservation>, Diagnostics> {
+        match client.reservations().get_reservation(api::GetReservationRequest { id }).await {
+            Ok(r) => Ok(Some(r.into_inner())),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(client.diagnostic(&s).into()),
+        }
+    }
+}
+
+#[async_trait]
+impl ResourceType for Reservation {
+    fn name(&self) -> &'static str {
+        "reservation"
+    }
+
+    fn schema(&self) -> Schema {
+        Schema::new(
+            "Whole nodes of one GPU model held for a tenant between two times.",
+            vec![
+                Attribute::computed("id", Type::String, "The reservation's id, assigned by the backend."),
+                Attribute::required("tenant", Type::String, "Id of the tenant. Changing it forces replacement."),
+                Attribute::required("gpu_type", Type::String, "GPU model, e.g. `H100-80GB`. Changing it forces replacement."),
+                Attribute::required("node_count", Type::Number, "Whole nodes to hold, at least 1. Changes in place when capacity and quota allow."),
+                Attribute::required("start_time", Type::String, "Start of the window, RFC 3339. A past time means from now on. Changing it forces replacement."),
+                Attribute::required("end_time", Type::String, "End of the window, RFC 3339, after `start_time`. Changes in place when capacity and quota allow."),
+                Attribute::optional_computed(
+                    "allow_on_demand",
+                    Type::Bool,
+                    "When the pool is short, take the rest from on-demand capacity instead of failing. Defaults to `false`. The API cannot change it on an existing reservation: changing it forces replacement.",
+                ),
+                Attribute::computed("status", Type::String, "`scheduled`, `active` or `ended`."),
+                Attribute::computed("pool_nodes", Type::Number, "Nodes held from the pool."),
+                Attribute::computed("on_demand_nodes", Type::Number, "Nodes held from on-demand capacity."),
+            ],
+        )
+    }
+
+    async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
+        let mut diags = Diagnostics::default();
+        check_min(config, "node_count", 1, &mut diags);
+        let mut parsed = [None, None];
+        for (slot, name) in parsed.iter_mut().zip(["start_time", "end_time"]) {
+            match config.str_attr(name) {
+                Ok(Some(text)) => match times::unix(text) {
+                    Ok(t) => *slot = Some(t),
+                    Err(reason) => diags.attr_error(name, reason),
+                },
+                Ok(None) => {}
+                Err(d) => diags.push(d),
+            }
+        }
+        if let [Some(start), Some(end)] = parsed {
+            if end <= start {
+                diags.attr_error(
+                    "end_time",
+                    format!(
+                        "must be after start_time ({} is not after {})",
+                        times::canonical(end),
+                        times::canonical(start)
+                    ),
+                );
+            }
+        }
+        diags.into_result()
+    }
+
+    async fn read(&self, prior: &Value) -> Result<Option<Value>, Diagnostics> {
+        let client = self.provider.client()?;
+        let found = self.get(&client, required_str(prior, "id")?).await?;
+        Ok(found.map(|r| state(&r, Some(prior), times::now())))
+    }
+
+    async fn plan(&self, prior: Option<&Value>, proposed: Value, config: &Value) -> Result<PlannedChange, Diagnostics> {
+        let planned = plan(prior, proposed, config, times::now());
+        let replacing = !planned.requires_replace.is_empty();
+        self.check_with_backend(if replacing { None } else { prior }, &planned.state)
+            .await?;
+        Ok(planned)
+    }
+
+    async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let start = times::unix(&required_str(planned, "start_time")?).map_err(|r| diag(Diagnostic::error(r, "")))?;
+        let end = times::unix(&required_str(planned, "end_time")?).map_err(|r| diag(Diagnostic::error(r, "")))?;
+        let request = api::CreateReservationRequest {
+            request_id: request_id(),
+            tenant_id: required_str(planned, "tenant")?,
+            gpu_type: required_str(planned, "gpu_type")?,
+            node_count: required_i64(planned, "node_count")?,
+            start_time: Some(times::to_proto(start)),
+            end_time: Some(times::to_proto(end)),
+            allow_on_demand: planned.bool_attr("allow_on_demand").map_err(diag)?.unwrap_or(false),
+        };
+        let created = client
+            .reservations()
+            .create_reservation(request)
+            .await
+            .map_err(|s| client.diagnostic(&s))?;
+        Ok(state(&created.into_inner(), Some(planned), times::now()))
+    }
+
+    async fn update(&self, prior: &Value, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let id = required_str(prior, "id")?;
+        let count = required_i64(planned, "node_count")?;
+        let end = instant(planned, "end_time");
+        let changed = prior.get("node_count") != planned.get("node_count") || instant(prior, "end_time") != end;
+        let current = if changed {
+            let request = api::UpdateReservationRequest {
+                id,
+                node_count: count,
+                end_time: end.map(times::to_proto),
+            };
+            client
+                .reservations()
+                .update_reservation(request)
+                .await
+                .map_err(|s| client.diagnostic(&s))?
+                .into_inner()
+        } else {
+            // Only the spelling of a time changed: nothing to send.
+            self.get(&client, id).await?.ok_or_else(|| {
+                diag(Diagnostic::error("the reservation no longer exists in the backend", ""))
+            })?
+        };
+        Ok(state(&current, Some(planned), times::now()))
+    }
+
+    async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        let client = self.provider.client()?;
+        let id = required_str(prior, "id")?;
+        match client.reservations().delete_reservation(api::DeleteReservationRequest { id }).await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::NotFound => Ok(()),
+            Err(s) => Err(client.diagnostic(&s).into()),
+        }
+    }
+
+    async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let found = self.get(&client, id.to_string()).await?;
+        let r = found.ok_or_else(|| diag(Diagnostic::error(format!("no reservation with id {id:?}"), "")))?;
+        Ok(state(&r, None, times::now()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_800_000_000;
+
+    fn prior() -> Value {
+        Value::object([
+            ("id", Value::string("r1")),
+            ("tenant", Value::string("t1")),
+            ("gpu_type", Value::string("H100-80GB")),
+            ("node_count", Value::Number(2)),
+            ("start_time", Value::string("2027-01-04T00:00:00Z")),
+            ("end_time", Value::string("2027-01-18T00:00:00Z")),
+            ("allow_on_demand", Value::Bool(false)),
+            ("status", Value::string("scheduled")),
+            ("pool_nodes", Value::Number(2)),
+            ("on_demand_nodes", Value::Number(0)),
+        ])
+    }
+
+    fn config_of(state: &Value) -> Value {
+        let mut c = state.clone();
+        for name in ["id", "status", "pool_nodes", "on_demand_nodes"] {
+            c.set(name, Value::Null);
+        }
+        c
+    }
+
+    #[test]
+    fn no_change_keeps_every_computed_value() {
+        let p = prior();
+        let planned = plan(Some(&p), p.clone(), &config_of(&p), NOW);
+        assert_eq!(planned.state, p);
+        assert!(planned.requires_replace.is_empty());
+    }
+
+    #[test]
+    fn growing_makes_the_allocation_unknown_in_place() {
+        let p = prior();
+        let mut proposed = p.clone();
+        proposed.set("node_count", Value::Number(4));
+        let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed), NOW);
+        assert!(planned.requires_replace.is_empty());
+        for name in ALLOCATION {
+            assert!(planned.state.get(name).is_unknown(), "{name}");
+        }
+        assert_eq!(planned.state.get("id"), &Value::string("r1"));
+    }
+
+    #[test]
+    fn same_instant_in_another_spelling_is_not_a_change() {
+        let p = prior();
+        let mut proposed = p.clone();
+        proposed.set("start_time", Value::string("2027-01-04T01:00:00+01:00"));
+        proposed.set("end_time", Value::string("2027-01-18T01:00:00+01:00"));
+        let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed), NOW);
+        assert!(planned.requires_replace.is_empty());
+        assert_eq!(planned.state.get("status"), &Value::string("scheduled"));
+    }
+
+    #[test]
+    fn start_and_model_and_on_demand_force_replacement() {
+        let p = prior();
+        let mut proposed = p.clone();
+        proposed.set("start_time", Value::string("2027-01-05T00:00:00Z"));
+        proposed.set("allow_on_demand", Value::Bool(true));
+        let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed), NOW);
+        assert_eq!(
+            planned.requires_replace,
+            vec![AttrPath::attr("allow_on_demand"), AttrPath::attr("start_time")]
+        );
+    }
+
+    #[test]
+    fn capacity_message_has_the_numbers() {
+        let free = api::Availability {
+            gpu_type: "H100-80GB".into(),
+            free_pool_nodes: 2,
+            free_on_demand_nodes: 0,
+        };
+        let d = capacity_error(4, "H100-80GB", (NOW, NOW + 3600), &free, false).unwrap();
+        assert_eq!(
+            d.summary,
+            "node_count: needs 4 H100-80GB nodes from 2027-01-15T08:00:00Z to 2027-01-15T09:00:00Z, 2 free in the pool and 0 on demand"
+        );
+        let free = api::Availability { free_on_demand_nodes: 2, ..free };
+        assert!(capacity_error(4, "H100-80GB", (NOW, NOW + 1), &free, true).is_none());
+        assert!(capacity_error(4, "H100-80GB", (NOW, NOW + 1), &free, false)
+            .unwrap()
+            .summary
+            .ends_with("(set allow_on_demand = true to take the rest from on-demand capacity)"));
+    }
+
+    #[test]
+    fn quota_message_has_the_numbers() {
+        let usage = api::QuotaUsage { gpus: 16, burst_gpus: 8, used: 8, ..Default::default() };
+        let d = quota_error(24, "H100-80GB", &usage, "node_count").unwrap();
+        assert_eq!(d.summary, "node_count: needs 24 H100-80GB GPUs, quota leaves 16");
+        assert!(quota_error(16, "H100-80GB", &usage, "node_count").is_none());
+    }
+
+    #[tokio::test]
+    async fn end_before_start_is_refused_on_end_time() {
+        let r = Reservation::new(Arc::new(ProviderState::default()));
+        let mut cfg = config_of(&prior());
+        cfg.set("end_time", Value::string("2027-01-01T00:00:00Z"));
+        let err = r.validate(&cfg).await.unwrap_err();
+        assert_eq!(err.0[0].path, Some(AttrPath::attr("end_time")));
+        assert_eq!(
+            err.0[0].summary,
+            "end_time: must be after start_time (2027-01-01T00:00:00Z is not after 2027-01-04T00:00:00Z)"
+        );
+    }
+}
