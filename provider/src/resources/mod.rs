@@ -19,6 +19,7 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn ResourceType>> {
         Arc::new(tenant::Tenant::new(state.clone())),
         Arc::new(gpu_quota::GpuQuota::new(state.clone())),
         Arc::new(reservation::Reservation::new(state.clone())),
+        Arc::new(tenant_cluster::TenantCluster::new(state.clone())),
 
 
     ]

@@ -1,1 +1,535 @@
-//! placeholder
+//! `gpufleet_tenant_cluster`: a Kubernetes or Slurm cluster on whole nodes for one tenant,
+//! optionally with every GPU partitioned by MIG.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use gpufleet_proto::v1 as api;
+use tonic::Code;
+
+use super::{check_min, diag, known_gpu_type, quota_usage, request_id, required_i64, required_str};
+use super::reservation::quota_error;
+use crate::client::Client;
+use crate::framework::{
+    changed, default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
+    Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
+};
+use crate::provider::ProviderState;
+use crate::validation;
+
+pub struct TenantCluster {
+    provider: Arc<ProviderState>,
+}
+
+impl TenantCluster {
+    pub fn new(provider: Arc<ProviderState>) -> Self {
+        Self { provider }
+    }
+}
+
+pub const DEFAULT_STORAGE_GIB: i64 = 100;
+const ORCHESTRATORS: &[&str] = &["kubernetes", "slurm"];
+const REPLACE_ON: &[&str] = &["tenant", "name", "orchestrator", "gpu_type", "reservation_id"];
+/// Computed attributes set at create.
+const COMPUTED: &[&str] = &["id", "status", "nodes", "endpoint", "credentials", "storage_path"];
+
+fn mig_device_type() -> Type {
+    Type::object([
+        ("profile", Type::String),
+        ("start", Type::Number),
+        ("size", Type::Number),
+        ("memory_mib", Type::Number),
+        ("uuid", Type::String),
+    ])
+}
+
+fn node_type() -> Type {
+    Type::object([
+        ("id", Type::String),
+        ("hostname", Type::String),
+        ("gpu_count", Type::Number),
+        ("gpu_uuids", Type::list(Type::String)),
+        (
+            "gpus",
+            Type::list(Type::object([
+                ("index", Type::Number),
+                ("uuid", Type::String),
+                ("memory_mib", Type::Number),
+                ("mig_enabled", Type::Bool),
+                ("mig_devices", Type::list(mig_device_type())),
+            ])),
+        ),
+    ])
+}
+
+fn node_value(n: &api::Node) -> Value {
+    let gpus = n
+        .gpus
+        .iter()
+        .map(|g| {
+            let devices = g
+                .mig_devices
+                .iter()
+                .map(|d| {
+                    Value::object([
+                        ("profile", Value::string(&d.profile)),
+                        ("start", Value::Number(d.start.into())),
+                        ("size", Value::Number(d.size.into())),
+                        ("memory_mib", Value::Number(d.memory_mib)),
+                        ("uuid", Value::string(&d.uuid)),
+                    ])
+                })
+                .collect();
+            Value::object([
+                ("index", Value::Number(g.index.into())),
+                ("uuid", Value::string(&g.uuid)),
+                ("memory_mib", Value::Number(g.memory_mib)),
+                ("mig_enabled", Value::Bool(g.mig_enabled)),
+                ("mig_devices", Value::List(devices)),
+            ])
+        })
+        .collect();
+    Value::object([
+        ("id", Value::string(&n.id)),
+        ("hostname", Value::string(&n.hostname)),
+        ("gpu_count", Value::Number(n.gpu_count.into())),
+        (
+            "gpu_uuids",
+            Value::List(n.gpus.iter().map(|g| Value::string(&g.uuid)).collect()),
+        ),
+        ("gpus", Value::List(gpus)),
+    ])
+}
+
+fn state(c: &api::TenantCluster) -> Value {
+    let reservation = if c.reservation_id.is_empty() {
+        Value::Null
+    } else {
+        Value::string(&c.reservation_id)
+    };
+    let layout = c
+        .mig_layout
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::Number((*v).into())))
+        .collect();
+    Value::object([
+        ("id", Value::string(&c.id)),
+        ("tenant", Value::string(&c.tenant_id)),
+        ("name", Value::string(&c.name)),
+        ("orchestrator", Value::string(&c.orchestrator)),
+        ("gpu_type", Value::string(&c.gpu_type)),
+        ("node_count", Value::Number(c.node_count)),
+        ("reservation_id", reservation),
+        ("storage_gib", Value::Number(c.storage_gib)),
+        ("mig_layout", Value::Map(layout)),
+        ("status", Value::string(&c.status)),
+        ("nodes", Value::List(c.nodes.iter().map(node_value).collect())),
+        ("endpoint", Value::string(&c.endpoint)),
+        ("credentials", Value::string(&c.credentials)),
+        ("storage_path", Value::string(&c.storage_path)),
+    ])
+}
+
+/// The plan without backend checks.
+pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedChange {
+    let mut planned = proposed;
+    default_when_unset(&mut planned, config, "storage_gib", Value::Number(DEFAULT_STORAGE_GIB));
+    default_when_unset(&mut planned, config, "mig_layout", Value::Map(BTreeMap::new()));
+    let Some(prior) = prior else {
+        mark_unknown(&mut planned, COMPUTED);
+        return PlannedChange {
+            state: planned,
+            requires_replace: vec![],
+        };
+    };
+    let requires_replace = requires_replace_if_changed(prior, &planned, REPLACE_ON);
+    let reshapes_nodes = changed(prior, &planned, "node_count") || changed(prior, &planned, "mig_layout");
+    if reshapes_nodes {
+        mark_unknown(&mut planned, &["nodes"]);
+    }
+    if reshapes_nodes || changed(prior, &planned, "storage_gib") {
+        mark_unknown(&mut planned, &["status"]);
+    }
+    PlannedChange {
+        state: planned,
+        requires_replace,
+    }
+}
+
+/// Volumes only grow.
+pub fn shrink_error(prior: &Value, planned: &Value) -> Option<Diagnostic> {
+    let before = prior.i64_attr("storage_gib").ok().flatten()?;
+    let after = planned.i64_attr("storage_gib").ok().flatten()?;
+    (after < before).then(|| {
+        Diagnostic::error_at(
+            AttrPath::attr("storage_gib"),
+            format!("storage_gib: volumes only grow: cannot shrink from {before} to {after} GiB"),
+            "Keep the current size or grow it; a smaller volume needs a new cluster.",
+        )
+    })
+}
+
+/// The refusal for a MIG layout the backend's planner cannot place.
+pub fn mig_error(answer: &api::CheckMigLayoutResponse) -> Option<Diagnostic> {
+    (!answer.fits).then(|| {
+        let detail = if answer.suggestions.is_empty() {
+            String::new()
+        } else {
+            format!("Nearest valid layouts: {}", answer.suggestions.join(", "))
+        };
+        Diagnostic::error_at(
+            AttrPath::attr("mig_layout"),
+            format!("mig_layout: {}", answer.reason),
+            detail,
+        )
+    })
+}
+
+fn layout_i32(layout: &BTreeMap<String, i64>) -> HashMap<String, i32> {
+    layout
+        .iter()
+        .map(|(k, v)| (k.clone(), i32::try_from(*v).unwrap_or(i32::MAX)))
+        .collect()
+}
+
+impl TenantCluster {
+    async fn check_with_backend(&self, prior: Option<&Value>, planned: &Value) -> Result<(), Diagnostics> {
+        if let Some(d) = prior.and_then(|p| shrink_error(p, planned)) {
+            return Err(d.into());
+        }
+        let Some(client) = self.provider.plan_client() else {
+            return Ok(());
+        };
+        let Some(gpu_type) = planned.str_attr("gpu_type").map_err(diag)? else {
+            return Ok(());
+        };
+        let model = known_gpu_type(&client, gpu_type).await?;
+        let mut diags = Diagnostics::default();
+        let layout_changed = match prior {
+            Some(p) => changed(p, planned, "mig_layout"),
+            None => true,
+        };
+        if planned.get("mig_layout").is_fully_known() && layout_changed {
+            let layout = planned.number_map_attr("mig_layout").map_err(diag)?.unwrap_or_default();
+            if !layout.is_empty() {
+                let answer = client
+                    .fleet()
+                    .check_mig_layout(api::CheckMigLayoutRequest {
+                        gpu_type: gpu_type.to_string(),
+                        layout: layout_i32(&layout),
+                    })
+                    .await
+                    .map_err(|s| client.diagnostic(&s).at(AttrPath::attr("mig_layout")))?
+                    .into_inner();
+                if let Some(d) = mig_error(&answer) {
+                    diags.push(d);
+                }
+            }
+        }
+        // Clusters without a reservation take pool nodes now, counted against the quota.
+        let from_pool = planned.get("reservation_id").is_null();
+        if let (true, Some(tenant), Some(count)) = (
+            from_pool,
+            planned.str_attr("tenant").map_err(diag)?,
+            planned.i64_attr("node_count").map_err(diag)?,
+        ) {
+            let before = match prior {
+                Some(p) => required_i64(p, "node_count")?,
+                None => 0,
+            };
+            if count > before {
+                let usage = quota_usage(&client, tenant, gpu_type).await?;
+                let gpus = (count - before) * i64::from(model.gpus_per_node);
+                if let Some(d) = quota_error(gpus, gpu_type, &usage, "node_count") {
+                    diags.push(d);
+                }
+            }
+        }
+        diags.into_result()
+    }
+
+    async fn get(&self, client: &Client, id: String) -> Result<Option<api::TenantCluster>, Diagnostics> {
+        match client.clusters().get_tenant_cluster(api::GetTenantClusterRequest { id }).await {
+            Ok(c) => Ok(Some(c.into_inner())),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(client.diagnostic(&s).into()),
+        }
+    }
+}
+
+#[async_trait]
+impl ResourceType for TenantCluster {
+    fn name(&self) -> &'static str {
+        "tenant_cluster"
+    }
+
+    fn schema(&self) -> Schema {
+        Schema::new(
+            "A Kubernetes or Slurm cluster on whole nodes of one GPU model, for one tenant alone.",
+            vec![
+                Attribute::computed("id", Type::String, "The cluster's id, assigned by the backend."),
+                Attribute::required("tenant", Type::String, "Id of the tenant. Changing it forces replacement."),
+                Attribute::required("name", Type::String, "Cluster name, a DNS label. Changing it forces replacement."),
+                Attribute::required("orchestrator", Type::String, "`kubernetes` or `slurm`. Changing it forces replacement."),
+                Attribute::required("gpu_type", Type::String, "GPU model, e.g. `H100-80GB`. Changing it forces replacement."),
+                Attribute::required("node_count", Type::Number, "Whole nodes, at least 1. Scales in place."),
+                Attribute::optional(
+                    "reservation_id",
+                    Type::String,
+                    "Id of an active reservation of the same tenant and model to draw nodes from; without it nodes come from the pool. Changing it forces replacement.",
+                ),
+                Attribute::optional_computed(
+                    "storage_gib",
+                    Type::Number,
+                    "Size of the dedicated volume in GiB. Defaults to `100`. Grows in place; shrinking is refused at plan time.",
+                ),
+                Attribute::optional_computed(
+                    "mig_layout",
+                    Type::map(Type::Number),
+                    "Per-GPU MIG layout (profile name to instance count) applied to every GPU. Absent or empty: whole GPUs. Checked at plan time; changes in place.",
+                ),
+                Attribute::computed("status", Type::String, "`running` once nodes are assigned; `failed` after an unrecoverable step."),
+                Attribute::computed(
+                    "nodes",
+                    Type::list(node_type()),
+                    "The cluster's nodes, their GPUs and each GPU's MIG devices.",
+                ),
+                Attribute::computed("endpoint", Type::String, "Kubernetes API server URL or Slurm login host:port."),
+                Attribute::computed("credentials", Type::String, "A kubeconfig or Slurm login for this cluster alone.").sensitive(),
+                Attribute::computed("storage_path", Type::String, "Where the cluster's volume lives."),
+            ],
+        )
+    }
+
+    async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
+        let mut diags = Diagnostics::default();
+        match config.str_attr("name") {
+            Ok(Some(name)) => {
+                if let Err(reason) = validation::dns_label(name) {
+                    diags.attr_error("name", reason);
+                }
+            }
+            Ok(None) => {}
+            Err(d) => diags.push(d),
+        }
+        match config.str_attr("orchestrator") {
+            Ok(Some(o)) if !ORCHESTRATORS.contains(&o) => {
+                diags.attr_error("orchestrator", format!("must be \"kubernetes\" or \"slurm\" (got {o:?})"))
+            }
+            Ok(_) => {}
+            Err(d) => diags.push(d),
+        }
+        check_min(config, "node_count", 1, &mut diags);
+        check_min(config, "storage_gib", 1, &mut diags);
+        match config.number_map_attr("mig_layout") {
+            Ok(Some(layout)) => {
+                for (profile, count) in layout {
+                    if count < 1 {
+                        diags.push(Diagnostic::error_at(
+                            AttrPath::attr("mig_layout").key(&profile),
+                            format!("mig_layout[{profile:?}]: must be at least 1 (got {count}); leave the profile out instead"),
+                            "",
+                        ));
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(d) => diags.push(d),
+        }
+        if let Ok(Some(r)) = config.str_attr("reservation_id") {
+            if r.is_empty() {
+                diags.attr_error("reservation_id", "must not be empty; leave it out to take nodes from the pool");
+            }
+        }
+        diags.into_result()
+    }
+
+    async fn read(&self, prior: &Value) -> Result<Option<Value>, Diagnostics> {
+        let client = self.provider.client()?;
+        Ok(self.get(&client, required_str(prior, "id")?).await?.map(|c| state(&c)))
+    }
+
+    async fn plan(&self, prior: Option<&Value>, proposed: Value, config: &Value) -> Result<PlannedChange, Diagnostics> {
+        let planned = plan(prior, proposed, config);
+        let replacing = !planned.requires_replace.is_empty();
+        self.check_with_backend(if replacing { None } else { prior }, &planned.state)
+            .await?;
+        Ok(planned)
+    }
+
+    async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let layout = planned.number_map_attr("mig_layout").map_err(diag)?.unwrap_or_default();
+        let request = api::CreateTenantClusterRequest {
+            request_id: request_id(),
+            tenant_id: required_str(planned, "tenant")?,
+            name: required_str(planned, "name")?,
+            orchestrator: required_str(planned, "orchestrator")?,
+            gpu_type: required_str(planned, "gpu_type")?,
+            node_count: required_i64(planned, "node_count")?,
+            reservation_id: planned.str_attr("reservation_id").map_err(diag)?.unwrap_or_default().to_string(),
+            storage_gib: required_i64(planned, "storage_gib")?,
+            mig_layout: layout_i32(&layout),
+        };
+        let created = client
+            .clusters()
+            .create_tenant_cluster(request)
+            .await
+            .map_err(|s| client.diagnostic(&s))?;
+        Ok(state(&created.into_inner()))
+    }
+
+    async fn update(&self, prior: &Value, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let layout = planned.number_map_attr("mig_layout").map_err(diag)?.unwrap_or_default();
+        let request = api::UpdateTenantClusterRequest {
+            id: required_str(prior, "id")?,
+            node_count: required_i64(planned, "node_count")?,
+            storage_gib: required_i64(planned, "storage_gib")?,
+            mig_layout: layout_i32(&layout),
+            set_mig_layout: changed(prior, planned, "mig_layout"),
+        };
+        let updated = client
+            .clusters()
+            .update_tenant_cluster(request)
+            .await
+            .map_err(|s| client.diagnostic(&s))?;
+        Ok(state(&updated.into_inner()))
+    }
+
+    async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        let client = self.provider.client()?;
+        let id = required_str(prior, "id")?;
+        match client.clusters().delete_tenant_cluster(api::DeleteTenantClusterRequest { id }).await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::NotFound => Ok(()),
+            Err(s) => Err(client.diagnostic(&s).into()),
+        }
+    }
+
+    async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let found = self.get(&client, id.to_string()).await?;
+        found
+            .map(|c| state(&c))
+            .ok_or_else(|| diag(Diagnostic::error(format!("no tenant cluster with id {id:?}"), "")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prior() -> Value {
+        Value::object([
+            ("id", Value::string("c1")),
+            ("tenant", Value::string("t1")),
+            ("name", Value::string("train")),
+            ("orchestrator", Value::string("kubernetes")),
+            ("gpu_type", Value::string("A100-80GB")),
+            ("node_count", Value::Number(1)),
+            ("storage_gib", Value::Number(100)),
+            ("mig_layout", Value::Map(BTreeMap::new())),
+            ("status", Value::string("running")),
+            ("nodes", Value::List(vec![])),
+            ("endpoint", Value::string("https://k")),
+            ("credentials", Value::string("kubeconfig")),
+            ("storage_path", Value::string("/v")),
+        ])
+    }
+
+    fn config_of(state: &Value) -> Value {
+        let mut c = state.clone();
+        for name in COMPUTED {
+            c.set(name, Value::Null);
+        }
+        c
+    }
+
+    #[test]
+    fn create_defaults_storage_and_layout() {
+        let cfg = config_of(&prior());
+        let mut cfg_without = cfg.clone();
+        cfg_without.set("storage_gib", Value::Null);
+        cfg_without.set("mig_layout", Value::Null);
+        let planned = plan(None, cfg_without.clone(), &cfg_without);
+        assert_eq!(planned.state.get("storage_gib"), &Value::Number(100));
+        assert_eq!(planned.state.get("mig_layout"), &Value::Map(BTreeMap::new()));
+        for name in COMPUTED {
+            assert!(planned.state.get(name).is_unknown(), "{name}");
+        }
+    }
+
+    #[test]
+    fn layout_change_is_in_place_and_makes_nodes_unknown() {
+        let p = prior();
+        let mut proposed = p.clone();
+        proposed.set(
+            "mig_layout",
+            Value::Map(BTreeMap::from([("3g.40gb".to_string(), Value::Number(2))])),
+        );
+        let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed));
+        assert!(planned.requires_replace.is_empty());
+        assert!(planned.state.get("nodes").is_unknown());
+        assert_eq!(planned.state.get("endpoint"), &Value::string("https://k"));
+        assert_eq!(planned.state.get("credentials"), &Value::string("kubeconfig"));
+    }
+
+    #[test]
+    fn storage_growth_keeps_nodes_and_shrink_is_refused() {
+        let p = prior();
+        let mut proposed = p.clone();
+        proposed.set("storage_gib", Value::Number(500));
+        let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed));
+        assert_eq!(planned.state.get("nodes"), &Value::List(vec![]));
+        assert!(shrink_error(&p, &planned.state).is_none());
+        proposed.set("storage_gib", Value::Number(50));
+        let d = shrink_error(&p, &proposed).unwrap();
+        assert_eq!(d.summary, "storage_gib: volumes only grow: cannot shrink from 100 to 50 GiB");
+    }
+
+    #[test]
+    fn identity_attributes_force_replacement() {
+        let p = prior();
+        let mut proposed = p.clone();
+        proposed.set("orchestrator", Value::string("slurm"));
+        proposed.set("reservation_id", Value::string("r1"));
+        let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed));
+        assert_eq!(
+            planned.requires_replace,
+            vec![AttrPath::attr("orchestrator"), AttrPath::attr("reservation_id")]
+        );
+    }
+
+    #[test]
+    fn unplaceable_layout_reports_reason_and_suggestions_on_mig_layout() {
+        let answer = api::CheckMigLayoutResponse {
+            fits: false,
+            placements: vec![],
+            reason: "the instances need 9 memory slices; a GPU has 8".into(),
+            suggestions: vec!["{\"3g.40gb\" = 2}".into()],
+        };
+        let d = mig_error(&answer).unwrap();
+        assert_eq!(d.path, Some(AttrPath::attr("mig_layout")));
+        assert_eq!(d.summary, "mig_layout: the instances need 9 memory slices; a GPU has 8");
+        assert_eq!(d.detail, "Nearest valid layouts: {\"3g.40gb\" = 2}");
+    }
+
+    #[tokio::test]
+    async fn orchestrator_and_counts_are_checked_with_paths() {
+        let c = TenantCluster::new(Arc::new(ProviderState::default()));
+        let mut cfg = config_of(&prior());
+        cfg.set("orchestrator", Value::string("nomad"));
+        cfg.set("node_count", Value::Number(0));
+        let err = c.validate(&cfg).await.unwrap_err();
+        let summaries: Vec<&str> = err.0.iter().map(|d| d.summary.as_str()).collect();
+        assert_eq!(
+            summaries,
+            vec![
+                "orchestrator: must be \"kubernetes\" or \"slurm\" (got \"nomad\")",
+                "node_count: must be at least 1 (got 0)"
+            ]
+        );
+    }
+}
