@@ -121,13 +121,17 @@ pub fn capacity_error(
 /// The refusal when a tenant's quota surely cannot cover `gpus` more GPUs: even ignoring
 /// other reservations, the limit minus what clusters use is smaller.
 pub fn quota_error(gpus: i64, gpu_type: &str, usage: &api::QuotaUsage, path: &str) -> Option<Diagnostic> {
+    // No quota at all: perhaps this same plan creates it; the backend decides at apply.
+    if usage.gpus + usage.burst_gpus == 0 {
+        return None;
+    }
     let leaves = (usage.gpus + usage.burst_gpus - usage.used).max(0);
     (gpus > leaves).then(|| {
         Diagnostic::error_at(
             AttrPath::attr(path),
             format!("{path}: needs {gpus} {gpu_type} GPUs, quota leaves {leaves}"),
             format!(
-                "The tenant's {gpu_type} quota is {} guaranteed + {} burst, and its clusters use {}.",
+                "The tenant's {gpu_type} quota is {} guaranteed + {} burst, and its clusters use {}. If this configuration also raises the quota, apply that change first.",
                 usage.gpus, usage.burst_gpus, usage.used
             ),
         )
@@ -452,6 +456,8 @@ mod tests {
         let d = quota_error(24, "H100-80GB", &usage, "node_count").unwrap();
         assert_eq!(d.summary, "node_count: needs 24 H100-80GB GPUs, quota leaves 16");
         assert!(quota_error(16, "H100-80GB", &usage, "node_count").is_none());
+        let no_quota = api::QuotaUsage::default();
+        assert!(quota_error(16, "H100-80GB", &no_quota, "node_count").is_none());
     }
 
     #[tokio::test]
