@@ -201,8 +201,10 @@ impl Reservation {
             }
         }
         if extra_nodes > 0 {
+            // The whole reservation counts against the quota (its current nodes are
+            // "reserved", not "used"), so compare all of it with what clusters leave.
             let usage = quota_usage(&client, tenant, gpu_type).await?;
-            let gpus = extra_nodes * i64::from(model.gpus_per_node);
+            let gpus = count * i64::from(model.gpus_per_node);
             if let Some(d) = quota_error(gpus, gpu_type, &usage, "node_count") {
                 diags.push(d);
             }
