@@ -5,7 +5,9 @@
 //! slices, compute slices summing to at most 7 and per-profile counts within their
 //! maximum. With at most 19 instances on 8 slices, a backtracking search over starts
 //! (largest profiles first, identical instances in increasing start order) is exhaustive
-//! and takes microseconds.
+//! and takes microseconds. (On the catalog geometry the count rules alone turn out to
+//! decide feasibility, see tests/planner_exact.rs; the search still proves each layout by
+//! constructing it, and explains dead ends for any other geometry.)
 
 use super::geometry::{describe_run, in_bounds, slice_mask, COMPUTE_SLICES, MEMORY_SLICES};
 use super::{suggestions, Layout, LayoutError};

@@ -2,98 +2,194 @@
 //!
 //! Distance is the number of edits, where one edit drops one instance or shrinks one
 //! instance to a smaller profile (no more compute and no more memory). Counts above a
-//! profile's maximum are first clamped to it. A breadth-first search over count vectors
-//! (at most 8*2*5*4*3*2*2 states after clamping) returns the closest valid layouts,
-//! preferring those that keep the most memory, then compute.
+//! profile's maximum are first clamped to it. After clamping a layout is a point in a
+//! small grid (8*2*5*4*3*2*2 = 3840 points on these GPUs), so a breadth-first search over
+//! the grid with a dense visited array and a cached feasibility table (one planner run
+//! per grid point, once per geometry) is cheap. Among equally near layouts, those that
+//! keep the most memory, then compute, come first.
 
 use super::planner::fits;
 use super::Layout;
 use crate::catalog::GpuModel;
-use std::collections::HashSet;
+use std::cmp::Reverse;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// How many suggestions a rejection carries at most.
 pub const MAX_SUGGESTIONS: usize = 3;
+/// Largest grid searched; beyond it (not the case for any catalog model) no suggestions.
+const MAX_GRID: usize = 1 << 20;
 
 /// Up to three distinct, valid, non-empty layouts closest to `counts`.
 pub(crate) fn nearest(model: &GpuModel, counts: &[u32]) -> Vec<Layout> {
-    let start: Vec<u32> = model
-        .profiles
+    let Some(grid) = Grid::new(model) else {
+        return Vec::new();
+    };
+    let feasible = feasibility_table(model, &grid);
+    let clamped: Vec<u32> = grid
+        .radix
         .iter()
         .zip(counts)
-        .map(|(p, &n)| n.min(p.max_per_gpu as u32))
+        .map(|(&r, &c)| c.min(r - 1))
         .collect();
-    let mut found: Vec<Vec<u32>> = Vec::new();
-    let mut seen: HashSet<Vec<u32>> = HashSet::from([start.clone()]);
+    let start = grid.index(&clamped);
+    let mut found: Vec<usize> = Vec::new();
+    let mut seen = vec![false; grid.size];
+    seen[start] = true;
     let mut level = vec![start];
+    let mut next = Vec::new();
     while !level.is_empty() && found.len() < MAX_SUGGESTIONS {
-        let mut valid: Vec<Vec<u32>> = level
+        let mut valid: Vec<usize> = level
             .iter()
-            .filter(|c| c.iter().any(|&n| n > 0) && fits(model, c))
-            .cloned()
+            .copied()
+            .filter(|&i| i != 0 && feasible[i])
             .collect();
-        valid.sort_by_key(|c| closeness_key(model, c));
+        valid.sort_by_key(|&i| closeness_key(model, &grid, i));
         found.extend(valid.into_iter().take(MAX_SUGGESTIONS - found.len()));
-        let mut next = Vec::new();
-        for c in &level {
-            for edited in edits(model, c) {
-                if seen.insert(edited.clone()) {
-                    next.push(edited);
+        next.clear();
+        for &i in &level {
+            grid.for_each_edit(model, i, |j| {
+                if !seen[j] {
+                    seen[j] = true;
+                    next.push(j);
                 }
-            }
+            });
         }
-        level = next;
+        std::mem::swap(&mut level, &mut next);
     }
-    found.iter().map(|c| to_layout(model, c)).collect()
+    found.iter().map(|&i| grid.to_layout(model, i)).collect()
 }
 
-/// Sort key: more memory slices kept, then more compute kept, then a stable tie-break.
+/// Mixed-radix numbering of count vectors: digit k counts profile k, 0..=max_per_gpu.
+struct Grid {
+    radix: Vec<u32>,
+    /// Weight of one instance of profile k in the index.
+    stride: Vec<usize>,
+    size: usize,
+}
+
+impl Grid {
+    fn new(model: &GpuModel) -> Option<Self> {
+        let radix: Vec<u32> = model
+            .profiles
+            .iter()
+            .map(|p| p.max_per_gpu as u32 + 1)
+            .collect();
+        let mut stride = Vec::with_capacity(radix.len());
+        let mut size = 1usize;
+        for &r in &radix {
+            stride.push(size);
+            size = size.checked_mul(r as usize)?;
+        }
+        (size > 1 && size <= MAX_GRID).then_some(Self {
+            radix,
+            stride,
+            size,
+        })
+    }
+
+    fn index(&self, counts: &[u32]) -> usize {
+        counts
+            .iter()
+            .zip(&self.stride)
+            .map(|(&c, &s)| c as usize * s)
+            .sum()
+    }
+
+    fn count(&self, index: usize, k: usize) -> u32 {
+        ((index / self.stride[k]) % self.radix[k] as usize) as u32
+    }
+
+    fn counts(&self, index: usize) -> Vec<u32> {
+        (0..self.radix.len())
+            .map(|k| self.count(index, k))
+            .collect()
+    }
+
+    /// Calls `f` with every point one edit away: drop one instance, or shrink one to a
+    /// smaller profile (never to the special-purpose +me profile).
+    fn for_each_edit(&self, model: &GpuModel, index: usize, mut f: impl FnMut(usize)) {
+        for (i, p) in model.profiles.iter().enumerate() {
+            if self.count(index, i) == 0 {
+                continue;
+            }
+            let dropped = index - self.stride[i];
+            for (j, q) in model.profiles.iter().enumerate() {
+                let smaller = j != i
+                    && q.memory_slices <= p.memory_slices
+                    && q.compute_slices <= p.compute_slices
+                    && (q.memory_slices, q.compute_slices) != (p.memory_slices, p.compute_slices);
+                if smaller && !q.name.ends_with("+me") && self.count(dropped, j) + 1 < self.radix[j]
+                {
+                    f(dropped + self.stride[j]);
+                }
+            }
+            f(dropped);
+        }
+    }
+
+    fn to_layout(&self, model: &GpuModel, index: usize) -> Layout {
+        model
+            .profiles
+            .iter()
+            .enumerate()
+            .filter(|&(k, _)| self.count(index, k) > 0)
+            .map(|(k, p)| (p.name.clone(), self.count(index, k)))
+            .collect()
+    }
+}
+
+/// Sort key: more memory slices kept, then more compute kept, then larger profiles.
 fn closeness_key(
     model: &GpuModel,
-    counts: &[u32],
-) -> (std::cmp::Reverse<u32>, std::cmp::Reverse<u32>, Vec<u32>) {
+    grid: &Grid,
+    index: usize,
+) -> (Reverse<u32>, Reverse<u32>, Reverse<Vec<u32>>) {
+    let counts = grid.counts(index);
     let (mut memory, mut compute) = (0u32, 0u32);
-    for (p, &n) in model.profiles.iter().zip(counts) {
+    for (p, &n) in model.profiles.iter().zip(&counts) {
         memory += n * p.memory_slices as u32;
         compute += n * p.compute_slices as u32;
     }
-    let tie: Vec<u32> = counts.iter().rev().map(|&n| u32::MAX - n).collect();
-    (std::cmp::Reverse(memory), std::cmp::Reverse(compute), tie)
+    (
+        Reverse(memory),
+        Reverse(compute),
+        Reverse(counts.into_iter().rev().collect()),
+    )
 }
 
-/// Every layout one edit away: drop one instance, or shrink one to a smaller profile.
-fn edits(model: &GpuModel, counts: &[u32]) -> Vec<Vec<u32>> {
-    let mut out = Vec::new();
-    for (i, p) in model.profiles.iter().enumerate() {
-        if counts[i] == 0 {
-            continue;
-        }
-        let mut dropped = counts.to_vec();
-        dropped[i] -= 1;
-        for (j, q) in model.profiles.iter().enumerate() {
-            let smaller = j != i
-                && q.memory_slices <= p.memory_slices
-                && q.compute_slices <= p.compute_slices
-                && (q.memory_slices, q.compute_slices) != (p.memory_slices, p.compute_slices);
-            // The +me profile is a special-purpose shape: never offer it as a shrink.
-            if smaller && !q.name.ends_with("+me") && counts[j] < q.max_per_gpu as u32 {
-                let mut shrunk = dropped.clone();
-                shrunk[j] += 1;
-                out.push(shrunk);
-            }
-        }
-        out.push(dropped);
-    }
-    out
-}
+/// Geometry of a model's profiles: feasibility depends on nothing else.
+type GeometryKey = Vec<(u8, u8, Vec<u8>, u8)>;
 
-fn to_layout(model: &GpuModel, counts: &[u32]) -> Layout {
-    model
+/// Whether each grid point fits one GPU, computed once per geometry with the planner.
+fn feasibility_table(model: &GpuModel, grid: &Grid) -> Arc<Vec<bool>> {
+    static CACHE: OnceLock<Mutex<HashMap<GeometryKey, Arc<Vec<bool>>>>> = OnceLock::new();
+    let key: GeometryKey = model
         .profiles
         .iter()
-        .zip(counts)
-        .filter(|(_, &n)| n > 0)
-        .map(|(p, &n)| (p.name.clone(), n))
-        .collect()
+        .map(|p| {
+            (
+                p.compute_slices,
+                p.memory_slices,
+                p.valid_starts.clone(),
+                p.max_per_gpu,
+            )
+        })
+        .collect();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(table) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Arc::clone(table);
+    }
+    let table: Arc<Vec<bool>> = Arc::new(
+        (0..grid.size)
+            .map(|i| fits(model, &grid.counts(i)))
+            .collect(),
+    );
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, Arc::clone(&table));
+    table
 }
 
 #[cfg(test)]
