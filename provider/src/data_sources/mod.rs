@@ -1,10 +1,31 @@
 //! The data sources, one module each.
 
+mod availability;
+mod gpu_types;
+mod nodes;
+mod quota_usage;
+
 use std::sync::Arc;
 
-use crate::framework::DataSourceType;
+use crate::framework::{AttrPath, DataSourceType, Diagnostic, Diagnostics, Value};
 use crate::provider::ProviderState;
 
-pub fn all(_state: &Arc<ProviderState>) -> Vec<Arc<dyn DataSourceType>> {
-    vec![]
+pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn DataSourceType>> {
+    vec![
+        Arc::new(gpu_types::GpuTypes::new(state.clone())),
+        Arc::new(availability::Availability::new(state.clone())),
+        Arc::new(nodes::Nodes::new(state.clone())),
+        Arc::new(quota_usage::QuotaUsage::new(state.clone())),
+    ]
+}
+
+/// A required string argument of a data source.
+pub(crate) fn required_arg(config: &Value, name: &str) -> Result<String, Diagnostics> {
+    config
+        .str_attr(name)
+        .map_err(Diagnostics::from)?
+        .map(str::to_string)
+        .ok_or_else(|| {
+            Diagnostic::error_at(AttrPath::attr(name), format!("{name}: a value is required"), "").into()
+        })
 }

@@ -1,0 +1,57 @@
+//! `gpufleet_quota_usage`: what a tenant's quota of one model allows, uses and reserves.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::required_arg;
+use crate::framework::{Attribute, DataSourceType, Diagnostics, Schema, Type, Value};
+use crate::provider::ProviderState;
+
+pub struct QuotaUsage {
+    provider: Arc<ProviderState>,
+}
+
+impl QuotaUsage {
+    pub fn new(provider: Arc<ProviderState>) -> Self {
+        Self { provider }
+    }
+}
+
+#[async_trait]
+impl DataSourceType for QuotaUsage {
+    fn name(&self) -> &'static str {
+        "quota_usage"
+    }
+
+    fn schema(&self) -> Schema {
+        Schema::new(
+            "A tenant's quota of one GPU model and what counts against it.",
+            vec![
+                Attribute::computed("id", Type::String, "An id made of the tenant and the model."),
+                Attribute::required("tenant", Type::String, "Id of the tenant."),
+                Attribute::required("gpu_type", Type::String, "GPU model, e.g. `H100-80GB`."),
+                Attribute::computed("gpus", Type::Number, "Guaranteed GPUs; 0 without a quota."),
+                Attribute::computed("burst_gpus", Type::Number, "Burst GPUs; 0 without a quota."),
+                Attribute::computed("used", Type::Number, "GPUs held by clusters that do not draw from a reservation."),
+                Attribute::computed("reserved", Type::Number, "Peak GPUs held by not-yet-ended reservations from now on."),
+                Attribute::computed("available", Type::Number, "`gpus + burst_gpus - (used + reserved)`, never below zero."),
+            ],
+        )
+    }
+
+    async fn read(&self, config: &Value) -> Result<Value, Diagnostics> {
+        let client = self.provider.client()?;
+        let tenant = required_arg(config, "tenant")?;
+        let gpu_type = required_arg(config, "gpu_type")?;
+        let usage = crate::resources::quota_usage(&client, &tenant, &gpu_type).await?;
+        let mut state = config.clone();
+        state.set("id", Value::String(format!("{tenant}/{gpu_type}")));
+        state.set("gpus", Value::Number(usage.gpus));
+        state.set("burst_gpus", Value::Number(usage.burst_gpus));
+        state.set("used", Value::Number(usage.used));
+        state.set("reserved", Value::Number(usage.reserved));
+        state.set("available", Value::Number(usage.available));
+        Ok(state)
+    }
+}
