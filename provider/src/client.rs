@@ -46,7 +46,11 @@ pub struct Client {
 impl Client {
     /// A client that connects on first use (so a plan that needs no API call does not
     /// need the backend).
-    pub fn new(endpoint: &str, token: Option<&str>, ca_cert_pem: Option<&str>) -> Result<Self, Diagnostic> {
+    pub fn new(
+        endpoint: &str,
+        token: Option<&str>,
+        ca_cert_pem: Option<&str>,
+    ) -> Result<Self, Diagnostic> {
         let mut builder = Endpoint::from_shared(endpoint.to_string())
             .map_err(|e| {
                 Diagnostic::error(
@@ -63,7 +67,10 @@ impl Client {
                 .ca_certificate(Certificate::from_pem(pem))
                 .domain_name(host);
             builder = builder.tls_config(tls).map_err(|e| {
-                Diagnostic::error(format!("ca_cert_pem: cannot use this certificate ({e})"), "")
+                Diagnostic::error(
+                    format!("ca_cert_pem: cannot use this certificate ({e})"),
+                    "",
+                )
             })?;
         } else if endpoint.starts_with("https://") {
             return Err(Diagnostic::error(
@@ -227,7 +234,9 @@ mod tests {
 
     #[test]
     fn https_without_a_ca_is_refused_with_the_reason() {
-        let err = Client::new("https://gpufleet.example.com", None, None).err().unwrap();
+        let err = Client::new("https://gpufleet.example.com", None, None)
+            .err()
+            .unwrap();
         assert!(err.summary.starts_with("ca_cert_pem:"));
         let err = Client::new("not a url", None, None).err().unwrap();
         assert!(err.summary.starts_with("endpoint:"));

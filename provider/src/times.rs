@@ -83,8 +83,14 @@ mod tests {
     #[test]
     fn user_spelling_is_kept_for_the_same_instant() {
         let t = unix("2027-01-01T00:00:00Z").unwrap();
-        assert_eq!(keep_spelling(Some("2027-01-01T01:00:00+01:00"), t), "2027-01-01T01:00:00+01:00");
-        assert_eq!(keep_spelling(Some("2027-01-02T00:00:00Z"), t), "2027-01-01T00:00:00Z");
+        assert_eq!(
+            keep_spelling(Some("2027-01-01T01:00:00+01:00"), t),
+            "2027-01-01T01:00:00+01:00"
+        );
+        assert_eq!(
+            keep_spelling(Some("2027-01-02T00:00:00Z"), t),
+            "2027-01-01T00:00:00Z"
+        );
         assert_eq!(keep_spelling(None, t), "2027-01-01T00:00:00Z");
     }
 
@@ -92,12 +98,20 @@ mod tests {
     fn a_past_start_matches_the_clamped_backend_start() {
         let created = 2_000;
         assert!(same_start(1_000, created, 3_000));
-        assert!(!same_start(1_000, created, 1_500), "backend start still ahead");
-        assert_eq!(keep_start_spelling(Some("1970-01-01T00:16:40Z"), created, 3_000), "1970-01-01T00:16:40Z");
+        assert!(
+            !same_start(1_000, created, 1_500),
+            "backend start still ahead"
+        );
+        assert_eq!(
+            keep_start_spelling(Some("1970-01-01T00:16:40Z"), created, 3_000),
+            "1970-01-01T00:16:40Z"
+        );
     }
 
     #[test]
     fn parse_errors_explain_the_format() {
-        assert!(parse("tomorrow").unwrap_err().contains("is not an RFC 3339 time"));
+        assert!(parse("tomorrow")
+            .unwrap_err()
+            .contains("is not an RFC 3339 time"));
     }
 }

@@ -14,7 +14,9 @@ pub fn dns_label(name: &str) -> Result<(), String> {
         ));
     }
     if name.starts_with('-') || name.ends_with('-') {
-        return Err(format!("{name:?} is not a DNS label: it may not start or end with '-'"));
+        return Err(format!(
+            "{name:?} is not a DNS label: it may not start or end with '-'"
+        ));
     }
     Ok(())
 }
@@ -43,7 +45,9 @@ mod tests {
     #[test]
     fn dns_labels() {
         assert!(dns_label("team-a").is_ok());
-        assert!(dns_label("Team_A").unwrap_err().contains("'T' is not allowed"));
+        assert!(dns_label("Team_A")
+            .unwrap_err()
+            .contains("'T' is not allowed"));
         assert!(dns_label("-a").unwrap_err().contains("start or end"));
         assert!(dns_label("").unwrap_err().contains("1 to 63"));
         assert!(dns_label(&"a".repeat(64)).unwrap_err().contains("got 64"));

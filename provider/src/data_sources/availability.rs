@@ -23,7 +23,12 @@ impl Availability {
 fn parse_arg(config: &Value, name: &str) -> Result<i64, Diagnostics> {
     let text = required_arg(config, name)?;
     times::unix(&text).map_err(|reason| {
-        Diagnostic::error_at(crate::framework::AttrPath::attr(name), format!("{name}: {reason}"), "").into()
+        Diagnostic::error_at(
+            crate::framework::AttrPath::attr(name),
+            format!("{name}: {reason}"),
+            "",
+        )
+        .into()
     })
 }
 
@@ -37,12 +42,28 @@ impl DataSourceType for Availability {
         Schema::new(
             "Nodes of one GPU model free for the whole of a window.",
             vec![
-                Attribute::computed("id", Type::String, "An id made of the model and the window."),
+                Attribute::computed(
+                    "id",
+                    Type::String,
+                    "An id made of the model and the window.",
+                ),
                 Attribute::required("gpu_type", Type::String, "GPU model, e.g. `H100-80GB`."),
                 Attribute::required("start_time", Type::String, "Start of the window, RFC 3339."),
-                Attribute::required("end_time", Type::String, "End of the window, RFC 3339; after `start_time`."),
-                Attribute::computed("free_pool_nodes", Type::Number, "The fewest pool nodes free at any instant of the window."),
-                Attribute::computed("free_on_demand_nodes", Type::Number, "The fewest on-demand nodes free at any instant of the window."),
+                Attribute::required(
+                    "end_time",
+                    Type::String,
+                    "End of the window, RFC 3339; after `start_time`.",
+                ),
+                Attribute::computed(
+                    "free_pool_nodes",
+                    Type::Number,
+                    "The fewest pool nodes free at any instant of the window.",
+                ),
+                Attribute::computed(
+                    "free_on_demand_nodes",
+                    Type::Number,
+                    "The fewest on-demand nodes free at any instant of the window.",
+                ),
             ],
         )
     }
@@ -60,11 +81,14 @@ impl DataSourceType for Availability {
         }
         if let [Some(start), Some(end)] = parsed {
             if end <= start {
-                diags.attr_error("end_time", format!(
-                    "must be after start_time ({} is not after {})",
-                    times::canonical(end),
-                    times::canonical(start)
-                ));
+                diags.attr_error(
+                    "end_time",
+                    format!(
+                        "must be after start_time ({} is not after {})",
+                        times::canonical(end),
+                        times::canonical(start)
+                    ),
+                );
             }
         }
         diags.into_result()
@@ -89,7 +113,10 @@ impl DataSourceType for Availability {
         let mut state = config.clone();
         state.set("id", Value::String(format!("{gpu_type}/{start}/{end}")));
         state.set("free_pool_nodes", Value::Number(free.free_pool_nodes));
-        state.set("free_on_demand_nodes", Value::Number(free.free_on_demand_nodes));
+        state.set(
+            "free_on_demand_nodes",
+            Value::Number(free.free_on_demand_nodes),
+        );
         Ok(state)
     }
 }

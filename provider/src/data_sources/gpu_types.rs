@@ -42,7 +42,12 @@ fn gpu_type_value(t: &api::GpuType) -> Value {
                 ("memory_slices", Value::Number(p.memory_slices.into())),
                 (
                     "valid_starts",
-                    Value::List(p.valid_starts.iter().map(|s| Value::Number((*s).into())).collect()),
+                    Value::List(
+                        p.valid_starts
+                            .iter()
+                            .map(|s| Value::Number((*s).into()))
+                            .collect(),
+                    ),
                 ),
                 ("max_per_gpu", Value::Number(p.max_per_gpu.into())),
                 ("memory_mib", Value::Number(p.memory_mib)),
@@ -100,7 +105,10 @@ impl DataSourceType for GpuTypes {
             .gpu_types;
         Ok(Value::object([
             ("id", Value::string("gpu_types")),
-            ("gpu_types", Value::List(types.iter().map(gpu_type_value).collect())),
+            (
+                "gpu_types",
+                Value::List(types.iter().map(gpu_type_value).collect()),
+            ),
         ]))
     }
 }

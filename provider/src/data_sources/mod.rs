@@ -26,6 +26,11 @@ pub(crate) fn required_arg(config: &Value, name: &str) -> Result<String, Diagnos
         .map_err(Diagnostics::from)?
         .map(str::to_string)
         .ok_or_else(|| {
-            Diagnostic::error_at(AttrPath::attr(name), format!("{name}: a value is required"), "").into()
+            Diagnostic::error_at(
+                AttrPath::attr(name),
+                format!("{name}: a value is required"),
+                "",
+            )
+            .into()
         })
 }

@@ -108,7 +108,11 @@ impl DataSourceType for Nodes {
             vec![
                 Attribute::computed("id", Type::String, "An id made of the filters."),
                 Attribute::optional("gpu_type", Type::String, "Only nodes of this GPU model."),
-                Attribute::optional("cluster_id", Type::String, "Only the nodes of this cluster."),
+                Attribute::optional(
+                    "cluster_id",
+                    Type::String,
+                    "Only the nodes of this cluster.",
+                ),
                 Attribute::computed("nodes", Type::list(node_type()), "The matching nodes."),
             ],
         )
@@ -116,8 +120,16 @@ impl DataSourceType for Nodes {
 
     async fn read(&self, config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let gpu_type = config.str_attr("gpu_type").map_err(Diagnostics::from)?.unwrap_or_default().to_string();
-        let cluster_id = config.str_attr("cluster_id").map_err(Diagnostics::from)?.unwrap_or_default().to_string();
+        let gpu_type = config
+            .str_attr("gpu_type")
+            .map_err(Diagnostics::from)?
+            .unwrap_or_default()
+            .to_string();
+        let cluster_id = config
+            .str_attr("cluster_id")
+            .map_err(Diagnostics::from)?
+            .unwrap_or_default()
+            .to_string();
         let nodes = client
             .fleet()
             .list_nodes(api::ListNodesRequest {
@@ -129,7 +141,10 @@ impl DataSourceType for Nodes {
             .into_inner()
             .nodes;
         let mut state = config.clone();
-        state.set("id", Value::String(format!("nodes/{gpu_type}/{cluster_id}")));
+        state.set(
+            "id",
+            Value::String(format!("nodes/{gpu_type}/{cluster_id}")),
+        );
         state.set("nodes", Value::List(nodes.iter().map(node_value).collect()));
         Ok(state)
     }

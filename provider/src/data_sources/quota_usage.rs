@@ -28,14 +28,30 @@ impl DataSourceType for QuotaUsage {
         Schema::new(
             "A tenant's quota of one GPU model and what counts against it.",
             vec![
-                Attribute::computed("id", Type::String, "An id made of the tenant and the model."),
+                Attribute::computed(
+                    "id",
+                    Type::String,
+                    "An id made of the tenant and the model.",
+                ),
                 Attribute::required("tenant", Type::String, "Id of the tenant."),
                 Attribute::required("gpu_type", Type::String, "GPU model, e.g. `H100-80GB`."),
                 Attribute::computed("gpus", Type::Number, "Guaranteed GPUs; 0 without a quota."),
                 Attribute::computed("burst_gpus", Type::Number, "Burst GPUs; 0 without a quota."),
-                Attribute::computed("used", Type::Number, "GPUs held by clusters that do not draw from a reservation."),
-                Attribute::computed("reserved", Type::Number, "Peak GPUs held by not-yet-ended reservations from now on."),
-                Attribute::computed("available", Type::Number, "`gpus + burst_gpus - (used + reserved)`, never below zero."),
+                Attribute::computed(
+                    "used",
+                    Type::Number,
+                    "GPUs held by clusters that do not draw from a reservation.",
+                ),
+                Attribute::computed(
+                    "reserved",
+                    Type::Number,
+                    "Peak GPUs held by not-yet-ended reservations from now on.",
+                ),
+                Attribute::computed(
+                    "available",
+                    Type::Number,
+                    "`gpus + burst_gpus - (used + reserved)`, never below zero.",
+                ),
             ],
         )
     }

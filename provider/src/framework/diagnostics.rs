@@ -6,6 +6,8 @@ use super::value::AttrPath;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Severity {
     Error,
+    // Part of the model the protocol layer forwards; no resource emits one yet.
+    #[allow(dead_code)]
     Warning,
 }
 
@@ -30,13 +32,6 @@ impl Diagnostic {
     pub fn error_at(path: AttrPath, summary: impl Into<String>, detail: impl Into<String>) -> Self {
         Self {
             path: Some(path),
-            ..Self::error(summary, detail)
-        }
-    }
-
-    pub fn warning(summary: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self {
-            severity: Severity::Warning,
             ..Self::error(summary, detail)
         }
     }
@@ -79,10 +74,6 @@ impl Diagnostics {
         } else {
             Ok(())
         }
-    }
-
-    pub fn extend(&mut self, other: Diagnostics) {
-        self.0.extend(other.0);
     }
 }
 

@@ -8,7 +8,7 @@ pub mod traits;
 pub mod value;
 
 pub use diagnostics::{Diagnostic, Diagnostics, Severity};
-pub use plan::{any_changed, changed, default_when_unset, keep_prior, mark_unknown, requires_replace_if_changed};
+pub use plan::{changed, default_when_unset, mark_unknown, requires_replace_if_changed};
 pub use schema::{Attribute, Mode, Schema, Type};
 pub use traits::{DataSourceType, PlannedChange, ProviderType, ResourceType};
 pub use value::{AttrPath, PathStep, Value};

@@ -12,7 +12,11 @@ pub fn mark_unknown(state: &mut Value, attrs: &[&str]) {
 
 /// The attributes among `attrs` whose planned value differs from the prior one (an
 /// unknown planned value counts as a change).
-pub fn requires_replace_if_changed(prior: &Value, planned: &Value, attrs: &[&str]) -> Vec<AttrPath> {
+pub fn requires_replace_if_changed(
+    prior: &Value,
+    planned: &Value,
+    attrs: &[&str],
+) -> Vec<AttrPath> {
     attrs
         .iter()
         .filter(|name| changed(prior, planned, name))
@@ -26,24 +30,11 @@ pub fn changed(prior: &Value, planned: &Value, name: &str) -> bool {
     after.is_unknown() || prior.get(name) != after
 }
 
-/// Whether any of the named attributes differs between prior and planned state.
-pub fn any_changed(prior: &Value, planned: &Value, attrs: &[&str]) -> bool {
-    attrs.iter().any(|name| changed(prior, planned, name))
-}
-
 /// Where the configuration leaves an optional+computed attribute out, plans `default`
 /// (so the plan shows the value the provider will send and there is no perpetual diff).
 pub fn default_when_unset(planned: &mut Value, config: &Value, name: &str, default: Value) {
     if config.get(name).is_null() {
         planned.set(name, default);
-    }
-}
-
-/// Keeps the prior value of each named attribute (used for computed attributes a change
-/// does not affect).
-pub fn keep_prior(planned: &mut Value, prior: &Value, attrs: &[&str]) {
-    for name in attrs {
-        planned.set(name, prior.get(name).clone());
     }
 }
 
@@ -73,7 +64,12 @@ mod tests {
     #[test]
     fn defaults_apply_only_when_the_config_leaves_the_attribute_out() {
         let mut planned = obj(&[("burst_gpus", Value::Number(4))]);
-        default_when_unset(&mut planned, &obj(&[("burst_gpus", Value::Number(4))]), "burst_gpus", Value::Number(0));
+        default_when_unset(
+            &mut planned,
+            &obj(&[("burst_gpus", Value::Number(4))]),
+            "burst_gpus",
+            Value::Number(0),
+        );
         assert_eq!(planned.get("burst_gpus"), &Value::Number(4));
         default_when_unset(&mut planned, &obj(&[]), "burst_gpus", Value::Number(0));
         assert_eq!(planned.get("burst_gpus"), &Value::Number(0));

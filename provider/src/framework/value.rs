@@ -258,7 +258,9 @@ mod tests {
         let v = Value::object([("gpus", Value::string("many"))]);
         let err = v.i64_attr("gpus").unwrap_err();
         assert_eq!(err.path, Some(AttrPath::attr("gpus")));
-        assert!(err.summary.contains("gpus: expected a number, got a string"));
+        assert!(err
+            .summary
+            .contains("gpus: expected a number, got a string"));
     }
 
     #[test]

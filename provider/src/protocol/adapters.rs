@@ -8,7 +8,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tf_provider::schema::Schema as TfSchema;
 use tf_provider::value::{ValueAny, ValueEmpty};
-use tf_provider::{AttributePath, Diagnostics as TfDiagnostics, DynamicDataSource, DynamicResource};
+use tf_provider::{
+    AttributePath, Diagnostics as TfDiagnostics, DynamicDataSource, DynamicResource,
+};
 
 use super::convert::{attribute_path, from_tf, push_diagnostics, to_tf, to_tf_schema};
 use crate::framework::{
@@ -109,7 +111,10 @@ impl tf_provider::Resource for ResourceAdapter {
         let prior = decode(diags, prior, &self.ty)?;
         let proposed = decode(diags, proposed, &self.ty)?;
         let config = decode(diags, config, &self.ty)?;
-        let planned = settle(diags, self.inner.plan(Some(&prior), proposed, &config).await)?;
+        let planned = settle(
+            diags,
+            self.inner.plan(Some(&prior), proposed, &config).await,
+        )?;
         let replace = planned
             .requires_replace
             .iter()

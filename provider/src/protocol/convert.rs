@@ -13,7 +13,9 @@ use tf_provider::schema::{
 use tf_provider::value::ValueAny;
 use tf_provider::{AttributePath, AttributePathStep};
 
-use crate::framework::{AttrPath, Diagnostic, Diagnostics, Mode, PathStep, Schema, Severity, Type, Value};
+use crate::framework::{
+    AttrPath, Diagnostic, Diagnostics, Mode, PathStep, Schema, Severity, Type, Value,
+};
 
 /// Decodes a value Terraform sent, following `ty`.
 pub fn from_tf(value: ValueAny, ty: &Type, path: &AttrPath) -> Result<Value, Diagnostic> {
@@ -211,7 +213,10 @@ mod tests {
             ("mig_layout", Type::map(Type::Number)),
             (
                 "nodes",
-                Type::list(Type::object([("id", Type::String), ("gpu_count", Type::Number)])),
+                Type::list(Type::object([
+                    ("id", Type::String),
+                    ("gpu_count", Type::Number),
+                ])),
             ),
         ])
     }
@@ -222,7 +227,10 @@ mod tests {
             ("name".to_string(), ValueAny::String("a".into())),
             (
                 "mig_layout".to_string(),
-                ValueAny::Map(BTreeMap::from([("3g.40gb".to_string(), ValueAny::Number(2))])),
+                ValueAny::Map(BTreeMap::from([(
+                    "3g.40gb".to_string(),
+                    ValueAny::Number(2),
+                )])),
             ),
             (
                 "nodes".to_string(),
@@ -233,9 +241,15 @@ mod tests {
             ),
         ]));
         let v = from_tf(raw, &cluster_type(), &AttrPath::root()).unwrap();
-        assert_eq!(v.get("node_count"), &Value::Null, "missing attribute reads as null");
+        assert_eq!(
+            v.get("node_count"),
+            &Value::Null,
+            "missing attribute reads as null"
+        );
         assert!(matches!(v.get("mig_layout"), Value::Map(_)));
-        let Value::List(nodes) = v.get("nodes") else { panic!("nodes is a list") };
+        let Value::List(nodes) = v.get("nodes") else {
+            panic!("nodes is a list")
+        };
         assert!(matches!(nodes[0], Value::Object(_)));
         assert_eq!(nodes[0].get("gpu_count"), &Value::Null);
     }
@@ -243,7 +257,9 @@ mod tests {
     #[test]
     fn encoding_fills_every_object_attribute() {
         let v = Value::object([("name", Value::string("a")), ("nodes", Value::Unknown)]);
-        let ValueAny::Map(out) = to_tf(&v, &cluster_type()) else { panic!("object encodes as map") };
+        let ValueAny::Map(out) = to_tf(&v, &cluster_type()) else {
+            panic!("object encodes as map")
+        };
         assert_eq!(out.len(), 4);
         assert_eq!(out["node_count"], ValueAny::Null);
         assert_eq!(out["nodes"], ValueAny::Unknown);
@@ -251,7 +267,10 @@ mod tests {
 
     #[test]
     fn type_mismatch_names_the_path() {
-        let raw = ValueAny::Map(BTreeMap::from([("node_count".to_string(), ValueAny::String("x".into()))]));
+        let raw = ValueAny::Map(BTreeMap::from([(
+            "node_count".to_string(),
+            ValueAny::String("x".into()),
+        )]));
         let err = from_tf(raw, &cluster_type(), &AttrPath::root()).unwrap_err();
         assert_eq!(err.path, Some(AttrPath::attr("node_count")));
     }
@@ -274,7 +293,10 @@ mod tests {
         ours.attr_error("node_count", "must be at least 1 (got 0)");
         push_diagnostics(&mut target, ours);
         assert_eq!(target.errors.len(), 1);
-        assert_eq!(target.errors[0].summary, "node_count: must be at least 1 (got 0)");
+        assert_eq!(
+            target.errors[0].summary,
+            "node_count: must be at least 1 (got 0)"
+        );
         assert_eq!(target.errors[0].attribute, AttributePath::new("node_count"));
     }
 }

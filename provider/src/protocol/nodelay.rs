@@ -48,7 +48,11 @@ pub fn set_nodelay_on_new_sockets(seen: &mut HashSet<u64>) {
         return;
     };
     for entry in entries.flatten() {
-        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        else {
             continue;
         };
         let Ok(target) = std::fs::read_link(entry.path()) else {
@@ -65,7 +69,10 @@ pub fn set_nodelay_on_new_sockets(seen: &mut HashSet<u64>) {
 
 /// The inode of a `/proc/self/fd` link target such as `socket:[12345]`.
 fn socket_inode(link: &str) -> Option<u64> {
-    link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+    link.strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 fn set_nodelay(fd: RawFd) {
@@ -133,7 +140,9 @@ mod tests {
 
     #[test]
     fn the_wrapper_passes_the_inner_output_through() {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         assert_eq!(rt.block_on(NoDelay::new(async { 7 })), 7);
     }
 }

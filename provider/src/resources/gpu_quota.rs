@@ -8,8 +8,8 @@ use tonic::Code;
 
 use super::{check_min, diag, known_gpu_type, quota_usage, request_id, required_i64, required_str};
 use crate::framework::{
-    default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
-    Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
+    default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute, Diagnostic,
+    Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
 };
 use crate::provider::ProviderState;
 
@@ -53,7 +53,12 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedCh
 }
 
 /// The refusal when a quota is lowered below what the tenant uses and reserves.
-pub fn lowering_error(gpu_type: &str, gpus: i64, burst: i64, usage: &api::QuotaUsage) -> Option<Diagnostic> {
+pub fn lowering_error(
+    gpu_type: &str,
+    gpus: i64,
+    burst: i64,
+    usage: &api::QuotaUsage,
+) -> Option<Diagnostic> {
     let held = usage.used + usage.reserved;
     (gpus + burst < held).then(|| {
         Diagnostic::error_at(
@@ -71,7 +76,11 @@ pub fn lowering_error(gpu_type: &str, gpus: i64, burst: i64, usage: &api::QuotaU
 
 impl GpuQuota {
     /// Plan-time checks that ask the backend; skipped while an input is unknown.
-    async fn check_with_backend(&self, prior: Option<&Value>, planned: &Value) -> Result<(), Diagnostics> {
+    async fn check_with_backend(
+        &self,
+        prior: Option<&Value>,
+        planned: &Value,
+    ) -> Result<(), Diagnostics> {
         let Some(client) = self.provider.plan_client() else {
             return Ok(());
         };
@@ -101,14 +110,18 @@ impl GpuQuota {
                 if let Some(q) = existing.iter().find(|q| q.gpu_type == gpu_type) {
                     return Err(Diagnostic::error_at(
                         AttrPath::attr("gpu_type"),
-                        format!("gpu_type: the tenant already has a {gpu_type} quota (id {})", q.id),
+                        format!(
+                            "gpu_type: the tenant already has a {gpu_type} quota (id {})",
+                            q.id
+                        ),
                         format!("Import it instead: terraform import <address> {}", q.id),
                     )
                     .into());
                 }
             }
             Some(prior) => {
-                let before = required_i64(prior, "gpus")? + prior.i64_attr("burst_gpus").map_err(diag)?.unwrap_or(0);
+                let before = required_i64(prior, "gpus")?
+                    + prior.i64_attr("burst_gpus").map_err(diag)?.unwrap_or(0);
                 if gpus + burst < before {
                     let usage = quota_usage(&client, tenant, gpu_type).await?;
                     if let Some(d) = lowering_error(gpu_type, gpus, burst, &usage) {
@@ -166,7 +179,11 @@ impl ResourceType for GpuQuota {
     async fn read(&self, prior: &Value) -> Result<Option<Value>, Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client.quotas().get_gpu_quota(api::GetGpuQuotaRequest { id }).await {
+        match client
+            .quotas()
+            .get_gpu_quota(api::GetGpuQuotaRequest { id })
+            .await
+        {
             Ok(q) => Ok(Some(state(&q.into_inner()))),
             Err(s) if s.code() == Code::NotFound => Ok(None),
             Err(s) => Err(client.diagnostic(&s).into()),
@@ -203,7 +220,12 @@ impl ResourceType for GpuQuota {
         Ok(state(&created.into_inner()))
     }
 
-    async fn update(&self, prior: &Value, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
+    async fn update(
+        &self,
+        prior: &Value,
+        planned: &Value,
+        _config: &Value,
+    ) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let request = api::UpdateGpuQuotaRequest {
             id: required_str(prior, "id")?,
@@ -221,7 +243,11 @@ impl ResourceType for GpuQuota {
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client.quotas().delete_gpu_quota(api::DeleteGpuQuotaRequest { id }).await {
+        match client
+            .quotas()
+            .delete_gpu_quota(api::DeleteGpuQuotaRequest { id })
+            .await
+        {
             Ok(_) => Ok(()),
             Err(s) if s.code() == Code::NotFound => Ok(()),
             Err(s) => Err(client.diagnostic(&s).into()),
@@ -262,7 +288,9 @@ mod tests {
         ]);
         let mut proposed = prior.clone();
         proposed.set("gpus", Value::Number(8));
-        assert!(plan(Some(&prior), proposed.clone(), &proposed).requires_replace.is_empty());
+        assert!(plan(Some(&prior), proposed.clone(), &proposed)
+            .requires_replace
+            .is_empty());
         proposed.set("gpu_type", Value::string("A100-80GB"));
         assert_eq!(
             plan(Some(&prior), proposed.clone(), &proposed).requires_replace,

@@ -20,8 +20,6 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn ResourceType>> {
         Arc::new(gpu_quota::GpuQuota::new(state.clone())),
         Arc::new(reservation::Reservation::new(state.clone())),
         Arc::new(tenant_cluster::TenantCluster::new(state.clone())),
-
-
     ]
 }
 
@@ -76,15 +74,24 @@ pub(crate) fn required_str(state: &Value, name: &str) -> Result<String, Diagnost
         .map_err(diag)?
         .map(str::to_string)
         .ok_or_else(|| {
-            Diagnostic::error_at(AttrPath::attr(name), format!("{name}: a value is required"), "")
-                .into()
+            Diagnostic::error_at(
+                AttrPath::attr(name),
+                format!("{name}: a value is required"),
+                "",
+            )
+            .into()
         })
 }
 
 /// A required number attribute of a planned or prior state.
 pub(crate) fn required_i64(state: &Value, name: &str) -> Result<i64, Diagnostics> {
     state.i64_attr(name).map_err(diag)?.ok_or_else(|| {
-        Diagnostic::error_at(AttrPath::attr(name), format!("{name}: a value is required"), "").into()
+        Diagnostic::error_at(
+            AttrPath::attr(name),
+            format!("{name}: a value is required"),
+            "",
+        )
+        .into()
     })
 }
 

@@ -9,8 +9,8 @@ use tonic::Code;
 use super::{check_min, diag, known_gpu_type, quota_usage, request_id, required_i64, required_str};
 use crate::client::Client;
 use crate::framework::{
-    default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
-    Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
+    default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute, Diagnostic,
+    Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
 };
 use crate::provider::ProviderState;
 use crate::times;
@@ -31,7 +31,8 @@ const ALLOCATION: &[&str] = &["status", "pool_nodes", "on_demand_nodes"];
 /// The state as the backend reports it, keeping the spelling of times from `spelled`
 /// (the prior or planned state) where it denotes the backend's instant.
 fn state(r: &api::Reservation, spelled: Option<&Value>, now: i64) -> Value {
-    let spelling = |name: &str| spelled.and_then(|s| s.get(name).as_str(&AttrPath::attr(name)).ok().flatten());
+    let spelling =
+        |name: &str| spelled.and_then(|s| s.get(name).as_str(&AttrPath::attr(name)).ok().flatten());
     let start = r.start_time.as_ref().map(|t| t.seconds).unwrap_or_default();
     let end = r.end_time.as_ref().map(|t| t.seconds).unwrap_or_default();
     Value::object([
@@ -39,8 +40,18 @@ fn state(r: &api::Reservation, spelled: Option<&Value>, now: i64) -> Value {
         ("tenant", Value::string(&r.tenant_id)),
         ("gpu_type", Value::string(&r.gpu_type)),
         ("node_count", Value::Number(r.node_count)),
-        ("start_time", Value::String(times::keep_start_spelling(spelling("start_time"), start, now))),
-        ("end_time", Value::String(times::keep_spelling(spelling("end_time"), end))),
+        (
+            "start_time",
+            Value::String(times::keep_start_spelling(
+                spelling("start_time"),
+                start,
+                now,
+            )),
+        ),
+        (
+            "end_time",
+            Value::String(times::keep_spelling(spelling("end_time"), end)),
+        ),
         ("allow_on_demand", Value::Bool(r.allow_on_demand)),
         ("status", Value::string(&r.status)),
         ("pool_nodes", Value::Number(r.pool_nodes)),
@@ -49,7 +60,10 @@ fn state(r: &api::Reservation, spelled: Option<&Value>, now: i64) -> Value {
 }
 
 fn instant(v: &Value, name: &str) -> Option<i64> {
-    v.str_attr(name).ok().flatten().and_then(|s| times::unix(s).ok())
+    v.str_attr(name)
+        .ok()
+        .flatten()
+        .and_then(|s| times::unix(s).ok())
 }
 
 /// The plan without backend checks.
@@ -69,7 +83,10 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value, now: i64) ->
         requires_replace_if_changed(prior, &planned, &["tenant", "gpu_type", "allow_on_demand"]);
     // Times are compared as instants; a start in the past that the backend moved to the
     // creation time is the same start.
-    let same_start = match (instant(&planned, "start_time"), instant(prior, "start_time")) {
+    let same_start = match (
+        instant(&planned, "start_time"),
+        instant(prior, "start_time"),
+    ) {
         (Some(p), Some(b)) => times::same_start(p, b, now),
         _ => false,
     };
@@ -96,7 +113,12 @@ pub fn capacity_error(
     free: &api::Availability,
     allow_on_demand: bool,
 ) -> Option<Diagnostic> {
-    let usable = free.free_pool_nodes + if allow_on_demand { free.free_on_demand_nodes } else { 0 };
+    let usable = free.free_pool_nodes
+        + if allow_on_demand {
+            free.free_on_demand_nodes
+        } else {
+            0
+        };
     if usable >= needed {
         return None;
     }
@@ -120,7 +142,12 @@ pub fn capacity_error(
 
 /// The refusal when a tenant's quota surely cannot cover `gpus` more GPUs: even ignoring
 /// other reservations, the limit minus what clusters use is smaller.
-pub fn quota_error(gpus: i64, gpu_type: &str, usage: &api::QuotaUsage, path: &str) -> Option<Diagnostic> {
+pub fn quota_error(
+    gpus: i64,
+    gpu_type: &str,
+    usage: &api::QuotaUsage,
+    path: &str,
+) -> Option<Diagnostic> {
     // No quota at all: perhaps this same plan creates it; the backend decides at apply.
     if usage.gpus + usage.burst_gpus == 0 {
         return None;
@@ -138,7 +165,12 @@ pub fn quota_error(gpus: i64, gpu_type: &str, usage: &api::QuotaUsage, path: &st
     })
 }
 
-async fn availability(client: &Client, gpu_type: &str, from: i64, to: i64) -> Result<api::Availability, Diagnostics> {
+async fn availability(
+    client: &Client,
+    gpu_type: &str,
+    from: i64,
+    to: i64,
+) -> Result<api::Availability, Diagnostics> {
     client
         .fleet()
         .get_availability(api::AvailabilityRequest {
@@ -153,7 +185,11 @@ async fn availability(client: &Client, gpu_type: &str, from: i64, to: i64) -> Re
 
 impl Reservation {
     /// Capacity and quota checks at plan time, when every input is known.
-    async fn check_with_backend(&self, prior: Option<&Value>, planned: &Value) -> Result<(), Diagnostics> {
+    async fn check_with_backend(
+        &self,
+        prior: Option<&Value>,
+        planned: &Value,
+    ) -> Result<(), Diagnostics> {
         let Some(client) = self.provider.plan_client() else {
             return Ok(());
         };
@@ -212,8 +248,16 @@ impl Reservation {
         diags.into_result()
     }
 
-    async fn get(&self, client: &Client, id: String) -> Result<Option<api::Reservation>, Diagnostics> {
-        match client.reservations().get_reservation(api::GetReservationRequest { id }).await {
+    async fn get(
+        &self,
+        client: &Client,
+        id: String,
+    ) -> Result<Option<api::Reservation>, Diagnostics> {
+        match client
+            .reservations()
+            .get_reservation(api::GetReservationRequest { id })
+            .await
+        {
             Ok(r) => Ok(Some(r.into_inner())),
             Err(s) if s.code() == Code::NotFound => Ok(None),
             Err(s) => Err(client.diagnostic(&s).into()),
@@ -284,7 +328,12 @@ impl ResourceType for Reservation {
         Ok(found.map(|r| state(&r, Some(prior), times::now())))
     }
 
-    async fn plan(&self, prior: Option<&Value>, proposed: Value, config: &Value) -> Result<PlannedChange, Diagnostics> {
+    async fn plan(
+        &self,
+        prior: Option<&Value>,
+        proposed: Value,
+        config: &Value,
+    ) -> Result<PlannedChange, Diagnostics> {
         let planned = plan(prior, proposed, config, times::now());
         let replacing = !planned.requires_replace.is_empty();
         self.check_with_backend(if replacing { None } else { prior }, &planned.state)
@@ -294,8 +343,10 @@ impl ResourceType for Reservation {
 
     async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let start = times::unix(&required_str(planned, "start_time")?).map_err(|r| diag(Diagnostic::error(r, "")))?;
-        let end = times::unix(&required_str(planned, "end_time")?).map_err(|r| diag(Diagnostic::error(r, "")))?;
+        let start = times::unix(&required_str(planned, "start_time")?)
+            .map_err(|r| diag(Diagnostic::error(r, "")))?;
+        let end = times::unix(&required_str(planned, "end_time")?)
+            .map_err(|r| diag(Diagnostic::error(r, "")))?;
         let request = api::CreateReservationRequest {
             request_id: request_id(),
             tenant_id: required_str(planned, "tenant")?,
@@ -303,7 +354,10 @@ impl ResourceType for Reservation {
             node_count: required_i64(planned, "node_count")?,
             start_time: Some(times::to_proto(start)),
             end_time: Some(times::to_proto(end)),
-            allow_on_demand: planned.bool_attr("allow_on_demand").map_err(diag)?.unwrap_or(false),
+            allow_on_demand: planned
+                .bool_attr("allow_on_demand")
+                .map_err(diag)?
+                .unwrap_or(false),
         };
         let created = client
             .reservations()
@@ -313,12 +367,18 @@ impl ResourceType for Reservation {
         Ok(state(&created.into_inner(), Some(planned), times::now()))
     }
 
-    async fn update(&self, prior: &Value, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
+    async fn update(
+        &self,
+        prior: &Value,
+        planned: &Value,
+        _config: &Value,
+    ) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
         let count = required_i64(planned, "node_count")?;
         let end = instant(planned, "end_time");
-        let changed = prior.get("node_count") != planned.get("node_count") || instant(prior, "end_time") != end;
+        let changed = prior.get("node_count") != planned.get("node_count")
+            || instant(prior, "end_time") != end;
         let current = if changed {
             let request = api::UpdateReservationRequest {
                 id,
@@ -334,7 +394,10 @@ impl ResourceType for Reservation {
         } else {
             // Only the spelling of a time changed: nothing to send.
             self.get(&client, id).await?.ok_or_else(|| {
-                diag(Diagnostic::error("the reservation no longer exists in the backend", ""))
+                diag(Diagnostic::error(
+                    "the reservation no longer exists in the backend",
+                    "",
+                ))
             })?
         };
         Ok(state(&current, Some(planned), times::now()))
@@ -343,7 +406,11 @@ impl ResourceType for Reservation {
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client.reservations().delete_reservation(api::DeleteReservationRequest { id }).await {
+        match client
+            .reservations()
+            .delete_reservation(api::DeleteReservationRequest { id })
+            .await
+        {
             Ok(_) => Ok(()),
             Err(s) if s.code() == Code::NotFound => Ok(()),
             Err(s) => Err(client.diagnostic(&s).into()),
@@ -353,7 +420,12 @@ impl ResourceType for Reservation {
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let found = self.get(&client, id.to_string()).await?;
-        let r = found.ok_or_else(|| diag(Diagnostic::error(format!("no reservation with id {id:?}"), "")))?;
+        let r = found.ok_or_else(|| {
+            diag(Diagnostic::error(
+                format!("no reservation with id {id:?}"),
+                "",
+            ))
+        })?;
         Ok(state(&r, None, times::now()))
     }
 }
@@ -428,7 +500,10 @@ mod tests {
         let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed), NOW);
         assert_eq!(
             planned.requires_replace,
-            vec![AttrPath::attr("allow_on_demand"), AttrPath::attr("start_time")]
+            vec![
+                AttrPath::attr("allow_on_demand"),
+                AttrPath::attr("start_time")
+            ]
         );
     }
 
@@ -444,7 +519,10 @@ mod tests {
             d.summary,
             "node_count: needs 4 H100-80GB nodes from 2027-01-15T08:00:00Z to 2027-01-15T09:00:00Z, 2 free in the pool and 0 on demand"
         );
-        let free = api::Availability { free_on_demand_nodes: 2, ..free };
+        let free = api::Availability {
+            free_on_demand_nodes: 2,
+            ..free
+        };
         assert!(capacity_error(4, "H100-80GB", (NOW, NOW + 1), &free, true).is_none());
         assert!(capacity_error(4, "H100-80GB", (NOW, NOW + 1), &free, false)
             .unwrap()
@@ -454,9 +532,17 @@ mod tests {
 
     #[test]
     fn quota_message_has_the_numbers() {
-        let usage = api::QuotaUsage { gpus: 16, burst_gpus: 8, used: 8, ..Default::default() };
+        let usage = api::QuotaUsage {
+            gpus: 16,
+            burst_gpus: 8,
+            used: 8,
+            ..Default::default()
+        };
         let d = quota_error(24, "H100-80GB", &usage, "node_count").unwrap();
-        assert_eq!(d.summary, "node_count: needs 24 H100-80GB GPUs, quota leaves 16");
+        assert_eq!(
+            d.summary,
+            "node_count: needs 24 H100-80GB GPUs, quota leaves 16"
+        );
         assert!(quota_error(16, "H100-80GB", &usage, "node_count").is_none());
         let no_quota = api::QuotaUsage::default();
         assert!(quota_error(16, "H100-80GB", &no_quota, "node_count").is_none());

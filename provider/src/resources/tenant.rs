@@ -40,8 +40,18 @@ fn state(t: &api::Tenant, token: Value) -> Value {
 pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedChange {
     let mut planned = proposed;
     // display_name defaults to the name (sent explicitly, so the plan is what happens).
-    default_when_unset(&mut planned, config, "display_name", config.get("name").clone());
-    default_when_unset(&mut planned, config, "labels", Value::Map(Default::default()));
+    default_when_unset(
+        &mut planned,
+        config,
+        "display_name",
+        config.get("name").clone(),
+    );
+    default_when_unset(
+        &mut planned,
+        config,
+        "labels",
+        Value::Map(Default::default()),
+    );
     match prior {
         None => {
             mark_unknown(&mut planned, &["id", "token"]);
@@ -113,7 +123,11 @@ impl ResourceType for Tenant {
     async fn read(&self, prior: &Value) -> Result<Option<Value>, Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client.tenants().get_tenant(api::GetTenantRequest { id }).await {
+        match client
+            .tenants()
+            .get_tenant(api::GetTenantRequest { id })
+            .await
+        {
             Ok(t) => Ok(Some(state(&t.into_inner(), prior.get("token").clone()))),
             Err(s) if s.code() == Code::NotFound => Ok(None),
             Err(s) => Err(client.diagnostic(&s).into()),
@@ -135,7 +149,10 @@ impl ResourceType for Tenant {
             request_id: request_id(),
             name: required_str(planned, "name")?,
             display_name: required_str(planned, "display_name")?,
-            labels: planned.string_map_attr("labels").map_err(diag)?.unwrap_or_default(),
+            labels: planned
+                .string_map_attr("labels")
+                .map_err(diag)?
+                .unwrap_or_default(),
         };
         let created = client
             .tenants()
@@ -157,7 +174,10 @@ impl ResourceType for Tenant {
         let request = api::UpdateTenantRequest {
             id: required_str(prior, "id")?,
             display_name: required_str(planned, "display_name")?,
-            labels: planned.string_map_attr("labels").map_err(diag)?.unwrap_or_default(),
+            labels: planned
+                .string_map_attr("labels")
+                .map_err(diag)?
+                .unwrap_or_default(),
         };
         let updated = client
             .tenants()
@@ -171,7 +191,11 @@ impl ResourceType for Tenant {
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client.tenants().delete_tenant(api::DeleteTenantRequest { id }).await {
+        match client
+            .tenants()
+            .delete_tenant(api::DeleteTenantRequest { id })
+            .await
+        {
             Ok(_) => Ok(()),
             Err(s) if s.code() == Code::NotFound => Ok(()),
             Err(s) => Err(client.diagnostic(&s).into()),
@@ -248,6 +272,8 @@ mod tests {
         let tenant = Tenant::new(Arc::new(ProviderState::default()));
         let err = tenant.validate(&config("Team_A")).await.unwrap_err();
         assert_eq!(err.0[0].path, Some(AttrPath::attr("name")));
-        assert!(err.0[0].summary.starts_with("name: \"Team_A\" is not a DNS label"));
+        assert!(err.0[0]
+            .summary
+            .starts_with("name: \"Team_A\" is not a DNS label"));
     }
 }

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 use tonic::Code;
 
-use super::{check_min, diag, known_gpu_type, quota_usage, request_id, required_i64, required_str};
 use super::reservation::quota_error;
+use super::{check_min, diag, known_gpu_type, quota_usage, request_id, required_i64, required_str};
 use crate::client::Client;
 use crate::framework::{
     changed, default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
@@ -30,9 +30,22 @@ impl TenantCluster {
 
 pub const DEFAULT_STORAGE_GIB: i64 = 100;
 const ORCHESTRATORS: &[&str] = &["kubernetes", "slurm"];
-const REPLACE_ON: &[&str] = &["tenant", "name", "orchestrator", "gpu_type", "reservation_id"];
+const REPLACE_ON: &[&str] = &[
+    "tenant",
+    "name",
+    "orchestrator",
+    "gpu_type",
+    "reservation_id",
+];
 /// Computed attributes set at create.
-const COMPUTED: &[&str] = &["id", "status", "nodes", "endpoint", "credentials", "storage_path"];
+const COMPUTED: &[&str] = &[
+    "id",
+    "status",
+    "nodes",
+    "endpoint",
+    "credentials",
+    "storage_path",
+];
 
 fn mig_device_type() -> Type {
     Type::object([
@@ -124,7 +137,10 @@ fn state(c: &api::TenantCluster) -> Value {
         ("storage_gib", Value::Number(c.storage_gib)),
         ("mig_layout", Value::Map(layout)),
         ("status", Value::string(&c.status)),
-        ("nodes", Value::List(c.nodes.iter().map(node_value).collect())),
+        (
+            "nodes",
+            Value::List(c.nodes.iter().map(node_value).collect()),
+        ),
         ("endpoint", Value::string(&c.endpoint)),
         ("credentials", Value::string(&c.credentials)),
         ("storage_path", Value::string(&c.storage_path)),
@@ -134,8 +150,18 @@ fn state(c: &api::TenantCluster) -> Value {
 /// The plan without backend checks.
 pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedChange {
     let mut planned = proposed;
-    default_when_unset(&mut planned, config, "storage_gib", Value::Number(DEFAULT_STORAGE_GIB));
-    default_when_unset(&mut planned, config, "mig_layout", Value::Map(BTreeMap::new()));
+    default_when_unset(
+        &mut planned,
+        config,
+        "storage_gib",
+        Value::Number(DEFAULT_STORAGE_GIB),
+    );
+    default_when_unset(
+        &mut planned,
+        config,
+        "mig_layout",
+        Value::Map(BTreeMap::new()),
+    );
     let Some(prior) = prior else {
         mark_unknown(&mut planned, COMPUTED);
         return PlannedChange {
@@ -144,7 +170,8 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedCh
         };
     };
     let requires_replace = requires_replace_if_changed(prior, &planned, REPLACE_ON);
-    let reshapes_nodes = changed(prior, &planned, "node_count") || changed(prior, &planned, "mig_layout");
+    let reshapes_nodes =
+        changed(prior, &planned, "node_count") || changed(prior, &planned, "mig_layout");
     if reshapes_nodes {
         mark_unknown(&mut planned, &["nodes"]);
     }
@@ -194,7 +221,11 @@ fn layout_i32(layout: &BTreeMap<String, i64>) -> HashMap<String, i32> {
 }
 
 impl TenantCluster {
-    async fn check_with_backend(&self, prior: Option<&Value>, planned: &Value) -> Result<(), Diagnostics> {
+    async fn check_with_backend(
+        &self,
+        prior: Option<&Value>,
+        planned: &Value,
+    ) -> Result<(), Diagnostics> {
         if let Some(d) = prior.and_then(|p| shrink_error(p, planned)) {
             return Err(d.into());
         }
@@ -211,7 +242,10 @@ impl TenantCluster {
             None => true,
         };
         if planned.get("mig_layout").is_fully_known() && layout_changed {
-            let layout = planned.number_map_attr("mig_layout").map_err(diag)?.unwrap_or_default();
+            let layout = planned
+                .number_map_attr("mig_layout")
+                .map_err(diag)?
+                .unwrap_or_default();
             if !layout.is_empty() {
                 let answer = client
                     .fleet()
@@ -254,8 +288,16 @@ impl TenantCluster {
         diags.into_result()
     }
 
-    async fn get(&self, client: &Client, id: String) -> Result<Option<api::TenantCluster>, Diagnostics> {
-        match client.clusters().get_tenant_cluster(api::GetTenantClusterRequest { id }).await {
+    async fn get(
+        &self,
+        client: &Client,
+        id: String,
+    ) -> Result<Option<api::TenantCluster>, Diagnostics> {
+        match client
+            .clusters()
+            .get_tenant_cluster(api::GetTenantClusterRequest { id })
+            .await
+        {
             Ok(c) => Ok(Some(c.into_inner())),
             Err(s) if s.code() == Code::NotFound => Ok(None),
             Err(s) => Err(client.diagnostic(&s).into()),
@@ -319,9 +361,10 @@ impl ResourceType for TenantCluster {
             Err(d) => diags.push(d),
         }
         match config.str_attr("orchestrator") {
-            Ok(Some(o)) if !ORCHESTRATORS.contains(&o) => {
-                diags.attr_error("orchestrator", format!("must be \"kubernetes\" or \"slurm\" (got {o:?})"))
-            }
+            Ok(Some(o)) if !ORCHESTRATORS.contains(&o) => diags.attr_error(
+                "orchestrator",
+                format!("must be \"kubernetes\" or \"slurm\" (got {o:?})"),
+            ),
             Ok(_) => {}
             Err(d) => diags.push(d),
         }
@@ -344,7 +387,10 @@ impl ResourceType for TenantCluster {
         }
         if let Ok(Some(r)) = config.str_attr("reservation_id") {
             if r.is_empty() {
-                diags.attr_error("reservation_id", "must not be empty; leave it out to take nodes from the pool");
+                diags.attr_error(
+                    "reservation_id",
+                    "must not be empty; leave it out to take nodes from the pool",
+                );
             }
         }
         diags.into_result()
@@ -352,10 +398,18 @@ impl ResourceType for TenantCluster {
 
     async fn read(&self, prior: &Value) -> Result<Option<Value>, Diagnostics> {
         let client = self.provider.client()?;
-        Ok(self.get(&client, required_str(prior, "id")?).await?.map(|c| state(&c)))
+        Ok(self
+            .get(&client, required_str(prior, "id")?)
+            .await?
+            .map(|c| state(&c)))
     }
 
-    async fn plan(&self, prior: Option<&Value>, proposed: Value, config: &Value) -> Result<PlannedChange, Diagnostics> {
+    async fn plan(
+        &self,
+        prior: Option<&Value>,
+        proposed: Value,
+        config: &Value,
+    ) -> Result<PlannedChange, Diagnostics> {
         let planned = plan(prior, proposed, config);
         let replacing = !planned.requires_replace.is_empty();
         self.check_with_backend(if replacing { None } else { prior }, &planned.state)
@@ -365,7 +419,10 @@ impl ResourceType for TenantCluster {
 
     async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let layout = planned.number_map_attr("mig_layout").map_err(diag)?.unwrap_or_default();
+        let layout = planned
+            .number_map_attr("mig_layout")
+            .map_err(diag)?
+            .unwrap_or_default();
         let request = api::CreateTenantClusterRequest {
             request_id: request_id(),
             tenant_id: required_str(planned, "tenant")?,
@@ -373,7 +430,11 @@ impl ResourceType for TenantCluster {
             orchestrator: required_str(planned, "orchestrator")?,
             gpu_type: required_str(planned, "gpu_type")?,
             node_count: required_i64(planned, "node_count")?,
-            reservation_id: planned.str_attr("reservation_id").map_err(diag)?.unwrap_or_default().to_string(),
+            reservation_id: planned
+                .str_attr("reservation_id")
+                .map_err(diag)?
+                .unwrap_or_default()
+                .to_string(),
             storage_gib: required_i64(planned, "storage_gib")?,
             mig_layout: layout_i32(&layout),
         };
@@ -385,9 +446,17 @@ impl ResourceType for TenantCluster {
         Ok(state(&created.into_inner()))
     }
 
-    async fn update(&self, prior: &Value, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
+    async fn update(
+        &self,
+        prior: &Value,
+        planned: &Value,
+        _config: &Value,
+    ) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let layout = planned.number_map_attr("mig_layout").map_err(diag)?.unwrap_or_default();
+        let layout = planned
+            .number_map_attr("mig_layout")
+            .map_err(diag)?
+            .unwrap_or_default();
         let request = api::UpdateTenantClusterRequest {
             id: required_str(prior, "id")?,
             node_count: required_i64(planned, "node_count")?,
@@ -406,7 +475,11 @@ impl ResourceType for TenantCluster {
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client.clusters().delete_tenant_cluster(api::DeleteTenantClusterRequest { id }).await {
+        match client
+            .clusters()
+            .delete_tenant_cluster(api::DeleteTenantClusterRequest { id })
+            .await
+        {
             Ok(_) => Ok(()),
             Err(s) if s.code() == Code::NotFound => Ok(()),
             Err(s) => Err(client.diagnostic(&s).into()),
@@ -416,9 +489,12 @@ impl ResourceType for TenantCluster {
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let found = self.get(&client, id.to_string()).await?;
-        found
-            .map(|c| state(&c))
-            .ok_or_else(|| diag(Diagnostic::error(format!("no tenant cluster with id {id:?}"), "")))
+        found.map(|c| state(&c)).ok_or_else(|| {
+            diag(Diagnostic::error(
+                format!("no tenant cluster with id {id:?}"),
+                "",
+            ))
+        })
     }
 }
 
@@ -460,7 +536,10 @@ mod tests {
         cfg_without.set("mig_layout", Value::Null);
         let planned = plan(None, cfg_without.clone(), &cfg_without);
         assert_eq!(planned.state.get("storage_gib"), &Value::Number(100));
-        assert_eq!(planned.state.get("mig_layout"), &Value::Map(BTreeMap::new()));
+        assert_eq!(
+            planned.state.get("mig_layout"),
+            &Value::Map(BTreeMap::new())
+        );
         for name in COMPUTED {
             assert!(planned.state.get(name).is_unknown(), "{name}");
         }
@@ -478,7 +557,10 @@ mod tests {
         assert!(planned.requires_replace.is_empty());
         assert!(planned.state.get("nodes").is_unknown());
         assert_eq!(planned.state.get("endpoint"), &Value::string("https://k"));
-        assert_eq!(planned.state.get("credentials"), &Value::string("kubeconfig"));
+        assert_eq!(
+            planned.state.get("credentials"),
+            &Value::string("kubeconfig")
+        );
     }
 
     #[test]
@@ -491,7 +573,10 @@ mod tests {
         assert!(shrink_error(&p, &planned.state).is_none());
         proposed.set("storage_gib", Value::Number(50));
         let d = shrink_error(&p, &proposed).unwrap();
-        assert_eq!(d.summary, "storage_gib: volumes only grow: cannot shrink from 100 to 50 GiB");
+        assert_eq!(
+            d.summary,
+            "storage_gib: volumes only grow: cannot shrink from 100 to 50 GiB"
+        );
     }
 
     #[test]
@@ -503,7 +588,10 @@ mod tests {
         let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed));
         assert_eq!(
             planned.requires_replace,
-            vec![AttrPath::attr("orchestrator"), AttrPath::attr("reservation_id")]
+            vec![
+                AttrPath::attr("orchestrator"),
+                AttrPath::attr("reservation_id")
+            ]
         );
     }
 
@@ -517,7 +605,10 @@ mod tests {
         };
         let d = mig_error(&answer).unwrap();
         assert_eq!(d.path, Some(AttrPath::attr("mig_layout")));
-        assert_eq!(d.summary, "mig_layout: the instances need 9 memory slices; a GPU has 8");
+        assert_eq!(
+            d.summary,
+            "mig_layout: the instances need 9 memory slices; a GPU has 8"
+        );
         assert_eq!(d.detail, "Nearest valid layouts: {\"3g.40gb\" = 2}");
     }
 
