@@ -292,7 +292,7 @@ impl NvmlBackend {
         let in_use = |e: NvmlError, what: &str| match e {
             NvmlError::InUse => HwError::InUse {
                 gpu,
-                instances: vec![format!("{}@{}", g.profile.id, g.start)],
+                instances: vec![format!("profile {}@{}", g.profile.id, g.start)],
             },
             other => nvml_error(what, other),
         };
