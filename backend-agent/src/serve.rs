@@ -21,6 +21,9 @@ use crate::services::{
 use crate::state::AppState;
 use crate::{auth, fleet, store};
 
+/// How long open connections may linger after a shutdown signal.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.hardware == Hardware::Nvml {
         crate::hardware::require_nvml()?;
@@ -52,7 +55,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     drop(stdout);
     tracing::info!(%addr, data_dir = %data_dir.display(), "serving");
 
-    tonic::transport::Server::builder()
+    // On SIGINT/SIGTERM stop accepting and let in-flight calls finish; clients that keep
+    // idle connections open get a bounded grace period instead of holding shutdown forever.
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let signalled = async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    };
+    let grace = async move {
+        let _ = stop_rx.wait_for(|stopped| *stopped).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    let server = tonic::transport::Server::builder()
         .add_service(TenantServiceServer::new(Tenants {
             state: state.clone(),
         }))
@@ -70,9 +84,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown_signal(),
-        )
-        .await?;
+            signalled,
+        );
+    tokio::select! {
+        result = server => result?,
+        _ = grace => tracing::info!("closing connections still open after the grace period"),
+    }
     tracing::info!("shut down cleanly");
     Ok(())
 }

@@ -1,0 +1,267 @@
+//! Shared harness: start the real `gpufleet-agent serve` on a free port with a temp data
+//! dir, and gRPC clients that carry a bearer token.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+
+use gpufleet_proto::v1::{
+    fleet_service_client::FleetServiceClient, gpu_quota_service_client::GpuQuotaServiceClient,
+    reservation_service_client::ReservationServiceClient,
+    tenant_cluster_service_client::TenantClusterServiceClient,
+    tenant_service_client::TenantServiceClient, *,
+};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+pub const ADMIN: &str = "test-admin-token";
+pub const HOUR: i64 = 3600;
+
+/// A running agent; killed when dropped.
+pub struct Agent {
+    child: Option<Child>,
+    pub endpoint: String,
+    pub data_dir: PathBuf,
+}
+
+impl Agent {
+    /// Starts with the fixed admin token [`ADMIN`].
+    pub fn start(data_dir: &Path) -> Agent {
+        Self::start_with(data_dir, &["--admin-token", ADMIN])
+    }
+
+    /// Starts with extra `serve` flags and reads the listening line from stdout.
+    pub fn start_with(data_dir: &Path, extra: &[&str]) -> Agent {
+        let log = std::fs::File::create(data_dir.with_extension("log")).expect("log file");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env_remove("GPUFLEET_ADMIN_TOKEN")
+            .env_remove("GPUFLEET_FLEET")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start gpufleet-agent");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("read stdout");
+        let endpoint = line
+            .trim()
+            .strip_prefix("gpufleet-agent listening on ")
+            .unwrap_or_else(|| {
+                let log =
+                    std::fs::read_to_string(data_dir.with_extension("log")).unwrap_or_default();
+                panic!("unexpected first line {line:?}; log:\n{log}")
+            })
+            .to_string();
+        Agent {
+            child: Some(child),
+            endpoint,
+            data_dir: data_dir.to_path_buf(),
+        }
+    }
+
+    /// SIGTERM, then the exit status. Drop clients first: the server waits (briefly) for
+    /// open connections.
+    pub fn stop(mut self) -> ExitStatus {
+        let mut child = self.child.take().unwrap();
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        child.wait().expect("wait for gpufleet-agent")
+    }
+
+    pub async fn admin(&self) -> Clients {
+        self.clients(ADMIN).await
+    }
+
+    pub async fn clients(&self, token: &str) -> Clients {
+        let channel = Channel::from_shared(self.endpoint.clone())
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect");
+        let b = Bearer(gpufleet_proto::bearer(token).parse().unwrap());
+        Clients {
+            tenants: TenantServiceClient::with_interceptor(channel.clone(), b.clone()),
+            quotas: GpuQuotaServiceClient::with_interceptor(channel.clone(), b.clone()),
+            reservations: ReservationServiceClient::with_interceptor(channel.clone(), b.clone()),
+            fleet: FleetServiceClient::with_interceptor(channel.clone(), b.clone()),
+            clusters: TenantClusterServiceClient::with_interceptor(channel, b),
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Bearer(MetadataValue<Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut()
+            .insert(gpufleet_proto::AUTHORIZATION, self.0.clone());
+        Ok(req)
+    }
+}
+
+pub struct Clients {
+    pub tenants: TenantServiceClient<InterceptedService<Channel, Bearer>>,
+    pub quotas: GpuQuotaServiceClient<InterceptedService<Channel, Bearer>>,
+    pub reservations: ReservationServiceClient<InterceptedService<Channel, Bearer>>,
+    pub fleet: FleetServiceClient<InterceptedService<Channel, Bearer>>,
+    pub clusters: TenantClusterServiceClient<InterceptedService<Channel, Bearer>>,
+}
+
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+pub fn ts(unix: i64) -> Option<prost_types::Timestamp> {
+    Some(gpufleet_proto::timestamp::from_unix(unix))
+}
+
+/// The status of a call that must fail.
+pub fn status<T: std::fmt::Debug>(r: Result<tonic::Response<T>, tonic::Status>) -> tonic::Status {
+    r.expect_err("the call should have failed")
+}
+
+/// Asserts a failed call's code and that its message contains `text`.
+#[track_caller]
+pub fn assert_status<T: std::fmt::Debug>(
+    r: Result<tonic::Response<T>, tonic::Status>,
+    code: tonic::Code,
+    text: &str,
+) -> String {
+    let s = status(r);
+    assert_eq!(s.code(), code, "message: {}", s.message());
+    assert!(
+        s.message().contains(text),
+        "expected {text:?} in {:?}",
+        s.message()
+    );
+    s.message().to_string()
+}
+
+impl Clients {
+    /// Creates a tenant; returns it and its token.
+    pub async fn tenant(&mut self, name: &str) -> (Tenant, String) {
+        let r = self
+            .tenants
+            .create_tenant(CreateTenantRequest {
+                request_id: format!("create-{name}"),
+                name: name.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("create tenant")
+            .into_inner();
+        (r.tenant.unwrap(), r.token)
+    }
+
+    pub async fn quota(
+        &mut self,
+        tenant_id: &str,
+        gpu_type: &str,
+        gpus: i64,
+        burst_gpus: i64,
+    ) -> GpuQuota {
+        self.quotas
+            .create_gpu_quota(CreateGpuQuotaRequest {
+                request_id: format!("quota-{tenant_id}-{gpu_type}"),
+                tenant_id: tenant_id.into(),
+                gpu_type: gpu_type.into(),
+                gpus,
+                burst_gpus,
+            })
+            .await
+            .expect("create quota")
+            .into_inner()
+    }
+
+    pub fn reservation(
+        tenant_id: &str,
+        gpu_type: &str,
+        nodes: i64,
+        start: i64,
+        end: i64,
+    ) -> CreateReservationRequest {
+        CreateReservationRequest {
+            request_id: format!("res-{tenant_id}-{gpu_type}-{nodes}-{start}-{end}"),
+            tenant_id: tenant_id.into(),
+            gpu_type: gpu_type.into(),
+            node_count: nodes,
+            start_time: ts(start),
+            end_time: ts(end),
+            allow_on_demand: false,
+        }
+    }
+
+    pub fn cluster(
+        tenant_id: &str,
+        name: &str,
+        gpu_type: &str,
+        nodes: i64,
+    ) -> CreateTenantClusterRequest {
+        CreateTenantClusterRequest {
+            request_id: format!("cluster-{tenant_id}-{name}"),
+            tenant_id: tenant_id.into(),
+            name: name.into(),
+            orchestrator: "kubernetes".into(),
+            gpu_type: gpu_type.into(),
+            node_count: nodes,
+            ..Default::default()
+        }
+    }
+
+    /// Everything the admin can list, as text: equal snapshots mean an unchanged store
+    /// (reservation statuses aside, which move with the clock).
+    pub async fn snapshot(&mut self) -> String {
+        let tenants = self
+            .tenants
+            .list_tenants(ListTenantsRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let quotas = self
+            .quotas
+            .list_gpu_quotas(ListGpuQuotasRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let mut reservations = self
+            .reservations
+            .list_reservations(ListReservationsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        for r in &mut reservations.reservations {
+            r.status.clear();
+        }
+        let clusters = self
+            .clusters
+            .list_tenant_clusters(ListTenantClustersRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let nodes = self
+            .fleet
+            .list_nodes(ListNodesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        format!("{tenants:?}\n{quotas:?}\n{reservations:?}\n{clusters:?}\n{nodes:?}")
+    }
+}

@@ -1,0 +1,471 @@
+//! Every service end to end through the real binary, and a restart on the same data dir.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+
+use common::*;
+use gpufleet_proto::v1::*;
+
+#[tokio::test]
+async fn every_service_round_trip_and_state_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start(&data);
+    let mut c = agent.admin().await;
+
+    // Fleet: the built-in default.
+    let types = c
+        .fleet
+        .list_gpu_types(ListGpuTypesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .gpu_types;
+    let counts: Vec<(String, i64, i64, i32)> = types
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.pool_nodes,
+                t.on_demand_nodes,
+                t.gpus_per_node,
+            )
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        vec![
+            ("A100-80GB".into(), 2, 0, 8),
+            ("H100-80GB".into(), 4, 4, 8),
+            ("H200-141GB".into(), 2, 0, 8)
+        ]
+    );
+    let nodes = c
+        .fleet
+        .list_nodes(ListNodesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert_eq!(nodes.len(), 12);
+    let first = nodes
+        .iter()
+        .find(|n| n.hostname == "h100-80gb-pool-01")
+        .unwrap();
+    assert_eq!(
+        (
+            first.capacity.as_str(),
+            first.gpus.len(),
+            first.driver_version.as_str()
+        ),
+        ("pool", 8, "550.54.15")
+    );
+    assert!(
+        first.gpus[0].uuid.starts_with("GPU-")
+            && first.gpus[0].memory_mib > 80_000
+            && !first.gpus[0].mig_enabled
+    );
+    let avail = c
+        .fleet
+        .get_availability(AvailabilityRequest {
+            gpu_type: "H100-80GB".into(),
+            start_time: None,
+            end_time: ts(now() + HOUR),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((avail.free_pool_nodes, avail.free_on_demand_nodes), (4, 4));
+
+    // Tenants.
+    let (tenant, token) = c.tenant("team-a").await;
+    assert!(token.starts_with("gft_"));
+    let updated = c
+        .tenants
+        .update_tenant(UpdateTenantRequest {
+            id: tenant.id.clone(),
+            display_name: "Team A".into(),
+            labels: [("cost-center".to_string(), "42".to_string())].into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(updated.display_name, "Team A");
+    let got = c
+        .tenants
+        .get_tenant(GetTenantRequest {
+            id: tenant.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got, updated);
+
+    // Quotas.
+    let quota = c.quota(&tenant.id, "H100-80GB", 24, 8).await;
+    let quota = c
+        .quotas
+        .update_gpu_quota(UpdateGpuQuotaRequest {
+            id: quota.id.clone(),
+            gpus: 32,
+            burst_gpus: 8,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((quota.gpus, quota.burst_gpus), (32, 8));
+    assert_eq!(
+        c.quotas
+            .get_gpu_quota(GetGpuQuotaRequest {
+                id: quota.id.clone()
+            })
+            .await
+            .unwrap()
+            .into_inner(),
+        quota
+    );
+
+    // Reservations: an active one.
+    let t = now();
+    let res = c
+        .reservations
+        .create_reservation(Clients::reservation(
+            &tenant.id,
+            "H100-80GB",
+            2,
+            t - 60,
+            t + 2 * HOUR,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (res.status.as_str(), res.pool_nodes, res.on_demand_nodes),
+        ("active", 2, 0)
+    );
+    let res = c
+        .reservations
+        .update_reservation(UpdateReservationRequest {
+            id: res.id.clone(),
+            node_count: 0,
+            end_time: ts(t + 3 * HOUR),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(res.end_time, ts(t + 3 * HOUR));
+
+    // Clusters: one on the reservation, one from the pool.
+    let mut on_res = Clients::cluster(&tenant.id, "train", "H100-80GB", 2);
+    on_res.reservation_id = res.id.clone();
+    let train = c
+        .clusters
+        .create_tenant_cluster(on_res)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (train.status.as_str(), train.nodes.len(), train.storage_gib),
+        ("running", 2, 100)
+    );
+    assert_eq!(
+        train.endpoint,
+        "https://train.team-a.k8s.gpufleet.internal:6443"
+    );
+    assert!(train
+        .credentials
+        .contains("server: https://train.team-a.k8s.gpufleet.internal:6443"));
+    let mut slurm = Clients::cluster(&tenant.id, "hpc", "H100-80GB", 1);
+    slurm.orchestrator = "slurm".into();
+    let hpc = c
+        .clusters
+        .create_tenant_cluster(slurm)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(hpc.endpoint, "hpc-login.team-a.slurm.gpufleet.internal:22");
+    assert!(hpc.credentials.contains("user: team-a"));
+    let hpc = c
+        .clusters
+        .update_tenant_cluster(UpdateTenantClusterRequest {
+            id: hpc.id.clone(),
+            node_count: 2,
+            storage_gib: 200,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((hpc.nodes.len(), hpc.storage_gib), (2, 200));
+    let got = c
+        .clusters
+        .get_tenant_cluster(GetTenantClusterRequest { id: hpc.id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got, hpc);
+
+    // Usage: 16 GPUs in the pool cluster, 16 reserved.
+    let usage = c
+        .quotas
+        .get_quota_usage(QuotaUsageRequest {
+            tenant_id: tenant.id.clone(),
+            gpu_type: "H100-80GB".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((usage.used, usage.reserved, usage.available), (16, 16, 8));
+
+    // Restart on the same data dir: nothing lost, the tenant token still works.
+    let before = c.snapshot().await;
+    drop(c);
+    assert!(agent.stop().success(), "SIGTERM is a clean shutdown");
+    let agent = Agent::start(&data);
+    let mut c = agent.admin().await;
+    assert_eq!(c.snapshot().await, before);
+    let mut as_tenant = agent.clients(&token).await;
+    let own = as_tenant
+        .clusters
+        .list_tenant_clusters(ListTenantClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(own.clusters.len(), 2);
+
+    // Tear down in dependency order.
+    for id in [train.id, hpc.id] {
+        c.clusters
+            .delete_tenant_cluster(DeleteTenantClusterRequest { id })
+            .await
+            .unwrap();
+    }
+    c.reservations
+        .delete_reservation(DeleteReservationRequest { id: res.id })
+        .await
+        .unwrap();
+    c.quotas
+        .delete_gpu_quota(DeleteGpuQuotaRequest { id: quota.id })
+        .await
+        .unwrap();
+    c.tenants
+        .delete_tenant(DeleteTenantRequest { id: tenant.id })
+        .await
+        .unwrap();
+    let nodes = c
+        .fleet
+        .list_nodes(ListNodesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert!(
+        nodes.iter().all(|n| n.cluster_id.is_empty()),
+        "every node is free again"
+    );
+}
+
+#[tokio::test]
+async fn generated_admin_token_is_private_and_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start_with(&data, &[]);
+    let path = data.join("admin.token");
+    let token = std::fs::read_to_string(&path).unwrap().trim().to_string();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let mut c = agent.clients(&token).await;
+    c.tenant("t1").await;
+    drop(c);
+    assert!(agent.stop().success());
+
+    let agent = Agent::start_with(&data, &[]);
+    assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), token);
+    let mut c = agent.clients(&token).await;
+    let tenants = c
+        .tenants
+        .list_tenants(ListTenantsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .tenants;
+    assert_eq!(tenants.len(), 1);
+}
+
+#[tokio::test]
+async fn a_retried_create_returns_the_first_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut c = agent.admin().await;
+
+    let req = CreateTenantRequest {
+        request_id: "r1".into(),
+        name: "team-a".into(),
+        ..Default::default()
+    };
+    let first = c
+        .tenants
+        .create_tenant(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let second = c
+        .tenants
+        .create_tenant(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.tenant, second.tenant);
+    // The first response may have been lost: the retry issues a new token, the old one is revoked.
+    assert_ne!(first.token, second.token);
+    let mut old = agent.clients(&first.token).await;
+    assert_status(
+        old.tenants.list_tenants(ListTenantsRequest {}).await,
+        tonic::Code::Unauthenticated,
+        "GPUFLEET_TOKEN",
+    );
+    let mut new = agent.clients(&second.token).await;
+    assert_eq!(
+        new.tenants
+            .list_tenants(ListTenantsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .tenants
+            .len(),
+        1
+    );
+    let other = CreateTenantRequest {
+        name: "team-b".into(),
+        ..req
+    };
+    assert_status(
+        c.tenants.create_tenant(other).await,
+        tonic::Code::InvalidArgument,
+        "request_id",
+    );
+
+    let tenant = first.tenant.unwrap();
+    let q1 = c.quota(&tenant.id, "H100-80GB", 64, 0).await;
+    let q2 = c.quota(&tenant.id, "H100-80GB", 64, 0).await;
+    assert_eq!(q1, q2);
+
+    let t = now();
+    let r = Clients::reservation(&tenant.id, "H100-80GB", 1, t + HOUR, t + 2 * HOUR);
+    let r1 = c
+        .reservations
+        .create_reservation(r.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let r2 = c
+        .reservations
+        .create_reservation(r)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r1.id, r2.id);
+
+    let k = Clients::cluster(&tenant.id, "k", "H100-80GB", 1);
+    let k1 = c
+        .clusters
+        .create_tenant_cluster(k.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let k2 = c
+        .clusters
+        .create_tenant_cluster(k)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(k1, k2);
+
+    assert_eq!(
+        c.tenants
+            .list_tenants(ListTenantsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .tenants
+            .len(),
+        1
+    );
+    assert_eq!(
+        c.quotas
+            .list_gpu_quotas(ListGpuQuotasRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .quotas
+            .len(),
+        1
+    );
+    let reservations = c
+        .reservations
+        .list_reservations(ListReservationsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reservations.reservations.len(), 1);
+    let clusters = c
+        .clusters
+        .list_tenant_clusters(ListTenantClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(clusters.clusters.len(), 1);
+}
+
+#[tokio::test]
+async fn the_fleet_file_defines_the_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("fleet.toml");
+    std::fs::write(
+        &fleet,
+        "[[pool]]\ngpu_type = \"A100-40GB\"\nnodes = 3\ngpus_per_node = 4\n",
+    )
+    .unwrap();
+    let agent = Agent::start_with(
+        &dir.path().join("data"),
+        &["--admin-token", ADMIN, "--fleet", fleet.to_str().unwrap()],
+    );
+    let mut c = agent.admin().await;
+    let nodes = c
+        .fleet
+        .list_nodes(ListNodesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    let hosts: Vec<_> = nodes
+        .iter()
+        .map(|n| (n.hostname.as_str(), n.gpus.len()))
+        .collect();
+    assert_eq!(
+        hosts,
+        vec![
+            ("a100-40gb-pool-01", 4),
+            ("a100-40gb-pool-02", 4),
+            ("a100-40gb-pool-03", 4)
+        ]
+    );
+
+    std::fs::write(&fleet, "[[pool]]\ngpu_type = \"V100\"\nnodes = 1\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("other"))
+        .arg("--fleet")
+        .arg(&fleet)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown GPU model 'V100'") && err.contains("H100-80GB"),
+        "{err}"
+    );
+}
