@@ -123,19 +123,7 @@ fn nodes_to_add(
         .count() as i64;
     let need_pool = own_pool + take_pool;
     let need_od = cluster.node_count - need_pool;
-    let when = if cluster.reservation_id.is_some() {
-        format!("after its reservation ends at {}", rfc3339(from))
-    } else {
-        "from now on".into()
-    };
-    if cap.free_pool(from, None) < need_pool || cap.free_on_demand(from, None) < need_od {
-        return Err(precondition(format!(
-            "needs {} {gpu} nodes {when}, pool has {} free (on-demand {} free); reservations hold the rest",
-            cluster.node_count,
-            cap.free_pool(from, None),
-            cap.free_on_demand(from, None)
-        )));
-    }
+    // Quota first: it is the tenant's own limit, the more useful answer.
     let subject = QuotaSubject {
         tenant: tenant_name,
         gpu_type: gpu,
@@ -155,6 +143,19 @@ fn nodes_to_add(
     )
     .map_err(precondition)?;
 
+    let when = if cluster.reservation_id.is_some() {
+        format!("after its reservation ends at {}", rfc3339(from))
+    } else {
+        "from now on".into()
+    };
+    if cap.free_pool(from, None) < need_pool || cap.free_on_demand(from, None) < need_od {
+        return Err(precondition(format!(
+            "needs {} {gpu} nodes {when}, pool has {} free (on-demand {} free); reservations hold the rest",
+            cluster.node_count,
+            cap.free_pool(from, None),
+            cap.free_on_demand(from, None)
+        )));
+    }
     let mut picked = Vec::new();
     for (kind, count) in [(POOL, take_pool), (ON_DEMAND, take_od)] {
         let free = store::nodes::free(conn, gpu, kind).map_err(db_error)?;
@@ -251,6 +252,15 @@ impl Clusters {
                 "name: tenant '{}' already has a cluster named '{}' (id {})",
                 tenant.name, req.name, existing.id
             )));
+        }
+        if !req.reservation_id.is_empty() {
+            visible_reservation(&tx, &Caller::Tenant(tenant.id.clone()), &req.reservation_id)
+                .map_err(|_| {
+                    invalid(format!(
+                        "reservation_id: reservation '{}' not found",
+                        req.reservation_id
+                    ))
+                })?;
         }
         let mig_layout = crate::mig::validate(&req.gpu_type, &req.mig_layout)?;
         let dir = volumes::path(&self.state.volumes_root(), &tenant.name, &req.name);

@@ -76,18 +76,7 @@ fn place(
     let held = holdings(conn, &r.gpu_type, t, exclude)?;
     let cap = capacity(conn, &r.gpu_type, &held)?;
     let from = r.start_time.max(t);
-    let window = format!("from {} to {}", rfc3339(from), rfc3339(r.end_time));
-    let split = rules::split_reservation(
-        &r.gpu_type,
-        &cap,
-        r.node_count,
-        from,
-        r.end_time,
-        r.allow_on_demand,
-        min,
-        &window,
-    )
-    .map_err(precondition)?;
+    // Quota first: it is the tenant's own limit, the more useful answer.
     let gpn = gpus_per_node(conn, &r.gpu_type)?;
     let subject = QuotaSubject {
         tenant: tenant_name,
@@ -101,6 +90,18 @@ fn place(
     };
     rules::check_quota(&subject, limit, &demand(&held, &r.tenant_id, gpn), new, t)
         .map_err(precondition)?;
+    let window = format!("from {} to {}", rfc3339(from), rfc3339(r.end_time));
+    let split = rules::split_reservation(
+        &r.gpu_type,
+        &cap,
+        r.node_count,
+        from,
+        r.end_time,
+        r.allow_on_demand,
+        min,
+        &window,
+    )
+    .map_err(precondition)?;
     r.pool_nodes = split.pool;
     r.on_demand_nodes = split.on_demand;
     Ok(())

@@ -1,0 +1,443 @@
+//! Quota and capacity arithmetic over time, on-demand overflow, dedicated nodes,
+//! dependents that block deletes, and the clusters' storage directories.
+
+mod common;
+
+use common::*;
+use gpufleet_proto::v1::*;
+use tonic::Code;
+
+#[tokio::test]
+async fn quotas_bound_clusters_and_reservations_over_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut c = agent.admin().await;
+    let (t, _) = c.tenant("team-a").await;
+    let quota = c.quota(&t.id, "H100-80GB", 24, 8).await;
+
+    c.clusters
+        .create_tenant_cluster(Clients::cluster(&t.id, "a", "H100-80GB", 2))
+        .await
+        .unwrap();
+    let msg = assert_status(
+        c.clusters
+            .create_tenant_cluster(Clients::cluster(&t.id, "b", "H100-80GB", 3))
+            .await,
+        Code::FailedPrecondition,
+        "",
+    );
+    assert_eq!(msg, "needs 24 H100-80GB GPUs, quota of tenant 'team-a' leaves 16 (limit 32 = 24 guaranteed + 8 burst, 16 in use)");
+    let no_quota = Clients::cluster(&t.id, "c", "A100-80GB", 1);
+    assert_status(
+        c.clusters.create_tenant_cluster(no_quota).await,
+        Code::FailedPrecondition,
+        "has no quota for A100-80GB",
+    );
+
+    // Reservations count only over their window.
+    let n = now();
+    let res =
+        |nodes, s, e| Clients::reservation(&t.id, "H100-80GB", nodes, n + s * HOUR, n + e * HOUR);
+    c.reservations
+        .create_reservation(res(2, 10, 12))
+        .await
+        .unwrap();
+    assert_status(
+        c.reservations.create_reservation(res(1, 11, 13)).await,
+        Code::FailedPrecondition,
+        "leaves 0",
+    );
+    c.reservations
+        .create_reservation(res(2, 12, 14))
+        .await
+        .unwrap();
+
+    let usage = c
+        .quotas
+        .get_quota_usage(QuotaUsageRequest {
+            tenant_id: t.id.clone(),
+            gpu_type: "H100-80GB".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            usage.gpus,
+            usage.burst_gpus,
+            usage.used,
+            usage.reserved,
+            usage.available
+        ),
+        (24, 8, 16, 16, 0)
+    );
+
+    let lower = UpdateGpuQuotaRequest {
+        id: quota.id.clone(),
+        gpus: 16,
+        burst_gpus: 0,
+    };
+    assert_status(
+        c.quotas.update_gpu_quota(lower).await,
+        Code::FailedPrecondition,
+        "32 GPUs at peak",
+    );
+}
+
+#[tokio::test]
+async fn reservations_never_double_book_and_overflow_to_on_demand() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut c = agent.admin().await;
+    let (a, _) = c.tenant("team-a").await;
+    let (b, _) = c.tenant("team-b").await;
+    c.quota(&a.id, "H100-80GB", 64, 0).await;
+    c.quota(&b.id, "H100-80GB", 64, 0).await;
+    let n = now();
+
+    let first = Clients::reservation(&a.id, "H100-80GB", 3, n + HOUR, n + 3 * HOUR);
+    c.reservations.create_reservation(first).await.unwrap();
+    // Overlapping [2h, 3h): the pool has 1 node left there.
+    let mut second = Clients::reservation(&b.id, "H100-80GB", 2, n + 2 * HOUR, n + 4 * HOUR);
+    assert_status(
+        c.reservations.create_reservation(second.clone()).await,
+        Code::FailedPrecondition,
+        "needs 2 H100-80GB nodes from ",
+    );
+    let msg = status(c.reservations.create_reservation(second.clone()).await)
+        .message()
+        .to_string();
+    assert!(
+        msg.contains("pool has 1 free") && msg.contains("on-demand has 4 free"),
+        "{msg}"
+    );
+    second.allow_on_demand = true;
+    let overflow = c
+        .reservations
+        .create_reservation(second)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((overflow.pool_nodes, overflow.on_demand_nodes), (1, 1));
+
+    let window = AvailabilityRequest {
+        gpu_type: "H100-80GB".into(),
+        start_time: ts(n + 2 * HOUR),
+        end_time: ts(n + 3 * HOUR),
+    };
+    let avail = c.fleet.get_availability(window).await.unwrap().into_inner();
+    assert_eq!((avail.free_pool_nodes, avail.free_on_demand_nodes), (0, 3));
+    // Back to back with the first reservation: no overlap, the pool is free again.
+    let after = Clients::reservation(&a.id, "H100-80GB", 3, n + 3 * HOUR, n + 5 * HOUR);
+    assert_eq!(
+        c.reservations
+            .create_reservation(after)
+            .await
+            .unwrap()
+            .into_inner()
+            .pool_nodes,
+        3
+    );
+    // Clusters hold pool nodes from now on: none is free for ever.
+    assert_status(
+        c.clusters
+            .create_tenant_cluster(Clients::cluster(&a.id, "k", "H100-80GB", 1))
+            .await,
+        Code::FailedPrecondition,
+        "pool has 0 free",
+    );
+    // Growing a reservation is checked like a new one (excluding itself).
+    let grow = UpdateReservationRequest {
+        id: overflow.id.clone(),
+        node_count: 6,
+        end_time: None,
+    };
+    assert_status(
+        c.reservations.update_reservation(grow).await,
+        Code::FailedPrecondition,
+        "needs 6 H100-80GB nodes",
+    );
+    let grow = UpdateReservationRequest {
+        id: overflow.id,
+        node_count: 4,
+        end_time: None,
+    };
+    let grown = c
+        .reservations
+        .update_reservation(grow)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((grown.pool_nodes, grown.on_demand_nodes), (1, 3));
+}
+
+#[tokio::test]
+async fn clusters_draw_nodes_from_active_reservations() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut c = agent.admin().await;
+    let (t, _) = c.tenant("team-a").await;
+    c.quota(&t.id, "H100-80GB", 32, 0).await;
+    let n = now();
+    let res = c
+        .reservations
+        .create_reservation(Clients::reservation(&t.id, "H100-80GB", 2, n, n + 2 * HOUR))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut on_res = Clients::cluster(&t.id, "k", "H100-80GB", 2);
+    on_res.reservation_id = res.id.clone();
+    let k = c
+        .clusters
+        .create_tenant_cluster(on_res)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(k.nodes.len(), 2);
+    let usage = c
+        .quotas
+        .get_quota_usage(QuotaUsageRequest {
+            tenant_id: t.id.clone(),
+            gpu_type: "H100-80GB".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (usage.used, usage.reserved),
+        (0, 16),
+        "a cluster on a reservation uses the reserved GPUs"
+    );
+
+    let more = UpdateTenantClusterRequest {
+        id: k.id.clone(),
+        node_count: 3,
+        ..Default::default()
+    };
+    assert_status(
+        c.clusters.update_tenant_cluster(more).await,
+        Code::FailedPrecondition,
+        "reservation",
+    );
+    let shrink = UpdateReservationRequest {
+        id: res.id.clone(),
+        node_count: 1,
+        end_time: None,
+    };
+    assert_status(
+        c.reservations.update_reservation(shrink).await,
+        Code::FailedPrecondition,
+        "clusters hold 2 nodes",
+    );
+    assert_status(
+        c.reservations
+            .delete_reservation(DeleteReservationRequest { id: res.id.clone() })
+            .await,
+        Code::FailedPrecondition,
+        "'k'",
+    );
+    let later = c
+        .reservations
+        .create_reservation(Clients::reservation(
+            &t.id,
+            "H100-80GB",
+            1,
+            n + 5 * HOUR,
+            n + 6 * HOUR,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(later.status, "scheduled");
+    let mut early = Clients::cluster(&t.id, "early", "H100-80GB", 1);
+    early.reservation_id = later.id;
+    assert_status(
+        c.clusters.create_tenant_cluster(early).await,
+        Code::FailedPrecondition,
+        "is scheduled",
+    );
+
+    // Scaling down releases the highest-numbered node.
+    let down = UpdateTenantClusterRequest {
+        id: k.id.clone(),
+        node_count: 1,
+        ..Default::default()
+    };
+    let k = c
+        .clusters
+        .update_tenant_cluster(down)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        k.nodes
+            .iter()
+            .map(|n| n.hostname.as_str())
+            .collect::<Vec<_>>(),
+        vec!["h100-80gb-pool-01"]
+    );
+}
+
+#[tokio::test]
+async fn nodes_are_dedicated_to_one_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut c = agent.admin().await;
+    let (a, _) = c.tenant("team-a").await;
+    let (b, _) = c.tenant("team-b").await;
+    c.quota(&a.id, "H100-80GB", 64, 0).await;
+    c.quota(&b.id, "H100-80GB", 64, 0).await;
+    let ka = c
+        .clusters
+        .create_tenant_cluster(Clients::cluster(&a.id, "k", "H100-80GB", 2))
+        .await
+        .unwrap()
+        .into_inner();
+    let kb = c
+        .clusters
+        .create_tenant_cluster(Clients::cluster(&b.id, "k", "H100-80GB", 2))
+        .await
+        .unwrap()
+        .into_inner();
+    let hosts = |k: &TenantCluster| {
+        k.nodes
+            .iter()
+            .map(|n| n.hostname.clone())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        hosts(&ka).iter().all(|h| !hosts(&kb).contains(h)),
+        "{:?} vs {:?}",
+        hosts(&ka),
+        hosts(&kb)
+    );
+    assert_status(
+        c.clusters
+            .create_tenant_cluster(Clients::cluster(&a.id, "k2", "H100-80GB", 1))
+            .await,
+        Code::FailedPrecondition,
+        "pool has 0 free",
+    );
+    let filtered = c
+        .fleet
+        .list_nodes(ListNodesRequest {
+            cluster_id: ka.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(filtered
+        .into_inner()
+        .nodes
+        .iter()
+        .all(|n| n.cluster_id == ka.id && n.tenant_id == a.id));
+}
+
+#[tokio::test]
+async fn dependents_block_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut c = agent.admin().await;
+    let (t, _) = c.tenant("team-a").await;
+    let quota = c.quota(&t.id, "H100-80GB", 16, 0).await;
+    let k = c
+        .clusters
+        .create_tenant_cluster(Clients::cluster(&t.id, "k", "H100-80GB", 1))
+        .await
+        .unwrap()
+        .into_inner();
+
+    assert_status(
+        c.tenants
+            .delete_tenant(DeleteTenantRequest { id: t.id.clone() })
+            .await,
+        Code::FailedPrecondition,
+        "still has 1 gpu quota(s), 0 reservation(s) and 1 cluster(s)",
+    );
+    assert_status(
+        c.quotas
+            .delete_gpu_quota(DeleteGpuQuotaRequest {
+                id: quota.id.clone(),
+            })
+            .await,
+        Code::FailedPrecondition,
+        "cluster 'k'",
+    );
+    c.clusters
+        .delete_tenant_cluster(DeleteTenantClusterRequest { id: k.id })
+        .await
+        .unwrap();
+    c.quotas
+        .delete_gpu_quota(DeleteGpuQuotaRequest { id: quota.id })
+        .await
+        .unwrap();
+    c.tenants
+        .delete_tenant(DeleteTenantRequest { id: t.id })
+        .await
+        .unwrap();
+    assert!(c
+        .tenants
+        .list_tenants(ListTenantsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .tenants
+        .is_empty());
+}
+
+#[tokio::test]
+async fn storage_directories_are_created_grown_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut c = agent.admin().await;
+    let (t, _) = c.tenant("team-a").await;
+    c.quota(&t.id, "H100-80GB", 16, 0).await;
+    let mut req = Clients::cluster(&t.id, "k", "H100-80GB", 1);
+    req.storage_gib = 500;
+    let k = c
+        .clusters
+        .create_tenant_cluster(req)
+        .await
+        .unwrap()
+        .into_inner();
+    let path = std::path::PathBuf::from(&k.storage_path);
+    assert!(
+        path.is_absolute() && path.ends_with("volumes/team-a/k"),
+        "{}",
+        path.display()
+    );
+    assert!(path.starts_with(std::fs::canonicalize(&agent.data_dir).unwrap()));
+    let meta = || std::fs::read_to_string(path.join("volume.json")).unwrap();
+    assert!(meta().contains("\"size_gib\":500"), "{}", meta());
+
+    let grow = UpdateTenantClusterRequest {
+        id: k.id.clone(),
+        storage_gib: 1000,
+        ..Default::default()
+    };
+    assert_eq!(
+        c.clusters
+            .update_tenant_cluster(grow)
+            .await
+            .unwrap()
+            .into_inner()
+            .storage_gib,
+        1000
+    );
+    assert!(meta().contains("\"size_gib\":1000"), "{}", meta());
+
+    // A create refused by the quota leaves no directory behind.
+    let refused = Clients::cluster(&t.id, "refused", "H100-80GB", 2);
+    assert_status(
+        c.clusters.create_tenant_cluster(refused).await,
+        Code::FailedPrecondition,
+        "quota",
+    );
+    assert!(!agent.data_dir.join("volumes/team-a/refused").exists());
+
+    c.clusters
+        .delete_tenant_cluster(DeleteTenantClusterRequest { id: k.id })
+        .await
+        .unwrap();
+    assert!(!path.exists());
+}

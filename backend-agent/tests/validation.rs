@@ -1,0 +1,332 @@
+//! Bad input answers a clear status naming the field, and leaves the store unchanged.
+
+mod common;
+
+use common::*;
+use gpufleet_proto::v1::*;
+use tonic::Code;
+
+const UNKNOWN: &str = "00000000-0000-0000-0000-000000000000";
+
+#[tokio::test]
+async fn bad_input_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut c = agent.admin().await;
+    let (t, _) = c.tenant("team-a").await;
+    let quota = c.quota(&t.id, "H100-80GB", 32, 0).await;
+    let mut big = Clients::cluster(&t.id, "big", "H100-80GB", 1);
+    big.storage_gib = 500;
+    let cluster = c
+        .clusters
+        .create_tenant_cluster(big)
+        .await
+        .unwrap()
+        .into_inner();
+    let before = c.snapshot().await;
+    let now = now();
+
+    // Tenants.
+    let tenant = |name: &str| CreateTenantRequest {
+        request_id: format!("r-{name}"),
+        name: name.into(),
+        ..Default::default()
+    };
+    assert_status(
+        c.tenants.create_tenant(tenant("")).await,
+        Code::InvalidArgument,
+        "name: must not be empty",
+    );
+    assert_status(
+        c.tenants.create_tenant(tenant(&"a".repeat(64))).await,
+        Code::InvalidArgument,
+        "name: must be at most 63 characters (got 64)",
+    );
+    assert_status(
+        c.tenants.create_tenant(tenant("Team_A")).await,
+        Code::InvalidArgument,
+        "name:",
+    );
+    assert_status(
+        c.tenants.create_tenant(tenant("-a")).await,
+        Code::InvalidArgument,
+        "name:",
+    );
+    assert_status(
+        c.tenants.create_tenant(tenant("team-a")).await,
+        Code::AlreadyExists,
+        &t.id,
+    );
+    let no_id = CreateTenantRequest {
+        name: "ok".into(),
+        ..Default::default()
+    };
+    assert_status(
+        c.tenants.create_tenant(no_id).await,
+        Code::InvalidArgument,
+        "request_id: required",
+    );
+
+    // Quotas.
+    let q = |gpu_type: &str, gpus: i64, burst: i64| CreateGpuQuotaRequest {
+        request_id: format!("q-{gpu_type}-{gpus}-{burst}"),
+        tenant_id: t.id.clone(),
+        gpu_type: gpu_type.into(),
+        gpus,
+        burst_gpus: burst,
+    };
+    assert_status(
+        c.quotas.create_gpu_quota(q("A100-80GB", -1, 0)).await,
+        Code::InvalidArgument,
+        "gpus: must be at least 0 (got -1)",
+    );
+    assert_status(
+        c.quotas.create_gpu_quota(q("A100-80GB", 8, -2)).await,
+        Code::InvalidArgument,
+        "burst_gpus: must be at least 0 (got -2)",
+    );
+    let msg = assert_status(
+        c.quotas.create_gpu_quota(q("V100", 8, 0)).await,
+        Code::InvalidArgument,
+        "gpu_type: unknown GPU model 'V100'",
+    );
+    assert!(
+        msg.contains("H100-80GB") && msg.contains("A100-40GB"),
+        "lists the known models: {msg}"
+    );
+    assert_status(
+        c.quotas.create_gpu_quota(q("H100-80GB", 8, 0)).await,
+        Code::AlreadyExists,
+        &quota.id,
+    );
+    let mut other = q("A100-80GB", 8, 0);
+    other.tenant_id = UNKNOWN.into();
+    assert_status(
+        c.quotas.create_gpu_quota(other).await,
+        Code::NotFound,
+        UNKNOWN,
+    );
+
+    // Reservations.
+    let r = |nodes: i64, start: i64, end: i64| {
+        Clients::reservation(&t.id, "H100-80GB", nodes, start, end)
+    };
+    assert_status(
+        c.reservations
+            .create_reservation(r(0, now + HOUR, now + 2 * HOUR))
+            .await,
+        Code::InvalidArgument,
+        "node_count: must be at least 1 (got 0)",
+    );
+    assert_status(
+        c.reservations
+            .create_reservation(r(-3, now + HOUR, now + 2 * HOUR))
+            .await,
+        Code::InvalidArgument,
+        "node_count",
+    );
+    assert_status(
+        c.reservations
+            .create_reservation(r(1, now + 2 * HOUR, now + HOUR))
+            .await,
+        Code::InvalidArgument,
+        "end_time: must be after start_time",
+    );
+    assert_status(
+        c.reservations
+            .create_reservation(r(1, now - 2 * HOUR, now - HOUR))
+            .await,
+        Code::InvalidArgument,
+        "end_time: must be in the future",
+    );
+    let mut model = r(1, now + HOUR, now + 2 * HOUR);
+    model.gpu_type = "H100-80G".into();
+    assert_status(
+        c.reservations.create_reservation(model).await,
+        Code::InvalidArgument,
+        "gpu_type: unknown GPU model",
+    );
+
+    // Clusters.
+    let k = |name: &str| Clients::cluster(&t.id, name, "H100-80GB", 1);
+    assert_status(
+        c.clusters.create_tenant_cluster(k("")).await,
+        Code::InvalidArgument,
+        "name: must not be empty",
+    );
+    assert_status(
+        c.clusters.create_tenant_cluster(k(&"x".repeat(70))).await,
+        Code::InvalidArgument,
+        "name: must be at most 63",
+    );
+    assert_status(
+        c.clusters
+            .create_tenant_cluster(CreateTenantClusterRequest {
+                request_id: "again".into(),
+                ..k("big")
+            })
+            .await,
+        Code::AlreadyExists,
+        &cluster.id,
+    );
+    let mut bad = k("c1");
+    bad.orchestrator = "nomad".into();
+    assert_status(
+        c.clusters.create_tenant_cluster(bad).await,
+        Code::InvalidArgument,
+        "orchestrator: must be one of kubernetes, slurm",
+    );
+    let mut bad = k("c2");
+    bad.node_count = -1;
+    assert_status(
+        c.clusters.create_tenant_cluster(bad).await,
+        Code::InvalidArgument,
+        "node_count: must be at least 1 (got -1)",
+    );
+    let mut bad = k("c3");
+    bad.storage_gib = -5;
+    assert_status(
+        c.clusters.create_tenant_cluster(bad).await,
+        Code::InvalidArgument,
+        "storage_gib",
+    );
+    let mut bad = k("c4");
+    bad.reservation_id = UNKNOWN.into();
+    assert_status(
+        c.clusters.create_tenant_cluster(bad).await,
+        Code::InvalidArgument,
+        "reservation_id",
+    );
+    let mut bad = k("c5");
+    bad.gpu_type = "".into();
+    assert_status(
+        c.clusters.create_tenant_cluster(bad).await,
+        Code::InvalidArgument,
+        "gpu_type",
+    );
+    let shrink = UpdateTenantClusterRequest {
+        id: cluster.id.clone(),
+        storage_gib: 100,
+        ..Default::default()
+    };
+    assert_status(
+        c.clusters.update_tenant_cluster(shrink).await,
+        Code::FailedPrecondition,
+        "storage_gib cannot shrink from 500 to 100",
+    );
+    let negative = UpdateTenantClusterRequest {
+        id: cluster.id.clone(),
+        node_count: -2,
+        ..Default::default()
+    };
+    assert_status(
+        c.clusters.update_tenant_cluster(negative).await,
+        Code::InvalidArgument,
+        "node_count",
+    );
+
+    // Unknown ids, for every kind and verb.
+    assert_status(
+        c.tenants
+            .get_tenant(GetTenantRequest { id: UNKNOWN.into() })
+            .await,
+        Code::NotFound,
+        "tenant",
+    );
+    assert_status(
+        c.tenants
+            .update_tenant(UpdateTenantRequest {
+                id: UNKNOWN.into(),
+                ..Default::default()
+            })
+            .await,
+        Code::NotFound,
+        "tenant",
+    );
+    assert_status(
+        c.tenants
+            .delete_tenant(DeleteTenantRequest { id: UNKNOWN.into() })
+            .await,
+        Code::NotFound,
+        "tenant",
+    );
+    assert_status(
+        c.quotas
+            .get_gpu_quota(GetGpuQuotaRequest { id: UNKNOWN.into() })
+            .await,
+        Code::NotFound,
+        "gpu quota",
+    );
+    assert_status(
+        c.quotas
+            .update_gpu_quota(UpdateGpuQuotaRequest {
+                id: UNKNOWN.into(),
+                gpus: 1,
+                burst_gpus: 0,
+            })
+            .await,
+        Code::NotFound,
+        "gpu quota",
+    );
+    assert_status(
+        c.quotas
+            .delete_gpu_quota(DeleteGpuQuotaRequest { id: UNKNOWN.into() })
+            .await,
+        Code::NotFound,
+        "gpu quota",
+    );
+    assert_status(
+        c.reservations
+            .get_reservation(GetReservationRequest { id: UNKNOWN.into() })
+            .await,
+        Code::NotFound,
+        "reservation",
+    );
+    assert_status(
+        c.reservations
+            .update_reservation(UpdateReservationRequest {
+                id: UNKNOWN.into(),
+                node_count: 1,
+                end_time: None,
+            })
+            .await,
+        Code::NotFound,
+        "reservation",
+    );
+    assert_status(
+        c.reservations
+            .delete_reservation(DeleteReservationRequest { id: UNKNOWN.into() })
+            .await,
+        Code::NotFound,
+        "reservation",
+    );
+    assert_status(
+        c.clusters
+            .get_tenant_cluster(GetTenantClusterRequest { id: UNKNOWN.into() })
+            .await,
+        Code::NotFound,
+        "tenant cluster",
+    );
+    assert_status(
+        c.clusters
+            .delete_tenant_cluster(DeleteTenantClusterRequest { id: UNKNOWN.into() })
+            .await,
+        Code::NotFound,
+        "tenant cluster",
+    );
+
+    assert_eq!(
+        c.snapshot().await,
+        before,
+        "no failed request changed the store"
+    );
+    let names: Vec<_> = std::fs::read_dir(agent.data_dir.join("volumes/team-a"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["big"],
+        "no failed create left a storage directory"
+    );
+}
