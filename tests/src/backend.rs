@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::binaries;
 use crate::grpc::Clients;
@@ -16,6 +16,9 @@ const LISTENING_PREFIX: &str = "gpufleet-agent listening on ";
 /// A safety net for a backend that never gets to listen (a hang, not a slow start):
 /// startup takes well under a second.
 const STARTUP_LIMIT: Duration = Duration::from_secs(60);
+
+/// A clean shutdown on SIGTERM finishes in well under a second; past this it is a bug.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(30);
 
 /// The simulated hardware's fault file, read by the agent from its data dir.
 pub const SIM_FAULTS_FILE: &str = "sim-faults.toml";
@@ -164,17 +167,36 @@ impl Backend {
         }
     }
 
-    /// SIGTERM, then wait for the exit.
+    /// SIGTERM, then wait for the exit. A backend that is still running after
+    /// [`SHUTDOWN_LIMIT`] has a shutdown bug: it is killed and the test fails with its log.
     fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let status = Command::new("kill")
-                .arg("-TERM")
-                .arg(child.id().to_string())
-                .status();
-            if !matches!(status, Ok(s) if s.success()) {
-                let _ = child.kill();
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let signalled = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        assert!(
+            matches!(signalled, Ok(s) if s.success()),
+            "could not send SIGTERM to gpufleet-agent: {signalled:?}"
+        );
+        let deadline = Instant::now() + SHUTDOWN_LIMIT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => return,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "gpufleet-agent did not exit within {SHUTDOWN_LIMIT:?} of SIGTERM\n--- agent log ---\n{}",
+                        self.log()
+                    );
+                }
             }
-            let _ = child.wait();
         }
     }
 

@@ -8,6 +8,10 @@
 //!
 //! Binaries are found by env var (`GPUFLEET_AGENT_BIN`, `GPUFLEET_PROVIDER_BIN`,
 //! `TERRAFORM_BIN`), else in the workspace's build output (see [`binaries`]).
+//!
+//! Tests use `#[tokio::test(flavor = "multi_thread")]`: Terraform runs and backend restarts
+//! block the test's thread, and meanwhile the gRPC connections' tasks must keep running (a
+//! SIGTERMed agent waits for its clients to answer the shutdown's GOAWAY).
 
 pub mod backend;
 pub mod binaries;

@@ -120,7 +120,7 @@ fn assert_state_matches(tf: &Terraform, existing: &Existing) {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terraform_import_adopts_every_resource_with_no_changes_after() {
     let backend = Backend::start();
     let mut admin = backend.admin().await;
@@ -142,7 +142,7 @@ async fn terraform_import_adopts_every_resource_with_no_changes_after() {
     assert_eq!(inventory.clusters.len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_blocks_adopt_every_resource_with_no_changes_after() {
     let backend = Backend::start();
     let mut admin = backend.admin().await;
@@ -186,7 +186,7 @@ import {{
     assert_eq!(admin.inventory().await.clusters.len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn importing_an_unknown_id_is_a_clear_error() {
     let backend = Backend::start();
     let tf = Terraform::new(&backend, backend.admin_token());
@@ -238,7 +238,7 @@ resource "gpufleet_tenant_cluster" "c" {{
     )
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_outside_terraform_leaves_state_on_refresh_and_is_recreated() {
     let backend = Backend::start();
     let tf = Terraform::new(&backend, backend.admin_token());
@@ -279,7 +279,7 @@ async fn deleted_outside_terraform_leaves_state_on_refresh_and_is_recreated() {
     tf.assert_no_changes();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changed_outside_terraform_shows_as_drift_and_apply_converges() {
     let backend = Backend::start();
     let tf = Terraform::new(&backend, backend.admin_token());
@@ -328,7 +328,7 @@ async fn changed_outside_terraform_shows_as_drift_and_apply_converges() {
     tf.assert_no_changes();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservation_deleted_outside_terraform_is_recreated() {
     let backend = Backend::start();
     let tf = Terraform::new(&backend, backend.admin_token());

@@ -104,7 +104,7 @@ const QUOTA: &str = "gpufleet_gpu_quota.h100";
 const RESERVATION: &str = "gpufleet_reservation.training";
 const CLUSTER: &str = "gpufleet_tenant_cluster.training";
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_everything_then_no_changes_then_destroy_empties_backend() {
     let backend = Backend::start();
     let tf = Terraform::new(&backend, backend.admin_token());
@@ -212,7 +212,7 @@ async fn create_everything_then_no_changes_then_destroy_empties_backend() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn updates_apply_in_place_and_leave_no_diff() {
     let backend = Backend::start();
     let tf = Terraform::new(&backend, backend.admin_token());
@@ -299,7 +299,7 @@ async fn updates_apply_in_place_and_leave_no_diff() {
     tf.assert_no_changes();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replacing_changes_create_new_objects_and_remove_old_ones() {
     let backend = Backend::start();
     let tf = Terraform::new(&backend, backend.admin_token());
@@ -359,7 +359,7 @@ async fn replacing_changes_create_new_objects_and_remove_old_ones() {
     tf.assert_no_changes();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_restart_loses_nothing() {
     let mut backend = Backend::start();
     let tf = Terraform::new(&backend, backend.admin_token());

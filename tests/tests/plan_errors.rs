@@ -27,7 +27,7 @@ fn admin_workdir() -> (Backend, Terraform) {
     (backend, tf)
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_tenant_name_is_refused() {
     let (backend, tf) = admin_workdir();
     // A valid sibling shows that nothing at all is applied when one resource is refused.
@@ -46,7 +46,7 @@ resource "gpufleet_tenant" "bad" {
     assert_refused_at_plan(&backend, &tf, &hcl, &["name", "63"]).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_gpu_model_is_refused_listing_known_ones() {
     let (backend, tf) = admin_workdir();
     let hcl = r#"
@@ -74,7 +74,7 @@ resource "gpufleet_gpu_quota" "q" {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservation_ending_before_it_starts_is_refused() {
     let (backend, tf) = admin_workdir();
     let hcl = format!(
@@ -110,7 +110,7 @@ resource "gpufleet_reservation" "r" {
     assert_refused_at_plan(&backend, &tf, hcl, &["start_time", "RFC 3339"]).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_below_one_are_refused() {
     let (backend, tf) = admin_workdir();
     let reservation = format!(
@@ -164,7 +164,7 @@ resource "gpufleet_gpu_quota" "q" {
     assert_refused_at_plan(&backend, &tf, quota, &["gpus", "-1"]).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orchestrator_must_be_kubernetes_or_slurm() {
     let (backend, tf) = admin_workdir();
     let hcl = r#"
@@ -188,7 +188,7 @@ resource "gpufleet_tenant_cluster" "c" {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_surely_short_is_refused_with_the_numbers() {
     let (backend, tf) = admin_workdir();
     let mut admin = backend.admin().await;
@@ -240,7 +240,7 @@ resource "gpufleet_tenant_cluster" "c" {{
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_capacity_surely_short_is_refused_with_the_numbers() {
     let (backend, tf) = admin_workdir();
     let mut admin = backend.admin().await;
@@ -266,7 +266,7 @@ resource "gpufleet_reservation" "r" {{
     assert_refused_at_plan(&backend, &tf, &hcl, &["node_count", "3", "2", "A100-80GB"]).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lowering_a_quota_below_use_is_refused_with_the_numbers() {
     let backend = Backend::start();
     let tf = Terraform::new(&backend, backend.admin_token());
