@@ -1,31 +1,20 @@
-//! The GPU models the control plane knows. Thin view over the model catalog so the
-//! rest of the crate asks one place ("is this a model?", "how much memory?").
+//! The GPU models the control plane knows: a thin view over `gpufleet_gpu::catalog`, so
+//! the rest of the crate asks one place ("is this a model?", "how much memory?").
 
-/// (model name, memory per GPU in MiB as NVML reports it).
-const MODELS: &[(&str, u64)] = &[
-    ("A100-40GB", 40_960),
-    ("A100-80GB", 81_920),
-    ("H100-80GB", 81_559),
-    ("H100-94GB", 95_830),
-    ("H200-141GB", 143_771),
-    ("B200", 183_359),
-    ("GH200", 97_871),
-];
+use gpufleet_gpu::catalog;
+use gpufleet_proto::v1;
 
 pub fn model_names() -> Vec<&'static str> {
-    MODELS.iter().map(|(name, _)| *name).collect()
+    catalog::model_names()
 }
 
 pub fn memory_mib(model: &str) -> Option<u64> {
-    MODELS
-        .iter()
-        .find(|(name, _)| *name == model)
-        .map(|(_, mib)| *mib)
+    catalog::model(model).map(|m| m.memory_mib)
 }
 
 /// `gpu_type: unknown GPU model 'X' (known: A, B, ...)` when the model is not in the catalog.
 pub fn require_known(field: &str, model: &str) -> Result<(), String> {
-    if memory_mib(model).is_some() {
+    if catalog::model(model).is_some() {
         Ok(())
     } else {
         Err(format!(
@@ -35,10 +24,24 @@ pub fn require_known(field: &str, model: &str) -> Result<(), String> {
     }
 }
 
-pub fn mig_capable(_model: &str) -> bool {
-    false
+pub fn mig_capable(model: &str) -> bool {
+    catalog::model(model).is_some_and(|m| m.mig_capable)
 }
 
-pub fn mig_profiles(_model: &str) -> Vec<gpufleet_proto::v1::MigProfile> {
-    Vec::new()
+pub fn mig_profiles(model: &str) -> Vec<v1::MigProfile> {
+    let Some(m) = catalog::model(model) else {
+        return Vec::new();
+    };
+    m.profiles
+        .iter()
+        .map(|p| v1::MigProfile {
+            id: p.id as i32,
+            name: p.name.clone(),
+            compute_slices: p.compute_slices as i32,
+            memory_slices: p.memory_slices as i32,
+            valid_starts: p.valid_starts.iter().map(|s| *s as i32).collect(),
+            max_per_gpu: p.max_per_gpu as i32,
+            memory_mib: p.memory_mib as i64,
+        })
+        .collect()
 }

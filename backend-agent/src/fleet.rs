@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{bail, Context};
+use gpufleet_gpu::hardware::{GpuBackend, SimulatedNode};
 use rusqlite::Connection;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use crate::catalog;
 use crate::store::nodes::{self, GpuRow, NodeRow, ON_DEMAND, POOL};
@@ -134,19 +134,6 @@ pub fn hostname(gpu_type: &str, capacity: &str, number: u32) -> String {
     format!("{}-{kind}-{number:02}", gpu_type.to_ascii_lowercase())
 }
 
-/// A stable GPU UUID in NVML's format, derived from the hostname and GPU index.
-pub fn gpu_uuid(hostname: &str, index: u32) -> String {
-    let h = hex::encode(Sha256::digest(format!("{hostname}/{index}").as_bytes()));
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
 /// Creates the node rows on first start; later starts keep what the store holds.
 /// Returns the number of nodes created.
 pub fn seed(conn: &mut Connection, fleet: &FleetFile) -> anyhow::Result<usize> {
@@ -158,7 +145,7 @@ pub fn seed(conn: &mut Connection, fleet: &FleetFile) -> anyhow::Result<usize> {
     let mut numbers: BTreeMap<(String, &str), u32> = BTreeMap::new();
     for (capacity, groups) in [(POOL, &fleet.pool), (ON_DEMAND, &fleet.on_demand)] {
         for g in groups {
-            let memory = catalog::memory_mib(&g.gpu_type).expect("validated") as i64;
+            let model = gpufleet_gpu::catalog::model(&g.gpu_type).expect("validated");
             for _ in 0..g.nodes {
                 let n = numbers.entry((g.gpu_type.clone(), capacity)).or_insert(0);
                 *n += 1;
@@ -173,14 +160,18 @@ pub fn seed(conn: &mut Connection, fleet: &FleetFile) -> anyhow::Result<usize> {
                     cuda_version: g.cuda_version.clone(),
                     cluster_id: None,
                 };
-                let gpus: Vec<GpuRow> = (0..g.gpus_per_node)
-                    .map(|i| GpuRow {
+                // The GPUs as the simulated hardware reports them (UUIDs, memory).
+                let sim = SimulatedNode::new(&host, model, g.gpus_per_node, &g.driver_version);
+                let reported = sim.gpus().map_err(|e| anyhow::anyhow!("{e}"))?;
+                let gpus: Vec<GpuRow> = reported
+                    .into_iter()
+                    .map(|gpu| GpuRow {
                         node_id: host.clone(),
-                        index: i as i64,
-                        uuid: gpu_uuid(&host, i),
-                        model: g.gpu_type.clone(),
-                        memory_mib: memory,
-                        mig_enabled: false,
+                        index: gpu.index as i64,
+                        uuid: gpu.uuid,
+                        model: gpu.model,
+                        memory_mib: gpu.memory_mib as i64,
+                        mig_enabled: gpu.mig_enabled,
                     })
                     .collect();
                 nodes::insert(&tx, &node, &gpus)?;
@@ -228,13 +219,9 @@ mod tests {
     }
 
     #[test]
-    fn hostnames_and_uuids_are_stable() {
+    fn hostnames_are_stable() {
         assert_eq!(hostname("H100-80GB", POOL, 1), "h100-80gb-pool-01");
         assert_eq!(hostname("H100-80GB", ON_DEMAND, 12), "h100-80gb-od-12");
-        let u = gpu_uuid("h100-80gb-pool-01", 0);
-        assert_eq!(u, gpu_uuid("h100-80gb-pool-01", 0));
-        assert_ne!(u, gpu_uuid("h100-80gb-pool-01", 1));
-        assert_eq!(u.len(), 40);
     }
 
     #[test]
@@ -245,6 +232,8 @@ mod tests {
         assert_eq!(seed(&mut conn, &default_fleet()).unwrap(), 0);
         let pool = nodes::free(&conn, "H100-80GB", POOL).unwrap();
         assert_eq!(pool.len(), 4);
-        assert_eq!(nodes::gpus(&conn, &pool[0].id).unwrap().len(), 8);
+        let gpus = nodes::gpus(&conn, &pool[0].id).unwrap();
+        assert_eq!(gpus.len(), 8);
+        assert!(gpus[0].uuid.starts_with("GPU-") && gpus[0].uuid != gpus[1].uuid);
     }
 }

@@ -26,6 +26,7 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.hardware == Hardware::Nvml {
+        // The fleet's nodes stay simulated; this host's GPUs must at least be reachable.
         crate::hardware::require_nvml()?;
     }
     std::fs::create_dir_all(&args.data_dir)
@@ -42,7 +43,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(t) => t,
         None => admin_token_file(&data_dir)?,
     };
-    let state = Arc::new(AppState::new(conn, data_dir.clone(), admin_token));
+    let hardware = crate::hardware::SimFleet::load(&conn)?;
+    let state = Arc::new(AppState::new(conn, data_dir.clone(), admin_token, hardware));
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

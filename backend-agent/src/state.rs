@@ -14,14 +14,22 @@ pub struct AppState {
     db: Mutex<Connection>,
     pub data_dir: PathBuf,
     pub admin_token: String,
+    /// The simulated GPUs of every node; MIG changes go through it.
+    pub hardware: crate::hardware::SimFleet,
 }
 
 impl AppState {
-    pub fn new(db: Connection, data_dir: PathBuf, admin_token: String) -> Self {
+    pub fn new(
+        db: Connection,
+        data_dir: PathBuf,
+        admin_token: String,
+        hardware: crate::hardware::SimFleet,
+    ) -> Self {
         Self {
             db: Mutex::new(db),
             data_dir,
             admin_token,
+            hardware,
         }
     }
 

@@ -171,7 +171,13 @@ fn nodes_to_add(
 }
 
 /// Assigns nodes to the cluster or releases its highest-numbered ones, to reach node_count.
-fn scale(conn: &Connection, tenant_name: &str, cluster: &ClusterRow, t: i64) -> Result<(), Status> {
+/// Returns the released nodes.
+fn scale(
+    conn: &Connection,
+    tenant_name: &str,
+    cluster: &ClusterRow,
+    t: i64,
+) -> Result<Vec<NodeRow>, Status> {
     let mut current = store::nodes::list(conn, None, Some(&cluster.id)).map_err(db_error)?;
     let target = cluster.node_count as usize;
     if target > current.len() {
@@ -185,11 +191,31 @@ fn scale(conn: &Connection, tenant_name: &str, cluster: &ClusterRow, t: i64) -> 
         }
     } else {
         current.sort_by(|a, b| b.hostname.cmp(&a.hostname));
-        for n in current.iter().take(current.len() - target) {
+        let released: Vec<NodeRow> = current.drain(..current.len() - target).collect();
+        for n in &released {
             store::nodes::release(conn, &n.id).map_err(db_error)?;
         }
+        return Ok(released);
     }
-    Ok(())
+    Ok(Vec::new())
+}
+
+/// Puts the cluster's MIG layout on its nodes and whole GPUs back on released ones.
+fn sync_layout(
+    state: &AppState,
+    conn: &Connection,
+    cluster: &ClusterRow,
+    released: &[NodeRow],
+) -> Result<(), Status> {
+    let nodes = store::nodes::list(conn, None, Some(&cluster.id)).map_err(db_error)?;
+    crate::mig::sync(
+        state,
+        conn,
+        &cluster.gpu_type,
+        &nodes,
+        &cluster.mig_layout,
+        released,
+    )
 }
 
 fn positive_or_unset(field: &str, value: i64) -> Result<(), Status> {
@@ -303,6 +329,10 @@ impl Clusters {
                 dir.display()
             ))
         })?;
+        if let Err(e) = sync_layout(&self.state, &tx, &cluster, &[]) {
+            let _ = volumes::remove(&dir);
+            return Err(e);
+        }
         if let Err(e) = tx.commit() {
             let _ = volumes::remove(&dir);
             return Err(db_error(e));
@@ -368,7 +398,7 @@ impl Clusters {
         if req.set_mig_layout {
             c.mig_layout = crate::mig::validate(&c.gpu_type, &req.mig_layout)?;
         }
-        scale(&tx, &tenant.name, &c, now())?;
+        let released = scale(&tx, &tenant.name, &c, now())?;
         store::clusters::update(&tx, &c).map_err(db_error)?;
         let dir = std::path::PathBuf::from(&c.storage_path);
         volumes::resize(&dir, c.storage_gib).map_err(|e| {
@@ -377,6 +407,7 @@ impl Clusters {
                 dir.display()
             ))
         })?;
+        sync_layout(&self.state, &tx, &c, &released)?;
         tx.commit().map_err(db_error)?;
         let conn = &*conn;
         message(conn, &caller, c)
@@ -390,7 +421,10 @@ impl Clusters {
         let tx = conn.transaction().map_err(db_error)?;
         let caller = authenticate(&self.state, &tx, &request)?;
         let c = visible_cluster(&tx, &caller, &request.get_ref().id)?;
-        for n in store::nodes::list(&tx, None, Some(&c.id)).map_err(db_error)? {
+        let nodes = store::nodes::list(&tx, None, Some(&c.id)).map_err(db_error)?;
+        // Released nodes go back to whole GPUs before anyone else can get them.
+        crate::mig::sync(&self.state, &tx, &c.gpu_type, &[], &c.mig_layout, &nodes)?;
+        for n in &nodes {
             store::nodes::release(&tx, &n.id).map_err(db_error)?;
         }
         store::clusters::delete(&tx, &c.id).map_err(db_error)?;
