@@ -8,12 +8,19 @@ use tonic::transport::Channel;
 
 use crate::cli::{ClientArgs, HwCheckArgs};
 
-type Client = FleetServiceClient<
-    InterceptedService<
-        Channel,
-        Box<dyn Fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send + Sync>,
-    >,
->;
+/// Adds the bearer token to every call.
+#[derive(Clone)]
+struct Bearer(MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut()
+            .insert(gpufleet_proto::AUTHORIZATION, self.0.clone());
+        Ok(req)
+    }
+}
+
+type Client = FleetServiceClient<InterceptedService<Channel, Bearer>>;
 
 fn token(args: &ClientArgs) -> anyhow::Result<String> {
     if let Some(t) = args.token.as_ref().filter(|t| !t.is_empty()) {
@@ -43,14 +50,7 @@ async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
                 args.endpoint
             )
         })?;
-    let add_token: Box<
-        dyn Fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send + Sync,
-    > = Box::new(move |mut req: tonic::Request<()>| {
-        req.metadata_mut()
-            .insert(gpufleet_proto::AUTHORIZATION, value.clone());
-        Ok(req)
-    });
-    Ok(FleetServiceClient::with_interceptor(channel, add_token))
+    Ok(FleetServiceClient::with_interceptor(channel, Bearer(value)))
 }
 
 /// The status code and message, without transport metadata.

@@ -190,16 +190,28 @@ pub struct Split {
 
 /// Places `nodes` over `[start, end)`: pool first, the rest from on-demand capacity when
 /// allowed. `min` is the least of each kind the result must keep (nodes clusters hold).
+/// A reservation to place: `nodes` over `[start, end)` (`window_text` says it in words).
+pub struct Placing<'a> {
+    pub nodes: i64,
+    pub start: i64,
+    pub end: i64,
+    pub allow_on_demand: bool,
+    pub window_text: &'a str,
+}
+
 pub fn split_reservation(
     gpu_type: &str,
     capacity: &Capacity,
-    nodes: i64,
-    start: i64,
-    end: i64,
-    allow_on_demand: bool,
+    want: &Placing,
     min: Split,
-    window_text: &str,
 ) -> Result<Split, String> {
+    let Placing {
+        nodes,
+        start,
+        end,
+        allow_on_demand,
+        window_text,
+    } = *want;
     let free_pool = capacity.free_pool(start, Some(end));
     let free_od = capacity.free_on_demand(start, Some(end));
     let mut pool = nodes.min(free_pool);
@@ -388,6 +400,22 @@ mod tests {
         .is_ok());
     }
 
+    fn placing(
+        nodes: i64,
+        start: i64,
+        end: i64,
+        allow_on_demand: bool,
+        window_text: &str,
+    ) -> Placing<'_> {
+        Placing {
+            nodes,
+            start,
+            end,
+            allow_on_demand,
+            window_text,
+        }
+    }
+
     fn capacity() -> Capacity {
         Capacity {
             pool_nodes: 4,
@@ -405,34 +433,41 @@ mod tests {
         };
         let c = capacity();
         assert_eq!(
-            split_reservation("H100-80GB", &c, 2, 150, 250, false, none, "w").unwrap(),
+            split_reservation("H100-80GB", &c, &placing(2, 150, 250, false, "w"), none).unwrap(),
             Split {
                 pool: 2,
                 on_demand: 0
             }
         );
         assert_eq!(
-            split_reservation("H100-80GB", &c, 4, 150, 250, true, none, "w").unwrap(),
+            split_reservation("H100-80GB", &c, &placing(4, 150, 250, true, "w"), none).unwrap(),
             Split {
                 pool: 2,
                 on_demand: 2
             }
         );
-        let err = split_reservation("H100-80GB", &c, 4, 150, 250, false, none, "from a to b")
-            .unwrap_err();
+        let err = split_reservation(
+            "H100-80GB",
+            &c,
+            &placing(4, 150, 250, false, "from a to b"),
+            none,
+        )
+        .unwrap_err();
         assert!(
             err.starts_with("needs 4 H100-80GB nodes from a to b, pool has 2 free"),
             "{err}"
         );
         // Outside the busy window the whole pool is free.
         assert_eq!(
-            split_reservation("H100-80GB", &c, 4, 200, 300, false, none, "w").unwrap(),
+            split_reservation("H100-80GB", &c, &placing(4, 200, 300, false, "w"), none).unwrap(),
             Split {
                 pool: 4,
                 on_demand: 0
             }
         );
-        assert!(split_reservation("H100-80GB", &c, 7, 150, 250, true, none, "w").is_err());
+        assert!(
+            split_reservation("H100-80GB", &c, &placing(7, 150, 250, true, "w"), none).is_err()
+        );
     }
 
     #[test]

@@ -91,17 +91,14 @@ fn place(
     rules::check_quota(&subject, limit, &demand(&held, &r.tenant_id, gpn), new, t)
         .map_err(precondition)?;
     let window = format!("from {} to {}", rfc3339(from), rfc3339(r.end_time));
-    let split = rules::split_reservation(
-        &r.gpu_type,
-        &cap,
-        r.node_count,
-        from,
-        r.end_time,
-        r.allow_on_demand,
-        min,
-        &window,
-    )
-    .map_err(precondition)?;
+    let want = rules::Placing {
+        nodes: r.node_count,
+        start: from,
+        end: r.end_time,
+        allow_on_demand: r.allow_on_demand,
+        window_text: &window,
+    };
+    let split = rules::split_reservation(&r.gpu_type, &cap, &want, min).map_err(precondition)?;
     r.pool_nodes = split.pool;
     r.on_demand_nodes = split.on_demand;
     Ok(())
