@@ -298,16 +298,12 @@ impl Terraform {
         self.run_ok(&["state", "show", "-no-color", address]).stdout
     }
 
-    /// Resource addresses in state, sorted.
+    /// Resource addresses in state (modules included), sorted; empty when there is no state.
     pub fn state_list(&self) -> Vec<String> {
-        let run = self.run_ok(&["state", "list"]);
-        let mut list: Vec<String> = run
-            .stdout
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(str::to_string)
-            .collect();
+        let run = self.run_ok(&["show", "-json"]);
+        let state: Value = parse_json(&run);
+        let mut list = Vec::new();
+        collect_addresses(&state["values"]["root_module"], &mut list);
         list.sort();
         list
     }
@@ -362,6 +358,30 @@ impl Terraform {
             tail.join("\n")
         )
     }
+}
+
+fn collect_addresses(module: &Value, into: &mut Vec<String>) {
+    if let Some(resources) = module["resources"].as_array() {
+        into.extend(
+            resources
+                .iter()
+                .filter_map(|r| r["address"].as_str().map(str::to_string)),
+        );
+    }
+    if let Some(children) = module["child_modules"].as_array() {
+        for child in children {
+            collect_addresses(child, into);
+        }
+    }
+}
+
+/// Whether a message says an object does not exist, in any of the usual wordings.
+pub fn says_not_found(message: &str) -> bool {
+    let message = message.to_lowercase();
+    ["not found", "does not exist", "no such"]
+        .iter()
+        .any(|phrase| message.contains(phrase))
+        || (message.contains("error: no ") && message.contains(" with id "))
 }
 
 fn find_in_module(module: &Value, address: &str) -> Option<Value> {

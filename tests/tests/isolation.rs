@@ -2,6 +2,7 @@
 //! directory: neither can see, change or adopt the other's objects.
 
 use gpufleet_e2e::json::str_of;
+use gpufleet_e2e::terraform::says_not_found;
 use gpufleet_e2e::times::rfc3339_in_hours;
 use gpufleet_e2e::{Backend, Terraform};
 use gpufleet_proto::v1::{GetTenantClusterRequest, UpdateTenantClusterRequest};
@@ -138,20 +139,31 @@ async fn two_tenants_with_their_own_tokens_cannot_touch_each_other() {
         .expect_err("beta must not change alpha's cluster");
     assert_eq!(status.code(), tonic::Code::NotFound, "{status}");
 
-    // Through Terraform: beta cannot import alpha's cluster...
+    // Through Terraform: beta cannot import alpha's cluster, and the error is the one an
+    // id that exists nowhere gets (nothing tells beta that alpha's cluster exists).
     let intruder = Terraform::new(&backend, &beta_token);
     intruder.write_main(&team_hcl(&beta_id, "alpha-train"));
     intruder.init();
-    let run = intruder.run_fails(&[
-        "import",
-        "-no-color",
-        "-input=false",
-        "gpufleet_tenant_cluster.c",
-        &alpha_cluster,
-    ]);
+    let import = |id: &str| {
+        intruder.run_fails(&[
+            "import",
+            "-no-color",
+            "-input=false",
+            "gpufleet_tenant_cluster.c",
+            id,
+        ])
+    };
+    let theirs = import(&alpha_cluster);
     assert!(
-        run.output().to_lowercase().contains("not found"),
-        "import of another tenant's cluster must answer not found\n{run}"
+        says_not_found(&theirs.output()),
+        "import of another tenant's cluster must answer not found\n{theirs}"
+    );
+    let nowhere_id = "00000000-0000-4000-8000-000000000000";
+    let nowhere = import(nowhere_id);
+    assert_eq!(
+        theirs.stderr.replace(&alpha_cluster, "<id>"),
+        nowhere.stderr.replace(nowhere_id, "<id>"),
+        "another tenant's id and a missing id must be indistinguishable"
     );
     assert!(intruder.state_list().is_empty());
 

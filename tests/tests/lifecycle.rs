@@ -153,9 +153,12 @@ async fn create_everything_then_no_changes_then_destroy_empties_backend() {
         .expect("GetReservation")
         .into_inner();
     assert_eq!(stored_reservation.node_count, 2);
+    // State keeps the configured window; the backend holds a start in the past as "from now".
+    assert_eq!(str_of(&reservation, "start_time"), start);
+    assert!(stored_reservation.start_time.map(|t| t.seconds) >= Some(unix_seconds(&start)));
     assert_eq!(
-        stored_reservation.start_time.map(|t| t.seconds),
-        Some(unix_seconds(&start))
+        stored_reservation.end_time.map(|t| t.seconds),
+        Some(unix_seconds(&config.end_time))
     );
 
     let cluster = tf.resource(CLUSTER);
