@@ -67,8 +67,9 @@ provider_installation {
 RC
 export TF_CLI_CONFIG_FILE="$work/terraform.rc" TF_IN_AUTOMATION=1
 tf() { terraform -chdir="$work/onboarding" "$@"; }
-tf init -input=false -no-color >/dev/null
-echo "terraform init: done"
+# No `terraform init`: dev_overrides need no provider installation (and Terraform before
+# 1.15 fails init trying the registry for it); `get` installs the local modules.
+tf get -no-color
 tf apply -auto-approve -input=false -no-color
 
 step "Outputs (terraform output)"

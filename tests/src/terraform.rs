@@ -198,8 +198,11 @@ impl Terraform {
         run
     }
 
+    /// Prepares the working directory. The provider comes from `dev_overrides`, which need
+    /// no provider installation (and Terraform before 1.15 fails `init` trying the registry
+    /// for it), so this installs modules only: `terraform get`.
     pub fn init(&self) -> TfRun {
-        self.run_ok(&["init", "-no-color", "-input=false"])
+        self.run_ok(&["get", "-no-color"])
     }
 
     pub fn plan(&self) -> TfRun {
