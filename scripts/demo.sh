@@ -18,37 +18,13 @@ cargo build --workspace --bins
 target_dir="${CARGO_TARGET_DIR:-$GPUFLEET_ROOT/target}/debug"
 agent="$target_dir/gpufleet-agent"
 
+source scripts/backend.sh
 work="$(mktemp -d -t gpufleet-demo.XXXXXX)"
-agent_pid=""
-cleanup() {
-  if [ -n "$agent_pid" ] && kill -0 "$agent_pid" 2>/dev/null; then
-    echo "==> Stopping the backend (pid $agent_pid)"
-    kill -TERM "$agent_pid" 2>/dev/null || true
-    wait "$agent_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap 'stop_backend; rm -rf "$work"' EXIT
 
 step "Starting the backend (fresh data dir, free port, default simulated fleet)"
-admin_token="admin-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
-# The agent prints one line once it listens; read it from a coprocess's stdout.
-coproc AGENT {
-  exec "$agent" serve --listen 127.0.0.1:0 --data-dir "$work/data" \
-    --admin-token "$admin_token" 2>"$work/agent.log"
-}
-agent_pid=$AGENT_PID
-listening=""
-if ! read -r -t 60 listening <&"${AGENT[0]}"; then
-  echo "error: the backend did not start; its log:" >&2
-  cat "$work/agent.log" >&2
-  exit 1
-fi
-# Keep draining its stdout so it never blocks on a full pipe.
-cat <&"${AGENT[0]}" >/dev/null &
-echo "$listening"
-endpoint="${listening##* }"
-export GPUFLEET_ENDPOINT="$endpoint" GPUFLEET_TOKEN="$admin_token"
+start_backend "$agent" "$work"
+endpoint="$GPUFLEET_ENDPOINT"
 
 step "The fleet (gpufleet-agent fleet)"
 "$agent" fleet
@@ -57,14 +33,7 @@ step "Onboarding two teams with Terraform (examples/onboarding)"
 cp -r examples/onboarding "$work/onboarding"
 rm -rf "$work/onboarding/.terraform" "$work/onboarding"/terraform.tfstate*
 # dev_overrides: Terraform uses the provider just built instead of a registry.
-cat >"$work/terraform.rc" <<RC
-provider_installation {
-  dev_overrides {
-    "gpufleet/gpufleet" = "$target_dir"
-  }
-  direct {}
-}
-RC
+write_dev_overrides "$work/terraform.rc" "$target_dir"
 export TF_CLI_CONFIG_FILE="$work/terraform.rc" TF_IN_AUTOMATION=1
 tf() { terraform -chdir="$work/onboarding" "$@"; }
 # No `terraform init`: dev_overrides need no provider installation (and Terraform before
