@@ -151,6 +151,7 @@ async fn reservations_never_double_book_and_overflow_to_on_demand() {
         id: overflow.id.clone(),
         node_count: 6,
         end_time: None,
+        allow_on_demand: None,
     };
     assert_status(
         c.reservations.update_reservation(grow).await,
@@ -161,6 +162,7 @@ async fn reservations_never_double_book_and_overflow_to_on_demand() {
         id: overflow.id,
         node_count: 4,
         end_time: None,
+        allow_on_demand: None,
     };
     let grown = c
         .reservations
@@ -223,6 +225,7 @@ async fn clusters_draw_nodes_from_active_reservations() {
         id: res.id.clone(),
         node_count: 1,
         end_time: None,
+        allow_on_demand: None,
     };
     assert_status(
         c.reservations.update_reservation(shrink).await,

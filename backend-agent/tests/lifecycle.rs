@@ -150,6 +150,7 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
             id: res.id.clone(),
             node_count: 0,
             end_time: ts(t + 3 * HOUR),
+            allow_on_demand: None,
         })
         .await
         .unwrap()

@@ -288,6 +288,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
                 id: UNKNOWN.into(),
                 node_count: 1,
                 end_time: None,
+                allow_on_demand: None,
             })
             .await,
         Code::NotFound,

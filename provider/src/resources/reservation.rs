@@ -384,6 +384,7 @@ impl ResourceType for Reservation {
                 id,
                 node_count: count,
                 end_time: end.map(times::to_proto),
+                allow_on_demand: None,
             };
             client
                 .reservations()
