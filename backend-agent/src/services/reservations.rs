@@ -64,6 +64,56 @@ pub fn held_by_clusters(conn: &Connection, reservation_id: &str) -> Result<Split
     Ok(held)
 }
 
+/// Turning allow_on_demand off cannot take nodes away from running clusters.
+fn refuse_cluster_on_demand(conn: &Connection, reservation_id: &str) -> Result<(), Status> {
+    for c in store::clusters::list(conn, None, None, Some(reservation_id)).map_err(db_error)? {
+        let on_demand = store::nodes::list(conn, None, Some(&c.id))
+            .map_err(db_error)?
+            .iter()
+            .filter(|n| n.capacity != POOL)
+            .count();
+        if on_demand > 0 {
+            return Err(precondition(format!(
+                "allow_on_demand: cluster '{}' ({}) holds {on_demand} on-demand nodes of this reservation; scale it down or delete it first",
+                c.name, c.id
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that the pool can hold all of `r`'s nodes over the rest of its window (the
+/// same arithmetic as a create, leaving `r` itself out), so its on-demand nodes can move.
+fn pool_takes_back(conn: &Connection, r: &ReservationRow, t: i64) -> Result<(), Status> {
+    let exclude = Exclude {
+        cluster: None,
+        reservation: Some((&r.id, r.end_time)),
+    };
+    let held = holdings(conn, &r.gpu_type, t, exclude)?;
+    let cap = capacity(conn, &r.gpu_type, &held)?;
+    let from = r.start_time.max(t);
+    // What the pool has besides the nodes the reservation already holds there.
+    let free = cap.free_pool(from, Some(r.end_time)) - r.pool_nodes;
+    if free >= r.on_demand_nodes {
+        return Ok(());
+    }
+    let free = free.max(0);
+    let fits = r.pool_nodes + free;
+    let shrink = if fits > 0 {
+        format!(" or shrink node_count to {fits}")
+    } else {
+        String::new()
+    };
+    Err(precondition(format!(
+        "allow_on_demand: the pool has {free} free {} {} from {} to {}, the reservation holds {} on-demand nodes; keep allow_on_demand{shrink}",
+        r.gpu_type,
+        if free == 1 { "node" } else { "nodes" },
+        rfc3339(from),
+        rfc3339(r.end_time),
+        r.on_demand_nodes,
+    )))
+}
+
 /// Places `r` (its node_count and window) against everything else, and checks the quota.
 fn place(
     conn: &Connection,
@@ -268,7 +318,26 @@ impl Reservations {
             }
             r.end_time = end;
         }
+        let resized = req.node_count > 0 || req.end_time.is_some();
         let held = held_by_clusters(&tx, &r.id)?;
+        match req.allow_on_demand {
+            None => {}
+            Some(true) if !resized => {
+                // Allowed from now on; what the reservation holds stays where it is.
+                r.allow_on_demand = true;
+                store::reservations::update(&tx, &r).map_err(db_error)?;
+                tx.commit().map_err(db_error)?;
+                return Ok(message(r, t));
+            }
+            Some(true) => r.allow_on_demand = true,
+            Some(false) => {
+                refuse_cluster_on_demand(&tx, &r.id)?;
+                r.allow_on_demand = false;
+                if !resized && r.on_demand_nodes > 0 {
+                    pool_takes_back(&tx, &r, t)?;
+                }
+            }
+        }
         if r.node_count < held.pool + held.on_demand {
             return Err(precondition(format!(
                 "node_count: cannot shrink to {} while its clusters hold {} nodes; scale or delete them first",

@@ -78,8 +78,8 @@ pub fn list(
 
 pub fn update(conn: &Connection, r: &ReservationRow) -> rusqlite::Result<()> {
     conn.execute(
-        "UPDATE reservations SET node_count = ?2, end_time = ?3, pool_nodes = ?4, on_demand_nodes = ?5 WHERE id = ?1",
-        (&r.id, r.node_count, r.end_time, r.pool_nodes, r.on_demand_nodes),
+        "UPDATE reservations SET node_count = ?2, end_time = ?3, allow_on_demand = ?4, pool_nodes = ?5, on_demand_nodes = ?6 WHERE id = ?1",
+        (&r.id, r.node_count, r.end_time, r.allow_on_demand, r.pool_nodes, r.on_demand_nodes),
     )?;
     Ok(())
 }
