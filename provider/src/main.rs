@@ -1,6 +1,7 @@
 //! terraform-provider-gpufleet: the Terraform provider for gpufleet.
 
 mod client;
+mod convert;
 mod data_sources;
 mod framework;
 mod protocol;

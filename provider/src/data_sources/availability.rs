@@ -3,11 +3,12 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use gpufleet_proto::v1 as api;
 
 use super::required_arg;
 use crate::framework::{Attribute, DataSourceType, Diagnostic, Diagnostics, Schema, Type, Value};
 use crate::provider::ProviderState;
+use crate::resources::checks::availability;
+use crate::resources::common::{check_window, known_gpu_type};
 use crate::times;
 
 pub struct Availability {
@@ -70,46 +71,17 @@ impl DataSourceType for Availability {
 
     async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
         let mut diags = Diagnostics::default();
-        let mut parsed = [None, None];
-        for (slot, name) in parsed.iter_mut().zip(["start_time", "end_time"]) {
-            if let Ok(Some(text)) = config.str_attr(name) {
-                match times::unix(text) {
-                    Ok(t) => *slot = Some(t),
-                    Err(reason) => diags.attr_error(name, reason),
-                }
-            }
-        }
-        if let [Some(start), Some(end)] = parsed {
-            if end <= start {
-                diags.attr_error(
-                    "end_time",
-                    format!(
-                        "must be after start_time ({} is not after {})",
-                        times::canonical(end),
-                        times::canonical(start)
-                    ),
-                );
-            }
-        }
+        check_window(config, &mut diags);
         diags.into_result()
     }
 
     async fn read(&self, config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let gpu_type = required_arg(config, "gpu_type")?;
-        crate::resources::known_gpu_type(&client, &gpu_type).await?;
+        known_gpu_type(&client, &gpu_type).await?;
         let start = parse_arg(config, "start_time")?;
         let end = parse_arg(config, "end_time")?;
-        let free = client
-            .fleet()
-            .get_availability(api::AvailabilityRequest {
-                gpu_type: gpu_type.clone(),
-                start_time: Some(times::to_proto(start)),
-                end_time: Some(times::to_proto(end)),
-            })
-            .await
-            .map_err(|s| client.diagnostic(&s))?
-            .into_inner();
+        let free = availability(&client, &gpu_type, start, end).await?;
         let mut state = config.clone();
         state.set("id", Value::String(format!("{gpu_type}/{start}/{end}")));
         state.set("free_pool_nodes", Value::Number(free.free_pool_nodes));

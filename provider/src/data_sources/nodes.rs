@@ -5,6 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
+use crate::convert::{node_type, node_value};
 use crate::framework::{Attribute, DataSourceType, Diagnostics, Schema, Type, Value};
 use crate::provider::ProviderState;
 
@@ -16,84 +17,6 @@ impl Nodes {
     pub fn new(provider: Arc<ProviderState>) -> Self {
         Self { provider }
     }
-}
-
-fn node_type() -> Type {
-    Type::object([
-        ("id", Type::String),
-        ("hostname", Type::String),
-        ("gpu_type", Type::String),
-        ("capacity", Type::String),
-        ("gpu_count", Type::Number),
-        ("driver_version", Type::String),
-        ("cuda_version", Type::String),
-        ("cluster_id", Type::String),
-        ("tenant_id", Type::String),
-        (
-            "gpus",
-            Type::list(Type::object([
-                ("index", Type::Number),
-                ("uuid", Type::String),
-                ("model", Type::String),
-                ("memory_mib", Type::Number),
-                ("mig_enabled", Type::Bool),
-                (
-                    "mig_devices",
-                    Type::list(Type::object([
-                        ("profile", Type::String),
-                        ("profile_id", Type::Number),
-                        ("start", Type::Number),
-                        ("size", Type::Number),
-                        ("memory_mib", Type::Number),
-                        ("uuid", Type::String),
-                    ])),
-                ),
-            ])),
-        ),
-    ])
-}
-
-fn node_value(n: &api::Node) -> Value {
-    let gpus = n
-        .gpus
-        .iter()
-        .map(|g| {
-            let devices = g
-                .mig_devices
-                .iter()
-                .map(|d| {
-                    Value::object([
-                        ("profile", Value::string(&d.profile)),
-                        ("profile_id", Value::Number(d.profile_id.into())),
-                        ("start", Value::Number(d.start.into())),
-                        ("size", Value::Number(d.size.into())),
-                        ("memory_mib", Value::Number(d.memory_mib)),
-                        ("uuid", Value::string(&d.uuid)),
-                    ])
-                })
-                .collect();
-            Value::object([
-                ("index", Value::Number(g.index.into())),
-                ("uuid", Value::string(&g.uuid)),
-                ("model", Value::string(&g.model)),
-                ("memory_mib", Value::Number(g.memory_mib)),
-                ("mig_enabled", Value::Bool(g.mig_enabled)),
-                ("mig_devices", Value::List(devices)),
-            ])
-        })
-        .collect();
-    Value::object([
-        ("id", Value::string(&n.id)),
-        ("hostname", Value::string(&n.hostname)),
-        ("gpu_type", Value::string(&n.gpu_type)),
-        ("capacity", Value::string(&n.capacity)),
-        ("gpu_count", Value::Number(n.gpu_count.into())),
-        ("driver_version", Value::string(&n.driver_version)),
-        ("cuda_version", Value::string(&n.cuda_version)),
-        ("cluster_id", Value::string(&n.cluster_id)),
-        ("tenant_id", Value::string(&n.tenant_id)),
-        ("gpus", Value::List(gpus)),
-    ])
 }
 
 #[async_trait]

@@ -60,7 +60,7 @@ impl DataSourceType for QuotaUsage {
         let client = self.provider.client()?;
         let tenant = required_arg(config, "tenant")?;
         let gpu_type = required_arg(config, "gpu_type")?;
-        let usage = crate::resources::quota_usage(&client, &tenant, &gpu_type).await?;
+        let usage = crate::resources::checks::quota_usage(&client, &tenant, &gpu_type).await?;
         let mut state = config.clone();
         state.set("id", Value::String(format!("{tenant}/{gpu_type}")));
         state.set("gpus", Value::Number(usage.gpus));

@@ -4,9 +4,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
-use tonic::Code;
 
-use super::{check_min, diag, known_gpu_type, quota_usage, request_id, required_i64, required_str};
+use super::checks::quota_usage;
+use super::common::{
+    answered, check_min, compared_prior, deleted, diag, found, imported, known_gpu_type,
+    request_id, required_i64, required_str,
+};
 use crate::framework::{
     default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute, Diagnostic,
     Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
@@ -98,15 +101,11 @@ impl GpuQuota {
         match prior {
             None => {
                 // A tenant has at most one quota per model: say so now, not at apply.
-                let existing = client
-                    .quotas()
-                    .list_gpu_quotas(api::ListGpuQuotasRequest {
-                        tenant_id: tenant.to_string(),
-                    })
-                    .await
-                    .map_err(|s| client.diagnostic(&s))?
-                    .into_inner()
-                    .quotas;
+                let request = api::ListGpuQuotasRequest {
+                    tenant_id: tenant.to_string(),
+                };
+                let existing =
+                    answered(&client, client.quotas().list_gpu_quotas(request).await)?.quotas;
                 if let Some(q) = existing.iter().find(|q| q.gpu_type == gpu_type) {
                     return Err(Diagnostic::error_at(
                         AttrPath::attr("gpu_type"),
@@ -179,15 +178,14 @@ impl ResourceType for GpuQuota {
     async fn read(&self, prior: &Value) -> Result<Option<Value>, Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client
-            .quotas()
-            .get_gpu_quota(api::GetGpuQuotaRequest { id })
-            .await
-        {
-            Ok(q) => Ok(Some(state(&q.into_inner()))),
-            Err(s) if s.code() == Code::NotFound => Ok(None),
-            Err(s) => Err(client.diagnostic(&s).into()),
-        }
+        let quota = found(
+            &client,
+            client
+                .quotas()
+                .get_gpu_quota(api::GetGpuQuotaRequest { id })
+                .await,
+        )?;
+        Ok(quota.as_ref().map(state))
     }
 
     async fn plan(
@@ -197,8 +195,7 @@ impl ResourceType for GpuQuota {
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
         let planned = plan(prior, proposed, config);
-        let replacing = !planned.requires_replace.is_empty();
-        self.check_with_backend(if replacing { None } else { prior }, &planned.state)
+        self.check_with_backend(compared_prior(prior, &planned), &planned.state)
             .await?;
         Ok(planned)
     }
@@ -212,12 +209,8 @@ impl ResourceType for GpuQuota {
             gpus: required_i64(planned, "gpus")?,
             burst_gpus: required_i64(planned, "burst_gpus")?,
         };
-        let created = client
-            .quotas()
-            .create_gpu_quota(request)
-            .await
-            .map_err(|s| client.diagnostic(&s))?;
-        Ok(state(&created.into_inner()))
+        let created = answered(&client, client.quotas().create_gpu_quota(request).await)?;
+        Ok(state(&created))
     }
 
     async fn update(
@@ -232,36 +225,27 @@ impl ResourceType for GpuQuota {
             gpus: required_i64(planned, "gpus")?,
             burst_gpus: required_i64(planned, "burst_gpus")?,
         };
-        let updated = client
-            .quotas()
-            .update_gpu_quota(request)
-            .await
-            .map_err(|s| client.diagnostic(&s))?;
-        Ok(state(&updated.into_inner()))
+        let updated = answered(&client, client.quotas().update_gpu_quota(request).await)?;
+        Ok(state(&updated))
     }
 
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client
-            .quotas()
-            .delete_gpu_quota(api::DeleteGpuQuotaRequest { id })
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(s) if s.code() == Code::NotFound => Ok(()),
-            Err(s) => Err(client.diagnostic(&s).into()),
-        }
+        deleted(
+            &client,
+            client
+                .quotas()
+                .delete_gpu_quota(api::DeleteGpuQuotaRequest { id })
+                .await,
+        )
     }
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let q = client
-            .quotas()
-            .get_gpu_quota(api::GetGpuQuotaRequest { id: id.to_string() })
-            .await
-            .map_err(|s| client.diagnostic(&s))?;
-        Ok(state(&q.into_inner()))
+        let request = api::GetGpuQuotaRequest { id: id.to_string() };
+        let quota = found(&client, client.quotas().get_gpu_quota(request).await)?;
+        Ok(state(&imported("GPU quota", id, quota)?))
     }
 }
 

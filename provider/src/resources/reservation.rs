@@ -4,9 +4,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
-use tonic::Code;
 
-use super::{check_min, diag, known_gpu_type, quota_usage, request_id, required_i64, required_str};
+use super::checks::{availability, capacity_error, check_quota};
+use super::common::{
+    answered, check_min, check_window, compared_prior, deleted, diag, found, imported,
+    known_gpu_type, request_id, required_i64, required_str,
+};
 use crate::client::Client;
 use crate::framework::{
     default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute, Diagnostic,
@@ -105,84 +108,6 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value, now: i64) ->
     }
 }
 
-/// The refusal when the pool (plus on-demand capacity, if allowed) is short in a window.
-pub fn capacity_error(
-    needed: i64,
-    gpu_type: &str,
-    window: (i64, i64),
-    free: &api::Availability,
-    allow_on_demand: bool,
-) -> Option<Diagnostic> {
-    let usable = free.free_pool_nodes
-        + if allow_on_demand {
-            free.free_on_demand_nodes
-        } else {
-            0
-        };
-    if usable >= needed {
-        return None;
-    }
-    let hint = if !allow_on_demand && free.free_pool_nodes + free.free_on_demand_nodes >= needed {
-        " (set allow_on_demand = true to take the rest from on-demand capacity)"
-    } else {
-        ""
-    };
-    Some(Diagnostic::error_at(
-        AttrPath::attr("node_count"),
-        format!(
-            "node_count: needs {needed} {gpu_type} nodes from {} to {}, {} free in the pool and {} on demand{hint}",
-            times::canonical(window.0),
-            times::canonical(window.1),
-            free.free_pool_nodes,
-            free.free_on_demand_nodes,
-        ),
-        "See the gpufleet_availability data source for what a window has free.",
-    ))
-}
-
-/// The refusal when a tenant's quota surely cannot cover `gpus` more GPUs: even ignoring
-/// other reservations, the limit minus what clusters use is smaller.
-pub fn quota_error(
-    gpus: i64,
-    gpu_type: &str,
-    usage: &api::QuotaUsage,
-    path: &str,
-) -> Option<Diagnostic> {
-    // No quota at all: perhaps this same plan creates it; the backend decides at apply.
-    if usage.gpus + usage.burst_gpus == 0 {
-        return None;
-    }
-    let leaves = (usage.gpus + usage.burst_gpus - usage.used).max(0);
-    (gpus > leaves).then(|| {
-        Diagnostic::error_at(
-            AttrPath::attr(path),
-            format!("{path}: needs {gpus} {gpu_type} GPUs, quota leaves {leaves}"),
-            format!(
-                "The tenant's {gpu_type} quota is {} guaranteed + {} burst, and its clusters use {}. If this configuration also raises the quota, apply that change first.",
-                usage.gpus, usage.burst_gpus, usage.used
-            ),
-        )
-    })
-}
-
-async fn availability(
-    client: &Client,
-    gpu_type: &str,
-    from: i64,
-    to: i64,
-) -> Result<api::Availability, Diagnostics> {
-    client
-        .fleet()
-        .get_availability(api::AvailabilityRequest {
-            gpu_type: gpu_type.to_string(),
-            start_time: Some(times::to_proto(from)),
-            end_time: Some(times::to_proto(to)),
-        })
-        .await
-        .map(|r| r.into_inner())
-        .map_err(|s| client.diagnostic(&s).into())
-}
-
 impl Reservation {
     /// Capacity and quota checks at plan time, when every input is known.
     async fn check_with_backend(
@@ -239,11 +164,7 @@ impl Reservation {
         if extra_nodes > 0 {
             // The whole reservation counts against the quota (its current nodes are
             // "reserved", not "used"), so compare all of it with what clusters leave.
-            let usage = quota_usage(&client, tenant, gpu_type).await?;
-            let gpus = count * i64::from(model.gpus_per_node);
-            if let Some(d) = quota_error(gpus, gpu_type, &usage, "node_count") {
-                diags.push(d);
-            }
+            check_quota(&client, tenant, &model, count, &mut diags).await?;
         }
         diags.into_result()
     }
@@ -253,15 +174,8 @@ impl Reservation {
         client: &Client,
         id: String,
     ) -> Result<Option<api::Reservation>, Diagnostics> {
-        match client
-            .reservations()
-            .get_reservation(api::GetReservationRequest { id })
-            .await
-        {
-            Ok(r) => Ok(Some(r.into_inner())),
-            Err(s) if s.code() == Code::NotFound => Ok(None),
-            Err(s) => Err(client.diagnostic(&s).into()),
-        }
+        let request = api::GetReservationRequest { id };
+        found(client, client.reservations().get_reservation(request).await)
     }
 }
 
@@ -296,29 +210,7 @@ impl ResourceType for Reservation {
     async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
         let mut diags = Diagnostics::default();
         check_min(config, "node_count", 1, &mut diags);
-        let mut parsed = [None, None];
-        for (slot, name) in parsed.iter_mut().zip(["start_time", "end_time"]) {
-            match config.str_attr(name) {
-                Ok(Some(text)) => match times::unix(text) {
-                    Ok(t) => *slot = Some(t),
-                    Err(reason) => diags.attr_error(name, reason),
-                },
-                Ok(None) => {}
-                Err(d) => diags.push(d),
-            }
-        }
-        if let [Some(start), Some(end)] = parsed {
-            if end <= start {
-                diags.attr_error(
-                    "end_time",
-                    format!(
-                        "must be after start_time ({} is not after {})",
-                        times::canonical(end),
-                        times::canonical(start)
-                    ),
-                );
-            }
-        }
+        check_window(config, &mut diags);
         diags.into_result()
     }
 
@@ -335,8 +227,7 @@ impl ResourceType for Reservation {
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
         let planned = plan(prior, proposed, config, times::now());
-        let replacing = !planned.requires_replace.is_empty();
-        self.check_with_backend(if replacing { None } else { prior }, &planned.state)
+        self.check_with_backend(compared_prior(prior, &planned), &planned.state)
             .await?;
         Ok(planned)
     }
@@ -359,12 +250,11 @@ impl ResourceType for Reservation {
                 .map_err(diag)?
                 .unwrap_or(false),
         };
-        let created = client
-            .reservations()
-            .create_reservation(request)
-            .await
-            .map_err(|s| client.diagnostic(&s))?;
-        Ok(state(&created.into_inner(), Some(planned), times::now()))
+        let created = answered(
+            &client,
+            client.reservations().create_reservation(request).await,
+        )?;
+        Ok(state(&created, Some(planned), times::now()))
     }
 
     async fn update(
@@ -386,12 +276,10 @@ impl ResourceType for Reservation {
                 end_time: end.map(times::to_proto),
                 allow_on_demand: None,
             };
-            client
-                .reservations()
-                .update_reservation(request)
-                .await
-                .map_err(|s| client.diagnostic(&s))?
-                .into_inner()
+            answered(
+                &client,
+                client.reservations().update_reservation(request).await,
+            )?
         } else {
             // Only the spelling of a time changed: nothing to send.
             self.get(&client, id).await?.ok_or_else(|| {
@@ -407,27 +295,21 @@ impl ResourceType for Reservation {
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client
-            .reservations()
-            .delete_reservation(api::DeleteReservationRequest { id })
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(s) if s.code() == Code::NotFound => Ok(()),
-            Err(s) => Err(client.diagnostic(&s).into()),
-        }
+        let request = api::DeleteReservationRequest { id };
+        deleted(
+            &client,
+            client.reservations().delete_reservation(request).await,
+        )
     }
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let found = self.get(&client, id.to_string()).await?;
-        let r = found.ok_or_else(|| {
-            diag(Diagnostic::error(
-                format!("no reservation with id {id:?}"),
-                "",
-            ))
-        })?;
-        Ok(state(&r, None, times::now()))
+        Ok(state(
+            &imported("reservation", id, found)?,
+            None,
+            times::now(),
+        ))
     }
 }
 
@@ -506,47 +388,6 @@ mod tests {
                 AttrPath::attr("start_time")
             ]
         );
-    }
-
-    #[test]
-    fn capacity_message_has_the_numbers() {
-        let free = api::Availability {
-            gpu_type: "H100-80GB".into(),
-            free_pool_nodes: 2,
-            free_on_demand_nodes: 0,
-        };
-        let d = capacity_error(4, "H100-80GB", (NOW, NOW + 3600), &free, false).unwrap();
-        assert_eq!(
-            d.summary,
-            "node_count: needs 4 H100-80GB nodes from 2027-01-15T08:00:00Z to 2027-01-15T09:00:00Z, 2 free in the pool and 0 on demand"
-        );
-        let free = api::Availability {
-            free_on_demand_nodes: 2,
-            ..free
-        };
-        assert!(capacity_error(4, "H100-80GB", (NOW, NOW + 1), &free, true).is_none());
-        assert!(capacity_error(4, "H100-80GB", (NOW, NOW + 1), &free, false)
-            .unwrap()
-            .summary
-            .ends_with("(set allow_on_demand = true to take the rest from on-demand capacity)"));
-    }
-
-    #[test]
-    fn quota_message_has_the_numbers() {
-        let usage = api::QuotaUsage {
-            gpus: 16,
-            burst_gpus: 8,
-            used: 8,
-            ..Default::default()
-        };
-        let d = quota_error(24, "H100-80GB", &usage, "node_count").unwrap();
-        assert_eq!(
-            d.summary,
-            "node_count: needs 24 H100-80GB GPUs, quota leaves 16"
-        );
-        assert!(quota_error(16, "H100-80GB", &usage, "node_count").is_none());
-        let no_quota = api::QuotaUsage::default();
-        assert!(quota_error(16, "H100-80GB", &no_quota, "node_count").is_none());
     }
 
     #[tokio::test]

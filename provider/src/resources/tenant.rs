@@ -4,9 +4,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
-use tonic::Code;
 
-use super::{diag, request_id, required_str};
+use super::common::{answered, deleted, diag, found, imported, request_id, required_str};
 use crate::framework::{
     default_when_unset, mark_unknown, requires_replace_if_changed, Attribute, Diagnostics,
     PlannedChange, ResourceType, Schema, Type, Value,
@@ -123,15 +122,14 @@ impl ResourceType for Tenant {
     async fn read(&self, prior: &Value) -> Result<Option<Value>, Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client
-            .tenants()
-            .get_tenant(api::GetTenantRequest { id })
-            .await
-        {
-            Ok(t) => Ok(Some(state(&t.into_inner(), prior.get("token").clone()))),
-            Err(s) if s.code() == Code::NotFound => Ok(None),
-            Err(s) => Err(client.diagnostic(&s).into()),
-        }
+        let tenant = found(
+            &client,
+            client
+                .tenants()
+                .get_tenant(api::GetTenantRequest { id })
+                .await,
+        )?;
+        Ok(tenant.map(|t| state(&t, prior.get("token").clone())))
     }
 
     async fn plan(
@@ -154,12 +152,7 @@ impl ResourceType for Tenant {
                 .map_err(diag)?
                 .unwrap_or_default(),
         };
-        let created = client
-            .tenants()
-            .create_tenant(request)
-            .await
-            .map_err(|s| client.diagnostic(&s))?
-            .into_inner();
+        let created = answered(&client, client.tenants().create_tenant(request).await)?;
         let tenant = created.tenant.unwrap_or_default();
         Ok(state(&tenant, Value::String(created.token)))
     }
@@ -179,37 +172,30 @@ impl ResourceType for Tenant {
                 .map_err(diag)?
                 .unwrap_or_default(),
         };
-        let updated = client
-            .tenants()
-            .update_tenant(request)
-            .await
-            .map_err(|s| client.diagnostic(&s))?
-            .into_inner();
+        let updated = answered(&client, client.tenants().update_tenant(request).await)?;
         Ok(state(&updated, prior.get("token").clone()))
     }
 
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client
-            .tenants()
-            .delete_tenant(api::DeleteTenantRequest { id })
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(s) if s.code() == Code::NotFound => Ok(()),
-            Err(s) => Err(client.diagnostic(&s).into()),
-        }
+        deleted(
+            &client,
+            client
+                .tenants()
+                .delete_tenant(api::DeleteTenantRequest { id })
+                .await,
+        )
     }
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let tenant = client
-            .tenants()
-            .get_tenant(api::GetTenantRequest { id: id.to_string() })
-            .await
-            .map_err(|s| client.diagnostic(&s))?
-            .into_inner();
+        let request = api::GetTenantRequest { id: id.to_string() };
+        let tenant = imported(
+            "tenant",
+            id,
+            found(&client, client.tenants().get_tenant(request).await)?,
+        )?;
         // The backend keeps only the token's hash: an imported tenant has no token.
         Ok(state(&tenant, Value::Null))
     }

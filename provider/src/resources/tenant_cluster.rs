@@ -8,9 +8,13 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 use tonic::Code;
 
-use super::reservation::quota_error;
-use super::{check_min, diag, known_gpu_type, quota_usage, request_id, required_i64, required_str};
+use super::checks::check_quota;
+use super::common::{
+    answered, check_min, compared_prior, deleted, diag, found, imported, known_gpu_type,
+    request_id, required_i64, required_str,
+};
 use crate::client::Client;
+use crate::convert::{node_type, node_value};
 use crate::framework::{
     changed, default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
     Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
@@ -46,74 +50,6 @@ const COMPUTED: &[&str] = &[
     "credentials",
     "storage_path",
 ];
-
-fn mig_device_type() -> Type {
-    Type::object([
-        ("profile", Type::String),
-        ("start", Type::Number),
-        ("size", Type::Number),
-        ("memory_mib", Type::Number),
-        ("uuid", Type::String),
-    ])
-}
-
-fn node_type() -> Type {
-    Type::object([
-        ("id", Type::String),
-        ("hostname", Type::String),
-        ("gpu_count", Type::Number),
-        ("gpu_uuids", Type::list(Type::String)),
-        (
-            "gpus",
-            Type::list(Type::object([
-                ("index", Type::Number),
-                ("uuid", Type::String),
-                ("memory_mib", Type::Number),
-                ("mig_enabled", Type::Bool),
-                ("mig_devices", Type::list(mig_device_type())),
-            ])),
-        ),
-    ])
-}
-
-fn node_value(n: &api::Node) -> Value {
-    let gpus = n
-        .gpus
-        .iter()
-        .map(|g| {
-            let devices = g
-                .mig_devices
-                .iter()
-                .map(|d| {
-                    Value::object([
-                        ("profile", Value::string(&d.profile)),
-                        ("start", Value::Number(d.start.into())),
-                        ("size", Value::Number(d.size.into())),
-                        ("memory_mib", Value::Number(d.memory_mib)),
-                        ("uuid", Value::string(&d.uuid)),
-                    ])
-                })
-                .collect();
-            Value::object([
-                ("index", Value::Number(g.index.into())),
-                ("uuid", Value::string(&g.uuid)),
-                ("memory_mib", Value::Number(g.memory_mib)),
-                ("mig_enabled", Value::Bool(g.mig_enabled)),
-                ("mig_devices", Value::List(devices)),
-            ])
-        })
-        .collect();
-    Value::object([
-        ("id", Value::string(&n.id)),
-        ("hostname", Value::string(&n.hostname)),
-        ("gpu_count", Value::Number(n.gpu_count.into())),
-        (
-            "gpu_uuids",
-            Value::List(n.gpus.iter().map(|g| Value::string(&g.uuid)).collect()),
-        ),
-        ("gpus", Value::List(gpus)),
-    ])
-}
 
 fn state(c: &api::TenantCluster) -> Value {
     let reservation = if c.reservation_id.is_empty() {
@@ -278,11 +214,7 @@ impl TenantCluster {
                 None => 0,
             };
             if count > before {
-                let usage = quota_usage(&client, tenant, gpu_type).await?;
-                let gpus = (count - before) * i64::from(model.gpus_per_node);
-                if let Some(d) = quota_error(gpus, gpu_type, &usage, "node_count") {
-                    diags.push(d);
-                }
+                check_quota(&client, tenant, &model, count - before, &mut diags).await?;
             }
         }
         diags.into_result()
@@ -293,15 +225,8 @@ impl TenantCluster {
         client: &Client,
         id: String,
     ) -> Result<Option<api::TenantCluster>, Diagnostics> {
-        match client
-            .clusters()
-            .get_tenant_cluster(api::GetTenantClusterRequest { id })
-            .await
-        {
-            Ok(c) => Ok(Some(c.into_inner())),
-            Err(s) if s.code() == Code::NotFound => Ok(None),
-            Err(s) => Err(client.diagnostic(&s).into()),
-        }
+        let request = api::GetTenantClusterRequest { id };
+        found(client, client.clusters().get_tenant_cluster(request).await)
     }
 }
 
@@ -411,8 +336,7 @@ impl ResourceType for TenantCluster {
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
         let planned = plan(prior, proposed, config);
-        let replacing = !planned.requires_replace.is_empty();
-        self.check_with_backend(if replacing { None } else { prior }, &planned.state)
+        self.check_with_backend(compared_prior(prior, &planned), &planned.state)
             .await?;
         Ok(planned)
     }
@@ -438,12 +362,11 @@ impl ResourceType for TenantCluster {
             storage_gib: required_i64(planned, "storage_gib")?,
             mig_layout: layout_i32(&layout),
         };
-        let created = client
-            .clusters()
-            .create_tenant_cluster(request)
-            .await
-            .map_err(|s| client.diagnostic(&s))?;
-        Ok(state(&created.into_inner()))
+        let created = answered(
+            &client,
+            client.clusters().create_tenant_cluster(request).await,
+        )?;
+        Ok(state(&created))
     }
 
     async fn update(
@@ -464,37 +387,27 @@ impl ResourceType for TenantCluster {
             mig_layout: layout_i32(&layout),
             set_mig_layout: changed(prior, planned, "mig_layout"),
         };
-        let updated = client
-            .clusters()
-            .update_tenant_cluster(request)
-            .await
-            .map_err(|s| client.diagnostic(&s))?;
-        Ok(state(&updated.into_inner()))
+        let updated = answered(
+            &client,
+            client.clusters().update_tenant_cluster(request).await,
+        )?;
+        Ok(state(&updated))
     }
 
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        match client
-            .clusters()
-            .delete_tenant_cluster(api::DeleteTenantClusterRequest { id })
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(s) if s.code() == Code::NotFound => Ok(()),
-            Err(s) => Err(client.diagnostic(&s).into()),
-        }
+        let request = api::DeleteTenantClusterRequest { id };
+        deleted(
+            &client,
+            client.clusters().delete_tenant_cluster(request).await,
+        )
     }
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let found = self.get(&client, id.to_string()).await?;
-        found.map(|c| state(&c)).ok_or_else(|| {
-            diag(Diagnostic::error(
-                format!("no tenant cluster with id {id:?}"),
-                "",
-            ))
-        })
+        Ok(state(&imported("tenant cluster", id, found)?))
     }
 }
 

@@ -1,0 +1,157 @@
+//! What every resource does the same way: reading attributes of a plan or state, checking
+//! configuration values, and turning the backend's answers into state or diagnostics.
+
+use gpufleet_proto::v1::GpuType;
+use tonic::{Code, Response, Status};
+
+use crate::client::Client;
+use crate::framework::{AttrPath, Diagnostic, Diagnostics, PlannedChange, Value};
+use crate::{times, validation};
+
+/// A fresh idempotency key for one create call.
+pub(crate) fn request_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// Converts a type error from an accessor into diagnostics.
+pub(crate) fn diag(d: Diagnostic) -> Diagnostics {
+    d.into()
+}
+
+/// A required string attribute of a planned or prior state.
+pub(crate) fn required_str(state: &Value, name: &str) -> Result<String, Diagnostics> {
+    state
+        .str_attr(name)
+        .map_err(diag)?
+        .map(str::to_string)
+        .ok_or_else(|| missing(name))
+}
+
+/// A required number attribute of a planned or prior state.
+pub(crate) fn required_i64(state: &Value, name: &str) -> Result<i64, Diagnostics> {
+    state
+        .i64_attr(name)
+        .map_err(diag)?
+        .ok_or_else(|| missing(name))
+}
+
+fn missing(name: &str) -> Diagnostics {
+    Diagnostic::error_at(
+        AttrPath::attr(name),
+        format!("{name}: a value is required"),
+        "",
+    )
+    .into()
+}
+
+/// Checks a count attribute of the configuration against a minimum, when known.
+pub(crate) fn check_min(config: &Value, name: &str, min: i64, diags: &mut Diagnostics) {
+    match config.i64_attr(name) {
+        Ok(Some(v)) => {
+            if let Err(reason) = validation::at_least(v, min) {
+                diags.attr_error(name, reason);
+            }
+        }
+        Ok(None) => {}
+        Err(d) => diags.push(d),
+    }
+}
+
+/// Checks `start_time` and `end_time` of a configuration: each RFC 3339 when known, and
+/// the end after the start when both are.
+pub(crate) fn check_window(config: &Value, diags: &mut Diagnostics) {
+    let mut parsed = [None, None];
+    for (slot, name) in parsed.iter_mut().zip(["start_time", "end_time"]) {
+        match config.str_attr(name) {
+            Ok(Some(text)) => match times::unix(text) {
+                Ok(t) => *slot = Some(t),
+                Err(reason) => diags.attr_error(name, reason),
+            },
+            Ok(None) => {}
+            Err(d) => diags.push(d),
+        }
+    }
+    if let [Some(start), Some(end)] = parsed {
+        if end <= start {
+            diags.attr_error(
+                "end_time",
+                format!(
+                    "must be after start_time ({} is not after {})",
+                    times::canonical(end),
+                    times::canonical(start)
+                ),
+            );
+        }
+    }
+}
+
+/// The catalog entry of `name`, or an error on attribute `gpu_type` listing the known models.
+pub(crate) async fn known_gpu_type(client: &Client, name: &str) -> Result<GpuType, Diagnostics> {
+    let types = client.gpu_types().await?;
+    types
+        .iter()
+        .find(|t| t.name == name)
+        .cloned()
+        .ok_or_else(|| {
+            let known: Vec<&str> = types.iter().map(|t| t.name.as_str()).collect();
+            Diagnostic::error_at(
+                AttrPath::attr("gpu_type"),
+                format!("gpu_type: {}", validation::unknown_gpu_type(name, &known)),
+                "",
+            )
+            .into()
+        })
+}
+
+/// The backend's answer, or its refusal as a diagnostic.
+pub(crate) fn answered<T>(
+    client: &Client,
+    answer: Result<Response<T>, Status>,
+) -> Result<T, Diagnostics> {
+    answer
+        .map(Response::into_inner)
+        .map_err(|s| client.diagnostic(&s).into())
+}
+
+/// The object a get call found; `None` when the backend says it does not exist (deleted
+/// outside Terraform, or not visible to this token), so Terraform drops it from state.
+pub(crate) fn found<T>(
+    client: &Client,
+    answer: Result<Response<T>, Status>,
+) -> Result<Option<T>, Diagnostics> {
+    match answer {
+        Ok(r) => Ok(Some(r.into_inner())),
+        Err(s) if s.code() == Code::NotFound => Ok(None),
+        Err(s) => Err(client.diagnostic(&s).into()),
+    }
+}
+
+/// A delete succeeded, or there was nothing left to delete.
+pub(crate) fn deleted<T>(
+    client: &Client,
+    answer: Result<Response<T>, Status>,
+) -> Result<(), Diagnostics> {
+    found(client, answer).map(|_| ())
+}
+
+/// What an import found, or the error that the id names nothing (`kind` as a person says
+/// it, e.g. "tenant cluster").
+pub(crate) fn imported<T>(kind: &str, id: &str, found: Option<T>) -> Result<T, Diagnostics> {
+    found.ok_or_else(|| {
+        diag(Diagnostic::error(
+            format!("no {kind} with id {id:?}: not found"),
+            format!(
+                "Check the id: it must name an existing {kind} that this provider's token may see."
+            ),
+        ))
+    })
+}
+
+/// The prior state that plan-time checks compare with: none when the plan replaces the
+/// object (then everything is new, as on create).
+pub(crate) fn compared_prior<'a>(
+    prior: Option<&'a Value>,
+    planned: &PlannedChange,
+) -> Option<&'a Value> {
+    prior.filter(|_| planned.requires_replace.is_empty())
+}
