@@ -30,22 +30,40 @@ pub struct Backend {
     admin_token: String,
     /// `host:port` the agent listens on; kept across restarts.
     address: String,
+    /// The `--fleet` file, when the test describes its own fleet.
+    fleet_file: Option<PathBuf>,
 }
 
 impl Backend {
     /// Starts the agent on a free port (`--listen 127.0.0.1:0`) with a fresh data dir and a
     /// generated admin token, and waits for its listening line.
     pub fn start() -> Backend {
+        Backend::launch(None)
+    }
+
+    /// Like [`Backend::start`], with the fleet `fleet_toml` describes (`[[pool]]` and
+    /// `[[on_demand]]` groups, passed as `--fleet`) instead of the default one.
+    pub fn start_with_fleet(fleet_toml: &str) -> Backend {
+        Backend::launch(Some(fleet_toml))
+    }
+
+    fn launch(fleet_toml: Option<&str>) -> Backend {
         let root = tempfile::Builder::new()
             .prefix("gpufleet-backend-")
             .tempdir()
             .expect("create temp dir for the backend");
         fs::create_dir_all(root.path().join("data")).expect("create data dir");
+        let fleet_file = fleet_toml.map(|toml| {
+            let path = root.path().join("fleet.toml");
+            fs::write(&path, toml).expect("write the fleet file");
+            path
+        });
         let mut backend = Backend {
             child: None,
             root,
             admin_token: generate_token("admin"),
             address: "127.0.0.1:0".to_string(),
+            fleet_file,
         };
         backend.spawn();
         backend
@@ -110,8 +128,12 @@ impl Backend {
             .append(true)
             .open(self.log_path())
             .expect("open agent log");
-        let mut child = Command::new(binaries::agent())
-            .arg("serve")
+        let mut command = Command::new(binaries::agent());
+        command.arg("serve");
+        if let Some(fleet) = &self.fleet_file {
+            command.arg("--fleet").arg(fleet);
+        }
+        let mut child = command
             .arg("--listen")
             .arg(&self.address)
             .arg("--data-dir")
@@ -119,6 +141,7 @@ impl Backend {
             .arg("--admin-token")
             .arg(&self.admin_token)
             .env_remove("GPUFLEET_ADMIN_TOKEN")
+            .env_remove("GPUFLEET_FLEET")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)

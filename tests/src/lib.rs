@@ -3,6 +3,7 @@
 //! - [`Backend`] starts `gpufleet-agent serve` on a free port with a temp data dir and stops it
 //!   on drop; [`Backend::restart`] keeps the data dir and the address.
 //! - [`Clients`] are the gRPC service clients that carry a bearer token on every call.
+//! - [`hcl`] builds configurations from resource, data and output blocks.
 //! - [`Terraform`] is one Terraform working directory wired to the provider binary through
 //!   `dev_overrides`, with methods that run Terraform and fail with its output.
 //!
@@ -17,6 +18,7 @@ pub mod backend;
 pub mod binaries;
 pub mod fixtures;
 pub mod grpc;
+pub mod hcl;
 pub mod json;
 pub mod terraform;
 pub mod times;

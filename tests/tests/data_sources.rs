@@ -1,0 +1,259 @@
+//! The data sources read through Terraform: the fleet's models and MIG profiles, free
+//! capacity in a window, the nodes a token may see, and what counts against a quota.
+
+use std::collections::BTreeSet;
+
+use gpufleet_e2e::fixtures::{
+    create_pool_cluster, create_quota, create_reservation, create_tenant,
+};
+use gpufleet_e2e::hcl::{self, Block};
+use gpufleet_e2e::json::{array_of, i64_of, str_of};
+use gpufleet_e2e::times::rfc3339_in_hours;
+use gpufleet_e2e::{Backend, Terraform};
+use serde_json::Value;
+
+/// Reads `blocks` (data sources) with `token` and returns the working dir to look into.
+fn read_data(backend: &Backend, token: &str, blocks: &[Block]) -> Terraform {
+    let tf = Terraform::new(backend, token);
+    tf.write_main(&hcl::config(blocks));
+    tf.init();
+    tf.apply();
+    tf
+}
+
+/// The entry of `list` whose `key` is `value`.
+fn entry<'a>(list: &'a [Value], key: &str, value: &str) -> &'a Value {
+    list.iter()
+        .find(|e| e[key] == value)
+        .unwrap_or_else(|| panic!("no entry with {key} = {value:?} in {list:#?}"))
+}
+
+/// H100-80GB's MIG profiles as the catalog (gpu-facts.md) has them:
+/// (name, profile id, compute slices, memory slices, valid starts, max per GPU).
+const H100_PROFILES: &[(&str, i64, i64, i64, &[i64], i64)] = &[
+    ("1g.10gb", 19, 1, 1, &[0, 1, 2, 3, 4, 5, 6], 7),
+    ("1g.10gb+me", 20, 1, 1, &[0, 1, 2, 3, 4, 5, 6], 1),
+    ("1g.20gb", 15, 1, 2, &[0, 2, 4, 6], 4),
+    ("2g.20gb", 14, 2, 2, &[0, 2, 4], 3),
+    ("3g.40gb", 9, 3, 4, &[0, 4], 2),
+    ("4g.40gb", 5, 4, 4, &[0], 1),
+    ("7g.80gb", 0, 7, 8, &[0], 1),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_types_lists_the_default_fleet_with_mig_profiles() {
+    let backend = Backend::start();
+    let tf = read_data(
+        &backend,
+        backend.admin_token(),
+        &[Block::data("gpufleet_gpu_types", "all")],
+    );
+    let data = tf.resource("data.gpufleet_gpu_types.all");
+    let types = array_of(&data, "gpu_types");
+
+    let names: BTreeSet<String> = types.iter().map(|t| str_of(t, "name")).collect();
+    assert_eq!(
+        names,
+        ["A100-80GB", "H100-80GB", "H200-141GB"]
+            .map(String::from)
+            .into(),
+        "the default fleet's models"
+    );
+    // (model, pool nodes, on-demand nodes): 4+2+2 pool, 4 H100 on demand.
+    for (model, pool, on_demand) in [
+        ("H100-80GB", 4, 4),
+        ("A100-80GB", 2, 0),
+        ("H200-141GB", 2, 0),
+    ] {
+        let t = entry(types, "name", model);
+        assert_eq!(i64_of(t, "gpus_per_node"), 8, "{model}");
+        assert_eq!(i64_of(t, "pool_nodes"), pool, "{model} pool nodes");
+        assert_eq!(
+            i64_of(t, "on_demand_nodes"),
+            on_demand,
+            "{model} on-demand nodes"
+        );
+        assert_eq!(t["mig_capable"], true, "{model}");
+    }
+
+    let h100 = entry(types, "name", "H100-80GB");
+    let profiles = array_of(h100, "mig_profiles");
+    assert_eq!(
+        profiles.len(),
+        H100_PROFILES.len(),
+        "H100-80GB profiles: {profiles:#?}"
+    );
+    for (name, id, compute, memory, starts, max) in H100_PROFILES {
+        let p = entry(profiles, "name", name);
+        assert_eq!(i64_of(p, "id"), *id, "{name} id");
+        assert_eq!(
+            i64_of(p, "compute_slices"),
+            *compute,
+            "{name} compute slices"
+        );
+        assert_eq!(i64_of(p, "memory_slices"), *memory, "{name} memory slices");
+        assert_eq!(i64_of(p, "max_per_gpu"), *max, "{name} max per GPU");
+        let valid_starts: Vec<i64> = array_of(p, "valid_starts")
+            .iter()
+            .map(|s| s.as_i64().expect("a start is a number"))
+            .collect();
+        assert_eq!(valid_starts, *starts, "{name} valid starts");
+        assert!(i64_of(p, "memory_mib") > 0, "{name} memory");
+    }
+    // Memory grows with the memory slices: a 1-slice profile holds less than the 8-slice one.
+    assert!(
+        i64_of(entry(profiles, "name", "1g.10gb"), "memory_mib")
+            < i64_of(entry(profiles, "name", "7g.80gb"), "memory_mib")
+    );
+}
+
+/// `gpufleet_availability.<label>` for H100-80GB between `start` and `end` hours from now.
+fn h100_availability(label: &str, start: i64, end: i64) -> Block {
+    Block::data("gpufleet_availability", label)
+        .string("gpu_type", "H100-80GB")
+        .string("start_time", &rfc3339_in_hours(start))
+        .string("end_time", &rfc3339_in_hours(end))
+}
+
+/// (free pool nodes, free on-demand nodes) of an availability data source in state.
+fn free_nodes(tf: &Terraform, label: &str) -> (i64, i64) {
+    let data = tf.resource(&format!("data.gpufleet_availability.{label}"));
+    (
+        i64_of(&data, "free_pool_nodes"),
+        i64_of(&data, "free_on_demand_nodes"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn availability_drops_inside_a_reservation_window_only() {
+    let backend = Backend::start();
+    let windows = [
+        h100_availability("during", 12, 20),
+        h100_availability("after", 30, 40),
+    ];
+    let tf = read_data(&backend, backend.admin_token(), &windows);
+    assert_eq!(free_nodes(&tf, "during"), (4, 4), "an empty fleet");
+    assert_eq!(free_nodes(&tf, "after"), (4, 4), "an empty fleet");
+
+    // 3 H100 nodes reserved from 10 h to 24 h from now.
+    let mut admin = backend.admin().await;
+    let (tenant, _) = create_tenant(&mut admin, "team").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 32, 0).await;
+    create_reservation(&mut admin, &tenant.id, "H100-80GB", 3, 10, 24).await;
+
+    tf.apply();
+    assert_eq!(
+        free_nodes(&tf, "during"),
+        (1, 4),
+        "3 of 4 pool nodes reserved inside the window; on-demand untouched"
+    );
+    assert_eq!(
+        free_nodes(&tf, "after"),
+        (4, 4),
+        "a window after the reservation ends is unaffected"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_shows_the_admin_everything_and_a_tenant_only_its_own_clusters() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let (alpha, alpha_token) = create_tenant(&mut admin, "alpha").await;
+    let (beta, _) = create_tenant(&mut admin, "beta").await;
+    create_quota(&mut admin, &alpha.id, "H100-80GB", 8, 0).await;
+    create_quota(&mut admin, &beta.id, "A100-80GB", 8, 0).await;
+    let alpha_cluster = create_pool_cluster(&mut admin, &alpha.id, "a", "H100-80GB", 1).await;
+    let beta_cluster = create_pool_cluster(&mut admin, &beta.id, "b", "A100-80GB", 1).await;
+    let all_nodes = [Block::data("gpufleet_nodes", "all")];
+
+    // The admin: every node of the default fleet (8 pool + 4 on-demand), both clusters.
+    let tf = read_data(&backend, backend.admin_token(), &all_nodes);
+    let admin_view = tf.resource("data.gpufleet_nodes.all");
+    let nodes = array_of(&admin_view, "nodes");
+    let capacity = |kind: &str| nodes.iter().filter(|n| n["capacity"] == kind).count();
+    assert_eq!(nodes.len(), 12, "{nodes:#?}");
+    assert_eq!((capacity("pool"), capacity("on-demand")), (8, 4));
+    let clusters: BTreeSet<String> = nodes
+        .iter()
+        .map(|n| str_of(n, "cluster_id"))
+        .filter(|id| !id.is_empty())
+        .collect();
+    assert_eq!(
+        clusters,
+        [alpha_cluster.id.clone(), beta_cluster.id.clone()].into()
+    );
+    let beta_node = entry(nodes, "cluster_id", &beta_cluster.id);
+    assert_eq!(str_of(beta_node, "tenant_id"), beta.id);
+    assert_eq!(i64_of(beta_node, "gpu_count"), 8);
+    assert_eq!(array_of(beta_node, "gpus").len(), 8);
+
+    // Alpha's token: the same nodes, but only alpha's own cluster and tenant ids; the node
+    // beta uses shows as taken by nobody alpha may know of.
+    let tf = read_data(&backend, &alpha_token, &all_nodes);
+    let alpha_view = tf.resource("data.gpufleet_nodes.all");
+    let nodes = array_of(&alpha_view, "nodes");
+    assert_eq!(nodes.len(), 12, "{nodes:#?}");
+    for node in nodes {
+        let cluster_id = str_of(node, "cluster_id");
+        let tenant_id = str_of(node, "tenant_id");
+        assert!(
+            cluster_id.is_empty() || cluster_id == alpha_cluster.id,
+            "alpha sees another tenant's cluster id: {node:#}"
+        );
+        assert!(
+            tenant_id.is_empty() || tenant_id == alpha.id,
+            "alpha sees another tenant's id: {node:#}"
+        );
+    }
+    let own = entry(nodes, "cluster_id", &alpha_cluster.id);
+    assert_eq!(str_of(own, "tenant_id"), alpha.id);
+    let beta_node_id = str_of(beta_node, "id");
+    let hidden = entry(nodes, "id", &beta_node_id);
+    assert_eq!(
+        (str_of(hidden, "cluster_id"), str_of(hidden, "tenant_id")),
+        (String::new(), String::new()),
+        "beta's node carries no owner for alpha"
+    );
+    assert!(!alpha_view.to_string().contains(&beta.id));
+
+    // Filtering by beta's cluster answers like an unknown cluster: no nodes.
+    let tf = read_data(
+        &backend,
+        &alpha_token,
+        &[Block::data("gpufleet_nodes", "theirs").string("cluster_id", &beta_cluster.id)],
+    );
+    let theirs = tf.resource("data.gpufleet_nodes.theirs");
+    assert!(array_of(&theirs, "nodes").is_empty(), "{theirs:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_usage_counts_clusters_as_used_and_reservations_as_reserved() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let (tenant, _) = create_tenant(&mut admin, "team").await;
+    // 16 guaranteed + 8 burst GPUs.
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 16, 8).await;
+    let usage = [Block::data("gpufleet_quota_usage", "h100")
+        .expr("tenant", &hcl::id(&tenant.id))
+        .string("gpu_type", "H100-80GB")];
+    let tf = read_data(&backend, backend.admin_token(), &usage);
+    let read = |tf: &Terraform| {
+        let u = tf.resource("data.gpufleet_quota_usage.h100");
+        ["gpus", "burst_gpus", "used", "reserved", "available"].map(|k| i64_of(&u, k))
+    };
+    assert_eq!(
+        read(&tf),
+        [16, 8, 0, 0, 24],
+        "gpus, burst, used, reserved, available"
+    );
+
+    // One pool node in a cluster (8 GPUs used) and one node reserved later (8 reserved).
+    create_pool_cluster(&mut admin, &tenant.id, "c", "H100-80GB", 1).await;
+    create_reservation(&mut admin, &tenant.id, "H100-80GB", 1, 2, 24).await;
+    tf.apply();
+    assert_eq!(
+        read(&tf),
+        [16, 8, 8, 8, 8],
+        "gpus, burst, used, reserved, available"
+    );
+}
