@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
-use tonic::Code;
 
 use super::checks::check_quota;
 use super::common::{
@@ -20,7 +19,7 @@ use crate::framework::{
     Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
 };
 use crate::provider::ProviderState;
-use crate::validation;
+use crate::{times, validation};
 
 pub struct TenantCluster {
     provider: Arc<ProviderState>,
@@ -149,6 +148,88 @@ pub fn mig_error(answer: &api::CheckMigLayoutResponse) -> Option<Diagnostic> {
     })
 }
 
+/// Adds the planner's refusal of a known, non-empty `mig_layout`.
+async fn check_layout(
+    client: &Client,
+    gpu_type: &str,
+    planned: &Value,
+    diags: &mut Diagnostics,
+) -> Result<(), Diagnostics> {
+    if !planned.get("mig_layout").is_fully_known() {
+        return Ok(());
+    }
+    let layout = planned
+        .number_map_attr("mig_layout")
+        .map_err(diag)?
+        .unwrap_or_default();
+    if layout.is_empty() {
+        return Ok(());
+    }
+    let request = api::CheckMigLayoutRequest {
+        gpu_type: gpu_type.to_string(),
+        layout: layout_i32(&layout),
+    };
+    match client.fleet().check_mig_layout(request).await {
+        Ok(answer) => {
+            if let Some(d) = mig_error(&answer.into_inner()) {
+                diags.push(d);
+            }
+        }
+        Err(s) => diags.push(client.diagnostic(&s).at(AttrPath::attr("mig_layout"))),
+    }
+    Ok(())
+}
+
+/// The refusals for a cluster of `node_count` nodes of `gpu_type` drawing from
+/// `reservation`, whose other clusters hold `others` nodes: the same rules the backend
+/// applies at apply time, said at plan time.
+pub fn reservation_errors(
+    reservation: &api::Reservation,
+    gpu_type: &str,
+    node_count: Option<i64>,
+    others: i64,
+) -> Vec<Diagnostic> {
+    let id = &reservation.id;
+    let mut errors = vec![];
+    if reservation.gpu_type != gpu_type {
+        errors.push(Diagnostic::error_at(
+            AttrPath::attr("reservation_id"),
+            format!(
+                "reservation_id: reservation {id} holds {} nodes, not {gpu_type}",
+                reservation.gpu_type
+            ),
+            "",
+        ));
+    }
+    if reservation.status != "active" {
+        let window = |t: &Option<prost_types::Timestamp>| {
+            times::canonical(t.as_ref().map(|t| t.seconds).unwrap_or_default())
+        };
+        errors.push(Diagnostic::error_at(
+            AttrPath::attr("reservation_id"),
+            format!(
+                "reservation_id: reservation {id} is {} ({} to {}); clusters can draw from it only while it is active",
+                reservation.status,
+                window(&reservation.start_time),
+                window(&reservation.end_time),
+            ),
+            "",
+        ));
+    }
+    let left = (reservation.node_count - others).max(0);
+    if let Some(count) = node_count.filter(|count| *count > left) {
+        errors.push(Diagnostic::error_at(
+            AttrPath::attr("node_count"),
+            format!(
+                "node_count: needs {count} nodes from reservation {id}, which has {} nodes of which other clusters hold {others} ({left} left)",
+                reservation.node_count
+            ),
+            "Grow the reservation (node_count) first, or take fewer nodes.",
+        ));
+    }
+    errors
+}
+
 fn layout_i32(layout: &BTreeMap<String, i64>) -> HashMap<String, i32> {
     layout
         .iter()
@@ -157,6 +238,10 @@ fn layout_i32(layout: &BTreeMap<String, i64>) -> HashMap<String, i32> {
 }
 
 impl TenantCluster {
+    /// Plan-time checks that ask the backend. Each runs only when the attributes it is
+    /// about change (or on create/replace), so an unchanged configuration never calls the
+    /// backend here and `terraform destroy` (whose pre-destroy plan runs in normal mode)
+    /// cannot be blocked by them.
     async fn check_with_backend(
         &self,
         prior: Option<&Value>,
@@ -164,6 +249,10 @@ impl TenantCluster {
     ) -> Result<(), Diagnostics> {
         if let Some(d) = prior.and_then(|p| shrink_error(p, planned)) {
             return Err(d.into());
+        }
+        let changes = |name: &str| prior.is_none_or(|p| changed(p, planned, name));
+        if !changes("mig_layout") && !changes("node_count") {
+            return Ok(());
         }
         let Some(client) = self.provider.plan_client() else {
             return Ok(());
@@ -173,49 +262,65 @@ impl TenantCluster {
         };
         let model = known_gpu_type(&client, gpu_type).await?;
         let mut diags = Diagnostics::default();
-        let layout_changed = match prior {
-            Some(p) => changed(p, planned, "mig_layout"),
-            None => true,
+        if changes("mig_layout") {
+            check_layout(&client, gpu_type, planned, &mut diags).await?;
+        }
+        let before = match prior {
+            Some(p) => required_i64(p, "node_count")?,
+            None => 0,
         };
-        if planned.get("mig_layout").is_fully_known() && layout_changed {
-            let layout = planned
-                .number_map_attr("mig_layout")
-                .map_err(diag)?
-                .unwrap_or_default();
-            if !layout.is_empty() {
-                let answer = client
-                    .fleet()
-                    .check_mig_layout(api::CheckMigLayoutRequest {
-                        gpu_type: gpu_type.to_string(),
-                        layout: layout_i32(&layout),
-                    })
-                    .await;
-                match answer {
-                    Ok(answer) => {
-                        if let Some(d) = mig_error(&answer.into_inner()) {
-                            diags.push(d);
-                        }
-                    }
-                    // A backend without the planner checks the layout at apply instead.
-                    Err(s) if s.code() == Code::Unimplemented => {}
-                    Err(s) => diags.push(client.diagnostic(&s).at(AttrPath::attr("mig_layout"))),
+        let grows = match planned.i64_attr("node_count").map_err(diag)? {
+            Some(count) if count > before => Some(count),
+            _ => None,
+        };
+        match planned.get("reservation_id") {
+            // Clusters without a reservation take pool nodes now, counted against the quota.
+            Value::Null => {
+                if let (Some(count), Some(tenant)) =
+                    (grows, planned.str_attr("tenant").map_err(diag)?)
+                {
+                    check_quota(&client, tenant, &model, count - before, &mut diags).await?;
                 }
             }
-        }
-        // Clusters without a reservation take pool nodes now, counted against the quota.
-        let from_pool = planned.get("reservation_id").is_null();
-        if let (true, Some(tenant), Some(count)) = (
-            from_pool,
-            planned.str_attr("tenant").map_err(diag)?,
-            planned.i64_attr("node_count").map_err(diag)?,
-        ) {
-            let before = match prior {
-                Some(p) => required_i64(p, "node_count")?,
-                None => 0,
-            };
-            if count > before {
-                check_quota(&client, tenant, &model, count - before, &mut diags).await?;
+            // A reservation created in this same plan is unknown: the backend decides at apply.
+            Value::String(reservation_id) if prior.is_none() || grows.is_some() => {
+                let cluster_id = prior.and_then(|p| p.str_attr("id").ok().flatten());
+                let count = planned.i64_attr("node_count").map_err(diag)?;
+                let reservation = found(
+                    &client,
+                    client
+                        .reservations()
+                        .get_reservation(api::GetReservationRequest {
+                            id: reservation_id.clone(),
+                        })
+                        .await,
+                )?;
+                let Some(reservation) = reservation else {
+                    diags.attr_error(
+                        "reservation_id",
+                        format!("no reservation with id {reservation_id:?}: not found"),
+                    );
+                    return diags.into_result();
+                };
+                let request = api::ListTenantClustersRequest {
+                    tenant_id: reservation.tenant_id.clone(),
+                };
+                let clusters = answered(
+                    &client,
+                    client.clusters().list_tenant_clusters(request).await,
+                )?
+                .clusters;
+                let others: i64 = clusters
+                    .iter()
+                    .filter(|c| c.reservation_id == *reservation_id)
+                    .filter(|c| Some(c.id.as_str()) != cluster_id)
+                    .map(|c| c.node_count)
+                    .sum();
+                for d in reservation_errors(&reservation, gpu_type, count, others) {
+                    diags.push(d);
+                }
             }
+            _ => {}
         }
         diags.into_result()
     }
@@ -523,6 +628,37 @@ mod tests {
             "mig_layout: the instances need 9 memory slices; a GPU has 8"
         );
         assert_eq!(d.detail, "Nearest valid layouts: {\"3g.40gb\" = 2}");
+    }
+
+    #[test]
+    fn drawing_from_a_reservation_names_status_and_numbers() {
+        let reservation = api::Reservation {
+            id: "r1".into(),
+            gpu_type: "A100-80GB".into(),
+            node_count: 3,
+            status: "active".into(),
+            ..Default::default()
+        };
+        assert!(reservation_errors(&reservation, "A100-80GB", Some(2), 1).is_empty());
+        let errors = reservation_errors(&reservation, "A100-80GB", Some(3), 1);
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].path, Some(AttrPath::attr("node_count")));
+        assert_eq!(
+            errors[0].summary,
+            "node_count: needs 3 nodes from reservation r1, which has 3 nodes of which other clusters hold 1 (2 left)"
+        );
+        let scheduled = api::Reservation {
+            status: "scheduled".into(),
+            start_time: Some(times::to_proto(1_800_000_000)),
+            end_time: Some(times::to_proto(1_800_003_600)),
+            ..reservation
+        };
+        let errors = reservation_errors(&scheduled, "A100-80GB", None, 0);
+        assert_eq!(errors[0].path, Some(AttrPath::attr("reservation_id")));
+        assert_eq!(
+            errors[0].summary,
+            "reservation_id: reservation r1 is scheduled (2027-01-15T08:00:00Z to 2027-01-15T09:00:00Z); clusters can draw from it only while it is active"
+        );
     }
 
     #[tokio::test]
