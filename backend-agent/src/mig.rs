@@ -55,7 +55,10 @@ pub fn check(
     layout: &HashMap<String, i32>,
 ) -> Result<v1::CheckMigLayoutResponse, Status> {
     let layout = to_layout(layout)?;
-    Ok(match mig::plan(model(gpu_type)?, &layout) {
+    let model = model(gpu_type)?;
+    Ok(match mig::plan(model, &layout) {
+        // Not a layout that does not fit: the question has no answer on this model.
+        Err(e) if !model.mig_capable => return Err(Status::invalid_argument(e.reason)),
         Ok(placements) => v1::CheckMigLayoutResponse {
             fits: true,
             placements: placements

@@ -125,7 +125,7 @@ fn stats(times: &mut [Duration]) -> (f64, f64, f64) {
 fn main() {
     let mut rng = StdRng::seed_from_u64(SEED);
     let mut rows: Vec<(String, Row)> = Vec::new();
-    for model in catalog::models().iter().filter(|m| m.mig_capable) {
+    for model in catalog::mig_models() {
         let set = achievable(model);
         let mut feasible: Vec<Vec<u32>> = set.iter().cloned().collect();
         feasible.sort();

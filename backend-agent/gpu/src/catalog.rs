@@ -3,7 +3,8 @@
 //! Geometry (7 compute slices, 8 memory slices, placements, max counts) is the same on
 //! every MIG-capable model here; names and memory sizes differ per model. Memory figures
 //! are what `nvidia-smi mig -lgip` reports where the reference gives one; elsewhere they
-//! are derived (see `PROFILE_MEMORY_MIB`). On real hardware NVML's figure wins.
+//! are derived (see `MODELS`). On real hardware NVML's figure wins. One model (L40S) has
+//! no MIG: it has no profiles and only whole GPUs.
 
 use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
@@ -27,9 +28,10 @@ pub struct MigProfile {
 /// A GPU model the fleet knows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuModel {
-    /// "A100-40GB", "A100-80GB", "H100-80GB", "H100-94GB", "H200-141GB", "B200", "GH200".
+    /// "A100-40GB", "A100-80GB", "H100-80GB", "H100-94GB", "H200-141GB", "B200", "GH200",
+    /// "L40S".
     pub name: String,
-    /// Architecture family: "Ampere", "Hopper" or "Blackwell".
+    /// Architecture family: "Ampere", "Ada Lovelace", "Hopper" or "Blackwell".
     pub architecture: String,
     pub memory_mib: u64,
     pub mig_capable: bool,
@@ -68,9 +70,21 @@ const GEOMETRY: [(u32, u8, u8, &[u8], u8); 7] = [
     (0, 7, 8, &[0], 1),
 ];
 
-/// Per model: name, architecture, total MiB, profile names in GEOMETRY order, and memory
-/// MiB per profile in GEOMETRY order.
-///
+/// One catalog entry: the model's name, architecture and memory, and its MIG profiles
+/// (names and memory in GEOMETRY order) when it has MIG.
+struct ModelSpec {
+    name: &'static str,
+    architecture: &'static str,
+    memory_mib: u64,
+    mig: Option<MigSpec>,
+}
+
+/// A MIG-capable model's profile names and memory per profile (MiB), in GEOMETRY order.
+struct MigSpec {
+    names: [&'static str; 7],
+    memory_mib: [u64; 7],
+}
+
 /// Memory per profile, in MiB (GiB x 1024; the reference prints two decimals, so 19.62
 /// is 19.625 GiB = 20096 MiB):
 /// - A100-40GB, H100-80GB, H100-94GB, H200-141GB: from the reference table (H200 7g is
@@ -79,124 +93,143 @@ const GEOMETRY: [(u32, u8, u8, &[u8], u8); 7] = [
 /// - B200 (180 GB) and GH200 (96 GB): no figures given; H100-80GB figures scaled by
 ///   180/80 and 96/80 and rounded down to 1/8 GiB. Treat them as estimates.
 ///
-/// The +me profile has the memory of the plain 1g profile.
-type ModelRow = (&'static str, &'static str, u64, [&'static str; 7], [u64; 7]);
-
-const MODELS: [ModelRow; 7] = [
-    (
-        "A100-40GB",
-        "Ampere",
-        40 * 1024,
-        [
-            "1g.5gb",
-            "1g.5gb+me",
-            "1g.10gb",
-            "2g.10gb",
-            "3g.20gb",
-            "4g.20gb",
-            "7g.40gb",
-        ],
-        [4864, 4864, 9984, 9984, 20096, 20096, 40448],
-    ),
-    (
-        "A100-80GB",
-        "Ampere",
-        80 * 1024,
-        [
-            "1g.10gb",
-            "1g.10gb+me",
-            "1g.20gb",
-            "2g.20gb",
-            "3g.40gb",
-            "4g.40gb",
-            "7g.80gb",
-        ],
-        [9984, 9984, 20096, 20096, 40448, 40448, 81152],
-    ),
-    (
-        "H100-80GB",
-        "Hopper",
-        80 * 1024,
-        [
-            "1g.10gb",
-            "1g.10gb+me",
-            "1g.20gb",
-            "2g.20gb",
-            "3g.40gb",
-            "4g.40gb",
-            "7g.80gb",
-        ],
-        [9984, 9984, 20096, 20096, 40448, 40448, 81152],
-    ),
-    (
-        "H100-94GB",
-        "Hopper",
-        94 * 1024,
-        [
-            "1g.12gb",
-            "1g.12gb+me",
-            "1g.24gb",
-            "2g.24gb",
-            "3g.47gb",
-            "4g.47gb",
-            "7g.94gb",
-        ],
-        [11008, 11008, 22144, 22144, 47488, 47488, 95360],
-    ),
-    (
-        "H200-141GB",
-        "Hopper",
-        141 * 1024,
-        [
-            "1g.18gb",
-            "1g.18gb+me",
-            "1g.35gb",
-            "2g.35gb",
-            "3g.71gb",
-            "4g.71gb",
-            "7g.141gb",
-        ],
-        [16384, 16384, 33024, 33024, 71168, 71168, 143360],
-    ),
-    (
-        "B200",
-        "Blackwell",
-        180 * 1024,
-        [
-            "1g.23gb",
-            "1g.23gb+me",
-            "1g.45gb",
-            "2g.45gb",
-            "3g.90gb",
-            "4g.90gb",
-            "7g.180gb",
-        ],
-        [22400, 22400, 45184, 45184, 91008, 91008, 182528],
-    ),
-    (
-        "GH200",
-        "Hopper",
-        96 * 1024,
-        [
-            "1g.12gb",
-            "1g.12gb+me",
-            "1g.24gb",
-            "2g.24gb",
-            "3g.48gb",
-            "4g.48gb",
-            "7g.96gb",
-        ],
-        [12032, 12032, 24064, 24064, 48512, 48512, 97408],
-    ),
+/// The +me profile has the memory of the plain 1g profile. L40S (Ada Lovelace) has no
+/// MIG; its memory is what NVML reports for its 48 GB.
+const MODELS: [ModelSpec; 8] = [
+    ModelSpec {
+        name: "A100-40GB",
+        architecture: "Ampere",
+        memory_mib: 40 * 1024,
+        mig: Some(MigSpec {
+            names: [
+                "1g.5gb",
+                "1g.5gb+me",
+                "1g.10gb",
+                "2g.10gb",
+                "3g.20gb",
+                "4g.20gb",
+                "7g.40gb",
+            ],
+            memory_mib: [4864, 4864, 9984, 9984, 20096, 20096, 40448],
+        }),
+    },
+    ModelSpec {
+        name: "A100-80GB",
+        architecture: "Ampere",
+        memory_mib: 80 * 1024,
+        mig: Some(MigSpec {
+            names: [
+                "1g.10gb",
+                "1g.10gb+me",
+                "1g.20gb",
+                "2g.20gb",
+                "3g.40gb",
+                "4g.40gb",
+                "7g.80gb",
+            ],
+            memory_mib: [9984, 9984, 20096, 20096, 40448, 40448, 81152],
+        }),
+    },
+    ModelSpec {
+        name: "H100-80GB",
+        architecture: "Hopper",
+        memory_mib: 80 * 1024,
+        mig: Some(MigSpec {
+            names: [
+                "1g.10gb",
+                "1g.10gb+me",
+                "1g.20gb",
+                "2g.20gb",
+                "3g.40gb",
+                "4g.40gb",
+                "7g.80gb",
+            ],
+            memory_mib: [9984, 9984, 20096, 20096, 40448, 40448, 81152],
+        }),
+    },
+    ModelSpec {
+        name: "H100-94GB",
+        architecture: "Hopper",
+        memory_mib: 94 * 1024,
+        mig: Some(MigSpec {
+            names: [
+                "1g.12gb",
+                "1g.12gb+me",
+                "1g.24gb",
+                "2g.24gb",
+                "3g.47gb",
+                "4g.47gb",
+                "7g.94gb",
+            ],
+            memory_mib: [11008, 11008, 22144, 22144, 47488, 47488, 95360],
+        }),
+    },
+    ModelSpec {
+        name: "H200-141GB",
+        architecture: "Hopper",
+        memory_mib: 141 * 1024,
+        mig: Some(MigSpec {
+            names: [
+                "1g.18gb",
+                "1g.18gb+me",
+                "1g.35gb",
+                "2g.35gb",
+                "3g.71gb",
+                "4g.71gb",
+                "7g.141gb",
+            ],
+            memory_mib: [16384, 16384, 33024, 33024, 71168, 71168, 143360],
+        }),
+    },
+    ModelSpec {
+        name: "B200",
+        architecture: "Blackwell",
+        memory_mib: 180 * 1024,
+        mig: Some(MigSpec {
+            names: [
+                "1g.23gb",
+                "1g.23gb+me",
+                "1g.45gb",
+                "2g.45gb",
+                "3g.90gb",
+                "4g.90gb",
+                "7g.180gb",
+            ],
+            memory_mib: [22400, 22400, 45184, 45184, 91008, 91008, 182528],
+        }),
+    },
+    ModelSpec {
+        name: "GH200",
+        architecture: "Hopper",
+        memory_mib: 96 * 1024,
+        mig: Some(MigSpec {
+            names: [
+                "1g.12gb",
+                "1g.12gb+me",
+                "1g.24gb",
+                "2g.24gb",
+                "3g.48gb",
+                "4g.48gb",
+                "7g.96gb",
+            ],
+            memory_mib: [12032, 12032, 24064, 24064, 48512, 48512, 97408],
+        }),
+    },
+    ModelSpec {
+        name: "L40S",
+        architecture: "Ada Lovelace",
+        memory_mib: 46068,
+        mig: None,
+    },
 ];
 
 /// Minimum driver per architecture: Ampere from CUDA 11.0 (11.0 GA needs 450.51.06; the
-/// reference only says ">= 450"), Hopper from CUDA 11.8 (520.61.05), Blackwell from
-/// CUDA 12.8 (570.26).
+/// reference only says ">= 450"), Ada Lovelace and Hopper from CUDA 11.8 (520.61.05),
+/// Blackwell from CUDA 12.8 (570.26).
 pub fn min_driver_for(architecture: &str) -> Option<&'static str> {
     match architecture {
         "Ampere" => Some("450.51.06"),
-        "Hopper" => Some("520.61.05"),
+        "Ada Lovelace" | "Hopper" => Some("520.61.05"),
         "Blackwell" => Some("570.26"),
         _ => None,
     }
@@ -240,28 +273,34 @@ pub fn newest_cuda_for_driver(driver: &str) -> Option<&'static str> {
 fn build_models() -> Vec<GpuModel> {
     MODELS
         .iter()
-        .map(|(name, arch, total, names, mibs)| GpuModel {
-            name: name.to_string(),
-            architecture: arch.to_string(),
-            memory_mib: *total,
-            mig_capable: true,
-            min_driver: min_driver_for(arch).unwrap_or_default().to_string(),
-            profiles: GEOMETRY
-                .iter()
-                .zip(names.iter().zip(mibs.iter()))
-                .map(
-                    |(&(id, compute, memory, starts, max), (pname, mib))| MigProfile {
-                        id,
-                        name: pname.to_string(),
-                        compute_slices: compute,
-                        memory_slices: memory,
-                        valid_starts: starts.to_vec(),
-                        max_per_gpu: max,
-                        memory_mib: *mib,
-                    },
-                )
-                .collect(),
+        .map(|spec| GpuModel {
+            name: spec.name.to_string(),
+            architecture: spec.architecture.to_string(),
+            memory_mib: spec.memory_mib,
+            mig_capable: spec.mig.is_some(),
+            min_driver: min_driver_for(spec.architecture)
+                .unwrap_or_default()
+                .to_string(),
+            profiles: spec.mig.as_ref().map(mig_profiles).unwrap_or_default(),
         })
+        .collect()
+}
+
+fn mig_profiles(mig: &MigSpec) -> Vec<MigProfile> {
+    GEOMETRY
+        .iter()
+        .zip(mig.names.iter().zip(mig.memory_mib.iter()))
+        .map(
+            |(&(id, compute, memory, starts, max), (name, mib))| MigProfile {
+                id,
+                name: name.to_string(),
+                compute_slices: compute,
+                memory_slices: memory,
+                valid_starts: starts.to_vec(),
+                max_per_gpu: max,
+                memory_mib: *mib,
+            },
+        )
         .collect()
 }
 
@@ -269,6 +308,11 @@ fn build_models() -> Vec<GpuModel> {
 pub fn models() -> &'static [GpuModel] {
     static MODELS_CELL: OnceLock<Vec<GpuModel>> = OnceLock::new();
     MODELS_CELL.get_or_init(build_models)
+}
+
+/// The models that support MIG (every one but L40S), in catalog order.
+pub fn mig_models() -> Vec<&'static GpuModel> {
+    models().iter().filter(|m| m.mig_capable).collect()
 }
 
 /// The model with exactly this name.
@@ -313,7 +357,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seven_models_with_seven_profiles_each() {
+    fn seven_mig_models_with_seven_profiles_each_and_one_without_mig() {
         assert_eq!(
             model_names(),
             vec![
@@ -323,15 +367,29 @@ mod tests {
                 "H100-94GB",
                 "H200-141GB",
                 "B200",
-                "GH200"
+                "GH200",
+                "L40S"
             ]
         );
-        for m in models() {
-            assert!(m.mig_capable, "{}", m.name);
+        assert_eq!(mig_models().len(), 7);
+        for m in mig_models() {
             let ids: Vec<u32> = m.profiles.iter().map(|p| p.id).collect();
             assert_eq!(ids, vec![19, 20, 15, 14, 9, 5, 0], "{}", m.name);
+        }
+        for m in models() {
             assert!(!m.min_driver.is_empty(), "{}", m.name);
         }
+    }
+
+    #[test]
+    fn l40s_has_whole_gpus_only() {
+        let m = model("L40S").unwrap();
+        assert!(!m.mig_capable);
+        assert!(m.profiles.is_empty());
+        assert_eq!(m.memory_mib, 46068);
+        assert_eq!(m.architecture, "Ada Lovelace");
+        assert_eq!(m.min_driver, "520.61.05");
+        assert!(!mig_models().contains(&m));
     }
 
     #[test]
@@ -360,7 +418,7 @@ mod tests {
 
     #[test]
     fn memory_grows_with_profile_size_and_fits_the_gpu() {
-        for m in models() {
+        for m in mig_models() {
             for p in &m.profiles {
                 assert!(p.memory_mib <= m.memory_mib, "{} {}", m.name, p.name);
                 assert!(p.memory_mib > 0);
@@ -404,6 +462,8 @@ mod tests {
         assert_eq!(m("NVIDIA A100-SXM4-40GB", 40960), Some("A100-40GB"));
         assert_eq!(m("NVIDIA A100-SXM4-80GB", 81920), Some("A100-80GB"));
         assert_eq!(m("NVIDIA B200", 183359), Some("B200"));
-        assert_eq!(m("NVIDIA L40S", 46068), None);
+        assert_eq!(m("NVIDIA L40S", 46068), Some("L40S"));
+        assert_eq!(m("NVIDIA L40", 46068), None);
+        assert_eq!(m("Tesla V100-SXM2-32GB", 32768), None);
     }
 }

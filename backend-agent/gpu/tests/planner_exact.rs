@@ -150,7 +150,7 @@ fn check_request(model: &GpuModel, counts: &Counts) {
 
 #[test]
 fn catalog_geometry_matches_the_reference_table() {
-    for m in catalog::models() {
+    for m in catalog::mig_models() {
         for (id, c, size, starts, max) in TABLE {
             let p = m.profile_by_id(id).unwrap();
             assert_eq!(p.compute_slices as u32, c, "{} {}", m.name, p.name);
@@ -238,7 +238,7 @@ fn request() -> impl Strategy<Value = (usize, Counts)> {
         0u32..3,
     )
         .prop_map(|(a, b, c, d, e, f, g)| [a, b, c, d, e, f, g]);
-    (0..catalog::models().len(), counts)
+    (0..catalog::mig_models().len(), counts)
 }
 
 proptest! {
@@ -246,16 +246,16 @@ proptest! {
 
     #[test]
     fn planner_agrees_with_exhaustive_search((model_idx, counts) in request()) {
-        check_request(&catalog::models()[model_idx], &counts);
+        check_request(catalog::mig_models()[model_idx], &counts);
     }
 
     /// Feasible requests drawn from the achievable set itself (random requests are
     /// mostly infeasible), across all models.
     #[test]
-    fn every_achievable_layout_is_placed(model_idx in 0..7usize, pick in any::<prop::sample::Index>()) {
+    fn every_achievable_layout_is_placed(model_idx in 0..catalog::mig_models().len(), pick in any::<prop::sample::Index>()) {
         let mut all: Vec<&Counts> = achievable().iter().collect();
         all.sort();
         let counts = *pick.get(&all);
-        check_request(&catalog::models()[model_idx], counts);
+        check_request(catalog::mig_models()[model_idx], counts);
     }
 }

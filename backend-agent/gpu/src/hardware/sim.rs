@@ -495,6 +495,19 @@ mod tests {
     }
 
     #[test]
+    fn non_mig_model_reports_whole_gpus_and_refuses_mig_mode() {
+        let n = SimulatedNode::new("l40s-a", catalog::model("L40S").unwrap(), 2, "550.54.15");
+        let gpus = n.gpus().unwrap();
+        assert_eq!(gpus.len(), 2);
+        assert!(gpus.iter().all(|g| !g.mig_enabled && g.memory_mib == 46068));
+        match n.set_mig_mode(0, true) {
+            Err(HwError::Unsupported(m)) => assert_eq!(m, "gpu 0: L40S does not support MIG"),
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+        assert!(!n.gpus().unwrap()[0].mig_enabled);
+    }
+
+    #[test]
     fn create_needs_mig_mode() {
         let n = node();
         assert!(rule(n.create_instance(0, 9, 0)).contains("MIG mode is off"));

@@ -459,19 +459,15 @@ mod tests {
 
     #[test]
     fn non_mig_model_is_a_clear_error() {
-        let l40s = GpuModel {
-            name: "L40S".into(),
-            architecture: "Ada".into(),
-            memory_mib: 46068,
-            mig_capable: false,
-            min_driver: "525.60.13".into(),
-            profiles: vec![],
-        };
-        let e = plan(&l40s, &layout(&[("1g.10gb", 1)])).unwrap_err();
-        assert_eq!(
-            e.reason,
-            "mig_layout: L40S does not support MIG; leave mig_layout unset to use whole GPUs"
-        );
+        let l40s = catalog::model("L40S").unwrap();
+        for request in [&[("1g.10gb", 1)][..], &[]] {
+            let e = plan(l40s, &layout(request)).unwrap_err();
+            assert_eq!(
+                e.reason,
+                "mig_layout: L40S does not support MIG; leave mig_layout unset to use whole GPUs"
+            );
+            assert!(e.suggestions.is_empty());
+        }
     }
 
     #[test]

@@ -1,0 +1,147 @@
+//! A model without MIG (L40S) end to end: a fleet file may hold it, its GPUs are whole,
+//! and every MIG request on it is a clear INVALID_ARGUMENT that changes nothing.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use gpufleet_proto::v1::*;
+use tonic::Code;
+
+const NO_MIG: &str =
+    "mig_layout: L40S does not support MIG; leave mig_layout unset to use whole GPUs";
+
+fn layout(items: &[(&str, i32)]) -> HashMap<String, i32> {
+    items.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+async fn gpu_types(c: &mut Clients) -> Vec<GpuType> {
+    c.fleet
+        .list_gpu_types(ListGpuTypesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .gpu_types
+}
+
+#[tokio::test]
+async fn l40s_nodes_serve_whole_gpus_and_refuse_mig() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("fleet.toml");
+    std::fs::write(
+        &fleet,
+        "[[pool]]\ngpu_type = \"L40S\"\nnodes = 2\ngpus_per_node = 4\n\n[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\n",
+    )
+    .unwrap();
+    let agent = Agent::start_with(
+        &dir.path().join("data"),
+        &["--admin-token", ADMIN, "--fleet", fleet.to_str().unwrap()],
+    );
+    let mut c = agent.admin().await;
+
+    let types = gpu_types(&mut c).await;
+    let l40s = types
+        .iter()
+        .find(|t| t.name == "L40S")
+        .expect("L40S listed");
+    assert_eq!(
+        (
+            l40s.mig_capable,
+            l40s.mig_profiles.len(),
+            l40s.memory_mib,
+            l40s.gpus_per_node,
+            l40s.pool_nodes
+        ),
+        (false, 0, 46068, 4, 2)
+    );
+
+    let msg = assert_status(
+        c.fleet
+            .check_mig_layout(CheckMigLayoutRequest {
+                gpu_type: "L40S".into(),
+                layout: layout(&[("1g.10gb", 1)]),
+            })
+            .await,
+        Code::InvalidArgument,
+        "",
+    );
+    assert_eq!(msg, NO_MIG);
+
+    let (t, _) = c.tenant("team-a").await;
+    c.quota(&t.id, "L40S", 8, 0).await;
+    let before = c.snapshot().await;
+    let mut mig = Clients::cluster(&t.id, "mig", "L40S", 1);
+    mig.mig_layout = layout(&[("1g.10gb", 1)]);
+    let msg = assert_status(
+        c.clusters.create_tenant_cluster(mig).await,
+        Code::InvalidArgument,
+        "",
+    );
+    assert_eq!(msg, NO_MIG);
+    assert_eq!(
+        c.snapshot().await,
+        before,
+        "a refused create changes nothing"
+    );
+
+    let k = c
+        .clusters
+        .create_tenant_cluster(Clients::cluster(&t.id, "k", "L40S", 2))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(k.nodes.len(), 2);
+    for g in k.nodes.iter().flat_map(|n| n.gpus.iter()) {
+        assert_eq!(
+            (g.model.as_str(), g.memory_mib, g.mig_enabled),
+            ("L40S", 46068, false)
+        );
+        assert!(g.mig_devices.is_empty() && g.uuid.starts_with("GPU-"));
+    }
+
+    let before = c.snapshot().await;
+    let msg = assert_status(
+        c.clusters
+            .update_tenant_cluster(UpdateTenantClusterRequest {
+                id: k.id.clone(),
+                mig_layout: layout(&[("1g.10gb", 1)]),
+                set_mig_layout: true,
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        "",
+    );
+    assert_eq!(msg, NO_MIG);
+    assert_eq!(
+        c.snapshot().await,
+        before,
+        "a refused update changes nothing"
+    );
+    // Whole GPUs stay whole GPUs: an empty layout is accepted.
+    c.clusters
+        .update_tenant_cluster(UpdateTenantClusterRequest {
+            id: k.id.clone(),
+            set_mig_layout: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_default_fleet_has_no_l40s() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut c = agent.admin().await;
+    let names: Vec<String> = gpu_types(&mut c)
+        .await
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, vec!["A100-80GB", "H100-80GB", "H200-141GB"]);
+    // The catalog still knows L40S: a quota for it is a valid request.
+    let (t, _) = c.tenant("team-a").await;
+    assert_eq!(c.quota(&t.id, "L40S", 8, 0).await.gpu_type, "L40S");
+}
