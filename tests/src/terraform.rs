@@ -221,6 +221,20 @@ impl Terraform {
         self.run_fails(&["apply", "-auto-approve", "-no-color", "-input=false"])
     }
 
+    /// `plan -out=<file>`: a saved plan to apply later with [`Terraform::apply_saved`].
+    pub fn save_plan(&self, file: &str) -> TfRun {
+        self.run_ok(&["plan", "-no-color", "-input=false", &format!("-out={file}")])
+    }
+
+    /// `apply <file>`: applies a saved plan exactly as it was planned.
+    pub fn apply_saved(&self, file: &str) -> TfRun {
+        self.run_ok(&["apply", "-no-color", "-input=false", file])
+    }
+
+    pub fn apply_saved_fails(&self, file: &str) -> TfRun {
+        self.run_fails(&["apply", "-no-color", "-input=false", file])
+    }
+
     /// `apply -refresh-only`: state follows the backend, nothing else changes.
     pub fn refresh(&self) -> TfRun {
         self.run_ok(&[
