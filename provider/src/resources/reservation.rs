@@ -12,8 +12,8 @@ use super::common::{
 };
 use crate::client::Client;
 use crate::framework::{
-    default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute, Diagnostic,
-    Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
+    changed, default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
+    Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
 };
 use crate::provider::ProviderState;
 use crate::times;
@@ -28,7 +28,8 @@ impl Reservation {
     }
 }
 
-/// Computed attributes that an in-place change of node_count or end_time recomputes.
+/// Computed attributes that an in-place change of node_count, end_time or allow_on_demand
+/// recomputes.
 const ALLOCATION: &[&str] = &["status", "pool_nodes", "on_demand_nodes"];
 
 /// The state as the backend reports it, keeping the spelling of times from `spelled`
@@ -81,9 +82,8 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value, now: i64) ->
             requires_replace: vec![],
         };
     };
-    // allow_on_demand cannot be changed through the API: a new value needs a new reservation.
     let mut requires_replace =
-        requires_replace_if_changed(prior, &planned, &["tenant", "gpu_type", "allow_on_demand"]);
+        requires_replace_if_changed(prior, &planned, &["tenant", "gpu_type"]);
     // Times are compared as instants; a start in the past that the backend moved to the
     // creation time is the same start.
     let same_start = match (
@@ -99,13 +99,43 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value, now: i64) ->
     let end_changed = planned.get("end_time").is_unknown()
         || instant(&planned, "end_time") != instant(prior, "end_time");
     let count_changed = planned.get("node_count") != prior.get("node_count");
-    if end_changed || count_changed {
+    // Turning on-demand capacity off moves nodes back to the pool; the split is the backend's.
+    let on_demand_changed = changed(prior, &planned, "allow_on_demand");
+    if end_changed || count_changed || on_demand_changed {
         mark_unknown(&mut planned, ALLOCATION);
     }
     PlannedChange {
         state: planned,
         requires_replace,
     }
+}
+
+/// Whether the plan turns allow_on_demand from true to false.
+fn turns_on_demand_off(prior: &Value, planned: &Value) -> bool {
+    prior.bool_attr("allow_on_demand").ok().flatten() == Some(true)
+        && planned.bool_attr("allow_on_demand").ok().flatten() == Some(false)
+}
+
+/// The refusal when turning allow_on_demand off needs `needed` more pool nodes than the
+/// pool has free over `window`.
+pub fn on_demand_off_error(
+    needed: i64,
+    gpu_type: &str,
+    window: (i64, i64),
+    free: &api::Availability,
+) -> Option<Diagnostic> {
+    (free.free_pool_nodes < needed).then(|| {
+        Diagnostic::error_at(
+            AttrPath::attr("allow_on_demand"),
+            format!(
+                "allow_on_demand: turning it off needs {needed} more {gpu_type} pool nodes from {} to {}, the pool has {} free",
+                times::canonical(window.0),
+                times::canonical(window.1),
+                free.free_pool_nodes,
+            ),
+            "Keep allow_on_demand = true, or lower node_count to what the pool can hold.",
+        )
+    })
 }
 
 impl Reservation {
@@ -136,6 +166,15 @@ impl Reservation {
         if end <= from {
             return Ok(()); // the backend refuses a window that has ended, with its words
         }
+        // Checks only what changes, so an unchanged configuration asks the backend nothing
+        // and cannot block `terraform destroy` (its pre-destroy plan runs in normal mode;
+        // a failing check on an edited configuration blocks it, `-refresh=false` does not).
+        if let Some(prior) = prior {
+            let relevant = ["node_count", "end_time", "allow_on_demand"];
+            if !relevant.iter().any(|name| changed(prior, planned, name)) {
+                return Ok(());
+            }
+        }
         let mut diags = Diagnostics::default();
         // What must be newly found: everything on create; on update, the added nodes over
         // the current window and all nodes over an extension.
@@ -145,8 +184,21 @@ impl Reservation {
                 let old_count = required_i64(prior, "node_count")?;
                 let old_end = instant(prior, "end_time").unwrap_or(end);
                 let mut needs = vec![];
-                if count > old_count && end.min(old_end) > from {
-                    needs.push((count - old_count, (from, end.min(old_end))));
+                let current_window = (from, end.min(old_end));
+                if turns_on_demand_off(prior, planned) {
+                    // Every node must then be a pool node: the pool must take all of them
+                    // beyond the pool nodes the reservation holds already.
+                    let pool_nodes = required_i64(prior, "pool_nodes")?;
+                    if count > pool_nodes && current_window.1 > from {
+                        let free = availability(&client, gpu_type, from, current_window.1).await?;
+                        if let Some(d) =
+                            on_demand_off_error(count - pool_nodes, gpu_type, current_window, &free)
+                        {
+                            diags.push(d);
+                        }
+                    }
+                } else if count > old_count && current_window.1 > from {
+                    needs.push((count - old_count, current_window));
                 }
                 if end > old_end {
                     needs.push((count, (old_end.max(from), end)));
@@ -198,7 +250,7 @@ impl ResourceType for Reservation {
                 Attribute::optional_computed(
                     "allow_on_demand",
                     Type::Bool,
-                    "When the pool is short, take the rest from on-demand capacity instead of failing. Defaults to `false`. The API cannot change it on an existing reservation: changing it forces replacement.",
+                    "When the pool is short, take the rest from on-demand capacity instead of failing. Defaults to `false`. Changes in place; turning it off moves on-demand nodes back to the pool, and fails when the pool cannot take them for the whole window.",
                 ),
                 Attribute::computed("status", Type::String, "`scheduled`, `active` or `ended`."),
                 Attribute::computed("pool_nodes", Type::Number, "Nodes held from the pool."),
@@ -267,14 +319,17 @@ impl ResourceType for Reservation {
         let id = required_str(prior, "id")?;
         let count = required_i64(planned, "node_count")?;
         let end = instant(planned, "end_time");
-        let changed = prior.get("node_count") != planned.get("node_count")
-            || instant(prior, "end_time") != end;
-        let current = if changed {
+        let allow_on_demand = planned.bool_attr("allow_on_demand").map_err(diag)?;
+        let on_demand_changed = changed(prior, planned, "allow_on_demand");
+        let any_change = prior.get("node_count") != planned.get("node_count")
+            || instant(prior, "end_time") != end
+            || on_demand_changed;
+        let current = if any_change {
             let request = api::UpdateReservationRequest {
                 id,
                 node_count: count,
                 end_time: end.map(times::to_proto),
-                allow_on_demand: None,
+                allow_on_demand: allow_on_demand.filter(|_| on_demand_changed),
             };
             answered(
                 &client,
@@ -375,19 +430,43 @@ mod tests {
     }
 
     #[test]
-    fn start_and_model_and_on_demand_force_replacement() {
+    fn start_and_model_force_replacement() {
         let p = prior();
         let mut proposed = p.clone();
         proposed.set("start_time", Value::string("2027-01-05T00:00:00Z"));
-        proposed.set("allow_on_demand", Value::Bool(true));
+        proposed.set("gpu_type", Value::string("A100-80GB"));
         let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed), NOW);
         assert_eq!(
             planned.requires_replace,
-            vec![
-                AttrPath::attr("allow_on_demand"),
-                AttrPath::attr("start_time")
-            ]
+            vec![AttrPath::attr("gpu_type"), AttrPath::attr("start_time")]
         );
+    }
+
+    #[test]
+    fn on_demand_changes_in_place_with_the_split_unknown() {
+        let p = prior();
+        let mut proposed = p.clone();
+        proposed.set("allow_on_demand", Value::Bool(true));
+        let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed), NOW);
+        assert!(planned.requires_replace.is_empty());
+        assert!(planned.state.get("pool_nodes").is_unknown());
+        assert!(planned.state.get("on_demand_nodes").is_unknown());
+        assert_eq!(planned.state.get("node_count"), &Value::Number(2));
+    }
+
+    #[test]
+    fn turning_on_demand_off_names_what_the_pool_lacks() {
+        let free = api::Availability {
+            free_pool_nodes: 1,
+            ..Default::default()
+        };
+        let d = on_demand_off_error(2, "H100-80GB", (NOW, NOW + 3600), &free).unwrap();
+        assert_eq!(d.path, Some(AttrPath::attr("allow_on_demand")));
+        assert_eq!(
+            d.summary,
+            "allow_on_demand: turning it off needs 2 more H100-80GB pool nodes from 2027-01-15T08:00:00Z to 2027-01-15T09:00:00Z, the pool has 1 free"
+        );
+        assert!(on_demand_off_error(1, "H100-80GB", (NOW, NOW + 3600), &free).is_none());
     }
 
     #[tokio::test]
