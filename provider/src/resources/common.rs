@@ -149,6 +149,11 @@ pub(crate) fn imported<T>(kind: &str, id: &str, found: Option<T>) -> Result<T, D
 
 /// The prior state that plan-time checks compare with: none when the plan replaces the
 /// object (then everything is new, as on create).
+///
+/// Known limitation: `terraform destroy` first runs a plan in normal mode, so a plan-time
+/// check that fails on an edited configuration also blocks destroy (`-refresh=false` or
+/// restoring the configuration gets past it). Each resource therefore asks the backend
+/// only about attributes that change: an unchanged configuration is never refused.
 pub(crate) fn compared_prior<'a>(
     prior: Option<&'a Value>,
     planned: &PlannedChange,

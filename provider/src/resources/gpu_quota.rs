@@ -11,8 +11,8 @@ use super::common::{
     request_id, required_i64, required_str,
 };
 use crate::framework::{
-    default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute, Diagnostic,
-    Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
+    changed, default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
+    Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
 };
 use crate::provider::ProviderState;
 
@@ -78,12 +78,19 @@ pub fn lowering_error(
 }
 
 impl GpuQuota {
-    /// Plan-time checks that ask the backend; skipped while an input is unknown.
+    /// Plan-time checks that ask the backend; skipped while an input is unknown, and on
+    /// an update that leaves the limits as they are (so an unchanged configuration never
+    /// blocks the pre-destroy plan of `terraform destroy`).
     async fn check_with_backend(
         &self,
         prior: Option<&Value>,
         planned: &Value,
     ) -> Result<(), Diagnostics> {
+        if let Some(prior) = prior {
+            if !changed(prior, planned, "gpus") && !changed(prior, planned, "burst_gpus") {
+                return Ok(());
+            }
+        }
         let Some(client) = self.provider.plan_client() else {
             return Ok(());
         };
