@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use gpufleet_e2e::hcl;
 use gpufleet_e2e::json::{array_of, i64_of, str_of};
 use gpufleet_e2e::{Backend, Clients, Terraform};
 use gpufleet_proto::v1::{GetTenantClusterRequest, ListNodesRequest};
@@ -211,5 +212,56 @@ async fn failure_mid_change_rolls_back_and_next_apply_converges() {
     tf.apply();
     assert_state_layout(&tf, HALVES);
     assert_backend_layout(&mut admin, &cluster_id, HALVES).await;
+    tf.assert_no_changes();
+}
+
+/// A fleet with L40S nodes (no MIG) besides the A100s.
+const L40S_FLEET: &str = r#"
+[[pool]]
+gpu_type = "A100-80GB"
+nodes = 1
+
+[[pool]]
+gpu_type = "L40S"
+nodes = 2
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_layout_on_a_model_without_mig_is_refused_at_plan_time() {
+    let backend = Backend::start_with_fleet(L40S_FLEET);
+    let tf = Terraform::new(&backend, backend.admin_token());
+    let l40s_cluster = |layout: Option<&str>| {
+        let cluster = hcl::pool_cluster("render", "gpufleet_tenant.t.id", "render", "L40S", 1)
+            .depends_on(&["gpufleet_gpu_quota.l40s"]);
+        let cluster = match layout {
+            Some(layout) => cluster.expr("mig_layout", layout),
+            None => cluster,
+        };
+        hcl::config(&[
+            hcl::tenant("t", "render"),
+            hcl::quota("l40s", "gpufleet_tenant.t.id", "L40S", 8),
+            cluster,
+        ])
+    };
+    tf.write_main(&l40s_cluster(Some(&hcl_layout(&[("1g.10gb", 1)]))));
+    tf.init();
+    let expected =
+        "mig_layout: L40S does not support MIG; leave mig_layout unset to use whole GPUs";
+    tf.plan_fails().assert_mentions(&[expected]);
+    tf.apply_fails().assert_mentions(&[expected]);
+    assert!(backend.admin().await.inventory().await.is_empty());
+
+    // Whole L40S GPUs are fine, and the node shows them without MIG.
+    tf.write_main(&l40s_cluster(None));
+    tf.apply();
+    let cluster = tf.resource("gpufleet_tenant_cluster.render");
+    let nodes = array_of(&cluster, "nodes");
+    assert_eq!(nodes.len(), 1);
+    let gpus = array_of(&nodes[0], "gpus");
+    assert_eq!(gpus.len(), 8, "{cluster:#}");
+    for gpu in gpus {
+        assert_eq!(gpu["mig_enabled"], false, "{gpu:#}");
+        assert!(array_of(gpu, "mig_devices").is_empty(), "{gpu:#}");
+    }
     tf.assert_no_changes();
 }
