@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 
 use super::{
     demand, fingerprint, gpus_per_node, holdings, invalid, list_scope, not_found, precondition,
-    request_id_conflict, visible_tenant, Exclude,
+    request_id_conflict, reservations, visible_tenant, Exclude,
 };
 use crate::auth::{authenticate, Caller};
 use crate::rules::{self, Limit, QuotaSubject, Span};
@@ -155,8 +155,8 @@ impl Quotas {
         let tx = conn.transaction().map_err(db_error)?;
         authenticate(&self.state, &tx, &request)?.require_admin("deleting a gpu quota")?;
         let q = visible_quota(&tx, &Caller::Admin, &request.get_ref().id)?;
-        let reservations = store::reservations::list(&tx, Some(&q.tenant_id), Some(&q.gpu_type))
-            .map_err(db_error)?;
+        let (reservations, ended) =
+            reservations::live_and_ended(&tx, &q.tenant_id, Some(&q.gpu_type), now())?;
         let clusters = store::clusters::list(&tx, Some(&q.tenant_id), Some(&q.gpu_type), None)
             .map_err(db_error)?;
         if !reservations.is_empty() || !clusters.is_empty() {
@@ -171,6 +171,7 @@ impl Quotas {
                 what.join(", ")
             )));
         }
+        reservations::remove_ended(&tx, &ended)?;
         store::quotas::delete(&tx, &q.id).map_err(db_error)?;
         store::idempotency::forget(&tx, &q.id).map_err(db_error)?;
         tx.commit().map_err(db_error)?;

@@ -46,6 +46,31 @@ pub fn visible_reservation(
     }
 }
 
+/// A tenant's reservations (of one model, or all), split into those not ended at `t`
+/// and those ended. Ended reservations hold nothing: they never block a delete.
+pub fn live_and_ended(
+    conn: &Connection,
+    tenant_id: &str,
+    gpu_type: Option<&str>,
+    t: i64,
+) -> Result<(Vec<ReservationRow>, Vec<ReservationRow>), Status> {
+    Ok(store::reservations::list(conn, Some(tenant_id), gpu_type)
+        .map_err(db_error)?
+        .into_iter()
+        .partition(|r| r.end_time > t))
+}
+
+/// Removes ended reservations together with the quota or tenant they belong to (in the
+/// caller's transaction). Clusters that drew from them block that delete first: a
+/// cluster has its reservation's tenant and model.
+pub fn remove_ended(conn: &Connection, ended: &[ReservationRow]) -> Result<(), Status> {
+    for r in ended {
+        store::reservations::delete(conn, &r.id).map_err(db_error)?;
+        store::idempotency::forget(conn, &r.id).map_err(db_error)?;
+    }
+    Ok(())
+}
+
 /// Pool and on-demand nodes the clusters of a reservation hold.
 pub fn held_by_clusters(conn: &Connection, reservation_id: &str) -> Result<Split, Status> {
     let mut held = Split {

@@ -7,8 +7,8 @@ use gpufleet_proto::v1::{self, tenant_service_server::TenantService};
 use tonic::{Request, Response, Status};
 
 use super::{
-    fingerprint, invalid, not_found, precondition, request_id_conflict, to_hash_map, to_timestamp,
-    visible_tenant,
+    fingerprint, invalid, not_found, precondition, request_id_conflict, reservations, to_hash_map,
+    to_timestamp, visible_tenant,
 };
 use crate::auth::{self, authenticate, Caller};
 use crate::rules;
@@ -135,9 +135,8 @@ impl Tenants {
         let quotas = store::quotas::list(&tx, Some(&t.id))
             .map_err(db_error)?
             .len();
-        let reservations = store::reservations::list(&tx, Some(&t.id), None)
-            .map_err(db_error)?
-            .len();
+        let (live, ended) = reservations::live_and_ended(&tx, &t.id, None, now())?;
+        let reservations = live.len();
         let clusters = store::clusters::list(&tx, Some(&t.id), None, None)
             .map_err(db_error)?
             .len();
@@ -147,6 +146,7 @@ impl Tenants {
                 t.name
             )));
         }
+        reservations::remove_ended(&tx, &ended)?;
         store::tenants::delete(&tx, &t.id).map_err(db_error)?;
         store::idempotency::forget(&tx, &t.id).map_err(db_error)?;
         tx.commit().map_err(db_error)?;
