@@ -1,10 +1,13 @@
-//! Clusters drawing from a reservation: a cluster asking for more nodes than the
-//! reservation has left is refused at plan time with the numbers.
+//! Reservations through Terraform: allow_on_demand changes in place (taking on-demand
+//! nodes when the pool is short, giving them back when it is not), and a cluster asking for
+//! more nodes than its reservation has left is refused at plan time with the numbers.
 
+use gpufleet_e2e::fixtures::{create_pool_cluster, create_quota, create_tenant};
 use gpufleet_e2e::hcl::{self, Block};
-use gpufleet_e2e::json::str_of;
+use gpufleet_e2e::json::{i64_of, str_of};
 use gpufleet_e2e::times::rfc3339_in_hours;
 use gpufleet_e2e::{Backend, Terraform};
+use gpufleet_proto::v1::DeleteTenantClusterRequest;
 
 const TENANT: &str = "gpufleet_tenant.t.id";
 const RESERVATION: &str = "gpufleet_reservation.r";
@@ -15,16 +18,90 @@ fn reserved_cluster(label: &str, node_count: i64) -> Block {
         .expr("reservation_id", "gpufleet_reservation.r.id")
 }
 
-/// A tenant with 32 H100 GPUs of quota and an active 2-node reservation, plus `clusters`.
-fn config(start: &str, end: &str, clusters: &[Block]) -> String {
+/// An H100 reservation of `node_count` nodes over `[start, end)`.
+fn h100_reservation(start: &str, end: &str, node_count: i64, allow_on_demand: bool) -> Block {
+    hcl::reservation("r", TENANT, "H100-80GB", node_count, start, end)
+        .boolean("allow_on_demand", allow_on_demand)
+        .depends_on(&["gpufleet_gpu_quota.q"])
+}
+
+/// A tenant with 32 H100 GPUs of quota, `reservation`, and `clusters`.
+fn with_tenant(reservation: Block, clusters: &[Block]) -> String {
     let mut blocks = vec![
         hcl::tenant("t", "team"),
         hcl::quota("q", TENANT, "H100-80GB", 32),
-        hcl::reservation("r", TENANT, "H100-80GB", 2, start, end)
-            .depends_on(&["gpufleet_gpu_quota.q"]),
+        reservation,
     ];
     blocks.extend_from_slice(clusters);
     hcl::config(&blocks)
+}
+
+/// An active 2-node reservation (pool only) and `clusters`.
+fn config(start: &str, end: &str, clusters: &[Block]) -> String {
+    with_tenant(h100_reservation(start, end, 2, false), clusters)
+}
+
+/// (pool_nodes, on_demand_nodes) of the reservation in state.
+fn split(tf: &Terraform) -> (i64, i64) {
+    let r = tf.resource(RESERVATION);
+    (i64_of(&r, "pool_nodes"), i64_of(&r, "on_demand_nodes"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_on_demand_changes_in_place() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    // Another tenant holds 2 of the 4 H100 pool nodes: 2 stay free, plus 4 on demand.
+    let (rival, _) = create_tenant(&mut admin, "rival").await;
+    create_quota(&mut admin, &rival.id, "H100-80GB", 16, 0).await;
+    let blocker = create_pool_cluster(&mut admin, &rival.id, "blocker", "H100-80GB", 2).await;
+
+    let tf = Terraform::new(&backend, backend.admin_token());
+    let (start, end) = (rfc3339_in_hours(-1), rfc3339_in_hours(24));
+    let reservation = |nodes, allow| with_tenant(h100_reservation(&start, &end, nodes, allow), &[]);
+    tf.write_main(&reservation(2, false));
+    tf.init();
+    tf.apply();
+    let id = str_of(&tf.resource(RESERVATION), "id");
+    assert_eq!(split(&tf), (2, 0));
+
+    // Allowing on-demand capacity keeps the allocation: an in-place update, same id.
+    tf.write_main(&reservation(2, true));
+    let (changes, text) = tf.plan_changes();
+    let change = changes.iter().find(|c| c.address == RESERVATION).unwrap();
+    assert_eq!(change.actions, vec!["update"], "{text}");
+    text.assert_mentions(&["updated in-place", "allow_on_demand", "false -> true"]);
+    tf.apply();
+    assert_eq!(str_of(&tf.resource(RESERVATION), "id"), id);
+    assert_eq!(split(&tf), (2, 0));
+    tf.assert_no_changes();
+
+    // With it allowed, a third node comes from on-demand capacity.
+    tf.write_main(&reservation(3, true));
+    tf.apply();
+    assert_eq!(split(&tf), (2, 1));
+    tf.assert_no_changes();
+
+    // Turning it off while the pool cannot take the on-demand node: refused at plan time.
+    tf.write_main(&reservation(3, false));
+    tf.plan_fails().assert_mentions(&[
+        "allow_on_demand: turning it off needs 1 more H100-80GB pool nodes",
+        "the pool has 0 free",
+    ]);
+    assert_eq!(split(&tf), (2, 1));
+
+    // Once the pool has room, turning it off moves the node back to the pool, in place.
+    admin
+        .clusters
+        .delete_tenant_cluster(DeleteTenantClusterRequest { id: blocker.id })
+        .await
+        .expect("DeleteTenantCluster blocker");
+    assert_eq!(tf.planned_actions(RESERVATION), vec!["update"]);
+    tf.apply();
+    assert_eq!(str_of(&tf.resource(RESERVATION), "id"), id);
+    assert_eq!(split(&tf), (3, 0));
+    assert_eq!(tf.resource(RESERVATION)["allow_on_demand"], false);
+    tf.assert_no_changes();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
