@@ -28,9 +28,12 @@ fn entry<'a>(list: &'a [Value], key: &str, value: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no entry with {key} = {value:?} in {list:#?}"))
 }
 
-/// H100-80GB's MIG profiles as the catalog (gpu-facts.md) has them:
+/// One MIG profile as gpu-facts.md lists it:
 /// (name, profile id, compute slices, memory slices, valid starts, max per GPU).
-const H100_PROFILES: &[(&str, i64, i64, i64, &[i64], i64)] = &[
+type ProfileFacts = (&'static str, i64, i64, i64, &'static [i64], i64);
+
+/// H100-80GB's MIG profiles.
+const H100_PROFILES: &[ProfileFacts] = &[
     ("1g.10gb", 19, 1, 1, &[0, 1, 2, 3, 4, 5, 6], 7),
     ("1g.10gb+me", 20, 1, 1, &[0, 1, 2, 3, 4, 5, 6], 1),
     ("1g.20gb", 15, 1, 2, &[0, 2, 4, 6], 4),
