@@ -3,6 +3,7 @@
 //! refresh and plan show and the next apply repairs.
 
 use gpufleet_e2e::fixtures::{create_quota, create_reservation, create_tenant};
+use gpufleet_e2e::hcl;
 use gpufleet_e2e::json::{array_of, i64_of, str_of};
 use gpufleet_e2e::terraform::says_not_found;
 use gpufleet_e2e::times::rfc3339_in_hours;
@@ -334,26 +335,12 @@ async fn reservation_deleted_outside_terraform_is_recreated() {
     let tf = Terraform::new(&backend, backend.admin_token());
     let start = rfc3339_in_hours(2);
     let end = rfc3339_in_hours(26);
-    tf.write_main(&format!(
-        r#"
-resource "gpufleet_tenant" "t" {{
-  name = "later"
-}}
-resource "gpufleet_gpu_quota" "q" {{
-  tenant   = gpufleet_tenant.t.id
-  gpu_type = "H200-141GB"
-  gpus     = 16
-}}
-resource "gpufleet_reservation" "r" {{
-  tenant     = gpufleet_tenant.t.id
-  gpu_type   = "H200-141GB"
-  node_count = 1
-  start_time = "{start}"
-  end_time   = "{end}"
-  depends_on = [gpufleet_gpu_quota.q]
-}}
-"#
-    ));
+    tf.write_main(&hcl::config(&[
+        hcl::tenant("t", "later"),
+        hcl::quota("q", "gpufleet_tenant.t.id", "H200-141GB", 16),
+        hcl::reservation("r", "gpufleet_tenant.t.id", "H200-141GB", 1, &start, &end)
+            .depends_on(&["gpufleet_gpu_quota.q"]),
+    ]));
     tf.init();
     tf.apply();
     assert_eq!(
