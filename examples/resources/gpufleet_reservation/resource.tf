@@ -17,7 +17,9 @@ resource "gpufleet_reservation" "example" {
   end_time   = "2027-01-18T00:00:00Z"
 
   # When the pool is short in that window, take the rest from on-demand capacity
-  # instead of failing; pool_nodes and on_demand_nodes show the split.
+  # instead of failing; pool_nodes and on_demand_nodes show the split. Changes in
+  # place: turning it off moves the on-demand nodes back to the pool, and is
+  # refused when the pool cannot take them for the rest of the window.
   allow_on_demand = true
 
   # The backend checks the reservation against the tenant's quota, so the quota

@@ -64,6 +64,11 @@ output "training_hostnames" {
   value = gpufleet_tenant_cluster.example.nodes[*].hostname
 }
 
+# Every GPU of the cluster by UUID, e.g. for an inventory or CUDA_VISIBLE_DEVICES.
+output "training_gpu_uuids" {
+  value = flatten(gpufleet_tenant_cluster.example.nodes[*].gpu_uuids)
+}
+
 # A kubeconfig for this cluster alone.
 output "training_kubeconfig" {
   value     = gpufleet_tenant_cluster.example.credentials

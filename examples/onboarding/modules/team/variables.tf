@@ -4,7 +4,7 @@ variable "name" {
 }
 
 variable "display_name" {
-  description = "Human-readable team name; null leaves it empty."
+  description = "Human-readable team name; null uses the tenant name."
   type        = string
   default     = null
 }
@@ -55,7 +55,7 @@ variable "reservation_end" {
 }
 
 variable "allow_on_demand" {
-  description = "When the pool is short in the reservation window, take the rest from on-demand capacity instead of failing."
+  description = "When the pool is short in the reservation window, take the rest from on-demand capacity instead of failing. Changes in place; turning it off is refused while the pool cannot take the on-demand nodes back."
   type        = bool
   default     = false
 }
@@ -85,7 +85,7 @@ variable "storage_gib" {
 }
 
 variable "mig_layout" {
-  description = "Per-GPU MIG layout (profile name => count) applied to every GPU of the cluster, e.g. { \"3g.40gb\" = 1, \"2g.20gb\" = 1, \"1g.10gb\" = 2 } on A100-80GB; null means whole GPUs."
+  description = "Per-GPU MIG layout (profile name => count) applied to every GPU of the cluster, e.g. { \"3g.40gb\" = 1, \"2g.20gb\" = 1, \"1g.10gb\" = 2 } on A100-80GB; null means whole GPUs (the only choice on L40S, which has no MIG)."
   type        = map(number)
   default     = null
 }
