@@ -189,7 +189,6 @@ async fn lowering_a_quota_below_use_is_refused_with_the_numbers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "product gap: the provider checks a pool cluster's quota at plan time but not the pool's free nodes; the backend refuses it at apply"]
 async fn pool_cluster_larger_than_the_free_pool_is_refused_at_plan_time() {
     let (backend, tf) = admin_workdir();
     let mut admin = backend.admin().await;

@@ -53,6 +53,39 @@ pub(crate) async fn availability(
     answered(client, client.fleet().get_availability(request).await)
 }
 
+/// Adds the refusal on `node_count` when a cluster outside any reservation needs more pool
+/// nodes than the pool keeps free from now on (such clusters hold their nodes open-ended and
+/// never take on-demand ones).
+pub(crate) async fn check_pool(
+    client: &Client,
+    gpu_type: &str,
+    nodes: i64,
+    diags: &mut Diagnostics,
+) -> Result<(), Diagnostics> {
+    let request = api::AvailabilityRequest {
+        gpu_type: gpu_type.to_string(),
+        start_time: None,
+        end_time: None,
+    };
+    let free = answered(client, client.fleet().get_availability(request).await)?;
+    if let Some(d) = pool_error(nodes, gpu_type, free.free_pool_nodes) {
+        diags.push(d);
+    }
+    Ok(())
+}
+
+fn pool_error(needed: i64, gpu_type: &str, free_pool_nodes: i64) -> Option<Diagnostic> {
+    (needed > free_pool_nodes).then(|| {
+        Diagnostic::error_at(
+            AttrPath::attr("node_count"),
+            format!(
+                "node_count: needs {needed} more {gpu_type} pool nodes from now on, the pool has {free_pool_nodes} free"
+            ),
+            "Other clusters and reservations hold the rest. Draw the nodes from a reservation with allow_on_demand = true (reservation_id), or ask for fewer.",
+        )
+    })
+}
+
 /// The refusal when the pool (plus on-demand capacity, if allowed) is short in a window.
 pub(crate) fn capacity_error(
     needed: i64,
@@ -140,6 +173,16 @@ mod tests {
             .unwrap()
             .summary
             .ends_with("(set allow_on_demand = true to take the rest from on-demand capacity)"));
+    }
+
+    #[test]
+    fn pool_message_has_the_numbers() {
+        let d = pool_error(3, "A100-80GB", 2).unwrap();
+        assert_eq!(
+            d.summary,
+            "node_count: needs 3 more A100-80GB pool nodes from now on, the pool has 2 free"
+        );
+        assert!(pool_error(2, "A100-80GB", 2).is_none());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::check_quota;
+use super::checks::{check_pool, check_quota};
 use super::common::{
     answered, check_min, compared_prior, deleted, diag, found, imported, known_gpu_type,
     request_id, required_i64, required_str,
@@ -276,10 +276,11 @@ impl TenantCluster {
         match planned.get("reservation_id") {
             // Clusters without a reservation take pool nodes now, counted against the quota.
             Value::Null => {
-                if let (Some(count), Some(tenant)) =
-                    (grows, planned.str_attr("tenant").map_err(diag)?)
-                {
-                    check_quota(&client, tenant, &model, count - before, &mut diags).await?;
+                if let Some(count) = grows {
+                    check_pool(&client, gpu_type, count - before, &mut diags).await?;
+                    if let Some(tenant) = planned.str_attr("tenant").map_err(diag)? {
+                        check_quota(&client, tenant, &model, count - before, &mut diags).await?;
+                    }
                 }
             }
             // A reservation created in this same plan is unknown: the backend decides at apply.
