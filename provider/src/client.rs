@@ -150,8 +150,10 @@ pub fn describe_status(endpoint: &str, status: &Status) -> Diagnostic {
                 "",
             )
         }
+        // The backend's own wording carries a hint for every kind of client; ours is
+        // specific to the provider, so it replaces it instead of repeating it.
         Code::Unauthenticated => Diagnostic::error(
-            format!("the backend rejected the token: {message}. Set `token` or GPUFLEET_TOKEN."),
+            format!("the gpufleet backend at {endpoint} rejected the token (missing, revoked or not one of its tokens). Set `token` or GPUFLEET_TOKEN to the admin token or a tenant token."),
             "",
         ),
         Code::PermissionDenied => Diagnostic::error(
@@ -228,7 +230,7 @@ mod tests {
         let status = Status::unauthenticated("unknown token");
         assert_eq!(
             describe_status("http://x", &status).summary,
-            "the backend rejected the token: unknown token. Set `token` or GPUFLEET_TOKEN."
+            "the gpufleet backend at http://x rejected the token (missing, revoked or not one of its tokens). Set `token` or GPUFLEET_TOKEN to the admin token or a tenant token."
         );
     }
 

@@ -83,6 +83,11 @@ async fn bad_token_is_one_diagnostic_saying_to_set_the_token() {
 
     let plan = tf.plan_fails();
     assert_one_clear_error(&plan, &["token", "GPUFLEET_TOKEN"]);
+    assert_eq!(
+        plan.output().matches("GPUFLEET_TOKEN").count(),
+        1,
+        "the fix is said once\n{plan}"
+    );
     assert!(
         !plan.output().contains("not-a-token"),
         "the diagnostic must not echo the token\n{plan}"
