@@ -46,6 +46,9 @@ fn main() -> std::process::ExitCode {
             cli::Command::HwCheck(args) => client::hw_check(args),
         }
     });
+    // Connection tasks are dropped here; nothing may keep the process alive after the
+    // server has stopped.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -32,6 +32,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create the data dir {}", args.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
+    // Held until the process exits (the kernel drops it even on SIGKILL).
+    let _lock = DataDirLock::acquire(&data_dir)?;
     let fleet_def = fleet::load(args.fleet.as_deref())?;
     let mut conn = store::open(&data_dir.join("state.db"))
         .with_context(|| format!("cannot open the state database in {}", data_dir.display()))?;
@@ -46,6 +48,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let hardware = crate::hardware::SimFleet::load(&conn)?;
     let state = Arc::new(AppState::new(conn, data_dir.clone(), admin_token, hardware));
 
+    // Watch for signals before announcing the port: a SIGTERM right after the listening
+    // line must shut down cleanly, not kill the process by the default action.
+    let signals = Signals::watch()?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -57,16 +62,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     drop(stdout);
     tracing::info!(%addr, data_dir = %data_dir.display(), "serving");
 
-    // On SIGINT/SIGTERM stop accepting and let in-flight calls finish; clients that keep
-    // idle connections open get a bounded grace period instead of holding shutdown forever.
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let signalled = async move {
-        shutdown_signal().await;
+    // On SIGINT/SIGTERM: close the listening socket at once (new clients are refused, not
+    // left waiting in the backlog), let in-flight calls finish, and give connections that
+    // stay open (idle clients, clients that never speak) a bounded grace period.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        signals.recv().await;
         let _ = stop_tx.send(true);
+    });
+    let incoming = accept_until_stopped(listener, stop_rx.clone());
+    let stopped = {
+        let mut stop_rx = stop_rx.clone();
+        async move { until_true(&mut stop_rx).await }
     };
-    let grace = async move {
-        let _ = stop_rx.wait_for(|stopped| *stopped).await;
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    let grace = {
+        let mut stop_rx = stop_rx;
+        async move {
+            until_true(&mut stop_rx).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        }
     };
     let server = tonic::transport::Server::builder()
         .add_service(TenantServiceServer::new(Tenants {
@@ -84,10 +98,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .add_service(TenantClusterServiceServer::new(Clusters {
             state: state.clone(),
         }))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            signalled,
-        );
+        .serve_with_incoming_shutdown(incoming, stopped);
     tokio::select! {
         result = server => result?,
         _ = grace => tracing::info!("closing connections still open after the grace period"),
@@ -118,17 +129,95 @@ fn admin_token_file(data_dir: &Path) -> anyhow::Result<String> {
     Ok(token)
 }
 
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot watch SIGTERM");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// Resolves once the stop flag is true (or its sender is gone).
+async fn until_true(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopped| *stopped).await;
+}
+
+/// Accepted connections until `stop` turns true; then the listener is dropped, so the
+/// port refuses new connections while open ones drain. (tonic keeps the incoming stream,
+/// and with it the socket, until every connection has closed.)
+fn accept_until_stopped(
+    listener: tokio::net::TcpListener,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<tokio::net::TcpStream>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = until_true(&mut stop) => break,
+                accepted = listener.accept() => {
+                    let sent = match accepted {
+                        Ok((stream, _)) => tx.send(Ok(stream)).await,
+                        // tonic logs and skips accept errors (e.g. out of file descriptors).
+                        Err(e) => tx.send(Err(e)).await,
+                    };
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+            }
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        tracing::info!("stopped accepting connections");
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// SIGINT and SIGTERM handlers, installed when created.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn watch() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+            terminate: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+        })
+    }
+
+    async fn recv(mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => tracing::info!("SIGINT: shutting down"),
+            _ = self.terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+        }
+    }
+}
+
+/// An exclusive lock on `<data-dir>/agent.lock`: two processes serving one data dir would
+/// each hold their own simulated hardware and allocate the same nodes. The lock is the
+/// open file's flock, so it goes with the process however it ends (no stale lock after a
+/// crash or SIGKILL).
+struct DataDirLock {
+    _file: std::fs::File,
+}
+
+impl DataDirLock {
+    fn acquire(data_dir: &Path) -> anyhow::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let path = data_dir.join("agent.lock");
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let err = std::io::Error::last_os_error();
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            anyhow::bail!(
+                "--data-dir: {} is in use by another gpufleet-agent (pid {}); stop it first ({err})",
+                data_dir.display(),
+                holder.trim()
+            );
+        }
+        file.set_len(0)?;
+        write!(file, "{}", std::process::id())?;
+        Ok(Self { _file: file })
     }
 }

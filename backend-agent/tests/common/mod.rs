@@ -73,6 +73,37 @@ impl Agent {
         child.wait().expect("wait for gpufleet-agent")
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        let child = self.child.as_mut().unwrap();
+        child.try_wait().expect("poll gpufleet-agent").is_none()
+    }
+
+    /// Sends `signal` and waits for the exit. A process still running after `limit` is a
+    /// hang: it is killed and the test fails with its log, instead of hanging the suite.
+    pub fn signal_and_wait(mut self, signal: i32, limit: std::time::Duration) -> ExitStatus {
+        let mut child = self.child.take().unwrap();
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for gpufleet-agent") {
+                return status;
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let log = std::fs::read_to_string(self.data_dir.with_extension("log"))
+                    .unwrap_or_default();
+                panic!("gpufleet-agent still running {limit:?} after signal {signal}; log:\n{log}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     pub async fn admin(&self) -> Clients {
         self.clients(ADMIN).await
     }
