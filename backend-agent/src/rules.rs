@@ -222,7 +222,7 @@ pub fn split_reservation(
     }
     let short = || {
         format!(
-            "needs {nodes} {gpu_type} nodes {window_text}, pool has {free_pool} free{}",
+            "node_count: needs {nodes} {gpu_type} nodes {window_text}, pool has {free_pool} free{}",
             if allow_on_demand {
                 format!(" and on-demand capacity {free_od}")
             } else {
@@ -454,7 +454,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            err.starts_with("needs 4 H100-80GB nodes from a to b, pool has 2 free"),
+            err.starts_with("node_count: needs 4 H100-80GB nodes from a to b, pool has 2 free"),
             "{err}"
         );
         // Outside the busy window the whole pool is free.

@@ -150,7 +150,7 @@ fn nodes_to_add(
     };
     if cap.free_pool(from, None) < need_pool || cap.free_on_demand(from, None) < need_od {
         return Err(precondition(format!(
-            "needs {} {gpu} nodes {when}, pool has {} free (on-demand {} free); reservations hold the rest",
+            "node_count: needs {} {gpu} nodes {when}, pool has {} free (on-demand {} free); reservations hold the rest",
             cluster.node_count,
             cap.free_pool(from, None),
             cap.free_on_demand(from, None)
