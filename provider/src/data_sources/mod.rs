@@ -2,6 +2,7 @@
 
 mod availability;
 mod gpu_types;
+mod mig_layout;
 mod nodes;
 mod quota_usage;
 
@@ -16,6 +17,7 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn DataSourceType>> {
         Arc::new(availability::Availability::new(state.clone())),
         Arc::new(nodes::Nodes::new(state.clone())),
         Arc::new(quota_usage::QuotaUsage::new(state.clone())),
+        Arc::new(mig_layout::MigLayout::new(state.clone())),
     ]
 }
 
