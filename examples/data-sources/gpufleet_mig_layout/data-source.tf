@@ -12,8 +12,8 @@ output "inference_layout_fits" {
   value = data.gpufleet_mig_layout.inference.fits
 }
 
-# Where each instance goes on the GPU, in creation order (larger profiles first),
-# e.g. "3g.40gb@0+4".
+# Where each instance goes on the GPU (profile@start+memory slices), in creation order
+# (larger profiles first): ["3g.40gb@4+4", "2g.20gb@0+2", "1g.10gb@2+1", "1g.10gb@3+1"].
 output "inference_placements" {
   value = [
     for p in data.gpufleet_mig_layout.inference.placements :
