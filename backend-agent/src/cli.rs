@@ -54,6 +54,12 @@ pub struct ServeArgs {
     /// GPU backend.
     #[arg(long, value_enum, default_value = "sim")]
     pub hardware: Hardware,
+    /// PEM certificate (chain) to serve the API over TLS; needs --tls-key.
+    #[arg(long, env = "GPUFLEET_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert; needs --tls-cert.
+    #[arg(long, env = "GPUFLEET_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -71,6 +77,9 @@ pub struct ClientArgs {
     /// Data directory whose admin.token is used when no token is given.
     #[arg(long, env = "GPUFLEET_DATA_DIR", default_value = "./.gpufleet")]
     pub data_dir: PathBuf,
+    /// PEM of the CA that signed the control plane's certificate, for https endpoints.
+    #[arg(long, env = "GPUFLEET_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

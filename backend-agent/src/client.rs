@@ -40,16 +40,20 @@ async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
     let value: MetadataValue<_> = gpufleet_proto::bearer(&token(args)?)
         .parse()
         .context("the token is not valid header text")?;
-    let channel = Channel::from_shared(args.endpoint.clone())
-        .with_context(|| format!("bad endpoint '{}'", args.endpoint))?
-        .connect()
-        .await
-        .with_context(|| {
-            format!(
-                "cannot reach the control plane at {} (is `gpufleet-agent serve` running?)",
-                args.endpoint
-            )
-        })?;
+    let mut endpoint = Channel::from_shared(args.endpoint.clone())
+        .with_context(|| format!("--endpoint: '{}' is not a valid URL", args.endpoint))?;
+    let host = endpoint.uri().host().unwrap_or_default().to_string();
+    if let Some(tls) = crate::tls::client_config(&args.endpoint, &host, args.ca_cert.as_deref())? {
+        endpoint = endpoint
+            .tls_config(tls)
+            .context("--ca-cert: cannot use this CA certificate")?;
+    }
+    let channel = endpoint.connect().await.with_context(|| {
+        format!(
+            "cannot reach the control plane at {} (is `gpufleet-agent serve` running?)",
+            args.endpoint
+        )
+    })?;
     Ok(FleetServiceClient::with_interceptor(channel, Bearer(value)))
 }
 

@@ -17,6 +17,7 @@ mod serve;
 mod services;
 mod state;
 mod store;
+mod tls;
 mod volumes;
 
 use clap::Parser;

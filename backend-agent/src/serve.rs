@@ -25,6 +25,13 @@ use crate::{auth, fleet, store};
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // A bad certificate or key fails before the data dir is touched.
+    let tls_server = crate::tls::server_config(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
+    let scheme = if tls_server.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     if args.hardware == Hardware::Nvml {
         // The fleet's nodes stay simulated; this host's GPUs must at least be reachable.
         crate::hardware::require_nvml()?;
@@ -57,10 +64,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     // The one line on stdout: tests and scripts read the real port from it.
     let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "gpufleet-agent listening on http://{addr}")?;
+    writeln!(stdout, "gpufleet-agent listening on {scheme}://{addr}")?;
     stdout.flush()?;
     drop(stdout);
-    tracing::info!(%addr, data_dir = %data_dir.display(), "serving");
+    tracing::info!(%addr, scheme, data_dir = %data_dir.display(), "serving");
 
     // On SIGINT/SIGTERM: close the listening socket at once (new clients are refused, not
     // left waiting in the backlog), let in-flight calls finish, and give connections that
@@ -82,7 +89,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         }
     };
-    let server = tonic::transport::Server::builder()
+    let server = tls_server
+        .unwrap_or_else(tonic::transport::Server::builder)
         .add_service(TenantServiceServer::new(Tenants {
             state: state.clone(),
         }))
