@@ -62,6 +62,12 @@ impl Client {
             .timeout(Duration::from_secs(120))
             .tcp_nodelay(true);
         if let Some(pem) = ca_cert_pem {
+            if !pem.contains("-----BEGIN CERTIFICATE-----") {
+                return Err(Diagnostic::error(
+                    "ca_cert_pem: holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)",
+                    "Set it to the CA's certificate, e.g. `ca_cert_pem = file(\"ca.pem\")`, or GPUFLEET_CA_CERT_PEM to its text.",
+                ));
+            }
             let host = builder.uri().host().unwrap_or_default().to_string();
             let tls = ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(pem))
@@ -75,7 +81,7 @@ impl Client {
         } else if endpoint.starts_with("https://") {
             return Err(Diagnostic::error(
                 "ca_cert_pem: an https endpoint needs the CA certificate that signed the backend's certificate",
-                "This provider does not bundle public root certificates; set `ca_cert_pem` to the PEM of the backend's CA.",
+                "This provider does not bundle public root certificates; set `ca_cert_pem` (or GPUFLEET_CA_CERT_PEM) to the PEM of the backend's CA.",
             ));
         }
         let auth = match token {
@@ -140,6 +146,9 @@ impl Client {
 /// name the field and the numbers) pass through verbatim.
 pub fn describe_status(endpoint: &str, status: &Status) -> Diagnostic {
     let message = status.message();
+    if let Some(tls) = tls_failure(endpoint, status) {
+        return tls;
+    }
     match status.code() {
         Code::Unavailable | Code::Unknown | Code::DeadlineExceeded if is_transport_failure(status) => {
             Diagnostic::error(
@@ -166,6 +175,38 @@ pub fn describe_status(endpoint: &str, status: &Status) -> Diagnostic {
         ),
         _ => Diagnostic::error(message.to_string(), ""),
     }
+}
+
+/// A failed TLS handshake, in words that say which setting is wrong: rustls's error (in
+/// the transport error's chain) says whether the CA or the name did not match.
+fn tls_failure(endpoint: &str, status: &Status) -> Option<Diagnostic> {
+    const PEER_CERT: &str = "invalid peer certificate: ";
+    let mut source = status.source();
+    while let Some(err) = source {
+        let text = err.to_string();
+        if let Some(reason) = text.strip_prefix(PEER_CERT) {
+            let summary = match reason {
+                "UnknownIssuer" | "BadSignature" => format!(
+                    "TLS handshake with the gpufleet backend at {endpoint} failed: the server's certificate is not signed by ca_cert_pem"
+                ),
+                _ => format!(
+                    "TLS handshake with the gpufleet backend at {endpoint} failed: the server's certificate is not accepted ({reason})"
+                ),
+            };
+            return Some(Diagnostic::error(
+                summary,
+                "Set `ca_cert_pem` (or GPUFLEET_CA_CERT_PEM) to the CA that signed the backend's certificate, and use an endpoint host that the certificate names.",
+            ));
+        }
+        if text.starts_with("received corrupt message") {
+            return Some(Diagnostic::error(
+                format!("TLS handshake with the gpufleet backend at {endpoint} failed: the server did not answer with TLS ({text})"),
+                "Use an http:// endpoint if the backend serves without --tls-cert.",
+            ));
+        }
+        source = err.source();
+    }
+    None
 }
 
 fn is_transport_failure(status: &Status) -> bool {
@@ -232,6 +273,16 @@ mod tests {
             describe_status("http://x", &status).summary,
             "the gpufleet backend at http://x rejected the token (missing, revoked or not one of its tokens). Set `token` or GPUFLEET_TOKEN to the admin token or a tenant token."
         );
+    }
+
+    #[test]
+    fn ca_cert_pem_without_a_certificate_is_refused() {
+        let err = Client::new("https://gpufleet.example.com", None, Some("not pem"))
+            .err()
+            .unwrap();
+        assert!(err
+            .summary
+            .starts_with("ca_cert_pem: holds no PEM certificate"));
     }
 
     #[test]

@@ -105,7 +105,7 @@ impl ProviderType for GpufleetProvider {
                 Attribute::optional(
                     "ca_cert_pem",
                     Type::String,
-                    "PEM of the CA that signed the backend's TLS certificate, for `https` endpoints.",
+                    "PEM of the CA that signed the backend's TLS certificate, for `https` endpoints (e.g. `file(\"ca.pem\")`). The certificate must name the endpoint's host. Defaults to the `GPUFLEET_CA_CERT_PEM` environment variable.",
                 ),
             ],
         )
@@ -116,7 +116,7 @@ impl ProviderType for GpufleetProvider {
         let endpoint = setting(config, "endpoint", Some("GPUFLEET_ENDPOINT"))?
             .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
         let token = setting(config, "token", Some("GPUFLEET_TOKEN"))?;
-        let ca = setting(config, "ca_cert_pem", None)?;
+        let ca = setting(config, "ca_cert_pem", Some("GPUFLEET_CA_CERT_PEM"))?;
         let client = Client::new(&endpoint, token.as_deref(), ca.as_deref())?;
         self.state.set(client, known);
         Ok(())
