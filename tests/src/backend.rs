@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::binaries;
 use crate::grpc::Clients;
+use crate::pki::ServerTls;
 
 /// What `serve` prints on stdout once it accepts connections.
 const LISTENING_PREFIX: &str = "gpufleet-agent listening on ";
@@ -32,22 +33,31 @@ pub struct Backend {
     address: String,
     /// The `--fleet` file, when the test describes its own fleet.
     fleet_file: Option<PathBuf>,
+    /// Served over TLS with this certificate (written to `--tls-cert`/`--tls-key` files).
+    tls: Option<ServerTls>,
 }
 
 impl Backend {
     /// Starts the agent on a free port (`--listen 127.0.0.1:0`) with a fresh data dir and a
     /// generated admin token, and waits for its listening line.
     pub fn start() -> Backend {
-        Backend::launch(None)
+        Backend::launch(None, None)
     }
 
     /// Like [`Backend::start`], with the fleet `fleet_toml` describes (`[[pool]]` and
     /// `[[on_demand]]` groups, passed as `--fleet`) instead of the default one.
     pub fn start_with_fleet(fleet_toml: &str) -> Backend {
-        Backend::launch(Some(fleet_toml))
+        Backend::launch(Some(fleet_toml), None)
     }
 
-    fn launch(fleet_toml: Option<&str>) -> Backend {
+    /// Like [`Backend::start`], serving over TLS (`--tls-cert`/`--tls-key`) with `tls`'s
+    /// certificate; [`Backend::endpoint`] is then `https://` and the harness's clients trust
+    /// `tls.ca_pem`.
+    pub fn start_with_tls(tls: &ServerTls) -> Backend {
+        Backend::launch(None, Some(tls.clone()))
+    }
+
+    fn launch(fleet_toml: Option<&str>, tls: Option<ServerTls>) -> Backend {
         let root = tempfile::Builder::new()
             .prefix("gpufleet-backend-")
             .tempdir()
@@ -64,14 +74,21 @@ impl Backend {
             admin_token: generate_token("admin"),
             address: "127.0.0.1:0".to_string(),
             fleet_file,
+            tls,
         };
         backend.spawn();
         backend
     }
 
-    /// `http://host:port`, as the provider's `endpoint` takes it.
+    /// `http://host:port` (`https://` with TLS), as the provider's `endpoint` takes it.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.address)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.address)
+    }
+
+    /// The CA certificate (PEM) clients must trust; `None` when serving plain http.
+    pub fn ca_cert_pem(&self) -> Option<&str> {
+        self.tls.as_ref().map(|tls| tls.ca_pem.as_str())
     }
 
     pub fn admin_token(&self) -> &str {
@@ -93,12 +110,12 @@ impl Backend {
 
     /// gRPC clients that act as the admin.
     pub async fn admin(&self) -> Clients {
-        Clients::connect(&self.endpoint(), &self.admin_token).await
+        self.clients(&self.admin_token).await
     }
 
     /// gRPC clients that act with `token` (e.g. a tenant's).
     pub async fn clients(&self, token: &str) -> Clients {
-        Clients::connect(&self.endpoint(), token).await
+        Clients::connect_with_ca(&self.endpoint(), token, self.ca_cert_pem()).await
     }
 
     /// Stops the agent with SIGTERM (a clean shutdown), then starts it again on the same
@@ -133,6 +150,17 @@ impl Backend {
         if let Some(fleet) = &self.fleet_file {
             command.arg("--fleet").arg(fleet);
         }
+        if let Some(tls) = &self.tls {
+            let cert = self.root.path().join("tls-cert.pem");
+            let key = self.root.path().join("tls-key.pem");
+            fs::write(&cert, &tls.cert_pem).expect("write the TLS certificate");
+            fs::write(&key, &tls.key_pem).expect("write the TLS key");
+            command
+                .arg("--tls-cert")
+                .arg(cert)
+                .arg("--tls-key")
+                .arg(key);
+        }
         let mut child = command
             .arg("--listen")
             .arg(&self.address)
@@ -142,6 +170,8 @@ impl Backend {
             .arg(&self.admin_token)
             .env_remove("GPUFLEET_ADMIN_TOKEN")
             .env_remove("GPUFLEET_FLEET")
+            .env_remove("GPUFLEET_TLS_CERT")
+            .env_remove("GPUFLEET_TLS_KEY")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -168,7 +198,8 @@ impl Backend {
             match lines_rx.recv_timeout(STARTUP_LIMIT) {
                 Ok(line) => {
                     if let Some(url) = line.trim().strip_prefix(LISTENING_PREFIX) {
-                        let address = url.trim().trim_start_matches("http://");
+                        let url = url.trim();
+                        let address = url.split_once("://").map_or(url, |(_, rest)| rest);
                         return address.trim_end_matches('/').to_string();
                     }
                 }

@@ -11,7 +11,7 @@ use gpufleet_proto::v1::{
 };
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 use tonic::{Request, Status};
 
 /// Adds `authorization: Bearer <token>` to every call.
@@ -71,11 +71,27 @@ impl Inventory {
 
 impl Clients {
     pub async fn connect(endpoint: &str, token: &str) -> Clients {
-        let channel = Channel::from_shared(endpoint.to_string())
-            .unwrap_or_else(|e| panic!("bad endpoint {endpoint:?}: {e}"))
+        Clients::connect_with_ca(endpoint, token, None).await
+    }
+
+    /// Like [`Clients::connect`]; for an https endpoint, trusting the CA `ca_pem` and
+    /// checking that the server's certificate names the endpoint's host.
+    pub async fn connect_with_ca(endpoint: &str, token: &str, ca_pem: Option<&str>) -> Clients {
+        let mut builder = Channel::from_shared(endpoint.to_string())
+            .unwrap_or_else(|e| panic!("bad endpoint {endpoint:?}: {e}"));
+        if let Some(ca) = ca_pem {
+            let host = builder.uri().host().unwrap_or_default().to_string();
+            let tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca))
+                .domain_name(host);
+            builder = builder
+                .tls_config(tls)
+                .unwrap_or_else(|e| panic!("TLS config for {endpoint}: {e:?}"));
+        }
+        let channel = builder
             .connect()
             .await
-            .unwrap_or_else(|e| panic!("connect to {endpoint}: {e}"));
+            .unwrap_or_else(|e| panic!("connect to {endpoint}: {e:?}"));
         let auth = BearerAuth::new(token);
         Clients {
             tenants: TenantServiceClient::with_interceptor(channel.clone(), auth.clone()),

@@ -1,7 +1,8 @@
 //! End-to-end harness: the real backend binary, the real provider binary and real Terraform.
 //!
 //! - [`Backend`] starts `gpufleet-agent serve` on a free port with a temp data dir and stops it
-//!   on drop; [`Backend::restart`] keeps the data dir and the address.
+//!   on drop; [`Backend::restart`] keeps the data dir and the address;
+//!   [`Backend::start_with_tls`] serves over TLS with a [`ServerTls`] from [`pki`].
 //! - [`Clients`] are the gRPC service clients that carry a bearer token on every call.
 //! - [`hcl`] builds configurations from resource, data and output blocks.
 //! - [`Terraform`] is one Terraform working directory wired to the provider binary through
@@ -20,9 +21,11 @@ pub mod fixtures;
 pub mod grpc;
 pub mod hcl;
 pub mod json;
+pub mod pki;
 pub mod terraform;
 pub mod times;
 
 pub use backend::Backend;
 pub use grpc::Clients;
+pub use pki::ServerTls;
 pub use terraform::{Terraform, TfRun};

@@ -3,7 +3,7 @@
 //! The directory holds `providers.tf` (the `gpufleet/gpufleet` requirement), the test's
 //! `main.tf` and a CLI config whose `dev_overrides` point Terraform at the provider binary's
 //! directory, so no registry is involved. The provider is configured through
-//! `GPUFLEET_ENDPOINT` / `GPUFLEET_TOKEN`.
+//! `GPUFLEET_ENDPOINT` / `GPUFLEET_TOKEN`, and `GPUFLEET_CA_CERT_PEM` for a TLS backend.
 //!
 //! Methods named after a command assert that it succeeded and return its output; the
 //! `*_fails` ones assert that it failed. Every failed assertion prints Terraform's output and
@@ -87,14 +87,18 @@ pub struct Terraform {
     cli_config: PathBuf,
     endpoint: String,
     token: String,
+    /// GPUFLEET_CA_CERT_PEM; unset when `None`.
+    ca_cert_pem: Option<String>,
     backend_log: Option<PathBuf>,
 }
 
 impl Terraform {
-    /// A working directory that talks to `backend` with `token`.
+    /// A working directory that talks to `backend` with `token` (trusting its CA through
+    /// GPUFLEET_CA_CERT_PEM when it serves TLS).
     pub fn new(backend: &Backend, token: &str) -> Terraform {
         let mut tf = Terraform::detached(&backend.endpoint(), token);
         tf.backend_log = Some(backend.log_path());
+        tf.ca_cert_pem = backend.ca_cert_pem().map(str::to_string);
         tf
     }
 
@@ -125,6 +129,7 @@ impl Terraform {
             cli_config,
             endpoint: endpoint.to_string(),
             token: token.to_string(),
+            ca_cert_pem: None,
             backend_log: None,
         }
     }
@@ -136,6 +141,12 @@ impl Terraform {
     /// Later commands use `token` (GPUFLEET_TOKEN).
     pub fn set_token(&mut self, token: &str) {
         self.token = token.to_string();
+    }
+
+    /// Later commands set GPUFLEET_CA_CERT_PEM to `pem`, or leave it unset for `None`
+    /// (e.g. to configure `ca_cert_pem` in the provider block instead).
+    pub fn set_ca_cert_pem(&mut self, pem: Option<&str>) {
+        self.ca_cert_pem = pem.map(str::to_string);
     }
 
     /// Replaces `main.tf`.
@@ -156,7 +167,12 @@ impl Terraform {
 
     /// Runs `terraform <args>` in the working directory and returns what happened.
     pub fn run(&self, args: &[&str]) -> TfRun {
-        let output = Command::new(&self.terraform)
+        let mut command = Command::new(&self.terraform);
+        match &self.ca_cert_pem {
+            Some(pem) => command.env("GPUFLEET_CA_CERT_PEM", pem),
+            None => command.env_remove("GPUFLEET_CA_CERT_PEM"),
+        };
+        let output = command
             .args(args)
             .current_dir(self.dir.path())
             .env("TF_CLI_CONFIG_FILE", &self.cli_config)
