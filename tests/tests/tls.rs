@@ -79,3 +79,24 @@ async fn another_ca_is_one_diagnostic_and_nothing_is_created() {
     assert!(tf.state_list().is_empty(), "nothing reached state");
     assert!(backend.admin().await.inventory().await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_endpoint_of_a_plain_http_backend_is_one_diagnostic() {
+    let backend = Backend::start();
+    let endpoint = backend.endpoint().replacen("http://", "https://", 1);
+    let mut tf = Terraform::detached(&endpoint, backend.admin_token());
+    tf.set_ca_cert_pem(Some(&ServerTls::generate("gpufleet").ca_pem));
+    tf.write_main(&hcl::config(&[hcl::tenant("t", "team-tls")]));
+    tf.init();
+
+    let apply = tf.apply_fails();
+    assert_eq!(
+        apply.output().matches("Error:").count(),
+        1,
+        "one diagnostic\n{apply}"
+    );
+    apply.assert_mentions(&[&format!(
+        "TLS handshake with the gpufleet backend at {endpoint} failed: the server did not answer with TLS"
+    )]);
+    assert!(backend.admin().await.inventory().await.is_empty());
+}
