@@ -24,4 +24,4 @@ TERRAFORM_BIN="$(command -v terraform)"
 export TERRAFORM_BIN
 
 say "cargo test --workspace (agent: $GPUFLEET_AGENT_BIN, terraform: $TERRAFORM_BIN)"
-cargo test --workspace
+cargo test --workspace --no-fail-fast
