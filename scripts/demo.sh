@@ -41,8 +41,8 @@ tf() { terraform -chdir="$work/onboarding" "$@"; }
 tf get -no-color
 tf apply -auto-approve -input=false -no-color
 
-step "Outputs (terraform output)"
-tf output -no-color
+step "The speech team's GPUs, each cut into MIG slices (terraform output speech_gpu_partitions)"
+tf output -no-color speech_gpu_partitions
 
 step "The backend's nodes now (gpufleet-agent nodes)"
 "$agent" nodes

@@ -39,3 +39,7 @@ output "speech_node_hostnames" {
 output "speech_storage_path" {
   value = module.speech.storage_path
 }
+
+output "speech_gpu_partitions" {
+  value = module.speech.gpu_partitions
+}

@@ -39,3 +39,12 @@ output "storage_path" {
   description = "Where the cluster's dedicated volume is mounted."
   value       = gpufleet_tenant_cluster.this.storage_path
 }
+
+output "gpu_partitions" {
+  description = "Per node, each GPU's MIG devices as \"profile@start\" (empty for a whole GPU)."
+  value = {
+    for node in gpufleet_tenant_cluster.this.nodes : node.hostname => [
+      for gpu in node.gpus : join(" ", [for d in gpu.mig_devices : "${d.profile}@${d.start}"])
+    ]
+  }
+}
