@@ -11,6 +11,7 @@ mod cli;
 mod client;
 mod fleet;
 mod hardware;
+mod host;
 mod mig;
 mod rules;
 mod serve;

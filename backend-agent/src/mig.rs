@@ -1,9 +1,9 @@
 //! MIG partitioning of cluster GPUs: layout checks through the planner, and applying a
-//! layout on the (simulated) hardware of a cluster's nodes, recorded in the store only
-//! after the hardware succeeded.
+//! layout on the hardware of a cluster's nodes (simulated, or this host through NVML
+//! with `--hardware nvml`), recorded in the store only after the hardware succeeded.
 //!
-//! Fault injection (simulated hardware only, for tests): before each MIG change the
-//! control plane reads `<data-dir>/sim-faults.toml` when it exists:
+//! Fault injection (simulated nodes only, for tests; real nodes ignore it): before each
+//! MIG change the control plane reads `<data-dir>/sim-faults.toml` when it exists:
 //!
 //! ```toml
 //! fail_create_after = 2                  # the 3rd instance create of this request fails
@@ -166,24 +166,31 @@ pub fn sync(
         .map(|n| (n, placements.as_deref()))
         .chain(released.iter().map(|n| (n, None)))
         .collect();
-    let mut changed: Vec<(Arc<SimulatedNode>, GpuInfo)> = Vec::new();
+    let mut changed: Vec<(Arc<dyn GpuBackend>, GpuInfo)> = Vec::new();
     let mut marked_busy: Vec<(Arc<SimulatedNode>, u32)> = Vec::new();
     let mut armed: Vec<Arc<SimulatedNode>> = Vec::new();
     let mut creates = 0u32;
     let mut outcome = Ok(());
     'nodes: for (node, wanted) in &targets {
-        let sim = state
+        let hw = state
             .hardware
             .node(&node.id)
             .ok_or_else(|| Status::internal(format!("no hardware for node {}", node.hostname)))?;
-        let before = sim.gpus().map_err(|e| hw_status(&node.hostname, 0, e))?;
+        let backend = hw.backend();
+        // Faults are injected into simulated nodes only.
+        let sim = hw.simulated();
+        let before = backend
+            .gpus()
+            .map_err(|e| hw_status(&node.hostname, 0, e))?;
         for gpu in before {
-            if faults
-                .in_use
-                .contains(&format!("{}:{}", node.hostname, gpu.index))
-            {
-                sim.set_gpu_in_use(gpu.index, true);
-                marked_busy.push((sim.clone(), gpu.index));
+            if let Some(sim) = sim {
+                if faults
+                    .in_use
+                    .contains(&format!("{}:{}", node.hostname, gpu.index))
+                {
+                    sim.set_gpu_in_use(gpu.index, true);
+                    marked_busy.push((sim.clone(), gpu.index));
+                }
             }
             let result = match wanted {
                 Some(p) => {
@@ -195,7 +202,7 @@ pub fn sync(
                                 .any(|i| (i.profile_id, i.start) == (pl.profile_id, pl.start))
                         })
                         .count() as u32;
-                    if let Some(limit) = faults.fail_create_after {
+                    if let (Some(limit), Some(sim)) = (faults.fail_create_after, sim) {
                         if creates + new > limit {
                             sim.fail_create_at(
                                 limit - creates + 1,
@@ -204,14 +211,14 @@ pub fn sync(
                             armed.push(sim.clone());
                         }
                     }
-                    apply_layout(&*sim, gpu.index, p).map(|_| new)
+                    apply_layout(&*backend, gpu.index, p).map(|_| new)
                 }
-                None => clear_layout(&*sim, gpu.index).map(|_| 0),
+                None => clear_layout(&*backend, gpu.index).map(|_| 0),
             };
             match result {
                 Ok(new) => {
                     creates += new;
-                    changed.push((sim.clone(), gpu));
+                    changed.push((backend.clone(), gpu));
                 }
                 Err(e) => {
                     outcome = Err(hw_status(&node.hostname, gpu.index, e));
@@ -228,39 +235,34 @@ pub fn sync(
         sim.fail_create_at(u32::MAX, "disarmed");
     }
     if let Err(status) = outcome {
-        for (sim, before) in changed.iter().rev() {
+        for (backend, before) in changed.iter().rev() {
             let restored = if before.mig_enabled {
-                apply_layout(&**sim, before.index, &placements_of(before)).map(|_| ())
+                apply_layout(&**backend, before.index, &placements_of(before)).map(|_| ())
             } else {
-                clear_layout(&**sim, before.index)
+                clear_layout(&**backend, before.index)
             };
             if let Err(e) = restored {
-                tracing::error!(host = %sim.hostname(), gpu = before.index, error = %e, "rollback of a MIG change failed");
+                tracing::error!(host = %backend.hostname(), gpu = before.index, error = %e, "rollback of a MIG change failed");
             }
         }
         return Err(status);
     }
     for (node, _) in &targets {
-        let sim = state.hardware.node(&node.id).expect("checked above");
-        for gpu in sim.gpus().map_err(|e| hw_status(&node.hostname, 0, e))? {
-            let devices: Vec<store::nodes::MigDeviceRow> = gpu
-                .instances
-                .iter()
-                .map(|i| store::nodes::MigDeviceRow {
-                    profile: i.profile.clone(),
-                    profile_id: i.profile_id as i64,
-                    start: i.start as i64,
-                    size: i.size as i64,
-                    memory_mib: i.memory_mib as i64,
-                    uuid: i.uuid.clone(),
-                })
-                .collect();
+        let backend = state
+            .hardware
+            .node(&node.id)
+            .expect("checked above")
+            .backend();
+        for gpu in backend
+            .gpus()
+            .map_err(|e| hw_status(&node.hostname, 0, e))?
+        {
             store::nodes::set_mig_state(
                 conn,
                 &node.id,
                 gpu.index as i64,
                 gpu.mig_enabled,
-                &devices,
+                &crate::hardware::mig_device_rows(&gpu),
             )
             .map_err(db_error)?;
         }

@@ -1,5 +1,10 @@
 //! `gpufleet-agent serve`: opens the state, seeds the fleet, serves the gRPC API until
 //! SIGINT/SIGTERM.
+//!
+//! `--hardware sim` (default) serves the simulated fleet of the fleet file (or the
+//! built-in one). `--hardware nvml` serves this host alone as one pool node: seeded on
+//! first start from what NVML reports (see `crate::host`), with cluster MIG layouts
+//! applied to its real GPUs; `--fleet` does not apply and is refused.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -32,27 +37,47 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         "http"
     };
-    if args.hardware == Hardware::Nvml {
-        // The fleet's nodes stay simulated; this host's GPUs must at least be reachable.
-        crate::hardware::require_nvml()?;
-    }
+    // Checked before the data dir is touched: a misconfigured start leaves nothing behind.
+    let nvml = match args.hardware {
+        Hardware::Sim => None,
+        Hardware::Nvml => {
+            if let Some(fleet) = &args.fleet {
+                anyhow::bail!(
+                    "--fleet (GPUFLEET_FLEET): not used with --hardware nvml, whose fleet is this host's GPUs (got {}); drop one of them",
+                    fleet.display()
+                );
+            }
+            Some(Arc::new(crate::hardware::require_nvml()?))
+        }
+    };
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create the data dir {}", args.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
     // Held until the process exits (the kernel drops it even on SIGKILL).
     let _lock = DataDirLock::acquire(&data_dir)?;
-    let fleet_def = fleet::load(args.fleet.as_deref())?;
     let mut conn = store::open(&data_dir.join("state.db"))
         .with_context(|| format!("cannot open the state database in {}", data_dir.display()))?;
-    let seeded = fleet::seed(&mut conn, &fleet_def)?;
-    if seeded > 0 {
-        tracing::info!(nodes = seeded, "seeded the simulated fleet");
-    }
+    let hardware = match nvml {
+        Some(nvml) => {
+            let (node_id, created) = crate::host::seed(&mut conn, &*nvml)?;
+            if created {
+                tracing::info!(node = %node_id, "seeded this host as the fleet's one node");
+            }
+            crate::hardware::NodeHardware::single(&node_id, nvml)
+        }
+        None => {
+            let fleet_def = fleet::load(args.fleet.as_deref())?;
+            let seeded = fleet::seed(&mut conn, &fleet_def)?;
+            if seeded > 0 {
+                tracing::info!(nodes = seeded, "seeded the simulated fleet");
+            }
+            crate::hardware::NodeHardware::simulated(&conn)?
+        }
+    };
     let admin_token = match args.admin_token.filter(|t| !t.is_empty()) {
         Some(t) => t,
         None => admin_token_file(&data_dir)?,
     };
-    let hardware = crate::hardware::SimFleet::load(&conn)?;
     let state = Arc::new(AppState::new(conn, data_dir.clone(), admin_token, hardware));
 
     // Watch for signals before announcing the port: a SIGTERM right after the listening

@@ -14,8 +14,9 @@ pub struct AppState {
     db: Mutex<Connection>,
     pub data_dir: PathBuf,
     pub admin_token: String,
-    /// The simulated GPUs of every node; MIG changes go through it.
-    pub hardware: crate::hardware::SimFleet,
+    /// The GPUs of every node (simulated, or this host's real ones); MIG changes go
+    /// through it.
+    pub hardware: crate::hardware::NodeHardware,
 }
 
 impl AppState {
@@ -23,7 +24,7 @@ impl AppState {
         db: Connection,
         data_dir: PathBuf,
         admin_token: String,
-        hardware: crate::hardware::SimFleet,
+        hardware: crate::hardware::NodeHardware,
     ) -> Self {
         Self {
             db: Mutex::new(db),
