@@ -33,7 +33,7 @@ pub enum Command {
 pub enum Hardware {
     /// Simulated nodes that enforce the MIG rules like the hardware does.
     Sim,
-    /// Real NVIDIA GPUs through NVML (needs the NVIDIA driver).
+    /// This host's NVIDIA GPUs through NVML as the fleet's one node (needs the driver).
     Nvml,
 }
 
@@ -46,6 +46,7 @@ pub struct ServeArgs {
     #[arg(long, env = "GPUFLEET_DATA_DIR", default_value = "./.gpufleet")]
     pub data_dir: PathBuf,
     /// Fleet file (TOML with [[pool]] and [[on_demand]] tables); built-in default when absent.
+    /// Only with --hardware sim.
     #[arg(long, env = "GPUFLEET_FLEET")]
     pub fleet: Option<PathBuf>,
     /// Admin bearer token; when absent one is generated into <data-dir>/admin.token.
