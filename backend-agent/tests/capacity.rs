@@ -15,10 +15,7 @@ async fn quotas_bound_clusters_and_reservations_over_time() {
     let (t, _) = c.tenant("team-a").await;
     let quota = c.quota(&t.id, "H100-80GB", 24, 8).await;
 
-    c.clusters
-        .create_tenant_cluster(Clients::cluster(&t.id, "a", "H100-80GB", 2))
-        .await
-        .unwrap();
+    c.create_pool_cluster(&t.id, "a", "H100-80GB", 2).await;
     let msg = assert_status(
         c.clusters
             .create_tenant_cluster(Clients::cluster(&t.id, "b", "H100-80GB", 3))
@@ -38,29 +35,15 @@ async fn quotas_bound_clusters_and_reservations_over_time() {
     let n = now();
     let res =
         |nodes, s, e| Clients::reservation(&t.id, "H100-80GB", nodes, n + s * HOUR, n + e * HOUR);
-    c.reservations
-        .create_reservation(res(2, 10, 12))
-        .await
-        .unwrap();
+    c.create_reservation_from(res(2, 10, 12)).await;
     assert_status(
         c.reservations.create_reservation(res(1, 11, 13)).await,
         Code::FailedPrecondition,
         "leaves 0",
     );
-    c.reservations
-        .create_reservation(res(2, 12, 14))
-        .await
-        .unwrap();
+    c.create_reservation_from(res(2, 12, 14)).await;
 
-    let usage = c
-        .quotas
-        .get_quota_usage(QuotaUsageRequest {
-            tenant_id: t.id.clone(),
-            gpu_type: "H100-80GB".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let usage = c.usage(&t.id, "H100-80GB").await;
     assert_eq!(
         (
             usage.gpus,
@@ -95,8 +78,8 @@ async fn reservations_never_double_book_and_overflow_to_on_demand() {
     c.quota(&b.id, "H100-80GB", 64, 0).await;
     let n = now();
 
-    let first = Clients::reservation(&a.id, "H100-80GB", 3, n + HOUR, n + 3 * HOUR);
-    c.reservations.create_reservation(first).await.unwrap();
+    c.create_reservation(&a.id, "H100-80GB", 3, n + HOUR, n + 3 * HOUR)
+        .await;
     // Overlapping [2h, 3h): the pool has 1 node left there.
     let mut second = Clients::reservation(&b.id, "H100-80GB", 2, n + 2 * HOUR, n + 4 * HOUR);
     assert_status(
@@ -112,12 +95,7 @@ async fn reservations_never_double_book_and_overflow_to_on_demand() {
         "{msg}"
     );
     second.allow_on_demand = true;
-    let overflow = c
-        .reservations
-        .create_reservation(second)
-        .await
-        .unwrap()
-        .into_inner();
+    let overflow = c.create_reservation_from(second).await;
     assert_eq!((overflow.pool_nodes, overflow.on_demand_nodes), (1, 1));
 
     let window = AvailabilityRequest {
@@ -128,16 +106,10 @@ async fn reservations_never_double_book_and_overflow_to_on_demand() {
     let avail = c.fleet.get_availability(window).await.unwrap().into_inner();
     assert_eq!((avail.free_pool_nodes, avail.free_on_demand_nodes), (0, 3));
     // Back to back with the first reservation: no overlap, the pool is free again.
-    let after = Clients::reservation(&a.id, "H100-80GB", 3, n + 3 * HOUR, n + 5 * HOUR);
-    assert_eq!(
-        c.reservations
-            .create_reservation(after)
-            .await
-            .unwrap()
-            .into_inner()
-            .pool_nodes,
-        3
-    );
+    let after = c
+        .create_reservation(&a.id, "H100-80GB", 3, n + 3 * HOUR, n + 5 * HOUR)
+        .await;
+    assert_eq!(after.pool_nodes, 3);
     // Clusters hold pool nodes from now on: none is free for ever.
     assert_status(
         c.clusters
@@ -147,29 +119,16 @@ async fn reservations_never_double_book_and_overflow_to_on_demand() {
         "pool has 0 free",
     );
     // Growing a reservation is checked like a new one (excluding itself).
-    let grow = UpdateReservationRequest {
-        id: overflow.id.clone(),
-        node_count: 6,
-        end_time: None,
-        allow_on_demand: None,
-    };
     assert_status(
-        c.reservations.update_reservation(grow).await,
+        c.reservations
+            .update_reservation(Clients::resize_reservation(&overflow.id, 6))
+            .await,
         Code::FailedPrecondition,
         "needs 6 H100-80GB nodes",
     );
-    let grow = UpdateReservationRequest {
-        id: overflow.id,
-        node_count: 4,
-        end_time: None,
-        allow_on_demand: None,
-    };
     let grown = c
-        .reservations
-        .update_reservation(grow)
-        .await
-        .unwrap()
-        .into_inner();
+        .update_reservation(Clients::resize_reservation(&overflow.id, 4))
+        .await;
     assert_eq!((grown.pool_nodes, grown.on_demand_nodes), (1, 3));
 }
 
@@ -182,29 +141,19 @@ async fn clusters_draw_nodes_from_active_reservations() {
     c.quota(&t.id, "H100-80GB", 32, 0).await;
     let n = now();
     let res = c
-        .reservations
-        .create_reservation(Clients::reservation(&t.id, "H100-80GB", 2, n, n + 2 * HOUR))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut on_res = Clients::cluster(&t.id, "k", "H100-80GB", 2);
-    on_res.reservation_id = res.id.clone();
+        .create_reservation(&t.id, "H100-80GB", 2, n, n + 2 * HOUR)
+        .await;
     let k = c
-        .clusters
-        .create_tenant_cluster(on_res)
-        .await
-        .unwrap()
-        .into_inner();
+        .create_cluster(Clients::cluster_on_reservation(
+            &t.id,
+            "k",
+            "H100-80GB",
+            2,
+            &res.id,
+        ))
+        .await;
     assert_eq!(k.nodes.len(), 2);
-    let usage = c
-        .quotas
-        .get_quota_usage(QuotaUsageRequest {
-            tenant_id: t.id.clone(),
-            gpu_type: "H100-80GB".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let usage = c.usage(&t.id, "H100-80GB").await;
     assert_eq!(
         (usage.used, usage.reserved),
         (0, 16),
@@ -221,14 +170,10 @@ async fn clusters_draw_nodes_from_active_reservations() {
         Code::FailedPrecondition,
         "reservation",
     );
-    let shrink = UpdateReservationRequest {
-        id: res.id.clone(),
-        node_count: 1,
-        end_time: None,
-        allow_on_demand: None,
-    };
     assert_status(
-        c.reservations.update_reservation(shrink).await,
+        c.reservations
+            .update_reservation(Clients::resize_reservation(&res.id, 1))
+            .await,
         Code::FailedPrecondition,
         "clusters hold 2 nodes",
     );
@@ -240,20 +185,10 @@ async fn clusters_draw_nodes_from_active_reservations() {
         "'k'",
     );
     let later = c
-        .reservations
-        .create_reservation(Clients::reservation(
-            &t.id,
-            "H100-80GB",
-            1,
-            n + 5 * HOUR,
-            n + 6 * HOUR,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        .create_reservation(&t.id, "H100-80GB", 1, n + 5 * HOUR, n + 6 * HOUR)
+        .await;
     assert_eq!(later.status, "scheduled");
-    let mut early = Clients::cluster(&t.id, "early", "H100-80GB", 1);
-    early.reservation_id = later.id;
+    let early = Clients::cluster_on_reservation(&t.id, "early", "H100-80GB", 1, &later.id);
     assert_status(
         c.clusters.create_tenant_cluster(early).await,
         Code::FailedPrecondition,
@@ -266,12 +201,7 @@ async fn clusters_draw_nodes_from_active_reservations() {
         node_count: 1,
         ..Default::default()
     };
-    let k = c
-        .clusters
-        .update_tenant_cluster(down)
-        .await
-        .unwrap()
-        .into_inner();
+    let k = c.update_cluster(down).await;
     assert_eq!(
         k.nodes
             .iter()
@@ -290,18 +220,8 @@ async fn nodes_are_dedicated_to_one_cluster() {
     let (b, _) = c.tenant("team-b").await;
     c.quota(&a.id, "H100-80GB", 64, 0).await;
     c.quota(&b.id, "H100-80GB", 64, 0).await;
-    let ka = c
-        .clusters
-        .create_tenant_cluster(Clients::cluster(&a.id, "k", "H100-80GB", 2))
-        .await
-        .unwrap()
-        .into_inner();
-    let kb = c
-        .clusters
-        .create_tenant_cluster(Clients::cluster(&b.id, "k", "H100-80GB", 2))
-        .await
-        .unwrap()
-        .into_inner();
+    let ka = c.create_pool_cluster(&a.id, "k", "H100-80GB", 2).await;
+    let kb = c.create_pool_cluster(&b.id, "k", "H100-80GB", 2).await;
     let hosts = |k: &TenantCluster| {
         k.nodes
             .iter()
@@ -343,12 +263,7 @@ async fn dependents_block_deletes() {
     let mut c = agent.admin().await;
     let (t, _) = c.tenant("team-a").await;
     let quota = c.quota(&t.id, "H100-80GB", 16, 0).await;
-    let k = c
-        .clusters
-        .create_tenant_cluster(Clients::cluster(&t.id, "k", "H100-80GB", 1))
-        .await
-        .unwrap()
-        .into_inner();
+    let k = c.create_pool_cluster(&t.id, "k", "H100-80GB", 1).await;
 
     assert_status(
         c.tenants
@@ -366,10 +281,7 @@ async fn dependents_block_deletes() {
         Code::FailedPrecondition,
         "cluster 'k'",
     );
-    c.clusters
-        .delete_tenant_cluster(DeleteTenantClusterRequest { id: k.id })
-        .await
-        .unwrap();
+    c.delete_cluster(&k.id).await;
     c.quotas
         .delete_gpu_quota(DeleteGpuQuotaRequest { id: quota.id })
         .await
@@ -378,14 +290,7 @@ async fn dependents_block_deletes() {
         .delete_tenant(DeleteTenantRequest { id: t.id })
         .await
         .unwrap();
-    assert!(c
-        .tenants
-        .list_tenants(ListTenantsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .tenants
-        .is_empty());
+    assert_eq!(c.tenant_count().await, 0);
 }
 
 #[tokio::test]
@@ -397,12 +302,7 @@ async fn storage_directories_are_created_grown_and_removed() {
     c.quota(&t.id, "H100-80GB", 16, 0).await;
     let mut req = Clients::cluster(&t.id, "k", "H100-80GB", 1);
     req.storage_gib = 500;
-    let k = c
-        .clusters
-        .create_tenant_cluster(req)
-        .await
-        .unwrap()
-        .into_inner();
+    let k = c.create_cluster(req).await;
     let path = std::path::PathBuf::from(&k.storage_path);
     assert!(
         path.is_absolute() && path.ends_with("volumes/team-a/k"),
@@ -418,15 +318,7 @@ async fn storage_directories_are_created_grown_and_removed() {
         storage_gib: 1000,
         ..Default::default()
     };
-    assert_eq!(
-        c.clusters
-            .update_tenant_cluster(grow)
-            .await
-            .unwrap()
-            .into_inner()
-            .storage_gib,
-        1000
-    );
+    assert_eq!(c.update_cluster(grow).await.storage_gib, 1000);
     assert!(meta().contains("\"size_gib\":1000"), "{}", meta());
 
     // A create refused by the quota leaves no directory behind.
@@ -438,9 +330,6 @@ async fn storage_directories_are_created_grown_and_removed() {
     );
     assert!(!agent.data_dir.join("volumes/team-a/refused").exists());
 
-    c.clusters
-        .delete_tenant_cluster(DeleteTenantClusterRequest { id: k.id })
-        .await
-        .unwrap();
+    c.delete_cluster(&k.id).await;
     assert!(!path.exists());
 }

@@ -13,12 +13,7 @@ use tonic::Code;
 async fn until_ended(c: &mut Clients, id: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let r = c
-            .reservations
-            .get_reservation(GetReservationRequest { id: id.into() })
-            .await
-            .unwrap()
-            .into_inner();
+        let r = c.get_reservation(id).await;
         if r.status == "ended" {
             return;
         }
@@ -39,32 +34,19 @@ async fn ended_reservations_go_with_their_quota_and_tenant() {
     let quota = c.quota(&t.id, "H100-80GB", 16, 0).await;
     let n = now();
     let live = c
-        .reservations
-        .create_reservation(Clients::reservation(
+        .create_reservation(&t.id, "H100-80GB", 1, n + HOUR, n + 2 * HOUR)
+        .await;
+    let short = c.create_reservation(&t.id, "H100-80GB", 1, n, n + 3).await;
+    // A cluster drew from the short reservation while it was active; it outlives it.
+    let k = c
+        .create_cluster(Clients::cluster_on_reservation(
             &t.id,
+            "k",
             "H100-80GB",
             1,
-            n + HOUR,
-            n + 2 * HOUR,
+            &short.id,
         ))
-        .await
-        .unwrap()
-        .into_inner();
-    let short = c
-        .reservations
-        .create_reservation(Clients::reservation(&t.id, "H100-80GB", 1, n, n + 3))
-        .await
-        .unwrap()
-        .into_inner();
-    // A cluster drew from the short reservation while it was active; it outlives it.
-    let mut on_res = Clients::cluster(&t.id, "k", "H100-80GB", 1);
-    on_res.reservation_id = short.id.clone();
-    let k = c
-        .clusters
-        .create_tenant_cluster(on_res)
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     until_ended(&mut c, &short.id).await;
 
     let delete_quota = DeleteGpuQuotaRequest {
@@ -90,14 +72,8 @@ async fn ended_reservations_go_with_their_quota_and_tenant() {
         "still has 1 gpu quota(s), 1 reservation(s) and 1 cluster(s)",
     );
 
-    c.clusters
-        .delete_tenant_cluster(DeleteTenantClusterRequest { id: k.id })
-        .await
-        .unwrap();
-    c.reservations
-        .delete_reservation(DeleteReservationRequest { id: live.id })
-        .await
-        .unwrap();
+    c.delete_cluster(&k.id).await;
+    c.delete_reservation(&live.id).await;
     // Only the ended reservation is left: it no longer blocks, and goes with the quota.
     c.quotas.delete_gpu_quota(delete_quota).await.unwrap();
     assert_status(

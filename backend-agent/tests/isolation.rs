@@ -25,23 +25,11 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
     admin.quota(&a.id, "H100-80GB", 16, 0).await;
     let t = now();
     let b_res = admin
-        .reservations
-        .create_reservation(Clients::reservation(
-            &b.id,
-            "H100-80GB",
-            1,
-            t + HOUR,
-            t + 2 * HOUR,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        .create_reservation(&b.id, "H100-80GB", 1, t + HOUR, t + 2 * HOUR)
+        .await;
     let b_cluster = admin
-        .clusters
-        .create_tenant_cluster(Clients::cluster(&b.id, "secret", "H100-80GB", 1))
-        .await
-        .unwrap()
-        .into_inner();
+        .create_pool_cluster(&b.id, "secret", "H100-80GB", 1)
+        .await;
     let before = admin.snapshot().await;
 
     let mut c = agent.clients(&a_token).await;
@@ -246,13 +234,7 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
         .into_inner()
         .quotas;
     assert!(quotas.iter().all(|q| q.tenant_id == a.id) && quotas.len() == 1);
-    let nodes = c
-        .fleet
-        .list_nodes(ListNodesRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    let nodes = c.nodes().await;
     assert!(nodes
         .iter()
         .all(|n| n.cluster_id.is_empty() && n.tenant_id.is_empty()));
@@ -298,18 +280,12 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
     );
 
     // A's own work still goes through, inside its own tenant.
-    let own = c
-        .clusters
-        .create_tenant_cluster(Clients::cluster("", "mine", "H100-80GB", 1))
-        .await
-        .unwrap()
-        .into_inner();
+    let own = c.create_pool_cluster("", "mine", "H100-80GB", 1).await;
     assert_eq!(own.tenant_id, a.id);
-    c.clusters
-        .delete_tenant_cluster(DeleteTenantClusterRequest { id: own.id })
-        .await
-        .unwrap();
-    assert_eq!(admin.snapshot().await, before, "B's objects are untouched");
+    c.delete_cluster(&own.id).await;
+    admin
+        .assert_unchanged(&before, "B's objects are untouched")
+        .await;
 }
 
 #[tokio::test]

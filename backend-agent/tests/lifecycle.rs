@@ -15,13 +15,7 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
     let mut c = agent.admin().await;
 
     // Fleet: the built-in default.
-    let types = c
-        .fleet
-        .list_gpu_types(ListGpuTypesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .gpu_types;
+    let types = c.gpu_types().await;
     let counts: Vec<(String, i64, i64, i32)> = types
         .iter()
         .map(|t| {
@@ -41,13 +35,7 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
             ("H200-141GB".into(), 2, 0, 8)
         ]
     );
-    let nodes = c
-        .fleet
-        .list_nodes(ListNodesRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    let nodes = c.nodes().await;
     assert_eq!(nodes.len(), 12);
     let first = nodes
         .iter()
@@ -129,43 +117,30 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
     // Reservations: an active one.
     let t = now();
     let res = c
-        .reservations
-        .create_reservation(Clients::reservation(
-            &tenant.id,
-            "H100-80GB",
-            2,
-            t - 60,
-            t + 2 * HOUR,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        .create_reservation(&tenant.id, "H100-80GB", 2, t - 60, t + 2 * HOUR)
+        .await;
     assert_eq!(
         (res.status.as_str(), res.pool_nodes, res.on_demand_nodes),
         ("active", 2, 0)
     );
     let res = c
-        .reservations
         .update_reservation(UpdateReservationRequest {
-            id: res.id.clone(),
-            node_count: 0,
             end_time: ts(t + 3 * HOUR),
-            allow_on_demand: None,
+            ..Clients::reservation_update(&res.id)
         })
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     assert_eq!(res.end_time, ts(t + 3 * HOUR));
 
     // Clusters: one on the reservation, one from the pool.
-    let mut on_res = Clients::cluster(&tenant.id, "train", "H100-80GB", 2);
-    on_res.reservation_id = res.id.clone();
     let train = c
-        .clusters
-        .create_tenant_cluster(on_res)
-        .await
-        .unwrap()
-        .into_inner();
+        .create_cluster(Clients::cluster_on_reservation(
+            &tenant.id,
+            "train",
+            "H100-80GB",
+            2,
+            &res.id,
+        ))
+        .await;
     assert_eq!(
         (train.status.as_str(), train.nodes.len(), train.storage_gib),
         ("running", 2, 100)
@@ -179,44 +154,23 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
         .contains("server: https://train.team-a.k8s.gpufleet.internal:6443"));
     let mut slurm = Clients::cluster(&tenant.id, "hpc", "H100-80GB", 1);
     slurm.orchestrator = "slurm".into();
-    let hpc = c
-        .clusters
-        .create_tenant_cluster(slurm)
-        .await
-        .unwrap()
-        .into_inner();
+    let hpc = c.create_cluster(slurm).await;
     assert_eq!(hpc.endpoint, "hpc-login.team-a.slurm.gpufleet.internal:22");
     assert!(hpc.credentials.contains("user: team-a"));
     let hpc = c
-        .clusters
-        .update_tenant_cluster(UpdateTenantClusterRequest {
+        .update_cluster(UpdateTenantClusterRequest {
             id: hpc.id.clone(),
             node_count: 2,
             storage_gib: 200,
             ..Default::default()
         })
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     assert_eq!((hpc.nodes.len(), hpc.storage_gib), (2, 200));
-    let got = c
-        .clusters
-        .get_tenant_cluster(GetTenantClusterRequest { id: hpc.id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
+    let got = c.get_cluster(&hpc.id).await;
     assert_eq!(got, hpc);
 
     // Usage: 16 GPUs in the pool cluster, 16 reserved.
-    let usage = c
-        .quotas
-        .get_quota_usage(QuotaUsageRequest {
-            tenant_id: tenant.id.clone(),
-            gpu_type: "H100-80GB".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let usage = c.usage(&tenant.id, "H100-80GB").await;
     assert_eq!((usage.used, usage.reserved, usage.available), (16, 16, 8));
 
     // Restart on the same data dir: nothing lost, the tenant token still works.
@@ -225,7 +179,8 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
     assert!(agent.stop().success(), "SIGTERM is a clean shutdown");
     let agent = Agent::start(&data);
     let mut c = agent.admin().await;
-    assert_eq!(c.snapshot().await, before);
+    c.assert_unchanged(&before, "a restart keeps every object")
+        .await;
     let mut as_tenant = agent.clients(&token).await;
     let own = as_tenant
         .clusters
@@ -237,15 +192,9 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
 
     // Tear down in dependency order.
     for id in [train.id, hpc.id] {
-        c.clusters
-            .delete_tenant_cluster(DeleteTenantClusterRequest { id })
-            .await
-            .unwrap();
+        c.delete_cluster(&id).await;
     }
-    c.reservations
-        .delete_reservation(DeleteReservationRequest { id: res.id })
-        .await
-        .unwrap();
+    c.delete_reservation(&res.id).await;
     c.quotas
         .delete_gpu_quota(DeleteGpuQuotaRequest { id: quota.id })
         .await
@@ -254,13 +203,7 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
         .delete_tenant(DeleteTenantRequest { id: tenant.id })
         .await
         .unwrap();
-    let nodes = c
-        .fleet
-        .list_nodes(ListNodesRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    let nodes = c.nodes().await;
     assert!(
         nodes.iter().all(|n| n.cluster_id.is_empty()),
         "every node is free again"
@@ -286,14 +229,7 @@ async fn generated_admin_token_is_private_and_reused() {
     let agent = Agent::start_with(&data, &[]);
     assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), token);
     let mut c = agent.clients(&token).await;
-    let tenants = c
-        .tenants
-        .list_tenants(ListTenantsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .tenants;
-    assert_eq!(tenants.len(), 1);
+    assert_eq!(c.tenant_count().await, 1);
 }
 
 #[tokio::test]
@@ -329,16 +265,7 @@ async fn a_retried_create_returns_the_first_object() {
         "GPUFLEET_TOKEN",
     );
     let mut new = agent.clients(&second.token).await;
-    assert_eq!(
-        new.tenants
-            .list_tenants(ListTenantsRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .tenants
-            .len(),
-        1
-    );
+    assert_eq!(new.tenant_count().await, 1);
     let other = CreateTenantRequest {
         name: "team-b".into(),
         ..req
@@ -356,45 +283,16 @@ async fn a_retried_create_returns_the_first_object() {
 
     let t = now();
     let r = Clients::reservation(&tenant.id, "H100-80GB", 1, t + HOUR, t + 2 * HOUR);
-    let r1 = c
-        .reservations
-        .create_reservation(r.clone())
-        .await
-        .unwrap()
-        .into_inner();
-    let r2 = c
-        .reservations
-        .create_reservation(r)
-        .await
-        .unwrap()
-        .into_inner();
+    let r1 = c.create_reservation_from(r.clone()).await;
+    let r2 = c.create_reservation_from(r).await;
     assert_eq!(r1.id, r2.id);
 
     let k = Clients::cluster(&tenant.id, "k", "H100-80GB", 1);
-    let k1 = c
-        .clusters
-        .create_tenant_cluster(k.clone())
-        .await
-        .unwrap()
-        .into_inner();
-    let k2 = c
-        .clusters
-        .create_tenant_cluster(k)
-        .await
-        .unwrap()
-        .into_inner();
+    let k1 = c.create_cluster(k.clone()).await;
+    let k2 = c.create_cluster(k).await;
     assert_eq!(k1, k2);
 
-    assert_eq!(
-        c.tenants
-            .list_tenants(ListTenantsRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .tenants
-            .len(),
-        1
-    );
+    assert_eq!(c.tenant_count().await, 1);
     assert_eq!(
         c.quotas
             .list_gpu_quotas(ListGpuQuotasRequest::default())
@@ -435,13 +333,7 @@ async fn the_fleet_file_defines_the_nodes() {
         &["--admin-token", ADMIN, "--fleet", fleet.to_str().unwrap()],
     );
     let mut c = agent.admin().await;
-    let nodes = c
-        .fleet
-        .list_nodes(ListNodesRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    let nodes = c.nodes().await;
     let hosts: Vec<_> = nodes
         .iter()
         .map(|n| (n.hostname.as_str(), n.gpus.len()))

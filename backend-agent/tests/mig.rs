@@ -3,15 +3,9 @@
 
 mod common;
 
-use std::collections::HashMap;
-
 use common::*;
 use gpufleet_proto::v1::*;
 use tonic::Code;
-
-fn layout(items: &[(&str, i32)]) -> HashMap<String, i32> {
-    items.iter().map(|(k, v)| (k.to_string(), *v)).collect()
-}
 
 /// (profile, start) of every MIG device of every GPU of the cluster's nodes.
 fn devices(k: &TenantCluster) -> Vec<Vec<(String, i32)>> {
@@ -36,7 +30,7 @@ async fn check_mig_layout_answers_fit_and_why_not() {
         .fleet
         .check_mig_layout(CheckMigLayoutRequest {
             gpu_type: "H100-80GB".into(),
-            layout: layout(&[("3g.40gb", 1), ("2g.20gb", 1), ("1g.10gb", 2)]),
+            layout: mig_layout(&[("3g.40gb", 1), ("2g.20gb", 1), ("1g.10gb", 2)]),
         })
         .await
         .unwrap()
@@ -51,7 +45,7 @@ async fn check_mig_layout_answers_fit_and_why_not() {
         .fleet
         .check_mig_layout(CheckMigLayoutRequest {
             gpu_type: "H100-80GB".into(),
-            layout: layout(&[("3g.40gb", 3)]),
+            layout: mig_layout(&[("3g.40gb", 3)]),
         })
         .await
         .unwrap()
@@ -60,13 +54,7 @@ async fn check_mig_layout_answers_fit_and_why_not() {
         !no.fits && !no.reason.is_empty() && !no.suggestions.is_empty(),
         "{no:?}"
     );
-    let types = c
-        .fleet
-        .list_gpu_types(ListGpuTypesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .gpu_types;
+    let types = c.gpu_types().await;
     let h100 = types.iter().find(|t| t.name == "H100-80GB").unwrap();
     assert!(
         h100.mig_capable
@@ -87,7 +75,7 @@ async fn layouts_are_applied_recorded_changed_and_rolled_back() {
     c.quota(&t.id, "H100-80GB", 16, 0).await;
 
     let mut bad = Clients::cluster(&t.id, "bad", "H100-80GB", 1);
-    bad.mig_layout = layout(&[("3g.40gb", 3)]);
+    bad.mig_layout = mig_layout(&[("3g.40gb", 3)]);
     assert_status(
         c.clusters.create_tenant_cluster(bad).await,
         Code::InvalidArgument,
@@ -95,13 +83,8 @@ async fn layouts_are_applied_recorded_changed_and_rolled_back() {
     );
 
     let mut req = Clients::cluster(&t.id, "k", "H100-80GB", 1);
-    req.mig_layout = layout(&[("3g.40gb", 2)]);
-    let k = c
-        .clusters
-        .create_tenant_cluster(req)
-        .await
-        .unwrap()
-        .into_inner();
+    req.mig_layout = mig_layout(&[("3g.40gb", 2)]);
+    let k = c.create_cluster(req).await;
     let two_3g = vec![("3g.40gb".to_string(), 0), ("3g.40gb".to_string(), 4)];
     assert_eq!(devices(&k), vec![two_3g.clone(); 8]);
     assert!(k.nodes[0]
@@ -115,17 +98,12 @@ async fn layouts_are_applied_recorded_changed_and_rolled_back() {
     assert!(agent.stop().success());
     let agent = Agent::start(&data);
     let mut c = agent.admin().await;
-    let k = c
-        .clusters
-        .get_tenant_cluster(GetTenantClusterRequest { id: k.id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
+    let k = c.get_cluster(&k.id).await;
     assert_eq!(devices(&k), vec![two_3g.clone(); 8]);
 
     let change = UpdateTenantClusterRequest {
         id: k.id.clone(),
-        mig_layout: layout(&[("1g.10gb", 7)]),
+        mig_layout: mig_layout(&[("1g.10gb", 7)]),
         set_mig_layout: true,
         ..Default::default()
     };
@@ -136,14 +114,9 @@ async fn layouts_are_applied_recorded_changed_and_rolled_back() {
         Code::Aborted,
         "rolled back",
     );
-    let now = c
-        .clusters
-        .get_tenant_cluster(GetTenantClusterRequest { id: k.id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
+    let now = c.get_cluster(&k.id).await;
     assert_eq!(devices(&now), vec![two_3g.clone(); 8]);
-    assert!(now.mig_layout == layout(&[("3g.40gb", 2)]));
+    assert!(now.mig_layout == mig_layout(&[("3g.40gb", 2)]));
 
     // Work running on a GPU blocks the change, naming the instances.
     std::fs::write(
@@ -157,37 +130,18 @@ async fn layouts_are_applied_recorded_changed_and_rolled_back() {
         "work is running",
     );
     assert!(msg.contains(&host) && msg.contains("GPU 3"), "{msg}");
-    let now = c
-        .clusters
-        .get_tenant_cluster(GetTenantClusterRequest { id: k.id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
+    let now = c.get_cluster(&k.id).await;
     assert_eq!(devices(&now), vec![two_3g.clone(); 8]);
 
     std::fs::remove_file(data.join("sim-faults.toml")).unwrap();
-    let changed = c
-        .clusters
-        .update_tenant_cluster(change)
-        .await
-        .unwrap()
-        .into_inner();
+    let changed = c.update_cluster(change).await;
     assert!(devices(&changed)
         .iter()
         .all(|g| g.len() == 7 && g.iter().all(|(p, _)| p == "1g.10gb")));
 
     // Deleting the cluster returns its node to whole GPUs.
-    c.clusters
-        .delete_tenant_cluster(DeleteTenantClusterRequest { id: k.id })
-        .await
-        .unwrap();
-    let nodes = c
-        .fleet
-        .list_nodes(ListNodesRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    c.delete_cluster(&k.id).await;
+    let nodes = c.nodes().await;
     let node = nodes.iter().find(|n| n.hostname == host).unwrap();
     assert!(node
         .gpus

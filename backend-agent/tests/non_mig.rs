@@ -3,27 +3,12 @@
 
 mod common;
 
-use std::collections::HashMap;
-
 use common::*;
 use gpufleet_proto::v1::*;
 use tonic::Code;
 
 const NO_MIG: &str =
     "mig_layout: L40S does not support MIG; leave mig_layout unset to use whole GPUs";
-
-fn layout(items: &[(&str, i32)]) -> HashMap<String, i32> {
-    items.iter().map(|(k, v)| (k.to_string(), *v)).collect()
-}
-
-async fn gpu_types(c: &mut Clients) -> Vec<GpuType> {
-    c.fleet
-        .list_gpu_types(ListGpuTypesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .gpu_types
-}
 
 #[tokio::test]
 async fn l40s_nodes_serve_whole_gpus_and_refuse_mig() {
@@ -40,7 +25,7 @@ async fn l40s_nodes_serve_whole_gpus_and_refuse_mig() {
     );
     let mut c = agent.admin().await;
 
-    let types = gpu_types(&mut c).await;
+    let types = c.gpu_types().await;
     let l40s = types
         .iter()
         .find(|t| t.name == "L40S")
@@ -60,7 +45,7 @@ async fn l40s_nodes_serve_whole_gpus_and_refuse_mig() {
         c.fleet
             .check_mig_layout(CheckMigLayoutRequest {
                 gpu_type: "L40S".into(),
-                layout: layout(&[("1g.10gb", 1)]),
+                layout: mig_layout(&[("1g.10gb", 1)]),
             })
             .await,
         Code::InvalidArgument,
@@ -72,25 +57,17 @@ async fn l40s_nodes_serve_whole_gpus_and_refuse_mig() {
     c.quota(&t.id, "L40S", 8, 0).await;
     let before = c.snapshot().await;
     let mut mig = Clients::cluster(&t.id, "mig", "L40S", 1);
-    mig.mig_layout = layout(&[("1g.10gb", 1)]);
+    mig.mig_layout = mig_layout(&[("1g.10gb", 1)]);
     let msg = assert_status(
         c.clusters.create_tenant_cluster(mig).await,
         Code::InvalidArgument,
         "",
     );
     assert_eq!(msg, NO_MIG);
-    assert_eq!(
-        c.snapshot().await,
-        before,
-        "a refused create changes nothing"
-    );
+    c.assert_unchanged(&before, "a refused create changes nothing")
+        .await;
 
-    let k = c
-        .clusters
-        .create_tenant_cluster(Clients::cluster(&t.id, "k", "L40S", 2))
-        .await
-        .unwrap()
-        .into_inner();
+    let k = c.create_pool_cluster(&t.id, "k", "L40S", 2).await;
     assert_eq!(k.nodes.len(), 2);
     for g in k.nodes.iter().flat_map(|n| n.gpus.iter()) {
         assert_eq!(
@@ -105,7 +82,7 @@ async fn l40s_nodes_serve_whole_gpus_and_refuse_mig() {
         c.clusters
             .update_tenant_cluster(UpdateTenantClusterRequest {
                 id: k.id.clone(),
-                mig_layout: layout(&[("1g.10gb", 1)]),
+                mig_layout: mig_layout(&[("1g.10gb", 1)]),
                 set_mig_layout: true,
                 ..Default::default()
             })
@@ -114,20 +91,15 @@ async fn l40s_nodes_serve_whole_gpus_and_refuse_mig() {
         "",
     );
     assert_eq!(msg, NO_MIG);
-    assert_eq!(
-        c.snapshot().await,
-        before,
-        "a refused update changes nothing"
-    );
+    c.assert_unchanged(&before, "a refused update changes nothing")
+        .await;
     // Whole GPUs stay whole GPUs: an empty layout is accepted.
-    c.clusters
-        .update_tenant_cluster(UpdateTenantClusterRequest {
-            id: k.id.clone(),
-            set_mig_layout: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    c.update_cluster(UpdateTenantClusterRequest {
+        id: k.id.clone(),
+        set_mig_layout: true,
+        ..Default::default()
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -135,11 +107,7 @@ async fn the_default_fleet_has_no_l40s() {
     let dir = tempfile::tempdir().unwrap();
     let agent = Agent::start(&dir.path().join("data"));
     let mut c = agent.admin().await;
-    let names: Vec<String> = gpu_types(&mut c)
-        .await
-        .into_iter()
-        .map(|t| t.name)
-        .collect();
+    let names: Vec<String> = c.gpu_types().await.into_iter().map(|t| t.name).collect();
     assert_eq!(names, vec!["A100-80GB", "H100-80GB", "H200-141GB"]);
     // The catalog still knows L40S: a quota for it is a valid request.
     let (t, _) = c.tenant("team-a").await;

@@ -67,12 +67,7 @@ async fn sigkill_then_restart_recovers_every_committed_write() {
     let mut c = agent.admin().await;
     let (t, _) = c.tenant("team-a").await;
     c.quota(&t.id, "H100-80GB", 16, 0).await;
-    let k = c
-        .clusters
-        .create_tenant_cluster(Clients::cluster(&t.id, "k", "H100-80GB", 1))
-        .await
-        .unwrap()
-        .into_inner();
+    let k = c.create_pool_cluster(&t.id, "k", "H100-80GB", 1).await;
     let before = c.snapshot().await;
     // Committed but still in the WAL: nothing checkpointed it into the main file.
     assert!(data.join("state.db-wal").exists());
@@ -82,13 +77,9 @@ async fn sigkill_then_restart_recovers_every_committed_write() {
 
     let second = Agent::start(&data);
     let mut c2 = second.admin().await;
-    assert_eq!(c2.snapshot().await, before);
-    let got = c2
-        .clusters
-        .get_tenant_cluster(GetTenantClusterRequest { id: k.id })
-        .await
-        .unwrap()
-        .into_inner();
+    c2.assert_unchanged(&before, "every committed write is recovered")
+        .await;
+    let got = c2.get_cluster(&k.id).await;
     assert_eq!(got.nodes.len(), 1);
     // And it keeps working: a write after recovery, then a clean stop.
     c2.tenant("team-b").await;

@@ -17,12 +17,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let quota = c.quota(&t.id, "H100-80GB", 32, 0).await;
     let mut big = Clients::cluster(&t.id, "big", "H100-80GB", 1);
     big.storage_gib = 500;
-    let cluster = c
-        .clusters
-        .create_tenant_cluster(big)
-        .await
-        .unwrap()
-        .into_inner();
+    let cluster = c.create_cluster(big).await;
     let before = c.snapshot().await;
     let now = now();
 
@@ -284,12 +279,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
     );
     assert_status(
         c.reservations
-            .update_reservation(UpdateReservationRequest {
-                id: UNKNOWN.into(),
-                node_count: 1,
-                end_time: None,
-                allow_on_demand: None,
-            })
+            .update_reservation(Clients::resize_reservation(UNKNOWN, 1))
             .await,
         Code::NotFound,
         "reservation",
@@ -316,11 +306,8 @@ async fn bad_input_is_refused_and_changes_nothing() {
         "tenant cluster",
     );
 
-    assert_eq!(
-        c.snapshot().await,
-        before,
-        "no failed request changed the store"
-    );
+    c.assert_unchanged(&before, "no failed request changed the store")
+        .await;
     let names: Vec<_> = std::fs::read_dir(agent.data_dir.join("volumes/team-a"))
         .unwrap()
         .map(|e| e.unwrap().file_name())

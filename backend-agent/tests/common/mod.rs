@@ -164,6 +164,11 @@ pub fn ts(unix: i64) -> Option<prost_types::Timestamp> {
     Some(gpufleet_proto::timestamp::from_unix(unix))
 }
 
+/// A MIG layout (profile -> instances per GPU) from a literal list.
+pub fn mig_layout(items: &[(&str, i32)]) -> std::collections::HashMap<String, i32> {
+    items.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
 /// The status of a call that must fail.
 pub fn status<T: std::fmt::Debug>(r: Result<tonic::Response<T>, tonic::Status>) -> tonic::Status {
     r.expect_err("the call should have failed")
@@ -255,6 +260,197 @@ impl Clients {
             node_count: nodes,
             ..Default::default()
         }
+    }
+
+    /// A reservation request with on-demand overflow allowed.
+    pub fn on_demand_reservation(
+        tenant_id: &str,
+        gpu_type: &str,
+        nodes: i64,
+        start: i64,
+        end: i64,
+    ) -> CreateReservationRequest {
+        CreateReservationRequest {
+            allow_on_demand: true,
+            ..Self::reservation(tenant_id, gpu_type, nodes, start, end)
+        }
+    }
+
+    /// Creates a pool-only reservation that must succeed.
+    pub async fn create_reservation(
+        &mut self,
+        tenant_id: &str,
+        gpu_type: &str,
+        nodes: i64,
+        start: i64,
+        end: i64,
+    ) -> Reservation {
+        self.create_reservation_from(Self::reservation(tenant_id, gpu_type, nodes, start, end))
+            .await
+    }
+
+    /// Sends a reservation create that must succeed.
+    pub async fn create_reservation_from(&mut self, req: CreateReservationRequest) -> Reservation {
+        self.reservations
+            .create_reservation(req)
+            .await
+            .expect("create reservation")
+            .into_inner()
+    }
+
+    /// A reservation update that changes nothing (node_count 0 means "unchanged"); set the
+    /// fields to change on top of it.
+    pub fn reservation_update(id: &str) -> UpdateReservationRequest {
+        UpdateReservationRequest {
+            id: id.into(),
+            node_count: 0,
+            end_time: None,
+            allow_on_demand: None,
+        }
+    }
+
+    /// An update of the node count only.
+    pub fn resize_reservation(id: &str, nodes: i64) -> UpdateReservationRequest {
+        UpdateReservationRequest {
+            node_count: nodes,
+            ..Self::reservation_update(id)
+        }
+    }
+
+    /// An update of allow_on_demand only.
+    pub fn set_allow_on_demand(id: &str, allow: bool) -> UpdateReservationRequest {
+        UpdateReservationRequest {
+            allow_on_demand: Some(allow),
+            ..Self::reservation_update(id)
+        }
+    }
+
+    /// Sends a reservation update that must succeed.
+    pub async fn update_reservation(&mut self, req: UpdateReservationRequest) -> Reservation {
+        self.reservations
+            .update_reservation(req)
+            .await
+            .expect("update reservation")
+            .into_inner()
+    }
+
+    pub async fn get_reservation(&mut self, id: &str) -> Reservation {
+        self.reservations
+            .get_reservation(GetReservationRequest { id: id.into() })
+            .await
+            .expect("get reservation")
+            .into_inner()
+    }
+
+    pub async fn delete_reservation(&mut self, id: &str) {
+        self.reservations
+            .delete_reservation(DeleteReservationRequest { id: id.into() })
+            .await
+            .expect("delete reservation");
+    }
+
+    /// A cluster request that draws its nodes from a reservation.
+    pub fn cluster_on_reservation(
+        tenant_id: &str,
+        name: &str,
+        gpu_type: &str,
+        nodes: i64,
+        reservation_id: &str,
+    ) -> CreateTenantClusterRequest {
+        CreateTenantClusterRequest {
+            reservation_id: reservation_id.into(),
+            ..Self::cluster(tenant_id, name, gpu_type, nodes)
+        }
+    }
+
+    /// Creates a cluster on pool nodes (no reservation) that must succeed.
+    pub async fn create_pool_cluster(
+        &mut self,
+        tenant_id: &str,
+        name: &str,
+        gpu_type: &str,
+        nodes: i64,
+    ) -> TenantCluster {
+        self.create_cluster(Self::cluster(tenant_id, name, gpu_type, nodes))
+            .await
+    }
+
+    /// Sends a cluster create that must succeed.
+    pub async fn create_cluster(&mut self, req: CreateTenantClusterRequest) -> TenantCluster {
+        self.clusters
+            .create_tenant_cluster(req)
+            .await
+            .expect("create tenant cluster")
+            .into_inner()
+    }
+
+    /// Sends a cluster update that must succeed.
+    pub async fn update_cluster(&mut self, req: UpdateTenantClusterRequest) -> TenantCluster {
+        self.clusters
+            .update_tenant_cluster(req)
+            .await
+            .expect("update tenant cluster")
+            .into_inner()
+    }
+
+    pub async fn get_cluster(&mut self, id: &str) -> TenantCluster {
+        self.clusters
+            .get_tenant_cluster(GetTenantClusterRequest { id: id.into() })
+            .await
+            .expect("get tenant cluster")
+            .into_inner()
+    }
+
+    pub async fn delete_cluster(&mut self, id: &str) {
+        self.clusters
+            .delete_tenant_cluster(DeleteTenantClusterRequest { id: id.into() })
+            .await
+            .expect("delete tenant cluster");
+    }
+
+    pub async fn usage(&mut self, tenant_id: &str, gpu_type: &str) -> QuotaUsage {
+        self.quotas
+            .get_quota_usage(QuotaUsageRequest {
+                tenant_id: tenant_id.into(),
+                gpu_type: gpu_type.into(),
+            })
+            .await
+            .expect("get quota usage")
+            .into_inner()
+    }
+
+    /// Every node this token may list.
+    pub async fn nodes(&mut self) -> Vec<Node> {
+        self.fleet
+            .list_nodes(ListNodesRequest::default())
+            .await
+            .expect("list nodes")
+            .into_inner()
+            .nodes
+    }
+
+    pub async fn gpu_types(&mut self) -> Vec<GpuType> {
+        self.fleet
+            .list_gpu_types(ListGpuTypesRequest {})
+            .await
+            .expect("list gpu types")
+            .into_inner()
+            .gpu_types
+    }
+
+    pub async fn tenant_count(&mut self) -> usize {
+        self.tenants
+            .list_tenants(ListTenantsRequest {})
+            .await
+            .expect("list tenants")
+            .into_inner()
+            .tenants
+            .len()
+    }
+
+    /// Asserts the store still equals `before` (a [`Clients::snapshot`]).
+    pub async fn assert_unchanged(&mut self, before: &str, why: &str) {
+        assert_eq!(self.snapshot().await, before, "{why}");
     }
 
     /// Everything the admin can list, as text: equal snapshots mean an unchanged store
