@@ -26,6 +26,130 @@ pub enum Command {
     Nodes(ClientArgs),
     /// Print a read-only report of this host's GPUs (inventory, MIG mode, driver, health).
     HwCheck(HwCheckArgs),
+    /// Run the node agent of this GPU host: register with the control plane, carry out its
+    /// work orders on this host's GPUs.
+    Node(NodeArgs),
+    /// Print a node agent's own view of its node (from its data dir).
+    NodeStatus(NodeStatusArgs),
+    /// Create a small CA and issue the control plane's and the node agents' certificates
+    /// for mutual TLS.
+    Pki(crate::pki::PkiArgs),
+}
+
+/// Where the control plane's nodes come from.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeAgents {
+    /// The fleet (fleet file, or this host with --hardware nvml) runs as in-process agents
+    /// that speak the same protocol over loopback.
+    Embedded,
+    /// The fleet is whoever registers with the join token (`gpufleet-agent node`).
+    External,
+}
+
+/// Which kind of capacity a node is.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapacityKind {
+    Pool,
+    OnDemand,
+}
+
+impl CapacityKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CapacityKind::Pool => "pool",
+            CapacityKind::OnDemand => "on-demand",
+        }
+    }
+}
+
+/// A duration such as `30s`, `5m`, `1h` or `250ms`.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("'{text}': give a unit (ms, s, m or h), e.g. 30s"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("'{text}': expected a whole number and a unit, e.g. 30s"))?;
+    let ms = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        _ => {
+            return Err(format!(
+                "'{text}': unknown unit '{unit}' (use ms, s, m or h)"
+            ))
+        }
+    }
+    .filter(|&ms| ms > 0 && ms <= 7 * 24 * 3_600_000)
+    .ok_or_else(|| format!("'{text}': must be more than 0 and at most 7 days"))?;
+    Ok(std::time::Duration::from_millis(ms))
+}
+
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// The control plane's URL (https:// for TLS).
+    #[arg(
+        long,
+        env = "GPUFLEET_CONTROL_PLANE",
+        default_value = "http://127.0.0.1:7700"
+    )]
+    pub control_plane: String,
+    /// The control plane's join token (its <data-dir>/join.token).
+    #[arg(
+        long,
+        env = "GPUFLEET_JOIN_TOKEN",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    pub join_token: String,
+    /// This node's name (a DNS label); default: the host name.
+    #[arg(long, env = "GPUFLEET_NODE_NAME")]
+    pub name: Option<String>,
+    /// Directory for the agent's order journal and status (and simulated GPUs).
+    #[arg(
+        long,
+        env = "GPUFLEET_NODE_DATA_DIR",
+        default_value = "./.gpufleet-node"
+    )]
+    pub data_dir: PathBuf,
+    /// GPU backend: simulated GPUs, or this host's GPUs through NVML.
+    #[arg(long, env = "GPUFLEET_HARDWARE", value_enum, default_value = "sim")]
+    pub hardware: Hardware,
+    /// Whether the node is owned pool capacity or on-demand capacity.
+    #[arg(long, env = "GPUFLEET_CAPACITY", value_enum, default_value = "pool")]
+    pub capacity: CapacityKind,
+    /// With --hardware sim: the catalog model of the simulated GPUs.
+    #[arg(long, env = "GPUFLEET_GPU_TYPE", default_value = "H100-80GB")]
+    pub gpu_type: String,
+    /// With --hardware sim: how many GPUs the node has.
+    #[arg(long, env = "GPUFLEET_GPUS", default_value_t = 8)]
+    pub gpus: u32,
+    /// With --hardware sim: how long each simulated MIG change takes (models slow hardware).
+    #[arg(long, env = "GPUFLEET_SIM_OP_DELAY_MS", default_value_t = 0)]
+    pub sim_op_delay_ms: u64,
+    /// PEM of the CA that signed the control plane's certificate (https control planes).
+    #[arg(long, env = "GPUFLEET_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// This agent's certificate for mutual TLS (from `gpufleet-agent pki --agent NAME`).
+    #[arg(long, env = "GPUFLEET_NODE_CERT", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// The private key of --cert.
+    #[arg(long, env = "GPUFLEET_NODE_KEY", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct NodeStatusArgs {
+    /// The node agent's data dir.
+    #[arg(
+        long,
+        env = "GPUFLEET_NODE_DATA_DIR",
+        default_value = "./.gpufleet-node"
+    )]
+    pub data_dir: PathBuf,
 }
 
 /// Which GPU backend the agent drives.
@@ -61,6 +185,32 @@ pub struct ServeArgs {
     /// PEM private key of --tls-cert; needs --tls-cert.
     #[arg(long, env = "GPUFLEET_TLS_KEY", value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
+    /// Where nodes come from: in-process agents for the fleet, or external node agents.
+    #[arg(
+        long,
+        env = "GPUFLEET_NODE_AGENTS",
+        value_enum,
+        default_value = "embedded"
+    )]
+    pub node_agents: NodeAgents,
+    /// Token node agents present to join; when absent one is generated into
+    /// <data-dir>/join.token.
+    #[arg(long, env = "GPUFLEET_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    /// A node without heartbeats this long is unreachable and its cluster degraded.
+    #[arg(long, env = "GPUFLEET_NODE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub node_timeout: std::time::Duration,
+    /// An unreachable node still in a cluster is replaced after this long.
+    #[arg(long, env = "GPUFLEET_REPLACE_AFTER", default_value = "5m", value_parser = parse_duration)]
+    pub replace_after: std::time::Duration,
+    /// CA (PEM) that signs node agents' certificates: agents must then connect over mutual
+    /// TLS with a certificate it signed. Needs --tls-cert/--tls-key.
+    #[arg(long, env = "GPUFLEET_AGENT_CA", value_name = "FILE")]
+    pub agent_ca: Option<PathBuf>,
+    /// Allow plain http on an address other than loopback (tokens then cross the network
+    /// in clear text).
+    #[arg(long, env = "GPUFLEET_INSECURE")]
+    pub insecure: bool,
 }
 
 #[derive(Args, Debug)]
@@ -81,6 +231,23 @@ pub struct ClientArgs {
     /// PEM of the CA that signed the control plane's certificate, for https endpoints.
     #[arg(long, env = "GPUFLEET_CA_CERT", value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_need_a_unit_and_stay_in_range() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("30").unwrap_err().contains("unit"));
+        assert!(parse_duration("0s").unwrap_err().contains("more than 0"));
+        assert!(parse_duration("99999999999999999999h").is_err());
+        assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
+    }
 }
 
 #[derive(Args, Debug)]

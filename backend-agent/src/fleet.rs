@@ -159,6 +159,9 @@ pub fn seed(conn: &mut Connection, fleet: &FleetFile) -> anyhow::Result<usize> {
                     driver_version: g.driver_version.clone(),
                     cuda_version: g.cuda_version.clone(),
                     cluster_id: None,
+                    state: nodes::NODE_UNREACHABLE.into(),
+                    state_reason: "waiting for its agent to register".into(),
+                    state_since: crate::state::now(),
                 };
                 // The GPUs as the simulated hardware reports them (UUIDs, memory).
                 let sim = SimulatedNode::new(&host, model, g.gpus_per_node, &g.driver_version);
@@ -230,8 +233,15 @@ mod tests {
         let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
         assert_eq!(seed(&mut conn, &default_fleet()).unwrap(), 12);
         assert_eq!(seed(&mut conn, &default_fleet()).unwrap(), 0);
-        let pool = nodes::free(&conn, "H100-80GB", POOL).unwrap();
+        let pool: Vec<_> = nodes::list(&conn, Some("H100-80GB"), None)
+            .unwrap()
+            .into_iter()
+            .filter(|n| n.capacity == POOL)
+            .collect();
         assert_eq!(pool.len(), 4);
+        // Seeded nodes are handed out only once their agents have registered.
+        assert!(pool.iter().all(|n| n.state == nodes::NODE_UNREACHABLE));
+        assert!(nodes::free(&conn, "H100-80GB", POOL).unwrap().is_empty());
         let gpus = nodes::gpus(&conn, &pool[0].id).unwrap();
         assert_eq!(gpus.len(), 8);
         assert!(gpus[0].uuid.starts_with("GPU-") && gpus[0].uuid != gpus[1].uuid);

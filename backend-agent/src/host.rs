@@ -38,6 +38,9 @@ pub fn seed(conn: &mut Connection, backend: &dyn GpuBackend) -> anyhow::Result<(
                 .cuda_version()
                 .map_err(|e| anyhow::anyhow!("--hardware nvml: CUDA version: {e}"))?,
             cluster_id: None,
+            state: nodes::NODE_UNREACHABLE.into(),
+            state_reason: "waiting for its agent to register".into(),
+            state_since: crate::state::now(),
         };
         let rows: Vec<GpuRow> = gpus
             .iter()
@@ -70,7 +73,7 @@ pub fn seed(conn: &mut Connection, backend: &dyn GpuBackend) -> anyhow::Result<(
 }
 
 /// The catalog model of the host's GPUs: every GPU must map to the same one.
-fn host_model(gpus: &[GpuInfo]) -> anyhow::Result<&'static GpuModel> {
+pub fn host_model(gpus: &[GpuInfo]) -> anyhow::Result<&'static GpuModel> {
     let Some(first) = gpus.first() else {
         bail!("--hardware nvml: this host reports no GPUs");
     };
@@ -135,13 +138,10 @@ fn require_same_host(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use gpufleet_gpu::hardware::{GpuHealth, HwError, MigInstance, SimulatedNode};
 
     use super::*;
-    use crate::hardware::NodeHardware;
-    use crate::state::AppState;
 
     const DRIVER: &str = "550.54.15";
 
@@ -356,36 +356,5 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("reports no GPUs"));
-    }
-
-    #[test]
-    fn cluster_layouts_go_to_the_host_backend_and_are_recorded() {
-        let (dir, mut conn) = store();
-        let host = Arc::new(host_with_mig());
-        let (node_id, _) = seed(&mut conn, &*host).unwrap();
-        // A fault file is for simulated nodes only; the host node ignores it.
-        std::fs::write(
-            dir.path().join("sim-faults.toml"),
-            "fail_create_after = 0\n",
-        )
-        .unwrap();
-        let state = AppState::new(
-            conn,
-            dir.path().to_path_buf(),
-            "token".into(),
-            NodeHardware::single(&node_id, host.clone()),
-        );
-        let node = nodes::list(&state.db(), None, None).unwrap().remove(0);
-        let layout = [("3g.40gb".to_string(), 2)].into_iter().collect();
-
-        let conn = state.db();
-        crate::mig::sync(&state, &conn, "H100-80GB", &[node], &layout, &[]).unwrap();
-
-        for gpu in host.gpus().unwrap() {
-            let starts: Vec<u8> = gpu.instances.iter().map(|i| i.start).collect();
-            assert_eq!(starts, vec![0, 4], "gpu {}", gpu.index);
-            let recorded = nodes::mig_devices(&conn, &node_id, gpu.index as i64).unwrap();
-            assert_eq!(recorded, crate::hardware::mig_device_rows(&gpu));
-        }
     }
 }

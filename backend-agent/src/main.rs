@@ -1,10 +1,12 @@
-//! `gpufleet-agent`: the gpufleet control plane (`serve`), its small admin client
-//! (`fleet`, `nodes`) and the read-only hardware check (`hw-check`).
+//! `gpufleet-agent`: the gpufleet control plane (`serve`), the node agent of each GPU
+//! host (`node`, `node-status`), its small admin client (`fleet`, `nodes`), the
+//! certificates for mutual TLS (`pki`) and the read-only hardware check (`hw-check`).
 
 // Handlers and their helpers return tonic::Status, the gRPC error type, by value as tonic does.
 #![allow(clippy::result_large_err)]
 
 mod access;
+mod agents;
 mod auth;
 mod catalog;
 mod cli;
@@ -12,7 +14,10 @@ mod client;
 mod fleet;
 mod hardware;
 mod host;
+mod inventory;
 mod mig;
+mod node;
+mod pki;
 mod rules;
 mod serve;
 mod services;
@@ -46,6 +51,9 @@ fn main() -> std::process::ExitCode {
             cli::Command::Fleet(args) => client::print_fleet(args).await,
             cli::Command::Nodes(args) => client::print_nodes(args).await,
             cli::Command::HwCheck(args) => client::hw_check(args),
+            cli::Command::Node(args) => node::run(args).await,
+            cli::Command::NodeStatus(args) => node::print_status(args),
+            cli::Command::Pki(args) => pki::run(&args),
         }
     });
     // Connection tasks are dropped here; nothing may keep the process alive after the

@@ -1,31 +1,23 @@
-//! MIG partitioning of cluster GPUs: layout checks through the planner, and applying a
-//! layout on the hardware of a cluster's nodes (simulated, or this host through NVML
-//! with `--hardware nvml`), recorded in the store only after the hardware succeeded.
+//! MIG partitioning of cluster GPUs: layout checks through the planner, and bringing the
+//! nodes of a cluster to its layout through work orders to their agents. The control
+//! plane decides and waits; each agent changes its own GPUs and answers with the state it
+//! verified, which is what the store records (`agents::service`).
 //!
-//! Fault injection (simulated nodes only, for tests; real nodes ignore it): before each
-//! MIG change the control plane reads `<data-dir>/sim-faults.toml` when it exists:
-//!
-//! ```toml
-//! fail_create_after = 2                  # the 3rd instance create of this request fails
-//! in_use = ["h100-80gb-pool-01:0"]       # these GPUs report work running on them
-//! ```
-//!
-//! A failure rolls every GPU this request already changed back to its previous layout.
+//! A failure on one node puts every node this request had already changed back to its
+//! previous layout (the failing node's agent puts back its own GPUs).
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
-use gpufleet_gpu::hardware::{
-    apply_layout, clear_layout, GpuBackend, GpuInfo, HwError, SimulatedNode,
-};
+use gpufleet_gpu::hardware::GpuInfo;
 use gpufleet_gpu::mig::{self, Layout, Placement};
 use gpufleet_proto::v1;
 use rusqlite::Connection;
-use serde::Deserialize;
 use tonic::Status;
 
-use crate::state::{db_error, AppState};
+use crate::agents::registry::Outcome;
+use crate::inventory::{gpu_matches, placement_message, placements_of};
+use crate::state::{db_error, now, AppState};
 use crate::store::{self, nodes::NodeRow};
 
 fn to_layout(layout: &HashMap<String, i32>) -> Result<Layout, Status> {
@@ -98,174 +90,200 @@ pub fn validate(gpu_type: &str, layout: &HashMap<String, i32>) -> Result<Layout,
     Ok(layout)
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Faults {
-    fail_create_after: Option<u32>,
-    #[serde(default)]
-    in_use: Vec<String>,
+/// One node's change: every GPU to `target` (None: whole GPUs); `before` is what the
+/// store recorded, to put back if the request fails elsewhere.
+pub struct Change {
+    pub node: NodeRow,
+    pub before: Vec<GpuInfo>,
+    pub target: Option<Vec<Placement>>,
 }
 
-fn read_faults(data_dir: &Path) -> Result<Faults, Status> {
-    let path = data_dir.join("sim-faults.toml");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            toml::from_str(&text).map_err(|e| Status::internal(format!("{}: {e}", path.display())))
-        }
-        Err(_) => Ok(Faults::default()),
+impl Change {
+    fn needed(&self) -> bool {
+        !self
+            .before
+            .iter()
+            .all(|g| gpu_matches(g, self.target.as_deref()))
     }
 }
 
-fn hw_status(host: &str, gpu: u32, e: HwError) -> Status {
-    let text = format!(
-        "mig_layout: {host} GPU {gpu}: {e}; the GPUs this request had changed were rolled back to their previous layout"
-    );
-    match e {
-        HwError::InUse { .. } | HwError::Rule(_) => Status::failed_precondition(text),
-        _ => Status::aborted(text),
+/// The planner's placements for a cluster layout (None: whole GPUs).
+pub fn target(gpu_type: &str, layout: &Layout) -> Result<Option<Vec<Placement>>, Status> {
+    if layout.is_empty() {
+        return Ok(None);
     }
+    mig::plan(model(gpu_type)?, layout)
+        .map(Some)
+        .map_err(|e| Status::invalid_argument(format!("mig_layout: {e}")))
 }
 
-/// The previous layout of a GPU, as placements in creation order (larger first).
-fn placements_of(info: &GpuInfo) -> Vec<Placement> {
-    let mut p: Vec<Placement> = info
-        .instances
-        .iter()
-        .map(|i| Placement {
-            profile: i.profile.clone(),
-            profile_id: i.profile_id,
-            start: i.start,
-            size: i.size,
-        })
-        .collect();
-    p.sort_by_key(|p| (std::cmp::Reverse(p.size), p.start));
-    p
-}
-
-/// Applies `layout` to every GPU of `nodes` and clears `released` to whole GPUs, then
-/// records the hardware's resulting state in the store (inside the caller's transaction).
-pub fn sync(
-    state: &AppState,
+/// `nodes` to `layout`, `released` to whole GPUs.
+pub fn changes(
     conn: &Connection,
     gpu_type: &str,
     nodes: &[NodeRow],
     layout: &Layout,
     released: &[NodeRow],
-) -> Result<(), Status> {
-    let faults = read_faults(&state.data_dir)?;
-    let placements = if layout.is_empty() {
-        None
-    } else {
-        Some(
-            mig::plan(model(gpu_type)?, layout)
-                .map_err(|e| Status::invalid_argument(format!("mig_layout: {e}")))?,
-        )
-    };
-    let targets: Vec<(&NodeRow, Option<&[Placement]>)> = nodes
+) -> Result<Vec<Change>, Status> {
+    let placements = target(gpu_type, layout)?;
+    let mut out = Vec::new();
+    for (node, t) in nodes
         .iter()
-        .map(|n| (n, placements.as_deref()))
+        .map(|n| (n, placements.clone()))
         .chain(released.iter().map(|n| (n, None)))
+    {
+        out.push(Change {
+            before: crate::hardware::recorded_gpus(conn, &node.id).map_err(db_error)?,
+            node: node.clone(),
+            target: t,
+        });
+    }
+    Ok(out)
+}
+
+fn order(gpus: &[GpuInfo], target: impl Fn(&GpuInfo) -> Option<Vec<Placement>>) -> v1::WorkOrder {
+    v1::WorkOrder {
+        id: uuid::Uuid::new_v4().to_string(),
+        kind: Some(v1::work_order::Kind::ApplyMigLayout(v1::ApplyMigLayout {
+            gpus: gpus
+                .iter()
+                .map(|g| match target(g) {
+                    Some(p) => v1::GpuLayout {
+                        index: g.index,
+                        whole_gpu: false,
+                        placements: p.iter().map(placement_message).collect(),
+                    },
+                    None => v1::GpuLayout {
+                        index: g.index,
+                        whole_gpu: true,
+                        placements: Vec::new(),
+                    },
+                })
+                .collect(),
+        })),
+    }
+}
+
+/// The order that takes a node from `before` to `target` on every GPU.
+fn forward(c: &Change) -> v1::WorkOrder {
+    order(&c.before, |_| c.target.clone())
+}
+
+/// The order that puts every GPU back as `before` recorded it.
+fn backward(c: &Change) -> v1::WorkOrder {
+    order(&c.before, |g| g.mig_enabled.then(|| placements_of(g)))
+}
+
+fn failure(host: &str, outcome: Outcome) -> Option<Status> {
+    let rolled = "the GPUs this request had changed were rolled back to their previous layout";
+    match outcome {
+        Outcome::Answered(r) if r.ok => None,
+        Outcome::Answered(r) => {
+            let text = format!("mig_layout: {host} {}; {rolled}", r.error);
+            Some(match r.error_kind.as_str() {
+                "in_use" | "rule" => Status::failed_precondition(text),
+                _ => Status::aborted(text),
+            })
+        }
+        Outcome::Unreachable(why) => Some(Status::aborted(format!("mig_layout: {why}; {rolled}"))),
+    }
+}
+
+/// Orders every needed change at once and waits for the agents' verified answers. On any
+/// failure, the nodes that did change are ordered back to where they were, and the first
+/// failure is returned. No lock is held while waiting.
+pub async fn converge(state: &AppState, changes: &[Change]) -> Result<(), Status> {
+    let needed: Vec<&Change> = changes.iter().filter(|c| c.needed()).collect();
+    let waits: Vec<_> = needed
+        .iter()
+        .map(|c| state.agents.dispatch(&c.node.id, forward(c)))
         .collect();
-    let mut changed: Vec<(Arc<dyn GpuBackend>, GpuInfo)> = Vec::new();
-    let mut marked_busy: Vec<(Arc<SimulatedNode>, u32)> = Vec::new();
-    let mut armed: Vec<Arc<SimulatedNode>> = Vec::new();
-    let mut creates = 0u32;
-    let mut outcome = Ok(());
-    'nodes: for (node, wanted) in &targets {
-        let hw = state
-            .hardware
-            .node(&node.id)
-            .ok_or_else(|| Status::internal(format!("no hardware for node {}", node.hostname)))?;
-        let backend = hw.backend();
-        // Faults are injected into simulated nodes only.
-        let sim = hw.simulated();
-        let before = backend
-            .gpus()
-            .map_err(|e| hw_status(&node.hostname, 0, e))?;
-        for gpu in before {
-            if let Some(sim) = sim {
-                if faults
-                    .in_use
-                    .contains(&format!("{}:{}", node.hostname, gpu.index))
-                {
-                    sim.set_gpu_in_use(gpu.index, true);
-                    marked_busy.push((sim.clone(), gpu.index));
-                }
-            }
-            let result = match wanted {
-                Some(p) => {
-                    let new = p
-                        .iter()
-                        .filter(|pl| {
-                            !gpu.instances
-                                .iter()
-                                .any(|i| (i.profile_id, i.start) == (pl.profile_id, pl.start))
-                        })
-                        .count() as u32;
-                    if let (Some(limit), Some(sim)) = (faults.fail_create_after, sim) {
-                        if creates + new > limit {
-                            sim.fail_create_at(
-                                limit - creates + 1,
-                                "sim-faults.toml: fail_create_after",
-                            );
-                            armed.push(sim.clone());
-                        }
-                    }
-                    apply_layout(&*backend, gpu.index, p).map(|_| new)
-                }
-                None => clear_layout(&*backend, gpu.index).map(|_| 0),
-            };
-            match result {
-                Ok(new) => {
-                    creates += new;
-                    changed.push((backend.clone(), gpu));
-                }
-                Err(e) => {
-                    outcome = Err(hw_status(&node.hostname, gpu.index, e));
-                    break 'nodes;
-                }
+    let mut first_failure = None;
+    let mut done = Vec::new();
+    for (c, wait) in needed.iter().zip(waits) {
+        let outcome = wait
+            .await
+            .unwrap_or_else(|_| Outcome::Unreachable("the control plane is stopping".into()));
+        match failure(&c.node.hostname, outcome) {
+            None => done.push(*c),
+            Some(status) => {
+                first_failure.get_or_insert(status);
             }
         }
     }
-    for (sim, gpu) in &marked_busy {
-        sim.set_gpu_in_use(*gpu, false);
-    }
-    for sim in &armed {
-        // Disarm a fault that did not fire in this request.
-        sim.fail_create_at(u32::MAX, "disarmed");
-    }
-    if let Err(status) = outcome {
-        for (backend, before) in changed.iter().rev() {
-            let restored = if before.mig_enabled {
-                apply_layout(&**backend, before.index, &placements_of(before)).map(|_| ())
-            } else {
-                clear_layout(&**backend, before.index)
-            };
-            if let Err(e) = restored {
-                tracing::error!(host = %backend.hostname(), gpu = before.index, error = %e, "rollback of a MIG change failed");
+    let Some(status) = first_failure else {
+        return Ok(());
+    };
+    let undo: Vec<_> = done
+        .iter()
+        .map(|c| (c, state.agents.dispatch(&c.node.id, backward(c))))
+        .collect();
+    for (c, wait) in undo {
+        if let Ok(Outcome::Answered(r)) = wait.await {
+            if r.ok {
+                continue;
             }
         }
-        return Err(status);
+        tracing::error!(node = %c.node.hostname, "rollback of a MIG change failed");
     }
-    for (node, _) in &targets {
-        let backend = state
-            .hardware
-            .node(&node.id)
-            .expect("checked above")
-            .backend();
-        for gpu in backend
-            .gpus()
-            .map_err(|e| hw_status(&node.hostname, 0, e))?
-        {
-            store::nodes::set_mig_state(
-                conn,
-                &node.id,
-                gpu.index as i64,
-                gpu.mig_enabled,
-                &crate::hardware::mig_device_rows(&gpu),
-            )
-            .map_err(db_error)?;
+    Err(status)
+}
+
+/// What a node's GPUs should be: its cluster's layout, or whole GPUs when it is free.
+fn desired(conn: &Connection, node: &NodeRow) -> Result<Option<Vec<Placement>>, Status> {
+    let Some(cluster_id) = &node.cluster_id else {
+        return Ok(None);
+    };
+    match store::clusters::get(conn, cluster_id).map_err(db_error)? {
+        Some(c) => target(&c.gpu_type, &c.mig_layout),
+        None => Ok(None),
+    }
+}
+
+/// After a node registers: bring it to what it should be (an order only when its GPUs
+/// differ and no request is already changing it), then mark it ready, and a degraded
+/// cluster whose nodes are all back running again.
+pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
+    let plan = {
+        let conn = state.db();
+        store::nodes::get(&conn, &node_id)
+            .map_err(db_error)
+            .and_then(|n| n.ok_or_else(|| Status::not_found(node_id.clone())))
+            .and_then(|node| {
+                Ok(Change {
+                    before: crate::hardware::recorded_gpus(&conn, &node.id).map_err(db_error)?,
+                    target: desired(&conn, &node)?,
+                    node,
+                })
+            })
+    };
+    let change = match plan {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(node = %node_id, error = %e.message(), "cannot reconcile the node");
+            return;
+        }
+    };
+    let mut reason = String::new();
+    if change.needed() && !state.agents.has_pending(&node_id) {
+        tracing::info!(node = %node_id, "bringing the node to its recorded layout");
+        let answer = state.agents.dispatch(&node_id, forward(&change)).await;
+        if let Some(status) = answer.ok().and_then(|o| failure(&change.node.hostname, o)) {
+            reason = format!("could not be brought to its layout: {}", status.message());
         }
     }
-    Ok(())
+    let conn = state.db();
+    let (state_now, why) = if reason.is_empty() {
+        (store::nodes::NODE_READY, "")
+    } else {
+        (store::nodes::NODE_BUSY, reason.as_str())
+    };
+    if let Err(e) = store::nodes::set_state(&conn, &node_id, state_now, why, now()) {
+        tracing::error!(node = %node_id, error = %e, "cannot record the node's state");
+    }
+    if let Some(cluster) = &change.node.cluster_id {
+        if let Err(e) = crate::agents::monitor::refresh_cluster(&conn, cluster) {
+            tracing::error!(cluster = %cluster, error = %e, "cannot refresh the cluster's status");
+        }
+    }
 }

@@ -12,14 +12,17 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
+use gpufleet_gpu::hardware::GpuBackend;
 use gpufleet_proto::v1::{
     fleet_service_server::FleetServiceServer, gpu_quota_service_server::GpuQuotaServiceServer,
+    node_agent_service_server::NodeAgentServiceServer,
     reservation_service_server::ReservationServiceServer,
     tenant_cluster_service_server::TenantClusterServiceServer,
     tenant_service_server::TenantServiceServer,
 };
 
-use crate::cli::{Hardware, ServeArgs};
+use crate::agents::{embedded::Host, service::Agents};
+use crate::cli::{Hardware, NodeAgents, ServeArgs};
 use crate::services::{
     clusters::Clusters, fleet::Fleet, quotas::Quotas, reservations::Reservations, tenants::Tenants,
 };
@@ -31,7 +34,28 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // A bad certificate or key fails before the data dir is touched.
-    let tls_server = crate::tls::server_config(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
+    let tls_server = crate::tls::server_config(
+        args.tls_cert.as_deref(),
+        args.tls_key.as_deref(),
+        args.agent_ca.as_deref(),
+    )?;
+    if tls_server.is_none() && !args.listen.ip().is_loopback() && !args.insecure {
+        anyhow::bail!(
+            "--listen: {} is not a loopback address and TLS is off, so tokens would cross the network in clear text; give --tls-cert/--tls-key (and --agent-ca for node agents), or --insecure to accept that",
+            args.listen
+        );
+    }
+    if args.node_agents == NodeAgents::External {
+        if let Some(fleet) = &args.fleet {
+            anyhow::bail!(
+                "--fleet (GPUFLEET_FLEET): not used with --node-agents external, whose fleet is the node agents that register (got {}); drop one of them",
+                fleet.display()
+            );
+        }
+        if args.hardware == Hardware::Nvml {
+            anyhow::bail!("--hardware nvml: with --node-agents external the hardware belongs to each node agent (gpufleet-agent node --hardware nvml)");
+        }
+    }
     let scheme = if tls_server.is_some() {
         "https"
     } else {
@@ -57,32 +81,84 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let _lock = DataDirLock::acquire(&data_dir)?;
     let mut conn = store::open(&data_dir.join("state.db"))
         .with_context(|| format!("cannot open the state database in {}", data_dir.display()))?;
-    let hardware = match nvml {
-        Some(nvml) => {
+    // The embedded agents' hardware: this host through NVML, or the simulated fleet.
+    let hosts: Vec<Host> = match (args.node_agents, nvml) {
+        (NodeAgents::External, _) => Vec::new(),
+        (NodeAgents::Embedded, Some(nvml)) => {
             let (node_id, created) = crate::host::seed(&mut conn, &*nvml)?;
             if created {
                 tracing::info!(node = %node_id, "seeded this host as the fleet's one node");
             }
-            crate::hardware::NodeHardware::single(&node_id, nvml)
+            let gpus = nvml
+                .gpus()
+                .map_err(|e| anyhow::anyhow!("--hardware nvml: {e}"))?;
+            vec![Host {
+                name: node_id,
+                capacity: store::nodes::POOL.into(),
+                gpu_type: crate::host::host_model(&gpus)?.name.clone(),
+                backend: nvml,
+                sim: None,
+            }]
         }
-        None => {
+        (NodeAgents::Embedded, None) => {
             let fleet_def = fleet::load(args.fleet.as_deref())?;
             let seeded = fleet::seed(&mut conn, &fleet_def)?;
             if seeded > 0 {
                 tracing::info!(nodes = seeded, "seeded the simulated fleet");
             }
-            crate::hardware::NodeHardware::simulated(&conn)?
+            crate::hardware::simulated_nodes(&conn)?
+                .into_iter()
+                .map(|(row, sim)| {
+                    let sim = Arc::new(sim);
+                    Host {
+                        name: row.hostname,
+                        capacity: row.capacity,
+                        gpu_type: row.gpu_type,
+                        backend: sim.clone(),
+                        sim: Some(sim),
+                    }
+                })
+                .collect()
         }
     };
+    crate::services::clusters::recover_interrupted(&mut conn)?;
+    // Every agent registers anew with this process.
+    store::nodes::await_agents(&conn, crate::state::now())?;
     let admin_token = match args.admin_token.filter(|t| !t.is_empty()) {
         Some(t) => t,
-        None => admin_token_file(&data_dir)?,
+        None => token_file(&data_dir, "admin.token", "gfa_")?,
     };
-    let state = Arc::new(AppState::new(conn, data_dir.clone(), admin_token, hardware));
+    let join_token = match args
+        .join_token
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+    {
+        Some(t) => t,
+        None => token_file(&data_dir, "join.token", "gfj_")?,
+    };
+    let registry = crate::agents::registry::Registry::new(args.node_timeout, args.replace_after);
+    let state = Arc::new(AppState::new(
+        conn,
+        data_dir.clone(),
+        admin_token,
+        join_token,
+        registry,
+    ));
 
     // Watch for signals before announcing the port: a SIGTERM right after the listening
     // line must shut down cleanly, not kill the process by the default action.
     let signals = Signals::watch()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        signals.recv().await;
+        let _ = stop_tx.send(true);
+    });
+    tokio::spawn(crate::agents::monitor::run(state.clone(), stop_rx.clone()));
+    if !hosts.is_empty() {
+        let count = hosts.len();
+        crate::agents::embedded::start(state.clone(), hosts, stop_rx.clone()).await?;
+        tracing::info!(nodes = count, "embedded node agents registered");
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -97,11 +173,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // On SIGINT/SIGTERM: close the listening socket at once (new clients are refused, not
     // left waiting in the backlog), let in-flight calls finish, and give connections that
     // stay open (idle clients, clients that never speak) a bounded grace period.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        signals.recv().await;
-        let _ = stop_tx.send(true);
-    });
     let incoming = accept_until_stopped(listener, stop_rx.clone());
     let stopped = {
         let mut stop_rx = stop_rx.clone();
@@ -131,6 +202,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .add_service(TenantClusterServiceServer::new(Clusters {
             state: state.clone(),
         }))
+        .add_service(NodeAgentServiceServer::new(Agents {
+            state: state.clone(),
+            require_client_cert: args.agent_ca.is_some(),
+        }))
         .serve_with_incoming_shutdown(incoming, stopped);
     tokio::select! {
         result = server => result?,
@@ -140,16 +215,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads `<data-dir>/admin.token`, or creates it (mode 0600) with a fresh token.
-fn admin_token_file(data_dir: &Path) -> anyhow::Result<String> {
-    let path = data_dir.join("admin.token");
+/// Reads `<data-dir>/<name>`, or creates it (mode 0600) with a fresh token.
+fn token_file(data_dir: &Path, name: &str, prefix: &str) -> anyhow::Result<String> {
+    let path = data_dir.join(name);
     match std::fs::read_to_string(&path) {
         Ok(text) if !text.trim().is_empty() => return Ok(text.trim().to_string()),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
-    let token = auth::new_token("gfa_");
+    let token = auth::new_token(prefix);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -158,7 +233,7 @@ fn admin_token_file(data_dir: &Path) -> anyhow::Result<String> {
         .open(&path)
         .with_context(|| format!("cannot write {}", path.display()))?;
     writeln!(file, "{token}")?;
-    tracing::info!(path = %path.display(), "generated the admin token");
+    tracing::info!(path = %path.display(), "generated a token");
     Ok(token)
 }
 
@@ -197,13 +272,13 @@ fn accept_until_stopped(
 }
 
 /// SIGINT and SIGTERM handlers, installed when created.
-struct Signals {
+pub struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
 }
 
 impl Signals {
-    fn watch() -> anyhow::Result<Self> {
+    pub fn watch() -> anyhow::Result<Self> {
         use tokio::signal::unix::{signal, SignalKind};
         Ok(Self {
             interrupt: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
@@ -211,7 +286,7 @@ impl Signals {
         })
     }
 
-    async fn recv(mut self) {
+    pub async fn recv(mut self) {
         tokio::select! {
             _ = self.interrupt.recv() => tracing::info!("SIGINT: shutting down"),
             _ = self.terminate.recv() => tracing::info!("SIGTERM: shutting down"),
@@ -223,12 +298,12 @@ impl Signals {
 /// each hold their own simulated hardware and allocate the same nodes. The lock is the
 /// open file's flock, so it goes with the process however it ends (no stale lock after a
 /// crash or SIGKILL).
-struct DataDirLock {
+pub struct DataDirLock {
     _file: std::fs::File,
 }
 
 impl DataDirLock {
-    fn acquire(data_dir: &Path) -> anyhow::Result<Self> {
+    pub fn acquire(data_dir: &Path) -> anyhow::Result<Self> {
         use std::os::fd::AsRawFd;
         let path = data_dir.join("agent.lock");
         let mut file = std::fs::OpenOptions::new()

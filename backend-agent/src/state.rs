@@ -1,4 +1,5 @@
-//! What every service shares: the database, the data dir and the admin token.
+//! What every service shares: the database, the data dir, the tokens and the registry
+//! of node agents.
 //!
 //! The connection sits behind one mutex: requests that read-check-write (capacity,
 //! quota) run one at a time, so a check and the write it guards can never interleave
@@ -14,9 +15,10 @@ pub struct AppState {
     db: Mutex<Connection>,
     pub data_dir: PathBuf,
     pub admin_token: String,
-    /// The GPUs of every node (simulated, or this host's real ones); MIG changes go
-    /// through it.
-    pub hardware: crate::hardware::NodeHardware,
+    /// What node agents present to join.
+    pub join_token: String,
+    /// Connected node agents and the work orders waiting for their answers.
+    pub agents: crate::agents::registry::Registry,
 }
 
 impl AppState {
@@ -24,13 +26,15 @@ impl AppState {
         db: Connection,
         data_dir: PathBuf,
         admin_token: String,
-        hardware: crate::hardware::NodeHardware,
+        join_token: String,
+        agents: crate::agents::registry::Registry,
     ) -> Self {
         Self {
             db: Mutex::new(db),
             data_dir,
             admin_token,
-            hardware,
+            join_token,
+            agents,
         }
     }
 

@@ -13,8 +13,17 @@ const PEM_PRIVATE_KEY: &str = "PRIVATE KEY-----";
 /// The server's TLS setting, checked before anything else starts: `None` serves plain
 /// http; a certificate without a key (or the reverse), an unreadable file, or a pair rustls
 /// refuses (not PEM, a key that does not match the certificate) is an error.
-pub fn server_config(cert: Option<&Path>, key: Option<&Path>) -> anyhow::Result<Option<Server>> {
+/// With `agent_ca`, clients may also present a certificate, which must be signed by that
+/// CA (node agents must; the Terraform provider and the CLI need not).
+pub fn server_config(
+    cert: Option<&Path>,
+    key: Option<&Path>,
+    agent_ca: Option<&Path>,
+) -> anyhow::Result<Option<Server>> {
     let (cert_path, key_path) = match (cert, key) {
+        (None, None) if agent_ca.is_some() => bail!(
+            "--agent-ca: mutual TLS with node agents needs TLS; give --tls-cert and --tls-key too"
+        ),
         (None, None) => return Ok(None),
         (Some(_), None) => bail!(
             "--tls-key: missing; --tls-cert needs the certificate's private key (set both to serve TLS, or neither for plain http)"
@@ -31,7 +40,13 @@ pub fn server_config(cert: Option<&Path>, key: Option<&Path>) -> anyhow::Result<
         "a PEM certificate",
     )?;
     let key = read_pem("--tls-key", key_path, PEM_PRIVATE_KEY, "a PEM private key")?;
-    let tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+    if let Some(ca_path) = agent_ca {
+        let ca = read_pem("--agent-ca", ca_path, PEM_CERTIFICATE, "a PEM certificate")?;
+        tls = tls
+            .client_ca_root(Certificate::from_pem(ca))
+            .client_auth_optional(true);
+    }
     let server = Server::builder().tls_config(tls).map_err(|e| {
         anyhow::anyhow!(
             "--tls-cert/--tls-key: {} and {} are not a usable certificate and key: {}",
@@ -79,7 +94,7 @@ fn read_pem(flag: &str, path: &Path, marker: &str, what: &str) -> anyhow::Result
 
 /// An error and its sources in one line: tonic's own text ("transport error") says
 /// nothing, the reason is in the chain.
-fn causes(err: &dyn std::error::Error) -> String {
+pub fn causes(err: &dyn std::error::Error) -> String {
     let mut words = vec![err.to_string()];
     let mut source = err.source();
     while let Some(e) = source {
@@ -101,15 +116,21 @@ mod tests {
 
     #[test]
     fn no_flags_is_plain_http() {
-        assert!(server_config(None, None).unwrap().is_none());
+        assert!(server_config(None, None, None).unwrap().is_none());
     }
 
     #[test]
     fn one_flag_without_the_other_names_the_missing_one() {
         let p = Path::new("/x.pem");
-        let err = server_config(Some(p), None).err().unwrap().to_string();
+        let err = server_config(Some(p), None, None)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.starts_with("--tls-key: missing"), "{err}");
-        let err = server_config(None, Some(p)).err().unwrap().to_string();
+        let err = server_config(None, Some(p), None)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.starts_with("--tls-cert: missing"), "{err}");
     }
 
@@ -120,12 +141,14 @@ mod tests {
         let text = write(dir.path(), "text.pem", "not a certificate\n");
         let err = format!(
             "{:#}",
-            server_config(Some(&absent), Some(&text)).err().unwrap()
+            server_config(Some(&absent), Some(&text), None)
+                .err()
+                .unwrap()
         );
         assert!(err.starts_with("--tls-cert: cannot read"), "{err}");
         let err = format!(
             "{:#}",
-            server_config(Some(&text), Some(&text)).err().unwrap()
+            server_config(Some(&text), Some(&text), None).err().unwrap()
         );
         assert!(
             err.starts_with("--tls-cert:") && err.contains("PEM certificate"),
@@ -138,7 +161,7 @@ mod tests {
         );
         let err = format!(
             "{:#}",
-            server_config(Some(&cert), Some(&text)).err().unwrap()
+            server_config(Some(&cert), Some(&text), None).err().unwrap()
         );
         assert!(
             err.starts_with("--tls-key:") && err.contains("PEM private key"),

@@ -233,6 +233,7 @@ pub fn limit(
 /// Nodes as the API shows them; a tenant caller does not learn who holds others' nodes.
 pub fn node_messages(
     conn: &Connection,
+    agents: &crate::agents::registry::Registry,
     caller: &Caller,
     rows: Vec<store::nodes::NodeRow>,
 ) -> Result<Vec<v1::Node>, Status> {
@@ -273,6 +274,10 @@ pub fn node_messages(
                 mig_devices,
             });
         }
+        let heartbeat_age = agents
+            .heartbeat_age(&n.id)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(-1);
         out.push(v1::Node {
             id: n.id,
             hostname: n.hostname,
@@ -282,6 +287,9 @@ pub fn node_messages(
             gpus,
             driver_version: n.driver_version,
             cuda_version: n.cuda_version,
+            heartbeat_age_seconds: heartbeat_age,
+            state: n.state,
+            state_reason: n.state_reason,
             cluster_id,
             tenant_id,
         });

@@ -21,9 +21,11 @@ pub struct ClusterRow {
     pub credentials: String,
     pub storage_path: String,
     pub mig_layout: BTreeMap<String, u32>,
+    /// Why the status is what it is, when it is not simply `running` (empty otherwise).
+    pub status_reason: String,
 }
 
-const COLUMNS: &str = "id, tenant_id, name, orchestrator, gpu_type, node_count, reservation_id, storage_gib, status, endpoint, credentials, storage_path, mig_layout";
+const COLUMNS: &str = "id, tenant_id, name, orchestrator, gpu_type, node_count, reservation_id, storage_gib, status, endpoint, credentials, storage_path, mig_layout, status_reason";
 
 fn from_row(r: &Row) -> rusqlite::Result<ClusterRow> {
     Ok(ClusterRow {
@@ -40,13 +42,14 @@ fn from_row(r: &Row) -> rusqlite::Result<ClusterRow> {
         credentials: r.get(10)?,
         storage_path: r.get(11)?,
         mig_layout: from_json(&r.get::<_, String>(12)?),
+        status_reason: r.get(13)?,
     })
 }
 
 pub fn insert(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
     conn.execute(
         &format!(
-            "INSERT INTO clusters ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+            "INSERT INTO clusters ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
         ),
         rusqlite::params![
             c.id,
@@ -61,7 +64,8 @@ pub fn insert(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
             c.endpoint,
             c.credentials,
             c.storage_path,
-            to_json(&c.mig_layout)
+            to_json(&c.mig_layout),
+            c.status_reason
         ],
     )?;
     Ok(())
@@ -108,10 +112,30 @@ pub fn list(
 
 pub fn update(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
     conn.execute(
-        "UPDATE clusters SET node_count = ?2, storage_gib = ?3, status = ?4, mig_layout = ?5 WHERE id = ?1",
-        (&c.id, c.node_count, c.storage_gib, &c.status, to_json(&c.mig_layout)),
+        "UPDATE clusters SET node_count = ?2, storage_gib = ?3, status = ?4, mig_layout = ?5, status_reason = ?6 WHERE id = ?1",
+        (&c.id, c.node_count, c.storage_gib, &c.status, to_json(&c.mig_layout), &c.status_reason),
     )?;
     Ok(())
+}
+
+/// Sets a cluster's status and its reason (empty when there is nothing to explain).
+pub fn set_status(conn: &Connection, id: &str, status: &str, reason: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE clusters SET status = ?2, status_reason = ?3 WHERE id = ?1",
+        (id, status, reason),
+    )?;
+    Ok(())
+}
+
+/// Clusters whose status is one of `statuses`.
+pub fn with_status(conn: &Connection, statuses: &[&str]) -> rusqlite::Result<Vec<ClusterRow>> {
+    let mut out = Vec::new();
+    for c in list(conn, None, None, None)? {
+        if statuses.contains(&c.status.as_str()) {
+            out.push(c);
+        }
+    }
+    Ok(out)
 }
 
 pub fn delete(conn: &Connection, id: &str) -> rusqlite::Result<()> {

@@ -109,6 +109,16 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (kind, scope, request_id)
     );
     "#,
+    // 2: node agents. A node's state comes from its agent (ready once registered and
+    // converged, unreachable without heartbeats, quarantined by an operator or a check);
+    // a cluster's status carries a reason when it is not simply running.
+    r#"
+    ALTER TABLE nodes ADD COLUMN state TEXT NOT NULL DEFAULT 'unreachable'
+        CHECK (state IN ('ready', 'busy', 'unreachable', 'quarantined'));
+    ALTER TABLE nodes ADD COLUMN state_reason TEXT NOT NULL DEFAULT '';
+    ALTER TABLE nodes ADD COLUMN state_since INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE clusters ADD COLUMN status_reason TEXT NOT NULL DEFAULT '';
+    "#,
 ];
 
 /// Opens (creating when needed) the database and brings its schema up to date.

@@ -13,6 +13,12 @@ pub struct NodeRow {
     pub driver_version: String,
     pub cuda_version: String,
     pub cluster_id: Option<String>,
+    /// `ready`, `busy`, `unreachable` or `quarantined` (see the `NODE_*` constants).
+    pub state: String,
+    /// Why the node is in its state, when that needs saying (empty otherwise).
+    pub state_reason: String,
+    /// Unix seconds when the node entered its state.
+    pub state_since: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -38,8 +44,17 @@ pub struct MigDeviceRow {
 pub const POOL: &str = "pool";
 pub const ON_DEMAND: &str = "on-demand";
 
+/// Registered, converged, and free to be handed out (or working in its cluster).
+pub const NODE_READY: &str = "ready";
+/// Registered but converging to what the control plane wants (e.g. being reset).
+pub const NODE_BUSY: &str = "busy";
+/// No agent, or no heartbeat within the node timeout.
+pub const NODE_UNREACHABLE: &str = "unreachable";
+/// Taken out of service; never handed out until an operator returns it.
+pub const NODE_QUARANTINED: &str = "quarantined";
+
 const COLUMNS: &str =
-    "id, hostname, gpu_type, capacity, gpu_count, driver_version, cuda_version, cluster_id";
+    "id, hostname, gpu_type, capacity, gpu_count, driver_version, cuda_version, cluster_id, state, state_reason, state_since";
 
 fn from_row(r: &Row) -> rusqlite::Result<NodeRow> {
     Ok(NodeRow {
@@ -51,6 +66,9 @@ fn from_row(r: &Row) -> rusqlite::Result<NodeRow> {
         driver_version: r.get(5)?,
         cuda_version: r.get(6)?,
         cluster_id: r.get(7)?,
+        state: r.get(8)?,
+        state_reason: r.get(9)?,
+        state_since: r.get(10)?,
     })
 }
 
@@ -60,7 +78,9 @@ pub fn count(conn: &Connection) -> rusqlite::Result<i64> {
 
 pub fn insert(conn: &Connection, n: &NodeRow, gpus: &[GpuRow]) -> rusqlite::Result<()> {
     conn.execute(
-        &format!("INSERT INTO nodes ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
+        &format!(
+            "INSERT INTO nodes ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+        ),
         rusqlite::params![
             n.id,
             n.hostname,
@@ -69,7 +89,10 @@ pub fn insert(conn: &Connection, n: &NodeRow, gpus: &[GpuRow]) -> rusqlite::Resu
             n.gpu_count,
             n.driver_version,
             n.cuda_version,
-            n.cluster_id
+            n.cluster_id,
+            n.state,
+            n.state_reason,
+            n.state_since
         ],
     )?;
     for g in gpus {
@@ -96,10 +119,12 @@ pub fn list(
     rows.collect()
 }
 
-/// Free nodes of a model and capacity kind, lowest hostname first.
+/// Free nodes of a model and capacity kind that can be handed out now (their agent is
+/// connected and the node is converged), lowest hostname first.
 pub fn free(conn: &Connection, gpu_type: &str, capacity: &str) -> rusqlite::Result<Vec<NodeRow>> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT {COLUMNS} FROM nodes WHERE gpu_type = ?1 AND capacity = ?2 AND cluster_id IS NULL ORDER BY hostname"
+        "SELECT {COLUMNS} FROM nodes WHERE gpu_type = ?1 AND capacity = ?2 AND cluster_id IS NULL
+         AND state = 'ready' ORDER BY hostname"
     ))?;
     let rows = stmt.query_map([gpu_type, capacity], from_row)?;
     rows.collect()
@@ -112,6 +137,55 @@ pub fn assign(conn: &Connection, node_id: &str, cluster_id: &str) -> rusqlite::R
         [node_id, cluster_id],
     )?;
     Ok(changed == 1)
+}
+
+pub fn get(conn: &Connection, id: &str) -> rusqlite::Result<Option<NodeRow>> {
+    use rusqlite::OptionalExtension;
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM nodes WHERE id = ?1"),
+        [id],
+        from_row,
+    )
+    .optional()
+}
+
+pub fn by_hostname(conn: &Connection, hostname: &str) -> rusqlite::Result<Option<NodeRow>> {
+    use rusqlite::OptionalExtension;
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM nodes WHERE hostname = ?1"),
+        [hostname],
+        from_row,
+    )
+    .optional()
+}
+
+/// Moves a node to `state` (one of the `NODE_*` constants) as of `since`.
+pub fn set_state(
+    conn: &Connection,
+    node_id: &str,
+    state: &str,
+    reason: &str,
+    since: i64,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE nodes SET state = ?2, state_reason = ?3, state_since = ?4 WHERE id = ?1",
+        rusqlite::params![node_id, state, reason, since],
+    )?;
+    Ok(())
+}
+
+/// Records what a node's agent reported at registration: versions (GPUs are set apart).
+pub fn set_versions(
+    conn: &Connection,
+    node_id: &str,
+    driver_version: &str,
+    cuda_version: &str,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE nodes SET driver_version = ?2, cuda_version = ?3 WHERE id = ?1",
+        [node_id, driver_version, cuda_version],
+    )?;
+    Ok(())
 }
 
 pub fn release(conn: &Connection, node_id: &str) -> rusqlite::Result<()> {
@@ -184,5 +258,16 @@ pub fn set_mig_state(
             rusqlite::params![node_id, gpu_index, d.profile, d.profile_id, d.start, d.size, d.memory_mib, d.uuid],
         )?;
     }
+    Ok(())
+}
+
+/// At start: every node waits for its agent to register with this process (quarantined
+/// nodes stay quarantined).
+pub fn await_agents(conn: &Connection, now: i64) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE nodes SET state = 'unreachable', state_reason = 'waiting for its agent to register', state_since = ?1
+         WHERE state != 'quarantined'",
+        [now],
+    )?;
     Ok(())
 }

@@ -1,0 +1,112 @@
+//! The control plane's watch over its nodes: a node not heard from within the node
+//! timeout becomes unreachable and its cluster degraded; one still unreachable after
+//! `--replace-after` is replaced when capacity and quota allow.
+
+use std::sync::Arc;
+
+use rusqlite::Connection;
+use tokio::sync::watch;
+
+use crate::state::{now, rfc3339, AppState};
+use crate::store::{self, nodes::NODE_QUARANTINED, nodes::NODE_UNREACHABLE};
+
+/// A degraded cluster whose nodes are all reachable again is running again.
+pub fn refresh_cluster(conn: &Connection, cluster_id: &str) -> rusqlite::Result<()> {
+    let Some(c) = store::clusters::get(conn, cluster_id)? else {
+        return Ok(());
+    };
+    if c.status != "degraded" {
+        return Ok(());
+    }
+    let nodes = store::nodes::list(conn, None, Some(cluster_id))?;
+    if nodes.iter().all(|n| n.state != NODE_UNREACHABLE) {
+        store::clusters::set_status(conn, cluster_id, "running", "")?;
+        tracing::info!(cluster = %c.name, "every node of the cluster is reachable again");
+    }
+    Ok(())
+}
+
+fn mark_unreachable(state: &AppState, node_id: &str) -> rusqlite::Result<()> {
+    let conn = state.db();
+    let t = now();
+    let timeout = state.agents.node_timeout;
+    store::nodes::set_state(
+        &conn,
+        node_id,
+        NODE_UNREACHABLE,
+        &format!("no heartbeat within {timeout:?}"),
+        t,
+    )?;
+    tracing::warn!(node = %node_id, ?timeout, "node unreachable");
+    let Some(node) = store::nodes::get(&conn, node_id)? else {
+        return Ok(());
+    };
+    if let Some(cluster) = &node.cluster_id {
+        store::clusters::set_status(
+            &conn,
+            cluster,
+            "degraded",
+            &format!(
+                "node {} unreachable since {} (no heartbeat within {timeout:?}); it is replaced after {:?} when capacity and quota allow",
+                node.hostname,
+                rfc3339(t),
+                state.agents.replace_after
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// One round: expire silent nodes, then replace those unreachable long enough.
+pub async fn round(state: &AppState) {
+    let nodes = {
+        let conn = state.db();
+        match store::nodes::list(&conn, None, None) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list nodes");
+                return;
+            }
+        }
+    };
+    let watched: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.state != NODE_QUARANTINED)
+        .map(|n| n.id.clone())
+        .collect();
+    for node in state.agents.expire(&watched) {
+        if let Err(e) = mark_unreachable(state, &node) {
+            tracing::error!(node = %node, error = %e, "cannot record an unreachable node");
+        }
+    }
+    for n in nodes.iter().filter(|n| n.cluster_id.is_some()) {
+        let due = state
+            .agents
+            .unreachable_for(&n.id)
+            .is_some_and(|d| d >= state.agents.replace_after);
+        if due {
+            if let Err(why) = crate::services::clusters::replace_unreachable(state, &n.id).await {
+                tracing::debug!(node = %n.hostname, %why, "no replacement yet");
+            }
+        }
+    }
+}
+
+/// Runs rounds until `stop` turns true.
+pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+    let every = (state.agents.node_timeout / 4).clamp(
+        std::time::Duration::from_millis(20),
+        std::time::Duration::from_secs(1),
+    );
+    loop {
+        tokio::select! {
+            _ = stopped(&mut stop) => return,
+            _ = tokio::time::sleep(every) => round(&state).await,
+        }
+    }
+}
+
+/// Resolves once `stop` is true (or its sender is gone), holding no borrow of it.
+pub async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}

@@ -1,0 +1,290 @@
+//! The control plane's view of its node agents: who is connected, when each was last
+//! heard from, and the work orders waiting for an answer.
+//!
+//! One std mutex guards it and is never held across an await or a call out: dispatching
+//! an order only queues it on the agent's outbound channel. An order waits for its agent
+//! while the agent reconnects (it is re-sent on registration, and the agent's journal
+//! makes the re-send a replay), and fails once the node is declared unreachable.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use gpufleet_proto::v1::{self, control_message};
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+pub type Outbound = mpsc::UnboundedSender<Result<v1::ControlMessage, Status>>;
+
+/// What became of an order.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The agent's verified answer (ok or failed).
+    Answered(v1::OrderResult),
+    /// The node was declared unreachable before it answered.
+    Unreachable(String),
+}
+
+struct Session {
+    id: u64,
+    out: Outbound,
+}
+
+struct Pending {
+    node_id: String,
+    order: v1::WorkOrder,
+    waiter: oneshot::Sender<Outcome>,
+}
+
+struct Inner {
+    sessions: HashMap<String, Session>,
+    /// Last heartbeat or registration per node (nodes unheard of since start count from
+    /// the start, so agents have one node timeout to come back after a restart).
+    last_seen: HashMap<String, Instant>,
+    /// Nodes declared unreachable, and since when.
+    stale: HashMap<String, Instant>,
+    pending: HashMap<String, Pending>,
+    next_session: u64,
+}
+
+pub struct Registry {
+    inner: Mutex<Inner>,
+    started: Instant,
+    pub node_timeout: Duration,
+    pub replace_after: Duration,
+}
+
+fn order_message(order: &v1::WorkOrder) -> Result<v1::ControlMessage, Status> {
+    Ok(v1::ControlMessage {
+        msg: Some(control_message::Msg::Order(order.clone())),
+    })
+}
+
+impl Registry {
+    pub fn new(node_timeout: Duration, replace_after: Duration) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                sessions: HashMap::new(),
+                last_seen: HashMap::new(),
+                stale: HashMap::new(),
+                pending: HashMap::new(),
+                next_session: 1,
+            }),
+            started: Instant::now(),
+            node_timeout,
+            replace_after,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How often agents must send heartbeats: several per node timeout.
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.node_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5))
+    }
+
+    /// Whether a live agent holds `node_id`: connected and heard from within the timeout.
+    pub fn is_live(&self, node_id: &str) -> bool {
+        let inner = self.lock();
+        inner.sessions.contains_key(node_id)
+            && inner
+                .last_seen
+                .get(node_id)
+                .is_some_and(|t| t.elapsed() < self.node_timeout)
+    }
+
+    /// A registered agent's stream; orders waiting for this node are sent again.
+    pub fn attach(&self, node_id: &str, out: Outbound) -> u64 {
+        let mut inner = self.lock();
+        let id = inner.next_session;
+        inner.next_session += 1;
+        for p in inner.pending.values().filter(|p| p.node_id == node_id) {
+            let _ = out.send(order_message(&p.order));
+        }
+        inner
+            .sessions
+            .insert(node_id.to_string(), Session { id, out });
+        inner.last_seen.insert(node_id.to_string(), Instant::now());
+        inner.stale.remove(node_id);
+        id
+    }
+
+    /// The stream `session` ended (unless a newer one has replaced it).
+    pub fn detach(&self, node_id: &str, session: u64) {
+        let mut inner = self.lock();
+        if inner.sessions.get(node_id).is_some_and(|s| s.id == session) {
+            inner.sessions.remove(node_id);
+        }
+    }
+
+    pub fn heartbeat(&self, node_id: &str, session: u64) {
+        let mut inner = self.lock();
+        if inner.sessions.get(node_id).is_some_and(|s| s.id == session) {
+            inner.last_seen.insert(node_id.to_string(), Instant::now());
+        }
+    }
+
+    /// Seconds since the node was last heard from; None when not since the start.
+    pub fn heartbeat_age(&self, node_id: &str) -> Option<Duration> {
+        self.lock().last_seen.get(node_id).map(|t| t.elapsed())
+    }
+
+    /// How long the node has been unreachable, if it is.
+    pub fn unreachable_for(&self, node_id: &str) -> Option<Duration> {
+        self.lock().stale.get(node_id).map(|t| t.elapsed())
+    }
+
+    /// Sends `order` to `node_id`'s agent (now, or when it reconnects). The answer comes
+    /// through the receiver.
+    pub fn dispatch(&self, node_id: &str, order: v1::WorkOrder) -> oneshot::Receiver<Outcome> {
+        let (tx, rx) = oneshot::channel();
+        let mut inner = self.lock();
+        if inner.stale.contains_key(node_id) {
+            let _ = tx.send(Outcome::Unreachable(format!(
+                "node {node_id} is unreachable (no heartbeat within {:?})",
+                self.node_timeout
+            )));
+            return rx;
+        }
+        if let Some(s) = inner.sessions.get(node_id) {
+            let _ = s.out.send(order_message(&order));
+        }
+        inner.pending.insert(
+            order.id.clone(),
+            Pending {
+                node_id: node_id.to_string(),
+                order,
+                waiter: tx,
+            },
+        );
+        rx
+    }
+
+    /// Hands an agent's answer to whoever waits for it.
+    pub fn complete(&self, node_id: &str, result: v1::OrderResult) {
+        let mut inner = self.lock();
+        match inner.pending.remove(&result.order_id) {
+            Some(p) if p.node_id == node_id => {
+                let _ = p.waiter.send(Outcome::Answered(result));
+            }
+            Some(p) => {
+                // Not this node's order: keep it for its own node.
+                inner.pending.insert(result.order_id.clone(), p);
+            }
+            None => {}
+        }
+    }
+
+    /// Whether orders wait for `node_id`.
+    pub fn has_pending(&self, node_id: &str) -> bool {
+        self.lock().pending.values().any(|p| p.node_id == node_id)
+    }
+
+    /// Declares unreachable every node (of `known`) not heard from within the timeout,
+    /// ends its stream and fails its waiting orders. Returns the nodes declared now.
+    pub fn expire(&self, known: &[String]) -> Vec<String> {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        let mut newly = Vec::new();
+        for node in known {
+            let seen = inner.last_seen.get(node).copied().unwrap_or(self.started);
+            if now.duration_since(seen) < self.node_timeout || inner.stale.contains_key(node) {
+                continue;
+            }
+            inner.stale.insert(node.clone(), now);
+            if let Some(s) = inner.sessions.remove(node) {
+                let _ = s.out.send(Err(Status::unavailable(
+                    "no heartbeat within the node timeout; reconnect",
+                )));
+            }
+            newly.push(node.clone());
+        }
+        let failed: HashSet<String> = newly.iter().cloned().collect();
+        let ids: Vec<String> = inner
+            .pending
+            .iter()
+            .filter(|(_, p)| failed.contains(&p.node_id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            if let Some(p) = inner.pending.remove(&id) {
+                let _ = p.waiter.send(Outcome::Unreachable(format!(
+                    "node {} is unreachable (no heartbeat within {:?})",
+                    p.node_id, self.node_timeout
+                )));
+            }
+        }
+        newly
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(id: &str) -> v1::WorkOrder {
+        v1::WorkOrder {
+            id: id.into(),
+            kind: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_order_waits_for_its_agent_and_is_resent_on_registration() {
+        let r = Registry::new(Duration::from_secs(30), Duration::from_secs(60));
+        let answer = r.dispatch("n1", order("o1"));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        r.attach("n1", tx);
+        let sent = rx.recv().await.unwrap().unwrap();
+        assert!(matches!(sent.msg, Some(control_message::Msg::Order(o)) if o.id == "o1"));
+        // Another node's answer for this id does not complete it.
+        r.complete(
+            "n2",
+            v1::OrderResult {
+                order_id: "o1".into(),
+                ..Default::default()
+            },
+        );
+        assert!(r.has_pending("n1"));
+        r.complete(
+            "n1",
+            v1::OrderResult {
+                order_id: "o1".into(),
+                ok: true,
+                ..Default::default()
+            },
+        );
+        assert!(matches!(answer.await.unwrap(), Outcome::Answered(res) if res.ok));
+        assert!(!r.has_pending("n1"));
+    }
+
+    #[tokio::test]
+    async fn a_silent_node_expires_once_and_fails_its_orders() {
+        let r = Registry::new(Duration::from_millis(1), Duration::from_secs(60));
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let session = r.attach("n1", tx);
+        let answer = r.dispatch("n1", order("o1"));
+        // Wait on the condition itself: the timeout has passed since the registration.
+        while r.heartbeat_age("n1").unwrap() < Duration::from_millis(2) {
+            tokio::task::yield_now().await;
+        }
+        let known = vec!["n1".to_string()];
+        assert_eq!(r.expire(&known), known);
+        assert!(r.expire(&known).is_empty(), "declared once");
+        assert!(matches!(answer.await.unwrap(), Outcome::Unreachable(_)));
+        assert!(!r.is_live("n1"));
+        // A new order to an unreachable node fails at once; a heartbeat from the dropped
+        // session does not revive it, a new registration does.
+        assert!(matches!(
+            r.dispatch("n1", order("o2")).await.unwrap(),
+            Outcome::Unreachable(_)
+        ));
+        r.heartbeat("n1", session);
+        assert!(r.unreachable_for("n1").is_some());
+        let (tx, _rx2) = mpsc::unbounded_channel();
+        r.attach("n1", tx);
+        assert!(r.unreachable_for("n1").is_none());
+    }
+}

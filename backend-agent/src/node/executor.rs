@@ -1,0 +1,288 @@
+//! Runs work orders on the agent's own hardware, one at a time, and answers each with the
+//! node's verified state. Blocking: callers run it on a blocking thread.
+//!
+//! An order puts every GPU of the node at one target (MIG placements, or whole GPUs)
+//! through the safe re-partition sequence of `gpufleet-gpu`; when one GPU fails, the GPUs
+//! this order already changed are put back, so a failed order leaves the node as it was.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use gpufleet_gpu::hardware::{
+    apply_layout, clear_layout, GpuBackend, GpuInfo, HwError, SimulatedNode,
+};
+use gpufleet_gpu::mig::Placement;
+use gpufleet_proto::v1;
+
+use super::faults::Faults;
+use super::journal::{Answer, Journal, TargetPlacement};
+use crate::inventory;
+
+pub struct Executor {
+    pub name: String,
+    pub gpu_type: String,
+    pub backend: Arc<dyn GpuBackend>,
+    /// The simulated node, when the hardware is simulated (fault injection reaches it only).
+    pub sim: Option<Arc<SimulatedNode>>,
+    /// `sim-faults.toml` to read before each order; only used with simulated hardware.
+    pub faults_file: Option<PathBuf>,
+    pub journal: Mutex<Journal>,
+}
+
+/// Why an order failed, in the protocol's classes.
+fn kind(e: &HwError) -> &'static str {
+    match e {
+        HwError::InUse { .. } => "in_use",
+        HwError::Rule(_) => "rule",
+        _ => "hardware",
+    }
+}
+
+fn to_target(p: &[Placement]) -> Vec<TargetPlacement> {
+    p.iter()
+        .map(|p| TargetPlacement {
+            profile: p.profile.clone(),
+            profile_id: p.profile_id,
+            start: p.start,
+            size: p.size,
+        })
+        .collect()
+}
+
+fn from_target(p: &[TargetPlacement]) -> Vec<Placement> {
+    p.iter()
+        .map(|p| Placement {
+            profile: p.profile.clone(),
+            profile_id: p.profile_id,
+            start: p.start,
+            size: p.size,
+        })
+        .collect()
+}
+
+impl Executor {
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The node's inventory now (empty GPUs if the hardware cannot be read).
+    pub fn inventory(&self) -> Result<v1::NodeInventory, HwError> {
+        inventory::read(&*self.backend, &self.gpu_type)
+    }
+
+    fn answer(&self, order_id: &str, a: &Answer, replayed: bool) -> v1::OrderResult {
+        v1::OrderResult {
+            order_id: order_id.to_string(),
+            ok: a.ok,
+            error: a.error.clone(),
+            error_kind: a.error_kind.clone(),
+            inventory: self.inventory().ok(),
+            replayed,
+        }
+    }
+
+    /// Runs `order`, or replays its answer when this id was answered before.
+    pub fn run(&self, order: &v1::WorkOrder) -> v1::OrderResult {
+        if let Some(a) = self.journal().get(&order.id).and_then(|e| e.answer.clone()) {
+            tracing::info!(order = %order.id, "order already answered; replaying its answer");
+            return self.answer(&order.id, &a, true);
+        }
+        let targets = match &order.kind {
+            Some(v1::work_order::Kind::ApplyMigLayout(m)) => targets(m),
+            None => Err("order has no kind this agent knows; upgrade the agent".to_string()),
+        };
+        let answer = match targets {
+            Err(e) => Answer {
+                ok: false,
+                error: e,
+                error_kind: "rule".into(),
+            },
+            Ok(targets) => self.apply(&order.id, &targets),
+        };
+        if let Err(e) = self.journal().finish(&order.id, answer.clone()) {
+            tracing::error!(order = %order.id, error = %e, "cannot record the order's answer");
+        }
+        self.answer(&order.id, &answer, false)
+    }
+
+    fn apply(&self, order_id: &str, targets: &[GpuTarget]) -> Answer {
+        let fail = |e: String, kind: &str| Answer {
+            ok: false,
+            error: e,
+            error_kind: kind.to_string(),
+        };
+        let before = match self.backend.gpus() {
+            Ok(b) => b,
+            Err(e) => return fail(format!("reading the GPUs: {e}"), kind(&e)),
+        };
+        if let Some((index, _)) = targets
+            .iter()
+            .find(|(i, _)| !before.iter().any(|g| g.index == *i))
+        {
+            return fail(format!("GPU {index}: this node has no such GPU"), "rule");
+        }
+        let journaled = targets
+            .iter()
+            .map(|(i, t)| (*i, t.as_deref().map(to_target)))
+            .collect();
+        if let Err(e) = self.journal().start(order_id, before.clone(), journaled) {
+            return fail(format!("cannot write the order journal: {e}"), "hardware");
+        }
+        let faults = match (&self.sim, &self.faults_file) {
+            (Some(_), Some(path)) => match Faults::read(path) {
+                Ok(f) => f,
+                Err(e) => return fail(e, "hardware"),
+            },
+            _ => Faults::default(),
+        };
+        let outcome = self.apply_gpus(&before, targets, &faults);
+        if let Some(sim) = &self.sim {
+            for gpu in &before {
+                if faults.in_use(&self.name, gpu.index) {
+                    sim.set_gpu_in_use(gpu.index, false);
+                }
+            }
+            // Disarm a create fault that did not fire in this order.
+            sim.fail_create_at(u32::MAX, "disarmed");
+        }
+        match outcome {
+            Ok(()) => Answer {
+                ok: true,
+                error: String::new(),
+                error_kind: String::new(),
+            },
+            Err((gpu, e)) => fail(format!("GPU {gpu}: {e}"), kind(&e)),
+        }
+    }
+
+    /// Every listed GPU to its target; on a failure the GPUs already changed are put back.
+    fn apply_gpus(
+        &self,
+        before: &[GpuInfo],
+        targets: &[GpuTarget],
+        faults: &Faults,
+    ) -> Result<(), (u32, HwError)> {
+        let backend = &*self.backend;
+        let mut creates = 0u32;
+        let mut changed: Vec<&GpuInfo> = Vec::new();
+        for gpu in before {
+            let Some((_, target)) = targets.iter().find(|(i, _)| *i == gpu.index) else {
+                continue;
+            };
+            if let Some(sim) = &self.sim {
+                if faults.in_use(&self.name, gpu.index) {
+                    sim.set_gpu_in_use(gpu.index, true);
+                }
+            }
+            let result = match target {
+                Some(p) => {
+                    let new = p
+                        .iter()
+                        .filter(|pl| {
+                            !gpu.instances
+                                .iter()
+                                .any(|i| (i.profile_id, i.start) == (pl.profile_id, pl.start))
+                        })
+                        .count() as u32;
+                    if let (Some(limit), Some(sim)) = (faults.fail_create_after, &self.sim) {
+                        if creates + new > limit {
+                            sim.fail_create_at(
+                                limit - creates + 1,
+                                "sim-faults.toml: fail_create_after",
+                            );
+                        }
+                    }
+                    apply_layout(backend, gpu.index, p).map(|_| new)
+                }
+                None => clear_layout(backend, gpu.index).map(|_| 0),
+            };
+            match result {
+                Ok(new) => {
+                    creates += new;
+                    changed.push(gpu);
+                }
+                Err(e) => {
+                    for prior in changed.iter().rev() {
+                        restore(backend, prior);
+                    }
+                    return Err((gpu.index, e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Settles orders that a crash cut short: an order whose targets the hardware already
+    /// shows succeeded; any other is rolled back to the GPUs before it and failed. Either
+    /// way it is answered now, so a re-sent order is replayed, not run again.
+    pub fn recover(&self) {
+        let open = self.journal().unanswered();
+        for (id, entry) in open {
+            let reached = self.backend.gpus().is_ok_and(|gpus| {
+                entry.target.iter().all(|(index, t)| {
+                    let t = t.as_deref().map(from_target);
+                    gpus.iter()
+                        .find(|g| g.index == *index)
+                        .is_some_and(|g| inventory::gpu_matches(g, t.as_deref()))
+                })
+            });
+            let answer = if reached {
+                Answer {
+                    ok: true,
+                    error: String::new(),
+                    error_kind: String::new(),
+                }
+            } else {
+                for gpu in &entry.before {
+                    restore(&*self.backend, gpu);
+                }
+                Answer {
+                    ok: false,
+                    error: "the node agent stopped in the middle of this order; its GPUs were put back as they were before it".into(),
+                    error_kind: "interrupted".into(),
+                }
+            };
+            tracing::warn!(order = %id, ok = answer.ok, "settled an order interrupted by a restart");
+            if let Err(e) = self.journal().finish(&id, answer) {
+                tracing::error!(order = %id, error = %e, "cannot record the order's answer");
+            }
+        }
+    }
+}
+
+/// One GPU's target: placements, or None for a whole GPU.
+type GpuTarget = (u32, Option<Vec<Placement>>);
+
+/// The order's per-GPU targets, every number checked.
+fn targets(m: &v1::ApplyMigLayout) -> Result<Vec<GpuTarget>, String> {
+    let mut out: Vec<GpuTarget> = Vec::with_capacity(m.gpus.len());
+    for g in &m.gpus {
+        if out.iter().any(|(i, _)| *i == g.index) {
+            return Err(format!("GPU {} is listed twice in the order", g.index));
+        }
+        let target = if g.whole_gpu {
+            None
+        } else {
+            Some(
+                g.placements
+                    .iter()
+                    .map(inventory::placement)
+                    .collect::<Result<Vec<_>, _>>()?,
+            )
+        };
+        out.push((g.index, target));
+    }
+    Ok(out)
+}
+
+/// Puts one GPU back to a recorded state (best effort, logged).
+fn restore(backend: &dyn GpuBackend, gpu: &GpuInfo) {
+    let result = if gpu.mig_enabled {
+        apply_layout(backend, gpu.index, &inventory::placements_of(gpu)).map(|_| ())
+    } else {
+        clear_layout(backend, gpu.index)
+    };
+    if let Err(e) = result {
+        tracing::error!(gpu = gpu.index, error = %e, "rollback of a MIG change failed");
+    }
+}

@@ -1,0 +1,184 @@
+//! The agent's order journal, `<data-dir>/orders.json`: every order it has started, the
+//! node's GPUs before it, and its answer once there is one. It makes orders idempotent: an
+//! order id already answered is replayed, never run again, and an order cut short by a
+//! crash is settled from the hardware's state when the agent starts again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use gpufleet_gpu::hardware::GpuInfo;
+use serde::{Deserialize, Serialize};
+
+/// How many answered orders are kept (oldest dropped first); the control plane never
+/// re-sends an order older than its last few.
+const KEEP: usize = 256;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Answer {
+    pub ok: bool,
+    pub error: String,
+    pub error_kind: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Entry {
+    /// Order of arrival, for trimming.
+    pub seq: u64,
+    /// The GPUs before the order ran, to restore them.
+    pub before: Vec<GpuInfo>,
+    /// The order's target per GPU index, as sent (placements; None: whole GPU).
+    pub target: Vec<(u32, Option<Vec<TargetPlacement>>)>,
+    /// Times the order's hardware steps were started (stays 1: orders never run twice).
+    pub runs: u32,
+    pub answer: Option<Answer>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TargetPlacement {
+    pub profile: String,
+    pub profile_id: u32,
+    pub start: u8,
+    pub size: u8,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct File {
+    next_seq: u64,
+    orders: BTreeMap<String, Entry>,
+}
+
+pub struct Journal {
+    path: PathBuf,
+    file: File,
+}
+
+impl Journal {
+    pub fn open(data_dir: &Path) -> anyhow::Result<Self> {
+        let path = data_dir.join("orders.json");
+        let file = match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text).map_err(|e| {
+                anyhow::anyhow!("{}: not a valid order journal: {e}", path.display())
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
+            Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+        };
+        Ok(Self { path, file })
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Entry> {
+        self.file.orders.get(id)
+    }
+
+    /// Records that `id` starts now (durably, before any hardware step).
+    pub fn start(
+        &mut self,
+        id: &str,
+        before: Vec<GpuInfo>,
+        target: Vec<(u32, Option<Vec<TargetPlacement>>)>,
+    ) -> std::io::Result<()> {
+        let seq = self.file.next_seq;
+        self.file.next_seq += 1;
+        let entry = self.file.orders.entry(id.to_string()).or_insert(Entry {
+            seq,
+            before,
+            target,
+            runs: 0,
+            answer: None,
+        });
+        entry.runs += 1;
+        self.trim();
+        self.save()
+    }
+
+    pub fn finish(&mut self, id: &str, answer: Answer) -> std::io::Result<()> {
+        if let Some(e) = self.file.orders.get_mut(id) {
+            e.answer = Some(answer);
+        }
+        self.save()
+    }
+
+    /// Orders started and never answered (the agent stopped in the middle).
+    pub fn unanswered(&self) -> Vec<(String, Entry)> {
+        self.file
+            .orders
+            .iter()
+            .filter(|(_, e)| e.answer.is_none())
+            .map(|(id, e)| (id.clone(), e.clone()))
+            .collect()
+    }
+
+    fn trim(&mut self) {
+        while self.file.orders.len() > KEEP {
+            let oldest = self
+                .file
+                .orders
+                .iter()
+                .filter(|(_, e)| e.answer.is_some())
+                .min_by_key(|(_, e)| e.seq)
+                .map(|(id, _)| id.clone());
+            match oldest {
+                Some(id) => {
+                    self.file.orders.remove(&id);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Written to a temporary file and renamed, so a crash leaves the old or the new one.
+    fn save(&self) -> std::io::Result<()> {
+        let tmp = self.path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&self.file)?)?;
+        std::fs::rename(&tmp, &self.path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_survive_a_reopen_and_unanswered_orders_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path()).unwrap();
+        j.start("a", vec![], vec![]).unwrap();
+        j.finish(
+            "a",
+            Answer {
+                ok: true,
+                error: String::new(),
+                error_kind: String::new(),
+            },
+        )
+        .unwrap();
+        j.start("b", vec![], vec![]).unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        assert!(j.get("a").unwrap().answer.as_ref().unwrap().ok);
+        assert_eq!(j.get("a").unwrap().runs, 1);
+        let open: Vec<String> = j.unanswered().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(open, vec!["b".to_string()]);
+    }
+
+    #[test]
+    fn old_answers_are_trimmed_but_open_orders_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path()).unwrap();
+        j.start("open", vec![], vec![]).unwrap();
+        for i in 0..(KEEP + 10) {
+            let id = format!("o{i}");
+            j.start(&id, vec![], vec![]).unwrap();
+            j.finish(
+                &id,
+                Answer {
+                    ok: true,
+                    error: String::new(),
+                    error_kind: String::new(),
+                },
+            )
+            .unwrap();
+        }
+        assert!(j.get("open").is_some());
+        assert!(j.get("o0").is_none());
+        assert!(j.get(&format!("o{}", KEEP + 9)).is_some());
+    }
+}
