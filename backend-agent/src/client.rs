@@ -157,12 +157,19 @@ pub async fn print_nodes(args: ClientArgs) -> anyhow::Result<()> {
             } else {
                 n.cluster_id
             };
+            let heartbeat = if n.heartbeat_age_seconds < 0 {
+                "-".to_string()
+            } else {
+                format!("{}s", n.heartbeat_age_seconds)
+            };
             vec![
                 n.hostname,
                 n.gpu_type,
                 n.capacity,
                 n.gpu_count.to_string(),
                 n.driver_version,
+                n.state,
+                heartbeat,
                 cluster,
             ]
         })
@@ -170,7 +177,16 @@ pub async fn print_nodes(args: ClientArgs) -> anyhow::Result<()> {
     print!(
         "{}",
         table(
-            &["HOSTNAME", "GPU TYPE", "CAPACITY", "GPUS", "DRIVER", "CLUSTER"],
+            &[
+                "HOSTNAME",
+                "GPU TYPE",
+                "CAPACITY",
+                "GPUS",
+                "DRIVER",
+                "STATE",
+                "HEARTBEAT",
+                "CLUSTER"
+            ],
             &rows
         )
     );

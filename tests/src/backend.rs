@@ -35,6 +35,10 @@ pub struct Backend {
     fleet_file: Option<PathBuf>,
     /// Served over TLS with this certificate (written to `--tls-cert`/`--tls-key` files).
     tls: Option<ServerTls>,
+    /// What node agents present to join (`--join-token`).
+    join_token: String,
+    /// More `serve` flags (e.g. `--node-agents external`).
+    extra_args: Vec<String>,
 }
 
 impl Backend {
@@ -57,7 +61,30 @@ impl Backend {
         Backend::launch(None, Some(tls.clone()))
     }
 
+    /// Like [`Backend::start`], with more `serve` flags.
+    pub fn start_with_args(args: &[&str]) -> Backend {
+        Backend::launch_with(None, None, args)
+    }
+
+    /// A control plane whose fleet is the node agents that register (`--node-agents
+    /// external`), declaring a node unreachable after `node_timeout` without heartbeats and
+    /// replacing it `replace_after` later (e.g. "1s").
+    pub fn start_external(node_timeout: &str, replace_after: &str) -> Backend {
+        Backend::start_with_args(&[
+            "--node-agents",
+            "external",
+            "--node-timeout",
+            node_timeout,
+            "--replace-after",
+            replace_after,
+        ])
+    }
+
     fn launch(fleet_toml: Option<&str>, tls: Option<ServerTls>) -> Backend {
+        Backend::launch_with(fleet_toml, tls, &[])
+    }
+
+    fn launch_with(fleet_toml: Option<&str>, tls: Option<ServerTls>, extra: &[&str]) -> Backend {
         let root = tempfile::Builder::new()
             .prefix("gpufleet-backend-")
             .tempdir()
@@ -75,6 +102,8 @@ impl Backend {
             address: "127.0.0.1:0".to_string(),
             fleet_file,
             tls,
+            join_token: generate_token("join"),
+            extra_args: extra.iter().map(|a| a.to_string()).collect(),
         };
         backend.spawn();
         backend
@@ -93,6 +122,21 @@ impl Backend {
 
     pub fn admin_token(&self) -> &str {
         &self.admin_token
+    }
+
+    pub fn join_token(&self) -> &str {
+        &self.join_token
+    }
+
+    /// Kills the control plane with SIGKILL (no shutdown at all), as a crash would.
+    pub fn crash(&mut self) {
+        self.kill();
+    }
+
+    /// Starts the control plane again on the same data dir, tokens and address.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the backend is still running");
+        self.spawn();
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -168,7 +212,12 @@ impl Backend {
             .arg(self.data_dir())
             .arg("--admin-token")
             .arg(&self.admin_token)
+            .arg("--join-token")
+            .arg(&self.join_token)
+            .args(&self.extra_args)
             .env_remove("GPUFLEET_ADMIN_TOKEN")
+            .env_remove("GPUFLEET_JOIN_TOKEN")
+            .env_remove("GPUFLEET_NODE_AGENTS")
             .env_remove("GPUFLEET_FLEET")
             .env_remove("GPUFLEET_TLS_CERT")
             .env_remove("GPUFLEET_TLS_KEY")

@@ -3,6 +3,8 @@
 //! - [`Backend`] starts `gpufleet-agent serve` on a free port with a temp data dir and stops it
 //!   on drop; [`Backend::restart`] keeps the data dir and the address;
 //!   [`Backend::start_with_tls`] serves over TLS with a [`ServerTls`] from [`pki`].
+//! - [`NodeAgent`] runs one `gpufleet-agent node` process (simulated GPUs) against a
+//!   backend, to kill and restart like a host; [`eventually`] waits on a condition.
 //! - [`Clients`] are the gRPC service clients that carry a bearer token on every call.
 //! - [`hcl`] builds configurations from resource, data and output blocks.
 //! - [`Terraform`] is one Terraform working directory wired to the provider binary through
@@ -21,11 +23,13 @@ pub mod fixtures;
 pub mod grpc;
 pub mod hcl;
 pub mod json;
+pub mod node_agent;
 pub mod pki;
 pub mod terraform;
 pub mod times;
 
 pub use backend::Backend;
 pub use grpc::Clients;
+pub use node_agent::{eventually, NodeAgent};
 pub use pki::ServerTls;
 pub use terraform::{Terraform, TfRun};

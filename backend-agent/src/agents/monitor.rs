@@ -8,7 +8,10 @@ use rusqlite::Connection;
 use tokio::sync::watch;
 
 use crate::state::{now, rfc3339, AppState};
-use crate::store::{self, nodes::NODE_QUARANTINED, nodes::NODE_UNREACHABLE};
+use crate::store::{self, nodes::NODE_BUSY, nodes::NODE_QUARANTINED, nodes::NODE_UNREACHABLE};
+
+/// How long a node that could not be brought to its layout waits before another try.
+const RETRY_AFTER_SECS: i64 = 5;
 
 /// A degraded cluster whose nodes are all reachable again is running again.
 pub fn refresh_cluster(conn: &Connection, cluster_id: &str) -> rusqlite::Result<()> {
@@ -58,7 +61,7 @@ fn mark_unreachable(state: &AppState, node_id: &str) -> rusqlite::Result<()> {
 }
 
 /// One round: expire silent nodes, then replace those unreachable long enough.
-pub async fn round(state: &AppState) {
+pub async fn round(state: &Arc<AppState>) {
     let nodes = {
         let conn = state.db();
         match store::nodes::list(&conn, None, None) {
@@ -74,6 +77,20 @@ pub async fn round(state: &AppState) {
         .filter(|n| n.state != NODE_QUARANTINED)
         .map(|n| n.id.clone())
         .collect();
+    // A node that could not be brought to its layout is tried again, now and then.
+    for n in nodes.iter().filter(|n| {
+        n.state == NODE_BUSY
+            && !n.state_reason.is_empty()
+            && now() - n.state_since >= RETRY_AFTER_SECS
+            && state.agents.is_live(&n.id)
+            && !state.agents.has_pending(&n.id)
+    }) {
+        let conn = state.db();
+        // Restarting the clock first keeps the next round from starting a second try.
+        let _ = store::nodes::set_state(&conn, &n.id, NODE_BUSY, "", now());
+        drop(conn);
+        tokio::spawn(crate::mig::reconcile_node(state.clone(), n.id.clone()));
+    }
     for node in state.agents.expire(&watched) {
         if let Err(e) = mark_unreachable(state, &node) {
             tracing::error!(node = %node, error = %e, "cannot record an unreachable node");

@@ -27,6 +27,9 @@ pub struct Executor {
     /// `sim-faults.toml` to read before each order; only used with simulated hardware.
     pub faults_file: Option<PathBuf>,
     pub journal: Mutex<Journal>,
+    /// Held while an order runs: one order at a time per node, even when an order from a
+    /// lost connection is still finishing as the next one arrives.
+    pub running: Mutex<()>,
 }
 
 /// Why an order failed, in the protocol's classes.
@@ -83,6 +86,7 @@ impl Executor {
 
     /// Runs `order`, or replays its answer when this id was answered before.
     pub fn run(&self, order: &v1::WorkOrder) -> v1::OrderResult {
+        let _one_at_a_time = self.running.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(a) = self.journal().get(&order.id).and_then(|e| e.answer.clone()) {
             tracing::info!(order = %order.id, "order already answered; replaying its answer");
             return self.answer(&order.id, &a, true);
@@ -216,6 +220,7 @@ impl Executor {
     /// shows succeeded; any other is rolled back to the GPUs before it and failed. Either
     /// way it is answered now, so a re-sent order is replayed, not run again.
     pub fn recover(&self) {
+        let _one_at_a_time = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let open = self.journal().unanswered();
         for (id, entry) in open {
             let reached = self.backend.gpus().is_ok_and(|gpus| {

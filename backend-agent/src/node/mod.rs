@@ -46,6 +46,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
             sim: parts.sim,
             faults_file: parts.faults_file,
             journal: Mutex::new(journal),
+            running: Mutex::new(()),
         }),
         name: parts.name,
         capacity: parts.capacity,

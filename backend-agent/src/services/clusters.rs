@@ -12,7 +12,6 @@ use super::{
     capacity, demand, fingerprint, gpus_per_node, holdings, invalid, list_scope, node_messages,
     not_found, precondition, request_id_conflict, target_tenant, Exclude,
 };
-use crate::agents::registry::Registry;
 use crate::auth::{authenticate, Caller};
 use crate::rules::{self, QuotaSubject, Span};
 use crate::state::{db_error, now, rfc3339, AppState};
@@ -38,15 +37,10 @@ fn visible_cluster(conn: &Connection, caller: &Caller, id: &str) -> Result<Clust
     }
 }
 
-fn message(
-    conn: &Connection,
-    agents: &Registry,
-    caller: &Caller,
-    c: ClusterRow,
-) -> Result<v1::TenantCluster, Status> {
+fn message(conn: &Connection, caller: &Caller, c: ClusterRow) -> Result<v1::TenantCluster, Status> {
     let nodes = store::nodes::list(conn, None, Some(&c.id)).map_err(db_error)?;
     Ok(v1::TenantCluster {
-        nodes: node_messages(conn, agents, caller, nodes)?,
+        nodes: node_messages(conn, None, caller, nodes)?,
         mig_layout: c
             .mig_layout
             .iter()
@@ -349,7 +343,7 @@ impl Clusters {
                 let c = store::clusters::get(&tx, &id)
                     .map_err(db_error)?
                     .ok_or_else(|| not_found("tenant cluster", &id))?;
-                return message(&tx, &self.state.agents, &caller, c).map(Prepared::Existing);
+                return message(&tx, &caller, c).map(Prepared::Existing);
             }
             Prior::Conflict => return Err(request_id_conflict(&req.request_id, "tenant cluster")),
             Prior::New => {}
@@ -454,7 +448,7 @@ impl Clusters {
         let created = store::clusters::get(&conn, &cluster.id)
             .map_err(db_error)?
             .ok_or_else(|| not_found("tenant cluster", &cluster.id))?;
-        message(&conn, &self.state.agents, &caller, created)
+        message(&conn, &caller, created)
     }
 
     fn get(
@@ -464,7 +458,7 @@ impl Clusters {
         let conn = self.state.db();
         let caller = authenticate(&self.state, &conn, &request)?;
         let c = visible_cluster(&conn, &caller, &request.get_ref().id)?;
-        message(&conn, &self.state.agents, &caller, c)
+        message(&conn, &caller, c)
     }
 
     fn list(
@@ -477,7 +471,7 @@ impl Clusters {
         let rows = store::clusters::list(&conn, scope.as_deref(), None, None).map_err(db_error)?;
         let clusters = rows
             .into_iter()
-            .map(|c| message(&conn, &self.state.agents, &caller, c))
+            .map(|c| message(&conn, &caller, c))
             .collect::<Result<_, _>>()?;
         Ok(v1::ListTenantClustersResponse { clusters })
     }
@@ -553,7 +547,7 @@ impl Clusters {
         let c = store::clusters::get(&conn, &c.id)
             .map_err(db_error)?
             .ok_or_else(|| not_found("tenant cluster", &c.id))?;
-        message(&conn, &self.state.agents, &caller, c)
+        message(&conn, &caller, c)
     }
 
     async fn delete(

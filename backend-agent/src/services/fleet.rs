@@ -37,7 +37,7 @@ impl Fleet {
         }
         let rows = store::nodes::list(&conn, gpu_type, cluster).map_err(db_error)?;
         Ok(v1::ListNodesResponse {
-            nodes: node_messages(&conn, &self.state.agents, &caller, rows)?,
+            nodes: node_messages(&conn, Some(&self.state.agents), &caller, rows)?,
         })
     }
 

@@ -231,9 +231,10 @@ pub fn limit(
 }
 
 /// Nodes as the API shows them; a tenant caller does not learn who holds others' nodes.
+/// With `agents`, each node's heartbeat age is filled in.
 pub fn node_messages(
     conn: &Connection,
-    agents: &crate::agents::registry::Registry,
+    agents: Option<&crate::agents::registry::Registry>,
     caller: &Caller,
     rows: Vec<store::nodes::NodeRow>,
 ) -> Result<Vec<v1::Node>, Status> {
@@ -274,10 +275,13 @@ pub fn node_messages(
                 mig_devices,
             });
         }
-        let heartbeat_age = agents
-            .heartbeat_age(&n.id)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(-1);
+        // Only ListNodes reports heartbeat ages: a cluster's answer stays the same while
+        // nothing about it changes.
+        let heartbeat_age = agents.map_or(0, |a| {
+            a.heartbeat_age(&n.id)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(-1)
+        });
         out.push(v1::Node {
             id: n.id,
             hostname: n.hostname,

@@ -1,0 +1,184 @@
+//! One `gpufleet-agent node` process with simulated GPUs and its own data dir: a GPU host
+//! as the control plane sees it, to register, kill (SIGKILL, as a host dies) and restart.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::binaries;
+use crate::Backend;
+
+pub struct NodeAgent {
+    child: Option<Child>,
+    pub name: String,
+    root: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+impl NodeAgent {
+    /// Starts an agent named `name` that joins `backend` with its join token; `extra` adds
+    /// flags (e.g. `--gpus 2`, `--capacity on-demand`).
+    pub fn start(backend: &Backend, name: &str, extra: &[&str]) -> NodeAgent {
+        Self::start_with_token(backend, name, backend.join_token(), extra)
+    }
+
+    /// Like [`NodeAgent::start`] with another join token (e.g. a forged one).
+    pub fn start_with_token(
+        backend: &Backend,
+        name: &str,
+        join_token: &str,
+        extra: &[&str],
+    ) -> NodeAgent {
+        let root = tempfile::Builder::new()
+            .prefix(&format!("gpufleet-node-{name}-"))
+            .tempdir()
+            .expect("create the node agent's temp dir");
+        let mut args: Vec<String> = vec![
+            "node".into(),
+            "--control-plane".into(),
+            backend.endpoint(),
+            "--join-token".into(),
+            join_token.into(),
+            "--name".into(),
+            name.into(),
+            "--data-dir".into(),
+            root.path().join("data").display().to_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let mut agent = NodeAgent {
+            child: None,
+            name: name.to_string(),
+            root,
+            args,
+        };
+        agent.spawn();
+        agent
+    }
+
+    fn spawn(&mut self) {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("open the node agent's log");
+        let child = Command::new(binaries::agent())
+            .args(&self.args)
+            .env_remove("GPUFLEET_JOIN_TOKEN")
+            .env_remove("GPUFLEET_HARDWARE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn gpufleet-agent node");
+        self.child = Some(child);
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.root.path().join("data")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.root.path().join("node.log")
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// SIGKILL: the host is gone, nothing is cleaned up.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the agent again on the same data dir (its journal and simulated GPUs).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// The exit status once the process has ended within `limit`; None while it runs.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().expect("poll the node agent") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn json(&self, file: &str) -> Option<Value> {
+        let text = fs::read_to_string(self.data_dir().join(file)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// The agent's own view of its node (`status.json`): registration and GPUs.
+    pub fn status(&self) -> Option<Value> {
+        self.json("status.json")
+    }
+
+    /// The agent's order journal (`orders.json`).
+    pub fn journal(&self) -> Option<Value> {
+        self.json("orders.json")
+    }
+
+    /// MIG profiles per GPU, as the agent's own status reports them.
+    pub fn profiles(&self) -> Vec<Vec<String>> {
+        let Some(status) = self.status() else {
+            return Vec::new();
+        };
+        status["gpus"]
+            .as_array()
+            .map(|gpus| {
+                gpus.iter()
+                    .map(|g| {
+                        g["mig_devices"]
+                            .as_array()
+                            .map(|d| {
+                                d.iter()
+                                    .map(|d| d["profile"].as_str().unwrap_or_default().to_string())
+                                    .collect()
+                            })
+                            .unwrap_or_default()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for NodeAgent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Polls `probe` until it returns Some, for at most `limit` (a safety net against a hang,
+/// not a timing assertion); panics naming `what` when it never does.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still waiting for {what} after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

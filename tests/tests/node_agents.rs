@@ -1,0 +1,368 @@
+//! Node agents as real processes: `serve --node-agents external` and `gpufleet-agent node`
+//! processes on loopback. Registration and its refusals, MIG layouts applied by the
+//! agents (each agent's own view checked), a killed agent's node replaced, an agent or
+//! the control plane killed in the middle of an order, and mutual TLS.
+
+use std::time::Duration;
+
+use gpufleet_e2e::fixtures::{create_pool_cluster, create_quota, create_tenant};
+use gpufleet_e2e::{eventually, hcl, Backend, Clients, NodeAgent, Terraform};
+use gpufleet_proto::v1::{
+    GetTenantClusterRequest, Node, TenantCluster, UpdateTenantClusterRequest,
+};
+
+/// A safety net against hangs, never a timing assertion: conditions are waited on.
+const LIMIT: Duration = Duration::from_secs(60);
+
+async fn nodes(admin: &mut Clients) -> Vec<Node> {
+    admin.nodes().await
+}
+
+async fn ready_nodes(admin: &mut Clients, names: &[&str]) {
+    let admin = admin.clone();
+    eventually(&format!("nodes {names:?} ready"), LIMIT, || {
+        let mut admin = admin.clone();
+        async move {
+            let all = admin.nodes().await;
+            names
+                .iter()
+                .all(|name| {
+                    all.iter()
+                        .any(|n| n.hostname == *name && n.state == "ready")
+                })
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+async fn cluster(admin: &mut Clients, id: &str) -> TenantCluster {
+    admin
+        .clusters
+        .get_tenant_cluster(GetTenantClusterRequest { id: id.into() })
+        .await
+        .unwrap_or_else(|s| panic!("GetTenantCluster: {s}"))
+        .into_inner()
+}
+
+fn layout(pairs: &[(&str, i32)]) -> std::collections::HashMap<String, i32> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+/// Every node is in at most one cluster, and each cluster holds exactly node_count nodes.
+async fn assert_no_double_assignment(admin: &mut Clients) {
+    let all = nodes(admin).await;
+    for c in admin.inventory().await.clusters {
+        let held = all.iter().filter(|n| n.cluster_id == c.id).count() as i64;
+        assert_eq!(held, c.node_count, "cluster {} holds {held} nodes", c.name);
+    }
+}
+
+const CLUSTER: &str = "gpufleet_tenant_cluster.train";
+
+fn mig_cluster_config() -> String {
+    hcl::config(&[
+        hcl::tenant("t", "speech"),
+        hcl::quota("h100", "gpufleet_tenant.t.id", "H100-80GB", 8),
+        hcl::pool_cluster("train", "gpufleet_tenant.t.id", "train", "H100-80GB", 2)
+            .expr("mig_layout", "{ \"3g.40gb\" = 2 }")
+            .depends_on(&["gpufleet_gpu_quota.h100"]),
+    ])
+}
+
+fn hostnames(cluster: &serde_json::Value) -> Vec<String> {
+    cluster["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["hostname"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_apply_a_terraform_mig_layout_and_a_killed_node_is_replaced() {
+    let backend = Backend::start_external("2s", "1s");
+    let mut agents: Vec<NodeAgent> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|name| NodeAgent::start(&backend, name, &["--gpus", "2"]))
+        .collect();
+    let mut admin = backend.admin().await;
+    ready_nodes(&mut admin, &["n1", "n2", "n3"]).await;
+
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_main(&mig_cluster_config());
+    tf.init();
+    tf.apply();
+    let state = tf.resource(CLUSTER);
+    let held = hostnames(&state);
+    assert_eq!(held.len(), 2);
+    // Each agent's own view of its GPUs shows the layout.
+    let two_halves = vec![vec!["3g.40gb".to_string(); 2]; 2];
+    for agent in agents.iter().filter(|a| held.contains(&a.name)) {
+        assert_eq!(agent.profiles(), two_halves, "agent {}", agent.name);
+    }
+    tf.assert_no_changes();
+
+    // The host of the first node dies.
+    let cluster_id = state["id"].as_str().unwrap().to_string();
+    let dead = held[0].clone();
+    let spare = ["n1", "n2", "n3"]
+        .into_iter()
+        .find(|n| !held.iter().any(|h| h == n))
+        .unwrap()
+        .to_string();
+    agents.iter_mut().find(|a| a.name == dead).unwrap().kill9();
+    let degraded = eventually("the cluster degraded", LIMIT, || {
+        let mut admin = admin.clone();
+        let id = cluster_id.clone();
+        async move {
+            let c = cluster(&mut admin, &id).await;
+            (c.status == "degraded").then_some(c)
+        }
+    })
+    .await;
+    assert!(
+        degraded.status_reason.contains(&dead),
+        "{}",
+        degraded.status_reason
+    );
+    // Replaced by the spare, which the agents partition like the others.
+    let replaced = eventually("the node replaced", LIMIT, || {
+        let mut admin = admin.clone();
+        let id = cluster_id.clone();
+        async move {
+            let c = cluster(&mut admin, &id).await;
+            (c.status == "running").then_some(c)
+        }
+    })
+    .await;
+    let now: Vec<&str> = replaced.nodes.iter().map(|n| n.hostname.as_str()).collect();
+    assert!(
+        now.contains(&spare.as_str()) && !now.contains(&dead.as_str()),
+        "{now:?}"
+    );
+    let spare_agent = agents.iter().find(|a| a.name == spare).unwrap();
+    assert_eq!(spare_agent.profiles(), two_halves);
+    let dead_node = nodes(&mut admin)
+        .await
+        .into_iter()
+        .find(|n| n.hostname == dead)
+        .unwrap();
+    assert_eq!(dead_node.state, "unreachable");
+    assert!(
+        dead_node.cluster_id.is_empty(),
+        "the dead node left the cluster"
+    );
+
+    // Terraform reads the new node set; nothing to change.
+    tf.assert_no_changes();
+    tf.refresh();
+    assert!(hostnames(&tf.resource(CLUSTER)).contains(&spare));
+
+    // The dead host comes back: reset to whole GPUs and free, never in two clusters.
+    agents
+        .iter_mut()
+        .find(|a| a.name == dead)
+        .unwrap()
+        .restart();
+    ready_nodes(&mut admin, &[dead.as_str()]).await;
+    let back = agents.iter().find(|a| a.name == dead).unwrap();
+    assert_eq!(back.profiles(), vec![Vec::<String>::new(); 2]);
+    let node = nodes(&mut admin)
+        .await
+        .into_iter()
+        .find(|n| n.hostname == dead)
+        .unwrap();
+    assert!(node.cluster_id.is_empty());
+    assert_no_double_assignment(&mut admin).await;
+
+    tf.destroy();
+    for agent in &agents {
+        assert_eq!(
+            agent.profiles(),
+            vec![Vec::<String>::new(); 2],
+            "{}",
+            agent.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_tokens_taken_names_and_contradicting_hardware_are_refused() {
+    let backend = Backend::start_external("30s", "5m");
+    let mut admin = backend.admin().await;
+
+    let mut forged = NodeAgent::start_with_token(&backend, "n9", "join-forged", &["--gpus", "2"]);
+    let status = forged.wait_exit(LIMIT).expect("a refused agent exits");
+    assert!(!status.success());
+    assert!(forged.log().contains("join token"), "{}", forged.log());
+
+    let _n1 = NodeAgent::start(&backend, "n1", &["--gpus", "2"]);
+    ready_nodes(&mut admin, &["n1"]).await;
+    let mut twin = NodeAgent::start(&backend, "n1", &["--gpus", "2"]);
+    assert!(!twin.wait_exit(LIMIT).expect("exits").success());
+    assert!(
+        twin.log().contains("held by a live agent"),
+        "{}",
+        twin.log()
+    );
+
+    // The same name with other hardware, once the first agent is gone.
+    drop(_n1);
+    let mut other = NodeAgent::start(&backend, "n1", &["--gpus", "4"]);
+    let mut other_status = None;
+    // The old agent's stream may still look live for a moment: retry until refused for
+    // the hardware, which is what this case is about.
+    for _ in 0..50 {
+        let s = other.wait_exit(LIMIT).expect("exits");
+        if other.log().contains("the agent reports 4") {
+            other_status = Some(s);
+            break;
+        }
+        other.restart();
+    }
+    assert!(!other_status.expect("refused for its hardware").success());
+
+    let all = nodes(&mut admin).await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0].gpu_count, 2);
+    assert!(all.iter().all(|n| n.hostname != "n9"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_order_answers_it_once_from_its_hardware() {
+    let backend = Backend::start_external("30s", "5m");
+    let mut agent = NodeAgent::start(&backend, "n1", &["--gpus", "2", "--sim-op-delay-ms", "150"]);
+    let mut admin = backend.admin().await;
+    ready_nodes(&mut admin, &["n1"]).await;
+    let (tenant, _) = create_tenant(&mut admin, "vision").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 8, 0).await;
+    let c = create_pool_cluster(&mut admin, &tenant.id, "slow", "H100-80GB", 1).await;
+
+    let change = UpdateTenantClusterRequest {
+        id: c.id.clone(),
+        mig_layout: layout(&[("1g.10gb", 7)]),
+        set_mig_layout: true,
+        ..Default::default()
+    };
+    let update = {
+        let mut admin = admin.clone();
+        let change = change.clone();
+        tokio::spawn(async move { admin.clusters.update_tenant_cluster(change).await })
+    };
+    // The order is under way on the agent: journaled, not yet answered.
+    eventually("the order under way", LIMIT, || {
+        let journal = agent.journal();
+        async move {
+            journal?["orders"]
+                .as_object()?
+                .values()
+                .any(|o| o["answer"].is_null())
+                .then_some(())
+        }
+    })
+    .await;
+    agent.restart();
+    let answer = update.await.unwrap();
+    let err = answer.expect_err("an order cut short fails");
+    assert!(
+        err.message().contains("stopped in the middle"),
+        "{}",
+        err.message()
+    );
+
+    // Every order ran at most once, and the control plane records what the agent has.
+    let journal = agent.journal().unwrap();
+    for (id, o) in journal["orders"].as_object().unwrap() {
+        assert_eq!(o["runs"], 1, "order {id} ran more than once");
+        assert!(!o["answer"].is_null(), "order {id} unanswered");
+    }
+    let whole = vec![Vec::<String>::new(); 2];
+    assert_eq!(agent.profiles(), whole);
+    let now = cluster(&mut admin, &c.id).await;
+    assert!(now.mig_layout.is_empty());
+    assert!(now.nodes[0].gpus.iter().all(|g| g.mig_devices.is_empty()));
+
+    // The same change again converges.
+    let changed = admin
+        .clusters
+        .update_tenant_cluster(change)
+        .await
+        .unwrap_or_else(|s| panic!("update: {s}"))
+        .into_inner();
+    assert_eq!(changed.status, "running");
+    assert_eq!(agent.profiles(), vec![vec!["1g.10gb".to_string(); 7]; 2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_killed_mid_change_converges_after_restart() {
+    let mut backend = Backend::start_external("30s", "5m");
+    let agent = NodeAgent::start(&backend, "n1", &["--gpus", "2", "--sim-op-delay-ms", "100"]);
+    let _spare = NodeAgent::start(&backend, "n2", &["--gpus", "2"]);
+    let mut admin = backend.admin().await;
+    ready_nodes(&mut admin, &["n1", "n2"]).await;
+    let (tenant, _) = create_tenant(&mut admin, "audio").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 16, 0).await;
+    let c = create_pool_cluster(&mut admin, &tenant.id, "asr", "H100-80GB", 1).await;
+    assert_eq!(c.nodes[0].hostname, "n1");
+
+    let change = UpdateTenantClusterRequest {
+        id: c.id.clone(),
+        mig_layout: layout(&[("3g.40gb", 2)]),
+        set_mig_layout: true,
+        ..Default::default()
+    };
+    let update = {
+        let mut admin = admin.clone();
+        let change = change.clone();
+        tokio::spawn(async move { admin.clusters.update_tenant_cluster(change).await })
+    };
+    eventually("the order under way", LIMIT, || {
+        let journal = agent.journal();
+        async move {
+            journal?["orders"]
+                .as_object()?
+                .values()
+                .any(|o| o["answer"].is_null())
+                .then_some(())
+        }
+    })
+    .await;
+    backend.crash();
+    assert!(update.await.unwrap().is_err(), "the client lost its answer");
+    backend.start_again();
+
+    // The update is carried forward: the agents reconnect and converge.
+    let mut admin = backend.admin().await;
+    let halves = vec![vec!["3g.40gb".to_string(); 2]; 2];
+    let settled = eventually("the cluster settled", LIMIT, || {
+        let mut admin = admin.clone();
+        let id = c.id.clone();
+        let profiles = agent.profiles();
+        let halves = halves.clone();
+        async move {
+            let now = cluster(&mut admin, &id).await;
+            let recorded: Vec<Vec<String>> = now.nodes[0]
+                .gpus
+                .iter()
+                .map(|g| g.mig_devices.iter().map(|d| d.profile.clone()).collect())
+                .collect();
+            (now.status == "running"
+                && now.nodes[0].state == "ready"
+                && recorded == halves
+                && profiles == halves)
+                .then_some(now)
+        }
+    })
+    .await;
+    assert_eq!(settled.mig_layout, layout(&[("3g.40gb", 2)]));
+    // The same change again is a no-op that succeeds; no node is in two clusters.
+    let again = admin
+        .clusters
+        .update_tenant_cluster(change)
+        .await
+        .unwrap_or_else(|s| panic!("update: {s}"))
+        .into_inner();
+    assert_eq!(again.status, "running");
+    assert_no_double_assignment(&mut admin).await;
+}
