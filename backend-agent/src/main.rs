@@ -1,32 +1,10 @@
 //! `gpufleet-agent`: the gpufleet control plane (`serve`), the node agent of each GPU
 //! host (`node`, `node-status`), its small admin client (`fleet`, `nodes`), the
-//! certificates for mutual TLS (`pki`) and the read-only hardware check (`hw-check`).
-
-// Handlers and their helpers return tonic::Status, the gRPC error type, by value as tonic does.
-#![allow(clippy::result_large_err)]
-
-mod access;
-mod agents;
-mod auth;
-mod catalog;
-mod cli;
-mod client;
-mod fleet;
-mod hardware;
-mod host;
-mod inventory;
-mod mig;
-mod node;
-mod pki;
-mod rules;
-mod serve;
-mod services;
-mod state;
-mod store;
-mod tls;
-mod volumes;
+//! certificates for mutual TLS (`pki`) and the read-only hardware check (`hw-check`):
+//! a thin binary over the `gpufleet_agent` library.
 
 use clap::Parser;
+use gpufleet_agent::{cli, client, node, pki, serve};
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();

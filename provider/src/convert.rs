@@ -19,6 +19,9 @@ pub fn node_type() -> Type {
         ("cuda_version", Type::String),
         ("cluster_id", Type::String),
         ("tenant_id", Type::String),
+        ("state", Type::String),
+        ("state_reason", Type::String),
+        ("heartbeat_age_seconds", Type::Number),
         ("gpus", Type::list(gpu_type())),
     ])
 }
@@ -61,6 +64,12 @@ pub fn node_value(n: &api::Node) -> Value {
         ("cuda_version", Value::string(&n.cuda_version)),
         ("cluster_id", Value::string(&n.cluster_id)),
         ("tenant_id", Value::string(&n.tenant_id)),
+        ("state", Value::string(&n.state)),
+        ("state_reason", Value::string(&n.state_reason)),
+        (
+            "heartbeat_age_seconds",
+            Value::Number(n.heartbeat_age_seconds),
+        ),
         ("gpus", Value::List(n.gpus.iter().map(gpu_value).collect())),
     ])
 }

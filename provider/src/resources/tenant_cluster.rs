@@ -44,6 +44,7 @@ const REPLACE_ON: &[&str] = &[
 const COMPUTED: &[&str] = &[
     "id",
     "status",
+    "status_reason",
     "nodes",
     "endpoint",
     "credentials",
@@ -72,6 +73,7 @@ fn state(c: &api::TenantCluster) -> Value {
         ("storage_gib", Value::Number(c.storage_gib)),
         ("mig_layout", Value::Map(layout)),
         ("status", Value::string(&c.status)),
+        ("status_reason", Value::string(&c.status_reason)),
         (
             "nodes",
             Value::List(c.nodes.iter().map(node_value).collect()),
@@ -111,7 +113,7 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedCh
         mark_unknown(&mut planned, &["nodes"]);
     }
     if reshapes_nodes || changed(prior, &planned, "storage_gib") {
-        mark_unknown(&mut planned, &["status"]);
+        mark_unknown(&mut planned, &["status", "status_reason"]);
     }
     PlannedChange {
         state: planned,
@@ -367,7 +369,8 @@ impl ResourceType for TenantCluster {
                     Type::map(Type::Number),
                     "Per-GPU MIG layout (profile name to instance count) applied to every GPU. Absent or empty: whole GPUs. Checked at plan time; changes in place.",
                 ),
-                Attribute::computed("status", Type::String, "`running` once nodes are assigned; `failed` after an unrecoverable step."),
+                Attribute::computed("status", Type::String, "`running` once its nodes are assigned and their agents have applied its layout; `degraded` while a node is unreachable (until it is back or replaced); `creating`, `updating` or `deleting` while a change is under way."),
+                Attribute::computed("status_reason", Type::String, "Why the status is not simply `running` (e.g. which node is unreachable, and whether a replacement is possible); empty otherwise."),
                 Attribute::computed(
                     "nodes",
                     Type::list(node_type()),
@@ -532,6 +535,7 @@ mod tests {
             ("storage_gib", Value::Number(100)),
             ("mig_layout", Value::Map(BTreeMap::new())),
             ("status", Value::string("running")),
+            ("status_reason", Value::string("")),
             ("nodes", Value::List(vec![])),
             ("endpoint", Value::string("https://k")),
             ("credentials", Value::string("kubeconfig")),
