@@ -66,6 +66,11 @@ impl Backend {
         Backend::launch_with(None, None, args)
     }
 
+    /// Like [`Backend::start_with_tls`], with more `serve` flags (e.g. `--agent-ca`).
+    pub fn start_with_tls_and_args(tls: &ServerTls, args: &[&str]) -> Backend {
+        Backend::launch_with(None, Some(tls.clone()), args)
+    }
+
     /// A control plane whose fleet is the node agents that register (`--node-agents
     /// external`), declaring a node unreachable after `node_timeout` without heartbeats and
     /// replacing it `replace_after` later (e.g. "1s").

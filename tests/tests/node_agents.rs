@@ -366,3 +366,108 @@ async fn a_control_plane_killed_mid_change_converges_after_restart() {
     assert_eq!(again.status, "running");
     assert_no_double_assignment(&mut admin).await;
 }
+
+/// `gpufleet-agent pki --dir DIR --agent NAME...`, as an operator runs it.
+fn pki(dir: &std::path::Path, agents: &[&str]) {
+    let mut cmd = std::process::Command::new(gpufleet_e2e::binaries::agent());
+    cmd.arg("pki").arg("--dir").arg(dir);
+    for a in agents {
+        cmd.args(["--agent", a]);
+    }
+    let out = cmd.output().expect("run gpufleet-agent pki");
+    assert!(
+        out.status.success(),
+        "pki: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn read(path: std::path::PathBuf) -> String {
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_admits_only_agents_with_a_certificate_of_its_ca() {
+    let ours = tempfile::tempdir().unwrap();
+    let theirs = tempfile::tempdir().unwrap();
+    pki(ours.path(), &["n1", "n3"]);
+    pki(theirs.path(), &["n2"]);
+    let ca = ours.path().join("ca.pem");
+    let tls = gpufleet_e2e::ServerTls {
+        ca_pem: read(ca.clone()),
+        cert_pem: read(ours.path().join("server.pem")),
+        key_pem: read(ours.path().join("server.key")),
+    };
+    let ca_arg = ca.display().to_string();
+    let backend = Backend::start_with_tls_and_args(
+        &tls,
+        &["--node-agents", "external", "--agent-ca", &ca_arg],
+    );
+    let cert_args = |dir: &std::path::Path, name: &str| -> Vec<String> {
+        vec![
+            "--gpus".into(),
+            "1".into(),
+            "--ca-cert".into(),
+            ca_arg.clone(),
+            "--cert".into(),
+            dir.join(format!("agent-{name}.pem")).display().to_string(),
+            "--key".into(),
+            dir.join(format!("agent-{name}.key")).display().to_string(),
+        ]
+    };
+    let n1_args = cert_args(ours.path(), "n1");
+    let _n1 = NodeAgent::start(&backend, "n1", &args(&n1_args));
+    let mut admin = backend.admin().await;
+    ready_nodes(&mut admin, &["n1"]).await;
+
+    // A certificate from another CA fails the handshake: the agent never joins.
+    let n2_args = cert_args(theirs.path(), "n2");
+    let n2 = NodeAgent::start(&backend, "n2", &args(&n2_args));
+    let n2_log = eventually("n2's failed handshake", LIMIT, || {
+        let log = n2.log();
+        async move { log.contains("could not register").then_some(log) }
+    })
+    .await;
+    assert!(
+        n2_log.contains("--agent-ca"),
+        "the agent hints at the fix: {n2_log}"
+    );
+    // No certificate at all: refused by the control plane, and the agent says why.
+    let mut n3 = NodeAgent::start(&backend, "n3", &["--gpus", "1", "--ca-cert", &ca_arg]);
+    assert!(!n3
+        .wait_exit(LIMIT)
+        .expect("a refused agent exits")
+        .success());
+    assert!(n3.log().contains("client certificate"), "{}", n3.log());
+    let names: Vec<String> = nodes(&mut admin)
+        .await
+        .into_iter()
+        .map(|n| n.hostname)
+        .collect();
+    assert_eq!(names, vec!["n1".to_string()]);
+}
+
+#[test]
+fn plain_http_on_a_network_address_needs_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env_remove("GPUFLEET_INSECURE")
+        .output()
+        .expect("run serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--listen") && err.contains("--insecure"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "nothing written before the refusal"
+    );
+}

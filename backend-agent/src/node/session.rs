@@ -148,16 +148,26 @@ async fn session(agent: &Arc<Agent>) -> End {
             ))
         }
     }
+    let tls = agent.link.endpoint.uri().scheme_str() == Some("https");
+    let unregistered = |end: End| {
+        match end {
+        End::Lost(why) if tls => End::Lost(format!(
+            "could not register: {why} (over TLS, check that --ca-cert signed the control plane's certificate and that --cert/--key come from its --agent-ca)"
+        )),
+        End::Lost(why) => End::Lost(format!("could not register: {why}")),
+        refused => refused,
+    }
+    };
     let mut down = match client.session(request).await {
         Ok(r) => r.into_inner(),
-        Err(s) => return classify(s),
+        Err(s) => return unregistered(classify(s)),
     };
     let registered = match down.message().await {
         Ok(Some(v1::ControlMessage {
             msg: Some(control_message::Msg::Registered(r)),
         })) => r,
         Ok(_) => return End::Lost("the control plane did not answer the registration".into()),
-        Err(s) => return classify(s),
+        Err(s) => return unregistered(classify(s)),
     };
     tracing::info!(node = %agent.name, node_id = %registered.node_id, "registered with the control plane");
     write_status(agent, &registered.node_id, Some(&inventory));
