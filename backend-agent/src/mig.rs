@@ -13,21 +13,21 @@ use gpufleet_gpu::hardware::GpuInfo;
 use gpufleet_gpu::mig::{self, Layout, Placement};
 use gpufleet_proto::v1;
 use rusqlite::Connection;
-use tonic::Status;
 
 use crate::agents::registry::Outcome;
+use crate::error::{Error, Result};
 use crate::inventory::{gpu_matches, placement_message, placements_of};
-use crate::state::{db_error, now, AppState};
+use crate::state::{now, AppState};
 use crate::store::{self, nodes::NodeRow};
 
-fn to_layout(layout: &HashMap<String, i32>) -> Result<Layout, Status> {
+fn to_layout(layout: &HashMap<String, i32>) -> Result<Layout> {
     layout
         .iter()
         .map(|(name, &count)| {
             u32::try_from(count)
                 .map(|c| (name.clone(), c))
                 .map_err(|_| {
-                    Status::invalid_argument(format!(
+                    Error::Invalid(format!(
                         "mig_layout: count of \"{name}\" must be at least 0 (got {count})"
                     ))
                 })
@@ -35,22 +35,19 @@ fn to_layout(layout: &HashMap<String, i32>) -> Result<Layout, Status> {
         .collect()
 }
 
-fn model(gpu_type: &str) -> Result<&'static gpufleet_gpu::catalog::GpuModel, Status> {
+fn model(gpu_type: &str) -> Result<&'static gpufleet_gpu::catalog::GpuModel> {
     gpufleet_gpu::catalog::model(gpu_type).ok_or_else(|| {
-        Status::invalid_argument(crate::catalog::require_known("gpu_type", gpu_type).unwrap_err())
+        Error::Invalid(crate::catalog::require_known("gpu_type", gpu_type).unwrap_err())
     })
 }
 
 /// FleetService.CheckMigLayout: does the layout fit one GPU, and how.
-pub fn check(
-    gpu_type: &str,
-    layout: &HashMap<String, i32>,
-) -> Result<v1::CheckMigLayoutResponse, Status> {
+pub fn check(gpu_type: &str, layout: &HashMap<String, i32>) -> Result<v1::CheckMigLayoutResponse> {
     let layout = to_layout(layout)?;
     let model = model(gpu_type)?;
     Ok(match mig::plan(model, &layout) {
         // Not a layout that does not fit: the question has no answer on this model.
-        Err(e) if !model.mig_capable => return Err(Status::invalid_argument(e.reason)),
+        Err(e) if !model.mig_capable => return Err(Error::Invalid(e.reason)),
         Ok(placements) => v1::CheckMigLayoutResponse {
             fits: true,
             placements: placements
@@ -74,14 +71,14 @@ pub fn check(
 }
 
 /// A cluster's per-GPU layout, validated by the planner; empty means whole GPUs.
-pub fn validate(gpu_type: &str, layout: &HashMap<String, i32>) -> Result<Layout, Status> {
+pub fn validate(gpu_type: &str, layout: &HashMap<String, i32>) -> Result<Layout> {
     let layout = to_layout(layout)?;
     if layout.is_empty() {
         return Ok(layout);
     }
     mig::plan(model(gpu_type)?, &layout).map_err(|e| {
         let text = e.to_string();
-        Status::invalid_argument(if text.starts_with("mig_layout:") {
+        Error::Invalid(if text.starts_with("mig_layout:") {
             text
         } else {
             format!("mig_layout: {text}")
@@ -108,13 +105,13 @@ impl Change {
 }
 
 /// The planner's placements for a cluster layout (None: whole GPUs).
-pub fn target(gpu_type: &str, layout: &Layout) -> Result<Option<Vec<Placement>>, Status> {
+pub fn target(gpu_type: &str, layout: &Layout) -> Result<Option<Vec<Placement>>> {
     if layout.is_empty() {
         return Ok(None);
     }
     mig::plan(model(gpu_type)?, layout)
         .map(Some)
-        .map_err(|e| Status::invalid_argument(format!("mig_layout: {e}")))
+        .map_err(|e| Error::Invalid(format!("mig_layout: {e}")))
 }
 
 /// `nodes` to `layout`, `released` to whole GPUs.
@@ -124,7 +121,7 @@ pub fn changes(
     nodes: &[NodeRow],
     layout: &Layout,
     released: &[NodeRow],
-) -> Result<Vec<Change>, Status> {
+) -> Result<Vec<Change>> {
     let placements = target(gpu_type, layout)?;
     let mut out = Vec::new();
     for (node, t) in nodes
@@ -133,7 +130,7 @@ pub fn changes(
         .chain(released.iter().map(|n| (n, None)))
     {
         out.push(Change {
-            before: crate::hardware::recorded_gpus(conn, &node.id).map_err(db_error)?,
+            before: crate::hardware::recorded_gpus(conn, &node.id)?,
             node: node.clone(),
             target: t,
         });
@@ -174,25 +171,25 @@ fn backward(c: &Change) -> v1::WorkOrder {
     order(&c.before, |g| g.mig_enabled.then(|| placements_of(g)))
 }
 
-fn failure(host: &str, outcome: Outcome) -> Option<Status> {
+fn failure(host: &str, outcome: Outcome) -> Option<Error> {
     let rolled = "the GPUs this request had changed were rolled back to their previous layout";
     match outcome {
         Outcome::Answered(r) if r.ok => None,
         Outcome::Answered(r) => {
             let text = format!("mig_layout: {host} {}; {rolled}", r.error);
             Some(match r.error_kind.as_str() {
-                "in_use" | "rule" => Status::failed_precondition(text),
-                _ => Status::aborted(text),
+                "in_use" | "rule" => Error::Precondition(text),
+                _ => Error::Aborted(text),
             })
         }
-        Outcome::Unreachable(why) => Some(Status::aborted(format!("mig_layout: {why}; {rolled}"))),
+        Outcome::Unreachable(why) => Some(Error::Aborted(format!("mig_layout: {why}; {rolled}"))),
     }
 }
 
 /// Orders every needed change at once and waits for the agents' verified answers. On any
 /// failure, the nodes that did change are ordered back to where they were, and the first
 /// failure is returned. No lock is held while waiting.
-pub async fn converge(state: &AppState, changes: &[Change]) -> Result<(), Status> {
+pub async fn converge(state: &AppState, changes: &[Change]) -> Result<()> {
     let needed: Vec<&Change> = changes.iter().filter(|c| c.needed()).collect();
     let waits: Vec<_> = needed
         .iter()
@@ -230,11 +227,11 @@ pub async fn converge(state: &AppState, changes: &[Change]) -> Result<(), Status
 }
 
 /// What a node's GPUs should be: its cluster's layout, or whole GPUs when it is free.
-fn desired(conn: &Connection, node: &NodeRow) -> Result<Option<Vec<Placement>>, Status> {
+fn desired(conn: &Connection, node: &NodeRow) -> Result<Option<Vec<Placement>>> {
     let Some(cluster_id) = &node.cluster_id else {
         return Ok(None);
     };
-    match store::clusters::get(conn, cluster_id).map_err(db_error)? {
+    match store::clusters::get(conn, cluster_id)? {
         Some(c) => target(&c.gpu_type, &c.mig_layout),
         None => Ok(None),
     }
@@ -247,11 +244,11 @@ pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
     let plan = {
         let conn = state.db();
         store::nodes::get(&conn, &node_id)
-            .map_err(db_error)
-            .and_then(|n| n.ok_or_else(|| Status::not_found(node_id.clone())))
+            .map_err(Error::from)
+            .and_then(|n| n.ok_or_else(|| Error::NotFound(node_id.clone())))
             .and_then(|node| {
                 Ok(Change {
-                    before: crate::hardware::recorded_gpus(&conn, &node.id).map_err(db_error)?,
+                    before: crate::hardware::recorded_gpus(&conn, &node.id)?,
                     target: desired(&conn, &node)?,
                     node,
                 })
@@ -260,7 +257,7 @@ pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
     let change = match plan {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!(node = %node_id, error = %e.message(), "cannot reconcile the node");
+            tracing::error!(node = %node_id, error = %e, "cannot reconcile the node");
             return;
         }
     };
@@ -269,7 +266,7 @@ pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
         tracing::info!(node = %node_id, "bringing the node to its recorded layout");
         let answer = state.agents.dispatch(&node_id, forward(&change)).await;
         if let Some(status) = answer.ok().and_then(|o| failure(&change.node.hostname, o)) {
-            reason = format!("could not be brought to its layout: {}", status.message());
+            reason = format!("could not be brought to its layout: {}", status);
         }
     }
     let conn = state.db();

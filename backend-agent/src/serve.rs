@@ -121,7 +121,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .collect()
         }
     };
-    crate::services::clusters::recover_interrupted(&mut conn)?;
+    crate::scheduling::clusters::recover_interrupted(&mut conn)?;
     // Every agent registers anew with this process.
     store::nodes::await_agents(&conn, crate::state::now())?;
     let admin_token = match args.admin_token.filter(|t| !t.is_empty()) {

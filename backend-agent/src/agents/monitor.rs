@@ -102,7 +102,7 @@ pub async fn round(state: &Arc<AppState>) {
             .unreachable_for(&n.id)
             .is_some_and(|d| d >= state.agents.replace_after);
         if due {
-            if let Err(why) = crate::services::clusters::replace_unreachable(state, &n.id).await {
+            if let Err(why) = crate::scheduling::clusters::replace_unreachable(state, &n.id).await {
                 tracing::debug!(node = %n.hostname, %why, "no replacement yet");
             }
         }

@@ -7,20 +7,18 @@ use gpufleet_proto::v1::{self, tenant_cluster_service_server::TenantClusterServi
 use rusqlite::Connection;
 use tonic::{Request, Response, Status};
 
-use super::reservations::{held_by_clusters, visible_reservation};
+use super::reservations::visible_reservation;
 use super::{
-    capacity, demand, fingerprint, gpus_per_node, holdings, invalid, list_scope, node_messages,
-    not_found, precondition, request_id_conflict, target_tenant, Exclude,
+    fingerprint, invalid, list_scope, node_messages, not_found, precondition, request_id_conflict,
+    target_tenant,
 };
 use crate::auth::{authenticate, Caller};
-use crate::rules::{self, QuotaSubject, Span};
-use crate::state::{db_error, now, rfc3339, AppState};
-use crate::store::{
-    self,
-    clusters::ClusterRow,
-    idempotency::Prior,
-    nodes::{NodeRow, NODE_UNREACHABLE, ON_DEMAND, POOL},
+use crate::rules;
+use crate::scheduling::clusters::{
+    layout_changes, refuse_while_changing, scale, settled_status, undo_create,
 };
+use crate::state::{db_error, now, AppState};
+use crate::store::{self, clusters::ClusterRow, idempotency::Prior};
 use crate::{access, catalog, volumes};
 
 /// storage_gib when the request leaves it 0.
@@ -62,213 +60,6 @@ fn message(conn: &Connection, caller: &Caller, c: ClusterRow) -> Result<v1::Tena
     })
 }
 
-/// Picks the nodes that take `cluster` from the nodes it holds (`current`) to
-/// `cluster.node_count`, after the capacity and quota checks. Nothing is written.
-fn nodes_to_add(
-    conn: &Connection,
-    tenant_name: &str,
-    cluster: &ClusterRow,
-    current: usize,
-    t: i64,
-) -> Result<Vec<NodeRow>, Status> {
-    let wanted = cluster.node_count - current as i64;
-    let gpu = &cluster.gpu_type;
-    let held = holdings(
-        conn,
-        gpu,
-        t,
-        Exclude {
-            cluster: Some(&cluster.id),
-            reservation: None,
-        },
-    )?;
-    let cap = capacity(conn, gpu, &held)?;
-    let gpn = gpus_per_node(conn, gpu)?;
-    let (take_pool, take_od, from) = match &cluster.reservation_id {
-        Some(rid) => {
-            let r = visible_reservation(conn, &Caller::Tenant(cluster.tenant_id.clone()), rid)
-                .map_err(|_| invalid(format!("reservation_id: reservation '{rid}' not found")))?;
-            if r.gpu_type != *gpu {
-                return Err(invalid(format!(
-                    "reservation_id: reservation {rid} holds {} nodes, not {gpu}",
-                    r.gpu_type
-                )));
-            }
-            let status = rules::reservation_status(r.start_time, r.end_time, t);
-            if status != "active" {
-                return Err(precondition(format!(
-                    "reservation_id: reservation {rid} is {status} ({} to {}); clusters can draw from it only while it is active",
-                    rfc3339(r.start_time),
-                    rfc3339(r.end_time)
-                )));
-            }
-            let used = held_by_clusters(conn, rid)?;
-            let free = r.node_count - used.pool - used.on_demand;
-            if wanted > free {
-                return Err(precondition(format!(
-                    "node_count: needs {wanted} more nodes from reservation {rid}, which has {} nodes of which its clusters hold {}",
-                    r.node_count,
-                    used.pool + used.on_demand
-                )));
-            }
-            let take_pool = wanted.min(r.pool_nodes - used.pool).max(0);
-            (take_pool, wanted - take_pool, r.end_time)
-        }
-        None => (wanted, 0, t),
-    };
-    // The cluster holds its nodes from `from` on (after its reservation's end, if any).
-    let own_pool = store::nodes::list(conn, None, Some(&cluster.id))
-        .map_err(db_error)?
-        .iter()
-        .filter(|n| n.capacity == POOL)
-        .count() as i64;
-    let need_pool = own_pool + take_pool;
-    let need_od = cluster.node_count - need_pool;
-    // Quota first: it is the tenant's own limit, the more useful answer.
-    let subject = QuotaSubject {
-        tenant: tenant_name,
-        gpu_type: gpu,
-    };
-    let limit = super::limit(conn, &cluster.tenant_id, gpu)?;
-    let new = Span {
-        start: from,
-        end: None,
-        amount: cluster.node_count * gpn,
-    };
-    rules::check_quota(
-        &subject,
-        limit,
-        &demand(&held, &cluster.tenant_id, gpn),
-        new,
-        t,
-    )
-    .map_err(precondition)?;
-
-    let when = if cluster.reservation_id.is_some() {
-        format!("after its reservation ends at {}", rfc3339(from))
-    } else {
-        "from now on".into()
-    };
-    if cap.free_pool(from, None) < need_pool || cap.free_on_demand(from, None) < need_od {
-        return Err(precondition(format!(
-            "node_count: needs {} {gpu} nodes {when}, pool has {} free (on-demand {} free); reservations hold the rest",
-            cluster.node_count,
-            cap.free_pool(from, None),
-            cap.free_on_demand(from, None)
-        )));
-    }
-    let mut picked = Vec::new();
-    for (kind, count) in [(POOL, take_pool), (ON_DEMAND, take_od)] {
-        let free = store::nodes::free(conn, gpu, kind).map_err(db_error)?;
-        if (free.len() as i64) < count {
-            return Err(precondition(format!(
-                "needs {count} free {kind} {gpu} nodes, {} are free",
-                free.len()
-            )));
-        }
-        picked.extend(free.into_iter().take(count as usize));
-    }
-    Ok(picked)
-}
-
-/// What scaling to `cluster.node_count` does: nodes assigned now (scale up, inside the
-/// caller's transaction), or the highest-numbered nodes to release once their GPUs are
-/// back to whole (scale down).
-#[derive(Default)]
-struct Scaling {
-    added: Vec<NodeRow>,
-    to_release: Vec<NodeRow>,
-}
-
-fn scale(
-    conn: &Connection,
-    tenant_name: &str,
-    cluster: &ClusterRow,
-    t: i64,
-) -> Result<Scaling, Status> {
-    let mut current = store::nodes::list(conn, None, Some(&cluster.id)).map_err(db_error)?;
-    let target = cluster.node_count as usize;
-    let mut out = Scaling::default();
-    if target > current.len() {
-        for n in nodes_to_add(conn, tenant_name, cluster, current.len(), t)? {
-            if !store::nodes::assign(conn, &n.id, &cluster.id).map_err(db_error)? {
-                return Err(precondition(format!(
-                    "node {} was taken by another cluster; retry",
-                    n.hostname
-                )));
-            }
-            out.added.push(n);
-        }
-    } else {
-        current.sort_by(|a, b| b.hostname.cmp(&a.hostname));
-        out.to_release = current.drain(..current.len() - target).collect();
-    }
-    Ok(out)
-}
-
-/// The MIG changes that take the cluster's nodes (less `to_release`) to its layout and
-/// `to_release` back to whole GPUs. Unreachable nodes being released are left out: their
-/// agents reset them when they come back, before anyone else can have them.
-fn layout_changes(
-    conn: &Connection,
-    cluster: &ClusterRow,
-    to_release: &[NodeRow],
-) -> Result<Vec<crate::mig::Change>, Status> {
-    let keep: Vec<NodeRow> = store::nodes::list(conn, None, Some(&cluster.id))
-        .map_err(db_error)?
-        .into_iter()
-        .filter(|n| !to_release.iter().any(|r| r.id == n.id))
-        .collect();
-    let release: Vec<NodeRow> = to_release
-        .iter()
-        .filter(|n| n.state != NODE_UNREACHABLE)
-        .cloned()
-        .collect();
-    crate::mig::changes(
-        conn,
-        &cluster.gpu_type,
-        &keep,
-        &cluster.mig_layout,
-        &release,
-    )
-}
-
-/// Statuses in which a request is already changing the cluster.
-const CHANGING: [&str; 3] = ["creating", "updating", "deleting"];
-
-fn refuse_while_changing(c: &ClusterRow) -> Result<(), Status> {
-    if CHANGING.contains(&c.status.as_str()) {
-        return Err(precondition(format!(
-            "tenant cluster {} is {} by another request; retry when its status is running",
-            c.name,
-            match c.status.as_str() {
-                "creating" => "being created",
-                "updating" => "being updated",
-                _ => "being deleted",
-            }
-        )));
-    }
-    Ok(())
-}
-
-/// Its status once a change is through: degraded while a node is unreachable.
-fn settled_status(conn: &Connection, cluster_id: &str) -> Result<(String, String), Status> {
-    let down: Vec<String> = store::nodes::list(conn, None, Some(cluster_id))
-        .map_err(db_error)?
-        .into_iter()
-        .filter(|n| n.state == NODE_UNREACHABLE)
-        .map(|n| n.hostname)
-        .collect();
-    Ok(if down.is_empty() {
-        ("running".into(), String::new())
-    } else {
-        (
-            "degraded".into(),
-            format!("node(s) {} unreachable", down.join(", ")),
-        )
-    })
-}
-
 fn positive_or_unset(field: &str, value: i64) -> Result<(), Status> {
     if value < 0 {
         return Err(invalid(format!(
@@ -288,20 +79,6 @@ enum Prepared {
         changes: Vec<crate::mig::Change>,
         tenant_name: String,
     },
-}
-
-/// Takes back a create whose nodes could not be partitioned: nodes released, the
-/// cluster, its request id and its storage gone.
-fn undo_create(conn: &Connection, cluster: &ClusterRow) -> rusqlite::Result<()> {
-    for n in store::nodes::list(conn, None, Some(&cluster.id))? {
-        store::nodes::release(conn, &n.id)?;
-    }
-    store::idempotency::forget(conn, &cluster.id)?;
-    store::clusters::delete(conn, &cluster.id)?;
-    if let Err(e) = volumes::remove(std::path::Path::new(&cluster.storage_path)) {
-        tracing::warn!(path = %cluster.storage_path, error = %e, "cannot remove the storage of an undone create");
-    }
-    Ok(())
 }
 
 impl Clusters {
@@ -439,7 +216,7 @@ impl Clusters {
             if let Err(db) = undo_create(&conn, &cluster) {
                 tracing::error!(cluster = %cluster.name, error = %db, "cannot undo a failed cluster create");
             }
-            return Err(e);
+            return Err(e.into());
         }
         let conn = self.state.db();
         let (status, reason) = settled_status(&conn, &cluster.id)?;
@@ -536,7 +313,7 @@ impl Clusters {
             {
                 tracing::warn!(path = %old.storage_path, error = %io, "cannot restore the storage size of a failed update");
             }
-            return Err(e);
+            return Err(e.into());
         }
         for n in &scaling.to_release {
             store::nodes::release(&tx, &n.id).map_err(db_error)?;
@@ -572,7 +349,7 @@ impl Clusters {
         if let Err(e) = converged {
             store::clusters::set_status(&conn, &c.id, &c.status, &c.status_reason)
                 .map_err(db_error)?;
-            return Err(e);
+            return Err(e.into());
         }
         let tx = conn.transaction().map_err(db_error)?;
         for n in &nodes {
@@ -587,135 +364,6 @@ impl Clusters {
         tracing::info!(cluster = %c.name, "deleted cluster");
         Ok(v1::DeleteResponse {})
     }
-}
-
-/// After a restart: settles the changes a stopped control plane left half-way. A create
-/// is taken back (its client never got an answer), an update is carried forward (its
-/// layout is in the store; agents converge when they register), a delete is finished.
-pub fn recover_interrupted(conn: &mut Connection) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
-    for c in store::clusters::with_status(&tx, &CHANGING)? {
-        tracing::warn!(cluster = %c.name, status = %c.status, "settling a change interrupted by a restart");
-        match c.status.as_str() {
-            "creating" => undo_create(&tx, &c)?,
-            "updating" => {
-                let mut held = store::nodes::list(&tx, None, Some(&c.id))?;
-                held.sort_by(|a, b| b.hostname.cmp(&a.hostname));
-                let extra = held.len().saturating_sub(c.node_count as usize);
-                for n in held.iter().take(extra) {
-                    store::nodes::release(&tx, &n.id)?;
-                }
-                store::clusters::set_status(&tx, &c.id, "running", "")?;
-            }
-            _ => {
-                for n in store::nodes::list(&tx, None, Some(&c.id))? {
-                    store::nodes::release(&tx, &n.id)?;
-                }
-                store::idempotency::forget(&tx, &c.id)?;
-                store::clusters::delete(&tx, &c.id)?;
-                let _ = volumes::remove(std::path::Path::new(&c.storage_path));
-            }
-        }
-    }
-    tx.commit()
-}
-
-/// Replaces an unreachable node of a cluster from the same source (its reservation, the
-/// pool or on-demand) under the same quota and capacity rules as a scale-up. Without a
-/// replacement the cluster stays degraded and its status says why.
-pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<(), String> {
-    let (cluster, dead, added, changes) = {
-        let mut conn = state.db();
-        let tx = conn.transaction().map_err(|e| e.to_string())?;
-        let Some(dead) = store::nodes::get(&tx, node_id).map_err(|e| e.to_string())? else {
-            return Ok(());
-        };
-        let Some(cluster_id) = dead.cluster_id.clone() else {
-            return Ok(());
-        };
-        let Some(cluster) = store::clusters::get(&tx, &cluster_id).map_err(|e| e.to_string())?
-        else {
-            return Ok(());
-        };
-        if CHANGING.contains(&cluster.status.as_str()) {
-            return Ok(()); // a request is changing it; try again on the next round
-        }
-        let tenant = store::tenants::get(&tx, &cluster.tenant_id)
-            .map_err(|e| e.to_string())?
-            .ok_or("the cluster's tenant is gone")?;
-        store::nodes::release(&tx, &dead.id).map_err(|e| e.to_string())?;
-        let held = store::nodes::list(&tx, None, Some(&cluster.id))
-            .map_err(|e| e.to_string())?
-            .len();
-        let picked = match nodes_to_add(&tx, &tenant.name, &cluster, held, now()) {
-            Ok(p) => p,
-            Err(why) => {
-                drop(tx); // the dead node stays in the cluster
-                let reason = format!(
-                    "node {} unreachable; no replacement: {}",
-                    dead.hostname,
-                    why.message()
-                );
-                if cluster.status_reason != reason {
-                    store::clusters::set_status(&conn, &cluster.id, "degraded", &reason)
-                        .map_err(|e| e.to_string())?;
-                    tracing::warn!(cluster = %cluster.name, %reason, "cannot replace an unreachable node");
-                }
-                return Err(reason);
-            }
-        };
-        for n in &picked {
-            if !store::nodes::assign(&tx, &n.id, &cluster.id).map_err(|e| e.to_string())? {
-                return Err(format!("node {} was taken meanwhile; retrying", n.hostname));
-            }
-        }
-        let changes =
-            crate::mig::changes(&tx, &cluster.gpu_type, &picked, &cluster.mig_layout, &[])
-                .map_err(|e| e.message().to_string())?;
-        let names: Vec<&str> = picked.iter().map(|n| n.hostname.as_str()).collect();
-        store::clusters::set_status(
-            &tx,
-            &cluster.id,
-            "degraded",
-            &format!(
-                "replacing unreachable node {} with {}",
-                dead.hostname,
-                names.join(", ")
-            ),
-        )
-        .map_err(|e| e.to_string())?;
-        tx.commit().map_err(|e| e.to_string())?;
-        (cluster, dead, picked, changes)
-    };
-    let converged = crate::mig::converge(state, &changes).await;
-    let mut conn = state.db();
-    let tx = conn.transaction().map_err(|e| e.to_string())?;
-    let result = match converged {
-        Ok(()) => {
-            let (status, reason) =
-                settled_status(&tx, &cluster.id).map_err(|e| e.message().to_string())?;
-            store::clusters::set_status(&tx, &cluster.id, &status, &reason)
-                .map_err(|e| e.to_string())?;
-            tracing::info!(cluster = %cluster.name, node = %dead.hostname, "replaced an unreachable node");
-            Ok(())
-        }
-        Err(e) => {
-            for n in &added {
-                store::nodes::release(&tx, &n.id).map_err(|e| e.to_string())?;
-            }
-            store::nodes::assign(&tx, &dead.id, &cluster.id).map_err(|e| e.to_string())?;
-            let reason = format!(
-                "node {} unreachable; its replacement failed: {}",
-                dead.hostname,
-                e.message()
-            );
-            store::clusters::set_status(&tx, &cluster.id, "degraded", &reason)
-                .map_err(|e| e.to_string())?;
-            Err(reason)
-        }
-    };
-    tx.commit().map_err(|e| e.to_string())?;
-    result
 }
 
 #[tonic::async_trait]

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use gpufleet_proto::v1::{self, fleet_service_server::FleetService};
 use tonic::{Request, Response, Status};
 
-use super::{capacity, holdings, invalid, node_messages, Exclude};
+use super::{invalid, node_messages};
 use crate::auth::authenticate;
 use crate::catalog;
+use crate::scheduling::{capacity, holdings, Exclude};
 use crate::state::{db_error, now, rfc3339, AppState};
 use crate::store::{self, nodes::POOL};
 
@@ -115,7 +116,7 @@ impl Fleet {
         authenticate(&self.state, &conn, &request)?;
         let req = request.into_inner();
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
-        crate::mig::check(&req.gpu_type, &req.layout)
+        crate::mig::check(&req.gpu_type, &req.layout).map_err(Into::into)
     }
 }
 

@@ -6,11 +6,11 @@ use gpufleet_proto::v1::{self, gpu_quota_service_server::GpuQuotaService};
 use tonic::{Request, Response, Status};
 
 use super::{
-    demand, fingerprint, gpus_per_node, holdings, invalid, list_scope, not_found, precondition,
-    request_id_conflict, reservations, visible_tenant, Exclude,
+    fingerprint, invalid, list_scope, not_found, precondition, request_id_conflict, visible_tenant,
 };
 use crate::auth::{authenticate, Caller};
 use crate::rules::{self, Limit, QuotaSubject, Span};
+use crate::scheduling::{demand, gpus_per_node, holdings, reservations, Exclude};
 use crate::state::{db_error, now, AppState};
 use crate::{catalog, store};
 use rusqlite::Connection;
@@ -205,7 +205,7 @@ impl Quotas {
             })
             .collect();
         let reserved = rules::peak(&reservations, t, None);
-        let limit = super::limit(&conn, &tenant.id, &req.gpu_type)?.unwrap_or(Limit {
+        let limit = crate::scheduling::limit(&conn, &tenant.id, &req.gpu_type)?.unwrap_or(Limit {
             gpus: 0,
             burst_gpus: 0,
         });

@@ -1,0 +1,152 @@
+//! Scheduling: who holds which nodes when, and whether a request fits the pool, the
+//! on-demand capacity and the tenant's quota. Returns the domain's typed errors.
+
+pub mod clusters;
+pub mod reservations;
+
+use std::collections::HashMap;
+
+use rusqlite::Connection;
+
+use crate::error::{Error, Result};
+use crate::rules::{Capacity, Span};
+use crate::store::{self, nodes::POOL};
+
+pub fn gpus_per_node(conn: &Connection, gpu_type: &str) -> Result<i64> {
+    conn.query_row(
+        "SELECT COALESCE(MAX(gpu_count), 0) FROM nodes WHERE gpu_type = ?1",
+        [gpu_type],
+        |r| r.get(0),
+    )
+    .map_err(Error::from)
+}
+
+/// Who holds nodes of one model, and when.
+#[derive(Debug, Clone)]
+pub struct Holding {
+    pub tenant_id: String,
+    pub start: i64,
+    pub end: Option<i64>,
+    pub pool: i64,
+    pub on_demand: i64,
+    /// A cluster that does not draw from a live reservation (counts as "used" now).
+    pub unreserved_cluster: bool,
+    pub is_reservation: bool,
+}
+
+/// What to leave out when computing holdings, because the request replaces it.
+#[derive(Default, Clone, Copy)]
+pub struct Exclude<'a> {
+    pub cluster: Option<&'a str>,
+    /// A reservation being updated, and its new end (its clusters outlive it from then).
+    pub reservation: Option<(&'a str, i64)>,
+}
+
+/// Everything that holds nodes of `gpu_type` from `now` on:
+/// - reservations hold their pool/on-demand nodes over their window;
+/// - clusters drawing from a reservation hold their nodes from the reservation's end on
+///   (the reservation covers them until then);
+/// - other clusters hold their nodes from now on (open-ended).
+pub fn holdings(
+    conn: &Connection,
+    gpu_type: &str,
+    now: i64,
+    exclude: Exclude,
+) -> Result<Vec<Holding>> {
+    let mut out = Vec::new();
+    let mut reservation_end = HashMap::new();
+    for r in store::reservations::list(conn, None, Some(gpu_type))? {
+        let end = match exclude.reservation {
+            Some((id, new_end)) if id == r.id => {
+                reservation_end.insert(r.id.clone(), new_end);
+                continue;
+            }
+            _ => r.end_time,
+        };
+        reservation_end.insert(r.id.clone(), end);
+        if end > now {
+            out.push(Holding {
+                tenant_id: r.tenant_id,
+                start: r.start_time,
+                end: Some(end),
+                pool: r.pool_nodes,
+                on_demand: r.on_demand_nodes,
+                unreserved_cluster: false,
+                is_reservation: true,
+            });
+        }
+    }
+    for c in store::clusters::list(conn, None, Some(gpu_type), None)? {
+        if exclude.cluster == Some(c.id.as_str()) {
+            continue;
+        }
+        let held = store::nodes::list(conn, None, Some(&c.id))?;
+        let pool = held.iter().filter(|n| n.capacity == POOL).count() as i64;
+        let live_end = c
+            .reservation_id
+            .as_ref()
+            .and_then(|r| reservation_end.get(r).copied())
+            .filter(|&end| end > now);
+        out.push(Holding {
+            tenant_id: c.tenant_id,
+            start: live_end.unwrap_or(now),
+            end: None,
+            pool,
+            on_demand: held.len() as i64 - pool,
+            unreserved_cluster: live_end.is_none(),
+            is_reservation: false,
+        });
+    }
+    Ok(out)
+}
+
+pub fn node_counts(conn: &Connection, gpu_type: &str) -> Result<(i64, i64)> {
+    conn.query_row(
+        "SELECT COALESCE(SUM(capacity = 'pool'), 0), COALESCE(SUM(capacity = 'on-demand'), 0) FROM nodes WHERE gpu_type = ?1",
+        [gpu_type],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .map_err(Error::from)
+}
+
+pub fn capacity(conn: &Connection, gpu_type: &str, holdings: &[Holding]) -> Result<Capacity> {
+    let (pool_nodes, on_demand_nodes) = node_counts(conn, gpu_type)?;
+    let span = |h: &Holding, amount: i64| Span {
+        start: h.start,
+        end: h.end,
+        amount,
+    };
+    Ok(Capacity {
+        pool_nodes,
+        on_demand_nodes,
+        pool_used: holdings.iter().map(|h| span(h, h.pool)).collect(),
+        on_demand_used: holdings.iter().map(|h| span(h, h.on_demand)).collect(),
+    })
+}
+
+/// A tenant's GPU demand over time, from its holdings.
+pub fn demand(holdings: &[Holding], tenant_id: &str, gpus_per_node: i64) -> Vec<Span> {
+    holdings
+        .iter()
+        .filter(|h| h.tenant_id == tenant_id)
+        .map(|h| Span {
+            start: h.start,
+            end: h.end,
+            amount: (h.pool + h.on_demand) * gpus_per_node,
+        })
+        .collect()
+}
+
+/// The store's quota limit for a tenant and model, for the rules.
+pub fn limit(
+    conn: &Connection,
+    tenant_id: &str,
+    gpu_type: &str,
+) -> Result<Option<crate::rules::Limit>> {
+    Ok(
+        store::quotas::for_model(conn, tenant_id, gpu_type)?.map(|q| crate::rules::Limit {
+            gpus: q.gpus,
+            burst_gpus: q.burst_gpus,
+        }),
+    )
+}
