@@ -24,6 +24,7 @@ use crate::{access, catalog, volumes};
 /// storage_gib when the request leaves it 0.
 pub const DEFAULT_STORAGE_GIB: i64 = 100;
 
+#[derive(Clone)]
 pub struct Clusters {
     pub state: Arc<AppState>,
 }
@@ -201,7 +202,9 @@ impl Clusters {
         &self,
         request: Request<v1::CreateTenantClusterRequest>,
     ) -> Result<v1::TenantCluster, Status> {
-        let (caller, cluster, changes, tenant_name) = match self.prepare_create(request)? {
+        let this = self.clone();
+        let prepared = super::blocking(move || this.prepare_create(request)).await?;
+        let (caller, cluster, changes, tenant_name) = match prepared {
             Prepared::Existing(c) => return Ok(c),
             Prepared::New {
                 caller,
@@ -378,13 +381,19 @@ impl TenantClusterService for Clusters {
         &self,
         r: Request<v1::GetTenantClusterRequest>,
     ) -> Result<Response<v1::TenantCluster>, Status> {
-        self.get(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.get(r))
+            .await
+            .map(Response::new)
     }
     async fn list_tenant_clusters(
         &self,
         r: Request<v1::ListTenantClustersRequest>,
     ) -> Result<Response<v1::ListTenantClustersResponse>, Status> {
-        self.list(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.list(r))
+            .await
+            .map(Response::new)
     }
     async fn update_tenant_cluster(
         &self,

@@ -13,6 +13,7 @@ use crate::scheduling::{capacity, holdings, Exclude};
 use crate::state::{db_error, now, rfc3339, AppState};
 use crate::store::{self, nodes::POOL};
 
+#[derive(Clone)]
 pub struct Fleet {
     pub state: Arc<AppState>,
 }
@@ -126,24 +127,36 @@ impl FleetService for Fleet {
         &self,
         r: Request<v1::ListNodesRequest>,
     ) -> Result<Response<v1::ListNodesResponse>, Status> {
-        Fleet::list_nodes(self, r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || Fleet::list_nodes(&this, r))
+            .await
+            .map(Response::new)
     }
     async fn list_gpu_types(
         &self,
         r: Request<v1::ListGpuTypesRequest>,
     ) -> Result<Response<v1::ListGpuTypesResponse>, Status> {
-        Fleet::list_gpu_types(self, r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || Fleet::list_gpu_types(&this, r))
+            .await
+            .map(Response::new)
     }
     async fn get_availability(
         &self,
         r: Request<v1::AvailabilityRequest>,
     ) -> Result<Response<v1::Availability>, Status> {
-        self.availability(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.availability(r))
+            .await
+            .map(Response::new)
     }
     async fn check_mig_layout(
         &self,
         r: Request<v1::CheckMigLayoutRequest>,
     ) -> Result<Response<v1::CheckMigLayoutResponse>, Status> {
-        Fleet::check_mig_layout(self, r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || Fleet::check_mig_layout(&this, r))
+            .await
+            .map(Response::new)
     }
 }

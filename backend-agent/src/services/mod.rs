@@ -18,6 +18,16 @@ use crate::auth::Caller;
 use crate::state::db_error;
 use crate::store::{self, tenants::TenantRow};
 
+/// Runs a handler's database work on a blocking thread: SQLite calls block, and the async
+/// workers must stay free for other requests and the agents' streams.
+pub async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Status::internal(format!("request worker failed: {e}")))?
+}
+
 pub fn invalid(message: impl Into<String>) -> Status {
     Status::invalid_argument(message)
 }

@@ -16,6 +16,7 @@ use crate::{catalog, store};
 use rusqlite::Connection;
 use store::{idempotency::Prior, quotas::QuotaRow};
 
+#[derive(Clone)]
 pub struct Quotas {
     pub state: Arc<AppState>,
 }
@@ -227,36 +228,54 @@ impl GpuQuotaService for Quotas {
         &self,
         r: Request<v1::CreateGpuQuotaRequest>,
     ) -> Result<Response<v1::GpuQuota>, Status> {
-        self.create(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.create(r))
+            .await
+            .map(Response::new)
     }
     async fn get_gpu_quota(
         &self,
         r: Request<v1::GetGpuQuotaRequest>,
     ) -> Result<Response<v1::GpuQuota>, Status> {
-        self.get(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.get(r))
+            .await
+            .map(Response::new)
     }
     async fn list_gpu_quotas(
         &self,
         r: Request<v1::ListGpuQuotasRequest>,
     ) -> Result<Response<v1::ListGpuQuotasResponse>, Status> {
-        self.list(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.list(r))
+            .await
+            .map(Response::new)
     }
     async fn update_gpu_quota(
         &self,
         r: Request<v1::UpdateGpuQuotaRequest>,
     ) -> Result<Response<v1::GpuQuota>, Status> {
-        self.update(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.update(r))
+            .await
+            .map(Response::new)
     }
     async fn delete_gpu_quota(
         &self,
         r: Request<v1::DeleteGpuQuotaRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
-        self.delete(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.delete(r))
+            .await
+            .map(Response::new)
     }
     async fn get_quota_usage(
         &self,
         r: Request<v1::QuotaUsageRequest>,
     ) -> Result<Response<v1::QuotaUsage>, Status> {
-        self.usage(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.usage(r))
+            .await
+            .map(Response::new)
     }
 }

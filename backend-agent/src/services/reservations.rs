@@ -21,6 +21,7 @@ use crate::scheduling::Exclude;
 use crate::state::{db_error, now, rfc3339, AppState};
 use crate::store::{self, idempotency::Prior, reservations::ReservationRow};
 
+#[derive(Clone)]
 pub struct Reservations {
     pub state: Arc<AppState>,
 }
@@ -283,30 +284,45 @@ impl ReservationService for Reservations {
         &self,
         r: Request<v1::CreateReservationRequest>,
     ) -> Result<Response<v1::Reservation>, Status> {
-        self.create(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.create(r))
+            .await
+            .map(Response::new)
     }
     async fn get_reservation(
         &self,
         r: Request<v1::GetReservationRequest>,
     ) -> Result<Response<v1::Reservation>, Status> {
-        self.get(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.get(r))
+            .await
+            .map(Response::new)
     }
     async fn list_reservations(
         &self,
         r: Request<v1::ListReservationsRequest>,
     ) -> Result<Response<v1::ListReservationsResponse>, Status> {
-        self.list(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.list(r))
+            .await
+            .map(Response::new)
     }
     async fn update_reservation(
         &self,
         r: Request<v1::UpdateReservationRequest>,
     ) -> Result<Response<v1::Reservation>, Status> {
-        self.update(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.update(r))
+            .await
+            .map(Response::new)
     }
     async fn delete_reservation(
         &self,
         r: Request<v1::DeleteReservationRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
-        self.delete(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.delete(r))
+            .await
+            .map(Response::new)
     }
 }

@@ -15,6 +15,7 @@ use crate::rules;
 use crate::state::{db_error, now, AppState};
 use crate::store::{self, idempotency::Prior, tenants::TenantRow};
 
+#[derive(Clone)]
 pub struct Tenants {
     pub state: Arc<AppState>,
 }
@@ -161,30 +162,45 @@ impl TenantService for Tenants {
         &self,
         r: Request<v1::CreateTenantRequest>,
     ) -> Result<Response<v1::CreateTenantResponse>, Status> {
-        self.create(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.create(r))
+            .await
+            .map(Response::new)
     }
     async fn get_tenant(
         &self,
         r: Request<v1::GetTenantRequest>,
     ) -> Result<Response<v1::Tenant>, Status> {
-        self.get(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.get(r))
+            .await
+            .map(Response::new)
     }
     async fn list_tenants(
         &self,
         r: Request<v1::ListTenantsRequest>,
     ) -> Result<Response<v1::ListTenantsResponse>, Status> {
-        self.list(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.list(r))
+            .await
+            .map(Response::new)
     }
     async fn update_tenant(
         &self,
         r: Request<v1::UpdateTenantRequest>,
     ) -> Result<Response<v1::Tenant>, Status> {
-        self.update(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.update(r))
+            .await
+            .map(Response::new)
     }
     async fn delete_tenant(
         &self,
         r: Request<v1::DeleteTenantRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
-        self.delete(r).map(Response::new)
+        let this = self.clone();
+        super::blocking(move || this.delete(r))
+            .await
+            .map(Response::new)
     }
 }
