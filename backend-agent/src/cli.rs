@@ -118,6 +118,10 @@ pub struct NodeArgs {
     /// GPU backend: simulated GPUs, or this host's GPUs through NVML.
     #[arg(long, env = "GPUFLEET_HARDWARE", value_enum, default_value = "sim")]
     pub hardware: Hardware,
+    /// With --hardware nvml: the NVML library to load instead of the system's
+    /// libnvidia-ml.so.1 (e.g. a test double).
+    #[arg(long, env = "GPUFLEET_NVML_LIB", value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
     /// Whether the node is owned pool capacity or on-demand capacity.
     #[arg(long, env = "GPUFLEET_CAPACITY", value_enum, default_value = "pool")]
     pub capacity: CapacityKind,
@@ -130,6 +134,11 @@ pub struct NodeArgs {
     /// With --hardware sim: how long each simulated MIG change takes (models slow hardware).
     #[arg(long, env = "GPUFLEET_SIM_OP_DELAY_MS", default_value_t = 0)]
     pub sim_op_delay_ms: u64,
+    /// With --hardware nvml: the command that installs a driver version (given as $1 and
+    /// GPUFLEET_DRIVER_VERSION), e.g. a package manager or a driver-container switch. Without
+    /// it, driver changes on this host are refused.
+    #[arg(long, env = "GPUFLEET_DRIVER_INSTALL_CMD")]
+    pub driver_install_cmd: Option<String>,
     /// PEM of the CA that signed the control plane's certificate (https control planes).
     #[arg(long, env = "GPUFLEET_CA_CERT", value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
@@ -179,6 +188,10 @@ pub struct ServeArgs {
     /// GPU backend.
     #[arg(long, value_enum, default_value = "sim")]
     pub hardware: Hardware,
+    /// With --hardware nvml: the NVML library to load instead of the system's
+    /// libnvidia-ml.so.1 (e.g. a test double).
+    #[arg(long, env = "GPUFLEET_NVML_LIB", value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
     /// PEM certificate (chain) to serve the API over TLS; needs --tls-key.
     #[arg(long, env = "GPUFLEET_TLS_CERT", value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
@@ -207,6 +220,10 @@ pub struct ServeArgs {
     /// TLS with a certificate it signed. Needs --tls-cert/--tls-key.
     #[arg(long, env = "GPUFLEET_AGENT_CA", value_name = "FILE")]
     pub agent_ca: Option<PathBuf>,
+    /// The driver versions clusters may choose, comma-separated (default: the fleet file's
+    /// `drivers`, else every data-center release gpufleet knows).
+    #[arg(long, env = "GPUFLEET_DRIVERS", value_delimiter = ',')]
+    pub drivers: Vec<String>,
     /// Allow plain http on an address other than loopback (tokens then cross the network
     /// in clear text).
     #[arg(long, env = "GPUFLEET_INSECURE")]
@@ -255,4 +272,8 @@ pub struct HwCheckArgs {
     /// GPU backend to inspect.
     #[arg(long, value_enum, default_value = "sim")]
     pub hardware: Hardware,
+    /// With --hardware nvml: the NVML library to load instead of the system's
+    /// libnvidia-ml.so.1 (e.g. a test double).
+    #[arg(long, env = "GPUFLEET_NVML_LIB", value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
 }

@@ -194,7 +194,10 @@ pub async fn print_nodes(args: ClientArgs) -> anyhow::Result<()> {
 }
 
 pub fn hw_check(args: HwCheckArgs) -> anyhow::Result<()> {
-    print!("{}", crate::hardware::check_report(args.hardware)?);
+    print!(
+        "{}",
+        crate::hardware::check_report(args.hardware, args.nvml_lib.as_deref())?
+    );
     Ok(())
 }
 

@@ -31,6 +31,9 @@ pub const DEFAULT_CUDA: &str = "12.4";
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct FleetFile {
+    /// The drivers clusters may choose (empty: every release the catalog knows).
+    #[serde(default)]
+    pub drivers: Vec<String>,
     #[serde(default)]
     pub pool: Vec<NodeGroup>,
     #[serde(default)]
@@ -73,6 +76,7 @@ fn group(gpu_type: &str, nodes: u32) -> NodeGroup {
 /// 4 x 8 H100-80GB, 2 x 8 A100-80GB, 2 x 8 H200-141GB in the pool; 4 x 8 H100-80GB on demand.
 pub fn default_fleet() -> FleetFile {
     FleetFile {
+        drivers: Vec::new(),
         pool: vec![
             group("H100-80GB", 4),
             group("A100-80GB", 2),
@@ -121,6 +125,9 @@ fn validate(fleet: &FleetFile) -> anyhow::Result<()> {
                 );
             }
         }
+    }
+    if !fleet.drivers.is_empty() {
+        crate::drivers::Offer::only(&fleet.drivers).map_err(anyhow::Error::msg)?;
     }
     if fleet.pool.is_empty() && fleet.on_demand.is_empty() {
         bail!("the fleet file defines no [[pool]] or [[on_demand]] nodes");

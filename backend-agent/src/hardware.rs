@@ -6,21 +6,35 @@
 //!   drives its real GPUs through NVML (seeded from its inventory by `crate::host`).
 
 use anyhow::Context;
-use gpufleet_gpu::hardware::{GpuInfo, MigInstance, NvmlBackend, SimulatedNode};
+use gpufleet_gpu::hardware::{GpuBackend, GpuInfo, MigInstance, NvmlBackend, SimulatedNode};
 use rusqlite::Connection;
+use std::path::Path;
 
 use crate::cli::Hardware;
 use crate::store;
 
+/// NVML from `library` (`--nvml-lib`), or the system's libnvidia-ml.so.1 when `None`.
 /// Fails with a clear message where no NVIDIA driver is present.
-pub fn require_nvml() -> anyhow::Result<NvmlBackend> {
-    NvmlBackend::new().map_err(|e| anyhow::anyhow!("--hardware nvml: {e}"))
+pub fn open_nvml(library: Option<&Path>) -> anyhow::Result<NvmlBackend> {
+    NvmlBackend::with_library(library).map_err(|e| anyhow::anyhow!("--hardware nvml: {e}"))
 }
 
-/// The read-only report of `hw-check`: a real host through NVML, or a sample simulated node.
-pub fn check_report(hardware: Hardware) -> anyhow::Result<String> {
+/// NVML for an agent that will drive the GPUs: also refuses a host it cannot drive (not
+/// root, or an NVML profile table that contradicts the catalog), saying why.
+pub fn require_nvml(library: Option<&Path>) -> anyhow::Result<NvmlBackend> {
+    let nvml = open_nvml(library)?;
+    let problems = nvml.preflight();
+    if !problems.is_empty() {
+        anyhow::bail!("--hardware nvml: {}", problems.join("\n"));
+    }
+    Ok(nvml)
+}
+
+/// The read-only report of `hw-check`: a real host through NVML (from `library` when
+/// given), or a sample simulated node.
+pub fn check_report(hardware: Hardware, library: Option<&Path>) -> anyhow::Result<String> {
     let report = match hardware {
-        Hardware::Nvml => gpufleet_gpu::hardware::check_report(&require_nvml()?),
+        Hardware::Nvml => gpufleet_gpu::hardware::check_report(&open_nvml(library)?),
         Hardware::Sim => {
             let model =
                 gpufleet_gpu::catalog::model("H100-80GB").context("catalog lacks H100-80GB")?;

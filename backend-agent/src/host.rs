@@ -121,17 +121,42 @@ fn require_same_host(
             if recorded.len() > names.len() { ", ..." } else { "" }
         );
     }
-    let uuids: Vec<String> = nodes::gpus(conn, hostname)?
-        .into_iter()
-        .map(|g| g.uuid)
-        .collect();
-    let now: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+    // NVML's index order is not stable across reboots: the same GPUs are the same set of
+    // UUIDs, whatever their indices now.
+    let recorded_gpus = nodes::gpus(conn, hostname)?;
+    let mut uuids: Vec<String> = recorded_gpus.iter().map(|g| g.uuid.clone()).collect();
+    let mut now: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+    uuids.sort();
+    now.sort();
     if uuids != now {
         bail!(
             "--hardware nvml: this host's GPUs changed since the state was seeded (recorded {}, now {}); use a fresh --data-dir",
             uuids.join(", "),
             now.join(", ")
         );
+    }
+    // Record the indices they have now (two passes: UUIDs are unique in the store).
+    let moved: Vec<&GpuInfo> = gpus
+        .iter()
+        .filter(|g| {
+            recorded_gpus
+                .iter()
+                .any(|r| r.index == g.index as i64 && r.uuid != g.uuid)
+        })
+        .collect();
+    for (pass, g) in [0, 1]
+        .iter()
+        .flat_map(|p| moved.iter().map(move |g| (*p, g)))
+    {
+        let uuid = if pass == 0 {
+            format!("renumbering:{}", g.uuid)
+        } else {
+            g.uuid.clone()
+        };
+        conn.execute(
+            "UPDATE gpus SET uuid = ?3 WHERE node_id = ?1 AND idx = ?2",
+            rusqlite::params![hostname, g.index as i64, uuid],
+        )?;
     }
     Ok(())
 }
@@ -264,6 +289,48 @@ mod tests {
                 && err.contains("fresh --data-dir"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_same_gpus_in_another_index_order_are_the_same_host() {
+        let (_dir, mut conn) = store();
+        let host = |gpus: Vec<GpuInfo>| Inventory(gpus);
+        let g = |index: u32, uuid: &str| GpuInfo {
+            uuid: uuid.into(),
+            ..gpu(index, "H100-80GB", 81559)
+        };
+        seed(
+            &mut conn,
+            &host(vec![g(0, "GPU-a"), g(1, "GPU-b"), g(2, "GPU-c")]),
+        )
+        .unwrap();
+        // After a reboot NVML enumerates them in another order.
+        let (_, created) = seed(
+            &mut conn,
+            &host(vec![g(0, "GPU-c"), g(1, "GPU-a"), g(2, "GPU-b")]),
+        )
+        .unwrap();
+        assert!(!created);
+        let rows: Vec<(i64, String)> = nodes::gpus(&conn, "odd-host")
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.index, r.uuid))
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                (0, "GPU-c".into()),
+                (1, "GPU-a".into()),
+                (2, "GPU-b".into())
+            ]
+        );
+        let err = seed(
+            &mut conn,
+            &host(vec![g(0, "GPU-c"), g(1, "GPU-a"), g(2, "GPU-x")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("GPUs changed"), "{err}");
     }
 
     #[test]

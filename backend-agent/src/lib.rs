@@ -11,6 +11,7 @@ pub mod auth;
 pub mod catalog;
 pub mod cli;
 pub mod client;
+pub mod drivers;
 pub mod error;
 pub mod fleet;
 pub mod hardware;

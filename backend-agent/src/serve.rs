@@ -71,7 +71,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                     fleet.display()
                 );
             }
-            Some(Arc::new(crate::hardware::require_nvml()?))
+            Some(Arc::new(crate::hardware::require_nvml(
+                args.nvml_lib.as_deref(),
+            )?))
         }
     };
     std::fs::create_dir_all(&args.data_dir)
@@ -81,6 +83,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let _lock = DataDirLock::acquire(&data_dir)?;
     let mut conn = store::open(&data_dir.join("state.db"))
         .with_context(|| format!("cannot open the state database in {}", data_dir.display()))?;
+    // The drivers on offer: --drivers, else the fleet file's, else every known release.
+    let mut offered = args.drivers.clone();
     // The embedded agents' hardware: this host through NVML, or the simulated fleet.
     let hosts: Vec<Host> = match (args.node_agents, nvml) {
         (NodeAgents::External, _) => Vec::new(),
@@ -98,10 +102,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 gpu_type: crate::host::host_model(&gpus)?.name.clone(),
                 backend: nvml,
                 sim: None,
+                driver_version: String::new(),
             }]
         }
         (NodeAgents::Embedded, None) => {
             let fleet_def = fleet::load(args.fleet.as_deref())?;
+            if offered.is_empty() {
+                offered = fleet_def.drivers.clone();
+            }
             let seeded = fleet::seed(&mut conn, &fleet_def)?;
             if seeded > 0 {
                 tracing::info!(nodes = seeded, "seeded the simulated fleet");
@@ -116,6 +124,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                         gpu_type: row.gpu_type,
                         backend: sim.clone(),
                         sim: Some(sim),
+                        driver_version: row.driver_version,
                     }
                 })
                 .collect()
@@ -136,6 +145,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(t) => t,
         None => token_file(&data_dir, "join.token", "gfj_")?,
     };
+    let drivers = if offered.is_empty() {
+        crate::drivers::Offer::all()
+    } else {
+        crate::drivers::Offer::only(&offered).map_err(|e| anyhow::anyhow!("--{e}"))?
+    };
     let registry = crate::agents::registry::Registry::new(args.node_timeout, args.replace_after);
     let state = Arc::new(AppState::new(
         conn,
@@ -143,6 +157,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         admin_token,
         join_token,
         registry,
+        drivers,
     ));
 
     // Watch for signals before announcing the port: a SIGTERM right after the listening

@@ -19,6 +19,8 @@ pub struct AppState {
     pub join_token: String,
     /// Connected node agents and the work orders waiting for their answers.
     pub agents: crate::agents::registry::Registry,
+    /// The drivers clusters may choose.
+    pub drivers: crate::drivers::Offer,
 }
 
 impl AppState {
@@ -28,6 +30,7 @@ impl AppState {
         admin_token: String,
         join_token: String,
         agents: crate::agents::registry::Registry,
+        drivers: crate::drivers::Offer,
     ) -> Self {
         Self {
             db: Mutex::new(db),
@@ -35,6 +38,7 @@ impl AppState {
             admin_token,
             join_token,
             agents,
+            drivers,
         }
     }
 

@@ -235,6 +235,20 @@ pub fn min_driver_for(architecture: &str) -> Option<&'static str> {
     }
 }
 
+/// Minimum Linux driver for MIG on a model, from NVIDIA's MIG user guide (supported GPUs):
+/// A100 450.80.02, H100 525.85.12, H200 550.90.07. The guide names no separate floor for
+/// H100 NVL (taken as H100's) and GH200 (taken as H100's, same Hopper MIG); B200 needs
+/// Blackwell's 570.26 anyway. `None` for models without MIG.
+pub fn min_mig_driver(model: &str) -> Option<&'static str> {
+    match model {
+        "A100-40GB" | "A100-80GB" => Some("450.80.02"),
+        "H100-80GB" | "H100-94GB" | "GH200" => Some("525.85.12"),
+        "H200-141GB" => Some("550.90.07"),
+        "B200" => Some("570.26"),
+        _ => None,
+    }
+}
+
 /// CUDA toolkit -> minimum Linux driver (NVIDIA's CUDA release notes), oldest first.
 pub const CUDA_MIN_DRIVER: [(&str, &str); 12] = [
     ("11.8", "520.61.05"),
@@ -325,11 +339,49 @@ pub fn model_names() -> Vec<&'static str> {
     models().iter().map(|m| m.name.as_str()).collect()
 }
 
+/// How far NVML's memory total may lie from a catalog model's (ECC and reserved memory
+/// take a few percent): farther is another product (GH200 144GB is not the 96GB entry).
+const MEMORY_TOLERANCE: f64 = 0.08;
+
 /// The model whose NVML name (e.g. "NVIDIA H100 80GB HBM3") matches, judged by the
-/// family and the memory size NVML reports. Used by the NVML backend.
+/// family and the memory size NVML reports. Used by the NVML backend. A GPU whose memory
+/// is more than 8% away from every model of its family maps to none.
 pub fn model_for_nvml(nvml_name: &str, memory_mib: u64) -> Option<&'static GpuModel> {
-    let upper = nvml_name.to_ascii_uppercase();
+    let m = nearest_in_family(nvml_name, memory_mib as f64 / 1024.0)?;
+    let catalog_gib = m.memory_mib as f64 / 1024.0;
     let gib = memory_mib as f64 / 1024.0;
+    ((gib - catalog_gib).abs() <= catalog_gib * MEMORY_TOLERANCE).then_some(m)
+}
+
+/// The model for an NVML name when the memory total is unknown (NVML refuses it without
+/// privileges on a MIG-enabled GPU): the size printed in the name ("80GB", "144G") when
+/// there is one, else the family's only model.
+pub fn model_for_nvml_name(nvml_name: &str) -> Option<&'static GpuModel> {
+    let upper = nvml_name.to_ascii_uppercase();
+    let size = upper
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter_map(|w| {
+            let digits = w.strip_suffix("GB").or_else(|| w.strip_suffix('G'))?;
+            digits.parse::<u64>().ok()
+        })
+        .find(|&gb| (16..=1024).contains(&gb));
+    let family_models: Vec<&GpuModel> = family_candidates(&upper);
+    // A size over twice every model's memory is not the GPU's ("GH200 480GB" names the
+    // superchip's CPU and GPU memory together).
+    let size = size.filter(|&gb| {
+        family_models
+            .iter()
+            .any(|m| (gb * 1024) as f64 <= 2.0 * m.memory_mib as f64)
+    });
+    match size {
+        Some(gb) => model_for_nvml(nvml_name, gb * 1024),
+        None if family_models.len() == 1 => Some(family_models[0]),
+        None => None,
+    }
+}
+
+/// The catalog models of the longest family name in `upper` ("GH200" contains "H200").
+fn family_candidates(upper: &str) -> Vec<&'static GpuModel> {
     let candidates: Vec<&GpuModel> = models()
         .iter()
         .filter(|m| {
@@ -337,14 +389,22 @@ pub fn model_for_nvml(nvml_name: &str, memory_mib: u64) -> Option<&'static GpuMo
             upper.contains(family)
         })
         .collect();
-    // "GH200" contains "H200": among matching families the longest name is the real one.
-    let best_family_len = candidates
+    let Some(best) = candidates
         .iter()
         .map(|m| m.name.split('-').next().unwrap_or(&m.name).len())
-        .max()?;
+        .max()
+    else {
+        return Vec::new();
+    };
     candidates
         .into_iter()
-        .filter(|m| m.name.split('-').next().unwrap_or(&m.name).len() == best_family_len)
+        .filter(|m| m.name.split('-').next().unwrap_or(&m.name).len() == best)
+        .collect()
+}
+
+fn nearest_in_family(nvml_name: &str, gib: f64) -> Option<&'static GpuModel> {
+    family_candidates(&nvml_name.to_ascii_uppercase())
+        .into_iter()
         .min_by(|a, b| {
             let da = (a.memory_mib as f64 / 1024.0 - gib).abs();
             let db = (b.memory_mib as f64 / 1024.0 - gib).abs();
@@ -465,5 +525,31 @@ mod tests {
         assert_eq!(m("NVIDIA L40S", 46068), Some("L40S"));
         assert_eq!(m("NVIDIA L40", 46068), None);
         assert_eq!(m("Tesla V100-SXM2-32GB", 32768), None);
+        // GH200 with 144GB HBM3e is another product than the catalog's 96GB GH200.
+        assert_eq!(m("NVIDIA GH200 144G HBM3e", 146831), None);
+        assert_eq!(m("NVIDIA GH200 480GB", 146831), None);
+    }
+
+    #[test]
+    fn nvml_names_without_memory() {
+        let m = |n: &str| model_for_nvml_name(n).map(|m| m.name.as_str());
+        assert_eq!(m("NVIDIA H100 80GB HBM3"), Some("H100-80GB"));
+        assert_eq!(m("NVIDIA A100-SXM4-40GB"), Some("A100-40GB"));
+        assert_eq!(m("NVIDIA H200"), Some("H200-141GB"));
+        assert_eq!(m("NVIDIA GH200 480GB"), Some("GH200"));
+        assert_eq!(m("NVIDIA GH200 144G HBM3e"), None);
+        assert_eq!(m("NVIDIA H100 NVL"), None);
+        assert_eq!(m("NVIDIA B200"), Some("B200"));
+    }
+
+    #[test]
+    fn mig_driver_floors_per_model() {
+        assert_eq!(min_mig_driver("A100-80GB"), Some("450.80.02"));
+        assert_eq!(min_mig_driver("H100-80GB"), Some("525.85.12"));
+        assert_eq!(min_mig_driver("H200-141GB"), Some("550.90.07"));
+        assert_eq!(min_mig_driver("L40S"), None);
+        for m in mig_models() {
+            assert!(min_mig_driver(&m.name).is_some(), "{}", m.name);
+        }
     }
 }

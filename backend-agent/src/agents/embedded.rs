@@ -25,6 +25,8 @@ pub struct Host {
     pub backend: Arc<dyn GpuBackend>,
     /// Set for simulated hardware (which `<data-dir>/sim-faults.toml` can then reach).
     pub sim: Option<Arc<SimulatedNode>>,
+    /// The driver a simulated node runs now (its record's).
+    pub driver_version: String,
 }
 
 /// How long the embedded agents may take to register and settle at start.
@@ -69,7 +71,16 @@ pub async fn start(
             .sim
             .as_ref()
             .map(|_| state.data_dir.join("sim-faults.toml"));
+        let installer = match &host.sim {
+            Some(_) => node::driver::Installer::Sim(node::driver::SimDriver::new(
+                &host.driver_version,
+                None,
+                Duration::ZERO,
+            )),
+            None => node::driver::Installer::Command(None),
+        };
         let agent = node::assemble(node::Parts {
+            installer,
             data_dir: agent_dir(&state.data_dir, &host.name),
             name: host.name,
             capacity: host.capacity,

@@ -165,6 +165,11 @@ fn refusal(r: Refusal) -> Status {
 fn record_result(state: &AppState, node_id: &str, result: &v1::OrderResult) {
     let Some(inv) = &result.inventory else { return };
     let conn = state.db();
+    if let Err(e) =
+        store::nodes::set_versions(&conn, node_id, &inv.driver_version, &inv.cuda_version)
+    {
+        tracing::error!(node = %node_id, error = %e, "cannot record the node's driver");
+    }
     for g in &inv.gpus {
         let Ok(info) = crate::inventory::gpu_info(g) else {
             tracing::warn!(node = %node_id, "an order result with an unreadable GPU");

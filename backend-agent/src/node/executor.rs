@@ -27,6 +27,8 @@ pub struct Executor {
     /// `sim-faults.toml` to read before each order; only used with simulated hardware.
     pub faults_file: Option<PathBuf>,
     pub journal: Mutex<Journal>,
+    /// How this node's driver changes.
+    pub installer: super::driver::Installer,
     /// Held while an order runs: one order at a time per node, even when an order from a
     /// lost connection is still finishing as the next one arrives.
     pub running: Mutex<()>,
@@ -70,7 +72,14 @@ impl Executor {
 
     /// The node's inventory now (empty GPUs if the hardware cannot be read).
     pub fn inventory(&self) -> Result<v1::NodeInventory, HwError> {
-        inventory::read(&*self.backend, &self.gpu_type)
+        let mut inv = inventory::read(&*self.backend, &self.gpu_type)?;
+        if let super::driver::Installer::Sim(sim) = &self.installer {
+            inv.driver_version = sim.version();
+            inv.cuda_version = gpufleet_gpu::catalog::newest_cuda_for_driver(&inv.driver_version)
+                .unwrap_or_default()
+                .to_string();
+        }
+        Ok(inv)
     }
 
     fn answer(&self, order_id: &str, a: &Answer, replayed: bool) -> v1::OrderResult {
@@ -91,17 +100,15 @@ impl Executor {
             tracing::info!(order = %order.id, "order already answered; replaying its answer");
             return self.answer(&order.id, &a, true);
         }
-        let targets = match &order.kind {
-            Some(v1::work_order::Kind::ApplyMigLayout(m)) => targets(m),
-            None => Err("order has no kind this agent knows; upgrade the agent".to_string()),
-        };
-        let answer = match targets {
-            Err(e) => Answer {
-                ok: false,
-                error: e,
-                error_kind: "rule".into(),
+        let answer = match &order.kind {
+            Some(v1::work_order::Kind::ApplyMigLayout(m)) => match targets(m) {
+                Ok(targets) => self.apply(&order.id, &targets),
+                Err(e) => refuse(e),
             },
-            Ok(targets) => self.apply(&order.id, &targets),
+            Some(v1::work_order::Kind::InstallDriver(d)) => {
+                self.install_driver(&order.id, &d.version)
+            }
+            None => refuse("order has no kind this agent knows; upgrade the agent".into()),
         };
         if let Err(e) = self.journal().finish(&order.id, answer.clone()) {
             tracing::error!(order = %order.id, error = %e, "cannot record the order's answer");
@@ -129,7 +136,10 @@ impl Executor {
             .iter()
             .map(|(i, t)| (*i, t.as_deref().map(to_target)))
             .collect();
-        if let Err(e) = self.journal().start(order_id, before.clone(), journaled) {
+        if let Err(e) = self
+            .journal()
+            .start(order_id, before.clone(), journaled, None)
+        {
             return fail(format!("cannot write the order journal: {e}"), "hardware");
         }
         let faults = match (&self.sim, &self.faults_file) {
@@ -156,6 +166,74 @@ impl Executor {
                 error_kind: String::new(),
             },
             Err((gpu, e)) => fail(format!("GPU {gpu}: {e}"), kind(&e)),
+        }
+    }
+
+    fn faults(&self) -> Result<Faults, String> {
+        match (&self.sim, &self.faults_file) {
+            (Some(_), Some(path)) => Faults::read(path),
+            _ => Ok(Faults::default()),
+        }
+    }
+
+    /// Installs a driver, verifies the version the node then reports, and runs the quick
+    /// health check on every GPU.
+    fn install_driver(&self, order_id: &str, version: &str) -> Answer {
+        let fail = |e: String| Answer {
+            ok: false,
+            error: e,
+            error_kind: "driver".into(),
+        };
+        if !super::driver::valid_version(version) {
+            return refuse("driver version: dotted numbers, e.g. 550.54.15".into());
+        }
+        let before = match self.backend.gpus() {
+            Ok(b) => b,
+            Err(e) => return fail(format!("reading the GPUs: {e}")),
+        };
+        if let Err(e) =
+            self.journal()
+                .start(order_id, before, Vec::new(), Some(version.to_string()))
+        {
+            return fail(format!("cannot write the order journal: {e}"));
+        }
+        let faults = match self.faults() {
+            Ok(f) => f,
+            Err(e) => return fail(e),
+        };
+        if let Err(e) = self.installer.install(version, &faults, &self.name) {
+            return fail(e);
+        }
+        match self.installer.reported(&*self.backend) {
+            Ok(now) if now == version => {}
+            Ok(now) => {
+                return fail(format!(
+                    "after installing driver {version} the node reports {now}"
+                ))
+            }
+            Err(e) => return fail(format!("reading the driver version after the install: {e}")),
+        }
+        let gpus = match self.backend.gpus() {
+            Ok(g) => g,
+            Err(e) => return fail(format!("reading the GPUs after the install: {e}")),
+        };
+        for g in gpus {
+            match self.backend.health(g.index) {
+                Ok(h) if h.healthy => {}
+                Ok(h) => {
+                    return fail(format!(
+                        "GPU {}: the quick health check failed after the install: {}",
+                        g.index,
+                        h.findings.join("; ")
+                    ))
+                }
+                Err(e) => return fail(format!("GPU {}: health: {e}", g.index)),
+            }
+        }
+        Answer {
+            ok: true,
+            error: String::new(),
+            error_kind: String::new(),
         }
     }
 
@@ -223,6 +301,31 @@ impl Executor {
         let _one_at_a_time = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let open = self.journal().unanswered();
         for (id, entry) in open {
+            if let Some(version) = &entry.driver {
+                let reached = self
+                    .installer
+                    .reported(&*self.backend)
+                    .is_ok_and(|now| &now == version);
+                let answer = Answer {
+                    ok: reached,
+                    error: if reached {
+                        String::new()
+                    } else {
+                        format!(
+                            "the node agent stopped in the middle of installing driver {version}"
+                        )
+                    },
+                    error_kind: if reached {
+                        String::new()
+                    } else {
+                        "interrupted".into()
+                    },
+                };
+                if let Err(e) = self.journal().finish(&id, answer) {
+                    tracing::error!(order = %id, error = %e, "cannot record the order's answer");
+                }
+                continue;
+            }
             let reached = self.backend.gpus().is_ok_and(|gpus| {
                 entry.target.iter().all(|(index, t)| {
                     let t = t.as_deref().map(from_target);
@@ -252,6 +355,14 @@ impl Executor {
                 tracing::error!(order = %id, error = %e, "cannot record the order's answer");
             }
         }
+    }
+}
+
+fn refuse(e: String) -> Answer {
+    Answer {
+        ok: false,
+        error: e,
+        error_kind: "rule".into(),
     }
 }
 

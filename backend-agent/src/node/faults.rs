@@ -5,6 +5,8 @@
 //! ```toml
 //! fail_create_after = 2              # the 3rd MIG instance create of an order fails
 //! in_use = ["h100-80gb-pool-01:0"]   # "<node name>:<gpu index>": these GPUs report work running
+//! driver_install_fails = ["h100-80gb-pool-02"]  # these nodes fail a driver install
+//! driver_not_applied = ["h100-80gb-pool-03"]    # these nodes keep their old driver after one
 //! ```
 
 use std::path::Path;
@@ -17,6 +19,10 @@ pub struct Faults {
     pub fail_create_after: Option<u32>,
     #[serde(default)]
     pub in_use: Vec<String>,
+    #[serde(default)]
+    pub driver_install_fails: Vec<String>,
+    #[serde(default)]
+    pub driver_not_applied: Vec<String>,
 }
 
 impl Faults {

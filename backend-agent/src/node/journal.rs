@@ -28,6 +28,9 @@ pub struct Entry {
     pub before: Vec<GpuInfo>,
     /// The order's target per GPU index, as sent (placements; None: whole GPU).
     pub target: Vec<(u32, Option<Vec<TargetPlacement>>)>,
+    /// For a driver order: the version it installs.
+    #[serde(default)]
+    pub driver: Option<String>,
     /// Times the order's hardware steps were started (stays 1: orders never run twice).
     pub runs: u32,
     pub answer: Option<Answer>,
@@ -75,6 +78,7 @@ impl Journal {
         id: &str,
         before: Vec<GpuInfo>,
         target: Vec<(u32, Option<Vec<TargetPlacement>>)>,
+        driver: Option<String>,
     ) -> std::io::Result<()> {
         let seq = self.file.next_seq;
         self.file.next_seq += 1;
@@ -82,6 +86,7 @@ impl Journal {
             seq,
             before,
             target,
+            driver,
             runs: 0,
             answer: None,
         });
@@ -141,7 +146,7 @@ mod tests {
     fn answers_survive_a_reopen_and_unanswered_orders_are_found() {
         let dir = tempfile::tempdir().unwrap();
         let mut j = Journal::open(dir.path()).unwrap();
-        j.start("a", vec![], vec![]).unwrap();
+        j.start("a", vec![], vec![], None).unwrap();
         j.finish(
             "a",
             Answer {
@@ -151,7 +156,7 @@ mod tests {
             },
         )
         .unwrap();
-        j.start("b", vec![], vec![]).unwrap();
+        j.start("b", vec![], vec![], None).unwrap();
         let j = Journal::open(dir.path()).unwrap();
         assert!(j.get("a").unwrap().answer.as_ref().unwrap().ok);
         assert_eq!(j.get("a").unwrap().runs, 1);
@@ -163,10 +168,10 @@ mod tests {
     fn old_answers_are_trimmed_but_open_orders_kept() {
         let dir = tempfile::tempdir().unwrap();
         let mut j = Journal::open(dir.path()).unwrap();
-        j.start("open", vec![], vec![]).unwrap();
+        j.start("open", vec![], vec![], None).unwrap();
         for i in 0..(KEEP + 10) {
             let id = format!("o{i}");
-            j.start(&id, vec![], vec![]).unwrap();
+            j.start(&id, vec![], vec![], None).unwrap();
             j.finish(
                 &id,
                 Answer {

@@ -3,6 +3,7 @@
 //! on its own hardware (simulated, or real GPUs through NVML), answering with the state
 //! it verified. The control plane's embedded mode runs the same agent in-process.
 
+pub mod driver;
 pub mod executor;
 pub mod faults;
 pub mod journal;
@@ -30,6 +31,7 @@ pub struct Parts {
     pub faults_file: Option<PathBuf>,
     pub data_dir: PathBuf,
     pub link: Link,
+    pub installer: driver::Installer,
 }
 
 /// Builds the agent (opening its journal) from its parts.
@@ -46,6 +48,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
             sim: parts.sim,
             faults_file: parts.faults_file,
             journal: Mutex::new(journal),
+            installer: parts.installer,
             running: Mutex::new(()),
         }),
         name: parts.name,
@@ -154,7 +157,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
             (model.name.clone(), Arc::new(disk), Some(sim))
         }
         Hardware::Nvml => {
-            let nvml = crate::hardware::require_nvml()?;
+            let nvml = crate::hardware::require_nvml(args.nvml_lib.as_deref())?;
             let gpus = nvml
                 .gpus()
                 .map_err(|e| anyhow::anyhow!("--hardware nvml: reading this host's GPUs: {e}"))?;
@@ -163,7 +166,16 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         }
     };
     let faults_file = sim.as_ref().map(|_| data_dir.join("sim-faults.toml"));
+    let installer = match sim {
+        Some(_) => driver::Installer::Sim(driver::SimDriver::new(
+            crate::fleet::DEFAULT_DRIVER,
+            Some(data_dir.join("driver-version")),
+            std::time::Duration::from_millis(args.sim_op_delay_ms),
+        )),
+        None => driver::Installer::Command(args.driver_install_cmd.clone()),
+    };
     let agent = assemble(Parts {
+        installer,
         name,
         capacity: args.capacity.as_str().to_string(),
         gpu_type,

@@ -330,7 +330,21 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
         tx.commit()?;
         (cluster, dead, picked, changes)
     };
-    let converged = crate::mig::converge(state, &changes).await;
+    // The replacement gets the cluster's driver first, then its layout.
+    let failed = if cluster.driver_version.is_empty() {
+        Vec::new()
+    } else {
+        super::drivers::install(state, &added, &cluster.driver_version).await
+    };
+    let converged = if let Some((n, why)) = failed.first() {
+        super::drivers::quarantine(state, &cluster, n, why)?;
+        Err(Error::Aborted(format!(
+            "replacement {} failed its driver install: {why}",
+            n.hostname
+        )))
+    } else {
+        crate::mig::converge(state, &changes).await
+    };
     let mut conn = state.db();
     let tx = conn.transaction()?;
     let result = match converged {

@@ -2,6 +2,7 @@
 //! on-demand capacity and the tenant's quota. Returns the domain's typed errors.
 
 pub mod clusters;
+pub mod drivers;
 pub mod reservations;
 
 use std::collections::HashMap;

@@ -18,7 +18,7 @@ use crate::scheduling::clusters::{
     layout_changes, refuse_while_changing, scale, settled_status, undo_create,
 };
 use crate::state::{db_error, now, AppState};
-use crate::store::{self, clusters::ClusterRow, idempotency::Prior};
+use crate::store::{self, clusters::ClusterRow, idempotency::Prior, nodes::NodeRow};
 use crate::{access, catalog, volumes};
 
 /// storage_gib when the request leaves it 0.
@@ -55,6 +55,9 @@ fn message(conn: &Connection, caller: &Caller, c: ClusterRow) -> Result<v1::Tena
         storage_gib: c.storage_gib,
         status: c.status,
         status_reason: c.status_reason,
+        cuda_version: c.cuda_version,
+        driver_version: c.driver_version,
+        max_unavailable: c.max_unavailable as i32,
         endpoint: c.endpoint,
         credentials: c.credentials,
         storage_path: c.storage_path,
@@ -82,7 +85,66 @@ enum Prepared {
     },
 }
 
+/// max_unavailable from the wire: 0 means the default, 1.
+fn max_unavailable_or_default(value: i32) -> Result<i64, Status> {
+    match value {
+        0 => Ok(1),
+        1..=1000 => Ok(value.into()),
+        _ => Err(invalid(format!(
+            "max_unavailable: must be between 1 and 1000 (got {value})"
+        ))),
+    }
+}
+
 impl Clusters {
+    /// The driver a cluster asks for (None: its nodes keep theirs).
+    fn resolve_driver(
+        &self,
+        gpu_type: &str,
+        cuda: &str,
+        driver: &str,
+        mig: bool,
+    ) -> Result<Option<String>, Status> {
+        if cuda.is_empty() && driver.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.state
+                .drivers
+                .resolve(gpu_type, cuda, driver, mig)?
+                .version
+                .to_string(),
+        ))
+    }
+
+    /// New nodes to the cluster's driver (a node that fails is quarantined, and the
+    /// request fails), then the MIG changes.
+    async fn bring_up(
+        &self,
+        cluster: &ClusterRow,
+        joining: &[NodeRow],
+        changes: &[crate::mig::Change],
+    ) -> Result<(), crate::error::Error> {
+        if !cluster.driver_version.is_empty() && !joining.is_empty() {
+            let failed =
+                crate::scheduling::drivers::install(&self.state, joining, &cluster.driver_version)
+                    .await;
+            if !failed.is_empty() {
+                let mut why = Vec::new();
+                for (n, reason) in &failed {
+                    crate::scheduling::drivers::quarantine(&self.state, cluster, n, reason)?;
+                    why.push(format!("{}: {reason}", n.hostname));
+                }
+                return Err(crate::error::Error::Aborted(format!(
+                    "driver_version: installing {} failed on {}; the node(s) were quarantined, retry to get others",
+                    cluster.driver_version,
+                    why.join("; ")
+                )));
+            }
+        }
+        crate::mig::converge(&self.state, changes).await
+    }
+
     fn prepare_create(
         &self,
         request: Request<v1::CreateTenantClusterRequest>,
@@ -103,6 +165,7 @@ impl Clusters {
         } else {
             req.storage_gib
         };
+        let max_unavailable = max_unavailable_or_default(req.max_unavailable)?;
         let layout: BTreeMap<String, i32> = req.mig_layout.clone().into_iter().collect();
         let print = fingerprint(&[
             &tenant.id,
@@ -113,6 +176,9 @@ impl Clusters {
             &req.reservation_id,
             &storage_gib,
             &layout,
+            &req.cuda_version,
+            &req.driver_version,
+            &max_unavailable,
         ]);
         match store::idempotency::lookup(&tx, "cluster", &tenant.id, &req.request_id, &print)
             .map_err(db_error)?
@@ -144,6 +210,12 @@ impl Clusters {
                 })?;
         }
         let mig_layout = crate::mig::validate(&req.gpu_type, &req.mig_layout)?;
+        let driver = self.resolve_driver(
+            &req.gpu_type,
+            &req.cuda_version,
+            &req.driver_version,
+            !mig_layout.is_empty(),
+        )?;
         let dir = volumes::path(&self.state.volumes_root(), &tenant.name, &req.name);
         let cluster = ClusterRow {
             id: uuid::Uuid::new_v4().to_string(),
@@ -160,6 +232,9 @@ impl Clusters {
             storage_path: dir.display().to_string(),
             mig_layout,
             status_reason: String::new(),
+            cuda_version: req.cuda_version,
+            driver_version: driver.unwrap_or_default(),
+            max_unavailable,
         };
         store::clusters::insert(&tx, &cluster).map_err(db_error)?;
         scale(&tx, &tenant.name, &cluster, now())?;
@@ -213,8 +288,10 @@ impl Clusters {
                 tenant_name,
             } => (caller, cluster, changes, tenant_name),
         };
-        // The agents partition the nodes; no lock is held while they work.
-        if let Err(e) = crate::mig::converge(&self.state, &changes).await {
+        // The agents bring the nodes to the cluster's driver, then partition them; no lock
+        // is held while they work.
+        let joining: Vec<NodeRow> = changes.iter().map(|c| c.node.clone()).collect();
+        if let Err(e) = self.bring_up(&cluster, &joining, &changes).await {
             let conn = self.state.db();
             if let Err(db) = undo_create(&conn, &cluster) {
                 tracing::error!(cluster = %cluster.name, error = %db, "cannot undo a failed cluster create");
@@ -224,6 +301,17 @@ impl Clusters {
         let conn = self.state.db();
         let (status, reason) = settled_status(&conn, &cluster.id)?;
         store::clusters::set_status(&conn, &cluster.id, &status, &reason).map_err(db_error)?;
+        if cluster.driver_version.is_empty() {
+            // No driver asked for: the cluster reads back what its nodes run.
+            let nodes = store::nodes::list(&conn, None, Some(&cluster.id)).map_err(db_error)?;
+            if let Some(first) = nodes.first() {
+                let mut c = cluster.clone();
+                c.driver_version = first.driver_version.clone();
+                c.status = status.clone();
+                c.status_reason = reason.clone();
+                store::clusters::update(&conn, &c).map_err(db_error)?;
+            }
+        }
         tracing::info!(cluster = %cluster.name, tenant = %tenant_name, nodes = cluster.node_count, "created cluster");
         let created = store::clusters::get(&conn, &cluster.id)
             .map_err(db_error)?
@@ -260,7 +348,7 @@ impl Clusters {
         &self,
         request: Request<v1::UpdateTenantClusterRequest>,
     ) -> Result<v1::TenantCluster, Status> {
-        let (caller, old, c, scaling, changes) = {
+        let (caller, old, c, scaling, changes, new_driver) = {
             let mut conn = self.state.db();
             let tx = conn.transaction().map_err(db_error)?;
             let caller = authenticate(&self.state, &tx, &request)?;
@@ -287,6 +375,22 @@ impl Clusters {
             if req.set_mig_layout {
                 c.mig_layout = crate::mig::validate(&c.gpu_type, &req.mig_layout)?;
             }
+            if req.max_unavailable != 0 {
+                c.max_unavailable = max_unavailable_or_default(req.max_unavailable)?;
+            }
+            let mut new_driver = false;
+            if req.set_driver {
+                c.cuda_version = req.cuda_version.clone();
+                if let Some(v) = self.resolve_driver(
+                    &c.gpu_type,
+                    &req.cuda_version,
+                    &req.driver_version,
+                    !c.mig_layout.is_empty(),
+                )? {
+                    new_driver = v != c.driver_version;
+                    c.driver_version = v;
+                }
+            }
             let scaling = scale(&tx, &tenant.name, &c, now())?;
             let changes = layout_changes(&tx, &c, &scaling.to_release)?;
             c.status = "updating".into();
@@ -299,31 +403,53 @@ impl Clusters {
                 ))
             })?;
             tx.commit().map_err(db_error)?;
-            (caller, old, c, scaling, changes)
+            (caller, old, c, scaling, changes, new_driver)
         };
-        let converged = crate::mig::converge(&self.state, &changes).await;
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
-        if let Err(e) = converged {
-            // Back to the cluster as it was: new nodes released, the old row restored.
-            for n in &scaling.added {
+        // Joining nodes get the cluster's driver first, then every node its layout.
+        let converged = self.bring_up(&c, &scaling.added, &changes).await;
+        {
+            let mut conn = self.state.db();
+            let tx = conn.transaction().map_err(db_error)?;
+            if let Err(e) = converged {
+                // Back to the cluster as it was: new nodes released, the old row restored.
+                for n in &scaling.added {
+                    store::nodes::release(&tx, &n.id).map_err(db_error)?;
+                }
+                store::clusters::update(&tx, &old).map_err(db_error)?;
+                tx.commit().map_err(db_error)?;
+                if let Err(io) =
+                    volumes::resize(std::path::Path::new(&old.storage_path), old.storage_gib)
+                {
+                    tracing::warn!(path = %old.storage_path, error = %io, "cannot restore the storage size of a failed update");
+                }
+                return Err(e.into());
+            }
+            for n in &scaling.to_release {
                 store::nodes::release(&tx, &n.id).map_err(db_error)?;
             }
-            store::clusters::update(&tx, &old).map_err(db_error)?;
             tx.commit().map_err(db_error)?;
-            if let Err(io) =
-                volumes::resize(std::path::Path::new(&old.storage_path), old.storage_gib)
-            {
-                tracing::warn!(path = %old.storage_path, error = %io, "cannot restore the storage size of a failed update");
-            }
-            return Err(e.into());
         }
-        for n in &scaling.to_release {
-            store::nodes::release(&tx, &n.id).map_err(db_error)?;
+        // A new driver rolls through the nodes, max_unavailable at a time.
+        let problems = if new_driver {
+            crate::scheduling::drivers::roll(&self.state, &c).await?
+        } else {
+            Vec::new()
+        };
+        let conn = self.state.db();
+        let now_row = store::clusters::get(&conn, &c.id)
+            .map_err(db_error)?
+            .ok_or_else(|| not_found("tenant cluster", &c.id))?;
+        if now_row.status != "degraded" {
+            let (status, reason) = settled_status(&conn, &c.id)?;
+            store::clusters::set_status(&conn, &c.id, &status, &reason).map_err(db_error)?;
         }
-        let (status, reason) = settled_status(&tx, &c.id)?;
-        store::clusters::set_status(&tx, &c.id, &status, &reason).map_err(db_error)?;
-        tx.commit().map_err(db_error)?;
+        if !problems.is_empty() {
+            return Err(Status::aborted(format!(
+                "driver_version: the cluster now runs {} where it could; {}",
+                c.driver_version,
+                problems.join("; ")
+            )));
+        }
         let c = store::clusters::get(&conn, &c.id)
             .map_err(db_error)?
             .ok_or_else(|| not_found("tenant cluster", &c.id))?;

@@ -121,8 +121,106 @@ impl Fleet {
     }
 }
 
+fn driver_message(r: &crate::drivers::Release) -> v1::DriverVersion {
+    v1::DriverVersion {
+        version: r.version.into(),
+        branch: r.branch.into(),
+        cuda_version: r.cuda.into(),
+        end_of_life: r.end_of_life.into(),
+    }
+}
+
+impl Fleet {
+    fn list_driver_versions(
+        &self,
+        request: Request<v1::ListDriverVersionsRequest>,
+    ) -> Result<v1::ListDriverVersionsResponse, Status> {
+        authenticate(&self.state, &self.state.db(), &request)?;
+        let req = request.into_inner();
+        let drivers = self.state.drivers.list(&req.gpu_type, &req.cuda_version)?;
+        Ok(v1::ListDriverVersionsResponse {
+            drivers: drivers.into_iter().map(driver_message).collect(),
+        })
+    }
+
+    fn resolve_driver(
+        &self,
+        request: Request<v1::ResolveDriverRequest>,
+    ) -> Result<v1::ResolveDriverResponse, Status> {
+        authenticate(&self.state, &self.state.db(), &request)?;
+        let req = request.into_inner();
+        let r = self.state.drivers.resolve(
+            &req.gpu_type,
+            &req.cuda_version,
+            &req.driver_version,
+            req.mig,
+        )?;
+        Ok(v1::ResolveDriverResponse {
+            driver: Some(driver_message(r)),
+        })
+    }
+
+    fn list_events(
+        &self,
+        request: Request<v1::ListEventsRequest>,
+    ) -> Result<v1::ListEventsResponse, Status> {
+        let conn = self.state.db();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        let id = request.into_inner().object_id;
+        let visible = store::clusters::get(&conn, &id)
+            .map_err(db_error)?
+            .is_some_and(|c| caller.sees(&c.tenant_id));
+        let events = store::events::list(&conn, &id).map_err(db_error)?;
+        // A deleted cluster's events stay readable by the tenant they belong to.
+        let visible = visible || events.first().is_some_and(|e| caller.sees(&e.tenant_id));
+        if !visible {
+            return Err(super::not_found("object", &id));
+        }
+        Ok(v1::ListEventsResponse {
+            events: events
+                .into_iter()
+                .map(|e| v1::Event {
+                    seq: e.seq,
+                    time: super::to_timestamp(e.at),
+                    object_id: e.object_id,
+                    kind: e.kind,
+                    node: e.node,
+                    message: e.message,
+                })
+                .collect(),
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl FleetService for Fleet {
+    async fn list_driver_versions(
+        &self,
+        r: Request<v1::ListDriverVersionsRequest>,
+    ) -> Result<Response<v1::ListDriverVersionsResponse>, Status> {
+        let this = self.clone();
+        super::blocking(move || this.list_driver_versions(r))
+            .await
+            .map(Response::new)
+    }
+    async fn resolve_driver(
+        &self,
+        r: Request<v1::ResolveDriverRequest>,
+    ) -> Result<Response<v1::ResolveDriverResponse>, Status> {
+        let this = self.clone();
+        super::blocking(move || this.resolve_driver(r))
+            .await
+            .map(Response::new)
+    }
+    async fn list_events(
+        &self,
+        r: Request<v1::ListEventsRequest>,
+    ) -> Result<Response<v1::ListEventsResponse>, Status> {
+        let this = self.clone();
+        super::blocking(move || this.list_events(r))
+            .await
+            .map(Response::new)
+    }
     async fn list_nodes(
         &self,
         r: Request<v1::ListNodesRequest>,

@@ -23,9 +23,15 @@ pub struct ClusterRow {
     pub mig_layout: BTreeMap<String, u32>,
     /// Why the status is what it is, when it is not simply `running` (empty otherwise).
     pub status_reason: String,
+    /// The CUDA version asked for ("" when none).
+    pub cuda_version: String,
+    /// The driver the cluster's nodes run ("" until known).
+    pub driver_version: String,
+    /// Nodes a rolling driver change takes out of service at once.
+    pub max_unavailable: i64,
 }
 
-const COLUMNS: &str = "id, tenant_id, name, orchestrator, gpu_type, node_count, reservation_id, storage_gib, status, endpoint, credentials, storage_path, mig_layout, status_reason";
+const COLUMNS: &str = "id, tenant_id, name, orchestrator, gpu_type, node_count, reservation_id, storage_gib, status, endpoint, credentials, storage_path, mig_layout, status_reason, cuda_version, driver_version, max_unavailable";
 
 fn from_row(r: &Row) -> rusqlite::Result<ClusterRow> {
     Ok(ClusterRow {
@@ -43,13 +49,16 @@ fn from_row(r: &Row) -> rusqlite::Result<ClusterRow> {
         storage_path: r.get(11)?,
         mig_layout: from_json(&r.get::<_, String>(12)?),
         status_reason: r.get(13)?,
+        cuda_version: r.get(14)?,
+        driver_version: r.get(15)?,
+        max_unavailable: r.get(16)?,
     })
 }
 
 pub fn insert(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
     conn.execute(
         &format!(
-            "INSERT INTO clusters ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+            "INSERT INTO clusters ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
         ),
         rusqlite::params![
             c.id,
@@ -65,7 +74,10 @@ pub fn insert(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
             c.credentials,
             c.storage_path,
             to_json(&c.mig_layout),
-            c.status_reason
+            c.status_reason,
+            c.cuda_version,
+            c.driver_version,
+            c.max_unavailable
         ],
     )?;
     Ok(())
@@ -112,8 +124,19 @@ pub fn list(
 
 pub fn update(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
     conn.execute(
-        "UPDATE clusters SET node_count = ?2, storage_gib = ?3, status = ?4, mig_layout = ?5, status_reason = ?6 WHERE id = ?1",
-        (&c.id, c.node_count, c.storage_gib, &c.status, to_json(&c.mig_layout), &c.status_reason),
+        "UPDATE clusters SET node_count = ?2, storage_gib = ?3, status = ?4, mig_layout = ?5, status_reason = ?6,
+         cuda_version = ?7, driver_version = ?8, max_unavailable = ?9 WHERE id = ?1",
+        rusqlite::params![
+            &c.id,
+            c.node_count,
+            c.storage_gib,
+            &c.status,
+            to_json(&c.mig_layout),
+            &c.status_reason,
+            &c.cuda_version,
+            &c.driver_version,
+            c.max_unavailable
+        ],
     )?;
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! mutation inside one transaction, so a crash leaves either the old or the new state.
 
 pub mod clusters;
+pub mod events;
 pub mod idempotency;
 pub mod nodes;
 pub mod quotas;
@@ -118,6 +119,23 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE nodes ADD COLUMN state_reason TEXT NOT NULL DEFAULT '';
     ALTER TABLE nodes ADD COLUMN state_since INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE clusters ADD COLUMN status_reason TEXT NOT NULL DEFAULT '';
+    "#,
+    // 3: drivers per cluster, and an event log per object.
+    r#"
+    ALTER TABLE clusters ADD COLUMN cuda_version TEXT NOT NULL DEFAULT '';
+    ALTER TABLE clusters ADD COLUMN driver_version TEXT NOT NULL DEFAULT '';
+    ALTER TABLE clusters ADD COLUMN max_unavailable INTEGER NOT NULL DEFAULT 1
+        CHECK (max_unavailable >= 1);
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        at INTEGER NOT NULL,
+        object_id TEXT NOT NULL,
+        tenant_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        node TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX events_by_object ON events (object_id, seq);
     "#,
 ];
 

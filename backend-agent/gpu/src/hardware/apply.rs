@@ -18,7 +18,9 @@ pub fn apply_layout(
 ) -> Result<Vec<MigInstance>, HwError> {
     let before = gpu_info(backend, gpu)?;
     let wanted: Vec<(u32, u8)> = placements.iter().map(|p| (p.profile_id, p.start)).collect();
-    let keep = |i: &MigInstance| wanted.contains(&(i.profile_id, i.start));
+    // An instance without a MIG device (a GPU instance with no compute instance: no UUID)
+    // is incomplete and is recreated, not kept.
+    let keep = |i: &MigInstance| wanted.contains(&(i.profile_id, i.start)) && !i.uuid.is_empty();
     let to_destroy: Vec<MigInstance> = before
         .instances
         .iter()
@@ -31,7 +33,7 @@ pub fn apply_layout(
             !before
                 .instances
                 .iter()
-                .any(|i| (i.profile_id, i.start) == (p.profile_id, p.start))
+                .any(|i| keep(i) && (i.profile_id, i.start) == (p.profile_id, p.start))
         })
         .collect();
 
@@ -43,8 +45,10 @@ pub fn apply_layout(
     let mut journal = Journal::new(before.mig_enabled);
     let result = (|| {
         if !before.mig_enabled {
-            backend.set_mig_mode(gpu, true)?;
+            // Journaled before the call: a failed enable can leave a pending mode behind,
+            // and the rollback must turn it back off.
             journal.mig_enabled = true;
+            backend.set_mig_mode(gpu, true)?;
         }
         for inst in to_destroy.iter().rev() {
             backend.destroy_instance(gpu, inst.start)?;
@@ -78,19 +82,16 @@ pub fn clear_layout(backend: &dyn GpuBackend, gpu: u32) -> Result<(), HwError> {
             backend.destroy_instance(gpu, inst.start)?;
             journal.destroyed.push(inst.clone());
         }
-        backend.set_mig_mode(gpu, false)?;
         journal.mig_disabled = true;
+        backend.set_mig_mode(gpu, false)?;
         Ok(())
     })();
     result.map_err(|e| journal.roll_back(backend, gpu, e))
 }
 
+/// This GPU alone: another GPU of the node that cannot be read does not block it.
 fn gpu_info(backend: &dyn GpuBackend, gpu: u32) -> Result<GpuInfo, HwError> {
-    backend
-        .gpus()?
-        .into_iter()
-        .find(|g| g.index == gpu)
-        .ok_or(HwError::InvalidGpu(gpu))
+    backend.gpu(gpu)
 }
 
 /// HwError::InUse naming every instance (or the whole GPU) that runs work and would change.

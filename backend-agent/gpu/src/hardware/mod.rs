@@ -11,10 +11,10 @@ mod report;
 mod sim;
 
 pub use apply::{apply_layout, clear_layout};
-pub use nvml::NvmlBackend;
+pub use nvml::{NvmlBackend, NO_DRIVER_MESSAGE};
 pub use nvml_decode::{
-    decode_c_string, decode_cuda_version, decode_placement, decode_profile_info, throttle_findings,
-    RawPlacement, RawProfileInfo,
+    compare_profile_tables, decode_c_string, decode_cuda_version, decode_placement,
+    decode_profile_info, throttle_findings, RawPlacement, RawProfileInfo,
 };
 pub use report::check_report;
 pub use sim::SimulatedNode;
@@ -57,10 +57,68 @@ pub struct GpuHealth {
     pub power_mw: Option<u32>,
     pub ecc_uncorrected: Option<u64>,
     pub retired_pages_pending: Option<bool>,
+    /// Row remapping (A100/H100/H200 use it instead of page retirement).
+    #[serde(default)]
+    pub remapped_rows: RowRemap,
     /// False when any finding makes the GPU unfit for work.
     pub healthy: bool,
     /// Sentences about anything noteworthy (pending retirement, ECC errors, throttling).
     pub findings: Vec<String>,
+}
+
+/// Row-remapping counters (`nvmlDeviceGetRemappedRows`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RowRemap {
+    /// Not read, or the query failed.
+    #[default]
+    Unknown,
+    /// The GPU does not remap rows (pre-Ampere, or a model without HBM remapping).
+    Unsupported,
+    /// NVML does not report remapped rows while MIG is enabled.
+    NotUnderMig,
+    Counts {
+        correctable: u32,
+        uncorrectable: u32,
+        /// Remappings wait for a GPU reset.
+        pending: bool,
+        /// A remapping failed at some point: the GPU needs service.
+        failure: bool,
+    },
+}
+
+/// One GPU as the read-only inventory sees it: what could be read, and what could not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuStatus {
+    pub index: u32,
+    /// "GPU-..." where it could be read.
+    pub uuid: Option<String>,
+    /// The GPU, or why it could not be read (no permission, fallen off the bus, ...).
+    pub info: Result<GpuInfo, HwError>,
+    /// The MIG mode that takes effect at the next activation (GPU reset), where the
+    /// hardware reports one; differs from `info.mig_enabled` while a change is pending.
+    pub mig_pending: Option<bool>,
+    /// Driver persistence mode, where reported.
+    pub persistence_mode: Option<bool>,
+    /// False when the memory total could not be read (e.g. NVML answers NO_PERMISSION for
+    /// a MIG-enabled GPU's total without root); `memory_mib` is then the catalog's figure.
+    pub memory_known: bool,
+    /// Starts of GPU instances without a compute instance (unusable until recreated).
+    pub incomplete: Vec<u8>,
+}
+
+impl GpuStatus {
+    /// The status of a GPU read without trouble (what simple backends report).
+    pub fn of(info: GpuInfo) -> Self {
+        Self {
+            index: info.index,
+            uuid: Some(info.uuid.clone()),
+            mig_pending: Some(info.mig_enabled),
+            persistence_mode: None,
+            memory_known: true,
+            incomplete: Vec::new(),
+            info: Ok(info),
+        }
+    }
 }
 
 /// What runs on a GPU right now, as far as re-partitioning cares.
@@ -99,6 +157,24 @@ pub trait GpuBackend: Send + Sync {
     fn cuda_version(&self) -> Result<String, HwError>;
     /// Inventory including MIG state.
     fn gpus(&self) -> Result<Vec<GpuInfo>, HwError>;
+    /// One GPU, read without depending on the others (a lost GPU elsewhere on the node
+    /// does not stop work on this one).
+    fn gpu(&self, gpu: u32) -> Result<GpuInfo, HwError> {
+        self.gpus()?
+            .into_iter()
+            .find(|g| g.index == gpu)
+            .ok_or(HwError::InvalidGpu(gpu))
+    }
+    /// Every GPU with what could not be read about it; fails only when the GPUs cannot be
+    /// counted at all.
+    fn inventory(&self) -> Result<Vec<GpuStatus>, HwError> {
+        Ok(self.gpus()?.into_iter().map(GpuStatus::of).collect())
+    }
+    /// Problems that make this host unfit to be driven (not privileged enough, a profile
+    /// table that contradicts the catalog); empty when none.
+    fn preflight(&self) -> Vec<String> {
+        Vec::new()
+    }
     fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<(), HwError>;
     /// Creates a GPU instance of `profile_id` at `start` and its full compute instance.
     fn create_instance(&self, gpu: u32, profile_id: u32, start: u8)

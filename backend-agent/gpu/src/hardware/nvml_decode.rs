@@ -78,6 +78,57 @@ pub fn decode_profile_info(
     })
 }
 
+/// Checks NVML's GPU-instance profile table of a GPU against the catalog model's: every
+/// catalog profile must be there with the same compute slices, placement size, valid
+/// starts and maximum count (memory figures may differ; profiles the catalog lacks, as
+/// newer drivers add, are ignored). The error names the differences and prints both
+/// tables.
+pub fn compare_profile_tables(model: &GpuModel, nvml: &[MigProfile]) -> Result<(), String> {
+    let shape = |p: &MigProfile| {
+        (
+            p.compute_slices,
+            p.memory_slices,
+            p.valid_starts.clone(),
+            p.max_per_gpu,
+        )
+    };
+    let mut differences = Vec::new();
+    for c in &model.profiles {
+        match nvml.iter().find(|p| p.id == c.id) {
+            None => differences.push(format!("profile {} ({}) is missing", c.id, c.name)),
+            Some(p) if shape(p) != shape(c) => {
+                differences.push(format!("profile {} ({}) differs", c.id, c.name))
+            }
+            Some(_) => {}
+        }
+    }
+    if differences.is_empty() {
+        return Ok(());
+    }
+    let table = |ps: &[&MigProfile]| {
+        ps.iter()
+            .map(|p| {
+                format!(
+                    "    {:>3}  {:<12} {} compute, {} memory slice(s), starts {:?}, max {}",
+                    p.id, p.name, p.compute_slices, p.memory_slices, p.valid_starts, p.max_per_gpu
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let mut ours: Vec<&MigProfile> = model.profiles.iter().collect();
+    let mut theirs: Vec<&MigProfile> = nvml.iter().collect();
+    ours.sort_by_key(|p| p.id);
+    theirs.sort_by_key(|p| p.id);
+    Err(format!(
+        "NVML's MIG profile table differs from the catalog's {} ({}):\n  catalog:\n{}\n  NVML:\n{}",
+        model.name,
+        differences.join("; "),
+        table(&ours),
+        table(&theirs)
+    ))
+}
+
 /// Reads a NUL-terminated C char buffer (e.g. a v2 profile name "MIG 1g.10gb").
 pub fn decode_c_string(buf: &[std::os::raw::c_char]) -> String {
     let bytes: Vec<u8> = buf
@@ -186,6 +237,42 @@ mod tests {
             RawPlacement { start: 4, size: 4 },
         ];
         assert!(decode_profile_info(None, raw, &mixed).is_err());
+    }
+
+    #[test]
+    fn profile_tables_compare_by_geometry() {
+        let m = catalog::model("H100-80GB").unwrap();
+        let mut nvml = m.profiles.clone();
+        // Memory figures differ between drivers: not a mismatch.
+        nvml[0].memory_mib += 128;
+        // A profile the catalog does not know (a newer driver's) is ignored.
+        nvml.push(MigProfile {
+            id: 31,
+            name: "1g.10gb+gfx".into(),
+            compute_slices: 1,
+            memory_slices: 1,
+            valid_starts: vec![0],
+            max_per_gpu: 1,
+            memory_mib: 9984,
+        });
+        assert_eq!(compare_profile_tables(m, &nvml), Ok(()));
+        // go-nvml's mock H100 gives 3g a placement size of 3.
+        let three = nvml.iter_mut().find(|p| p.id == 9).unwrap();
+        three.memory_slices = 3;
+        let err = compare_profile_tables(m, &nvml).unwrap_err();
+        assert!(err.contains("profile 9 (3g.40gb) differs"), "{err}");
+        assert!(err.contains("catalog:") && err.contains("NVML:"), "{err}");
+        assert!(
+            err.contains("3 compute, 4 memory slice(s), starts [0, 4], max 2"),
+            "{err}"
+        );
+        assert!(
+            err.contains("3 compute, 3 memory slice(s), starts [0, 4], max 2"),
+            "{err}"
+        );
+        nvml.retain(|p| p.id != 0);
+        let err = compare_profile_tables(m, &nvml).unwrap_err();
+        assert!(err.contains("profile 0 (7g.80gb) is missing"), "{err}");
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! The read-only hardware check report (`gpufleet-agent hw-check`).
 
-use super::{GpuBackend, GpuInfo, HwError};
+use super::{GpuBackend, GpuInfo, GpuStatus, HwError, RowRemap};
 use crate::catalog;
 use std::fmt::Write;
 
-/// Inventory, MIG state, driver/CUDA and health of every GPU, as text. Reads only.
-/// Fails only when the GPU inventory itself cannot be read.
+/// Inventory, MIG state (current and pending), driver/CUDA, persistence mode and health of
+/// every GPU, as text, with the host's preflight problems (privileges, profile table) as
+/// findings. Reads only. A GPU that cannot be read (no permission, lost) is reported as
+/// such and the others still are; fails only when the GPUs cannot be counted.
 pub fn check_report(backend: &dyn GpuBackend) -> Result<String, HwError> {
-    let gpus = backend.gpus()?;
+    let gpus = backend.inventory()?;
     let driver = backend.driver_version();
     let mut out = String::new();
     let line = |out: &mut String, s: String| {
@@ -21,8 +23,26 @@ pub fn check_report(backend: &dyn GpuBackend) -> Result<String, HwError> {
         format!("cuda:   {}", or_reason(&backend.cuda_version())),
     );
     line(&mut out, format!("gpus:   {}", gpus.len()));
-    for gpu in &gpus {
-        write_gpu(&mut out, backend, gpu, driver.as_ref().ok());
+    for problem in backend.preflight() {
+        line(&mut out, format!("finding: {problem}"));
+    }
+    for status in &gpus {
+        match &status.info {
+            Ok(gpu) => write_gpu(&mut out, backend, status, gpu, driver.as_ref().ok()),
+            Err(e) => {
+                let _ = writeln!(
+                    out,
+                    "gpu {}: {}cannot be read: {e}",
+                    status.index,
+                    status
+                        .uuid
+                        .as_ref()
+                        .map(|u| format!("{u} "))
+                        .unwrap_or_default()
+                );
+                let _ = writeln!(out, "  health: NOT OK");
+            }
+        }
     }
     Ok(out)
 }
@@ -34,43 +54,115 @@ fn or_reason(r: &Result<String, HwError>) -> String {
     }
 }
 
-fn write_gpu(out: &mut String, backend: &dyn GpuBackend, gpu: &GpuInfo, driver: Option<&String>) {
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+fn write_gpu(
+    out: &mut String,
+    backend: &dyn GpuBackend,
+    status: &GpuStatus,
+    gpu: &GpuInfo,
+    driver: Option<&String>,
+) {
+    let memory = if status.memory_known {
+        format!("{} MiB", gpu.memory_mib)
+    } else {
+        "memory unknown (no permission)".to_string()
+    };
+    let pending = match status.mig_pending {
+        Some(p) if p != gpu.mig_enabled => format!(
+            " (pending {}: takes effect at the next GPU reset)",
+            on_off(p)
+        ),
+        _ => String::new(),
+    };
+    let persistence = status
+        .persistence_mode
+        .map(|p| format!(", persistence {}", on_off(p)))
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "gpu {}: {} {} {} MiB, MIG {}",
+        "gpu {}: {} {} {}, MIG {}{pending}{persistence}",
         gpu.index,
         gpu.model,
         gpu.uuid,
-        gpu.memory_mib,
-        if gpu.mig_enabled { "on" } else { "off" }
+        memory,
+        on_off(gpu.mig_enabled),
     );
+    let mut findings = Vec::new();
     for i in &gpu.instances {
+        let incomplete = status.incomplete.contains(&i.start);
         let _ = writeln!(
             out,
-            "  mig {}@{} (slices {}-{}) {} MiB {}",
+            "  mig {}@{} (slices {}-{}) {} MiB {}{}",
             i.profile,
             i.start,
             i.start,
             i.start + i.size - 1,
             i.memory_mib,
-            i.uuid
+            i.uuid,
+            if incomplete {
+                "INCOMPLETE (no compute instance)"
+            } else {
+                ""
+            }
         );
+        if incomplete {
+            findings.push(format!(
+                "gpu {}: the GPU instance {}@{} has no compute instance, so no MIG device: re-apply the layout (it is recreated) or destroy it",
+                gpu.index, i.profile, i.start
+            ));
+        }
     }
-    let mut findings = Vec::new();
     if let (Some(model), Some(driver)) = (catalog::model(&gpu.model), driver) {
         if catalog::compare_driver_versions(driver, &model.min_driver).is_lt() {
             findings.push(format!(
                 "driver {driver} is older than {} needs ({} architecture: {} or newer)",
                 model.name, model.architecture, model.min_driver
             ));
+        } else if let Some(floor) = catalog::min_mig_driver(&model.name)
+            .filter(|_| gpu.mig_enabled || status.mig_pending == Some(true))
+        {
+            if catalog::compare_driver_versions(driver, floor).is_lt() {
+                findings.push(format!(
+                    "driver {driver} is older than MIG on {} needs ({floor} or newer, MIG user guide)",
+                    model.name
+                ));
+            }
         }
+    }
+    if status.mig_pending.is_some_and(|p| p != gpu.mig_enabled) {
+        findings.push(format!(
+            "gpu {}: a MIG mode change to {} is pending and takes effect at the next GPU reset",
+            gpu.index,
+            on_off(!gpu.mig_enabled)
+        ));
     }
     match backend.health(gpu.index) {
         Ok(h) => {
             let opt = |v: Option<String>| v.unwrap_or_else(|| "n/a".to_string());
+            let remap = match h.remapped_rows {
+                RowRemap::Unknown | RowRemap::Unsupported => "n/a".to_string(),
+                RowRemap::NotUnderMig => "n/a under MIG".to_string(),
+                RowRemap::Counts {
+                    correctable,
+                    uncorrectable,
+                    pending,
+                    failure,
+                } => format!(
+                    "{correctable} correctable/{uncorrectable} uncorrectable{}{}",
+                    if pending { ", pending" } else { "" },
+                    if failure { ", FAILED" } else { "" }
+                ),
+            };
             let _ = writeln!(
                 out,
-                "  health: {}, temperature {} C, power {} W, uncorrected ECC {}, retired pages pending {}",
+                "  health: {}, temperature {} C, power {} W, uncorrected ECC {}, retired pages pending {}, remapped rows {remap}",
                 if h.healthy && findings.is_empty() { "ok" } else { "NOT OK" },
                 opt(h.temperature_c.map(|t| t.to_string())),
                 opt(h.power_mw.map(|p| format!("{:.1}", p as f64 / 1000.0))),

@@ -390,6 +390,16 @@ impl GpuBackend for SimulatedNode {
             power_mw: Some(70_000),
             ecc_uncorrected: Some(0),
             retired_pages_pending: Some(g.retired_pages_pending),
+            remapped_rows: if g.info.mig_enabled {
+                super::RowRemap::NotUnderMig
+            } else {
+                super::RowRemap::Counts {
+                    correctable: 0,
+                    uncorrectable: 0,
+                    pending: false,
+                    failure: false,
+                }
+            },
             healthy: findings.is_empty(),
             findings,
         })

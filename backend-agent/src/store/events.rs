@@ -1,0 +1,74 @@
+//! The event log: what happened to an object (a cluster), oldest first, readable by the
+//! tenant that owns it.
+
+use rusqlite::Connection;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRow {
+    pub seq: i64,
+    pub at: i64,
+    pub object_id: String,
+    pub tenant_id: String,
+    pub kind: String,
+    pub node: String,
+    pub message: String,
+}
+
+/// Events kept per object; older ones are dropped as new ones come.
+const KEEP_PER_OBJECT: i64 = 1000;
+
+pub fn record(
+    conn: &Connection,
+    at: i64,
+    object_id: &str,
+    tenant_id: &str,
+    kind: &str,
+    node: &str,
+    message: &str,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO events (at, object_id, tenant_id, kind, node, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        rusqlite::params![at, object_id, tenant_id, kind, node, message],
+    )?;
+    conn.execute(
+        "DELETE FROM events WHERE object_id = ?1 AND seq <= (SELECT MAX(seq) FROM events WHERE object_id = ?1) - ?2",
+        rusqlite::params![object_id, KEEP_PER_OBJECT],
+    )?;
+    Ok(())
+}
+
+pub fn list(conn: &Connection, object_id: &str) -> rusqlite::Result<Vec<EventRow>> {
+    let mut stmt = conn.prepare(
+        "SELECT seq, at, object_id, tenant_id, kind, node, message FROM events WHERE object_id = ?1 ORDER BY seq",
+    )?;
+    let rows = stmt.query_map([object_id], |r| {
+        Ok(EventRow {
+            seq: r.get(0)?,
+            at: r.get(1)?,
+            object_id: r.get(2)?,
+            tenant_id: r.get(3)?,
+            kind: r.get(4)?,
+            node: r.get(5)?,
+            message: r.get(6)?,
+        })
+    })?;
+    rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn events_come_back_in_order_per_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        super::record(&conn, 1, "c1", "t1", "node_draining", "n1", "a").unwrap();
+        super::record(&conn, 2, "c2", "t1", "node_draining", "n2", "b").unwrap();
+        super::record(&conn, 3, "c1", "t1", "node_returned", "n1", "c").unwrap();
+        let kinds: Vec<String> = super::list(&conn, "c1")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, vec!["node_draining", "node_returned"]);
+    }
+}
