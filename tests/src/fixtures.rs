@@ -107,6 +107,7 @@ pub async fn create_pool_cluster(
             reservation_id: String::new(),
             storage_gib: 100,
             mig_layout: Default::default(),
+            ..Default::default()
         })
         .await
         .unwrap_or_else(|s| panic!("CreateTenantCluster {name}: {s}"))
