@@ -36,6 +36,10 @@ resource "gpufleet_tenant_cluster" "example" {
   node_count     = 2 # scales in place
   reservation_id = gpufleet_reservation.training.id
   storage_gib    = 500 # grows in place, never shrinks
+
+  # The newest offered driver that runs CUDA 12.4 is chosen, and shown, at plan
+  # time; a change rolls through the nodes one at a time (max_unavailable).
+  cuda_version = "12.4"
 }
 
 # A Slurm cluster on one A100 node from the pool, each GPU split by MIG into
@@ -58,6 +62,11 @@ resource "gpufleet_tenant_cluster" "inference" {
 
 output "training_endpoint" {
   value = gpufleet_tenant_cluster.example.endpoint
+}
+
+# The driver on every node, e.g. "580.173.02".
+output "training_driver" {
+  value = gpufleet_tenant_cluster.example.driver_version
 }
 
 output "training_hostnames" {

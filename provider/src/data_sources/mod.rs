@@ -1,6 +1,8 @@
 //! The data sources, one module each.
 
 mod availability;
+mod driver_versions;
+mod events;
 mod gpu_types;
 mod mig_layout;
 mod nodes;
@@ -18,6 +20,8 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn DataSourceType>> {
         Arc::new(nodes::Nodes::new(state.clone())),
         Arc::new(quota_usage::QuotaUsage::new(state.clone())),
         Arc::new(mig_layout::MigLayout::new(state.clone())),
+        Arc::new(driver_versions::DriverVersions::new(state.clone())),
+        Arc::new(events::Events::new(state.clone())),
     ]
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
+use tonic::{Code, Status};
 
 use super::checks::{check_pool, check_quota};
 use super::common::{
@@ -32,6 +33,8 @@ impl TenantCluster {
 }
 
 pub const DEFAULT_STORAGE_GIB: i64 = 100;
+/// Nodes a rolling driver change takes out of service at once, when not set.
+pub const DEFAULT_MAX_UNAVAILABLE: i64 = 1;
 const ORCHESTRATORS: &[&str] = &["kubernetes", "slurm"];
 const REPLACE_ON: &[&str] = &[
     "tenant",
@@ -81,11 +84,36 @@ fn state(c: &api::TenantCluster) -> Value {
         ("endpoint", Value::string(&c.endpoint)),
         ("credentials", Value::string(&c.credentials)),
         ("storage_path", Value::string(&c.storage_path)),
+        ("cuda_version", optional_string(&c.cuda_version)),
+        ("driver_version", optional_string(&c.driver_version)),
+        // 0 is the API's "default", which is 1.
+        (
+            "max_unavailable",
+            Value::Number(i64::from(c.max_unavailable).max(DEFAULT_MAX_UNAVAILABLE)),
+        ),
     ])
 }
 
-/// The plan without backend checks.
+/// Null for the API's empty string ("not asked" / "not known").
+fn optional_string(s: &str) -> Value {
+    if s.is_empty() {
+        Value::Null
+    } else {
+        Value::string(s)
+    }
+}
+
+/// The plan without backend checks (and without asking the backend for the driver).
+#[cfg(test)]
 pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedChange {
+    let mut planned = plan_inputs(prior, proposed, config);
+    mark_effects(prior, &mut planned.state);
+    planned
+}
+
+/// The planned inputs: defaults, replacement, and a `driver_version` that is unknown
+/// where the backend chooses it (see [`driver_question`]); not yet what they change.
+fn plan_inputs(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedChange {
     let mut planned = proposed;
     default_when_unset(
         &mut planned,
@@ -99,26 +127,190 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedCh
         "mig_layout",
         Value::Map(BTreeMap::new()),
     );
+    default_when_unset(
+        &mut planned,
+        config,
+        "max_unavailable",
+        Value::Number(DEFAULT_MAX_UNAVAILABLE),
+    );
+    let driver_unset = config.get("driver_version").is_null();
     let Some(prior) = prior else {
         mark_unknown(&mut planned, COMPUTED);
+        // Without an exact driver it is the one ResolveDriver picks for cuda_version
+        // (filled in at plan time when the backend can be asked), or the nodes' own.
+        if driver_unset {
+            mark_unknown(&mut planned, &["driver_version"]);
+        }
         return PlannedChange {
             state: planned,
             requires_replace: vec![],
         };
     };
+    // Without an exact driver the proposed value is the prior one (the nodes' driver),
+    // which stays unless cuda_version changes to a value, which picks the driver anew. A
+    // state written before driver_version existed reads it back at apply.
+    let cuda_picks =
+        !config.get("cuda_version").is_null() && changed(prior, &planned, "cuda_version");
+    if driver_unset && (cuda_picks || prior.get("driver_version").is_null()) {
+        mark_unknown(&mut planned, &["driver_version"]);
+    }
     let requires_replace = requires_replace_if_changed(prior, &planned, REPLACE_ON);
-    let reshapes_nodes =
-        changed(prior, &planned, "node_count") || changed(prior, &planned, "mig_layout");
-    if reshapes_nodes {
-        mark_unknown(&mut planned, &["nodes"]);
-    }
-    if reshapes_nodes || changed(prior, &planned, "storage_gib") {
-        mark_unknown(&mut planned, &["status", "status_reason"]);
-    }
     PlannedChange {
         state: planned,
         requires_replace,
     }
+}
+
+/// Marks what the planned inputs change on an existing cluster as unknown: its nodes (and
+/// status) when they are reshaped or get another driver, its status when the volume grows.
+fn mark_effects(prior: Option<&Value>, planned: &mut Value) {
+    let Some(prior) = prior else {
+        return;
+    };
+    let reshapes_nodes =
+        changed(prior, planned, "node_count") || changed(prior, planned, "mig_layout");
+    // A state from before driver_version existed reads it back without changing a node.
+    let new_driver =
+        !prior.get("driver_version").is_null() && changed(prior, planned, "driver_version");
+    if reshapes_nodes || new_driver {
+        mark_unknown(planned, &["nodes"]);
+    }
+    if reshapes_nodes || new_driver || changed(prior, planned, "storage_gib") {
+        mark_unknown(planned, &["status", "status_reason"]);
+    }
+}
+
+/// What to ask ResolveDriver at plan time, if anything: when the configuration names a
+/// CUDA version or a driver and (on create, or when either changes) everything the
+/// answer depends on is known. Values known only at apply are left to the backend then.
+pub fn driver_question(
+    prior: Option<&Value>,
+    planned: &Value,
+    config: &Value,
+) -> Result<Option<api::ResolveDriverRequest>, Diagnostic> {
+    let cuda = config.get("cuda_version");
+    let driver = config.get("driver_version");
+    if cuda.is_null() && driver.is_null() {
+        return Ok(None);
+    }
+    let changes = |name: &str| prior.is_none_or(|p| changed(p, planned, name));
+    let asked_anew = changes("cuda_version") || (!driver.is_null() && changes("driver_version"));
+    if !asked_anew
+        || cuda.is_unknown()
+        || driver.is_unknown()
+        || planned.get("gpu_type").is_unknown()
+        || !planned.get("mig_layout").is_fully_known()
+    {
+        return Ok(None);
+    }
+    let Some(gpu_type) = planned.str_attr("gpu_type")? else {
+        return Ok(None);
+    };
+    let mig = planned
+        .number_map_attr("mig_layout")?
+        .is_some_and(|layout| !layout.is_empty());
+    Ok(Some(api::ResolveDriverRequest {
+        gpu_type: gpu_type.to_string(),
+        cuda_version: config
+            .str_attr("cuda_version")?
+            .unwrap_or_default()
+            .to_string(),
+        driver_version: config
+            .str_attr("driver_version")?
+            .unwrap_or_default()
+            .to_string(),
+        mig,
+    }))
+}
+
+/// Takes ResolveDriver's answer into the plan: the chosen driver becomes the planned
+/// `driver_version` where the configuration leaves it to the backend; a refusal becomes
+/// an error on the attribute it names. `describe` words any other failure.
+pub fn settle_driver(
+    planned: &mut Value,
+    config: &Value,
+    answer: Result<api::ResolveDriverResponse, Status>,
+    describe: impl Fn(&Status) -> Diagnostic,
+) -> Result<(), Diagnostic> {
+    let blamed = if config.get("driver_version").is_null() {
+        "cuda_version"
+    } else {
+        "driver_version"
+    };
+    let answer = answer.map_err(|status| {
+        if status.code() == Code::Unimplemented {
+            return Diagnostic::error_at(
+                AttrPath::attr(blamed),
+                format!("{blamed}: this gpufleet backend cannot choose drivers (ResolveDriver is not implemented)"),
+                "Upgrade gpufleet-agent, or leave cuda_version and driver_version out to keep the nodes' driver.",
+            );
+        }
+        driver_refusal(&status, blamed)
+            .unwrap_or_else(|| describe(&status).at(AttrPath::attr(blamed)))
+    })?;
+    let Some(driver) = answer.driver.filter(|d| !d.version.is_empty()) else {
+        return Err(Diagnostic::error_at(
+            AttrPath::attr(blamed),
+            format!("{blamed}: the backend chose no driver"),
+            "ResolveDriver answered without a driver version; this is a backend bug.",
+        ));
+    };
+    if config.get("driver_version").is_null() {
+        planned.set("driver_version", Value::string(driver.version));
+    }
+    Ok(())
+}
+
+/// Attributes a ResolveDriver refusal may name at the start of its message.
+const DRIVER_FIELDS: &[&str] = &["cuda_version", "driver_version", "gpu_type", "mig_layout"];
+
+/// The backend's refusal of a driver choice (INVALID_ARGUMENT, its message starting with
+/// the attribute it is about, e.g. `driver_version: 535.54.03 is too old for CUDA 12.4,
+/// which needs at least 550.54.14`), said on that attribute; a message naming none is
+/// said on `default`.
+pub fn driver_refusal(status: &Status, default: &str) -> Option<Diagnostic> {
+    if status.code() != Code::InvalidArgument {
+        return None;
+    }
+    let message = status.message();
+    let field = DRIVER_FIELDS.iter().copied().find(|f| {
+        message
+            .strip_prefix(f)
+            .is_some_and(|rest| rest.starts_with(':'))
+    });
+    Some(match field {
+        Some(field) => Diagnostic::error_at(AttrPath::attr(field), message, ""),
+        None => Diagnostic::error_at(AttrPath::attr(default), format!("{default}: {message}"), ""),
+    })
+}
+
+/// Checks a version attribute of the configuration: not empty (leave it out instead),
+/// digits and dots like `example`.
+fn check_version(config: &Value, name: &str, example: &str, diags: &mut Diagnostics) {
+    match config.str_attr(name) {
+        Ok(Some(v)) => {
+            if let Err(reason) = version_text(v, example) {
+                diags.attr_error(name, reason);
+            }
+        }
+        Ok(None) => {}
+        Err(d) => diags.push(d),
+    }
+}
+
+fn version_text(v: &str, example: &str) -> Result<(), String> {
+    if v.is_empty() {
+        return Err(format!(
+            "must not be empty; leave it out instead (e.g. {example:?})"
+        ));
+    }
+    let well_formed = v
+        .split('.')
+        .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_digit()));
+    if !well_formed || v.len() > 32 {
+        return Err(format!("{v:?} is not a version such as {example:?}"));
+    }
+    Ok(())
 }
 
 /// Volumes only grow.
@@ -232,6 +424,99 @@ pub fn reservation_errors(
     errors
 }
 
+/// The create call for a planned cluster.
+fn create_request(
+    planned: &Value,
+    config: &Value,
+) -> Result<api::CreateTenantClusterRequest, Diagnostics> {
+    let layout = planned
+        .number_map_attr("mig_layout")
+        .map_err(diag)?
+        .unwrap_or_default();
+    Ok(api::CreateTenantClusterRequest {
+        request_id: request_id(),
+        tenant_id: required_str(planned, "tenant")?,
+        name: required_str(planned, "name")?,
+        orchestrator: required_str(planned, "orchestrator")?,
+        gpu_type: required_str(planned, "gpu_type")?,
+        node_count: required_i64(planned, "node_count")?,
+        reservation_id: optional_str(planned, "reservation_id")?,
+        storage_gib: required_i64(planned, "storage_gib")?,
+        mig_layout: layout_i32(&layout),
+        cuda_version: optional_str(planned, "cuda_version")?,
+        driver_version: requested_driver(planned, config)?,
+        max_unavailable: count_i32(required_i64(planned, "max_unavailable")?),
+    })
+}
+
+/// The update call taking a cluster from `prior` to `planned`: the MIG layout and the
+/// driver only when they change (each has its `set_` flag), `max_unavailable` only when it
+/// changes (0 leaves it).
+fn update_request(
+    prior: &Value,
+    planned: &Value,
+    config: &Value,
+) -> Result<api::UpdateTenantClusterRequest, Diagnostics> {
+    let layout = planned
+        .number_map_attr("mig_layout")
+        .map_err(diag)?
+        .unwrap_or_default();
+    // A new CUDA version or driver rolls through the nodes; taking both out (null) keeps
+    // the nodes' driver and forgets the CUDA version.
+    let set_driver =
+        changed(prior, planned, "cuda_version") || changed(prior, planned, "driver_version");
+    let (cuda_version, driver_version) = if set_driver {
+        (
+            optional_str(planned, "cuda_version")?,
+            requested_driver(planned, config)?,
+        )
+    } else {
+        (String::new(), String::new())
+    };
+    let max_unavailable = if changed(prior, planned, "max_unavailable") {
+        count_i32(required_i64(planned, "max_unavailable")?)
+    } else {
+        0
+    };
+    Ok(api::UpdateTenantClusterRequest {
+        id: required_str(prior, "id")?,
+        node_count: required_i64(planned, "node_count")?,
+        storage_gib: required_i64(planned, "storage_gib")?,
+        mig_layout: layout_i32(&layout),
+        set_mig_layout: changed(prior, planned, "mig_layout"),
+        set_driver,
+        cuda_version,
+        driver_version,
+        max_unavailable,
+    })
+}
+
+/// A string attribute as the API takes it: empty when null or unknown.
+fn optional_str(state: &Value, name: &str) -> Result<String, Diagnostics> {
+    Ok(state
+        .str_attr(name)
+        .map_err(diag)?
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// The driver to ask the backend for: the planned one when known (the configuration's,
+/// or the one ResolveDriver chose at plan time for `cuda_version`, so the apply installs
+/// what the plan showed), otherwise none: the backend chooses, or keeps the nodes' own
+/// when the configuration asks for neither.
+fn requested_driver(planned: &Value, config: &Value) -> Result<String, Diagnostics> {
+    // Neither asked: keep the nodes' driver, even one the platform no longer offers.
+    if config.get("cuda_version").is_null() && config.get("driver_version").is_null() {
+        return Ok(String::new());
+    }
+    optional_str(planned, "driver_version")
+}
+
+/// A count as the API takes it (validation keeps it at least 1; beyond i32 it is clamped).
+fn count_i32(n: i64) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
 fn layout_i32(layout: &BTreeMap<String, i64>) -> HashMap<String, i32> {
     layout
         .iter()
@@ -328,6 +613,28 @@ impl TenantCluster {
         diags.into_result()
     }
 
+    /// Asks the backend for the driver this plan gives the cluster, when
+    /// [`driver_question`] says so and the provider's configuration is known.
+    async fn resolve_driver(
+        &self,
+        prior: Option<&Value>,
+        planned: &mut Value,
+        config: &Value,
+    ) -> Result<(), Diagnostic> {
+        let Some(request) = driver_question(prior, planned, config)? else {
+            return Ok(());
+        };
+        let Some(client) = self.provider.plan_client() else {
+            return Ok(());
+        };
+        let answer = client
+            .fleet()
+            .resolve_driver(request)
+            .await
+            .map(tonic::Response::into_inner);
+        settle_driver(planned, config, answer, |s| client.diagnostic(s))
+    }
+
     async fn get(
         &self,
         client: &Client,
@@ -369,6 +676,21 @@ impl ResourceType for TenantCluster {
                     Type::map(Type::Number),
                     "Per-GPU MIG layout (profile name to instance count) applied to every GPU. Absent or empty: whole GPUs. Checked at plan time; changes in place.",
                 ),
+                Attribute::optional(
+                    "cuda_version",
+                    Type::String,
+                    "CUDA version the cluster's workloads need, e.g. `12.4`. Without `driver_version`, the newest offered driver that runs it is chosen at plan time. Changes in place (a rolling driver change).",
+                ),
+                Attribute::optional_computed(
+                    "driver_version",
+                    Type::String,
+                    "Exact NVIDIA driver for every node, e.g. `550.54.15`; checked at plan time against `cuda_version`, the GPU model and the platform's offer. When unset: the driver chosen for `cuda_version`, or the nodes' current driver. Changes in place, one node at a time.",
+                ),
+                Attribute::optional_computed(
+                    "max_unavailable",
+                    Type::Number,
+                    "How many nodes a rolling driver change takes out of service at once, at least 1. Defaults to `1`. Changes in place.",
+                ),
                 Attribute::computed("status", Type::String, "`running` once its nodes are assigned and their agents have applied its layout; `degraded` while a node is unreachable (until it is back or replaced); `creating`, `updating` or `deleting` while a change is under way."),
                 Attribute::computed("status_reason", Type::String, "Why the status is not simply `running` (e.g. which node is unreachable, and whether a replacement is possible); empty otherwise."),
                 Attribute::computed(
@@ -404,6 +726,9 @@ impl ResourceType for TenantCluster {
         }
         check_min(config, "node_count", 1, &mut diags);
         check_min(config, "storage_gib", 1, &mut diags);
+        check_min(config, "max_unavailable", 1, &mut diags);
+        check_version(config, "cuda_version", "12.4", &mut diags);
+        check_version(config, "driver_version", "550.54.15", &mut diags);
         match config.number_map_attr("mig_layout") {
             Ok(Some(layout)) => {
                 for (profile, count) in layout {
@@ -444,33 +769,33 @@ impl ResourceType for TenantCluster {
         proposed: Value,
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
-        let planned = plan(prior, proposed, config);
-        self.check_with_backend(compared_prior(prior, &planned), &planned.state)
-            .await?;
+        let mut planned = plan_inputs(prior, proposed, config);
+        let compared = compared_prior(prior, &planned);
+        let mut diags = match self.check_with_backend(compared, &planned.state).await {
+            Ok(()) => Diagnostics::default(),
+            Err(diags) => diags,
+        };
+        if let Err(d) = self
+            .resolve_driver(compared, &mut planned.state, config)
+            .await
+        {
+            // Not twice what the other checks already said (e.g. an unreachable backend).
+            let said = diags
+                .0
+                .iter()
+                .any(|e| e.summary == d.summary || (e.path.is_some() && e.path == d.path));
+            if !said {
+                diags.push(d);
+            }
+        }
+        diags.into_result()?;
+        mark_effects(prior, &mut planned.state);
         Ok(planned)
     }
 
-    async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
+    async fn create(&self, planned: &Value, config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let layout = planned
-            .number_map_attr("mig_layout")
-            .map_err(diag)?
-            .unwrap_or_default();
-        let request = api::CreateTenantClusterRequest {
-            request_id: request_id(),
-            tenant_id: required_str(planned, "tenant")?,
-            name: required_str(planned, "name")?,
-            orchestrator: required_str(planned, "orchestrator")?,
-            gpu_type: required_str(planned, "gpu_type")?,
-            node_count: required_i64(planned, "node_count")?,
-            reservation_id: planned
-                .str_attr("reservation_id")
-                .map_err(diag)?
-                .unwrap_or_default()
-                .to_string(),
-            storage_gib: required_i64(planned, "storage_gib")?,
-            mig_layout: layout_i32(&layout),
-        };
+        let request = create_request(planned, config)?;
         let created = answered(
             &client,
             client.clusters().create_tenant_cluster(request).await,
@@ -482,20 +807,10 @@ impl ResourceType for TenantCluster {
         &self,
         prior: &Value,
         planned: &Value,
-        _config: &Value,
+        config: &Value,
     ) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let layout = planned
-            .number_map_attr("mig_layout")
-            .map_err(diag)?
-            .unwrap_or_default();
-        let request = api::UpdateTenantClusterRequest {
-            id: required_str(prior, "id")?,
-            node_count: required_i64(planned, "node_count")?,
-            storage_gib: required_i64(planned, "storage_gib")?,
-            mig_layout: layout_i32(&layout),
-            set_mig_layout: changed(prior, planned, "mig_layout"),
-        };
+        let request = update_request(prior, planned, config)?;
         let updated = answered(
             &client,
             client.clusters().update_tenant_cluster(request).await,
@@ -540,7 +855,80 @@ mod tests {
             ("endpoint", Value::string("https://k")),
             ("credentials", Value::string("kubeconfig")),
             ("storage_path", Value::string("/v")),
+            ("cuda_version", Value::Null),
+            ("driver_version", Value::string("550.54.15")),
+            ("max_unavailable", Value::Number(1)),
         ])
+    }
+
+    /// The configuration of `state` that leaves the driver to the backend, with
+    /// `cuda_version` and `driver_version` as given.
+    fn config_with(state: &Value, cuda: Option<&str>, driver: Option<&str>) -> Value {
+        let mut c = config_of(state);
+        c.set("cuda_version", cuda.map_or(Value::Null, Value::string));
+        c.set("driver_version", driver.map_or(Value::Null, Value::string));
+        c.set("max_unavailable", Value::Null);
+        c
+    }
+
+    /// Terraform's proposed new state: the configuration, with the prior value (null on
+    /// create) of each computed attribute the configuration leaves null.
+    fn proposed(prior: Option<&Value>, config: &Value) -> Value {
+        let schema = TenantCluster::new(Arc::new(ProviderState::default())).schema();
+        let mut p = config.clone();
+        for a in schema.attributes {
+            let computed = matches!(
+                a.mode,
+                crate::framework::Mode::Computed | crate::framework::Mode::OptionalComputed
+            );
+            if computed && config.get(a.name).is_null() {
+                p.set(a.name, prior.map_or(Value::Null, |s| s.get(a.name).clone()));
+            }
+        }
+        p
+    }
+
+    fn driver(version: &str) -> api::ResolveDriverResponse {
+        api::ResolveDriverResponse {
+            driver: Some(api::DriverVersion {
+                version: version.into(),
+                branch: format!("R{}", &version[..3]),
+                cuda_version: "12.4".into(),
+                end_of_life: String::new(),
+            }),
+        }
+    }
+
+    /// The resource's plan with ResolveDriver answered by `answer` (and no other backend
+    /// check): what it asked, and the plan or the refusal.
+    fn plan_asking(
+        prior: Option<&Value>,
+        config: &Value,
+        answer: impl Fn(&api::ResolveDriverRequest) -> Result<api::ResolveDriverResponse, Box<Status>>,
+    ) -> (
+        Option<api::ResolveDriverRequest>,
+        Result<PlannedChange, Diagnostic>,
+    ) {
+        let mut planned = plan_inputs(prior, proposed(prior, config), config);
+        let compared = compared_prior(prior, &planned);
+        let question = driver_question(compared, &planned.state, config).unwrap();
+        if let Some(q) = &question {
+            if let Err(d) =
+                settle_driver(&mut planned.state, config, answer(q).map_err(|e| *e), |s| {
+                    Diagnostic::error(format!("described: {}", s.message()), "")
+                })
+            {
+                return (question, Err(d));
+            }
+        }
+        mark_effects(prior, &mut planned.state);
+        (question, Ok(planned))
+    }
+
+    fn never_asked(
+        q: &api::ResolveDriverRequest,
+    ) -> Result<api::ResolveDriverResponse, Box<Status>> {
+        panic!("ResolveDriver asked {q:?}")
     }
 
     fn config_of(state: &Value) -> Value {
@@ -681,5 +1069,316 @@ mod tests {
                 "node_count: must be at least 1 (got 0)"
             ]
         );
+    }
+
+    #[test]
+    fn cuda_alone_makes_the_driver_known_at_create() {
+        let cfg = config_with(&prior(), Some("12.4"), None);
+        let (asked, planned) = plan_asking(None, &cfg, |_| Ok(driver("550.163.01")));
+        assert_eq!(
+            asked,
+            Some(api::ResolveDriverRequest {
+                gpu_type: "A100-80GB".into(),
+                cuda_version: "12.4".into(),
+                driver_version: String::new(),
+                mig: false,
+            })
+        );
+        let planned = planned.unwrap().state;
+        assert_eq!(planned.get("driver_version"), &Value::string("550.163.01"));
+        assert_eq!(planned.get("cuda_version"), &Value::string("12.4"));
+        assert_eq!(planned.get("max_unavailable"), &Value::Number(1));
+        // The create call installs what the plan showed.
+        let request = create_request(&planned, &cfg).unwrap();
+        assert_eq!(request.cuda_version, "12.4");
+        assert_eq!(request.driver_version, "550.163.01");
+        assert_eq!(request.max_unavailable, 1);
+    }
+
+    #[test]
+    fn both_are_checked_together_and_the_configured_driver_is_kept() {
+        let mut cfg = config_with(&prior(), Some("12.4"), Some("550.54.15"));
+        cfg.set(
+            "mig_layout",
+            Value::Map(BTreeMap::from([("3g.40gb".to_string(), Value::Number(2))])),
+        );
+        let (asked, planned) = plan_asking(None, &cfg, |_| Ok(driver("550.54.15")));
+        let asked = asked.unwrap();
+        assert_eq!(asked.cuda_version, "12.4");
+        assert_eq!(asked.driver_version, "550.54.15");
+        assert!(asked.mig);
+        assert_eq!(
+            planned.unwrap().state.get("driver_version"),
+            &Value::string("550.54.15")
+        );
+    }
+
+    #[test]
+    fn neither_at_create_leaves_the_driver_to_apply() {
+        let cfg = config_with(&prior(), None, None);
+        let (asked, planned) = plan_asking(None, &cfg, never_asked);
+        assert_eq!(asked, None);
+        let planned = planned.unwrap().state;
+        assert!(planned.get("driver_version").is_unknown());
+        assert_eq!(planned.get("cuda_version"), &Value::Null);
+        let request = create_request(&planned, &cfg).unwrap();
+        assert_eq!(
+            (request.cuda_version, request.driver_version),
+            (String::new(), String::new())
+        );
+    }
+
+    #[test]
+    fn neither_at_update_keeps_the_nodes_driver_and_plans_nothing() {
+        let p = prior();
+        let cfg = config_with(&p, None, None);
+        let (asked, planned) = plan_asking(Some(&p), &cfg, never_asked);
+        assert_eq!(asked, None);
+        let planned = planned.unwrap();
+        assert_eq!(planned.state, p);
+        assert!(planned.requires_replace.is_empty());
+    }
+
+    #[test]
+    fn a_second_plan_after_apply_is_empty() {
+        // After applying cuda_version = "12.4" alone, the state holds the chosen driver.
+        let mut applied = prior();
+        applied.set("cuda_version", Value::string("12.4"));
+        applied.set("driver_version", Value::string("550.163.01"));
+        for cfg in [
+            config_with(&applied, Some("12.4"), None),
+            config_with(&applied, Some("12.4"), Some("550.163.01")),
+        ] {
+            let (asked, planned) = plan_asking(Some(&applied), &cfg, never_asked);
+            assert_eq!(asked, None);
+            assert_eq!(planned.unwrap().state, applied);
+        }
+    }
+
+    #[test]
+    fn a_new_cuda_version_picks_the_driver_in_place_and_rolls_the_nodes() {
+        let p = prior();
+        let cfg = config_with(&p, Some("12.8"), None);
+        let (asked, planned) = plan_asking(Some(&p), &cfg, |_| Ok(driver("570.211.01")));
+        assert_eq!(asked.unwrap().cuda_version, "12.8");
+        let planned = planned.unwrap();
+        assert!(planned.requires_replace.is_empty());
+        assert_eq!(
+            planned.state.get("driver_version"),
+            &Value::string("570.211.01")
+        );
+        for name in ["nodes", "status", "status_reason"] {
+            assert!(planned.state.get(name).is_unknown(), "{name}");
+        }
+        assert_eq!(planned.state.get("endpoint"), &Value::string("https://k"));
+        let request = update_request(&p, &planned.state, &cfg).unwrap();
+        assert!(request.set_driver);
+        assert!(!request.set_mig_layout);
+        assert_eq!(request.cuda_version, "12.8");
+        assert_eq!(request.driver_version, "570.211.01");
+        assert_eq!(request.max_unavailable, 0);
+    }
+
+    #[test]
+    fn a_cuda_version_the_current_driver_is_chosen_for_leaves_the_nodes_known() {
+        let p = prior();
+        let cfg = config_with(&p, Some("12.4"), None);
+        let (_, planned) = plan_asking(Some(&p), &cfg, |_| Ok(driver("550.54.15")));
+        let planned = planned.unwrap().state;
+        assert_eq!(planned.get("nodes"), &Value::List(vec![]));
+        assert_eq!(planned.get("status"), &Value::string("running"));
+        // The CUDA version is recorded all the same.
+        assert!(update_request(&p, &planned, &cfg).unwrap().set_driver);
+    }
+
+    #[test]
+    fn a_replacement_asks_again_for_the_new_model() {
+        let mut p = prior();
+        p.set("cuda_version", Value::string("12.4"));
+        let mut cfg = config_with(&p, Some("12.4"), None);
+        cfg.set("gpu_type", Value::string("B200"));
+        let (asked, planned) = plan_asking(Some(&p), &cfg, |_| Ok(driver("570.211.01")));
+        assert_eq!(asked.unwrap().gpu_type, "B200");
+        let planned = planned.unwrap();
+        assert_eq!(planned.requires_replace, vec![AttrPath::attr("gpu_type")]);
+    }
+
+    #[test]
+    fn an_exact_driver_changes_in_place() {
+        let p = prior();
+        let cfg = config_with(&p, None, Some("570.211.01"));
+        let (asked, planned) = plan_asking(Some(&p), &cfg, |_| Ok(driver("570.211.01")));
+        let asked = asked.unwrap();
+        assert_eq!(asked.cuda_version, "");
+        assert_eq!(asked.driver_version, "570.211.01");
+        let planned = planned.unwrap();
+        assert!(planned.requires_replace.is_empty());
+        assert!(planned.state.get("nodes").is_unknown());
+        let request = update_request(&p, &planned.state, &cfg).unwrap();
+        assert!(request.set_driver);
+        assert_eq!(request.driver_version, "570.211.01");
+    }
+
+    #[test]
+    fn taking_the_cuda_version_out_keeps_the_driver() {
+        let mut p = prior();
+        p.set("cuda_version", Value::string("12.4"));
+        let cfg = config_with(&p, None, None);
+        let (asked, planned) = plan_asking(Some(&p), &cfg, never_asked);
+        assert_eq!(asked, None);
+        let planned = planned.unwrap().state;
+        assert_eq!(planned.get("cuda_version"), &Value::Null);
+        assert_eq!(planned.get("driver_version"), &Value::string("550.54.15"));
+        assert_eq!(planned.get("nodes"), &Value::List(vec![]));
+        // set_driver with neither: the backend keeps the nodes' driver.
+        let request = update_request(&p, &planned, &cfg).unwrap();
+        assert!(request.set_driver);
+        assert_eq!(
+            (request.cuda_version, request.driver_version),
+            (String::new(), String::new())
+        );
+    }
+
+    #[test]
+    fn values_known_only_at_apply_are_left_to_the_backend() {
+        let mut cfg = config_with(&prior(), Some("12.4"), None);
+        cfg.set("gpu_type", Value::Unknown);
+        let (asked, planned) = plan_asking(None, &cfg, never_asked);
+        assert_eq!(asked, None);
+        assert!(planned.unwrap().state.get("driver_version").is_unknown());
+        let mut cfg = config_with(&prior(), None, None);
+        cfg.set("cuda_version", Value::Unknown);
+        let (asked, planned) = plan_asking(Some(&prior()), &cfg, never_asked);
+        assert_eq!(asked, None);
+        assert!(planned.unwrap().state.get("driver_version").is_unknown());
+    }
+
+    #[test]
+    fn refusals_are_said_on_the_attribute_they_name() {
+        let cfg = config_with(&prior(), Some("12.4"), Some("535.54.03"));
+        let too_old = "driver_version: 535.54.03 is too old for CUDA 12.4, which needs at least 550.54.14 (the R535 branch runs CUDA up to 12.2)";
+        let (_, planned) =
+            plan_asking(
+                None,
+                &cfg,
+                |_| Err(Status::invalid_argument(too_old).into()),
+            );
+        let d = planned.unwrap_err();
+        assert_eq!(d.path, Some(AttrPath::attr("driver_version")));
+        assert_eq!(d.summary, too_old);
+
+        let cfg = config_with(&prior(), Some("12.7"), None);
+        let unknown = "cuda_version: unknown CUDA version '12.7' (known: 12.2, 12.4)";
+        let (_, planned) =
+            plan_asking(
+                None,
+                &cfg,
+                |_| Err(Status::invalid_argument(unknown).into()),
+            );
+        let d = planned.unwrap_err();
+        assert_eq!(d.path, Some(AttrPath::attr("cuda_version")));
+        assert_eq!(d.summary, unknown);
+
+        // A message naming no attribute is said on the one the configuration set.
+        let d = driver_refusal(&Status::invalid_argument("no such thing"), "cuda_version").unwrap();
+        assert_eq!(d.path, Some(AttrPath::attr("cuda_version")));
+        assert_eq!(d.summary, "cuda_version: no such thing");
+        // A prefix must be the whole attribute name.
+        let d = driver_refusal(
+            &Status::invalid_argument("driver_versions: x"),
+            "cuda_version",
+        )
+        .unwrap();
+        assert_eq!(d.summary, "cuda_version: driver_versions: x");
+    }
+
+    #[test]
+    fn other_failures_are_described_by_the_client_on_the_attribute() {
+        let cfg = config_with(&prior(), Some("12.4"), None);
+        let (_, planned) = plan_asking(None, &cfg, |_| Err(Status::unavailable("down").into()));
+        let d = planned.unwrap_err();
+        assert_eq!(d.summary, "described: down");
+        assert_eq!(d.path, Some(AttrPath::attr("cuda_version")));
+        let (_, planned) = plan_asking(None, &cfg, |_| Err(Status::unimplemented("").into()));
+        let d = planned.unwrap_err();
+        assert!(d
+            .summary
+            .starts_with("cuda_version: this gpufleet backend cannot choose drivers"));
+        let (_, planned) = plan_asking(None, &cfg, |_| {
+            Ok(api::ResolveDriverResponse { driver: None })
+        });
+        assert_eq!(
+            planned.unwrap_err().summary,
+            "cuda_version: the backend chose no driver"
+        );
+    }
+
+    #[test]
+    fn max_unavailable_defaults_to_one_and_changes_in_place() {
+        let p = prior();
+        let mut cfg = config_with(&p, None, None);
+        cfg.set("max_unavailable", Value::Number(3));
+        let (_, planned) = plan_asking(Some(&p), &cfg, never_asked);
+        let planned = planned.unwrap();
+        assert!(planned.requires_replace.is_empty());
+        assert_eq!(planned.state.get("max_unavailable"), &Value::Number(3));
+        assert_eq!(planned.state.get("nodes"), &Value::List(vec![]));
+        let request = update_request(&p, &planned.state, &cfg).unwrap();
+        assert_eq!(request.max_unavailable, 3);
+        assert!(!request.set_driver);
+    }
+
+    #[tokio::test]
+    async fn max_unavailable_zero_and_malformed_versions_are_refused_with_paths() {
+        let c = TenantCluster::new(Arc::new(ProviderState::default()));
+        let mut cfg = config_with(&prior(), Some(""), Some("550.54.15-open"));
+        cfg.set("max_unavailable", Value::Number(0));
+        let err = c.validate(&cfg).await.unwrap_err();
+        let found: Vec<(Option<AttrPath>, &str)> = err
+            .0
+            .iter()
+            .map(|d| (d.path.clone(), d.summary.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            vec![
+                (
+                    Some(AttrPath::attr("max_unavailable")),
+                    "max_unavailable: must be at least 1 (got 0)"
+                ),
+                (
+                    Some(AttrPath::attr("cuda_version")),
+                    "cuda_version: must not be empty; leave it out instead (e.g. \"12.4\")"
+                ),
+                (
+                    Some(AttrPath::attr("driver_version")),
+                    "driver_version: \"550.54.15-open\" is not a version such as \"550.54.15\""
+                ),
+            ]
+        );
+        c.validate(&config_with(&prior(), Some("12.4"), Some("550.54.15")))
+            .await
+            .unwrap();
+    }
+
+    #[test]
+    fn read_back_nulls_an_unasked_cuda_version() {
+        let api_cluster = api::TenantCluster {
+            id: "c1".into(),
+            driver_version: "550.54.15".into(),
+            max_unavailable: 0,
+            ..Default::default()
+        };
+        let s = state(&api_cluster);
+        assert_eq!(s.get("cuda_version"), &Value::Null);
+        assert_eq!(s.get("driver_version"), &Value::string("550.54.15"));
+        assert_eq!(s.get("max_unavailable"), &Value::Number(1));
+        let s = state(&api::TenantCluster {
+            cuda_version: "12.4".into(),
+            max_unavailable: 2,
+            ..api_cluster
+        });
+        assert_eq!(s.get("cuda_version"), &Value::string("12.4"));
+        assert_eq!(s.get("max_unavailable"), &Value::Number(2));
     }
 }
