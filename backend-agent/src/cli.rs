@@ -139,6 +139,10 @@ pub struct NodeArgs {
     /// it, driver changes on this host are refused.
     #[arg(long, env = "GPUFLEET_DRIVER_INSTALL_CMD")]
     pub driver_install_cmd: Option<String>,
+    /// Serve Prometheus metrics (this host's GPUs, the order queue) at http://ADDR/metrics
+    /// (port 0 picks a free port; the address is logged). Off by default.
+    #[arg(long, env = "GPUFLEET_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
     /// PEM of the CA that signed the control plane's certificate (https control planes).
     #[arg(long, env = "GPUFLEET_CA_CERT", value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
@@ -228,6 +232,11 @@ pub struct ServeArgs {
     /// in clear text).
     #[arg(long, env = "GPUFLEET_INSECURE")]
     pub insecure: bool,
+    /// Serve Prometheus metrics (fleet, tenants, reservations, nodes, API requests, work
+    /// orders) at http://ADDR/metrics (port 0 picks a free port; the address is logged).
+    /// Off by default.
+    #[arg(long, env = "GPUFLEET_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Args, Debug)]

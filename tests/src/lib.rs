@@ -25,6 +25,7 @@ pub mod hcl;
 pub mod json;
 pub mod node_agent;
 pub mod pki;
+pub mod prom;
 pub mod terraform;
 pub mod times;
 

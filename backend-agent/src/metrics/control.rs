@@ -1,0 +1,425 @@
+//! The control plane's metrics.
+//!
+//! Counted as things happen (process-wide, whether or not `--metrics-listen` is given):
+//! `gpufleet_api_requests_total{method,code}`, `gpufleet_api_request_seconds{method}`,
+//! `gpufleet_work_orders_total{kind,outcome}`, `gpufleet_health_checks_total{check,result}`.
+//!
+//! Computed from the store at each scrape: `gpufleet_gpus{gpu_type,state}`,
+//! `gpufleet_mig_slices{gpu_type,profile,state}`, `gpufleet_tenant_gpus{tenant,gpu_type,kind}`,
+//! `gpufleet_reservations{state}`, `gpufleet_nodes{state}`, `gpufleet_clusters{status}` and
+//! `gpufleet_node_heartbeat_age_seconds{node}`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, LazyLock};
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+use crate::agents::registry::Outcome;
+use crate::rules::{peak, Span};
+use crate::scheduling::{holdings, Exclude, Holding};
+use crate::state::{now, AppState};
+use crate::store::{
+    self,
+    clusters::ClusterRow,
+    nodes::{NodeRow, NODE_BUSY, NODE_QUARANTINED, NODE_READY, NODE_UNREACHABLE},
+    quotas::QuotaRow,
+    reservations::ReservationRow,
+    tenants::TenantRow,
+};
+
+/// `kind` of a MIG layout order.
+pub const ORDER_MIG_LAYOUT: &str = "mig_layout";
+/// `kind` of a driver install order.
+pub const ORDER_DRIVER: &str = "driver";
+/// `check` of the quick health check an agent runs after a driver install.
+pub const CHECK_DRIVER_INSTALL: &str = "driver_install";
+
+/// The counters and the histogram, in one registry.
+pub struct Counters {
+    registry: Registry,
+    pub api_requests: IntCounterVec,
+    pub api_seconds: HistogramVec,
+    pub work_orders: IntCounterVec,
+    pub health_checks: IntCounterVec,
+}
+
+pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
+    let registry = Registry::new();
+    let api_requests = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_api_requests_total",
+            "gRPC requests to the control plane's API by method and gRPC status code.",
+        ),
+        &["method", "code"],
+    )
+    .expect("a valid counter");
+    let api_seconds = HistogramVec::new(
+        HistogramOpts::new(
+            "gpufleet_api_request_seconds",
+            "Time from a gRPC request to its response headers, by method.",
+        )
+        .buckets(vec![
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ]),
+        &["method"],
+    )
+    .expect("a valid histogram");
+    let work_orders = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_work_orders_total",
+            "Work orders the control plane sent to node agents, by kind and outcome (ok, failed, unreachable).",
+        ),
+        &["kind", "outcome"],
+    )
+    .expect("a valid counter");
+    let health_checks = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_health_checks_total",
+            "GPU health checks by check and result (pass, fail).",
+        ),
+        &["check", "result"],
+    )
+    .expect("a valid counter");
+    for c in [
+        Box::new(api_requests.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(api_seconds.clone()),
+        Box::new(work_orders.clone()),
+        Box::new(health_checks.clone()),
+    ] {
+        registry.register(c).expect("a counter registered once");
+    }
+    // Every known series from the start, so that dashboards and rate() see a 0 first.
+    for kind in [ORDER_MIG_LAYOUT, ORDER_DRIVER] {
+        for outcome in ["ok", "failed", "unreachable"] {
+            work_orders.with_label_values(&[kind, outcome]);
+        }
+    }
+    for result in ["pass", "fail"] {
+        health_checks.with_label_values(&[CHECK_DRIVER_INSTALL, result]);
+    }
+    Counters {
+        registry,
+        api_requests,
+        api_seconds,
+        work_orders,
+        health_checks,
+    }
+});
+
+/// Counts a work order of `kind` that has come to its `outcome`.
+pub fn work_order(kind: &str, outcome: &Outcome) {
+    let label = match outcome {
+        Outcome::Answered(r) if r.ok => "ok",
+        Outcome::Answered(_) => "failed",
+        Outcome::Unreachable(_) => "unreachable",
+    };
+    COUNTERS.work_orders.with_label_values(&[kind, label]).inc();
+}
+
+/// Counts the quick health check that follows a driver install, from the agent's answer:
+/// an install answered ok passed it; one that failed on it says so in its error. Other
+/// failures (the install itself) ran no check and count nothing.
+pub fn driver_install_check(outcome: &Outcome) {
+    let result = match outcome {
+        Outcome::Answered(r) if r.ok => "pass",
+        Outcome::Answered(r) if r.error.contains("quick health check failed") => "fail",
+        _ => return,
+    };
+    COUNTERS
+        .health_checks
+        .with_label_values(&[CHECK_DRIVER_INSTALL, result])
+        .inc();
+}
+
+/// What one scrape reads from the store, in one short read under the state lock.
+struct Snapshot {
+    now: i64,
+    nodes: Vec<NodeRow>,
+    tenants: Vec<TenantRow>,
+    quotas: Vec<QuotaRow>,
+    reservations: Vec<ReservationRow>,
+    clusters: Vec<ClusterRow>,
+    /// (gpu_type, profile, node id) -> MIG devices.
+    slices: Vec<(String, String, String, i64)>,
+    /// Per GPU model: who holds its nodes from now on (as quotas see it).
+    holdings: BTreeMap<String, Vec<Holding>>,
+}
+
+fn read(state: &AppState) -> Result<Snapshot, String> {
+    let conn = state.db();
+    let t = now();
+    let err = |e: rusqlite::Error| format!("reading the state database: {e}");
+    let nodes = store::nodes::list(&conn, None, None).map_err(err)?;
+    let tenants = store::tenants::list(&conn).map_err(err)?;
+    let quotas = store::quotas::list(&conn, None).map_err(err)?;
+    let reservations = store::reservations::list(&conn, None, None).map_err(err)?;
+    let clusters = store::clusters::list(&conn, None, None, None).map_err(err)?;
+    let slices = {
+        let mut stmt = conn
+            .prepare(
+                "SELECT n.gpu_type, m.profile, n.id, COUNT(*) FROM mig_devices m
+                 JOIN nodes n ON n.id = m.node_id GROUP BY n.gpu_type, m.profile, n.id",
+            )
+            .map_err(err)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .map_err(err)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(err)?
+    };
+    let models: BTreeSet<String> = nodes
+        .iter()
+        .map(|n| n.gpu_type.clone())
+        .chain(quotas.iter().map(|q| q.gpu_type.clone()))
+        .chain(reservations.iter().map(|r| r.gpu_type.clone()))
+        .collect();
+    let mut held = BTreeMap::new();
+    for model in models {
+        let h = holdings(&conn, &model, t, Exclude::default())
+            .map_err(|e| format!("reading the holdings of {model}: {e}"))?;
+        held.insert(model, h);
+    }
+    Ok(Snapshot {
+        now: t,
+        nodes,
+        tenants,
+        quotas,
+        reservations,
+        clusters,
+        slices,
+        holdings: held,
+    })
+}
+
+/// The control plane's metrics as Prometheus text: the store read on a blocking thread,
+/// then the registry's heartbeat ages (the two locks are never held together).
+pub async fn render(state: Arc<AppState>) -> Result<String, String> {
+    let snapshot = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || read(&state))
+            .await
+            .map_err(|e| format!("the metrics read failed: {e}"))??
+    };
+    let ages: Vec<(String, f64)> = snapshot
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            state
+                .agents
+                .heartbeat_age(&n.id)
+                .map(|age| (n.hostname.clone(), age.as_secs_f64()))
+        })
+        .collect();
+    let mut families = COUNTERS.registry.gather();
+    families.extend(gauges(&snapshot, &ages));
+    super::encode(families)
+}
+
+/// GPUs per node of a model (the fleet's nodes of one model all have the same count).
+fn gpus_per_node(nodes: &[NodeRow], model: &str) -> i64 {
+    nodes
+        .iter()
+        .filter(|n| n.gpu_type == model)
+        .map(|n| n.gpu_count)
+        .max()
+        .unwrap_or(0)
+}
+
+fn gauges(s: &Snapshot, ages: &[(String, f64)]) -> Vec<prometheus::proto::MetricFamily> {
+    let registry = Registry::new();
+    let gpus = super::gauge_vec(
+        &registry,
+        "gpufleet_gpus",
+        "GPUs of the fleet by model and state: free, reserved (held by a reservation in its window and not yet in a cluster), allocated (in a cluster), quarantined.",
+        &["gpu_type", "state"],
+    );
+    let slices = super::gauge_vec(
+        &registry,
+        "gpufleet_mig_slices",
+        "MIG devices on the fleet's GPUs by model, profile and state (free, allocated, quarantined).",
+        &["gpu_type", "profile", "state"],
+    );
+    let tenant_gpus = super::gauge_vec(
+        &registry,
+        "gpufleet_tenant_gpus",
+        "Per tenant (by name) and model: GPUs used by its clusters outside reservations, reserved (peak of its reservations from now on), and its quota (quota_guaranteed, quota_burst).",
+        &["tenant", "gpu_type", "kind"],
+    );
+    let reservations = super::gauge_vec(
+        &registry,
+        "gpufleet_reservations",
+        "Reservations by state: pending (not started), active, ended (still recorded).",
+        &["state"],
+    );
+    let nodes = super::gauge_vec(
+        &registry,
+        "gpufleet_nodes",
+        "Nodes by state: ready, busy, unreachable, quarantined.",
+        &["state"],
+    );
+    let clusters = super::gauge_vec(
+        &registry,
+        "gpufleet_clusters",
+        "Tenant clusters by status.",
+        &["status"],
+    );
+    let heartbeat = super::gauge_vec(
+        &registry,
+        "gpufleet_node_heartbeat_age_seconds",
+        "Seconds since each node's agent was last heard from (nodes heard from since the control plane started).",
+        &["node"],
+    );
+
+    // Nodes and GPUs.
+    for state in [NODE_READY, NODE_BUSY, NODE_UNREACHABLE, NODE_QUARANTINED] {
+        nodes.with_label_values(&[state]).set(0.0);
+    }
+    let mut by_model: BTreeMap<&str, [i64; 3]> = BTreeMap::new(); // total, allocated, quarantined
+    for n in &s.nodes {
+        nodes.with_label_values(&[&n.state]).inc();
+        let m = by_model.entry(n.gpu_type.as_str()).or_default();
+        m[0] += n.gpu_count;
+        if n.state == NODE_QUARANTINED {
+            m[2] += n.gpu_count;
+        } else if n.cluster_id.is_some() {
+            m[1] += n.gpu_count;
+        }
+    }
+    // A live reservation holds its nodes; the nodes its clusters already took are allocated.
+    let mut drawn: HashMap<&str, i64> = HashMap::new();
+    let cluster_reservation: HashMap<&str, &str> = s
+        .clusters
+        .iter()
+        .filter_map(|c| Some((c.id.as_str(), c.reservation_id.as_deref()?)))
+        .collect();
+    for n in &s.nodes {
+        if let Some(r) = n
+            .cluster_id
+            .as_deref()
+            .and_then(|c| cluster_reservation.get(c))
+        {
+            *drawn.entry(r).or_default() += 1;
+        }
+    }
+    let mut reserved: HashMap<&str, i64> = HashMap::new();
+    for (state, count) in [("pending", 0.0), ("active", 0.0), ("ended", 0.0)] {
+        reservations.with_label_values(&[state]).set(count);
+    }
+    for r in &s.reservations {
+        let state = if r.start_time > s.now {
+            "pending"
+        } else if r.end_time > s.now {
+            "active"
+        } else {
+            "ended"
+        };
+        reservations.with_label_values(&[state]).inc();
+        if state == "active" {
+            let waiting = (r.node_count - drawn.get(r.id.as_str()).copied().unwrap_or(0)).max(0);
+            *reserved.entry(r.gpu_type.as_str()).or_default() +=
+                waiting * gpus_per_node(&s.nodes, &r.gpu_type);
+        }
+    }
+    for (model, [total, allocated, quarantined]) in &by_model {
+        let rest = (total - allocated - quarantined).max(0);
+        let held = reserved.get(model).copied().unwrap_or(0).min(rest);
+        for (state, value) in [
+            ("free", rest - held),
+            ("reserved", held),
+            ("allocated", *allocated),
+            ("quarantined", *quarantined),
+        ] {
+            gpus.with_label_values(&[model, state]).set(value as f64);
+        }
+    }
+
+    // MIG slices: every profile of every model in the fleet, 0 where none exist.
+    let node_state: HashMap<&str, &str> = s
+        .nodes
+        .iter()
+        .map(|n| {
+            let state = if n.state == NODE_QUARANTINED {
+                "quarantined"
+            } else if n.cluster_id.is_some() {
+                "allocated"
+            } else {
+                "free"
+            };
+            (n.id.as_str(), state)
+        })
+        .collect();
+    for model in by_model.keys() {
+        if let Some(m) = gpufleet_gpu::catalog::model(model) {
+            for p in &m.profiles {
+                for state in ["free", "allocated", "quarantined"] {
+                    slices.with_label_values(&[model, &p.name, state]).set(0.0);
+                }
+            }
+        }
+    }
+    for (model, profile, node, count) in &s.slices {
+        let state = node_state.get(node.as_str()).copied().unwrap_or("free");
+        slices
+            .with_label_values(&[model, profile, state])
+            .add(*count as f64);
+    }
+
+    // Tenants: usage and quota per model, as GetQuotaUsage computes them.
+    let names: HashMap<&str, &str> = s
+        .tenants
+        .iter()
+        .map(|t| (t.id.as_str(), t.name.as_str()))
+        .collect();
+    let mut per_tenant: BTreeMap<(&str, &str), [i64; 4]> = BTreeMap::new();
+    for q in &s.quotas {
+        let e = per_tenant
+            .entry((q.tenant_id.as_str(), q.gpu_type.as_str()))
+            .or_default();
+        e[2] = q.gpus;
+        e[3] = q.burst_gpus;
+    }
+    for (model, held) in &s.holdings {
+        let gpn = gpus_per_node(&s.nodes, model);
+        let tenants: BTreeSet<&str> = held.iter().map(|h| h.tenant_id.as_str()).collect();
+        for tenant in tenants {
+            let mine = held.iter().filter(|h| h.tenant_id == tenant);
+            let used: i64 = mine
+                .clone()
+                .filter(|h| h.unreserved_cluster)
+                .map(|h| (h.pool + h.on_demand) * gpn)
+                .sum();
+            let spans: Vec<Span> = mine
+                .filter(|h| h.is_reservation)
+                .map(|h| Span {
+                    start: h.start,
+                    end: h.end,
+                    amount: (h.pool + h.on_demand) * gpn,
+                })
+                .collect();
+            let e = per_tenant.entry((tenant, model.as_str())).or_default();
+            e[0] = used;
+            e[1] = peak(&spans, s.now, None);
+        }
+    }
+    for ((tenant, model), values) in &per_tenant {
+        let Some(name) = names.get(tenant) else {
+            continue;
+        };
+        for (kind, value) in ["used", "reserved", "quota_guaranteed", "quota_burst"]
+            .iter()
+            .zip(values)
+        {
+            tenant_gpus
+                .with_label_values(&[name, model, kind])
+                .set(*value as f64);
+        }
+    }
+
+    for c in &s.clusters {
+        clusters.with_label_values(&[&c.status]).inc();
+    }
+    for (node, age) in ages {
+        heartbeat.with_label_values(&[node]).set(*age);
+    }
+    registry.gather()
+}
