@@ -201,6 +201,7 @@ pub async fn converge(state: &AppState, changes: &[Change]) -> Result<()> {
         let outcome = wait
             .await
             .unwrap_or_else(|_| Outcome::Unreachable("the control plane is stopping".into()));
+        crate::metrics::control::work_order(crate::metrics::control::ORDER_MIG_LAYOUT, &outcome);
         match failure(&c.node.hostname, outcome) {
             None => done.push(*c),
             Some(status) => {
@@ -216,7 +217,11 @@ pub async fn converge(state: &AppState, changes: &[Change]) -> Result<()> {
         .map(|c| (c, state.agents.dispatch(&c.node.id, backward(c))))
         .collect();
     for (c, wait) in undo {
-        if let Ok(Outcome::Answered(r)) = wait.await {
+        let answer = wait.await;
+        if let Ok(o) = &answer {
+            crate::metrics::control::work_order(crate::metrics::control::ORDER_MIG_LAYOUT, o);
+        }
+        if let Ok(Outcome::Answered(r)) = answer {
             if r.ok {
                 continue;
             }
@@ -265,6 +270,9 @@ pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
     if change.needed() && !state.agents.has_pending(&node_id) {
         tracing::info!(node = %node_id, "bringing the node to its recorded layout");
         let answer = state.agents.dispatch(&node_id, forward(&change)).await;
+        if let Ok(o) = &answer {
+            crate::metrics::control::work_order(crate::metrics::control::ORDER_MIG_LAYOUT, o);
+        }
         if let Some(status) = answer.ok().and_then(|o| failure(&change.node.hostname, o)) {
             reason = format!("could not be brought to its layout: {}", status);
         }
@@ -275,6 +283,9 @@ pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
     } else {
         (store::nodes::NODE_BUSY, reason.as_str())
     };
+    if change.node.state == store::nodes::NODE_QUARANTINED {
+        return; // out of service until an operator returns it
+    }
     if let Err(e) = store::nodes::set_state(&conn, &node_id, state_now, why, now()) {
         tracing::error!(node = %node_id, error = %e, "cannot record the node's state");
     }

@@ -441,6 +441,21 @@ fn der_element(input: &[u8]) -> Option<Der<'_>> {
     })
 }
 
+/// The subject's common name (CN) of the X.509 certificate `der`: the node agent's name
+/// in the certificates `pki --agent NAME` issues.
+pub fn common_name(der: &[u8]) -> Option<String> {
+    // The attribute type 2.5.4.3 (id-at-commonName) as DER, then a string element.
+    const CN_OID: [u8; 5] = [0x06, 0x03, 0x55, 0x04, 0x03];
+    let (subject, _) = subject_and_public_key(der)?;
+    let at = subject.windows(CN_OID.len()).position(|w| w == CN_OID)?;
+    let value = der_element(&subject[at + CN_OID.len()..])?;
+    // UTF8String, PrintableString or IA5String.
+    if ![0x0c, 0x13, 0x16].contains(&value.tag) {
+        return None;
+    }
+    String::from_utf8(value.contents.to_vec()).ok()
+}
+
 /// The subject name and the subject public key info (each a whole DER element) of the
 /// X.509 certificate `der`.
 fn subject_and_public_key(der: &[u8]) -> Option<(&[u8], &[u8])> {

@@ -114,20 +114,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             if seeded > 0 {
                 tracing::info!(nodes = seeded, "seeded the simulated fleet");
             }
-            crate::hardware::simulated_nodes(&conn)?
-                .into_iter()
-                .map(|(row, sim)| {
-                    let sim = Arc::new(sim);
-                    Host {
-                        name: row.hostname,
-                        capacity: row.capacity,
-                        gpu_type: row.gpu_type,
-                        backend: sim.clone(),
-                        sim: Some(sim),
-                        driver_version: row.driver_version,
-                    }
-                })
-                .collect()
+            crate::agents::embedded::simulated_hosts(&conn)?
         }
     };
     crate::scheduling::clusters::recover_interrupted(&mut conn)?;
@@ -169,6 +156,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
     });
     tokio::spawn(crate::agents::monitor::run(state.clone(), stop_rx.clone()));
+    if let Some(addr) = args.metrics_listen {
+        let state = state.clone();
+        let render = move || crate::metrics::control::render(state.clone());
+        crate::metrics::listen(addr, "control plane", render, stop_rx.clone()).await?;
+    }
     if !hosts.is_empty() {
         let count = hosts.len();
         crate::agents::embedded::start(state.clone(), hosts, stop_rx.clone()).await?;
@@ -202,6 +194,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let server = tls_server
         .unwrap_or_else(tonic::transport::Server::builder)
+        .layer(crate::metrics::api::ApiMetricsLayer)
         .add_service(TenantServiceServer::new(Tenants {
             state: state.clone(),
         }))
@@ -271,7 +264,14 @@ fn accept_until_stopped(
                 _ = until_true(&mut stop) => break,
                 accepted = listener.accept() => {
                     let sent = match accepted {
-                        Ok((stream, _)) => tx.send(Ok(stream)).await,
+                        Ok((stream, _)) => {
+                            // Answers over ~600 bytes would otherwise wait ~40 ms for a
+                            // delayed ACK (tonic does not set it on sockets it is given).
+                            if let Err(e) = stream.set_nodelay(true) {
+                                tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+                            }
+                            tx.send(Ok(stream)).await
+                        }
                         // tonic logs and skips accept errors (e.g. out of file descriptors).
                         Err(e) => tx.send(Err(e)).await,
                     };

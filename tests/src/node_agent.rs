@@ -132,6 +132,13 @@ impl NodeAgent {
         self.json("orders.json")
     }
 
+    /// The driver the agent's own status reports.
+    pub fn driver(&self) -> Option<String> {
+        self.status()?["driver_version"]
+            .as_str()
+            .map(str::to_string)
+    }
+
     /// MIG profiles per GPU, as the agent's own status reports them.
     pub fn profiles(&self) -> Vec<Vec<String>> {
         let Some(status) = self.status() else {
@@ -180,5 +187,20 @@ where
             "still waiting for {what} after {limit:?}"
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Like [`eventually`], for a thread that is not async (e.g. inside `std::thread::scope`).
+pub fn wait_for<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still waiting for {what} after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(25));
     }
 }

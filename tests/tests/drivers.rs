@@ -23,6 +23,23 @@ nodes = 1
 gpus_per_node = 2
 "#;
 
+/// The versions ListDriverVersions offers for `gpu_type` ("" for any).
+async fn offered(admin: &mut gpufleet_e2e::Clients, gpu_type: &str) -> Vec<String> {
+    admin
+        .fleet
+        .list_driver_versions(ListDriverVersionsRequest {
+            gpu_type: gpu_type.into(),
+            cuda_version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .drivers
+        .into_iter()
+        .map(|d| d.version)
+        .collect()
+}
+
 fn resolve(gpu: &str, cuda: &str, driver: &str) -> ResolveDriverRequest {
     ResolveDriverRequest {
         gpu_type: gpu.into(),
@@ -36,30 +53,9 @@ fn resolve(gpu: &str, cuda: &str, driver: &str) -> ResolveDriverRequest {
 async fn the_offer_is_listed_and_incompatible_choices_are_refused_with_the_reason() {
     let backend = Backend::start_with_fleet(FLEET);
     let mut admin = backend.admin().await;
-    let all: Vec<String> = admin
-        .fleet
-        .list_driver_versions(ListDriverVersionsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .drivers
-        .into_iter()
-        .map(|d| d.version)
-        .collect();
+    let all = offered(&mut admin, "").await;
     assert_eq!(all, ["580.65.06", "570.133.20", "550.90.07", "550.54.15"]);
-    let for_b200: Vec<String> = admin
-        .fleet
-        .list_driver_versions(ListDriverVersionsRequest {
-            gpu_type: "B200".into(),
-            cuda_version: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .drivers
-        .into_iter()
-        .map(|d| d.version)
-        .collect();
+    let for_b200 = offered(&mut admin, "B200").await;
     assert_eq!(for_b200, ["580.65.06", "570.133.20"]);
 
     // Only a CUDA version: the newest offered driver that runs it.
@@ -256,6 +252,12 @@ resource "gpufleet_tenant_cluster" "train" {{
 output "newest_for_cuda128" {{
   value = data.gpufleet_driver_versions.cuda128.latest
 }}
+data "gpufleet_events" "train" {{
+  object_id = gpufleet_tenant_cluster.train.id
+}}
+output "event_kinds" {{
+  value = [for e in data.gpufleet_events.train.events : e.kind]
+}}
 "#
     )
 }
@@ -296,6 +298,15 @@ async fn terraform_chooses_by_cuda_refuses_incompatible_pairs_and_rolls_a_change
         assert_eq!(node["driver_version"], "550.90.07", "{node:#}");
     }
     tf.assert_no_changes();
+    // The roll is in the cluster's events, read through the data source.
+    tf.refresh();
+    let kinds = tf.outputs()["event_kinds"].clone();
+    let count = |k: &str| kinds.as_array().unwrap().iter().filter(|v| *v == k).count();
+    assert_eq!(
+        (count("node_draining"), count("node_returned")),
+        (3, 3),
+        "{kinds}"
+    );
 
     // One node fails its install: the apply says so, the node is replaced, and the next
     // plan has nothing to do.
@@ -305,8 +316,9 @@ async fn terraform_chooses_by_cuda_refuses_incompatible_pairs_and_rolls_a_change
     tf.apply_fails()
         .assert_mentions(&[&failing, "quarantined and replaced"]);
     backend.clear_sim_faults();
-    tf.assert_no_changes();
+    // (The refresh takes in the outputs of the events the failed apply added.)
     tf.refresh();
+    tf.assert_no_changes();
     let state = tf.resource(TF_CLUSTER);
     assert_eq!(state["driver_version"], "580.65.06");
     let hosts: Vec<&str> = state["nodes"]

@@ -38,6 +38,7 @@ async fn create_existing(admin: &mut Clients) -> Existing {
             reservation_id: reservation.id.clone(),
             storage_gib: 200,
             mig_layout: Default::default(),
+            ..Default::default()
         })
         .await
         .expect("CreateTenantCluster")
@@ -298,6 +299,7 @@ async fn changed_outside_terraform_shows_as_drift_and_apply_converges() {
             storage_gib: 0,
             mig_layout: Default::default(),
             set_mig_layout: false,
+            ..Default::default()
         })
         .await
         .expect("UpdateTenantCluster node_count 2");

@@ -58,6 +58,32 @@ async fn assert_no_double_assignment(admin: &mut Clients) {
     }
 }
 
+/// Starts `change` and returns once the agent has journaled its order and not yet
+/// answered it.
+async fn update_in_flight(
+    admin: &Clients,
+    change: &UpdateTenantClusterRequest,
+    agent: &NodeAgent,
+) -> tokio::task::JoinHandle<Result<tonic::Response<TenantCluster>, tonic::Status>> {
+    let update = {
+        let mut admin = admin.clone();
+        let change = change.clone();
+        tokio::spawn(async move { admin.clusters.update_tenant_cluster(change).await })
+    };
+    eventually("the order under way", LIMIT, || {
+        let journal = agent.journal();
+        async move {
+            journal?["orders"]
+                .as_object()?
+                .values()
+                .any(|o| o["answer"].is_null())
+                .then_some(())
+        }
+    })
+    .await;
+    update
+}
+
 const CLUSTER: &str = "gpufleet_tenant_cluster.train";
 
 fn mig_cluster_config() -> String {
@@ -199,13 +225,15 @@ async fn forged_tokens_taken_names_and_contradicting_hardware_are_refused() {
 
     let _n1 = NodeAgent::start(&backend, "n1", &["--gpus", "2"]);
     ready_nodes(&mut admin, &["n1"]).await;
+    // A second agent under a taken name is refused (and keeps trying, as an agent whose
+    // own old session still looks live must).
     let mut twin = NodeAgent::start(&backend, "n1", &["--gpus", "2"]);
-    assert!(!twin.wait_exit(LIMIT).expect("exits").success());
-    assert!(
-        twin.log().contains("held by a live agent"),
-        "{}",
-        twin.log()
-    );
+    eventually("the twin refused", LIMIT, || {
+        let log = twin.log();
+        async move { log.contains("held by a live agent").then_some(()) }
+    })
+    .await;
+    twin.kill9();
 
     // The same name with other hardware, once the first agent is gone.
     drop(_n1);
@@ -245,23 +273,8 @@ async fn an_agent_killed_mid_order_answers_it_once_from_its_hardware() {
         set_mig_layout: true,
         ..Default::default()
     };
-    let update = {
-        let mut admin = admin.clone();
-        let change = change.clone();
-        tokio::spawn(async move { admin.clusters.update_tenant_cluster(change).await })
-    };
     // The order is under way on the agent: journaled, not yet answered.
-    eventually("the order under way", LIMIT, || {
-        let journal = agent.journal();
-        async move {
-            journal?["orders"]
-                .as_object()?
-                .values()
-                .any(|o| o["answer"].is_null())
-                .then_some(())
-        }
-    })
-    .await;
+    let update = update_in_flight(&admin, &change, &agent).await;
     agent.restart();
     let answer = update.await.unwrap();
     let err = answer.expect_err("an order cut short fails");
@@ -312,22 +325,8 @@ async fn a_control_plane_killed_mid_change_converges_after_restart() {
         set_mig_layout: true,
         ..Default::default()
     };
-    let update = {
-        let mut admin = admin.clone();
-        let change = change.clone();
-        tokio::spawn(async move { admin.clusters.update_tenant_cluster(change).await })
-    };
-    eventually("the order under way", LIMIT, || {
-        let journal = agent.journal();
-        async move {
-            journal?["orders"]
-                .as_object()?
-                .values()
-                .any(|o| o["answer"].is_null())
-                .then_some(())
-        }
-    })
-    .await;
+    // The order is under way on the agent: journaled, not yet answered.
+    let update = update_in_flight(&admin, &change, &agent).await;
     backend.crash();
     assert!(update.await.unwrap().is_err(), "the client lost its answer");
     backend.start_again();
@@ -443,6 +442,14 @@ async fn mutual_tls_admits_only_agents_with_a_certificate_of_its_ca() {
         .expect("a refused agent exits")
         .success());
     assert!(n3.log().contains("client certificate"), "{}", n3.log());
+    // A certificate names the one node it may register.
+    let n1_as_n4 = cert_args(ours.path(), "n1");
+    let mut n4 = NodeAgent::start(&backend, "n4", &args(&n1_as_n4));
+    assert!(!n4
+        .wait_exit(LIMIT)
+        .expect("a refused agent exits")
+        .success());
+    assert!(n4.log().contains("is for node 'n1'"), "{}", n4.log());
     let names: Vec<String> = nodes(&mut admin)
         .await
         .into_iter()
@@ -470,4 +477,89 @@ fn plain_http_on_a_network_address_needs_insecure() {
         !dir.path().join("data").exists(),
         "nothing written before the refusal"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terraform_driver_change_rolls_through_agent_processes_and_a_restart_mid_install_is_no_rerun(
+) {
+    let backend = Backend::start_external("30s", "5m");
+    // Installs take a while on these hosts, so one can be cut short.
+    let slow = ["--gpus", "1", "--sim-op-delay-ms", "300"];
+    let mut agents: Vec<NodeAgent> = ["n1", "n2"]
+        .iter()
+        .map(|name| NodeAgent::start(&backend, name, &slow))
+        .collect();
+    let mut admin = backend.admin().await;
+    ready_nodes(&mut admin, &["n1", "n2"]).await;
+    let config = |driver: &str| {
+        hcl::config(&[
+            hcl::tenant("t", "speech"),
+            hcl::quota("h100", "gpufleet_tenant.t.id", "H100-80GB", 2),
+            hcl::pool_cluster("train", "gpufleet_tenant.t.id", "train", "H100-80GB", 2)
+                .string("driver_version", driver)
+                .depends_on(&["gpufleet_gpu_quota.h100"]),
+        ])
+    };
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_main(&config("550.54.15"));
+    tf.init();
+    tf.apply();
+    for a in &agents {
+        assert_eq!(a.driver().as_deref(), Some("550.54.15"), "{}", a.name);
+    }
+
+    // Roll 570.133.20 through both hosts; n1's agent is killed while it installs.
+    tf.write_main(&config("570.133.20"));
+    let first = std::thread::scope(|s| {
+        let apply = s.spawn(|| tf.run(&["apply", "-auto-approve", "-input=false", "-no-color"]));
+        gpufleet_e2e::node_agent::wait_for("n1 installing", LIMIT, || {
+            agents[0].journal()?["orders"]
+                .as_object()?
+                .values()
+                .any(|o| o["answer"].is_null() && o["driver"] == "570.133.20")
+                .then_some(())
+        });
+        agents[0].restart();
+        apply.join().unwrap()
+    });
+    // The cut-short install was settled from the host's state (never run twice) and
+    // ordered again under a new id: the apply went through.
+    assert_eq!(first.code, 0, "{first}");
+    let journal = agents[0].journal().unwrap();
+    let installs: Vec<&serde_json::Value> = journal["orders"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|o| o["driver"] == "570.133.20")
+        .collect();
+    assert_eq!(
+        installs.len(),
+        2,
+        "the cut-short order and its successor: {journal:#}"
+    );
+    for o in &installs {
+        assert_eq!(o["runs"], 1, "an order ran twice: {o:#}");
+    }
+    assert!(installs
+        .iter()
+        .any(|o| o["answer"]["error_kind"] == "interrupted"));
+    let mut admin = backend.admin().await;
+    ready_nodes(&mut admin, &["n1", "n2"]).await;
+    tf.assert_no_changes();
+    tf.refresh();
+    let state = tf.resource(CLUSTER);
+    assert_eq!(state["driver_version"], "570.133.20");
+    for node in state["nodes"].as_array().unwrap() {
+        let agent = agents
+            .iter()
+            .find(|a| node["hostname"] == a.name.as_str())
+            .expect("a node of an agent");
+        assert_eq!(
+            agent.driver().as_deref(),
+            Some("570.133.20"),
+            "{}",
+            agent.name
+        );
+    }
+    assert_no_double_assignment(&mut admin).await;
 }

@@ -237,14 +237,14 @@ pub fn min_driver_for(architecture: &str) -> Option<&'static str> {
 
 /// Minimum Linux driver for MIG on a model, from NVIDIA's MIG user guide (supported GPUs):
 /// A100 450.80.02, H100 525.85.12, H200 550.90.07. The guide names no separate floor for
-/// H100 NVL (taken as H100's) and GH200 (taken as H100's, same Hopper MIG); B200 needs
-/// Blackwell's 570.26 anyway. `None` for models without MIG.
+/// H100 NVL (taken as H100's) and GH200 (taken as H100's, same Hopper MIG); B200 (and
+/// GB200) need R570 570.133.20. `None` for models without MIG.
 pub fn min_mig_driver(model: &str) -> Option<&'static str> {
     match model {
         "A100-40GB" | "A100-80GB" => Some("450.80.02"),
         "H100-80GB" | "H100-94GB" | "GH200" => Some("525.85.12"),
         "H200-141GB" => Some("550.90.07"),
-        "B200" => Some("570.26"),
+        "B200" => Some("570.133.20"),
         _ => None,
     }
 }

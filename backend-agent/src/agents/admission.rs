@@ -129,11 +129,11 @@ pub fn admit(conn: &mut Connection, c: &Checked, now: i64) -> Result<String, Ref
                     mig_enabled: g.mig_enabled,
                 })
                 .collect();
-            if let Some(taken) = c
-                .gpus
-                .iter()
-                .find_map(|g| owner_of_uuid(&tx, &g.uuid).transpose())
-            {
+            if let Some(taken) = c.gpus.iter().find_map(|g| {
+                nodes::owner_of_gpu(&tx, &g.uuid)
+                    .map(|o| o.map(|o| (g.uuid.clone(), o)))
+                    .transpose()
+            }) {
                 let (uuid, owner) = taken?;
                 return Err(Refusal::Contradiction(format!(
                     "node {}: GPU {uuid} is already recorded on node {owner}",
@@ -147,7 +147,10 @@ pub fn admit(conn: &mut Connection, c: &Checked, now: i64) -> Result<String, Ref
         Some(known) => {
             contradiction(&tx, &known, c)?;
             nodes::set_versions(&tx, &known.id, &c.driver_version, &c.cuda_version)?;
-            nodes::set_state(&tx, &known.id, NODE_BUSY, "registered; being checked", now)?;
+            // A quarantined node stays out of service whatever its agent does.
+            if known.state != nodes::NODE_QUARANTINED {
+                nodes::set_state(&tx, &known.id, NODE_BUSY, "registered; being checked", now)?;
+            }
             known.id
         }
     };
@@ -162,14 +165,6 @@ pub fn admit(conn: &mut Connection, c: &Checked, now: i64) -> Result<String, Ref
     }
     tx.commit()?;
     Ok(id)
-}
-
-fn owner_of_uuid(conn: &Connection, uuid: &str) -> rusqlite::Result<Option<(String, String)>> {
-    use rusqlite::OptionalExtension;
-    conn.query_row("SELECT node_id FROM gpus WHERE uuid = ?1", [uuid], |r| {
-        Ok((uuid.to_string(), r.get::<_, String>(0)?))
-    })
-    .optional()
 }
 
 /// What a known node reports must match its record, except MIG state and versions.
@@ -210,17 +205,93 @@ fn contradiction(conn: &Connection, known: &NodeRow, c: &Checked) -> Result<(), 
             .any(|g| g.uuid == row.uuid && g.index as i64 != row.index)
     });
     if moved {
-        conn.execute("DELETE FROM mig_devices WHERE node_id = ?1", [&known.id])?;
-        conn.execute(
-            "UPDATE gpus SET idx = -1 - idx WHERE node_id = ?1",
-            [&known.id],
-        )?;
-        for g in &c.gpus {
-            conn.execute(
-                "UPDATE gpus SET idx = ?3 WHERE node_id = ?1 AND uuid = ?2",
-                (&known.id, &g.uuid, g.index as i64),
-            )?;
-        }
+        let order: Vec<(String, i64)> = c
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), g.index as i64))
+            .collect();
+        nodes::reindex_gpus(conn, &known.id, &order)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(name: &str, uuids: &[&str]) -> v1::RegisterNode {
+        v1::RegisterNode {
+            name: name.into(),
+            capacity: POOL.into(),
+            hardware: "sim".into(),
+            inventory: Some(v1::NodeInventory {
+                gpu_type: "H100-80GB".into(),
+                driver_version: "550.54.15".into(),
+                cuda_version: "12.4".into(),
+                gpus: uuids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, u)| v1::Gpu {
+                        index: i as i32,
+                        uuid: u.to_string(),
+                        model: "H100-80GB".into(),
+                        memory_mib: 81559,
+                        ..Default::default()
+                    })
+                    .collect(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_known_node_must_bring_the_same_gpus_and_stays_quarantined() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        let reg = registration("n1", &["GPU-a", "GPU-b"]);
+        let id = admit(&mut conn, &check(&reg).unwrap(), 1).unwrap();
+        // Same GPUs in another index order: the same node, re-indexed.
+        let swapped = registration("n1", &["GPU-b", "GPU-a"]);
+        admit(&mut conn, &check(&swapped).unwrap(), 2).unwrap();
+        let gpus = nodes::gpus(&conn, &id).unwrap();
+        assert_eq!(
+            (gpus[0].uuid.as_str(), gpus[1].uuid.as_str()),
+            ("GPU-b", "GPU-a")
+        );
+        // Other GPUs under the name: refused, naming both sides.
+        let other = registration("n1", &["GPU-a", "GPU-c"]);
+        let e = admit(&mut conn, &check(&other).unwrap(), 3)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("GPU-b") && e.contains("GPU-c"), "{e}");
+        // A GPU another node holds: refused.
+        let thief = registration("n2", &["GPU-a"]);
+        let e = admit(&mut conn, &check(&thief).unwrap(), 4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("already recorded on node n1"), "{e}");
+        // Quarantine outlives a re-registration.
+        nodes::set_state(&conn, &id, nodes::NODE_QUARANTINED, "failed a check", 5).unwrap();
+        admit(&mut conn, &check(&reg).unwrap(), 6).unwrap();
+        assert_eq!(
+            nodes::get(&conn, &id).unwrap().unwrap().state,
+            nodes::NODE_QUARANTINED
+        );
+    }
+
+    #[test]
+    fn bad_registrations_are_refused_naming_the_field() {
+        let mut reg = registration("N1", &["GPU-a"]);
+        assert!(check(&reg).err().unwrap().to_string().starts_with("name"));
+        reg.name = "n1".into();
+        reg.capacity = "spot".into();
+        assert!(check(&reg)
+            .err()
+            .unwrap()
+            .to_string()
+            .starts_with("capacity"));
+        let dup = registration("n1", &["GPU-a", "GPU-a"]);
+        assert!(check(&dup).err().unwrap().to_string().contains("repeated"));
+        let none = registration("n1", &[]);
+        assert!(check(&none).err().unwrap().to_string().contains("1 to 64"));
+    }
 }

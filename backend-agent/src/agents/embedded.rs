@@ -29,6 +29,25 @@ pub struct Host {
     pub driver_version: String,
 }
 
+/// Every node of the store as an embedded host with simulated GPUs (its recorded MIG
+/// state and driver).
+pub fn simulated_hosts(conn: &rusqlite::Connection) -> anyhow::Result<Vec<Host>> {
+    Ok(crate::hardware::simulated_nodes(conn)?
+        .into_iter()
+        .map(|(row, sim)| {
+            let sim = Arc::new(sim);
+            Host {
+                name: row.hostname,
+                capacity: row.capacity,
+                gpu_type: row.gpu_type,
+                backend: sim.clone(),
+                sim: Some(sim),
+                driver_version: row.driver_version,
+            }
+        })
+        .collect())
+}
+
 /// How long the embedded agents may take to register and settle at start.
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
@@ -50,7 +69,12 @@ pub async fn start(
     {
         let mut stop = stop.clone();
         tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            use tokio_stream::StreamExt;
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
+                s.inspect(|s| {
+                    let _ = s.set_nodelay(true);
+                })
+            });
             let stopped = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
@@ -125,7 +149,7 @@ pub async fn start(
                 waiting.join(", ")
             );
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

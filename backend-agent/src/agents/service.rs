@@ -56,11 +56,20 @@ impl NodeAgentService for Agents {
         &self,
         request: Request<Streaming<v1::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        if self.require_client_cert && request.peer_certs().is_none_or(|certs| certs.is_empty()) {
-            return Err(Status::unauthenticated(
-                "node agents must connect with a client certificate signed by the control plane's --agent-ca (gpufleet-agent node --cert/--key)",
-            ));
-        }
+        // With mutual TLS, the certificate names the one node it may register.
+        let certified_name = if self.require_client_cert {
+            let certs = request.peer_certs().unwrap_or_default();
+            let Some(first) = certs.first() else {
+                return Err(Status::unauthenticated(
+                    "node agents must connect with a client certificate signed by the control plane's --agent-ca (gpufleet-agent node --cert/--key)",
+                ));
+            };
+            Some(crate::pki::common_name(first.as_ref()).ok_or_else(|| {
+                Status::unauthenticated("the client certificate names no node (no common name)")
+            })?)
+        } else {
+            None
+        };
         match join_token_of(&request) {
             Some(t) if same_token(t, &self.state.join_token) => {}
             _ => {
@@ -83,6 +92,14 @@ impl NodeAgentService for Agents {
             ));
         };
         let checked = admission::check(&reg).map_err(refusal)?;
+        if let Some(cn) = certified_name.filter(|cn| *cn != checked.name) {
+            return Err(Status::permission_denied(format!(
+                "name: the client certificate is for node '{}', not '{}'; issue one with gpufleet-agent pki --agent {}",
+                cn.chars().take(63).collect::<String>(),
+                checked.name,
+                checked.name
+            )));
+        }
         if let Some(known) = {
             let conn = self.state.db();
             store::nodes::by_hostname(&conn, &checked.name).map_err(crate::state::db_error)?
@@ -129,8 +146,19 @@ impl NodeAgentService for Agents {
                         }
                         agent_message::Msg::Result(result) => {
                             state.agents.heartbeat(&node_id, session);
-                            record_result(&state, &node_id, &result);
-                            state.agents.complete(&node_id, result);
+                            // SQLite blocks: record on a blocking thread, then answer.
+                            let (st, node) = (state.clone(), node_id.clone());
+                            let result = tokio::task::spawn_blocking(move || {
+                                record_result(&st, &node, &result);
+                                result
+                            })
+                            .await;
+                            match result {
+                                Ok(result) => state.agents.complete(&node_id, result),
+                                Err(e) => {
+                                    tracing::error!(node = %node_id, error = %e, "recording an order result failed")
+                                }
+                            }
                         }
                         agent_message::Msg::Register(_) => {
                             tracing::warn!(node = %node_id, "ignoring a second registration on one stream");

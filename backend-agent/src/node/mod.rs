@@ -191,6 +191,11 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         signals.recv().await;
         let _ = stop_tx.send(true);
     });
+    if let Some(addr) = args.metrics_listen {
+        let (name, backend) = (agent.name.clone(), agent.exec.backend.clone());
+        let render = move || crate::metrics::node::render(name.clone(), backend.clone());
+        crate::metrics::listen(addr, "node agent", render, stop_rx.clone()).await?;
+    }
     tracing::info!(node = %agent.name, control_plane = %args.control_plane, "node agent starting");
     session::run(agent, stop_rx).await
 }

@@ -78,9 +78,12 @@ fn classify(status: tonic::Status) -> End {
     match status.code() {
         Code::Unauthenticated
         | Code::PermissionDenied
-        | Code::AlreadyExists
         | Code::FailedPrecondition
         | Code::InvalidArgument => End::Refused(status),
+        // The name is held by a session that looks live: after a partition that may be
+        // this agent's own old session, which the control plane drops once its heartbeats
+        // are overdue. Keep trying.
+        Code::AlreadyExists => End::Lost(status.message().to_string()),
         _ => End::Lost(format!("{}: {}", status.code(), status.message())),
     }
 }
@@ -99,6 +102,7 @@ fn write_status(agent: &Agent, node_id: &str, inventory: Option<&v1::NodeInvento
         "node_id": node_id,
         "capacity": agent.capacity,
         "hardware": agent.hardware,
+        "driver_version": inventory.map(|i| i.driver_version.clone()),
         "gpus": inventory.map(|i| i.gpus.iter().map(|g| serde_json::json!({
             "index": g.index,
             "uuid": g.uuid,
@@ -173,6 +177,7 @@ async fn session(agent: &Arc<Agent>) -> End {
     write_status(agent, &registered.node_id, Some(&inventory));
 
     let queued = Arc::new(AtomicU32::new(0));
+    crate::metrics::node::watch_queue(&agent.name, &queued);
     let interval = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(50)));
     let heartbeats = {
         let up = up.clone();
@@ -207,9 +212,11 @@ async fn session(agent: &Arc<Agent>) -> End {
         tokio::spawn(async move {
             while let Some(order) = order_rx.recv().await {
                 let exec = agent.exec.clone();
+                let kind = crate::metrics::node::order_kind(&order);
                 let result = tokio::task::spawn_blocking(move || exec.run(&order)).await;
                 queued.fetch_sub(1, Ordering::Relaxed);
                 let Ok(result) = result else { break };
+                crate::metrics::node::order_answered(&agent.name, kind, result.ok);
                 write_status(&agent, &node_id, result.inventory.as_ref());
                 if up
                     .send(v1::AgentMessage {

@@ -43,34 +43,59 @@ fn order(version: &str) -> v1::WorkOrder {
 
 /// Installs `version` on every node of `nodes` that runs another driver, all at once,
 /// and returns the nodes that failed with why. Success is the agent's verified answer
-/// and the version its inventory then reports.
+/// and the version its inventory then reports. An install cut short by the agent's
+/// restart (answered "interrupted" once the agent is back) is ordered again, under a new
+/// order id: the old order is never run twice.
 pub async fn install(state: &AppState, nodes: &[NodeRow], version: &str) -> Vec<(NodeRow, String)> {
-    let needed: Vec<&NodeRow> = nodes
+    let mut pending: Vec<NodeRow> = nodes
         .iter()
         .filter(|n| n.driver_version != version)
-        .collect();
-    let waits: Vec<_> = needed
-        .iter()
-        .map(|n| state.agents.dispatch(&n.id, order(version)))
+        .cloned()
         .collect();
     let mut failed = Vec::new();
-    for (n, wait) in needed.into_iter().zip(waits) {
-        let why = match wait.await {
-            Ok(Outcome::Answered(r)) if r.ok => {
-                let reported = r.inventory.map(|i| i.driver_version).unwrap_or_default();
-                if reported == version {
+    for attempt in 1..=MAX_ATTEMPTS {
+        let waits: Vec<_> = pending
+            .iter()
+            .map(|n| state.agents.dispatch(&n.id, order(version)))
+            .collect();
+        let mut again = Vec::new();
+        for (n, wait) in pending.into_iter().zip(waits) {
+            let answer = wait.await;
+            if let Ok(o) = &answer {
+                crate::metrics::control::work_order(crate::metrics::control::ORDER_DRIVER, o);
+                crate::metrics::control::driver_install_check(o);
+            }
+            let why = match answer {
+                Ok(Outcome::Answered(r)) if r.ok => {
+                    let reported = r.inventory.map(|i| i.driver_version).unwrap_or_default();
+                    if reported == version {
+                        continue;
+                    }
+                    format!("after installing driver {version} it reports {reported}")
+                }
+                Ok(Outcome::Answered(r))
+                    if r.error_kind == "interrupted" && attempt < MAX_ATTEMPTS =>
+                {
+                    tracing::warn!(node = %n.hostname, "driver install cut short by an agent restart; ordering it again");
+                    again.push(n);
                     continue;
                 }
-                format!("after installing driver {version} it reports {reported}")
-            }
-            Ok(Outcome::Answered(r)) => r.error,
-            Ok(Outcome::Unreachable(why)) => why,
-            Err(_) => "the control plane is stopping".into(),
-        };
-        failed.push((n.clone(), why));
+                Ok(Outcome::Answered(r)) => r.error,
+                Ok(Outcome::Unreachable(why)) => why,
+                Err(_) => "the control plane is stopping".into(),
+            };
+            failed.push((n, why));
+        }
+        if again.is_empty() {
+            break;
+        }
+        pending = again;
     }
     failed
 }
+
+/// Orders per node for one install: the first, and new ones after agent restarts.
+const MAX_ATTEMPTS: u32 = 3;
 
 /// Takes a node out of service: quarantined with the reason, out of its cluster.
 pub fn quarantine(state: &AppState, cluster: &ClusterRow, node: &NodeRow, why: &str) -> Result<()> {

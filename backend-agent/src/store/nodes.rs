@@ -271,3 +271,34 @@ pub fn await_agents(conn: &Connection, now: i64) -> rusqlite::Result<()> {
     )?;
     Ok(())
 }
+
+/// The node that holds the GPU with this UUID, if any.
+pub fn owner_of_gpu(conn: &Connection, uuid: &str) -> rusqlite::Result<Option<String>> {
+    use rusqlite::OptionalExtension;
+    conn.query_row("SELECT node_id FROM gpus WHERE uuid = ?1", [uuid], |r| {
+        r.get(0)
+    })
+    .optional()
+}
+
+/// Gives a node's GPUs new indexes by UUID (`order`: UUID -> index), as the hardware now
+/// numbers them; their MIG devices are dropped (recorded again from the same report).
+pub fn reindex_gpus(
+    conn: &Connection,
+    node_id: &str,
+    order: &[(String, i64)],
+) -> rusqlite::Result<()> {
+    conn.execute("DELETE FROM mig_devices WHERE node_id = ?1", [node_id])?;
+    // Out of the way first, so no two rows share an index mid-way.
+    conn.execute(
+        "UPDATE gpus SET idx = -1 - idx WHERE node_id = ?1",
+        [node_id],
+    )?;
+    for (uuid, index) in order {
+        conn.execute(
+            "UPDATE gpus SET idx = ?3 WHERE node_id = ?1 AND uuid = ?2",
+            (node_id, uuid, index),
+        )?;
+    }
+    Ok(())
+}

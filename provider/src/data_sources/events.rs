@@ -74,7 +74,7 @@ impl DataSourceType for Events {
                 Attribute::computed(
                     "events",
                     Type::list(event_type()),
-                    "Its events, oldest first: `seq`, `time` (RFC 3339), `kind` (e.g. `node_draining`, `driver_installed`, `node_quarantined`, `node_replaced`), `node` (the node it concerns, or empty) and `message`.",
+                    "Its events, oldest first: `seq`, `time` (RFC 3339), `kind` (`node_draining`, `node_returned`, `node_quarantined`, `node_replaced`), `node` (the node it concerns, or empty) and `message`.",
                 ),
             ],
         )
