@@ -326,8 +326,9 @@ async fn main() {
     ));
 
     // A real API server over loopback: a tenant, a quota and a one-node cluster to read.
-    // `serve`'s listener hands tonic its accepted sockets as they are (Nagle on); the
-    // reads are measured on such a listener and on one whose sockets have TCP_NODELAY.
+    // The reads are measured on a listener whose accepted sockets keep Nagle on (what
+    // `serve` did before this benchmark found it) and on one with TCP_NODELAY, as `serve`
+    // now sets it.
     let plain_addr = api_server(cp.state.clone(), false, cp.stop.subscribe()).await;
     let addr = api_server(cp.state.clone(), true, cp.stop.subscribe()).await;
     let connect = |addr: std::net::SocketAddr| async move {
@@ -484,7 +485,7 @@ async fn main() {
     ));
     rows.push(row(
         "read latency, idle, server sockets as `serve` accepts them",
-        "the same reads on a listener that, like `serve.rs`'s `accept_until_stopped`, leaves Nagle on for accepted sockets",
+        "the same reads on a listener that leaves Nagle on for accepted sockets (serve sets TCP_NODELAY; this is the baseline)",
         latencies(idle_plain),
     ));
     rows.push(row(
