@@ -31,6 +31,8 @@ pub enum Command {
     Node(NodeArgs),
     /// Print a node agent's own view of its node (from its data dir).
     NodeStatus(NodeStatusArgs),
+    /// Return a quarantined node to service (admin): its agent resets it, then it is ready.
+    NodeReturn(NodeReturnArgs),
     /// Create a small CA and issue the control plane's and the node agents' certificates
     /// for mutual TLS.
     Pki(crate::pki::PkiArgs),
@@ -152,6 +154,14 @@ pub struct NodeArgs {
     /// The private key of --cert.
     #[arg(long, env = "GPUFLEET_NODE_KEY", value_name = "FILE")]
     pub key: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct NodeReturnArgs {
+    /// The node's name.
+    pub name: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Args, Debug)]

@@ -141,6 +141,21 @@ pub async fn print_fleet(args: ClientArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `node-return NAME`: a quarantined node back to service.
+pub async fn return_node(args: crate::cli::NodeReturnArgs) -> anyhow::Result<()> {
+    let mut client = connect(&args.client).await?;
+    let node = client
+        .return_node(v1::ReturnNodeRequest { name: args.name })
+        .await
+        .map_err(status)?
+        .into_inner();
+    println!(
+        "node {} returned to service: {} ({})",
+        node.hostname, node.state, node.state_reason
+    );
+    Ok(())
+}
+
 pub async fn print_nodes(args: ClientArgs) -> anyhow::Result<()> {
     let mut client = connect(&args).await?;
     let nodes = client

@@ -31,6 +31,7 @@ fn main() -> std::process::ExitCode {
             cli::Command::HwCheck(args) => client::hw_check(args),
             cli::Command::Node(args) => node::run(args).await,
             cli::Command::NodeStatus(args) => node::print_status(args),
+            cli::Command::NodeReturn(args) => client::return_node(args).await,
             cli::Command::Pki(args) => pki::run(&args),
         }
     });

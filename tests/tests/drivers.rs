@@ -221,6 +221,44 @@ async fn a_driver_change_rolls_node_by_node_and_a_failed_node_is_replaced() {
         .into_inner()
         .events;
     assert_eq!(events_after.len(), events.len());
+
+    // The operator returns the repaired node: it is reset and ready, then free to use.
+    let out = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .args(["node-return", &failing, "--endpoint", &backend.endpoint()])
+        .args(["--token", backend.admin_token()])
+        .output()
+        .expect("run gpufleet-agent node-return");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("returned to service"));
+    gpufleet_e2e::eventually(
+        "the returned node ready",
+        std::time::Duration::from_secs(60),
+        || {
+            let mut admin = admin.clone();
+            let failing = failing.clone();
+            async move {
+                let n = admin
+                    .nodes()
+                    .await
+                    .into_iter()
+                    .find(|n| n.hostname == failing)?;
+                (n.state == "ready").then_some(())
+            }
+        },
+    )
+    .await;
+    // Returning a node that is not quarantined is refused, naming why.
+    let again = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .args(["node-return", &failing, "--endpoint", &backend.endpoint()])
+        .args(["--token", backend.admin_token()])
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("not quarantined"));
 }
 
 /// A tenant, its H100 quota and a 3-node cluster whose driver is set by `driver_lines`

@@ -131,6 +131,42 @@ fn driver_message(r: &crate::drivers::Release) -> v1::DriverVersion {
 }
 
 impl Fleet {
+    /// Takes a quarantined node back: `busy` until its agent has reset it, then ready.
+    fn return_node(&self, request: Request<v1::ReturnNodeRequest>) -> Result<v1::Node, Status> {
+        let conn = self.state.db();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        caller.require_admin("returning a node to service")?;
+        let name = request.into_inner().name;
+        let node = store::nodes::by_hostname(&conn, &name)
+            .map_err(db_error)?
+            .ok_or_else(|| super::not_found("node", &name))?;
+        if node.state != store::nodes::NODE_QUARANTINED {
+            return Err(super::precondition(format!(
+                "name: node {name} is {}, not quarantined",
+                node.state
+            )));
+        }
+        store::nodes::set_state(
+            &conn,
+            &node.id,
+            store::nodes::NODE_BUSY,
+            "returned by an operator; being reset",
+            now(),
+        )
+        .map_err(db_error)?;
+        tracing::info!(node = %name, "node returned to service by an operator");
+        tokio::runtime::Handle::current().spawn(crate::mig::reconcile_node(
+            self.state.clone(),
+            node.id.clone(),
+        ));
+        let row = store::nodes::get(&conn, &node.id)
+            .map_err(db_error)?
+            .ok_or_else(|| super::not_found("node", &name))?;
+        node_messages(&conn, Some(&self.state.agents), &caller, vec![row])?
+            .pop()
+            .ok_or_else(|| Status::internal("node vanished"))
+    }
+
     fn list_driver_versions(
         &self,
         request: Request<v1::ListDriverVersionsRequest>,
@@ -194,6 +230,19 @@ impl Fleet {
 
 #[tonic::async_trait]
 impl FleetService for Fleet {
+    async fn return_node(
+        &self,
+        r: Request<v1::ReturnNodeRequest>,
+    ) -> Result<Response<v1::Node>, Status> {
+        let this = self.clone();
+        let handle = tokio::runtime::Handle::current();
+        super::blocking(move || {
+            let _runtime = handle.enter();
+            this.return_node(r)
+        })
+        .await
+        .map(Response::new)
+    }
     async fn list_driver_versions(
         &self,
         r: Request<v1::ListDriverVersionsRequest>,
