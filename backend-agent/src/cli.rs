@@ -33,6 +33,8 @@ pub enum Command {
     NodeStatus(NodeStatusArgs),
     /// Return a quarantined node to service (admin): its agent resets it, then it is ready.
     NodeReturn(NodeReturnArgs),
+    /// Show what happened to a tenant cluster (its event log), oldest first.
+    Events(EventsArgs),
     /// Create a small CA and issue the control plane's and the node agents' certificates
     /// for mutual TLS.
     Pki(crate::pki::PkiArgs),
@@ -154,6 +156,14 @@ pub struct NodeArgs {
     /// The private key of --cert.
     #[arg(long, env = "GPUFLEET_NODE_KEY", value_name = "FILE")]
     pub key: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct EventsArgs {
+    /// The cluster's id.
+    pub object_id: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Args, Debug)]

@@ -141,6 +141,40 @@ pub async fn print_fleet(args: ClientArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `events ID`: a cluster's event log as a table, oldest first.
+pub async fn print_events(args: crate::cli::EventsArgs) -> anyhow::Result<()> {
+    let mut client = connect(&args.client).await?;
+    let events = client
+        .list_events(v1::ListEventsRequest {
+            object_id: args.object_id,
+        })
+        .await
+        .map_err(status)?
+        .into_inner()
+        .events;
+    let rows: Vec<Vec<String>> = events
+        .into_iter()
+        .map(|e| {
+            let time = e
+                .time
+                .as_ref()
+                .map(|t| crate::state::rfc3339(t.seconds))
+                .unwrap_or_default();
+            let node = if e.node.is_empty() {
+                "-".into()
+            } else {
+                e.node
+            };
+            vec![e.seq.to_string(), time, e.kind, node, e.message]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(&["SEQ", "TIME", "KIND", "NODE", "MESSAGE"], &rows)
+    );
+    Ok(())
+}
+
 /// `node-return NAME`: a quarantined node back to service.
 pub async fn return_node(args: crate::cli::NodeReturnArgs) -> anyhow::Result<()> {
     let mut client = connect(&args.client).await?;

@@ -32,6 +32,7 @@ fn main() -> std::process::ExitCode {
             cli::Command::Node(args) => node::run(args).await,
             cli::Command::NodeStatus(args) => node::print_status(args),
             cli::Command::NodeReturn(args) => client::return_node(args).await,
+            cli::Command::Events(args) => client::print_events(args).await,
             cli::Command::Pki(args) => pki::run(&args),
         }
     });

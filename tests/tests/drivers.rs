@@ -215,12 +215,30 @@ async fn a_driver_change_rolls_node_by_node_and_a_failed_node_is_replaced() {
     assert_eq!(again.driver_version, "580.65.06");
     let events_after = admin
         .fleet
-        .list_events(ListEventsRequest { object_id: c.id })
+        .list_events(ListEventsRequest {
+            object_id: c.id.clone(),
+        })
         .await
         .unwrap()
         .into_inner()
         .events;
     assert_eq!(events_after.len(), events.len());
+    // The same log from the command line.
+    let log = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .args(["events", &c.id, "--endpoint", &backend.endpoint()])
+        .args(["--token", backend.admin_token()])
+        .output()
+        .expect("run gpufleet-agent events");
+    let text = String::from_utf8_lossy(&log.stdout);
+    assert!(
+        log.status.success(),
+        "{}",
+        String::from_utf8_lossy(&log.stderr)
+    );
+    assert!(
+        text.starts_with("SEQ") && text.contains("node_quarantined") && text.contains(&failing),
+        "{text}"
+    );
 
     // The operator returns the repaired node: it is reset and ready, then free to use.
     let out = std::process::Command::new(gpufleet_e2e::binaries::agent())
