@@ -83,6 +83,36 @@ fn check_nested(
     }
 }
 
+/// The section each top-level attribute is listed in ("Required", "Optional", "Read-Only").
+fn sections(page: &str) -> Vec<(String, String)> {
+    let Some(schema) = page.split("## Schema").nth(1) else {
+        return Vec::new();
+    };
+    let top = schema.split("<a id=").next().unwrap_or_default();
+    let top = top.split("### Nested Schema").next().unwrap_or_default();
+    let mut section = String::new();
+    let mut out = Vec::new();
+    for line in top.lines() {
+        if let Some(h) = line.strip_prefix("### ") {
+            section = h.trim().to_string();
+        } else if let Some((name, _)) = line.strip_prefix("- `").and_then(|l| l.split_once("` (")) {
+            out.push((name.to_string(), section.clone()));
+        }
+    }
+    out
+}
+
+/// Where the registry lists an attribute with these schema flags.
+fn expected_section(spec: &Value) -> &'static str {
+    if spec["required"] == true {
+        "Required"
+    } else if spec["optional"] == true {
+        "Optional"
+    } else {
+        "Read-Only"
+    }
+}
+
 fn attributes(block: &Value) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = block["attributes"]
         .as_object()
@@ -129,6 +159,16 @@ fn every_resource_and_data_source_page_matches_the_schema() {
                 ));
             }
             if let Some(attrs) = entry["block"]["attributes"].as_object() {
+                for (attr, section) in sections(&page) {
+                    if let Some(spec) = attrs.get(&attr) {
+                        let want = expected_section(spec);
+                        if section != want {
+                            problems.push(format!(
+                                "{name}: `{attr}` is listed under {section}, but it is {want}"
+                            ));
+                        }
+                    }
+                }
                 for (attr, spec) in attrs {
                     if let Some(fields) = object_fields(&spec["type"]) {
                         check_nested(&page, name, attr, fields, &mut problems);

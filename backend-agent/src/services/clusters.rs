@@ -39,6 +39,7 @@ fn visible_cluster(conn: &Connection, caller: &Caller, id: &str) -> Result<Clust
 fn message(conn: &Connection, caller: &Caller, c: ClusterRow) -> Result<v1::TenantCluster, Status> {
     let nodes = store::nodes::list(conn, None, Some(&c.id)).map_err(db_error)?;
     Ok(v1::TenantCluster {
+        tenant_name: super::tenant_name(conn, &c.tenant_id)?,
         nodes: node_messages(conn, None, caller, nodes)?,
         mig_layout: c
             .mig_layout

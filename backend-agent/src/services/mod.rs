@@ -69,11 +69,25 @@ pub fn target_tenant(
     visible_tenant(conn, caller, id)
 }
 
+/// A tenant by its id or its name, when the caller may see it (another tenant's answers
+/// like one that does not exist).
 pub fn visible_tenant(conn: &Connection, caller: &Caller, id: &str) -> Result<TenantRow, Status> {
-    match store::tenants::get(conn, id).map_err(db_error)? {
+    let found = match store::tenants::get(conn, id).map_err(db_error)? {
+        Some(t) => Some(t),
+        None => store::tenants::by_name(conn, id).map_err(db_error)?,
+    };
+    match found {
         Some(t) if caller.sees(&t.id) => Ok(t),
         _ => Err(not_found("tenant", id)),
     }
+}
+
+/// A tenant's name by id, for answers ("" when it is gone).
+pub fn tenant_name(conn: &Connection, tenant_id: &str) -> Result<String, Status> {
+    Ok(store::tenants::get(conn, tenant_id)
+        .map_err(db_error)?
+        .map(|t| t.name)
+        .unwrap_or_default())
 }
 
 /// The tenant filter of a List call: None (all) for the admin without a filter.

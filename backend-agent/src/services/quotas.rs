@@ -21,14 +21,15 @@ pub struct Quotas {
     pub state: Arc<AppState>,
 }
 
-fn message(q: QuotaRow) -> v1::GpuQuota {
-    v1::GpuQuota {
+fn message(conn: &Connection, q: QuotaRow) -> Result<v1::GpuQuota, Status> {
+    Ok(v1::GpuQuota {
+        tenant_name: super::tenant_name(conn, &q.tenant_id)?,
         id: q.id,
         tenant_id: q.tenant_id,
         gpu_type: q.gpu_type,
         gpus: q.gpus,
         burst_gpus: q.burst_gpus,
-    }
+    })
 }
 
 fn visible_quota(conn: &Connection, caller: &Caller, id: &str) -> Result<QuotaRow, Status> {
@@ -89,17 +90,13 @@ impl Quotas {
                 }
             };
         tx.commit().map_err(db_error)?;
-        Ok(message(quota))
+        message(&conn, quota)
     }
 
     fn get(&self, request: Request<v1::GetGpuQuotaRequest>) -> Result<v1::GpuQuota, Status> {
         let conn = self.state.db();
         let caller = authenticate(&self.state, &conn, &request)?;
-        Ok(message(visible_quota(
-            &conn,
-            &caller,
-            &request.get_ref().id,
-        )?))
+        message(&conn, visible_quota(&conn, &caller, &request.get_ref().id)?)
     }
 
     fn list(
@@ -111,7 +108,10 @@ impl Quotas {
         let scope = list_scope(&conn, &caller, &request.get_ref().tenant_id)?;
         let quotas = store::quotas::list(&conn, scope.as_deref()).map_err(db_error)?;
         Ok(v1::ListGpuQuotasResponse {
-            quotas: quotas.into_iter().map(message).collect(),
+            quotas: quotas
+                .into_iter()
+                .map(|q| message(&conn, q))
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -145,7 +145,7 @@ impl Quotas {
         q.burst_gpus = req.burst_gpus;
         store::quotas::update(&tx, &q.id, q.gpus, q.burst_gpus).map_err(db_error)?;
         tx.commit().map_err(db_error)?;
-        Ok(message(q))
+        message(&conn, q)
     }
 
     fn delete(

@@ -26,8 +26,9 @@ pub struct Reservations {
     pub state: Arc<AppState>,
 }
 
-pub fn message(r: ReservationRow, now: i64) -> v1::Reservation {
-    v1::Reservation {
+pub fn message(conn: &Connection, r: ReservationRow, now: i64) -> Result<v1::Reservation, Status> {
+    Ok(v1::Reservation {
+        tenant_name: super::tenant_name(conn, &r.tenant_id)?,
         status: rules::reservation_status(r.start_time, r.end_time, now).into(),
         id: r.id,
         tenant_id: r.tenant_id,
@@ -38,7 +39,7 @@ pub fn message(r: ReservationRow, now: i64) -> v1::Reservation {
         allow_on_demand: r.allow_on_demand,
         pool_nodes: r.pool_nodes,
         on_demand_nodes: r.on_demand_nodes,
-    }
+    })
 }
 
 pub fn visible_reservation(
@@ -149,16 +150,14 @@ impl Reservations {
             }
         };
         tx.commit().map_err(db_error)?;
-        Ok(message(r, t))
+        message(&conn, r, t)
     }
 
     fn get(&self, request: Request<v1::GetReservationRequest>) -> Result<v1::Reservation, Status> {
         let conn = self.state.db();
         let caller = authenticate(&self.state, &conn, &request)?;
-        Ok(message(
-            visible_reservation(&conn, &caller, &request.get_ref().id)?,
-            now(),
-        ))
+        let r = visible_reservation(&conn, &caller, &request.get_ref().id)?;
+        message(&conn, r, now())
     }
 
     fn list(
@@ -171,7 +170,10 @@ impl Reservations {
         let t = now();
         let rows = store::reservations::list(&conn, scope.as_deref(), None).map_err(db_error)?;
         Ok(v1::ListReservationsResponse {
-            reservations: rows.into_iter().map(|r| message(r, t)).collect(),
+            reservations: rows
+                .into_iter()
+                .map(|r| message(&conn, r, t))
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -225,7 +227,7 @@ impl Reservations {
                 r.allow_on_demand = true;
                 store::reservations::update(&tx, &r).map_err(db_error)?;
                 tx.commit().map_err(db_error)?;
-                return Ok(message(r, t));
+                return message(&conn, r, t);
             }
             Some(true) => r.allow_on_demand = true,
             Some(false) => {
@@ -251,7 +253,7 @@ impl Reservations {
         place(&tx, &tenant.name, &mut r, exclude, held, t)?;
         store::reservations::update(&tx, &r).map_err(db_error)?;
         tx.commit().map_err(db_error)?;
-        Ok(message(r, t))
+        message(&conn, r, t)
     }
 
     fn delete(

@@ -60,7 +60,17 @@ impl DataSourceType for QuotaUsage {
         let client = self.provider.client()?;
         let tenant = required_arg(config, "tenant")?;
         let gpu_type = required_arg(config, "gpu_type")?;
-        let usage = crate::resources::checks::quota_usage(&client, &tenant, &gpu_type).await?;
+        // A data source reads what exists: an unknown tenant is an error here.
+        let request = gpufleet_proto::v1::QuotaUsageRequest {
+            tenant_id: tenant.clone(),
+            gpu_type: gpu_type.clone(),
+        };
+        let usage = client
+            .quotas()
+            .get_quota_usage(request)
+            .await
+            .map_err(|s| client.diagnostic(&s))?
+            .into_inner();
         let mut state = config.clone();
         state.set("id", Value::String(format!("{tenant}/{gpu_type}")));
         state.set("gpus", Value::Number(usage.gpus));

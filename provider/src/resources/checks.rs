@@ -9,16 +9,22 @@ use crate::client::Client;
 use crate::framework::{AttrPath, Diagnostic, Diagnostics};
 use crate::times;
 
+/// The tenant's usage of `gpu_type`; None when the tenant does not exist yet (it may be
+/// created by the same apply, which then checks for real).
 pub(crate) async fn quota_usage(
     client: &Client,
     tenant: &str,
     gpu_type: &str,
-) -> Result<api::QuotaUsage, Diagnostics> {
+) -> Result<Option<api::QuotaUsage>, Diagnostics> {
     let request = api::QuotaUsageRequest {
         tenant_id: tenant.to_string(),
         gpu_type: gpu_type.to_string(),
     };
-    answered(client, client.quotas().get_quota_usage(request).await)
+    match client.quotas().get_quota_usage(request).await {
+        Ok(r) => Ok(Some(r.into_inner())),
+        Err(s) if super::common::tenant_not_found(&s) => Ok(None),
+        Err(s) => Err(client.diagnostic(&s).into()),
+    }
 }
 
 /// Adds the refusal on `node_count` when `nodes` whole nodes of `model` need more GPUs
@@ -30,7 +36,9 @@ pub(crate) async fn check_quota(
     nodes: i64,
     diags: &mut Diagnostics,
 ) -> Result<(), Diagnostics> {
-    let usage = quota_usage(client, tenant, &model.name).await?;
+    let Some(usage) = quota_usage(client, tenant, &model.name).await? else {
+        return Ok(());
+    };
     let gpus = nodes * i64::from(model.gpus_per_node);
     if let Some(d) = quota_error(gpus, &model.name, &usage, "node_count") {
         diags.push(d);

@@ -160,3 +160,37 @@ pub(crate) fn compared_prior<'a>(
 ) -> Option<&'a Value> {
     prior.filter(|_| planned.requires_replace.is_empty())
 }
+
+/// `state` with its `tenant` as the configuration wrote it: a name stays a name and an id
+/// an id when it names the tenant the backend answered with, and a `tenant` left out (a
+/// tenant token's own tenant) stays out. Anything else (an import) keeps the backend's id.
+pub(crate) fn with_tenant_spelling(
+    mut state: Value,
+    written: &Value,
+    tenant_id: &str,
+    tenant_name: &str,
+) -> Value {
+    match written.get("tenant") {
+        Value::Null => state.set("tenant", Value::Null),
+        Value::String(s) if s == tenant_id || (!tenant_name.is_empty() && s == tenant_name) => {
+            state.set("tenant", Value::string(s))
+        }
+        _ => {}
+    }
+    state
+}
+
+/// Whether a refusal says the tenant a request named does not exist (yet): at plan time
+/// that tenant may be created by the same apply, so the checks that need it wait for apply.
+pub(crate) fn tenant_not_found(status: &Status) -> bool {
+    status.code() == Code::NotFound && status.message().starts_with("tenant '")
+}
+
+/// The `tenant` to send: as written, or "" (the token's own tenant) when left out.
+pub(crate) fn optional_tenant(planned: &Value) -> Result<String, Diagnostics> {
+    Ok(planned
+        .str_attr("tenant")
+        .map_err(diag)?
+        .unwrap_or_default()
+        .to_string())
+}

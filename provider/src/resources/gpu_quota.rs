@@ -8,7 +8,8 @@ use gpufleet_proto::v1 as api;
 use super::checks::quota_usage;
 use super::common::{
     answered, check_min, compared_prior, deleted, diag, found, imported, known_gpu_type,
-    request_id, required_i64, required_str,
+    optional_tenant, request_id, required_i64, required_str, tenant_not_found,
+    with_tenant_spelling,
 };
 use crate::framework::{
     changed, default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
@@ -111,8 +112,12 @@ impl GpuQuota {
                 let request = api::ListGpuQuotasRequest {
                     tenant_id: tenant.to_string(),
                 };
-                let existing =
-                    answered(&client, client.quotas().list_gpu_quotas(request).await)?.quotas;
+                let existing = match client.quotas().list_gpu_quotas(request).await {
+                    Ok(r) => r.into_inner().quotas,
+                    // The tenant may be created by this same apply.
+                    Err(s) if tenant_not_found(&s) => return Ok(()),
+                    Err(s) => return Err(client.diagnostic(&s).into()),
+                };
                 if let Some(q) = existing.iter().find(|q| q.gpu_type == gpu_type) {
                     return Err(Diagnostic::error_at(
                         AttrPath::attr("gpu_type"),
@@ -129,7 +134,9 @@ impl GpuQuota {
                 let before = required_i64(prior, "gpus")?
                     + prior.i64_attr("burst_gpus").map_err(diag)?.unwrap_or(0);
                 if gpus + burst < before {
-                    let usage = quota_usage(&client, tenant, gpu_type).await?;
+                    let Some(usage) = quota_usage(&client, tenant, gpu_type).await? else {
+                        return Ok(());
+                    };
                     if let Some(d) = lowering_error(gpu_type, gpus, burst, &usage) {
                         return Err(d.into());
                     }
@@ -151,10 +158,10 @@ impl ResourceType for GpuQuota {
             "A tenant's quota of one GPU model: guaranteed GPUs plus burst GPUs.",
             vec![
                 Attribute::computed("id", Type::String, "The quota's id, assigned by the backend."),
-                Attribute::required(
+                Attribute::optional(
                     "tenant",
                     Type::String,
-                    "Id of the tenant (a `gpufleet_tenant`'s `id`). Changing it forces replacement.",
+                    "The tenant, by id or by name (a `gpufleet_tenant`'s `id` or `name`; state keeps what you write). With a tenant token it may be left out: the token's own tenant. Changing it forces replacement.",
                 ),
                 Attribute::required(
                     "gpu_type",
@@ -192,7 +199,9 @@ impl ResourceType for GpuQuota {
                 .get_gpu_quota(api::GetGpuQuotaRequest { id })
                 .await,
         )?;
-        Ok(quota.as_ref().map(state))
+        Ok(quota
+            .as_ref()
+            .map(|q| with_tenant_spelling(state(q), prior, &q.tenant_id, &q.tenant_name)))
     }
 
     async fn plan(
@@ -211,13 +220,18 @@ impl ResourceType for GpuQuota {
         let client = self.provider.client()?;
         let request = api::CreateGpuQuotaRequest {
             request_id: request_id(),
-            tenant_id: required_str(planned, "tenant")?,
+            tenant_id: optional_tenant(planned)?,
             gpu_type: required_str(planned, "gpu_type")?,
             gpus: required_i64(planned, "gpus")?,
             burst_gpus: required_i64(planned, "burst_gpus")?,
         };
         let created = answered(&client, client.quotas().create_gpu_quota(request).await)?;
-        Ok(state(&created))
+        Ok(with_tenant_spelling(
+            state(&created),
+            planned,
+            &created.tenant_id,
+            &created.tenant_name,
+        ))
     }
 
     async fn update(
@@ -233,7 +247,12 @@ impl ResourceType for GpuQuota {
             burst_gpus: required_i64(planned, "burst_gpus")?,
         };
         let updated = answered(&client, client.quotas().update_gpu_quota(request).await)?;
-        Ok(state(&updated))
+        Ok(with_tenant_spelling(
+            state(&updated),
+            planned,
+            &updated.tenant_id,
+            &updated.tenant_name,
+        ))
     }
 
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {

@@ -8,7 +8,7 @@ use gpufleet_proto::v1 as api;
 use super::checks::{availability, capacity_error, check_quota};
 use super::common::{
     answered, check_min, check_window, compared_prior, deleted, diag, found, imported,
-    known_gpu_type, request_id, required_i64, required_str,
+    known_gpu_type, optional_tenant, request_id, required_i64, required_str, with_tenant_spelling,
 };
 use crate::client::Client;
 use crate::framework::{
@@ -242,7 +242,7 @@ impl ResourceType for Reservation {
             "Whole nodes of one GPU model held for a tenant between two times.",
             vec![
                 Attribute::computed("id", Type::String, "The reservation's id, assigned by the backend."),
-                Attribute::required("tenant", Type::String, "Id of the tenant. Changing it forces replacement."),
+                Attribute::optional("tenant", Type::String, "The tenant, by id or by name (a `gpufleet_tenant`'s `id` or `name`; state keeps what you write). With a tenant token it may be left out: the token's own tenant. Changing it forces replacement."),
                 Attribute::required("gpu_type", Type::String, "GPU model, e.g. `H100-80GB`. Changing it forces replacement."),
                 Attribute::required("node_count", Type::Number, "Whole nodes to hold, at least 1. Changes in place when capacity and quota allow."),
                 Attribute::required("start_time", Type::String, "Start of the window, RFC 3339. A past time means from now on. Changing it forces replacement."),
@@ -269,7 +269,14 @@ impl ResourceType for Reservation {
     async fn read(&self, prior: &Value) -> Result<Option<Value>, Diagnostics> {
         let client = self.provider.client()?;
         let found = self.get(&client, required_str(prior, "id")?).await?;
-        Ok(found.map(|r| state(&r, Some(prior), times::now())))
+        Ok(found.map(|r| {
+            with_tenant_spelling(
+                state(&r, Some(prior), times::now()),
+                prior,
+                &r.tenant_id,
+                &r.tenant_name,
+            )
+        }))
     }
 
     async fn plan(
@@ -292,7 +299,7 @@ impl ResourceType for Reservation {
             .map_err(|r| diag(Diagnostic::error(r, "")))?;
         let request = api::CreateReservationRequest {
             request_id: request_id(),
-            tenant_id: required_str(planned, "tenant")?,
+            tenant_id: optional_tenant(planned)?,
             gpu_type: required_str(planned, "gpu_type")?,
             node_count: required_i64(planned, "node_count")?,
             start_time: Some(times::to_proto(start)),
@@ -306,7 +313,12 @@ impl ResourceType for Reservation {
             &client,
             client.reservations().create_reservation(request).await,
         )?;
-        Ok(state(&created, Some(planned), times::now()))
+        Ok(with_tenant_spelling(
+            state(&created, Some(planned), times::now()),
+            planned,
+            &created.tenant_id,
+            &created.tenant_name,
+        ))
     }
 
     async fn update(
@@ -344,7 +356,12 @@ impl ResourceType for Reservation {
                 ))
             })?
         };
-        Ok(state(&current, Some(planned), times::now()))
+        Ok(with_tenant_spelling(
+            state(&current, Some(planned), times::now()),
+            planned,
+            &current.tenant_id,
+            &current.tenant_name,
+        ))
     }
 
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {

@@ -11,7 +11,7 @@ use tonic::{Code, Status};
 use super::checks::{check_pool, check_quota};
 use super::common::{
     answered, check_min, compared_prior, deleted, diag, found, imported, known_gpu_type,
-    request_id, required_i64, required_str,
+    request_id, required_i64, required_str, with_tenant_spelling,
 };
 use crate::client::Client;
 use crate::convert::{node_type, node_value};
@@ -435,7 +435,7 @@ fn create_request(
         .unwrap_or_default();
     Ok(api::CreateTenantClusterRequest {
         request_id: request_id(),
-        tenant_id: required_str(planned, "tenant")?,
+        tenant_id: super::common::optional_tenant(planned)?,
         name: required_str(planned, "name")?,
         orchestrator: required_str(planned, "orchestrator")?,
         gpu_type: required_str(planned, "gpu_type")?,
@@ -656,7 +656,7 @@ impl ResourceType for TenantCluster {
             "A Kubernetes or Slurm cluster on whole nodes of one GPU model, for one tenant alone.",
             vec![
                 Attribute::computed("id", Type::String, "The cluster's id, assigned by the backend."),
-                Attribute::required("tenant", Type::String, "Id of the tenant. Changing it forces replacement."),
+                Attribute::optional("tenant", Type::String, "The tenant, by id or by name (a `gpufleet_tenant`'s `id` or `name`; state keeps what you write). With a tenant token it may be left out: the token's own tenant. Changing it forces replacement."),
                 Attribute::required("name", Type::String, "Cluster name, a DNS label. Changing it forces replacement."),
                 Attribute::required("orchestrator", Type::String, "`kubernetes` or `slurm`. Changing it forces replacement."),
                 Attribute::required("gpu_type", Type::String, "GPU model, e.g. `H100-80GB`. Changing it forces replacement."),
@@ -760,7 +760,7 @@ impl ResourceType for TenantCluster {
         Ok(self
             .get(&client, required_str(prior, "id")?)
             .await?
-            .map(|c| state(&c)))
+            .map(|c| with_tenant_spelling(state(&c), prior, &c.tenant_id, &c.tenant_name)))
     }
 
     async fn plan(
@@ -800,7 +800,12 @@ impl ResourceType for TenantCluster {
             &client,
             client.clusters().create_tenant_cluster(request).await,
         )?;
-        Ok(state(&created))
+        Ok(with_tenant_spelling(
+            state(&created),
+            planned,
+            &created.tenant_id,
+            &created.tenant_name,
+        ))
     }
 
     async fn update(
@@ -815,7 +820,12 @@ impl ResourceType for TenantCluster {
             &client,
             client.clusters().update_tenant_cluster(request).await,
         )?;
-        Ok(state(&updated))
+        Ok(with_tenant_spelling(
+            state(&updated),
+            planned,
+            &updated.tenant_id,
+            &updated.tenant_name,
+        ))
     }
 
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {

@@ -1,0 +1,112 @@
+//! Tenants as users name them: by name in the same apply that creates them, and not at all
+//! in a team's own pipeline that holds only that team's token.
+
+use gpufleet_e2e::{hcl, Backend, Terraform};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_named_in_the_apply_that_creates_it_plans_applies_and_stays_a_name() {
+    let backend = Backend::start();
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_main(&hcl::config(&[
+        hcl::tenant("t", "speech"),
+        hcl::quota("h100", "gpufleet_tenant.t.name", "H100-80GB", 8),
+        hcl::pool_cluster("train", "gpufleet_tenant.t.name", "train", "H100-80GB", 1)
+            .depends_on(&["gpufleet_gpu_quota.h100"]),
+    ]));
+    tf.init();
+    tf.plan();
+    tf.apply();
+    assert_eq!(tf.resource("gpufleet_gpu_quota.h100")["tenant"], "speech");
+    assert_eq!(
+        tf.resource("gpufleet_tenant_cluster.train")["tenant"],
+        "speech"
+    );
+    tf.assert_no_changes();
+    // The backend holds them under the tenant's id.
+    let inventory = backend.admin().await.inventory().await;
+    let tenant_id = &inventory.tenants[0].id;
+    assert!(inventory.quotas.iter().all(|q| &q.tenant_id == tenant_id));
+    assert!(inventory.clusters.iter().all(|c| &c.tenant_id == tenant_id));
+    // A typo in a name is an error naming it, at apply.
+    tf.write_main(&hcl::config(&[
+        hcl::tenant("t", "speech"),
+        hcl::quota("h100", "gpufleet_tenant.t.name", "H100-80GB", 8),
+        hcl::pool_cluster("train", "gpufleet_tenant.t.name", "train", "H100-80GB", 1)
+            .depends_on(&["gpufleet_gpu_quota.h100"]),
+        hcl::quota("a100", "\"speeh\"", "A100-80GB", 8),
+    ]));
+    tf.apply_fails()
+        .assert_mentions(&["tenant 'speeh' not found"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_pipeline_with_only_its_token_needs_no_tenant() {
+    let backend = Backend::start();
+    let platform = Terraform::new(&backend, backend.admin_token());
+    platform.write_main(&hcl::config(&[
+        hcl::tenant("red", "red"),
+        hcl::quota("h100", "gpufleet_tenant.red.id", "H100-80GB", 16),
+        hcl::tenant("blue", "blue"),
+    ]));
+    platform.init();
+    platform.apply();
+    let token = platform.resource("gpufleet_tenant.red")["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let team = Terraform::new(&backend, &token);
+    let start = gpufleet_e2e::times::rfc3339_in_hours(1);
+    let end = gpufleet_e2e::times::rfc3339_in_hours(49);
+    team.write_main(&format!(
+        r#"
+resource "gpufleet_reservation" "batch" {{
+  gpu_type   = "H100-80GB"
+  node_count = 1
+  start_time = "{start}"
+  end_time   = "{end}"
+}}
+resource "gpufleet_tenant_cluster" "dev" {{
+  tenant       = "red"
+  name         = "dev"
+  orchestrator = "kubernetes"
+  gpu_type     = "H100-80GB"
+  node_count   = 1
+}}
+"#
+    ));
+    team.init();
+    team.apply();
+    let reservation = team.resource("gpufleet_reservation.batch");
+    assert!(reservation["tenant"].is_null(), "{reservation:#}");
+    assert_eq!(
+        team.resource("gpufleet_tenant_cluster.dev")["tenant"],
+        "red"
+    );
+    team.assert_no_changes();
+
+    // Another team's name answers like a tenant that does not exist.
+    team.write_main(
+        r#"
+resource "gpufleet_tenant_cluster" "sneaky" {
+  tenant       = "blue"
+  name         = "sneaky"
+  orchestrator = "kubernetes"
+  gpu_type     = "H100-80GB"
+  node_count   = 1
+}
+"#,
+    );
+    team.apply_fails()
+        .assert_mentions(&["tenant 'blue' not found"]);
+    let blue_clusters = backend
+        .admin()
+        .await
+        .inventory()
+        .await
+        .clusters
+        .into_iter()
+        .filter(|c| c.name == "sneaky")
+        .count();
+    assert_eq!(blue_clusters, 0);
+}
