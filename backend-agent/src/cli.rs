@@ -109,7 +109,7 @@ pub struct NodeArgs {
         default_value = ""
     )]
     pub join_token: String,
-    /// This node's name (a DNS label); default: the host name.
+    /// This node's name (a DNS label); default: the host name's first label, lower case.
     #[arg(long, env = "GPUFLEET_NODE_NAME")]
     pub name: Option<String>,
     /// Directory for the agent's order journal and status (and simulated GPUs).

@@ -1,0 +1,7 @@
+terraform {
+  required_providers {
+    gpufleet = {
+      source = "gpufleet/gpufleet"
+    }
+  }
+}
