@@ -180,6 +180,23 @@ async fn agents_apply_a_terraform_mig_layout_and_a_killed_node_is_replaced() {
         "the dead node left the cluster"
     );
 
+    // The cluster's history says what happened, node by node.
+    let events = admin
+        .fleet
+        .list_events(gpufleet_proto::v1::ListEventsRequest {
+            object_id: cluster_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events;
+    let seen = |kind: &str, node: &str| events.iter().any(|e| e.kind == kind && e.node == node);
+    assert!(held.iter().all(|h| seen("allocated", h)), "{events:#?}");
+    assert!(
+        seen("node_unreachable", &dead) && seen("node_replaced", &spare),
+        "{events:#?}"
+    );
+
     // Terraform reads the new node set; nothing to change.
     tf.assert_no_changes();
     tf.refresh();

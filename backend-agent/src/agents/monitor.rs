@@ -45,6 +45,17 @@ fn mark_unreachable(state: &AppState, node_id: &str) -> rusqlite::Result<()> {
         return Ok(());
     };
     if let Some(cluster) = &node.cluster_id {
+        if let Some(c) = store::clusters::get(&conn, cluster)? {
+            store::events::record(
+                &conn,
+                t,
+                &c.id,
+                &c.tenant_id,
+                "node_unreachable",
+                &node.hostname,
+                &format!("no heartbeat within {timeout:?}"),
+            )?;
+        }
         store::clusters::set_status(
             &conn,
             cluster,

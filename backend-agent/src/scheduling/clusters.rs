@@ -351,6 +351,17 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
         Ok(()) => {
             let (status, reason) = settled_status(&tx, &cluster.id)?;
             store::clusters::set_status(&tx, &cluster.id, &status, &reason)?;
+            for n in &added {
+                store::events::record(
+                    &tx,
+                    now(),
+                    &cluster.id,
+                    &cluster.tenant_id,
+                    "node_replaced",
+                    &n.hostname,
+                    &format!("{} replaces unreachable {}", n.hostname, dead.hostname),
+                )?;
+            }
             tracing::info!(cluster = %cluster.name, node = %dead.hostname, "replaced an unreachable node");
             Ok(())
         }

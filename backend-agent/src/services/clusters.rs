@@ -86,6 +86,49 @@ enum Prepared {
     },
 }
 
+/// Events for nodes that joined (`allocated`, with the cluster's layout when it has one)
+/// and left (`released`) the cluster.
+fn record_membership(
+    conn: &Connection,
+    c: &ClusterRow,
+    joined: &[NodeRow],
+    left: &[NodeRow],
+) -> rusqlite::Result<()> {
+    let t = now();
+    for n in joined {
+        let layout = if c.mig_layout.is_empty() {
+            "whole GPUs".to_string()
+        } else {
+            format!(
+                "every GPU partitioned as {}",
+                gpufleet_gpu::mig::render_layout(&c.mig_layout)
+            )
+        };
+        let message = format!("{} node allocated to the cluster; {layout}", n.capacity);
+        store::events::record(
+            conn,
+            t,
+            &c.id,
+            &c.tenant_id,
+            "allocated",
+            &n.hostname,
+            &message,
+        )?;
+    }
+    for n in left {
+        store::events::record(
+            conn,
+            t,
+            &c.id,
+            &c.tenant_id,
+            "released",
+            &n.hostname,
+            "node released, back to whole GPUs",
+        )?;
+    }
+    Ok(())
+}
+
 /// max_unavailable from the wire: 0 means the default, 1.
 fn max_unavailable_or_default(value: i32) -> Result<i64, Status> {
     match value {
@@ -313,6 +356,8 @@ impl Clusters {
                 store::clusters::update(&conn, &c).map_err(db_error)?;
             }
         }
+        let held = store::nodes::list(&conn, None, Some(&cluster.id)).map_err(db_error)?;
+        record_membership(&conn, &cluster, &held, &[]).map_err(db_error)?;
         tracing::info!(cluster = %cluster.name, tenant = %tenant_name, nodes = cluster.node_count, "created cluster");
         let created = store::clusters::get(&conn, &cluster.id)
             .map_err(db_error)?
@@ -430,6 +475,27 @@ impl Clusters {
             }
             tx.commit().map_err(db_error)?;
         }
+        {
+            let conn = self.state.db();
+            record_membership(&conn, &c, &scaling.added, &scaling.to_release).map_err(db_error)?;
+            if c.mig_layout != old.mig_layout {
+                let layout = if c.mig_layout.is_empty() {
+                    "whole GPUs".to_string()
+                } else {
+                    gpufleet_gpu::mig::render_layout(&c.mig_layout)
+                };
+                store::events::record(
+                    &conn,
+                    now(),
+                    &c.id,
+                    &c.tenant_id,
+                    "partitioned",
+                    "",
+                    &format!("every GPU re-partitioned as {layout}"),
+                )
+                .map_err(db_error)?;
+            }
+        }
         // A new driver rolls through the nodes, max_unavailable at a time.
         let problems = if new_driver {
             crate::scheduling::drivers::roll(&self.state, &c).await?
@@ -490,6 +556,20 @@ impl Clusters {
         tx.commit().map_err(db_error)?;
         if let Err(e) = volumes::remove(std::path::Path::new(&c.storage_path)) {
             tracing::warn!(path = %c.storage_path, error = %e, "cluster deleted but its storage directory could not be removed");
+        }
+        {
+            // `conn` is still this request's connection guard: no second lock.
+            record_membership(&conn, &c, &[], &nodes).map_err(db_error)?;
+            store::events::record(
+                &conn,
+                now(),
+                &c.id,
+                &c.tenant_id,
+                "deleted",
+                "",
+                "the cluster was deleted; its nodes went back to whole GPUs",
+            )
+            .map_err(db_error)?;
         }
         tracing::info!(cluster = %c.name, "deleted cluster");
         Ok(v1::DeleteResponse {})
