@@ -153,10 +153,7 @@ fn require_same_host(
         } else {
             g.uuid.clone()
         };
-        conn.execute(
-            "UPDATE gpus SET uuid = ?3 WHERE node_id = ?1 AND idx = ?2",
-            rusqlite::params![hostname, g.index as i64, uuid],
-        )?;
+        nodes::set_gpu_uuid(conn, hostname, g.index as i64, &uuid)?;
     }
     Ok(())
 }

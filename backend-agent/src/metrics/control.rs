@@ -155,18 +155,8 @@ fn read(state: &AppState) -> Result<Snapshot, String> {
     let quotas = store::quotas::list(&conn, None).map_err(err)?;
     let reservations = store::reservations::list(&conn, None, None).map_err(err)?;
     let clusters = store::clusters::list(&conn, None, None, None).map_err(err)?;
-    let slices = {
-        let mut stmt = conn
-            .prepare(
-                "SELECT n.gpu_type, m.profile, n.id, COUNT(*) FROM mig_devices m
-                 JOIN nodes n ON n.id = m.node_id GROUP BY n.gpu_type, m.profile, n.id",
-            )
-            .map_err(err)?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-            .map_err(err)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(err)?
-    };
+    let slices: Vec<(String, String, String, i64)> =
+        store::nodes::mig_slices(&conn).map_err(err)?;
     let models: BTreeSet<String> = nodes
         .iter()
         .map(|n| n.gpu_type.clone())

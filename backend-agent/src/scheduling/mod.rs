@@ -14,12 +14,7 @@ use crate::rules::{Capacity, Span};
 use crate::store::{self, nodes::POOL};
 
 pub fn gpus_per_node(conn: &Connection, gpu_type: &str) -> Result<i64> {
-    conn.query_row(
-        "SELECT COALESCE(MAX(gpu_count), 0) FROM nodes WHERE gpu_type = ?1",
-        [gpu_type],
-        |r| r.get(0),
-    )
-    .map_err(Error::from)
+    store::nodes::gpus_per_node(conn, gpu_type).map_err(Error::from)
 }
 
 /// Who holds nodes of one model, and when.
@@ -102,12 +97,7 @@ pub fn holdings(
 }
 
 pub fn node_counts(conn: &Connection, gpu_type: &str) -> Result<(i64, i64)> {
-    conn.query_row(
-        "SELECT COALESCE(SUM(capacity = 'pool'), 0), COALESCE(SUM(capacity = 'on-demand'), 0) FROM nodes WHERE gpu_type = ?1",
-        [gpu_type],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )
-    .map_err(Error::from)
+    store::nodes::counts(conn, gpu_type).map_err(Error::from)
 }
 
 pub fn capacity(conn: &Connection, gpu_type: &str, holdings: &[Holding]) -> Result<Capacity> {

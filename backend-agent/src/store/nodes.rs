@@ -302,3 +302,45 @@ pub fn reindex_gpus(
     }
     Ok(())
 }
+
+/// The GPU count of a model's nodes (0 when the fleet has none).
+pub fn gpus_per_node(conn: &Connection, gpu_type: &str) -> rusqlite::Result<i64> {
+    conn.query_row(
+        "SELECT COALESCE(MAX(gpu_count), 0) FROM nodes WHERE gpu_type = ?1",
+        [gpu_type],
+        |r| r.get(0),
+    )
+}
+
+/// How many pool and on-demand nodes of a model the fleet has.
+pub fn counts(conn: &Connection, gpu_type: &str) -> rusqlite::Result<(i64, i64)> {
+    conn.query_row(
+        "SELECT COALESCE(SUM(capacity = 'pool'), 0), COALESCE(SUM(capacity = 'on-demand'), 0) FROM nodes WHERE gpu_type = ?1",
+        [gpu_type],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+}
+
+/// MIG devices per (model, profile, node): the fleet's slices.
+pub fn mig_slices(conn: &Connection) -> rusqlite::Result<Vec<(String, String, String, i64)>> {
+    let mut stmt = conn.prepare(
+        "SELECT n.gpu_type, m.profile, n.id, COUNT(*) FROM mig_devices m
+         JOIN nodes n ON n.id = m.node_id GROUP BY n.gpu_type, m.profile, n.id",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+    rows.collect()
+}
+
+/// Records a GPU's UUID at an index (when the hardware renumbers its GPUs).
+pub fn set_gpu_uuid(
+    conn: &Connection,
+    node_id: &str,
+    index: i64,
+    uuid: &str,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE gpus SET uuid = ?3 WHERE node_id = ?1 AND idx = ?2",
+        rusqlite::params![node_id, index, uuid],
+    )?;
+    Ok(())
+}
