@@ -70,10 +70,10 @@ impl Gitops {
             .prefix("gpufleet-gitops-")
             .tempdir()
             .expect("create temp dir");
-        copy_dir(
-            &workspace_root().join("examples/gitops"),
-            &root.path().join("gitops"),
-        );
+        // The teams call the onboarding example's module by relative path: copy both.
+        for dir in ["examples/gitops", "examples/onboarding/modules"] {
+            copy_dir(&workspace_root().join(dir), &root.path().join(dir));
+        }
         let provider_dir = provider()
             .parent()
             .expect("the provider binary has a directory")
@@ -96,7 +96,7 @@ impl Gitops {
     }
 
     fn teams_dir(&self) -> PathBuf {
-        self.root.path().join("gitops/teams")
+        self.root.path().join("examples/gitops/teams")
     }
 
     fn write_team(&self, file: &str, hcl: &str) {
@@ -112,7 +112,7 @@ impl Gitops {
             dirs.extend(std::env::split_paths(&path));
             path = std::env::join_paths(dirs).expect("PATH entries");
         }
-        let script = self.root.path().join("gitops/pipeline.sh");
+        let script = self.root.path().join("examples/gitops/pipeline.sh");
         let output = Command::new("bash")
             .arg(&script)
             .args(args)
@@ -191,7 +191,7 @@ fn tenant_id(inventory: &Inventory, name: &str) -> String {
 /// A new team, `nlp`, as a file that `terraform fmt` would rewrite (unaligned `=`, no
 /// indentation).
 const NLP_BADLY_FORMATTED: &str = r#"module "nlp" {
-source = "../modules/team"
+source = "../../onboarding/modules/team"
   name = "nlp"
   gpu_type = "H100-80GB"
   gpus = 8
@@ -200,7 +200,7 @@ source = "../modules/team"
 
 /// The same team, formatted, with a GPU model the fleet does not have.
 const NLP_TYPO: &str = r#"module "nlp" {
-  source = "../modules/team"
+  source = "../../onboarding/modules/team"
 
   name     = "nlp"
   gpu_type = "H100-80G"

@@ -1,7 +1,7 @@
 # Speech Recognition: one A100 node under Slurm, each GPU split by MIG into
 # 3g.40gb + 2g.20gb + 2 x 1g.10gb.
 module "speech" {
-  source = "../modules/team"
+  source = "../../onboarding/modules/team"
 
   name         = "speech"
   display_name = "Speech Recognition"

@@ -1,6 +1,6 @@
 # Computer Vision: two whole H100 nodes under Kubernetes, with room to burst.
 module "vision" {
-  source = "../modules/team"
+  source = "../../onboarding/modules/team"
 
   name         = "vision"
   display_name = "Computer Vision"

@@ -1,7 +1,0 @@
-terraform {
-  required_providers {
-    gpufleet = {
-      source = "gpufleet/gpufleet"
-    }
-  }
-}
