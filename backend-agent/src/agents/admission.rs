@@ -224,6 +224,7 @@ mod tests {
             name: name.into(),
             capacity: POOL.into(),
             hardware: "sim".into(),
+            bandwidth_addr: String::new(),
             inventory: Some(v1::NodeInventory {
                 gpu_type: "H100-80GB".into(),
                 driver_version: "550.54.15".into(),

@@ -48,6 +48,7 @@ pub fn order_kind(order: &gpufleet_proto::v1::WorkOrder) -> &'static str {
     match order.kind {
         Some(Kind::ApplyMigLayout(_)) => super::control::ORDER_MIG_LAYOUT,
         Some(Kind::InstallDriver(_)) => super::control::ORDER_DRIVER,
+        Some(Kind::RunHealthCheck(_)) => "health_check",
         None => "none",
     }
 }

@@ -90,6 +90,7 @@ impl Executor {
             error_kind: a.error_kind.clone(),
             inventory: self.inventory().ok(),
             replayed,
+            health: None,
         }
     }
 
@@ -107,6 +108,10 @@ impl Executor {
             },
             Some(v1::work_order::Kind::InstallDriver(d)) => {
                 self.install_driver(&order.id, &d.version)
+            }
+            // Health checks land with issue 10 (node/health/); until then the agent refuses.
+            Some(v1::work_order::Kind::RunHealthCheck(_)) => {
+                refuse("this agent cannot run health checks yet".into())
             }
             None => refuse("order has no kind this agent knows; upgrade the agent".into()),
         };

@@ -137,6 +137,7 @@ async fn session(agent: &Arc<Agent>) -> End {
             capacity: agent.capacity.clone(),
             inventory: Some(inventory.clone()),
             hardware: agent.hardware.to_string(),
+            bandwidth_addr: String::new(),
         })),
     });
     let mut request = tonic::Request::new(UnboundedReceiverStream::new(up_rx));
