@@ -9,19 +9,21 @@ pub fn endpoint(orchestrator: &str, tenant: &str, cluster: &str) -> String {
     }
 }
 
-/// A kubeconfig for Kubernetes, a login block for Slurm; each with its own random token.
-pub fn credentials(orchestrator: &str, tenant: &str, cluster: &str) -> String {
-    let token = new_token("gfc_");
+/// A kubeconfig for Kubernetes (its own CA and a client certificate signed by it), a
+/// login block for Slurm with its own random token.
+pub fn credentials(orchestrator: &str, tenant: &str, cluster: &str) -> anyhow::Result<String> {
     let endpoint = endpoint(orchestrator, tenant, cluster);
-    match orchestrator {
+    Ok(match orchestrator {
         "slurm" => {
+            let token = new_token("gfc_");
             let host = endpoint.trim_end_matches(":22");
             format!("host: {host}\nport: 22\nuser: {tenant}\ntoken: {token}\n")
         }
-        _ => format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {endpoint}\ncontexts:\n- name: {tenant}@{cluster}\n  context:\n    cluster: {cluster}\n    user: {tenant}\ncurrent-context: {tenant}@{cluster}\nusers:\n- name: {tenant}\n  user:\n    token: {token}\n"
-        ),
-    }
+        _ => {
+            let issued = crate::kubeconfig::issue(tenant, cluster)?;
+            crate::kubeconfig::render(tenant, cluster, &endpoint, &issued)
+        }
+    })
 }
 
 #[cfg(test)]
@@ -36,15 +38,16 @@ mod tests {
             super::endpoint("slurm", "t", "c"),
             "c-login.t.slurm.gpufleet.internal:22"
         );
-        let k = super::credentials("kubernetes", "t", "c");
+        let k = super::credentials("kubernetes", "t", "c").unwrap();
         assert!(
             k.contains("server: https://c.t.k8s.gpufleet.internal:6443")
-                && k.contains("token: gfc_")
+                && k.contains("certificate-authority-data: ")
+                && k.contains("client-key-data: ")
         );
-        let s = super::credentials("slurm", "t", "c");
+        let s = super::credentials("slurm", "t", "c").unwrap();
         assert!(
             s.starts_with("host: c-login.t.slurm.gpufleet.internal\n") && s.contains("user: t\n")
         );
-        assert_ne!(super::credentials("slurm", "t", "c"), s);
+        assert_ne!(super::credentials("slurm", "t", "c").unwrap(), s);
     }
 }

@@ -17,6 +17,7 @@ pub mod fleet;
 pub mod hardware;
 pub mod host;
 pub mod inventory;
+pub mod kubeconfig;
 pub mod metrics;
 pub mod mig;
 pub mod node;

@@ -172,7 +172,7 @@ async fn create_everything_then_no_changes_then_destroy_empties_backend() {
     assert_eq!(i64_of(&nodes[0], "gpu_count"), 8);
     assert_eq!(array_of(&nodes[0], "gpu_uuids").len(), 8);
     assert!(!str_of(&cluster, "endpoint").is_empty());
-    assert!(!str_of(&cluster, "credentials").is_empty());
+    assert_kubeconfig_verifies(&str_of(&cluster, "credentials"), config.tenant_name);
     assert!(!str_of(&cluster, "storage_path").is_empty());
     let stored_cluster = admin
         .clusters
@@ -377,4 +377,51 @@ async fn backend_restart_loses_nothing() {
     let after = backend.admin().await.inventory().await;
     assert_eq!(before, after, "the backend's objects survive a restart");
     tf.assert_no_changes();
+}
+
+/// A Kubernetes cluster's credentials are a kubeconfig whose client certificate (for the
+/// tenant) is signed by the CA it carries, as `openssl verify` checks.
+fn assert_kubeconfig_verifies(kubeconfig: &str, tenant: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let decoded = |field: &str| {
+        let value = kubeconfig
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("{field}: ")))
+            .unwrap_or_else(|| panic!("{field} missing from the kubeconfig:\n{kubeconfig}"));
+        let encoded = dir.path().join(format!("{field}.b64"));
+        let pem = dir.path().join(format!("{field}.pem"));
+        std::fs::write(&encoded, value).unwrap();
+        let status = std::process::Command::new("openssl")
+            .args(["base64", "-d", "-A", "-in"])
+            .arg(&encoded)
+            .arg("-out")
+            .arg(&pem)
+            .status()
+            .expect("openssl runs");
+        assert!(status.success(), "{field} is not base64");
+        pem
+    };
+    let ca = decoded("certificate-authority-data");
+    let client = decoded("client-certificate-data");
+    let key = std::fs::read_to_string(decoded("client-key-data")).unwrap();
+    assert!(key.starts_with("-----BEGIN PRIVATE KEY-----"), "{key}");
+    let verify = std::process::Command::new("openssl")
+        .arg("verify")
+        .arg("-CAfile")
+        .arg(&ca)
+        .arg(&client)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        verify.status.success(),
+        "the client certificate does not verify against the kubeconfig's CA: {}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let subject = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-subject", "-in"])
+        .arg(&client)
+        .output()
+        .expect("openssl runs");
+    let subject = String::from_utf8_lossy(&subject.stdout).to_string();
+    assert!(subject.contains(&format!("CN = {tenant}")), "{subject}");
 }

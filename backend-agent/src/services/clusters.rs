@@ -265,7 +265,9 @@ impl Clusters {
             id: uuid::Uuid::new_v4().to_string(),
             tenant_id: tenant.id.clone(),
             endpoint: access::endpoint(&req.orchestrator, &tenant.name, &req.name),
-            credentials: access::credentials(&req.orchestrator, &tenant.name, &req.name),
+            credentials: access::credentials(&req.orchestrator, &tenant.name, &req.name).map_err(
+                |e| Status::internal(format!("cannot issue the cluster's credentials: {e:#}")),
+            )?,
             name: req.name,
             orchestrator: req.orchestrator,
             gpu_type: req.gpu_type,

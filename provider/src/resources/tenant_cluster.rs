@@ -699,7 +699,7 @@ impl ResourceType for TenantCluster {
                     "The cluster's nodes, their GPUs and each GPU's MIG devices.",
                 ),
                 Attribute::computed("endpoint", Type::String, "Kubernetes API server URL or Slurm login host:port."),
-                Attribute::computed("credentials", Type::String, "A kubeconfig or Slurm login for this cluster alone.").sensitive(),
+                Attribute::computed("credentials", Type::String, "A kubeconfig (Kubernetes: the cluster's own CA and a client certificate signed by it) or Slurm login for this cluster alone.").sensitive(),
                 Attribute::computed("storage_path", Type::String, "Where the cluster's volume lives."),
             ],
         )
