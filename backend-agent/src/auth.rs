@@ -49,9 +49,9 @@ pub fn authenticate<T>(
         .get(gpufleet_proto::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
         .filter(|t| !t.is_empty())
         .ok_or_else(|| Status::unauthenticated(UNAUTHENTICATED))?;
+    malformed(token).map_err(Status::unauthenticated)?;
     if constant_time_eq(token.as_bytes(), state.admin_token.as_bytes()) {
         return Ok(Caller::Admin);
     }
@@ -59,6 +59,27 @@ pub fn authenticate<T>(
         Some(tenant) => Ok(Caller::Tenant(tenant.id)),
         None => Err(Status::unauthenticated(UNAUTHENTICATED)),
     }
+}
+
+/// A token no issued token can equal, said plainly: a copy-paste with a trailing newline
+/// or space would otherwise read as "invalid token" (tokens have no whitespace).
+fn malformed(token: &str) -> Result<(), String> {
+    let max = gpufleet_proto::limits::MAX_TOKEN_CHARS;
+    if token.len() > max {
+        return Err(format!(
+            "the bearer token is {} characters long, longer than any token ({max} at most)",
+            token.len()
+        ));
+    }
+    if token.trim() != token {
+        return Err(
+            "the bearer token has leading or trailing whitespace; remove it (tokens never contain spaces or newlines)".into(),
+        );
+    }
+    if token.contains(char::is_whitespace) {
+        return Err("the bearer token contains whitespace, which no token does".into());
+    }
+    Ok(())
 }
 
 /// Compares by hashing both sides first, so the time taken depends on neither the
@@ -93,6 +114,19 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(hash_token(&a), hash_token(&a));
         assert_ne!(hash_token(&a), hash_token(&b));
+    }
+
+    #[test]
+    fn tokens_with_whitespace_or_too_long_are_refused_by_name() {
+        assert!(malformed("gft_abc").is_ok());
+        assert!(malformed("gft_abc ")
+            .unwrap_err()
+            .contains("trailing whitespace"));
+        assert!(malformed(" gft_abc").is_err());
+        assert!(malformed("gft a").is_err());
+        assert!(malformed(&"a".repeat(100_000))
+            .unwrap_err()
+            .contains("512 at most"));
     }
 
     #[test]

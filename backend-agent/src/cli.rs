@@ -156,6 +156,19 @@ pub struct NodeArgs {
     /// The private key of --cert.
     #[arg(long, env = "GPUFLEET_NODE_KEY", value_name = "FILE")]
     pub key: Option<PathBuf>,
+    /// Where this agent accepts bandwidth-test streams from its peers (port 0 picks a free
+    /// port); reported to the control plane at registration.
+    #[arg(
+        long,
+        env = "GPUFLEET_BANDWIDTH_LISTEN",
+        default_value = "127.0.0.1:0",
+        value_name = "ADDR"
+    )]
+    pub bandwidth_listen: SocketAddr,
+    /// The host:port peers reach the bandwidth listener at, when it differs from the bound
+    /// address (e.g. when listening on 0.0.0.0).
+    #[arg(long, env = "GPUFLEET_BANDWIDTH_ADVERTISE", value_name = "HOST:PORT")]
+    pub bandwidth_advertise: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -240,6 +253,9 @@ pub struct ServeArgs {
     /// An unreachable node still in a cluster is replaced after this long.
     #[arg(long, env = "GPUFLEET_REPLACE_AFTER", default_value = "5m", value_parser = parse_duration)]
     pub replace_after: std::time::Duration,
+    /// Reservations not yet ended that one tenant may hold; the next create is refused.
+    #[arg(long, env = "GPUFLEET_MAX_OPEN_RESERVATIONS", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_open_reservations: u32,
     /// CA (PEM) that signs node agents' certificates: agents must then connect over mutual
     /// TLS with a certificate it signed. Needs --tls-cert/--tls-key.
     #[arg(long, env = "GPUFLEET_AGENT_CA", value_name = "FILE")]
@@ -257,6 +273,16 @@ pub struct ServeArgs {
     /// Off by default.
     #[arg(long, env = "GPUFLEET_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// For tests only: read the current time (Unix seconds) from this file on every use
+    /// instead of the system clock, so a test moves time without sleeping.
+    #[arg(long, value_name = "PATH")]
+    pub clock_file: Option<PathBuf>,
+    /// Quick health checks on every ready node this often; 0 turns them off.
+    #[arg(long, env = "GPUFLEET_HEALTH_INTERVAL", default_value = "10m", value_parser = crate::scheduling::health::parse_interval)]
+    pub health_interval: std::time::Duration,
+    /// How long each pair of nodes exchanges data in a cluster's bandwidth test.
+    #[arg(long, env = "GPUFLEET_BANDWIDTH_DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub bandwidth_duration: std::time::Duration,
 }
 
 #[derive(Args, Debug)]
@@ -305,4 +331,7 @@ pub struct HwCheckArgs {
     /// libnvidia-ml.so.1 (e.g. a test double).
     #[arg(long, env = "GPUFLEET_NVML_LIB", value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
+    /// The health checks to run and print: quick, medium or long (each includes the lower).
+    #[arg(long, default_value = "quick", value_parser = ["quick", "medium", "long"])]
+    pub level: String,
 }

@@ -54,7 +54,29 @@ async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
             args.endpoint
         )
     })?;
-    Ok(FleetServiceClient::with_interceptor(channel, Bearer(value)))
+    Ok(FleetServiceClient::with_interceptor(channel, Bearer(value))
+        .max_decoding_message_size(gpufleet_proto::limits::MAX_MESSAGE_BYTES))
+}
+
+/// Every node, following the pages of ListNodes.
+async fn all_nodes(client: &mut Client) -> anyhow::Result<Vec<v1::Node>> {
+    let mut nodes = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .list_nodes(v1::ListNodesRequest {
+                page_token,
+                ..Default::default()
+            })
+            .await
+            .map_err(status)?
+            .into_inner();
+        nodes.extend(page.nodes);
+        if page.next_page_token.is_empty() {
+            return Ok(nodes);
+        }
+        page_token = page.next_page_token;
+    }
 }
 
 /// The status code and message, without transport metadata.
@@ -93,12 +115,7 @@ pub async fn print_fleet(args: ClientArgs) -> anyhow::Result<()> {
         .map_err(status)?
         .into_inner()
         .gpu_types;
-    let nodes = client
-        .list_nodes(v1::ListNodesRequest::default())
-        .await
-        .map_err(status)?
-        .into_inner()
-        .nodes;
+    let nodes = all_nodes(&mut client).await?;
     let rows: Vec<Vec<String>> = types
         .iter()
         .map(|t| {
@@ -144,14 +161,24 @@ pub async fn print_fleet(args: ClientArgs) -> anyhow::Result<()> {
 /// `events ID`: a cluster's event log as a table, oldest first.
 pub async fn print_events(args: crate::cli::EventsArgs) -> anyhow::Result<()> {
     let mut client = connect(&args.client).await?;
-    let events = client
-        .list_events(v1::ListEventsRequest {
-            object_id: args.object_id,
-        })
-        .await
-        .map_err(status)?
-        .into_inner()
-        .events;
+    let mut events = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .list_events(v1::ListEventsRequest {
+                object_id: args.object_id.clone(),
+                page_token,
+                ..Default::default()
+            })
+            .await
+            .map_err(status)?
+            .into_inner();
+        events.extend(page.events);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
     let rows: Vec<Vec<String>> = events
         .into_iter()
         .map(|e| {
@@ -192,12 +219,7 @@ pub async fn return_node(args: crate::cli::NodeReturnArgs) -> anyhow::Result<()>
 
 pub async fn print_nodes(args: ClientArgs) -> anyhow::Result<()> {
     let mut client = connect(&args).await?;
-    let nodes = client
-        .list_nodes(v1::ListNodesRequest::default())
-        .await
-        .map_err(status)?
-        .into_inner()
-        .nodes;
+    let nodes = all_nodes(&mut client).await?;
     let rows: Vec<Vec<String>> = nodes
         .into_iter()
         .map(|n| {
@@ -220,6 +242,12 @@ pub async fn print_nodes(args: ClientArgs) -> anyhow::Result<()> {
                 n.state,
                 heartbeat,
                 cluster,
+                // Why it is busy or quarantined (e.g. the failed check, value, threshold).
+                if n.state_reason.is_empty() {
+                    "-".to_string()
+                } else {
+                    n.state_reason
+                },
             ]
         })
         .collect();
@@ -234,7 +262,8 @@ pub async fn print_nodes(args: ClientArgs) -> anyhow::Result<()> {
                 "DRIVER",
                 "STATE",
                 "HEARTBEAT",
-                "CLUSTER"
+                "CLUSTER",
+                "REASON"
             ],
             &rows
         )
@@ -246,6 +275,10 @@ pub fn hw_check(args: HwCheckArgs) -> anyhow::Result<()> {
     print!(
         "{}",
         crate::hardware::check_report(args.hardware, args.nvml_lib.as_deref())?
+    );
+    print!(
+        "{}",
+        crate::node::health::host_checks(args.hardware, args.nvml_lib.as_deref(), &args.level)?
     );
     Ok(())
 }

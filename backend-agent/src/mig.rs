@@ -96,7 +96,7 @@ pub struct Change {
 }
 
 impl Change {
-    fn needed(&self) -> bool {
+    pub fn needed(&self) -> bool {
         !self
             .before
             .iter()

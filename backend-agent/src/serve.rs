@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use gpufleet_gpu::hardware::GpuBackend;
+use gpufleet_proto::limits::MAX_MESSAGE_BYTES;
 use gpufleet_proto::v1::{
     fleet_service_server::FleetServiceServer, gpu_quota_service_server::GpuQuotaServiceServer,
     node_agent_service_server::NodeAgentServiceServer,
@@ -76,6 +77,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             )?))
         }
     };
+    if let Some(clock) = &args.clock_file {
+        crate::clock::use_file(clock.clone());
+    }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create the data dir {}", args.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
@@ -138,14 +142,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         crate::drivers::Offer::only(&offered).map_err(|e| anyhow::anyhow!("--{e}"))?
     };
     let registry = crate::agents::registry::Registry::new(args.node_timeout, args.replace_after);
-    let state = Arc::new(AppState::new(
-        conn,
-        data_dir.clone(),
-        admin_token,
-        join_token,
-        registry,
-        drivers,
-    ));
+    let state = Arc::new(
+        AppState::new(
+            conn,
+            data_dir.clone(),
+            admin_token,
+            join_token,
+            registry,
+            drivers,
+        )
+        .with_health(crate::scheduling::health::Settings {
+            interval: args.health_interval,
+            bandwidth_duration: args.bandwidth_duration,
+        })
+        .with_max_open_reservations(args.max_open_reservations),
+    );
 
     // Watch for signals before announcing the port: a SIGTERM right after the listening
     // line must shut down cleanly, not kill the process by the default action.
@@ -156,6 +167,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
     });
     tokio::spawn(crate::agents::monitor::run(state.clone(), stop_rx.clone()));
+    tokio::spawn(crate::scheduling::preemption::run(
+        state.clone(),
+        stop_rx.clone(),
+    ));
+    tokio::spawn(crate::scheduling::health::run_periodic(
+        state.clone(),
+        stop_rx.clone(),
+    ));
+    tokio::spawn(crate::slurm::cluster::supervise(
+        state.clone(),
+        stop_rx.clone(),
+    ));
     if let Some(addr) = args.metrics_listen {
         let state = state.clone();
         let render = move || crate::metrics::control::render(state.clone());
@@ -195,21 +218,45 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let server = tls_server
         .unwrap_or_else(tonic::transport::Server::builder)
         .layer(crate::metrics::api::ApiMetricsLayer)
-        .add_service(TenantServiceServer::new(Tenants {
-            state: state.clone(),
-        }))
-        .add_service(GpuQuotaServiceServer::new(Quotas {
-            state: state.clone(),
-        }))
-        .add_service(ReservationServiceServer::new(Reservations {
-            state: state.clone(),
-        }))
-        .add_service(FleetServiceServer::new(Fleet {
-            state: state.clone(),
-        }))
-        .add_service(TenantClusterServiceServer::new(Clusters {
-            state: state.clone(),
-        }))
+        .layer(crate::services::short_errors::ShortErrorsLayer)
+        .add_service(
+            TenantServiceServer::new(Tenants {
+                state: state.clone(),
+            })
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            GpuQuotaServiceServer::new(Quotas {
+                state: state.clone(),
+            })
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            ReservationServiceServer::new(Reservations {
+                state: state.clone(),
+            })
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            FleetServiceServer::new(Fleet {
+                state: state.clone(),
+            })
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            TenantClusterServiceServer::new(Clusters {
+                state: state.clone(),
+            })
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            gpufleet_proto::v1::health_service_server::HealthServiceServer::new(
+                crate::services::health::Health {
+                    state: state.clone(),
+                },
+            )
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
         .add_service(NodeAgentServiceServer::new(Agents {
             state: state.clone(),
             require_client_cert: args.agent_ca.is_some(),

@@ -3,16 +3,23 @@
 //!
 //! The connection sits behind one mutex: requests that read-check-write (capacity,
 //! quota) run one at a time, so a check and the write it guards can never interleave
-//! with another request's. Each such request is also one SQLite transaction.
+//! with another request's. Each such request is also one SQLite transaction. Requests
+//! that only read take a pooled read-only connection instead ([`AppState::read`]): WAL
+//! lets them read the last committed state without waiting for the writer.
 
+use std::ops::Deref;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::Connection;
 use tonic::Status;
 
+/// `--max-open-reservations` when not given.
+pub const DEFAULT_MAX_OPEN_RESERVATIONS: u32 = 1000;
+
 pub struct AppState {
     db: Mutex<Connection>,
+    readers: crate::store::readers::Readers,
     pub data_dir: PathBuf,
     pub admin_token: String,
     /// What node agents present to join.
@@ -21,6 +28,10 @@ pub struct AppState {
     pub agents: crate::agents::registry::Registry,
     /// The drivers clusters may choose.
     pub drivers: crate::drivers::Offer,
+    /// Reservations not yet ended that one tenant may hold (`--max-open-reservations`).
+    pub max_open_reservations: u32,
+    /// When health checks run and how long bandwidth tests take.
+    pub health: crate::scheduling::health::Settings,
 }
 
 impl AppState {
@@ -32,14 +43,30 @@ impl AppState {
         agents: crate::agents::registry::Registry,
         drivers: crate::drivers::Offer,
     ) -> Self {
+        let readers = open_readers(&db);
         Self {
             db: Mutex::new(db),
+            readers,
             data_dir,
             admin_token,
             join_token,
             agents,
             drivers,
+            max_open_reservations: DEFAULT_MAX_OPEN_RESERVATIONS,
+            health: Default::default(),
         }
+    }
+
+    /// The health-check schedule (serve's `--health-*` flags).
+    pub fn with_health(mut self, health: crate::scheduling::health::Settings) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// serve's `--max-open-reservations`.
+    pub fn with_max_open_reservations(mut self, max: u32) -> Self {
+        self.max_open_reservations = max;
+        self
     }
 
     pub fn db(&self) -> MutexGuard<'_, Connection> {
@@ -50,17 +77,58 @@ impl AppState {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// A connection for a request that only reads: a pooled read-only one (never
+    /// waiting for the writer), or the writer's for a database without a file.
+    pub fn read(&self) -> Db<'_> {
+        match self.readers.get() {
+            Some(Ok(reader)) => Db::Reader(reader),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "read connection unusable; reading through the writer");
+                Db::Writer(self.db())
+            }
+            None => Db::Writer(self.db()),
+        }
+    }
+
     pub fn volumes_root(&self) -> PathBuf {
         self.data_dir.join("volumes")
     }
 }
 
+/// How many read-only connections serve reads.
+const READERS: usize = 4;
+
+fn open_readers(db: &Connection) -> crate::store::readers::Readers {
+    use crate::store::readers::Readers;
+    match db.path().filter(|p| !p.is_empty()) {
+        Some(path) => Readers::open(std::path::Path::new(path), READERS).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot open read connections; reads use the writer");
+            Readers::none()
+        }),
+        None => Readers::none(),
+    }
+}
+
+/// A connection to read through: see [`AppState::read`].
+pub enum Db<'a> {
+    Reader(crate::store::readers::Reader<'a>),
+    Writer(MutexGuard<'a, Connection>),
+}
+
+impl Deref for Db<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        match self {
+            Db::Reader(r) => r,
+            Db::Writer(w) => w,
+        }
+    }
+}
+
 /// Seconds since the Unix epoch.
+/// (The system's time, or a test's clock file: see [`crate::clock`].)
 pub fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    crate::clock::now()
 }
 
 /// A storage failure: logged in full, reported as INTERNAL.

@@ -59,6 +59,7 @@ async fn quotas_bound_clusters_and_reservations_over_time() {
         id: quota.id.clone(),
         gpus: 16,
         burst_gpus: 0,
+        ..Default::default()
     };
     assert_status(
         c.quotas.update_gpu_quota(lower).await,
@@ -74,8 +75,8 @@ async fn reservations_never_double_book_and_overflow_to_on_demand() {
     let mut c = agent.admin().await;
     let (a, _) = c.tenant("team-a").await;
     let (b, _) = c.tenant("team-b").await;
-    c.quota(&a.id, "H100-80GB", 64, 0).await;
-    c.quota(&b.id, "H100-80GB", 64, 0).await;
+    c.quota(&a.id, "H100-80GB", 0, 64).await; // burst: the pool guarantees 32
+    c.quota(&b.id, "H100-80GB", 0, 64).await;
     let n = now();
 
     c.create_reservation(&a.id, "H100-80GB", 3, n + HOUR, n + 3 * HOUR)
@@ -102,6 +103,7 @@ async fn reservations_never_double_book_and_overflow_to_on_demand() {
         gpu_type: "H100-80GB".into(),
         start_time: ts(n + 2 * HOUR),
         end_time: ts(n + 3 * HOUR),
+        ..Default::default()
     };
     let avail = c.fleet.get_availability(window).await.unwrap().into_inner();
     assert_eq!((avail.free_pool_nodes, avail.free_on_demand_nodes), (0, 3));
@@ -218,8 +220,8 @@ async fn nodes_are_dedicated_to_one_cluster() {
     let mut c = agent.admin().await;
     let (a, _) = c.tenant("team-a").await;
     let (b, _) = c.tenant("team-b").await;
-    c.quota(&a.id, "H100-80GB", 64, 0).await;
-    c.quota(&b.id, "H100-80GB", 64, 0).await;
+    c.quota(&a.id, "H100-80GB", 0, 64).await; // burst: the pool guarantees 32
+    c.quota(&b.id, "H100-80GB", 0, 64).await;
     let ka = c.create_pool_cluster(&a.id, "k", "H100-80GB", 2).await;
     let kb = c.create_pool_cluster(&b.id, "k", "H100-80GB", 2).await;
     let hosts = |k: &TenantCluster| {

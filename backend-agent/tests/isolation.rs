@@ -21,7 +21,7 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
     let mut admin = agent.admin().await;
     let (a, a_token) = admin.tenant("team-a").await;
     let (b, _) = admin.tenant("team-b").await;
-    let b_quota = admin.quota(&b.id, "H100-80GB", 32, 0).await;
+    let b_quota = admin.quota(&b.id, "H100-80GB", 16, 16).await;
     admin.quota(&a.id, "H100-80GB", 16, 0).await;
     let t = now();
     let b_res = admin
@@ -101,6 +101,7 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
             c.clusters
                 .list_tenant_clusters(ListTenantClustersRequest {
                     tenant_id: b.id.clone(),
+                    ..Default::default()
                 })
                 .await,
         ),
@@ -108,6 +109,7 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
             c.clusters
                 .list_tenant_clusters(ListTenantClustersRequest {
                     tenant_id: UNKNOWN.into(),
+                    ..Default::default()
                 })
                 .await,
         ),
@@ -201,7 +203,7 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
     // Lists hold only A's objects; node ownership of others is hidden.
     let tenants = c
         .tenants
-        .list_tenants(ListTenantsRequest {})
+        .list_tenants(ListTenantsRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -265,6 +267,7 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
         gpu_type: "A100-80GB".into(),
         gpus: 8,
         burst_gpus: 0,
+        ..Default::default()
     };
     assert_status(
         c.quotas.create_gpu_quota(q).await,
@@ -305,7 +308,7 @@ async fn missing_or_bad_tokens_are_unauthenticated() {
         .unwrap();
     let mut none = gpufleet_proto::v1::tenant_service_client::TenantServiceClient::new(channel);
     assert_status(
-        none.list_tenants(ListTenantsRequest {}).await,
+        none.list_tenants(ListTenantsRequest::default()).await,
         Code::Unauthenticated,
         "`token`",
     );

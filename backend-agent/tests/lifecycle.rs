@@ -60,6 +60,7 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
             gpu_type: "H100-80GB".into(),
             start_time: None,
             end_time: ts(now() + HOUR),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -98,6 +99,7 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
             id: quota.id.clone(),
             gpus: 32,
             burst_gpus: 8,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -155,8 +157,15 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
     let mut slurm = Clients::cluster(&tenant.id, "hpc", "H100-80GB", 1);
     slurm.orchestrator = "slurm".into();
     let hpc = c.create_cluster(slurm).await;
-    assert_eq!(hpc.endpoint, "hpc-login.team-a.slurm.gpufleet.internal:22");
-    assert!(hpc.credentials.contains("user: team-a"));
+    // A real Slurm controller on this host: its port, its slurm.conf and munge key.
+    let (host, port) = hpc.endpoint.rsplit_once(':').expect("host:port");
+    assert_eq!(host, "127.0.0.1");
+    let creds: serde_json::Value = serde_json::from_str(&hpc.credentials).unwrap();
+    assert!(creds["slurm_conf"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("SlurmctldPort={port}\n")));
+    assert!(creds["munge_key"].as_str().is_some_and(|k| !k.is_empty()));
     let hpc = c
         .update_cluster(UpdateTenantClusterRequest {
             id: hpc.id.clone(),
@@ -169,9 +178,12 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
     let got = c.get_cluster(&hpc.id).await;
     assert_eq!(got, hpc);
 
-    // Usage: 16 GPUs in the pool cluster, 16 reserved.
+    // Usage: 16 GPUs in the pool cluster, 16 reserved: the quota leaves 8, but the pool's
+    // 4 nodes are all held, so nothing can be obtained now and capacity binds.
     let usage = c.usage(&tenant.id, "H100-80GB").await;
-    assert_eq!((usage.used, usage.reserved, usage.available), (16, 16, 8));
+    assert_eq!((usage.used, usage.reserved, usage.quota_left), (16, 16, 8));
+    assert_eq!((usage.capacity_free, usage.available), (0, 0));
+    assert_eq!(usage.binding, "capacity");
 
     // Restart on the same data dir: nothing lost, the tenant token still works.
     let before = c.snapshot().await;
@@ -260,7 +272,9 @@ async fn a_retried_create_returns_the_first_object() {
     assert_ne!(first.token, second.token);
     let mut old = agent.clients(&first.token).await;
     assert_status(
-        old.tenants.list_tenants(ListTenantsRequest {}).await,
+        old.tenants
+            .list_tenants(ListTenantsRequest::default())
+            .await,
         tonic::Code::Unauthenticated,
         "GPUFLEET_TOKEN",
     );
@@ -277,8 +291,8 @@ async fn a_retried_create_returns_the_first_object() {
     );
 
     let tenant = first.tenant.unwrap();
-    let q1 = c.quota(&tenant.id, "H100-80GB", 64, 0).await;
-    let q2 = c.quota(&tenant.id, "H100-80GB", 64, 0).await;
+    let q1 = c.quota(&tenant.id, "H100-80GB", 32, 32).await;
+    let q2 = c.quota(&tenant.id, "H100-80GB", 32, 32).await;
     assert_eq!(q1, q2);
 
     let t = now();

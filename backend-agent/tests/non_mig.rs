@@ -109,7 +109,25 @@ async fn the_default_fleet_has_no_l40s() {
     let mut c = agent.admin().await;
     let names: Vec<String> = c.gpu_types().await.into_iter().map(|t| t.name).collect();
     assert_eq!(names, vec!["A100-80GB", "H100-80GB", "H200-141GB"]);
-    // The catalog still knows L40S: a quota for it is a valid request.
+    // The catalog knows L40S, but a quota for a model the fleet does not have is refused.
     let (t, _) = c.tenant("team-a").await;
-    assert_eq!(c.quota(&t.id, "L40S", 8, 0).await.gpu_type, "L40S");
+    let err = c
+        .quotas
+        .create_gpu_quota(gpufleet_proto::v1::CreateGpuQuotaRequest {
+            request_id: "l40s".into(),
+            tenant_id: t.id.clone(),
+            gpu_type: "L40S".into(),
+            gpus: 8,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().starts_with(
+            "gpu_type: the fleet has no L40S nodes (it has A100-80GB, H100-80GB, H200-141GB)"
+        ),
+        "{}",
+        err.message()
+    );
 }

@@ -108,6 +108,70 @@ fn hw_check_reads_the_fake_host_through_nvml() {
 }
 
 #[test]
+fn hw_check_prints_the_health_checks_of_a_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = fake_in(
+        &dir.path().join("lib"),
+        "count = 2\n[[gpu]]\nindex = 1\nxids = [79]\npcie = { gen = 3, width = 8 }\necc_uncorrected = 2\n",
+    );
+    let run = |level: &str| {
+        let out = agent_cmd()
+            .args([
+                "hw-check",
+                "--hardware",
+                "nvml",
+                "--nvml-lib",
+                &lib,
+                "--level",
+                level,
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let medium = run("medium");
+    assert!(medium.contains("checks (medium):\n  FAIL    "), "{medium}");
+    for line in [
+        "FAIL    xid GPU-",
+        ": 79 (threshold no XID that needs a GPU reset or service)",
+        "FAIL    ecc_uncorrected_volatile GPU-",
+        ": 2 uncorrected (threshold 0)",
+        "FAIL    pcie_link GPU-",
+        ": Gen3 x8 (threshold Gen5 x16)",
+        "PASS    driver: 550.54.15 (threshold >= 520.61.05 (H100-80GB minimum))",
+        "PASS    temperature GPU-",
+        "NOT_RUN dcgm_diag: not run",
+    ] {
+        assert!(medium.contains(line), "missing '{line}' in\n{medium}");
+    }
+    let quick = run("quick");
+    assert!(
+        quick.contains("checks (quick):") && !quick.contains("pcie_link"),
+        "{quick}"
+    );
+    let bad = agent_cmd()
+        .args([
+            "hw-check",
+            "--hardware",
+            "nvml",
+            "--nvml-lib",
+            &lib,
+            "--level",
+            "deep",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--level"));
+}
+
+#[test]
 fn a_missing_nvml_library_is_a_clear_error() {
     let out = agent_cmd()
         .args([

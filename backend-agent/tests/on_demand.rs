@@ -17,7 +17,7 @@ async fn allowing_on_demand_keeps_the_allocation_and_lets_later_growth_overflow(
     let agent = Agent::start(&dir.path().join("data"));
     let mut c = agent.admin().await;
     let (t, _) = c.tenant("team-a").await;
-    c.quota(&t.id, "H100-80GB", 64, 0).await;
+    c.quota(&t.id, "H100-80GB", 32, 32).await;
     let n = now();
     let r = c
         .create_reservation(&t.id, "H100-80GB", 1, n + HOUR, n + 2 * HOUR)
@@ -43,7 +43,7 @@ async fn turning_on_demand_off_moves_nodes_back_or_says_how_much_the_pool_lacks(
     let agent = Agent::start(&dir.path().join("data"));
     let mut c = agent.admin().await;
     let (t, _) = c.tenant("team-a").await;
-    c.quota(&t.id, "H100-80GB", 64, 0).await;
+    c.quota(&t.id, "H100-80GB", 32, 32).await;
     let n = now();
     let blocker = c
         .create_reservation(&t.id, "H100-80GB", 3, n + HOUR, n + 3 * HOUR)
@@ -99,7 +99,7 @@ async fn on_demand_nodes_held_by_clusters_keep_on_demand_allowed() {
     let agent = Agent::start(&dir.path().join("data"));
     let mut c = agent.admin().await;
     let (t, _) = c.tenant("team-a").await;
-    c.quota(&t.id, "H100-80GB", 64, 0).await;
+    c.quota(&t.id, "H100-80GB", 32, 32).await;
     let n = now();
     let r = c
         .create_reservation_from(Clients::on_demand_reservation(

@@ -22,7 +22,7 @@ fn host_port(agent: &Agent) -> String {
 
 async fn tenant_names(c: &mut Clients) -> Vec<String> {
     c.tenants
-        .list_tenants(ListTenantsRequest {})
+        .list_tenants(ListTenantsRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -53,7 +53,11 @@ async fn sigterm_with_open_connections_exits_and_a_second_process_takes_over() {
     assert_eq!(tenant_names(&mut c2).await, vec!["team-a"]);
     c2.tenant("team-b").await;
     // The first process's client sees its server gone, not a hang.
-    assert!(c.tenants.list_tenants(ListTenantsRequest {}).await.is_err());
+    assert!(c
+        .tenants
+        .list_tenants(ListTenantsRequest::default())
+        .await
+        .is_err());
     drop((silent, partial));
     let status = second.signal_and_wait(libc::SIGTERM, HANG);
     assert!(status.success(), "{status:?}");
@@ -125,7 +129,7 @@ fn frozen_client(endpoint: String) -> (std::sync::mpsc::Sender<()>, std::thread:
                 .unwrap();
             let mut client = tenant_service_client::TenantServiceClient::new(channel);
             // Unauthenticated, but the HTTP/2 connection is up and has served a call.
-            let _ = client.list_tenants(ListTenantsRequest {}).await;
+            let _ = client.list_tenants(ListTenantsRequest::default()).await;
             client
         });
         ready_tx.send(()).unwrap();

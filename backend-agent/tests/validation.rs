@@ -69,6 +69,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
         gpu_type: gpu_type.into(),
         gpus,
         burst_gpus: burst,
+        ..Default::default()
     };
     assert_status(
         c.quotas.create_gpu_quota(q("A100-80GB", -1, 0)).await,
@@ -258,6 +259,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
                 id: UNKNOWN.into(),
                 gpus: 1,
                 burst_gpus: 0,
+                ..Default::default()
             })
             .await,
         Code::NotFound,

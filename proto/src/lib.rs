@@ -5,6 +5,8 @@ pub mod v1 {
     tonic::include_proto!("gpufleet.v1");
 }
 
+pub mod limits;
+
 /// The metadata key that carries the bearer token on every call.
 pub const AUTHORIZATION: &str = "authorization";
 

@@ -4,11 +4,13 @@
 use std::error::Error as _;
 use std::time::Duration;
 
+use gpufleet_proto::limits::MAX_MESSAGE_BYTES;
 use gpufleet_proto::v1::{
     fleet_service_client::FleetServiceClient, gpu_quota_service_client::GpuQuotaServiceClient,
     reservation_service_client::ReservationServiceClient,
     tenant_cluster_service_client::TenantClusterServiceClient,
-    tenant_service_client::TenantServiceClient, GpuType, ListGpuTypesRequest,
+    tenant_service_client::TenantServiceClient, GpuType, ListGpuTypesRequest, ListNodesRequest,
+    Node, TenantCluster,
 };
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
@@ -86,6 +88,13 @@ impl Client {
         }
         let auth = match token {
             Some(token) => {
+                // The backend refuses such a token; say why before any call.
+                if token.trim() != token {
+                    return Err(Diagnostic::error(
+                        "token: has leading or trailing whitespace, which no token has",
+                        "A token read with file() keeps the file's newline: use trimspace(file(\"...\")).",
+                    ));
+                }
                 let value = gpufleet_proto::bearer(token).parse().map_err(|_| {
                     Diagnostic::error("token: contains characters not allowed in a header", "")
                 })?;
@@ -103,22 +112,68 @@ impl Client {
 
     pub fn tenants(&self) -> TenantServiceClient<Authed> {
         TenantServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     pub fn quotas(&self) -> GpuQuotaServiceClient<Authed> {
         GpuQuotaServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     pub fn reservations(&self) -> ReservationServiceClient<Authed> {
         ReservationServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     pub fn fleet(&self) -> FleetServiceClient<Authed> {
         FleetServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     pub fn clusters(&self) -> TenantClusterServiceClient<Authed> {
         TenantClusterServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    pub fn health(&self) -> gpufleet_proto::v1::health_service_client::HealthServiceClient<Authed> {
+        gpufleet_proto::v1::health_service_client::HealthServiceClient::with_interceptor(
+            self.channel.clone(),
+            self.auth.clone(),
+        )
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// Every node (of `gpu_type` and/or `cluster_id` when not empty), following pages.
+    pub async fn all_nodes(&self, gpu_type: &str, cluster_id: &str) -> Result<Vec<Node>, Status> {
+        let mut nodes = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let request = ListNodesRequest {
+                gpu_type: gpu_type.into(),
+                cluster_id: cluster_id.into(),
+                page_token,
+                ..Default::default()
+            };
+            let page = self.fleet().list_nodes(request).await?.into_inner();
+            nodes.extend(page.nodes);
+            if page.next_page_token.is_empty() {
+                return Ok(nodes);
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
+    /// A cluster with every node: an answer lists the first ones and counts the rest in
+    /// `nodes_omitted`, which are then read with ListNodes.
+    pub async fn with_all_nodes(
+        &self,
+        mut cluster: TenantCluster,
+    ) -> Result<TenantCluster, Status> {
+        if cluster.nodes_omitted > 0 {
+            cluster.nodes = self.all_nodes("", &cluster.id).await?;
+            cluster.nodes_omitted = 0;
+        }
+        Ok(cluster)
     }
 
     /// The GPU model catalog (cached for the life of the provider process).
@@ -161,6 +216,11 @@ pub fn describe_status(endpoint: &str, status: &Status) -> Diagnostic {
         }
         // The backend's own wording carries a hint for every kind of client; ours is
         // specific to the provider, so it replaces it instead of repeating it.
+        // A token that cannot be one (whitespace, too long): the backend says which.
+        Code::Unauthenticated if message.starts_with("the bearer token") => Diagnostic::error(
+            format!("the gpufleet backend at {endpoint} rejected the token: {message}. Set `token` or GPUFLEET_TOKEN to the admin token or a tenant token."),
+            "",
+        ),
         Code::Unauthenticated => Diagnostic::error(
             format!("the gpufleet backend at {endpoint} rejected the token (missing, revoked or not one of its tokens). Set `token` or GPUFLEET_TOKEN to the admin token or a tenant token."),
             "",
@@ -273,6 +333,21 @@ mod tests {
             describe_status("http://x", &status).summary,
             "the gpufleet backend at http://x rejected the token (missing, revoked or not one of its tokens). Set `token` or GPUFLEET_TOKEN to the admin token or a tenant token."
         );
+    }
+
+    #[test]
+    fn a_token_with_whitespace_is_refused_saying_why() {
+        let err = Client::new("http://127.0.0.1:1", Some("gft_abc\n"), None)
+            .err()
+            .unwrap();
+        assert!(err
+            .summary
+            .starts_with("token: has leading or trailing whitespace"));
+        assert!(err.detail.contains("trimspace"));
+        let status = Status::unauthenticated("the bearer token is 4096 characters long");
+        assert!(describe_status("http://x", &status)
+            .summary
+            .contains("rejected the token: the bearer token is 4096 characters long"));
     }
 
     #[test]

@@ -30,6 +30,74 @@ pub fn at_least(value: i64, min: i64) -> Result<(), String> {
     }
 }
 
+/// The API's largest value of a number attribute (`gpufleet_proto::limits`), if bounded.
+pub fn maximum(attribute: &str) -> Option<i64> {
+    use gpufleet_proto::limits::*;
+    match attribute {
+        "gpus" | "burst_gpus" => Some(MAX_GPUS),
+        "node_count" => Some(MAX_NODE_COUNT),
+        "storage_gib" => Some(MAX_STORAGE_GIB),
+        "max_unavailable" => Some(MAX_UNAVAILABLE),
+        _ => None,
+    }
+}
+
+/// At most `max`.
+pub fn at_most(value: i64, max: i64) -> Result<(), String> {
+    if value > max {
+        Err(format!("must be at most {max} (got {value})"))
+    } else {
+        Ok(())
+    }
+}
+
+/// At most `max` characters (the value is quoted by its first 40).
+pub fn max_chars(value: &str, max: usize) -> Result<(), String> {
+    let len = value.chars().count();
+    if len <= max {
+        return Ok(());
+    }
+    let prefix: String = value.chars().take(40).collect();
+    Err(format!(
+        "must be at most {max} characters (got {len}): {prefix:?}…"
+    ))
+}
+
+/// A time the API accepts: 2000-01-01T00:00:00Z to 2200-12-31T23:59:59Z.
+pub fn time_in_range(unix: i64) -> Result<(), String> {
+    use gpufleet_proto::limits::{MAX_TIME_SECONDS, MIN_TIME_SECONDS};
+    if (MIN_TIME_SECONDS..=MAX_TIME_SECONDS).contains(&unix) {
+        Ok(())
+    } else {
+        Err("must be between 2000-01-01T00:00:00Z and 2200-12-31T23:59:59Z".into())
+    }
+}
+
+/// A tenant's labels: at most 64, keys of at most 128 and values of at most 256 characters.
+/// Each problem as (label key or None for the map, reason).
+pub fn labels<'a>(
+    labels: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<(Option<String>, String)> {
+    use gpufleet_proto::limits::{MAX_LABELS, MAX_LABEL_KEY_CHARS, MAX_LABEL_VALUE_CHARS};
+    let labels: Vec<(&str, &str)> = labels.into_iter().collect();
+    let mut problems = Vec::new();
+    if labels.len() > MAX_LABELS {
+        problems.push((
+            None,
+            format!("at most {MAX_LABELS} labels (got {})", labels.len()),
+        ));
+        return problems;
+    }
+    for (key, value) in labels {
+        if let Err(reason) = max_chars(key, MAX_LABEL_KEY_CHARS) {
+            problems.push((None, format!("a key {reason}")));
+        } else if let Err(reason) = max_chars(value, MAX_LABEL_VALUE_CHARS) {
+            problems.push((Some(key.to_string()), reason));
+        }
+    }
+    problems
+}
+
 /// The names of the known models, for "unknown model" messages.
 pub fn unknown_gpu_type(name: &str, known: &[&str]) -> String {
     format!(
@@ -51,6 +119,30 @@ mod tests {
         assert!(dns_label("-a").unwrap_err().contains("start or end"));
         assert!(dns_label("").unwrap_err().contains("1 to 63"));
         assert!(dns_label(&"a".repeat(64)).unwrap_err().contains("got 64"));
+    }
+
+    #[test]
+    fn bounds_of_the_api() {
+        assert_eq!(maximum("gpus"), Some(1_000_000));
+        assert_eq!(maximum("name"), None);
+        assert_eq!(
+            at_most(i64::MAX, 1_000_000).unwrap_err(),
+            format!("must be at most 1000000 (got {})", i64::MAX)
+        );
+        let long = "x".repeat(1 << 20);
+        let err = max_chars(&long, 256).unwrap_err();
+        assert!(
+            err.starts_with("must be at most 256 characters (got 1048576"),
+            "{err}"
+        );
+        assert!(err.len() < 120);
+        assert!(time_in_range(946_684_800).is_ok());
+        assert!(time_in_range(i64::MAX / 2).is_err());
+        let many: Vec<(String, String)> = (0..65).map(|i| (format!("k{i}"), "v".into())).collect();
+        let problems = labels(many.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        assert_eq!(problems, [(None, "at most 64 labels (got 65)".to_string())]);
+        let problems = labels([("team", long.as_str())]);
+        assert_eq!(problems[0].0.as_deref(), Some("team"));
     }
 
     #[test]

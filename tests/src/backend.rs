@@ -54,6 +54,11 @@ impl Backend {
         Backend::launch(Some(fleet_toml), None)
     }
 
+    /// Like [`Backend::start_with_fleet`], with more `serve` flags.
+    pub fn start_with_fleet_and_args(fleet_toml: &str, args: &[&str]) -> Backend {
+        Backend::launch_with(Some(fleet_toml), None, args)
+    }
+
     /// Like [`Backend::start`], serving over TLS (`--tls-cert`/`--tls-key`) with `tls`'s
     /// certificate; [`Backend::endpoint`] is then `https://` and the harness's clients trust
     /// `tls.ca_pem`.
@@ -226,6 +231,9 @@ impl Backend {
             .env_remove("GPUFLEET_FLEET")
             .env_remove("GPUFLEET_TLS_CERT")
             .env_remove("GPUFLEET_TLS_KEY")
+            // Short bandwidth tests in acceptance checks keep the suite fast (a test's own
+            // --bandwidth-duration wins).
+            .env("GPUFLEET_BANDWIDTH_DURATION", "200ms")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)

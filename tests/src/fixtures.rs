@@ -55,6 +55,7 @@ pub async fn create_quota(
             gpu_type: gpu_type.to_string(),
             gpus,
             burst_gpus,
+            ..Default::default()
         })
         .await
         .unwrap_or_else(|s| panic!("CreateGpuQuota {gpu_type}: {s}"))
@@ -81,6 +82,7 @@ pub async fn create_reservation(
             start_time: Some(from_unix(now + start_hours * 3600)),
             end_time: Some(from_unix(now + end_hours * 3600)),
             allow_on_demand: false,
+            ..Default::default()
         })
         .await
         .unwrap_or_else(|s| panic!("CreateReservation: {s}"))

@@ -105,7 +105,11 @@ impl Clients {
     /// Every tenant, quota, reservation and cluster this token can see. A tenant token's
     /// ListTenants may be refused; that counts as "none visible".
     pub async fn inventory(&mut self) -> Inventory {
-        let tenants = match self.tenants.list_tenants(ListTenantsRequest {}).await {
+        let tenants = match self
+            .tenants
+            .list_tenants(ListTenantsRequest::default())
+            .await
+        {
             Ok(r) => r.into_inner().tenants,
             Err(status) if status.code() == tonic::Code::PermissionDenied => Vec::new(),
             Err(status) => panic!("ListTenants: {status}"),

@@ -96,6 +96,28 @@ impl NodeAgent {
         }
     }
 
+    /// SIGSTOP: the agent holds its orders unanswered (and sends no heartbeats) until
+    /// [`NodeAgent::resume`], e.g. to keep an operation under way for as long as a test needs.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`NodeAgent::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, which: &str) {
+        let child = self.child.as_ref().expect("the agent runs");
+        let ok = Command::new("kill")
+            .arg(which)
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill {which} {}", child.id());
+    }
+
     /// Starts the agent again on the same data dir (its journal and simulated GPUs).
     pub fn restart(&mut self) {
         self.kill9();

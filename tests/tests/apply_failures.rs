@@ -27,7 +27,8 @@ async fn capacity_taken_between_plan_and_apply_leaves_state_truthful_and_converg
     let (team, _) = create_tenant(&mut admin, "team").await;
     let (rival, _) = create_tenant(&mut admin, "rival").await;
     create_quota(&mut admin, &team.id, "A100-80GB", 16, 0).await;
-    create_quota(&mut admin, &rival.id, "A100-80GB", 8, 0).await;
+    // The pool's 16 A100 GPUs are guaranteed to the team; the rival bursts.
+    create_quota(&mut admin, &rival.id, "A100-80GB", 0, 8).await;
 
     // The plan is made while both A100 pool nodes are free, so it passes every check.
     let tf = Terraform::new(&backend, backend.admin_token());

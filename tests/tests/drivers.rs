@@ -192,6 +192,7 @@ async fn a_driver_change_rolls_node_by_node_and_a_failed_node_is_replaced() {
         .fleet
         .list_events(ListEventsRequest {
             object_id: c.id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -217,6 +218,7 @@ async fn a_driver_change_rolls_node_by_node_and_a_failed_node_is_replaced() {
         .fleet
         .list_events(ListEventsRequest {
             object_id: c.id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap()

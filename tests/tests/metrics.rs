@@ -80,7 +80,8 @@ async fn prometheus_scrapes_the_control_plane_and_two_agents() {
 
     // A tenant with quotas, a future reservation, a MIG cluster, and a request that fails.
     let (tenant, _) = create_tenant(&mut admin, "metrics-team").await;
-    create_quota(&mut admin, &tenant.id, "H100-80GB", 4, 2).await;
+    // The pool has 2 H100 GPUs to guarantee; the rest is burst.
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 2, 4).await;
     create_quota(&mut admin, &tenant.id, "A100-80GB", 1, 0).await;
     create_reservation(&mut admin, &tenant.id, "A100-80GB", 1, 1, 2).await;
     admin
@@ -122,11 +123,11 @@ async fn prometheus_scrapes_the_control_plane_and_two_agents() {
     let team = r#"tenant="metrics-team""#;
     q(
         &format!(r#"gpufleet_tenant_gpus{{{team},gpu_type="H100-80GB",kind="quota_guaranteed"}}"#),
-        4.0,
+        2.0,
     );
     q(
         &format!(r#"gpufleet_tenant_gpus{{{team},gpu_type="H100-80GB",kind="quota_burst"}}"#),
-        2.0,
+        4.0,
     );
     q(
         &format!(r#"gpufleet_tenant_gpus{{{team},gpu_type="H100-80GB",kind="used"}}"#),

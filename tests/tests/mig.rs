@@ -110,8 +110,8 @@ async fn assert_backend_layout(admin: &mut Clients, cluster_id: &str, layout: &[
     let nodes = admin
         .fleet
         .list_nodes(ListNodesRequest {
-            gpu_type: String::new(),
             cluster_id: cluster_id.to_string(),
+            ..Default::default()
         })
         .await
         .expect("ListNodes")

@@ -89,7 +89,8 @@ const CLUSTER: &str = "gpufleet_tenant_cluster.train";
 fn mig_cluster_config() -> String {
     hcl::config(&[
         hcl::tenant("t", "speech"),
-        hcl::quota("h100", "gpufleet_tenant.t.id", "H100-80GB", 8),
+        // Burst: guarantees may not exceed the agents' few GPUs.
+        hcl::quota("h100", "gpufleet_tenant.t.id", "H100-80GB", 0).number("burst_gpus", 8),
         hcl::pool_cluster("train", "gpufleet_tenant.t.id", "train", "H100-80GB", 2)
             .expr("mig_layout", "{ \"3g.40gb\" = 2 }")
             .depends_on(&["gpufleet_gpu_quota.h100"]),
@@ -185,6 +186,7 @@ async fn agents_apply_a_terraform_mig_layout_and_a_killed_node_is_replaced() {
         .fleet
         .list_events(gpufleet_proto::v1::ListEventsRequest {
             object_id: cluster_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -281,7 +283,7 @@ async fn an_agent_killed_mid_order_answers_it_once_from_its_hardware() {
     let mut admin = backend.admin().await;
     ready_nodes(&mut admin, &["n1"]).await;
     let (tenant, _) = create_tenant(&mut admin, "vision").await;
-    create_quota(&mut admin, &tenant.id, "H100-80GB", 8, 0).await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 0, 8).await;
     let c = create_pool_cluster(&mut admin, &tenant.id, "slow", "H100-80GB", 1).await;
 
     let change = UpdateTenantClusterRequest {
@@ -332,7 +334,7 @@ async fn a_control_plane_killed_mid_change_converges_after_restart() {
     let mut admin = backend.admin().await;
     ready_nodes(&mut admin, &["n1", "n2"]).await;
     let (tenant, _) = create_tenant(&mut admin, "audio").await;
-    create_quota(&mut admin, &tenant.id, "H100-80GB", 16, 0).await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 0, 16).await;
     let c = create_pool_cluster(&mut admin, &tenant.id, "asr", "H100-80GB", 1).await;
     assert_eq!(c.nodes[0].hostname, "n1");
 

@@ -160,7 +160,8 @@ async fn pool_capacity_surely_short_is_refused_with_the_numbers() {
     let (backend, tf) = admin_workdir();
     let mut admin = backend.admin().await;
     let (tenant, _) = create_tenant(&mut admin, "team").await;
-    create_quota(&mut admin, &tenant.id, "A100-80GB", 64, 0).await;
+    // The pool has 16 A100 GPUs to guarantee; the rest of the quota is burst.
+    create_quota(&mut admin, &tenant.id, "A100-80GB", 16, 48).await;
 
     // The default fleet has 2 A100-80GB nodes and no on-demand A100 capacity.
     let hcl = hcl::config(&[h100_reservation(&hcl::id(&tenant.id), 3, 1, 24)
@@ -193,7 +194,8 @@ async fn pool_cluster_larger_than_the_free_pool_is_refused_at_plan_time() {
     let (backend, tf) = admin_workdir();
     let mut admin = backend.admin().await;
     let (tenant, _) = create_tenant(&mut admin, "team").await;
-    create_quota(&mut admin, &tenant.id, "A100-80GB", 64, 0).await;
+    // The pool has 16 A100 GPUs to guarantee; the rest of the quota is burst.
+    create_quota(&mut admin, &tenant.id, "A100-80GB", 16, 48).await;
 
     // The default fleet has 2 A100-80GB pool nodes; clusters never take on-demand ones.
     let hcl = hcl::config(&[hcl::pool_cluster(

@@ -25,11 +25,12 @@ fn h100_reservation(start: &str, end: &str, node_count: i64, allow_on_demand: bo
         .depends_on(&["gpufleet_gpu_quota.q"])
 }
 
-/// A tenant with 32 H100 GPUs of quota, `reservation`, and `clusters`.
+/// A tenant with 32 H100 GPUs of quota (16 guaranteed, 16 burst: another tenant may be
+/// guaranteed the rest of the 32-GPU pool), `reservation`, and `clusters`.
 fn with_tenant(reservation: Block, clusters: &[Block]) -> String {
     let mut blocks = vec![
         hcl::tenant("t", "team"),
-        hcl::quota("q", TENANT, "H100-80GB", 32),
+        hcl::quota("q", TENANT, "H100-80GB", 16).number("burst_gpus", 16),
         reservation,
     ];
     blocks.extend_from_slice(clusters);
@@ -85,8 +86,8 @@ async fn allow_on_demand_changes_in_place() {
     // Turning it off while the pool cannot take the on-demand node: refused at plan time.
     tf.write_main(&reservation(3, false));
     tf.plan_fails().assert_mentions(&[
-        "allow_on_demand: turning it off needs 1 more H100-80GB pool nodes",
-        "the pool has 0 free",
+        "allow_on_demand: the pool has 0 free H100-80GB nodes from ",
+        "the reservation holds 1 on-demand nodes; keep allow_on_demand or shrink node_count to 2",
     ]);
     assert_eq!(split(&tf), (2, 1));
 

@@ -555,3 +555,63 @@ mod parity {
         static FAKE: std::rc::Rc<Fake> = std::rc::Rc::new(Fake::new(""));
     }
 }
+
+#[test]
+fn health_readings_through_nvml_carry_xids_pcie_ecc_and_nvlink() {
+    let fake = Fake::new(
+        "count = 2\n\
+         [[gpu]]\nindex = 1\necc_uncorrected = 2\necc_corrected = 7\nxids = [79, 13]\n\
+         pcie = { gen = 3, width = 8 }\nnvlink_down = [4]\ntemperature = 61\n",
+    );
+    let b = fake.backend();
+    let healthy = b.readings(0).unwrap();
+    assert_eq!(healthy.xids, Ok(vec![]));
+    assert_eq!(healthy.slowdown_c, Ok(87));
+    assert_eq!(healthy.power_limit_mw, Ok(700_000));
+    let link = healthy.pcie.clone().unwrap();
+    assert_eq!(
+        (link.gen, link.width, link.max_gen, link.max_width),
+        (5, 16, 5, 16)
+    );
+    let nv = healthy.nvlink.clone().unwrap();
+    assert_eq!((nv.links, nv.down.len(), nv.replay), (18, 0, 0));
+    let r = b.readings(1).unwrap();
+    assert_eq!(r.uuid, b.gpus().unwrap()[1].uuid);
+    let ecc = r.ecc.clone().unwrap();
+    assert_eq!(
+        (
+            ecc.volatile_uncorrected,
+            ecc.aggregate_uncorrected,
+            ecc.volatile_corrected
+        ),
+        (2, 2, 7)
+    );
+    // XIDs arrive through the event set registered when the backend opened.
+    assert_eq!(r.xids, Ok(vec![79, 13]));
+    let link = r.pcie.clone().unwrap();
+    assert_eq!((link.gen, link.width), (3, 8));
+    assert_eq!(r.nvlink.clone().unwrap().down, vec![4]);
+    assert_eq!(r.temperature_c, Ok(61));
+    // Consumed: the next reading reports only new XIDs.
+    assert_eq!(b.readings(1).unwrap().xids, Ok(vec![]));
+}
+
+#[test]
+fn readings_say_why_where_the_gpu_cannot_answer() {
+    let fake = Fake::new("model = \"L40S\"\ncount = 1\n");
+    let r = fake.backend().readings(0).unwrap();
+    assert!(
+        r.nvlink.as_ref().unwrap_err().contains("no NVLink"),
+        "{:?}",
+        r.nvlink
+    );
+    // Ampere and newer remap rows instead of retiring pages: NVML says not supported.
+    assert!(
+        r.retired_pages
+            .as_ref()
+            .unwrap_err()
+            .contains("not supported"),
+        "{:?}",
+        r.retired_pages
+    );
+}

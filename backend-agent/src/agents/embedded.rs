@@ -103,7 +103,15 @@ pub async fn start(
             )),
             None => node::driver::Installer::Command(None),
         };
+        // Each embedded agent takes part in bandwidth tests like an external one.
+        let listener = node::bandwidth::Listener::start(
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            node::fault_throttle(faults_file.clone(), &host.name),
+        )
+        .with_context(|| format!("node {}: cannot open its bandwidth listener", host.name))?;
         let agent = node::assemble(node::Parts {
+            bandwidth: Some(listener),
+            bandwidth_advertise: None,
             installer,
             data_dir: agent_dir(&state.data_dir, &host.name),
             name: host.name,
@@ -132,8 +140,10 @@ pub async fn start(
             let conn = state.db();
             let mut w = Vec::new();
             for name in &names {
-                let ready =
-                    store::nodes::by_hostname(&conn, name)?.is_some_and(|n| n.state == NODE_READY);
+                // Ready, or settled out of service (quarantined by a failed check).
+                let ready = store::nodes::by_hostname(&conn, name)?.is_some_and(|n| {
+                    n.state == NODE_READY || n.state == store::nodes::NODE_QUARANTINED
+                });
                 if !ready {
                     w.push(name.clone());
                 }

@@ -17,6 +17,8 @@ use tonic::Status;
 pub type Outbound = mpsc::UnboundedSender<Result<v1::ControlMessage, Status>>;
 
 /// What became of an order.
+// One per order, moved once to its waiter: boxing the answer would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Outcome {
     /// The agent's verified answer (ok or failed).

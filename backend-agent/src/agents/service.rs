@@ -130,10 +130,12 @@ impl NodeAgentService for Agents {
         }));
         let session = self.state.agents.attach(&node_id, out);
         tracing::info!(node = %node_id, hardware = %reg.hardware, "node agent registered");
-        // Bring the node to what the control plane wants it to be, then mark it ready.
-        tokio::spawn(crate::mig::reconcile_node(
+        // The medium health checks, then bring the node to what the control plane wants
+        // it to be and mark it ready (a node that fails them is quarantined).
+        tokio::spawn(crate::scheduling::health::admit_registered(
             self.state.clone(),
             node_id.clone(),
+            reg.bandwidth_addr.chars().take(256).collect(),
         ));
 
         let state = self.state.clone();

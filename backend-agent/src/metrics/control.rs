@@ -147,7 +147,7 @@ struct Snapshot {
 }
 
 fn read(state: &AppState) -> Result<Snapshot, String> {
-    let conn = state.db();
+    let conn = state.read();
     let t = now();
     let err = |e: rusqlite::Error| format!("reading the state database: {e}");
     let nodes = store::nodes::list(&conn, None, None).map_err(err)?;

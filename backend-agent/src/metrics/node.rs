@@ -49,6 +49,8 @@ pub fn order_kind(order: &gpufleet_proto::v1::WorkOrder) -> &'static str {
         Some(Kind::ApplyMigLayout(_)) => super::control::ORDER_MIG_LAYOUT,
         Some(Kind::InstallDriver(_)) => super::control::ORDER_DRIVER,
         Some(Kind::RunHealthCheck(_)) => "health_check",
+        Some(Kind::StartSlurmd(_)) => "start_slurmd",
+        Some(Kind::StopSlurmd(_)) => "stop_slurmd",
         None => "none",
     }
 }

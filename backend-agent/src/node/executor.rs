@@ -32,6 +32,10 @@ pub struct Executor {
     /// Held while an order runs: one order at a time per node, even when an order from a
     /// lost connection is still finishing as the next one arrives.
     pub running: Mutex<()>,
+    /// This node's Slurm daemons (a slurmd and munged per Slurm tenant cluster).
+    pub slurmd: super::slurmd::Slurmd,
+    /// This agent's bandwidth-test listener (None: it takes part in no bandwidth test).
+    pub bandwidth: Option<Arc<super::bandwidth::Listener>>,
 }
 
 /// Why an order failed, in the protocol's classes.
@@ -90,7 +94,7 @@ impl Executor {
             error_kind: a.error_kind.clone(),
             inventory: self.inventory().ok(),
             replayed,
-            health: None,
+            health: a.health.as_ref().map(|h| h.to_report()),
         }
     }
 
@@ -109,13 +113,20 @@ impl Executor {
             Some(v1::work_order::Kind::InstallDriver(d)) => {
                 self.install_driver(&order.id, &d.version)
             }
-            // Health checks land with issue 10 (node/health/); until then the agent refuses.
-            Some(v1::work_order::Kind::RunHealthCheck(_)) => {
-                refuse("this agent cannot run health checks yet".into())
+            Some(v1::work_order::Kind::RunHealthCheck(h)) => self.health_check(h),
+            // Idempotent by nature (started or stopped is checked each time): not journaled.
+            Some(v1::work_order::Kind::StartSlurmd(_) | v1::work_order::Kind::StopSlurmd(_)) => {
+                return self.slurm_order(order);
             }
             None => refuse("order has no kind this agent knows; upgrade the agent".into()),
         };
-        if let Err(e) = self.journal().finish(&order.id, answer.clone()) {
+        let recorded = match &order.kind {
+            Some(v1::work_order::Kind::RunHealthCheck(_)) if answer.ok => {
+                self.journal().record_check(&order.id, answer.clone())
+            }
+            _ => self.journal().finish(&order.id, answer.clone()),
+        };
+        if let Err(e) = recorded {
             tracing::error!(order = %order.id, error = %e, "cannot record the order's answer");
         }
         self.answer(&order.id, &answer, false)
@@ -126,6 +137,7 @@ impl Executor {
             ok: false,
             error: e,
             error_kind: kind.to_string(),
+            health: None,
         };
         let before = match self.backend.gpus() {
             Ok(b) => b,
@@ -169,8 +181,77 @@ impl Executor {
                 ok: true,
                 error: String::new(),
                 error_kind: String::new(),
+                health: None,
             },
             Err((gpu, e)) => fail(format!("GPU {gpu}: {e}"), kind(&e)),
+        }
+    }
+
+    /// Runs the checks of the order's level (and its bandwidth test) and answers with
+    /// their verdicts: ok when the checks ran, whatever they found.
+    fn health_check(&self, order: &v1::RunHealthCheck) -> Answer {
+        let level = match super::health::Level::parse(&order.level) {
+            Ok(l) => l,
+            Err(e) => return refuse(e),
+        };
+        if order.expected_driver.len() > 32 {
+            return refuse("expected_driver: at most 32 characters".into());
+        }
+        let layout = match layouts(&order.expected_layout) {
+            Ok(l) => l,
+            Err(e) => return refuse(format!("expected_layout: {e}")),
+        };
+        if let Some(test) = &order.bandwidth {
+            if let Err(e) = super::bandwidth::validate(test) {
+                return refuse(e);
+            }
+            if self.bandwidth.is_none() && !test.peers.is_empty() {
+                return refuse("this agent runs no bandwidth listener".into());
+            }
+        }
+        let fail = |e: String| Answer {
+            ok: false,
+            error: e,
+            error_kind: "hardware".into(),
+            health: None,
+        };
+        let faults = match self.faults() {
+            Ok(f) => f,
+            Err(e) => return fail(e),
+        };
+        if let Some(sim) = &self.sim {
+            faults.apply_health(&self.name, sim);
+        }
+        let driver = match faults.wrong_driver(&self.name) {
+            Some(v) => Ok(v.to_string()),
+            None => self
+                .installer
+                .reported(&*self.backend)
+                .map_err(|e| e.to_string()),
+        };
+        let expected = Some(order.expected_driver.as_str()).filter(|d| !d.is_empty());
+        let plan = super::health::Plan {
+            level,
+            driver,
+            expected_driver: expected,
+            expected_layout: &layout,
+            simulated: self.sim.is_some(),
+        };
+        let mut checks = super::health::run(&*self.backend, &self.gpu_type, &plan);
+        if let Some(test) = &order.bandwidth {
+            if let Some(listener) = &self.bandwidth {
+                listener.arm(&test.token, super::bandwidth::arm_for(test));
+            }
+            checks.extend(super::bandwidth::run_test(
+                test,
+                faults.slow_network(&self.name),
+            ));
+        }
+        Answer {
+            ok: true,
+            error: String::new(),
+            error_kind: String::new(),
+            health: Some((&super::health::report(level, checks)).into()),
         }
     }
 
@@ -188,6 +269,7 @@ impl Executor {
             ok: false,
             error: e,
             error_kind: "driver".into(),
+            health: None,
         };
         if !super::driver::valid_version(version) {
             return refuse("driver version: dotted numbers, e.g. 550.54.15".into());
@@ -239,6 +321,7 @@ impl Executor {
             ok: true,
             error: String::new(),
             error_kind: String::new(),
+            health: None,
         }
     }
 
@@ -325,6 +408,7 @@ impl Executor {
                     } else {
                         "interrupted".into()
                     },
+                    health: None,
                 };
                 if let Err(e) = self.journal().finish(&id, answer) {
                     tracing::error!(order = %id, error = %e, "cannot record the order's answer");
@@ -344,6 +428,7 @@ impl Executor {
                     ok: true,
                     error: String::new(),
                     error_kind: String::new(),
+                    health: None,
                 }
             } else {
                 for gpu in &entry.before {
@@ -353,12 +438,17 @@ impl Executor {
                     ok: false,
                     error: "the node agent stopped in the middle of this order; its GPUs were put back as they were before it".into(),
                     error_kind: "interrupted".into(),
+                    health: None,
                 }
             };
             tracing::warn!(order = %id, ok = answer.ok, "settled an order interrupted by a restart");
             if let Err(e) = self.journal().finish(&id, answer) {
                 tracing::error!(order = %id, error = %e, "cannot record the order's answer");
             }
+        }
+        // The Slurm daemons this node ran before the restart, on the GPUs as they are now.
+        if let Ok(gpus) = self.backend.gpus() {
+            self.slurmd.recover(&gpus);
         }
     }
 }
@@ -368,11 +458,17 @@ fn refuse(e: String) -> Answer {
         ok: false,
         error: e,
         error_kind: "rule".into(),
+        health: None,
     }
 }
 
 /// One GPU's target: placements, or None for a whole GPU.
 type GpuTarget = (u32, Option<Vec<Placement>>);
+
+/// Recorded layouts of a health check, every number checked.
+fn layouts(l: &[v1::GpuLayout]) -> Result<Vec<GpuTarget>, String> {
+    targets(&v1::ApplyMigLayout { gpus: l.to_vec() })
+}
 
 /// The order's per-GPU targets, every number checked.
 fn targets(m: &v1::ApplyMigLayout) -> Result<Vec<GpuTarget>, String> {

@@ -7,10 +7,35 @@
 //! in_use = ["h100-80gb-pool-01:0"]   # "<node name>:<gpu index>": these GPUs report work running
 //! driver_install_fails = ["h100-80gb-pool-02"]  # these nodes fail a driver install
 //! driver_not_applied = ["h100-80gb-pool-03"]    # these nodes keep their old driver after one
+//!
+//! # Health faults, seen by the node's health checks (RunHealthCheck orders, hw-check):
+//! [[ecc_burst]]            # GPU 0 reports 3 uncorrected (volatile and aggregate) ECC errors
+//! node = "h100-80gb-pool-01"
+//! gpu = 0
+//! uncorrected = 3
+//! [[xid]]                  # GPU 1 reports XID 79 (fallen off the bus) at every check
+//! node = "h100-80gb-pool-01"
+//! gpu = 1
+//! code = 79
+//! [[pcie_degraded]]        # GPU 2's link runs at Gen3 x8 instead of its maximum
+//! node = "h100-80gb-pool-01"
+//! gpu = 2
+//! gen = 3
+//! width = 8
+//! [[slow_network]]         # this node's bandwidth-test sender and receiver run at 50 Mbit/s
+//! node = "h100-80gb-pool-01"
+//! mbps = 50
+//! [[wrong_driver]]         # the health checks read this driver instead of the installed one
+//! node = "h100-80gb-pool-01"
+//! version = "535.54.03"
 //! ```
+//!
+//! The file is read at each use, so a test injects (or removes) a fault while the agent
+//! runs; the health faults apply to the check that reads them.
 
 use std::path::Path;
 
+use gpufleet_gpu::hardware::{GpuBackend, SimulatedNode};
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -23,6 +48,56 @@ pub struct Faults {
     pub driver_install_fails: Vec<String>,
     #[serde(default)]
     pub driver_not_applied: Vec<String>,
+    #[serde(default)]
+    pub ecc_burst: Vec<EccBurst>,
+    #[serde(default)]
+    pub xid: Vec<Xid>,
+    #[serde(default)]
+    pub pcie_degraded: Vec<PcieDegraded>,
+    #[serde(default)]
+    pub slow_network: Vec<SlowNetwork>,
+    #[serde(default)]
+    pub wrong_driver: Vec<WrongDriver>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EccBurst {
+    pub node: String,
+    pub gpu: u32,
+    pub uncorrected: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Xid {
+    pub node: String,
+    pub gpu: u32,
+    pub code: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PcieDegraded {
+    pub node: String,
+    pub gpu: u32,
+    pub gen: u32,
+    pub width: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlowNetwork {
+    pub node: String,
+    /// Megabits per second (at least 1).
+    pub mbps: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WrongDriver {
+    pub node: String,
+    pub version: String,
 }
 
 impl Faults {
@@ -31,6 +106,47 @@ impl Faults {
         match std::fs::read_to_string(path) {
             Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display())),
             Err(_) => Ok(Self::default()),
+        }
+    }
+
+    /// The bandwidth limit of `node`'s test streams, in Mbit/s, if it has a slow network.
+    pub fn slow_network(&self, node: &str) -> Option<u64> {
+        self.slow_network
+            .iter()
+            .filter(|s| s.node == node)
+            .map(|s| s.mbps.max(1))
+            .min()
+    }
+
+    /// The driver `node`'s health checks read instead of the installed one.
+    pub fn wrong_driver(&self, node: &str) -> Option<&str> {
+        self.wrong_driver
+            .iter()
+            .find(|w| w.node == node)
+            .map(|w| w.version.as_str())
+    }
+
+    /// Sets `node`'s simulated GPUs to the health faults listed for it (clearing those no
+    /// longer listed); XIDs are queued for the next reading.
+    pub fn apply_health(&self, node: &str, sim: &SimulatedNode) {
+        let gpus = sim.gpus().map(|g| g.len() as u32).unwrap_or(0);
+        for gpu in 0..gpus {
+            let ecc = self
+                .ecc_burst
+                .iter()
+                .filter(|e| e.node == node && e.gpu == gpu)
+                .map(|e| e.uncorrected)
+                .sum();
+            sim.set_ecc_uncorrected(gpu, ecc);
+            let link = self
+                .pcie_degraded
+                .iter()
+                .find(|p| p.node == node && p.gpu == gpu)
+                .map(|p| (p.gen, p.width));
+            sim.set_pcie_link(gpu, link);
+            for x in self.xid.iter().filter(|x| x.node == node && x.gpu == gpu) {
+                sim.push_xid(gpu, x.code);
+            }
         }
     }
 
@@ -54,5 +170,43 @@ mod tests {
         assert!(f.in_use("n1", 2) && !f.in_use("n1", 1) && !f.in_use("n2", 2));
         std::fs::write(&path, "typo = 1\n").unwrap();
         assert!(Faults::read(&path).unwrap_err().contains("typo"));
+    }
+
+    #[test]
+    fn health_faults_reach_the_simulated_gpus_and_clear_when_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sim-faults.toml");
+        std::fs::write(
+            &path,
+            "[[ecc_burst]]\nnode = \"n1\"\ngpu = 0\nuncorrected = 3\n\
+             [[xid]]\nnode = \"n1\"\ngpu = 1\ncode = 79\n\
+             [[pcie_degraded]]\nnode = \"n1\"\ngpu = 1\ngen = 3\nwidth = 8\n\
+             [[slow_network]]\nnode = \"n1\"\nmbps = 50\n\
+             [[wrong_driver]]\nnode = \"n2\"\nversion = \"535.54.03\"\n",
+        )
+        .unwrap();
+        let f = Faults::read(&path).unwrap();
+        assert_eq!(
+            (f.slow_network("n1"), f.slow_network("n2")),
+            (Some(50), None)
+        );
+        assert_eq!(
+            (f.wrong_driver("n2"), f.wrong_driver("n1")),
+            (Some("535.54.03"), None)
+        );
+        let model = gpufleet_gpu::catalog::model("H100-80GB").unwrap();
+        let sim = SimulatedNode::new("n1", model, 2, "550.54.15");
+        f.apply_health("n1", &sim);
+        let (g0, g1) = (sim.readings(0).unwrap(), sim.readings(1).unwrap());
+        assert_eq!(g0.ecc.unwrap().volatile_uncorrected, 3);
+        assert_eq!(g1.xids, Ok(vec![79]));
+        assert_eq!(g1.pcie.unwrap().width, 8);
+        Faults::default().apply_health("n1", &sim);
+        let g1 = sim.readings(1).unwrap();
+        assert_eq!((g1.pcie.unwrap().width, g1.xids), (16, Ok(vec![])));
+        assert_eq!(
+            sim.readings(0).unwrap().ecc.unwrap().volatile_uncorrected,
+            0
+        );
     }
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gpufleet_gpu::hardware::GpuInfo;
+use gpufleet_proto::v1;
 use serde::{Deserialize, Serialize};
 
 /// How many answered orders are kept (oldest dropped first); the control plane never
@@ -18,6 +19,82 @@ pub struct Answer {
     pub ok: bool,
     pub error: String,
     pub error_kind: String,
+    /// A health check's verdicts, so a replayed answer carries them too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<Health>,
+}
+
+/// `v1::HealthReport` as the journal keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Health {
+    pub level: String,
+    pub finished_at: i64,
+    pub checks: Vec<Check>,
+}
+
+/// `v1::CheckResult` as the journal keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Check {
+    pub name: String,
+    #[serde(default)]
+    pub gpu_uuid: String,
+    pub verdict: String,
+    #[serde(default)]
+    pub value: String,
+    #[serde(default)]
+    pub threshold: String,
+    #[serde(default)]
+    pub detail: String,
+    #[serde(default)]
+    pub peer: String,
+    #[serde(default)]
+    pub gbps: f64,
+}
+
+impl From<&v1::HealthReport> for Health {
+    fn from(r: &v1::HealthReport) -> Self {
+        Self {
+            level: r.level.clone(),
+            finished_at: r.finished_at,
+            checks: r
+                .checks
+                .iter()
+                .map(|c| Check {
+                    name: c.name.clone(),
+                    gpu_uuid: c.gpu_uuid.clone(),
+                    verdict: c.verdict.clone(),
+                    value: c.value.clone(),
+                    threshold: c.threshold.clone(),
+                    detail: c.detail.clone(),
+                    peer: c.peer.clone(),
+                    gbps: c.gbps,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Health {
+    pub fn to_report(&self) -> v1::HealthReport {
+        v1::HealthReport {
+            level: self.level.clone(),
+            finished_at: self.finished_at,
+            checks: self
+                .checks
+                .iter()
+                .map(|c| v1::CheckResult {
+                    name: c.name.clone(),
+                    gpu_uuid: c.gpu_uuid.clone(),
+                    verdict: c.verdict.clone(),
+                    value: c.value.clone(),
+                    threshold: c.threshold.clone(),
+                    detail: c.detail.clone(),
+                    peer: c.peer.clone(),
+                    gbps: c.gbps,
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -31,6 +108,9 @@ pub struct Entry {
     /// For a driver order: the version it installs.
     #[serde(default)]
     pub driver: Option<String>,
+    /// A health check (recorded when answered).
+    #[serde(default)]
+    pub check: bool,
     /// Times the order's hardware steps were started (stays 1: orders never run twice).
     pub runs: u32,
     pub answer: Option<Answer>,
@@ -87,10 +167,32 @@ impl Journal {
             before,
             target,
             driver,
+            check: false,
             runs: 0,
             answer: None,
         });
         entry.runs += 1;
+        self.trim();
+        self.save()
+    }
+
+    /// Records a health check once it is answered. Checks change nothing, so they are
+    /// not journaled before they run: one cut short is simply run again when re-sent.
+    pub fn record_check(&mut self, id: &str, answer: Answer) -> std::io::Result<()> {
+        let seq = self.file.next_seq;
+        self.file.next_seq += 1;
+        self.file.orders.insert(
+            id.to_string(),
+            Entry {
+                seq,
+                before: Vec::new(),
+                target: Vec::new(),
+                driver: None,
+                check: true,
+                runs: 1,
+                answer: Some(answer),
+            },
+        );
         self.trim();
         self.save()
     }
@@ -153,6 +255,7 @@ mod tests {
                 ok: true,
                 error: String::new(),
                 error_kind: String::new(),
+                health: None,
             },
         )
         .unwrap();
@@ -162,6 +265,42 @@ mod tests {
         assert_eq!(j.get("a").unwrap().runs, 1);
         let open: Vec<String> = j.unanswered().into_iter().map(|(id, _)| id).collect();
         assert_eq!(open, vec!["b".to_string()]);
+    }
+
+    #[test]
+    fn a_health_report_survives_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path()).unwrap();
+        let report = v1::HealthReport {
+            level: "medium".into(),
+            finished_at: 1_700_000_000,
+            checks: vec![v1::CheckResult {
+                name: "bandwidth".into(),
+                verdict: "fail".into(),
+                value: "0.020 Gbit/s".into(),
+                threshold: ">= 1.00 Gbit/s".into(),
+                detail: "to n2".into(),
+                peer: "n2".into(),
+                gbps: 0.02,
+                ..Default::default()
+            }],
+        };
+        j.record_check(
+            "c1",
+            Answer {
+                ok: true,
+                error: String::new(),
+                error_kind: String::new(),
+                health: Some((&report).into()),
+            },
+        )
+        .unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        let entry = j.get("c1").unwrap();
+        assert!(entry.check && entry.runs == 1);
+        assert!(j.unanswered().is_empty());
+        let back = entry.answer.as_ref().unwrap().health.as_ref().unwrap();
+        assert_eq!(back.to_report(), report);
     }
 
     #[test]
@@ -178,6 +317,7 @@ mod tests {
                     ok: true,
                     error: String::new(),
                     error_kind: String::new(),
+                    health: None,
                 },
             )
             .unwrap();

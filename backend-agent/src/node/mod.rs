@@ -3,12 +3,15 @@
 //! on its own hardware (simulated, or real GPUs through NVML), answering with the state
 //! it verified. The control plane's embedded mode runs the same agent in-process.
 
+pub mod bandwidth;
 pub mod driver;
 pub mod executor;
 pub mod faults;
+pub mod health;
 pub mod journal;
 pub mod session;
 pub mod sim_disk;
+pub mod slurmd;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -32,6 +35,26 @@ pub struct Parts {
     pub data_dir: PathBuf,
     pub link: Link,
     pub installer: driver::Installer,
+    /// The bandwidth-test listener, and the host:port peers reach it at when that differs
+    /// from its bound address.
+    pub bandwidth: Option<Arc<bandwidth::Listener>>,
+    pub bandwidth_advertise: Option<String>,
+}
+
+/// The slow-network fault of `name` read from `faults_file` at each stream (simulated
+/// nodes); no limit without a faults file.
+pub fn fault_throttle(faults_file: Option<PathBuf>, name: &str) -> bandwidth::Throttle {
+    match faults_file {
+        None => bandwidth::unthrottled(),
+        Some(file) => {
+            let name = name.to_string();
+            Arc::new(move || {
+                faults::Faults::read(&file)
+                    .ok()
+                    .and_then(|f| f.slow_network(&name))
+            })
+        }
+    }
 }
 
 /// Builds the agent (opening its journal) from its parts.
@@ -40,7 +63,13 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
         .with_context(|| format!("cannot create {}", parts.data_dir.display()))?;
     let journal = Journal::open(&parts.data_dir)?;
     let hardware = if parts.sim.is_some() { "sim" } else { "nvml" };
+    let bandwidth_addr = match (&parts.bandwidth_advertise, &parts.bandwidth) {
+        (Some(a), _) => a.clone(),
+        (None, Some(l)) => l.addr().to_string(),
+        (None, None) => String::new(),
+    };
     Ok(Arc::new(Agent {
+        bandwidth_addr,
         exec: Arc::new(Executor {
             name: parts.name.clone(),
             gpu_type: parts.gpu_type,
@@ -50,6 +79,8 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
             journal: Mutex::new(journal),
             installer: parts.installer,
             running: Mutex::new(()),
+            slurmd: slurmd::Slurmd::new(&parts.data_dir, &parts.name, hardware == "sim"),
+            bandwidth: parts.bandwidth,
         }),
         name: parts.name,
         capacity: parts.capacity,
@@ -174,7 +205,28 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         )),
         None => driver::Installer::Command(args.driver_install_cmd.clone()),
     };
+    if let Some(a) = &args.bandwidth_advertise {
+        let host_port = a
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+        if a.len() > 255 || !host_port {
+            anyhow::bail!("--bandwidth-advertise: '{a}' is not a host:port");
+        }
+    }
+    let listener = bandwidth::Listener::start(
+        args.bandwidth_listen,
+        fault_throttle(faults_file.clone(), &name),
+    )
+    .with_context(|| {
+        format!(
+            "--bandwidth-listen: cannot listen on {}",
+            args.bandwidth_listen
+        )
+    })?;
+    tracing::info!(addr = %listener.addr(), "bandwidth-test listener ready");
     let agent = assemble(Parts {
+        bandwidth: Some(listener),
+        bandwidth_advertise: args.bandwidth_advertise.clone(),
         installer,
         name,
         capacity: args.capacity.as_str().to_string(),

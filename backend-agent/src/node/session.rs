@@ -31,6 +31,8 @@ pub struct Agent {
     pub link: Link,
     /// `<data-dir>/status.json`: what the agent last registered and reported (its own view).
     pub status_file: PathBuf,
+    /// host:port of its bandwidth-test listener, as peers reach it (empty: none).
+    pub bandwidth_addr: String,
 }
 
 enum End {
@@ -120,6 +122,22 @@ fn write_status(agent: &Agent, node_id: &str, inventory: Option<&v1::NodeInvento
     }
 }
 
+/// A bandwidth test's token is accepted from the moment its order arrives, even while an
+/// earlier order still runs: the peers' streams to this node need not wait for it.
+fn arm_bandwidth(agent: &Agent, order: &v1::WorkOrder) {
+    if let (Some(v1::work_order::Kind::RunHealthCheck(h)), Some(listener)) =
+        (&order.kind, &agent.exec.bandwidth)
+    {
+        if let Some(test) = h
+            .bandwidth
+            .as_ref()
+            .filter(|t| super::bandwidth::validate(t).is_ok())
+        {
+            listener.arm(&test.token, super::bandwidth::arm_for(test));
+        }
+    }
+}
+
 async fn session(agent: &Arc<Agent>) -> End {
     let channel = match agent.link.endpoint.connect().await {
         Ok(c) => c,
@@ -137,7 +155,7 @@ async fn session(agent: &Arc<Agent>) -> End {
             capacity: agent.capacity.clone(),
             inventory: Some(inventory.clone()),
             hardware: agent.hardware.to_string(),
-            bandwidth_addr: String::new(),
+            bandwidth_addr: agent.bandwidth_addr.clone(),
         })),
     });
     let mut request = tonic::Request::new(UnboundedReceiverStream::new(up_rx));
@@ -236,6 +254,7 @@ async fn session(agent: &Arc<Agent>) -> End {
                 msg: Some(control_message::Msg::Order(order)),
             })) => {
                 tracing::info!(node = %agent.name, order = %order.id, "work order received");
+                arm_bandwidth(agent, &order);
                 queued.fetch_add(1, Ordering::Relaxed);
                 let _ = orders.send(order);
             }

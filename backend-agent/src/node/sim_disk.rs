@@ -102,6 +102,9 @@ impl GpuBackend for DiskSim {
     fn health(&self, gpu: u32) -> Result<GpuHealth, HwError> {
         self.node.health(gpu)
     }
+    fn readings(&self, gpu: u32) -> Result<gpufleet_gpu::hardware::GpuReadings, HwError> {
+        self.node.readings(gpu)
+    }
     fn busy(&self, gpu: u32) -> Result<BusyState, HwError> {
         self.node.busy(gpu)
     }

@@ -62,10 +62,13 @@ pub fn nodes_to_add(
             let used = held_by_clusters(conn, rid)?;
             let free = r.node_count - used.pool - used.on_demand;
             if wanted > free {
+                // What other clusters hold: this cluster's own nodes are its to keep.
+                let others = used.pool + used.on_demand - current as i64;
                 return Err(Error::Precondition(format!(
-                    "node_count: needs {wanted} more nodes from reservation {rid}, which has {} nodes of which its clusters hold {}",
+                    "node_count: needs {} nodes from reservation {rid}, which has {} nodes of which other clusters hold {others} ({} left)",
+                    cluster.node_count,
                     r.node_count,
-                    used.pool + used.on_demand
+                    r.node_count - others
                 )));
             }
             let take_pool = wanted.min(r.pool_nodes - used.pool).max(0);
@@ -105,7 +108,24 @@ pub fn nodes_to_add(
     } else {
         "from now on".into()
     };
-    if cap.free_pool(from, None) < need_pool || cap.free_on_demand(from, None) < need_od {
+    // A preemptible cluster needs its pool nodes free now only: reservations take them
+    // back when their windows start.
+    let preemptible = super::preemption::is_preemptible(conn, &cluster.id)?;
+    if preemptible && cap.free_pool(t, Some(t + 1)) < need_pool {
+        return Err(Error::Precondition(format!(
+            "node_count: needs {} {gpu} pool nodes now, the pool has {} free now; clusters and reservations hold the rest",
+            cluster.node_count,
+            cap.free_pool(t, Some(t + 1))
+        )));
+    }
+    let pool_short = !preemptible && cap.free_pool(from, None) < need_pool;
+    if pool_short && cluster.reservation_id.is_none() {
+        if let Some(why) = super::preemption::blocked_later(gpu, cluster, &held, &cap, need_pool, t)
+        {
+            return Err(Error::Precondition(why));
+        }
+    }
+    if pool_short || cap.free_on_demand(from, None) < need_od {
         return Err(Error::Precondition(format!(
             "node_count: needs {} {gpu} nodes {when}, pool has {} free (on-demand {} free); reservations hold the rest",
             cluster.node_count,

@@ -204,6 +204,14 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
                 ),
             );
         }
+        // A Slurm cluster's nodes are drained in Slurm first: running jobs finish.
+        crate::slurm::cluster::drain_all(
+            state,
+            cluster,
+            chunk,
+            &format!("installing driver {version}"),
+        )
+        .await;
         let failed = install(state, chunk, &version).await;
         for n in chunk {
             if let Some((_, why)) = failed.iter().find(|(f, _)| f.id == n.id) {
@@ -230,6 +238,7 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
                 let conn = state.db();
                 store::nodes::set_state(&conn, &n.id, NODE_READY, "", now())?;
             }
+            crate::slurm::cluster::resume(state, cluster, &n.hostname).await;
             event(
                 state,
                 cluster,

@@ -3,15 +3,17 @@
 
 pub mod clusters;
 pub mod drivers;
+pub mod earliest;
+pub mod guarantees;
+pub mod health;
+pub mod preemption;
 pub mod reservations;
-
-use std::collections::HashMap;
 
 use rusqlite::Connection;
 
 use crate::error::{Error, Result};
 use crate::rules::{Capacity, Span};
-use crate::store::{self, nodes::POOL};
+use crate::store;
 
 pub fn gpus_per_node(conn: &Connection, gpu_type: &str) -> Result<i64> {
     store::nodes::gpus_per_node(conn, gpu_type).map_err(Error::from)
@@ -49,46 +51,56 @@ pub fn holdings(
     now: i64,
     exclude: Exclude,
 ) -> Result<Vec<Holding>> {
+    holdings_during(conn, gpu_type, now, (now, None), exclude)
+}
+
+/// The holdings of [`holdings`] that overlap `window` = `[from, until)` (`until = None`:
+/// for ever). Capacity over that window, and a quota check of a request inside it, see
+/// exactly what they would see with every holding; the reservations come from the
+/// store's window index, so the cost follows what overlaps, not history.
+pub fn holdings_during(
+    conn: &Connection,
+    gpu_type: &str,
+    now: i64,
+    window: (i64, Option<i64>),
+    exclude: Exclude,
+) -> Result<Vec<Holding>> {
+    let (from, until) = (window.0.max(now), window.1);
     let mut out = Vec::new();
-    let mut reservation_end = HashMap::new();
-    for r in store::reservations::list(conn, None, Some(gpu_type))? {
-        let end = match exclude.reservation {
-            Some((id, new_end)) if id == r.id => {
-                reservation_end.insert(r.id.clone(), new_end);
-                continue;
-            }
-            _ => r.end_time,
-        };
-        reservation_end.insert(r.id.clone(), end);
-        if end > now {
-            out.push(Holding {
-                tenant_id: r.tenant_id,
-                start: r.start_time,
-                end: Some(end),
-                pool: r.pool_nodes,
-                on_demand: r.on_demand_nodes,
-                unreserved_cluster: false,
-                is_reservation: true,
-            });
+    for r in store::holdings::overlapping(conn, gpu_type, from, until)? {
+        if exclude.reservation.is_some_and(|(id, _)| id == r.id) {
+            continue;
         }
+        out.push(Holding {
+            tenant_id: r.tenant_id,
+            start: r.start_time,
+            end: Some(r.end_time),
+            pool: r.pool_nodes,
+            on_demand: r.on_demand_nodes,
+            unreserved_cluster: false,
+            is_reservation: true,
+        });
     }
-    for c in store::clusters::list(conn, None, Some(gpu_type), None)? {
+    for c in store::holdings::clusters(conn, gpu_type)? {
         if exclude.cluster == Some(c.id.as_str()) {
             continue;
         }
-        let held = store::nodes::list(conn, None, Some(&c.id))?;
-        let pool = held.iter().filter(|n| n.capacity == POOL).count() as i64;
-        let live_end = c
-            .reservation_id
-            .as_ref()
-            .and_then(|r| reservation_end.get(r).copied())
-            .filter(|&end| end > now);
+        let reservation_end = match (exclude.reservation, c.reservation_id.as_deref()) {
+            (Some((id, new_end)), Some(rid)) if id == rid => Some(new_end),
+            _ => c.reservation_end,
+        };
+        let live_end = reservation_end.filter(|&end| end > now);
+        // Open-ended: it overlaps the window unless it starts after it.
+        let start = live_end.unwrap_or(now);
+        if until.is_some_and(|u| start >= u) {
+            continue;
+        }
         out.push(Holding {
             tenant_id: c.tenant_id,
-            start: live_end.unwrap_or(now),
+            start,
             end: None,
-            pool,
-            on_demand: held.len() as i64 - pool,
+            pool: c.pool,
+            on_demand: c.on_demand,
             unreserved_cluster: live_end.is_none(),
             is_reservation: false,
         });

@@ -3,7 +3,7 @@
 
 use rusqlite::Connection;
 
-use super::{capacity, demand, gpus_per_node, holdings, Exclude};
+use super::{capacity, demand, gpus_per_node, holdings, holdings_during, Exclude};
 use crate::error::{Error, Result};
 use crate::rules::{self, QuotaSubject, Span, Split};
 use crate::state::rfc3339;
@@ -76,7 +76,8 @@ pub fn pool_takes_back(conn: &Connection, r: &ReservationRow, t: i64) -> Result<
         reservation: Some((&r.id, r.end_time)),
     };
     let held = holdings(conn, &r.gpu_type, t, exclude)?;
-    let cap = capacity(conn, &r.gpu_type, &held)?;
+    let mut cap = capacity(conn, &r.gpu_type, &held)?;
+    super::preemption::yield_to_reservations(conn, &r.gpu_type, t, &mut cap)?;
     let from = r.start_time.max(t);
     // What the pool has besides the nodes the reservation already holds there.
     let free = cap.free_pool(from, Some(r.end_time)) - r.pool_nodes;
@@ -109,8 +110,19 @@ pub fn place(
     min: Split,
     t: i64,
 ) -> Result<()> {
-    let held = holdings(conn, &r.gpu_type, t, exclude)?;
-    let cap = capacity(conn, &r.gpu_type, &held)?;
+    // A create adds holdings only inside its window, so what overlaps the window decides
+    // both checks (the tenant is within its quota everywhere else already). An update can
+    // move its clusters' start (its end moves), so it looks at everything.
+    let window = match exclude {
+        Exclude {
+            cluster: None,
+            reservation: None,
+        } => (r.start_time.max(t), Some(r.end_time)),
+        _ => (t, None),
+    };
+    let held = holdings_during(conn, &r.gpu_type, t, window, exclude)?;
+    let mut cap = capacity(conn, &r.gpu_type, &held)?;
+    super::preemption::yield_to_reservations(conn, &r.gpu_type, t, &mut cap)?;
     let from = r.start_time.max(t);
     // Quota first: it is the tenant's own limit, the more useful answer.
     let gpn = gpus_per_node(conn, &r.gpu_type)?;

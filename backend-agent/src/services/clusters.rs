@@ -37,10 +37,21 @@ fn visible_cluster(conn: &Connection, caller: &Caller, id: &str) -> Result<Clust
 }
 
 fn message(conn: &Connection, caller: &Caller, c: ClusterRow) -> Result<v1::TenantCluster, Status> {
-    let nodes = store::nodes::list(conn, None, Some(&c.id)).map_err(db_error)?;
+    let mut nodes = store::nodes::list(conn, None, Some(&c.id)).map_err(db_error)?;
+    let nodes_omitted = super::paging::shown_nodes(&mut nodes);
+    let acceptance = super::health::cluster_acceptance(conn, &c.id)?;
+    let preemption = store::preemption::get(conn, &c.id).map_err(db_error)?;
     Ok(v1::TenantCluster {
+        preemptible: preemption.is_some(),
+        allow_on_demand: preemption.unwrap_or(false),
+        acceptance_level: acceptance.level,
+        min_bus_bandwidth_gbps: acceptance.min_bus_bandwidth_gbps,
+        run_acceptance_on_create: acceptance.run_on_create,
+        acceptance_status: acceptance.status,
+        acceptance_nodes: acceptance.nodes,
         tenant_name: super::tenant_name(conn, &c.tenant_id)?,
         nodes: node_messages(conn, None, caller, nodes)?,
+        nodes_omitted,
         mig_layout: c
             .mig_layout
             .iter()
@@ -74,8 +85,21 @@ fn positive_or_unset(field: &str, value: i64) -> Result<(), Status> {
     Ok(())
 }
 
-/// A create after its checks: the answer to a retried request, or the new cluster (in
-/// the store, status "creating") with the MIG changes its nodes need.
+/// A validate_only answer: the cluster as the request would make it (nodes included), no
+/// credentials issued.
+fn dry_run_answer(
+    conn: &Connection,
+    caller: &Caller,
+    c: ClusterRow,
+) -> Result<v1::TenantCluster, Status> {
+    let mut answer = message(conn, caller, c)?;
+    answer.credentials.clear();
+    Ok(answer)
+}
+
+/// A create after its checks: the answer to give at once (a retried request's, or a
+/// validate_only dry run's), or the new cluster (in the store, status "creating") with
+/// the MIG changes its nodes need.
 enum Prepared {
     Existing(v1::TenantCluster),
     New {
@@ -170,6 +194,12 @@ impl Clusters {
         changes: &[crate::mig::Change],
     ) -> Result<(), crate::error::Error> {
         if !cluster.driver_version.is_empty() && !joining.is_empty() {
+            super::progress::driver_installs(
+                &self.state,
+                cluster,
+                joining,
+                &cluster.driver_version,
+            );
             let failed =
                 crate::scheduling::drivers::install(&self.state, joining, &cluster.driver_version)
                     .await;
@@ -186,7 +216,10 @@ impl Clusters {
                 )));
             }
         }
-        crate::mig::converge(&self.state, changes).await
+        super::progress::partitioning(&self.state, cluster, changes);
+        crate::mig::converge(&self.state, changes).await?;
+        // Then the acceptance checks (failed nodes are quarantined and replaced).
+        crate::scheduling::health::accept_new_nodes(&self.state, cluster, joining).await
     }
 
     fn prepare_create(
@@ -196,11 +229,16 @@ impl Clusters {
         let mut conn = self.state.db();
         let tx = conn.transaction().map_err(db_error)?;
         let caller = authenticate(&self.state, &tx, &request)?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
-        rules::required("request_id", &req.request_id).map_err(invalid)?;
+        // A dry run (validate_only) needs no request id: "" was never recorded.
+        if !req.validate_only {
+            rules::required("request_id", &req.request_id).map_err(invalid)?;
+        }
         let tenant = target_tenant(&tx, &caller, &req.tenant_id)?;
         rules::dns_label("name", &req.name).map_err(invalid)?;
         rules::orchestrator(&req.orchestrator).map_err(invalid)?;
+        crate::slurm::cluster::require(&req.orchestrator)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         rules::at_least("node_count", req.node_count, 1).map_err(invalid)?;
         positive_or_unset("storage_gib", req.storage_gib)?;
@@ -223,16 +261,21 @@ impl Clusters {
             &req.cuda_version,
             &req.driver_version,
             &max_unavailable,
+            &req.preemptible,
+            &req.allow_on_demand,
         ]);
         match store::idempotency::lookup(&tx, "cluster", &tenant.id, &req.request_id, &print)
             .map_err(db_error)?
         {
-            Prior::Same(id) => {
-                let c = store::clusters::get(&tx, &id)
-                    .map_err(db_error)?
-                    .ok_or_else(|| not_found("tenant cluster", &id))?;
-                return message(&tx, &caller, c).map(Prepared::Existing);
-            }
+            Prior::Same(id) => match store::clusters::get(&tx, &id).map_err(db_error)? {
+                // Done or still under way (a retry after a deadline): the same cluster.
+                Some(c) => return message(&tx, &caller, c).map(Prepared::Existing),
+                // Its cluster is gone since: the same request makes a new one.
+                None => {
+                    store::idempotency::forget_request(&tx, "cluster", &tenant.id, &req.request_id)
+                        .map_err(db_error)?
+                }
+            },
             Prior::Conflict => return Err(request_id_conflict(&req.request_id, "tenant cluster")),
             Prior::New => {}
         }
@@ -260,8 +303,9 @@ impl Clusters {
             &req.driver_version,
             !mig_layout.is_empty(),
         )?;
+        let acceptance = super::health::create_settings(&req)?;
         let dir = volumes::path(&self.state.volumes_root(), &tenant.name, &req.name);
-        let cluster = ClusterRow {
+        let mut cluster = ClusterRow {
             id: uuid::Uuid::new_v4().to_string(),
             tenant_id: tenant.id.clone(),
             endpoint: access::endpoint(&req.orchestrator, &tenant.name, &req.name),
@@ -282,8 +326,17 @@ impl Clusters {
             driver_version: driver.unwrap_or_default(),
             max_unavailable,
         };
+        // A Slurm cluster's own controller port and munge key.
+        crate::slurm::cluster::prepare(&mut cluster)?;
         store::clusters::insert(&tx, &cluster).map_err(db_error)?;
+        super::health::store_created(&tx, &cluster.id, acceptance)?;
+        crate::scheduling::preemption::mark(&tx, &cluster, req.preemptible, req.allow_on_demand)?;
         scale(&tx, &tenant.name, &cluster, now())?;
+        if req.validate_only {
+            // The real create's admission passed; dropping `tx` rolls back the row and its
+            // nodes, and nothing outside the database was touched.
+            return dry_run_answer(&tx, &caller, cluster).map(Prepared::Existing);
+        }
         store::idempotency::record(
             &tx,
             "cluster",
@@ -334,6 +387,23 @@ impl Clusters {
                 tenant_name,
             } => (caller, cluster, changes, tenant_name),
         };
+        // The rest runs to the end even when the caller leaves (see `detached`).
+        let this = self.clone();
+        super::detached::run(async move {
+            this.complete_create(caller, cluster, changes, tenant_name)
+                .await
+        })
+        .await
+    }
+
+    /// A create's orders to the agents and its record (or undo) of what they did.
+    async fn complete_create(
+        &self,
+        caller: Caller,
+        cluster: ClusterRow,
+        changes: Vec<crate::mig::Change>,
+        tenant_name: String,
+    ) -> Result<v1::TenantCluster, Status> {
         // The agents bring the nodes to the cluster's driver, then partition them; no lock
         // is held while they work.
         let joining: Vec<NodeRow> = changes.iter().map(|c| c.node.clone()).collect();
@@ -344,8 +414,21 @@ impl Clusters {
             }
             return Err(e.into());
         }
+        // A Slurm cluster's controller and slurmd, once the nodes have their layout.
+        let slurm = match crate::slurm::cluster::apply(&self.state, &cluster.id, &[]).await {
+            Ok(why) => why,
+            Err(e) => {
+                crate::slurm::cluster::remove(&self.state, &cluster, &joining).await;
+                let conn = self.state.db();
+                if let Err(db) = undo_create(&conn, &cluster) {
+                    tracing::error!(cluster = %cluster.name, error = %db, "cannot undo a failed cluster create");
+                }
+                return Err(e.into());
+            }
+        };
         let conn = self.state.db();
-        let (status, reason) = settled_status(&conn, &cluster.id)?;
+        let (status, reason) =
+            crate::slurm::cluster::overlay(settled_status(&conn, &cluster.id)?, slurm);
         store::clusters::set_status(&conn, &cluster.id, &status, &reason).map_err(db_error)?;
         if cluster.driver_version.is_empty() {
             // No driver asked for: the cluster reads back what its nodes run.
@@ -371,8 +454,9 @@ impl Clusters {
         &self,
         request: Request<v1::GetTenantClusterRequest>,
     ) -> Result<v1::TenantCluster, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         let c = visible_cluster(&conn, &caller, &request.get_ref().id)?;
         message(&conn, &caller, c)
     }
@@ -381,15 +465,68 @@ impl Clusters {
         &self,
         request: Request<v1::ListTenantClustersRequest>,
     ) -> Result<v1::ListTenantClustersResponse, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         let scope = list_scope(&conn, &caller, &request.get_ref().tenant_id)?;
+        let page =
+            super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
         let rows = store::clusters::list(&conn, scope.as_deref(), None, None).map_err(db_error)?;
-        let clusters = rows
-            .into_iter()
-            .map(|c| message(&conn, &caller, c))
-            .collect::<Result<_, _>>()?;
-        Ok(v1::ListTenantClustersResponse { clusters })
+        let (clusters, next_page_token) = super::paging::page(
+            rows,
+            &page,
+            |c| format!("{}\u{0}{}", c.tenant_id, c.name),
+            |c| message(&conn, &caller, c),
+        )?;
+        Ok(v1::ListTenantClustersResponse {
+            clusters,
+            next_page_token,
+        })
+    }
+
+    /// `c` with an update's changes applied (checked as they are taken in), and whether
+    /// they give it another driver.
+    fn updated(
+        &self,
+        c: &ClusterRow,
+        req: &v1::UpdateTenantClusterRequest,
+    ) -> Result<(ClusterRow, bool), Status> {
+        let mut c = c.clone();
+        // 0 leaves node_count / storage_gib unchanged (proto3 int64 has no presence).
+        positive_or_unset("node_count", req.node_count)?;
+        positive_or_unset("storage_gib", req.storage_gib)?;
+        if req.storage_gib > 0 && req.storage_gib < c.storage_gib {
+            return Err(precondition(format!(
+                "storage_gib cannot shrink from {} to {}",
+                c.storage_gib, req.storage_gib
+            )));
+        }
+        if req.node_count > 0 {
+            c.node_count = req.node_count;
+        }
+        if req.storage_gib > 0 {
+            c.storage_gib = req.storage_gib;
+        }
+        if req.set_mig_layout {
+            c.mig_layout = crate::mig::validate(&c.gpu_type, &req.mig_layout)?;
+        }
+        if req.max_unavailable != 0 {
+            c.max_unavailable = max_unavailable_or_default(req.max_unavailable)?;
+        }
+        let mut new_driver = false;
+        if req.set_driver {
+            c.cuda_version = req.cuda_version.clone();
+            if let Some(v) = self.resolve_driver(
+                &c.gpu_type,
+                &req.cuda_version,
+                &req.driver_version,
+                !c.mig_layout.is_empty(),
+            )? {
+                new_driver = v != c.driver_version;
+                c.driver_version = v;
+            }
+        }
+        Ok((c, new_driver))
     }
 
     async fn update(
@@ -400,46 +537,22 @@ impl Clusters {
             let mut conn = self.state.db();
             let tx = conn.transaction().map_err(db_error)?;
             let caller = authenticate(&self.state, &tx, &request)?;
+            crate::limits::check(request.get_ref())?;
             let req = request.into_inner();
-            let mut c = visible_cluster(&tx, &caller, &req.id)?;
-            refuse_while_changing(&c)?;
+            let c = visible_cluster(&tx, &caller, &req.id)?;
+            if !req.validate_only {
+                // A dry run asks about admission only; the apply joins a change under way.
+                refuse_while_changing(&c)?;
+            }
             let old = c.clone();
             let tenant = super::visible_tenant(&tx, &Caller::Admin, &c.tenant_id)?;
-            // 0 leaves node_count / storage_gib unchanged (proto3 int64 has no presence).
-            positive_or_unset("node_count", req.node_count)?;
-            positive_or_unset("storage_gib", req.storage_gib)?;
-            if req.storage_gib > 0 && req.storage_gib < c.storage_gib {
-                return Err(precondition(format!(
-                    "storage_gib cannot shrink from {} to {}",
-                    c.storage_gib, req.storage_gib
-                )));
-            }
-            if req.node_count > 0 {
-                c.node_count = req.node_count;
-            }
-            if req.storage_gib > 0 {
-                c.storage_gib = req.storage_gib;
-            }
-            if req.set_mig_layout {
-                c.mig_layout = crate::mig::validate(&c.gpu_type, &req.mig_layout)?;
-            }
-            if req.max_unavailable != 0 {
-                c.max_unavailable = max_unavailable_or_default(req.max_unavailable)?;
-            }
-            let mut new_driver = false;
-            if req.set_driver {
-                c.cuda_version = req.cuda_version.clone();
-                if let Some(v) = self.resolve_driver(
-                    &c.gpu_type,
-                    &req.cuda_version,
-                    &req.driver_version,
-                    !c.mig_layout.is_empty(),
-                )? {
-                    new_driver = v != c.driver_version;
-                    c.driver_version = v;
-                }
-            }
+            let (mut c, new_driver) = self.updated(&old, &req)?;
+            super::health::store_updated(&tx, &c.id, &req)?;
             let scaling = scale(&tx, &tenant.name, &c, now())?;
+            if req.validate_only {
+                // Admission passed; dropping `tx` rolls back the nodes it took.
+                return dry_run_answer(&tx, &caller, c);
+            }
             let changes = layout_changes(&tx, &c, &scaling.to_release)?;
             c.status = "updating".into();
             store::clusters::update(&tx, &c).map_err(db_error)?;
@@ -453,6 +566,26 @@ impl Clusters {
             tx.commit().map_err(db_error)?;
             (caller, old, c, scaling, changes, new_driver)
         };
+        // The rest runs to the end even when the caller leaves (see `detached`).
+        let this = self.clone();
+        super::detached::run(async move {
+            this.complete_update(caller, old, c, scaling, changes, new_driver)
+                .await
+        })
+        .await
+    }
+
+    /// An update's orders to the agents (driver, layout, then the driver roll) and its
+    /// record of what they did, or its undo.
+    async fn complete_update(
+        &self,
+        caller: Caller,
+        old: ClusterRow,
+        c: ClusterRow,
+        scaling: crate::scheduling::clusters::Scaling,
+        changes: Vec<crate::mig::Change>,
+        new_driver: bool,
+    ) -> Result<v1::TenantCluster, Status> {
         // Joining nodes get the cluster's driver first, then every node its layout.
         let converged = self.bring_up(&c, &scaling.added, &changes).await;
         {
@@ -477,6 +610,10 @@ impl Clusters {
             }
             tx.commit().map_err(db_error)?;
         }
+        // A Slurm cluster's controller and slurmd follow its new nodes and layout.
+        let slurm = crate::slurm::cluster::apply(&self.state, &c.id, &scaling.to_release)
+            .await
+            .unwrap_or_else(|e| Some(format!("Slurm: {e}")));
         {
             let conn = self.state.db();
             record_membership(&conn, &c, &scaling.added, &scaling.to_release).map_err(db_error)?;
@@ -509,7 +646,8 @@ impl Clusters {
             .map_err(db_error)?
             .ok_or_else(|| not_found("tenant cluster", &c.id))?;
         if now_row.status != "degraded" {
-            let (status, reason) = settled_status(&conn, &c.id)?;
+            let (status, reason) =
+                crate::slurm::cluster::overlay(settled_status(&conn, &c.id)?, slurm);
             store::clusters::set_status(&conn, &c.id, &status, &reason).map_err(db_error)?;
         }
         if !problems.is_empty() {
@@ -533,6 +671,7 @@ impl Clusters {
             let mut conn = self.state.db();
             let tx = conn.transaction().map_err(db_error)?;
             let caller = authenticate(&self.state, &tx, &request)?;
+            crate::limits::check(request.get_ref())?;
             let c = visible_cluster(&tx, &caller, &request.get_ref().id)?;
             refuse_while_changing(&c)?;
             let nodes = store::nodes::list(&tx, None, Some(&c.id)).map_err(db_error)?;
@@ -542,6 +681,22 @@ impl Clusters {
             tx.commit().map_err(db_error)?;
             (c, nodes, changes)
         };
+        // The rest runs to the end even when the caller leaves (see `detached`).
+        let this = self.clone();
+        super::detached::run(async move { this.complete_delete(c, nodes, changes).await }).await
+    }
+
+    /// A delete's orders to the agents (back to whole GPUs) and its record, or its undo.
+    async fn complete_delete(
+        &self,
+        c: ClusterRow,
+        nodes: Vec<NodeRow>,
+        changes: Vec<crate::mig::Change>,
+    ) -> Result<v1::DeleteResponse, Status> {
+        // A Slurm cluster's daemons stop first (a delete that fails later gets them back
+        // from the Slurm supervisor).
+        crate::slurm::cluster::remove(&self.state, &c, &nodes).await;
+        super::progress::partitioning(&self.state, &c, &changes);
         let converged = crate::mig::converge(&self.state, &changes).await;
         let mut conn = self.state.db();
         if let Err(e) = converged {
@@ -555,6 +710,7 @@ impl Clusters {
         }
         store::clusters::delete(&tx, &c.id).map_err(db_error)?;
         store::idempotency::forget(&tx, &c.id).map_err(db_error)?;
+        store::health::forget_cluster(&tx, &c.id).map_err(db_error)?;
         tx.commit().map_err(db_error)?;
         if let Err(e) = volumes::remove(std::path::Path::new(&c.storage_path)) {
             tracing::warn!(path = %c.storage_path, error = %e, "cluster deleted but its storage directory could not be removed");
@@ -575,6 +731,81 @@ impl Clusters {
         }
         tracing::info!(cluster = %c.name, "deleted cluster");
         Ok(v1::DeleteResponse {})
+    }
+}
+
+/// Retries that find their change under way (a caller back after its deadline): they wait
+/// for that change rather than being refused.
+impl Clusters {
+    /// The caller and the cluster `id`, read on a blocking thread.
+    async fn look_up<T: Clone + Send + 'static>(
+        &self,
+        request: &Request<T>,
+        id: String,
+    ) -> Result<(Caller, ClusterRow), Status> {
+        let mut probe = Request::new(request.get_ref().clone());
+        *probe.metadata_mut() = request.metadata().clone();
+        let this = self.clone();
+        super::blocking(move || {
+            let conn = this.state.db();
+            let caller = authenticate(&this.state, &conn, &probe)?;
+            let c = visible_cluster(&conn, &caller, &id)?;
+            Ok((caller, c))
+        })
+        .await
+    }
+
+    /// An update of a cluster already being updated (or created) to just what it asks: the
+    /// answer once that change settles. None: an update of its own (nothing under way,
+    /// another target, or the first one did not take), which answers every other case.
+    async fn join_update(
+        &self,
+        request: &Request<v1::UpdateTenantClusterRequest>,
+    ) -> Result<Option<v1::TenantCluster>, Status> {
+        if request.get_ref().validate_only {
+            return Ok(None); // a dry run never waits
+        }
+        let Ok((caller, c)) = self.look_up(request, request.get_ref().id.clone()).await else {
+            return Ok(None);
+        };
+        // (A cluster still being created counts too: an update that asks for nothing new
+        // from it waits for the create.)
+        if !["creating", "updating"].contains(&c.status.as_str()) {
+            return Ok(None);
+        }
+        let Ok((target, _)) = self.updated(&c, request.get_ref()) else {
+            return Ok(None);
+        };
+        if !super::detached::same_target(&c, &target) {
+            return Ok(None);
+        }
+        match super::detached::settled(&self.state, &c.id, &c.status).await? {
+            Some(now) if super::detached::same_target(&now, &target) => {
+                let this = self.clone();
+                super::blocking(move || message(&this.state.db(), &caller, now))
+                    .await
+                    .map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// A delete of a cluster already being deleted: done once that delete is. None: a
+    /// delete of its own (nothing under way, or the first one failed).
+    async fn join_delete(
+        &self,
+        request: &Request<v1::DeleteTenantClusterRequest>,
+    ) -> Result<Option<v1::DeleteResponse>, Status> {
+        let Ok((_, c)) = self.look_up(request, request.get_ref().id.clone()).await else {
+            return Ok(None);
+        };
+        if c.status != "deleting" {
+            return Ok(None);
+        }
+        Ok(super::detached::settled(&self.state, &c.id, "deleting")
+            .await?
+            .is_none()
+            .then_some(v1::DeleteResponse {}))
     }
 }
 
@@ -608,12 +839,18 @@ impl TenantClusterService for Clusters {
         &self,
         r: Request<v1::UpdateTenantClusterRequest>,
     ) -> Result<Response<v1::TenantCluster>, Status> {
+        if let Some(settled) = self.join_update(&r).await? {
+            return Ok(Response::new(settled));
+        }
         self.update(r).await.map(Response::new)
     }
     async fn delete_tenant_cluster(
         &self,
         r: Request<v1::DeleteTenantClusterRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
+        if let Some(done) = self.join_delete(&r).await? {
+            return Ok(Response::new(done));
+        }
         self.delete(r).await.map(Response::new)
     }
 }

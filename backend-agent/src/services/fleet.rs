@@ -6,10 +6,10 @@ use std::sync::Arc;
 use gpufleet_proto::v1::{self, fleet_service_server::FleetService};
 use tonic::{Request, Response, Status};
 
-use super::{invalid, node_messages};
+use super::{invalid, node_messages, precondition};
 use crate::auth::authenticate;
 use crate::catalog;
-use crate::scheduling::{capacity, holdings, Exclude};
+use crate::scheduling::{capacity, holdings_during, Exclude};
 use crate::state::{db_error, now, rfc3339, AppState};
 use crate::store::{self, nodes::POOL};
 
@@ -23,8 +23,9 @@ impl Fleet {
         &self,
         request: Request<v1::ListNodesRequest>,
     ) -> Result<v1::ListNodesResponse, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let gpu_type = Some(req.gpu_type.as_str()).filter(|s| !s.is_empty());
         let cluster = Some(req.cluster_id.as_str()).filter(|s| !s.is_empty());
@@ -34,12 +35,24 @@ impl Fleet {
                 .map_err(db_error)?
                 .is_some_and(|c| caller.sees(&c.tenant_id));
             if !visible {
-                return Ok(v1::ListNodesResponse { nodes: vec![] });
+                return Ok(v1::ListNodesResponse::default());
             }
         }
+        let page = super::paging::parse(req.page_size, &req.page_token)?;
         let rows = store::nodes::list(&conn, gpu_type, cluster).map_err(db_error)?;
+        let (nodes, next_page_token) = super::paging::page(
+            rows,
+            &page,
+            |n| n.hostname.clone(),
+            |n| {
+                node_messages(&conn, Some(&self.state.agents), &caller, vec![n])?
+                    .pop()
+                    .ok_or_else(|| Status::internal("node vanished"))
+            },
+        )?;
         Ok(v1::ListNodesResponse {
-            nodes: node_messages(&conn, Some(&self.state.agents), &caller, rows)?,
+            nodes,
+            next_page_token,
         })
     }
 
@@ -47,8 +60,9 @@ impl Fleet {
         &self,
         request: Request<v1::ListGpuTypesRequest>,
     ) -> Result<v1::ListGpuTypesResponse, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         let mut types: BTreeMap<String, v1::GpuType> = BTreeMap::new();
         for n in store::nodes::list(&conn, None, None).map_err(db_error)? {
             let t = types
@@ -76,8 +90,9 @@ impl Fleet {
         &self,
         request: Request<v1::AvailabilityRequest>,
     ) -> Result<v1::Availability, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         let t = now();
@@ -87,10 +102,13 @@ impl Fleet {
             .map(gpufleet_proto::timestamp::to_unix)
             .unwrap_or(t)
             .max(t);
+        let wanted = crate::scheduling::earliest::wanted(req.node_count, req.duration_seconds)
+            .map_err(invalid)?;
         let end = req
             .end_time
             .as_ref()
-            .map(gpufleet_proto::timestamp::to_unix);
+            .map(gpufleet_proto::timestamp::to_unix)
+            .or_else(|| wanted.and_then(|(_, duration)| start.checked_add(duration)));
         if let Some(end) = end {
             if end <= start {
                 return Err(invalid(format!(
@@ -100,12 +118,33 @@ impl Fleet {
                 )));
             }
         }
-        let held = holdings(&conn, &req.gpu_type, t, Exclude::default())?;
-        let cap = capacity(&conn, &req.gpu_type, &held)?;
+        // Only what overlaps the window asked about (from `start` on for an earliest
+        // window) counts, so only that is read.
+        let until = if wanted.is_some() { None } else { end };
+        let held = holdings_during(&conn, &req.gpu_type, t, (start, until), Exclude::default())?;
+        let mut cap = capacity(&conn, &req.gpu_type, &held)?;
+        // What a reservation could have: preemptible clusters' pool nodes yield to it.
+        crate::scheduling::preemption::yield_to_reservations(&conn, &req.gpu_type, t, &mut cap)?;
+        let earliest_start = match wanted {
+            None => None,
+            Some((nodes, duration)) => {
+                let at = crate::scheduling::earliest::earliest_start(&cap, nodes, duration, start)
+                    .ok_or_else(|| {
+                        precondition(crate::scheduling::earliest::never(
+                            &req.gpu_type,
+                            nodes,
+                            duration,
+                            &cap,
+                        ))
+                    })?;
+                Some(gpufleet_proto::timestamp::from_unix(at))
+            }
+        };
         Ok(v1::Availability {
             free_pool_nodes: cap.free_pool(start, end),
             free_on_demand_nodes: cap.free_on_demand(start, end),
             gpu_type: req.gpu_type,
+            earliest_start,
         })
     }
 
@@ -115,6 +154,7 @@ impl Fleet {
     ) -> Result<v1::CheckMigLayoutResponse, Status> {
         let conn = self.state.db();
         authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         crate::mig::check(&req.gpu_type, &req.layout).map_err(Into::into)
@@ -135,6 +175,7 @@ impl Fleet {
     fn return_node(&self, request: Request<v1::ReturnNodeRequest>) -> Result<v1::Node, Status> {
         let conn = self.state.db();
         let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         caller.require_admin("returning a node to service")?;
         let name = request.into_inner().name;
         let node = store::nodes::by_hostname(&conn, &name)
@@ -155,10 +196,6 @@ impl Fleet {
         )
         .map_err(db_error)?;
         tracing::info!(node = %name, "node returned to service by an operator");
-        tokio::runtime::Handle::current().spawn(crate::mig::reconcile_node(
-            self.state.clone(),
-            node.id.clone(),
-        ));
         let row = store::nodes::get(&conn, &node.id)
             .map_err(db_error)?
             .ok_or_else(|| super::not_found("node", &name))?;
@@ -172,6 +209,7 @@ impl Fleet {
         request: Request<v1::ListDriverVersionsRequest>,
     ) -> Result<v1::ListDriverVersionsResponse, Status> {
         authenticate(&self.state, &self.state.db(), &request)?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let drivers = self.state.drivers.list(&req.gpu_type, &req.cuda_version)?;
         Ok(v1::ListDriverVersionsResponse {
@@ -184,6 +222,7 @@ impl Fleet {
         request: Request<v1::ResolveDriverRequest>,
     ) -> Result<v1::ResolveDriverResponse, Status> {
         authenticate(&self.state, &self.state.db(), &request)?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let r = self.state.drivers.resolve(
             &req.gpu_type,
@@ -200,9 +239,12 @@ impl Fleet {
         &self,
         request: Request<v1::ListEventsRequest>,
     ) -> Result<v1::ListEventsResponse, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
-        let id = request.into_inner().object_id;
+        crate::limits::check(request.get_ref())?;
+        let req = request.into_inner();
+        let page = super::paging::parse(req.page_size, &req.page_token)?;
+        let id = req.object_id;
         let visible = store::clusters::get(&conn, &id)
             .map_err(db_error)?
             .is_some_and(|c| caller.sees(&c.tenant_id));
@@ -212,10 +254,12 @@ impl Fleet {
         if !visible {
             return Err(super::not_found("object", &id));
         }
-        Ok(v1::ListEventsResponse {
-            events: events
-                .into_iter()
-                .map(|e| v1::Event {
+        let (events, next_page_token) = super::paging::page(
+            events,
+            &page,
+            |e| super::paging::int_key(e.seq),
+            |e| {
+                Ok(v1::Event {
                     seq: e.seq,
                     time: super::to_timestamp(e.at),
                     object_id: e.object_id,
@@ -223,7 +267,11 @@ impl Fleet {
                     node: e.node,
                     message: e.message,
                 })
-                .collect(),
+            },
+        )?;
+        Ok(v1::ListEventsResponse {
+            events,
+            next_page_token,
         })
     }
 }
@@ -235,13 +283,10 @@ impl FleetService for Fleet {
         r: Request<v1::ReturnNodeRequest>,
     ) -> Result<Response<v1::Node>, Status> {
         let this = self.clone();
-        let handle = tokio::runtime::Handle::current();
-        super::blocking(move || {
-            let _runtime = handle.enter();
-            this.return_node(r)
-        })
-        .await
-        .map(Response::new)
+        let node = super::blocking(move || this.return_node(r)).await?;
+        // The medium health checks first: it stays quarantined when it fails them.
+        crate::scheduling::health::return_checked(self.state.clone(), &node.id).await?;
+        Ok(Response::new(node))
     }
     async fn list_driver_versions(
         &self,

@@ -2,9 +2,15 @@
 //! visibility rules, and loading the holdings the capacity and quota arithmetic needs.
 
 pub mod clusters;
+pub mod detached;
+pub mod fairness;
 pub mod fleet;
+pub mod health;
+pub mod paging;
+pub mod progress;
 pub mod quotas;
 pub mod reservations;
+pub mod short_errors;
 pub mod tenants;
 
 use std::collections::HashMap;
@@ -39,7 +45,7 @@ pub fn precondition(message: impl Into<String>) -> Status {
 /// The one NOT_FOUND message for an id, whether it does not exist or belongs to
 /// another tenant, so a tenant cannot learn what others have.
 pub fn not_found(kind: &str, id: &str) -> Status {
-    Status::not_found(format!("{kind} '{id}' not found"))
+    Status::not_found(format!("{kind} {} not found", crate::limits::quote(id)))
 }
 
 /// A stable digest of a create request's parameters, to tell a retry from a reused id.

@@ -10,7 +10,9 @@ use super::{
 };
 use crate::auth::{authenticate, Caller};
 use crate::rules::{self, Limit, QuotaSubject, Span};
-use crate::scheduling::{demand, gpus_per_node, holdings, reservations, Exclude};
+use crate::scheduling::{
+    capacity, demand, gpus_per_node, guarantees, holdings, reservations, Exclude,
+};
 use crate::state::{db_error, now, AppState};
 use crate::{catalog, store};
 use rusqlite::Connection;
@@ -39,63 +41,94 @@ fn visible_quota(conn: &Connection, caller: &Caller, id: &str) -> Result<QuotaRo
     }
 }
 
+/// A quota is for a model the fleet has: one for a model without nodes could never be
+/// used, and reads like a promise.
+fn require_in_fleet(conn: &Connection, gpu_type: &str) -> Result<(), Status> {
+    if store::nodes::counts(conn, gpu_type).map_err(db_error)? != (0, 0) {
+        return Ok(());
+    }
+    let models: std::collections::BTreeSet<String> = store::nodes::list(conn, None, None)
+        .map_err(db_error)?
+        .into_iter()
+        .map(|n| n.gpu_type)
+        .collect();
+    Err(invalid(format!(
+        "gpu_type: the fleet has no {gpu_type} nodes (it has {})",
+        models.into_iter().collect::<Vec<_>>().join(", ")
+    )))
+}
+
 impl Quotas {
     fn create(&self, request: Request<v1::CreateGpuQuotaRequest>) -> Result<v1::GpuQuota, Status> {
         let mut conn = self.state.db();
         let tx = conn.transaction().map_err(db_error)?;
         authenticate(&self.state, &tx, &request)?.require_admin("creating a gpu quota")?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
-        rules::required("request_id", &req.request_id).map_err(invalid)?;
+        if !req.validate_only {
+            rules::required("request_id", &req.request_id).map_err(invalid)?;
+        }
         rules::required("tenant_id", &req.tenant_id).map_err(invalid)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
+        require_in_fleet(&tx, &req.gpu_type)?;
         rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
         rules::at_least("burst_gpus", req.burst_gpus, 0).map_err(invalid)?;
         let tenant = visible_tenant(&tx, &Caller::Admin, &req.tenant_id)?;
         let print = fingerprint(&[&req.tenant_id, &req.gpu_type, &req.gpus, &req.burst_gpus]);
-        let quota =
-            match store::idempotency::lookup(&tx, "quota", &tenant.id, &req.request_id, &print)
+        // A dry run is always a new request: it neither finds nor leaves a request id.
+        let prior = if req.validate_only {
+            Prior::New
+        } else {
+            store::idempotency::lookup(&tx, "quota", &tenant.id, &req.request_id, &print)
                 .map_err(db_error)?
-            {
-                Prior::Same(id) => store::quotas::get(&tx, &id)
-                    .map_err(db_error)?
-                    .ok_or_else(|| not_found("gpu quota", &id))?,
-                Prior::Conflict => return Err(request_id_conflict(&req.request_id, "gpu quota")),
-                Prior::New => {
-                    if let Some(existing) = store::quotas::for_model(&tx, &tenant.id, &req.gpu_type)
-                        .map_err(db_error)?
-                    {
-                        return Err(Status::already_exists(format!(
+        };
+        let quota = match prior {
+            Prior::Same(id) => store::quotas::get(&tx, &id)
+                .map_err(db_error)?
+                .ok_or_else(|| not_found("gpu quota", &id))?,
+            Prior::Conflict => return Err(request_id_conflict(&req.request_id, "gpu quota")),
+            Prior::New => {
+                if let Some(existing) =
+                    store::quotas::for_model(&tx, &tenant.id, &req.gpu_type).map_err(db_error)?
+                {
+                    return Err(Status::already_exists(format!(
                         "gpu_type: tenant '{}' already has a {} quota (id {}); update it instead",
                         tenant.name, req.gpu_type, existing.id
                     )));
-                    }
-                    let q = QuotaRow {
-                        id: uuid::Uuid::new_v4().to_string(),
-                        tenant_id: tenant.id.clone(),
-                        gpu_type: req.gpu_type,
-                        gpus: req.gpus,
-                        burst_gpus: req.burst_gpus,
-                    };
-                    store::quotas::insert(&tx, &q).map_err(db_error)?;
-                    store::idempotency::record(
-                        &tx,
-                        "quota",
-                        &tenant.id,
-                        &req.request_id,
-                        &print,
-                        &q.id,
-                    )
-                    .map_err(db_error)?;
-                    q
                 }
-            };
+                guarantees::admit(&tx, &req.gpu_type, req.gpus, None)?;
+                let q = QuotaRow {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    tenant_id: tenant.id.clone(),
+                    gpu_type: req.gpu_type,
+                    gpus: req.gpus,
+                    burst_gpus: req.burst_gpus,
+                };
+                if req.validate_only {
+                    drop(tx);
+                    return message(&conn, q);
+                }
+                store::quotas::insert(&tx, &q).map_err(db_error)?;
+                store::idempotency::record(
+                    &tx,
+                    "quota",
+                    &tenant.id,
+                    &req.request_id,
+                    &print,
+                    &q.id,
+                )
+                .map_err(db_error)?;
+                q
+            }
+        };
         tx.commit().map_err(db_error)?;
         message(&conn, quota)
     }
 
     fn get(&self, request: Request<v1::GetGpuQuotaRequest>) -> Result<v1::GpuQuota, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         message(&conn, visible_quota(&conn, &caller, &request.get_ref().id)?)
     }
 
@@ -103,15 +136,22 @@ impl Quotas {
         &self,
         request: Request<v1::ListGpuQuotasRequest>,
     ) -> Result<v1::ListGpuQuotasResponse, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         let scope = list_scope(&conn, &caller, &request.get_ref().tenant_id)?;
+        let page =
+            super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
         let quotas = store::quotas::list(&conn, scope.as_deref()).map_err(db_error)?;
+        let (quotas, next_page_token) = super::paging::page(
+            quotas,
+            &page,
+            |q| format!("{}\u{0}{}", q.tenant_id, q.gpu_type),
+            |q| message(&conn, q),
+        )?;
         Ok(v1::ListGpuQuotasResponse {
-            quotas: quotas
-                .into_iter()
-                .map(|q| message(&conn, q))
-                .collect::<Result<_, _>>()?,
+            quotas,
+            next_page_token,
         })
     }
 
@@ -119,6 +159,7 @@ impl Quotas {
         let mut conn = self.state.db();
         let tx = conn.transaction().map_err(db_error)?;
         authenticate(&self.state, &tx, &request)?.require_admin("updating a gpu quota")?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let mut q = visible_quota(&tx, &Caller::Admin, &req.id)?;
         rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
@@ -141,8 +182,16 @@ impl Quotas {
             t,
         )
         .map_err(precondition)?;
+        // Lowering a guarantee is always allowed, even where others over-promise.
+        if req.gpus > q.gpus {
+            guarantees::admit(&tx, &q.gpu_type, req.gpus, Some(&q.id))?;
+        }
         q.gpus = req.gpus;
         q.burst_gpus = req.burst_gpus;
+        if req.validate_only {
+            drop(tx);
+            return message(&conn, q);
+        }
         store::quotas::update(&tx, &q.id, q.gpus, q.burst_gpus).map_err(db_error)?;
         tx.commit().map_err(db_error)?;
         message(&conn, q)
@@ -155,6 +204,7 @@ impl Quotas {
         let mut conn = self.state.db();
         let tx = conn.transaction().map_err(db_error)?;
         authenticate(&self.state, &tx, &request)?.require_admin("deleting a gpu quota")?;
+        crate::limits::check(request.get_ref())?;
         let q = visible_quota(&tx, &Caller::Admin, &request.get_ref().id)?;
         let (reservations, ended) =
             reservations::live_and_ended(&tx, &q.tenant_id, Some(&q.gpu_type), now())?;
@@ -180,13 +230,17 @@ impl Quotas {
     }
 
     fn usage(&self, request: Request<v1::QuotaUsageRequest>) -> Result<v1::QuotaUsage, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let tenant = super::target_tenant(&conn, &caller, &req.tenant_id)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         let t = now();
-        let held: Vec<_> = holdings(&conn, &req.gpu_type, t, Exclude::default())?
+        let all = holdings(&conn, &req.gpu_type, t, Exclude::default())?;
+        // What a cluster without a reservation could take now: pool nodes free from now on.
+        let capacity_free = capacity(&conn, &req.gpu_type, &all)?.free_pool(t, None);
+        let held: Vec<_> = all
             .into_iter()
             .filter(|h| h.tenant_id == tenant.id)
             .collect();
@@ -210,6 +264,8 @@ impl Quotas {
             gpus: 0,
             burst_gpus: 0,
         });
+        let quota_left = (limit.total() - used - reserved).max(0);
+        let capacity_free = capacity_free.saturating_mul(gpn);
         Ok(v1::QuotaUsage {
             tenant_id: tenant.id,
             gpu_type: req.gpu_type,
@@ -217,7 +273,15 @@ impl Quotas {
             burst_gpus: limit.burst_gpus,
             used,
             reserved,
-            available: (limit.total() - used - reserved).max(0),
+            available: quota_left.min(capacity_free),
+            quota_left,
+            capacity_free,
+            binding: if capacity_free < quota_left {
+                "capacity"
+            } else {
+                "quota"
+            }
+            .into(),
         })
     }
 }

@@ -61,8 +61,11 @@ impl Reservations {
         let mut conn = self.state.db();
         let tx = conn.transaction().map_err(db_error)?;
         let caller = authenticate(&self.state, &tx, &request)?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
-        rules::required("request_id", &req.request_id).map_err(invalid)?;
+        if !req.validate_only {
+            rules::required("request_id", &req.request_id).map_err(invalid)?;
+        }
         let tenant = target_tenant(&tx, &caller, &req.tenant_id)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         rules::at_least("node_count", req.node_count, 1).map_err(invalid)?;
@@ -98,20 +101,25 @@ impl Reservations {
             &end,
             &req.allow_on_demand,
         ]);
-        let r = match store::idempotency::lookup(
-            &tx,
-            "reservation",
-            &tenant.id,
-            &req.request_id,
-            &print,
-        )
-        .map_err(db_error)?
-        {
+        // A dry run is always a new request: it neither finds nor leaves a request id.
+        let prior = if req.validate_only {
+            Prior::New
+        } else {
+            store::idempotency::lookup(&tx, "reservation", &tenant.id, &req.request_id, &print)
+                .map_err(db_error)?
+        };
+        let r = match prior {
             Prior::Same(id) => store::reservations::get(&tx, &id)
                 .map_err(db_error)?
                 .ok_or_else(|| not_found("reservation", &id))?,
             Prior::Conflict => return Err(request_id_conflict(&req.request_id, "reservation")),
             Prior::New => {
+                super::fairness::room_for_reservation(
+                    &tx,
+                    &tenant,
+                    self.state.max_open_reservations,
+                    t,
+                )?;
                 let mut r = ReservationRow {
                     id: uuid::Uuid::new_v4().to_string(),
                     tenant_id: tenant.id.clone(),
@@ -135,6 +143,11 @@ impl Reservations {
                     },
                     t,
                 )?;
+                if req.validate_only {
+                    // Same admission as the real create; dropping `tx` rolls it back.
+                    drop(tx);
+                    return message(&conn, r, t);
+                }
                 store::reservations::insert(&tx, &r).map_err(db_error)?;
                 store::idempotency::record(
                     &tx,
@@ -154,8 +167,9 @@ impl Reservations {
     }
 
     fn get(&self, request: Request<v1::GetReservationRequest>) -> Result<v1::Reservation, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         let r = visible_reservation(&conn, &caller, &request.get_ref().id)?;
         message(&conn, r, now())
     }
@@ -164,16 +178,23 @@ impl Reservations {
         &self,
         request: Request<v1::ListReservationsRequest>,
     ) -> Result<v1::ListReservationsResponse, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         let scope = list_scope(&conn, &caller, &request.get_ref().tenant_id)?;
         let t = now();
+        let page =
+            super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
         let rows = store::reservations::list(&conn, scope.as_deref(), None).map_err(db_error)?;
+        let (reservations, next_page_token) = super::paging::page(
+            rows,
+            &page,
+            |r| format!("{}\u{0}{}", super::paging::int_key(r.start_time), r.id),
+            |r| message(&conn, r, t),
+        )?;
         Ok(v1::ListReservationsResponse {
-            reservations: rows
-                .into_iter()
-                .map(|r| message(&conn, r, t))
-                .collect::<Result<_, _>>()?,
+            reservations,
+            next_page_token,
         })
     }
 
@@ -184,6 +205,7 @@ impl Reservations {
         let mut conn = self.state.db();
         let tx = conn.transaction().map_err(db_error)?;
         let caller = authenticate(&self.state, &tx, &request)?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let mut r = visible_reservation(&tx, &caller, &req.id)?;
         let tenant = super::visible_tenant(&tx, &Caller::Admin, &r.tenant_id)?;
@@ -225,6 +247,10 @@ impl Reservations {
             Some(true) if !resized => {
                 // Allowed from now on; what the reservation holds stays where it is.
                 r.allow_on_demand = true;
+                if req.validate_only {
+                    drop(tx);
+                    return message(&conn, r, t);
+                }
                 store::reservations::update(&tx, &r).map_err(db_error)?;
                 tx.commit().map_err(db_error)?;
                 return message(&conn, r, t);
@@ -251,6 +277,11 @@ impl Reservations {
             reservation: Some((&id, r.end_time)),
         };
         place(&tx, &tenant.name, &mut r, exclude, held, t)?;
+        if req.validate_only {
+            // Same admission as the real update; dropping `tx` rolls it back.
+            drop(tx);
+            return message(&conn, r, t);
+        }
         store::reservations::update(&tx, &r).map_err(db_error)?;
         tx.commit().map_err(db_error)?;
         message(&conn, r, t)
@@ -263,6 +294,7 @@ impl Reservations {
         let mut conn = self.state.db();
         let tx = conn.transaction().map_err(db_error)?;
         let caller = authenticate(&self.state, &tx, &request)?;
+        crate::limits::check(request.get_ref())?;
         let r = visible_reservation(&tx, &caller, &request.get_ref().id)?;
         let clusters = store::clusters::list(&tx, None, None, Some(&r.id)).map_err(db_error)?;
         if !clusters.is_empty() {

@@ -38,6 +38,7 @@ impl Tenants {
         let mut conn = self.state.db();
         let tx = conn.transaction().map_err(db_error)?;
         authenticate(&self.state, &tx, &request)?.require_admin("creating a tenant")?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         rules::required("request_id", &req.request_id).map_err(invalid)?;
         rules::dns_label("name", &req.name).map_err(invalid)?;
@@ -87,8 +88,9 @@ impl Tenants {
     }
 
     fn get(&self, request: Request<v1::GetTenantRequest>) -> Result<v1::Tenant, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
         Ok(message(visible_tenant(
             &conn,
             &caller,
@@ -100,15 +102,18 @@ impl Tenants {
         &self,
         request: Request<v1::ListTenantsRequest>,
     ) -> Result<v1::ListTenantsResponse, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
-        let tenants = store::tenants::list(&conn).map_err(db_error)?;
+        crate::limits::check(request.get_ref())?;
+        let page =
+            super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
+        let mut tenants = store::tenants::list(&conn).map_err(db_error)?;
+        tenants.retain(|t| caller.sees(&t.id));
+        let (tenants, next_page_token) =
+            super::paging::page(tenants, &page, |t| t.name.clone(), |t| Ok(message(t)))?;
         Ok(v1::ListTenantsResponse {
-            tenants: tenants
-                .into_iter()
-                .filter(|t| caller.sees(&t.id))
-                .map(message)
-                .collect(),
+            tenants,
+            next_page_token,
         })
     }
 
@@ -116,6 +121,7 @@ impl Tenants {
         let mut conn = self.state.db();
         let tx = conn.transaction().map_err(db_error)?;
         authenticate(&self.state, &tx, &request)?.require_admin("updating a tenant")?;
+        crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let mut t = visible_tenant(&tx, &Caller::Admin, &req.id)?;
         t.display_name = req.display_name;
@@ -132,6 +138,7 @@ impl Tenants {
         let mut conn = self.state.db();
         let tx = conn.transaction().map_err(db_error)?;
         authenticate(&self.state, &tx, &request)?.require_admin("deleting a tenant")?;
+        crate::limits::check(request.get_ref())?;
         let t = visible_tenant(&tx, &Caller::Admin, &request.get_ref().id)?;
         let quotas = store::quotas::list(&tx, Some(&t.id))
             .map_err(db_error)?

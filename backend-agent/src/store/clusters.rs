@@ -150,6 +150,32 @@ pub fn set_status(conn: &Connection, id: &str, status: &str, reason: &str) -> ru
     Ok(())
 }
 
+/// Sets a settled cluster's status (`running` or `degraded`) and reason, unless a change
+/// has started meanwhile. Returns whether the row changed.
+pub fn set_settled_status(
+    conn: &Connection,
+    id: &str,
+    status: &str,
+    reason: &str,
+) -> rusqlite::Result<bool> {
+    let n = conn.execute(
+        "UPDATE clusters SET status = ?2, status_reason = ?3
+         WHERE id = ?1 AND status IN ('running', 'degraded') AND (status != ?2 OR status_reason != ?3)",
+        (id, status, reason),
+    )?;
+    Ok(n > 0)
+}
+
+/// Sets how a tenant reaches its cluster (a Slurm cluster's configuration changes with
+/// its nodes).
+pub fn set_credentials(conn: &Connection, id: &str, credentials: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE clusters SET credentials = ?2 WHERE id = ?1",
+        (id, credentials),
+    )?;
+    Ok(())
+}
+
 /// Clusters whose status is one of `statuses`.
 pub fn with_status(conn: &Connection, statuses: &[&str]) -> rusqlite::Result<Vec<ClusterRow>> {
     let mut out = Vec::new();

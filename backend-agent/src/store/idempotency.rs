@@ -19,12 +19,11 @@ pub fn lookup(
     request_id: &str,
     fingerprint: &str,
 ) -> rusqlite::Result<Prior> {
-    let row: Option<(String, String)> = conn
-        .query_row(
-            "SELECT fingerprint, object_id FROM idempotency WHERE kind = ?1 AND scope = ?2 AND request_id = ?3",
-            (kind, scope, request_id),
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
+    let mut stmt = conn.prepare_cached(
+        "SELECT fingerprint, object_id FROM idempotency WHERE kind = ?1 AND scope = ?2 AND request_id = ?3",
+    )?;
+    let row: Option<(String, String)> = stmt
+        .query_row((kind, scope, request_id), |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     Ok(match row {
         None => Prior::New,
@@ -41,10 +40,8 @@ pub fn record(
     fingerprint: &str,
     object_id: &str,
 ) -> rusqlite::Result<()> {
-    conn.execute(
-        "INSERT INTO idempotency (kind, scope, request_id, fingerprint, object_id) VALUES (?1, ?2, ?3, ?4, ?5)",
-        (kind, scope, request_id, fingerprint, object_id),
-    )?;
+    let mut stmt = conn.prepare_cached("INSERT INTO idempotency (kind, scope, request_id, fingerprint, object_id) VALUES (?1, ?2, ?3, ?4, ?5)")?;
+    stmt.execute((kind, scope, request_id, fingerprint, object_id))?;
     Ok(())
 }
 
@@ -52,4 +49,48 @@ pub fn record(
 pub fn forget(conn: &Connection, object_id: &str) -> rusqlite::Result<()> {
     conn.execute("DELETE FROM idempotency WHERE object_id = ?1", [object_id])?;
     Ok(())
+}
+
+/// Forgets one request id (whose object is gone), so that the same request makes a new one.
+pub fn forget_request(
+    conn: &Connection,
+    kind: &str,
+    scope: &str,
+    request_id: &str,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "DELETE FROM idempotency WHERE kind = ?1 AND scope = ?2 AND request_id = ?3",
+    )?
+    .execute((kind, scope, request_id))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forgotten_request_id_is_new_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        record(&conn, "cluster", "t1", "r1", "f", "c1").unwrap();
+        record(&conn, "cluster", "t2", "r1", "f", "c2").unwrap();
+        assert!(
+            matches!(lookup(&conn, "cluster", "t1", "r1", "f").unwrap(), Prior::Same(id) if id == "c1")
+        );
+        forget_request(&conn, "cluster", "t1", "r1").unwrap();
+        assert!(matches!(
+            lookup(&conn, "cluster", "t1", "r1", "f").unwrap(),
+            Prior::New
+        ));
+        // Another scope's use of the same id stays.
+        assert!(
+            matches!(lookup(&conn, "cluster", "t2", "r1", "f").unwrap(), Prior::Same(id) if id == "c2")
+        );
+        // Recorded anew, the id points at the new object.
+        record(&conn, "cluster", "t1", "r1", "f", "c3").unwrap();
+        assert!(
+            matches!(lookup(&conn, "cluster", "t1", "r1", "f").unwrap(), Prior::Same(id) if id == "c3")
+        );
+    }
 }

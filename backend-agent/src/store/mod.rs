@@ -6,9 +6,13 @@
 
 pub mod clusters;
 pub mod events;
+pub mod health;
+pub mod holdings;
 pub mod idempotency;
 pub mod nodes;
+pub mod preemption;
 pub mod quotas;
+pub mod readers;
 pub mod reservations;
 pub mod tenants;
 
@@ -137,16 +141,108 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX events_by_object ON events (object_id, seq);
     "#,
+    // 4: health checks (issue 10): each node's results with history, a cluster's
+    // acceptance settings and latest run, and each agent's bandwidth-test address.
+    r#"
+    CREATE TABLE health_results (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL,
+        node_id TEXT NOT NULL,
+        node TEXT NOT NULL,
+        cluster_id TEXT NOT NULL,
+        tenant_id TEXT NOT NULL,
+        level TEXT NOT NULL CHECK (level IN ('quick', 'medium', 'long')),
+        verdict TEXT NOT NULL CHECK (verdict IN ('passed', 'failed')),
+        summary TEXT NOT NULL,
+        checks TEXT NOT NULL,
+        action TEXT NOT NULL,
+        finished_at INTEGER NOT NULL
+    );
+    CREATE INDEX health_by_node ON health_results (node_id, seq);
+    CREATE INDEX health_by_cluster ON health_results (cluster_id, seq);
+    CREATE TABLE cluster_acceptance (
+        cluster_id TEXT PRIMARY KEY,
+        level TEXT NOT NULL CHECK (level IN ('quick', 'medium', 'long')),
+        min_bus_bandwidth_gbps REAL NOT NULL CHECK (min_bus_bandwidth_gbps >= 0),
+        run_on_create INTEGER NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('passed', 'failed', 'running', 'not_run')),
+        run_id TEXT NOT NULL,
+        run_level TEXT NOT NULL,
+        checked_at INTEGER NOT NULL,
+        alg_bandwidth_gbps REAL NOT NULL,
+        bus_bandwidth_gbps REAL NOT NULL
+    );
+    CREATE TABLE node_endpoints (
+        node_id TEXT PRIMARY KEY,
+        bandwidth_addr TEXT NOT NULL
+    );
+    "#,
+    // 5: admission at scale (issue 7): an R*Tree over reservation windows, kept by triggers,
+    // so admission reads what overlaps a window instead of every reservation ever made;
+    // indexes for a tenant's open reservations and for the nodes and clusters of a model.
+    r#"
+    CREATE VIRTUAL TABLE reservation_windows USING rtree(id, start_time, end_time);
+    INSERT INTO reservation_windows (id, start_time, end_time)
+        SELECT rowid, start_time, end_time FROM reservations;
+    CREATE TRIGGER reservation_windows_insert AFTER INSERT ON reservations BEGIN
+        INSERT INTO reservation_windows (id, start_time, end_time)
+            VALUES (NEW.rowid, NEW.start_time, NEW.end_time);
+    END;
+    CREATE TRIGGER reservation_windows_update AFTER UPDATE OF start_time, end_time
+        ON reservations BEGIN
+        DELETE FROM reservation_windows WHERE id = OLD.rowid;
+        INSERT INTO reservation_windows (id, start_time, end_time)
+            VALUES (NEW.rowid, NEW.start_time, NEW.end_time);
+    END;
+    CREATE TRIGGER reservation_windows_delete AFTER DELETE ON reservations BEGIN
+        DELETE FROM reservation_windows WHERE id = OLD.rowid;
+    END;
+    CREATE INDEX reservations_by_tenant ON reservations (tenant_id, end_time);
+    CREATE INDEX nodes_by_cluster ON nodes (cluster_id);
+    CREATE INDEX nodes_by_model ON nodes (gpu_type, capacity, gpu_count);
+    CREATE INDEX clusters_by_model ON clusters (gpu_type);
+    "#,
+    // 6: preemptible clusters (issue 7): pool nodes that reservations take back, and
+    // whether on-demand nodes then replace them. A preemptible cluster may shrink to no
+    // nodes, so a cluster's node_count may be 0: SQLite's documented way to relax a CHECK
+    // constraint in place (the stored rows all satisfy the new one).
+    r#"
+    PRAGMA writable_schema = ON;
+    UPDATE sqlite_master
+        SET sql = replace(sql, 'node_count INTEGER NOT NULL CHECK (node_count >= 1)',
+                               'node_count INTEGER NOT NULL CHECK (node_count >= 0)')
+        WHERE type = 'table' AND name = 'clusters';
+    PRAGMA writable_schema = RESET;
+    CREATE TABLE cluster_preemption (
+        cluster_id TEXT PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
+        allow_on_demand INTEGER NOT NULL
+    );
+    "#,
 ];
+
+/// Prepared statements kept per connection.
+pub const STATEMENT_CACHE: usize = 256;
+
+/// Keeps the hot pages in memory (64 MiB of page cache, and the file mapped) instead of
+/// reading them back from the OS on every admission.
+pub fn tune_reads(conn: &Connection) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "cache_size", -65_536)?;
+    conn.pragma_update(None, "mmap_size", 1_i64 << 30)?;
+    Ok(())
+}
 
 /// Opens (creating when needed) the database and brings its schema up to date.
 pub fn open(path: &Path) -> anyhow::Result<Connection> {
     let mut conn = Connection::open(path)?;
     conn.busy_timeout(Duration::from_secs(5))?;
+    // Room for every statement the handlers run, so none is compiled twice.
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    tune_reads(&conn)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     migrate(&mut conn)?;
+    holdings::rebuild_windows(&mut conn)?;
     Ok(conn)
 }
 

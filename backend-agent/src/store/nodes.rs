@@ -305,20 +305,16 @@ pub fn reindex_gpus(
 
 /// The GPU count of a model's nodes (0 when the fleet has none).
 pub fn gpus_per_node(conn: &Connection, gpu_type: &str) -> rusqlite::Result<i64> {
-    conn.query_row(
-        "SELECT COALESCE(MAX(gpu_count), 0) FROM nodes WHERE gpu_type = ?1",
-        [gpu_type],
-        |r| r.get(0),
-    )
+    conn.prepare_cached("SELECT COALESCE(MAX(gpu_count), 0) FROM nodes WHERE gpu_type = ?1")?
+        .query_row([gpu_type], |r| r.get(0))
 }
 
 /// How many pool and on-demand nodes of a model the fleet has.
 pub fn counts(conn: &Connection, gpu_type: &str) -> rusqlite::Result<(i64, i64)> {
-    conn.query_row(
+    let mut stmt = conn.prepare_cached(
         "SELECT COALESCE(SUM(capacity = 'pool'), 0), COALESCE(SUM(capacity = 'on-demand'), 0) FROM nodes WHERE gpu_type = ?1",
-        [gpu_type],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )
+    )?;
+    stmt.query_row([gpu_type], |r| Ok((r.get(0)?, r.get(1)?)))
 }
 
 /// MIG devices per (model, profile, node): the fleet's slices.

@@ -24,20 +24,15 @@ fn from_row(r: &Row) -> rusqlite::Result<QuotaRow> {
 }
 
 pub fn insert(conn: &Connection, q: &QuotaRow) -> rusqlite::Result<()> {
-    conn.execute(
-        "INSERT INTO quotas (id, tenant_id, gpu_type, gpus, burst_gpus) VALUES (?1, ?2, ?3, ?4, ?5)",
-        (&q.id, &q.tenant_id, &q.gpu_type, q.gpus, q.burst_gpus),
-    )?;
+    let mut stmt = conn.prepare_cached("INSERT INTO quotas (id, tenant_id, gpu_type, gpus, burst_gpus) VALUES (?1, ?2, ?3, ?4, ?5)")?;
+    stmt.execute((&q.id, &q.tenant_id, &q.gpu_type, q.gpus, q.burst_gpus))?;
     Ok(())
 }
 
 pub fn get(conn: &Connection, id: &str) -> rusqlite::Result<Option<QuotaRow>> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM quotas WHERE id = ?1"),
-        [id],
-        from_row,
-    )
-    .optional()
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM quotas WHERE id = ?1"))?
+        .query_row([id], from_row)
+        .optional()
 }
 
 pub fn for_model(
@@ -45,11 +40,10 @@ pub fn for_model(
     tenant_id: &str,
     gpu_type: &str,
 ) -> rusqlite::Result<Option<QuotaRow>> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM quotas WHERE tenant_id = ?1 AND gpu_type = ?2"),
-        [tenant_id, gpu_type],
-        from_row,
-    )
+    conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM quotas WHERE tenant_id = ?1 AND gpu_type = ?2"
+    ))?
+    .query_row([tenant_id, gpu_type], from_row)
     .optional()
 }
 
@@ -63,10 +57,8 @@ pub fn list(conn: &Connection, tenant_id: Option<&str>) -> rusqlite::Result<Vec<
 }
 
 pub fn update(conn: &Connection, id: &str, gpus: i64, burst_gpus: i64) -> rusqlite::Result<()> {
-    conn.execute(
-        "UPDATE quotas SET gpus = ?2, burst_gpus = ?3 WHERE id = ?1",
-        (id, gpus, burst_gpus),
-    )?;
+    conn.prepare_cached("UPDATE quotas SET gpus = ?2, burst_gpus = ?3 WHERE id = ?1")?
+        .execute((id, gpus, burst_gpus))?;
     Ok(())
 }
 

@@ -18,7 +18,16 @@ pub struct ReservationRow {
 const COLUMNS: &str =
     "id, tenant_id, gpu_type, node_count, start_time, end_time, allow_on_demand, pool_nodes, on_demand_nodes";
 
-fn from_row(r: &Row) -> rusqlite::Result<ReservationRow> {
+/// [`COLUMNS`] of the table named `alias` in a join.
+pub(super) fn qualified_columns(alias: &str) -> String {
+    COLUMNS
+        .split(", ")
+        .map(|c| format!("{alias}.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(super) fn from_row(r: &Row) -> rusqlite::Result<ReservationRow> {
     Ok(ReservationRow {
         id: r.get(0)?,
         tenant_id: r.get(1)?,
@@ -33,32 +42,48 @@ fn from_row(r: &Row) -> rusqlite::Result<ReservationRow> {
 }
 
 pub fn insert(conn: &Connection, r: &ReservationRow) -> rusqlite::Result<()> {
-    conn.execute(
-        &format!(
-            "INSERT INTO reservations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-        ),
-        rusqlite::params![
-            r.id,
-            r.tenant_id,
-            r.gpu_type,
-            r.node_count,
-            r.start_time,
-            r.end_time,
-            r.allow_on_demand,
-            r.pool_nodes,
-            r.on_demand_nodes
-        ],
-    )?;
+    conn.prepare_cached(&format!(
+        "INSERT INTO reservations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+    ))?
+    .execute(rusqlite::params![
+        r.id,
+        r.tenant_id,
+        r.gpu_type,
+        r.node_count,
+        r.start_time,
+        r.end_time,
+        r.allow_on_demand,
+        r.pool_nodes,
+        r.on_demand_nodes
+    ])?;
     Ok(())
 }
 
 pub fn get(conn: &Connection, id: &str) -> rusqlite::Result<Option<ReservationRow>> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM reservations WHERE id = ?1"),
-        [id],
-        from_row,
-    )
-    .optional()
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM reservations WHERE id = ?1"))?
+        .query_row([id], from_row)
+        .optional()
+}
+
+/// How many reservations of a tenant have not ended at `now` (an index range, whatever
+/// the tenant's history).
+pub fn count_open(conn: &Connection, tenant_id: &str, now: i64) -> rusqlite::Result<i64> {
+    conn.prepare_cached("SELECT COUNT(*) FROM reservations WHERE tenant_id = ?1 AND end_time > ?2")?
+        .query_row((tenant_id, now), |r| r.get(0))
+}
+
+/// Like [`count_open`], counting no further than `cap`: the cost of a limit check stays
+/// bounded by the limit however many a tenant holds.
+pub fn count_open_up_to(
+    conn: &Connection,
+    tenant_id: &str,
+    now: i64,
+    cap: i64,
+) -> rusqlite::Result<i64> {
+    conn.prepare_cached(
+        "SELECT COUNT(*) FROM (SELECT 1 FROM reservations WHERE tenant_id = ?1 AND end_time > ?2 LIMIT ?3)",
+    )?
+    .query_row((tenant_id, now, cap), |r| r.get(0))
 }
 
 /// All reservations, optionally narrowed to a tenant and/or a GPU model.
@@ -77,10 +102,15 @@ pub fn list(
 }
 
 pub fn update(conn: &Connection, r: &ReservationRow) -> rusqlite::Result<()> {
-    conn.execute(
-        "UPDATE reservations SET node_count = ?2, end_time = ?3, allow_on_demand = ?4, pool_nodes = ?5, on_demand_nodes = ?6 WHERE id = ?1",
-        (&r.id, r.node_count, r.end_time, r.allow_on_demand, r.pool_nodes, r.on_demand_nodes),
-    )?;
+    let mut stmt = conn.prepare_cached("UPDATE reservations SET node_count = ?2, end_time = ?3, allow_on_demand = ?4, pool_nodes = ?5, on_demand_nodes = ?6 WHERE id = ?1")?;
+    stmt.execute((
+        &r.id,
+        r.node_count,
+        r.end_time,
+        r.allow_on_demand,
+        r.pool_nodes,
+        r.on_demand_nodes,
+    ))?;
     Ok(())
 }
 

@@ -28,37 +28,35 @@ fn from_row(r: &Row) -> rusqlite::Result<TenantRow> {
 }
 
 pub fn insert(conn: &Connection, t: &TenantRow, token_hash: &str) -> rusqlite::Result<()> {
-    conn.execute(
-        "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        (&t.id, &t.name, &t.display_name, to_json(&t.labels), token_hash, t.created_at),
-    )?;
+    let mut stmt = conn.prepare_cached("INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?;
+    stmt.execute((
+        &t.id,
+        &t.name,
+        &t.display_name,
+        to_json(&t.labels),
+        token_hash,
+        t.created_at,
+    ))?;
     Ok(())
 }
 
 pub fn get(conn: &Connection, id: &str) -> rusqlite::Result<Option<TenantRow>> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM tenants WHERE id = ?1"),
-        [id],
-        from_row,
-    )
-    .optional()
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM tenants WHERE id = ?1"))?
+        .query_row([id], from_row)
+        .optional()
 }
 
 pub fn by_name(conn: &Connection, name: &str) -> rusqlite::Result<Option<TenantRow>> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM tenants WHERE name = ?1"),
-        [name],
-        from_row,
-    )
-    .optional()
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM tenants WHERE name = ?1"))?
+        .query_row([name], from_row)
+        .optional()
 }
 
 pub fn by_token_hash(conn: &Connection, hash: &str) -> rusqlite::Result<Option<TenantRow>> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM tenants WHERE token_hash = ?1"),
-        [hash],
-        from_row,
-    )
+    conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM tenants WHERE token_hash = ?1"
+    ))?
+    .query_row([hash], from_row)
     .optional()
 }
 
@@ -74,18 +72,14 @@ pub fn update(
     display_name: &str,
     labels: &BTreeMap<String, String>,
 ) -> rusqlite::Result<()> {
-    conn.execute(
-        "UPDATE tenants SET display_name = ?2, labels = ?3 WHERE id = ?1",
-        (id, display_name, to_json(labels)),
-    )?;
+    conn.prepare_cached("UPDATE tenants SET display_name = ?2, labels = ?3 WHERE id = ?1")?
+        .execute((id, display_name, to_json(labels)))?;
     Ok(())
 }
 
 pub fn set_token_hash(conn: &Connection, id: &str, token_hash: &str) -> rusqlite::Result<()> {
-    conn.execute(
-        "UPDATE tenants SET token_hash = ?2 WHERE id = ?1",
-        (id, token_hash),
-    )?;
+    conn.prepare_cached("UPDATE tenants SET token_hash = ?2 WHERE id = ?1")?
+        .execute((id, token_hash))?;
     Ok(())
 }
 

@@ -221,6 +221,7 @@ impl Clients {
                 gpu_type: gpu_type.into(),
                 gpus,
                 burst_gpus,
+                ..Default::default()
             })
             .await
             .expect("create quota")
@@ -242,6 +243,7 @@ impl Clients {
             start_time: ts(start),
             end_time: ts(end),
             allow_on_demand: false,
+            ..Default::default()
         }
     }
 
@@ -306,6 +308,7 @@ impl Clients {
             node_count: 0,
             end_time: None,
             allow_on_demand: None,
+            ..Default::default()
         }
     }
 
@@ -440,7 +443,7 @@ impl Clients {
 
     pub async fn tenant_count(&mut self) -> usize {
         self.tenants
-            .list_tenants(ListTenantsRequest {})
+            .list_tenants(ListTenantsRequest::default())
             .await
             .expect("list tenants")
             .into_inner()
@@ -454,11 +457,11 @@ impl Clients {
     }
 
     /// Everything the admin can list, as text: equal snapshots mean an unchanged store
-    /// (reservation statuses aside, which move with the clock).
+    /// (reservation statuses and heartbeat ages aside, which move with the clock).
     pub async fn snapshot(&mut self) -> String {
         let tenants = self
             .tenants
-            .list_tenants(ListTenantsRequest {})
+            .list_tenants(ListTenantsRequest::default())
             .await
             .unwrap()
             .into_inner();
@@ -483,12 +486,16 @@ impl Clients {
             .await
             .unwrap()
             .into_inner();
-        let nodes = self
+        let mut nodes = self
             .fleet
             .list_nodes(ListNodesRequest::default())
             .await
             .unwrap()
             .into_inner();
+        // Heartbeat ages move with the clock (and a restart's health checks) too.
+        for n in &mut nodes.nodes {
+            n.heartbeat_age_seconds = 0;
+        }
         format!("{tenants:?}\n{quotas:?}\n{reservations:?}\n{clusters:?}\n{nodes:?}")
     }
 }

@@ -13,3 +13,17 @@ output "h100_free_pool_nodes" {
 output "h100_free_on_demand_nodes" {
   value = data.gpufleet_availability.h100_january.free_on_demand_nodes
 }
+
+# When are 2 H100 nodes first free for 48 hours, from now on?
+data "gpufleet_availability" "two_for_two_days" {
+  gpu_type   = "H100-80GB"
+  node_count = 2
+  duration   = "48h"
+}
+
+# A reservation of that window fits (quota allowing):
+#   start_time = data.gpufleet_availability.two_for_two_days.earliest_start
+#   end_time   = timeadd(data.gpufleet_availability.two_for_two_days.earliest_start, "48h")
+output "h100_two_nodes_for_two_days_from" {
+  value = data.gpufleet_availability.two_for_two_days.earliest_start
+}

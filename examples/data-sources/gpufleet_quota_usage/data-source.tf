@@ -8,7 +8,7 @@ data "gpufleet_quota_usage" "h100" {
   gpu_type = "H100-80GB"
 }
 
-# GPUs the tenant may still take: gpus + burst_gpus - (used + reserved).
+# GPUs the tenant can obtain now: the smaller of its quota left and the free pool.
 output "h100_gpus_left" {
   value = data.gpufleet_quota_usage.h100.available
 }

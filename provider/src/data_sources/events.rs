@@ -83,15 +83,25 @@ impl DataSourceType for Events {
     async fn read(&self, config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let object_id = required_arg(config, "object_id")?;
-        let events = client
-            .fleet()
-            .list_events(api::ListEventsRequest {
-                object_id: object_id.clone(),
-            })
-            .await
-            .map_err(|s| client.diagnostic(&s))?
-            .into_inner()
-            .events;
+        let mut events = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let page = client
+                .fleet()
+                .list_events(api::ListEventsRequest {
+                    object_id: object_id.clone(),
+                    page_token,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|s| client.diagnostic(&s))?
+                .into_inner();
+            events.extend(page.events);
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            page_token = page.next_page_token;
+        }
         Ok(answer_state(config, &object_id, &events))
     }
 }

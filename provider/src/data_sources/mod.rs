@@ -4,6 +4,7 @@ mod availability;
 mod driver_versions;
 mod events;
 mod gpu_types;
+mod health_report;
 mod mig_layout;
 mod nodes;
 mod quota_usage;
@@ -22,6 +23,7 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn DataSourceType>> {
         Arc::new(mig_layout::MigLayout::new(state.clone())),
         Arc::new(driver_versions::DriverVersions::new(state.clone())),
         Arc::new(events::Events::new(state.clone())),
+        Arc::new(health_report::HealthReport::new(state.clone())),
     ]
 }
 

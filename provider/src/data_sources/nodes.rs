@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use gpufleet_proto::v1 as api;
 
 use crate::convert::{node_type, node_value};
 use crate::framework::{Attribute, DataSourceType, Diagnostics, Schema, Type, Value};
@@ -54,15 +53,9 @@ impl DataSourceType for Nodes {
             .unwrap_or_default()
             .to_string();
         let nodes = client
-            .fleet()
-            .list_nodes(api::ListNodesRequest {
-                gpu_type: gpu_type.clone(),
-                cluster_id: cluster_id.clone(),
-            })
+            .all_nodes(&gpu_type, &cluster_id)
             .await
-            .map_err(|s| client.diagnostic(&s))?
-            .into_inner()
-            .nodes;
+            .map_err(|s| client.diagnostic(&s))?;
         let mut state = config.clone();
         state.set(
             "id",

@@ -50,7 +50,22 @@ impl DataSourceType for QuotaUsage {
                 Attribute::computed(
                     "available",
                     Type::Number,
+                    "GPUs the tenant can obtain now from the pool: the smaller of `quota_left` and `capacity_free`.",
+                ),
+                Attribute::computed(
+                    "quota_left",
+                    Type::Number,
                     "`gpus + burst_gpus - (used + reserved)`, never below zero.",
+                ),
+                Attribute::computed(
+                    "capacity_free",
+                    Type::Number,
+                    "GPUs of pool nodes free from now on (held by no cluster or reservation), whoever asks.",
+                ),
+                Attribute::computed(
+                    "binding",
+                    Type::String,
+                    "Which limit `available` is: `quota` (the tenant's quota is the smaller) or `capacity` (the pool is).",
                 ),
             ],
         )
@@ -78,6 +93,9 @@ impl DataSourceType for QuotaUsage {
         state.set("used", Value::Number(usage.used));
         state.set("reserved", Value::Number(usage.reserved));
         state.set("available", Value::Number(usage.available));
+        state.set("quota_left", Value::Number(usage.quota_left));
+        state.set("capacity_free", Value::Number(usage.capacity_free));
+        state.set("binding", Value::String(usage.binding));
         Ok(state)
     }
 }

@@ -9,6 +9,6 @@ pub mod value;
 
 pub use diagnostics::{Diagnostic, Diagnostics, Severity};
 pub use plan::{changed, default_when_unset, mark_unknown, requires_replace_if_changed};
-pub use schema::{Attribute, Mode, Schema, Type};
+pub use schema::{Attribute, Block, Mode, Schema, Type};
 pub use traits::{DataSourceType, PlannedChange, ProviderType, ResourceType};
 pub use value::{AttrPath, PathStep, Value};

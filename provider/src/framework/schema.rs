@@ -86,12 +86,36 @@ impl Attribute {
     }
 }
 
+/// A nested block written at most once, e.g. `timeouts { create = "45m" }`. Its value is
+/// always an object (Terraform's "group" nesting): every attribute null when the block is
+/// absent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub name: &'static str,
+    /// Markdown.
+    pub description: &'static str,
+    pub attributes: Vec<Attribute>,
+}
+
+impl Block {
+    /// The block's value type.
+    pub fn object_type(&self) -> Type {
+        Type::Object(
+            self.attributes
+                .iter()
+                .map(|a| (a.name.to_string(), a.ty.clone()))
+                .collect(),
+        )
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Schema {
     pub version: i64,
     /// Markdown.
     pub description: &'static str,
     pub attributes: Vec<Attribute>,
+    pub blocks: Vec<Block>,
 }
 
 impl Schema {
@@ -100,15 +124,27 @@ impl Schema {
             version: 0,
             description,
             attributes,
+            blocks: Vec::new(),
         }
     }
 
-    /// The object type of the whole resource.
+    /// The schema with a nested block.
+    pub fn with_block(mut self, block: Block) -> Self {
+        self.blocks.push(block);
+        self
+    }
+
+    /// The object type of the whole resource (its blocks included).
     pub fn object_type(&self) -> Type {
         Type::Object(
             self.attributes
                 .iter()
                 .map(|a| (a.name.to_string(), a.ty.clone()))
+                .chain(
+                    self.blocks
+                        .iter()
+                        .map(|b| (b.name.to_string(), b.object_type())),
+                )
                 .collect(),
         )
     }

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use tf_provider::schema::{
-    Attribute as TfAttribute, AttributeConstraint, AttributeType, Block, Description,
+    Attribute as TfAttribute, AttributeConstraint, AttributeType, Block, Description, NestedBlock,
     Schema as TfSchema,
 };
 use tf_provider::value::ValueAny;
@@ -139,9 +139,8 @@ fn attribute_type(ty: &Type) -> AttributeType {
     }
 }
 
-pub fn to_tf_schema(schema: &Schema) -> TfSchema {
-    let attributes = schema
-        .attributes
+fn tf_attributes(attributes: &[crate::framework::Attribute]) -> HashMap<String, TfAttribute> {
+    attributes
         .iter()
         .map(|a| {
             let constraint = match a.mode {
@@ -159,13 +158,32 @@ pub fn to_tf_schema(schema: &Schema) -> TfSchema {
             };
             (a.name.to_string(), attribute)
         })
+        .collect()
+}
+
+pub fn to_tf_schema(schema: &Schema) -> TfSchema {
+    let attributes = tf_attributes(&schema.attributes);
+    // Group nesting: at most one block, its value an object of nulls when absent.
+    let blocks = schema
+        .blocks
+        .iter()
+        .map(|b| {
+            let block = Block {
+                version: schema.version,
+                attributes: tf_attributes(&b.attributes),
+                blocks: HashMap::new(),
+                description: Description::markdown(b.description),
+                deprecated: false,
+            };
+            (b.name.to_string(), NestedBlock::Group(block))
+        })
         .collect();
     TfSchema {
         version: schema.version,
         block: Block {
             version: schema.version,
             attributes,
-            blocks: HashMap::new(),
+            blocks,
             description: Description::markdown(schema.description),
             deprecated: false,
         },
@@ -298,5 +316,38 @@ mod tests {
             "node_count: must be at least 1 (got 0)"
         );
         assert_eq!(target.errors[0].attribute, AttributePath::new("node_count"));
+    }
+}
+
+#[cfg(test)]
+mod block_tests {
+    use super::*;
+    use crate::framework::{Attribute, Block as FwBlock};
+
+    #[test]
+    fn a_block_is_a_group_whose_value_is_an_object() {
+        let schema = Schema::new("r", vec![Attribute::required("name", Type::String, "n")])
+            .with_block(FwBlock {
+                name: "timeouts",
+                description: "t",
+                attributes: vec![Attribute::optional("create", Type::String, "c")],
+            });
+        let tf = to_tf_schema(&schema);
+        assert!(!tf.block.attributes.contains_key("timeouts"));
+        match tf.block.blocks.get("timeouts") {
+            Some(NestedBlock::Group(b)) => assert!(b.attributes.contains_key("create")),
+            other => panic!("timeouts is not a group block: {other:?}"),
+        }
+        // Absent from the configuration, Terraform sends an object of nulls.
+        let raw = ValueAny::Map(BTreeMap::from([
+            ("name".to_string(), ValueAny::String("a".into())),
+            (
+                "timeouts".to_string(),
+                ValueAny::Map(BTreeMap::from([("create".to_string(), ValueAny::Null)])),
+            ),
+        ]));
+        let v = from_tf(raw, &schema.object_type(), &AttrPath::root()).unwrap();
+        assert_eq!(v.get("timeouts").get("create"), &Value::Null);
+        assert!(matches!(v.get("timeouts"), Value::Object(_)));
     }
 }

@@ -44,11 +44,15 @@ fn missing(name: &str) -> Diagnostics {
     .into()
 }
 
-/// Checks a count attribute of the configuration against a minimum, when known.
+/// Checks a count attribute of the configuration against a minimum and the API's
+/// maximum (see [`validation::maximum`]), when known.
 pub(crate) fn check_min(config: &Value, name: &str, min: i64, diags: &mut Diagnostics) {
     match config.i64_attr(name) {
         Ok(Some(v)) => {
-            if let Err(reason) = validation::at_least(v, min) {
+            let max = validation::maximum(name).unwrap_or(i64::MAX);
+            if let Err(reason) =
+                validation::at_least(v, min).and_then(|()| validation::at_most(v, max))
+            {
                 diags.attr_error(name, reason);
             }
         }
@@ -64,7 +68,10 @@ pub(crate) fn check_window(config: &Value, diags: &mut Diagnostics) {
     for (slot, name) in parsed.iter_mut().zip(["start_time", "end_time"]) {
         match config.str_attr(name) {
             Ok(Some(text)) => match times::unix(text) {
-                Ok(t) => *slot = Some(t),
+                Ok(t) => match validation::time_in_range(t) {
+                    Ok(()) => *slot = Some(t),
+                    Err(reason) => diags.attr_error(name, format!("{text:?} {reason}")),
+                },
                 Err(reason) => diags.attr_error(name, reason),
             },
             Ok(None) => {}

@@ -5,15 +5,14 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::quota_usage;
+use super::checks::verdict;
 use super::common::{
-    answered, check_min, compared_prior, deleted, diag, found, imported, known_gpu_type,
-    optional_tenant, request_id, required_i64, required_str, tenant_not_found,
-    with_tenant_spelling,
+    answered, check_min, deleted, diag, found, imported, known_gpu_type, optional_tenant,
+    request_id, required_i64, required_str, with_tenant_spelling,
 };
 use crate::framework::{
-    changed, default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
-    Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
+    changed, default_when_unset, mark_unknown, requires_replace_if_changed, Attribute, Diagnostics,
+    PlannedChange, ResourceType, Schema, Type, Value,
 };
 use crate::provider::ProviderState;
 
@@ -56,94 +55,82 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedCh
     }
 }
 
-/// The refusal when a quota is lowered below what the tenant uses and reserves.
-pub fn lowering_error(
-    gpu_type: &str,
-    gpus: i64,
-    burst: i64,
-    usage: &api::QuotaUsage,
-) -> Option<Diagnostic> {
-    let held = usage.used + usage.reserved;
-    (gpus + burst < held).then(|| {
-        Diagnostic::error_at(
-            AttrPath::attr("gpus"),
-            format!(
-                "gpus: cannot lower the {gpu_type} quota to {} GPUs ({gpus} guaranteed + {burst} burst): the tenant uses {} and has {} reserved ({held} in all)",
-                gpus + burst,
-                usage.used,
-                usage.reserved
-            ),
-            "Release clusters or reservations of this model first, or keep the quota at least at what is held.",
-        )
+/// Attributes a backend refusal of a quota may name.
+const ATTRIBUTES: &[&str] = &["tenant", "gpu_type", "gpus", "burst_gpus"];
+
+/// The create call for a planned quota (a dry run at plan time, the real one at apply).
+fn create_request(planned: &Value) -> Result<api::CreateGpuQuotaRequest, Diagnostics> {
+    Ok(api::CreateGpuQuotaRequest {
+        request_id: request_id(),
+        tenant_id: optional_tenant(planned)?,
+        gpu_type: required_str(planned, "gpu_type")?,
+        gpus: required_i64(planned, "gpus")?,
+        burst_gpus: required_i64(planned, "burst_gpus")?,
+        validate_only: false,
+    })
+}
+
+fn update_request(
+    prior: &Value,
+    planned: &Value,
+) -> Result<api::UpdateGpuQuotaRequest, Diagnostics> {
+    Ok(api::UpdateGpuQuotaRequest {
+        id: required_str(prior, "id")?,
+        gpus: required_i64(planned, "gpus")?,
+        burst_gpus: required_i64(planned, "burst_gpus")?,
+        validate_only: false,
     })
 }
 
 impl GpuQuota {
-    /// Plan-time checks that ask the backend; skipped while an input is unknown, and on
-    /// an update that leaves the limits as they are (so an unchanged configuration never
-    /// blocks the pre-destroy plan of `terraform destroy`).
+    /// Plan-time admission: the backend's dry run of the create or update this plan
+    /// applies (a tenant has one quota per model, guarantees fit the pool, a limit is not
+    /// lowered below what the tenant holds). Skipped while an input is unknown, on the
+    /// replace half of a replacement (Terraform plans its create half as a create), and
+    /// on an update that leaves the limits as they are (so an unchanged configuration
+    /// never blocks the pre-destroy plan of `terraform destroy`).
     async fn check_with_backend(
         &self,
         prior: Option<&Value>,
-        planned: &Value,
+        planned: &PlannedChange,
     ) -> Result<(), Diagnostics> {
+        let state = &planned.state;
         if let Some(prior) = prior {
-            if !changed(prior, planned, "gpus") && !changed(prior, planned, "burst_gpus") {
+            let limits_change =
+                changed(prior, state, "gpus") || changed(prior, state, "burst_gpus");
+            if !limits_change || !planned.requires_replace.is_empty() {
                 return Ok(());
             }
         }
         let Some(client) = self.provider.plan_client() else {
             return Ok(());
         };
-        if let Some(gpu_type) = planned.str_attr("gpu_type").map_err(diag)? {
+        if let Some(gpu_type) = state.str_attr("gpu_type").map_err(diag)? {
             known_gpu_type(&client, gpu_type).await?;
         }
-        let (Some(tenant), Some(gpu_type), Some(gpus), Some(burst)) = (
-            planned.str_attr("tenant").map_err(diag)?,
-            planned.str_attr("gpu_type").map_err(diag)?,
-            planned.i64_attr("gpus").map_err(diag)?,
-            planned.i64_attr("burst_gpus").map_err(diag)?,
-        ) else {
+        let known = ["tenant", "gpu_type", "gpus", "burst_gpus"]
+            .iter()
+            .all(|name| !state.get(name).is_unknown());
+        if !known {
             return Ok(());
-        };
-        match prior {
+        }
+        let answer = match prior {
             None => {
-                // A tenant has at most one quota per model: say so now, not at apply.
-                let request = api::ListGpuQuotasRequest {
-                    tenant_id: tenant.to_string(),
+                let request = api::CreateGpuQuotaRequest {
+                    validate_only: true,
+                    ..create_request(state)?
                 };
-                let existing = match client.quotas().list_gpu_quotas(request).await {
-                    Ok(r) => r.into_inner().quotas,
-                    // The tenant may be created by this same apply.
-                    Err(s) if tenant_not_found(&s) => return Ok(()),
-                    Err(s) => return Err(client.diagnostic(&s).into()),
-                };
-                if let Some(q) = existing.iter().find(|q| q.gpu_type == gpu_type) {
-                    return Err(Diagnostic::error_at(
-                        AttrPath::attr("gpu_type"),
-                        format!(
-                            "gpu_type: the tenant already has a {gpu_type} quota (id {})",
-                            q.id
-                        ),
-                        format!("Import it instead: terraform import <address> {}", q.id),
-                    )
-                    .into());
-                }
+                client.quotas().create_gpu_quota(request).await
             }
             Some(prior) => {
-                let before = required_i64(prior, "gpus")?
-                    + prior.i64_attr("burst_gpus").map_err(diag)?.unwrap_or(0);
-                if gpus + burst < before {
-                    let Some(usage) = quota_usage(&client, tenant, gpu_type).await? else {
-                        return Ok(());
-                    };
-                    if let Some(d) = lowering_error(gpu_type, gpus, burst, &usage) {
-                        return Err(d.into());
-                    }
-                }
+                let request = api::UpdateGpuQuotaRequest {
+                    validate_only: true,
+                    ..update_request(prior, state)?
+                };
+                client.quotas().update_gpu_quota(request).await
             }
-        }
-        Ok(())
+        };
+        verdict(&client, answer, ATTRIBUTES, "gpus")
     }
 }
 
@@ -211,20 +198,13 @@ impl ResourceType for GpuQuota {
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
         let planned = plan(prior, proposed, config);
-        self.check_with_backend(compared_prior(prior, &planned), &planned.state)
-            .await?;
+        self.check_with_backend(prior, &planned).await?;
         Ok(planned)
     }
 
     async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let request = api::CreateGpuQuotaRequest {
-            request_id: request_id(),
-            tenant_id: optional_tenant(planned)?,
-            gpu_type: required_str(planned, "gpu_type")?,
-            gpus: required_i64(planned, "gpus")?,
-            burst_gpus: required_i64(planned, "burst_gpus")?,
-        };
+        let request = create_request(planned)?;
         let created = answered(&client, client.quotas().create_gpu_quota(request).await)?;
         Ok(with_tenant_spelling(
             state(&created),
@@ -241,11 +221,7 @@ impl ResourceType for GpuQuota {
         _config: &Value,
     ) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let request = api::UpdateGpuQuotaRequest {
-            id: required_str(prior, "id")?,
-            gpus: required_i64(planned, "gpus")?,
-            burst_gpus: required_i64(planned, "burst_gpus")?,
-        };
+        let request = update_request(prior, planned)?;
         let updated = answered(&client, client.quotas().update_gpu_quota(request).await)?;
         Ok(with_tenant_spelling(
             state(&updated),
@@ -278,6 +254,7 @@ impl ResourceType for GpuQuota {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::framework::AttrPath;
 
     #[test]
     fn burst_defaults_to_zero_and_id_is_unknown_on_create() {
@@ -306,20 +283,5 @@ mod tests {
             plan(Some(&prior), proposed.clone(), &proposed).requires_replace,
             vec![AttrPath::attr("gpu_type")]
         );
-    }
-
-    #[test]
-    fn lowering_below_holdings_names_the_numbers() {
-        let usage = api::QuotaUsage {
-            used: 8,
-            reserved: 16,
-            ..Default::default()
-        };
-        let err = lowering_error("H100-80GB", 16, 0, &usage).unwrap();
-        assert_eq!(
-            err.summary,
-            "gpus: cannot lower the H100-80GB quota to 16 GPUs (16 guaranteed + 0 burst): the tenant uses 8 and has 16 reserved (24 in all)"
-        );
-        assert!(lowering_error("H100-80GB", 24, 0, &usage).is_none());
     }
 }

@@ -1,11 +1,15 @@
 //! The managed resources, one module each, and what they share.
 
+pub(crate) mod acceptance;
 pub(crate) mod checks;
+mod cluster_waits;
 pub(crate) mod common;
 mod gpu_quota;
+mod health_check;
 mod reservation;
 mod tenant;
 mod tenant_cluster;
+pub(crate) mod waiting;
 
 use std::sync::Arc;
 
@@ -18,5 +22,6 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn ResourceType>> {
         Arc::new(gpu_quota::GpuQuota::new(state.clone())),
         Arc::new(reservation::Reservation::new(state.clone())),
         Arc::new(tenant_cluster::TenantCluster::new(state.clone())),
+        Arc::new(health_check::HealthCheck::new(state.clone())),
     ]
 }

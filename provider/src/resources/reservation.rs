@@ -5,10 +5,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::{availability, capacity_error, check_quota};
+use super::checks::verdict;
 use super::common::{
-    answered, check_min, check_window, compared_prior, deleted, diag, found, imported,
-    known_gpu_type, optional_tenant, request_id, required_i64, required_str, with_tenant_spelling,
+    answered, check_min, check_window, deleted, diag, found, imported, known_gpu_type,
+    optional_tenant, request_id, required_i64, required_str, with_tenant_spelling,
 };
 use crate::client::Client;
 use crate::framework::{
@@ -110,115 +110,126 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value, now: i64) ->
     }
 }
 
-/// Whether the plan turns allow_on_demand from true to false.
-fn turns_on_demand_off(prior: &Value, planned: &Value) -> bool {
-    prior.bool_attr("allow_on_demand").ok().flatten() == Some(true)
-        && planned.bool_attr("allow_on_demand").ok().flatten() == Some(false)
-}
+/// Attributes a backend refusal of a reservation may name.
+const ATTRIBUTES: &[&str] = &[
+    "tenant",
+    "gpu_type",
+    "node_count",
+    "start_time",
+    "end_time",
+    "allow_on_demand",
+];
 
-/// The refusal when turning allow_on_demand off needs `needed` more pool nodes than the
-/// pool has free over `window`.
-pub fn on_demand_off_error(
-    needed: i64,
-    gpu_type: &str,
-    window: (i64, i64),
-    free: &api::Availability,
-) -> Option<Diagnostic> {
-    (free.free_pool_nodes < needed).then(|| {
-        Diagnostic::error_at(
-            AttrPath::attr("allow_on_demand"),
-            format!(
-                "allow_on_demand: turning it off needs {needed} more {gpu_type} pool nodes from {} to {}, the pool has {} free",
-                times::canonical(window.0),
-                times::canonical(window.1),
-                free.free_pool_nodes,
-            ),
-            "Keep allow_on_demand = true, or lower node_count to what the pool can hold.",
-        )
+/// The create call for a planned reservation (a dry run at plan time, the real one at apply).
+fn create_request(planned: &Value) -> Result<api::CreateReservationRequest, Diagnostics> {
+    let start = times::unix(&required_str(planned, "start_time")?)
+        .map_err(|r| diag(Diagnostic::error(r, "")))?;
+    let end = times::unix(&required_str(planned, "end_time")?)
+        .map_err(|r| diag(Diagnostic::error(r, "")))?;
+    Ok(api::CreateReservationRequest {
+        request_id: request_id(),
+        tenant_id: optional_tenant(planned)?,
+        gpu_type: required_str(planned, "gpu_type")?,
+        node_count: required_i64(planned, "node_count")?,
+        start_time: Some(times::to_proto(start)),
+        end_time: Some(times::to_proto(end)),
+        allow_on_demand: planned
+            .bool_attr("allow_on_demand")
+            .map_err(diag)?
+            .unwrap_or(false),
+        validate_only: false,
     })
 }
 
+/// The update call taking a reservation from `prior` to `planned`; None when only the
+/// spelling of a time changed (nothing to send).
+fn update_request(
+    prior: &Value,
+    planned: &Value,
+) -> Result<Option<api::UpdateReservationRequest>, Diagnostics> {
+    let end = instant(planned, "end_time");
+    let on_demand_changed = changed(prior, planned, "allow_on_demand");
+    let count_changed = prior.get("node_count") != planned.get("node_count");
+    let end_changed = instant(prior, "end_time") != end;
+    if !(count_changed || end_changed || on_demand_changed) {
+        return Ok(None);
+    }
+    // Only what changes is sent (0 / absent leave a field as it is), so the backend
+    // answers about that change: turning allow_on_demand off alone asks whether the pool
+    // takes the on-demand nodes back.
+    Ok(Some(api::UpdateReservationRequest {
+        id: required_str(prior, "id")?,
+        node_count: if count_changed {
+            required_i64(planned, "node_count")?
+        } else {
+            0
+        },
+        end_time: end.filter(|_| end_changed).map(times::to_proto),
+        allow_on_demand: planned
+            .bool_attr("allow_on_demand")
+            .map_err(diag)?
+            .filter(|_| on_demand_changed),
+        validate_only: false,
+    }))
+}
+
+/// Whether every input a dry run sends is known at plan time (a tenant or time computed
+/// by the same apply is not).
+fn inputs_known(planned: &Value) -> bool {
+    [
+        "tenant",
+        "gpu_type",
+        "node_count",
+        "start_time",
+        "end_time",
+        "allow_on_demand",
+    ]
+    .iter()
+    .all(|name| !planned.get(name).is_unknown())
+}
+
 impl Reservation {
-    /// Capacity and quota checks at plan time, when every input is known.
+    /// Plan-time admission: the backend's dry run of the create or update this plan
+    /// applies, when every input is known. Only a create or a change of node_count,
+    /// end_time or allow_on_demand asks, so an unchanged configuration asks the backend
+    /// nothing and cannot block `terraform destroy` (whose pre-destroy plan runs in normal
+    /// mode). The replace half of a replacement is not asked about; Terraform plans its
+    /// create half as a create (without a prior state).
     async fn check_with_backend(
         &self,
         prior: Option<&Value>,
-        planned: &Value,
+        planned: &PlannedChange,
     ) -> Result<(), Diagnostics> {
         let Some(client) = self.provider.plan_client() else {
             return Ok(());
         };
-        let Some(gpu_type) = planned.str_attr("gpu_type").map_err(diag)? else {
-            return Ok(());
-        };
-        let model = known_gpu_type(&client, gpu_type).await?;
-        let (Some(tenant), Some(count), Some(start), Some(end), Some(allow)) = (
-            planned.str_attr("tenant").map_err(diag)?,
-            planned.i64_attr("node_count").map_err(diag)?,
-            instant(planned, "start_time"),
-            instant(planned, "end_time"),
-            planned.bool_attr("allow_on_demand").map_err(diag)?,
-        ) else {
-            return Ok(());
-        };
-        let now = times::now();
-        let from = start.max(now);
-        if end <= from {
-            return Ok(()); // the backend refuses a window that has ended, with its words
+        let (state, replacing) = (&planned.state, !planned.requires_replace.is_empty());
+        if let Some(gpu_type) = state.str_attr("gpu_type").map_err(diag)? {
+            known_gpu_type(&client, gpu_type).await?;
         }
-        // Checks only what changes, so an unchanged configuration asks the backend nothing
-        // and cannot block `terraform destroy` (its pre-destroy plan runs in normal mode;
-        // a failing check on an edited configuration blocks it, `-refresh=false` does not).
-        if let Some(prior) = prior {
-            let relevant = ["node_count", "end_time", "allow_on_demand"];
-            if !relevant.iter().any(|name| changed(prior, planned, name)) {
-                return Ok(());
+        if !inputs_known(state) || (prior.is_some() && replacing) {
+            return Ok(());
+        }
+        let answer = match prior {
+            None => {
+                let request = api::CreateReservationRequest {
+                    validate_only: true,
+                    ..create_request(state)?
+                };
+                client.reservations().create_reservation(request).await
             }
-        }
-        let mut diags = Diagnostics::default();
-        // What must be newly found: everything on create; on update, the added nodes over
-        // the current window and all nodes over an extension.
-        let (mut needs, extra_nodes) = match prior {
-            None => (vec![(count, (from, end))], count),
             Some(prior) => {
-                let old_count = required_i64(prior, "node_count")?;
-                let old_end = instant(prior, "end_time").unwrap_or(end);
-                let mut needs = vec![];
-                let current_window = (from, end.min(old_end));
-                if turns_on_demand_off(prior, planned) {
-                    // Every node must then be a pool node: the pool must take all of them
-                    // beyond the pool nodes the reservation holds already.
-                    let pool_nodes = required_i64(prior, "pool_nodes")?;
-                    if count > pool_nodes && current_window.1 > from {
-                        let free = availability(&client, gpu_type, from, current_window.1).await?;
-                        if let Some(d) =
-                            on_demand_off_error(count - pool_nodes, gpu_type, current_window, &free)
-                        {
-                            diags.push(d);
-                        }
-                    }
-                } else if count > old_count && current_window.1 > from {
-                    needs.push((count - old_count, current_window));
-                }
-                if end > old_end {
-                    needs.push((count, (old_end.max(from), end)));
-                }
-                (needs, (count - old_count).max(0))
+                let Some(request) = update_request(prior, state)? else {
+                    return Ok(());
+                };
+                let request = api::UpdateReservationRequest {
+                    validate_only: true,
+                    ..request
+                };
+                client.reservations().update_reservation(request).await
             }
         };
-        for (nodes, window) in needs.drain(..) {
-            let free = availability(&client, gpu_type, window.0, window.1).await?;
-            if let Some(d) = capacity_error(nodes, gpu_type, window, &free, allow) {
-                diags.push(d);
-                break;
-            }
-        }
-        if extra_nodes > 0 {
-            // The whole reservation counts against the quota (its current nodes are
-            // "reserved", not "used"), so compare all of it with what clusters leave.
-            check_quota(&client, tenant, &model, count, &mut diags).await?;
-        }
-        diags.into_result()
+        verdict(&client, answer, ATTRIBUTES, "node_count")
     }
 
     async fn get(
@@ -286,29 +297,13 @@ impl ResourceType for Reservation {
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
         let planned = plan(prior, proposed, config, times::now());
-        self.check_with_backend(compared_prior(prior, &planned), &planned.state)
-            .await?;
+        self.check_with_backend(prior, &planned).await?;
         Ok(planned)
     }
 
     async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let start = times::unix(&required_str(planned, "start_time")?)
-            .map_err(|r| diag(Diagnostic::error(r, "")))?;
-        let end = times::unix(&required_str(planned, "end_time")?)
-            .map_err(|r| diag(Diagnostic::error(r, "")))?;
-        let request = api::CreateReservationRequest {
-            request_id: request_id(),
-            tenant_id: optional_tenant(planned)?,
-            gpu_type: required_str(planned, "gpu_type")?,
-            node_count: required_i64(planned, "node_count")?,
-            start_time: Some(times::to_proto(start)),
-            end_time: Some(times::to_proto(end)),
-            allow_on_demand: planned
-                .bool_attr("allow_on_demand")
-                .map_err(diag)?
-                .unwrap_or(false),
-        };
+        let request = create_request(planned)?;
         let created = answered(
             &client,
             client.reservations().create_reservation(request).await,
@@ -328,27 +323,14 @@ impl ResourceType for Reservation {
         _config: &Value,
     ) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let id = required_str(prior, "id")?;
-        let count = required_i64(planned, "node_count")?;
-        let end = instant(planned, "end_time");
-        let allow_on_demand = planned.bool_attr("allow_on_demand").map_err(diag)?;
-        let on_demand_changed = changed(prior, planned, "allow_on_demand");
-        let any_change = prior.get("node_count") != planned.get("node_count")
-            || instant(prior, "end_time") != end
-            || on_demand_changed;
-        let current = if any_change {
-            let request = api::UpdateReservationRequest {
-                id,
-                node_count: count,
-                end_time: end.map(times::to_proto),
-                allow_on_demand: allow_on_demand.filter(|_| on_demand_changed),
-            };
+        let current = if let Some(request) = update_request(prior, planned)? {
             answered(
                 &client,
                 client.reservations().update_reservation(request).await,
             )?
         } else {
             // Only the spelling of a time changed: nothing to send.
+            let id = required_str(prior, "id")?;
             self.get(&client, id).await?.ok_or_else(|| {
                 diag(Diagnostic::error(
                     "the reservation no longer exists in the backend",
@@ -469,21 +451,6 @@ mod tests {
         assert!(planned.state.get("pool_nodes").is_unknown());
         assert!(planned.state.get("on_demand_nodes").is_unknown());
         assert_eq!(planned.state.get("node_count"), &Value::Number(2));
-    }
-
-    #[test]
-    fn turning_on_demand_off_names_what_the_pool_lacks() {
-        let free = api::Availability {
-            free_pool_nodes: 1,
-            ..Default::default()
-        };
-        let d = on_demand_off_error(2, "H100-80GB", (NOW, NOW + 3600), &free).unwrap();
-        assert_eq!(d.path, Some(AttrPath::attr("allow_on_demand")));
-        assert_eq!(
-            d.summary,
-            "allow_on_demand: turning it off needs 2 more H100-80GB pool nodes from 2027-01-15T08:00:00Z to 2027-01-15T09:00:00Z, the pool has 1 free"
-        );
-        assert!(on_demand_off_error(1, "H100-80GB", (NOW, NOW + 3600), &free).is_none());
     }
 
     #[tokio::test]

@@ -7,8 +7,8 @@ use gpufleet_proto::v1 as api;
 
 use super::common::{answered, deleted, diag, found, imported, request_id, required_str};
 use crate::framework::{
-    default_when_unset, mark_unknown, requires_replace_if_changed, Attribute, Diagnostics,
-    PlannedChange, ResourceType, Schema, Type, Value,
+    default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute, Diagnostic,
+    Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
 };
 use crate::provider::ProviderState;
 use crate::validation;
@@ -116,6 +116,7 @@ impl ResourceType for Tenant {
             Ok(None) => {}
             Err(d) => diags.push(d),
         }
+        check_display_name_and_labels(config, &mut diags);
         diags.into_result()
     }
 
@@ -198,6 +199,38 @@ impl ResourceType for Tenant {
         )?;
         // The backend keeps only the token's hash: an imported tenant has no token.
         Ok(state(&tenant, Value::Null))
+    }
+}
+
+/// The API's bounds on `display_name` and `labels`, at plan time.
+fn check_display_name_and_labels(config: &Value, diags: &mut Diagnostics) {
+    use gpufleet_proto::limits::MAX_DISPLAY_NAME_CHARS;
+    match config.str_attr("display_name") {
+        Ok(Some(d)) => {
+            if let Err(reason) = validation::max_chars(d, MAX_DISPLAY_NAME_CHARS) {
+                diags.attr_error("display_name", reason);
+            }
+        }
+        Ok(None) => {}
+        Err(d) => diags.push(d),
+    }
+    match config.string_map_attr("labels") {
+        Ok(Some(labels)) => {
+            let sorted: std::collections::BTreeMap<_, _> = labels.iter().collect();
+            let pairs = sorted.into_iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            for (key, reason) in validation::labels(pairs) {
+                match key {
+                    Some(key) => diags.push(Diagnostic::error_at(
+                        AttrPath::attr("labels").key(&key),
+                        format!("labels[{key:?}]: {reason}"),
+                        "",
+                    )),
+                    None => diags.attr_error("labels", reason),
+                }
+            }
+        }
+        Ok(None) => {}
+        Err(d) => diags.push(d),
     }
 }
 

@@ -8,11 +8,13 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 use tonic::{Code, Status};
 
-use super::checks::{check_pool, check_quota};
+use super::checks::verdict;
+use super::cluster_waits;
 use super::common::{
-    answered, check_min, compared_prior, deleted, diag, found, imported, known_gpu_type,
-    request_id, required_i64, required_str, with_tenant_spelling,
+    check_min, compared_prior, diag, found, imported, known_gpu_type, required_i64, required_str,
+    with_tenant_spelling,
 };
+use super::waiting::{self, Deadline};
 use crate::client::Client;
 use crate::convert::{node_type, node_value};
 use crate::framework::{
@@ -20,7 +22,7 @@ use crate::framework::{
     Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
 };
 use crate::provider::ProviderState;
-use crate::{times, validation};
+use crate::validation;
 
 pub struct TenantCluster {
     provider: Arc<ProviderState>,
@@ -42,6 +44,8 @@ const REPLACE_ON: &[&str] = &[
     "orchestrator",
     "gpu_type",
     "reservation_id",
+    "preemptible",
+    "allow_on_demand",
 ];
 /// Computed attributes set at create.
 const COMPUTED: &[&str] = &[
@@ -52,6 +56,8 @@ const COMPUTED: &[&str] = &[
     "endpoint",
     "credentials",
     "storage_path",
+    "acceptance_status",
+    "acceptance_nodes",
 ];
 
 fn state(c: &api::TenantCluster) -> Value {
@@ -91,6 +97,8 @@ fn state(c: &api::TenantCluster) -> Value {
             "max_unavailable",
             Value::Number(i64::from(c.max_unavailable).max(DEFAULT_MAX_UNAVAILABLE)),
         ),
+        ("preemptible", Value::Bool(c.preemptible)),
+        ("allow_on_demand", Value::Bool(c.allow_on_demand)),
     ])
 }
 
@@ -133,6 +141,8 @@ fn plan_inputs(prior: Option<&Value>, proposed: Value, config: &Value) -> Planne
         "max_unavailable",
         Value::Number(DEFAULT_MAX_UNAVAILABLE),
     );
+    default_when_unset(&mut planned, config, "preemptible", Value::Bool(false));
+    default_when_unset(&mut planned, config, "allow_on_demand", Value::Bool(false));
     let driver_unset = config.get("driver_version").is_null();
     let Some(prior) = prior else {
         mark_unknown(&mut planned, COMPUTED);
@@ -175,8 +185,25 @@ fn mark_effects(prior: Option<&Value>, planned: &mut Value) {
     if reshapes_nodes || new_driver {
         mark_unknown(planned, &["nodes"]);
     }
+    // A Slurm cluster's credentials carry its slurm.conf, which names its nodes and GRES.
+    if reshapes_nodes && matches!(planned.str_attr("orchestrator"), Ok(Some("slurm"))) {
+        mark_unknown(planned, &["credentials"]);
+    }
     if reshapes_nodes || new_driver || changed(prior, planned, "storage_gib") {
         mark_unknown(planned, &["status", "status_reason"]);
+    }
+}
+
+/// A cluster the backend was still changing when the state was read (an apply that
+/// timed out): the plan updates it, and the update waits for the change to settle.
+fn mark_unsettled(prior: Option<&Value>, planned: &mut Value) {
+    let Some(prior) = prior else {
+        return;
+    };
+    if let Ok(Some(status)) = prior.str_attr("status") {
+        if ["creating", "updating"].contains(&status) {
+            mark_unknown(planned, &["status", "status_reason", "nodes"]);
+        }
     }
 }
 
@@ -313,19 +340,6 @@ fn version_text(v: &str, example: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Volumes only grow.
-pub fn shrink_error(prior: &Value, planned: &Value) -> Option<Diagnostic> {
-    let before = prior.i64_attr("storage_gib").ok().flatten()?;
-    let after = planned.i64_attr("storage_gib").ok().flatten()?;
-    (after < before).then(|| {
-        Diagnostic::error_at(
-            AttrPath::attr("storage_gib"),
-            format!("storage_gib: volumes only grow: cannot shrink from {before} to {after} GiB"),
-            "Keep the current size or grow it; a smaller volume needs a new cluster.",
-        )
-    })
-}
-
 /// The refusal for a MIG layout the backend's planner cannot place.
 pub fn mig_error(answer: &api::CheckMigLayoutResponse) -> Option<Diagnostic> {
     (!answer.fits).then(|| {
@@ -374,55 +388,49 @@ async fn check_layout(
     Ok(())
 }
 
-/// The refusals for a cluster of `node_count` nodes of `gpu_type` drawing from
-/// `reservation`, whose other clusters hold `others` nodes: the same rules the backend
-/// applies at apply time, said at plan time.
-pub fn reservation_errors(
-    reservation: &api::Reservation,
-    gpu_type: &str,
-    node_count: Option<i64>,
-    others: i64,
-) -> Vec<Diagnostic> {
-    let id = &reservation.id;
-    let mut errors = vec![];
-    if reservation.gpu_type != gpu_type {
-        errors.push(Diagnostic::error_at(
-            AttrPath::attr("reservation_id"),
-            format!(
-                "reservation_id: reservation {id} holds {} nodes, not {gpu_type}",
-                reservation.gpu_type
-            ),
-            "",
-        ));
-    }
-    if reservation.status != "active" {
-        let window = |t: &Option<prost_types::Timestamp>| {
-            times::canonical(t.as_ref().map(|t| t.seconds).unwrap_or_default())
-        };
-        errors.push(Diagnostic::error_at(
-            AttrPath::attr("reservation_id"),
-            format!(
-                "reservation_id: reservation {id} is {} ({} to {}); clusters can draw from it only while it is active",
-                reservation.status,
-                window(&reservation.start_time),
-                window(&reservation.end_time),
-            ),
-            "",
-        ));
-    }
-    let left = (reservation.node_count - others).max(0);
-    if let Some(count) = node_count.filter(|count| *count > left) {
-        errors.push(Diagnostic::error_at(
-            AttrPath::attr("node_count"),
-            format!(
-                "node_count: needs {count} nodes from reservation {id}, which has {} nodes of which other clusters hold {others} ({left} left)",
-                reservation.node_count
-            ),
-            "Grow the reservation (node_count) first, or take fewer nodes.",
-        ));
-    }
-    errors
-}
+/// Attributes a backend refusal of a cluster may name.
+const ATTRIBUTES: &[&str] = &[
+    "tenant",
+    "name",
+    "orchestrator",
+    "gpu_type",
+    "node_count",
+    "reservation_id",
+    "storage_gib",
+    "mig_layout",
+    "cuda_version",
+    "driver_version",
+    "max_unavailable",
+    "preemptible",
+    "allow_on_demand",
+];
+
+/// Inputs of a create or update that must be known for a dry run (a tenant or a
+/// reservation made by the same apply is not, and the backend decides at apply).
+const DRY_RUN_INPUTS: &[&str] = &[
+    "tenant",
+    "name",
+    "orchestrator",
+    "gpu_type",
+    "node_count",
+    "reservation_id",
+    "storage_gib",
+    "mig_layout",
+    "cuda_version",
+    "max_unavailable",
+    "preemptible",
+    "allow_on_demand",
+];
+
+/// Attributes an update sends; a dry-run update asks only when one of them changes.
+const UPDATED: &[&str] = &[
+    "node_count",
+    "storage_gib",
+    "mig_layout",
+    "cuda_version",
+    "driver_version",
+    "max_unavailable",
+];
 
 /// The create call for a planned cluster.
 fn create_request(
@@ -433,8 +441,8 @@ fn create_request(
         .number_map_attr("mig_layout")
         .map_err(diag)?
         .unwrap_or_default();
-    Ok(api::CreateTenantClusterRequest {
-        request_id: request_id(),
+    let mut request = api::CreateTenantClusterRequest {
+        request_id: String::new(),
         tenant_id: super::common::optional_tenant(planned)?,
         name: required_str(planned, "name")?,
         orchestrator: required_str(planned, "orchestrator")?,
@@ -446,7 +454,39 @@ fn create_request(
         cuda_version: optional_str(planned, "cuda_version")?,
         driver_version: requested_driver(planned, config)?,
         max_unavailable: count_i32(required_i64(planned, "max_unavailable")?),
-    })
+        validate_only: false,
+        preemptible: planned
+            .bool_attr("preemptible")
+            .map_err(diag)?
+            .unwrap_or(false),
+        allow_on_demand: planned
+            .bool_attr("allow_on_demand")
+            .map_err(diag)?
+            .unwrap_or(false),
+        ..super::acceptance::create_fields(planned)?
+    };
+    request.request_id = create_key(&request);
+    Ok(request)
+}
+
+/// The request id of a create: the same for the same cluster and configuration, so that
+/// an apply after one that timed out gets the cluster the first one started (the backend
+/// answers a known request id with its cluster, as it is) instead of a second one or a
+/// "name already exists".
+fn create_key(r: &api::CreateTenantClusterRequest) -> String {
+    use sha2::{Digest, Sha256};
+    // Every field the request carries (so every one the backend's fingerprint may hold),
+    // the layout in a stable order.
+    let fields = api::CreateTenantClusterRequest {
+        request_id: String::new(),
+        validate_only: false,
+        mig_layout: HashMap::new(),
+        ..r.clone()
+    };
+    let layout: BTreeMap<&String, &i32> = r.mig_layout.iter().collect();
+    let text = format!("{fields:?} {layout:?}");
+    let digest = hex::encode(Sha256::digest(text.as_bytes()));
+    format!("tf-{}", &digest[..32])
 }
 
 /// The update call taking a cluster from `prior` to `planned`: the MIG layout and the
@@ -488,6 +528,8 @@ fn update_request(
         cuda_version,
         driver_version,
         max_unavailable,
+        validate_only: false,
+        ..super::acceptance::update_fields(prior, planned)?
     })
 }
 
@@ -525,92 +567,67 @@ fn layout_i32(layout: &BTreeMap<String, i64>) -> HashMap<String, i32> {
 }
 
 impl TenantCluster {
-    /// Plan-time checks that ask the backend. Each runs only when the attributes it is
-    /// about change (or on create/replace), so an unchanged configuration never calls the
-    /// backend here and `terraform destroy` (whose pre-destroy plan runs in normal mode)
-    /// cannot be blocked by them.
+    /// Plan-time admission: the backend's dry run (`validate_only`) of the create or
+    /// update this plan applies, after the MIG planner's check of a changed layout (whose
+    /// refusal lists the nearest valid layouts). Runs on create, and on an update only
+    /// when an attribute the update sends changes, so an unchanged configuration never
+    /// calls the backend here and `terraform destroy` (whose pre-destroy plan runs in
+    /// normal mode) cannot be blocked by it. The replace half of a replacement is not
+    /// dry-run; Terraform plans its create half as a create (without a prior state).
     async fn check_with_backend(
         &self,
         prior: Option<&Value>,
-        planned: &Value,
+        planned: &PlannedChange,
+        config: &Value,
     ) -> Result<(), Diagnostics> {
-        if let Some(d) = prior.and_then(|p| shrink_error(p, planned)) {
-            return Err(d.into());
-        }
-        let changes = |name: &str| prior.is_none_or(|p| changed(p, planned, name));
-        if !changes("mig_layout") && !changes("node_count") {
+        let replacing = !planned.requires_replace.is_empty();
+        let compared = compared_prior(prior, planned);
+        let state = &planned.state;
+        let changes = |name: &str| compared.is_none_or(|p| changed(p, state, name));
+        if !UPDATED.iter().any(|name| changes(name)) {
             return Ok(());
         }
         let Some(client) = self.provider.plan_client() else {
             return Ok(());
         };
-        let Some(gpu_type) = planned.str_attr("gpu_type").map_err(diag)? else {
+        let Some(gpu_type) = state.str_attr("gpu_type").map_err(diag)? else {
             return Ok(());
         };
-        let model = known_gpu_type(&client, gpu_type).await?;
-        let mut diags = Diagnostics::default();
+        known_gpu_type(&client, gpu_type).await?;
         if changes("mig_layout") {
-            check_layout(&client, gpu_type, planned, &mut diags).await?;
+            let mut diags = Diagnostics::default();
+            check_layout(&client, gpu_type, state, &mut diags).await?;
+            diags.into_result()?;
         }
-        let before = match prior {
-            Some(p) => required_i64(p, "node_count")?,
-            None => 0,
-        };
-        let grows = match planned.i64_attr("node_count").map_err(diag)? {
-            Some(count) if count > before => Some(count),
-            _ => None,
-        };
-        match planned.get("reservation_id") {
-            // Clusters without a reservation take pool nodes now, counted against the quota.
-            Value::Null => {
-                if let Some(count) = grows {
-                    check_pool(&client, gpu_type, count - before, &mut diags).await?;
-                    if let Some(tenant) = planned.str_attr("tenant").map_err(diag)? {
-                        check_quota(&client, tenant, &model, count - before, &mut diags).await?;
-                    }
+        let known = DRY_RUN_INPUTS
+            .iter()
+            .all(|name| state.get(name).is_fully_known());
+        if !known || (prior.is_some() && replacing) {
+            return Ok(());
+        }
+        let answer = match prior {
+            None => {
+                let request = api::CreateTenantClusterRequest {
+                    validate_only: true,
+                    ..create_request(state, config)?
+                };
+                match client.clusters().create_tenant_cluster(request).await {
+                    // Terraform plans the create half of a replacement without a prior
+                    // state, while the cluster it replaces still holds the name: the
+                    // apply decides (and says so if the name is really taken).
+                    Err(s) if s.code() == Code::AlreadyExists => return Ok(()),
+                    answer => answer,
                 }
             }
-            // A reservation created in this same plan is unknown: the backend decides at apply.
-            Value::String(reservation_id) if prior.is_none() || grows.is_some() => {
-                let cluster_id = prior.and_then(|p| p.str_attr("id").ok().flatten());
-                let count = planned.i64_attr("node_count").map_err(diag)?;
-                let reservation = found(
-                    &client,
-                    client
-                        .reservations()
-                        .get_reservation(api::GetReservationRequest {
-                            id: reservation_id.clone(),
-                        })
-                        .await,
-                )?;
-                let Some(reservation) = reservation else {
-                    diags.attr_error(
-                        "reservation_id",
-                        format!("no reservation with id {reservation_id:?}: not found"),
-                    );
-                    return diags.into_result();
+            Some(prior) => {
+                let request = api::UpdateTenantClusterRequest {
+                    validate_only: true,
+                    ..update_request(prior, state, config)?
                 };
-                let request = api::ListTenantClustersRequest {
-                    tenant_id: reservation.tenant_id.clone(),
-                };
-                let clusters = answered(
-                    &client,
-                    client.clusters().list_tenant_clusters(request).await,
-                )?
-                .clusters;
-                let others: i64 = clusters
-                    .iter()
-                    .filter(|c| c.reservation_id == *reservation_id)
-                    .filter(|c| Some(c.id.as_str()) != cluster_id)
-                    .map(|c| c.node_count)
-                    .sum();
-                for d in reservation_errors(&reservation, gpu_type, count, others) {
-                    diags.push(d);
-                }
+                client.clusters().update_tenant_cluster(request).await
             }
-            _ => {}
-        }
-        diags.into_result()
+        };
+        verdict(&client, answer, ATTRIBUTES, "node_count")
     }
 
     /// Asks the backend for the driver this plan gives the cluster, when
@@ -641,7 +658,15 @@ impl TenantCluster {
         id: String,
     ) -> Result<Option<api::TenantCluster>, Diagnostics> {
         let request = api::GetTenantClusterRequest { id };
-        found(client, client.clusters().get_tenant_cluster(request).await)
+        match found(client, client.clusters().get_tenant_cluster(request).await)? {
+            Some(c) => Ok(Some(
+                client
+                    .with_all_nodes(c)
+                    .await
+                    .map_err(|s| diag(client.diagnostic(&s)))?,
+            )),
+            None => Ok(None),
+        }
     }
 }
 
@@ -691,6 +716,16 @@ impl ResourceType for TenantCluster {
                     Type::Number,
                     "How many nodes a rolling driver change takes out of service at once, at least 1. Defaults to `1`. Changes in place.",
                 ),
+                Attribute::optional_computed(
+                    "preemptible",
+                    Type::Bool,
+                    "Take pool nodes that are free now even when a reservation holds them later. When that reservation's window starts the platform takes them back: the cluster shrinks (its `node_count`, `status_reason` and events say which nodes left and why), or, with `allow_on_demand`, gets on-demand nodes in their place. Not with `reservation_id`. Defaults to `false`. Changing it forces replacement.",
+                ),
+                Attribute::optional_computed(
+                    "allow_on_demand",
+                    Type::Bool,
+                    "With `preemptible`: replace pool nodes a reservation takes back by on-demand nodes (when on-demand capacity is free) instead of shrinking. Defaults to `false`. Changing it forces replacement.",
+                ),
                 Attribute::computed("status", Type::String, "`running` once its nodes are assigned and their agents have applied its layout; `degraded` while a node is unreachable (until it is back or replaced); `creating`, `updating` or `deleting` while a change is under way."),
                 Attribute::computed("status_reason", Type::String, "Why the status is not simply `running` (e.g. which node is unreachable, and whether a replacement is possible); empty otherwise."),
                 Attribute::computed(
@@ -698,11 +733,16 @@ impl ResourceType for TenantCluster {
                     Type::list(node_type()),
                     "The cluster's nodes, their GPUs and each GPU's MIG devices.",
                 ),
-                Attribute::computed("endpoint", Type::String, "Kubernetes API server URL or Slurm login host:port."),
-                Attribute::computed("credentials", Type::String, "A kubeconfig (Kubernetes: the cluster's own CA and a client certificate signed by it) or Slurm login for this cluster alone.").sensitive(),
+                Attribute::computed("endpoint", Type::String, "Kubernetes API server URL, or the Slurm controller's host:port."),
+                Attribute::computed("credentials", Type::String, "For this cluster alone: a kubeconfig (Kubernetes: the cluster's own CA and a client certificate signed by it), or for Slurm a JSON object with `slurm_conf` (without AuthInfo) and `munge_key` (base64).").sensitive(),
                 Attribute::computed("storage_path", Type::String, "Where the cluster's volume lives."),
-            ],
+            ]
+            .into_iter()
+            .chain(super::acceptance::attributes())
+            .collect(),
         )
+        .with_block(waiting::block(&waiting::OPERATIONS))
+        .with_block(super::acceptance::block())
     }
 
     async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
@@ -738,6 +778,14 @@ impl ResourceType for TenantCluster {
                             format!("mig_layout[{profile:?}]: must be at least 1 (got {count}); leave the profile out instead"),
                             "",
                         ));
+                    } else if let Err(reason) =
+                        validation::at_most(count, gpufleet_proto::limits::MAX_MIG_INSTANCES.into())
+                    {
+                        diags.push(Diagnostic::error_at(
+                            AttrPath::attr("mig_layout").key(&profile),
+                            format!("mig_layout[{profile:?}]: {reason}"),
+                            "",
+                        ));
                     }
                 }
             }
@@ -752,6 +800,8 @@ impl ResourceType for TenantCluster {
                 );
             }
         }
+        waiting::check(config, &mut diags);
+        super::acceptance::check(config, &mut diags);
         diags.into_result()
     }
 
@@ -760,7 +810,12 @@ impl ResourceType for TenantCluster {
         Ok(self
             .get(&client, required_str(prior, "id")?)
             .await?
-            .map(|c| with_tenant_spelling(state(&c), prior, &c.tenant_id, &c.tenant_name)))
+            .map(|c| {
+                let mut s = with_tenant_spelling(state(&c), prior, &c.tenant_id, &c.tenant_name);
+                s.set("timeouts", waiting::normalized(prior.get("timeouts")));
+                super::acceptance::set_state(&mut s, &c, prior.get("acceptance"));
+                s
+            }))
     }
 
     async fn plan(
@@ -771,7 +826,7 @@ impl ResourceType for TenantCluster {
     ) -> Result<PlannedChange, Diagnostics> {
         let mut planned = plan_inputs(prior, proposed, config);
         let compared = compared_prior(prior, &planned);
-        let mut diags = match self.check_with_backend(compared, &planned.state).await {
+        let mut diags = match self.check_with_backend(prior, &planned, config).await {
             Ok(()) => Diagnostics::default(),
             Err(diags) => diags,
         };
@@ -790,22 +845,29 @@ impl ResourceType for TenantCluster {
         }
         diags.into_result()?;
         mark_effects(prior, &mut planned.state);
+        mark_unsettled(prior, &mut planned.state);
+        super::acceptance::mark_plan(prior, &mut planned.state);
         Ok(planned)
     }
 
     async fn create(&self, planned: &Value, config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let request = create_request(planned, config)?;
-        let created = answered(
-            &client,
-            client.clusters().create_tenant_cluster(request).await,
-        )?;
-        Ok(with_tenant_spelling(
+        let deadline = Deadline::new("create", waiting::limit(planned, "create")?);
+        let created = cluster_waits::create(&client, request, deadline).await?;
+        let created = client
+            .with_all_nodes(created)
+            .await
+            .map_err(|s| diag(client.diagnostic(&s)))?;
+        let mut s = with_tenant_spelling(
             state(&created),
             planned,
             &created.tenant_id,
             &created.tenant_name,
-        ))
+        );
+        s.set("timeouts", waiting::normalized(planned.get("timeouts")));
+        super::acceptance::set_state(&mut s, &created, planned.get("acceptance"));
+        Ok(s)
     }
 
     async fn update(
@@ -816,32 +878,40 @@ impl ResourceType for TenantCluster {
     ) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let request = update_request(prior, planned, config)?;
-        let updated = answered(
-            &client,
-            client.clusters().update_tenant_cluster(request).await,
-        )?;
-        Ok(with_tenant_spelling(
+        let deadline = Deadline::new("update", waiting::limit(planned, "update")?);
+        let name = required_str(prior, "name")?;
+        let updated = cluster_waits::update(&client, request, name, deadline).await?;
+        let updated = client
+            .with_all_nodes(updated)
+            .await
+            .map_err(|s| diag(client.diagnostic(&s)))?;
+        let mut s = with_tenant_spelling(
             state(&updated),
             planned,
             &updated.tenant_id,
             &updated.tenant_name,
-        ))
+        );
+        s.set("timeouts", waiting::normalized(planned.get("timeouts")));
+        super::acceptance::set_state(&mut s, &updated, planned.get("acceptance"));
+        Ok(s)
     }
 
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        let request = api::DeleteTenantClusterRequest { id };
-        deleted(
-            &client,
-            client.clusters().delete_tenant_cluster(request).await,
-        )
+        let name = required_str(prior, "name")?;
+        let deadline = Deadline::new("delete", waiting::limit(prior, "delete")?);
+        cluster_waits::delete(&client, id, name, deadline).await
     }
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let found = self.get(&client, id.to_string()).await?;
-        Ok(state(&imported("tenant cluster", id, found)?))
+        let found = imported("tenant cluster", id, found)?;
+        let mut s = state(&found);
+        s.set("timeouts", waiting::normalized(&Value::Null));
+        super::acceptance::set_state(&mut s, &found, &Value::Null);
+        Ok(s)
     }
 }
 
@@ -868,6 +938,10 @@ mod tests {
             ("cuda_version", Value::Null),
             ("driver_version", Value::string("550.54.15")),
             ("max_unavailable", Value::Number(1)),
+            ("preemptible", Value::Bool(false)),
+            ("allow_on_demand", Value::Bool(false)),
+            ("acceptance_status", Value::string("passed")),
+            ("acceptance_nodes", Value::List(vec![])),
         ])
     }
 
@@ -985,19 +1059,12 @@ mod tests {
     }
 
     #[test]
-    fn storage_growth_keeps_nodes_and_shrink_is_refused() {
+    fn storage_growth_keeps_nodes() {
         let p = prior();
         let mut proposed = p.clone();
         proposed.set("storage_gib", Value::Number(500));
         let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed));
         assert_eq!(planned.state.get("nodes"), &Value::List(vec![]));
-        assert!(shrink_error(&p, &planned.state).is_none());
-        proposed.set("storage_gib", Value::Number(50));
-        let d = shrink_error(&p, &proposed).unwrap();
-        assert_eq!(
-            d.summary,
-            "storage_gib: volumes only grow: cannot shrink from 100 to 50 GiB"
-        );
     }
 
     #[test]
@@ -1031,37 +1098,6 @@ mod tests {
             "mig_layout: the instances need 9 memory slices; a GPU has 8"
         );
         assert_eq!(d.detail, "Nearest valid layouts: {\"3g.40gb\" = 2}");
-    }
-
-    #[test]
-    fn drawing_from_a_reservation_names_status_and_numbers() {
-        let reservation = api::Reservation {
-            id: "r1".into(),
-            gpu_type: "A100-80GB".into(),
-            node_count: 3,
-            status: "active".into(),
-            ..Default::default()
-        };
-        assert!(reservation_errors(&reservation, "A100-80GB", Some(2), 1).is_empty());
-        let errors = reservation_errors(&reservation, "A100-80GB", Some(3), 1);
-        assert_eq!(errors.len(), 1);
-        assert_eq!(errors[0].path, Some(AttrPath::attr("node_count")));
-        assert_eq!(
-            errors[0].summary,
-            "node_count: needs 3 nodes from reservation r1, which has 3 nodes of which other clusters hold 1 (2 left)"
-        );
-        let scheduled = api::Reservation {
-            status: "scheduled".into(),
-            start_time: Some(times::to_proto(1_800_000_000)),
-            end_time: Some(times::to_proto(1_800_003_600)),
-            ..reservation
-        };
-        let errors = reservation_errors(&scheduled, "A100-80GB", None, 0);
-        assert_eq!(errors[0].path, Some(AttrPath::attr("reservation_id")));
-        assert_eq!(
-            errors[0].summary,
-            "reservation_id: reservation r1 is scheduled (2027-01-15T08:00:00Z to 2027-01-15T09:00:00Z); clusters can draw from it only while it is active"
-        );
     }
 
     #[tokio::test]
@@ -1390,5 +1426,43 @@ mod tests {
         });
         assert_eq!(s.get("cuda_version"), &Value::string("12.4"));
         assert_eq!(s.get("max_unavailable"), &Value::Number(2));
+    }
+}
+
+#[cfg(test)]
+mod create_key_tests {
+    use super::*;
+
+    fn request(name: &str, layout: &[(&str, i32)]) -> api::CreateTenantClusterRequest {
+        api::CreateTenantClusterRequest {
+            tenant_id: "t1".into(),
+            name: name.into(),
+            orchestrator: "kubernetes".into(),
+            gpu_type: "H100-80GB".into(),
+            node_count: 2,
+            mig_layout: layout.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_same_configuration_gets_the_same_request_id_and_another_gets_another() {
+        let layout = [("1g.10gb", 2), ("2g.20gb", 1), ("3g.40gb", 1)];
+        let mut reversed = layout;
+        reversed.reverse();
+        let a = create_key(&request("train", &layout));
+        assert_eq!(a, create_key(&request("train", &reversed)));
+        assert!(a.starts_with("tf-") && a.len() == 35, "{a}");
+        assert_ne!(a, create_key(&request("serve", &layout)));
+        let mut bigger = request("train", &layout);
+        bigger.node_count = 3;
+        assert_ne!(a, create_key(&bigger));
+        let mut preemptible = request("train", &layout);
+        preemptible.preemptible = true;
+        assert_ne!(a, create_key(&preemptible));
+        // A dry run of the same create asks about the same request.
+        let mut dry = request("train", &layout);
+        dry.validate_only = true;
+        assert_eq!(a, create_key(&dry));
     }
 }

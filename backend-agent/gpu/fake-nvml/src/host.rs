@@ -174,7 +174,18 @@ pub struct Gpu {
     pub temperature: u32,
     pub power_mw: u32,
     pub throttle: u64,
+    pub ecc_corrected: u64,
+    /// (generation, width) now; the maximum is [`PCIE_MAX`].
+    pub pcie: (u32, u32),
+    /// XIDs not yet delivered to an event set.
+    pub xids: Vec<u64>,
+    pub nvlink_down: Vec<u32>,
 }
+
+/// The PCIe link every fake GPU could run: Gen5 x16.
+pub const PCIE_MAX: (u32, u32) = (5, 16);
+/// NVLink links of every fake GPU except the L40S (none).
+pub const NVLINKS: u32 = 18;
 
 pub struct Host {
     pub model: &'static ModelSpec,
@@ -186,6 +197,8 @@ pub struct Host {
     pub profiles: Vec<Profile>,
     pub faults: Vec<crate::scenario::Fault>,
     pub calls: HashMap<&'static str, u32>,
+    /// Event sets by id - 1: the GPUs registered for critical XIDs on each (None: freed).
+    pub event_sets: Vec<Option<Vec<usize>>>,
 }
 
 fn uuid(seed: u32, physical: u32) -> String {
@@ -269,6 +282,7 @@ impl Host {
             profiles,
             faults: s.fault.clone(),
             calls: HashMap::new(),
+            event_sets: Vec::new(),
         };
         for physical in order {
             let spec = s.gpu.iter().find(|g| g.index == physical);
@@ -291,6 +305,10 @@ impl Host {
                 temperature: spec.temperature.unwrap_or(35),
                 power_mw: spec.power_mw.unwrap_or(70_000),
                 throttle: spec.throttle,
+                ecc_corrected: spec.ecc_corrected,
+                pcie: spec.pcie.map_or(PCIE_MAX, |p| (p.gen, p.width)),
+                xids: spec.xids.clone(),
+                nvlink_down: spec.nvlink_down.clone(),
             };
             for inst in &spec.instances {
                 let profile = host

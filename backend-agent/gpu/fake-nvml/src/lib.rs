@@ -51,6 +51,7 @@ const KIND_DEVICE: u64 = 1;
 const KIND_MIG: u64 = 2;
 const KIND_GI: u64 = 3;
 const KIND_CI: u64 = 4;
+const KIND_EVENT_SET: u64 = 5;
 
 #[derive(Clone, Copy)]
 struct Decoded {
@@ -496,13 +497,240 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
         if error_type > 1 || counter_type > 1 {
             return Err(ERROR_INVALID_ARGUMENT);
         }
-        // error_type 1 = uncorrected; corrected errors are always 0 here.
+        // error_type 1 = uncorrected, 0 = corrected; volatile and aggregate alike.
         let n = if error_type == 1 {
             h.gpus[gpu].ecc_uncorrected
         } else {
-            0
+            h.gpus[gpu].ecc_corrected
         };
         unsafe { put(count, n) }
+    })
+}
+
+/// Thresholds: 0 shutdown, 1 slowdown; the others are not emulated.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperatureThreshold(
+    dev: Handle,
+    kind: c_uint,
+    temp: *mut c_uint,
+) -> u32 {
+    with_host("nvmlDeviceGetTemperatureThreshold", |h| {
+        device(h, dev)?;
+        let t = match kind {
+            0 => 92,
+            1 => 87,
+            _ => return Err(ERROR_NOT_SUPPORTED),
+        };
+        unsafe { put(temp, t) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(dev: Handle, limit: *mut c_uint) -> u32 {
+    with_host("nvmlDeviceGetEnforcedPowerLimit", |h| {
+        device(h, dev)?;
+        unsafe { put(limit, 700_000) }
+    })
+}
+
+/// (current?, generation?) of a PCIe query.
+fn pcie_query(
+    function: &'static str,
+    dev: Handle,
+    out: *mut c_uint,
+    pick: fn(&Gpu) -> c_uint,
+) -> u32 {
+    with_host(function, |h| {
+        let gpu = device(h, dev)?;
+        let g = gpu_ok(h, gpu)?;
+        unsafe { put(out, pick(g)) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(dev: Handle, v: *mut c_uint) -> u32 {
+    pcie_query("nvmlDeviceGetCurrPcieLinkGeneration", dev, v, |g| g.pcie.0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(dev: Handle, v: *mut c_uint) -> u32 {
+    pcie_query("nvmlDeviceGetCurrPcieLinkWidth", dev, v, |g| g.pcie.1)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(dev: Handle, v: *mut c_uint) -> u32 {
+    pcie_query("nvmlDeviceGetMaxPcieLinkGeneration", dev, v, |_| PCIE_MAX.0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(dev: Handle, v: *mut c_uint) -> u32 {
+    pcie_query("nvmlDeviceGetMaxPcieLinkWidth", dev, v, |_| PCIE_MAX.1)
+}
+
+/// Links 0..18 exist (none on the L40S); past them INVALID_ARGUMENT.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    dev: Handle,
+    link: c_uint,
+    active: *mut c_uint,
+) -> u32 {
+    with_host("nvmlDeviceGetNvLinkState", |h| {
+        let gpu = device(h, dev)?;
+        if h.model.key == "L40S" {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
+        if link >= NVLINKS {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let up = !h.gpus[gpu].nvlink_down.contains(&link);
+        unsafe { put(active, up as c_uint) }
+    })
+}
+
+/// Every counter is 0.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
+    dev: Handle,
+    link: c_uint,
+    counter: c_uint,
+    value: *mut c_ulonglong,
+) -> u32 {
+    with_host("nvmlDeviceGetNvLinkErrorCounter", |h| {
+        device(h, dev)?;
+        if h.model.key == "L40S" {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
+        if link >= NVLINKS || counter > 3 {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        unsafe { put(value, 0) }
+    })
+}
+
+// -- events ----------------------------------------------------------------------------
+
+#[repr(C)]
+pub struct EventData {
+    device: Handle,
+    event_type: c_ulonglong,
+    event_data: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+const EVENT_XID_CRITICAL: c_ulonglong = 0x8;
+const ERROR_TIMEOUT: u32 = 10;
+
+fn event_set(host: &Host, set: Handle) -> R<usize> {
+    let d = decode(set);
+    let id = d.gi as usize;
+    if d.kind != KIND_EVENT_SET || id == 0 || !matches!(host.event_sets.get(id - 1), Some(Some(_)))
+    {
+        return Err(ERROR_INVALID_ARGUMENT);
+    }
+    Ok(id - 1)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut Handle) -> u32 {
+    with_host("nvmlEventSetCreate", |h| {
+        h.event_sets.push(Some(Vec::new()));
+        let id = h.event_sets.len() as u32;
+        unsafe { put(set, encode(KIND_EVENT_SET, 0, 0, id, 0)) }
+    })
+}
+
+/// Only critical XID events are emulated; other types are NOT_SUPPORTED.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    dev: Handle,
+    types: c_ulonglong,
+    set: Handle,
+) -> u32 {
+    with_host("nvmlDeviceRegisterEvents", |h| {
+        let gpu = device(h, dev)?;
+        gpu_ok(h, gpu)?;
+        let id = event_set(h, set)?;
+        if types & !EVENT_XID_CRITICAL != 0 {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
+        if let Some(Some(gpus)) = h.event_sets.get_mut(id) {
+            if !gpus.contains(&gpu) {
+                gpus.push(gpu);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Delivers the next undelivered XID of a registered GPU, else TIMEOUT at once.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: Handle,
+    data: *mut EventData,
+    _timeout_ms: c_uint,
+) -> u32 {
+    with_host("nvmlEventSetWait_v2", |h| {
+        let id = event_set(h, set)?;
+        let gpus = h.event_sets[id].clone().unwrap_or_default();
+        for gpu in gpus {
+            if h.gpus[gpu].xids.is_empty() {
+                continue;
+            }
+            let code = h.gpus[gpu].xids.remove(0);
+            let handle = device_handle(h, gpu);
+            return unsafe {
+                put(
+                    data,
+                    EventData {
+                        device: handle,
+                        event_type: EVENT_XID_CRITICAL,
+                        event_data: code,
+                        gpu_instance_id: u32::MAX,
+                        compute_instance_id: u32::MAX,
+                    },
+                )
+            };
+        }
+        Err(ERROR_TIMEOUT)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetFree(set: Handle) -> u32 {
+    with_host("nvmlEventSetFree", |h| {
+        let id = event_set(h, set)?;
+        h.event_sets[id] = None;
+        Ok(())
+    })
+}
+
+/// Every emulated model (Ampere and newer) remaps rows instead of retiring pages; NVML
+/// answers NOT_SUPPORTED for the retired-page list there.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
+    dev: Handle,
+    _cause: c_uint,
+    _count: *mut c_uint,
+    _addresses: *mut c_ulonglong,
+) -> u32 {
+    with_host("nvmlDeviceGetRetiredPages", |h| {
+        device(h, dev)?;
+        Err(ERROR_NOT_SUPPORTED)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
+    dev: Handle,
+    _cause: c_uint,
+    _count: *mut c_uint,
+    _addresses: *mut c_ulonglong,
+    _timestamps: *mut c_ulonglong,
+) -> u32 {
+    with_host("nvmlDeviceGetRetiredPages_v2", |h| {
+        device(h, dev)?;
+        Err(ERROR_NOT_SUPPORTED)
     })
 }
 

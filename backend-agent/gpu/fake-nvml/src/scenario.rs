@@ -78,6 +78,24 @@ pub struct GpuSpec {
     pub power_mw: Option<u32>,
     #[serde(default)]
     pub throttle: u64,
+    /// Corrected (single-bit) ECC errors, volatile and aggregate.
+    #[serde(default)]
+    pub ecc_corrected: u64,
+    /// The PCIe link now, when degraded (the maximum is Gen5 x16).
+    pub pcie: Option<PcieSpec>,
+    /// XID codes delivered once each to an event set registered for critical XIDs.
+    #[serde(default)]
+    pub xids: Vec<u64>,
+    /// NVLink links (of 18) reported down.
+    #[serde(default)]
+    pub nvlink_down: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PcieSpec {
+    pub gen: u32,
+    pub width: u32,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

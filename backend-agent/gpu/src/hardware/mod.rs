@@ -7,6 +7,7 @@
 mod apply;
 mod nvml;
 mod nvml_decode;
+mod readings;
 mod report;
 mod sim;
 
@@ -16,6 +17,7 @@ pub use nvml_decode::{
     compare_profile_tables, decode_c_string, decode_cuda_version, decode_placement,
     decode_profile_info, throttle_findings, RawPlacement, RawProfileInfo,
 };
+pub use readings::{EccCounts, GpuReadings, NvlinkErrors, PcieLink, Reading};
 pub use report::check_report;
 pub use sim::SimulatedNode;
 
@@ -182,6 +184,13 @@ pub trait GpuBackend: Send + Sync {
     /// Destroys the instance starting at `start` (compute instances first).
     fn destroy_instance(&self, gpu: u32, start: u8) -> Result<(), HwError>;
     fn health(&self, gpu: u32) -> Result<GpuHealth, HwError>;
+    /// Every counter the node's health checks read (ECC, retirement, XIDs since the
+    /// previous call, temperature, power, throttling, PCIe, NVLink); what a backend
+    /// cannot read carries the reason. XIDs are consumed: the next call reports new ones.
+    fn readings(&self, gpu: u32) -> Result<GpuReadings, HwError> {
+        let uuid = self.gpu(gpu)?.uuid;
+        Ok(GpuReadings::from_health(&uuid, &self.health(gpu)?))
+    }
     /// What runs on the GPU now; backends that cannot tell report nothing running.
     fn busy(&self, gpu: u32) -> Result<BusyState, HwError> {
         let _ = gpu;

@@ -18,6 +18,9 @@ use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
 use std::os::raw::c_uint;
 use std::path::Path;
+use std::sync::Mutex;
+
+mod readings;
 
 /// What `NvmlBackend::new` says where the driver library cannot be loaded.
 pub const NO_DRIVER_MESSAGE: &str = "NVIDIA driver library libnvidia-ml.so.1 not found: this host has no NVIDIA driver; use --hardware sim";
@@ -33,6 +36,15 @@ const INSUFFICIENT_RESOURCES: u32 = 23;
 pub struct NvmlBackend {
     nvml: Nvml,
     hostname: String,
+    /// XID events since the last health reading of each GPU.
+    xids: Mutex<readings::XidWatch>,
+}
+
+impl Drop for NvmlBackend {
+    fn drop(&mut self) {
+        // The event set must be freed while NVML is still initialised.
+        self.stop_xid_watch();
+    }
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -129,10 +141,14 @@ impl NvmlBackend {
                     })?
             }
         };
-        Ok(Self {
+        let backend = Self {
             nvml,
             hostname: hostname(),
-        })
+            xids: Mutex::default(),
+        };
+        // From here on XIDs are caught; the first health reading reports those since now.
+        backend.start_xid_watch();
+        Ok(backend)
     }
 
     fn count(&self) -> Result<u32, HwError> {
@@ -915,6 +931,10 @@ impl GpuBackend for NvmlBackend {
             healthy,
             findings,
         })
+    }
+
+    fn readings(&self, gpu: u32) -> Result<super::GpuReadings, HwError> {
+        self.read_readings(gpu)
     }
 
     fn busy(&self, gpu: u32) -> Result<BusyState, HwError> {

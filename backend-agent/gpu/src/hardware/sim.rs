@@ -4,7 +4,10 @@
 //! shows up as a failed create. Faults can be injected: a failing create or destroy, and
 //! GPUs or instances marked busy.
 
-use super::{BusyState, GpuBackend, GpuHealth, GpuInfo, HwError, MigInstance};
+use super::{
+    BusyState, EccCounts, GpuBackend, GpuHealth, GpuInfo, GpuReadings, HwError, MigInstance,
+    NvlinkErrors, PcieLink,
+};
 use crate::catalog::{self, GpuModel};
 use std::collections::BTreeSet;
 use std::sync::{Mutex, MutexGuard};
@@ -35,7 +38,57 @@ struct SimGpu {
     busy_starts: BTreeSet<u8>,
     whole_busy: bool,
     retired_pages_pending: bool,
+    /// Injected health faults (healthy when default).
+    faults: HealthFaults,
 }
+
+/// Health faults injected into one simulated GPU.
+#[derive(Debug, Default, Clone)]
+struct HealthFaults {
+    /// Volatile (and so aggregate) uncorrected ECC errors: an ECC burst.
+    ecc_uncorrected: u64,
+    /// XIDs not yet read.
+    xids: Vec<u64>,
+    /// A degraded PCIe link: (generation, width) instead of the maximum.
+    pcie: Option<(u32, u32)>,
+}
+
+/// What a healthy simulated GPU of `model` reports: typical figures of the model's board
+/// (idle temperature and power; slowdown temperature, power limit, PCIe link and NVLink
+/// count of its data-center form factor).
+struct Nominal {
+    slowdown_c: u32,
+    power_limit_w: u32,
+    pcie_gen: u32,
+    nvlinks: u32,
+}
+
+fn nominal(model: &GpuModel) -> Nominal {
+    let (power_limit_w, nvlinks) = match model.name.as_str() {
+        "L40S" => (350, 0),
+        "A100-40GB" => (400, 12),
+        "A100-80GB" => (400, 12),
+        "H100-94GB" => (400, 3),
+        "B200" => (1000, 18),
+        n if n.starts_with("GH200") => (900, 18),
+        _ => (700, 18),
+    };
+    let pcie_gen = match model.architecture.as_str() {
+        "Ampere" | "Ada Lovelace" => 4,
+        _ => 5,
+    };
+    Nominal {
+        slowdown_c: 87,
+        power_limit_w,
+        pcie_gen,
+        nvlinks,
+    }
+}
+
+/// Idle temperature and power every simulated GPU reports.
+const SIM_TEMPERATURE_C: u32 = 35;
+const SIM_POWER_MW: u32 = 70_000;
+const SIM_PCIE_WIDTH: u32 = 16;
 
 impl SimulatedNode {
     /// `gpu_count` GPUs of `model`, MIG off, nothing running.
@@ -100,6 +153,7 @@ impl SimulatedNode {
                 busy_starts: BTreeSet::new(),
                 whole_busy: false,
                 retired_pages_pending: false,
+                faults: HealthFaults::default(),
             })
             .collect();
         Self {
@@ -161,6 +215,28 @@ impl SimulatedNode {
     pub fn set_retired_pages_pending(&self, gpu: u32, pending: bool) {
         if let Some(g) = self.lock().gpus.get_mut(gpu as usize) {
             g.retired_pages_pending = pending;
+        }
+    }
+
+    /// An ECC burst: `gpu` reports `count` uncorrected errors (0: none).
+    pub fn set_ecc_uncorrected(&self, gpu: u32, count: u64) {
+        if let Some(g) = self.lock().gpus.get_mut(gpu as usize) {
+            g.faults.ecc_uncorrected = count;
+        }
+    }
+
+    /// `gpu` reports XID `code` at the next health reading.
+    pub fn push_xid(&self, gpu: u32, code: u64) {
+        if let Some(g) = self.lock().gpus.get_mut(gpu as usize) {
+            g.faults.xids.push(code);
+        }
+    }
+
+    /// A degraded PCIe link on `gpu`: `Some((generation, width))`, or `None` for the full
+    /// link.
+    pub fn set_pcie_link(&self, gpu: u32, link: Option<(u32, u32)>) {
+        if let Some(g) = self.lock().gpus.get_mut(gpu as usize) {
+            g.faults.pcie = link;
         }
     }
 
@@ -384,11 +460,17 @@ impl GpuBackend for SimulatedNode {
                 "gpu {gpu}: retired pages are pending; reset the GPU (or reboot) before use"
             ));
         }
+        let ecc = g.faults.ecc_uncorrected;
+        if ecc > 0 {
+            findings.push(format!(
+                "gpu {gpu}: {ecc} uncorrected ECC error(s) since the driver loaded; drain and reset the GPU"
+            ));
+        }
         Ok(GpuHealth {
             index: gpu,
-            temperature_c: Some(35),
-            power_mw: Some(70_000),
-            ecc_uncorrected: Some(0),
+            temperature_c: Some(SIM_TEMPERATURE_C),
+            power_mw: Some(SIM_POWER_MW),
+            ecc_uncorrected: Some(ecc),
             retired_pages_pending: Some(g.retired_pages_pending),
             remapped_rows: if g.info.mig_enabled {
                 super::RowRemap::NotUnderMig
@@ -402,6 +484,51 @@ impl GpuBackend for SimulatedNode {
             },
             healthy: findings.is_empty(),
             findings,
+        })
+    }
+
+    fn readings(&self, gpu: u32) -> Result<GpuReadings, HwError> {
+        let health = self.health(gpu)?;
+        let nominal = nominal(&self.model);
+        let mut state = self.lock();
+        let g = state.gpu(gpu)?;
+        let faults = &mut g.faults;
+        let (gen, width) = faults.pcie.unwrap_or((nominal.pcie_gen, SIM_PCIE_WIDTH));
+        let nvlink = if nominal.nvlinks == 0 {
+            Err(format!("{} has no NVLink", self.model.name))
+        } else {
+            Ok(NvlinkErrors {
+                links: nominal.nvlinks,
+                ..NvlinkErrors::default()
+            })
+        };
+        Ok(GpuReadings {
+            index: gpu,
+            uuid: g.info.uuid.clone(),
+            ecc: Ok(EccCounts {
+                volatile_uncorrected: faults.ecc_uncorrected,
+                aggregate_uncorrected: faults.ecc_uncorrected,
+                ..EccCounts::default()
+            }),
+            retired_pages_pending: Ok(g.retired_pages_pending),
+            retired_pages: Err(format!(
+                "{} remaps rows instead of retiring pages",
+                self.model.name
+            )),
+            remapped_rows: health.remapped_rows,
+            xids: Ok(std::mem::take(&mut faults.xids)),
+            temperature_c: Ok(SIM_TEMPERATURE_C),
+            slowdown_c: Ok(nominal.slowdown_c),
+            power_mw: Ok(SIM_POWER_MW),
+            power_limit_mw: Ok(nominal.power_limit_w * 1000),
+            throttle_reasons: Ok(0),
+            pcie: Ok(PcieLink {
+                gen,
+                width,
+                max_gen: nominal.pcie_gen,
+                max_width: SIM_PCIE_WIDTH,
+            }),
+            nvlink,
         })
     }
 
@@ -650,6 +777,38 @@ mod tests {
         assert_eq!(n.driver_version().unwrap(), "550.54.15");
         assert_eq!(n.cuda_version().unwrap(), "12.4");
         assert_eq!(n.hostname(), "node-a");
+    }
+
+    #[test]
+    fn readings_are_healthy_until_faults_are_injected() {
+        let n = node();
+        let r = n.readings(1).unwrap();
+        assert_eq!(r.uuid, n.gpus().unwrap()[1].uuid);
+        assert_eq!(r.ecc, Ok(EccCounts::default()));
+        assert_eq!(r.xids, Ok(vec![]));
+        assert_eq!(
+            r.pcie,
+            Ok(PcieLink {
+                gen: 5,
+                width: 16,
+                max_gen: 5,
+                max_width: 16
+            })
+        );
+        assert_eq!(r.nvlink.as_ref().unwrap().links, 18);
+        n.set_ecc_uncorrected(1, 3);
+        n.push_xid(1, 79);
+        n.set_pcie_link(1, Some((3, 8)));
+        let r = n.readings(1).unwrap();
+        assert_eq!(r.ecc.unwrap().volatile_uncorrected, 3);
+        assert_eq!(r.xids, Ok(vec![79]));
+        let link = r.pcie.unwrap();
+        assert_eq!((link.gen, link.width), (3, 8));
+        assert!(!n.health(1).unwrap().healthy);
+        // XIDs are consumed by the reading that reports them.
+        assert_eq!(n.readings(1).unwrap().xids, Ok(vec![]));
+        let l40s = SimulatedNode::new("l", catalog::model("L40S").unwrap(), 1, "550.54.15");
+        assert!(l40s.readings(0).unwrap().nvlink.is_err());
     }
 
     #[test]

@@ -1,0 +1,249 @@
+//! The configuration files of a Slurm tenant cluster, rendered from its nodes and MIG
+//! layout: slurm.conf (one part shared by the controller, the nodes and the tenant's
+//! clients, plus each side's own paths and munge socket), cgroup.conf and gres.conf.
+//!
+//! Every node's slurmd runs on its own port with `NodeHostname` its host, so several
+//! nodes (simulated ones) can share one machine. Process tracking is by Linux process
+//! tree and tasks are not confined: the simulated GPUs have no devices to confine.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+
+use gpufleet_gpu::hardware::GpuInfo;
+
+/// Where the controller listens, as the nodes and clients reach it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Controller {
+    /// Slurm's ClusterName (lower case, short).
+    pub cluster: String,
+    /// Address clients and slurmd connect to.
+    pub addr: String,
+    pub port: u16,
+}
+
+/// One node of the cluster as slurm.conf declares it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub name: String,
+    /// Host its slurmd runs on.
+    pub host: String,
+    pub port: u16,
+    /// e.g. "gpu:h100:8" or "gpu:3g.40gb:16".
+    pub gres: String,
+}
+
+/// The GRES type of a whole GPU of `model`: the lower-case family, e.g. "H100-80GB" ->
+/// "h100", "L40S" -> "l40s".
+pub fn gpu_type(model: &str) -> String {
+    model
+        .split('-')
+        .next()
+        .unwrap_or(model)
+        .to_ascii_lowercase()
+}
+
+/// A node's GRES from the cluster's layout: whole GPUs, or every GPU's MIG slices.
+pub fn node_gres(model: &str, gpus: u32, layout: &BTreeMap<String, u32>) -> String {
+    if layout.is_empty() {
+        return format!("gpu:{}:{gpus}", gpu_type(model));
+    }
+    layout
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(profile, n)| format!("gpu:{profile}:{}", u64::from(*n) * u64::from(gpus)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The GRES the GPUs of a node have now (what its gres.conf declares), in the same form.
+pub fn gres_of(gpus: &[GpuInfo]) -> String {
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for g in gpus {
+        if g.mig_enabled {
+            for i in &g.instances {
+                *counts.entry(i.profile.clone()).or_default() += 1;
+            }
+        } else {
+            *counts.entry(gpu_type(&g.model)).or_default() += 1;
+        }
+    }
+    counts
+        .iter()
+        .map(|(t, n)| format!("gpu:{t}:{n}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The slurm.conf every party shares: no AuthInfo (each side names its own munged socket)
+/// and no daemon paths. It is what a tenant's client needs.
+pub fn shared(ctl: &Controller, nodes: &[Node], slurm_user: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Slurm tenant cluster {}, managed by gpufleet.",
+        ctl.cluster
+    );
+    let _ = writeln!(s, "ClusterName={}", ctl.cluster);
+    // The controller checks that its SlurmctldHost names it: "localhost" always does, and
+    // the address in parentheses is where everyone else reaches it.
+    let _ = writeln!(s, "SlurmctldHost=localhost({})", ctl.addr);
+    let _ = writeln!(s, "SlurmctldPort={}", ctl.port);
+    for line in [
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "GresTypes=gpu",
+        "ReturnToService=2",
+        "MpiDefault=none",
+        "SchedulerType=sched/backfill",
+        "SlurmctldTimeout=30",
+        // Short: the controller pings its nodes every third of it, which is how it learns
+        // of nodes again after a restart.
+        "SlurmdTimeout=10",
+        // Each side adds its own paths and munge socket to this file.
+        "DebugFlags=NO_CONF_HASH",
+    ] {
+        let _ = writeln!(s, "{line}");
+    }
+    let _ = writeln!(s, "SlurmUser={slurm_user}");
+    let _ = writeln!(s, "SlurmdUser={slurm_user}");
+    for n in nodes {
+        let _ = writeln!(
+            s,
+            "NodeName={} NodeHostname={} Port={} CPUs=1 Gres={} State=UNKNOWN",
+            n.name, n.host, n.port, n.gres
+        );
+    }
+    if !nodes.is_empty() {
+        let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        let _ = writeln!(
+            s,
+            "PartitionName=gpu Nodes={} Default=YES MaxTime=INFINITE State=UP",
+            names.join(",")
+        );
+    }
+    s
+}
+
+/// The line that points a Slurm command or daemon at its munged.
+pub fn auth_info(socket: &Path) -> String {
+    format!("AuthInfo=socket={}\n", socket.display())
+}
+
+/// The controller's own lines: its state, pid and log, in `dir`.
+pub fn controller_lines(dir: &Path, socket: &Path) -> String {
+    format!(
+        "{}StateSaveLocation={}\nSlurmctldPidFile={}\nSlurmctldLogFile={}\n",
+        auth_info(socket),
+        dir.join("state").display(),
+        dir.join("slurmctld.pid").display(),
+        dir.join("slurmctld.log").display(),
+    )
+}
+
+/// A node's own lines: its spool, pid and log, in `dir`.
+pub fn slurmd_lines(dir: &Path, socket: &Path) -> String {
+    format!(
+        "{}SlurmdSpoolDir={}\nSlurmdPidFile={}\nSlurmdLogFile={}\n",
+        auth_info(socket),
+        dir.join("spool").display(),
+        dir.join("slurmd.pid").display(),
+        dir.join("slurmd.log").display(),
+    )
+}
+
+/// cgroup.conf: Slurm 22.05 will not run without a cgroup plugin, but with process
+/// tracking by process tree and no task plugin nothing is confined by it.
+pub fn cgroup() -> String {
+    "CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\n".to_string()
+}
+
+/// One GRES device: its type and the character device that stands for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Device {
+    pub gres_type: String,
+    pub file: String,
+}
+
+/// gres.conf for `node`: one line per device; `AutoDetect=off` so that Slurm trusts these.
+pub fn gres(node: &str, devices: &[Device]) -> String {
+    let mut s = String::from("AutoDetect=off\n");
+    for d in devices {
+        let _ = writeln!(
+            s,
+            "NodeName={node} Name=gpu Type={} File={}",
+            d.gres_type, d.file
+        );
+    }
+    s
+}
+
+/// Reads back the `NodeName=` lines of a rendered slurm.conf: name -> port.
+pub fn node_ports(conf: &str) -> BTreeMap<String, u16> {
+    let mut out = BTreeMap::new();
+    for line in conf.lines() {
+        let Some(rest) = line.strip_prefix("NodeName=") else {
+            continue;
+        };
+        let mut words = rest.split_whitespace();
+        let Some(name) = words.next() else { continue };
+        if let Some(port) = words
+            .find_map(|w| w.strip_prefix("Port="))
+            .and_then(|p| p.parse().ok())
+        {
+            out.insert(name.to_string(), port);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gres_names_whole_gpus_by_family_and_mig_slices_by_profile() {
+        assert_eq!(gpu_type("H100-80GB"), "h100");
+        assert_eq!(gpu_type("L40S"), "l40s");
+        assert_eq!(node_gres("H100-80GB", 8, &BTreeMap::new()), "gpu:h100:8");
+        let layout = BTreeMap::from([("3g.40gb".to_string(), 2), ("1g.10gb".to_string(), 1)]);
+        assert_eq!(
+            node_gres("H100-80GB", 8, &layout),
+            "gpu:1g.10gb:8,gpu:3g.40gb:16"
+        );
+    }
+
+    #[test]
+    fn shared_conf_has_no_auth_info_and_names_every_node() {
+        let ctl = Controller {
+            cluster: "c1".into(),
+            addr: "127.0.0.1".into(),
+            port: 7000,
+        };
+        let nodes = vec![
+            Node {
+                name: "a".into(),
+                host: "localhost".into(),
+                port: 7001,
+                gres: "gpu:h100:8".into(),
+            },
+            Node {
+                name: "b".into(),
+                host: "localhost".into(),
+                port: 7002,
+                gres: "gpu:h100:8".into(),
+            },
+        ];
+        let s = shared(&ctl, &nodes, "root");
+        assert!(!s.contains("AuthInfo"));
+        assert!(s.contains("SlurmctldPort=7000\n"));
+        assert!(s.contains("PartitionName=gpu Nodes=a,b "));
+        assert_eq!(
+            node_ports(&s),
+            BTreeMap::from([("a".to_string(), 7001), ("b".to_string(), 7002)])
+        );
+    }
+}

@@ -1,0 +1,60 @@
+//! The API's bounds: the largest value, length and count each wire field may carry, and
+//! the largest message either side sends. Part of the contract: the backend refuses what
+//! is outside them (INVALID_ARGUMENT naming the field), the provider refuses the same at
+//! plan time, and both sides' gRPC receive limits are [`MAX_MESSAGE_BYTES`].
+
+/// The largest gRPC message either side sends or accepts (the gRPC default, 4 MiB).
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Ids and tenant references (an id or a name). Longer ones name nothing.
+pub const MAX_ID_CHARS: usize = 128;
+/// A create's `request_id`.
+pub const MAX_REQUEST_ID_CHARS: usize = 128;
+/// Tenant and cluster names are DNS labels.
+pub const MAX_NAME_CHARS: usize = 63;
+pub const MAX_DISPLAY_NAME_CHARS: usize = 256;
+/// Labels per tenant, and the length of each key and value.
+pub const MAX_LABELS: usize = 64;
+pub const MAX_LABEL_KEY_CHARS: usize = 128;
+pub const MAX_LABEL_VALUE_CHARS: usize = 256;
+/// GPU model names, orchestrators, MIG profile names, node names.
+pub const MAX_KEYWORD_CHARS: usize = 64;
+/// `cuda_version` and `driver_version`.
+pub const MAX_VERSION_CHARS: usize = 32;
+/// Bearer tokens (issued ones are 52 characters).
+pub const MAX_TOKEN_CHARS: usize = 512;
+
+/// A quota's `gpus`, and separately its `burst_gpus`.
+pub const MAX_GPUS: i64 = 1_000_000;
+/// A reservation's or a cluster's `node_count`.
+pub const MAX_NODE_COUNT: i64 = 10_000;
+/// A cluster's `storage_gib` (1 PiB).
+pub const MAX_STORAGE_GIB: i64 = 1 << 20;
+/// A cluster's `max_unavailable`.
+pub const MAX_UNAVAILABLE: i64 = 1_000;
+/// MIG layout entries per GPU (profiles), and instances of one profile (a cluster's at
+/// least 1; no profile fits more than 7 on a GPU, the planner says why).
+pub const MAX_MIG_LAYOUT_ENTRIES: usize = 16;
+pub const MAX_MIG_INSTANCES: i32 = 64;
+
+/// A cluster's `min_bus_bandwidth_gbps` (a finite number of Gbit/s).
+pub const MAX_BANDWIDTH_GBPS: f64 = 1_000_000.0;
+/// A health check's `bandwidth_duration_ms` (one minute).
+pub const MAX_BANDWIDTH_DURATION_MS: u32 = 60_000;
+
+/// Timestamps: 2000-01-01T00:00:00Z ..= 2200-12-31T23:59:59Z; nanos 0..=999,999,999.
+pub const MIN_TIME_SECONDS: i64 = 946_684_800;
+pub const MAX_TIME_SECONDS: i64 = 7_289_654_399;
+pub const MAX_NANOS: i32 = 999_999_999;
+/// A duration asked about (availability's `duration_seconds`): ten years of 366 days.
+pub const MAX_DURATION_SECONDS: i64 = 10 * 366 * 24 * 3600;
+
+/// List calls: `page_size` 0 means [`DEFAULT_PAGE_SIZE`]; at most [`MAX_PAGE_SIZE`]. A page
+/// may hold fewer items when they would not fit in one message.
+pub const DEFAULT_PAGE_SIZE: i32 = 500;
+pub const MAX_PAGE_SIZE: i32 = 1_000;
+pub const MAX_PAGE_TOKEN_CHARS: usize = 1_024;
+
+/// Nodes listed in a cluster's answer; the rest are counted in `nodes_omitted` and read
+/// with ListNodes filtered by the cluster.
+pub const MAX_CLUSTER_NODES_SHOWN: usize = 100;
