@@ -152,8 +152,8 @@ grep -v '^BENCH ' "$a" >"$work/admission.table"
 details_section "Reservation admission (tests/benches/admission_scale.rs)" "$work/admission.table"
 
 # ---------------------------------------------------------------- MIG planner
-echo "==> MIG planner (cargo bench -p gpufleet-gpu)"
-cargo bench -p gpufleet-gpu >"$work/planner.log" 2>"$work/planner.err" || { cat "$work/planner.err" >&2; exit 1; }
+echo "==> MIG planner (cargo bench -p gpufleet-gpu --bench planner)"
+cargo bench -p gpufleet-gpu --bench planner >"$work/planner.log" 2>"$work/planner.err" || { cat "$work/planner.err" >&2; exit 1; }
 # The ALL line: requests feasible placed placed% falseA falseR | accept m/p50/p99 | reject | all
 read -r _ requests feasible placed placed_pct false_a false_r _ _ a50 _ _ _ r50 _ _ _ p50 p99 \
   < <(grep '^ALL ' "$work/planner.log") || true

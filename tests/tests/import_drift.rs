@@ -145,6 +145,67 @@ async fn terraform_import_adopts_every_resource_with_no_changes_after() {
     assert_eq!(inventory.clusters.len(), 1);
 }
 
+/// Import stores the tenant's id; a configuration that names the tenant by name is the
+/// same tenant spelled another way: the plan changes the spelling in place (nothing is
+/// replaced), and after the apply state keeps the name and the next plan is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imported_objects_named_by_tenant_name_change_spelling_in_place() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let existing = create_existing(&mut admin).await;
+    let tf = Terraform::new(&backend, backend.admin_token());
+    let by_name =
+        matching_config(&existing).replace("gpufleet_tenant.t.id", "gpufleet_tenant.t.name");
+    tf.write_main(&by_name);
+    tf.init();
+    tf.import("gpufleet_tenant.t", &existing.tenant.id);
+    tf.import("gpufleet_gpu_quota.q", &existing.quota_id);
+    tf.import("gpufleet_reservation.r", &existing.reservation.id);
+    tf.import("gpufleet_tenant_cluster.c", &existing.cluster.id);
+
+    for address in [
+        "gpufleet_gpu_quota.q",
+        "gpufleet_reservation.r",
+        "gpufleet_tenant_cluster.c",
+    ] {
+        assert_eq!(
+            tf.planned_actions(address),
+            vec!["update".to_string()],
+            "{address}: a new spelling of the same tenant is no replacement"
+        );
+    }
+    tf.apply();
+    for address in [
+        "gpufleet_gpu_quota.q",
+        "gpufleet_reservation.r",
+        "gpufleet_tenant_cluster.c",
+    ] {
+        assert_eq!(
+            str_of(&tf.resource(address), "tenant"),
+            "imported",
+            "{address}"
+        );
+    }
+    assert_eq!(
+        str_of(&tf.resource("gpufleet_tenant_cluster.c"), "id"),
+        existing.cluster.id,
+        "the cluster was kept, not replaced"
+    );
+    assert_eq!(
+        str_of(&tf.resource("gpufleet_gpu_quota.q"), "id"),
+        existing.quota_id
+    );
+    tf.assert_no_changes();
+
+    // Naming another tenant is still a replacement.
+    let (_other, _) = create_tenant(&mut admin, "other").await;
+    tf.write_main(&by_name.replacen("gpufleet_tenant.t.name", "\"other\"", 1));
+    assert_eq!(
+        tf.planned_actions("gpufleet_gpu_quota.q"),
+        vec!["delete".to_string(), "create".to_string()]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_blocks_adopt_every_resource_with_no_changes_after() {
     let backend = Backend::start();

@@ -482,6 +482,16 @@ pub async fn check_cluster(
             bandwidth: Some(acceptance.min_bus_bandwidth_gbps),
             bandwidth_duration,
         };
+        // Progress: what a caller whose deadline fires is waiting on.
+        for n in &nodes {
+            super::drivers::event(
+                state,
+                cluster,
+                "acceptance_checking",
+                &n.hostname,
+                &format!("acceptance checks ({level}) running"),
+            );
+        }
         let answers = attribute_bandwidth(run(state, &nodes, &req).await?);
         for v in &answers {
             record(state, &run_id, level, Some(cluster), v)?;

@@ -201,3 +201,44 @@ pub(crate) fn optional_tenant(planned: &Value) -> Result<String, Diagnostics> {
         .unwrap_or_default()
         .to_string())
 }
+
+/// The prior state to plan against when the configuration names the same tenant another
+/// way than the state does (its name where an import stored its id, or the reverse): the
+/// prior with the configuration's spelling, so the plan is an in-place change of spelling
+/// instead of a replacement. None when the spellings agree, either is unknown or null, the
+/// backend cannot be asked, or they are different tenants.
+pub(crate) async fn respelled_prior(
+    client: Option<std::sync::Arc<Client>>,
+    prior: Option<&Value>,
+    proposed: &Value,
+) -> Option<Value> {
+    let prior = prior?;
+    let (Ok(Some(was)), Ok(Some(now))) = (prior.str_attr("tenant"), proposed.str_attr("tenant"))
+    else {
+        return None;
+    };
+    if was == now {
+        return None;
+    }
+    let client = client?;
+    let id_of = |spelling: &str| {
+        let request = gpufleet_proto::v1::GetTenantRequest {
+            id: spelling.to_string(),
+        };
+        let mut tenants = client.tenants();
+        async move {
+            tenants
+                .get_tenant(request)
+                .await
+                .ok()
+                .map(|t| t.into_inner().id)
+        }
+    };
+    let (was_id, now_id) = (id_of(was).await?, id_of(now).await?);
+    if was_id != now_id {
+        return None;
+    }
+    let mut respelled = prior.clone();
+    respelled.set("tenant", Value::string(now));
+    Some(respelled)
+}

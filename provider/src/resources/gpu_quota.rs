@@ -8,7 +8,7 @@ use gpufleet_proto::v1 as api;
 use super::checks::verdict;
 use super::common::{
     answered, check_min, deleted, diag, found, imported, known_gpu_type, optional_tenant,
-    request_id, required_i64, required_str, with_tenant_spelling,
+    request_id, required_i64, required_str, respelled_prior, with_tenant_spelling,
 };
 use crate::framework::{
     changed, default_when_unset, mark_unknown, requires_replace_if_changed, Attribute, Diagnostics,
@@ -197,6 +197,8 @@ impl ResourceType for GpuQuota {
         proposed: Value,
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
+        let respelled = respelled_prior(self.provider.plan_client(), prior, &proposed).await;
+        let prior = respelled.as_ref().or(prior);
         let planned = plan(prior, proposed, config);
         self.check_with_backend(prior, &planned).await?;
         Ok(planned)

@@ -8,7 +8,7 @@ use gpufleet_proto::v1 as api;
 use super::checks::verdict;
 use super::common::{
     answered, check_min, check_window, deleted, diag, found, imported, known_gpu_type,
-    optional_tenant, request_id, required_i64, required_str, with_tenant_spelling,
+    optional_tenant, request_id, required_i64, required_str, respelled_prior, with_tenant_spelling,
 };
 use crate::client::Client;
 use crate::framework::{
@@ -296,6 +296,8 @@ impl ResourceType for Reservation {
         proposed: Value,
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
+        let respelled = respelled_prior(self.provider.plan_client(), prior, &proposed).await;
+        let prior = respelled.as_ref().or(prior);
         let planned = plan(prior, proposed, config, times::now());
         self.check_with_backend(prior, &planned).await?;
         Ok(planned)

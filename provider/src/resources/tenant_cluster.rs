@@ -12,7 +12,7 @@ use super::checks::verdict;
 use super::cluster_waits;
 use super::common::{
     check_min, compared_prior, diag, found, imported, known_gpu_type, required_i64, required_str,
-    with_tenant_spelling,
+    respelled_prior, with_tenant_spelling,
 };
 use super::waiting::{self, Deadline};
 use crate::client::Client;
@@ -824,6 +824,8 @@ impl ResourceType for TenantCluster {
         proposed: Value,
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
+        let respelled = respelled_prior(self.provider.plan_client(), prior, &proposed).await;
+        let prior = respelled.as_ref().or(prior);
         let mut planned = plan_inputs(prior, proposed, config);
         let compared = compared_prior(prior, &planned);
         let mut diags = match self.check_with_backend(prior, &planned, config).await {
