@@ -20,6 +20,33 @@ pub struct Subject {
     pub name: String,
 }
 
+/// Sends a call until the backend answers it or the deadline passes: a call cut short
+/// is sent again after a pause (the backend answers a repeated request with the change
+/// already under way). The backend's answer, refusal included, is the inner result.
+async fn resend<T, F, Fut>(
+    client: &Client,
+    deadline: &mut Deadline,
+    subject: &Subject,
+    done: &str,
+    send: F,
+) -> Result<Result<T, tonic::Status>, Diagnostics>
+where
+    F: Fn(std::time::Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    loop {
+        match deadline.call(&send).await {
+            Ok(Err(s)) if cut_short(&s) => {
+                if deadline.pause().await.is_err() {
+                    return Err(timed_out(client, deadline, subject, done).await);
+                }
+            }
+            Ok(answer) => return Ok(answer),
+            Err(Expired) => return Err(timed_out(client, deadline, subject, done).await),
+        }
+    }
+}
+
 /// A create, waiting until the cluster is running (or degraded), or the deadline.
 pub async fn create(
     client: &Client,
@@ -31,29 +58,19 @@ pub async fn create(
         tenant: request.tenant_id.clone(),
         name: request.name.clone(),
     };
-    loop {
-        let sent = deadline
-            .call(|left| {
-                let mut service = client.clusters();
-                let r = with_deadline(request.clone(), left);
-                async move { service.create_tenant_cluster(r).await }
-            })
-            .await;
-        match sent {
-            Ok(Ok(c)) => return settle(client, &mut deadline, c, "created").await,
-            Ok(Err(s)) if cut_short(&s) => {
-                // The same request id answers with the cluster the first call started.
-                if deadline.pause().await.is_err() {
-                    return Err(timed_out(client, &deadline, &subject, "created").await);
-                }
-            }
-            Ok(Err(s)) => return Err(client.diagnostic(&s).into()),
-            Err(Expired) => return Err(timed_out(client, &deadline, &subject, "created").await),
-        }
-    }
+    let send = |left| {
+        let mut service = client.clusters();
+        let r = with_deadline(request.clone(), left);
+        async move { service.create_tenant_cluster(r).await }
+    };
+    let created = resend(client, &mut deadline, &subject, "created", send)
+        .await?
+        .map_err(|s| Diagnostics::from(client.diagnostic(&s)))?;
+    settle(client, &mut deadline, created, "created").await
 }
 
-/// An update, waiting until the cluster has settled, or the deadline.
+/// An update, waiting until the cluster has settled, or the deadline. (The backend
+/// answers the same update of a cluster still updating to it once that update is through.)
 pub async fn update(
     client: &Client,
     request: api::UpdateTenantClusterRequest,
@@ -65,27 +82,15 @@ pub async fn update(
         tenant: String::new(),
         name,
     };
-    loop {
-        let sent = deadline
-            .call(|left| {
-                let mut service = client.clusters();
-                let r = with_deadline(request.clone(), left);
-                async move { service.update_tenant_cluster(r).await }
-            })
-            .await;
-        match sent {
-            Ok(Ok(c)) => return settle(client, &mut deadline, c, "updated").await,
-            Ok(Err(s)) if cut_short(&s) => {
-                // The backend answers the same update of a cluster still updating to it
-                // once that update is through.
-                if deadline.pause().await.is_err() {
-                    return Err(timed_out(client, &deadline, &subject, "updated").await);
-                }
-            }
-            Ok(Err(s)) => return Err(client.diagnostic(&s).into()),
-            Err(Expired) => return Err(timed_out(client, &deadline, &subject, "updated").await),
-        }
-    }
+    let send = |left| {
+        let mut service = client.clusters();
+        let r = with_deadline(request.clone(), left);
+        async move { service.update_tenant_cluster(r).await }
+    };
+    let updated = resend(client, &mut deadline, &subject, "updated", send)
+        .await?
+        .map_err(|s| Diagnostics::from(client.diagnostic(&s)))?;
+    settle(client, &mut deadline, updated, "updated").await
 }
 
 /// A delete, done when the backend says so (or the cluster is already gone).
@@ -100,25 +105,15 @@ pub async fn delete(
         tenant: String::new(),
         name,
     };
-    loop {
-        let sent = deadline
-            .call(|left| {
-                let mut service = client.clusters();
-                let r = with_deadline(api::DeleteTenantClusterRequest { id: id.clone() }, left);
-                async move { service.delete_tenant_cluster(r).await }
-            })
-            .await;
-        match sent {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(s)) if s.code() == Code::NotFound => return Ok(()),
-            Ok(Err(s)) if cut_short(&s) => {
-                if deadline.pause().await.is_err() {
-                    return Err(timed_out(client, &deadline, &subject, "deleted").await);
-                }
-            }
-            Ok(Err(s)) => return Err(client.diagnostic(&s).into()),
-            Err(Expired) => return Err(timed_out(client, &deadline, &subject, "deleted").await),
-        }
+    let send = |left| {
+        let mut service = client.clusters();
+        let r = with_deadline(api::DeleteTenantClusterRequest { id: id.clone() }, left);
+        async move { service.delete_tenant_cluster(r).await }
+    };
+    match resend(client, &mut deadline, &subject, "deleted", send).await? {
+        Ok(_) => Ok(()),
+        Err(s) if s.code() == Code::NotFound => Ok(()),
+        Err(s) => Err(client.diagnostic(&s).into()),
     }
 }
 

@@ -670,6 +670,24 @@ impl TenantCluster {
     }
 }
 
+/// State after a create or update: the backend's answer with every node (beyond the
+/// answer's first page), the tenant as the configuration spells it, and the configured
+/// `timeouts` and `acceptance` settings.
+async fn answered_state(
+    client: &Client,
+    answer: api::TenantCluster,
+    planned: &Value,
+) -> Result<Value, Diagnostics> {
+    let c = client
+        .with_all_nodes(answer)
+        .await
+        .map_err(|s| diag(client.diagnostic(&s)))?;
+    let mut s = with_tenant_spelling(state(&c), planned, &c.tenant_id, &c.tenant_name);
+    s.set("timeouts", waiting::normalized(planned.get("timeouts")));
+    super::acceptance::set_state(&mut s, &c, planned.get("acceptance"));
+    Ok(s)
+}
+
 #[async_trait]
 impl ResourceType for TenantCluster {
     fn name(&self) -> &'static str {
@@ -857,19 +875,7 @@ impl ResourceType for TenantCluster {
         let request = create_request(planned, config)?;
         let deadline = Deadline::new("create", waiting::limit(planned, "create")?);
         let created = cluster_waits::create(&client, request, deadline).await?;
-        let created = client
-            .with_all_nodes(created)
-            .await
-            .map_err(|s| diag(client.diagnostic(&s)))?;
-        let mut s = with_tenant_spelling(
-            state(&created),
-            planned,
-            &created.tenant_id,
-            &created.tenant_name,
-        );
-        s.set("timeouts", waiting::normalized(planned.get("timeouts")));
-        super::acceptance::set_state(&mut s, &created, planned.get("acceptance"));
-        Ok(s)
+        answered_state(&client, created, planned).await
     }
 
     async fn update(
@@ -883,19 +889,7 @@ impl ResourceType for TenantCluster {
         let deadline = Deadline::new("update", waiting::limit(planned, "update")?);
         let name = required_str(prior, "name")?;
         let updated = cluster_waits::update(&client, request, name, deadline).await?;
-        let updated = client
-            .with_all_nodes(updated)
-            .await
-            .map_err(|s| diag(client.diagnostic(&s)))?;
-        let mut s = with_tenant_spelling(
-            state(&updated),
-            planned,
-            &updated.tenant_id,
-            &updated.tenant_name,
-        );
-        s.set("timeouts", waiting::normalized(planned.get("timeouts")));
-        super::acceptance::set_state(&mut s, &updated, planned.get("acceptance"));
-        Ok(s)
+        answered_state(&client, updated, planned).await
     }
 
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
