@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use gpufleet_e2e::fixtures::{create_quota, create_tenant, request_id};
 use gpufleet_e2e::grpc::BearerAuth;
+use gpufleet_e2e::json::{array_of, str_of};
 use gpufleet_e2e::{eventually, Backend, Clients, NodeAgent, Terraform};
 use gpufleet_proto::v1::health_service_client::HealthServiceClient;
 use gpufleet_proto::v1::{
@@ -534,4 +535,57 @@ async fn periodic_quick_checks_quarantine_a_node_that_goes_bad() {
         line.contains("quarantined") && line.contains(&bad[0].state_reason),
         "{text}"
     );
+}
+
+/// What a team's own pipeline writes: only its token (no `tenant` anywhere), a cluster with
+/// acceptance checks, and a `gpufleet_health_check` on the cluster created in the same
+/// apply; the next plan is empty and re-running the check is a change of `triggers`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_pipeline_with_only_its_token_checks_the_cluster_it_creates() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let (tenant, token) = create_tenant(&mut admin, "ml").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 16, 0).await;
+    let tf = Terraform::new(&backend, &token);
+    let config = |round: &str| {
+        format!(
+            r#"
+resource "gpufleet_tenant_cluster" "train" {{
+  name         = "train"
+  orchestrator = "kubernetes"
+  gpu_type     = "H100-80GB"
+  node_count   = 2
+  acceptance {{
+    level = "quick"
+  }}
+}}
+resource "gpufleet_health_check" "now" {{
+  cluster_id = gpufleet_tenant_cluster.train.id
+  level      = "quick"
+  triggers   = {{ round = "{round}" }}
+}}
+"#
+        )
+    };
+    tf.write_main(&config("1"));
+    tf.init();
+    tf.apply();
+    let cluster = tf.resource("gpufleet_tenant_cluster.train");
+    assert_eq!(
+        str_of(&cluster, "acceptance_status"),
+        "passed",
+        "{cluster:#}"
+    );
+    let check = tf.resource("gpufleet_health_check.now");
+    assert_eq!(check["passed"], true, "{check:#}");
+    assert_eq!(array_of(&check, "nodes").len(), 2, "{check:#}");
+    let first_run = str_of(&check, "id");
+    tf.assert_no_changes();
+
+    tf.write_main(&config("2"));
+    tf.apply();
+    let again = tf.resource("gpufleet_health_check.now");
+    assert_ne!(str_of(&again, "id"), first_run, "a new round is a new run");
+    assert_eq!(again["passed"], true);
+    tf.assert_no_changes();
 }

@@ -32,12 +32,12 @@ resource "gpufleet_tenant" "vision" {{
   name = "vision"
 }}
 resource "gpufleet_gpu_quota" "vision" {{
-  tenant   = gpufleet_tenant.vision.id
+  tenant   = gpufleet_tenant.vision.name
   gpu_type = "H100-80GB"
   gpus     = 3
 }}
 resource "gpufleet_tenant_cluster" "train" {{
-  tenant       = gpufleet_tenant.vision.id
+  tenant       = gpufleet_tenant.vision.name
   name         = "train"
   orchestrator = "slurm"
   gpu_type     = "H100-80GB"
@@ -50,12 +50,12 @@ resource "gpufleet_tenant" "speech" {{
   name = "speech"
 }}
 resource "gpufleet_gpu_quota" "speech" {{
-  tenant   = gpufleet_tenant.speech.id
+  tenant   = gpufleet_tenant.speech.name
   gpu_type = "H100-80GB"
   gpus     = 1
 }}
 resource "gpufleet_tenant_cluster" "other" {{
-  tenant       = gpufleet_tenant.speech.id
+  tenant       = gpufleet_tenant.speech.name
   name         = "other"
   orchestrator = "slurm"
   gpu_type     = "H100-80GB"
