@@ -15,6 +15,7 @@ pub mod clock;
 pub mod drivers;
 pub mod error;
 pub mod fleet;
+pub mod group_commit;
 pub mod hardware;
 pub mod host;
 pub mod inventory;

@@ -3,22 +3,27 @@
 //!
 //! The connection sits behind one mutex: requests that read-check-write (capacity,
 //! quota) run one at a time, so a check and the write it guards can never interleave
-//! with another request's. Each such request is also one SQLite transaction. Requests
-//! that only read take a pooled read-only connection instead ([`AppState::read`]): WAL
-//! lets them read the last committed state without waiting for the writer.
+//! with another request's. Each such request is one SQLite transaction, or one
+//! savepoint of a transaction it shares with requests that arrived with it
+//! ([`AppState::write`], group commit). Requests that only read take a pooled read-only
+//! connection instead ([`AppState::read`]): WAL lets them read the last committed state
+//! without waiting for the writer.
 
 use std::ops::Deref;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use rusqlite::Connection;
+use rusqlite::{Connection, Savepoint};
 use tonic::Status;
 
 /// `--max-open-reservations` when not given.
 pub const DEFAULT_MAX_OPEN_RESERVATIONS: u32 = 1000;
 
 pub struct AppState {
-    db: Mutex<Connection>,
+    db: Arc<Mutex<Connection>>,
+    writes: crate::group_commit::GroupCommit,
+    /// WAL checkpoints on their own thread (none for a database without a file).
+    _checkpoints: Option<crate::store::checkpoints::Checkpoints>,
     readers: crate::store::readers::Readers,
     pub data_dir: PathBuf,
     pub admin_token: String,
@@ -44,8 +49,12 @@ impl AppState {
         drivers: crate::drivers::Offer,
     ) -> Self {
         let readers = open_readers(&db);
+        let checkpoints = start_checkpoints(&db);
+        let db = Arc::new(Mutex::new(db));
         Self {
-            db: Mutex::new(db),
+            writes: crate::group_commit::GroupCommit::start(db.clone()),
+            _checkpoints: checkpoints,
+            db,
             readers,
             data_dir,
             admin_token,
@@ -75,6 +84,16 @@ impl AppState {
         self.db
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs a read-check-write request in its own savepoint of a transaction shared with
+    /// the requests that arrived with it, answering once that transaction has committed
+    /// (see [`crate::group_commit`]). `work` keeps its writes with `Savepoint::commit`.
+    pub async fn write<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(Savepoint<'_>) -> Result<T, Status> + Send + 'static,
+    ) -> Result<T, Status> {
+        self.writes.write(work).await
     }
 
     /// A connection for a request that only reads: a pooled read-only one (never
@@ -107,6 +126,15 @@ fn open_readers(db: &Connection) -> crate::store::readers::Readers {
         }),
         None => Readers::none(),
     }
+}
+
+fn start_checkpoints(db: &Connection) -> Option<crate::store::checkpoints::Checkpoints> {
+    let path = db.path().filter(|p| !p.is_empty())?;
+    crate::store::checkpoints::Checkpoints::start(std::path::Path::new(path), db)
+        .map_err(|e| {
+            tracing::warn!(error = %e, "cannot checkpoint on a thread of its own; the writer does");
+        })
+        .ok()
 }
 
 /// A connection to read through: see [`AppState::read`].

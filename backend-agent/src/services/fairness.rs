@@ -14,6 +14,11 @@ pub fn room_for_reservation(
     max: u32,
     now: i64,
 ) -> Result<(), Status> {
+    // Ended reservations count towards what it holds, never towards the limit: only a
+    // tenant holding `max` or more needs its open ones counted.
+    if store::reservations::count_held(conn, &tenant.id).map_err(db_error)? < i64::from(max) {
+        return Ok(());
+    }
     let under = store::reservations::count_open_up_to(conn, &tenant.id, now, i64::from(max))
         .map_err(db_error)?;
     if under < i64::from(max) {

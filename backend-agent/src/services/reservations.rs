@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use gpufleet_proto::v1::{self, reservation_service_server::ReservationService};
-use rusqlite::Connection;
+use rusqlite::{Connection, Savepoint};
 use tonic::{Request, Response, Status};
 
 use super::{
@@ -57,9 +57,8 @@ impl Reservations {
     fn create(
         &self,
         request: Request<v1::CreateReservationRequest>,
+        tx: Savepoint<'_>,
     ) -> Result<v1::Reservation, Status> {
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
         let caller = authenticate(&self.state, &tx, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
@@ -145,8 +144,7 @@ impl Reservations {
                 )?;
                 if req.validate_only {
                     // Same admission as the real create; dropping `tx` rolls it back.
-                    drop(tx);
-                    return message(&conn, r, t);
+                    return message(&tx, r, t);
                 }
                 store::reservations::insert(&tx, &r).map_err(db_error)?;
                 store::idempotency::record(
@@ -162,8 +160,9 @@ impl Reservations {
                 r
             }
         };
+        let answer = message(&tx, r, t)?;
         tx.commit().map_err(db_error)?;
-        message(&conn, r, t)
+        Ok(answer)
     }
 
     fn get(&self, request: Request<v1::GetReservationRequest>) -> Result<v1::Reservation, Status> {
@@ -201,9 +200,8 @@ impl Reservations {
     fn update(
         &self,
         request: Request<v1::UpdateReservationRequest>,
+        tx: Savepoint<'_>,
     ) -> Result<v1::Reservation, Status> {
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
         let caller = authenticate(&self.state, &tx, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
@@ -248,12 +246,12 @@ impl Reservations {
                 // Allowed from now on; what the reservation holds stays where it is.
                 r.allow_on_demand = true;
                 if req.validate_only {
-                    drop(tx);
-                    return message(&conn, r, t);
+                    return message(&tx, r, t);
                 }
                 store::reservations::update(&tx, &r).map_err(db_error)?;
+                let answer = message(&tx, r, t)?;
                 tx.commit().map_err(db_error)?;
-                return message(&conn, r, t);
+                return Ok(answer);
             }
             Some(true) => r.allow_on_demand = true,
             Some(false) => {
@@ -279,20 +277,19 @@ impl Reservations {
         place(&tx, &tenant.name, &mut r, exclude, held, t)?;
         if req.validate_only {
             // Same admission as the real update; dropping `tx` rolls it back.
-            drop(tx);
-            return message(&conn, r, t);
+            return message(&tx, r, t);
         }
         store::reservations::update(&tx, &r).map_err(db_error)?;
+        let answer = message(&tx, r, t)?;
         tx.commit().map_err(db_error)?;
-        message(&conn, r, t)
+        Ok(answer)
     }
 
     fn delete(
         &self,
         request: Request<v1::DeleteReservationRequest>,
+        tx: Savepoint<'_>,
     ) -> Result<v1::DeleteResponse, Status> {
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
         let caller = authenticate(&self.state, &tx, &request)?;
         crate::limits::check(request.get_ref())?;
         let r = visible_reservation(&tx, &caller, &request.get_ref().id)?;
@@ -319,7 +316,9 @@ impl ReservationService for Reservations {
         r: Request<v1::CreateReservationRequest>,
     ) -> Result<Response<v1::Reservation>, Status> {
         let this = self.clone();
-        super::blocking(move || this.create(r))
+        let state = self.state.clone();
+        state
+            .write(move |tx| this.create(r, tx))
             .await
             .map(Response::new)
     }
@@ -346,7 +345,9 @@ impl ReservationService for Reservations {
         r: Request<v1::UpdateReservationRequest>,
     ) -> Result<Response<v1::Reservation>, Status> {
         let this = self.clone();
-        super::blocking(move || this.update(r))
+        let state = self.state.clone();
+        state
+            .write(move |tx| this.update(r, tx))
             .await
             .map(Response::new)
     }
@@ -355,7 +356,9 @@ impl ReservationService for Reservations {
         r: Request<v1::DeleteReservationRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || this.delete(r))
+        let state = self.state.clone();
+        state
+            .write(move |tx| this.delete(r, tx))
             .await
             .map(Response::new)
     }

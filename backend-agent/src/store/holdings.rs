@@ -5,10 +5,20 @@
 
 use rusqlite::Connection;
 
-use super::reservations::{self, ReservationRow};
+/// What admission needs of a reservation: who holds how many nodes, when.
+#[derive(Debug, Clone)]
+pub struct ReservationHold {
+    pub id: String,
+    pub tenant_id: String,
+    pub start_time: i64,
+    pub end_time: i64,
+    pub pool_nodes: i64,
+    pub on_demand_nodes: i64,
+}
 
 /// Reservations of `gpu_type` whose window `[start_time, end_time)` overlaps
-/// `[from, until)` (`until = None`: for ever), ordered like [`reservations::list`].
+/// `[from, until)` (`until = None`: for ever), in no particular order (admission sums
+/// them; it never depends on their order).
 ///
 /// The R*Tree stores 32-bit floats whose boxes are rounded outwards, so it yields a
 /// superset; the exact integer columns decide.
@@ -17,17 +27,25 @@ pub fn overlapping(
     gpu_type: &str,
     from: i64,
     until: Option<i64>,
-) -> rusqlite::Result<Vec<ReservationRow>> {
+) -> rusqlite::Result<Vec<ReservationHold>> {
     let until = until.unwrap_or(i64::MAX);
     // CROSS JOIN keeps the R*Tree as the outer loop.
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {} FROM reservation_windows w CROSS JOIN reservations r ON r.rowid = w.id
+    let mut stmt = conn.prepare_cached(
+        "SELECT r.id, r.tenant_id, r.start_time, r.end_time, r.pool_nodes, r.on_demand_nodes
+         FROM reservation_windows w CROSS JOIN reservations r ON r.rowid = w.id
          WHERE w.end_time > ?2 AND w.start_time < ?3
-           AND r.gpu_type = ?1 AND r.end_time > ?2 AND r.start_time < ?3
-         ORDER BY r.start_time, r.id",
-        reservations::qualified_columns("r")
-    ))?;
-    let rows = stmt.query_map((gpu_type, from, until), reservations::from_row)?;
+           AND r.gpu_type = ?1 AND r.end_time > ?2 AND r.start_time < ?3",
+    )?;
+    let rows = stmt.query_map((gpu_type, from, until), |r| {
+        Ok(ReservationHold {
+            id: r.get(0)?,
+            tenant_id: r.get(1)?,
+            start_time: r.get(2)?,
+            end_time: r.get(3)?,
+            pool_nodes: r.get(4)?,
+            on_demand_nodes: r.get(5)?,
+        })
+    })?;
     rows.collect()
 }
 
@@ -83,7 +101,7 @@ pub fn rebuild_windows(conn: &mut Connection) -> rusqlite::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::reservations::insert;
+    use crate::store::reservations::{insert, ReservationRow};
 
     fn reservation(id: &str, gpu_type: &str, start: i64, end: i64) -> ReservationRow {
         ReservationRow {
@@ -111,8 +129,10 @@ mod tests {
         (dir, conn)
     }
 
-    fn ids(rows: Vec<ReservationRow>) -> Vec<String> {
-        rows.into_iter().map(|r| r.id).collect()
+    fn ids(rows: Vec<ReservationHold>) -> Vec<String> {
+        let mut ids: Vec<String> = rows.into_iter().map(|r| r.id).collect();
+        ids.sort();
+        ids
     }
 
     /// Edges one second apart near 2030, where a 32-bit float cannot tell them apart: the

@@ -4,6 +4,7 @@
 //! ordered list; each applied migration is recorded in `schema_version`. Callers run every
 //! mutation inside one transaction, so a crash leaves either the old or the new state.
 
+pub mod checkpoints;
 pub mod clusters;
 pub mod events;
 pub mod health;
@@ -218,6 +219,55 @@ const MIGRATIONS: &[&str] = &[
         allow_on_demand INTEGER NOT NULL
     );
     "#,
+    // 7: admission at scale (issue 7): how many nodes each model has per capacity kind, and
+    // how many reservations each tenant holds, kept by triggers in the writer's transaction,
+    // so an admission reads one row instead of counting the fleet or a tenant's history; an
+    // index that answers a model's largest node without a scan.
+    r#"
+    CREATE TABLE model_nodes (
+        gpu_type TEXT NOT NULL,
+        capacity TEXT NOT NULL,
+        nodes INTEGER NOT NULL CHECK (nodes >= 0),
+        PRIMARY KEY (gpu_type, capacity)
+    ) WITHOUT ROWID;
+    INSERT INTO model_nodes (gpu_type, capacity, nodes)
+        SELECT gpu_type, capacity, COUNT(*) FROM nodes GROUP BY gpu_type, capacity;
+    CREATE TRIGGER model_nodes_insert AFTER INSERT ON nodes BEGIN
+        INSERT INTO model_nodes (gpu_type, capacity, nodes) VALUES (NEW.gpu_type, NEW.capacity, 1)
+            ON CONFLICT (gpu_type, capacity) DO UPDATE SET nodes = nodes + 1;
+    END;
+    CREATE TRIGGER model_nodes_update AFTER UPDATE OF gpu_type, capacity ON nodes BEGIN
+        UPDATE model_nodes SET nodes = nodes - 1
+            WHERE gpu_type = OLD.gpu_type AND capacity = OLD.capacity;
+        INSERT INTO model_nodes (gpu_type, capacity, nodes) VALUES (NEW.gpu_type, NEW.capacity, 1)
+            ON CONFLICT (gpu_type, capacity) DO UPDATE SET nodes = nodes + 1;
+    END;
+    CREATE TRIGGER model_nodes_delete AFTER DELETE ON nodes BEGIN
+        UPDATE model_nodes SET nodes = nodes - 1
+            WHERE gpu_type = OLD.gpu_type AND capacity = OLD.capacity;
+    END;
+    CREATE TABLE tenant_reservations (
+        tenant_id TEXT PRIMARY KEY,
+        reservations INTEGER NOT NULL CHECK (reservations >= 0)
+    ) WITHOUT ROWID;
+    INSERT INTO tenant_reservations (tenant_id, reservations)
+        SELECT tenant_id, COUNT(*) FROM reservations GROUP BY tenant_id;
+    CREATE TRIGGER tenant_reservations_insert AFTER INSERT ON reservations BEGIN
+        INSERT INTO tenant_reservations (tenant_id, reservations) VALUES (NEW.tenant_id, 1)
+            ON CONFLICT (tenant_id) DO UPDATE SET reservations = reservations + 1;
+    END;
+    CREATE TRIGGER tenant_reservations_update AFTER UPDATE OF tenant_id ON reservations BEGIN
+        UPDATE tenant_reservations SET reservations = reservations - 1
+            WHERE tenant_id = OLD.tenant_id;
+        INSERT INTO tenant_reservations (tenant_id, reservations) VALUES (NEW.tenant_id, 1)
+            ON CONFLICT (tenant_id) DO UPDATE SET reservations = reservations + 1;
+    END;
+    CREATE TRIGGER tenant_reservations_delete AFTER DELETE ON reservations BEGIN
+        UPDATE tenant_reservations SET reservations = reservations - 1
+            WHERE tenant_id = OLD.tenant_id;
+    END;
+    CREATE INDEX nodes_by_model_size ON nodes (gpu_type, gpu_count);
+    "#,
 ];
 
 /// Prepared statements kept per connection.
@@ -303,5 +353,145 @@ mod tests {
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .unwrap();
         assert_eq!(mode, "wal");
+    }
+
+    /// What the trigger-kept counters say, next to what counting the rows says.
+    fn counters(
+        conn: &rusqlite::Connection,
+    ) -> (
+        Vec<(String, String, i64)>,
+        Vec<(String, String, i64)>,
+        Vec<(String, i64)>,
+        Vec<(String, i64)>,
+    ) {
+        let rows3 = |sql: &str| -> Vec<(String, String, i64)> {
+            let mut stmt = conn.prepare(sql).unwrap();
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .unwrap();
+            rows.collect::<rusqlite::Result<_>>().unwrap()
+        };
+        let rows2 = |sql: &str| -> Vec<(String, i64)> {
+            let mut stmt = conn.prepare(sql).unwrap();
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+            rows.collect::<rusqlite::Result<_>>().unwrap()
+        };
+        (
+            rows3("SELECT gpu_type, capacity, nodes FROM model_nodes WHERE nodes > 0 ORDER BY 1, 2"),
+            rows3("SELECT gpu_type, capacity, COUNT(*) FROM nodes GROUP BY 1, 2 ORDER BY 1, 2"),
+            rows2("SELECT tenant_id, reservations FROM tenant_reservations WHERE reservations > 0 ORDER BY 1"),
+            rows2("SELECT tenant_id, COUNT(*) FROM reservations GROUP BY 1 ORDER BY 1"),
+        )
+    }
+
+    fn add_node(conn: &rusqlite::Connection, id: &str, gpu_type: &str, capacity: &str) {
+        conn.execute(
+            "INSERT INTO nodes (id, hostname, gpu_type, capacity, gpu_count, driver_version, cuda_version)
+             VALUES (?1, ?1, ?2, ?3, 8, '550.54.15', '12.4')",
+            (id, gpu_type, capacity),
+        )
+        .unwrap();
+    }
+
+    fn add_reservation(conn: &rusqlite::Connection, id: &str, tenant: &str) {
+        conn.execute(
+            "INSERT INTO reservations (id, tenant_id, gpu_type, node_count, start_time, end_time,
+                 allow_on_demand, pool_nodes, on_demand_nodes)
+             VALUES (?1, ?2, 'H100-80GB', 1, 100, 200, 0, 1, 0)",
+            (id, tenant),
+        )
+        .unwrap();
+    }
+
+    fn add_tenant(conn: &rusqlite::Connection, id: &str) {
+        conn.execute(
+            "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
+             VALUES (?1, ?1, ?1, '{}', ?1, 0)",
+            [id],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn counters_kept_by_triggers_match_the_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = super::open(&dir.path().join("state.db")).unwrap();
+        for t in ["t1", "t2"] {
+            add_tenant(&conn, t);
+        }
+        add_node(&conn, "a", "H100-80GB", "pool");
+        add_node(&conn, "b", "H100-80GB", "pool");
+        add_node(&conn, "c", "H100-80GB", "on-demand");
+        add_node(&conn, "d", "A100-80GB", "pool");
+        for (id, t) in [("r1", "t1"), ("r2", "t1"), ("r3", "t2")] {
+            add_reservation(&conn, id, t);
+        }
+        let (kept, counted, kept_r, counted_r) = counters(&conn);
+        assert_eq!(kept, counted);
+        assert_eq!(kept.len(), 3);
+        assert_eq!(kept_r, vec![("t1".into(), 2), ("t2".into(), 1)]);
+        assert_eq!(kept_r, counted_r);
+        assert_eq!(super::nodes::counts(&conn, "H100-80GB").unwrap(), (2, 1));
+        assert_eq!(super::nodes::counts(&conn, "B200").unwrap(), (0, 0));
+        assert_eq!(super::reservations::count_held(&conn, "t1").unwrap(), 2);
+        assert_eq!(super::reservations::count_held(&conn, "nobody").unwrap(), 0);
+
+        // Moves between kinds and models, and removals, follow.
+        conn.execute("UPDATE nodes SET capacity = 'on-demand' WHERE id = 'a'", [])
+            .unwrap();
+        conn.execute(
+            "UPDATE nodes SET gpu_type = 'H100-80GB', capacity = 'pool' WHERE id = 'd'",
+            [],
+        )
+        .unwrap();
+        conn.execute("UPDATE nodes SET state_reason = 'x' WHERE id = 'b'", [])
+            .unwrap();
+        conn.execute("DELETE FROM nodes WHERE id = 'c'", [])
+            .unwrap();
+        conn.execute(
+            "UPDATE reservations SET tenant_id = 't2' WHERE id = 'r1'",
+            [],
+        )
+        .unwrap();
+        conn.execute("DELETE FROM reservations WHERE id = 'r2'", [])
+            .unwrap();
+        let (kept, counted, kept_r, counted_r) = counters(&conn);
+        assert_eq!(kept, counted);
+        assert_eq!(super::nodes::counts(&conn, "H100-80GB").unwrap(), (2, 1));
+        assert_eq!(super::nodes::counts(&conn, "A100-80GB").unwrap(), (0, 0));
+        assert_eq!(kept_r, counted_r);
+        assert_eq!(kept_r, vec![("t2".into(), 2)]);
+    }
+
+    #[test]
+    fn counters_start_from_the_rows_of_an_older_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            // A database at schema version 6, holding rows, as a previous release left it.
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+            )
+            .unwrap();
+            for (i, sql) in super::MIGRATIONS[..6].iter().enumerate() {
+                conn.execute_batch(sql).unwrap();
+                conn.execute(
+                    "INSERT INTO schema_version (version, applied_at) VALUES (?1, 0)",
+                    [i as i64 + 1],
+                )
+                .unwrap();
+            }
+            add_tenant(&conn, "t1");
+            add_node(&conn, "a", "H100-80GB", "pool");
+            add_node(&conn, "b", "H100-80GB", "on-demand");
+            add_reservation(&conn, "r1", "t1");
+        }
+        let conn = super::open(&path).unwrap();
+        let (kept, counted, kept_r, counted_r) = counters(&conn);
+        assert_eq!(kept, counted);
+        assert_eq!(kept.len(), 2);
+        assert_eq!(kept_r, counted_r);
+        assert_eq!(kept_r, vec![("t1".into(), 1)]);
     }
 }

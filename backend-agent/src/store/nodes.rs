@@ -311,8 +311,11 @@ pub fn gpus_per_node(conn: &Connection, gpu_type: &str) -> rusqlite::Result<i64>
 
 /// How many pool and on-demand nodes of a model the fleet has.
 pub fn counts(conn: &Connection, gpu_type: &str) -> rusqlite::Result<(i64, i64)> {
+    // `model_nodes` is kept by triggers on `nodes` (migration 7): two rows, not a scan.
     let mut stmt = conn.prepare_cached(
-        "SELECT COALESCE(SUM(capacity = 'pool'), 0), COALESCE(SUM(capacity = 'on-demand'), 0) FROM nodes WHERE gpu_type = ?1",
+        "SELECT COALESCE(SUM(CASE WHEN capacity = 'pool' THEN nodes END), 0),
+                COALESCE(SUM(CASE WHEN capacity = 'on-demand' THEN nodes END), 0)
+         FROM model_nodes WHERE gpu_type = ?1",
     )?;
     stmt.query_row([gpu_type], |r| Ok((r.get(0)?, r.get(1)?)))
 }

@@ -24,12 +24,12 @@ pub fn get(conn: &Connection, cluster_id: &str) -> rusqlite::Result<Option<bool>
 
 /// Pool nodes of `gpu_type` that preemptible clusters hold.
 pub fn pool_nodes(conn: &Connection, gpu_type: &str) -> rusqlite::Result<i64> {
-    conn.query_row(
-        "SELECT COUNT(*) FROM nodes n JOIN cluster_preemption p ON p.cluster_id = n.cluster_id
+    // From the (few) preemptible clusters to their nodes, never a scan of the model's nodes.
+    conn.prepare_cached(
+        "SELECT COUNT(*) FROM cluster_preemption p CROSS JOIN nodes n ON n.cluster_id = p.cluster_id
          WHERE n.gpu_type = ?1 AND n.capacity = 'pool'",
-        [gpu_type],
-        |r| r.get(0),
-    )
+    )?
+    .query_row([gpu_type], |r| r.get(0))
 }
 
 /// Preemptible clusters of `gpu_type` holding pool nodes, with their allow_on_demand;

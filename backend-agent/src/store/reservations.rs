@@ -72,6 +72,15 @@ pub fn count_open(conn: &Connection, tenant_id: &str, now: i64) -> rusqlite::Res
         .query_row((tenant_id, now), |r| r.get(0))
 }
 
+/// How many reservations a tenant holds, ended or not: one row that triggers keep
+/// (migration 7), so a tenant well under a limit is never counted.
+pub fn count_held(conn: &Connection, tenant_id: &str) -> rusqlite::Result<i64> {
+    conn.prepare_cached("SELECT reservations FROM tenant_reservations WHERE tenant_id = ?1")?
+        .query_row([tenant_id], |r| r.get(0))
+        .optional()
+        .map(Option::unwrap_or_default)
+}
+
 /// Like [`count_open`], counting no further than `cap`: the cost of a limit check stays
 /// bounded by the limit however many a tenant holds.
 pub fn count_open_up_to(
