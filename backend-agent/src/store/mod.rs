@@ -355,15 +355,12 @@ mod tests {
         assert_eq!(mode, "wal");
     }
 
+    /// Rows of (model, kind, nodes) or (tenant, reservations).
+    type Counts3 = Vec<(String, String, i64)>;
+    type Counts2 = Vec<(String, i64)>;
+
     /// What the trigger-kept counters say, next to what counting the rows says.
-    fn counters(
-        conn: &rusqlite::Connection,
-    ) -> (
-        Vec<(String, String, i64)>,
-        Vec<(String, String, i64)>,
-        Vec<(String, i64)>,
-        Vec<(String, i64)>,
-    ) {
+    fn counters(conn: &rusqlite::Connection) -> (Counts3, Counts3, Counts2, Counts2) {
         let rows3 = |sql: &str| -> Vec<(String, String, i64)> {
             let mut stmt = conn.prepare(sql).unwrap();
             let rows = stmt

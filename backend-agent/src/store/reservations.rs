@@ -18,15 +18,6 @@ pub struct ReservationRow {
 const COLUMNS: &str =
     "id, tenant_id, gpu_type, node_count, start_time, end_time, allow_on_demand, pool_nodes, on_demand_nodes";
 
-/// [`COLUMNS`] of the table named `alias` in a join.
-pub(super) fn qualified_columns(alias: &str) -> String {
-    COLUMNS
-        .split(", ")
-        .map(|c| format!("{alias}.{c}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 pub(super) fn from_row(r: &Row) -> rusqlite::Result<ReservationRow> {
     Ok(ReservationRow {
         id: r.get(0)?,
