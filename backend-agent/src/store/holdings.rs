@@ -1,7 +1,8 @@
 //! What holds nodes of one GPU model, read for admission: reservations whose window
-//! overlaps a time window, found through an R*Tree over the windows (kept by triggers,
-//! see the migration), and each cluster's node counts in one query. The cost of a read
-//! follows what overlaps the window, not how many reservations were ever made.
+//! overlaps a time window, found through an index by length class and start (see
+//! [`overlapping`] and migration 8), and each cluster's node counts in one query. The
+//! cost of a read follows what overlaps the window, not how many reservations were ever
+//! made.
 
 use rusqlite::Connection;
 
@@ -16,12 +17,22 @@ pub struct ReservationHold {
     pub on_demand_nodes: i64,
 }
 
+/// The longest reservation (end minus start, in seconds) of each length class but the
+/// last, which has no limit: 1 h, then 4 times longer each (migration 8 computes the
+/// same classes in the generated column `span_class`).
+pub const CLASS_LONGEST: [i64; 8] = [
+    3_600, 14_400, 57_600, 230_400, 921_600, 3_686_400, 14_745_600, 58_982_400,
+];
+
 /// Reservations of `gpu_type` whose window `[start_time, end_time)` overlaps
 /// `[from, until)` (`until = None`: for ever), in no particular order (admission sums
 /// them; it never depends on their order).
 ///
-/// The R*Tree stores 32-bit floats whose boxes are rounded outwards, so it yields a
-/// superset; the exact integer columns decide.
+/// One range of the covering index `reservations_by_window` per length class: a
+/// reservation no longer than `longest` that ends after `from` starts after
+/// `from - longest`, so each range holds the overlapping reservations of its class and
+/// at most a few times as many that end just before `from`. The cost follows what
+/// overlaps the window, not how many reservations were ever made.
 pub fn overlapping(
     conn: &Connection,
     gpu_type: &str,
@@ -29,24 +40,33 @@ pub fn overlapping(
     until: Option<i64>,
 ) -> rusqlite::Result<Vec<ReservationHold>> {
     let until = until.unwrap_or(i64::MAX);
-    // CROSS JOIN keeps the R*Tree as the outer loop.
     let mut stmt = conn.prepare_cached(
-        "SELECT r.id, r.tenant_id, r.start_time, r.end_time, r.pool_nodes, r.on_demand_nodes
-         FROM reservation_windows w CROSS JOIN reservations r ON r.rowid = w.id
-         WHERE w.end_time > ?2 AND w.start_time < ?3
-           AND r.gpu_type = ?1 AND r.end_time > ?2 AND r.start_time < ?3",
+        "SELECT id, tenant_id, start_time, end_time, pool_nodes, on_demand_nodes
+         FROM reservations INDEXED BY reservations_by_window
+         WHERE gpu_type = ?1 AND span_class = ?2 AND start_time > ?3 AND start_time < ?4
+           AND end_time > ?5",
     )?;
-    let rows = stmt.query_map((gpu_type, from, until), |r| {
-        Ok(ReservationHold {
-            id: r.get(0)?,
-            tenant_id: r.get(1)?,
-            start_time: r.get(2)?,
-            end_time: r.get(3)?,
-            pool_nodes: r.get(4)?,
-            on_demand_nodes: r.get(5)?,
-        })
-    })?;
-    rows.collect()
+    let mut out = Vec::new();
+    let unlimited = CLASS_LONGEST.len() as i64;
+    for class in 0..=unlimited {
+        let starts_after = CLASS_LONGEST
+            .get(class as usize)
+            .map_or(i64::MIN, |&longest| from.saturating_sub(longest));
+        let rows = stmt.query_map((gpu_type, class, starts_after, until, from), |r| {
+            Ok(ReservationHold {
+                id: r.get(0)?,
+                tenant_id: r.get(1)?,
+                start_time: r.get(2)?,
+                end_time: r.get(3)?,
+                pool_nodes: r.get(4)?,
+                on_demand_nodes: r.get(5)?,
+            })
+        })?;
+        for row in rows {
+            out.push(row?);
+        }
+    }
+    Ok(out)
 }
 
 /// A cluster of one model as the holdings see it.
@@ -82,20 +102,6 @@ pub fn clusters(conn: &Connection, gpu_type: &str) -> rusqlite::Result<Vec<Clust
         })
     })?;
     rows.collect()
-}
-
-/// Rebuilds the window index from the reservations (on every open), so its rowids are
-/// right even after a VACUUM renumbered the table's. Ended reservations stay indexed but
-/// cost nothing: they lie before any window admission asks about, and the tree skips them.
-pub fn rebuild_windows(conn: &mut Connection) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
-    tx.execute("DELETE FROM reservation_windows", [])?;
-    tx.execute(
-        "INSERT INTO reservation_windows (id, start_time, end_time)
-         SELECT rowid, start_time, end_time FROM reservations",
-        [],
-    )?;
-    tx.commit()
 }
 
 #[cfg(test)]
@@ -155,23 +161,99 @@ mod tests {
     }
 
     #[test]
-    fn the_index_follows_updates_deletes_and_rebuilds() {
-        let (_dir, mut conn) = open();
+    fn the_index_follows_updates_and_deletes() {
+        let (_dir, conn) = open();
         let t = 1_900_000_000;
         let mut r = reservation("a", "H100-80GB", t, t + 10);
         insert(&conn, &r).unwrap();
-        r.end_time = t + 100;
+        // Ten seconds long becomes a hundred days long: another length class.
+        r.end_time = t + 100 * 86_400;
         crate::store::reservations::update(&conn, &r).unwrap();
         assert_eq!(
-            ids(overlapping(&conn, "H100-80GB", t + 50, Some(t + 60)).unwrap()),
-            ["a"]
-        );
-        rebuild_windows(&mut conn).unwrap();
-        assert_eq!(
-            ids(overlapping(&conn, "H100-80GB", t + 50, Some(t + 60)).unwrap()),
+            ids(overlapping(&conn, "H100-80GB", t + 50 * 86_400, Some(t + 51 * 86_400)).unwrap()),
             ["a"]
         );
         crate::store::reservations::delete(&conn, "a").unwrap();
         assert!(overlapping(&conn, "H100-80GB", 0, None).unwrap().is_empty());
+    }
+
+    /// The classes the migration's generated column computes are the ones the reads
+    /// assume: a reservation exactly as long as a class's longest is in that class.
+    #[test]
+    fn length_classes_in_sql_match_the_reads() {
+        let (_dir, conn) = open();
+        let t = 1_900_000_000;
+        let class_of = |len: i64| -> i64 {
+            let id = format!("len-{len}");
+            insert(&conn, &reservation(&id, "H100-80GB", t, t + len)).unwrap();
+            conn.query_row(
+                "SELECT span_class FROM reservations WHERE id = ?1",
+                [&id],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        assert_eq!(class_of(1), 0);
+        for (k, &longest) in CLASS_LONGEST.iter().enumerate() {
+            assert_eq!(class_of(longest), k as i64, "{longest} s");
+            assert_eq!(class_of(longest + 1), k as i64 + 1, "{} s", longest + 1);
+        }
+        assert_eq!(class_of(40 * 365 * 86_400), CLASS_LONGEST.len() as i64);
+    }
+
+    /// Against every row checked one by one: reservations of every length class, windows
+    /// of every size, edges one second either side.
+    #[test]
+    fn overlap_matches_a_check_of_every_reservation() {
+        let (_dir, conn) = open();
+        let t = 1_900_000_000;
+        let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut next = |n: i64| -> i64 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as i64
+        };
+        let lengths = [
+            1,
+            3_599,
+            3_600,
+            3_601,
+            20_000,
+            200_000,
+            5_000_000,
+            60_000_000,
+            900_000_000,
+        ];
+        let mut all = Vec::new();
+        for i in 0..400 {
+            let start = t + next(2 * 365 * 86_400);
+            let len = lengths[i % lengths.len()] + next(3) - 1;
+            let model = if i % 7 == 0 { "A100-80GB" } else { "H100-80GB" };
+            let r = reservation(&format!("r{i}"), model, start, start + len.max(1));
+            insert(&conn, &r).unwrap();
+            all.push(r);
+        }
+        for _ in 0..300 {
+            let from = t - 86_400 + next(2 * 365 * 86_400);
+            let until = match next(4) {
+                0 => None,
+                1 => Some(from + 1),
+                2 => Some(from + 1 + next(48 * 3_600)),
+                _ => Some(from + 1 + next(400 * 86_400)),
+            };
+            let mut expected: Vec<String> = all
+                .iter()
+                .filter(|r| r.gpu_type == "H100-80GB")
+                .filter(|r| r.end_time > from && until.is_none_or(|u| r.start_time < u))
+                .map(|r| r.id.clone())
+                .collect();
+            expected.sort();
+            assert_eq!(
+                ids(overlapping(&conn, "H100-80GB", from, until).unwrap()),
+                expected,
+                "window [{from}, {until:?})"
+            );
+        }
     }
 }

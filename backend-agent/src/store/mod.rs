@@ -268,6 +268,33 @@ const MIGRATIONS: &[&str] = &[
     END;
     CREATE INDEX nodes_by_model_size ON nodes (gpu_type, gpu_count);
     "#,
+    // 8: admission at scale (issue 7): reservations sorted into length classes (up to 1 h,
+    // 4 h, 16 h, ... 16,384 h, and longer; see `holdings::CLASS_LONGEST`), indexed by
+    // model, class and start with everything admission reads. A reservation of class k
+    // that overlaps [from, until) starts after from minus the class's longest length, so
+    // each class is one short range of one index, read without touching the table. It
+    // replaces the R*Tree of migration 5, whose reads looked up every row in the table.
+    r#"
+    DROP TRIGGER reservation_windows_insert;
+    DROP TRIGGER reservation_windows_update;
+    DROP TRIGGER reservation_windows_delete;
+    DROP TABLE reservation_windows;
+    ALTER TABLE reservations ADD COLUMN span_class INTEGER GENERATED ALWAYS AS (
+        CASE
+            WHEN end_time - start_time <= 3600 THEN 0
+            WHEN end_time - start_time <= 14400 THEN 1
+            WHEN end_time - start_time <= 57600 THEN 2
+            WHEN end_time - start_time <= 230400 THEN 3
+            WHEN end_time - start_time <= 921600 THEN 4
+            WHEN end_time - start_time <= 3686400 THEN 5
+            WHEN end_time - start_time <= 14745600 THEN 6
+            WHEN end_time - start_time <= 58982400 THEN 7
+            ELSE 8
+        END
+    ) VIRTUAL;
+    CREATE INDEX reservations_by_window ON reservations
+        (gpu_type, span_class, start_time, end_time, pool_nodes, on_demand_nodes, tenant_id, id);
+    "#,
 ];
 
 /// Prepared statements kept per connection.
@@ -305,7 +332,6 @@ pub fn open(path: &Path) -> anyhow::Result<Connection> {
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     migrate(&mut conn)?;
-    holdings::rebuild_windows(&mut conn)?;
     Ok(conn)
 }
 
