@@ -134,6 +134,100 @@ async fn reservations_never_double_book_and_overflow_to_on_demand() {
     assert_eq!((grown.pool_nodes, grown.on_demand_nodes), (1, 3));
 }
 
+/// Creates that arrive together share one transaction (group commit); each still sees
+/// the ones before it. 24 at once for the same window against 4 pool nodes: exactly 4
+/// are admitted, a repeated request id makes one reservation, and dry runs hold nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_creates_never_double_book() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut c = agent.admin().await;
+    let (a, _) = c.tenant("team-a").await;
+    let (b, _) = c.tenant("team-b").await;
+    c.quota(&a.id, "H100-80GB", 0, 64).await;
+    c.quota(&b.id, "H100-80GB", 0, 64).await;
+    let n = now();
+    let (start, end) = (n + HOUR, n + 2 * HOUR);
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let mut client = agent.admin().await;
+        let tenant = if i % 2 == 0 {
+            a.id.clone()
+        } else {
+            b.id.clone()
+        };
+        let mut req = Clients::reservation(&tenant, "H100-80GB", 1, start, end);
+        // Two requests share an id (a client's retry): one reservation between them.
+        req.request_id = if i < 2 {
+            "retried".into()
+        } else {
+            format!("race-{i}")
+        };
+        req.tenant_id = if i < 2 { a.id.clone() } else { tenant };
+        let dry = i % 6 == 5;
+        req.validate_only = dry;
+        let retried = i < 2;
+        tasks.push(tokio::spawn(async move {
+            (
+                dry,
+                retried,
+                client.reservations.create_reservation(req).await,
+            )
+        }));
+    }
+    let mut admitted = std::collections::BTreeSet::new();
+    let (mut answered, mut refused) = (0, 0);
+    let mut retried_ids = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            (true, _, _) => {}
+            (false, retried, Ok(r)) => {
+                let r = r.into_inner();
+                assert_eq!((r.pool_nodes, r.on_demand_nodes), (1, 0));
+                if retried {
+                    retried_ids.push(r.id.clone());
+                }
+                admitted.insert(r.id);
+                answered += 1;
+            }
+            (false, _, Err(s)) => {
+                assert_eq!(s.code(), Code::FailedPrecondition, "{s:?}");
+                assert!(s.message().contains("pool has 0 free"), "{s:?}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(admitted.len(), 4, "admitted {admitted:?}");
+    // 20 real requests (4 were dry runs). The two sharing an id are admitted together,
+    // as one reservation, or refused together, depending on when they came.
+    assert_eq!(answered + refused, 20);
+    match retried_ids.as_slice() {
+        [] => assert_eq!(answered, 4),
+        [first, second] => {
+            assert_eq!(first, second);
+            assert_eq!(answered, 5);
+        }
+        other => panic!("a retried request answered alone: {other:?}"),
+    }
+    let window = AvailabilityRequest {
+        gpu_type: "H100-80GB".into(),
+        start_time: ts(start),
+        end_time: ts(end),
+        ..Default::default()
+    };
+    let avail = c.fleet.get_availability(window).await.unwrap().into_inner();
+    assert_eq!(avail.free_pool_nodes, 0);
+    let listed = c
+        .reservations
+        .list_reservations(ListReservationsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .reservations;
+    let listed: std::collections::BTreeSet<String> = listed.into_iter().map(|r| r.id).collect();
+    assert_eq!(listed, admitted);
+}
+
 #[tokio::test]
 async fn clusters_draw_nodes_from_active_reservations() {
     let dir = tempfile::tempdir().unwrap();

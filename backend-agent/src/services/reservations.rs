@@ -120,7 +120,9 @@ impl Reservations {
                     t,
                 )?;
                 let mut r = ReservationRow {
-                    id: uuid::Uuid::new_v4().to_string(),
+                    // Time-ordered (UUIDv7): new ids append to the id index instead of
+                    // landing on a random page of it.
+                    id: uuid::Uuid::now_v7().to_string(),
                     tenant_id: tenant.id.clone(),
                     gpu_type: req.gpu_type,
                     node_count: req.node_count,
