@@ -529,5 +529,9 @@ mod tests {
         assert_eq!(kept.len(), 2);
         assert_eq!(kept_r, counted_r);
         assert_eq!(kept_r, vec![("t1".into(), 1)]);
+        // Its reservation is found by the admission index built by the upgrade.
+        let held = super::holdings::overlapping(&conn, "H100-80GB", 150, Some(160)).unwrap();
+        assert_eq!(held.len(), 1);
+        assert_eq!(held[0].id, "r1");
     }
 }
