@@ -39,35 +39,51 @@ pub fn overlapping(
     from: i64,
     until: Option<i64>,
 ) -> rusqlite::Result<Vec<ReservationHold>> {
-    let until = until.unwrap_or(i64::MAX);
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, tenant_id, start_time, end_time, pool_nodes, on_demand_nodes
-         FROM reservations INDEXED BY reservations_by_window
-         WHERE gpu_type = ?1 AND span_class = ?2 AND start_time > ?3 AND start_time < ?4
-           AND end_time > ?5",
-    )?;
-    let mut out = Vec::new();
-    let unlimited = CLASS_LONGEST.len() as i64;
-    for class in 0..=unlimited {
+    let mut stmt = conn.prepare_cached(&OVERLAPPING_SQL)?;
+    stmt.raw_bind_parameter(1, gpu_type)?;
+    stmt.raw_bind_parameter(2, until.unwrap_or(i64::MAX))?;
+    stmt.raw_bind_parameter(3, from)?;
+    for class in 0..=CLASS_LONGEST.len() {
         let starts_after = CLASS_LONGEST
-            .get(class as usize)
+            .get(class)
             .map_or(i64::MIN, |&longest| from.saturating_sub(longest));
-        let rows = stmt.query_map((gpu_type, class, starts_after, until, from), |r| {
-            Ok(ReservationHold {
-                id: r.get(0)?,
-                tenant_id: r.get(1)?,
-                start_time: r.get(2)?,
-                end_time: r.get(3)?,
-                pool_nodes: r.get(4)?,
-                on_demand_nodes: r.get(5)?,
-            })
-        })?;
-        for row in rows {
-            out.push(row?);
-        }
+        stmt.raw_bind_parameter(FIRST_CLASS_PARAMETER + class, starts_after)?;
+    }
+    let mut rows = stmt.raw_query();
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        out.push(ReservationHold {
+            id: r.get(0)?,
+            tenant_id: r.get(1)?,
+            start_time: r.get(2)?,
+            end_time: r.get(3)?,
+            pool_nodes: r.get(4)?,
+            on_demand_nodes: r.get(5)?,
+        });
     }
     Ok(out)
 }
+
+/// Where the per-class lower bounds of start_time begin among [`OVERLAPPING_SQL`]'s
+/// parameters (1: model, 2: until, 3: from).
+const FIRST_CLASS_PARAMETER: usize = 4;
+
+/// One statement, one index range per length class: ?1 model, ?2 until, ?3 from, and the
+/// lower bound of start_time of class k at ?(4 + k).
+static OVERLAPPING_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    (0..=CLASS_LONGEST.len())
+        .map(|class| {
+            format!(
+                "SELECT id, tenant_id, start_time, end_time, pool_nodes, on_demand_nodes
+                 FROM reservations INDEXED BY reservations_by_window
+                 WHERE gpu_type = ?1 AND span_class = {class} AND start_time > ?{}
+                   AND start_time < ?2 AND end_time > ?3",
+                FIRST_CLASS_PARAMETER + class
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ")
+});
 
 /// A cluster of one model as the holdings see it.
 #[derive(Debug, Clone)]
