@@ -478,6 +478,75 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
         async move { out.lines().all(|l| l.ends_with(" idle")).then_some(()) }
     })
     .await;
+
+    // Scaling down drains the leaving node in Slurm first: its running job finishes
+    // before its GPUs go back to whole GPUs. A job runs on every node, so whichever
+    // node leaves has one.
+    let before = train_nodes(&tf);
+    let mut jobs = Vec::new();
+    for node in &before {
+        let end_file = tempfile::NamedTempFile::new().unwrap();
+        let job = client.ok(
+            "sbatch",
+            &[
+                "--parsable",
+                "-N1",
+                "--output=/dev/null",
+                &format!("--nodelist={node}"),
+                "--wrap",
+                &format!("sleep 2; date +%s.%N > {}", end_file.path().display()),
+            ],
+        );
+        jobs.push((node.clone(), job.trim().to_string(), end_file));
+    }
+    let ids: Vec<String> = jobs.iter().map(|(_, id, _)| id.clone()).collect();
+    eventually("a batch job running on every node", LIMIT, || {
+        let out = client.ok("squeue", &["-h", "-j", &ids.join(","), "-o", "%T"]);
+        let running = out.lines().filter(|l| l.trim() == "RUNNING").count() == ids.len();
+        async move { running.then_some(()) }
+    })
+    .await;
+    tf.write_main(&config_with(
+        2,
+        r#"{ "1g.10gb" = 7 }"#,
+        r#"driver_version = "570.133.20""#,
+    ));
+    tf.apply();
+    assert_eq!(tf.resource(TRAIN)["status"], "running");
+    let after = train_nodes(&tf);
+    let left: Vec<&String> = before.iter().filter(|n| !after.contains(n)).collect();
+    assert_eq!((after.len(), left.len()), (2, 1), "{before:?} -> {after:?}");
+    let (_, _, end_file) = jobs.iter().find(|(n, ..)| n == left[0]).unwrap();
+    let ended: f64 = fs::read_to_string(end_file.path())
+        .unwrap()
+        .trim()
+        .parse()
+        .expect("the leaving node's job ran to its end");
+    let agent = agents.iter().find(|a| &a.name == left[0]).unwrap();
+    let given_back = fs::metadata(agent.data_dir().join("hardware.json"))
+        .unwrap()
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        given_back >= ended,
+        "{}'s GPUs were re-partitioned at {given_back}, before its job ended at {ended}",
+        left[0]
+    );
+    client.use_conf(&credentials(&tf, TRAIN));
+    eventually("the two remaining nodes idle in Slurm", LIMIT, || {
+        let out = client.ok("sinfo", &["-h", "-N", "-o", "%N %T"]);
+        let nodes: Vec<String> = out
+            .lines()
+            .filter(|l| l.ends_with(" idle"))
+            .map(|l| l.split(' ').next().unwrap_or_default().to_string())
+            .collect();
+        let done = nodes == after;
+        async move { done.then_some(()) }
+    })
+    .await;
     drop(client);
 
     // Destroy: no slurmctld, slurmd or munged of either cluster is left.

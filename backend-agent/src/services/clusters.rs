@@ -586,6 +586,26 @@ impl Clusters {
         changes: Vec<crate::mig::Change>,
         new_driver: bool,
     ) -> Result<v1::TenantCluster, Status> {
+        // A Slurm cluster's leaving nodes are drained first: their running jobs finish
+        // before their GPUs go back to whole GPUs and their slurmd stops.
+        if crate::slurm::cluster::is_slurm(&c) {
+            for n in &scaling.to_release {
+                crate::scheduling::drivers::event(
+                    &self.state,
+                    &c,
+                    "node_draining",
+                    &n.hostname,
+                    "leaving the cluster (scale down): running jobs finish first",
+                );
+            }
+            crate::slurm::cluster::drain_all(
+                &self.state,
+                &c,
+                &scaling.to_release,
+                "leaving the cluster (scale down)",
+            )
+            .await;
+        }
         // Joining nodes get the cluster's driver first, then every node its layout.
         let converged = self.bring_up(&c, &scaling.added, &changes).await;
         {
