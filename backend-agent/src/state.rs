@@ -89,6 +89,9 @@ impl AppState {
     /// Runs a read-check-write request in its own savepoint of a transaction shared with
     /// the requests that arrived with it, answering once that transaction has committed
     /// (see [`crate::group_commit`]). `work` keeps its writes with `Savepoint::commit`.
+    /// It runs on the writer thread, which holds the writer connection: it must do all
+    /// its reads through the savepoint, never through [`AppState::db`] or
+    /// [`AppState::read`], which would wait for that connection forever.
     pub async fn write<T: Send + 'static>(
         &self,
         work: impl FnOnce(Savepoint<'_>) -> Result<T, Status> + Send + 'static,
