@@ -152,7 +152,7 @@ impl Fleet {
         &self,
         request: Request<v1::CheckMigLayoutRequest>,
     ) -> Result<v1::CheckMigLayoutResponse, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         authenticate(&self.state, &conn, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
@@ -208,7 +208,7 @@ impl Fleet {
         &self,
         request: Request<v1::ListDriverVersionsRequest>,
     ) -> Result<v1::ListDriverVersionsResponse, Status> {
-        authenticate(&self.state, &self.state.db(), &request)?;
+        authenticate(&self.state, &self.state.read(), &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let drivers = self.state.drivers.list(&req.gpu_type, &req.cuda_version)?;
@@ -221,7 +221,7 @@ impl Fleet {
         &self,
         request: Request<v1::ResolveDriverRequest>,
     ) -> Result<v1::ResolveDriverResponse, Status> {
-        authenticate(&self.state, &self.state.db(), &request)?;
+        authenticate(&self.state, &self.state.read(), &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let r = self.state.drivers.resolve(

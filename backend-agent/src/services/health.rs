@@ -168,7 +168,7 @@ impl Health {
         &self,
         request: Request<v1::GetHealthReportRequest>,
     ) -> Result<v1::ClusterHealthReport, Status> {
-        let conn = self.state.db();
+        let conn = self.state.read();
         let caller = authenticate(&self.state, &conn, &request)?;
         crate::limits::check(request.get_ref())?;
         let c = visible_cluster(&conn, &caller, &request.get_ref().cluster_id)?;
