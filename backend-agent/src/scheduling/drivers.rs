@@ -32,6 +32,45 @@ pub fn event(state: &AppState, cluster: &ClusterRow, kind: &str, node: &str, mes
     }
 }
 
+/// One event of a cluster, to record with others in [`events`].
+pub struct Event {
+    kind: &'static str,
+    node: String,
+    message: String,
+}
+
+impl Event {
+    pub fn new(kind: &'static str, node: &str, message: &str) -> Event {
+        Event {
+            kind,
+            node: node.to_string(),
+            message: message.to_string(),
+        }
+    }
+}
+
+/// Records `events` of `cluster` in one transaction on the writer thread, so a change to
+/// many nodes commits once and no async worker waits on SQLite (best effort, as [`event`]).
+pub async fn events(state: &AppState, cluster: &ClusterRow, events: Vec<Event>) {
+    if events.is_empty() {
+        return;
+    }
+    let (id, tenant) = (cluster.id.clone(), cluster.tenant_id.clone());
+    let recorded = state
+        .write(move |sp| {
+            let t = now();
+            for e in &events {
+                store::events::record(&sp, t, &id, &tenant, e.kind, &e.node, &e.message)
+                    .map_err(crate::state::db_error)?;
+            }
+            sp.commit().map_err(crate::state::db_error)
+        })
+        .await;
+    if let Err(e) = recorded {
+        tracing::error!(cluster = %cluster.name, error = %e, "cannot record events");
+    }
+}
+
 fn order(version: &str) -> v1::WorkOrder {
     v1::WorkOrder {
         id: uuid::Uuid::new_v4().to_string(),

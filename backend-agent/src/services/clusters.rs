@@ -110,6 +110,23 @@ enum Prepared {
     },
 }
 
+/// An update after its checks: a dry run's answer, or the change committed as "updating".
+enum PreparedUpdate {
+    DryRun(Box<v1::TenantCluster>),
+    Change(Box<UpdateChange>),
+}
+
+/// What an update decided: the cluster before and after, the nodes it adds and releases
+/// and the MIG changes they need.
+struct UpdateChange {
+    caller: Caller,
+    old: ClusterRow,
+    c: ClusterRow,
+    scaling: crate::scheduling::clusters::Scaling,
+    changes: Vec<crate::mig::Change>,
+    new_driver: bool,
+}
+
 /// Events for nodes that joined (`allocated`, with the cluster's layout when it has one)
 /// and left (`released`) the cluster.
 fn record_membership(
@@ -199,7 +216,8 @@ impl Clusters {
                 cluster,
                 joining,
                 &cluster.driver_version,
-            );
+            )
+            .await;
             let failed =
                 crate::scheduling::drivers::install(&self.state, joining, &cluster.driver_version)
                     .await;
@@ -216,7 +234,7 @@ impl Clusters {
                 )));
             }
         }
-        super::progress::partitioning(&self.state, cluster, changes);
+        super::progress::partitioning(&self.state, cluster, changes).await;
         crate::mig::converge(&self.state, changes).await?;
         // Then the acceptance checks (failed nodes are quarantined and replaced).
         crate::scheduling::health::accept_new_nodes(&self.state, cluster, joining).await
@@ -408,10 +426,7 @@ impl Clusters {
         // is held while they work.
         let joining: Vec<NodeRow> = changes.iter().map(|c| c.node.clone()).collect();
         if let Err(e) = self.bring_up(&cluster, &joining, &changes).await {
-            let conn = self.state.db();
-            if let Err(db) = undo_create(&conn, &cluster) {
-                tracing::error!(cluster = %cluster.name, error = %db, "cannot undo a failed cluster create");
-            }
+            self.undo_create(cluster).await;
             return Err(e.into());
         }
         // A Slurm cluster's controller and slurmd, once the nodes have their layout.
@@ -419,35 +434,57 @@ impl Clusters {
             Ok(why) => why,
             Err(e) => {
                 crate::slurm::cluster::remove(&self.state, &cluster, &joining).await;
-                let conn = self.state.db();
-                if let Err(db) = undo_create(&conn, &cluster) {
-                    tracing::error!(cluster = %cluster.name, error = %db, "cannot undo a failed cluster create");
-                }
+                self.undo_create(cluster).await;
                 return Err(e.into());
             }
         };
-        let conn = self.state.db();
-        let (status, reason) =
-            crate::slurm::cluster::overlay(settled_status(&conn, &cluster.id)?, slurm);
-        store::clusters::set_status(&conn, &cluster.id, &status, &reason).map_err(db_error)?;
-        if cluster.driver_version.is_empty() {
-            // No driver asked for: the cluster reads back what its nodes run.
-            let nodes = store::nodes::list(&conn, None, Some(&cluster.id)).map_err(db_error)?;
-            if let Some(first) = nodes.first() {
-                let mut c = cluster.clone();
-                c.driver_version = first.driver_version.clone();
-                c.status = status.clone();
-                c.status_reason = reason.clone();
-                store::clusters::update(&conn, &c).map_err(db_error)?;
-            }
+        // The record in one transaction on the writer thread: a large cluster's events
+        // commit once, and no async worker waits on SQLite.
+        let (name, nodes) = (cluster.name.clone(), cluster.node_count);
+        let created = self
+            .state
+            .write(move |sp| {
+                let (status, reason) =
+                    crate::slurm::cluster::overlay(settled_status(&sp, &cluster.id)?, slurm);
+                store::clusters::set_status(&sp, &cluster.id, &status, &reason)
+                    .map_err(db_error)?;
+                let held = store::nodes::list(&sp, None, Some(&cluster.id)).map_err(db_error)?;
+                if cluster.driver_version.is_empty() {
+                    // No driver asked for: the cluster reads back what its nodes run.
+                    if let Some(first) = held.first() {
+                        let mut c = cluster.clone();
+                        c.driver_version = first.driver_version.clone();
+                        c.status = status.clone();
+                        c.status_reason = reason.clone();
+                        store::clusters::update(&sp, &c).map_err(db_error)?;
+                    }
+                }
+                record_membership(&sp, &cluster, &held, &[]).map_err(db_error)?;
+                let created = store::clusters::get(&sp, &cluster.id)
+                    .map_err(db_error)?
+                    .ok_or_else(|| not_found("tenant cluster", &cluster.id))?;
+                let answer = message(&sp, &caller, created)?;
+                sp.commit().map_err(db_error)?;
+                Ok(answer)
+            })
+            .await?;
+        tracing::info!(cluster = %name, tenant = %tenant_name, nodes, "created cluster");
+        Ok(created)
+    }
+
+    /// Takes back a create that could not be completed, in one transaction.
+    async fn undo_create(&self, cluster: ClusterRow) {
+        let name = cluster.name.clone();
+        let undone = self
+            .state
+            .write(move |sp| {
+                undo_create(&sp, &cluster).map_err(db_error)?;
+                sp.commit().map_err(db_error)
+            })
+            .await;
+        if let Err(e) = undone {
+            tracing::error!(cluster = %name, error = %e, "cannot undo a failed cluster create");
         }
-        let held = store::nodes::list(&conn, None, Some(&cluster.id)).map_err(db_error)?;
-        record_membership(&conn, &cluster, &held, &[]).map_err(db_error)?;
-        tracing::info!(cluster = %cluster.name, tenant = %tenant_name, nodes = cluster.node_count, "created cluster");
-        let created = store::clusters::get(&conn, &cluster.id)
-            .map_err(db_error)?
-            .ok_or_else(|| not_found("tenant cluster", &cluster.id))?;
-        message(&conn, &caller, created)
     }
 
     fn get(
@@ -529,47 +566,65 @@ impl Clusters {
         Ok((c, new_driver))
     }
 
+    /// An update's checks and its decision, committed with status "updating" (or, for a
+    /// validate_only dry run, the answer it would give).
+    fn prepare_update(
+        &self,
+        request: Request<v1::UpdateTenantClusterRequest>,
+    ) -> Result<PreparedUpdate, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        let caller = authenticate(&self.state, &tx, &request)?;
+        crate::limits::check(request.get_ref())?;
+        let req = request.into_inner();
+        let c = visible_cluster(&tx, &caller, &req.id)?;
+        if !req.validate_only {
+            // A dry run asks about admission only; the apply joins a change under way.
+            refuse_while_changing(&c)?;
+        }
+        let old = c.clone();
+        let tenant = super::visible_tenant(&tx, &Caller::Admin, &c.tenant_id)?;
+        let (mut c, new_driver) = self.updated(&old, &req)?;
+        super::health::store_updated(&tx, &c.id, &req)?;
+        let scaling = scale(&tx, &tenant.name, &c, now())?;
+        if req.validate_only {
+            // Admission passed; dropping `tx` rolls back the nodes it took.
+            return dry_run_answer(&tx, &caller, c).map(|a| PreparedUpdate::DryRun(Box::new(a)));
+        }
+        let changes = layout_changes(&tx, &c, &scaling.to_release)?;
+        c.status = "updating".into();
+        store::clusters::update(&tx, &c).map_err(db_error)?;
+        let dir = std::path::PathBuf::from(&c.storage_path);
+        volumes::resize(&dir, c.storage_gib).map_err(|e| {
+            Status::internal(format!(
+                "cannot resize the storage directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        tx.commit().map_err(db_error)?;
+        Ok(PreparedUpdate::Change(Box::new(UpdateChange {
+            caller,
+            old,
+            c,
+            scaling,
+            changes,
+            new_driver,
+        })))
+    }
+
     async fn update(
         &self,
         request: Request<v1::UpdateTenantClusterRequest>,
     ) -> Result<v1::TenantCluster, Status> {
-        let (caller, old, c, scaling, changes, new_driver) = {
-            let mut conn = self.state.db();
-            let tx = conn.transaction().map_err(db_error)?;
-            let caller = authenticate(&self.state, &tx, &request)?;
-            crate::limits::check(request.get_ref())?;
-            let req = request.into_inner();
-            let c = visible_cluster(&tx, &caller, &req.id)?;
-            if !req.validate_only {
-                // A dry run asks about admission only; the apply joins a change under way.
-                refuse_while_changing(&c)?;
-            }
-            let old = c.clone();
-            let tenant = super::visible_tenant(&tx, &Caller::Admin, &c.tenant_id)?;
-            let (mut c, new_driver) = self.updated(&old, &req)?;
-            super::health::store_updated(&tx, &c.id, &req)?;
-            let scaling = scale(&tx, &tenant.name, &c, now())?;
-            if req.validate_only {
-                // Admission passed; dropping `tx` rolls back the nodes it took.
-                return dry_run_answer(&tx, &caller, c);
-            }
-            let changes = layout_changes(&tx, &c, &scaling.to_release)?;
-            c.status = "updating".into();
-            store::clusters::update(&tx, &c).map_err(db_error)?;
-            let dir = std::path::PathBuf::from(&c.storage_path);
-            volumes::resize(&dir, c.storage_gib).map_err(|e| {
-                Status::internal(format!(
-                    "cannot resize the storage directory {}: {e}",
-                    dir.display()
-                ))
-            })?;
-            tx.commit().map_err(db_error)?;
-            (caller, old, c, scaling, changes, new_driver)
+        let this = self.clone();
+        let u = match super::blocking(move || this.prepare_update(request)).await? {
+            PreparedUpdate::DryRun(answer) => return Ok(*answer),
+            PreparedUpdate::Change(u) => *u,
         };
         // The rest runs to the end even when the caller leaves (see `detached`).
         let this = self.clone();
         super::detached::run(async move {
-            this.complete_update(caller, old, c, scaling, changes, new_driver)
+            this.complete_update(u.caller, u.old, u.c, u.scaling, u.changes, u.new_driver)
                 .await
         })
         .await
@@ -589,15 +644,18 @@ impl Clusters {
         // A Slurm cluster's leaving nodes are drained first: their running jobs finish
         // before their GPUs go back to whole GPUs and their slurmd stops.
         if crate::slurm::cluster::is_slurm(&c) {
-            for n in &scaling.to_release {
-                crate::scheduling::drivers::event(
-                    &self.state,
-                    &c,
-                    "node_draining",
-                    &n.hostname,
-                    "leaving the cluster (scale down): running jobs finish first",
-                );
-            }
+            let draining = scaling
+                .to_release
+                .iter()
+                .map(|n| {
+                    crate::scheduling::drivers::Event::new(
+                        "node_draining",
+                        &n.hostname,
+                        "leaving the cluster (scale down): running jobs finish first",
+                    )
+                })
+                .collect();
+            crate::scheduling::drivers::events(&self.state, &c, draining).await;
             crate::slurm::cluster::drain_all(
                 &self.state,
                 &c,
@@ -608,52 +666,67 @@ impl Clusters {
         }
         // Joining nodes get the cluster's driver first, then every node its layout.
         let converged = self.bring_up(&c, &scaling.added, &changes).await;
-        {
-            let mut conn = self.state.db();
-            let tx = conn.transaction().map_err(db_error)?;
-            if let Err(e) = converged {
-                // Back to the cluster as it was: new nodes released, the old row restored.
-                for n in &scaling.added {
-                    store::nodes::release(&tx, &n.id).map_err(db_error)?;
+        if let Err(e) = converged {
+            // Back to the cluster as it was: new nodes released, the old row restored.
+            let (added, restore) = (scaling.added.clone(), old.clone());
+            self.state
+                .write(move |sp| {
+                    for n in &added {
+                        store::nodes::release(&sp, &n.id).map_err(db_error)?;
+                    }
+                    store::clusters::update(&sp, &restore).map_err(db_error)?;
+                    sp.commit().map_err(db_error)
+                })
+                .await?;
+            let (path, gib) = (old.storage_path.clone(), old.storage_gib);
+            super::blocking(move || {
+                if let Err(io) = volumes::resize(std::path::Path::new(&path), gib) {
+                    tracing::warn!(path = %path, error = %io, "cannot restore the storage size of a failed update");
                 }
-                store::clusters::update(&tx, &old).map_err(db_error)?;
-                tx.commit().map_err(db_error)?;
-                if let Err(io) =
-                    volumes::resize(std::path::Path::new(&old.storage_path), old.storage_gib)
-                {
-                    tracing::warn!(path = %old.storage_path, error = %io, "cannot restore the storage size of a failed update");
-                }
-                return Err(e.into());
-            }
-            for n in &scaling.to_release {
-                store::nodes::release(&tx, &n.id).map_err(db_error)?;
-            }
-            tx.commit().map_err(db_error)?;
+                Ok(())
+            })
+            .await?;
+            return Err(e.into());
         }
+        let leaving = scaling.to_release.clone();
+        self.state
+            .write(move |sp| {
+                for n in &leaving {
+                    store::nodes::release(&sp, &n.id).map_err(db_error)?;
+                }
+                sp.commit().map_err(db_error)
+            })
+            .await?;
         // A Slurm cluster's controller and slurmd follow its new nodes and layout.
         let slurm = crate::slurm::cluster::apply(&self.state, &c.id, &scaling.to_release)
             .await
             .unwrap_or_else(|e| Some(format!("Slurm: {e}")));
         {
-            let conn = self.state.db();
-            record_membership(&conn, &c, &scaling.added, &scaling.to_release).map_err(db_error)?;
-            if c.mig_layout != old.mig_layout {
-                let layout = if c.mig_layout.is_empty() {
-                    "whole GPUs".to_string()
-                } else {
-                    gpufleet_gpu::mig::render_layout(&c.mig_layout)
-                };
-                store::events::record(
-                    &conn,
-                    now(),
-                    &c.id,
-                    &c.tenant_id,
-                    "partitioned",
-                    "",
-                    &format!("every GPU re-partitioned as {layout}"),
-                )
-                .map_err(db_error)?;
-            }
+            let (c, relayout) = (c.clone(), c.mig_layout != old.mig_layout);
+            self.state
+                .write(move |sp| {
+                    record_membership(&sp, &c, &scaling.added, &scaling.to_release)
+                        .map_err(db_error)?;
+                    if relayout {
+                        let layout = if c.mig_layout.is_empty() {
+                            "whole GPUs".to_string()
+                        } else {
+                            gpufleet_gpu::mig::render_layout(&c.mig_layout)
+                        };
+                        store::events::record(
+                            &sp,
+                            now(),
+                            &c.id,
+                            &c.tenant_id,
+                            "partitioned",
+                            "",
+                            &format!("every GPU re-partitioned as {layout}"),
+                        )
+                        .map_err(db_error)?;
+                    }
+                    sp.commit().map_err(db_error)
+                })
+                .await?;
         }
         // A new driver rolls through the nodes, max_unavailable at a time.
         let problems = if new_driver {
@@ -661,36 +734,44 @@ impl Clusters {
         } else {
             Vec::new()
         };
-        let conn = self.state.db();
-        let now_row = store::clusters::get(&conn, &c.id)
-            .map_err(db_error)?
-            .ok_or_else(|| not_found("tenant cluster", &c.id))?;
-        if now_row.status != "degraded" {
-            let (status, reason) =
-                crate::slurm::cluster::overlay(settled_status(&conn, &c.id)?, slurm);
-            store::clusters::set_status(&conn, &c.id, &status, &reason).map_err(db_error)?;
-        }
+        let driver = c.driver_version.clone();
+        let answer = self
+            .state
+            .write(move |sp| {
+                let now_row = store::clusters::get(&sp, &c.id)
+                    .map_err(db_error)?
+                    .ok_or_else(|| not_found("tenant cluster", &c.id))?;
+                if now_row.status != "degraded" {
+                    let (status, reason) =
+                        crate::slurm::cluster::overlay(settled_status(&sp, &c.id)?, slurm);
+                    store::clusters::set_status(&sp, &c.id, &status, &reason).map_err(db_error)?;
+                }
+                let c = store::clusters::get(&sp, &c.id)
+                    .map_err(db_error)?
+                    .ok_or_else(|| not_found("tenant cluster", &c.id))?;
+                let answer = message(&sp, &caller, c)?;
+                sp.commit().map_err(db_error)?;
+                Ok(answer)
+            })
+            .await?;
         if !problems.is_empty() {
             return Err(Status::aborted(format!(
-                "driver_version: the cluster now runs {} where it could; {}",
-                c.driver_version,
+                "driver_version: the cluster now runs {driver} where it could; {}",
                 problems.join("; ")
             )));
         }
-        let c = store::clusters::get(&conn, &c.id)
-            .map_err(db_error)?
-            .ok_or_else(|| not_found("tenant cluster", &c.id))?;
-        message(&conn, &caller, c)
+        Ok(answer)
     }
 
     async fn delete(
         &self,
         request: Request<v1::DeleteTenantClusterRequest>,
     ) -> Result<v1::DeleteResponse, Status> {
-        let (c, nodes, changes) = {
-            let mut conn = self.state.db();
+        let this = self.clone();
+        let (c, nodes, changes) = super::blocking(move || {
+            let mut conn = this.state.db();
             let tx = conn.transaction().map_err(db_error)?;
-            let caller = authenticate(&self.state, &tx, &request)?;
+            let caller = authenticate(&this.state, &tx, &request)?;
             crate::limits::check(request.get_ref())?;
             let c = visible_cluster(&tx, &caller, &request.get_ref().id)?;
             refuse_while_changing(&c)?;
@@ -699,8 +780,9 @@ impl Clusters {
             let changes = layout_changes(&tx, &c, &nodes)?;
             store::clusters::set_status(&tx, &c.id, "deleting", "").map_err(db_error)?;
             tx.commit().map_err(db_error)?;
-            (c, nodes, changes)
-        };
+            Ok((c, nodes, changes))
+        })
+        .await?;
         // The rest runs to the end even when the caller leaves (see `detached`).
         let this = self.clone();
         super::detached::run(async move { this.complete_delete(c, nodes, changes).await }).await
@@ -716,39 +798,50 @@ impl Clusters {
         // A Slurm cluster's daemons stop first (a delete that fails later gets them back
         // from the Slurm supervisor).
         crate::slurm::cluster::remove(&self.state, &c, &nodes).await;
-        super::progress::partitioning(&self.state, &c, &changes);
+        super::progress::partitioning(&self.state, &c, &changes).await;
         let converged = crate::mig::converge(&self.state, &changes).await;
-        let mut conn = self.state.db();
         if let Err(e) = converged {
-            store::clusters::set_status(&conn, &c.id, &c.status, &c.status_reason)
-                .map_err(db_error)?;
+            let (id, status, reason) = (c.id.clone(), c.status.clone(), c.status_reason.clone());
+            self.state
+                .write(move |sp| {
+                    store::clusters::set_status(&sp, &id, &status, &reason).map_err(db_error)?;
+                    sp.commit().map_err(db_error)
+                })
+                .await?;
             return Err(e.into());
         }
-        let tx = conn.transaction().map_err(db_error)?;
-        for n in &nodes {
-            store::nodes::release(&tx, &n.id).map_err(db_error)?;
-        }
-        store::clusters::delete(&tx, &c.id).map_err(db_error)?;
-        store::idempotency::forget(&tx, &c.id).map_err(db_error)?;
-        store::health::forget_cluster(&tx, &c.id).map_err(db_error)?;
-        tx.commit().map_err(db_error)?;
-        if let Err(e) = volumes::remove(std::path::Path::new(&c.storage_path)) {
-            tracing::warn!(path = %c.storage_path, error = %e, "cluster deleted but its storage directory could not be removed");
-        }
-        {
-            // `conn` is still this request's connection guard: no second lock.
-            record_membership(&conn, &c, &[], &nodes).map_err(db_error)?;
-            store::events::record(
-                &conn,
-                now(),
-                &c.id,
-                &c.tenant_id,
-                "deleted",
-                "",
-                "the cluster was deleted; its nodes went back to whole GPUs",
-            )
-            .map_err(db_error)?;
-        }
+        // Nodes released, the cluster gone, and its events, in one transaction.
+        let deleted = c.clone();
+        self.state
+            .write(move |sp| {
+                for n in &nodes {
+                    store::nodes::release(&sp, &n.id).map_err(db_error)?;
+                }
+                store::clusters::delete(&sp, &deleted.id).map_err(db_error)?;
+                store::idempotency::forget(&sp, &deleted.id).map_err(db_error)?;
+                store::health::forget_cluster(&sp, &deleted.id).map_err(db_error)?;
+                record_membership(&sp, &deleted, &[], &nodes).map_err(db_error)?;
+                store::events::record(
+                    &sp,
+                    now(),
+                    &deleted.id,
+                    &deleted.tenant_id,
+                    "deleted",
+                    "",
+                    "the cluster was deleted; its nodes went back to whole GPUs",
+                )
+                .map_err(db_error)?;
+                sp.commit().map_err(db_error)
+            })
+            .await?;
+        let path = c.storage_path.clone();
+        super::blocking(move || {
+            if let Err(e) = volumes::remove(std::path::Path::new(&path)) {
+                tracing::warn!(path = %path, error = %e, "cluster deleted but its storage directory could not be removed");
+            }
+            Ok(())
+        })
+        .await?;
         tracing::info!(cluster = %c.name, "deleted cluster");
         Ok(v1::DeleteResponse {})
     }
