@@ -300,6 +300,16 @@ const MIGRATIONS: &[&str] = &[
 /// Prepared statements kept per connection.
 pub const STATEMENT_CACHE: usize = 256;
 
+/// Runs one statement through the connection's statement cache, so a statement run once
+/// per node of a large cluster is compiled once, not a thousand times.
+pub fn exec<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
+
 /// Keeps the hot pages in memory (64 MiB of page cache, and the file mapped) instead of
 /// reading them back from the OS on every admission.
 pub fn tune_reads(conn: &Connection) -> rusqlite::Result<()> {

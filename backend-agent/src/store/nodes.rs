@@ -77,7 +77,8 @@ pub fn count(conn: &Connection) -> rusqlite::Result<i64> {
 }
 
 pub fn insert(conn: &Connection, n: &NodeRow, gpus: &[GpuRow]) -> rusqlite::Result<()> {
-    conn.execute(
+    super::exec(
+        conn,
         &format!(
             "INSERT INTO nodes ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
         ),
@@ -96,7 +97,7 @@ pub fn insert(conn: &Connection, n: &NodeRow, gpus: &[GpuRow]) -> rusqlite::Resu
         ],
     )?;
     for g in gpus {
-        conn.execute(
+        super::exec(conn,
             "INSERT INTO gpus (node_id, idx, uuid, model, memory_mib, mig_enabled) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             (&g.node_id, g.index, &g.uuid, &g.model, g.memory_mib, g.mig_enabled),
         )?;
@@ -132,7 +133,8 @@ pub fn free(conn: &Connection, gpu_type: &str, capacity: &str) -> rusqlite::Resu
 
 /// Hands a free node to a cluster; fails (0 rows) if someone else holds it.
 pub fn assign(conn: &Connection, node_id: &str, cluster_id: &str) -> rusqlite::Result<bool> {
-    let changed = conn.execute(
+    let changed = super::exec(
+        conn,
         "UPDATE nodes SET cluster_id = ?2 WHERE id = ?1 AND cluster_id IS NULL",
         [node_id, cluster_id],
     )?;
@@ -167,7 +169,8 @@ pub fn set_state(
     reason: &str,
     since: i64,
 ) -> rusqlite::Result<()> {
-    conn.execute(
+    super::exec(
+        conn,
         "UPDATE nodes SET state = ?2, state_reason = ?3, state_since = ?4 WHERE id = ?1",
         rusqlite::params![node_id, state, reason, since],
     )?;
@@ -181,7 +184,8 @@ pub fn set_versions(
     driver_version: &str,
     cuda_version: &str,
 ) -> rusqlite::Result<()> {
-    conn.execute(
+    super::exec(
+        conn,
         "UPDATE nodes SET driver_version = ?2, cuda_version = ?3 WHERE id = ?1",
         [node_id, driver_version, cuda_version],
     )?;
@@ -189,7 +193,8 @@ pub fn set_versions(
 }
 
 pub fn release(conn: &Connection, node_id: &str) -> rusqlite::Result<()> {
-    conn.execute(
+    super::exec(
+        conn,
         "UPDATE nodes SET cluster_id = NULL WHERE id = ?1",
         [node_id],
     )?;
@@ -197,7 +202,7 @@ pub fn release(conn: &Connection, node_id: &str) -> rusqlite::Result<()> {
 }
 
 pub fn gpus(conn: &Connection, node_id: &str) -> rusqlite::Result<Vec<GpuRow>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT node_id, idx, uuid, model, memory_mib, mig_enabled FROM gpus WHERE node_id = ?1 ORDER BY idx",
     )?;
     let rows = stmt.query_map([node_id], |r| {
@@ -218,7 +223,7 @@ pub fn mig_devices(
     node_id: &str,
     gpu_index: i64,
 ) -> rusqlite::Result<Vec<MigDeviceRow>> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare_cached(
         "SELECT profile, profile_id, start, size, memory_mib, uuid FROM mig_devices
          WHERE node_id = ?1 AND gpu_idx = ?2 ORDER BY start",
     )?;
@@ -243,16 +248,18 @@ pub fn set_mig_state(
     mig_enabled: bool,
     devices: &[MigDeviceRow],
 ) -> rusqlite::Result<()> {
-    conn.execute(
+    super::exec(
+        conn,
         "UPDATE gpus SET mig_enabled = ?3 WHERE node_id = ?1 AND idx = ?2",
         (node_id, gpu_index, mig_enabled),
     )?;
-    conn.execute(
+    super::exec(
+        conn,
         "DELETE FROM mig_devices WHERE node_id = ?1 AND gpu_idx = ?2",
         (node_id, gpu_index),
     )?;
     for d in devices {
-        conn.execute(
+        super::exec(conn,
             "INSERT INTO mig_devices (node_id, gpu_idx, profile, profile_id, start, size, memory_mib, uuid)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             rusqlite::params![node_id, gpu_index, d.profile, d.profile_id, d.start, d.size, d.memory_mib, d.uuid],
@@ -264,7 +271,7 @@ pub fn set_mig_state(
 /// At start: every node waits for its agent to register with this process (quarantined
 /// nodes stay quarantined).
 pub fn await_agents(conn: &Connection, now: i64) -> rusqlite::Result<()> {
-    conn.execute(
+    super::exec(conn,
         "UPDATE nodes SET state = 'unreachable', state_reason = 'waiting for its agent to register', state_since = ?1
          WHERE state != 'quarantined'",
         [now],
@@ -288,14 +295,20 @@ pub fn reindex_gpus(
     node_id: &str,
     order: &[(String, i64)],
 ) -> rusqlite::Result<()> {
-    conn.execute("DELETE FROM mig_devices WHERE node_id = ?1", [node_id])?;
+    super::exec(
+        conn,
+        "DELETE FROM mig_devices WHERE node_id = ?1",
+        [node_id],
+    )?;
     // Out of the way first, so no two rows share an index mid-way.
-    conn.execute(
+    super::exec(
+        conn,
         "UPDATE gpus SET idx = -1 - idx WHERE node_id = ?1",
         [node_id],
     )?;
     for (uuid, index) in order {
-        conn.execute(
+        super::exec(
+            conn,
             "UPDATE gpus SET idx = ?3 WHERE node_id = ?1 AND uuid = ?2",
             (node_id, uuid, index),
         )?;
@@ -337,7 +350,8 @@ pub fn set_gpu_uuid(
     index: i64,
     uuid: &str,
 ) -> rusqlite::Result<()> {
-    conn.execute(
+    super::exec(
+        conn,
         "UPDATE gpus SET uuid = ?3 WHERE node_id = ?1 AND idx = ?2",
         rusqlite::params![node_id, index, uuid],
     )?;
