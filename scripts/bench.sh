@@ -8,8 +8,8 @@
 #
 # Rows: terraform plan of 10/100/1,000 gpufleet_tenant vs as many terraform_data; plan and
 # apply of the onboarding example (tenants, quotas, a reservation, clusters, MIG) vs as
-# many terraform_data; reservation admission at 10,000 existing holdings vs none
-# (tests/benches/admission_scale.rs); the MIG planner vs exhaustive enumeration
+# many terraform_data; reservation admission at 10,000 existing holdings vs none, and
+# calls during a 1,000-node cluster create vs idle (tests/benches/admission_scale.rs); the MIG planner vs exhaustive enumeration
 # (backend-agent/gpu/benches/planner.rs); node-agent registration and reads at 1,000
 # agents (backend-agent/benches/node_agents.rs); the bandwidth test
 # (backend-agent/benches/bandwidth.rs, when present). Numbers only: nothing is asserted.
@@ -25,11 +25,13 @@ if [ "$QUICK" = 1 ]; then
   REPS=1
   EXISTING=2000
   MEASURED=500
+  CLUSTER_NODES=100
 else
   SIZES=(10 100 1000)
   REPS=3
   EXISTING=10000
   MEASURED=2000
+  CLUSTER_NODES=1000
 fi
 
 scripts/bootstrap.sh >/dev/null
@@ -135,7 +137,7 @@ unset AGENT_PID
 
 # ---------------------------------------------------------------- admission
 echo "==> reservation admission: $EXISTING existing holdings vs none (tests/benches/admission_scale.rs)"
-EXISTING=$EXISTING MEASURED=$MEASURED cargo bench -p gpufleet-e2e --bench admission_scale >"$work/admission.log" 2>"$work/admission.err" \
+EXISTING=$EXISTING MEASURED=$MEASURED CLUSTER_NODES=$CLUSTER_NODES cargo bench -p gpufleet-e2e --bench admission_scale >"$work/admission.log" 2>"$work/admission.err" \
   || { cat "$work/admission.err" >&2; exit 1; }
 a="$work/admission.log"
 existing=$(bench_value "$a" existing)
@@ -148,6 +150,16 @@ row "reservation create p99, 8 clients" "the same creates" \
 row "availability query p50" "a random 48 h window; $existing existing vs none" \
   "$(bench_value "$a" avail_p50_ms_full) ms" "$(bench_value "$a" avail_p50_ms_empty) ms" \
   "$(ratio "$(bench_value "$a" avail_p50_ms_full)" "$(bench_value "$a" avail_p50_ms_empty)")"
+cluster_nodes=$(bench_value "$a" nodes)
+if [ -n "$cluster_nodes" ]; then
+  during="one $cluster_nodes-node cluster create ($(bench_value "$a" create_s) s) vs idle"
+  row "read p99 during a large cluster create" "availability queries, one at a time, during $during" \
+    "$(bench_value "$a" read_p99_ms_during) ms" "$(bench_value "$a" read_p99_ms_idle) ms" \
+    "$(ratio "$(bench_value "$a" read_p99_ms_during)" "$(bench_value "$a" read_p99_ms_idle)")"
+  row "reservation create p99 during a large cluster create" "creates, one at a time, during $during" \
+    "$(bench_value "$a" write_p99_ms_during) ms" "$(bench_value "$a" write_p99_ms_idle) ms" \
+    "$(ratio "$(bench_value "$a" write_p99_ms_during)" "$(bench_value "$a" write_p99_ms_idle)")"
+fi
 grep -v '^BENCH ' "$a" >"$work/admission.table"
 details_section "Reservation admission (tests/benches/admission_scale.rs)" "$work/admission.table"
 

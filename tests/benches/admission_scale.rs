@@ -2,17 +2,20 @@
 //!
 //! Starts a real `gpufleet-agent serve` (release build: `$GPUFLEET_AGENT_BIN`, else
 //! `target/release/gpufleet-agent`) with a simulated fleet of 1,000 8-GPU H100 pool nodes,
-//! 16 tenants sharing a quota for all of them (each under serve's default limit of open
-//! reservations per tenant; `TENANTS=1` is one tenant with that limit raised), and creates
-//! 1-node reservations in random windows (start within the next year, 1 to 48 hours long) from 8 concurrent clients, each
-//! on its own connection. It measures creates per second and latency with no existing
+//! 16 tenants sharing a quota for all of them (serve's limit of open reservations per
+//! tenant raised to fit), and creates 1-node reservations in random windows (start within
+//! the next year, 1 to 48 hours long) from 8 concurrent clients, each on its own
+//! connection. It measures creates per second and latency with no existing
 //! reservations (the same run's baseline), then seeds up to 10,000 existing reservations
-//! and measures again, with one availability query's latency at both points. Prints a
-//! table; nothing is asserted.
+//! and measures again, with one availability query's latency at both points. Last, it
+//! creates one large tenant cluster (`CLUSTER_NODES`, default 1,000, from a second pool of
+//! A100 nodes) and measures reads and reservation creates made while it is created, against
+//! the same calls made for as long right after it. Prints tables; nothing is asserted.
 //!
 //! `cargo build --release -p gpufleet-agent --bins && cargo bench -p gpufleet-e2e --bench admission_scale`
 //! Environment: `EXISTING` (default 10000), `MEASURED` (creates per measurement, default
-//! 2000), `CLIENTS` (default 8), `TENANTS` (default 16).
+//! 2000), `CLIENTS` (default 8), `TENANTS` (default 16), `CLUSTER_NODES` (default 1000; 0
+//! skips the cluster measurement).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,13 +24,18 @@ use std::time::{Duration, Instant};
 use gpufleet_e2e::{Backend, Clients};
 use gpufleet_proto::timestamp::from_unix;
 use gpufleet_proto::v1::{
-    AvailabilityRequest, CreateGpuQuotaRequest, CreateReservationRequest, CreateTenantRequest,
+    AvailabilityRequest, CreateGpuQuotaRequest, CreateReservationRequest,
+    CreateTenantClusterRequest, CreateTenantRequest,
 };
 
 const POOL_NODES: u32 = 1_000;
 const GPU_TYPE: &str = "H100-80GB";
+/// The second pool, only for the large cluster, so it finds nodes free for good.
+const CLUSTER_GPU_TYPE: &str = "A100-80GB";
 const HOUR: i64 = 3_600;
 const YEAR: i64 = 365 * 24 * HOUR;
+/// Reservations the probes around the large cluster create may make, at most.
+const PROBE_ALLOWANCE: usize = 40_000;
 /// serve's default `--max-open-reservations`.
 const DEFAULT_OPEN_LIMIT: usize = 1_000;
 
@@ -189,6 +197,190 @@ async fn availability(c: &Clients, count: usize, seed: u64) -> (Vec<Duration>, D
     (out, t0.elapsed())
 }
 
+/// Latencies of calls made one at a time by two clients side by side until `done` is
+/// set: availability queries for a random 48-hour window (reads) and 1-node reservation
+/// creates (writes); request ids start at `first`.
+async fn probe(
+    reader: &Clients,
+    writer: &Clients,
+    tenants: &[String],
+    first: usize,
+    done: Arc<std::sync::atomic::AtomicBool>,
+    seed: u64,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut reader, mut writer) = (reader.clone(), writer.clone());
+    let read_done = done.clone();
+    let reads = tokio::spawn(async move {
+        let mut rng = Rng(seed);
+        let mut out = Vec::new();
+        while !read_done.load(Ordering::Relaxed) {
+            let (start, _) = rng.window(now());
+            let t0 = Instant::now();
+            reader
+                .fleet
+                .get_availability(AvailabilityRequest {
+                    gpu_type: GPU_TYPE.into(),
+                    start_time: Some(from_unix(start)),
+                    end_time: Some(from_unix(start + 48 * HOUR)),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|s| panic!("GetAvailability: {s}"));
+            out.push(t0.elapsed());
+        }
+        out
+    });
+    let tenants = tenants.to_vec();
+    let writes = tokio::spawn(async move {
+        let mut rng = Rng(seed ^ 0x5eed);
+        let mut out = Vec::new();
+        let mut i = first;
+        while !done.load(Ordering::Relaxed) {
+            let (start, end) = rng.window(now());
+            let t0 = Instant::now();
+            writer
+                .reservations
+                .create_reservation(CreateReservationRequest {
+                    request_id: format!("bench-probe-{i}"),
+                    tenant_id: tenants[i % tenants.len()].clone(),
+                    gpu_type: GPU_TYPE.into(),
+                    node_count: 1,
+                    start_time: Some(from_unix(start)),
+                    end_time: Some(from_unix(end)),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|s| panic!("CreateReservation (probe): {s}"));
+            out.push(t0.elapsed());
+            i += 1;
+        }
+        out
+    });
+    let mut reads = reads.await.expect("read probe");
+    let mut writes = writes.await.expect("write probe");
+    reads.sort();
+    writes.sort();
+    (reads, writes)
+}
+
+/// What calls measured while one large cluster was created, and the same calls just before.
+struct DuringCluster {
+    nodes: i64,
+    create: Duration,
+    idle: (Vec<Duration>, Vec<Duration>),
+    during: (Vec<Duration>, Vec<Duration>),
+}
+
+/// Creates a `nodes`-node Kubernetes cluster from the second pool (acceptance checks off,
+/// so what is measured is the control plane's work, not the agents' checks) while
+/// [`probe`] runs; then probes for as long again, with nothing else running, as its
+/// baseline.
+async fn during_cluster_create(
+    clients: &[Clients],
+    admin: &mut Clients,
+    tenants: &[String],
+    first: usize,
+    nodes: i64,
+) -> DuringCluster {
+    let tenant = tenants[0].as_str();
+    admin
+        .quotas
+        .create_gpu_quota(CreateGpuQuotaRequest {
+            request_id: "bench-cluster-quota".into(),
+            tenant_id: tenant.into(),
+            gpu_type: CLUSTER_GPU_TYPE.into(),
+            gpus: nodes * 8,
+            burst_gpus: 0,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("CreateGpuQuota ({CLUSTER_GPU_TYPE}): {s}"));
+    let request = CreateTenantClusterRequest {
+        request_id: "bench-cluster".into(),
+        tenant_id: tenant.into(),
+        name: "bench-large".into(),
+        orchestrator: "kubernetes".into(),
+        gpu_type: CLUSTER_GPU_TYPE.into(),
+        node_count: nodes,
+        set_acceptance: true,
+        acceptance_level: "quick".into(),
+        run_acceptance_on_create: false,
+        ..Default::default()
+    };
+
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut cluster_client = admin.clone();
+    let during_done = done.clone();
+    let started = Instant::now();
+    let create = tokio::spawn(async move {
+        let answer = cluster_client.clusters.create_tenant_cluster(request).await;
+        let took = started.elapsed();
+        during_done.store(true, Ordering::Relaxed);
+        answer.unwrap_or_else(|s| panic!("CreateTenantCluster ({nodes} nodes): {s}"));
+        took
+    });
+    let during = probe(
+        &clients[0],
+        &clients[1 % clients.len()],
+        tenants,
+        first,
+        done,
+        11,
+    )
+    .await;
+    let create = create.await.expect("cluster create task");
+
+    // The baseline: the same calls for as long, with nothing else running.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = done.clone();
+    let timer = tokio::spawn(async move {
+        tokio::time::sleep(create).await;
+        stop.store(true, Ordering::Relaxed);
+    });
+    let first_idle = first + during.1.len();
+    let idle = probe(
+        &clients[0],
+        &clients[1 % clients.len()],
+        tenants,
+        first_idle,
+        done,
+        12,
+    )
+    .await;
+    timer.await.expect("baseline timer");
+    DuringCluster {
+        nodes,
+        create,
+        idle,
+        during,
+    }
+}
+
+fn print_during_cluster(c: &DuringCluster) {
+    println!();
+    println!(
+        "Calls during one {}-node {CLUSTER_GPU_TYPE} cluster create ({:.2} s), one reader and one writer one call at a time, vs the same for as long with nothing else running",
+        c.nodes,
+        c.create.as_secs_f64()
+    );
+    println!();
+    println!("| measure | idle (baseline) | during the create | ratio |");
+    println!("|---|---|---|---|");
+    for (name, idle, during) in [
+        ("availability (48 h window)", &c.idle.0, &c.during.0),
+        ("reservation create", &c.idle.1, &c.during.1),
+    ] {
+        println!("| {name}: calls | {} | {} | - |", idle.len(), during.len());
+        for (label, pick) in [("p50", 50.0), ("p99", 99.0), ("max", 100.0)] {
+            let (a, b) = (ms(percentile(idle, pick)), ms(percentile(during, pick)));
+            println!(
+                "| {name}: {label} | {a:.2} ms | {b:.2} ms | {:.2}x |",
+                b / a
+            );
+        }
+    }
+}
+
 /// `serve` flags that raise the limit of open reservations per tenant (when this build
 /// has one) to `per_tenant`, when that is above its default.
 fn limit_flags(agent: &std::path::Path, per_tenant: usize) -> Vec<String> {
@@ -232,9 +424,15 @@ async fn main() {
         gpufleet_e2e::binaries::AGENT_ENV
     );
     std::env::set_var(gpufleet_e2e::binaries::AGENT_ENV, &agent);
-    let per_tenant = (existing.max(measured) + 2 * measured).div_ceil(n_tenants) + 1;
+    let cluster_nodes = env_usize("CLUSTER_NODES", 1_000).min(10_000);
+    // Room for the measured creates and, during and after the cluster create, the probes.
+    let per_tenant =
+        (existing.max(measured) + 2 * measured + PROBE_ALLOWANCE).div_ceil(n_tenants) + 1;
     let flags = limit_flags(&agent, per_tenant);
-    let fleet = format!("[[pool]]\ngpu_type = \"{GPU_TYPE}\"\nnodes = {POOL_NODES}\n");
+    let mut fleet = format!("[[pool]]\ngpu_type = \"{GPU_TYPE}\"\nnodes = {POOL_NODES}\n");
+    if cluster_nodes > 0 {
+        fleet += &format!("[[pool]]\ngpu_type = \"{CLUSTER_GPU_TYPE}\"\nnodes = {cluster_nodes}\n");
+    }
     let booted = Instant::now();
     let backend = tokio::task::spawn_blocking(move || {
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
@@ -305,6 +503,16 @@ async fn main() {
     let (avail_full, open_full) = availability(&clients[0], 100, 8).await;
     let full = creates(&clients, &tenants, held, measured, 3).await;
 
+    let cluster = if cluster_nodes > 0 {
+        let first = held + measured;
+        Some(
+            during_cluster_create(&clients, &mut admin, &tenants, first, cluster_nodes as i64)
+                .await,
+        )
+    } else {
+        None
+    };
+
     let existing_text = format!("{held} existing");
     println!();
     println!(
@@ -359,6 +567,9 @@ async fn main() {
             empty.failed, full.failed
         );
     }
+    if let Some(c) = &cluster {
+        print_during_cluster(c);
+    }
     // Machine-readable lines for scripts/bench.sh.
     println!(
         "\nBENCH admission creates_per_s_empty={:.0} creates_per_s_full={:.0} p99_ms_empty={:.2} p99_ms_full={:.2} avail_p50_ms_empty={:.2} avail_p50_ms_full={:.2} existing={held} tenants={n_tenants}",
@@ -369,6 +580,17 @@ async fn main() {
         ms(percentile(&avail_empty, 50.0)),
         ms(percentile(&avail_full, 50.0)),
     );
+    if let Some(c) = &cluster {
+        println!(
+            "BENCH cluster_create nodes={} create_s={:.2} read_p99_ms_idle={:.2} read_p99_ms_during={:.2} write_p99_ms_idle={:.2} write_p99_ms_during={:.2}",
+            c.nodes,
+            c.create.as_secs_f64(),
+            ms(percentile(&c.idle.0, 99.0)),
+            ms(percentile(&c.during.0, 99.0)),
+            ms(percentile(&c.idle.1, 99.0)),
+            ms(percentile(&c.during.1, 99.0)),
+        );
+    }
     drop(clients);
     drop(admin);
     tokio::task::spawn_blocking(move || drop(backend))
