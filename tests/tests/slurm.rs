@@ -139,6 +139,13 @@ impl Client {
         assert!(ok, "{program} {args:?} failed: {out}");
         out
     }
+
+    /// For a wait: the command's output, or None while it fails (the controller may be
+    /// restarting to take in a node that came back, and answers again once it has).
+    fn poll(&self, program: &str, args: &[&str]) -> Option<String> {
+        let (ok, out) = self.run(program, args);
+        ok.then_some(out)
+    }
 }
 
 impl Drop for Client {
@@ -366,8 +373,8 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     })
     .await;
     eventually("both nodes idle in Slurm again", LIMIT, || {
-        let out = client.ok("sinfo", &["-h", "-N", "-o", "%N %T %E"]);
-        let idle = out.lines().filter(|l| l.contains(" idle ")).count() == 2;
+        let out = client.poll("sinfo", &["-h", "-N", "-o", "%N %T %E"]);
+        let idle = out.is_some_and(|o| o.lines().filter(|l| l.contains(" idle ")).count() == 2);
         async move { idle.then_some(()) }
     })
     .await;
@@ -445,8 +452,9 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     );
     let job = job.trim().to_string();
     eventually("the batch job running", LIMIT, || {
-        let out = client.ok("squeue", &["-h", "-j", &job, "-o", "%T"]);
-        async move { (out.trim() == "RUNNING").then_some(()) }
+        let out = client.poll("squeue", &["-h", "-j", &job, "-o", "%T"]);
+        let running = out.is_some_and(|o| o.trim() == "RUNNING");
+        async move { running.then_some(()) }
     })
     .await;
     tf.write_main(&config_with(
@@ -474,8 +482,9 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
         "{busy}'s driver was installed at {installed}, before its job ended at {ended}"
     );
     eventually("every node idle again in Slurm", LIMIT, || {
-        let out = client.ok("sinfo", &["-h", "-N", "-o", "%N %T"]);
-        async move { out.lines().all(|l| l.ends_with(" idle")).then_some(()) }
+        let out = client.poll("sinfo", &["-h", "-N", "-o", "%N %T"]);
+        let idle = out.is_some_and(|o| o.lines().all(|l| l.ends_with(" idle")));
+        async move { idle.then_some(()) }
     })
     .await;
 
@@ -501,8 +510,9 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     }
     let ids: Vec<String> = jobs.iter().map(|(_, id, _)| id.clone()).collect();
     eventually("a batch job running on every node", LIMIT, || {
-        let out = client.ok("squeue", &["-h", "-j", &ids.join(","), "-o", "%T"]);
-        let running = out.lines().filter(|l| l.trim() == "RUNNING").count() == ids.len();
+        let out = client.poll("squeue", &["-h", "-j", &ids.join(","), "-o", "%T"]);
+        let running =
+            out.is_some_and(|o| o.lines().filter(|l| l.trim() == "RUNNING").count() == ids.len());
         async move { running.then_some(()) }
     })
     .await;
@@ -537,7 +547,9 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     );
     client.use_conf(&credentials(&tf, TRAIN));
     eventually("the two remaining nodes idle in Slurm", LIMIT, || {
-        let out = client.ok("sinfo", &["-h", "-N", "-o", "%N %T"]);
+        let out = client
+            .poll("sinfo", &["-h", "-N", "-o", "%N %T"])
+            .unwrap_or_default();
         let nodes: Vec<String> = out
             .lines()
             .filter(|l| l.ends_with(" idle"))
