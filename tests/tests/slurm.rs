@@ -146,6 +146,36 @@ impl Client {
         let (ok, out) = self.run(program, args);
         ok.then_some(out)
     }
+
+    /// Submits a 2-second batch job to `node` that writes the time it ends into a file:
+    /// (job id, that file).
+    fn timed_job(&self, node: &str) -> (String, tempfile::NamedTempFile) {
+        let end_file = tempfile::NamedTempFile::new().unwrap();
+        let job = self.ok(
+            "sbatch",
+            &[
+                "--parsable",
+                "-N1",
+                // Not slurm-<job>.out in the test's working directory.
+                "--output=/dev/null",
+                &format!("--nodelist={node}"),
+                "--wrap",
+                &format!("sleep 2; date +%s.%N > {}", end_file.path().display()),
+            ],
+        );
+        (job.trim().to_string(), end_file)
+    }
+
+    /// Waits until every job of `ids` is running.
+    async fn wait_running(&self, ids: &[String]) {
+        eventually("the batch jobs running", LIMIT, || {
+            let out = self.poll("squeue", &["-h", "-j", &ids.join(","), "-o", "%T"]);
+            let running = out
+                .is_some_and(|o| o.lines().filter(|l| l.trim() == "RUNNING").count() == ids.len());
+            async move { running.then_some(()) }
+        })
+        .await;
+    }
 }
 
 impl Drop for Client {
@@ -153,6 +183,26 @@ impl Drop for Client {
         let _ = self.munged.kill();
         let _ = self.munged.wait();
     }
+}
+
+/// When a [`Client::timed_job`] ended, from its file (seconds since the epoch).
+fn ended_at(file: &Path) -> f64 {
+    fs::read_to_string(file)
+        .unwrap()
+        .trim()
+        .parse()
+        .expect("the job ran to its end")
+}
+
+/// A file's modification time (seconds since the epoch): when an agent last wrote it.
+fn modified_at(file: &Path) -> f64 {
+    fs::metadata(file)
+        .unwrap()
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }
 
 fn run_with_conf(conf: &Path, program: &str, args: &[&str]) -> (bool, String) {
@@ -437,26 +487,8 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     // A driver change drains each node in Slurm first: a job running on a node finishes
     // before that node's driver is installed.
     let busy = train_nodes(&tf)[0].clone();
-    let end_file = tempfile::NamedTempFile::new().unwrap();
-    let job = client.ok(
-        "sbatch",
-        &[
-            "--parsable",
-            "-N1",
-            // Not slurm-<job>.out in the test's working directory.
-            "--output=/dev/null",
-            &format!("--nodelist={busy}"),
-            "--wrap",
-            &format!("sleep 2; date +%s.%N > {}", end_file.path().display()),
-        ],
-    );
-    let job = job.trim().to_string();
-    eventually("the batch job running", LIMIT, || {
-        let out = client.poll("squeue", &["-h", "-j", &job, "-o", "%T"]);
-        let running = out.is_some_and(|o| o.trim() == "RUNNING");
-        async move { running.then_some(()) }
-    })
-    .await;
+    let (job, end_file) = client.timed_job(&busy);
+    client.wait_running(&[job]).await;
     tf.write_main(&config_with(
         3,
         r#"{ "1g.10gb" = 7 }"#,
@@ -464,19 +496,9 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     ));
     tf.apply();
     assert_eq!(tf.resource(TRAIN)["status"], "running");
-    let ended: f64 = fs::read_to_string(end_file.path())
-        .unwrap()
-        .trim()
-        .parse()
-        .expect("the job ran to its end");
+    let ended = ended_at(end_file.path());
     let agent = agents.iter().find(|a| a.name == busy).unwrap();
-    let installed = fs::metadata(agent.data_dir().join("driver-version"))
-        .unwrap()
-        .modified()
-        .unwrap()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
+    let installed = modified_at(&agent.data_dir().join("driver-version"));
     assert!(
         installed >= ended,
         "{busy}'s driver was installed at {installed}, before its job ended at {ended}"
@@ -494,28 +516,11 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     let before = train_nodes(&tf);
     let mut jobs = Vec::new();
     for node in &before {
-        let end_file = tempfile::NamedTempFile::new().unwrap();
-        let job = client.ok(
-            "sbatch",
-            &[
-                "--parsable",
-                "-N1",
-                "--output=/dev/null",
-                &format!("--nodelist={node}"),
-                "--wrap",
-                &format!("sleep 2; date +%s.%N > {}", end_file.path().display()),
-            ],
-        );
-        jobs.push((node.clone(), job.trim().to_string(), end_file));
+        let (job, end_file) = client.timed_job(node);
+        jobs.push((node.clone(), job, end_file));
     }
     let ids: Vec<String> = jobs.iter().map(|(_, id, _)| id.clone()).collect();
-    eventually("a batch job running on every node", LIMIT, || {
-        let out = client.poll("squeue", &["-h", "-j", &ids.join(","), "-o", "%T"]);
-        let running =
-            out.is_some_and(|o| o.lines().filter(|l| l.trim() == "RUNNING").count() == ids.len());
-        async move { running.then_some(()) }
-    })
-    .await;
+    client.wait_running(&ids).await;
     tf.write_main(&config_with(
         2,
         r#"{ "1g.10gb" = 7 }"#,
@@ -527,19 +532,9 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     let left: Vec<&String> = before.iter().filter(|n| !after.contains(n)).collect();
     assert_eq!((after.len(), left.len()), (2, 1), "{before:?} -> {after:?}");
     let (_, _, end_file) = jobs.iter().find(|(n, ..)| n == left[0]).unwrap();
-    let ended: f64 = fs::read_to_string(end_file.path())
-        .unwrap()
-        .trim()
-        .parse()
-        .expect("the leaving node's job ran to its end");
+    let ended = ended_at(end_file.path());
     let agent = agents.iter().find(|a| &a.name == left[0]).unwrap();
-    let given_back = fs::metadata(agent.data_dir().join("hardware.json"))
-        .unwrap()
-        .modified()
-        .unwrap()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
+    let given_back = modified_at(&agent.data_dir().join("hardware.json"));
     assert!(
         given_back >= ended,
         "{}'s GPUs were re-partitioned at {given_back}, before its job ended at {ended}",
