@@ -482,16 +482,13 @@ pub async fn check_cluster(
             bandwidth: Some(acceptance.min_bus_bandwidth_gbps),
             bandwidth_duration,
         };
-        // Progress: what a caller whose deadline fires is waiting on.
-        for n in &nodes {
-            super::drivers::event(
-                state,
-                cluster,
-                "acceptance_checking",
-                &n.hostname,
-                &format!("acceptance checks ({level}) running"),
-            );
-        }
+        // Progress: what a caller whose deadline fires is waiting on (one commit for all).
+        let checking = format!("acceptance checks ({level}) running");
+        let progress = nodes
+            .iter()
+            .map(|n| super::drivers::Event::new("acceptance_checking", &n.hostname, &checking))
+            .collect();
+        super::drivers::events(state, cluster, progress).await;
         let answers = attribute_bandwidth(run(state, &nodes, &req).await?);
         for v in &answers {
             record(state, &run_id, level, Some(cluster), v)?;
