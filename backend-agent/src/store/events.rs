@@ -26,11 +26,13 @@ pub fn record(
     node: &str,
     message: &str,
 ) -> rusqlite::Result<()> {
-    super::exec(conn,
+    super::exec(
+        conn,
         "INSERT INTO events (at, object_id, tenant_id, kind, node, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         rusqlite::params![at, object_id, tenant_id, kind, node, message],
     )?;
-    super::exec(conn,
+    super::exec(
+        conn,
         "DELETE FROM events WHERE object_id = ?1 AND seq <= (SELECT MAX(seq) FROM events WHERE object_id = ?1) - ?2",
         rusqlite::params![object_id, KEEP_PER_OBJECT],
     )?;

@@ -97,7 +97,8 @@ pub fn insert(conn: &Connection, n: &NodeRow, gpus: &[GpuRow]) -> rusqlite::Resu
         ],
     )?;
     for g in gpus {
-        super::exec(conn,
+        super::exec(
+            conn,
             "INSERT INTO gpus (node_id, idx, uuid, model, memory_mib, mig_enabled) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             (&g.node_id, g.index, &g.uuid, &g.model, g.memory_mib, g.mig_enabled),
         )?;
@@ -259,7 +260,8 @@ pub fn set_mig_state(
         (node_id, gpu_index),
     )?;
     for d in devices {
-        super::exec(conn,
+        super::exec(
+            conn,
             "INSERT INTO mig_devices (node_id, gpu_idx, profile, profile_id, start, size, memory_mib, uuid)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             rusqlite::params![node_id, gpu_index, d.profile, d.profile_id, d.start, d.size, d.memory_mib, d.uuid],
@@ -271,7 +273,8 @@ pub fn set_mig_state(
 /// At start: every node waits for its agent to register with this process (quarantined
 /// nodes stay quarantined).
 pub fn await_agents(conn: &Connection, now: i64) -> rusqlite::Result<()> {
-    super::exec(conn,
+    super::exec(
+        conn,
         "UPDATE nodes SET state = 'unreachable', state_reason = 'waiting for its agent to register', state_since = ?1
          WHERE state != 'quarantined'",
         [now],
