@@ -41,14 +41,13 @@ pub struct Checkpoints {
 impl Checkpoints {
     /// Starts checkpointing the database at `path` and moves `writer`'s automatic
     /// checkpoint out to the backstop.
-    pub fn start(path: &Path, writer: &Connection) -> rusqlite::Result<Checkpoints> {
+    pub fn start(path: &Path, writer: &Connection) -> anyhow::Result<Checkpoints> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(5))?;
         let (stop, stopped) = mpsc::channel::<()>();
         std::thread::Builder::new()
             .name("gpufleet-checkpoints".into())
-            .spawn(move || run(&conn, &stopped))
-            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+            .spawn(move || run(&conn, &stopped))?;
         writer.pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)?;
         Ok(Checkpoints { _stop: stop })
     }
@@ -77,13 +76,16 @@ mod tests {
             .unwrap();
         assert_eq!(backstop, BACKSTOP_PAGES);
         let other = Connection::open(&path).unwrap();
-        writer
-            .execute(
-                "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
-                 VALUES ('t', 't', 't', '{}', 'h', 0)",
-                [],
-            )
-            .unwrap();
+        let add_tenant = |id: &str| {
+            writer
+                .execute(
+                    "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
+                     VALUES (?1, ?1, ?1, '{}', ?1, 0)",
+                    [id],
+                )
+                .unwrap();
+        };
+        add_tenant("t");
         let done = checkpoint(&other).unwrap();
         assert!(done.log_frames > 0);
         assert_eq!(done.checkpointed_frames, done.log_frames);
@@ -95,13 +97,7 @@ mod tests {
                 .unwrap()
         };
         assert_eq!(tenants(&held), 1);
-        writer
-            .execute(
-                "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
-                 VALUES ('u', 'u', 'u', '{}', 'h2', 0)",
-                [],
-            )
-            .unwrap();
+        add_tenant("u");
         let partial = checkpoint(&other).unwrap();
         assert!(partial.log_frames > 0);
         assert_eq!(tenants(&held), 1);
