@@ -623,24 +623,20 @@ impl Clusters {
         };
         // The rest runs to the end even when the caller leaves (see `detached`).
         let this = self.clone();
-        super::detached::run(async move {
-            this.complete_update(u.caller, u.old, u.c, u.scaling, u.changes, u.new_driver)
-                .await
-        })
-        .await
+        super::detached::run(async move { this.complete_update(u).await }).await
     }
 
     /// An update's orders to the agents (driver, layout, then the driver roll) and its
     /// record of what they did, or its undo.
-    async fn complete_update(
-        &self,
-        caller: Caller,
-        old: ClusterRow,
-        c: ClusterRow,
-        scaling: crate::scheduling::clusters::Scaling,
-        changes: Vec<crate::mig::Change>,
-        new_driver: bool,
-    ) -> Result<v1::TenantCluster, Status> {
+    async fn complete_update(&self, u: UpdateChange) -> Result<v1::TenantCluster, Status> {
+        let UpdateChange {
+            caller,
+            old,
+            c,
+            scaling,
+            changes,
+            new_driver,
+        } = u;
         // A Slurm cluster's leaving nodes are drained first: their running jobs finish
         // before their GPUs go back to whole GPUs and their slurmd stops.
         if crate::slurm::cluster::is_slurm(&c) {
