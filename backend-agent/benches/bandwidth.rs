@@ -17,9 +17,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpufleet_agent::node::bandwidth::{self, Listener};
-use gpufleet_agent::node::health::{self, Level, Plan};
 use gpufleet_gpu::hardware::SimulatedNode;
+use gpufleet_node::bandwidth::{self, Listener};
+use gpufleet_node::health::{self, Level, Plan};
 
 const RUNS: usize = 3;
 const DURATION: Duration = Duration::from_secs(1);

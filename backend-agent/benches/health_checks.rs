@@ -13,12 +13,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpufleet_agent::agents::embedded;
-use gpufleet_agent::agents::registry::Registry;
-use gpufleet_agent::fleet;
-use gpufleet_agent::scheduling::health::{self, Request};
-use gpufleet_agent::state::AppState;
-use gpufleet_agent::store::{self, nodes::NodeRow};
+use gpufleet_agent::embedded;
+use gpufleet_control::scheduling::health::{self, Request};
+use gpufleet_control::serve::{Config, ControlPlane as Control, Fleet};
+use gpufleet_control::state::AppState;
+use gpufleet_control::store::{self, nodes::NodeRow};
 use tokio::sync::watch;
 
 const MODEL: &str = "H100-80GB";
@@ -27,6 +26,7 @@ const BANDWIDTH: Duration = Duration::from_millis(200);
 
 struct ControlPlane {
     state: Arc<AppState>,
+    _control: Control,
     _stop: watch::Sender<bool>,
     _dir: tempfile::TempDir,
 }
@@ -35,35 +35,36 @@ struct ControlPlane {
 /// its admission checks).
 async fn control_plane(nodes: u32) -> (ControlPlane, Duration) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut conn = store::open(&dir.path().join("state.db")).expect("open the store");
-    let fleet_def = fleet::parse(&format!(
-        "[[pool]]\ngpu_type = \"{MODEL}\"\nnodes = {nodes}\ngpus_per_node = 8\n"
-    ))
-    .expect("fleet");
-    fleet::seed(&mut conn, &fleet_def).expect("seed the fleet");
-    let hosts = embedded::simulated_hosts(&conn).expect("simulated nodes");
-    let registry = Registry::new(Duration::from_secs(30), Duration::from_secs(300));
-    let state = Arc::new(AppState::new(
-        conn,
-        dir.path().to_path_buf(),
-        "bench-admin".into(),
-        "bench-join".into(),
-        registry,
-        gpufleet_agent::drivers::Offer::all(),
-    ));
+    let mut control = simulated(dir.path(), nodes);
+    let hosts = control.embedded_hosts();
     let (stop, rx) = watch::channel(false);
     let t = Instant::now();
-    embedded::start(state.clone(), hosts, rx)
+    embedded::start(&control, hosts, rx)
         .await
         .expect("embedded agents ready");
     (
         ControlPlane {
-            state,
+            state: control.state.clone(),
+            _control: control,
             _stop: stop,
             _dir: dir,
         },
         t.elapsed(),
     )
+}
+
+/// The control plane as `serve` opens it, over `nodes` simulated 8-GPU pool nodes.
+fn simulated(dir: &std::path::Path, nodes: u32) -> Control {
+    let fleet_file = dir.join("fleet.toml");
+    std::fs::write(
+        &fleet_file,
+        format!("[[pool]]\ngpu_type = \"{MODEL}\"\nnodes = {nodes}\ngpus_per_node = 8\n"),
+    )
+    .expect("write the fleet file");
+    let fleet = Fleet::Simulated {
+        fleet_file: Some(fleet_file),
+    };
+    Control::open(Config::new(dir.join("data"), fleet)).expect("open the control plane")
 }
 
 fn nodes(state: &AppState) -> Vec<NodeRow> {

@@ -19,15 +19,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpufleet_agent::agents::embedded::{self, Host};
-use gpufleet_agent::agents::registry::Registry;
-use gpufleet_agent::node::sim_disk::DiskSim;
-use gpufleet_agent::services::{clusters::Clusters, quotas::Quotas, tenants::Tenants};
-use gpufleet_agent::state::AppState;
-use gpufleet_agent::store::{self, nodes::NodeRow};
-use gpufleet_agent::{fleet, mig};
+use gpufleet_agent::embedded;
+use gpufleet_control::mig;
+use gpufleet_control::registry::Registry;
+use gpufleet_control::serve::{Config, ControlPlane as Control, EmbeddedHost, Fleet};
+use gpufleet_control::services::{clusters::Clusters, quotas::Quotas, tenants::Tenants};
+use gpufleet_control::state::AppState;
+use gpufleet_control::store::{self, nodes::NodeRow};
+use gpufleet_gpu::catalog::DEFAULT_DRIVER;
 use gpufleet_gpu::hardware::GpuBackend;
 use gpufleet_gpu::mig::Layout;
+use gpufleet_node::sim_disk::DiskSim;
 use gpufleet_proto::v1::{
     self, gpu_quota_service_client::GpuQuotaServiceClient,
     gpu_quota_service_server::GpuQuotaServiceServer,
@@ -78,33 +80,31 @@ fn layout(pairs: &[(&str, i32)]) -> Layout {
 /// pool nodes seeded, the registry, the shared state, and the embedded agents' hardware.
 struct ControlPlane {
     state: Arc<AppState>,
-    hosts: Vec<Host>,
+    control: Control,
     stop: watch::Sender<bool>,
     _dir: tempfile::TempDir,
 }
 
 fn control_plane(nodes: u32, node_timeout: Duration) -> ControlPlane {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut conn = store::open(&dir.path().join("state.db")).expect("open the store");
-    let fleet_def = fleet::parse(&format!(
-        "[[pool]]\ngpu_type = \"{MODEL}\"\nnodes = {nodes}\ngpus_per_node = 8\n"
-    ))
-    .expect("fleet");
-    fleet::seed(&mut conn, &fleet_def).expect("seed the fleet");
-    let hosts = gpufleet_agent::agents::embedded::simulated_hosts(&conn).expect("simulated nodes");
-    let registry = Registry::new(node_timeout, Duration::from_secs(300));
-    let state = Arc::new(AppState::new(
-        conn,
-        dir.path().to_path_buf(),
-        ADMIN.into(),
-        JOIN.into(),
-        registry,
-        gpufleet_agent::drivers::Offer::all(),
-    ));
+    let fleet_file = dir.path().join("fleet.toml");
+    std::fs::write(
+        &fleet_file,
+        format!("[[pool]]\ngpu_type = \"{MODEL}\"\nnodes = {nodes}\ngpus_per_node = 8\n"),
+    )
+    .expect("write the fleet file");
+    let fleet = Fleet::Simulated {
+        fleet_file: Some(fleet_file),
+    };
+    let mut config = Config::new(dir.path().join("data"), fleet);
+    config.admin_token = Some(ADMIN.into());
+    config.join_token = Some(JOIN.into());
+    config.node_timeout = node_timeout;
+    let control = Control::open(config).expect("open the control plane");
     let (stop, _) = watch::channel(false);
     ControlPlane {
-        state,
-        hosts,
+        state: control.state.clone(),
+        control,
         stop,
         _dir: dir,
     }
@@ -113,9 +113,9 @@ fn control_plane(nodes: u32, node_timeout: Duration) -> ControlPlane {
 impl ControlPlane {
     /// Starts every host's agent; returns how long until all were registered and ready.
     async fn start_agents(&mut self) -> Duration {
-        let hosts = std::mem::take(&mut self.hosts);
+        let hosts = self.control.embedded_hosts();
         let t = Instant::now();
-        embedded::start(self.state.clone(), hosts, self.stop.subscribe())
+        embedded::start(&self.control, hosts, self.stop.subscribe())
             .await
             .expect("embedded agents ready");
         t.elapsed()
@@ -421,21 +421,21 @@ async fn main() {
         "slow-01",
         model,
         8,
-        fleet::DEFAULT_DRIVER,
+        DEFAULT_DRIVER,
         SLOW_OP_DELAY,
     )
     .unwrap();
     let sim = disk.node.clone();
     let backend: Arc<dyn GpuBackend> = Arc::new(disk);
     embedded::start(
-        cp.state.clone(),
-        vec![Host {
+        &cp.control,
+        vec![EmbeddedHost {
             name: "slow-01".into(),
             capacity: store::nodes::POOL.into(),
             gpu_type: SLOW_MODEL.into(),
             backend,
             sim: Some(sim),
-            driver_version: fleet::DEFAULT_DRIVER.into(),
+            driver_version: DEFAULT_DRIVER.into(),
         }],
         cp.stop.subscribe(),
     )

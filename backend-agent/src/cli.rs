@@ -1,4 +1,5 @@
-//! Command-line flags and their environment equivalents.
+//! Command-line flags and their environment equivalents, and the settings of the crates
+//! they become: clap's types live here only.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,7 +38,7 @@ pub enum Command {
     Events(EventsArgs),
     /// Create a small CA and issue the control plane's and the node agents' certificates
     /// for mutual TLS.
-    Pki(crate::pki::PkiArgs),
+    Pki(PkiArgs),
 }
 
 /// Where the control plane's nodes come from.
@@ -90,6 +91,14 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     .filter(|&ms| ms > 0 && ms <= 7 * 24 * 3_600_000)
     .ok_or_else(|| format!("'{text}': must be more than 0 and at most 7 days"))?;
     Ok(std::time::Duration::from_millis(ms))
+}
+
+/// `--health-interval`: a duration, or 0 to turn periodic checks off.
+pub fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
+    if text.trim() == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    parse_duration(text)
 }
 
 #[derive(Args, Debug)]
@@ -278,7 +287,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub clock_file: Option<PathBuf>,
     /// Quick health checks on every ready node this often; 0 turns them off.
-    #[arg(long, env = "GPUFLEET_HEALTH_INTERVAL", default_value = "10m", value_parser = crate::scheduling::health::parse_interval)]
+    #[arg(long, env = "GPUFLEET_HEALTH_INTERVAL", default_value = "10m", value_parser = parse_interval)]
     pub health_interval: std::time::Duration,
     /// How long each pair of nodes exchanges data in a cluster's bandwidth test.
     #[arg(long, env = "GPUFLEET_BANDWIDTH_DURATION", default_value = "1s", value_parser = parse_duration)]
@@ -305,9 +314,85 @@ pub struct ClientArgs {
     pub ca_cert: Option<PathBuf>,
 }
 
+/// `gpufleet-agent pki`'s flags.
+#[derive(Args, Debug)]
+pub struct PkiArgs {
+    /// Directory for the CA and the issued certificates (created when missing).
+    #[arg(long, default_value = "./pki")]
+    pub dir: PathBuf,
+    /// Names (DNS names or IP addresses) the control plane's server certificate is valid for; repeatable. Default: localhost and 127.0.0.1.
+    #[arg(long = "server-name")]
+    pub server_names: Vec<String>,
+    /// Issue a client certificate for this node agent name; repeatable.
+    #[arg(long = "agent")]
+    pub agents: Vec<String>,
+}
+
+impl From<Hardware> for gpufleet_node::hardware::Hardware {
+    fn from(h: Hardware) -> Self {
+        match h {
+            Hardware::Sim => Self::Sim,
+            Hardware::Nvml => Self::Nvml,
+        }
+    }
+}
+
+impl NodeArgs {
+    /// The node agent's settings.
+    pub fn config(self) -> gpufleet_node::Config {
+        gpufleet_node::Config {
+            control_plane: self.control_plane,
+            join_token: self.join_token,
+            name: self.name,
+            data_dir: self.data_dir,
+            hardware: self.hardware.into(),
+            nvml_lib: self.nvml_lib,
+            capacity: self.capacity.as_str().to_string(),
+            gpu_type: self.gpu_type,
+            gpus: self.gpus,
+            sim_op_delay: std::time::Duration::from_millis(self.sim_op_delay_ms),
+            driver_install_cmd: self.driver_install_cmd,
+            metrics_listen: self.metrics_listen,
+            ca_cert: self.ca_cert,
+            cert: self.cert,
+            key: self.key,
+            bandwidth_listen: self.bandwidth_listen,
+            bandwidth_advertise: self.bandwidth_advertise,
+        }
+    }
+}
+
+impl ServeArgs {
+    /// The control plane's settings, given the fleet it serves (which the caller opens:
+    /// NVML belongs to the node agent's crate).
+    pub fn config(self, fleet: gpufleet_control::serve::Fleet) -> gpufleet_control::serve::Config {
+        gpufleet_control::serve::Config {
+            listen: self.listen,
+            insecure: self.insecure,
+            tls_cert: self.tls_cert,
+            tls_key: self.tls_key,
+            agent_ca: self.agent_ca,
+            data_dir: self.data_dir,
+            fleet,
+            admin_token: self.admin_token,
+            join_token: self.join_token,
+            drivers: self.drivers,
+            node_timeout: self.node_timeout,
+            replace_after: self.replace_after,
+            health: gpufleet_control::scheduling::health::Settings {
+                interval: self.health_interval,
+                bandwidth_duration: self.bandwidth_duration,
+            },
+            max_open_reservations: self.max_open_reservations,
+            metrics_listen: self.metrics_listen,
+            clock_file: self.clock_file,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{parse_duration, parse_interval};
     use std::time::Duration;
 
     #[test]
@@ -319,6 +404,9 @@ mod tests {
         assert!(parse_duration("0s").unwrap_err().contains("more than 0"));
         assert!(parse_duration("99999999999999999999h").is_err());
         assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
+        assert_eq!(parse_interval("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_interval("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_interval("soon").is_err());
     }
 }
 

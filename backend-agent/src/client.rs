@@ -43,7 +43,9 @@ async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
     let mut endpoint = Channel::from_shared(args.endpoint.clone())
         .with_context(|| format!("--endpoint: '{}' is not a valid URL", args.endpoint))?;
     let host = endpoint.uri().host().unwrap_or_default().to_string();
-    if let Some(tls) = crate::tls::client_config(&args.endpoint, &host, args.ca_cert.as_deref())? {
+    if let Some(tls) =
+        gpufleet_wire::tls::client_config(&args.endpoint, &host, args.ca_cert.as_deref())?
+    {
         endpoint = endpoint
             .tls_config(tls)
             .context("--ca-cert: cannot use this CA certificate")?;
@@ -185,7 +187,7 @@ pub async fn print_events(args: crate::cli::EventsArgs) -> anyhow::Result<()> {
             let time = e
                 .time
                 .as_ref()
-                .map(|t| crate::state::rfc3339(t.seconds))
+                .map(|t| gpufleet_control::state::rfc3339(t.seconds))
                 .unwrap_or_default();
             let node = if e.node.is_empty() {
                 "-".into()
@@ -274,11 +276,15 @@ pub async fn print_nodes(args: ClientArgs) -> anyhow::Result<()> {
 pub fn hw_check(args: HwCheckArgs) -> anyhow::Result<()> {
     print!(
         "{}",
-        crate::hardware::check_report(args.hardware, args.nvml_lib.as_deref())?
+        gpufleet_node::hardware::check_report(args.hardware.into(), args.nvml_lib.as_deref())?
     );
     print!(
         "{}",
-        crate::node::health::host_checks(args.hardware, args.nvml_lib.as_deref(), &args.level)?
+        gpufleet_node::health::host_checks(
+            args.hardware.into(),
+            args.nvml_lib.as_deref(),
+            &args.level
+        )?
     );
     Ok(())
 }

@@ -1,10 +1,10 @@
 //! `gpufleet-agent`: the gpufleet control plane (`serve`), the node agent of each GPU
 //! host (`node`, `node-status`), its small admin client (`fleet`, `nodes`), the
 //! certificates for mutual TLS (`pki`) and the read-only hardware check (`hw-check`):
-//! a thin binary over the `gpufleet_agent` library.
+//! a thin binary over the `gpufleet_agent` library, which composes the crates.
 
 use clap::Parser;
-use gpufleet_agent::{cli, client, node, pki, serve};
+use gpufleet_agent::{cli, client, serve};
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
@@ -29,11 +29,11 @@ fn main() -> std::process::ExitCode {
             cli::Command::Fleet(args) => client::print_fleet(args).await,
             cli::Command::Nodes(args) => client::print_nodes(args).await,
             cli::Command::HwCheck(args) => client::hw_check(args),
-            cli::Command::Node(args) => node::run(args).await,
-            cli::Command::NodeStatus(args) => node::print_status(args),
+            cli::Command::Node(args) => gpufleet_node::run(args.config()).await,
+            cli::Command::NodeStatus(args) => gpufleet_node::print_status(&args.data_dir),
             cli::Command::NodeReturn(args) => client::return_node(args).await,
             cli::Command::Events(args) => client::print_events(args).await,
-            cli::Command::Pki(args) => pki::run(&args),
+            cli::Command::Pki(args) => print_issued(&args),
         }
     });
     // Connection tasks are dropped here; nothing may keep the process alive after the
@@ -46,4 +46,12 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `pki`: issues the certificates and prints one line per file written.
+fn print_issued(args: &cli::PkiArgs) -> anyhow::Result<()> {
+    for path in gpufleet_wire::pki::issue(&args.dir, &args.server_names, &args.agents)? {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }

@@ -249,6 +249,11 @@ pub fn min_mig_driver(model: &str) -> Option<&'static str> {
     }
 }
 
+/// The driver (and its CUDA version) a simulated node, and a fleet file's node group,
+/// runs when none is named.
+pub const DEFAULT_DRIVER: &str = "550.54.15";
+pub const DEFAULT_CUDA: &str = "12.4";
+
 /// CUDA toolkit -> minimum Linux driver (NVIDIA's CUDA release notes), oldest first.
 pub const CUDA_MIN_DRIVER: [(&str, &str); 12] = [
     ("11.8", "520.61.05"),

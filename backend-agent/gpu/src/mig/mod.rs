@@ -5,10 +5,12 @@ mod planner;
 mod suggestions;
 
 pub use geometry::{COMPUTE_SLICES, MEMORY_SLICES};
-pub use planner::{plan, Placement};
+pub use planner::Placement;
 
 use std::collections::BTreeMap;
 use std::fmt;
+
+use crate::catalog::GpuModel;
 
 /// Profile name -> instance count, for one GPU.
 pub type Layout = BTreeMap<String, u32>;
@@ -34,6 +36,19 @@ impl fmt::Display for LayoutError {
 }
 
 impl std::error::Error for LayoutError {}
+
+/// Finds placements for `layout` on one GPU of `model`, in creation order (larger
+/// profiles first, as the hardware needs), or says which rule fails and suggests the
+/// nearest valid layouts.
+pub fn plan(model: &GpuModel, layout: &Layout) -> Result<Vec<Placement>, LayoutError> {
+    planner::place(model, layout).map_err(|refused| LayoutError {
+        suggestions: refused
+            .counts
+            .map(|counts| suggestions::nearest(model, &counts))
+            .unwrap_or_default(),
+        reason: refused.reason,
+    })
+}
 
 /// Renders a layout as HCL/TOML-like map: `{"1g.10gb" = 2, "3g.40gb" = 1}`.
 pub fn render_layout(layout: &Layout) -> String {

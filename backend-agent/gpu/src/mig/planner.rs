@@ -10,7 +10,7 @@
 //! constructing it, and explains dead ends for any other geometry.)
 
 use super::geometry::{describe_run, in_bounds, slice_mask, COMPUTE_SLICES, MEMORY_SLICES};
-use super::{suggestions, Layout, LayoutError};
+use super::Layout;
 use crate::catalog::{self, GpuModel, MigProfile};
 use serde::{Deserialize, Serialize};
 
@@ -23,24 +23,33 @@ pub struct Placement {
     pub size: u8,
 }
 
+/// Why a layout cannot be placed: the rule it breaks, and its per-profile counts where it
+/// named only known profiles (the suggestions start from them).
+pub(crate) struct Unplaceable {
+    pub reason: String,
+    pub counts: Option<Vec<u32>>,
+}
+
 /// Finds placements for `layout` on one GPU of `model`, in creation order (larger
-/// profiles first, as the hardware needs), or says which rule fails and suggests the
-/// nearest valid layouts.
-pub fn plan(model: &GpuModel, layout: &Layout) -> Result<Vec<Placement>, LayoutError> {
+/// profiles first, as the hardware needs), or says which rule fails.
+pub(crate) fn place(model: &GpuModel, layout: &Layout) -> Result<Vec<Placement>, Unplaceable> {
     if !model.mig_capable || model.profiles.is_empty() {
-        return Err(LayoutError {
+        return Err(Unplaceable {
             reason: format!(
                 "mig_layout: {} does not support MIG; leave mig_layout unset to use whole GPUs",
                 model.name
             ),
-            suggestions: Vec::new(),
+            counts: None,
         });
     }
-    let counts = resolve_counts(model, layout)?;
+    let counts = resolve_counts(model, layout).map_err(|reason| Unplaceable {
+        reason,
+        counts: None,
+    })?;
     if let Some(reason) = count_rule_violations(model, &counts) {
-        return Err(LayoutError {
+        return Err(Unplaceable {
             reason,
-            suggestions: suggestions::nearest(model, &counts),
+            counts: Some(counts),
         });
     }
     match search(model, &counts) {
@@ -56,9 +65,9 @@ pub fn plan(model: &GpuModel, layout: &Layout) -> Result<Vec<Placement>, LayoutE
                 }
             })
             .collect()),
-        Search::Stuck { placed, next } => Err(LayoutError {
+        Search::Stuck { placed, next } => Err(Unplaceable {
             reason: explain_stuck(model, &placed, next),
-            suggestions: suggestions::nearest(model, &counts),
+            counts: Some(counts),
         }),
     }
 }
@@ -70,7 +79,7 @@ pub(crate) fn fits(model: &GpuModel, counts: &[u32]) -> bool {
 
 /// Maps names to per-profile counts (indexed like `model.profiles`); unknown names are
 /// an error listing the model's profile names.
-fn resolve_counts(model: &GpuModel, layout: &Layout) -> Result<Vec<u32>, LayoutError> {
+fn resolve_counts(model: &GpuModel, layout: &Layout) -> Result<Vec<u32>, String> {
     let mut counts = vec![0u32; model.profiles.len()];
     let mut unknown = Vec::new();
     for (name, &count) in layout {
@@ -100,10 +109,7 @@ fn resolve_counts(model: &GpuModel, layout: &Layout) -> Result<Vec<u32>, LayoutE
         reason.push_str("; ");
         reason.push_str(&hint);
     }
-    Err(LayoutError {
-        reason,
-        suggestions: Vec::new(),
-    })
+    Err(reason)
 }
 
 /// "3g.20gb is the A100-40GB name of the 3g.40gb shape on H100-80GB" style hint.
@@ -332,6 +338,7 @@ fn explain_stuck(model: &GpuModel, placed: &[(usize, u8)], next: usize) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mig::plan;
 
     fn h100() -> &'static GpuModel {
         catalog::model("H100-80GB").unwrap()

@@ -1,0 +1,298 @@
+//! Registration against the store: a new node joins the fleet with what its agent
+//! reports; a known node must report the same model, capacity and GPUs (compared by
+//! UUID as a set: index order is not stable across reboots), and its MIG state and
+//! versions are refreshed from the report, which is the truth.
+
+use std::collections::BTreeSet;
+
+use gpufleet_gpu::hardware::GpuInfo;
+use gpufleet_proto::v1;
+use rusqlite::Connection;
+
+use crate::store::nodes::{self, GpuRow, NodeRow, NODE_BUSY, ON_DEMAND, POOL};
+
+/// Most GPUs one node may report.
+pub const MAX_GPUS: usize = 64;
+/// Longest GPU UUID, driver or CUDA version accepted.
+const MAX_TEXT: usize = 128;
+
+/// Why a registration is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("{0}")]
+    Invalid(String),
+    /// What the agent reports contradicts the record for its name.
+    #[error("{0}")]
+    Contradiction(String),
+    #[error("state database error: {0}")]
+    Store(#[from] rusqlite::Error),
+}
+
+/// A registration's content, checked.
+pub struct Checked {
+    pub name: String,
+    pub capacity: String,
+    pub gpu_type: String,
+    pub driver_version: String,
+    pub cuda_version: String,
+    pub gpus: Vec<GpuInfo>,
+}
+
+fn bounded(field: &str, value: &str) -> Result<(), Refusal> {
+    if value.len() > MAX_TEXT {
+        return Err(Refusal::Invalid(format!(
+            "{field}: at most {MAX_TEXT} characters (got {})",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
+    gpufleet_wire::names::dns_label("name", &reg.name).map_err(Refusal::Invalid)?;
+    if reg.capacity != POOL && reg.capacity != ON_DEMAND {
+        return Err(Refusal::Invalid(format!(
+            "capacity: must be \"pool\" or \"on-demand\" (got \"{}\")",
+            reg.capacity.chars().take(32).collect::<String>()
+        )));
+    }
+    let inv = reg
+        .inventory
+        .as_ref()
+        .ok_or_else(|| Refusal::Invalid("inventory: missing".into()))?;
+    crate::catalog::require_known("inventory.gpu_type", &inv.gpu_type).map_err(Refusal::Invalid)?;
+    bounded("inventory.driver_version", &inv.driver_version)?;
+    bounded("inventory.cuda_version", &inv.cuda_version)?;
+    if inv.gpus.is_empty() || inv.gpus.len() > MAX_GPUS {
+        return Err(Refusal::Invalid(format!(
+            "inventory.gpus: a node has 1 to {MAX_GPUS} GPUs (got {})",
+            inv.gpus.len()
+        )));
+    }
+    let mut gpus = Vec::with_capacity(inv.gpus.len());
+    let mut uuids = BTreeSet::new();
+    for (pos, g) in inv.gpus.iter().enumerate() {
+        let info = gpufleet_wire::inventory::gpu_info(g).map_err(Refusal::Invalid)?;
+        if info.index as usize != pos {
+            return Err(Refusal::Invalid(format!(
+                "inventory.gpus[{pos}].index: GPUs are listed in index order (got {})",
+                info.index
+            )));
+        }
+        bounded("inventory.gpus.uuid", &info.uuid)?;
+        if info.uuid.is_empty() || !uuids.insert(info.uuid.clone()) {
+            return Err(Refusal::Invalid(format!(
+                "inventory.gpus[{pos}].uuid: empty or repeated"
+            )));
+        }
+        gpus.push(info);
+    }
+    Ok(Checked {
+        name: reg.name.clone(),
+        capacity: reg.capacity.clone(),
+        gpu_type: inv.gpu_type.clone(),
+        driver_version: inv.driver_version.clone(),
+        cuda_version: inv.cuda_version.clone(),
+        gpus,
+    })
+}
+
+/// Adds the node or checks it against its record; records its GPUs' MIG state. The node
+/// is `busy` until the control plane has brought it to what it should be. Returns the
+/// node's id.
+pub fn admit(conn: &mut Connection, c: &Checked, now: i64) -> Result<String, Refusal> {
+    let tx = conn.transaction()?;
+    let id = match nodes::by_hostname(&tx, &c.name)? {
+        None => {
+            let row = NodeRow {
+                id: c.name.clone(),
+                hostname: c.name.clone(),
+                gpu_type: c.gpu_type.clone(),
+                capacity: c.capacity.clone(),
+                gpu_count: c.gpus.len() as i64,
+                driver_version: c.driver_version.clone(),
+                cuda_version: c.cuda_version.clone(),
+                cluster_id: None,
+                state: NODE_BUSY.into(),
+                state_reason: "registered; being checked".into(),
+                state_since: now,
+            };
+            let gpus: Vec<GpuRow> = c
+                .gpus
+                .iter()
+                .map(|g| GpuRow {
+                    node_id: row.id.clone(),
+                    index: g.index as i64,
+                    uuid: g.uuid.clone(),
+                    model: g.model.clone(),
+                    memory_mib: g.memory_mib as i64,
+                    mig_enabled: g.mig_enabled,
+                })
+                .collect();
+            if let Some(taken) = c.gpus.iter().find_map(|g| {
+                nodes::owner_of_gpu(&tx, &g.uuid)
+                    .map(|o| o.map(|o| (g.uuid.clone(), o)))
+                    .transpose()
+            }) {
+                let (uuid, owner) = taken?;
+                return Err(Refusal::Contradiction(format!(
+                    "node {}: GPU {uuid} is already recorded on node {owner}",
+                    c.name
+                )));
+            }
+            nodes::insert(&tx, &row, &gpus)?;
+            tracing::info!(node = %c.name, gpus = gpus.len(), model = %c.gpu_type, "a new node joined the fleet");
+            row.id
+        }
+        Some(known) => {
+            contradiction(&tx, &known, c)?;
+            nodes::set_versions(&tx, &known.id, &c.driver_version, &c.cuda_version)?;
+            // A quarantined node stays out of service whatever its agent does.
+            if known.state != nodes::NODE_QUARANTINED {
+                nodes::set_state(&tx, &known.id, NODE_BUSY, "registered; being checked", now)?;
+            }
+            known.id
+        }
+    };
+    for g in &c.gpus {
+        nodes::set_mig_state(
+            &tx,
+            &id,
+            g.index as i64,
+            g.mig_enabled,
+            &crate::recorded::mig_device_rows(g),
+        )?;
+    }
+    tx.commit()?;
+    Ok(id)
+}
+
+/// What a known node reports must match its record, except MIG state and versions.
+fn contradiction(conn: &Connection, known: &NodeRow, c: &Checked) -> Result<(), Refusal> {
+    let differs = |what: &str, recorded: &str, reported: &str| {
+        Refusal::Contradiction(format!(
+            "node {}: the control plane recorded {what} {recorded}, the agent reports {reported}; \
+             a node keeps its name only with the same hardware (use a new --name for a new host)",
+            c.name
+        ))
+    };
+    if known.gpu_type != c.gpu_type {
+        return Err(differs("GPU model", &known.gpu_type, &c.gpu_type));
+    }
+    if known.capacity != c.capacity {
+        return Err(differs("capacity", &known.capacity, &c.capacity));
+    }
+    let recorded: BTreeSet<String> = nodes::gpus(conn, &known.id)?
+        .into_iter()
+        .map(|g| g.uuid)
+        .collect();
+    let reported: BTreeSet<String> = c.gpus.iter().map(|g| g.uuid.clone()).collect();
+    if recorded != reported {
+        let missing: Vec<&String> = recorded.difference(&reported).take(3).collect();
+        let extra: Vec<&String> = reported.difference(&recorded).take(3).collect();
+        return Err(Refusal::Contradiction(format!(
+            "node {}: the control plane recorded {} GPUs, the agent reports {}; recorded but not reported: {missing:?}; reported but not recorded: {extra:?}",
+            c.name,
+            recorded.len(),
+            reported.len()
+        )));
+    }
+    // Same UUIDs, possibly at other indexes: the records follow the hardware. (MIG
+    // devices are recorded again right after, from the report.)
+    let moved = nodes::gpus(conn, &known.id)?.iter().any(|row| {
+        c.gpus
+            .iter()
+            .any(|g| g.uuid == row.uuid && g.index as i64 != row.index)
+    });
+    if moved {
+        let order: Vec<(String, i64)> = c
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), g.index as i64))
+            .collect();
+        nodes::reindex_gpus(conn, &known.id, &order)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(name: &str, uuids: &[&str]) -> v1::RegisterNode {
+        v1::RegisterNode {
+            name: name.into(),
+            capacity: POOL.into(),
+            hardware: "sim".into(),
+            bandwidth_addr: String::new(),
+            inventory: Some(v1::NodeInventory {
+                gpu_type: "H100-80GB".into(),
+                driver_version: "550.54.15".into(),
+                cuda_version: "12.4".into(),
+                gpus: uuids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, u)| v1::Gpu {
+                        index: i as i32,
+                        uuid: u.to_string(),
+                        model: "H100-80GB".into(),
+                        memory_mib: 81559,
+                        ..Default::default()
+                    })
+                    .collect(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_known_node_must_bring_the_same_gpus_and_stays_quarantined() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        let reg = registration("n1", &["GPU-a", "GPU-b"]);
+        let id = admit(&mut conn, &check(&reg).unwrap(), 1).unwrap();
+        // Same GPUs in another index order: the same node, re-indexed.
+        let swapped = registration("n1", &["GPU-b", "GPU-a"]);
+        admit(&mut conn, &check(&swapped).unwrap(), 2).unwrap();
+        let gpus = nodes::gpus(&conn, &id).unwrap();
+        assert_eq!(
+            (gpus[0].uuid.as_str(), gpus[1].uuid.as_str()),
+            ("GPU-b", "GPU-a")
+        );
+        // Other GPUs under the name: refused, naming both sides.
+        let other = registration("n1", &["GPU-a", "GPU-c"]);
+        let e = admit(&mut conn, &check(&other).unwrap(), 3)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("GPU-b") && e.contains("GPU-c"), "{e}");
+        // A GPU another node holds: refused.
+        let thief = registration("n2", &["GPU-a"]);
+        let e = admit(&mut conn, &check(&thief).unwrap(), 4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("already recorded on node n1"), "{e}");
+        // Quarantine outlives a re-registration.
+        nodes::set_state(&conn, &id, nodes::NODE_QUARANTINED, "failed a check", 5).unwrap();
+        admit(&mut conn, &check(&reg).unwrap(), 6).unwrap();
+        assert_eq!(
+            nodes::get(&conn, &id).unwrap().unwrap().state,
+            nodes::NODE_QUARANTINED
+        );
+    }
+
+    #[test]
+    fn bad_registrations_are_refused_naming_the_field() {
+        let mut reg = registration("N1", &["GPU-a"]);
+        assert!(check(&reg).err().unwrap().to_string().starts_with("name"));
+        reg.name = "n1".into();
+        reg.capacity = "spot".into();
+        assert!(check(&reg)
+            .err()
+            .unwrap()
+            .to_string()
+            .starts_with("capacity"));
+        let dup = registration("n1", &["GPU-a", "GPU-a"]);
+        assert!(check(&dup).err().unwrap().to_string().contains("repeated"));
+        let none = registration("n1", &[]);
+        assert!(check(&none).err().unwrap().to_string().contains("1 to 64"));
+    }
+}

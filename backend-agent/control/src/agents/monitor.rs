@@ -1,0 +1,119 @@
+//! The control plane's watch over its nodes: a node not heard from within the node
+//! timeout becomes unreachable and its cluster degraded; one still unreachable after
+//! `--replace-after` is replaced when capacity and quota allow.
+
+use std::sync::Arc;
+
+use gpufleet_process::signals::stopped;
+use tokio::sync::watch;
+
+use crate::state::{now, rfc3339, AppState};
+use crate::store::{self, nodes::NODE_BUSY, nodes::NODE_QUARANTINED, nodes::NODE_UNREACHABLE};
+
+/// How long a node that could not be brought to its layout waits before another try.
+const RETRY_AFTER_SECS: i64 = 5;
+
+fn mark_unreachable(state: &AppState, node_id: &str) -> rusqlite::Result<()> {
+    let conn = state.db();
+    let t = now();
+    let timeout = state.agents.node_timeout;
+    store::nodes::set_state(
+        &conn,
+        node_id,
+        NODE_UNREACHABLE,
+        &format!("no heartbeat within {timeout:?}"),
+        t,
+    )?;
+    tracing::warn!(node = %node_id, ?timeout, "node unreachable");
+    let Some(node) = store::nodes::get(&conn, node_id)? else {
+        return Ok(());
+    };
+    if let Some(cluster) = &node.cluster_id {
+        if let Some(c) = store::clusters::get(&conn, cluster)? {
+            store::events::record(
+                &conn,
+                t,
+                &c.id,
+                &c.tenant_id,
+                "node_unreachable",
+                &node.hostname,
+                &format!("no heartbeat within {timeout:?}"),
+            )?;
+        }
+        store::clusters::set_status(
+            &conn,
+            cluster,
+            "degraded",
+            &format!(
+                "node {} unreachable since {} (no heartbeat within {timeout:?}); it is replaced after {:?} when capacity and quota allow",
+                node.hostname,
+                rfc3339(t),
+                state.agents.replace_after
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// One round: expire silent nodes, then replace those unreachable long enough.
+pub async fn round(state: &Arc<AppState>) {
+    let nodes = {
+        let conn = state.db();
+        match store::nodes::list(&conn, None, None) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list nodes");
+                return;
+            }
+        }
+    };
+    let watched: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.state != NODE_QUARANTINED)
+        .map(|n| n.id.clone())
+        .collect();
+    // A node that could not be brought to its layout is tried again, now and then.
+    for n in nodes.iter().filter(|n| {
+        n.state == NODE_BUSY
+            && !n.state_reason.is_empty()
+            && now() - n.state_since >= RETRY_AFTER_SECS
+            && state.agents.is_live(&n.id)
+            && !state.agents.has_pending(&n.id)
+    }) {
+        let conn = state.db();
+        // Restarting the clock first keeps the next round from starting a second try.
+        let _ = store::nodes::set_state(&conn, &n.id, NODE_BUSY, "", now());
+        drop(conn);
+        tokio::spawn(crate::mig::reconcile_node(state.clone(), n.id.clone()));
+    }
+    for node in state.agents.expire(&watched) {
+        if let Err(e) = mark_unreachable(state, &node) {
+            tracing::error!(node = %node, error = %e, "cannot record an unreachable node");
+        }
+    }
+    for n in nodes.iter().filter(|n| n.cluster_id.is_some()) {
+        let due = state
+            .agents
+            .unreachable_for(&n.id)
+            .is_some_and(|d| d >= state.agents.replace_after);
+        if due {
+            if let Err(why) = crate::scheduling::clusters::replace_unreachable(state, &n.id).await {
+                tracing::debug!(node = %n.hostname, %why, "no replacement yet");
+            }
+        }
+    }
+}
+
+/// Runs rounds until `stop` turns true.
+pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+    let every = (state.agents.node_timeout / 4).clamp(
+        std::time::Duration::from_millis(20),
+        std::time::Duration::from_secs(1),
+    );
+    loop {
+        tokio::select! {
+            _ = stopped(&mut stop) => return,
+            _ = tokio::time::sleep(every) => round(&state).await,
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! NodeAgentService: the control plane's end of each agent's stream.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use gpufleet_proto::v1::{
+    self, agent_message, control_message, node_agent_service_server::NodeAgentService,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::admission::{self, Refusal};
+use crate::state::{now, AppState};
+use crate::store;
+
+/// How long a new stream may take to send its registration.
+const REGISTER_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+pub struct Agents {
+    pub state: Arc<AppState>,
+    /// Agents must present a client certificate (mutual TLS with --agent-ca).
+    pub require_client_cert: bool,
+}
+
+/// Constant-time comparison, so the time a wrong token takes says nothing about it.
+pub fn same_token(given: &str, expected: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    let (a, b) = (
+        Sha256::digest(given.as_bytes()),
+        Sha256::digest(expected.as_bytes()),
+    );
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+fn join_token_of<T>(request: &Request<T>) -> Option<&str> {
+    request
+        .metadata()
+        .get(gpufleet_proto::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+}
+
+type ControlStream = Pin<Box<dyn Stream<Item = Result<v1::ControlMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl NodeAgentService for Agents {
+    type SessionStream = ControlStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<v1::AgentMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        // With mutual TLS, the certificate names the one node it may register.
+        let certified_name = if self.require_client_cert {
+            let certs = request.peer_certs().unwrap_or_default();
+            let Some(first) = certs.first() else {
+                return Err(Status::unauthenticated(
+                    "node agents must connect with a client certificate signed by the control plane's --agent-ca (gpufleet-agent node --cert/--key)",
+                ));
+            };
+            Some(
+                gpufleet_wire::pki::common_name(first.as_ref()).ok_or_else(|| {
+                    Status::unauthenticated("the client certificate names no node (no common name)")
+                })?,
+            )
+        } else {
+            None
+        };
+        match join_token_of(&request) {
+            Some(t) if same_token(t, &self.state.join_token) => {}
+            _ => {
+                tracing::warn!(peer = ?request.remote_addr(), "a node agent presented a wrong join token");
+                return Err(Status::unauthenticated(
+                    "join token: not this control plane's (see its <data-dir>/join.token or --join-token)",
+                ));
+            }
+        }
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(REGISTER_WITHIN, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no registration within 10s"))??;
+        let Some(v1::AgentMessage {
+            msg: Some(agent_message::Msg::Register(reg)),
+        }) = first
+        else {
+            return Err(Status::invalid_argument(
+                "the first message of a session must be a registration",
+            ));
+        };
+        let checked = admission::check(&reg).map_err(refusal)?;
+        if let Some(cn) = certified_name.filter(|cn| *cn != checked.name) {
+            return Err(Status::permission_denied(format!(
+                "name: the client certificate is for node '{}', not '{}'; issue one with gpufleet-agent pki --agent {}",
+                cn.chars().take(63).collect::<String>(),
+                checked.name,
+                checked.name
+            )));
+        }
+        if let Some(known) = {
+            let conn = self.state.db();
+            store::nodes::by_hostname(&conn, &checked.name).map_err(crate::state::db_error)?
+        } {
+            if self.state.agents.is_live(&known.id) {
+                return Err(Status::already_exists(format!(
+                    "name: node {} is held by a live agent; give this host another --name, or stop the other agent",
+                    known.hostname
+                )));
+            }
+        }
+        let node_id = {
+            let state = self.state.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut conn = state.db();
+                admission::admit(&mut conn, &checked, now())
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(refusal)?
+        };
+        let (out, out_rx) = mpsc::unbounded_channel();
+        let _ = out.send(Ok(v1::ControlMessage {
+            msg: Some(control_message::Msg::Registered(v1::Registered {
+                node_id: node_id.clone(),
+                heartbeat_interval_ms: self.state.agents.heartbeat_interval().as_millis() as u32,
+            })),
+        }));
+        let session = self.state.agents.attach(&node_id, out);
+        tracing::info!(node = %node_id, hardware = %reg.hardware, "node agent registered");
+        // The medium health checks, then bring the node to what the control plane wants
+        // it to be and mark it ready (a node that fails them is quarantined).
+        tokio::spawn(crate::scheduling::health::admit_registered(
+            self.state.clone(),
+            node_id.clone(),
+            reg.bandwidth_addr.chars().take(256).collect(),
+        ));
+
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(v1::AgentMessage { msg: Some(msg) })) => match msg {
+                        agent_message::Msg::Heartbeat(_) => {
+                            state.agents.heartbeat(&node_id, session)
+                        }
+                        agent_message::Msg::Result(result) => {
+                            state.agents.heartbeat(&node_id, session);
+                            // SQLite blocks: record on a blocking thread, then answer.
+                            let (st, node) = (state.clone(), node_id.clone());
+                            let result = tokio::task::spawn_blocking(move || {
+                                record_result(&st, &node, &result);
+                                result
+                            })
+                            .await;
+                            match result {
+                                Ok(result) => state.agents.complete(&node_id, result),
+                                Err(e) => {
+                                    tracing::error!(node = %node_id, error = %e, "recording an order result failed")
+                                }
+                            }
+                        }
+                        agent_message::Msg::Register(_) => {
+                            tracing::warn!(node = %node_id, "ignoring a second registration on one stream");
+                        }
+                    },
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(node = %node_id, error = %e, "node agent stream failed");
+                        break;
+                    }
+                }
+            }
+            state.agents.detach(&node_id, session);
+            tracing::info!(node = %node_id, "node agent disconnected");
+        });
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
+            out_rx,
+        ))))
+    }
+}
+
+fn refusal(r: Refusal) -> Status {
+    match r {
+        Refusal::Invalid(m) => Status::invalid_argument(m),
+        Refusal::Contradiction(m) => Status::failed_precondition(m),
+        Refusal::Store(e) => crate::state::db_error(e),
+    }
+}
+
+/// Records the node's GPUs as the agent verified them after an order.
+fn record_result(state: &AppState, node_id: &str, result: &v1::OrderResult) {
+    let Some(inv) = &result.inventory else { return };
+    let conn = state.db();
+    if let Err(e) =
+        store::nodes::set_versions(&conn, node_id, &inv.driver_version, &inv.cuda_version)
+    {
+        tracing::error!(node = %node_id, error = %e, "cannot record the node's driver");
+    }
+    for g in &inv.gpus {
+        let Ok(info) = gpufleet_wire::inventory::gpu_info(g) else {
+            tracing::warn!(node = %node_id, "an order result with an unreadable GPU");
+            continue;
+        };
+        if let Err(e) = store::nodes::set_mig_state(
+            &conn,
+            node_id,
+            info.index as i64,
+            info.mig_enabled,
+            &crate::recorded::mig_device_rows(&info),
+        ) {
+            tracing::error!(node = %node_id, error = %e, "cannot record an order's result");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(super::same_token("abc", "abc"));
+        assert!(!super::same_token("abc", "abd"));
+        assert!(!super::same_token("abc ", "abc"));
+        assert!(!super::same_token("", "abc"));
+    }
+}

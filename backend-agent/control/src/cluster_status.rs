@@ -1,0 +1,59 @@
+//! A tenant cluster's status around changes: the statuses that mean a request is
+//! changing it, the status once a change is through (degraded while a node is
+//! unreachable), and a degraded cluster's return to running.
+
+use rusqlite::Connection;
+
+use crate::error::{Error, Result};
+use crate::store::{self, clusters::ClusterRow, nodes::NODE_UNREACHABLE};
+
+/// Statuses in which a request is already changing the cluster.
+pub const CHANGING: [&str; 3] = ["creating", "updating", "deleting"];
+
+pub fn refuse_while_changing(c: &ClusterRow) -> Result<()> {
+    if CHANGING.contains(&c.status.as_str()) {
+        return Err(Error::Precondition(format!(
+            "tenant cluster {} is {} by another request; retry when its status is running",
+            c.name,
+            match c.status.as_str() {
+                "creating" => "being created",
+                "updating" => "being updated",
+                _ => "being deleted",
+            }
+        )));
+    }
+    Ok(())
+}
+
+/// Its status once a change is through: degraded while a node is unreachable.
+pub fn settled_status(conn: &Connection, cluster_id: &str) -> Result<(String, String)> {
+    let down: Vec<String> = store::nodes::list(conn, None, Some(cluster_id))?
+        .into_iter()
+        .filter(|n| n.state == NODE_UNREACHABLE)
+        .map(|n| n.hostname)
+        .collect();
+    Ok(if down.is_empty() {
+        ("running".into(), String::new())
+    } else {
+        (
+            "degraded".into(),
+            format!("node(s) {} unreachable", down.join(", ")),
+        )
+    })
+}
+
+/// A degraded cluster whose nodes are all reachable again is running again.
+pub fn refresh_cluster(conn: &Connection, cluster_id: &str) -> rusqlite::Result<()> {
+    let Some(c) = store::clusters::get(conn, cluster_id)? else {
+        return Ok(());
+    };
+    if c.status != "degraded" {
+        return Ok(());
+    }
+    let nodes = store::nodes::list(conn, None, Some(cluster_id))?;
+    if nodes.iter().all(|n| n.state != NODE_UNREACHABLE) {
+        store::clusters::set_status(conn, cluster_id, "running", "")?;
+        tracing::info!(cluster = %c.name, "every node of the cluster is reachable again");
+    }
+    Ok(())
+}

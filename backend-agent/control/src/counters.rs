@@ -1,0 +1,112 @@
+//! The control plane's counters, counted as things happen (process-wide, whether or not
+//! `--metrics-listen` is given): `gpufleet_api_requests_total{method,code}`,
+//! `gpufleet_api_request_seconds{method}`, `gpufleet_work_orders_total{kind,outcome}`,
+//! `gpufleet_health_checks_total{check,result}`. `crate::metrics` serves them.
+
+use std::sync::LazyLock;
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+use crate::registry::Outcome;
+
+pub use gpufleet_wire::order_kind::{DRIVER as ORDER_DRIVER, MIG_LAYOUT as ORDER_MIG_LAYOUT};
+/// `check` of the quick health check an agent runs after a driver install.
+pub const CHECK_DRIVER_INSTALL: &str = "driver_install";
+
+/// The counters and the histogram, in one registry.
+pub struct Counters {
+    pub(crate) registry: Registry,
+    pub api_requests: IntCounterVec,
+    pub api_seconds: HistogramVec,
+    pub work_orders: IntCounterVec,
+    pub health_checks: IntCounterVec,
+}
+
+pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
+    let registry = Registry::new();
+    let api_requests = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_api_requests_total",
+            "gRPC requests to the control plane's API by method and gRPC status code.",
+        ),
+        &["method", "code"],
+    )
+    .expect("a valid counter");
+    let api_seconds = HistogramVec::new(
+        HistogramOpts::new(
+            "gpufleet_api_request_seconds",
+            "Time from a gRPC request to its response headers, by method.",
+        )
+        .buckets(vec![
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ]),
+        &["method"],
+    )
+    .expect("a valid histogram");
+    let work_orders = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_work_orders_total",
+            "Work orders the control plane sent to node agents, by kind and outcome (ok, failed, unreachable).",
+        ),
+        &["kind", "outcome"],
+    )
+    .expect("a valid counter");
+    let health_checks = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_health_checks_total",
+            "GPU health checks by check and result (pass, fail).",
+        ),
+        &["check", "result"],
+    )
+    .expect("a valid counter");
+    for c in [
+        Box::new(api_requests.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(api_seconds.clone()),
+        Box::new(work_orders.clone()),
+        Box::new(health_checks.clone()),
+    ] {
+        registry.register(c).expect("a counter registered once");
+    }
+    // Every known series from the start, so that dashboards and rate() see a 0 first.
+    for kind in [ORDER_MIG_LAYOUT, ORDER_DRIVER] {
+        for outcome in ["ok", "failed", "unreachable"] {
+            work_orders.with_label_values(&[kind, outcome]);
+        }
+    }
+    for result in ["pass", "fail"] {
+        health_checks.with_label_values(&[CHECK_DRIVER_INSTALL, result]);
+    }
+    Counters {
+        registry,
+        api_requests,
+        api_seconds,
+        work_orders,
+        health_checks,
+    }
+});
+
+/// Counts a work order of `kind` that has come to its `outcome`.
+pub fn work_order(kind: &str, outcome: &Outcome) {
+    let label = match outcome {
+        Outcome::Answered(r) if r.ok => "ok",
+        Outcome::Answered(_) => "failed",
+        Outcome::Unreachable(_) => "unreachable",
+    };
+    COUNTERS.work_orders.with_label_values(&[kind, label]).inc();
+}
+
+/// Counts the quick health check that follows a driver install, from the agent's answer:
+/// an install answered ok passed it; one that failed on it says so in its error. Other
+/// failures (the install itself) ran no check and count nothing.
+pub fn driver_install_check(outcome: &Outcome) {
+    let result = match outcome {
+        Outcome::Answered(r) if r.ok => "pass",
+        Outcome::Answered(r) if r.error.contains("quick health check failed") => "fail",
+        _ => return,
+    };
+    COUNTERS
+        .health_checks
+        .with_label_values(&[CHECK_DRIVER_INSTALL, result])
+        .inc();
+}

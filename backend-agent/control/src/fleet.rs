@@ -1,0 +1,255 @@
+//! The fleet definition: the fleet file (or the built-in default) and seeding the
+//! simulated nodes into the store on first start.
+//!
+//! ```toml
+//! [[pool]]
+//! gpu_type = "H100-80GB"
+//! nodes = 4
+//! gpus_per_node = 8          # default 8
+//! driver_version = "550.54.15"  # default
+//! cuda_version = "12.4"         # default
+//!
+//! [[on_demand]]
+//! gpu_type = "H100-80GB"
+//! nodes = 4
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use gpufleet_gpu::hardware::{GpuBackend, SimulatedNode};
+use rusqlite::Connection;
+use serde::Deserialize;
+
+use crate::catalog;
+use crate::store::nodes::{self, GpuRow, NodeRow, ON_DEMAND, POOL};
+
+pub use gpufleet_gpu::catalog::{DEFAULT_CUDA, DEFAULT_DRIVER};
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FleetFile {
+    /// The drivers clusters may choose (empty: every release the catalog knows).
+    #[serde(default)]
+    pub drivers: Vec<String>,
+    #[serde(default)]
+    pub pool: Vec<NodeGroup>,
+    #[serde(default)]
+    pub on_demand: Vec<NodeGroup>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGroup {
+    pub gpu_type: String,
+    pub nodes: u32,
+    #[serde(default = "default_gpus_per_node")]
+    pub gpus_per_node: u32,
+    #[serde(default = "default_driver")]
+    pub driver_version: String,
+    #[serde(default = "default_cuda")]
+    pub cuda_version: String,
+}
+
+fn default_gpus_per_node() -> u32 {
+    8
+}
+fn default_driver() -> String {
+    DEFAULT_DRIVER.into()
+}
+fn default_cuda() -> String {
+    DEFAULT_CUDA.into()
+}
+
+fn group(gpu_type: &str, nodes: u32) -> NodeGroup {
+    NodeGroup {
+        gpu_type: gpu_type.into(),
+        nodes,
+        gpus_per_node: 8,
+        driver_version: default_driver(),
+        cuda_version: default_cuda(),
+    }
+}
+
+/// 4 x 8 H100-80GB, 2 x 8 A100-80GB, 2 x 8 H200-141GB in the pool; 4 x 8 H100-80GB on demand.
+pub fn default_fleet() -> FleetFile {
+    FleetFile {
+        drivers: Vec::new(),
+        pool: vec![
+            group("H100-80GB", 4),
+            group("A100-80GB", 2),
+            group("H200-141GB", 2),
+        ],
+        on_demand: vec![group("H100-80GB", 4)],
+    }
+}
+
+pub fn load(path: Option<&Path>) -> anyhow::Result<FleetFile> {
+    let Some(path) = path else {
+        return Ok(default_fleet());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read fleet file {}", path.display()))?;
+    parse(&text).with_context(|| format!("fleet file {}", path.display()))
+}
+
+pub fn parse(text: &str) -> anyhow::Result<FleetFile> {
+    let fleet: FleetFile = toml::from_str(text)?;
+    validate(&fleet)?;
+    Ok(fleet)
+}
+
+fn validate(fleet: &FleetFile) -> anyhow::Result<()> {
+    let mut gpus_per_node: BTreeMap<&str, u32> = BTreeMap::new();
+    for (table, groups) in [("pool", &fleet.pool), ("on_demand", &fleet.on_demand)] {
+        for g in groups {
+            catalog::require_known(&format!("{table}.gpu_type"), &g.gpu_type)
+                .map_err(anyhow::Error::msg)?;
+            if g.nodes == 0 {
+                bail!("{table}.nodes: must be at least 1 for {}", g.gpu_type);
+            }
+            if g.gpus_per_node == 0 {
+                bail!(
+                    "{table}.gpus_per_node: must be at least 1 for {}",
+                    g.gpu_type
+                );
+            }
+            let seen = *gpus_per_node.entry(&g.gpu_type).or_insert(g.gpus_per_node);
+            if seen != g.gpus_per_node {
+                bail!(
+                    "{table}.gpus_per_node: all {} nodes must have the same GPU count (got {seen} and {})",
+                    g.gpu_type,
+                    g.gpus_per_node
+                );
+            }
+        }
+    }
+    if !fleet.drivers.is_empty() {
+        crate::drivers::Offer::only(&fleet.drivers).map_err(anyhow::Error::msg)?;
+    }
+    if fleet.pool.is_empty() && fleet.on_demand.is_empty() {
+        bail!("the fleet file defines no [[pool]] or [[on_demand]] nodes");
+    }
+    Ok(())
+}
+
+/// `h100-80gb-pool-01`, `h100-80gb-od-01`.
+pub fn hostname(gpu_type: &str, capacity: &str, number: u32) -> String {
+    let kind = if capacity == POOL { "pool" } else { "od" };
+    format!("{}-{kind}-{number:02}", gpu_type.to_ascii_lowercase())
+}
+
+/// Creates the node rows on first start; later starts keep what the store holds.
+/// Returns the number of nodes created.
+pub fn seed(conn: &mut Connection, fleet: &FleetFile) -> anyhow::Result<usize> {
+    if nodes::count(conn)? > 0 {
+        return Ok(0);
+    }
+    let tx = conn.transaction()?;
+    let mut created = 0;
+    let mut numbers: BTreeMap<(String, &str), u32> = BTreeMap::new();
+    for (capacity, groups) in [(POOL, &fleet.pool), (ON_DEMAND, &fleet.on_demand)] {
+        for g in groups {
+            let model = gpufleet_gpu::catalog::model(&g.gpu_type).expect("validated");
+            for _ in 0..g.nodes {
+                let n = numbers.entry((g.gpu_type.clone(), capacity)).or_insert(0);
+                *n += 1;
+                let host = hostname(&g.gpu_type, capacity, *n);
+                let node = NodeRow {
+                    id: host.clone(),
+                    hostname: host.clone(),
+                    gpu_type: g.gpu_type.clone(),
+                    capacity: capacity.into(),
+                    gpu_count: g.gpus_per_node as i64,
+                    driver_version: g.driver_version.clone(),
+                    cuda_version: g.cuda_version.clone(),
+                    cluster_id: None,
+                    state: nodes::NODE_UNREACHABLE.into(),
+                    state_reason: "waiting for its agent to register".into(),
+                    state_since: crate::state::now(),
+                };
+                // The GPUs as the simulated hardware reports them (UUIDs, memory).
+                let sim = SimulatedNode::new(&host, model, g.gpus_per_node, &g.driver_version);
+                let reported = sim.gpus().map_err(|e| anyhow::anyhow!("{e}"))?;
+                let gpus: Vec<GpuRow> = reported
+                    .into_iter()
+                    .map(|gpu| GpuRow {
+                        node_id: host.clone(),
+                        index: gpu.index as i64,
+                        uuid: gpu.uuid,
+                        model: gpu.model,
+                        memory_mib: gpu.memory_mib as i64,
+                        mig_enabled: gpu.mig_enabled,
+                    })
+                    .collect();
+                nodes::insert(&tx, &node, &gpus)?;
+                created += 1;
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(created)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_with_defaults() {
+        let f = parse("[[pool]]\ngpu_type = \"A100-40GB\"\nnodes = 2\n").unwrap();
+        assert_eq!(
+            f.pool,
+            vec![NodeGroup {
+                gpu_type: "A100-40GB".into(),
+                nodes: 2,
+                ..group("A100-40GB", 2)
+            }]
+        );
+        assert!(f.on_demand.is_empty());
+    }
+
+    #[test]
+    fn unknown_model_lists_the_known_ones() {
+        let err = parse("[[pool]]\ngpu_type = \"V100\"\nnodes = 2\n").unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("unknown GPU model 'V100'") && text.contains("H100-80GB"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn rejects_zero_nodes_and_mixed_gpu_counts() {
+        assert!(parse("[[pool]]\ngpu_type = \"B200\"\nnodes = 0\n").is_err());
+        let mixed = "[[pool]]\ngpu_type = \"B200\"\nnodes = 1\n[[on_demand]]\ngpu_type = \"B200\"\nnodes = 1\ngpus_per_node = 4\n";
+        assert!(format!("{:#}", parse(mixed).unwrap_err()).contains("same GPU count"));
+    }
+
+    #[test]
+    fn hostnames_are_stable() {
+        assert_eq!(hostname("H100-80GB", POOL, 1), "h100-80gb-pool-01");
+        assert_eq!(hostname("H100-80GB", ON_DEMAND, 12), "h100-80gb-od-12");
+    }
+
+    #[test]
+    fn seeds_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        assert_eq!(seed(&mut conn, &default_fleet()).unwrap(), 12);
+        assert_eq!(seed(&mut conn, &default_fleet()).unwrap(), 0);
+        let pool: Vec<_> = nodes::list(&conn, Some("H100-80GB"), None)
+            .unwrap()
+            .into_iter()
+            .filter(|n| n.capacity == POOL)
+            .collect();
+        assert_eq!(pool.len(), 4);
+        // Seeded nodes are handed out only once their agents have registered.
+        assert!(pool.iter().all(|n| n.state == nodes::NODE_UNREACHABLE));
+        assert!(nodes::free(&conn, "H100-80GB", POOL).unwrap().is_empty());
+        let gpus = nodes::gpus(&conn, &pool[0].id).unwrap();
+        assert_eq!(gpus.len(), 8);
+        assert!(gpus[0].uuid.starts_with("GPU-") && gpus[0].uuid != gpus[1].uuid);
+    }
+}

@@ -1,0 +1,229 @@
+//! Group commit: write requests that arrive together share one SQLite transaction.
+//!
+//! One writer thread takes queued requests, runs each inside its own savepoint on the
+//! writer connection, and commits once for all of them. Each request's read-check-write
+//! sees every earlier request's writes (they still run one at a time), a refusal rolls
+//! back only its own savepoint, and nobody is answered before the COMMIT that makes its
+//! write durable. Under load one commit (its WAL write, and any checkpoint it triggers)
+//! serves many requests instead of one each, and requests no longer queue on the
+//! connection's mutex in separate threads.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, Savepoint, Transaction};
+use tonic::Status;
+
+use crate::error::db_error;
+
+/// How many requests one transaction takes at most, so a commit never waits long.
+const MAX_BATCH: usize = 64;
+
+/// What a request does once its transaction has committed (or failed to).
+type Reply = Box<dyn FnOnce(Result<(), Status>) + Send>;
+/// A queued request: runs in the open transaction and leaves its reply for later.
+type Job = Box<dyn FnOnce(&mut Transaction<'_>) -> Reply + Send>;
+
+/// The queue in front of the writer thread.
+pub struct GroupCommit {
+    queue: mpsc::Sender<Job>,
+}
+
+impl GroupCommit {
+    /// Starts the writer thread over `db`; it stops when this is dropped.
+    pub fn start(db: Arc<Mutex<Connection>>) -> GroupCommit {
+        let (queue, jobs) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("gpufleet-writer".into())
+            .spawn(move || run(&db, &jobs))
+            .expect("start the state writer thread");
+        GroupCommit { queue }
+    }
+
+    /// Runs `work` in a savepoint of the next transaction and answers once that
+    /// transaction has committed. `work` keeps its writes with `Savepoint::commit`;
+    /// dropping the savepoint (a refusal, a dry run) rolls back only its own.
+    pub async fn write<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(Savepoint<'_>) -> Result<T, Status> + Send + 'static,
+    ) -> Result<T, Status> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |tx| {
+            let outcome = tx.savepoint().map_err(db_error).and_then(work);
+            Box::new(move |committed: Result<(), Status>| {
+                // The caller may have gone away; the write stands either way.
+                let _ = reply.send(outcome.and_then(|value| committed.map(|()| value)));
+            })
+        });
+        self.queue
+            .send(job)
+            .map_err(|_| Status::unavailable("the state writer has stopped"))?;
+        answer
+            .await
+            .map_err(|_| Status::internal("request worker failed"))?
+    }
+}
+
+fn run(db: &Mutex<Connection>, jobs: &mpsc::Receiver<Job>) {
+    while let Ok(first) = jobs.recv() {
+        let mut conn = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut tx = match conn.transaction() {
+            Ok(tx) => tx,
+            Err(e) => {
+                // Dropping the job answers its caller with an internal error.
+                tracing::error!(error = %e, "cannot begin a write transaction");
+                continue;
+            }
+        };
+        let mut replies = vec![run_one(first, &mut tx)];
+        while replies.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => replies.push(run_one(job, &mut tx)),
+                Err(_) => break,
+            }
+        }
+        let committed = tx.commit().map_err(db_error);
+        drop(conn);
+        for reply in replies {
+            reply(committed.clone());
+        }
+    }
+}
+
+/// One request; a panic in it rolls back its savepoint (dropped while unwinding) and
+/// answers its caller with an internal error, and the others carry on.
+fn run_one(job: Job, tx: &mut Transaction<'_>) -> Reply {
+    std::panic::catch_unwind(AssertUnwindSafe(|| job(tx))).unwrap_or_else(|_| {
+        tracing::error!("a write request panicked; its changes were rolled back");
+        Box::new(|_| {})
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db() -> Arc<Mutex<Connection>> {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
+            .unwrap();
+        Arc::new(Mutex::new(conn))
+    }
+
+    fn rows(db: &Mutex<Connection>) -> Vec<(String, i64)> {
+        let conn = db.lock().unwrap();
+        let mut stmt = conn.prepare("SELECT k, v FROM t ORDER BY k").unwrap();
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .unwrap();
+        rows
+    }
+
+    /// Inserts `k` unless a row has it already (a read-check-write), keeping it.
+    fn insert(k: &'static str) -> impl FnOnce(Savepoint<'_>) -> Result<i64, Status> + Send {
+        move |sp| {
+            let taken: i64 = sp
+                .query_row("SELECT COUNT(*) FROM t WHERE k = ?1", [k], |r| r.get(0))
+                .map_err(db_error)?;
+            if taken > 0 {
+                return Err(Status::already_exists(k));
+            }
+            sp.execute("INSERT INTO t (k, v) VALUES (?1, 1)", [k])
+                .map_err(db_error)?;
+            let n = sp
+                .query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+                .map_err(db_error)?;
+            sp.commit().map_err(db_error)?;
+            Ok(n)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_writes_each_see_the_others_and_refusals_roll_back_alone() {
+        let db = db();
+        let writer = Arc::new(GroupCommit::start(db.clone()));
+        let keys = ["a", "b", "c", "d", "a", "e", "b", "f"];
+        let mut tasks = Vec::new();
+        for k in keys {
+            let w = writer.clone();
+            tasks.push(tokio::spawn(async move { w.write(insert(k)).await }));
+        }
+        let mut answers = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        // Each key is written once; the repeat of a key is refused, whichever came first.
+        assert_eq!(answers.iter().filter(|a| a.is_ok()).count(), 6);
+        for refused in answers.iter().filter_map(|a| a.as_ref().err()) {
+            assert_eq!(refused.code(), tonic::Code::AlreadyExists);
+        }
+        // Each kept write counted the rows before it: 1..=6, none twice.
+        let mut counts: Vec<i64> = answers.iter().filter_map(|a| a.clone().ok()).collect();
+        counts.sort();
+        assert_eq!(counts, vec![1, 2, 3, 4, 5, 6]);
+        let keys: Vec<String> = rows(&db).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, vec!["a", "b", "c", "d", "e", "f"]);
+    }
+
+    #[tokio::test]
+    async fn a_dry_run_and_a_panic_leave_nothing_and_the_writer_carries_on() {
+        let db = db();
+        let writer = GroupCommit::start(db.clone());
+        let dry = writer
+            .write(|sp| {
+                sp.execute("INSERT INTO t (k, v) VALUES ('dry', 1)", [])
+                    .map_err(db_error)?;
+                // Dropped without commit: rolled back.
+                Ok(())
+            })
+            .await;
+        assert!(dry.is_ok());
+        let panicked = writer
+            .write(|sp| -> Result<(), Status> {
+                sp.execute("INSERT INTO t (k, v) VALUES ('boom', 1)", [])
+                    .map_err(db_error)?;
+                panic!("a bug in a handler");
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(panicked.code(), tonic::Code::Internal);
+        assert_eq!(writer.write(insert("kept")).await.unwrap(), 1);
+        assert_eq!(rows(&db), vec![("kept".to_string(), 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_commit_answers_every_request_of_the_batch_with_its_error() {
+        let db = db();
+        // A deferred foreign key fails at COMMIT, after the savepoint was released.
+        db.lock()
+            .unwrap()
+            .execute_batch(
+                "PRAGMA foreign_keys = ON;
+                 CREATE TABLE parent (id TEXT PRIMARY KEY);
+                 CREATE TABLE child (p TEXT REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED);",
+            )
+            .unwrap();
+        let writer = GroupCommit::start(db.clone());
+        let failed = writer
+            .write(|sp| {
+                sp.execute("INSERT INTO child (p) VALUES ('missing')", [])
+                    .map_err(db_error)?;
+                sp.commit().map_err(db_error)
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(failed.code(), tonic::Code::Internal);
+        assert!(failed.message().contains("FOREIGN KEY"), "{failed:?}");
+        let children: i64 = db
+            .lock()
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM child", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(children, 0);
+        // The connection is usable afterwards.
+        assert_eq!(writer.write(insert("after")).await.unwrap(), 1);
+    }
+}

@@ -1,0 +1,36 @@
+//! The gpufleet control plane: the gRPC API (`services`) over durable state (`store`,
+//! `state`), admission and scheduling (`scheduling`, `rules`, `mig`), the registry of the
+//! node agents that connect to it (`agents`), Slurm controllers for tenant clusters
+//! (`slurm_clusters`) and its metrics (`metrics`). It changes GPUs only through work
+//! orders to node agents, and knows them only through the agent protocol: it does not
+//! depend on the node agent crate. `serve` assembles it from a [`serve::Config`].
+
+// Handlers and their helpers return tonic::Status, the gRPC error type, by value as tonic does.
+#![allow(clippy::result_large_err)]
+
+pub mod access;
+pub mod agents;
+pub mod auth;
+pub mod catalog;
+pub mod clock;
+pub mod cluster_status;
+pub mod counters;
+pub mod drivers;
+pub mod error;
+pub mod fleet;
+pub mod group_commit;
+pub mod host;
+pub mod kubeconfig;
+pub mod limits;
+pub mod metrics;
+pub mod mig;
+pub mod recorded;
+pub mod registry;
+pub mod rules;
+pub mod scheduling;
+pub mod serve;
+pub mod services;
+pub mod slurm_clusters;
+pub mod state;
+pub mod store;
+pub mod volumes;

@@ -1,0 +1,12 @@
+//! The control plane's Prometheus metrics, served by `gpufleet_process::metrics_endpoint`:
+//!
+//! - [`control`]: counters and the request histogram live in one process-wide registry and
+//!   are counted where things happen (the API layer, the places that wait for work
+//!   orders); the gauges (GPUs, MIG slices, tenants' usage and quotas, reservations, nodes,
+//!   heartbeat ages) are computed from the store at scrape time, with one short read on a
+//!   blocking thread.
+//! - [`api`]: the tower layer around the gRPC server that counts requests by method and
+//!   gRPC status code and times them.
+
+pub mod api;
+pub mod control;

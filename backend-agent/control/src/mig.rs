@@ -1,0 +1,297 @@
+//! MIG partitioning of cluster GPUs: layout checks through the planner, and bringing the
+//! nodes of a cluster to its layout through work orders to their agents. The control
+//! plane decides and waits; each agent changes its own GPUs and answers with the state it
+//! verified, which is what the store records (`agents::service`).
+//!
+//! A failure on one node puts every node this request had already changed back to its
+//! previous layout (the failing node's agent puts back its own GPUs).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gpufleet_gpu::hardware::GpuInfo;
+use gpufleet_gpu::mig::{self, Layout, Placement};
+use gpufleet_proto::v1;
+use rusqlite::Connection;
+
+use crate::error::{Error, Result};
+use crate::registry::Outcome;
+use crate::state::{now, AppState};
+use crate::store::{self, nodes::NodeRow};
+use gpufleet_wire::inventory::{gpu_matches, placement_message, placements_of};
+
+fn to_layout(layout: &HashMap<String, i32>) -> Result<Layout> {
+    layout
+        .iter()
+        .map(|(name, &count)| {
+            u32::try_from(count)
+                .map(|c| (name.clone(), c))
+                .map_err(|_| {
+                    Error::Invalid(format!(
+                        "mig_layout: count of \"{name}\" must be at least 0 (got {count})"
+                    ))
+                })
+        })
+        .collect()
+}
+
+fn model(gpu_type: &str) -> Result<&'static gpufleet_gpu::catalog::GpuModel> {
+    gpufleet_gpu::catalog::model(gpu_type).ok_or_else(|| {
+        Error::Invalid(crate::catalog::require_known("gpu_type", gpu_type).unwrap_err())
+    })
+}
+
+/// FleetService.CheckMigLayout: does the layout fit one GPU, and how.
+pub fn check(gpu_type: &str, layout: &HashMap<String, i32>) -> Result<v1::CheckMigLayoutResponse> {
+    let layout = to_layout(layout)?;
+    let model = model(gpu_type)?;
+    Ok(match mig::plan(model, &layout) {
+        // Not a layout that does not fit: the question has no answer on this model.
+        Err(e) if !model.mig_capable => return Err(Error::Invalid(e.reason)),
+        Ok(placements) => v1::CheckMigLayoutResponse {
+            fits: true,
+            placements: placements
+                .into_iter()
+                .map(|p| v1::MigPlacement {
+                    profile: p.profile,
+                    profile_id: p.profile_id as i32,
+                    start: p.start as i32,
+                    size: p.size as i32,
+                })
+                .collect(),
+            ..Default::default()
+        },
+        Err(e) => v1::CheckMigLayoutResponse {
+            fits: false,
+            reason: e.reason,
+            suggestions: e.suggestions.iter().map(mig::render_layout).collect(),
+            ..Default::default()
+        },
+    })
+}
+
+/// A cluster's per-GPU layout, validated by the planner; empty means whole GPUs.
+pub fn validate(gpu_type: &str, layout: &HashMap<String, i32>) -> Result<Layout> {
+    let layout = to_layout(layout)?;
+    if layout.is_empty() {
+        return Ok(layout);
+    }
+    mig::plan(model(gpu_type)?, &layout).map_err(|e| {
+        let text = e.to_string();
+        Error::Invalid(if text.starts_with("mig_layout:") {
+            text
+        } else {
+            format!("mig_layout: {text}")
+        })
+    })?;
+    Ok(layout)
+}
+
+/// One node's change: every GPU to `target` (None: whole GPUs); `before` is what the
+/// store recorded, to put back if the request fails elsewhere.
+pub struct Change {
+    pub node: NodeRow,
+    pub before: Vec<GpuInfo>,
+    pub target: Option<Vec<Placement>>,
+}
+
+impl Change {
+    pub fn needed(&self) -> bool {
+        !self
+            .before
+            .iter()
+            .all(|g| gpu_matches(g, self.target.as_deref()))
+    }
+}
+
+/// The planner's placements for a cluster layout (None: whole GPUs).
+pub fn target(gpu_type: &str, layout: &Layout) -> Result<Option<Vec<Placement>>> {
+    if layout.is_empty() {
+        return Ok(None);
+    }
+    mig::plan(model(gpu_type)?, layout)
+        .map(Some)
+        .map_err(|e| Error::Invalid(format!("mig_layout: {e}")))
+}
+
+/// `nodes` to `layout`, `released` to whole GPUs.
+pub fn changes(
+    conn: &Connection,
+    gpu_type: &str,
+    nodes: &[NodeRow],
+    layout: &Layout,
+    released: &[NodeRow],
+) -> Result<Vec<Change>> {
+    let placements = target(gpu_type, layout)?;
+    let mut out = Vec::new();
+    for (node, t) in nodes
+        .iter()
+        .map(|n| (n, placements.clone()))
+        .chain(released.iter().map(|n| (n, None)))
+    {
+        out.push(Change {
+            before: crate::recorded::recorded_gpus(conn, &node.id)?,
+            node: node.clone(),
+            target: t,
+        });
+    }
+    Ok(out)
+}
+
+fn order(gpus: &[GpuInfo], target: impl Fn(&GpuInfo) -> Option<Vec<Placement>>) -> v1::WorkOrder {
+    v1::WorkOrder {
+        id: uuid::Uuid::new_v4().to_string(),
+        kind: Some(v1::work_order::Kind::ApplyMigLayout(v1::ApplyMigLayout {
+            gpus: gpus
+                .iter()
+                .map(|g| match target(g) {
+                    Some(p) => v1::GpuLayout {
+                        index: g.index,
+                        whole_gpu: false,
+                        placements: p.iter().map(placement_message).collect(),
+                    },
+                    None => v1::GpuLayout {
+                        index: g.index,
+                        whole_gpu: true,
+                        placements: Vec::new(),
+                    },
+                })
+                .collect(),
+        })),
+    }
+}
+
+/// The order that takes a node from `before` to `target` on every GPU.
+fn forward(c: &Change) -> v1::WorkOrder {
+    order(&c.before, |_| c.target.clone())
+}
+
+/// The order that puts every GPU back as `before` recorded it.
+fn backward(c: &Change) -> v1::WorkOrder {
+    order(&c.before, |g| g.mig_enabled.then(|| placements_of(g)))
+}
+
+fn failure(host: &str, outcome: Outcome) -> Option<Error> {
+    let rolled = "the GPUs this request had changed were rolled back to their previous layout";
+    match outcome {
+        Outcome::Answered(r) if r.ok => None,
+        Outcome::Answered(r) => {
+            let text = format!("mig_layout: {host} {}; {rolled}", r.error);
+            Some(match r.error_kind.as_str() {
+                "in_use" | "rule" => Error::Precondition(text),
+                _ => Error::Aborted(text),
+            })
+        }
+        Outcome::Unreachable(why) => Some(Error::Aborted(format!("mig_layout: {why}; {rolled}"))),
+    }
+}
+
+/// Orders every needed change at once and waits for the agents' verified answers. On any
+/// failure, the nodes that did change are ordered back to where they were, and the first
+/// failure is returned. No lock is held while waiting.
+pub async fn converge(state: &AppState, changes: &[Change]) -> Result<()> {
+    let needed: Vec<&Change> = changes.iter().filter(|c| c.needed()).collect();
+    let waits: Vec<_> = needed
+        .iter()
+        .map(|c| state.agents.dispatch(&c.node.id, forward(c)))
+        .collect();
+    let mut first_failure = None;
+    let mut done = Vec::new();
+    for (c, wait) in needed.iter().zip(waits) {
+        let outcome = wait
+            .await
+            .unwrap_or_else(|_| Outcome::Unreachable("the control plane is stopping".into()));
+        crate::counters::work_order(crate::counters::ORDER_MIG_LAYOUT, &outcome);
+        match failure(&c.node.hostname, outcome) {
+            None => done.push(*c),
+            Some(status) => {
+                first_failure.get_or_insert(status);
+            }
+        }
+    }
+    let Some(status) = first_failure else {
+        return Ok(());
+    };
+    let undo: Vec<_> = done
+        .iter()
+        .map(|c| (c, state.agents.dispatch(&c.node.id, backward(c))))
+        .collect();
+    for (c, wait) in undo {
+        let answer = wait.await;
+        if let Ok(o) = &answer {
+            crate::counters::work_order(crate::counters::ORDER_MIG_LAYOUT, o);
+        }
+        if let Ok(Outcome::Answered(r)) = answer {
+            if r.ok {
+                continue;
+            }
+        }
+        tracing::error!(node = %c.node.hostname, "rollback of a MIG change failed");
+    }
+    Err(status)
+}
+
+/// What a node's GPUs should be: its cluster's layout, or whole GPUs when it is free.
+fn desired(conn: &Connection, node: &NodeRow) -> Result<Option<Vec<Placement>>> {
+    let Some(cluster_id) = &node.cluster_id else {
+        return Ok(None);
+    };
+    match store::clusters::get(conn, cluster_id)? {
+        Some(c) => target(&c.gpu_type, &c.mig_layout),
+        None => Ok(None),
+    }
+}
+
+/// After a node registers: bring it to what it should be (an order only when its GPUs
+/// differ and no request is already changing it), then mark it ready, and a degraded
+/// cluster whose nodes are all back running again.
+pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
+    let plan = {
+        let conn = state.db();
+        store::nodes::get(&conn, &node_id)
+            .map_err(Error::from)
+            .and_then(|n| n.ok_or_else(|| Error::NotFound(node_id.clone())))
+            .and_then(|node| {
+                Ok(Change {
+                    before: crate::recorded::recorded_gpus(&conn, &node.id)?,
+                    target: desired(&conn, &node)?,
+                    node,
+                })
+            })
+    };
+    let change = match plan {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(node = %node_id, error = %e, "cannot reconcile the node");
+            return;
+        }
+    };
+    let mut reason = String::new();
+    if change.needed() && !state.agents.has_pending(&node_id) {
+        tracing::info!(node = %node_id, "bringing the node to its recorded layout");
+        let answer = state.agents.dispatch(&node_id, forward(&change)).await;
+        if let Ok(o) = &answer {
+            crate::counters::work_order(crate::counters::ORDER_MIG_LAYOUT, o);
+        }
+        if let Some(status) = answer.ok().and_then(|o| failure(&change.node.hostname, o)) {
+            reason = format!("could not be brought to its layout: {}", status);
+        }
+    }
+    let conn = state.db();
+    let (state_now, why) = if reason.is_empty() {
+        (store::nodes::NODE_READY, "")
+    } else {
+        (store::nodes::NODE_BUSY, reason.as_str())
+    };
+    if change.node.state == store::nodes::NODE_QUARANTINED {
+        return; // out of service until an operator returns it
+    }
+    if let Err(e) = store::nodes::set_state(&conn, &node_id, state_now, why, now()) {
+        tracing::error!(node = %node_id, error = %e, "cannot record the node's state");
+    }
+    if let Some(cluster) = &change.node.cluster_id {
+        if let Err(e) = crate::cluster_status::refresh_cluster(&conn, cluster) {
+            tracing::error!(cluster = %cluster, error = %e, "cannot refresh the cluster's status");
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Cluster scheduling: which nodes a cluster gets (and gives back), the MIG changes that
+//! brings, its status around a change, settling changes a restart cut short, and
+//! replacing unreachable nodes.
+
+use rusqlite::Connection;
+
+use super::placement::nodes_to_add;
+use crate::cluster_status::{settled_status, CHANGING};
+use crate::error::{Error, Result};
+use crate::state::{now, AppState};
+use crate::store::{
+    self,
+    clusters::ClusterRow,
+    nodes::{NodeRow, NODE_UNREACHABLE},
+};
+use crate::volumes;
+
+/// What scaling to `cluster.node_count` does: nodes assigned now (scale up, inside the
+/// caller's transaction), or the highest-numbered nodes to release once their GPUs are
+/// back to whole (scale down).
+#[derive(Default)]
+pub struct Scaling {
+    pub added: Vec<NodeRow>,
+    pub to_release: Vec<NodeRow>,
+}
+
+pub fn scale(
+    conn: &Connection,
+    tenant_name: &str,
+    cluster: &ClusterRow,
+    t: i64,
+) -> Result<Scaling> {
+    let mut current = store::nodes::list(conn, None, Some(&cluster.id))?;
+    let target = cluster.node_count as usize;
+    let mut out = Scaling::default();
+    if target > current.len() {
+        for n in nodes_to_add(conn, tenant_name, cluster, current.len(), t)? {
+            if !store::nodes::assign(conn, &n.id, &cluster.id)? {
+                return Err(Error::Precondition(format!(
+                    "node {} was taken by another cluster; retry",
+                    n.hostname
+                )));
+            }
+            out.added.push(n);
+        }
+    } else {
+        current.sort_by(|a, b| b.hostname.cmp(&a.hostname));
+        out.to_release = current.drain(..current.len() - target).collect();
+    }
+    Ok(out)
+}
+
+/// The MIG changes that take the cluster's nodes (less `to_release`) to its layout and
+/// `to_release` back to whole GPUs. Unreachable nodes being released are left out: their
+/// agents reset them when they come back, before anyone else can have them.
+pub fn layout_changes(
+    conn: &Connection,
+    cluster: &ClusterRow,
+    to_release: &[NodeRow],
+) -> Result<Vec<crate::mig::Change>> {
+    let keep: Vec<NodeRow> = store::nodes::list(conn, None, Some(&cluster.id))?
+        .into_iter()
+        .filter(|n| !to_release.iter().any(|r| r.id == n.id))
+        .collect();
+    let release: Vec<NodeRow> = to_release
+        .iter()
+        .filter(|n| n.state != NODE_UNREACHABLE)
+        .cloned()
+        .collect();
+    crate::mig::changes(
+        conn,
+        &cluster.gpu_type,
+        &keep,
+        &cluster.mig_layout,
+        &release,
+    )
+}
+
+/// Takes back a create whose nodes could not be partitioned: nodes released, the
+/// cluster, its request id and its storage gone.
+pub fn undo_create(conn: &Connection, cluster: &ClusterRow) -> rusqlite::Result<()> {
+    for n in store::nodes::list(conn, None, Some(&cluster.id))? {
+        store::nodes::release(conn, &n.id)?;
+    }
+    store::idempotency::forget(conn, &cluster.id)?;
+    store::clusters::delete(conn, &cluster.id)?;
+    if let Err(e) = volumes::remove(std::path::Path::new(&cluster.storage_path)) {
+        tracing::warn!(path = %cluster.storage_path, error = %e, "cannot remove the storage of an undone create");
+    }
+    Ok(())
+}
+
+/// After a restart: settles the changes a stopped control plane left half-way. A create
+/// is taken back (its client never got an answer), an update is carried forward (its
+/// layout is in the store; agents converge when they register), a delete is finished.
+pub fn recover_interrupted(conn: &mut Connection) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    for c in store::clusters::with_status(&tx, &CHANGING)? {
+        tracing::warn!(cluster = %c.name, status = %c.status, "settling a change interrupted by a restart");
+        match c.status.as_str() {
+            "creating" => undo_create(&tx, &c)?,
+            "updating" => {
+                let mut held = store::nodes::list(&tx, None, Some(&c.id))?;
+                held.sort_by(|a, b| b.hostname.cmp(&a.hostname));
+                let extra = held.len().saturating_sub(c.node_count as usize);
+                for n in held.iter().take(extra) {
+                    store::nodes::release(&tx, &n.id)?;
+                }
+                store::clusters::set_status(&tx, &c.id, "running", "")?;
+            }
+            _ => {
+                for n in store::nodes::list(&tx, None, Some(&c.id))? {
+                    store::nodes::release(&tx, &n.id)?;
+                }
+                store::idempotency::forget(&tx, &c.id)?;
+                store::clusters::delete(&tx, &c.id)?;
+                let _ = volumes::remove(std::path::Path::new(&c.storage_path));
+            }
+        }
+    }
+    tx.commit()
+}
+
+/// Replaces an unreachable node of a cluster from the same source (its reservation, the
+/// pool or on-demand) under the same quota and capacity rules as a scale-up. Without a
+/// replacement the cluster stays degraded and its status says why.
+pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> {
+    let (cluster, dead, added, changes) = {
+        let mut conn = state.db();
+        let tx = conn.transaction()?;
+        let Some(dead) = store::nodes::get(&tx, node_id)? else {
+            return Ok(());
+        };
+        let Some(cluster_id) = dead.cluster_id.clone() else {
+            return Ok(());
+        };
+        let Some(cluster) = store::clusters::get(&tx, &cluster_id)? else {
+            return Ok(());
+        };
+        if CHANGING.contains(&cluster.status.as_str()) {
+            return Ok(()); // a request is changing it; try again on the next round
+        }
+        let tenant = store::tenants::get(&tx, &cluster.tenant_id)?
+            .ok_or_else(|| Error::Internal("the cluster's tenant is gone".into()))?;
+        store::nodes::release(&tx, &dead.id)?;
+        let held = store::nodes::list(&tx, None, Some(&cluster.id))?.len();
+        let picked = match nodes_to_add(&tx, &tenant.name, &cluster, held, now()) {
+            Ok(p) => p,
+            Err(why) => {
+                drop(tx); // the dead node stays in the cluster
+                let reason = format!(
+                    "node {} unreachable; no replacement: {}",
+                    dead.hostname, why
+                );
+                if cluster.status_reason != reason {
+                    store::clusters::set_status(&conn, &cluster.id, "degraded", &reason)?;
+                    tracing::warn!(cluster = %cluster.name, %reason, "cannot replace an unreachable node");
+                }
+                return Err(Error::Precondition(reason));
+            }
+        };
+        for n in &picked {
+            if !store::nodes::assign(&tx, &n.id, &cluster.id)? {
+                return Err(Error::Aborted(format!(
+                    "node {} was taken meanwhile; retrying",
+                    n.hostname
+                )));
+            }
+        }
+        let changes =
+            crate::mig::changes(&tx, &cluster.gpu_type, &picked, &cluster.mig_layout, &[])?;
+        let names: Vec<&str> = picked.iter().map(|n| n.hostname.as_str()).collect();
+        store::clusters::set_status(
+            &tx,
+            &cluster.id,
+            "degraded",
+            &format!(
+                "replacing unreachable node {} with {}",
+                dead.hostname,
+                names.join(", ")
+            ),
+        )?;
+        tx.commit()?;
+        (cluster, dead, picked, changes)
+    };
+    // The replacement gets the cluster's driver first, then its layout.
+    let failed = if cluster.driver_version.is_empty() {
+        Vec::new()
+    } else {
+        super::drivers::install(state, &added, &cluster.driver_version).await
+    };
+    let converged = if let Some((n, why)) = failed.first() {
+        super::drivers::quarantine(state, &cluster, n, why)?;
+        Err(Error::Aborted(format!(
+            "replacement {} failed its driver install: {why}",
+            n.hostname
+        )))
+    } else {
+        crate::mig::converge(state, &changes).await
+    };
+    let mut conn = state.db();
+    let tx = conn.transaction()?;
+    let result = match converged {
+        Ok(()) => {
+            let (status, reason) = settled_status(&tx, &cluster.id)?;
+            store::clusters::set_status(&tx, &cluster.id, &status, &reason)?;
+            for n in &added {
+                store::events::record(
+                    &tx,
+                    now(),
+                    &cluster.id,
+                    &cluster.tenant_id,
+                    "node_replaced",
+                    &n.hostname,
+                    &format!("{} replaces unreachable {}", n.hostname, dead.hostname),
+                )?;
+            }
+            tracing::info!(cluster = %cluster.name, node = %dead.hostname, "replaced an unreachable node");
+            Ok(())
+        }
+        Err(e) => {
+            for n in &added {
+                store::nodes::release(&tx, &n.id)?;
+            }
+            store::nodes::assign(&tx, &dead.id, &cluster.id)?;
+            let reason = format!(
+                "node {} unreachable; its replacement failed: {}",
+                dead.hostname, e
+            );
+            store::clusters::set_status(&tx, &cluster.id, "degraded", &reason)?;
+            Err(Error::Aborted(reason))
+        }
+    };
+    tx.commit()?;
+    result
+}

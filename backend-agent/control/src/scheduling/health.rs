@@ -1,0 +1,1096 @@
+//! Node health: checks ordered through the node agents (each agent runs them on its own
+//! hardware and reports verdicts with values and thresholds), a bandwidth test across a
+//! cluster's nodes, and what follows a failure: the node is quarantined, leaves its
+//! cluster and is replaced from the same source (`drivers::quarantine` / `replace`), and
+//! the replacement is checked in turn.
+//!
+//! When checks run: before a registered node joins the pool (medium), before a cluster
+//! with new nodes is settled (the cluster's acceptance level), when a tenant asks, every
+//! `--health-interval` on ready nodes (quick), and before an operator's returned node is
+//! back in service (medium). No lock is held while the agents work.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpufleet_proto::v1;
+use tokio::sync::watch;
+
+use super::drivers;
+use crate::error::{Error, Result};
+use crate::registry::Outcome;
+use crate::state::{now, AppState};
+use crate::store::{
+    self,
+    clusters::ClusterRow,
+    health::{Acceptance, Check, ResultRow},
+    nodes::{NodeRow, NODE_BUSY, NODE_QUARANTINED, NODE_READY},
+};
+
+/// The levels, lowest first; each includes the checks of the lower ones.
+pub const LEVELS: [&str; 3] = ["quick", "medium", "long"];
+
+/// The level a node passes before it joins the pool or returns to service.
+pub const ADMISSION_LEVEL: &str = "medium";
+
+/// Rounds of check-and-replace for one cluster run before it gives up.
+const MAX_ROUNDS: usize = 4;
+
+pub use crate::state::HealthSettings as Settings;
+
+/// A level from a request; `attribute` names the field in the error.
+pub fn level(attribute: &str, text: &str) -> Result<String> {
+    if LEVELS.contains(&text) {
+        Ok(text.to_string())
+    } else {
+        Err(Error::Invalid(format!(
+            "{attribute}: must be \"quick\", \"medium\" or \"long\" (got \"{}\")",
+            text.chars().take(32).collect::<String>()
+        )))
+    }
+}
+
+/// A cluster's acceptance settings from a create or update request; `set` false keeps
+/// `current` (the defaults for a new cluster).
+pub fn acceptance_settings(
+    current: Acceptance,
+    set: bool,
+    level_text: &str,
+    min_bus_bandwidth_gbps: f64,
+    run_on_create: bool,
+) -> Result<Acceptance> {
+    if !set {
+        return Ok(current);
+    }
+    let level_text = if level_text.is_empty() {
+        ADMISSION_LEVEL
+    } else {
+        level_text
+    };
+    if !min_bus_bandwidth_gbps.is_finite() || !(0.0..=100_000.0).contains(&min_bus_bandwidth_gbps) {
+        return Err(Error::Invalid(format!(
+            "acceptance.min_bus_bandwidth_gbps: must be between 0 and 100000 Gbit/s (got {min_bus_bandwidth_gbps})"
+        )));
+    }
+    Ok(Acceptance {
+        level: level("acceptance.level", level_text)?,
+        min_bus_bandwidth_gbps,
+        run_on_create,
+        ..current
+    })
+}
+
+/// Bus bandwidth of an all-reduce among `n` nodes whose slowest pair moves `algbw`:
+/// busbw = algbw x 2(n-1)/n (nccl-tests' convention); 0 below two nodes.
+pub fn bus_bandwidth(algbw: f64, n: usize) -> f64 {
+    if n < 2 {
+        return 0.0;
+    }
+    algbw * 2.0 * (n - 1) as f64 / n as f64
+}
+
+/// The per-pair throughput that makes `n` nodes reach `min_busbw`.
+pub fn pair_threshold(min_busbw: f64, n: usize) -> f64 {
+    if n < 2 || min_busbw <= 0.0 {
+        return 0.0;
+    }
+    min_busbw * n as f64 / (2.0 * (n - 1) as f64)
+}
+
+/// One node's checks, judged.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub node: NodeRow,
+    pub checks: Vec<Check>,
+    pub failed: bool,
+    /// The failed checks with value and threshold, or how many passed.
+    pub summary: String,
+}
+
+impl Verdict {
+    fn from_checks(node: NodeRow, checks: Vec<Check>) -> Self {
+        let failures: Vec<String> = checks
+            .iter()
+            .filter(|c| c.verdict == "fail")
+            .map(describe_failure)
+            .collect();
+        let summary = if failures.is_empty() {
+            let count = |v: &str| checks.iter().filter(|c| c.verdict == v).count();
+            let mut s = format!("all {} checks passed", count("pass"));
+            if count("warn") > 0 {
+                s.push_str(&format!(", {} warning(s)", count("warn")));
+            }
+            if count("not_run") > 0 {
+                s.push_str(&format!(", {} not run", count("not_run")));
+            }
+            s
+        } else {
+            failures.join("; ")
+        };
+        Self {
+            node,
+            failed: checks.iter().any(|c| c.verdict == "fail"),
+            checks,
+            summary,
+        }
+    }
+
+    /// A node whose agent could not run the checks fails them, saying why.
+    fn no_answer(node: NodeRow, why: &str) -> Self {
+        let check = Check {
+            name: "agent".into(),
+            verdict: "fail".into(),
+            value: "no report".into(),
+            threshold: "a report".into(),
+            detail: format!("the agent did not run the checks: {why}"),
+            ..Default::default()
+        };
+        Self::from_checks(node, vec![check])
+    }
+}
+
+/// "xid on GPU-1: 1 XID 79 (threshold 0)": what the quarantine reason carries.
+fn describe_failure(c: &Check) -> String {
+    let mut s = c.name.clone();
+    if !c.gpu_uuid.is_empty() {
+        s.push_str(&format!(" on {}", c.gpu_uuid));
+    }
+    if !c.peer.is_empty() {
+        s.push_str(&format!(" to {}", c.peer));
+    }
+    s.push_str(&format!(": {}", c.value));
+    if !c.threshold.is_empty() {
+        s.push_str(&format!(" (threshold {})", c.threshold));
+    }
+    s
+}
+
+fn check_from(c: v1::CheckResult) -> Check {
+    Check {
+        name: c.name,
+        gpu_uuid: c.gpu_uuid,
+        verdict: c.verdict,
+        value: c.value,
+        threshold: c.threshold,
+        detail: c.detail,
+        peer: c.peer,
+        gbps: if c.gbps.is_finite() { c.gbps } else { 0.0 },
+    }
+}
+
+/// The MIG layout the store recorded for each GPU of the node.
+fn recorded_layout(state: &AppState, node_id: &str) -> Result<Vec<v1::GpuLayout>> {
+    let conn = state.db();
+    Ok(crate::recorded::recorded_gpus(&conn, node_id)?
+        .iter()
+        .map(|g| v1::GpuLayout {
+            index: g.index,
+            whole_gpu: !g.mig_enabled,
+            placements: if g.mig_enabled {
+                gpufleet_wire::inventory::placements_of(g)
+                    .iter()
+                    .map(gpufleet_wire::inventory::placement_message)
+                    .collect()
+            } else {
+                Vec::new()
+            },
+        })
+        .collect())
+}
+
+/// What one round of checks asks of the nodes.
+pub struct Request<'a> {
+    pub level: &'a str,
+    /// The driver every node must run ("" : not checked).
+    pub expected_driver: &'a str,
+    /// Whether the agents compare the MIG state with the recorded layout.
+    pub check_layout: bool,
+    /// A ring bandwidth test (each node sends to the next) with this bus-bandwidth
+    /// threshold, when Some and there are at least two nodes.
+    pub bandwidth: Option<f64>,
+    pub bandwidth_duration: Duration,
+}
+
+/// Orders the checks on every node at once and waits for every answer. A node whose
+/// agent is unreachable, or that cannot run the checks, gets Err with why.
+pub async fn run(
+    state: &AppState,
+    nodes: &[NodeRow],
+    req: &Request<'_>,
+) -> Result<Vec<(NodeRow, std::result::Result<Verdict, String>)>> {
+    let n = nodes.len();
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let duration_ms = u32::try_from(req.bandwidth_duration.as_millis())
+        .unwrap_or(u32::MAX)
+        .clamp(50, 60_000);
+    let addrs: Vec<String> = {
+        let conn = state.db();
+        nodes
+            .iter()
+            .map(|node| store::health::bandwidth_addr(&conn, &node.id))
+            .collect::<rusqlite::Result<_>>()?
+    };
+    let mut orders = Vec::with_capacity(n);
+    // Pairs that cannot be tested (an agent without a listener): said in the node's report.
+    let mut untested: Vec<Option<Check>> = vec![None; n];
+    for (i, node) in nodes.iter().enumerate() {
+        let bandwidth = match req.bandwidth {
+            Some(min_busbw) if n >= 2 => {
+                let next = (i + 1) % n;
+                let min_gbps = pair_threshold(min_busbw, n);
+                if addrs[i].is_empty() || addrs[next].is_empty() {
+                    let without = if addrs[i].is_empty() {
+                        node
+                    } else {
+                        &nodes[next]
+                    };
+                    untested[i] = Some(Check {
+                        name: "bandwidth".into(),
+                        verdict: if min_gbps > 0.0 { "fail" } else { "not_run" }.into(),
+                        value: "not measured".into(),
+                        threshold: format!("{min_gbps:.2} Gbit/s"),
+                        detail: format!(
+                            "node {} runs no bandwidth listener, so this pair was not tested",
+                            without.hostname
+                        ),
+                        peer: nodes[next].hostname.clone(),
+                        ..Default::default()
+                    });
+                    None
+                } else {
+                    Some(v1::BandwidthTest {
+                        peers: vec![v1::BandwidthPeer {
+                            node: nodes[next].hostname.clone(),
+                            addr: addrs[next].clone(),
+                        }],
+                        duration_ms,
+                        token: token.clone(),
+                        min_gbps,
+                    })
+                }
+            }
+            _ => None,
+        };
+        let expected_layout = if req.check_layout {
+            recorded_layout(state, &node.id)?
+        } else {
+            Vec::new()
+        };
+        orders.push(v1::WorkOrder {
+            id: uuid::Uuid::new_v4().to_string(),
+            kind: Some(v1::work_order::Kind::RunHealthCheck(v1::RunHealthCheck {
+                level: req.level.to_string(),
+                expected_driver: req.expected_driver.to_string(),
+                expected_layout,
+                bandwidth,
+            })),
+        });
+    }
+    // Every order first, then the waits: the bandwidth test needs all sides at once.
+    let waits: Vec<_> = nodes
+        .iter()
+        .zip(orders)
+        .map(|(node, order)| state.agents.dispatch(&node.id, order))
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for ((node, wait), untested) in nodes.iter().zip(waits).zip(untested) {
+        let verdict = match wait.await {
+            Ok(Outcome::Answered(r)) if r.ok => match r.health {
+                Some(h) => Ok(Verdict::from_checks(
+                    node.clone(),
+                    h.checks
+                        .into_iter()
+                        .map(check_from)
+                        .chain(untested)
+                        .collect(),
+                )),
+                None => Err("the agent answered without a report".to_string()),
+            },
+            // Refused as a rule (an agent without health checks, or an order it cannot
+            // take): nothing was checked, which is "not run", not a failure of the node.
+            Ok(Outcome::Answered(r)) if r.error_kind == "rule" => Ok(Verdict::from_checks(
+                node.clone(),
+                vec![Check {
+                    name: "agent".into(),
+                    verdict: "not_run".into(),
+                    value: "refused".into(),
+                    detail: format!("the agent did not run the checks: {}", r.error),
+                    ..Default::default()
+                }],
+            )),
+            Ok(Outcome::Answered(r)) => Err(r.error),
+            Ok(Outcome::Unreachable(why)) => Err(why),
+            Err(_) => Err("the control plane is stopping".to_string()),
+        };
+        out.push((node.clone(), verdict));
+    }
+    Ok(out)
+}
+
+/// Records a node's verdict under `run_id`, as a member of `cluster` when it is one.
+fn record(
+    state: &AppState,
+    run_id: &str,
+    level: &str,
+    cluster: Option<&ClusterRow>,
+    v: &Verdict,
+) -> Result<()> {
+    let row = ResultRow {
+        run_id: run_id.to_string(),
+        node_id: v.node.id.clone(),
+        node: v.node.hostname.clone(),
+        cluster_id: cluster.map(|c| c.id.clone()).unwrap_or_default(),
+        tenant_id: cluster.map(|c| c.tenant_id.clone()).unwrap_or_default(),
+        level: level.to_string(),
+        verdict: if v.failed { "failed" } else { "passed" }.into(),
+        summary: v.summary.clone(),
+        checks: v.checks.clone(),
+        action: String::new(),
+        finished_at: now(),
+    };
+    let conn = state.db();
+    store::health::record(&conn, &row)?;
+    Ok(())
+}
+
+fn set_action(state: &AppState, run_id: &str, node_id: &str, action: &str) {
+    let conn = state.db();
+    if let Err(e) = store::health::set_action(&conn, run_id, node_id, action) {
+        tracing::error!(node = %node_id, error = %e, "cannot record what was done about a check");
+    }
+}
+
+/// The state reason of a node that failed checks: the failed checks with their values
+/// and thresholds.
+pub fn quarantine_reason(level: &str, v: &Verdict) -> String {
+    format!("failed health checks ({level}): {}", v.summary)
+}
+
+/// An event about a node outside any cluster: logged under the node's name.
+fn node_event(state: &AppState, node: &NodeRow, kind: &str, message: &str) {
+    let conn = state.db();
+    if let Err(e) = store::events::record(&conn, now(), &node.id, "", kind, &node.hostname, message)
+    {
+        tracing::error!(node = %node.hostname, error = %e, "cannot record an event");
+    }
+}
+
+/// A failed node of `cluster`: quarantined (out of the cluster) and replaced from the
+/// same source. Returns the replacement, or why there is none.
+async fn quarantine_and_replace(
+    state: &AppState,
+    cluster: &ClusterRow,
+    run_id: &str,
+    level: &str,
+    v: &Verdict,
+) -> std::result::Result<String, String> {
+    let why = quarantine_reason(level, v);
+    drivers::event(state, cluster, "check_failed", &v.node.hostname, &why);
+    if let Err(e) = drivers::quarantine(state, cluster, &v.node, &why) {
+        return Err(format!("cannot quarantine {}: {e}", v.node.hostname));
+    }
+    match drivers::replace(state, cluster, &v.node.hostname).await {
+        Ok(new) => {
+            set_action(
+                state,
+                run_id,
+                &v.node.id,
+                &format!("quarantined; replaced by {new}"),
+            );
+            Ok(new)
+        }
+        Err(e) => {
+            set_action(state, run_id, &v.node.id, "quarantined; no replacement");
+            Err(format!(
+                "node {} failed {level} checks ({}) and was quarantined; no replacement: {e}",
+                v.node.hostname, v.summary
+            ))
+        }
+    }
+}
+
+/// The outcome of checking a cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterRun {
+    pub run_id: String,
+    /// Failed nodes that could not be replaced (empty: every node passed in the end).
+    pub problems: Vec<String>,
+    pub alg_bandwidth_gbps: f64,
+    pub bus_bandwidth_gbps: f64,
+}
+
+/// Checks every node of `cluster` at `level` with a ring bandwidth test among them;
+/// failed nodes are quarantined and replaced and the cluster checked again, until every
+/// node passes or no replacement is left. Records results and the cluster's acceptance
+/// status.
+pub async fn check_cluster(
+    state: &AppState,
+    cluster: &ClusterRow,
+    level: &str,
+    expected_driver: &str,
+    bandwidth_duration: Duration,
+) -> Result<ClusterRun> {
+    let mut acceptance = {
+        let conn = state.db();
+        store::health::acceptance(&conn, &cluster.id)?
+    };
+    let run_id = uuid::Uuid::new_v4().to_string();
+    acceptance.status = "running".into();
+    acceptance.run_id = run_id.clone();
+    acceptance.run_level = level.to_string();
+    {
+        let conn = state.db();
+        store::health::put_acceptance(&conn, &acceptance)?;
+    }
+    let mut outcome = ClusterRun {
+        run_id: run_id.clone(),
+        ..Default::default()
+    };
+    let mut passed = false;
+    for _round in 0..MAX_ROUNDS {
+        let nodes = {
+            let conn = state.db();
+            store::nodes::list(&conn, None, Some(&cluster.id))?
+        };
+        let req = Request {
+            level,
+            expected_driver,
+            check_layout: true,
+            bandwidth: Some(acceptance.min_bus_bandwidth_gbps),
+            bandwidth_duration,
+        };
+        // Progress: what a caller whose deadline fires is waiting on (one commit for all).
+        let checking = format!("acceptance checks ({level}) running");
+        let progress = nodes
+            .iter()
+            .map(|n| super::drivers::Event::new("acceptance_checking", &n.hostname, &checking))
+            .collect();
+        super::drivers::events(state, cluster, progress).await;
+        let answers = attribute_bandwidth(run(state, &nodes, &req).await?);
+        for v in &answers {
+            record(state, &run_id, level, Some(cluster), v)?;
+        }
+        let gbps: Vec<f64> = answers
+            .iter()
+            .flat_map(|v| v.checks.iter())
+            .filter(|c| c.name == "bandwidth" && c.verdict != "not_run")
+            .map(|c| c.gbps)
+            .collect();
+        outcome.alg_bandwidth_gbps = gbps.iter().copied().fold(f64::INFINITY, f64::min);
+        if !outcome.alg_bandwidth_gbps.is_finite() {
+            outcome.alg_bandwidth_gbps = 0.0;
+        }
+        outcome.bus_bandwidth_gbps = bus_bandwidth(outcome.alg_bandwidth_gbps, nodes.len());
+        let failed: Vec<&Verdict> = answers.iter().filter(|v| v.failed).collect();
+        if failed.is_empty() {
+            passed = true;
+            break;
+        }
+        for v in failed {
+            match quarantine_and_replace(state, cluster, &run_id, level, v).await {
+                Ok(new) => tracing::info!(node = %v.node.hostname, %new, "failed node replaced"),
+                Err(problem) => outcome.problems.push(problem),
+            }
+        }
+        if !outcome.problems.is_empty() {
+            break;
+        }
+    }
+    if !passed && outcome.problems.is_empty() {
+        outcome.problems.push(format!(
+            "nodes still failed {level} checks after {MAX_ROUNDS} rounds of replacements"
+        ));
+    }
+    acceptance.status = if passed { "passed" } else { "failed" }.into();
+    acceptance.checked_at = now();
+    acceptance.alg_bandwidth_gbps = outcome.alg_bandwidth_gbps;
+    acceptance.bus_bandwidth_gbps = outcome.bus_bandwidth_gbps;
+    {
+        let conn = state.db();
+        // The cluster may be gone meanwhile (a failed create is undone by its caller).
+        let fresh = store::health::acceptance(&conn, &cluster.id)?;
+        acceptance.level = fresh.level;
+        acceptance.min_bus_bandwidth_gbps = fresh.min_bus_bandwidth_gbps;
+        acceptance.run_on_create = fresh.run_on_create;
+        store::health::put_acceptance(&conn, &acceptance)?;
+    }
+    Ok(outcome)
+}
+
+/// Each sender reports its own pair, but a slow pair may be the receiver's fault. In the
+/// ring, a slow node slows both its pairs: a node both of whose pairs failed is blamed
+/// for them, and the neighbour that reported one is not (its check becomes a warning
+/// that names the blamed peer). A failed pair with neither end so blamed stays the
+/// sender's. Answers without a report fail as nodes (see [`Verdict::no_answer`]).
+pub fn attribute_bandwidth(
+    answers: Vec<(NodeRow, std::result::Result<Verdict, String>)>,
+) -> Vec<Verdict> {
+    let verdicts: Vec<Verdict> = answers
+        .into_iter()
+        .map(|(node, a)| a.unwrap_or_else(|why| Verdict::no_answer(node, &why)))
+        .collect();
+    // (sender, receiver) of every failed pair.
+    let failed: Vec<(String, String)> = verdicts
+        .iter()
+        .flat_map(|v| {
+            v.checks
+                .iter()
+                .filter(|c| c.name == "bandwidth" && c.verdict == "fail" && !c.peer.is_empty())
+                .map(|c| (v.node.hostname.clone(), c.peer.clone()))
+        })
+        .collect();
+    let touching = |host: &str| {
+        failed
+            .iter()
+            .filter(|(s, r)| s == host || r == host)
+            .count()
+    };
+    let blamed: Vec<String> = verdicts
+        .iter()
+        .map(|v| v.node.hostname.clone())
+        .filter(|h| touching(h) >= 2)
+        .collect();
+    verdicts
+        .into_iter()
+        .map(|v| {
+            if blamed.contains(&v.node.hostname) {
+                return v;
+            }
+            let mut changed = false;
+            let checks = v
+                .checks
+                .into_iter()
+                .map(|mut c| {
+                    if c.name == "bandwidth" && c.verdict == "fail" && blamed.contains(&c.peer) {
+                        c.verdict = "warn".into();
+                        c.detail = format!(
+                            "{} (attributed to {}, slow on both of its pairs)",
+                            c.detail, c.peer
+                        );
+                        changed = true;
+                    }
+                    c
+                })
+                .collect();
+            if changed {
+                Verdict::from_checks(v.node, checks)
+            } else {
+                Verdict { checks, ..v }
+            }
+        })
+        .collect()
+}
+
+/// `run`, with every node's verdict recorded; a node without an answer fails.
+async fn run_checks_recorded(
+    state: &AppState,
+    nodes: &[NodeRow],
+    req: &Request<'_>,
+    run_id: &str,
+    cluster: Option<&ClusterRow>,
+) -> Result<Vec<Verdict>> {
+    let mut out = Vec::new();
+    for (node, answer) in run(state, nodes, req).await? {
+        let v = answer.unwrap_or_else(|why| Verdict::no_answer(node, &why));
+        record(state, run_id, req.level, cluster, &v)?;
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// After a cluster's new nodes have their driver and layout (`bring_up`): its acceptance
+/// checks, unless it asked not to run them. A create whose failed nodes cannot all be
+/// replaced fails (its nodes back to whole GPUs; the caller undoes the rest); an update
+/// leaves the cluster `degraded` with the reason.
+pub async fn accept_new_nodes(
+    state: &AppState,
+    cluster: &ClusterRow,
+    joining: &[NodeRow],
+) -> Result<()> {
+    let acceptance = {
+        let conn = state.db();
+        store::health::acceptance(&conn, &cluster.id)?
+    };
+    if joining.is_empty() || !acceptance.run_on_create {
+        return Ok(());
+    }
+    // A create's nodes all run the cluster's driver by now; an update's existing nodes
+    // get a new driver only in the roll after this (which verifies it itself).
+    let driver = if cluster.status == "creating" {
+        cluster.driver_version.as_str()
+    } else {
+        ""
+    };
+    let run = check_cluster(
+        state,
+        cluster,
+        &acceptance.level,
+        driver,
+        state.health.bandwidth_duration,
+    )
+    .await?;
+    if run.problems.is_empty() {
+        return Ok(());
+    }
+    let reason = format!(
+        "acceptance ({}): {}",
+        acceptance.level,
+        run.problems.join("; ")
+    );
+    if cluster.status == "creating" {
+        // The create is taken back: its remaining nodes return to whole GPUs first.
+        let changes = {
+            let conn = state.db();
+            let held = store::nodes::list(&conn, None, Some(&cluster.id))?;
+            crate::mig::changes(&conn, &cluster.gpu_type, &[], &cluster.mig_layout, &held)?
+        };
+        if let Err(e) = crate::mig::converge(state, &changes).await {
+            tracing::warn!(cluster = %cluster.name, error = %e, "cannot reset the nodes of a failed create");
+        }
+        return Err(Error::Aborted(format!(
+            "{reason}; the cluster was not created"
+        )));
+    }
+    let conn = state.db();
+    store::clusters::set_status(&conn, &cluster.id, "degraded", &reason)?;
+    Ok(())
+}
+
+/// A tenant's (or the admin's) check of a cluster now: failed nodes are quarantined and
+/// replaced; without a replacement the cluster becomes `degraded` with the reason.
+pub async fn check_now(
+    state: &AppState,
+    cluster: &ClusterRow,
+    level: &str,
+    bandwidth_duration: Duration,
+) -> Result<ClusterRun> {
+    let run = check_cluster(
+        state,
+        cluster,
+        level,
+        &cluster.driver_version,
+        bandwidth_duration,
+    )
+    .await?;
+    if !run.problems.is_empty() {
+        let conn = state.db();
+        store::clusters::set_status(
+            &conn,
+            &cluster.id,
+            "degraded",
+            &format!("health checks ({level}): {}", run.problems.join("; ")),
+        )?;
+    }
+    Ok(run)
+}
+
+/// One node checked alone at `level` (registration, return, periodic). Returns None when
+/// its agent gave no report (unreachable, stopping): nothing is concluded then.
+async fn check_one(state: &AppState, node: &NodeRow, level: &str) -> Result<Option<Verdict>> {
+    let cluster = match &node.cluster_id {
+        Some(id) => {
+            let conn = state.db();
+            store::clusters::get(&conn, id)?
+        }
+        None => None,
+    };
+    // The driver the control plane recorded for the node (a cluster's may be rolling
+    // through its nodes; each node's own record is what it should run now).
+    let req = Request {
+        level,
+        expected_driver: &node.driver_version,
+        check_layout: true,
+        bandwidth: None,
+        bandwidth_duration: Duration::ZERO,
+    };
+    let Some((_, answer)) = run(state, std::slice::from_ref(node), &req).await?.pop() else {
+        return Ok(None);
+    };
+    let v = match answer {
+        Ok(v) => v,
+        Err(why) if !state.agents.is_live(&node.id) => {
+            tracing::warn!(node = %node.hostname, %why, "no health report");
+            return Ok(None);
+        }
+        Err(why) => Verdict::no_answer(node.clone(), &why),
+    };
+    let run_id = uuid::Uuid::new_v4().to_string();
+    record(state, &run_id, level, cluster.as_ref(), &v)?;
+    if v.failed {
+        take_out(state, cluster.as_ref(), &run_id, level, &v).await?;
+    }
+    Ok(Some(v))
+}
+
+/// A node that failed alone: quarantined; out of its cluster and replaced when it was a
+/// member (the cluster degraded, with why, when no replacement is left).
+async fn take_out(
+    state: &AppState,
+    cluster: Option<&ClusterRow>,
+    run_id: &str,
+    level: &str,
+    v: &Verdict,
+) -> Result<()> {
+    let why = quarantine_reason(level, v);
+    let Some(cluster) = cluster else {
+        {
+            let conn = state.db();
+            store::nodes::set_state(&conn, &v.node.id, NODE_QUARANTINED, &why, now())?;
+        }
+        tracing::warn!(node = %v.node.hostname, %why, "node quarantined");
+        node_event(state, &v.node, "check_failed", &why);
+        node_event(state, &v.node, "node_quarantined", &why);
+        set_action(state, run_id, &v.node.id, "quarantined");
+        return Ok(());
+    };
+    let mut failed = v.clone();
+    loop {
+        match quarantine_and_replace(state, cluster, run_id, level, &failed).await {
+            Err(problem) => {
+                let conn = state.db();
+                store::clusters::set_status(&conn, &cluster.id, "degraded", &problem)?;
+                return Ok(());
+            }
+            Ok(new) => {
+                // The replacement is checked before it counts.
+                let Some(node) = ({
+                    let conn = state.db();
+                    store::nodes::by_hostname(&conn, &new)?
+                }) else {
+                    return Ok(());
+                };
+                let req = Request {
+                    level,
+                    expected_driver: &cluster.driver_version,
+                    check_layout: true,
+                    bandwidth: None,
+                    bandwidth_duration: Duration::ZERO,
+                };
+                let checked = run_checks_recorded(
+                    state,
+                    std::slice::from_ref(&node),
+                    &req,
+                    run_id,
+                    Some(cluster),
+                )
+                .await?;
+                match checked.into_iter().next() {
+                    Some(v) if v.failed => failed = v,
+                    _ => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// After a node registers: the medium checks, then (passed) it is brought to its layout
+/// and joins the pool; failed, it is quarantined with the failed checks as the reason.
+/// A quarantined node stays so: only an operator's return checks it again.
+pub async fn admit_registered(state: Arc<AppState>, node_id: String, bandwidth_addr: String) {
+    if let Err(e) = admit(&state, &node_id, &bandwidth_addr).await {
+        tracing::error!(node = %node_id, error = %e, "cannot check the registered node");
+    }
+}
+
+async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Result<()> {
+    let node = {
+        let conn = state.db();
+        store::health::set_bandwidth_addr(&conn, node_id, bandwidth_addr)?;
+        store::nodes::get(&conn, node_id)?
+    };
+    let Some(node) = node else { return Ok(()) };
+    if node.state == NODE_QUARANTINED {
+        crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
+        return Ok(());
+    }
+    if checked_and_passed(state, &node, "acceptance checks (medium)").await? {
+        crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
+    }
+    Ok(())
+}
+
+/// Marks the node busy with `reason` while it runs the medium checks. True when it
+/// passed (or gave no report, e.g. it went away: the heartbeat watch handles that).
+async fn checked_and_passed(state: &AppState, node: &NodeRow, reason: &str) -> Result<bool> {
+    {
+        let conn = state.db();
+        store::nodes::set_state(&conn, &node.id, NODE_BUSY, reason, now())?;
+    }
+    Ok(match check_one(state, node, ADMISSION_LEVEL).await? {
+        Some(v) => !v.failed,
+        None => true,
+    })
+}
+
+/// An operator returns a quarantined node: it runs the medium checks first and stays
+/// quarantined (with the new reason) when it fails them; passed, its agent resets it
+/// and it becomes ready.
+pub async fn return_checked(state: Arc<AppState>, node_id: &str) -> Result<()> {
+    let node = {
+        let conn = state.db();
+        store::nodes::get(&conn, node_id)?
+    }
+    .ok_or_else(|| Error::NotFound(format!("node '{node_id}' not found")))?;
+    let passed = checked_and_passed(
+        &state,
+        &node,
+        "returned by an operator; acceptance checks (medium)",
+    )
+    .await?;
+    if !passed {
+        let reason = {
+            let conn = state.db();
+            store::nodes::get(&conn, node_id)?
+                .map(|n| n.state_reason)
+                .unwrap_or_default()
+        };
+        return Err(Error::Precondition(format!(
+            "name: node {} stays quarantined: {reason}",
+            node.hostname
+        )));
+    }
+    {
+        let conn = state.db();
+        store::nodes::set_state(
+            &conn,
+            node_id,
+            NODE_BUSY,
+            "returned by an operator; being reset",
+            now(),
+        )?;
+    }
+    tokio::spawn(crate::mig::reconcile_node(state, node_id.to_string()));
+    Ok(())
+}
+
+/// One round of periodic checks: quick checks on every ready node whose agent is live
+/// and idle, all at once.
+pub async fn periodic_round(state: &Arc<AppState>) -> Result<()> {
+    let (nodes, changing) = {
+        let conn = state.db();
+        let changing: Vec<String> =
+            store::clusters::with_status(&conn, &crate::cluster_status::CHANGING)?
+                .into_iter()
+                .map(|c| c.id)
+                .collect();
+        (store::nodes::list(&conn, None, None)?, changing)
+    };
+    // Nodes of a cluster that a request is changing wait for the next round: that
+    // request decides about them meanwhile.
+    let nodes: Vec<NodeRow> = nodes
+        .into_iter()
+        .filter(|n| {
+            n.state == NODE_READY
+                && n.cluster_id.as_ref().is_none_or(|c| !changing.contains(c))
+                && state.agents.is_live(&n.id)
+                && !state.agents.has_pending(&n.id)
+        })
+        .collect();
+    let mut checks = tokio::task::JoinSet::new();
+    for n in nodes {
+        let state = state.clone();
+        checks.spawn(async move { check_one(&state, &n, "quick").await });
+    }
+    while let Some(done) = checks.join_next().await {
+        match done {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "a periodic health check could not be recorded")
+            }
+            Err(e) => tracing::error!(error = %e, "a periodic health check stopped"),
+        }
+    }
+    Ok(())
+}
+
+/// Periodic quick checks every `state.health.interval` until `stop` (never when zero).
+pub async fn run_periodic(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+    let every = state.health.interval;
+    if every.is_zero() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = gpufleet_process::signals::stopped(&mut stop) => return,
+            _ = tokio::time::sleep(every) => {
+                if let Err(e) = periodic_round(&state).await {
+                    tracing::error!(error = %e, "periodic health checks failed");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(name: &str, verdict: &str, value: &str, threshold: &str) -> Check {
+        Check {
+            name: name.into(),
+            gpu_uuid: "GPU-1".into(),
+            verdict: verdict.into(),
+            value: value.into(),
+            threshold: threshold.into(),
+            ..Default::default()
+        }
+    }
+
+    fn node() -> NodeRow {
+        NodeRow {
+            id: "n1".into(),
+            hostname: "n1".into(),
+            gpu_type: "H100-80GB".into(),
+            capacity: "pool".into(),
+            gpu_count: 1,
+            driver_version: String::new(),
+            cuda_version: String::new(),
+            cluster_id: None,
+            state: NODE_READY.into(),
+            state_reason: String::new(),
+            state_since: 0,
+        }
+    }
+
+    #[test]
+    fn bus_bandwidth_follows_the_all_reduce_convention() {
+        assert_eq!(bus_bandwidth(10.0, 1), 0.0);
+        assert_eq!(bus_bandwidth(10.0, 2), 10.0);
+        assert_eq!(bus_bandwidth(10.0, 4), 15.0);
+        // The pair threshold is the inverse: pairs at it give exactly the bus threshold.
+        for n in 2..10 {
+            let t = pair_threshold(30.0, n);
+            assert!((bus_bandwidth(t, n) - 30.0).abs() < 1e-9);
+        }
+        assert_eq!(pair_threshold(0.0, 4), 0.0);
+    }
+
+    #[test]
+    fn a_failed_check_names_its_value_and_threshold() {
+        let v = Verdict::from_checks(
+            node(),
+            vec![
+                check("temperature", "pass", "40 C", "85 C"),
+                check("xid", "fail", "1 XID 79", "0"),
+                check("dcgm_diag", "not_run", "", ""),
+            ],
+        );
+        assert!(v.failed);
+        assert_eq!(v.summary, "xid on GPU-1: 1 XID 79 (threshold 0)");
+        assert_eq!(
+            quarantine_reason("medium", &v),
+            "failed health checks (medium): xid on GPU-1: 1 XID 79 (threshold 0)"
+        );
+        let ok = Verdict::from_checks(
+            node(),
+            vec![
+                check("temperature", "pass", "40 C", "85 C"),
+                check("power", "warn", "690 W", "700 W"),
+                check("dcgm_diag", "not_run", "", ""),
+            ],
+        );
+        assert!(!ok.failed);
+        assert_eq!(ok.summary, "all 1 checks passed, 1 warning(s), 1 not run");
+        // No report at all is a failure, never a pass.
+        assert!(Verdict::no_answer(node(), "refused").failed);
+    }
+
+    fn named(host: &str) -> NodeRow {
+        NodeRow {
+            id: host.into(),
+            hostname: host.into(),
+            ..node()
+        }
+    }
+
+    fn pair(from: &str, to: &str, verdict: &str, gbps: f64) -> Check {
+        Check {
+            name: "bandwidth".into(),
+            verdict: verdict.into(),
+            value: format!("{gbps} Gbit/s"),
+            threshold: "1 Gbit/s".into(),
+            peer: to.into(),
+            gbps,
+            detail: format!("{from} to {to}"),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_slow_node_is_blamed_for_both_of_its_pairs_and_its_neighbour_is_not() {
+        // Ring a -> b -> c -> a; b is slow, so a->b and b->c fail.
+        let answers = vec![
+            (
+                named("a"),
+                Ok(Verdict::from_checks(
+                    named("a"),
+                    vec![pair("a", "b", "fail", 0.05)],
+                )),
+            ),
+            (
+                named("b"),
+                Ok(Verdict::from_checks(
+                    named("b"),
+                    vec![pair("b", "c", "fail", 0.05)],
+                )),
+            ),
+            (
+                named("c"),
+                Ok(Verdict::from_checks(
+                    named("c"),
+                    vec![pair("c", "a", "pass", 9.0)],
+                )),
+            ),
+        ];
+        let v = attribute_bandwidth(answers);
+        let failed: Vec<&str> = v
+            .iter()
+            .filter(|v| v.failed)
+            .map(|v| v.node.hostname.as_str())
+            .collect();
+        assert_eq!(failed, ["b"]);
+        assert_eq!(v[0].checks[0].verdict, "warn");
+        assert!(v[1]
+            .summary
+            .contains("bandwidth to c: 0.05 Gbit/s (threshold 1 Gbit/s)"));
+        // One slow pair alone stays its sender's; no answer is a failure.
+        let v = attribute_bandwidth(vec![
+            (
+                named("a"),
+                Ok(Verdict::from_checks(
+                    named("a"),
+                    vec![pair("a", "b", "fail", 0.05)],
+                )),
+            ),
+            (named("b"), Err("unreachable".into())),
+        ]);
+        assert!(v[0].failed && v[1].failed);
+    }
+
+    #[test]
+    fn levels_and_settings_are_checked_naming_the_attribute() {
+        assert_eq!(level("level", "quick").unwrap(), "quick");
+        let e = level("acceptance.level", "deep").unwrap_err().to_string();
+        assert!(
+            e.starts_with("acceptance.level:") && e.contains("deep"),
+            "{e}"
+        );
+        let base = Acceptance::default_for("c1");
+        assert_eq!(
+            acceptance_settings(base.clone(), false, "x", -1.0, false).unwrap(),
+            base
+        );
+        let set = acceptance_settings(base.clone(), true, "", 25.0, false).unwrap();
+        assert_eq!(
+            (
+                set.level.as_str(),
+                set.min_bus_bandwidth_gbps,
+                set.run_on_create
+            ),
+            ("medium", 25.0, false)
+        );
+        let e = acceptance_settings(base, true, "long", f64::NAN, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("acceptance.min_bus_bandwidth_gbps"), "{e}");
+    }
+}

@@ -1,0 +1,255 @@
+//! The preemption loop: every round, takes back from preemptible clusters the pool nodes
+//! that started reservation windows need, and gives those clusters replacements where
+//! there are any (the rules it follows are `super::preemption`'s).
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::{capacity, holdings, Exclude};
+use crate::cluster_status::{settled_status, CHANGING};
+use crate::error::{Error, Result};
+use crate::rules::peak;
+use crate::state::{now, rfc3339, AppState};
+use crate::store::{
+    self,
+    clusters::ClusterRow,
+    nodes::{NodeRow, NODE_UNREACHABLE, ON_DEMAND, POOL},
+};
+
+/// How often the platform looks for reservation windows that need nodes back.
+const EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Takes back, every round, the pool nodes that started reservation windows need.
+pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = gpufleet_process::signals::stopped(&mut stop) => return,
+            _ = tokio::time::sleep(EVERY) => {
+                if let Err(e) = round(&state).await {
+                    tracing::warn!(error = %e, "taking nodes back from preemptible clusters failed; retrying");
+                }
+            }
+        }
+    }
+}
+
+/// One round: every model whose preemptible clusters hold pool nodes.
+pub async fn round(state: &AppState) -> Result<()> {
+    let models = {
+        let conn = state.db();
+        store::preemption::models(&conn)?
+    };
+    for gpu_type in models {
+        for work in plan_take_back(state, &gpu_type)? {
+            carry_out(state, work).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Nodes one preemptible cluster gives back, and what replaces them.
+struct TakeBack {
+    cluster: ClusterRow,
+    taken: Vec<NodeRow>,
+    replacements: Vec<NodeRow>,
+    changes: Vec<crate::mig::Change>,
+    why: String,
+}
+
+/// Decides (and records: replacements assigned, clusters "updating") which nodes go back.
+fn plan_take_back(state: &AppState, gpu_type: &str) -> Result<Vec<TakeBack>> {
+    let mut conn = state.db();
+    let tx = conn.transaction()?;
+    let t = now();
+    let held = holdings(&tx, gpu_type, t, Exclude::default())?;
+    let cap = capacity(&tx, gpu_type, &held)?;
+    // Everything that holds pool nodes now, preemptible clusters included.
+    let mut excess = peak(&cap.pool_used, t, Some(t + 1)) - cap.pool_nodes;
+    if excess <= 0 {
+        return Ok(Vec::new());
+    }
+    let why = held
+        .iter()
+        .filter(|h| h.is_reservation && h.start <= t && h.end.is_some_and(|e| e > t))
+        .max_by_key(|h| h.start)
+        .map_or_else(
+            || "reservations need the pool nodes back".to_string(),
+            |h| {
+                format!(
+                    "a reservation window from {} to {} needs the pool nodes back",
+                    rfc3339(h.start),
+                    h.end.map_or_else(String::new, rfc3339)
+                )
+            },
+        );
+    let mut on_demand_left = cap.free_on_demand(t, None);
+    let mut free_on_demand = store::nodes::free(&tx, gpu_type, ON_DEMAND)?;
+    let mut out = Vec::new();
+    for (cluster_id, allow_on_demand) in store::preemption::holding_pool(&tx, gpu_type)? {
+        if excess <= 0 {
+            break;
+        }
+        let Some(cluster) = store::clusters::get(&tx, &cluster_id)? else {
+            continue;
+        };
+        if CHANGING.contains(&cluster.status.as_str()) {
+            continue; // a request is changing it; the next round decides
+        }
+        let mut pool: Vec<NodeRow> = store::nodes::list(&tx, None, Some(&cluster.id))?
+            .into_iter()
+            .filter(|n| n.capacity == POOL)
+            .collect();
+        pool.sort_by(|a, b| b.hostname.cmp(&a.hostname));
+        let taken: Vec<NodeRow> = pool.into_iter().take(excess as usize).collect();
+        excess -= taken.len() as i64;
+        let mut replacements = Vec::new();
+        if allow_on_demand {
+            let k = taken
+                .len()
+                .min(on_demand_left.max(0) as usize)
+                .min(free_on_demand.len());
+            replacements = free_on_demand.drain(..k).collect();
+            on_demand_left -= k as i64;
+            for n in &replacements {
+                if !store::nodes::assign(&tx, &n.id, &cluster.id)? {
+                    return Err(Error::Aborted(format!(
+                        "node {} was taken meanwhile; retrying",
+                        n.hostname
+                    )));
+                }
+            }
+        }
+        let reachable: Vec<NodeRow> = taken
+            .iter()
+            .filter(|n| n.state != NODE_UNREACHABLE)
+            .cloned()
+            .collect();
+        let changes = crate::mig::changes(
+            &tx,
+            gpu_type,
+            &replacements,
+            &cluster.mig_layout,
+            &reachable,
+        )?;
+        let names: Vec<&str> = taken.iter().map(|n| n.hostname.as_str()).collect();
+        store::clusters::set_status(
+            &tx,
+            &cluster.id,
+            "updating",
+            &format!("giving back {}: {why}", names.join(", ")),
+        )?;
+        out.push(TakeBack {
+            cluster,
+            taken,
+            replacements,
+            changes,
+            why: why.clone(),
+        });
+    }
+    tx.commit()?;
+    Ok(out)
+}
+
+/// Brings replacements to the cluster's driver and layout and the taken nodes back to
+/// whole GPUs, then hands the taken nodes back and says what happened.
+async fn carry_out(state: &AppState, work: TakeBack) -> Result<()> {
+    let TakeBack {
+        mut cluster,
+        taken,
+        replacements,
+        changes,
+        why,
+    } = work;
+    let failed = if cluster.driver_version.is_empty() {
+        Vec::new()
+    } else {
+        super::drivers::install(state, &replacements, &cluster.driver_version).await
+    };
+    let converged = match failed.first() {
+        Some((n, reason)) => Err(Error::Aborted(format!(
+            "replacement {} failed its driver install: {reason}",
+            n.hostname
+        ))),
+        None => crate::mig::converge(state, &changes).await,
+    };
+    let mut conn = state.db();
+    let tx = conn.transaction()?;
+    let t = now();
+    if let Err(e) = converged {
+        // Replacements go back; the taken nodes stay until the next round retries.
+        for n in &replacements {
+            store::nodes::release(&tx, &n.id)?;
+        }
+        let (status, _) = settled_status(&tx, &cluster.id)?;
+        store::clusters::set_status(
+            &tx,
+            &cluster.id,
+            &status,
+            &format!("giving nodes back to a reservation failed ({e}); retrying"),
+        )?;
+        tx.commit()?;
+        return Err(e);
+    }
+    for n in &taken {
+        store::nodes::release(&tx, &n.id)?;
+    }
+    let shrink = (taken.len() - replacements.len()) as i64;
+    cluster.node_count -= shrink;
+    let left: Vec<&str> = taken.iter().map(|n| n.hostname.as_str()).collect();
+    let mut reason = format!("preempted: {} left the cluster ({why})", left.join(", "));
+    if !replacements.is_empty() {
+        let joined: Vec<&str> = replacements.iter().map(|n| n.hostname.as_str()).collect();
+        reason.push_str(&format!(
+            "; on-demand {} replaced {}",
+            joined.join(", "),
+            if shrink == 0 { "them" } else { "some of them" }
+        ));
+    }
+    if shrink > 0 {
+        reason.push_str(&format!(
+            "; the cluster shrank to {} nodes",
+            cluster.node_count
+        ));
+    }
+    let (status, down) = settled_status(&tx, &cluster.id)?;
+    cluster.status = status;
+    cluster.status_reason = if down.is_empty() {
+        reason
+    } else {
+        format!("{down}; {reason}")
+    };
+    store::clusters::update(&tx, &cluster)?;
+    for (i, n) in taken.iter().enumerate() {
+        let what = match replacements.get(i) {
+            Some(r) => format!("replaced by on-demand node {}", r.hostname),
+            None => "the cluster shrinks".to_string(),
+        };
+        store::events::record(
+            &tx,
+            t,
+            &cluster.id,
+            &cluster.tenant_id,
+            "preempted",
+            &n.hostname,
+            &format!("pool node taken back: {why}; {what}"),
+        )?;
+    }
+    for (i, n) in replacements.iter().enumerate() {
+        store::events::record(
+            &tx,
+            t,
+            &cluster.id,
+            &cluster.tenant_id,
+            "allocated",
+            &n.hostname,
+            &format!(
+                "on-demand node allocated to the cluster in place of preempted {}",
+                taken[i].hostname
+            ),
+        )?;
+    }
+    tx.commit()?;
+    tracing::info!(cluster = %cluster.name, taken = taken.len(), replaced = replacements.len(), "took pool nodes back from a preemptible cluster");
+    Ok(())
+}

@@ -1,0 +1,488 @@
+//! The control plane as one value. [`ControlPlane::open`] takes its [`Config`] (`serve`'s
+//! flags, parsed by the binary), checks it, opens and seeds the state and recovers what a
+//! previous run left; [`ControlPlane::start_tasks`] starts its background work and
+//! [`ControlPlane::serve`] the gRPC API, both until the stop flag turns true.
+//!
+//! The fleet is one of [`Fleet`]: external node agents that register, the simulated fleet
+//! of a fleet file, or this host alone through NVML (seeded on first start from what it
+//! reports, see `crate::host`). For the last two the binary runs embedded node agents for
+//! [`ControlPlane::embedded_hosts`]; they connect to [`ControlPlane::agent_service`] over
+//! loopback like any external agent.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use gpufleet_gpu::hardware::{GpuBackend, SimulatedNode};
+use gpufleet_process::data_dir::DataDirLock;
+use gpufleet_process::signals::stopped;
+use gpufleet_proto::limits::MAX_MESSAGE_BYTES;
+use gpufleet_proto::v1::{
+    fleet_service_server::FleetServiceServer, gpu_quota_service_server::GpuQuotaServiceServer,
+    node_agent_service_server::NodeAgentServiceServer,
+    reservation_service_server::ReservationServiceServer,
+    tenant_cluster_service_server::TenantClusterServiceServer,
+    tenant_service_server::TenantServiceServer,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::agents::service::Agents;
+use crate::services::{
+    clusters::Clusters, fleet::Fleet as FleetApi, quotas::Quotas, reservations::Reservations,
+    tenants::Tenants,
+};
+use crate::state::AppState;
+use crate::{auth, fleet, store};
+
+/// How long open connections may linger after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// Where the control plane's nodes come from.
+pub enum Fleet {
+    /// Whoever registers with the join token (`--node-agents external`).
+    External,
+    /// The simulated fleet of a fleet file, or the built-in one, as embedded agents.
+    Simulated { fleet_file: Option<PathBuf> },
+    /// This host alone, through NVML, as the fleet's one pool node.
+    ThisHost(Arc<dyn GpuBackend>),
+}
+
+/// What `serve` was asked for.
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Plain http on an address other than loopback is allowed.
+    pub insecure: bool,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// The CA whose certificates node agents must present (mutual TLS).
+    pub agent_ca: Option<PathBuf>,
+    pub data_dir: PathBuf,
+    pub fleet: Fleet,
+    /// Generated into `<data-dir>/admin.token` (and `join.token`) when `None`.
+    pub admin_token: Option<String>,
+    pub join_token: Option<String>,
+    /// The drivers on offer; empty: the fleet file's, else every known release.
+    pub drivers: Vec<String>,
+    pub node_timeout: Duration,
+    pub replace_after: Duration,
+    pub health: crate::scheduling::health::Settings,
+    pub max_open_reservations: u32,
+    pub metrics_listen: Option<SocketAddr>,
+    /// Tests only: the current time is read from this file.
+    pub clock_file: Option<PathBuf>,
+}
+
+impl Config {
+    /// `serve`'s defaults for a data dir and a fleet: loopback on a free port, no TLS,
+    /// generated tokens, every known driver (or the fleet file's) on offer.
+    pub fn new(data_dir: PathBuf, fleet: Fleet) -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            insecure: false,
+            tls_cert: None,
+            tls_key: None,
+            agent_ca: None,
+            data_dir,
+            fleet,
+            admin_token: None,
+            join_token: None,
+            drivers: Vec::new(),
+            node_timeout: Duration::from_secs(30),
+            replace_after: Duration::from_secs(300),
+            health: Default::default(),
+            max_open_reservations: crate::state::DEFAULT_MAX_OPEN_RESERVATIONS,
+            metrics_listen: None,
+            clock_file: None,
+        }
+    }
+}
+
+/// A node an embedded agent should run for: its name, capacity, model and hardware.
+pub struct EmbeddedHost {
+    pub name: String,
+    pub capacity: String,
+    pub gpu_type: String,
+    pub backend: Arc<dyn GpuBackend>,
+    /// Set for simulated hardware (which `<data-dir>/sim-faults.toml` can then reach).
+    pub sim: Option<Arc<SimulatedNode>>,
+    /// The driver a simulated node runs now (its record's).
+    pub driver_version: String,
+}
+
+/// Every node of the store as an embedded host with simulated GPUs (its recorded MIG
+/// state and driver).
+pub fn simulated_hosts(conn: &rusqlite::Connection) -> anyhow::Result<Vec<EmbeddedHost>> {
+    Ok(crate::recorded::simulated_nodes(conn)?
+        .into_iter()
+        .map(|(row, sim)| {
+            let sim = Arc::new(sim);
+            EmbeddedHost {
+                name: row.hostname,
+                capacity: row.capacity,
+                gpu_type: row.gpu_type,
+                backend: sim.clone(),
+                sim: Some(sim),
+                driver_version: row.driver_version,
+            }
+        })
+        .collect())
+}
+
+/// An opened control plane: its state, and what serving it needs.
+pub struct ControlPlane {
+    pub state: Arc<AppState>,
+    tls_server: Option<tonic::transport::Server>,
+    listen: SocketAddr,
+    metrics_listen: Option<SocketAddr>,
+    require_client_cert: bool,
+    embedded: Vec<EmbeddedHost>,
+    tasks: Vec<JoinHandle<()>>,
+    /// Held while this value lives (the kernel drops it even on SIGKILL).
+    _lock: DataDirLock,
+}
+
+impl ControlPlane {
+    /// Checks `config`, then opens the data dir (locked), the store and the tokens, seeds
+    /// the fleet and recovers interrupted work. Blocking: call it off the async workers.
+    pub fn open(config: Config) -> anyhow::Result<Self> {
+        // A bad certificate or key fails before the data dir is touched.
+        let tls_server = gpufleet_wire::tls::server_config(
+            config.tls_cert.as_deref(),
+            config.tls_key.as_deref(),
+            config.agent_ca.as_deref(),
+        )?;
+        if tls_server.is_none() && !config.listen.ip().is_loopback() && !config.insecure {
+            anyhow::bail!(
+                "--listen: {} is not a loopback address and TLS is off, so tokens would cross the network in clear text; give --tls-cert/--tls-key (and --agent-ca for node agents), or --insecure to accept that",
+                config.listen
+            );
+        }
+        if let Some(clock) = &config.clock_file {
+            crate::clock::use_file(clock.clone());
+        }
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
+        let data_dir = std::fs::canonicalize(&config.data_dir)?;
+        let lock = DataDirLock::acquire(&data_dir)?;
+        let mut conn = store::open(&data_dir.join("state.db"))
+            .with_context(|| format!("cannot open the state database in {}", data_dir.display()))?;
+        let mut offered = config.drivers.clone();
+        let embedded = match config.fleet {
+            Fleet::External => Vec::new(),
+            Fleet::ThisHost(backend) => {
+                let (node_id, created) = crate::host::seed(&mut conn, &*backend)?;
+                if created {
+                    tracing::info!(node = %node_id, "seeded this host as the fleet's one node");
+                }
+                let gpus = backend
+                    .gpus()
+                    .map_err(|e| anyhow::anyhow!("--hardware nvml: {e}"))?;
+                vec![EmbeddedHost {
+                    name: node_id,
+                    capacity: store::nodes::POOL.into(),
+                    gpu_type: gpufleet_wire::inventory::host_model(&gpus)?.name.clone(),
+                    backend,
+                    sim: None,
+                    driver_version: String::new(),
+                }]
+            }
+            Fleet::Simulated { fleet_file } => {
+                let fleet_def = fleet::load(fleet_file.as_deref())?;
+                if offered.is_empty() {
+                    offered = fleet_def.drivers.clone();
+                }
+                let seeded = fleet::seed(&mut conn, &fleet_def)?;
+                if seeded > 0 {
+                    tracing::info!(nodes = seeded, "seeded the simulated fleet");
+                }
+                simulated_hosts(&conn)?
+            }
+        };
+        crate::scheduling::clusters::recover_interrupted(&mut conn)?;
+        // Every agent registers anew with this process.
+        store::nodes::await_agents(&conn, crate::state::now())?;
+        let admin_token = match config.admin_token.filter(|t| !t.is_empty()) {
+            Some(t) => t,
+            None => token_file(&data_dir, "admin.token", "gfa_")?,
+        };
+        let join_token = match config
+            .join_token
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+        {
+            Some(t) => t,
+            None => token_file(&data_dir, "join.token", "gfj_")?,
+        };
+        let drivers = if offered.is_empty() {
+            crate::drivers::Offer::all()
+        } else {
+            crate::drivers::Offer::only(&offered).map_err(|e| anyhow::anyhow!("--{e}"))?
+        };
+        let registry = crate::registry::Registry::new(config.node_timeout, config.replace_after);
+        let state = Arc::new(
+            AppState::new(conn, data_dir, admin_token, join_token, registry, drivers)
+                .with_health(config.health)
+                .with_max_open_reservations(config.max_open_reservations),
+        );
+        Ok(Self {
+            state,
+            tls_server,
+            listen: config.listen,
+            metrics_listen: config.metrics_listen,
+            require_client_cert: config.agent_ca.is_some(),
+            embedded,
+            tasks: Vec::new(),
+            _lock: lock,
+        })
+    }
+
+    /// The nodes embedded agents should run for (taken once).
+    pub fn embedded_hosts(&mut self) -> Vec<EmbeddedHost> {
+        std::mem::take(&mut self.embedded)
+    }
+
+    /// The NodeAgentService that agents connect to, for a listener of the caller's (the
+    /// embedded agents' loopback one); without client certificates.
+    pub fn agent_service(&self) -> NodeAgentServiceServer<Agents> {
+        NodeAgentServiceServer::new(Agents {
+            state: self.state.clone(),
+            require_client_cert: false,
+        })
+    }
+
+    /// Starts the watch over heartbeats, preemption, periodic health checks, Slurm
+    /// supervision and the metrics endpoint; [`ControlPlane::serve`] joins them.
+    pub async fn start_tasks(&mut self, stop: &watch::Receiver<bool>) -> anyhow::Result<()> {
+        let state = &self.state;
+        self.tasks.extend([
+            tokio::spawn(crate::agents::monitor::run(state.clone(), stop.clone())),
+            tokio::spawn(crate::scheduling::take_back::run(
+                state.clone(),
+                stop.clone(),
+            )),
+            tokio::spawn(crate::scheduling::health::run_periodic(
+                state.clone(),
+                stop.clone(),
+            )),
+            tokio::spawn(crate::slurm_clusters::supervise(
+                state.clone(),
+                stop.clone(),
+            )),
+        ]);
+        if let Some(addr) = self.metrics_listen {
+            let state = state.clone();
+            let render = move || crate::metrics::control::render(state.clone());
+            gpufleet_process::metrics_endpoint::listen(addr, "control plane", render, stop.clone())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until each of `names` has registered and settled: ready, or quarantined by a
+    /// failed check.
+    pub async fn await_nodes_settled(
+        &self,
+        names: &[String],
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let state = self.state.clone();
+            let names = names.to_vec();
+            let waiting = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
+                let conn = state.read();
+                let mut waiting = Vec::new();
+                for name in names {
+                    let settled = store::nodes::by_hostname(&conn, &name)?.is_some_and(|n| {
+                        n.state == store::nodes::NODE_READY
+                            || n.state == store::nodes::NODE_QUARANTINED
+                    });
+                    if !settled {
+                        waiting.push(name);
+                    }
+                }
+                Ok(waiting)
+            })
+            .await??;
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "embedded node agents not ready within {within:?}: {}",
+                    waiting.join(", ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Binds the API's address, prints the one line on stdout that says where it listens,
+    /// and serves until `stop` turns true; then joins the background tasks.
+    pub async fn serve(self, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+        let listener = tokio::net::TcpListener::bind(self.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", self.listen))?;
+        let addr = listener.local_addr()?;
+        let scheme = if self.tls_server.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        // The one line on stdout: tests and scripts read the real port from it.
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "gpufleet-agent listening on {scheme}://{addr}")?;
+        stdout.flush()?;
+        drop(stdout);
+        tracing::info!(%addr, scheme, data_dir = %self.state.data_dir.display(), "serving");
+
+        // On SIGINT/SIGTERM: close the listening socket at once (new clients are refused,
+        // not left waiting in the backlog), let in-flight calls finish, and give
+        // connections that stay open (idle clients, clients that never speak) a bounded
+        // grace period.
+        let incoming = accept_until_stopped(listener, stop.clone());
+        let shutdown = {
+            let mut stop = stop.clone();
+            async move { stopped(&mut stop).await }
+        };
+        let grace = {
+            let mut stop = stop.clone();
+            async move {
+                stopped(&mut stop).await;
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            }
+        };
+        let server = self
+            .tls_server
+            .unwrap_or_else(tonic::transport::Server::builder)
+            .layer(crate::metrics::api::ApiMetricsLayer)
+            .layer(crate::services::short_errors::ShortErrorsLayer)
+            .add_service(
+                TenantServiceServer::new(Tenants {
+                    state: self.state.clone(),
+                })
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .add_service(
+                GpuQuotaServiceServer::new(Quotas {
+                    state: self.state.clone(),
+                })
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .add_service(
+                ReservationServiceServer::new(Reservations {
+                    state: self.state.clone(),
+                })
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .add_service(
+                FleetServiceServer::new(FleetApi {
+                    state: self.state.clone(),
+                })
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .add_service(
+                TenantClusterServiceServer::new(Clusters {
+                    state: self.state.clone(),
+                })
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .add_service(
+                gpufleet_proto::v1::health_service_server::HealthServiceServer::new(
+                    crate::services::health::Health {
+                        state: self.state.clone(),
+                    },
+                )
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
+            .add_service(NodeAgentServiceServer::new(Agents {
+                state: self.state.clone(),
+                require_client_cert: self.require_client_cert,
+            }))
+            .serve_with_incoming_shutdown(incoming, shutdown);
+        tokio::select! {
+            result = server => result?,
+            _ = grace => tracing::info!("closing connections still open after the grace period"),
+        }
+        // Background tasks end on the same flag; one that does not within the grace
+        // period is left to the runtime's shutdown.
+        let joined = futures_join(self.tasks);
+        if tokio::time::timeout(SHUTDOWN_GRACE, joined).await.is_err() {
+            tracing::warn!("background tasks still running after the grace period");
+        }
+        tracing::info!("shut down cleanly");
+        Ok(())
+    }
+}
+
+/// Waits for every task (their panics are logged, not raised).
+async fn futures_join(tasks: Vec<JoinHandle<()>>) {
+    for task in tasks {
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "a background task failed");
+        }
+    }
+}
+
+/// Reads `<data-dir>/<name>`, or creates it (mode 0600) with a fresh token.
+fn token_file(data_dir: &Path, name: &str, prefix: &str) -> anyhow::Result<String> {
+    let path = data_dir.join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(text) if !text.trim().is_empty() => return Ok(text.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+    let token = auth::new_token(prefix);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    writeln!(file, "{token}")?;
+    tracing::info!(path = %path.display(), "generated a token");
+    Ok(token)
+}
+
+/// Accepted connections until `stop` turns true; then the listener is dropped, so the
+/// port refuses new connections while open ones drain. (tonic keeps the incoming stream,
+/// and with it the socket, until every connection has closed.)
+fn accept_until_stopped(
+    listener: tokio::net::TcpListener,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<tokio::net::TcpStream>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stopped(&mut stop) => break,
+                accepted = listener.accept() => {
+                    let sent = match accepted {
+                        Ok((stream, _)) => {
+                            // Answers over ~600 bytes would otherwise wait ~40 ms for a
+                            // delayed ACK (tonic does not set it on sockets it is given).
+                            if let Err(e) = stream.set_nodelay(true) {
+                                tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+                            }
+                            tx.send(Ok(stream)).await
+                        }
+                        // tonic logs and skips accept errors (e.g. out of file descriptors).
+                        Err(e) => tx.send(Err(e)).await,
+                    };
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        tracing::info!("stopped accepting connections");
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

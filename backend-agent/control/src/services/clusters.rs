@@ -1,0 +1,964 @@
+//! TenantClusterService: Kubernetes or Slurm clusters on dedicated nodes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gpufleet_proto::v1::{self, tenant_cluster_service_server::TenantClusterService};
+use rusqlite::Connection;
+use tonic::{Request, Response, Status};
+
+use super::reservations::visible_reservation;
+use super::{
+    fingerprint, invalid, list_scope, node_messages, not_found, precondition, request_id_conflict,
+    target_tenant,
+};
+use crate::auth::{authenticate, Caller};
+use crate::cluster_status::{refuse_while_changing, settled_status};
+use crate::rules;
+use crate::scheduling::clusters::{layout_changes, scale, undo_create};
+use crate::state::{db_error, now, AppState};
+use crate::store::{self, clusters::ClusterRow, idempotency::Prior, nodes::NodeRow};
+use crate::{access, catalog, volumes};
+
+/// storage_gib when the request leaves it 0.
+pub const DEFAULT_STORAGE_GIB: i64 = 100;
+
+#[derive(Clone)]
+pub struct Clusters {
+    pub state: Arc<AppState>,
+}
+
+fn visible_cluster(conn: &Connection, caller: &Caller, id: &str) -> Result<ClusterRow, Status> {
+    match store::clusters::get(conn, id).map_err(db_error)? {
+        Some(c) if caller.sees(&c.tenant_id) => Ok(c),
+        _ => Err(not_found("tenant cluster", id)),
+    }
+}
+
+fn message(conn: &Connection, caller: &Caller, c: ClusterRow) -> Result<v1::TenantCluster, Status> {
+    let mut nodes = store::nodes::list(conn, None, Some(&c.id)).map_err(db_error)?;
+    let nodes_omitted = super::paging::shown_nodes(&mut nodes);
+    let acceptance = super::health::cluster_acceptance(conn, &c.id)?;
+    let preemption = store::preemption::get(conn, &c.id).map_err(db_error)?;
+    Ok(v1::TenantCluster {
+        preemptible: preemption.is_some(),
+        allow_on_demand: preemption.unwrap_or(false),
+        acceptance_level: acceptance.level,
+        min_bus_bandwidth_gbps: acceptance.min_bus_bandwidth_gbps,
+        run_acceptance_on_create: acceptance.run_on_create,
+        acceptance_status: acceptance.status,
+        acceptance_nodes: acceptance.nodes,
+        tenant_name: super::tenant_name(conn, &c.tenant_id)?,
+        nodes: node_messages(conn, None, caller, nodes)?,
+        nodes_omitted,
+        mig_layout: c
+            .mig_layout
+            .iter()
+            .map(|(k, v)| (k.clone(), *v as i32))
+            .collect(),
+        id: c.id,
+        tenant_id: c.tenant_id,
+        name: c.name,
+        orchestrator: c.orchestrator,
+        gpu_type: c.gpu_type,
+        node_count: c.node_count,
+        reservation_id: c.reservation_id.unwrap_or_default(),
+        storage_gib: c.storage_gib,
+        status: c.status,
+        status_reason: c.status_reason,
+        cuda_version: c.cuda_version,
+        driver_version: c.driver_version,
+        max_unavailable: c.max_unavailable as i32,
+        endpoint: c.endpoint,
+        credentials: c.credentials,
+        storage_path: c.storage_path,
+    })
+}
+
+fn positive_or_unset(field: &str, value: i64) -> Result<(), Status> {
+    if value < 0 {
+        return Err(invalid(format!(
+            "{field}: must be at least 1 (got {value})"
+        )));
+    }
+    Ok(())
+}
+
+/// A validate_only answer: the cluster as the request would make it (nodes included), no
+/// credentials issued.
+fn dry_run_answer(
+    conn: &Connection,
+    caller: &Caller,
+    c: ClusterRow,
+) -> Result<v1::TenantCluster, Status> {
+    let mut answer = message(conn, caller, c)?;
+    answer.credentials.clear();
+    Ok(answer)
+}
+
+/// A create after its checks: the answer to give at once (a retried request's, or a
+/// validate_only dry run's), or the new cluster (in the store, status "creating") with
+/// the MIG changes its nodes need.
+enum Prepared {
+    Existing(v1::TenantCluster),
+    New {
+        caller: Caller,
+        cluster: ClusterRow,
+        changes: Vec<crate::mig::Change>,
+        tenant_name: String,
+    },
+}
+
+/// An update after its checks: a dry run's answer, or the change committed as "updating".
+enum PreparedUpdate {
+    DryRun(Box<v1::TenantCluster>),
+    Change(Box<UpdateChange>),
+}
+
+/// What an update decided: the cluster before and after, the nodes it adds and releases
+/// and the MIG changes they need.
+struct UpdateChange {
+    caller: Caller,
+    old: ClusterRow,
+    c: ClusterRow,
+    scaling: crate::scheduling::clusters::Scaling,
+    changes: Vec<crate::mig::Change>,
+    new_driver: bool,
+}
+
+/// Events for nodes that joined (`allocated`, with the cluster's layout when it has one)
+/// and left (`released`) the cluster.
+fn record_membership(
+    conn: &Connection,
+    c: &ClusterRow,
+    joined: &[NodeRow],
+    left: &[NodeRow],
+) -> rusqlite::Result<()> {
+    let t = now();
+    for n in joined {
+        let layout = if c.mig_layout.is_empty() {
+            "whole GPUs".to_string()
+        } else {
+            format!(
+                "every GPU partitioned as {}",
+                gpufleet_gpu::mig::render_layout(&c.mig_layout)
+            )
+        };
+        let message = format!("{} node allocated to the cluster; {layout}", n.capacity);
+        store::events::record(
+            conn,
+            t,
+            &c.id,
+            &c.tenant_id,
+            "allocated",
+            &n.hostname,
+            &message,
+        )?;
+    }
+    for n in left {
+        store::events::record(
+            conn,
+            t,
+            &c.id,
+            &c.tenant_id,
+            "released",
+            &n.hostname,
+            "node released, back to whole GPUs",
+        )?;
+    }
+    Ok(())
+}
+
+/// max_unavailable from the wire: 0 means the default, 1.
+fn max_unavailable_or_default(value: i32) -> Result<i64, Status> {
+    match value {
+        0 => Ok(1),
+        1..=1000 => Ok(value.into()),
+        _ => Err(invalid(format!(
+            "max_unavailable: must be between 1 and 1000 (got {value})"
+        ))),
+    }
+}
+
+impl Clusters {
+    /// The driver a cluster asks for (None: its nodes keep theirs).
+    fn resolve_driver(
+        &self,
+        gpu_type: &str,
+        cuda: &str,
+        driver: &str,
+        mig: bool,
+    ) -> Result<Option<String>, Status> {
+        if cuda.is_empty() && driver.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.state
+                .drivers
+                .resolve(gpu_type, cuda, driver, mig)?
+                .version
+                .to_string(),
+        ))
+    }
+
+    /// New nodes to the cluster's driver (a node that fails is quarantined, and the
+    /// request fails), then the MIG changes.
+    async fn bring_up(
+        &self,
+        cluster: &ClusterRow,
+        joining: &[NodeRow],
+        changes: &[crate::mig::Change],
+    ) -> Result<(), crate::error::Error> {
+        if !cluster.driver_version.is_empty() && !joining.is_empty() {
+            super::progress::driver_installs(
+                &self.state,
+                cluster,
+                joining,
+                &cluster.driver_version,
+            )
+            .await;
+            let failed =
+                crate::scheduling::drivers::install(&self.state, joining, &cluster.driver_version)
+                    .await;
+            if !failed.is_empty() {
+                let mut why = Vec::new();
+                for (n, reason) in &failed {
+                    crate::scheduling::drivers::quarantine(&self.state, cluster, n, reason)?;
+                    why.push(format!("{}: {reason}", n.hostname));
+                }
+                return Err(crate::error::Error::Aborted(format!(
+                    "driver_version: installing {} failed on {}; the node(s) were quarantined, retry to get others",
+                    cluster.driver_version,
+                    why.join("; ")
+                )));
+            }
+        }
+        super::progress::partitioning(&self.state, cluster, changes).await;
+        crate::mig::converge(&self.state, changes).await?;
+        // Then the acceptance checks (failed nodes are quarantined and replaced).
+        crate::scheduling::health::accept_new_nodes(&self.state, cluster, joining).await
+    }
+
+    fn prepare_create(
+        &self,
+        request: Request<v1::CreateTenantClusterRequest>,
+    ) -> Result<Prepared, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        let caller = authenticate(&self.state, &tx, &request)?;
+        crate::limits::check(request.get_ref())?;
+        let req = request.into_inner();
+        // A dry run (validate_only) needs no request id: "" was never recorded.
+        if !req.validate_only {
+            rules::required("request_id", &req.request_id).map_err(invalid)?;
+        }
+        let tenant = target_tenant(&tx, &caller, &req.tenant_id)?;
+        gpufleet_wire::names::dns_label("name", &req.name).map_err(invalid)?;
+        rules::orchestrator(&req.orchestrator).map_err(invalid)?;
+        crate::slurm_clusters::require(&req.orchestrator)?;
+        catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
+        rules::at_least("node_count", req.node_count, 1).map_err(invalid)?;
+        positive_or_unset("storage_gib", req.storage_gib)?;
+        let storage_gib = if req.storage_gib == 0 {
+            DEFAULT_STORAGE_GIB
+        } else {
+            req.storage_gib
+        };
+        let max_unavailable = max_unavailable_or_default(req.max_unavailable)?;
+        let layout: BTreeMap<String, i32> = req.mig_layout.clone().into_iter().collect();
+        let print = fingerprint(&[
+            &tenant.id,
+            &req.name,
+            &req.orchestrator,
+            &req.gpu_type,
+            &req.node_count,
+            &req.reservation_id,
+            &storage_gib,
+            &layout,
+            &req.cuda_version,
+            &req.driver_version,
+            &max_unavailable,
+            &req.preemptible,
+            &req.allow_on_demand,
+        ]);
+        match store::idempotency::lookup(&tx, "cluster", &tenant.id, &req.request_id, &print)
+            .map_err(db_error)?
+        {
+            Prior::Same(id) => match store::clusters::get(&tx, &id).map_err(db_error)? {
+                // Done or still under way (a retry after a deadline): the same cluster.
+                Some(c) => return message(&tx, &caller, c).map(Prepared::Existing),
+                // Its cluster is gone since: the same request makes a new one.
+                None => {
+                    store::idempotency::forget_request(&tx, "cluster", &tenant.id, &req.request_id)
+                        .map_err(db_error)?
+                }
+            },
+            Prior::Conflict => return Err(request_id_conflict(&req.request_id, "tenant cluster")),
+            Prior::New => {}
+        }
+        if let Some(existing) =
+            store::clusters::by_name(&tx, &tenant.id, &req.name).map_err(db_error)?
+        {
+            return Err(Status::already_exists(format!(
+                "name: tenant '{}' already has a cluster named '{}' (id {})",
+                tenant.name, req.name, existing.id
+            )));
+        }
+        if !req.reservation_id.is_empty() {
+            visible_reservation(&tx, &Caller::Tenant(tenant.id.clone()), &req.reservation_id)
+                .map_err(|_| {
+                    invalid(format!(
+                        "reservation_id: reservation '{}' not found",
+                        req.reservation_id
+                    ))
+                })?;
+        }
+        let mig_layout = crate::mig::validate(&req.gpu_type, &req.mig_layout)?;
+        let driver = self.resolve_driver(
+            &req.gpu_type,
+            &req.cuda_version,
+            &req.driver_version,
+            !mig_layout.is_empty(),
+        )?;
+        let acceptance = super::health::create_settings(&req)?;
+        let dir = volumes::path(&self.state.volumes_root(), &tenant.name, &req.name);
+        let mut cluster = ClusterRow {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant_id: tenant.id.clone(),
+            endpoint: access::endpoint(&req.orchestrator, &tenant.name, &req.name),
+            credentials: access::credentials(&req.orchestrator, &tenant.name, &req.name).map_err(
+                |e| Status::internal(format!("cannot issue the cluster's credentials: {e:#}")),
+            )?,
+            name: req.name,
+            orchestrator: req.orchestrator,
+            gpu_type: req.gpu_type,
+            node_count: req.node_count,
+            reservation_id: Some(req.reservation_id).filter(|r| !r.is_empty()),
+            storage_gib,
+            status: "creating".into(),
+            storage_path: dir.display().to_string(),
+            mig_layout,
+            status_reason: String::new(),
+            cuda_version: req.cuda_version,
+            driver_version: driver.unwrap_or_default(),
+            max_unavailable,
+        };
+        // A Slurm cluster's own controller port and munge key.
+        crate::slurm_clusters::prepare(&mut cluster)?;
+        store::clusters::insert(&tx, &cluster).map_err(db_error)?;
+        super::health::store_created(&tx, &cluster.id, acceptance)?;
+        crate::scheduling::preemption::mark(&tx, &cluster, req.preemptible, req.allow_on_demand)?;
+        scale(&tx, &tenant.name, &cluster, now())?;
+        if req.validate_only {
+            // The real create's admission passed; dropping `tx` rolls back the row and its
+            // nodes, and nothing outside the database was touched.
+            return dry_run_answer(&tx, &caller, cluster).map(Prepared::Existing);
+        }
+        store::idempotency::record(
+            &tx,
+            "cluster",
+            &tenant.id,
+            &req.request_id,
+            &print,
+            &cluster.id,
+        )
+        .map_err(db_error)?;
+        let changes = layout_changes(&tx, &cluster, &[])?;
+        // Every check passed: now the side effects outside the database.
+        volumes::create(
+            &self.state.volumes_root(),
+            &tenant.name,
+            &cluster.name,
+            storage_gib,
+        )
+        .map_err(|e| {
+            Status::internal(format!(
+                "cannot create the storage directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        if let Err(e) = tx.commit() {
+            let _ = volumes::remove(&dir);
+            return Err(db_error(e));
+        }
+        Ok(Prepared::New {
+            caller,
+            cluster,
+            changes,
+            tenant_name: tenant.name,
+        })
+    }
+
+    async fn create(
+        &self,
+        request: Request<v1::CreateTenantClusterRequest>,
+    ) -> Result<v1::TenantCluster, Status> {
+        let this = self.clone();
+        let prepared = super::blocking(move || this.prepare_create(request)).await?;
+        let (caller, cluster, changes, tenant_name) = match prepared {
+            Prepared::Existing(c) => return Ok(c),
+            Prepared::New {
+                caller,
+                cluster,
+                changes,
+                tenant_name,
+            } => (caller, cluster, changes, tenant_name),
+        };
+        // The rest runs to the end even when the caller leaves (see `detached`).
+        let this = self.clone();
+        super::detached::run(async move {
+            this.complete_create(caller, cluster, changes, tenant_name)
+                .await
+        })
+        .await
+    }
+
+    /// A create's orders to the agents and its record (or undo) of what they did.
+    async fn complete_create(
+        &self,
+        caller: Caller,
+        cluster: ClusterRow,
+        changes: Vec<crate::mig::Change>,
+        tenant_name: String,
+    ) -> Result<v1::TenantCluster, Status> {
+        // The agents bring the nodes to the cluster's driver, then partition them; no lock
+        // is held while they work.
+        let joining: Vec<NodeRow> = changes.iter().map(|c| c.node.clone()).collect();
+        if let Err(e) = self.bring_up(&cluster, &joining, &changes).await {
+            self.undo_create(cluster).await;
+            return Err(e.into());
+        }
+        // A Slurm cluster's controller and slurmd, once the nodes have their layout.
+        let slurm = match crate::slurm_clusters::apply(&self.state, &cluster.id, &[]).await {
+            Ok(why) => why,
+            Err(e) => {
+                crate::slurm_clusters::remove(&self.state, &cluster, &joining).await;
+                self.undo_create(cluster).await;
+                return Err(e.into());
+            }
+        };
+        // The record in one transaction on the writer thread: a large cluster's events
+        // commit once, and no async worker waits on SQLite.
+        let (name, nodes) = (cluster.name.clone(), cluster.node_count);
+        let created = self
+            .state
+            .write(move |sp| {
+                let (status, reason) =
+                    crate::slurm_clusters::overlay(settled_status(&sp, &cluster.id)?, slurm);
+                store::clusters::set_status(&sp, &cluster.id, &status, &reason)
+                    .map_err(db_error)?;
+                let held = store::nodes::list(&sp, None, Some(&cluster.id)).map_err(db_error)?;
+                if cluster.driver_version.is_empty() {
+                    // No driver asked for: the cluster reads back what its nodes run.
+                    if let Some(first) = held.first() {
+                        let mut c = cluster.clone();
+                        c.driver_version = first.driver_version.clone();
+                        c.status = status.clone();
+                        c.status_reason = reason.clone();
+                        store::clusters::update(&sp, &c).map_err(db_error)?;
+                    }
+                }
+                record_membership(&sp, &cluster, &held, &[]).map_err(db_error)?;
+                let created = store::clusters::get(&sp, &cluster.id)
+                    .map_err(db_error)?
+                    .ok_or_else(|| not_found("tenant cluster", &cluster.id))?;
+                let answer = message(&sp, &caller, created)?;
+                sp.commit().map_err(db_error)?;
+                Ok(answer)
+            })
+            .await?;
+        tracing::info!(cluster = %name, tenant = %tenant_name, nodes, "created cluster");
+        Ok(created)
+    }
+
+    /// Takes back a create that could not be completed, in one transaction.
+    async fn undo_create(&self, cluster: ClusterRow) {
+        let name = cluster.name.clone();
+        let undone = self
+            .state
+            .write(move |sp| {
+                undo_create(&sp, &cluster).map_err(db_error)?;
+                sp.commit().map_err(db_error)
+            })
+            .await;
+        if let Err(e) = undone {
+            tracing::error!(cluster = %name, error = %e, "cannot undo a failed cluster create");
+        }
+    }
+
+    fn get(
+        &self,
+        request: Request<v1::GetTenantClusterRequest>,
+    ) -> Result<v1::TenantCluster, Status> {
+        let conn = self.state.read();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
+        let c = visible_cluster(&conn, &caller, &request.get_ref().id)?;
+        message(&conn, &caller, c)
+    }
+
+    fn list(
+        &self,
+        request: Request<v1::ListTenantClustersRequest>,
+    ) -> Result<v1::ListTenantClustersResponse, Status> {
+        let conn = self.state.read();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
+        let scope = list_scope(&conn, &caller, &request.get_ref().tenant_id)?;
+        let page =
+            super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
+        let rows = store::clusters::list(&conn, scope.as_deref(), None, None).map_err(db_error)?;
+        let (clusters, next_page_token) = super::paging::page(
+            rows,
+            &page,
+            |c| format!("{}\u{0}{}", c.tenant_id, c.name),
+            |c| message(&conn, &caller, c),
+        )?;
+        Ok(v1::ListTenantClustersResponse {
+            clusters,
+            next_page_token,
+        })
+    }
+
+    /// `c` with an update's changes applied (checked as they are taken in), and whether
+    /// they give it another driver.
+    fn updated(
+        &self,
+        c: &ClusterRow,
+        req: &v1::UpdateTenantClusterRequest,
+    ) -> Result<(ClusterRow, bool), Status> {
+        let mut c = c.clone();
+        // 0 leaves node_count / storage_gib unchanged (proto3 int64 has no presence).
+        positive_or_unset("node_count", req.node_count)?;
+        positive_or_unset("storage_gib", req.storage_gib)?;
+        if req.storage_gib > 0 && req.storage_gib < c.storage_gib {
+            return Err(precondition(format!(
+                "storage_gib cannot shrink from {} to {}",
+                c.storage_gib, req.storage_gib
+            )));
+        }
+        if req.node_count > 0 {
+            c.node_count = req.node_count;
+        }
+        if req.storage_gib > 0 {
+            c.storage_gib = req.storage_gib;
+        }
+        if req.set_mig_layout {
+            c.mig_layout = crate::mig::validate(&c.gpu_type, &req.mig_layout)?;
+        }
+        if req.max_unavailable != 0 {
+            c.max_unavailable = max_unavailable_or_default(req.max_unavailable)?;
+        }
+        let mut new_driver = false;
+        if req.set_driver {
+            c.cuda_version = req.cuda_version.clone();
+            if let Some(v) = self.resolve_driver(
+                &c.gpu_type,
+                &req.cuda_version,
+                &req.driver_version,
+                !c.mig_layout.is_empty(),
+            )? {
+                new_driver = v != c.driver_version;
+                c.driver_version = v;
+            }
+        }
+        Ok((c, new_driver))
+    }
+
+    /// An update's checks and its decision, committed with status "updating" (or, for a
+    /// validate_only dry run, the answer it would give).
+    fn prepare_update(
+        &self,
+        request: Request<v1::UpdateTenantClusterRequest>,
+    ) -> Result<PreparedUpdate, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        let caller = authenticate(&self.state, &tx, &request)?;
+        crate::limits::check(request.get_ref())?;
+        let req = request.into_inner();
+        let c = visible_cluster(&tx, &caller, &req.id)?;
+        if !req.validate_only {
+            // A dry run asks about admission only; the apply joins a change under way.
+            refuse_while_changing(&c)?;
+        }
+        let old = c.clone();
+        let tenant = super::visible_tenant(&tx, &Caller::Admin, &c.tenant_id)?;
+        let (mut c, new_driver) = self.updated(&old, &req)?;
+        super::health::store_updated(&tx, &c.id, &req)?;
+        let scaling = scale(&tx, &tenant.name, &c, now())?;
+        if req.validate_only {
+            // Admission passed; dropping `tx` rolls back the nodes it took.
+            return dry_run_answer(&tx, &caller, c).map(|a| PreparedUpdate::DryRun(Box::new(a)));
+        }
+        let changes = layout_changes(&tx, &c, &scaling.to_release)?;
+        c.status = "updating".into();
+        store::clusters::update(&tx, &c).map_err(db_error)?;
+        let dir = std::path::PathBuf::from(&c.storage_path);
+        volumes::resize(&dir, c.storage_gib).map_err(|e| {
+            Status::internal(format!(
+                "cannot resize the storage directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        tx.commit().map_err(db_error)?;
+        Ok(PreparedUpdate::Change(Box::new(UpdateChange {
+            caller,
+            old,
+            c,
+            scaling,
+            changes,
+            new_driver,
+        })))
+    }
+
+    async fn update(
+        &self,
+        request: Request<v1::UpdateTenantClusterRequest>,
+    ) -> Result<v1::TenantCluster, Status> {
+        let this = self.clone();
+        let u = match super::blocking(move || this.prepare_update(request)).await? {
+            PreparedUpdate::DryRun(answer) => return Ok(*answer),
+            PreparedUpdate::Change(u) => *u,
+        };
+        // The rest runs to the end even when the caller leaves (see `detached`).
+        let this = self.clone();
+        super::detached::run(async move { this.complete_update(u).await }).await
+    }
+
+    /// An update's orders to the agents (driver, layout, then the driver roll) and its
+    /// record of what they did, or its undo.
+    async fn complete_update(&self, u: UpdateChange) -> Result<v1::TenantCluster, Status> {
+        let UpdateChange {
+            caller,
+            old,
+            c,
+            scaling,
+            changes,
+            new_driver,
+        } = u;
+        // A Slurm cluster's leaving nodes are drained first: their running jobs finish
+        // before their GPUs go back to whole GPUs and their slurmd stops.
+        if crate::slurm_clusters::is_slurm(&c) {
+            let draining = scaling
+                .to_release
+                .iter()
+                .map(|n| {
+                    crate::scheduling::drivers::Event::new(
+                        "node_draining",
+                        &n.hostname,
+                        "leaving the cluster (scale down): running jobs finish first",
+                    )
+                })
+                .collect();
+            crate::scheduling::drivers::events(&self.state, &c, draining).await;
+            crate::slurm_clusters::drain_all(
+                &self.state,
+                &c,
+                &scaling.to_release,
+                "leaving the cluster (scale down)",
+            )
+            .await;
+        }
+        // Joining nodes get the cluster's driver first, then every node its layout.
+        let converged = self.bring_up(&c, &scaling.added, &changes).await;
+        if let Err(e) = converged {
+            // Back to the cluster as it was: new nodes released, the old row restored.
+            let (added, restore) = (scaling.added.clone(), old.clone());
+            self.state
+                .write(move |sp| {
+                    for n in &added {
+                        store::nodes::release(&sp, &n.id).map_err(db_error)?;
+                    }
+                    store::clusters::update(&sp, &restore).map_err(db_error)?;
+                    sp.commit().map_err(db_error)
+                })
+                .await?;
+            let (path, gib) = (old.storage_path.clone(), old.storage_gib);
+            super::blocking(move || {
+                if let Err(io) = volumes::resize(std::path::Path::new(&path), gib) {
+                    tracing::warn!(path = %path, error = %io, "cannot restore the storage size of a failed update");
+                }
+                Ok(())
+            })
+            .await?;
+            return Err(e.into());
+        }
+        let leaving = scaling.to_release.clone();
+        self.state
+            .write(move |sp| {
+                for n in &leaving {
+                    store::nodes::release(&sp, &n.id).map_err(db_error)?;
+                }
+                sp.commit().map_err(db_error)
+            })
+            .await?;
+        // A Slurm cluster's controller and slurmd follow its new nodes and layout.
+        let slurm = crate::slurm_clusters::apply(&self.state, &c.id, &scaling.to_release)
+            .await
+            .unwrap_or_else(|e| Some(format!("Slurm: {e}")));
+        {
+            let (c, relayout) = (c.clone(), c.mig_layout != old.mig_layout);
+            self.state
+                .write(move |sp| {
+                    record_membership(&sp, &c, &scaling.added, &scaling.to_release)
+                        .map_err(db_error)?;
+                    if relayout {
+                        let layout = if c.mig_layout.is_empty() {
+                            "whole GPUs".to_string()
+                        } else {
+                            gpufleet_gpu::mig::render_layout(&c.mig_layout)
+                        };
+                        store::events::record(
+                            &sp,
+                            now(),
+                            &c.id,
+                            &c.tenant_id,
+                            "partitioned",
+                            "",
+                            &format!("every GPU re-partitioned as {layout}"),
+                        )
+                        .map_err(db_error)?;
+                    }
+                    sp.commit().map_err(db_error)
+                })
+                .await?;
+        }
+        // A new driver rolls through the nodes, max_unavailable at a time.
+        let problems = if new_driver {
+            crate::scheduling::drivers::roll(&self.state, &c).await?
+        } else {
+            Vec::new()
+        };
+        let driver = c.driver_version.clone();
+        let answer = self
+            .state
+            .write(move |sp| {
+                let now_row = store::clusters::get(&sp, &c.id)
+                    .map_err(db_error)?
+                    .ok_or_else(|| not_found("tenant cluster", &c.id))?;
+                if now_row.status != "degraded" {
+                    let (status, reason) =
+                        crate::slurm_clusters::overlay(settled_status(&sp, &c.id)?, slurm);
+                    store::clusters::set_status(&sp, &c.id, &status, &reason).map_err(db_error)?;
+                }
+                let c = store::clusters::get(&sp, &c.id)
+                    .map_err(db_error)?
+                    .ok_or_else(|| not_found("tenant cluster", &c.id))?;
+                let answer = message(&sp, &caller, c)?;
+                sp.commit().map_err(db_error)?;
+                Ok(answer)
+            })
+            .await?;
+        if !problems.is_empty() {
+            return Err(Status::aborted(format!(
+                "driver_version: the cluster now runs {driver} where it could; {}",
+                problems.join("; ")
+            )));
+        }
+        Ok(answer)
+    }
+
+    async fn delete(
+        &self,
+        request: Request<v1::DeleteTenantClusterRequest>,
+    ) -> Result<v1::DeleteResponse, Status> {
+        let this = self.clone();
+        let (c, nodes, changes) = super::blocking(move || {
+            let mut conn = this.state.db();
+            let tx = conn.transaction().map_err(db_error)?;
+            let caller = authenticate(&this.state, &tx, &request)?;
+            crate::limits::check(request.get_ref())?;
+            let c = visible_cluster(&tx, &caller, &request.get_ref().id)?;
+            refuse_while_changing(&c)?;
+            let nodes = store::nodes::list(&tx, None, Some(&c.id)).map_err(db_error)?;
+            // Released nodes go back to whole GPUs before anyone else can get them.
+            let changes = layout_changes(&tx, &c, &nodes)?;
+            store::clusters::set_status(&tx, &c.id, "deleting", "").map_err(db_error)?;
+            tx.commit().map_err(db_error)?;
+            Ok((c, nodes, changes))
+        })
+        .await?;
+        // The rest runs to the end even when the caller leaves (see `detached`).
+        let this = self.clone();
+        super::detached::run(async move { this.complete_delete(c, nodes, changes).await }).await
+    }
+
+    /// A delete's orders to the agents (back to whole GPUs) and its record, or its undo.
+    async fn complete_delete(
+        &self,
+        c: ClusterRow,
+        nodes: Vec<NodeRow>,
+        changes: Vec<crate::mig::Change>,
+    ) -> Result<v1::DeleteResponse, Status> {
+        // A Slurm cluster's daemons stop first (a delete that fails later gets them back
+        // from the Slurm supervisor).
+        crate::slurm_clusters::remove(&self.state, &c, &nodes).await;
+        super::progress::partitioning(&self.state, &c, &changes).await;
+        let converged = crate::mig::converge(&self.state, &changes).await;
+        if let Err(e) = converged {
+            let (id, status, reason) = (c.id.clone(), c.status.clone(), c.status_reason.clone());
+            self.state
+                .write(move |sp| {
+                    store::clusters::set_status(&sp, &id, &status, &reason).map_err(db_error)?;
+                    sp.commit().map_err(db_error)
+                })
+                .await?;
+            return Err(e.into());
+        }
+        // Nodes released, the cluster gone, and its events, in one transaction.
+        let deleted = c.clone();
+        self.state
+            .write(move |sp| {
+                for n in &nodes {
+                    store::nodes::release(&sp, &n.id).map_err(db_error)?;
+                }
+                store::clusters::delete(&sp, &deleted.id).map_err(db_error)?;
+                store::idempotency::forget(&sp, &deleted.id).map_err(db_error)?;
+                store::health::forget_cluster(&sp, &deleted.id).map_err(db_error)?;
+                record_membership(&sp, &deleted, &[], &nodes).map_err(db_error)?;
+                store::events::record(
+                    &sp,
+                    now(),
+                    &deleted.id,
+                    &deleted.tenant_id,
+                    "deleted",
+                    "",
+                    "the cluster was deleted; its nodes went back to whole GPUs",
+                )
+                .map_err(db_error)?;
+                sp.commit().map_err(db_error)
+            })
+            .await?;
+        let path = c.storage_path.clone();
+        super::blocking(move || {
+            if let Err(e) = volumes::remove(std::path::Path::new(&path)) {
+                tracing::warn!(path = %path, error = %e, "cluster deleted but its storage directory could not be removed");
+            }
+            Ok(())
+        })
+        .await?;
+        tracing::info!(cluster = %c.name, "deleted cluster");
+        Ok(v1::DeleteResponse {})
+    }
+}
+
+/// Retries that find their change under way (a caller back after its deadline): they wait
+/// for that change rather than being refused.
+impl Clusters {
+    /// The caller and the cluster `id`, read on a blocking thread.
+    async fn look_up<T: Clone + Send + 'static>(
+        &self,
+        request: &Request<T>,
+        id: String,
+    ) -> Result<(Caller, ClusterRow), Status> {
+        let mut probe = Request::new(request.get_ref().clone());
+        *probe.metadata_mut() = request.metadata().clone();
+        let this = self.clone();
+        super::blocking(move || {
+            let conn = this.state.db();
+            let caller = authenticate(&this.state, &conn, &probe)?;
+            let c = visible_cluster(&conn, &caller, &id)?;
+            Ok((caller, c))
+        })
+        .await
+    }
+
+    /// An update of a cluster already being updated (or created) to just what it asks: the
+    /// answer once that change settles. None: an update of its own (nothing under way,
+    /// another target, or the first one did not take), which answers every other case.
+    async fn join_update(
+        &self,
+        request: &Request<v1::UpdateTenantClusterRequest>,
+    ) -> Result<Option<v1::TenantCluster>, Status> {
+        if request.get_ref().validate_only {
+            return Ok(None); // a dry run never waits
+        }
+        let Ok((caller, c)) = self.look_up(request, request.get_ref().id.clone()).await else {
+            return Ok(None);
+        };
+        // (A cluster still being created counts too: an update that asks for nothing new
+        // from it waits for the create.)
+        if !["creating", "updating"].contains(&c.status.as_str()) {
+            return Ok(None);
+        }
+        let Ok((target, _)) = self.updated(&c, request.get_ref()) else {
+            return Ok(None);
+        };
+        if !super::detached::same_target(&c, &target) {
+            return Ok(None);
+        }
+        match super::detached::settled(&self.state, &c.id, &c.status).await? {
+            Some(now) if super::detached::same_target(&now, &target) => {
+                let this = self.clone();
+                super::blocking(move || message(&this.state.db(), &caller, now))
+                    .await
+                    .map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// A delete of a cluster already being deleted: done once that delete is. None: a
+    /// delete of its own (nothing under way, or the first one failed).
+    async fn join_delete(
+        &self,
+        request: &Request<v1::DeleteTenantClusterRequest>,
+    ) -> Result<Option<v1::DeleteResponse>, Status> {
+        let Ok((_, c)) = self.look_up(request, request.get_ref().id.clone()).await else {
+            return Ok(None);
+        };
+        if c.status != "deleting" {
+            return Ok(None);
+        }
+        Ok(super::detached::settled(&self.state, &c.id, "deleting")
+            .await?
+            .is_none()
+            .then_some(v1::DeleteResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl TenantClusterService for Clusters {
+    async fn create_tenant_cluster(
+        &self,
+        r: Request<v1::CreateTenantClusterRequest>,
+    ) -> Result<Response<v1::TenantCluster>, Status> {
+        self.create(r).await.map(Response::new)
+    }
+    async fn get_tenant_cluster(
+        &self,
+        r: Request<v1::GetTenantClusterRequest>,
+    ) -> Result<Response<v1::TenantCluster>, Status> {
+        let this = self.clone();
+        super::blocking(move || this.get(r))
+            .await
+            .map(Response::new)
+    }
+    async fn list_tenant_clusters(
+        &self,
+        r: Request<v1::ListTenantClustersRequest>,
+    ) -> Result<Response<v1::ListTenantClustersResponse>, Status> {
+        let this = self.clone();
+        super::blocking(move || this.list(r))
+            .await
+            .map(Response::new)
+    }
+    async fn update_tenant_cluster(
+        &self,
+        r: Request<v1::UpdateTenantClusterRequest>,
+    ) -> Result<Response<v1::TenantCluster>, Status> {
+        if let Some(settled) = self.join_update(&r).await? {
+            return Ok(Response::new(settled));
+        }
+        self.update(r).await.map(Response::new)
+    }
+    async fn delete_tenant_cluster(
+        &self,
+        r: Request<v1::DeleteTenantClusterRequest>,
+    ) -> Result<Response<v1::DeleteResponse>, Status> {
+        if let Some(done) = self.join_delete(&r).await? {
+            return Ok(Response::new(done));
+        }
+        self.delete(r).await.map(Response::new)
+    }
+}

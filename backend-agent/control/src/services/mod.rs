@@ -1,0 +1,188 @@
+//! gRPC services, one module per service, and what they share: status helpers,
+//! visibility rules, and loading the holdings the capacity and quota arithmetic needs.
+
+pub mod clusters;
+pub mod detached;
+pub mod fairness;
+pub mod fleet;
+pub mod health;
+pub mod paging;
+pub mod progress;
+pub mod quotas;
+pub mod reservations;
+pub mod short_errors;
+pub mod tenants;
+
+use std::collections::HashMap;
+
+use gpufleet_proto::v1;
+use rusqlite::Connection;
+use sha2::{Digest, Sha256};
+use tonic::Status;
+
+use crate::auth::Caller;
+use crate::state::db_error;
+use crate::store::{self, tenants::TenantRow};
+
+/// Runs a handler's database work on a blocking thread: SQLite calls block, and the async
+/// workers must stay free for other requests and the agents' streams.
+pub async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Status::internal(format!("request worker failed: {e}")))?
+}
+
+pub fn invalid(message: impl Into<String>) -> Status {
+    Status::invalid_argument(message)
+}
+
+pub fn precondition(message: impl Into<String>) -> Status {
+    Status::failed_precondition(message)
+}
+
+/// The one NOT_FOUND message for an id, whether it does not exist or belongs to
+/// another tenant, so a tenant cannot learn what others have.
+pub fn not_found(kind: &str, id: &str) -> Status {
+    Status::not_found(format!("{kind} {} not found", crate::limits::quote(id)))
+}
+
+/// A stable digest of a create request's parameters, to tell a retry from a reused id.
+pub fn fingerprint(parts: &[&dyn std::fmt::Debug]) -> String {
+    let text: Vec<String> = parts.iter().map(|p| format!("{p:?}")).collect();
+    hex::encode(Sha256::digest(text.join("\u{1f}").as_bytes()))
+}
+
+pub fn request_id_conflict(request_id: &str, kind: &str) -> Status {
+    invalid(format!(
+        "request_id: '{request_id}' was already used for a different {kind} create request; use a new request_id"
+    ))
+}
+
+/// The tenant a request acts for: the given id when the caller may see it, the caller's
+/// own tenant when a tenant token leaves it empty.
+pub fn target_tenant(
+    conn: &Connection,
+    caller: &Caller,
+    tenant_id: &str,
+) -> Result<TenantRow, Status> {
+    let id = match (caller, tenant_id) {
+        (Caller::Tenant(own), "") => own.as_str(),
+        (Caller::Admin, "") => return Err(invalid("tenant_id: required")),
+        (_, id) => id,
+    };
+    visible_tenant(conn, caller, id)
+}
+
+/// A tenant by its id or its name, when the caller may see it (another tenant's answers
+/// like one that does not exist).
+pub fn visible_tenant(conn: &Connection, caller: &Caller, id: &str) -> Result<TenantRow, Status> {
+    let found = match store::tenants::get(conn, id).map_err(db_error)? {
+        Some(t) => Some(t),
+        None => store::tenants::by_name(conn, id).map_err(db_error)?,
+    };
+    match found {
+        Some(t) if caller.sees(&t.id) => Ok(t),
+        _ => Err(not_found("tenant", id)),
+    }
+}
+
+/// A tenant's name by id, for answers ("" when it is gone).
+pub fn tenant_name(conn: &Connection, tenant_id: &str) -> Result<String, Status> {
+    Ok(store::tenants::get(conn, tenant_id)
+        .map_err(db_error)?
+        .map(|t| t.name)
+        .unwrap_or_default())
+}
+
+/// The tenant filter of a List call: None (all) for the admin without a filter.
+pub fn list_scope(
+    conn: &Connection,
+    caller: &Caller,
+    tenant_id: &str,
+) -> Result<Option<String>, Status> {
+    match (caller, tenant_id) {
+        (Caller::Admin, "") => Ok(None),
+        _ => Ok(Some(target_tenant(conn, caller, tenant_id)?.id)),
+    }
+}
+
+pub fn to_timestamp(unix: i64) -> Option<prost_types::Timestamp> {
+    Some(gpufleet_proto::timestamp::from_unix(unix))
+}
+
+pub fn to_hash_map<V: Clone>(m: &std::collections::BTreeMap<String, V>) -> HashMap<String, V> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Nodes as the API shows them; a tenant caller does not learn who holds others' nodes.
+/// With `agents`, each node's heartbeat age is filled in.
+pub fn node_messages(
+    conn: &Connection,
+    agents: Option<&crate::registry::Registry>,
+    caller: &Caller,
+    rows: Vec<store::nodes::NodeRow>,
+) -> Result<Vec<v1::Node>, Status> {
+    let mut out = Vec::with_capacity(rows.len());
+    for n in rows {
+        let tenant_id = match &n.cluster_id {
+            Some(c) => store::clusters::get(conn, c)
+                .map_err(db_error)?
+                .map(|c| c.tenant_id)
+                .unwrap_or_default(),
+            None => String::new(),
+        };
+        let (cluster_id, tenant_id) = if caller.sees(&tenant_id) {
+            (n.cluster_id.clone().unwrap_or_default(), tenant_id)
+        } else {
+            (String::new(), String::new())
+        };
+        let mut gpus = Vec::new();
+        for g in store::nodes::gpus(conn, &n.id).map_err(db_error)? {
+            let mig_devices = store::nodes::mig_devices(conn, &n.id, g.index)
+                .map_err(db_error)?
+                .into_iter()
+                .map(|d| v1::MigDevice {
+                    profile: d.profile,
+                    profile_id: d.profile_id as i32,
+                    start: d.start as i32,
+                    size: d.size as i32,
+                    memory_mib: d.memory_mib,
+                    uuid: d.uuid,
+                })
+                .collect();
+            gpus.push(v1::Gpu {
+                index: g.index as i32,
+                uuid: g.uuid,
+                model: g.model,
+                memory_mib: g.memory_mib,
+                mig_enabled: g.mig_enabled,
+                mig_devices,
+            });
+        }
+        // Only ListNodes reports heartbeat ages: a cluster's answer stays the same while
+        // nothing about it changes.
+        let heartbeat_age = agents.map_or(0, |a| {
+            a.heartbeat_age(&n.id)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(-1)
+        });
+        out.push(v1::Node {
+            id: n.id,
+            hostname: n.hostname,
+            gpu_type: n.gpu_type,
+            capacity: n.capacity,
+            gpu_count: n.gpu_count as i32,
+            gpus,
+            driver_version: n.driver_version,
+            cuda_version: n.cuda_version,
+            heartbeat_age_seconds: heartbeat_age,
+            state: n.state,
+            state_reason: n.state_reason,
+            cluster_id,
+            tenant_id,
+        });
+    }
+    Ok(out)
+}

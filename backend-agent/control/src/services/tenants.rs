@@ -1,0 +1,213 @@
+//! TenantService: tenants and their bearer tokens.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gpufleet_proto::v1::{self, tenant_service_server::TenantService};
+use tonic::{Request, Response, Status};
+
+use super::{
+    fingerprint, invalid, not_found, precondition, request_id_conflict, reservations, to_hash_map,
+    to_timestamp, visible_tenant,
+};
+use crate::auth::{self, authenticate, Caller};
+use crate::rules;
+use crate::state::{db_error, now, AppState};
+use crate::store::{self, idempotency::Prior, tenants::TenantRow};
+
+#[derive(Clone)]
+pub struct Tenants {
+    pub state: Arc<AppState>,
+}
+
+pub fn message(t: TenantRow) -> v1::Tenant {
+    v1::Tenant {
+        id: t.id,
+        name: t.name,
+        display_name: t.display_name,
+        labels: to_hash_map(&t.labels),
+        created_at: to_timestamp(t.created_at),
+    }
+}
+
+impl Tenants {
+    fn create(
+        &self,
+        request: Request<v1::CreateTenantRequest>,
+    ) -> Result<v1::CreateTenantResponse, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        authenticate(&self.state, &tx, &request)?.require_admin("creating a tenant")?;
+        crate::limits::check(request.get_ref())?;
+        let req = request.into_inner();
+        rules::required("request_id", &req.request_id).map_err(invalid)?;
+        gpufleet_wire::names::dns_label("name", &req.name).map_err(invalid)?;
+        let labels: BTreeMap<String, String> = req.labels.into_iter().collect();
+        let print = fingerprint(&[&req.name, &req.display_name, &labels]);
+        let token = auth::new_token("gft_");
+        let tenant = match store::idempotency::lookup(&tx, "tenant", "", &req.request_id, &print)
+            .map_err(db_error)?
+        {
+            // A retry means the first response (and its token) may never have reached the
+            // caller: issue a fresh token and revoke the old one, since only its hash is kept.
+            Prior::Same(id) => {
+                let t = store::tenants::get(&tx, &id)
+                    .map_err(db_error)?
+                    .ok_or_else(|| not_found("tenant", &id))?;
+                store::tenants::set_token_hash(&tx, &id, &auth::hash_token(&token))
+                    .map_err(db_error)?;
+                t
+            }
+            Prior::Conflict => return Err(request_id_conflict(&req.request_id, "tenant")),
+            Prior::New => {
+                if let Some(existing) = store::tenants::by_name(&tx, &req.name).map_err(db_error)? {
+                    return Err(Status::already_exists(format!(
+                        "name: a tenant named '{}' already exists (id {})",
+                        req.name, existing.id
+                    )));
+                }
+                let t = TenantRow {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    name: req.name,
+                    display_name: req.display_name,
+                    labels,
+                    created_at: now(),
+                };
+                store::tenants::insert(&tx, &t, &auth::hash_token(&token)).map_err(db_error)?;
+                store::idempotency::record(&tx, "tenant", "", &req.request_id, &print, &t.id)
+                    .map_err(db_error)?;
+                tracing::info!(tenant = %t.name, id = %t.id, "created tenant");
+                t
+            }
+        };
+        tx.commit().map_err(db_error)?;
+        Ok(v1::CreateTenantResponse {
+            tenant: Some(message(tenant)),
+            token,
+        })
+    }
+
+    fn get(&self, request: Request<v1::GetTenantRequest>) -> Result<v1::Tenant, Status> {
+        let conn = self.state.read();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
+        Ok(message(visible_tenant(
+            &conn,
+            &caller,
+            &request.get_ref().id,
+        )?))
+    }
+
+    fn list(
+        &self,
+        request: Request<v1::ListTenantsRequest>,
+    ) -> Result<v1::ListTenantsResponse, Status> {
+        let conn = self.state.read();
+        let caller = authenticate(&self.state, &conn, &request)?;
+        crate::limits::check(request.get_ref())?;
+        let page =
+            super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
+        let mut tenants = store::tenants::list(&conn).map_err(db_error)?;
+        tenants.retain(|t| caller.sees(&t.id));
+        let (tenants, next_page_token) =
+            super::paging::page(tenants, &page, |t| t.name.clone(), |t| Ok(message(t)))?;
+        Ok(v1::ListTenantsResponse {
+            tenants,
+            next_page_token,
+        })
+    }
+
+    fn update(&self, request: Request<v1::UpdateTenantRequest>) -> Result<v1::Tenant, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        authenticate(&self.state, &tx, &request)?.require_admin("updating a tenant")?;
+        crate::limits::check(request.get_ref())?;
+        let req = request.into_inner();
+        let mut t = visible_tenant(&tx, &Caller::Admin, &req.id)?;
+        t.display_name = req.display_name;
+        t.labels = req.labels.into_iter().collect();
+        store::tenants::update(&tx, &t.id, &t.display_name, &t.labels).map_err(db_error)?;
+        tx.commit().map_err(db_error)?;
+        Ok(message(t))
+    }
+
+    fn delete(
+        &self,
+        request: Request<v1::DeleteTenantRequest>,
+    ) -> Result<v1::DeleteResponse, Status> {
+        let mut conn = self.state.db();
+        let tx = conn.transaction().map_err(db_error)?;
+        authenticate(&self.state, &tx, &request)?.require_admin("deleting a tenant")?;
+        crate::limits::check(request.get_ref())?;
+        let t = visible_tenant(&tx, &Caller::Admin, &request.get_ref().id)?;
+        let quotas = store::quotas::list(&tx, Some(&t.id))
+            .map_err(db_error)?
+            .len();
+        let (live, ended) = reservations::live_and_ended(&tx, &t.id, None, now())?;
+        let reservations = live.len();
+        let clusters = store::clusters::list(&tx, Some(&t.id), None, None)
+            .map_err(db_error)?
+            .len();
+        if quotas + reservations + clusters > 0 {
+            return Err(precondition(format!(
+                "tenant '{}' still has {quotas} gpu quota(s), {reservations} reservation(s) and {clusters} cluster(s); delete them first",
+                t.name
+            )));
+        }
+        reservations::remove_ended(&tx, &ended)?;
+        store::tenants::delete(&tx, &t.id).map_err(db_error)?;
+        store::idempotency::forget(&tx, &t.id).map_err(db_error)?;
+        tx.commit().map_err(db_error)?;
+        tracing::info!(tenant = %t.name, "deleted tenant");
+        Ok(v1::DeleteResponse {})
+    }
+}
+
+#[tonic::async_trait]
+impl TenantService for Tenants {
+    async fn create_tenant(
+        &self,
+        r: Request<v1::CreateTenantRequest>,
+    ) -> Result<Response<v1::CreateTenantResponse>, Status> {
+        let this = self.clone();
+        super::blocking(move || this.create(r))
+            .await
+            .map(Response::new)
+    }
+    async fn get_tenant(
+        &self,
+        r: Request<v1::GetTenantRequest>,
+    ) -> Result<Response<v1::Tenant>, Status> {
+        let this = self.clone();
+        super::blocking(move || this.get(r))
+            .await
+            .map(Response::new)
+    }
+    async fn list_tenants(
+        &self,
+        r: Request<v1::ListTenantsRequest>,
+    ) -> Result<Response<v1::ListTenantsResponse>, Status> {
+        let this = self.clone();
+        super::blocking(move || this.list(r))
+            .await
+            .map(Response::new)
+    }
+    async fn update_tenant(
+        &self,
+        r: Request<v1::UpdateTenantRequest>,
+    ) -> Result<Response<v1::Tenant>, Status> {
+        let this = self.clone();
+        super::blocking(move || this.update(r))
+            .await
+            .map(Response::new)
+    }
+    async fn delete_tenant(
+        &self,
+        r: Request<v1::DeleteTenantRequest>,
+    ) -> Result<Response<v1::DeleteResponse>, Status> {
+        let this = self.clone();
+        super::blocking(move || this.delete(r))
+            .await
+            .map(Response::new)
+    }
+}

@@ -1,0 +1,566 @@
+//! The lifecycle of a Slurm tenant cluster, between the store, the controller this process
+//! runs and the node agents' slurmd: bring it up (or to its new nodes and layout) after
+//! the MIG changes converged, take it down on delete, watch what Slurm says about its
+//! nodes for the cluster's status, and restart controllers after a control plane restart.
+//!
+//! Slurm is real: a host without slurmctld, slurmd or munged refuses Slurm clusters.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpufleet_proto::v1;
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::registry::Outcome;
+use crate::state::AppState;
+use crate::store::{self, clusters::ClusterRow, nodes::NodeRow};
+use gpufleet_slurm::{conf, controller, munge, status};
+
+/// Where the controllers listen and the nodes' slurmd run: this host. (Nodes on other
+/// hosts need the control plane's routable address here and their own host names in
+/// slurm.conf; see docs/guides/slurm.md.)
+pub const CONTROLLER_ADDR: &str = "127.0.0.1";
+const NODE_HOST: &str = "localhost";
+
+/// How long a bring-up waits for every node to be schedulable before it reports the
+/// cluster degraded (with the Slurm states) instead of running.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+/// How often the supervisor looks at the controllers and their nodes.
+const WATCH_EVERY: Duration = Duration::from_secs(2);
+
+pub fn is_slurm(c: &ClusterRow) -> bool {
+    c.orchestrator == "slurm"
+}
+
+/// Refuses a Slurm cluster on a host without Slurm and munge, rather than pretending.
+pub fn require(orchestrator: &str) -> Result<()> {
+    if orchestrator != "slurm" {
+        return Ok(());
+    }
+    refuse_without(&gpufleet_slurm::missing())
+}
+
+/// The refusal when `missing` programs are absent (none: no refusal).
+fn refuse_without(missing: &[&str]) -> Result<()> {
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Precondition(format!(
+        "orchestrator: \"slurm\" runs a real Slurm controller on the control plane's host, and {} {} missing there; install Debian's slurm-wlm and munge (scripts/bootstrap.sh does)",
+        missing.join(", "),
+        if missing.len() == 1 { "is" } else { "are" }
+    )))
+}
+
+fn credentials(slurm_conf: &str, key: &[u8]) -> String {
+    serde_json::json!({
+        "slurm_conf": slurm_conf,
+        "munge_key": munge::encode(key),
+    })
+    .to_string()
+}
+
+/// A new Slurm cluster's endpoint (its controller's port on this host) and credentials
+/// (its own munge key; slurm_conf follows once the nodes are known).
+pub fn prepare(c: &mut ClusterRow) -> Result<()> {
+    if !is_slurm(c) {
+        return Ok(());
+    }
+    let port = controller::free_port().map_err(Error::Internal)?;
+    c.endpoint = format!("{CONTROLLER_ADDR}:{port}");
+    c.credentials = credentials("", &munge::new_key());
+    Ok(())
+}
+
+fn key_of(c: &ClusterRow) -> Result<Vec<u8>> {
+    let v: serde_json::Value = serde_json::from_str(&c.credentials).map_err(|e| {
+        Error::Internal(format!(
+            "cluster {}: credentials are not Slurm's JSON: {e}",
+            c.name
+        ))
+    })?;
+    munge::decode(v["munge_key"].as_str().unwrap_or_default())
+        .map_err(|e| Error::Internal(format!("cluster {}: {e}", c.name)))
+}
+
+fn controller_of(c: &ClusterRow) -> Result<conf::Controller> {
+    let port = c
+        .endpoint
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .ok_or_else(|| {
+            Error::Internal(format!(
+                "cluster {}: endpoint {} has no port",
+                c.name, c.endpoint
+            ))
+        })?;
+    Ok(conf::Controller {
+        cluster: gpufleet_slurm::cluster_name(&c.id),
+        addr: CONTROLLER_ADDR.into(),
+        port,
+    })
+}
+
+/// What the cluster's Slurm should be now, from the store.
+struct Plan {
+    cluster: ClusterRow,
+    desired: controller::Desired,
+    nodes: Vec<NodeRow>,
+}
+
+fn plan(state: &AppState, cluster_id: &str) -> Result<Option<Plan>> {
+    let conn = state.db();
+    let Some(c) = store::clusters::get(&conn, cluster_id)? else {
+        return Ok(None);
+    };
+    if !is_slurm(&c) {
+        return Ok(None);
+    }
+    let ctl = controller_of(&c)?;
+    let mut nodes = store::nodes::list(&conn, None, Some(&c.id))?;
+    nodes.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+    // A node keeps its slurmd port across changes; new nodes get free ones.
+    let known = controller::node_ports(&state.data_dir, &ctl.cluster);
+    let mut taken: BTreeSet<u16> = known.values().copied().collect();
+    taken.insert(ctl.port);
+    let mut out = Vec::new();
+    for n in &nodes {
+        let gpus = crate::recorded::recorded_gpus(&conn, &n.id)?.len() as u32;
+        let port = match known.get(&n.hostname) {
+            Some(p) => *p,
+            None => loop {
+                let p = controller::free_port().map_err(Error::Internal)?;
+                if taken.insert(p) {
+                    break p;
+                }
+            },
+        };
+        out.push(conf::Node {
+            name: n.hostname.clone(),
+            host: NODE_HOST.into(),
+            port,
+            gres: conf::node_gres(&c.gpu_type, gpus, &c.mig_layout),
+        });
+    }
+    Ok(Some(Plan {
+        desired: controller::Desired {
+            controller: ctl,
+            nodes: out,
+            key: key_of(&c)?,
+            slurm_user: gpufleet_slurm::current_user(),
+        },
+        cluster: c,
+        nodes,
+    }))
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Internal(format!("a Slurm worker failed: {e}")))?
+}
+
+fn start_order(p: &Plan, shared: &str) -> v1::WorkOrder {
+    v1::WorkOrder {
+        id: uuid::Uuid::new_v4().to_string(),
+        kind: Some(v1::work_order::Kind::StartSlurmd(v1::StartSlurmd {
+            cluster: p.desired.controller.cluster.clone(),
+            slurm_conf: shared.to_string(),
+            cgroup_conf: conf::cgroup(),
+            munge_key: p.desired.key.clone(),
+        })),
+    }
+}
+
+fn stop_order(cluster: &str) -> v1::WorkOrder {
+    v1::WorkOrder {
+        id: uuid::Uuid::new_v4().to_string(),
+        kind: Some(v1::work_order::Kind::StopSlurmd(v1::StopSlurmd {
+            cluster: cluster.to_string(),
+        })),
+    }
+}
+
+/// Sends `order` (a fresh copy per node) to every node and gathers the failures.
+async fn order_all(
+    state: &AppState,
+    nodes: &[NodeRow],
+    order: impl Fn() -> v1::WorkOrder,
+) -> Vec<String> {
+    let waits: Vec<_> = nodes
+        .iter()
+        .map(|n| (n, state.agents.dispatch(&n.id, order())))
+        .collect();
+    let mut failed = Vec::new();
+    for (n, wait) in waits {
+        match wait.await {
+            Ok(Outcome::Answered(r)) if r.ok => {}
+            Ok(Outcome::Answered(r)) => failed.push(format!("{}: {}", n.hostname, r.error)),
+            Ok(Outcome::Unreachable(why)) => failed.push(format!("{}: {why}", n.hostname)),
+            Err(_) => failed.push(format!("{}: the control plane is stopping", n.hostname)),
+        }
+    }
+    failed
+}
+
+/// Brings a Slurm cluster to its nodes and layout in the store (after the MIG changes
+/// converged): the controller (re)started with the new slurm.conf, slurmd ordered on every
+/// node, slurmd stopped on `released` nodes, the tenant's credentials updated. Returns why
+/// the cluster is not ready yet (the Slurm state of each node that is not), if it is not
+/// within a bounded wait. Nothing for a Kubernetes cluster.
+pub async fn apply(
+    state: &Arc<AppState>,
+    cluster_id: &str,
+    released: &[NodeRow],
+) -> Result<Option<String>> {
+    let plan = {
+        let (state, id) = (state.clone(), cluster_id.to_string());
+        blocking(move || plan(&state, &id)).await?
+    };
+    let Some(plan) = plan else { return Ok(None) };
+    let name = plan.desired.controller.cluster.clone();
+    {
+        let (data_dir, desired) = (state.data_dir.clone(), plan.desired.clone());
+        blocking(move || {
+            controller::ensure(&data_dir, &desired).map_err(|e| {
+                Error::Aborted(format!(
+                    "orchestrator: the cluster's Slurm controller did not start: {e}"
+                ))
+            })
+        })
+        .await?;
+    }
+    let shared = conf::shared(
+        &plan.desired.controller,
+        &plan.desired.nodes,
+        &plan.desired.slurm_user,
+    );
+    let failed = order_all(state, &plan.nodes, || start_order(&plan, &shared)).await;
+    if !released.is_empty() {
+        for f in order_all(state, released, || stop_order(&name)).await {
+            tracing::warn!(cluster = %plan.cluster.name, failure = %f, "cannot stop slurmd on a released node");
+        }
+    }
+    if !failed.is_empty() {
+        return Err(Error::Aborted(format!(
+            "orchestrator: slurmd did not start on {}",
+            failed.join("; ")
+        )));
+    }
+    {
+        let (state, id) = (state.clone(), plan.cluster.id.clone());
+        let creds = credentials(&shared, &plan.desired.key);
+        blocking(move || Ok(store::clusters::set_credentials(&state.db(), &id, &creds)?)).await?;
+    }
+    let expected: Vec<String> = plan.nodes.iter().map(|n| n.hostname.clone()).collect();
+    Ok(wait_ready(state, &name, expected).await)
+}
+
+/// Waits (bounded) until every expected node is schedulable; Some(why not) if never.
+async fn wait_ready(state: &AppState, cluster: &str, expected: Vec<String>) -> Option<String> {
+    let conf = controller::conf_path(&state.data_dir, cluster);
+    let started = Instant::now();
+    let deadline = started + READY_WITHIN;
+    let mut nudged = false;
+    loop {
+        let (conf2, expected) = (conf.clone(), expected.clone());
+        let why = tokio::task::spawn_blocking(move || match status::nodes(&conf2) {
+            Ok(seen) => status::not_ready(&expected, &seen),
+            Err(e) => Some(format!("Slurm: the controller does not answer: {e}")),
+        })
+        .await
+        .unwrap_or_else(|e| Some(format!("Slurm: {e}")));
+        match why {
+            None => return None,
+            Some(why) if Instant::now() > deadline => return Some(why),
+            // A restarted controller learns of a slurmd that kept running only at its next
+            // ping; `scontrol reconfigure` makes every slurmd register now.
+            Some(why)
+                if !nudged
+                    && why.contains(" is unknown")
+                    && started.elapsed() > Duration::from_secs(1) =>
+            {
+                nudged = true;
+                let conf = conf.clone();
+                let done = tokio::task::spawn_blocking(move || {
+                    status::run("scontrol", &["reconfigure"], &conf, Duration::from_secs(10))
+                })
+                .await;
+                if let Ok(Err(e)) = done {
+                    tracing::warn!(%cluster, error = %e, "scontrol reconfigure failed");
+                }
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// The cluster's status with Slurm's word on it: a cluster whose nodes are all reachable
+/// is `running` only when Slurm can schedule on every node; otherwise `degraded`, saying
+/// which node is in which Slurm state.
+pub fn overlay(base: (String, String), slurm: Option<String>) -> (String, String) {
+    match slurm {
+        Some(why) if base.0 == "running" => ("degraded".into(), why),
+        _ => base,
+    }
+}
+
+/// Stops the cluster's slurmd on `nodes` and its controller, and removes their state
+/// (best effort: a node that cannot be reached is logged, its agent cleans up when told
+/// again). Nothing for a Kubernetes cluster.
+pub async fn remove(state: &Arc<AppState>, c: &ClusterRow, nodes: &[NodeRow]) {
+    if !is_slurm(c) {
+        return;
+    }
+    let name = gpufleet_slurm::cluster_name(&c.id);
+    for f in order_all(state, nodes, || stop_order(&name)).await {
+        tracing::warn!(cluster = %c.name, failure = %f, "cannot stop slurmd on a node");
+    }
+    let data_dir = state.data_dir.clone();
+    let removed =
+        blocking(move || controller::remove(&data_dir, &name).map_err(Error::Internal)).await;
+    if let Err(e) = removed {
+        tracing::warn!(cluster = %c.name, error = %e, "cannot remove the Slurm controller's state");
+    }
+}
+
+/// How long a drain waits for a node's running jobs before the change goes ahead.
+const DRAIN_WITHIN: Duration = Duration::from_secs(600);
+
+/// Drains `node` in its cluster's Slurm (no new jobs) and waits until its jobs have
+/// finished, at most `limit`; Err says what still runs.
+pub async fn drain(
+    state: &AppState,
+    c: &ClusterRow,
+    node: &str,
+    reason: &str,
+    limit: Duration,
+) -> Result<()> {
+    if !is_slurm(c) {
+        return Ok(());
+    }
+    let conf = controller::conf_path(&state.data_dir, &gpufleet_slurm::cluster_name(&c.id));
+    let (node, reason) = (node.to_string(), format!("gpufleet: {reason}"));
+    let deadline = Instant::now() + limit;
+    {
+        let (conf, node) = (conf.clone(), node.clone());
+        blocking(move || {
+            status::run(
+                "scontrol",
+                &[
+                    "update",
+                    &format!("nodename={node}"),
+                    "state=drain",
+                    &format!("reason={reason}"),
+                ],
+                &conf,
+                Duration::from_secs(10),
+            )
+            .map(|_| ())
+            .map_err(Error::Aborted)
+        })
+        .await?;
+    }
+    loop {
+        let (conf2, node2) = (conf.clone(), node.clone());
+        let seen = blocking(move || status::nodes(&conf2).map_err(Error::Aborted)).await?;
+        // "drained": no job left; "draining": jobs still run.
+        match seen.get(&node2).map(|s| s.state.as_str()) {
+            Some("drained") | None => return Ok(()),
+            Some(s) if Instant::now() > deadline => {
+                return Err(Error::Aborted(format!(
+                    "{node2} is still {s} in Slurm after {limit:?}; its jobs did not finish"
+                )))
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Drains every node of `nodes` at once and waits for their jobs (bounded); a node whose
+/// jobs outlast the wait is logged and the change goes ahead.
+pub async fn drain_all(state: &AppState, c: &ClusterRow, nodes: &[NodeRow], reason: &str) {
+    for n in nodes {
+        if let Err(e) = drain(state, c, &n.hostname, reason, DRAIN_WITHIN).await {
+            tracing::warn!(cluster = %c.name, node = %n.hostname, error = %e, "Slurm drain did not complete");
+        }
+    }
+}
+
+/// Returns a node drained by [`drain`] to service, and waits (bounded) until Slurm can
+/// schedule on it again, so that a rolling change has at most its share of nodes out.
+pub async fn resume(state: &AppState, c: &ClusterRow, node: &str) {
+    if !is_slurm(c) {
+        return;
+    }
+    let name = gpufleet_slurm::cluster_name(&c.id);
+    let conf = controller::conf_path(&state.data_dir, &name);
+    let target = node.to_string();
+    let done = tokio::task::spawn_blocking(move || {
+        status::run(
+            "scontrol",
+            &["update", &format!("nodename={target}"), "state=resume"],
+            &conf,
+            Duration::from_secs(10),
+        )
+    })
+    .await;
+    if let Ok(Err(e)) = done {
+        tracing::warn!(cluster = %c.name, error = %e, "cannot resume a drained Slurm node");
+        return;
+    }
+    if let Some(why) = wait_ready(state, &name, vec![node.to_string()]).await {
+        tracing::warn!(cluster = %c.name, %why, "a resumed Slurm node is not schedulable yet");
+    }
+}
+
+/// One pass of the supervisor over the settled Slurm clusters: their controllers running
+/// (started again after a control plane restart, from the state they kept), and their
+/// status following what Slurm says about their nodes.
+async fn watch_once(state: &Arc<AppState>) -> Result<()> {
+    let clusters = {
+        let state = state.clone();
+        blocking(move || {
+            let conn = state.db();
+            Ok(
+                store::clusters::with_status(&conn, &["running", "degraded"])?
+                    .into_iter()
+                    .filter(is_slurm)
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .await?
+    };
+    for c in clusters {
+        let name = gpufleet_slurm::cluster_name(&c.id);
+        // Running, and with the nodes the store gives the cluster (a replaced node changes
+        // them outside any request).
+        let running = {
+            let (state, name, id) = (state.clone(), name.clone(), c.id.clone());
+            blocking(move || {
+                let held: BTreeSet<String> = store::nodes::list(&state.db(), None, Some(&id))?
+                    .into_iter()
+                    .map(|n| n.hostname)
+                    .collect();
+                let configured: BTreeSet<String> = controller::node_ports(&state.data_dir, &name)
+                    .into_keys()
+                    .collect();
+                Ok(controller::is_running(&state.data_dir, &name) && held == configured)
+            })
+            .await?
+        };
+        let slurm_says = if running {
+            let conf = controller::conf_path(&state.data_dir, &name);
+            let state2 = state.clone();
+            let id = c.id.clone();
+            blocking(move || {
+                let expected: Vec<String> = store::nodes::list(&state2.db(), None, Some(&id))?
+                    .into_iter()
+                    .map(|n| n.hostname)
+                    .collect();
+                Ok(match status::nodes(&conf) {
+                    Ok(seen) => status::not_ready(&expected, &seen),
+                    Err(e) => Some(format!("Slurm: the controller does not answer: {e}")),
+                })
+            })
+            .await?
+        } else {
+            // After a restart or a replacement: the controller and slurmd as they should be.
+            match apply(state, &c.id, &[]).await {
+                Ok(why) => why,
+                Err(e) => Some(format!("Slurm: {e}")),
+            }
+        };
+        let state2 = state.clone();
+        blocking(move || {
+            let conn = state2.db();
+            let base = crate::cluster_status::settled_status(&conn, &c.id)?;
+            let (status, reason) = overlay(base, slurm_says);
+            if store::clusters::set_settled_status(&conn, &c.id, &status, &reason)? {
+                tracing::info!(cluster = %c.name, %status, %reason, "Slurm cluster status");
+            }
+            Ok(())
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Removes controller state left by clusters that no longer exist (e.g. a create a
+/// restart took back).
+fn remove_orphans(state: &AppState) -> Result<()> {
+    let names: BTreeSet<String> = store::clusters::list(&state.db(), None, None, None)?
+        .iter()
+        .filter(|c| is_slurm(c))
+        .map(|c| gpufleet_slurm::cluster_name(&c.id))
+        .collect();
+    let root = state.data_dir.join("slurm");
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if gpufleet_slurm::valid_cluster_name(&name) && !names.contains(&name) {
+            tracing::info!(cluster = %name, "removing the state of a Slurm controller whose cluster is gone");
+            let _ = controller::remove(&state.data_dir, &name);
+        }
+    }
+    Ok(())
+}
+
+/// The control plane's watch over its Slurm controllers, until `stop`; then it stops them
+/// (their state stays for the next start).
+pub async fn supervise(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+    {
+        let state = state.clone();
+        if let Err(e) = blocking(move || remove_orphans(&state)).await {
+            tracing::warn!(error = %e, "cannot look for leftover Slurm state");
+        }
+    }
+    loop {
+        if let Err(e) = watch_once(&state).await {
+            tracing::warn!(error = %e, "cannot check the Slurm clusters");
+        }
+        tokio::select! {
+            _ = gpufleet_process::signals::stopped(&mut stop) => break,
+            _ = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+    }
+    let data_dir = state.data_dir.clone();
+    let _ = tokio::task::spawn_blocking(move || controller::stop_all(&data_dir)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_host_without_slurm_refuses_naming_orchestrator_and_what_is_missing() {
+        let e = super::refuse_without(&["slurmctld", "munged"]).unwrap_err();
+        assert!(matches!(e, crate::error::Error::Precondition(_)));
+        let text = e.to_string();
+        assert!(
+            text.starts_with("orchestrator: ") && text.contains("slurmctld, munged are missing"),
+            "{text}"
+        );
+        assert!(super::refuse_without(&[]).is_ok());
+        assert!(super::require("kubernetes").is_ok());
+    }
+
+    #[test]
+    fn slurm_says_degraded_only_over_a_running_cluster() {
+        let running = ("running".to_string(), String::new());
+        assert_eq!(
+            super::overlay(running.clone(), Some("Slurm: n1 is down*".into())),
+            ("degraded".to_string(), "Slurm: n1 is down*".to_string())
+        );
+        assert_eq!(super::overlay(running.clone(), None), running);
+        let unreachable = ("degraded".to_string(), "node(s) n1 unreachable".to_string());
+        assert_eq!(
+            super::overlay(unreachable.clone(), Some("Slurm: n1 is down*".into())),
+            unreachable
+        );
+    }
+}

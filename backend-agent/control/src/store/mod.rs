@@ -1,0 +1,547 @@
+//! The durable state: one SQLite database under the data dir.
+//!
+//! WAL journal, foreign keys on, a busy timeout, and schema migrations kept in code as an
+//! ordered list; each applied migration is recorded in `schema_version`. Callers run every
+//! mutation inside one transaction, so a crash leaves either the old or the new state.
+
+pub mod checkpoints;
+pub mod clusters;
+pub mod events;
+pub mod health;
+pub mod holdings;
+pub mod idempotency;
+pub mod nodes;
+pub mod preemption;
+pub mod quotas;
+pub mod readers;
+pub mod reservations;
+pub mod tenants;
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+/// Migrations in order; index + 1 is the schema version. Never edit an applied one: append.
+const MIGRATIONS: &[&str] = &[
+    // 1: the initial schema.
+    r#"
+    CREATE TABLE tenants (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        display_name TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        token_hash TEXT NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL
+    );
+    CREATE TABLE quotas (
+        id TEXT PRIMARY KEY,
+        tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        gpu_type TEXT NOT NULL,
+        gpus INTEGER NOT NULL CHECK (gpus >= 0),
+        burst_gpus INTEGER NOT NULL CHECK (burst_gpus >= 0),
+        UNIQUE (tenant_id, gpu_type)
+    );
+    CREATE TABLE reservations (
+        id TEXT PRIMARY KEY,
+        tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        gpu_type TEXT NOT NULL,
+        node_count INTEGER NOT NULL CHECK (node_count >= 1),
+        start_time INTEGER NOT NULL,
+        end_time INTEGER NOT NULL,
+        allow_on_demand INTEGER NOT NULL,
+        pool_nodes INTEGER NOT NULL CHECK (pool_nodes >= 0),
+        on_demand_nodes INTEGER NOT NULL CHECK (on_demand_nodes >= 0),
+        CHECK (end_time > start_time),
+        CHECK (pool_nodes + on_demand_nodes = node_count)
+    );
+    CREATE TABLE clusters (
+        id TEXT PRIMARY KEY,
+        tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        name TEXT NOT NULL,
+        orchestrator TEXT NOT NULL CHECK (orchestrator IN ('kubernetes', 'slurm')),
+        gpu_type TEXT NOT NULL,
+        node_count INTEGER NOT NULL CHECK (node_count >= 1),
+        reservation_id TEXT REFERENCES reservations(id),
+        storage_gib INTEGER NOT NULL CHECK (storage_gib >= 1),
+        status TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        credentials TEXT NOT NULL,
+        storage_path TEXT NOT NULL,
+        mig_layout TEXT NOT NULL,
+        UNIQUE (tenant_id, name)
+    );
+    -- A node belongs to at most one cluster: ownership is this single column.
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        hostname TEXT NOT NULL UNIQUE,
+        gpu_type TEXT NOT NULL,
+        capacity TEXT NOT NULL CHECK (capacity IN ('pool', 'on-demand')),
+        gpu_count INTEGER NOT NULL,
+        driver_version TEXT NOT NULL,
+        cuda_version TEXT NOT NULL,
+        cluster_id TEXT REFERENCES clusters(id)
+    );
+    CREATE TABLE gpus (
+        node_id TEXT NOT NULL REFERENCES nodes(id),
+        idx INTEGER NOT NULL,
+        uuid TEXT NOT NULL UNIQUE,
+        model TEXT NOT NULL,
+        memory_mib INTEGER NOT NULL,
+        mig_enabled INTEGER NOT NULL,
+        PRIMARY KEY (node_id, idx)
+    );
+    CREATE TABLE mig_devices (
+        node_id TEXT NOT NULL,
+        gpu_idx INTEGER NOT NULL,
+        profile TEXT NOT NULL,
+        profile_id INTEGER NOT NULL,
+        start INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        memory_mib INTEGER NOT NULL,
+        uuid TEXT NOT NULL,
+        PRIMARY KEY (node_id, gpu_idx, start),
+        FOREIGN KEY (node_id, gpu_idx) REFERENCES gpus(node_id, idx)
+    );
+    -- Idempotent creates: (kind, scope, request_id) -> the object the first call created.
+    -- scope is the owning tenant id (empty for tenants) so request ids never collide
+    -- across tenants.
+    CREATE TABLE idempotency (
+        kind TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        object_id TEXT NOT NULL,
+        PRIMARY KEY (kind, scope, request_id)
+    );
+    "#,
+    // 2: node agents. A node's state comes from its agent (ready once registered and
+    // converged, unreachable without heartbeats, quarantined by an operator or a check);
+    // a cluster's status carries a reason when it is not simply running.
+    r#"
+    ALTER TABLE nodes ADD COLUMN state TEXT NOT NULL DEFAULT 'unreachable'
+        CHECK (state IN ('ready', 'busy', 'unreachable', 'quarantined'));
+    ALTER TABLE nodes ADD COLUMN state_reason TEXT NOT NULL DEFAULT '';
+    ALTER TABLE nodes ADD COLUMN state_since INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE clusters ADD COLUMN status_reason TEXT NOT NULL DEFAULT '';
+    "#,
+    // 3: drivers per cluster, and an event log per object.
+    r#"
+    ALTER TABLE clusters ADD COLUMN cuda_version TEXT NOT NULL DEFAULT '';
+    ALTER TABLE clusters ADD COLUMN driver_version TEXT NOT NULL DEFAULT '';
+    ALTER TABLE clusters ADD COLUMN max_unavailable INTEGER NOT NULL DEFAULT 1
+        CHECK (max_unavailable >= 1);
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        at INTEGER NOT NULL,
+        object_id TEXT NOT NULL,
+        tenant_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        node TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX events_by_object ON events (object_id, seq);
+    "#,
+    // 4: health checks (issue 10): each node's results with history, a cluster's
+    // acceptance settings and latest run, and each agent's bandwidth-test address.
+    r#"
+    CREATE TABLE health_results (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id TEXT NOT NULL,
+        node_id TEXT NOT NULL,
+        node TEXT NOT NULL,
+        cluster_id TEXT NOT NULL,
+        tenant_id TEXT NOT NULL,
+        level TEXT NOT NULL CHECK (level IN ('quick', 'medium', 'long')),
+        verdict TEXT NOT NULL CHECK (verdict IN ('passed', 'failed')),
+        summary TEXT NOT NULL,
+        checks TEXT NOT NULL,
+        action TEXT NOT NULL,
+        finished_at INTEGER NOT NULL
+    );
+    CREATE INDEX health_by_node ON health_results (node_id, seq);
+    CREATE INDEX health_by_cluster ON health_results (cluster_id, seq);
+    CREATE TABLE cluster_acceptance (
+        cluster_id TEXT PRIMARY KEY,
+        level TEXT NOT NULL CHECK (level IN ('quick', 'medium', 'long')),
+        min_bus_bandwidth_gbps REAL NOT NULL CHECK (min_bus_bandwidth_gbps >= 0),
+        run_on_create INTEGER NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('passed', 'failed', 'running', 'not_run')),
+        run_id TEXT NOT NULL,
+        run_level TEXT NOT NULL,
+        checked_at INTEGER NOT NULL,
+        alg_bandwidth_gbps REAL NOT NULL,
+        bus_bandwidth_gbps REAL NOT NULL
+    );
+    CREATE TABLE node_endpoints (
+        node_id TEXT PRIMARY KEY,
+        bandwidth_addr TEXT NOT NULL
+    );
+    "#,
+    // 5: admission at scale (issue 7): an R*Tree over reservation windows, kept by triggers,
+    // so admission reads what overlaps a window instead of every reservation ever made;
+    // indexes for a tenant's open reservations and for the nodes and clusters of a model.
+    r#"
+    CREATE VIRTUAL TABLE reservation_windows USING rtree(id, start_time, end_time);
+    INSERT INTO reservation_windows (id, start_time, end_time)
+        SELECT rowid, start_time, end_time FROM reservations;
+    CREATE TRIGGER reservation_windows_insert AFTER INSERT ON reservations BEGIN
+        INSERT INTO reservation_windows (id, start_time, end_time)
+            VALUES (NEW.rowid, NEW.start_time, NEW.end_time);
+    END;
+    CREATE TRIGGER reservation_windows_update AFTER UPDATE OF start_time, end_time
+        ON reservations BEGIN
+        DELETE FROM reservation_windows WHERE id = OLD.rowid;
+        INSERT INTO reservation_windows (id, start_time, end_time)
+            VALUES (NEW.rowid, NEW.start_time, NEW.end_time);
+    END;
+    CREATE TRIGGER reservation_windows_delete AFTER DELETE ON reservations BEGIN
+        DELETE FROM reservation_windows WHERE id = OLD.rowid;
+    END;
+    CREATE INDEX reservations_by_tenant ON reservations (tenant_id, end_time);
+    CREATE INDEX nodes_by_cluster ON nodes (cluster_id);
+    CREATE INDEX nodes_by_model ON nodes (gpu_type, capacity, gpu_count);
+    CREATE INDEX clusters_by_model ON clusters (gpu_type);
+    "#,
+    // 6: preemptible clusters (issue 7): pool nodes that reservations take back, and
+    // whether on-demand nodes then replace them. A preemptible cluster may shrink to no
+    // nodes, so a cluster's node_count may be 0: SQLite's documented way to relax a CHECK
+    // constraint in place (the stored rows all satisfy the new one).
+    r#"
+    PRAGMA writable_schema = ON;
+    UPDATE sqlite_master
+        SET sql = replace(sql, 'node_count INTEGER NOT NULL CHECK (node_count >= 1)',
+                               'node_count INTEGER NOT NULL CHECK (node_count >= 0)')
+        WHERE type = 'table' AND name = 'clusters';
+    PRAGMA writable_schema = RESET;
+    CREATE TABLE cluster_preemption (
+        cluster_id TEXT PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
+        allow_on_demand INTEGER NOT NULL
+    );
+    "#,
+    // 7: admission at scale (issue 7): how many nodes each model has per capacity kind, and
+    // how many reservations each tenant holds, kept by triggers in the writer's transaction,
+    // so an admission reads one row instead of counting the fleet or a tenant's history; an
+    // index that answers a model's largest node without a scan.
+    r#"
+    CREATE TABLE model_nodes (
+        gpu_type TEXT NOT NULL,
+        capacity TEXT NOT NULL,
+        nodes INTEGER NOT NULL CHECK (nodes >= 0),
+        PRIMARY KEY (gpu_type, capacity)
+    ) WITHOUT ROWID;
+    INSERT INTO model_nodes (gpu_type, capacity, nodes)
+        SELECT gpu_type, capacity, COUNT(*) FROM nodes GROUP BY gpu_type, capacity;
+    CREATE TRIGGER model_nodes_insert AFTER INSERT ON nodes BEGIN
+        INSERT INTO model_nodes (gpu_type, capacity, nodes) VALUES (NEW.gpu_type, NEW.capacity, 1)
+            ON CONFLICT (gpu_type, capacity) DO UPDATE SET nodes = nodes + 1;
+    END;
+    CREATE TRIGGER model_nodes_update AFTER UPDATE OF gpu_type, capacity ON nodes BEGIN
+        UPDATE model_nodes SET nodes = nodes - 1
+            WHERE gpu_type = OLD.gpu_type AND capacity = OLD.capacity;
+        INSERT INTO model_nodes (gpu_type, capacity, nodes) VALUES (NEW.gpu_type, NEW.capacity, 1)
+            ON CONFLICT (gpu_type, capacity) DO UPDATE SET nodes = nodes + 1;
+    END;
+    CREATE TRIGGER model_nodes_delete AFTER DELETE ON nodes BEGIN
+        UPDATE model_nodes SET nodes = nodes - 1
+            WHERE gpu_type = OLD.gpu_type AND capacity = OLD.capacity;
+    END;
+    CREATE TABLE tenant_reservations (
+        tenant_id TEXT PRIMARY KEY,
+        reservations INTEGER NOT NULL CHECK (reservations >= 0)
+    ) WITHOUT ROWID;
+    INSERT INTO tenant_reservations (tenant_id, reservations)
+        SELECT tenant_id, COUNT(*) FROM reservations GROUP BY tenant_id;
+    CREATE TRIGGER tenant_reservations_insert AFTER INSERT ON reservations BEGIN
+        INSERT INTO tenant_reservations (tenant_id, reservations) VALUES (NEW.tenant_id, 1)
+            ON CONFLICT (tenant_id) DO UPDATE SET reservations = reservations + 1;
+    END;
+    CREATE TRIGGER tenant_reservations_update AFTER UPDATE OF tenant_id ON reservations BEGIN
+        UPDATE tenant_reservations SET reservations = reservations - 1
+            WHERE tenant_id = OLD.tenant_id;
+        INSERT INTO tenant_reservations (tenant_id, reservations) VALUES (NEW.tenant_id, 1)
+            ON CONFLICT (tenant_id) DO UPDATE SET reservations = reservations + 1;
+    END;
+    CREATE TRIGGER tenant_reservations_delete AFTER DELETE ON reservations BEGIN
+        UPDATE tenant_reservations SET reservations = reservations - 1
+            WHERE tenant_id = OLD.tenant_id;
+    END;
+    CREATE INDEX nodes_by_model_size ON nodes (gpu_type, gpu_count);
+    "#,
+    // 8: admission at scale (issue 7): reservations sorted into length classes (up to 1 h,
+    // 4 h, 16 h, ... 16,384 h, and longer; see `holdings::CLASS_LONGEST`), indexed by
+    // model, class and start with everything admission reads. A reservation of class k
+    // that overlaps [from, until) starts after from minus the class's longest length, so
+    // each class is one short range of one index, read without touching the table. It
+    // replaces the R*Tree of migration 5, whose reads looked up every row in the table.
+    r#"
+    DROP TRIGGER reservation_windows_insert;
+    DROP TRIGGER reservation_windows_update;
+    DROP TRIGGER reservation_windows_delete;
+    DROP TABLE reservation_windows;
+    ALTER TABLE reservations ADD COLUMN span_class INTEGER GENERATED ALWAYS AS (
+        CASE
+            WHEN end_time - start_time <= 3600 THEN 0
+            WHEN end_time - start_time <= 14400 THEN 1
+            WHEN end_time - start_time <= 57600 THEN 2
+            WHEN end_time - start_time <= 230400 THEN 3
+            WHEN end_time - start_time <= 921600 THEN 4
+            WHEN end_time - start_time <= 3686400 THEN 5
+            WHEN end_time - start_time <= 14745600 THEN 6
+            WHEN end_time - start_time <= 58982400 THEN 7
+            ELSE 8
+        END
+    ) VIRTUAL;
+    CREATE INDEX reservations_by_window ON reservations
+        (gpu_type, span_class, start_time, end_time, pool_nodes, on_demand_nodes, tenant_id, id);
+    "#,
+];
+
+/// Prepared statements kept per connection.
+pub const STATEMENT_CACHE: usize = 256;
+
+/// Runs one statement through the connection's statement cache, so a statement run once
+/// per node of a large cluster is compiled once, not a thousand times.
+pub fn exec<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
+
+/// Keeps the hot pages in memory (64 MiB of page cache, and the file mapped) instead of
+/// reading them back from the OS on every admission.
+pub fn tune_reads(conn: &Connection) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "cache_size", -65_536)?;
+    conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
+    Ok(())
+}
+
+/// What connections map of the database file.
+const MMAP_BYTES: i64 = 1 << 30;
+
+/// The writer reads through the map too, so its page cache holds little more than the
+/// pages it writes. It stays small (4 MiB) because SQLite scans the whole cache at every
+/// commit that followed a B-tree page split (a split moves a page through the lock
+/// page's number, above the file's end), and random keys split pages often.
+fn tune_writes(conn: &Connection) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "cache_size", -4_096)?;
+    conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
+    Ok(())
+}
+
+/// Opens (creating when needed) the database and brings its schema up to date.
+pub fn open(path: &Path) -> anyhow::Result<Connection> {
+    let mut conn = Connection::open(path)?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    // Room for every statement the handlers run, so none is compiled twice.
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    tune_writes(&conn)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    migrate(&mut conn)?;
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+    )?;
+    let current: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+        [],
+        |r| r.get(0),
+    )?;
+    if current > MIGRATIONS.len() as i64 {
+        anyhow::bail!(
+            "the database has schema version {current}, newer than this binary knows ({}); use a newer gpufleet-agent",
+            MIGRATIONS.len()
+        );
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (?1, ?2)",
+            (i as i64 + 1, crate::clock::now()),
+        )?;
+        tx.commit()?;
+        tracing::info!(version = i + 1, "applied schema migration");
+    }
+    Ok(())
+}
+
+/// Serializes a string map for a TEXT column.
+pub fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("maps of strings always serialize")
+}
+
+pub fn from_json<T: serde::de::DeserializeOwned + Default>(text: &str) -> T {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn migrations_apply_once_and_are_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        drop(super::open(&path).unwrap());
+        let conn = super::open(&path).unwrap();
+        let versions: i64 = conn
+            .query_row("SELECT COUNT(*) FROM schema_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(versions, super::MIGRATIONS.len() as i64);
+        let fk: i64 = conn
+            .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(fk, 1);
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+
+    /// Rows of (model, kind, nodes) or (tenant, reservations).
+    type Counts3 = Vec<(String, String, i64)>;
+    type Counts2 = Vec<(String, i64)>;
+
+    /// What the trigger-kept counters say, next to what counting the rows says.
+    fn counters(conn: &rusqlite::Connection) -> (Counts3, Counts3, Counts2, Counts2) {
+        let rows3 = |sql: &str| -> Vec<(String, String, i64)> {
+            let mut stmt = conn.prepare(sql).unwrap();
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .unwrap();
+            rows.collect::<rusqlite::Result<_>>().unwrap()
+        };
+        let rows2 = |sql: &str| -> Vec<(String, i64)> {
+            let mut stmt = conn.prepare(sql).unwrap();
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+            rows.collect::<rusqlite::Result<_>>().unwrap()
+        };
+        (
+            rows3("SELECT gpu_type, capacity, nodes FROM model_nodes WHERE nodes > 0 ORDER BY 1, 2"),
+            rows3("SELECT gpu_type, capacity, COUNT(*) FROM nodes GROUP BY 1, 2 ORDER BY 1, 2"),
+            rows2("SELECT tenant_id, reservations FROM tenant_reservations WHERE reservations > 0 ORDER BY 1"),
+            rows2("SELECT tenant_id, COUNT(*) FROM reservations GROUP BY 1 ORDER BY 1"),
+        )
+    }
+
+    fn add_node(conn: &rusqlite::Connection, id: &str, gpu_type: &str, capacity: &str) {
+        conn.execute(
+            "INSERT INTO nodes (id, hostname, gpu_type, capacity, gpu_count, driver_version, cuda_version)
+             VALUES (?1, ?1, ?2, ?3, 8, '550.54.15', '12.4')",
+            (id, gpu_type, capacity),
+        )
+        .unwrap();
+    }
+
+    fn add_reservation(conn: &rusqlite::Connection, id: &str, tenant: &str) {
+        conn.execute(
+            "INSERT INTO reservations (id, tenant_id, gpu_type, node_count, start_time, end_time,
+                 allow_on_demand, pool_nodes, on_demand_nodes)
+             VALUES (?1, ?2, 'H100-80GB', 1, 100, 200, 0, 1, 0)",
+            (id, tenant),
+        )
+        .unwrap();
+    }
+
+    fn add_tenant(conn: &rusqlite::Connection, id: &str) {
+        conn.execute(
+            "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
+             VALUES (?1, ?1, ?1, '{}', ?1, 0)",
+            [id],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn counters_kept_by_triggers_match_the_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = super::open(&dir.path().join("state.db")).unwrap();
+        for t in ["t1", "t2"] {
+            add_tenant(&conn, t);
+        }
+        add_node(&conn, "a", "H100-80GB", "pool");
+        add_node(&conn, "b", "H100-80GB", "pool");
+        add_node(&conn, "c", "H100-80GB", "on-demand");
+        add_node(&conn, "d", "A100-80GB", "pool");
+        for (id, t) in [("r1", "t1"), ("r2", "t1"), ("r3", "t2")] {
+            add_reservation(&conn, id, t);
+        }
+        let (kept, counted, kept_r, counted_r) = counters(&conn);
+        assert_eq!(kept, counted);
+        assert_eq!(kept.len(), 3);
+        assert_eq!(kept_r, vec![("t1".into(), 2), ("t2".into(), 1)]);
+        assert_eq!(kept_r, counted_r);
+        assert_eq!(super::nodes::counts(&conn, "H100-80GB").unwrap(), (2, 1));
+        assert_eq!(super::nodes::counts(&conn, "B200").unwrap(), (0, 0));
+        assert_eq!(super::reservations::count_held(&conn, "t1").unwrap(), 2);
+        assert_eq!(super::reservations::count_held(&conn, "nobody").unwrap(), 0);
+
+        // Moves between kinds and models, and removals, follow.
+        conn.execute("UPDATE nodes SET capacity = 'on-demand' WHERE id = 'a'", [])
+            .unwrap();
+        conn.execute(
+            "UPDATE nodes SET gpu_type = 'H100-80GB', capacity = 'pool' WHERE id = 'd'",
+            [],
+        )
+        .unwrap();
+        conn.execute("UPDATE nodes SET state_reason = 'x' WHERE id = 'b'", [])
+            .unwrap();
+        conn.execute("DELETE FROM nodes WHERE id = 'c'", [])
+            .unwrap();
+        conn.execute(
+            "UPDATE reservations SET tenant_id = 't2' WHERE id = 'r1'",
+            [],
+        )
+        .unwrap();
+        conn.execute("DELETE FROM reservations WHERE id = 'r2'", [])
+            .unwrap();
+        let (kept, counted, kept_r, counted_r) = counters(&conn);
+        assert_eq!(kept, counted);
+        assert_eq!(super::nodes::counts(&conn, "H100-80GB").unwrap(), (2, 1));
+        assert_eq!(super::nodes::counts(&conn, "A100-80GB").unwrap(), (0, 0));
+        assert_eq!(kept_r, counted_r);
+        assert_eq!(kept_r, vec![("t2".into(), 2)]);
+    }
+
+    #[test]
+    fn counters_start_from_the_rows_of_an_older_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            // A database at schema version 6, holding rows, as a previous release left it.
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+            )
+            .unwrap();
+            for (i, sql) in super::MIGRATIONS[..6].iter().enumerate() {
+                conn.execute_batch(sql).unwrap();
+                conn.execute(
+                    "INSERT INTO schema_version (version, applied_at) VALUES (?1, 0)",
+                    [i as i64 + 1],
+                )
+                .unwrap();
+            }
+            add_tenant(&conn, "t1");
+            add_node(&conn, "a", "H100-80GB", "pool");
+            add_node(&conn, "b", "H100-80GB", "on-demand");
+            add_reservation(&conn, "r1", "t1");
+        }
+        let conn = super::open(&path).unwrap();
+        let (kept, counted, kept_r, counted_r) = counters(&conn);
+        assert_eq!(kept, counted);
+        assert_eq!(kept.len(), 2);
+        assert_eq!(kept_r, counted_r);
+        assert_eq!(kept_r, vec![("t1".into(), 1)]);
+        // Its reservation is found by the admission index built by the upgrade.
+        let held = super::holdings::overlapping(&conn, "H100-80GB", 150, Some(160)).unwrap();
+        assert_eq!(held.len(), 1);
+        assert_eq!(held[0].id, "r1");
+    }
+}

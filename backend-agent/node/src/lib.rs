@@ -1,0 +1,292 @@
+//! `gpufleet-agent node`: the agent on one GPU host. It registers the host's GPUs with the
+//! control plane, keeps one stream open to it, and carries out the work orders it sends
+//! on its own hardware (simulated, or real GPUs through NVML), answering with the state
+//! it verified. The binary's embedded mode runs the same agent in-process, over the same
+//! protocol. This crate knows the control plane only as the far end of that protocol.
+
+pub mod bandwidth;
+pub mod driver;
+pub mod executor;
+pub mod faults;
+pub mod hardware;
+pub mod health;
+pub mod journal;
+pub mod metrics;
+#[cfg(test)]
+mod order_tests;
+pub mod session;
+pub mod sim_disk;
+pub mod slurmd;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use gpufleet_gpu::hardware::{GpuBackend, SimulatedNode};
+
+use executor::Executor;
+use hardware::Hardware;
+use journal::Journal;
+use session::{Agent, Link};
+
+/// `gpufleet-agent node`'s settings (its flags, checked by [`run`]).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub control_plane: String,
+    pub join_token: String,
+    /// The node's name; the host's name when `None`.
+    pub name: Option<String>,
+    pub data_dir: PathBuf,
+    pub hardware: Hardware,
+    pub nvml_lib: Option<PathBuf>,
+    /// `pool` or `on-demand`.
+    pub capacity: String,
+    pub gpu_type: String,
+    pub gpus: u32,
+    pub sim_op_delay: std::time::Duration,
+    pub driver_install_cmd: Option<String>,
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    pub ca_cert: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub bandwidth_listen: std::net::SocketAddr,
+    pub bandwidth_advertise: Option<String>,
+}
+
+/// The pieces an agent is made of, whichever process it runs in.
+pub struct Parts {
+    pub name: String,
+    pub capacity: String,
+    pub gpu_type: String,
+    pub backend: Arc<dyn GpuBackend>,
+    pub sim: Option<Arc<SimulatedNode>>,
+    pub faults_file: Option<PathBuf>,
+    pub data_dir: PathBuf,
+    pub link: Link,
+    pub installer: driver::Installer,
+    /// The bandwidth-test listener, and the host:port peers reach it at when that differs
+    /// from its bound address.
+    pub bandwidth: Option<Arc<bandwidth::Listener>>,
+    pub bandwidth_advertise: Option<String>,
+}
+
+/// The slow-network fault of `name` read from `faults_file` at each stream (simulated
+/// nodes); no limit without a faults file.
+pub fn fault_throttle(faults_file: Option<PathBuf>, name: &str) -> bandwidth::Throttle {
+    match faults_file {
+        None => bandwidth::unthrottled(),
+        Some(file) => {
+            let name = name.to_string();
+            Arc::new(move || {
+                faults::Faults::read(&file)
+                    .ok()
+                    .and_then(|f| f.slow_network(&name))
+            })
+        }
+    }
+}
+
+/// Builds the agent (opening its journal) from its parts.
+pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
+    std::fs::create_dir_all(&parts.data_dir)
+        .with_context(|| format!("cannot create {}", parts.data_dir.display()))?;
+    let journal = Journal::open(&parts.data_dir)?;
+    let hardware = if parts.sim.is_some() { "sim" } else { "nvml" };
+    let bandwidth_addr = match (&parts.bandwidth_advertise, &parts.bandwidth) {
+        (Some(a), _) => a.clone(),
+        (None, Some(l)) => l.addr().to_string(),
+        (None, None) => String::new(),
+    };
+    Ok(Arc::new(Agent {
+        bandwidth_addr,
+        exec: Arc::new(Executor {
+            name: parts.name.clone(),
+            gpu_type: parts.gpu_type,
+            backend: parts.backend,
+            sim: parts.sim,
+            faults_file: parts.faults_file,
+            journal: Mutex::new(journal),
+            installer: parts.installer,
+            running: Mutex::new(()),
+            slurmd: slurmd::Slurmd::new(&parts.data_dir, &parts.name, hardware == "sim"),
+            bandwidth: parts.bandwidth,
+        }),
+        name: parts.name,
+        capacity: parts.capacity,
+        hardware,
+        link: parts.link,
+        status_file: parts.data_dir.join("status.json"),
+    }))
+}
+
+fn default_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into a buffer this function owns.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = if ok {
+        String::from_utf8_lossy(&buf[..end]).to_string()
+    } else {
+        String::new()
+    };
+    // A DNS label: the first component, lower case.
+    name.split('.')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+}
+
+/// The control plane's endpoint with TLS as the flags say (mutual TLS with --cert/--key).
+fn link(args: &Config) -> anyhow::Result<Link> {
+    let url = args.control_plane.trim_end_matches('/').to_string();
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+        .with_context(|| format!("--control-plane: not a URL: {url}"))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .tcp_nodelay(true);
+    if url.starts_with("https://") {
+        let host = url
+            .trim_start_matches("https://")
+            .split([':', '/'])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let mut tls = gpufleet_wire::tls::client_config(&url, &host, args.ca_cert.as_deref())?
+            .expect("https endpoint");
+        match (&args.cert, &args.key) {
+            (Some(cert), Some(key)) => {
+                let read = |flag: &str, p: &Path| {
+                    std::fs::read_to_string(p)
+                        .with_context(|| format!("{flag}: cannot read {}", p.display()))
+                };
+                tls = tls.identity(tonic::transport::Identity::from_pem(
+                    read("--cert", cert)?,
+                    read("--key", key)?,
+                ));
+            }
+            (None, None) => {}
+            _ => anyhow::bail!(
+                "--cert and --key: give both (the agent's certificate and its key) or neither"
+            ),
+        }
+        endpoint = endpoint.tls_config(tls).map_err(|e| {
+            anyhow::anyhow!("--ca-cert/--cert/--key: {}", gpufleet_wire::tls::causes(&e))
+        })?;
+    } else if args.cert.is_some() || args.key.is_some() {
+        anyhow::bail!("--cert/--key: the control plane {url} is plain http; use an https:// --control-plane for mutual TLS");
+    }
+    let join_token = args.join_token.trim().to_string();
+    if join_token.is_empty() {
+        anyhow::bail!("--join-token: missing (or GPUFLEET_JOIN_TOKEN); the control plane's <data-dir>/join.token holds it");
+    }
+    Ok(Link {
+        endpoint,
+        join_token,
+    })
+}
+
+/// `gpufleet-agent node`: runs until SIGINT/SIGTERM, or until the control plane refuses it.
+pub async fn run(args: Config) -> anyhow::Result<()> {
+    let name = args.name.clone().unwrap_or_else(default_name);
+    gpufleet_wire::names::dns_label("--name", &name).map_err(|e| anyhow::anyhow!(e))?;
+    let link = link(&args)?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("--data-dir: cannot create {}", args.data_dir.display()))?;
+    let data_dir = std::fs::canonicalize(&args.data_dir)?;
+    let _lock = gpufleet_process::data_dir::DataDirLock::acquire(&data_dir)?;
+    let (gpu_type, backend, sim): (String, Arc<dyn GpuBackend>, _) = match args.hardware {
+        Hardware::Sim => {
+            let model = gpufleet_gpu::catalog::model(&args.gpu_type).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--gpu-type: unknown GPU model '{}' (known: {})",
+                    args.gpu_type,
+                    gpufleet_gpu::catalog::model_names().join(", ")
+                )
+            })?;
+            if !(1..=16).contains(&args.gpus) {
+                anyhow::bail!("--gpus: must be between 1 and 16 (got {})", args.gpus);
+            }
+            let disk = sim_disk::DiskSim::open(
+                &data_dir,
+                &name,
+                model,
+                args.gpus,
+                gpufleet_gpu::catalog::DEFAULT_DRIVER,
+                args.sim_op_delay,
+            )?;
+            let sim = disk.node.clone();
+            (model.name.clone(), Arc::new(disk), Some(sim))
+        }
+        Hardware::Nvml => {
+            let nvml = crate::hardware::require_nvml(args.nvml_lib.as_deref())?;
+            let gpus = nvml
+                .gpus()
+                .map_err(|e| anyhow::anyhow!("--hardware nvml: reading this host's GPUs: {e}"))?;
+            let model = gpufleet_wire::inventory::host_model(&gpus)?;
+            (model.name.clone(), Arc::new(nvml), None)
+        }
+    };
+    let faults_file = sim.as_ref().map(|_| data_dir.join("sim-faults.toml"));
+    let installer = match sim {
+        Some(_) => driver::Installer::Sim(driver::SimDriver::new(
+            gpufleet_gpu::catalog::DEFAULT_DRIVER,
+            Some(data_dir.join("driver-version")),
+            args.sim_op_delay,
+        )),
+        None => driver::Installer::Command(args.driver_install_cmd.clone()),
+    };
+    if let Some(a) = &args.bandwidth_advertise {
+        let host_port = a
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+        if a.len() > 255 || !host_port {
+            anyhow::bail!("--bandwidth-advertise: '{a}' is not a host:port");
+        }
+    }
+    let listener = bandwidth::Listener::start(
+        args.bandwidth_listen,
+        fault_throttle(faults_file.clone(), &name),
+    )
+    .with_context(|| {
+        format!(
+            "--bandwidth-listen: cannot listen on {}",
+            args.bandwidth_listen
+        )
+    })?;
+    tracing::info!(addr = %listener.addr(), "bandwidth-test listener ready");
+    let agent = assemble(Parts {
+        bandwidth: Some(listener),
+        bandwidth_advertise: args.bandwidth_advertise.clone(),
+        installer,
+        name,
+        capacity: args.capacity.clone(),
+        gpu_type,
+        backend,
+        sim,
+        faults_file,
+        data_dir,
+        link,
+    })?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let signals = gpufleet_process::signals::Signals::watch()?;
+    tokio::spawn(async move {
+        signals.recv().await;
+        let _ = stop_tx.send(true);
+    });
+    if let Some(addr) = args.metrics_listen {
+        let (name, backend) = (agent.name.clone(), agent.exec.backend.clone());
+        let render = move || crate::metrics::render(name.clone(), backend.clone());
+        gpufleet_process::metrics_endpoint::listen(addr, "node agent", render, stop_rx.clone())
+            .await?;
+    }
+    tracing::info!(node = %agent.name, control_plane = %args.control_plane, "node agent starting");
+    session::run(agent, stop_rx).await
+}
+
+/// `gpufleet-agent node-status`: the agent's own view of its node (from its data dir).
+pub fn print_status(data_dir: &Path) -> anyhow::Result<()> {
+    let path = data_dir.join("status.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("--data-dir: no node agent status in {}", path.display()))?;
+    println!("{}", text.trim_end());
+    Ok(())
+}

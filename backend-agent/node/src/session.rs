@@ -1,0 +1,271 @@
+//! The agent's side of the stream: register, then heartbeats up, orders down and verified
+//! results up; reconnect with backoff when the control plane goes away.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpufleet_proto::v1::{
+    self, agent_message, control_message, node_agent_service_client::NodeAgentServiceClient,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::executor::Executor;
+use gpufleet_process::signals::stopped;
+
+/// How to reach the control plane.
+pub struct Link {
+    pub endpoint: tonic::transport::Endpoint,
+    pub join_token: String,
+}
+
+pub struct Agent {
+    pub name: String,
+    /// "pool" or "on-demand".
+    pub capacity: String,
+    /// "sim" or "nvml".
+    pub hardware: &'static str,
+    pub exec: Arc<Executor>,
+    pub link: Link,
+    /// `<data-dir>/status.json`: what the agent last registered and reported (its own view).
+    pub status_file: PathBuf,
+    /// host:port of its bandwidth-test listener, as peers reach it (empty: none).
+    pub bandwidth_addr: String,
+}
+
+enum End {
+    /// The control plane refused this node; retrying cannot help.
+    Refused(tonic::Status),
+    /// The connection ended or failed; try again.
+    Lost(String),
+}
+
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Serves the control plane until `stop` turns true. Returns an error only when the
+/// control plane refuses the node (wrong join token, name in use, contradicting inventory).
+pub async fn run(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let exec = agent.exec.clone();
+    tokio::task::spawn_blocking(move || exec.recover()).await?;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let ended = tokio::select! {
+            _ = stopped(&mut stop) => return Ok(()),
+            ended = session(&agent) => ended,
+        };
+        match ended {
+            End::Refused(status) => {
+                anyhow::bail!(
+                    "the control plane refused node {}: {}",
+                    agent.name,
+                    status.message()
+                )
+            }
+            End::Lost(why) => {
+                tracing::warn!(node = %agent.name, reason = %why, retry_in = ?backoff, "lost the control plane");
+            }
+        }
+        tokio::select! {
+            _ = stopped(&mut stop) => return Ok(()),
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+fn classify(status: tonic::Status) -> End {
+    use tonic::Code;
+    match status.code() {
+        Code::Unauthenticated
+        | Code::PermissionDenied
+        | Code::FailedPrecondition
+        | Code::InvalidArgument => End::Refused(status),
+        // The name is held by a session that looks live: after a partition that may be
+        // this agent's own old session, which the control plane drops once its heartbeats
+        // are overdue. Keep trying.
+        Code::AlreadyExists => End::Lost(status.message().to_string()),
+        _ => End::Lost(format!("{}: {}", status.code(), status.message())),
+    }
+}
+
+async fn inventory(exec: &Arc<Executor>) -> Result<v1::NodeInventory, End> {
+    let exec = exec.clone();
+    tokio::task::spawn_blocking(move || exec.inventory())
+        .await
+        .map_err(|e| End::Lost(e.to_string()))?
+        .map_err(|e| End::Lost(format!("cannot read this node's GPUs: {e}")))
+}
+
+fn write_status(agent: &Agent, node_id: &str, inventory: Option<&v1::NodeInventory>) {
+    let status = serde_json::json!({
+        "name": agent.name,
+        "node_id": node_id,
+        "capacity": agent.capacity,
+        "hardware": agent.hardware,
+        "driver_version": inventory.map(|i| i.driver_version.clone()),
+        "gpus": inventory.map(|i| i.gpus.iter().map(|g| serde_json::json!({
+            "index": g.index,
+            "uuid": g.uuid,
+            "mig_enabled": g.mig_enabled,
+            "mig_devices": g.mig_devices.iter().map(|d| serde_json::json!({
+                "profile": d.profile, "start": d.start, "uuid": d.uuid,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>()),
+    });
+    let tmp = agent.status_file.with_extension("json.tmp");
+    let written = std::fs::write(&tmp, serde_json::to_vec_pretty(&status).unwrap_or_default())
+        .and_then(|_| std::fs::rename(&tmp, &agent.status_file));
+    if let Err(e) = written {
+        tracing::warn!(path = %agent.status_file.display(), error = %e, "cannot write the status file");
+    }
+}
+
+/// A bandwidth test's token is accepted from the moment its order arrives, even while an
+/// earlier order still runs: the peers' streams to this node need not wait for it.
+fn arm_bandwidth(agent: &Agent, order: &v1::WorkOrder) {
+    if let (Some(v1::work_order::Kind::RunHealthCheck(h)), Some(listener)) =
+        (&order.kind, &agent.exec.bandwidth)
+    {
+        if let Some(test) = h
+            .bandwidth
+            .as_ref()
+            .filter(|t| super::bandwidth::validate(t).is_ok())
+        {
+            listener.arm(&test.token, super::bandwidth::arm_for(test));
+        }
+    }
+}
+
+async fn session(agent: &Arc<Agent>) -> End {
+    let channel = match agent.link.endpoint.connect().await {
+        Ok(c) => c,
+        Err(e) => return End::Lost(gpufleet_wire::tls::causes(&e)),
+    };
+    let mut client = NodeAgentServiceClient::new(channel);
+    let inventory = match inventory(&agent.exec).await {
+        Ok(i) => i,
+        Err(e) => return e,
+    };
+    let (up, up_rx) = mpsc::unbounded_channel::<v1::AgentMessage>();
+    let _ = up.send(v1::AgentMessage {
+        msg: Some(agent_message::Msg::Register(v1::RegisterNode {
+            name: agent.name.clone(),
+            capacity: agent.capacity.clone(),
+            inventory: Some(inventory.clone()),
+            hardware: agent.hardware.to_string(),
+            bandwidth_addr: agent.bandwidth_addr.clone(),
+        })),
+    });
+    let mut request = tonic::Request::new(UnboundedReceiverStream::new(up_rx));
+    match gpufleet_proto::bearer(&agent.link.join_token).parse() {
+        Ok(v) => {
+            request
+                .metadata_mut()
+                .insert(gpufleet_proto::AUTHORIZATION, v);
+        }
+        Err(_) => {
+            return End::Refused(tonic::Status::unauthenticated(
+                "--join-token: not a valid header value",
+            ))
+        }
+    }
+    let tls = agent.link.endpoint.uri().scheme_str() == Some("https");
+    let unregistered = |end: End| {
+        match end {
+        End::Lost(why) if tls => End::Lost(format!(
+            "could not register: {why} (over TLS, check that --ca-cert signed the control plane's certificate and that --cert/--key come from its --agent-ca)"
+        )),
+        End::Lost(why) => End::Lost(format!("could not register: {why}")),
+        refused => refused,
+    }
+    };
+    let mut down = match client.session(request).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => return unregistered(classify(s)),
+    };
+    let registered = match down.message().await {
+        Ok(Some(v1::ControlMessage {
+            msg: Some(control_message::Msg::Registered(r)),
+        })) => r,
+        Ok(_) => return End::Lost("the control plane did not answer the registration".into()),
+        Err(s) => return unregistered(classify(s)),
+    };
+    tracing::info!(node = %agent.name, node_id = %registered.node_id, "registered with the control plane");
+    write_status(agent, &registered.node_id, Some(&inventory));
+
+    let queued = Arc::new(AtomicU32::new(0));
+    crate::metrics::watch_queue(&agent.name, &queued);
+    let interval = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(50)));
+    let heartbeats = {
+        let up = up.clone();
+        let queued = queued.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            let mut seq = 0u64;
+            loop {
+                tick.tick().await;
+                seq += 1;
+                let beat = v1::Heartbeat {
+                    seq,
+                    orders_queued: queued.load(Ordering::Relaxed),
+                };
+                if up
+                    .send(v1::AgentMessage {
+                        msg: Some(agent_message::Msg::Heartbeat(beat)),
+                    })
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        })
+    };
+    // Orders run one at a time, in arrival order, on a blocking thread.
+    let (orders, mut order_rx) = mpsc::unbounded_channel::<v1::WorkOrder>();
+    let worker = {
+        let agent = agent.clone();
+        let queued = queued.clone();
+        let node_id = registered.node_id.clone();
+        tokio::spawn(async move {
+            while let Some(order) = order_rx.recv().await {
+                let exec = agent.exec.clone();
+                let kind = crate::metrics::order_kind(&order);
+                let result = tokio::task::spawn_blocking(move || exec.run(&order)).await;
+                queued.fetch_sub(1, Ordering::Relaxed);
+                let Ok(result) = result else { break };
+                crate::metrics::order_answered(&agent.name, kind, result.ok);
+                write_status(&agent, &node_id, result.inventory.as_ref());
+                if up
+                    .send(v1::AgentMessage {
+                        msg: Some(agent_message::Msg::Result(result)),
+                    })
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        })
+    };
+    let end = loop {
+        match down.message().await {
+            Ok(Some(v1::ControlMessage {
+                msg: Some(control_message::Msg::Order(order)),
+            })) => {
+                tracing::info!(node = %agent.name, order = %order.id, "work order received");
+                arm_bandwidth(agent, &order);
+                queued.fetch_add(1, Ordering::Relaxed);
+                let _ = orders.send(order);
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => break End::Lost("the control plane closed the stream".into()),
+            Err(s) => break classify(s),
+        }
+    };
+    heartbeats.abort();
+    // An order running on its blocking thread finishes and is journaled; the control
+    // plane re-sends it after the reconnect and gets the journaled answer.
+    worker.abort();
+    end
+}

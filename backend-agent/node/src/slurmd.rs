@@ -1,0 +1,336 @@
+//! The node agent's Slurm daemons: for each Slurm tenant cluster its node is in, a munged
+//! holding the cluster's key and `slurmd -N <node>`, with their files under
+//! `<data-dir>/slurm/<cluster>/`. gres.conf comes from the GPUs as the agent finds them
+//! (whole GPUs as `gpu:<model>`, MIG slices as `gpu:<profile>`), so Slurm schedules what
+//! the node really has.
+//!
+//! Devices: with simulated GPUs each GPU and MIG slice is a character device the agent
+//! creates in its data dir (the numbers of /dev/null, so a job that opens one harms
+//! nothing); with NVML, Slurm finds the real /dev/nvidia* and MIG devices itself
+//! (`AutoDetect=nvml`, which needs a Slurm built with NVML).
+//!
+//! Starting is idempotent (a slurmd running the same configuration is verified and left
+//! alone) and the last order per cluster is kept on disk, so an agent that restarts starts
+//! its daemons again before it serves orders. Blocking: the executor runs on a blocking
+//! thread.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpufleet_gpu::hardware::GpuInfo;
+use gpufleet_proto::v1;
+
+use gpufleet_slurm::conf::{self, Device};
+use gpufleet_slurm::daemon::{Daemon, Spec};
+use gpufleet_slurm::munge;
+
+struct Running {
+    munged: Daemon,
+    slurmd: Daemon,
+    key: Vec<u8>,
+    conf: String,
+    gres_conf: String,
+}
+
+#[derive(Clone)]
+pub struct Slurmd {
+    /// `<data-dir>/slurm`.
+    root: PathBuf,
+    node: String,
+    /// Simulated GPUs: device files made here; otherwise NVML's real devices.
+    simulated: bool,
+    running: Arc<Mutex<HashMap<String, Running>>>,
+}
+
+/// The order as kept on disk, to start the daemons again after a restart.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Kept {
+    slurm_conf: String,
+    cgroup_conf: String,
+}
+
+impl Slurmd {
+    pub fn new(data_dir: &Path, node: &str, simulated: bool) -> Slurmd {
+        Slurmd {
+            root: data_dir.join("slurm"),
+            node: node.to_string(),
+            simulated,
+            running: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn dir(&self, cluster: &str) -> Result<PathBuf, String> {
+        if !gpufleet_slurm::valid_cluster_name(cluster) {
+            return Err(format!(
+                "cluster: {cluster:?} is not a Slurm cluster name (lower-case letters, digits and '-', at most 40)"
+            ));
+        }
+        Ok(self.root.join(cluster))
+    }
+
+    /// Runs (or verifies) this node's slurmd for the order's cluster with the GPUs as they
+    /// are now; returns the GRES it declared.
+    pub fn start(&self, order: &v1::StartSlurmd, gpus: &[GpuInfo]) -> Result<String, String> {
+        munge::check_key(&order.munge_key)?;
+        let missing = gpufleet_slurm::missing();
+        if !missing.is_empty() {
+            return Err(format!(
+                "this host lacks {} (install slurm-wlm and munge)",
+                missing.join(", ")
+            ));
+        }
+        let dir = self.dir(&order.cluster)?;
+        let port = *conf::node_ports(&order.slurm_conf)
+            .get(&self.node)
+            .ok_or_else(|| {
+                format!(
+                    "slurm_conf: node {} is not in cluster {}'s slurm.conf",
+                    self.node, order.cluster
+                )
+            })?;
+        std::fs::create_dir_all(dir.join("spool"))
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let kept = Kept {
+            slurm_conf: order.slurm_conf.clone(),
+            cgroup_conf: order.cgroup_conf.clone(),
+        };
+        write(
+            &dir.join("order.json"),
+            &serde_json::to_string(&kept).unwrap_or_default(),
+        )?;
+        let paths = munge::Paths::in_dir(&dir);
+        munge::write_key(&paths.key, &order.munge_key)
+            .map_err(|e| format!("cannot write the munge key: {e}"))?;
+        self.run(&order.cluster, &dir, &kept, &order.munge_key, port, gpus)
+    }
+
+    fn run(
+        &self,
+        cluster: &str,
+        dir: &Path,
+        kept: &Kept,
+        key: &[u8],
+        port: u16,
+        gpus: &[GpuInfo],
+    ) -> Result<String, String> {
+        let paths = munge::Paths::in_dir(dir);
+        let full = format!(
+            "{}{}",
+            kept.slurm_conf,
+            conf::slurmd_lines(dir, &paths.socket)
+        );
+        let gres_conf = if self.simulated {
+            conf::gres(&self.node, &self.sim_devices(dir, gpus)?)
+        } else {
+            "AutoDetect=nvml\n".to_string()
+        };
+        let gres = conf::gres_of(gpus);
+        let mut all = self.lock();
+        let (munged, old) = match all.remove(cluster) {
+            Some(r)
+                if r.key == key
+                    && r.conf == full
+                    && r.gres_conf == gres_conf
+                    && r.munged.alive()
+                    && r.slurmd.alive() =>
+            {
+                all.insert(cluster.to_string(), r);
+                return Ok(gres);
+            }
+            Some(r) if r.key == key && r.munged.alive() => (Some(r.munged), Some(r.slurmd)),
+            Some(r) => {
+                r.slurmd.stop();
+                r.munged.stop();
+                (None, None)
+            }
+            None => (None, None),
+        };
+        if let Some(old) = old {
+            old.stop();
+        }
+        let munged = match munged {
+            Some(m) => m,
+            None => munge::start(&format!("munged/{cluster}"), &paths)?,
+        };
+        let conf_path = dir.join("slurm.conf");
+        write(&conf_path, &full)?;
+        write(&dir.join("cgroup.conf"), &kept.cgroup_conf)?;
+        write(&dir.join("gres.conf"), &gres_conf)?;
+        let slurmd = Daemon::start(
+            &format!("slurmd/{cluster}/{}", self.node),
+            Spec {
+                program: "slurmd".into(),
+                args: vec![
+                    "-D".into(),
+                    "-N".into(),
+                    self.node.clone(),
+                    "-f".into(),
+                    conf_path.display().to_string(),
+                ],
+                env: vec![("SLURM_CONF".into(), conf_path.display().to_string())],
+                log: dir.join("slurmd.out"),
+            },
+        )
+        .map_err(|e| format!("cannot start slurmd: {e}"))?;
+        // Verified: slurmd listens on its port (it has read its configuration and GRES).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect_timeout(
+            &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_millis(200),
+        )
+        .is_err()
+        {
+            if Instant::now() > deadline || !slurmd.alive() && slurmd.starts() > 3 {
+                let log = std::fs::read_to_string(dir.join("slurmd.log")).unwrap_or_default();
+                slurmd.stop();
+                munged.stop();
+                return Err(format!(
+                    "slurmd of cluster {cluster} did not listen on port {port}: {}",
+                    log.lines().last().unwrap_or("no log")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        all.insert(
+            cluster.to_string(),
+            Running {
+                munged,
+                slurmd,
+                key: key.to_vec(),
+                conf: full,
+                gres_conf,
+            },
+        );
+        Ok(gres)
+    }
+
+    /// One character device per GPU and MIG slice, in `<dir>/dev`.
+    fn sim_devices(&self, dir: &Path, gpus: &[GpuInfo]) -> Result<Vec<Device>, String> {
+        let dev = dir.join("dev");
+        std::fs::create_dir_all(&dev)
+            .map_err(|e| format!("cannot create {}: {e}", dev.display()))?;
+        let mut out = Vec::new();
+        for g in gpus {
+            let mut add = |file: String, gres_type: String| -> Result<(), String> {
+                let path = dev.join(&file);
+                mknod(&path)?;
+                out.push(Device {
+                    gres_type,
+                    file: path.display().to_string(),
+                });
+                Ok(())
+            };
+            if g.mig_enabled {
+                for i in &g.instances {
+                    add(
+                        format!("nvidia{}-mig{}", g.index, i.start),
+                        i.profile.clone(),
+                    )?;
+                }
+            } else {
+                add(format!("nvidia{}", g.index), conf::gpu_type(&g.model))?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stops the cluster's daemons on this node and removes their files.
+    pub fn stop(&self, cluster: &str) -> Result<(), String> {
+        let dir = self.dir(cluster)?;
+        let r = self.lock().remove(cluster);
+        if let Some(r) = r {
+            r.slurmd.stop();
+            r.munged.stop();
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
+        }
+    }
+
+    /// After the agent starts: the daemons of every cluster it last ran, again, on a
+    /// thread of their own (the agent registers meanwhile; an order for a cluster waits for
+    /// its recovery to finish).
+    pub fn recover(&self, gpus: &[GpuInfo]) {
+        let (this, gpus) = (self.clone(), gpus.to_vec());
+        let spawned = std::thread::Builder::new()
+            .name("slurmd-recover".into())
+            .spawn(move || this.recover_now(&gpus));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the Slurm daemons' recovery");
+        }
+    }
+
+    fn recover_now(&self, gpus: &[GpuInfo]) {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let cluster = e.file_name().to_string_lossy().to_string();
+            let dir = e.path();
+            let restarted = (|| -> Result<String, String> {
+                let kept: Kept = serde_json::from_str(
+                    &std::fs::read_to_string(dir.join("order.json")).map_err(|e| e.to_string())?,
+                )
+                .map_err(|e| e.to_string())?;
+                let key = std::fs::read(dir.join("munge.key")).map_err(|e| e.to_string())?;
+                let port = *conf::node_ports(&kept.slurm_conf)
+                    .get(&self.node)
+                    .ok_or("this node is not in its slurm.conf")?;
+                self.run(&cluster, &dir, &kept, &key, port, gpus)
+            })();
+            match restarted {
+                Ok(gres) => {
+                    tracing::info!(%cluster, %gres, "slurmd started again after the agent's restart")
+                }
+                Err(e) => {
+                    tracing::warn!(%cluster, error = %e, "cannot start slurmd again after the agent's restart")
+                }
+            }
+        }
+    }
+
+    /// Stops every daemon (the agent is stopping); their files stay for the next start.
+    pub fn stop_all(&self) {
+        let all: Vec<Running> = self.lock().drain().map(|(_, r)| r).collect();
+        for r in all {
+            r.slurmd.stop();
+            r.munged.stop();
+        }
+    }
+}
+
+fn write(path: &Path, text: &str) -> Result<(), String> {
+    if std::fs::read_to_string(path).is_ok_and(|t| t == text) {
+        return Ok(());
+    }
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// A character device with /dev/null's numbers (1, 3), unless one is there already.
+fn mknod(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device()) {
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(path);
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{}: not a valid path", path.display()))?;
+    // SAFETY: c is a valid NUL-terminated path; mknod only creates the file.
+    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    if rc != 0 {
+        return Err(format!(
+            "cannot create the device file {} for Slurm's GRES: {} (creating device files needs root)",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}

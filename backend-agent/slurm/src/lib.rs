@@ -1,0 +1,90 @@
+//! Real Slurm for tenant clusters with `orchestrator = "slurm"`, as processes on a host: the
+//! controller per cluster that the control plane runs (`controller`), the configuration it
+//! renders for the controller, the nodes and the tenant (`conf`), munge keys and daemons
+//! (`munge`), the supervised processes (`daemon`) and the controller's view of its nodes
+//! (`status`). It knows no store and no agent: the control plane's `slurm_clusters` ties a
+//! cluster's lifecycle to these, and the node agent's `slurmd` runs a node's daemon.
+
+pub mod conf;
+pub mod controller;
+pub mod daemon;
+pub mod munge;
+pub mod status;
+
+/// The programs a Slurm cluster needs on this host.
+pub const PROGRAMS: &[&str] = &["slurmctld", "slurmd", "munged", "sinfo", "scontrol"];
+
+/// Where programs are looked for: PATH, and /usr/sbin and /sbin (where Debian puts the
+/// daemons, often not on a user's PATH).
+fn search_dirs() -> Vec<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .collect()
+}
+
+/// The programs of [`PROGRAMS`] found in none of `dirs`.
+fn missing_from(dirs: &[std::path::PathBuf]) -> Vec<&'static str> {
+    PROGRAMS
+        .iter()
+        .copied()
+        .filter(|p| !dirs.iter().any(|d| d.join(p).is_file()))
+        .collect()
+}
+
+/// The programs missing on this host; empty when Slurm and munge are installed.
+pub fn missing() -> Vec<&'static str> {
+    missing_from(&search_dirs())
+}
+
+/// The Slurm cluster name of a tenant cluster: short (it names sockets and directories,
+/// whose paths are bounded) and unique (from the cluster's id).
+pub fn cluster_name(cluster_id: &str) -> String {
+    let hex: String = cluster_id
+        .chars()
+        .filter(|c| c.is_ascii_hexdigit())
+        .take(12)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    format!("gf{hex}")
+}
+
+/// Whether `name` is a cluster name this module could have made (a path component).
+pub fn valid_cluster_name(name: &str) -> bool {
+    (1..=40).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// The user the Slurm daemons run as: the process's own (root on a real node).
+pub fn current_user() -> String {
+    // SAFETY: getpwuid returns a pointer into static storage or null; read at once.
+    unsafe {
+        let pw = libc::getpwuid(libc::geteuid());
+        if pw.is_null() || (*pw).pw_name.is_null() {
+            return "root".into();
+        }
+        std::ffi::CStr::from_ptr((*pw).pw_name)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn missing_programs_are_named_and_cluster_names_are_short_path_components() {
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(super::missing_from(&[empty.path().into()]), super::PROGRAMS);
+        for p in super::PROGRAMS {
+            std::fs::write(empty.path().join(p), "").unwrap();
+        }
+        assert!(super::missing_from(&[empty.path().into()]).is_empty());
+        let name = super::cluster_name("79bb28b1-5b97-4c1e-9d7a-000000000000");
+        assert_eq!(name, "gf79bb28b15b97");
+        assert!(super::valid_cluster_name(&name));
+        assert!(!super::valid_cluster_name("../etc"));
+        assert!(!super::valid_cluster_name(""));
+    }
+}

@@ -1,0 +1,110 @@
+//! `--node-agents embedded`: the fleet's nodes run as agents inside the control plane's
+//! process, each the same agent as `gpufleet-agent node`, speaking the same protocol to
+//! a loopback listener of its own. One code path: the demo and the tests of the embedded
+//! mode exercise registration, orders and answers exactly as external agents do. Composed
+//! here, in the binary: neither the control plane nor the node agent knows the other.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use gpufleet_control::serve::{ControlPlane, EmbeddedHost};
+use gpufleet_node::session::Link;
+use tokio::sync::watch;
+
+/// How long the embedded agents may take to register and settle at start.
+const SETTLE_WITHIN: Duration = Duration::from_secs(60);
+
+/// Starts the loopback listener and one agent per host, and returns once every one is
+/// registered and ready.
+pub async fn start(
+    control: &ControlPlane,
+    hosts: Vec<EmbeddedHost>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("cannot open the embedded agents' loopback listener")?;
+    let addr = listener.local_addr()?;
+    let service = control.agent_service();
+    {
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            use tokio_stream::StreamExt;
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
+                s.inspect(|s| {
+                    let _ = s.set_nodelay(true);
+                })
+            });
+            let stopped = async move { gpufleet_process::signals::stopped(&mut stop).await };
+            if let Err(e) = tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, stopped)
+                .await
+            {
+                tracing::error!(error = %e, "the embedded agents' listener failed");
+            }
+        });
+    }
+    let url = format!("http://{addr}");
+    let state = &control.state;
+    let names: Vec<String> = hosts.iter().map(|h| h.name.clone()).collect();
+    for host in hosts {
+        let agent = agent(host, &state.data_dir, &url, &state.join_token)?;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let name = agent.name.clone();
+            if let Err(e) = gpufleet_node::session::run(agent, stop).await {
+                tracing::error!(node = %name, error = %e, "embedded node agent stopped");
+            }
+        });
+    }
+    control.await_nodes_settled(&names, SETTLE_WITHIN).await
+}
+
+/// The node agent of one embedded host, linked to the control plane at `url`.
+fn agent(
+    host: EmbeddedHost,
+    data_dir: &Path,
+    url: &str,
+    join_token: &str,
+) -> anyhow::Result<std::sync::Arc<gpufleet_node::session::Agent>> {
+    use gpufleet_node::{bandwidth, driver};
+    let faults_file = host.sim.as_ref().map(|_| data_dir.join("sim-faults.toml"));
+    let installer = match &host.sim {
+        Some(_) => driver::Installer::Sim(driver::SimDriver::new(
+            &host.driver_version,
+            None,
+            Duration::ZERO,
+        )),
+        None => driver::Installer::Command(None),
+    };
+    // Each embedded agent takes part in bandwidth tests like an external one.
+    let listener = bandwidth::Listener::start(
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        gpufleet_node::fault_throttle(faults_file.clone(), &host.name),
+    )
+    .with_context(|| format!("node {}: cannot open its bandwidth listener", host.name))?;
+    gpufleet_node::assemble(gpufleet_node::Parts {
+        bandwidth: Some(listener),
+        bandwidth_advertise: None,
+        installer,
+        data_dir: agent_dir(data_dir, &host.name),
+        name: host.name,
+        capacity: host.capacity,
+        gpu_type: host.gpu_type,
+        backend: host.backend,
+        sim: host.sim,
+        faults_file,
+        link: Link {
+            endpoint: tonic::transport::Endpoint::from_shared(url.to_string())?.tcp_nodelay(true),
+            join_token: join_token.to_string(),
+        },
+    })
+}
+
+/// An embedded agent's own directory (its order journal and status).
+fn agent_dir(data_dir: &Path, name: &str) -> PathBuf {
+    data_dir.join("agents").join(name)
+}
