@@ -17,6 +17,7 @@ pub mod cluster_status;
 pub mod counters;
 pub mod drivers;
 pub mod error;
+pub mod fingerprint;
 pub mod fleet;
 pub mod group_commit;
 pub mod host;

@@ -9,11 +9,11 @@ use tonic::{Request, Response, Status};
 
 use super::reservations::visible_reservation;
 use super::{
-    fingerprint, invalid, list_scope, node_messages, not_found, precondition, request_id_conflict,
-    target_tenant,
+    invalid, list_scope, node_messages, not_found, precondition, request_id_conflict, target_tenant,
 };
 use crate::auth::{authenticate, Caller};
 use crate::cluster_status::{refuse_while_changing, settled_status};
+use crate::fingerprint::Fingerprint;
 use crate::rules;
 use crate::scheduling::clusters::{layout_changes, scale, undo_create};
 use crate::state::{db_error, now, AppState};
@@ -266,7 +266,7 @@ impl Clusters {
         };
         let max_unavailable = max_unavailable_or_default(req.max_unavailable)?;
         let layout: BTreeMap<String, i32> = req.mig_layout.clone().into_iter().collect();
-        let print = fingerprint(&[
+        let print = Fingerprint::of(&[
             &tenant.id,
             &req.name,
             &req.orchestrator,

@@ -17,7 +17,6 @@ use std::collections::HashMap;
 
 use gpufleet_proto::v1;
 use rusqlite::Connection;
-use sha2::{Digest, Sha256};
 use tonic::Status;
 
 use crate::auth::Caller;
@@ -46,12 +45,6 @@ pub fn precondition(message: impl Into<String>) -> Status {
 /// another tenant, so a tenant cannot learn what others have.
 pub fn not_found(kind: &str, id: &str) -> Status {
     Status::not_found(format!("{kind} {} not found", crate::limits::quote(id)))
-}
-
-/// A stable digest of a create request's parameters, to tell a retry from a reused id.
-pub fn fingerprint(parts: &[&dyn std::fmt::Debug]) -> String {
-    let text: Vec<String> = parts.iter().map(|p| format!("{p:?}")).collect();
-    hex::encode(Sha256::digest(text.join("\u{1f}").as_bytes()))
 }
 
 pub fn request_id_conflict(request_id: &str, kind: &str) -> Status {

@@ -5,10 +5,9 @@ use std::sync::Arc;
 use gpufleet_proto::v1::{self, gpu_quota_service_server::GpuQuotaService};
 use tonic::{Request, Response, Status};
 
-use super::{
-    fingerprint, invalid, list_scope, not_found, precondition, request_id_conflict, visible_tenant,
-};
+use super::{invalid, list_scope, not_found, precondition, request_id_conflict, visible_tenant};
 use crate::auth::{authenticate, Caller};
+use crate::fingerprint::Fingerprint;
 use crate::rules::{self, Limit, QuotaSubject, Span};
 use crate::scheduling::{
     capacity, demand, gpus_per_node, guarantees, holdings, reservations, Exclude,
@@ -74,7 +73,7 @@ impl Quotas {
         rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
         rules::at_least("burst_gpus", req.burst_gpus, 0).map_err(invalid)?;
         let tenant = visible_tenant(&tx, &Caller::Admin, &req.tenant_id)?;
-        let print = fingerprint(&[&req.tenant_id, &req.gpu_type, &req.gpus, &req.burst_gpus]);
+        let print = Fingerprint::of(&[&req.tenant_id, &req.gpu_type, &req.gpus, &req.burst_gpus]);
         // A dry run is always a new request: it neither finds nor leaves a request id.
         let prior = if req.validate_only {
             Prior::New

@@ -7,11 +7,11 @@ use rusqlite::{Connection, Savepoint};
 use tonic::{Request, Response, Status};
 
 use super::{
-    fingerprint, invalid, list_scope, not_found, precondition, request_id_conflict, target_tenant,
-    to_timestamp,
+    invalid, list_scope, not_found, precondition, request_id_conflict, target_tenant, to_timestamp,
 };
 use crate::auth::{authenticate, Caller};
 use crate::catalog;
+use crate::fingerprint::Fingerprint;
 use crate::rules::{self, Split};
 use crate::scheduling::reservations::{
     held_by_clusters, place, pool_takes_back, refuse_cluster_on_demand,
@@ -92,7 +92,7 @@ impl Reservations {
                 rfc3339(end)
             )));
         }
-        let print = fingerprint(&[
+        let print = Fingerprint::of(&[
             &tenant.id,
             &req.gpu_type,
             &req.node_count,

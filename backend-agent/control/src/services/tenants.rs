@@ -7,10 +7,11 @@ use gpufleet_proto::v1::{self, tenant_service_server::TenantService};
 use tonic::{Request, Response, Status};
 
 use super::{
-    fingerprint, invalid, not_found, precondition, request_id_conflict, reservations, to_hash_map,
-    to_timestamp, visible_tenant,
+    invalid, not_found, precondition, request_id_conflict, reservations, to_hash_map, to_timestamp,
+    visible_tenant,
 };
 use crate::auth::{self, authenticate, Caller};
+use crate::fingerprint::Fingerprint;
 use crate::rules;
 use crate::state::{db_error, now, AppState};
 use crate::store::{self, idempotency::Prior, tenants::TenantRow};
@@ -43,7 +44,7 @@ impl Tenants {
         rules::required("request_id", &req.request_id).map_err(invalid)?;
         gpufleet_wire::names::dns_label("name", &req.name).map_err(invalid)?;
         let labels: BTreeMap<String, String> = req.labels.into_iter().collect();
-        let print = fingerprint(&[&req.name, &req.display_name, &labels]);
+        let print = Fingerprint::of(&[&req.name, &req.display_name, &labels]);
         let token = auth::new_token("gft_");
         let tenant = match store::idempotency::lookup(&tx, "tenant", "", &req.request_id, &print)
             .map_err(db_error)?

@@ -2,6 +2,8 @@
 
 use rusqlite::{Connection, OptionalExtension};
 
+use crate::fingerprint::Fingerprint;
+
 /// The outcome of looking up a request id.
 pub enum Prior {
     /// Never seen: create the object.
@@ -17,7 +19,7 @@ pub fn lookup(
     kind: &str,
     scope: &str,
     request_id: &str,
-    fingerprint: &str,
+    fingerprint: &Fingerprint,
 ) -> rusqlite::Result<Prior> {
     let mut stmt = conn.prepare_cached(
         "SELECT fingerprint, object_id FROM idempotency WHERE kind = ?1 AND scope = ?2 AND request_id = ?3",
@@ -27,7 +29,7 @@ pub fn lookup(
         .optional()?;
     Ok(match row {
         None => Prior::New,
-        Some((seen, id)) if seen == fingerprint => Prior::Same(id),
+        Some((seen, id)) if fingerprint.matches(&seen) => Prior::Same(id),
         Some(_) => Prior::Conflict,
     })
 }
@@ -37,11 +39,11 @@ pub fn record(
     kind: &str,
     scope: &str,
     request_id: &str,
-    fingerprint: &str,
+    fingerprint: &Fingerprint,
     object_id: &str,
 ) -> rusqlite::Result<()> {
     let mut stmt = conn.prepare_cached("INSERT INTO idempotency (kind, scope, request_id, fingerprint, object_id) VALUES (?1, ?2, ?3, ?4, ?5)")?;
-    stmt.execute((kind, scope, request_id, fingerprint, object_id))?;
+    stmt.execute((kind, scope, request_id, &fingerprint.current, object_id))?;
     Ok(())
 }
 
@@ -73,24 +75,47 @@ mod tests {
     fn a_forgotten_request_id_is_new_again() {
         let dir = tempfile::tempdir().unwrap();
         let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
-        record(&conn, "cluster", "t1", "r1", "f", "c1").unwrap();
-        record(&conn, "cluster", "t2", "r1", "f", "c2").unwrap();
+        let f = Fingerprint::of(&[&"request".to_string()]);
+        record(&conn, "cluster", "t1", "r1", &f, "c1").unwrap();
+        record(&conn, "cluster", "t2", "r1", &f, "c2").unwrap();
         assert!(
-            matches!(lookup(&conn, "cluster", "t1", "r1", "f").unwrap(), Prior::Same(id) if id == "c1")
+            matches!(lookup(&conn, "cluster", "t1", "r1", &f).unwrap(), Prior::Same(id) if id == "c1")
         );
         forget_request(&conn, "cluster", "t1", "r1").unwrap();
         assert!(matches!(
-            lookup(&conn, "cluster", "t1", "r1", "f").unwrap(),
+            lookup(&conn, "cluster", "t1", "r1", &f).unwrap(),
             Prior::New
         ));
         // Another scope's use of the same id stays.
         assert!(
-            matches!(lookup(&conn, "cluster", "t2", "r1", "f").unwrap(), Prior::Same(id) if id == "c2")
+            matches!(lookup(&conn, "cluster", "t2", "r1", &f).unwrap(), Prior::Same(id) if id == "c2")
         );
         // Recorded anew, the id points at the new object.
-        record(&conn, "cluster", "t1", "r1", "f", "c3").unwrap();
+        record(&conn, "cluster", "t1", "r1", &f, "c3").unwrap();
         assert!(
-            matches!(lookup(&conn, "cluster", "t1", "r1", "f").unwrap(), Prior::Same(id) if id == "c3")
+            matches!(lookup(&conn, "cluster", "t1", "r1", &f).unwrap(), Prior::Same(id) if id == "c3")
         );
+    }
+
+    #[test]
+    fn a_request_id_stored_before_the_stable_encoding_is_still_a_retry() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        let fields: [&dyn crate::fingerprint::Canonical; 2] = [&"team-a".to_string(), &8i32];
+        let f = Fingerprint::of(&fields);
+        // As the previous release recorded it.
+        conn.execute(
+            "INSERT INTO idempotency (kind, scope, request_id, fingerprint, object_id) VALUES ('quota', 't', 'r1', ?1, 'q1')",
+            [&f.legacy],
+        )
+        .unwrap();
+        assert!(
+            matches!(lookup(&conn, "quota", "t", "r1", &f).unwrap(), Prior::Same(id) if id == "q1")
+        );
+        let other = Fingerprint::of(&[&"team-a".to_string(), &9i32]);
+        assert!(matches!(
+            lookup(&conn, "quota", "t", "r1", &other).unwrap(),
+            Prior::Conflict
+        ));
     }
 }
