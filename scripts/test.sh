@@ -23,7 +23,8 @@ else
 fi
 
 say "cargo build --workspace --bins"
-cargo build --workspace --bins && cargo build -p fake-nvml # + the fake NVML library the nvml_fake tests load
+cargo build --workspace --bins
+cargo build -p fake-nvml # the fake NVML library the nvml_fake tests load
 
 target_dir="${CARGO_TARGET_DIR:-$GPUFLEET_ROOT/target}"
 export GPUFLEET_AGENT_BIN="$target_dir/debug/gpufleet-agent"
