@@ -40,15 +40,11 @@ impl Fleet {
         }
         let page = super::paging::parse(req.page_size, &req.page_token)?;
         let rows = store::nodes::list(&conn, gpu_type, cluster).map_err(db_error)?;
-        let (nodes, next_page_token) = super::paging::page(
+        let (nodes, next_page_token) = super::paging::page_batch(
             rows,
             &page,
             |n| n.hostname.clone(),
-            |n| {
-                node_messages(&conn, Some(&self.state.agents), &caller, vec![n])?
-                    .pop()
-                    .ok_or_else(|| Status::internal("node vanished"))
-            },
+            |page_rows| node_messages(&conn, Some(&self.state.agents), &caller, page_rows),
         )?;
         Ok(v1::ListNodesResponse {
             nodes,

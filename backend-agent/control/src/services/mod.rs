@@ -117,24 +117,32 @@ pub fn node_messages(
     caller: &Caller,
     rows: Vec<store::nodes::NodeRow>,
 ) -> Result<Vec<v1::Node>, Status> {
+    // The page's rows first, three statements whatever its size, then the messages.
+    let ids: Vec<&str> = rows.iter().map(|n| n.id.as_str()).collect();
+    let clusters: Vec<&str> = rows
+        .iter()
+        .filter_map(|n| n.cluster_id.as_deref())
+        .collect();
+    let tenants = store::clusters::tenants_of(conn, &clusters).map_err(db_error)?;
+    let mut all_gpus = store::nodes::gpus_of(conn, &ids).map_err(db_error)?;
+    let mut all_devices = store::nodes::mig_devices_of(conn, &ids).map_err(db_error)?;
     let mut out = Vec::with_capacity(rows.len());
     for n in rows {
-        let tenant_id = match &n.cluster_id {
-            Some(c) => store::clusters::get(conn, c)
-                .map_err(db_error)?
-                .map(|c| c.tenant_id)
-                .unwrap_or_default(),
-            None => String::new(),
-        };
+        let tenant_id = n
+            .cluster_id
+            .as_ref()
+            .and_then(|c| tenants.get(c).cloned())
+            .unwrap_or_default();
         let (cluster_id, tenant_id) = if caller.sees(&tenant_id) {
             (n.cluster_id.clone().unwrap_or_default(), tenant_id)
         } else {
             (String::new(), String::new())
         };
         let mut gpus = Vec::new();
-        for g in store::nodes::gpus(conn, &n.id).map_err(db_error)? {
-            let mig_devices = store::nodes::mig_devices(conn, &n.id, g.index)
-                .map_err(db_error)?
+        for g in all_gpus.remove(&n.id).unwrap_or_default() {
+            let mig_devices = all_devices
+                .remove(&(n.id.clone(), g.index))
+                .unwrap_or_default()
                 .into_iter()
                 .map(|d| v1::MigDevice {
                     profile: d.profile,
@@ -178,4 +186,75 @@ pub fn node_messages(
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::store::nodes::MigDeviceRow;
+
+    thread_local! {
+        static STATEMENTS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn count(_sql: &str) {
+        STATEMENTS.with(|n| n.set(n.get() + 1));
+    }
+
+    #[test]
+    fn a_page_of_nodes_is_read_in_three_statements_whatever_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = store::open(&dir.path().join("s.db")).unwrap();
+        let fleet = crate::fleet::parse(
+            "[[pool]]\ngpu_type = \"A100-80GB\"\nnodes = 40\ngpus_per_node = 4\n",
+        )
+        .unwrap();
+        crate::fleet::seed(&mut conn, &fleet).unwrap();
+        let rows = store::nodes::list(&conn, None, None).unwrap();
+        let sliced = rows[7].id.clone();
+        let devices = [MigDeviceRow {
+            profile: "3g.40gb".into(),
+            profile_id: 9,
+            start: 4,
+            size: 4,
+            memory_mib: 40192,
+            uuid: "MIG-1".into(),
+        }];
+        store::nodes::set_mig_state(&conn, &sliced, 2, true, &devices).unwrap();
+
+        #[allow(deprecated)] // trace_v2 takes a mask; one callback per statement is all we need
+        conn.trace(Some(count));
+        STATEMENTS.with(|n| n.set(0));
+        let messages = node_messages(&conn, None, &Caller::Admin, rows.clone()).unwrap();
+        assert_eq!(
+            STATEMENTS.with(Cell::get),
+            3,
+            "statements for {} nodes",
+            rows.len()
+        );
+        #[allow(deprecated)]
+        conn.trace(None);
+
+        assert_eq!(messages.len(), 40);
+        for (row, m) in rows.iter().zip(&messages) {
+            assert_eq!(m.id, row.id);
+            let gpus = store::nodes::gpus(&conn, &row.id).unwrap();
+            let uuids: Vec<&str> = m.gpus.iter().map(|g| g.uuid.as_str()).collect();
+            assert_eq!(
+                uuids,
+                gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>()
+            );
+        }
+        let m = &messages[7];
+        assert!(m.gpus[2].mig_enabled);
+        assert_eq!(m.gpus[2].mig_devices.len(), 1);
+        assert_eq!(m.gpus[2].mig_devices[0].uuid, "MIG-1");
+        assert!(m
+            .gpus
+            .iter()
+            .enumerate()
+            .all(|(i, g)| i == 2 || g.mig_devices.is_empty()));
+    }
 }

@@ -19,13 +19,26 @@ pub fn parse(page_size: i32, page_token: &str) -> Result<Page, Status> {
 }
 
 /// The page of `rows` after `page.after` in the order of `key`, each row built into its
-/// message by `build` (only those answered are built), and the next page's token ("" when
-/// nothing is left).
+/// message by `build`, and the next page's token ("" when nothing is left).
 pub fn page<R, M: prost::Message>(
     rows: Vec<R>,
     page: &Page,
     key: impl Fn(&R) -> String,
-    mut build: impl FnMut(R) -> Result<M, Status>,
+    build: impl FnMut(R) -> Result<M, Status>,
+) -> Result<(Vec<M>, String), Status> {
+    page_batch(rows, page, key, |rows| {
+        rows.into_iter().map(build).collect()
+    })
+}
+
+/// [`page`] for messages that are built together (one read for the whole page): the
+/// page's rows go to `build` at once, in key order, and the byte bound then keeps as many
+/// of its messages as fit (at least one).
+pub fn page_batch<R, M: prost::Message>(
+    rows: Vec<R>,
+    page: &Page,
+    key: impl Fn(&R) -> String,
+    build: impl FnOnce(Vec<R>) -> Result<Vec<M>, Status>,
 ) -> Result<(Vec<M>, String), Status> {
     let mut keyed: Vec<(String, R)> = rows.into_iter().map(|r| (key(&r), r)).collect();
     keyed.sort_by(|a, b| a.0.cmp(&b.0));
@@ -33,24 +46,21 @@ pub fn page<R, M: prost::Message>(
         Some(after) => keyed.partition_point(|(k, _)| k <= after),
         None => 0,
     };
-    let mut rest = keyed.into_iter().skip(start).peekable();
-    let mut out = Vec::new();
+    let more = keyed.len() > start + page.size;
+    let (keys, chosen): (Vec<String>, Vec<R>) =
+        keyed.into_iter().skip(start).take(page.size).unzip();
+    let mut out = build(chosen)?;
     let mut bytes = 0usize;
-    let mut last: Option<String> = None;
-    while out.len() < page.size {
-        let Some((k, row)) = rest.next() else { break };
-        let message = build(row)?;
+    for (i, message) in out.iter().enumerate() {
         // The field tag and length prefix of a repeated message take at most 6 bytes.
-        let size = message.encoded_len() + 6;
-        if let Some(prev) = last.as_ref().filter(|_| bytes + size > PAGE_BYTES) {
-            return Ok((out, encode_token(prev)));
+        bytes += message.encoded_len() + 6;
+        if i > 0 && bytes > PAGE_BYTES {
+            out.truncate(i);
+            return Ok((out, encode_token(&keys[i - 1])));
         }
-        bytes += size;
-        out.push(message);
-        last = Some(k);
     }
-    let next = match (rest.peek(), last) {
-        (Some(_), Some(prev)) => encode_token(&prev),
+    let next = match keys.last() {
+        Some(last) if more => encode_token(last),
         _ => String::new(),
     };
     Ok((out, next))

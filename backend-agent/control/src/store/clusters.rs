@@ -92,6 +92,20 @@ pub fn get(conn: &Connection, id: &str) -> rusqlite::Result<Option<ClusterRow>> 
     .optional()
 }
 
+/// The tenant of each of `cluster_ids` that exists: one statement for a whole page.
+pub fn tenants_of(
+    conn: &Connection,
+    cluster_ids: &[&str],
+) -> rusqlite::Result<std::collections::HashMap<String, String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, tenant_id FROM clusters WHERE id IN (SELECT value FROM json_each(?1))",
+    )?;
+    let rows = stmt.query_map([super::nodes::json_list(cluster_ids)], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })?;
+    rows.collect()
+}
+
 pub fn by_name(
     conn: &Connection,
     tenant_id: &str,

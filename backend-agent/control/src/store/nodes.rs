@@ -241,6 +241,68 @@ pub fn mig_devices(
     rows.collect()
 }
 
+/// The GPUs of `node_ids`, by node, in index order: one statement for a whole page.
+pub fn gpus_of(
+    conn: &Connection,
+    node_ids: &[&str],
+) -> rusqlite::Result<std::collections::HashMap<String, Vec<GpuRow>>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT node_id, idx, uuid, model, memory_mib, mig_enabled FROM gpus
+         WHERE node_id IN (SELECT value FROM json_each(?1)) ORDER BY node_id, idx",
+    )?;
+    let mut out: std::collections::HashMap<String, Vec<GpuRow>> = Default::default();
+    let rows = stmt.query_map([json_list(node_ids)], |r| {
+        Ok(GpuRow {
+            node_id: r.get(0)?,
+            index: r.get(1)?,
+            uuid: r.get(2)?,
+            model: r.get(3)?,
+            memory_mib: r.get(4)?,
+            mig_enabled: r.get(5)?,
+        })
+    })?;
+    for g in rows {
+        let g = g?;
+        out.entry(g.node_id.clone()).or_default().push(g);
+    }
+    Ok(out)
+}
+
+/// The MIG devices of `node_ids`, by (node, GPU index), in start order: one statement.
+pub fn mig_devices_of(
+    conn: &Connection,
+    node_ids: &[&str],
+) -> rusqlite::Result<std::collections::HashMap<(String, i64), Vec<MigDeviceRow>>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT node_id, gpu_idx, profile, profile_id, start, size, memory_mib, uuid FROM mig_devices
+         WHERE node_id IN (SELECT value FROM json_each(?1)) ORDER BY node_id, gpu_idx, start",
+    )?;
+    let mut out: std::collections::HashMap<(String, i64), Vec<MigDeviceRow>> = Default::default();
+    let rows = stmt.query_map([json_list(node_ids)], |r| {
+        Ok((
+            (r.get::<_, String>(0)?, r.get::<_, i64>(1)?),
+            MigDeviceRow {
+                profile: r.get(2)?,
+                profile_id: r.get(3)?,
+                start: r.get(4)?,
+                size: r.get(5)?,
+                memory_mib: r.get(6)?,
+                uuid: r.get(7)?,
+            },
+        ))
+    })?;
+    for row in rows {
+        let (key, d) = row?;
+        out.entry(key).or_default().push(d);
+    }
+    Ok(out)
+}
+
+/// `ids` as a JSON array, the one parameter of an `IN (SELECT value FROM json_each(?))`.
+pub(crate) fn json_list(ids: &[&str]) -> String {
+    serde_json::to_string(ids).expect("strings encode as JSON")
+}
+
 /// Records a GPU's MIG state as the hardware reported it after a change.
 pub fn set_mig_state(
     conn: &Connection,
