@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpufleet_agent::embedded;
+use gpufleet_control::error::Error;
 use gpufleet_control::scheduling::health::{self, Request};
 use gpufleet_control::serve::{Config, ControlPlane as Control, Fleet};
 use gpufleet_control::state::AppState;
@@ -67,14 +68,17 @@ fn simulated(dir: &std::path::Path, nodes: u32) -> Control {
     Control::open(Config::new(dir.join("data"), fleet)).expect("open the control plane")
 }
 
-fn nodes(state: &AppState) -> Vec<NodeRow> {
-    store::nodes::list(&state.db(), None, None).expect("nodes")
+async fn nodes(state: &AppState) -> Vec<NodeRow> {
+    state
+        .read(|conn| Ok::<_, Error>(store::nodes::list(conn, None, None)?))
+        .await
+        .expect("nodes")
 }
 
 /// The median of `ROUNDS` medium checks of every node at once, and the last run's
 /// slowest bandwidth pair (Gbit/s) when a ring test ran.
 async fn medium(state: &AppState, ring: bool) -> (Duration, Option<f64>) {
-    let all = nodes(state);
+    let all = nodes(state).await;
     let req = Request {
         level: "medium",
         expected_driver: "",

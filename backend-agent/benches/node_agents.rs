@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpufleet_agent::embedded;
+use gpufleet_control::error::Error;
 use gpufleet_control::mig;
 use gpufleet_control::registry::Registry;
 use gpufleet_control::serve::{Config, ControlPlane as Control, EmbeddedHost, Fleet};
@@ -121,18 +122,25 @@ impl ControlPlane {
         t.elapsed()
     }
 
-    fn free_nodes(&self, gpu_type: &str) -> Vec<NodeRow> {
-        store::nodes::free(&self.state.db(), gpu_type, store::nodes::POOL).expect("free nodes")
+    async fn free_nodes(&self, gpu_type: &str) -> Vec<NodeRow> {
+        let gpu_type = gpu_type.to_string();
+        self.state
+            .read(move |conn| {
+                Ok::<_, Error>(store::nodes::free(conn, &gpu_type, store::nodes::POOL)?)
+            })
+            .await
+            .expect("free nodes")
     }
 }
 
 /// One order round: the changes from the store's node rows, then every agent's verified answer.
 async fn order(state: &AppState, gpu_type: &str, nodes: &[NodeRow], target: &Layout) -> Duration {
     let t = Instant::now();
-    let changes = {
-        let conn = state.db();
-        mig::changes(&conn, gpu_type, nodes, target, &[]).expect("changes")
-    };
+    let (gpu_type, nodes, target) = (gpu_type.to_string(), nodes.to_vec(), target.clone());
+    let changes = state
+        .read(move |conn| mig::changes(conn, &gpu_type, &nodes, &target, &[]))
+        .await
+        .expect("changes");
     mig::converge(state, &changes)
         .await
         .unwrap_or_else(|e| panic!("order failed: {e}"));
@@ -379,7 +387,7 @@ async fn main() {
         .into_inner();
 
     // (c) a MIG layout order end to end, 1 node and 100 nodes at once.
-    let free = cp.free_nodes(MODEL);
+    let free = cp.free_nodes(MODEL).await;
     let (one, rest) = free.split_at(1);
     let hundred = &rest[..100];
     let other = &rest[100..101];
@@ -441,7 +449,7 @@ async fn main() {
     )
     .await
     .expect("the slow agent is ready");
-    let slow_node = cp.free_nodes(SLOW_MODEL);
+    let slow_node = cp.free_nodes(SLOW_MODEL).await;
     let get = |clusters: &mut TenantClusterServiceClient<tonic::transport::Channel>| {
         let mut clusters = clusters.clone();
         let id = cluster.id.clone();
@@ -513,7 +521,10 @@ async fn main() {
     let mut hb = control_plane(AGENTS, Duration::from_millis(200));
     hb.start_agents().await;
     let interval = hb.state.agents.heartbeat_interval();
-    let ids: Vec<String> = store::nodes::list(&hb.state.db(), None, None)
+    let ids: Vec<String> = hb
+        .state
+        .read(|conn| Ok::<_, Error>(store::nodes::list(conn, None, None)?))
+        .await
         .unwrap()
         .into_iter()
         .map(|n| n.id)

@@ -20,6 +20,9 @@ pub enum Error {
     Aborted(String),
     #[error("state database error: {0}")]
     Store(#[from] rusqlite::Error),
+    /// A part the request needs has stopped (UNAVAILABLE): the state writer at shutdown.
+    #[error("{0}")]
+    Unavailable(String),
     /// Something that should not happen (INTERNAL).
     #[error("{0}")]
     Internal(String),
@@ -35,6 +38,7 @@ impl From<Error> for tonic::Status {
             Error::Precondition(m) => tonic::Status::failed_precondition(m),
             Error::Aborted(m) => tonic::Status::aborted(m),
             Error::Store(e) => db_error(e),
+            Error::Unavailable(m) => tonic::Status::unavailable(m),
             Error::Internal(m) => tonic::Status::internal(m),
         }
     }

@@ -13,15 +13,18 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, Savepoint, Transaction};
-use tonic::Status;
 
-use crate::error::db_error;
+use crate::error::Error;
 
 /// How many requests one transaction takes at most, so a commit never waits long.
 const MAX_BATCH: usize = 64;
 
+/// Why a batch's COMMIT failed, told to each of its requests.
+#[derive(Clone)]
+struct CommitFailed(String);
+
 /// What a request does once its transaction has committed (or failed to).
-type Reply = Box<dyn FnOnce(Result<(), Status>) + Send>;
+type Reply = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
 /// A queued request: runs in the open transaction and leaves its reply for later.
 type Job = Box<dyn FnOnce(&mut Transaction<'_>) -> Reply + Send>;
 
@@ -44,24 +47,30 @@ impl GroupCommit {
     /// Runs `work` in a savepoint of the next transaction and answers once that
     /// transaction has committed. `work` keeps its writes with `Savepoint::commit`;
     /// dropping the savepoint (a refusal, a dry run) rolls back only its own.
-    pub async fn write<T: Send + 'static>(
+    /// Its error is the caller's: the domain's [`Error`], or anything made from one (a
+    /// gRPC status at the API edge).
+    pub async fn write<T: Send + 'static, E: From<Error> + Send + 'static>(
         &self,
-        work: impl FnOnce(Savepoint<'_>) -> Result<T, Status> + Send + 'static,
-    ) -> Result<T, Status> {
+        work: impl FnOnce(Savepoint<'_>) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |tx| {
-            let outcome = tx.savepoint().map_err(db_error).and_then(work);
-            Box::new(move |committed: Result<(), Status>| {
+            let outcome = tx
+                .savepoint()
+                .map_err(|e| E::from(Error::Store(e)))
+                .and_then(work);
+            Box::new(move |committed: Result<(), CommitFailed>| {
+                let committed = committed.map_err(|f| E::from(Error::Internal(f.0)));
                 // The caller may have gone away; the write stands either way.
                 let _ = reply.send(outcome.and_then(|value| committed.map(|()| value)));
             })
         });
         self.queue
             .send(job)
-            .map_err(|_| Status::unavailable("the state writer has stopped"))?;
+            .map_err(|_| Error::Unavailable("the state writer has stopped".into()))?;
         answer
             .await
-            .map_err(|_| Status::internal("request worker failed"))?
+            .map_err(|_| E::from(Error::Internal("request worker failed".into())))?
     }
 }
 
@@ -83,7 +92,10 @@ fn run(db: &Mutex<Connection>, jobs: &mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        let committed = tx.commit().map_err(db_error);
+        let committed = tx.commit().map_err(|e| {
+            tracing::error!(error = %e, "database error");
+            CommitFailed(format!("state database error: {e}"))
+        });
         drop(conn);
         for reply in replies {
             reply(committed.clone());
@@ -103,6 +115,8 @@ fn run_one(job: Job, tx: &mut Transaction<'_>) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::db_error;
+    use tonic::Status;
 
     fn db() -> Arc<Mutex<Connection>> {
         let conn = Connection::open_in_memory().unwrap();
@@ -173,7 +187,7 @@ mod tests {
         let db = db();
         let writer = GroupCommit::start(db.clone());
         let dry = writer
-            .write(|sp| {
+            .write(|sp| -> Result<(), Status> {
                 sp.execute("INSERT INTO t (k, v) VALUES ('dry', 1)", [])
                     .map_err(db_error)?;
                 // Dropped without commit: rolled back.
@@ -208,7 +222,7 @@ mod tests {
             .unwrap();
         let writer = GroupCommit::start(db.clone());
         let failed = writer
-            .write(|sp| {
+            .write(|sp| -> Result<(), Status> {
                 sp.execute("INSERT INTO child (p) VALUES ('missing')", [])
                     .map_err(db_error)?;
                 sp.commit().map_err(db_error)

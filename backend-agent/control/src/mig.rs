@@ -246,19 +246,17 @@ fn desired(conn: &Connection, node: &NodeRow) -> Result<Option<Vec<Placement>>> 
 /// differ and no request is already changing it), then mark it ready, and a degraded
 /// cluster whose nodes are all back running again.
 pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
-    let plan = {
-        let conn = state.db();
-        store::nodes::get(&conn, &node_id)
-            .map_err(Error::from)
-            .and_then(|n| n.ok_or_else(|| Error::NotFound(node_id.clone())))
-            .and_then(|node| {
-                Ok(Change {
-                    before: crate::recorded::recorded_gpus(&conn, &node.id)?,
-                    target: desired(&conn, &node)?,
-                    node,
-                })
+    let id = node_id.clone();
+    let plan = state
+        .read(move |conn| {
+            let node = store::nodes::get(conn, &id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
+            Ok::<_, Error>(Change {
+                before: crate::recorded::recorded_gpus(conn, &node.id)?,
+                target: desired(conn, &node)?,
+                node,
             })
-    };
+        })
+        .await;
     let change = match plan {
         Ok(c) => c,
         Err(e) => {
@@ -277,21 +275,29 @@ pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
             reason = format!("could not be brought to its layout: {}", status);
         }
     }
-    let conn = state.db();
-    let (state_now, why) = if reason.is_empty() {
-        (store::nodes::NODE_READY, "")
-    } else {
-        (store::nodes::NODE_BUSY, reason.as_str())
-    };
     if change.node.state == store::nodes::NODE_QUARANTINED {
         return; // out of service until an operator returns it
     }
-    if let Err(e) = store::nodes::set_state(&conn, &node_id, state_now, why, now()) {
-        tracing::error!(node = %node_id, error = %e, "cannot record the node's state");
-    }
-    if let Some(cluster) = &change.node.cluster_id {
-        if let Err(e) = crate::cluster_status::refresh_cluster(&conn, cluster) {
-            tracing::error!(cluster = %cluster, error = %e, "cannot refresh the cluster's status");
-        }
+    let cluster = change.node.cluster_id.clone();
+    let recorded = state
+        .apply(move |conn| {
+            let (state_now, why) = if reason.is_empty() {
+                (store::nodes::NODE_READY, "")
+            } else {
+                (store::nodes::NODE_BUSY, reason.as_str())
+            };
+            if let Err(e) = store::nodes::set_state(conn, &node_id, state_now, why, now()) {
+                tracing::error!(node = %node_id, error = %e, "cannot record the node's state");
+            }
+            if let Some(cluster) = &cluster {
+                if let Err(e) = crate::cluster_status::refresh_cluster(conn, cluster) {
+                    tracing::error!(cluster = %cluster, error = %e, "cannot refresh the cluster's status");
+                }
+            }
+            Ok::<_, Error>(())
+        })
+        .await;
+    if let Err(e) = recorded {
+        tracing::error!(error = %e, "cannot record a reconciled node");
     }
 }

@@ -292,23 +292,23 @@ impl ControlPlane {
     ) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
-            let state = self.state.clone();
             let names = names.to_vec();
-            let waiting = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
-                let conn = state.read();
-                let mut waiting = Vec::new();
-                for name in names {
-                    let settled = store::nodes::by_hostname(&conn, &name)?.is_some_and(|n| {
-                        n.state == store::nodes::NODE_READY
-                            || n.state == store::nodes::NODE_QUARANTINED
-                    });
-                    if !settled {
-                        waiting.push(name);
+            let waiting = self
+                .state
+                .read(move |conn| -> crate::error::Result<Vec<String>> {
+                    let mut waiting = Vec::new();
+                    for name in names {
+                        let settled = store::nodes::by_hostname(conn, &name)?.is_some_and(|n| {
+                            n.state == store::nodes::NODE_READY
+                                || n.state == store::nodes::NODE_QUARANTINED
+                        });
+                        if !settled {
+                            waiting.push(name);
+                        }
                     }
-                }
-                Ok(waiting)
-            })
-            .await??;
+                    Ok(waiting)
+                })
+                .await?;
             if waiting.is_empty() {
                 return Ok(());
             }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpufleet_proto::v1;
+use rusqlite::Connection;
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
@@ -110,16 +111,15 @@ struct Plan {
     nodes: Vec<NodeRow>,
 }
 
-fn plan(state: &AppState, cluster_id: &str) -> Result<Option<Plan>> {
-    let conn = state.db();
-    let Some(c) = store::clusters::get(&conn, cluster_id)? else {
+fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<Plan>> {
+    let Some(c) = store::clusters::get(conn, cluster_id)? else {
         return Ok(None);
     };
     if !is_slurm(&c) {
         return Ok(None);
     }
     let ctl = controller_of(&c)?;
-    let mut nodes = store::nodes::list(&conn, None, Some(&c.id))?;
+    let mut nodes = store::nodes::list(conn, None, Some(&c.id))?;
     nodes.sort_by(|a, b| a.hostname.cmp(&b.hostname));
     // A node keeps its slurmd port across changes; new nodes get free ones.
     let known = controller::node_ports(&state.data_dir, &ctl.cluster);
@@ -127,7 +127,7 @@ fn plan(state: &AppState, cluster_id: &str) -> Result<Option<Plan>> {
     taken.insert(ctl.port);
     let mut out = Vec::new();
     for n in &nodes {
-        let gpus = crate::recorded::recorded_gpus(&conn, &n.id)?.len() as u32;
+        let gpus = crate::recorded::recorded_gpus(conn, &n.id)?.len() as u32;
         let port = match known.get(&n.hostname) {
             Some(p) => *p,
             None => loop {
@@ -219,7 +219,8 @@ pub async fn apply(
 ) -> Result<Option<String>> {
     let plan = {
         let (state, id) = (state.clone(), cluster_id.to_string());
-        blocking(move || plan(&state, &id)).await?
+        let planner = state.clone();
+        state.read(move |conn| plan(&planner, conn, &id)).await?
     };
     let Some(plan) = plan else { return Ok(None) };
     let name = plan.desired.controller.cluster.clone();
@@ -254,7 +255,9 @@ pub async fn apply(
     {
         let (state, id) = (state.clone(), plan.cluster.id.clone());
         let creds = credentials(&shared, &plan.desired.key);
-        blocking(move || Ok(store::clusters::set_credentials(&state.db(), &id, &creds)?)).await?;
+        state
+            .apply(move |conn| Ok::<_, Error>(store::clusters::set_credentials(conn, &id, &creds)?))
+            .await?;
     }
     let expected: Vec<String> = plan.nodes.iter().map(|n| n.hostname.clone()).collect();
     Ok(wait_ready(state, &name, expected).await)
@@ -422,52 +425,52 @@ pub async fn resume(state: &AppState, c: &ClusterRow, node: &str) {
 /// (started again after a control plane restart, from the state they kept), and their
 /// status following what Slurm says about their nodes.
 async fn watch_once(state: &Arc<AppState>) -> Result<()> {
-    let clusters = {
-        let state = state.clone();
-        blocking(move || {
-            let conn = state.db();
+    let clusters = state
+        .read(|conn| -> Result<Vec<ClusterRow>> {
             Ok(
-                store::clusters::with_status(&conn, &["running", "degraded"])?
+                store::clusters::with_status(conn, &["running", "degraded"])?
                     .into_iter()
                     .filter(is_slurm)
-                    .collect::<Vec<_>>(),
+                    .collect(),
             )
         })
-        .await?
-    };
+        .await?;
     for c in clusters {
         let name = gpufleet_slurm::cluster_name(&c.id);
         // Running, and with the nodes the store gives the cluster (a replaced node changes
         // them outside any request).
         let running = {
-            let (state, name, id) = (state.clone(), name.clone(), c.id.clone());
-            blocking(move || {
-                let held: BTreeSet<String> = store::nodes::list(&state.db(), None, Some(&id))?
-                    .into_iter()
-                    .map(|n| n.hostname)
-                    .collect();
-                let configured: BTreeSet<String> = controller::node_ports(&state.data_dir, &name)
-                    .into_keys()
-                    .collect();
-                Ok(controller::is_running(&state.data_dir, &name) && held == configured)
-            })
-            .await?
+            let (st, name, id) = (state.clone(), name.clone(), c.id.clone());
+            state
+                .read(move |conn| -> Result<bool> {
+                    let state = st;
+                    let held: BTreeSet<String> = store::nodes::list(conn, None, Some(&id))?
+                        .into_iter()
+                        .map(|n| n.hostname)
+                        .collect();
+                    let configured: BTreeSet<String> =
+                        controller::node_ports(&state.data_dir, &name)
+                            .into_keys()
+                            .collect();
+                    Ok(controller::is_running(&state.data_dir, &name) && held == configured)
+                })
+                .await?
         };
         let slurm_says = if running {
             let conf = controller::conf_path(&state.data_dir, &name);
-            let state2 = state.clone();
             let id = c.id.clone();
-            blocking(move || {
-                let expected: Vec<String> = store::nodes::list(&state2.db(), None, Some(&id))?
-                    .into_iter()
-                    .map(|n| n.hostname)
-                    .collect();
-                Ok(match status::nodes(&conf) {
-                    Ok(seen) => status::not_ready(&expected, &seen),
-                    Err(e) => Some(format!("Slurm: the controller does not answer: {e}")),
+            state
+                .read(move |conn| -> Result<Option<String>> {
+                    let expected: Vec<String> = store::nodes::list(conn, None, Some(&id))?
+                        .into_iter()
+                        .map(|n| n.hostname)
+                        .collect();
+                    Ok(match status::nodes(&conf) {
+                        Ok(seen) => status::not_ready(&expected, &seen),
+                        Err(e) => Some(format!("Slurm: the controller does not answer: {e}")),
+                    })
                 })
-            })
-            .await?
+                .await?
         } else {
             // After a restart or a replacement: the controller and slurmd as they should be.
             match apply(state, &c.id, &[]).await {
@@ -475,25 +478,24 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
                 Err(e) => Some(format!("Slurm: {e}")),
             }
         };
-        let state2 = state.clone();
-        blocking(move || {
-            let conn = state2.db();
-            let base = crate::cluster_status::settled_status(&conn, &c.id)?;
-            let (status, reason) = overlay(base, slurm_says);
-            if store::clusters::set_settled_status(&conn, &c.id, &status, &reason)? {
-                tracing::info!(cluster = %c.name, %status, %reason, "Slurm cluster status");
-            }
-            Ok(())
-        })
-        .await?;
+        state
+            .apply(move |conn| -> Result<()> {
+                let base = crate::cluster_status::settled_status(conn, &c.id)?;
+                let (status, reason) = overlay(base, slurm_says);
+                if store::clusters::set_settled_status(conn, &c.id, &status, &reason)? {
+                    tracing::info!(cluster = %c.name, %status, %reason, "Slurm cluster status");
+                }
+                Ok(())
+            })
+            .await?;
     }
     Ok(())
 }
 
 /// Removes controller state left by clusters that no longer exist (e.g. a create a
 /// restart took back).
-fn remove_orphans(state: &AppState) -> Result<()> {
-    let names: BTreeSet<String> = store::clusters::list(&state.db(), None, None, None)?
+fn remove_orphans(state: &AppState, conn: &Connection) -> Result<()> {
+    let names: BTreeSet<String> = store::clusters::list(conn, None, None, None)?
         .iter()
         .filter(|c| is_slurm(c))
         .map(|c| gpufleet_slurm::cluster_name(&c.id))
@@ -516,8 +518,8 @@ fn remove_orphans(state: &AppState) -> Result<()> {
 /// (their state stays for the next start).
 pub async fn supervise(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
     {
-        let state = state.clone();
-        if let Err(e) = blocking(move || remove_orphans(&state)).await {
+        let st = state.clone();
+        if let Err(e) = state.read(move |conn| remove_orphans(&st, conn)).await {
             tracing::warn!(error = %e, "cannot look for leftover Slurm state");
         }
     }

@@ -1,20 +1,20 @@
 //! What every service shares: the database, the data dir, the tokens and the registry
 //! of node agents.
 //!
-//! The connection sits behind one mutex: requests that read-check-write (capacity,
-//! quota) run one at a time, so a check and the write it guards can never interleave
-//! with another request's. Each such request is one SQLite transaction, or one
-//! savepoint of a transaction it shares with requests that arrived with it
-//! ([`AppState::write`], group commit). Requests that only read take a pooled read-only
-//! connection instead ([`AppState::read`]): WAL lets them read the last committed state
-//! without waiting for the writer.
+//! There are two ways to the database, both off the async workers. Requests that
+//! read-check-write (capacity, quota) run one at a time on the writer thread, each in a
+//! savepoint of a transaction it shares with the requests that arrived with it
+//! ([`AppState::write`], group commit), so a check and the write it guards never
+//! interleave with another request's. Requests that only read take a pooled read-only
+//! connection on a blocking thread ([`AppState::read`]): WAL lets them read the last
+//! committed state without waiting for the writer.
 
-use std::ops::Deref;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, Savepoint};
-use tonic::Status;
+
+use crate::error::Error;
 
 /// `--max-open-reservations` when not given.
 pub const DEFAULT_MAX_OPEN_RESERVATIONS: u32 = 1000;
@@ -42,7 +42,7 @@ pub struct AppState {
     writes: crate::group_commit::GroupCommit,
     /// WAL checkpoints on their own thread (none for a database without a file).
     _checkpoints: Option<crate::store::checkpoints::Checkpoints>,
-    readers: crate::store::readers::Readers,
+    readers: Arc<crate::store::readers::Readers>,
     pub data_dir: PathBuf,
     pub admin_token: String,
     /// What node agents present to join.
@@ -66,7 +66,7 @@ impl AppState {
         agents: crate::registry::Registry,
         drivers: crate::drivers::Offer,
     ) -> Self {
-        let readers = open_readers(&db);
+        let readers = Arc::new(open_readers(&db));
         let checkpoints = start_checkpoints(&db);
         let db = Arc::new(Mutex::new(db));
         Self {
@@ -96,43 +96,65 @@ impl AppState {
         self
     }
 
-    pub fn db(&self) -> MutexGuard<'_, Connection> {
-        // A panic while holding the lock leaves an uncommitted transaction that SQLite
-        // rolls back, so the connection stays usable.
-        self.db
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// Runs a read-check-write request in its own savepoint of a transaction shared with
     /// the requests that arrived with it, answering once that transaction has committed
-    /// (see [`crate::group_commit`]). `work` keeps its writes with `Savepoint::commit`.
-    /// It runs on the writer thread, which holds the writer connection: it must do all
-    /// its reads through the savepoint, never through [`AppState::db`] or
-    /// [`AppState::read`], which would wait for that connection forever.
-    pub async fn write<T: Send + 'static>(
+    /// (see [`crate::group_commit`]). `work` keeps its writes with `Savepoint::commit`;
+    /// dropping the savepoint (a refusal, a dry run) rolls back only its own. It runs on
+    /// the writer thread, which holds the writer connection: it does all its reads
+    /// through the savepoint, never through [`AppState::read`].
+    pub async fn write<T: Send + 'static, E: From<Error> + Send + 'static>(
         &self,
-        work: impl FnOnce(Savepoint<'_>) -> Result<T, Status> + Send + 'static,
-    ) -> Result<T, Status> {
+        work: impl FnOnce(Savepoint<'_>) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
         self.writes.write(work).await
     }
 
-    /// A connection for a request that only reads: a pooled read-only one (never
-    /// waiting for the writer), or the writer's for a database without a file.
-    pub fn read(&self) -> Db<'_> {
-        match self.readers.get() {
-            Some(Ok(reader)) => Db::Reader(reader),
+    /// [`AppState::write`] for work that keeps everything it wrote when it succeeds (the
+    /// background bookkeeping: states, statuses, events).
+    pub async fn apply<T: Send + 'static, E: From<Error> + Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
+        self.write(move |sp| {
+            let value = work(&sp)?;
+            sp.commit().map_err(|e| E::from(Error::Store(e)))?;
+            Ok(value)
+        })
+        .await
+    }
+
+    /// Runs a request that only reads on a blocking thread, with a pooled read-only
+    /// connection (never waiting for the writer), or the writer's for a database without
+    /// a file. These two, `read` and [`AppState::write`], are the only ways to the
+    /// database: no async worker ever waits on SQLite or its lock.
+    pub async fn read<T: Send + 'static, E: From<Error> + Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
+        let readers = self.readers.clone();
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || match readers.get() {
+            Some(Ok(reader)) => work(&reader),
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "read connection unusable; reading through the writer");
-                Db::Writer(self.db())
+                work(&lock(&db))
             }
-            None => Db::Writer(self.db()),
-        }
+            None => work(&lock(&db)),
+        })
+        .await
+        .map_err(|e| E::from(Error::Internal(format!("request worker failed: {e}"))))?
     }
 
     pub fn volumes_root(&self) -> PathBuf {
         self.data_dir.join("volumes")
     }
+}
+
+/// The writer connection, for a read where no read-only one exists. A panic while
+/// holding the lock leaves an uncommitted transaction that SQLite rolls back, so the
+/// connection stays usable.
+fn lock(db: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    db.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// How many read-only connections serve reads.
@@ -156,22 +178,6 @@ fn start_checkpoints(db: &Connection) -> Option<crate::store::checkpoints::Check
             tracing::warn!(error = %e, "cannot checkpoint on a thread of its own; the writer does");
         })
         .ok()
-}
-
-/// A connection to read through: see [`AppState::read`].
-pub enum Db<'a> {
-    Reader(crate::store::readers::Reader<'a>),
-    Writer(MutexGuard<'a, Connection>),
-}
-
-impl Deref for Db<'_> {
-    type Target = Connection;
-    fn deref(&self) -> &Connection {
-        match self {
-            Db::Reader(r) => r,
-            Db::Writer(w) => w,
-        }
-    }
 }
 
 pub use crate::clock::{now, rfc3339};

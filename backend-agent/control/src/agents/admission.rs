@@ -99,10 +99,10 @@ pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
 
 /// Adds the node or checks it against its record; records its GPUs' MIG state. The node
 /// is `busy` until the control plane has brought it to what it should be. Returns the
-/// node's id.
-pub fn admit(conn: &mut Connection, c: &Checked, now: i64) -> Result<String, Refusal> {
-    let tx = conn.transaction()?;
-    let id = match nodes::by_hostname(&tx, &c.name)? {
+/// node's id. Runs inside the caller's transaction (a refusal leaves it to be rolled
+/// back).
+pub fn admit(tx: &Connection, c: &Checked, now: i64) -> Result<String, Refusal> {
+    let id = match nodes::by_hostname(tx, &c.name)? {
         None => {
             let row = NodeRow {
                 id: c.name.clone(),
@@ -130,7 +130,7 @@ pub fn admit(conn: &mut Connection, c: &Checked, now: i64) -> Result<String, Ref
                 })
                 .collect();
             if let Some(taken) = c.gpus.iter().find_map(|g| {
-                nodes::owner_of_gpu(&tx, &g.uuid)
+                nodes::owner_of_gpu(tx, &g.uuid)
                     .map(|o| o.map(|o| (g.uuid.clone(), o)))
                     .transpose()
             }) {
@@ -140,30 +140,29 @@ pub fn admit(conn: &mut Connection, c: &Checked, now: i64) -> Result<String, Ref
                     c.name
                 )));
             }
-            nodes::insert(&tx, &row, &gpus)?;
+            nodes::insert(tx, &row, &gpus)?;
             tracing::info!(node = %c.name, gpus = gpus.len(), model = %c.gpu_type, "a new node joined the fleet");
             row.id
         }
         Some(known) => {
-            contradiction(&tx, &known, c)?;
-            nodes::set_versions(&tx, &known.id, &c.driver_version, &c.cuda_version)?;
+            contradiction(tx, &known, c)?;
+            nodes::set_versions(tx, &known.id, &c.driver_version, &c.cuda_version)?;
             // A quarantined node stays out of service whatever its agent does.
             if known.state != nodes::NODE_QUARANTINED {
-                nodes::set_state(&tx, &known.id, NODE_BUSY, "registered; being checked", now)?;
+                nodes::set_state(tx, &known.id, NODE_BUSY, "registered; being checked", now)?;
             }
             known.id
         }
     };
     for g in &c.gpus {
         nodes::set_mig_state(
-            &tx,
+            tx,
             &id,
             g.index as i64,
             g.mig_enabled,
             &crate::recorded::mig_device_rows(g),
         )?;
     }
-    tx.commit()?;
     Ok(id)
 }
 
@@ -219,6 +218,14 @@ fn contradiction(conn: &Connection, known: &NodeRow, c: &Checked) -> Result<(), 
 mod tests {
     use super::*;
 
+    /// `admit` in a transaction of its own, kept when it succeeds.
+    fn admitted(conn: &mut Connection, c: &Checked, now: i64) -> Result<String, Refusal> {
+        let tx = conn.transaction()?;
+        let id = admit(&tx, c, now)?;
+        tx.commit()?;
+        Ok(id)
+    }
+
     fn registration(name: &str, uuids: &[&str]) -> v1::RegisterNode {
         v1::RegisterNode {
             name: name.into(),
@@ -249,10 +256,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
         let reg = registration("n1", &["GPU-a", "GPU-b"]);
-        let id = admit(&mut conn, &check(&reg).unwrap(), 1).unwrap();
+        let id = admitted(&mut conn, &check(&reg).unwrap(), 1).unwrap();
         // Same GPUs in another index order: the same node, re-indexed.
         let swapped = registration("n1", &["GPU-b", "GPU-a"]);
-        admit(&mut conn, &check(&swapped).unwrap(), 2).unwrap();
+        admitted(&mut conn, &check(&swapped).unwrap(), 2).unwrap();
         let gpus = nodes::gpus(&conn, &id).unwrap();
         assert_eq!(
             (gpus[0].uuid.as_str(), gpus[1].uuid.as_str()),
@@ -260,19 +267,19 @@ mod tests {
         );
         // Other GPUs under the name: refused, naming both sides.
         let other = registration("n1", &["GPU-a", "GPU-c"]);
-        let e = admit(&mut conn, &check(&other).unwrap(), 3)
+        let e = admitted(&mut conn, &check(&other).unwrap(), 3)
             .unwrap_err()
             .to_string();
         assert!(e.contains("GPU-b") && e.contains("GPU-c"), "{e}");
         // A GPU another node holds: refused.
         let thief = registration("n2", &["GPU-a"]);
-        let e = admit(&mut conn, &check(&thief).unwrap(), 4)
+        let e = admitted(&mut conn, &check(&thief).unwrap(), 4)
             .unwrap_err()
             .to_string();
         assert!(e.contains("already recorded on node n1"), "{e}");
         // Quarantine outlives a re-registration.
         nodes::set_state(&conn, &id, nodes::NODE_QUARANTINED, "failed a check", 5).unwrap();
-        admit(&mut conn, &check(&reg).unwrap(), 6).unwrap();
+        admitted(&mut conn, &check(&reg).unwrap(), 6).unwrap();
         assert_eq!(
             nodes::get(&conn, &id).unwrap().unwrap().state,
             nodes::NODE_QUARANTINED

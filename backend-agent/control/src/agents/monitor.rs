@@ -3,35 +3,41 @@
 //! `--replace-after` is replaced when capacity and quota allow.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use gpufleet_process::signals::stopped;
+use rusqlite::Connection;
 use tokio::sync::watch;
 
+use crate::error::Error;
 use crate::state::{now, rfc3339, AppState};
 use crate::store::{self, nodes::NODE_BUSY, nodes::NODE_QUARANTINED, nodes::NODE_UNREACHABLE};
 
 /// How long a node that could not be brought to its layout waits before another try.
 const RETRY_AFTER_SECS: i64 = 5;
 
-fn mark_unreachable(state: &AppState, node_id: &str) -> rusqlite::Result<()> {
-    let conn = state.db();
+fn mark_unreachable(
+    conn: &Connection,
+    node_id: &str,
+    timeout: Duration,
+    replace_after: Duration,
+) -> rusqlite::Result<()> {
     let t = now();
-    let timeout = state.agents.node_timeout;
     store::nodes::set_state(
-        &conn,
+        conn,
         node_id,
         NODE_UNREACHABLE,
         &format!("no heartbeat within {timeout:?}"),
         t,
     )?;
     tracing::warn!(node = %node_id, ?timeout, "node unreachable");
-    let Some(node) = store::nodes::get(&conn, node_id)? else {
+    let Some(node) = store::nodes::get(conn, node_id)? else {
         return Ok(());
     };
     if let Some(cluster) = &node.cluster_id {
-        if let Some(c) = store::clusters::get(&conn, cluster)? {
+        if let Some(c) = store::clusters::get(conn, cluster)? {
             store::events::record(
-                &conn,
+                conn,
                 t,
                 &c.id,
                 &c.tenant_id,
@@ -41,14 +47,14 @@ fn mark_unreachable(state: &AppState, node_id: &str) -> rusqlite::Result<()> {
             )?;
         }
         store::clusters::set_status(
-            &conn,
+            conn,
             cluster,
             "degraded",
             &format!(
                 "node {} unreachable since {} (no heartbeat within {timeout:?}); it is replaced after {:?} when capacity and quota allow",
                 node.hostname,
                 rfc3339(t),
-                state.agents.replace_after
+                replace_after
             ),
         )?;
     }
@@ -57,14 +63,14 @@ fn mark_unreachable(state: &AppState, node_id: &str) -> rusqlite::Result<()> {
 
 /// One round: expire silent nodes, then replace those unreachable long enough.
 pub async fn round(state: &Arc<AppState>) {
-    let nodes = {
-        let conn = state.db();
-        match store::nodes::list(&conn, None, None) {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot list nodes");
-                return;
-            }
+    let nodes = match state
+        .read(|conn| Ok::<_, Error>(store::nodes::list(conn, None, None)?))
+        .await
+    {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot list nodes");
+            return;
         }
     };
     let watched: Vec<String> = nodes
@@ -80,14 +86,22 @@ pub async fn round(state: &Arc<AppState>) {
             && state.agents.is_live(&n.id)
             && !state.agents.has_pending(&n.id)
     }) {
-        let conn = state.db();
         // Restarting the clock first keeps the next round from starting a second try.
-        let _ = store::nodes::set_state(&conn, &n.id, NODE_BUSY, "", now());
-        drop(conn);
+        let id = n.id.clone();
+        let _ = state
+            .apply(move |conn| {
+                Ok::<_, Error>(store::nodes::set_state(conn, &id, NODE_BUSY, "", now())?)
+            })
+            .await;
         tokio::spawn(crate::mig::reconcile_node(state.clone(), n.id.clone()));
     }
+    let (timeout, replace_after) = (state.agents.node_timeout, state.agents.replace_after);
     for node in state.agents.expire(&watched) {
-        if let Err(e) = mark_unreachable(state, &node) {
+        let id = node.clone();
+        let marked = state
+            .apply(move |conn| Ok::<_, Error>(mark_unreachable(conn, &id, timeout, replace_after)?))
+            .await;
+        if let Err(e) = marked {
             tracing::error!(node = %node, error = %e, "cannot record an unreachable node");
         }
     }

@@ -102,10 +102,14 @@ impl NodeAgentService for Agents {
                 checked.name
             )));
         }
-        if let Some(known) = {
-            let conn = self.state.db();
-            store::nodes::by_hostname(&conn, &checked.name).map_err(crate::state::db_error)?
-        } {
+        let name = checked.name.clone();
+        let known = self
+            .state
+            .read(move |conn| {
+                store::nodes::by_hostname(conn, &name).map_err(crate::state::db_error)
+            })
+            .await?;
+        if let Some(known) = known {
             if self.state.agents.is_live(&known.id) {
                 return Err(Status::already_exists(format!(
                     "name: node {} is held by a live agent; give this host another --name, or stop the other agent",
@@ -113,16 +117,14 @@ impl NodeAgentService for Agents {
                 )));
             }
         }
-        let node_id = {
-            let state = self.state.clone();
-            tokio::task::spawn_blocking(move || {
-                let mut conn = state.db();
-                admission::admit(&mut conn, &checked, now())
+        let node_id = self
+            .state
+            .write(move |sp| -> Result<_, Status> {
+                let id = admission::admit(&sp, &checked, now()).map_err(refusal)?;
+                sp.commit().map_err(crate::state::db_error)?;
+                Ok(id)
             })
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(refusal)?
-        };
+            .await?;
         let (out, out_rx) = mpsc::unbounded_channel();
         let _ = out.send(Ok(v1::ControlMessage {
             msg: Some(control_message::Msg::Registered(v1::Registered {
@@ -150,13 +152,14 @@ impl NodeAgentService for Agents {
                         }
                         agent_message::Msg::Result(result) => {
                             state.agents.heartbeat(&node_id, session);
-                            // SQLite blocks: record on a blocking thread, then answer.
-                            let (st, node) = (state.clone(), node_id.clone());
-                            let result = tokio::task::spawn_blocking(move || {
-                                record_result(&st, &node, &result);
-                                result
-                            })
-                            .await;
+                            // Recorded on the writer thread, then answered.
+                            let node = node_id.clone();
+                            let result = state
+                                .apply(move |conn| {
+                                    record_result(conn, &node, &result);
+                                    Ok::<_, crate::error::Error>(result)
+                                })
+                                .await;
                             match result {
                                 Ok(result) => state.agents.complete(&node_id, result),
                                 Err(e) => {
@@ -194,11 +197,10 @@ fn refusal(r: Refusal) -> Status {
 }
 
 /// Records the node's GPUs as the agent verified them after an order.
-fn record_result(state: &AppState, node_id: &str, result: &v1::OrderResult) {
+fn record_result(conn: &rusqlite::Connection, node_id: &str, result: &v1::OrderResult) {
     let Some(inv) = &result.inventory else { return };
-    let conn = state.db();
     if let Err(e) =
-        store::nodes::set_versions(&conn, node_id, &inv.driver_version, &inv.cuda_version)
+        store::nodes::set_versions(conn, node_id, &inv.driver_version, &inv.cuda_version)
     {
         tracing::error!(node = %node_id, error = %e, "cannot record the node's driver");
     }
@@ -208,7 +210,7 @@ fn record_result(state: &AppState, node_id: &str, result: &v1::OrderResult) {
             continue;
         };
         if let Err(e) = store::nodes::set_mig_state(
-            &conn,
+            conn,
             node_id,
             info.index as i64,
             info.mig_enabled,

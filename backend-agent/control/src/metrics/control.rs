@@ -35,17 +35,15 @@ struct Snapshot {
     holdings: BTreeMap<String, Vec<Holding>>,
 }
 
-fn read(state: &AppState) -> Result<Snapshot, String> {
-    let conn = state.read();
+fn read(conn: &rusqlite::Connection) -> Result<Snapshot, String> {
     let t = now();
     let err = |e: rusqlite::Error| format!("reading the state database: {e}");
-    let nodes = store::nodes::list(&conn, None, None).map_err(err)?;
-    let tenants = store::tenants::list(&conn).map_err(err)?;
-    let quotas = store::quotas::list(&conn, None).map_err(err)?;
-    let reservations = store::reservations::list(&conn, None, None).map_err(err)?;
-    let clusters = store::clusters::list(&conn, None, None, None).map_err(err)?;
-    let slices: Vec<(String, String, String, i64)> =
-        store::nodes::mig_slices(&conn).map_err(err)?;
+    let nodes = store::nodes::list(conn, None, None).map_err(err)?;
+    let tenants = store::tenants::list(conn).map_err(err)?;
+    let quotas = store::quotas::list(conn, None).map_err(err)?;
+    let reservations = store::reservations::list(conn, None, None).map_err(err)?;
+    let clusters = store::clusters::list(conn, None, None, None).map_err(err)?;
+    let slices: Vec<(String, String, String, i64)> = store::nodes::mig_slices(conn).map_err(err)?;
     let models: BTreeSet<String> = nodes
         .iter()
         .map(|n| n.gpu_type.clone())
@@ -54,7 +52,7 @@ fn read(state: &AppState) -> Result<Snapshot, String> {
         .collect();
     let mut held = BTreeMap::new();
     for model in models {
-        let h = holdings(&conn, &model, t, Exclude::default())
+        let h = holdings(conn, &model, t, Exclude::default())
             .map_err(|e| format!("reading the holdings of {model}: {e}"))?;
         held.insert(model, h);
     }
@@ -73,12 +71,10 @@ fn read(state: &AppState) -> Result<Snapshot, String> {
 /// The control plane's metrics as Prometheus text: the store read on a blocking thread,
 /// then the registry's heartbeat ages (the two locks are never held together).
 pub async fn render(state: Arc<AppState>) -> Result<String, String> {
-    let snapshot = {
-        let state = state.clone();
-        tokio::task::spawn_blocking(move || read(&state))
-            .await
-            .map_err(|e| format!("the metrics read failed: {e}"))??
-    };
+    let snapshot = state
+        .read(|conn| read(conn).map_err(crate::error::Error::Internal))
+        .await
+        .map_err(|e| e.to_string())?;
     let ages: Vec<(String, f64)> = snapshot
         .nodes
         .iter()

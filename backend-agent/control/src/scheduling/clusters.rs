@@ -125,63 +125,76 @@ pub fn recover_interrupted(conn: &mut Connection) -> rusqlite::Result<()> {
 /// pool or on-demand) under the same quota and capacity rules as a scale-up. Without a
 /// replacement the cluster stays degraded and its status says why.
 pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> {
-    let (cluster, dead, added, changes) = {
-        let mut conn = state.db();
-        let tx = conn.transaction()?;
-        let Some(dead) = store::nodes::get(&tx, node_id)? else {
-            return Ok(());
-        };
-        let Some(cluster_id) = dead.cluster_id.clone() else {
-            return Ok(());
-        };
-        let Some(cluster) = store::clusters::get(&tx, &cluster_id)? else {
-            return Ok(());
-        };
-        if CHANGING.contains(&cluster.status.as_str()) {
-            return Ok(()); // a request is changing it; try again on the next round
-        }
-        let tenant = store::tenants::get(&tx, &cluster.tenant_id)?
-            .ok_or_else(|| Error::Internal("the cluster's tenant is gone".into()))?;
-        store::nodes::release(&tx, &dead.id)?;
-        let held = store::nodes::list(&tx, None, Some(&cluster.id))?.len();
-        let picked = match nodes_to_add(&tx, &tenant.name, &cluster, held, now()) {
-            Ok(p) => p,
-            Err(why) => {
-                drop(tx); // the dead node stays in the cluster
-                let reason = format!(
-                    "node {} unreachable; no replacement: {}",
-                    dead.hostname, why
-                );
-                if cluster.status_reason != reason {
-                    store::clusters::set_status(&conn, &cluster.id, "degraded", &reason)?;
-                    tracing::warn!(cluster = %cluster.name, %reason, "cannot replace an unreachable node");
+    /// What the first transaction decided.
+    enum Plan {
+        Nothing,
+        Refused(Error),
+        Replace(Box<(ClusterRow, NodeRow, Vec<NodeRow>, Vec<crate::mig::Change>)>),
+    }
+    let node_id = node_id.to_string();
+    let plan = state
+        .write(move |mut tx| -> Result<Plan> {
+            let Some(dead) = store::nodes::get(&tx, &node_id)? else {
+                return Ok(Plan::Nothing);
+            };
+            let Some(cluster_id) = dead.cluster_id.clone() else {
+                return Ok(Plan::Nothing);
+            };
+            let Some(cluster) = store::clusters::get(&tx, &cluster_id)? else {
+                return Ok(Plan::Nothing);
+            };
+            if CHANGING.contains(&cluster.status.as_str()) {
+                return Ok(Plan::Nothing); // a request is changing it; try again on the next round
+            }
+            let tenant = store::tenants::get(&tx, &cluster.tenant_id)?
+                .ok_or_else(|| Error::Internal("the cluster's tenant is gone".into()))?;
+            store::nodes::release(&tx, &dead.id)?;
+            let held = store::nodes::list(&tx, None, Some(&cluster.id))?.len();
+            let picked = match nodes_to_add(&tx, &tenant.name, &cluster, held, now()) {
+                Ok(p) => p,
+                Err(why) => {
+                    tx.rollback()?; // the dead node stays in the cluster
+                    let reason = format!(
+                        "node {} unreachable; no replacement: {}",
+                        dead.hostname, why
+                    );
+                    if cluster.status_reason != reason {
+                        store::clusters::set_status(&tx, &cluster.id, "degraded", &reason)?;
+                        tx.commit()?;
+                        tracing::warn!(cluster = %cluster.name, %reason, "cannot replace an unreachable node");
+                    }
+                    return Ok(Plan::Refused(Error::Precondition(reason)));
                 }
-                return Err(Error::Precondition(reason));
+            };
+            for n in &picked {
+                if !store::nodes::assign(&tx, &n.id, &cluster.id)? {
+                    return Err(Error::Aborted(format!(
+                        "node {} was taken meanwhile; retrying",
+                        n.hostname
+                    )));
+                }
             }
-        };
-        for n in &picked {
-            if !store::nodes::assign(&tx, &n.id, &cluster.id)? {
-                return Err(Error::Aborted(format!(
-                    "node {} was taken meanwhile; retrying",
-                    n.hostname
-                )));
-            }
-        }
-        let changes =
-            crate::mig::changes(&tx, &cluster.gpu_type, &picked, &cluster.mig_layout, &[])?;
-        let names: Vec<&str> = picked.iter().map(|n| n.hostname.as_str()).collect();
-        store::clusters::set_status(
-            &tx,
-            &cluster.id,
-            "degraded",
-            &format!(
-                "replacing unreachable node {} with {}",
-                dead.hostname,
-                names.join(", ")
-            ),
-        )?;
-        tx.commit()?;
-        (cluster, dead, picked, changes)
+            let changes =
+                crate::mig::changes(&tx, &cluster.gpu_type, &picked, &cluster.mig_layout, &[])?;
+            let names: Vec<&str> = picked.iter().map(|n| n.hostname.as_str()).collect();
+            store::clusters::set_status(
+                &tx,
+                &cluster.id,
+                "degraded",
+                &format!(
+                    "replacing unreachable node {} with {}",
+                    dead.hostname,
+                    names.join(", ")
+                ),
+            )?;
+            tx.commit()?;
+            Ok(Plan::Replace(Box::new((cluster, dead, picked, changes))))
+        })
+        .await?;
+    let (cluster, dead, added, changes) = match plan {
+        Plan::Nothing => return Ok(()),
+        Plan::Refused(why) => return Err(why),
+        Plan::Replace(planned) => *planned,
     };
     // The replacement gets the cluster's driver first, then its layout.
     let failed = if cluster.driver_version.is_empty() {
@@ -190,7 +203,7 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
         super::drivers::install(state, &added, &cluster.driver_version).await
     };
     let converged = if let Some((n, why)) = failed.first() {
-        super::drivers::quarantine(state, &cluster, n, why)?;
+        super::drivers::quarantine(state, &cluster, n, why).await?;
         Err(Error::Aborted(format!(
             "replacement {} failed its driver install: {why}",
             n.hostname
@@ -198,39 +211,37 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
     } else {
         crate::mig::converge(state, &changes).await
     };
-    let mut conn = state.db();
-    let tx = conn.transaction()?;
-    let result = match converged {
-        Ok(()) => {
-            let (status, reason) = settled_status(&tx, &cluster.id)?;
-            store::clusters::set_status(&tx, &cluster.id, &status, &reason)?;
-            for n in &added {
-                store::events::record(
-                    &tx,
-                    now(),
-                    &cluster.id,
-                    &cluster.tenant_id,
-                    "node_replaced",
-                    &n.hostname,
-                    &format!("{} replaces unreachable {}", n.hostname, dead.hostname),
-                )?;
+    state
+        .apply(move |tx| match converged {
+            Ok(()) => {
+                let (status, reason) = settled_status(tx, &cluster.id)?;
+                store::clusters::set_status(tx, &cluster.id, &status, &reason)?;
+                for n in &added {
+                    store::events::record(
+                        tx,
+                        now(),
+                        &cluster.id,
+                        &cluster.tenant_id,
+                        "node_replaced",
+                        &n.hostname,
+                        &format!("{} replaces unreachable {}", n.hostname, dead.hostname),
+                    )?;
+                }
+                tracing::info!(cluster = %cluster.name, node = %dead.hostname, "replaced an unreachable node");
+                Ok(Ok(()))
             }
-            tracing::info!(cluster = %cluster.name, node = %dead.hostname, "replaced an unreachable node");
-            Ok(())
-        }
-        Err(e) => {
-            for n in &added {
-                store::nodes::release(&tx, &n.id)?;
+            Err(e) => {
+                for n in &added {
+                    store::nodes::release(tx, &n.id)?;
+                }
+                store::nodes::assign(tx, &dead.id, &cluster.id)?;
+                let reason = format!(
+                    "node {} unreachable; its replacement failed: {}",
+                    dead.hostname, e
+                );
+                store::clusters::set_status(tx, &cluster.id, "degraded", &reason)?;
+                Ok::<_, Error>(Err(Error::Aborted(reason)))
             }
-            store::nodes::assign(&tx, &dead.id, &cluster.id)?;
-            let reason = format!(
-                "node {} unreachable; its replacement failed: {}",
-                dead.hostname, e
-            );
-            store::clusters::set_status(&tx, &cluster.id, "degraded", &reason)?;
-            Err(Error::Aborted(reason))
-        }
-    };
-    tx.commit()?;
-    result
+        })
+        .await?
 }

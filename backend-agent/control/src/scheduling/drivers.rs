@@ -17,19 +17,14 @@ use crate::store::{
 };
 
 /// Records an event of `cluster` (best effort: a failed write is logged, not fatal).
-pub fn event(state: &AppState, cluster: &ClusterRow, kind: &str, node: &str, message: &str) {
-    let conn = state.db();
-    if let Err(e) = store::events::record(
-        &conn,
-        now(),
-        &cluster.id,
-        &cluster.tenant_id,
-        kind,
-        node,
-        message,
-    ) {
-        tracing::error!(cluster = %cluster.name, error = %e, "cannot record an event");
-    }
+pub async fn event(
+    state: &AppState,
+    cluster: &ClusterRow,
+    kind: &'static str,
+    node: &str,
+    message: &str,
+) {
+    events(state, cluster, vec![Event::new(kind, node, message)]).await;
 }
 
 /// One event of a cluster, to record with others in [`events`].
@@ -57,13 +52,12 @@ pub async fn events(state: &AppState, cluster: &ClusterRow, events: Vec<Event>) 
     }
     let (id, tenant) = (cluster.id.clone(), cluster.tenant_id.clone());
     let recorded = state
-        .write(move |sp| {
+        .write(move |sp| -> Result<()> {
             let t = now();
             for e in &events {
-                store::events::record(&sp, t, &id, &tenant, e.kind, &e.node, &e.message)
-                    .map_err(crate::state::db_error)?;
+                store::events::record(&sp, t, &id, &tenant, e.kind, &e.node, &e.message)?;
             }
-            sp.commit().map_err(crate::state::db_error)
+            Ok(sp.commit()?)
         })
         .await;
     if let Err(e) = recorded {
@@ -137,14 +131,22 @@ pub async fn install(state: &AppState, nodes: &[NodeRow], version: &str) -> Vec<
 const MAX_ATTEMPTS: u32 = 3;
 
 /// Takes a node out of service: quarantined with the reason, out of its cluster.
-pub fn quarantine(state: &AppState, cluster: &ClusterRow, node: &NodeRow, why: &str) -> Result<()> {
-    {
-        let conn = state.db();
-        store::nodes::set_state(&conn, &node.id, NODE_QUARANTINED, why, now())?;
-        store::nodes::release(&conn, &node.id)?;
-    }
+pub async fn quarantine(
+    state: &AppState,
+    cluster: &ClusterRow,
+    node: &NodeRow,
+    why: &str,
+) -> Result<()> {
+    let (id, reason) = (node.id.clone(), why.to_string());
+    state
+        .apply(move |conn| -> Result<()> {
+            store::nodes::set_state(conn, &id, NODE_QUARANTINED, &reason, now())?;
+            store::nodes::release(conn, &id)?;
+            Ok(())
+        })
+        .await?;
     tracing::warn!(node = %node.hostname, cluster = %cluster.name, %why, "node quarantined");
-    event(state, cluster, "node_quarantined", &node.hostname, why);
+    event(state, cluster, "node_quarantined", &node.hostname, why).await;
     Ok(())
 }
 
@@ -153,27 +155,28 @@ pub fn quarantine(state: &AppState, cluster: &ClusterRow, node: &NodeRow, why: &
 /// quarantined too and the next one tried. Returns the new node's hostname.
 pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Result<String> {
     for _attempt in 0..3 {
-        let picked = {
-            let mut conn = state.db();
-            let tx = conn.transaction()?;
-            let c = store::clusters::get(&tx, &cluster.id)?.ok_or_else(|| {
-                Error::NotFound(format!("tenant cluster '{}' not found", cluster.id))
-            })?;
-            let tenant = store::tenants::get(&tx, &c.tenant_id)?
-                .ok_or_else(|| Error::Internal("the cluster's tenant is gone".into()))?;
-            let held = store::nodes::list(&tx, None, Some(&c.id))?.len();
-            let picked = nodes_to_add(&tx, &tenant.name, &c, held, now())?;
-            for n in &picked {
-                if !store::nodes::assign(&tx, &n.id, &c.id)? {
-                    return Err(Error::Aborted(format!(
-                        "node {} was taken meanwhile",
-                        n.hostname
-                    )));
+        let cluster_id = cluster.id.clone();
+        let picked = state
+            .write(move |tx| -> Result<Vec<NodeRow>> {
+                let c = store::clusters::get(&tx, &cluster_id)?.ok_or_else(|| {
+                    Error::NotFound(format!("tenant cluster '{cluster_id}' not found"))
+                })?;
+                let tenant = store::tenants::get(&tx, &c.tenant_id)?
+                    .ok_or_else(|| Error::Internal("the cluster's tenant is gone".into()))?;
+                let held = store::nodes::list(&tx, None, Some(&c.id))?.len();
+                let picked = nodes_to_add(&tx, &tenant.name, &c, held, now())?;
+                for n in &picked {
+                    if !store::nodes::assign(&tx, &n.id, &c.id)? {
+                        return Err(Error::Aborted(format!(
+                            "node {} was taken meanwhile",
+                            n.hostname
+                        )));
+                    }
                 }
-            }
-            tx.commit()?;
-            picked
-        };
+                tx.commit()?;
+                Ok(picked)
+            })
+            .await?;
         let Some(new) = picked.first().cloned() else {
             return Err(Error::Precondition(format!(
                 "no free node to replace {gone}"
@@ -181,14 +184,14 @@ pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Resu
         };
         if !cluster.driver_version.is_empty() {
             if let Some((n, why)) = install(state, &picked, &cluster.driver_version).await.pop() {
-                quarantine(state, cluster, &n, &why)?;
+                quarantine(state, cluster, &n, &why).await?;
                 continue;
             }
         }
-        let changes = {
-            let conn = state.db();
-            crate::mig::changes(&conn, &cluster.gpu_type, &picked, &cluster.mig_layout, &[])?
-        };
+        let (gpu_type, layout) = (cluster.gpu_type.clone(), cluster.mig_layout.clone());
+        let changes = state
+            .read(move |conn| crate::mig::changes(conn, &gpu_type, &picked, &layout, &[]))
+            .await?;
         crate::mig::converge(state, &changes).await?;
         event(
             state,
@@ -196,7 +199,8 @@ pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Resu
             "node_replaced",
             &new.hostname,
             &format!("{} replaces {gone}", new.hostname),
-        );
+        )
+        .await;
         return Ok(new.hostname);
     }
     Err(Error::Aborted(format!(
@@ -210,10 +214,10 @@ pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Resu
 /// driver afterwards unless a replacement was impossible.
 pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>> {
     let version = cluster.driver_version.clone();
-    let nodes = {
-        let conn = state.db();
-        store::nodes::list(&conn, None, Some(&cluster.id))?
-    };
+    let id = cluster.id.clone();
+    let nodes = state
+        .read(move |conn| Ok::<_, Error>(store::nodes::list(conn, None, Some(&id))?))
+        .await?;
     let stale: Vec<NodeRow> = nodes
         .into_iter()
         .filter(|n| n.driver_version != version)
@@ -222,16 +226,13 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
     let mut problems = Vec::new();
     for chunk in stale.chunks(step) {
         for n in chunk {
-            {
-                let conn = state.db();
-                store::nodes::set_state(
-                    &conn,
-                    &n.id,
-                    NODE_BUSY,
-                    &format!("installing driver {version}"),
-                    now(),
-                )?;
-            }
+            set_node_state(
+                state,
+                &n.id,
+                NODE_BUSY,
+                &format!("installing driver {version}"),
+            )
+            .await?;
             event(
                 state,
                 cluster,
@@ -241,7 +242,8 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
                     "out of service to install driver {version} (was {})",
                     n.driver_version
                 ),
-            );
+            )
+            .await;
         }
         // A Slurm cluster's nodes are drained in Slurm first: running jobs finish.
         crate::slurm_clusters::drain_all(
@@ -255,7 +257,7 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
         for n in chunk {
             if let Some((_, why)) = failed.iter().find(|(f, _)| f.id == n.id) {
                 let why = format!("driver {version}: {why}");
-                quarantine(state, cluster, n, &why)?;
+                quarantine(state, cluster, n, &why).await?;
                 match replace(state, cluster, &n.hostname).await {
                     Ok(new) => problems.push(format!(
                         "node {} failed ({why}); quarantined and replaced by {new}",
@@ -266,17 +268,20 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
                             "node {} failed ({why}) and was quarantined; no replacement: {e}",
                             n.hostname
                         );
-                        let conn = state.db();
-                        store::clusters::set_status(&conn, &cluster.id, "degraded", &reason)?;
+                        let (id, why) = (cluster.id.clone(), reason.clone());
+                        state
+                            .apply(move |conn| {
+                                Ok::<_, Error>(store::clusters::set_status(
+                                    conn, &id, "degraded", &why,
+                                )?)
+                            })
+                            .await?;
                         problems.push(reason);
                     }
                 }
                 continue;
             }
-            {
-                let conn = state.db();
-                store::nodes::set_state(&conn, &n.id, NODE_READY, "", now())?;
-            }
+            set_node_state(state, &n.id, NODE_READY, "").await?;
             crate::slurm_clusters::resume(state, cluster, &n.hostname).await;
             event(
                 state,
@@ -284,8 +289,22 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
                 "node_returned",
                 &n.hostname,
                 &format!("driver {version} installed and verified"),
-            );
+            )
+            .await;
         }
     }
     Ok(problems)
+}
+
+/// Records a node's state (on the writer thread).
+async fn set_node_state(
+    state: &AppState,
+    node_id: &str,
+    to: &'static str,
+    why: &str,
+) -> Result<()> {
+    let (id, why) = (node_id.to_string(), why.to_string());
+    state
+        .apply(move |conn| Ok::<_, Error>(store::nodes::set_state(conn, &id, to, &why, now())?))
+        .await
 }

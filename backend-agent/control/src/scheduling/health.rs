@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpufleet_proto::v1;
+use rusqlite::Connection;
 use tokio::sync::watch;
 
 use super::drivers;
@@ -178,9 +179,8 @@ fn check_from(c: v1::CheckResult) -> Check {
 }
 
 /// The MIG layout the store recorded for each GPU of the node.
-fn recorded_layout(state: &AppState, node_id: &str) -> Result<Vec<v1::GpuLayout>> {
-    let conn = state.db();
-    Ok(crate::recorded::recorded_gpus(&conn, node_id)?
+fn recorded_layout(conn: &Connection, node_id: &str) -> Result<Vec<v1::GpuLayout>> {
+    Ok(crate::recorded::recorded_gpus(conn, node_id)?
         .iter()
         .map(|g| v1::GpuLayout {
             index: g.index,
@@ -222,13 +222,26 @@ pub async fn run(
     let duration_ms = u32::try_from(req.bandwidth_duration.as_millis())
         .unwrap_or(u32::MAX)
         .clamp(50, 60_000);
-    let addrs: Vec<String> = {
-        let conn = state.db();
-        nodes
-            .iter()
-            .map(|node| store::health::bandwidth_addr(&conn, &node.id))
-            .collect::<rusqlite::Result<_>>()?
-    };
+    // What the orders need from the store, in one read: peers' addresses and layouts.
+    let ids: Vec<String> = nodes.iter().map(|n| n.id.clone()).collect();
+    let with_layout = req.check_layout;
+    let (addrs, layouts) = state
+        .read(
+            move |conn| -> Result<(Vec<String>, Vec<Vec<v1::GpuLayout>>)> {
+                let mut addrs = Vec::with_capacity(ids.len());
+                let mut layouts = Vec::with_capacity(ids.len());
+                for id in &ids {
+                    addrs.push(store::health::bandwidth_addr(conn, id)?);
+                    layouts.push(if with_layout {
+                        recorded_layout(conn, id)?
+                    } else {
+                        Vec::new()
+                    });
+                }
+                Ok((addrs, layouts))
+            },
+        )
+        .await?;
     let mut orders = Vec::with_capacity(n);
     // Pairs that cannot be tested (an agent without a listener): said in the node's report.
     let mut untested: Vec<Option<Check>> = vec![None; n];
@@ -270,11 +283,7 @@ pub async fn run(
             }
             _ => None,
         };
-        let expected_layout = if req.check_layout {
-            recorded_layout(state, &node.id)?
-        } else {
-            Vec::new()
-        };
+        let expected_layout = layouts[i].clone();
         orders.push(v1::WorkOrder {
             id: uuid::Uuid::new_v4().to_string(),
             kind: Some(v1::work_order::Kind::RunHealthCheck(v1::RunHealthCheck {
@@ -327,7 +336,7 @@ pub async fn run(
 }
 
 /// Records a node's verdict under `run_id`, as a member of `cluster` when it is one.
-fn record(
+async fn record(
     state: &AppState,
     run_id: &str,
     level: &str,
@@ -347,14 +356,17 @@ fn record(
         action: String::new(),
         finished_at: now(),
     };
-    let conn = state.db();
-    store::health::record(&conn, &row)?;
-    Ok(())
+    state
+        .apply(move |conn| Ok::<_, Error>(store::health::record(conn, &row)?))
+        .await
 }
 
-fn set_action(state: &AppState, run_id: &str, node_id: &str, action: &str) {
-    let conn = state.db();
-    if let Err(e) = store::health::set_action(&conn, run_id, node_id, action) {
+async fn set_action(state: &AppState, run_id: &str, node_id: &str, action: &str) {
+    let (run, node, what) = (run_id.to_string(), node_id.to_string(), action.to_string());
+    let recorded = state
+        .apply(move |conn| Ok::<_, Error>(store::health::set_action(conn, &run, &node, &what)?))
+        .await;
+    if let Err(e) = recorded {
         tracing::error!(node = %node_id, error = %e, "cannot record what was done about a check");
     }
 }
@@ -366,10 +378,27 @@ pub fn quarantine_reason(level: &str, v: &Verdict) -> String {
 }
 
 /// An event about a node outside any cluster: logged under the node's name.
-fn node_event(state: &AppState, node: &NodeRow, kind: &str, message: &str) {
-    let conn = state.db();
-    if let Err(e) = store::events::record(&conn, now(), &node.id, "", kind, &node.hostname, message)
-    {
+async fn node_event(state: &AppState, node: &NodeRow, kind: &str, message: &str) {
+    let (id, host, kind, text) = (
+        node.id.clone(),
+        node.hostname.clone(),
+        kind.to_string(),
+        message.to_string(),
+    );
+    let recorded = state
+        .apply(move |conn| {
+            Ok::<_, Error>(store::events::record(
+                conn,
+                now(),
+                &id,
+                "",
+                &kind,
+                &host,
+                &text,
+            )?)
+        })
+        .await;
+    if let Err(e) = recorded {
         tracing::error!(node = %node.hostname, error = %e, "cannot record an event");
     }
 }
@@ -384,8 +413,8 @@ async fn quarantine_and_replace(
     v: &Verdict,
 ) -> std::result::Result<String, String> {
     let why = quarantine_reason(level, v);
-    drivers::event(state, cluster, "check_failed", &v.node.hostname, &why);
-    if let Err(e) = drivers::quarantine(state, cluster, &v.node, &why) {
+    drivers::event(state, cluster, "check_failed", &v.node.hostname, &why).await;
+    if let Err(e) = drivers::quarantine(state, cluster, &v.node, &why).await {
         return Err(format!("cannot quarantine {}: {e}", v.node.hostname));
     }
     match drivers::replace(state, cluster, &v.node.hostname).await {
@@ -395,11 +424,12 @@ async fn quarantine_and_replace(
                 run_id,
                 &v.node.id,
                 &format!("quarantined; replaced by {new}"),
-            );
+            )
+            .await;
             Ok(new)
         }
         Err(e) => {
-            set_action(state, run_id, &v.node.id, "quarantined; no replacement");
+            set_action(state, run_id, &v.node.id, "quarantined; no replacement").await;
             Err(format!(
                 "node {} failed {level} checks ({}) and was quarantined; no replacement: {e}",
                 v.node.hostname, v.summary
@@ -429,28 +459,22 @@ pub async fn check_cluster(
     expected_driver: &str,
     bandwidth_duration: Duration,
 ) -> Result<ClusterRun> {
-    let mut acceptance = {
-        let conn = state.db();
-        store::health::acceptance(&conn, &cluster.id)?
-    };
+    let mut acceptance = acceptance_of(state, &cluster.id).await?;
     let run_id = uuid::Uuid::new_v4().to_string();
     acceptance.status = "running".into();
     acceptance.run_id = run_id.clone();
     acceptance.run_level = level.to_string();
-    {
-        let conn = state.db();
-        store::health::put_acceptance(&conn, &acceptance)?;
-    }
+    let running = acceptance.clone();
+    state
+        .apply(move |conn| Ok::<_, Error>(store::health::put_acceptance(conn, &running)?))
+        .await?;
     let mut outcome = ClusterRun {
         run_id: run_id.clone(),
         ..Default::default()
     };
     let mut passed = false;
     for _round in 0..MAX_ROUNDS {
-        let nodes = {
-            let conn = state.db();
-            store::nodes::list(&conn, None, Some(&cluster.id))?
-        };
+        let nodes = nodes_of(state, &cluster.id).await?;
         let req = Request {
             level,
             expected_driver,
@@ -467,7 +491,7 @@ pub async fn check_cluster(
         super::drivers::events(state, cluster, progress).await;
         let answers = attribute_bandwidth(run(state, &nodes, &req).await?);
         for v in &answers {
-            record(state, &run_id, level, Some(cluster), v)?;
+            record(state, &run_id, level, Some(cluster), v).await?;
         }
         let gbps: Vec<f64> = answers
             .iter()
@@ -504,15 +528,18 @@ pub async fn check_cluster(
     acceptance.checked_at = now();
     acceptance.alg_bandwidth_gbps = outcome.alg_bandwidth_gbps;
     acceptance.bus_bandwidth_gbps = outcome.bus_bandwidth_gbps;
-    {
-        let conn = state.db();
-        // The cluster may be gone meanwhile (a failed create is undone by its caller).
-        let fresh = store::health::acceptance(&conn, &cluster.id)?;
-        acceptance.level = fresh.level;
-        acceptance.min_bus_bandwidth_gbps = fresh.min_bus_bandwidth_gbps;
-        acceptance.run_on_create = fresh.run_on_create;
-        store::health::put_acceptance(&conn, &acceptance)?;
-    }
+    let id = cluster.id.clone();
+    state
+        .apply(move |conn| -> Result<()> {
+            // The cluster may be gone meanwhile (a failed create is undone by its caller).
+            let fresh = store::health::acceptance(conn, &id)?;
+            acceptance.level = fresh.level;
+            acceptance.min_bus_bandwidth_gbps = fresh.min_bus_bandwidth_gbps;
+            acceptance.run_on_create = fresh.run_on_create;
+            store::health::put_acceptance(conn, &acceptance)?;
+            Ok(())
+        })
+        .await?;
     Ok(outcome)
 }
 
@@ -591,7 +618,7 @@ async fn run_checks_recorded(
     let mut out = Vec::new();
     for (node, answer) in run(state, nodes, req).await? {
         let v = answer.unwrap_or_else(|why| Verdict::no_answer(node, &why));
-        record(state, run_id, req.level, cluster, &v)?;
+        record(state, run_id, req.level, cluster, &v).await?;
         out.push(v);
     }
     Ok(out)
@@ -606,10 +633,7 @@ pub async fn accept_new_nodes(
     cluster: &ClusterRow,
     joining: &[NodeRow],
 ) -> Result<()> {
-    let acceptance = {
-        let conn = state.db();
-        store::health::acceptance(&conn, &cluster.id)?
-    };
+    let acceptance = acceptance_of(state, &cluster.id).await?;
     if joining.is_empty() || !acceptance.run_on_create {
         return Ok(());
     }
@@ -638,11 +662,17 @@ pub async fn accept_new_nodes(
     );
     if cluster.status == "creating" {
         // The create is taken back: its remaining nodes return to whole GPUs first.
-        let changes = {
-            let conn = state.db();
-            let held = store::nodes::list(&conn, None, Some(&cluster.id))?;
-            crate::mig::changes(&conn, &cluster.gpu_type, &[], &cluster.mig_layout, &held)?
-        };
+        let (id, gpu_type, layout) = (
+            cluster.id.clone(),
+            cluster.gpu_type.clone(),
+            cluster.mig_layout.clone(),
+        );
+        let changes = state
+            .read(move |conn| {
+                let held = store::nodes::list(conn, None, Some(&id))?;
+                crate::mig::changes(conn, &gpu_type, &[], &layout, &held)
+            })
+            .await?;
         if let Err(e) = crate::mig::converge(state, &changes).await {
             tracing::warn!(cluster = %cluster.name, error = %e, "cannot reset the nodes of a failed create");
         }
@@ -650,9 +680,7 @@ pub async fn accept_new_nodes(
             "{reason}; the cluster was not created"
         )));
     }
-    let conn = state.db();
-    store::clusters::set_status(&conn, &cluster.id, "degraded", &reason)?;
-    Ok(())
+    set_status(state, &cluster.id, "degraded", &reason).await
 }
 
 /// A tenant's (or the admin's) check of a cluster now: failed nodes are quarantined and
@@ -672,13 +700,8 @@ pub async fn check_now(
     )
     .await?;
     if !run.problems.is_empty() {
-        let conn = state.db();
-        store::clusters::set_status(
-            &conn,
-            &cluster.id,
-            "degraded",
-            &format!("health checks ({level}): {}", run.problems.join("; ")),
-        )?;
+        let reason = format!("health checks ({level}): {}", run.problems.join("; "));
+        set_status(state, &cluster.id, "degraded", &reason).await?;
     }
     Ok(run)
 }
@@ -686,10 +709,11 @@ pub async fn check_now(
 /// One node checked alone at `level` (registration, return, periodic). Returns None when
 /// its agent gave no report (unreachable, stopping): nothing is concluded then.
 async fn check_one(state: &AppState, node: &NodeRow, level: &str) -> Result<Option<Verdict>> {
-    let cluster = match &node.cluster_id {
+    let cluster = match node.cluster_id.clone() {
         Some(id) => {
-            let conn = state.db();
-            store::clusters::get(&conn, id)?
+            state
+                .read(move |conn| Ok::<_, Error>(store::clusters::get(conn, &id)?))
+                .await?
         }
         None => None,
     };
@@ -714,7 +738,7 @@ async fn check_one(state: &AppState, node: &NodeRow, level: &str) -> Result<Opti
         Err(why) => Verdict::no_answer(node.clone(), &why),
     };
     let run_id = uuid::Uuid::new_v4().to_string();
-    record(state, &run_id, level, cluster.as_ref(), &v)?;
+    record(state, &run_id, level, cluster.as_ref(), &v).await?;
     if v.failed {
         take_out(state, cluster.as_ref(), &run_id, level, &v).await?;
     }
@@ -732,30 +756,26 @@ async fn take_out(
 ) -> Result<()> {
     let why = quarantine_reason(level, v);
     let Some(cluster) = cluster else {
-        {
-            let conn = state.db();
-            store::nodes::set_state(&conn, &v.node.id, NODE_QUARANTINED, &why, now())?;
-        }
+        set_node_state(state, &v.node.id, NODE_QUARANTINED, &why).await?;
         tracing::warn!(node = %v.node.hostname, %why, "node quarantined");
-        node_event(state, &v.node, "check_failed", &why);
-        node_event(state, &v.node, "node_quarantined", &why);
-        set_action(state, run_id, &v.node.id, "quarantined");
+        node_event(state, &v.node, "check_failed", &why).await;
+        node_event(state, &v.node, "node_quarantined", &why).await;
+        set_action(state, run_id, &v.node.id, "quarantined").await;
         return Ok(());
     };
     let mut failed = v.clone();
     loop {
         match quarantine_and_replace(state, cluster, run_id, level, &failed).await {
             Err(problem) => {
-                let conn = state.db();
-                store::clusters::set_status(&conn, &cluster.id, "degraded", &problem)?;
+                set_status(state, &cluster.id, "degraded", &problem).await?;
                 return Ok(());
             }
             Ok(new) => {
                 // The replacement is checked before it counts.
-                let Some(node) = ({
-                    let conn = state.db();
-                    store::nodes::by_hostname(&conn, &new)?
-                }) else {
+                let Some(node) = state
+                    .read(move |conn| Ok::<_, Error>(store::nodes::by_hostname(conn, &new)?))
+                    .await?
+                else {
                     return Ok(());
                 };
                 let req = Request {
@@ -792,11 +812,13 @@ pub async fn admit_registered(state: Arc<AppState>, node_id: String, bandwidth_a
 }
 
 async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Result<()> {
-    let node = {
-        let conn = state.db();
-        store::health::set_bandwidth_addr(&conn, node_id, bandwidth_addr)?;
-        store::nodes::get(&conn, node_id)?
-    };
+    let (id, addr) = (node_id.to_string(), bandwidth_addr.to_string());
+    let node = state
+        .apply(move |conn| -> Result<Option<NodeRow>> {
+            store::health::set_bandwidth_addr(conn, &id, &addr)?;
+            Ok(store::nodes::get(conn, &id)?)
+        })
+        .await?;
     let Some(node) = node else { return Ok(()) };
     if node.state == NODE_QUARANTINED {
         crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
@@ -811,10 +833,7 @@ async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Re
 /// Marks the node busy with `reason` while it runs the medium checks. True when it
 /// passed (or gave no report, e.g. it went away: the heartbeat watch handles that).
 async fn checked_and_passed(state: &AppState, node: &NodeRow, reason: &str) -> Result<bool> {
-    {
-        let conn = state.db();
-        store::nodes::set_state(&conn, &node.id, NODE_BUSY, reason, now())?;
-    }
+    set_node_state(state, &node.id, NODE_BUSY, reason).await?;
     Ok(match check_one(state, node, ADMISSION_LEVEL).await? {
         Some(v) => !v.failed,
         None => true,
@@ -825,11 +844,9 @@ async fn checked_and_passed(state: &AppState, node: &NodeRow, reason: &str) -> R
 /// quarantined (with the new reason) when it fails them; passed, its agent resets it
 /// and it becomes ready.
 pub async fn return_checked(state: Arc<AppState>, node_id: &str) -> Result<()> {
-    let node = {
-        let conn = state.db();
-        store::nodes::get(&conn, node_id)?
-    }
-    .ok_or_else(|| Error::NotFound(format!("node '{node_id}' not found")))?;
+    let node = node_row(&state, node_id)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("node '{node_id}' not found")))?;
     let passed = checked_and_passed(
         &state,
         &node,
@@ -837,27 +854,22 @@ pub async fn return_checked(state: Arc<AppState>, node_id: &str) -> Result<()> {
     )
     .await?;
     if !passed {
-        let reason = {
-            let conn = state.db();
-            store::nodes::get(&conn, node_id)?
-                .map(|n| n.state_reason)
-                .unwrap_or_default()
-        };
+        let reason = node_row(&state, node_id)
+            .await?
+            .map(|n| n.state_reason)
+            .unwrap_or_default();
         return Err(Error::Precondition(format!(
             "name: node {} stays quarantined: {reason}",
             node.hostname
         )));
     }
-    {
-        let conn = state.db();
-        store::nodes::set_state(
-            &conn,
-            node_id,
-            NODE_BUSY,
-            "returned by an operator; being reset",
-            now(),
-        )?;
-    }
+    set_node_state(
+        &state,
+        node_id,
+        NODE_BUSY,
+        "returned by an operator; being reset",
+    )
+    .await?;
     tokio::spawn(crate::mig::reconcile_node(state, node_id.to_string()));
     Ok(())
 }
@@ -865,15 +877,16 @@ pub async fn return_checked(state: Arc<AppState>, node_id: &str) -> Result<()> {
 /// One round of periodic checks: quick checks on every ready node whose agent is live
 /// and idle, all at once.
 pub async fn periodic_round(state: &Arc<AppState>) -> Result<()> {
-    let (nodes, changing) = {
-        let conn = state.db();
-        let changing: Vec<String> =
-            store::clusters::with_status(&conn, &crate::cluster_status::CHANGING)?
-                .into_iter()
-                .map(|c| c.id)
-                .collect();
-        (store::nodes::list(&conn, None, None)?, changing)
-    };
+    let (nodes, changing) = state
+        .read(|conn| -> Result<(Vec<NodeRow>, Vec<String>)> {
+            let changing: Vec<String> =
+                store::clusters::with_status(conn, &crate::cluster_status::CHANGING)?
+                    .into_iter()
+                    .map(|c| c.id)
+                    .collect();
+            Ok((store::nodes::list(conn, None, None)?, changing))
+        })
+        .await?;
     // Nodes of a cluster that a request is changing wait for the next round: that
     // request decides about them meanwhile.
     let nodes: Vec<NodeRow> = nodes
@@ -918,6 +931,53 @@ pub async fn run_periodic(state: Arc<AppState>, mut stop: watch::Receiver<bool>)
             }
         }
     }
+}
+
+/// A cluster's acceptance settings and latest run (read off the async workers).
+async fn acceptance_of(state: &AppState, cluster_id: &str) -> Result<store::health::Acceptance> {
+    let id = cluster_id.to_string();
+    state
+        .read(move |conn| Ok::<_, Error>(store::health::acceptance(conn, &id)?))
+        .await
+}
+
+/// A cluster's nodes now.
+async fn nodes_of(state: &AppState, cluster_id: &str) -> Result<Vec<NodeRow>> {
+    let id = cluster_id.to_string();
+    state
+        .read(move |conn| Ok::<_, Error>(store::nodes::list(conn, None, Some(&id))?))
+        .await
+}
+
+async fn node_row(state: &AppState, node_id: &str) -> Result<Option<NodeRow>> {
+    let id = node_id.to_string();
+    state
+        .read(move |conn| Ok::<_, Error>(store::nodes::get(conn, &id)?))
+        .await
+}
+
+async fn set_node_state(
+    state: &AppState,
+    node_id: &str,
+    to: &'static str,
+    why: &str,
+) -> Result<()> {
+    let (id, why) = (node_id.to_string(), why.to_string());
+    state
+        .apply(move |conn| Ok::<_, Error>(store::nodes::set_state(conn, &id, to, &why, now())?))
+        .await
+}
+
+async fn set_status(
+    state: &AppState,
+    cluster_id: &str,
+    status: &'static str,
+    why: &str,
+) -> Result<()> {
+    let (id, why) = (cluster_id.to_string(), why.to_string());
+    state
+        .apply(move |conn| Ok::<_, Error>(store::clusters::set_status(conn, &id, status, &why)?))
+        .await
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use rusqlite::Connection;
 use tokio::sync::watch;
 
 use super::{capacity, holdings, Exclude};
@@ -36,12 +37,14 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
 
 /// One round: every model whose preemptible clusters hold pool nodes.
 pub async fn round(state: &AppState) -> Result<()> {
-    let models = {
-        let conn = state.db();
-        store::preemption::models(&conn)?
-    };
+    let models = state
+        .read(|conn| Ok::<_, Error>(store::preemption::models(conn)?))
+        .await?;
     for gpu_type in models {
-        for work in plan_take_back(state, &gpu_type)? {
+        let plan = state
+            .apply(move |conn| plan_take_back(conn, &gpu_type))
+            .await?;
+        for work in plan {
             carry_out(state, work).await?;
         }
     }
@@ -58,12 +61,10 @@ struct TakeBack {
 }
 
 /// Decides (and records: replacements assigned, clusters "updating") which nodes go back.
-fn plan_take_back(state: &AppState, gpu_type: &str) -> Result<Vec<TakeBack>> {
-    let mut conn = state.db();
-    let tx = conn.transaction()?;
+fn plan_take_back(tx: &Connection, gpu_type: &str) -> Result<Vec<TakeBack>> {
     let t = now();
-    let held = holdings(&tx, gpu_type, t, Exclude::default())?;
-    let cap = capacity(&tx, gpu_type, &held)?;
+    let held = holdings(tx, gpu_type, t, Exclude::default())?;
+    let cap = capacity(tx, gpu_type, &held)?;
     // Everything that holds pool nodes now, preemptible clusters included.
     let mut excess = peak(&cap.pool_used, t, Some(t + 1)) - cap.pool_nodes;
     if excess <= 0 {
@@ -84,19 +85,19 @@ fn plan_take_back(state: &AppState, gpu_type: &str) -> Result<Vec<TakeBack>> {
             },
         );
     let mut on_demand_left = cap.free_on_demand(t, None);
-    let mut free_on_demand = store::nodes::free(&tx, gpu_type, ON_DEMAND)?;
+    let mut free_on_demand = store::nodes::free(tx, gpu_type, ON_DEMAND)?;
     let mut out = Vec::new();
-    for (cluster_id, allow_on_demand) in store::preemption::holding_pool(&tx, gpu_type)? {
+    for (cluster_id, allow_on_demand) in store::preemption::holding_pool(tx, gpu_type)? {
         if excess <= 0 {
             break;
         }
-        let Some(cluster) = store::clusters::get(&tx, &cluster_id)? else {
+        let Some(cluster) = store::clusters::get(tx, &cluster_id)? else {
             continue;
         };
         if CHANGING.contains(&cluster.status.as_str()) {
             continue; // a request is changing it; the next round decides
         }
-        let mut pool: Vec<NodeRow> = store::nodes::list(&tx, None, Some(&cluster.id))?
+        let mut pool: Vec<NodeRow> = store::nodes::list(tx, None, Some(&cluster.id))?
             .into_iter()
             .filter(|n| n.capacity == POOL)
             .collect();
@@ -112,7 +113,7 @@ fn plan_take_back(state: &AppState, gpu_type: &str) -> Result<Vec<TakeBack>> {
             replacements = free_on_demand.drain(..k).collect();
             on_demand_left -= k as i64;
             for n in &replacements {
-                if !store::nodes::assign(&tx, &n.id, &cluster.id)? {
+                if !store::nodes::assign(tx, &n.id, &cluster.id)? {
                     return Err(Error::Aborted(format!(
                         "node {} was taken meanwhile; retrying",
                         n.hostname
@@ -125,16 +126,11 @@ fn plan_take_back(state: &AppState, gpu_type: &str) -> Result<Vec<TakeBack>> {
             .filter(|n| n.state != NODE_UNREACHABLE)
             .cloned()
             .collect();
-        let changes = crate::mig::changes(
-            &tx,
-            gpu_type,
-            &replacements,
-            &cluster.mig_layout,
-            &reachable,
-        )?;
+        let changes =
+            crate::mig::changes(tx, gpu_type, &replacements, &cluster.mig_layout, &reachable)?;
         let names: Vec<&str> = taken.iter().map(|n| n.hostname.as_str()).collect();
         store::clusters::set_status(
-            &tx,
+            tx,
             &cluster.id,
             "updating",
             &format!("giving back {}: {why}", names.join(", ")),
@@ -147,7 +143,6 @@ fn plan_take_back(state: &AppState, gpu_type: &str) -> Result<Vec<TakeBack>> {
             why: why.clone(),
         });
     }
-    tx.commit()?;
     Ok(out)
 }
 
@@ -155,7 +150,7 @@ fn plan_take_back(state: &AppState, gpu_type: &str) -> Result<Vec<TakeBack>> {
 /// whole GPUs, then hands the taken nodes back and says what happened.
 async fn carry_out(state: &AppState, work: TakeBack) -> Result<()> {
     let TakeBack {
-        mut cluster,
+        cluster,
         taken,
         replacements,
         changes,
@@ -173,26 +168,39 @@ async fn carry_out(state: &AppState, work: TakeBack) -> Result<()> {
         ))),
         None => crate::mig::converge(state, &changes).await,
     };
-    let mut conn = state.db();
-    let tx = conn.transaction()?;
+    state
+        .apply(move |tx| record_take_back(tx, cluster, taken, replacements, why, converged))
+        .await?
+}
+
+/// Records what a take-back did: the nodes handed back and the cluster's new size and
+/// status, or (when its orders failed) the replacements released again and that failure
+/// (inside: the records are kept either way).
+fn record_take_back(
+    tx: &Connection,
+    mut cluster: ClusterRow,
+    taken: Vec<NodeRow>,
+    replacements: Vec<NodeRow>,
+    why: String,
+    converged: Result<()>,
+) -> Result<Result<()>> {
     let t = now();
     if let Err(e) = converged {
         // Replacements go back; the taken nodes stay until the next round retries.
         for n in &replacements {
-            store::nodes::release(&tx, &n.id)?;
+            store::nodes::release(tx, &n.id)?;
         }
-        let (status, _) = settled_status(&tx, &cluster.id)?;
+        let (status, _) = settled_status(tx, &cluster.id)?;
         store::clusters::set_status(
-            &tx,
+            tx,
             &cluster.id,
             &status,
             &format!("giving nodes back to a reservation failed ({e}); retrying"),
         )?;
-        tx.commit()?;
-        return Err(e);
+        return Ok(Err(e));
     }
     for n in &taken {
-        store::nodes::release(&tx, &n.id)?;
+        store::nodes::release(tx, &n.id)?;
     }
     let shrink = (taken.len() - replacements.len()) as i64;
     cluster.node_count -= shrink;
@@ -212,21 +220,21 @@ async fn carry_out(state: &AppState, work: TakeBack) -> Result<()> {
             cluster.node_count
         ));
     }
-    let (status, down) = settled_status(&tx, &cluster.id)?;
+    let (status, down) = settled_status(tx, &cluster.id)?;
     cluster.status = status;
     cluster.status_reason = if down.is_empty() {
         reason
     } else {
         format!("{down}; {reason}")
     };
-    store::clusters::update(&tx, &cluster)?;
+    store::clusters::update(tx, &cluster)?;
     for (i, n) in taken.iter().enumerate() {
         let what = match replacements.get(i) {
             Some(r) => format!("replaced by on-demand node {}", r.hostname),
             None => "the cluster shrinks".to_string(),
         };
         store::events::record(
-            &tx,
+            tx,
             t,
             &cluster.id,
             &cluster.tenant_id,
@@ -237,7 +245,7 @@ async fn carry_out(state: &AppState, work: TakeBack) -> Result<()> {
     }
     for (i, n) in replacements.iter().enumerate() {
         store::events::record(
-            &tx,
+            tx,
             t,
             &cluster.id,
             &cluster.tenant_id,
@@ -249,7 +257,6 @@ async fn carry_out(state: &AppState, work: TakeBack) -> Result<()> {
             ),
         )?;
     }
-    tx.commit()?;
     tracing::info!(cluster = %cluster.name, taken = taken.len(), replaced = replacements.len(), "took pool nodes back from a preemptible cluster");
-    Ok(())
+    Ok(Ok(()))
 }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpufleet_proto::v1::{self, tenant_cluster_service_server::TenantClusterService};
-use rusqlite::Connection;
+use rusqlite::{Connection, Savepoint};
 use tonic::{Request, Response, Status};
 
 use super::reservations::visible_reservation;
@@ -223,7 +223,7 @@ impl Clusters {
             if !failed.is_empty() {
                 let mut why = Vec::new();
                 for (n, reason) in &failed {
-                    crate::scheduling::drivers::quarantine(&self.state, cluster, n, reason)?;
+                    crate::scheduling::drivers::quarantine(&self.state, cluster, n, reason).await?;
                     why.push(format!("{}: {reason}", n.hostname));
                 }
                 return Err(crate::error::Error::Aborted(format!(
@@ -241,10 +241,9 @@ impl Clusters {
 
     fn prepare_create(
         &self,
+        tx: Savepoint<'_>,
         request: Request<v1::CreateTenantClusterRequest>,
     ) -> Result<Prepared, Status> {
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
         let caller = authenticate(&self.state, &tx, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
@@ -394,7 +393,10 @@ impl Clusters {
         request: Request<v1::CreateTenantClusterRequest>,
     ) -> Result<v1::TenantCluster, Status> {
         let this = self.clone();
-        let prepared = super::blocking(move || this.prepare_create(request)).await?;
+        let prepared = self
+            .state
+            .write(move |sp| this.prepare_create(sp, request))
+            .await?;
         let (caller, cluster, changes, tenant_name) = match prepared {
             Prepared::Existing(c) => return Ok(c),
             Prepared::New {
@@ -442,7 +444,7 @@ impl Clusters {
         let (name, nodes) = (cluster.name.clone(), cluster.node_count);
         let created = self
             .state
-            .write(move |sp| {
+            .write(move |sp| -> Result<_, Status> {
                 let (status, reason) =
                     crate::slurm_clusters::overlay(settled_status(&sp, &cluster.id)?, slurm);
                 store::clusters::set_status(&sp, &cluster.id, &status, &reason)
@@ -476,7 +478,7 @@ impl Clusters {
         let name = cluster.name.clone();
         let undone = self
             .state
-            .write(move |sp| {
+            .write(move |sp| -> Result<_, Status> {
                 undo_create(&sp, &cluster).map_err(db_error)?;
                 sp.commit().map_err(db_error)
             })
@@ -488,31 +490,31 @@ impl Clusters {
 
     fn get(
         &self,
+        conn: &Connection,
         request: Request<v1::GetTenantClusterRequest>,
     ) -> Result<v1::TenantCluster, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
-        let c = visible_cluster(&conn, &caller, &request.get_ref().id)?;
-        message(&conn, &caller, c)
+        let c = visible_cluster(conn, &caller, &request.get_ref().id)?;
+        message(conn, &caller, c)
     }
 
     fn list(
         &self,
+        conn: &Connection,
         request: Request<v1::ListTenantClustersRequest>,
     ) -> Result<v1::ListTenantClustersResponse, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
-        let scope = list_scope(&conn, &caller, &request.get_ref().tenant_id)?;
+        let scope = list_scope(conn, &caller, &request.get_ref().tenant_id)?;
         let page =
             super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
-        let rows = store::clusters::list(&conn, scope.as_deref(), None, None).map_err(db_error)?;
+        let rows = store::clusters::list(conn, scope.as_deref(), None, None).map_err(db_error)?;
         let (clusters, next_page_token) = super::paging::page(
             rows,
             &page,
             |c| format!("{}\u{0}{}", c.tenant_id, c.name),
-            |c| message(&conn, &caller, c),
+            |c| message(conn, &caller, c),
         )?;
         Ok(v1::ListTenantClustersResponse {
             clusters,
@@ -569,10 +571,9 @@ impl Clusters {
     /// validate_only dry run, the answer it would give).
     fn prepare_update(
         &self,
+        tx: Savepoint<'_>,
         request: Request<v1::UpdateTenantClusterRequest>,
     ) -> Result<PreparedUpdate, Status> {
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
         let caller = authenticate(&self.state, &tx, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
@@ -616,7 +617,11 @@ impl Clusters {
         request: Request<v1::UpdateTenantClusterRequest>,
     ) -> Result<v1::TenantCluster, Status> {
         let this = self.clone();
-        let u = match super::blocking(move || this.prepare_update(request)).await? {
+        let u = match self
+            .state
+            .write(move |sp| this.prepare_update(sp, request))
+            .await?
+        {
             PreparedUpdate::DryRun(answer) => return Ok(*answer),
             PreparedUpdate::Change(u) => *u,
         };
@@ -665,7 +670,7 @@ impl Clusters {
             // Back to the cluster as it was: new nodes released, the old row restored.
             let (added, restore) = (scaling.added.clone(), old.clone());
             self.state
-                .write(move |sp| {
+                .write(move |sp| -> Result<_, Status> {
                     for n in &added {
                         store::nodes::release(&sp, &n.id).map_err(db_error)?;
                     }
@@ -685,7 +690,7 @@ impl Clusters {
         }
         let leaving = scaling.to_release.clone();
         self.state
-            .write(move |sp| {
+            .write(move |sp| -> Result<_, Status> {
                 for n in &leaving {
                     store::nodes::release(&sp, &n.id).map_err(db_error)?;
                 }
@@ -699,7 +704,7 @@ impl Clusters {
         {
             let (c, relayout) = (c.clone(), c.mig_layout != old.mig_layout);
             self.state
-                .write(move |sp| {
+                .write(move |sp| -> Result<_, Status> {
                     record_membership(&sp, &c, &scaling.added, &scaling.to_release)
                         .map_err(db_error)?;
                     if relayout {
@@ -732,7 +737,7 @@ impl Clusters {
         let driver = c.driver_version.clone();
         let answer = self
             .state
-            .write(move |sp| {
+            .write(move |sp| -> Result<_, Status> {
                 let now_row = store::clusters::get(&sp, &c.id)
                     .map_err(db_error)?
                     .ok_or_else(|| not_found("tenant cluster", &c.id))?;
@@ -763,21 +768,21 @@ impl Clusters {
         request: Request<v1::DeleteTenantClusterRequest>,
     ) -> Result<v1::DeleteResponse, Status> {
         let this = self.clone();
-        let (c, nodes, changes) = super::blocking(move || {
-            let mut conn = this.state.db();
-            let tx = conn.transaction().map_err(db_error)?;
-            let caller = authenticate(&this.state, &tx, &request)?;
-            crate::limits::check(request.get_ref())?;
-            let c = visible_cluster(&tx, &caller, &request.get_ref().id)?;
-            refuse_while_changing(&c)?;
-            let nodes = store::nodes::list(&tx, None, Some(&c.id)).map_err(db_error)?;
-            // Released nodes go back to whole GPUs before anyone else can get them.
-            let changes = layout_changes(&tx, &c, &nodes)?;
-            store::clusters::set_status(&tx, &c.id, "deleting", "").map_err(db_error)?;
-            tx.commit().map_err(db_error)?;
-            Ok((c, nodes, changes))
-        })
-        .await?;
+        let (c, nodes, changes) = self
+            .state
+            .write(move |tx| -> Result<_, Status> {
+                let caller = authenticate(&this.state, &tx, &request)?;
+                crate::limits::check(request.get_ref())?;
+                let c = visible_cluster(&tx, &caller, &request.get_ref().id)?;
+                refuse_while_changing(&c)?;
+                let nodes = store::nodes::list(&tx, None, Some(&c.id)).map_err(db_error)?;
+                // Released nodes go back to whole GPUs before anyone else can get them.
+                let changes = layout_changes(&tx, &c, &nodes)?;
+                store::clusters::set_status(&tx, &c.id, "deleting", "").map_err(db_error)?;
+                tx.commit().map_err(db_error)?;
+                Ok((c, nodes, changes))
+            })
+            .await?;
         // The rest runs to the end even when the caller leaves (see `detached`).
         let this = self.clone();
         super::detached::run(async move { this.complete_delete(c, nodes, changes).await }).await
@@ -798,7 +803,7 @@ impl Clusters {
         if let Err(e) = converged {
             let (id, status, reason) = (c.id.clone(), c.status.clone(), c.status_reason.clone());
             self.state
-                .write(move |sp| {
+                .write(move |sp| -> Result<_, Status> {
                     store::clusters::set_status(&sp, &id, &status, &reason).map_err(db_error)?;
                     sp.commit().map_err(db_error)
                 })
@@ -808,7 +813,7 @@ impl Clusters {
         // Nodes released, the cluster gone, and its events, in one transaction.
         let deleted = c.clone();
         self.state
-            .write(move |sp| {
+            .write(move |sp| -> Result<_, Status> {
                 for n in &nodes {
                     store::nodes::release(&sp, &n.id).map_err(db_error)?;
                 }
@@ -854,13 +859,13 @@ impl Clusters {
         let mut probe = Request::new(request.get_ref().clone());
         *probe.metadata_mut() = request.metadata().clone();
         let this = self.clone();
-        super::blocking(move || {
-            let conn = this.state.db();
-            let caller = authenticate(&this.state, &conn, &probe)?;
-            let c = visible_cluster(&conn, &caller, &id)?;
-            Ok((caller, c))
-        })
-        .await
+        self.state
+            .read(move |conn| -> Result<_, Status> {
+                let caller = authenticate(&this.state, conn, &probe)?;
+                let c = visible_cluster(conn, &caller, &id)?;
+                Ok((caller, c))
+            })
+            .await
     }
 
     /// An update of a cluster already being updated (or created) to just what it asks: the
@@ -888,12 +893,11 @@ impl Clusters {
             return Ok(None);
         }
         match super::detached::settled(&self.state, &c.id, &c.status).await? {
-            Some(now) if super::detached::same_target(&now, &target) => {
-                let this = self.clone();
-                super::blocking(move || message(&this.state.db(), &caller, now))
-                    .await
-                    .map(Some)
-            }
+            Some(now) if super::detached::same_target(&now, &target) => self
+                .state
+                .read(move |conn| message(conn, &caller, now))
+                .await
+                .map(Some),
             _ => Ok(None),
         }
     }
@@ -930,7 +934,8 @@ impl TenantClusterService for Clusters {
         r: Request<v1::GetTenantClusterRequest>,
     ) -> Result<Response<v1::TenantCluster>, Status> {
         let this = self.clone();
-        super::blocking(move || this.get(r))
+        self.state
+            .read(move |conn| this.get(conn, r))
             .await
             .map(Response::new)
     }
@@ -939,7 +944,8 @@ impl TenantClusterService for Clusters {
         r: Request<v1::ListTenantClustersRequest>,
     ) -> Result<Response<v1::ListTenantClustersResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || this.list(r))
+        self.state
+            .read(move |conn| this.list(conn, r))
             .await
             .map(Response::new)
     }

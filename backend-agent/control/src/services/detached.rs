@@ -41,11 +41,9 @@ pub async fn settled(
     let mut pause = FIRST_LOOK;
     loop {
         let (s, key) = (state.clone(), id.to_string());
-        let row = super::blocking(move || {
-            let conn = s.db();
-            store::clusters::get(&conn, &key).map_err(db_error)
-        })
-        .await?;
+        let row = s
+            .read(move |conn| store::clusters::get(conn, &key).map_err(db_error))
+            .await?;
         match row {
             Some(c) if c.status == status => {}
             other => return Ok(other),

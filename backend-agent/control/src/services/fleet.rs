@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpufleet_proto::v1::{self, fleet_service_server::FleetService};
+use rusqlite::{Connection, Savepoint};
 use tonic::{Request, Response, Status};
 
 use super::{invalid, node_messages, precondition};
@@ -21,17 +22,17 @@ pub struct Fleet {
 impl Fleet {
     fn list_nodes(
         &self,
+        conn: &Connection,
         request: Request<v1::ListNodesRequest>,
     ) -> Result<v1::ListNodesResponse, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let gpu_type = Some(req.gpu_type.as_str()).filter(|s| !s.is_empty());
         let cluster = Some(req.cluster_id.as_str()).filter(|s| !s.is_empty());
         // Filtering by another tenant's cluster answers like an unknown cluster: nothing.
         if let Some(c) = cluster {
-            let visible = store::clusters::get(&conn, c)
+            let visible = store::clusters::get(conn, c)
                 .map_err(db_error)?
                 .is_some_and(|c| caller.sees(&c.tenant_id));
             if !visible {
@@ -39,12 +40,12 @@ impl Fleet {
             }
         }
         let page = super::paging::parse(req.page_size, &req.page_token)?;
-        let rows = store::nodes::list(&conn, gpu_type, cluster).map_err(db_error)?;
+        let rows = store::nodes::list(conn, gpu_type, cluster).map_err(db_error)?;
         let (nodes, next_page_token) = super::paging::page_batch(
             rows,
             &page,
             |n| n.hostname.clone(),
-            |page_rows| node_messages(&conn, Some(&self.state.agents), &caller, page_rows),
+            |page_rows| node_messages(conn, Some(&self.state.agents), &caller, page_rows),
         )?;
         Ok(v1::ListNodesResponse {
             nodes,
@@ -54,13 +55,13 @@ impl Fleet {
 
     fn list_gpu_types(
         &self,
+        conn: &Connection,
         request: Request<v1::ListGpuTypesRequest>,
     ) -> Result<v1::ListGpuTypesResponse, Status> {
-        let conn = self.state.read();
-        authenticate(&self.state, &conn, &request)?;
+        authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
         let mut types: BTreeMap<String, v1::GpuType> = BTreeMap::new();
-        for n in store::nodes::list(&conn, None, None).map_err(db_error)? {
+        for n in store::nodes::list(conn, None, None).map_err(db_error)? {
             let t = types
                 .entry(n.gpu_type.clone())
                 .or_insert_with(|| v1::GpuType {
@@ -84,10 +85,10 @@ impl Fleet {
 
     fn availability(
         &self,
+        conn: &Connection,
         request: Request<v1::AvailabilityRequest>,
     ) -> Result<v1::Availability, Status> {
-        let conn = self.state.read();
-        authenticate(&self.state, &conn, &request)?;
+        authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
@@ -117,10 +118,10 @@ impl Fleet {
         // Only what overlaps the window asked about (from `start` on for an earliest
         // window) counts, so only that is read.
         let until = if wanted.is_some() { None } else { end };
-        let held = holdings_during(&conn, &req.gpu_type, t, (start, until), Exclude::default())?;
-        let mut cap = capacity(&conn, &req.gpu_type, &held)?;
+        let held = holdings_during(conn, &req.gpu_type, t, (start, until), Exclude::default())?;
+        let mut cap = capacity(conn, &req.gpu_type, &held)?;
         // What a reservation could have: preemptible clusters' pool nodes yield to it.
-        crate::scheduling::preemption::yield_to_reservations(&conn, &req.gpu_type, t, &mut cap)?;
+        crate::scheduling::preemption::yield_to_reservations(conn, &req.gpu_type, t, &mut cap)?;
         let earliest_start = match wanted {
             None => None,
             Some((nodes, duration)) => {
@@ -146,10 +147,10 @@ impl Fleet {
 
     fn check_mig_layout(
         &self,
+        conn: &Connection,
         request: Request<v1::CheckMigLayoutRequest>,
     ) -> Result<v1::CheckMigLayoutResponse, Status> {
-        let conn = self.state.read();
-        authenticate(&self.state, &conn, &request)?;
+        authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
@@ -168,8 +169,11 @@ fn driver_message(r: &crate::drivers::Release) -> v1::DriverVersion {
 
 impl Fleet {
     /// Takes a quarantined node back: `busy` until its agent has reset it, then ready.
-    fn return_node(&self, request: Request<v1::ReturnNodeRequest>) -> Result<v1::Node, Status> {
-        let conn = self.state.db();
+    fn return_node(
+        &self,
+        conn: Savepoint<'_>,
+        request: Request<v1::ReturnNodeRequest>,
+    ) -> Result<v1::Node, Status> {
         let caller = authenticate(&self.state, &conn, &request)?;
         crate::limits::check(request.get_ref())?;
         caller.require_admin("returning a node to service")?;
@@ -195,16 +199,19 @@ impl Fleet {
         let row = store::nodes::get(&conn, &node.id)
             .map_err(db_error)?
             .ok_or_else(|| super::not_found("node", &name))?;
-        node_messages(&conn, Some(&self.state.agents), &caller, vec![row])?
+        let answer = node_messages(&conn, Some(&self.state.agents), &caller, vec![row])?
             .pop()
-            .ok_or_else(|| Status::internal("node vanished"))
+            .ok_or_else(|| Status::internal("node vanished"))?;
+        conn.commit().map_err(db_error)?;
+        Ok(answer)
     }
 
     fn list_driver_versions(
         &self,
+        conn: &Connection,
         request: Request<v1::ListDriverVersionsRequest>,
     ) -> Result<v1::ListDriverVersionsResponse, Status> {
-        authenticate(&self.state, &self.state.read(), &request)?;
+        authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let drivers = self.state.drivers.list(&req.gpu_type, &req.cuda_version)?;
@@ -215,9 +222,10 @@ impl Fleet {
 
     fn resolve_driver(
         &self,
+        conn: &Connection,
         request: Request<v1::ResolveDriverRequest>,
     ) -> Result<v1::ResolveDriverResponse, Status> {
-        authenticate(&self.state, &self.state.read(), &request)?;
+        authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let r = self.state.drivers.resolve(
@@ -233,18 +241,18 @@ impl Fleet {
 
     fn list_events(
         &self,
+        conn: &Connection,
         request: Request<v1::ListEventsRequest>,
     ) -> Result<v1::ListEventsResponse, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
         let page = super::paging::parse(req.page_size, &req.page_token)?;
         let id = req.object_id;
-        let visible = store::clusters::get(&conn, &id)
+        let visible = store::clusters::get(conn, &id)
             .map_err(db_error)?
             .is_some_and(|c| caller.sees(&c.tenant_id));
-        let events = store::events::list(&conn, &id).map_err(db_error)?;
+        let events = store::events::list(conn, &id).map_err(db_error)?;
         // A deleted cluster's events stay readable by the tenant they belong to.
         let visible = visible || events.first().is_some_and(|e| caller.sees(&e.tenant_id));
         if !visible {
@@ -279,7 +287,7 @@ impl FleetService for Fleet {
         r: Request<v1::ReturnNodeRequest>,
     ) -> Result<Response<v1::Node>, Status> {
         let this = self.clone();
-        let node = super::blocking(move || this.return_node(r)).await?;
+        let node = self.state.write(move |sp| this.return_node(sp, r)).await?;
         // The medium health checks first: it stays quarantined when it fails them.
         crate::scheduling::health::return_checked(self.state.clone(), &node.id).await?;
         Ok(Response::new(node))
@@ -289,7 +297,8 @@ impl FleetService for Fleet {
         r: Request<v1::ListDriverVersionsRequest>,
     ) -> Result<Response<v1::ListDriverVersionsResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || this.list_driver_versions(r))
+        self.state
+            .read(move |conn| this.list_driver_versions(conn, r))
             .await
             .map(Response::new)
     }
@@ -298,7 +307,8 @@ impl FleetService for Fleet {
         r: Request<v1::ResolveDriverRequest>,
     ) -> Result<Response<v1::ResolveDriverResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || this.resolve_driver(r))
+        self.state
+            .read(move |conn| this.resolve_driver(conn, r))
             .await
             .map(Response::new)
     }
@@ -307,7 +317,8 @@ impl FleetService for Fleet {
         r: Request<v1::ListEventsRequest>,
     ) -> Result<Response<v1::ListEventsResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || this.list_events(r))
+        self.state
+            .read(move |conn| this.list_events(conn, r))
             .await
             .map(Response::new)
     }
@@ -316,7 +327,8 @@ impl FleetService for Fleet {
         r: Request<v1::ListNodesRequest>,
     ) -> Result<Response<v1::ListNodesResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || Fleet::list_nodes(&this, r))
+        self.state
+            .read(move |conn| Fleet::list_nodes(&this, conn, r))
             .await
             .map(Response::new)
     }
@@ -325,7 +337,8 @@ impl FleetService for Fleet {
         r: Request<v1::ListGpuTypesRequest>,
     ) -> Result<Response<v1::ListGpuTypesResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || Fleet::list_gpu_types(&this, r))
+        self.state
+            .read(move |conn| Fleet::list_gpu_types(&this, conn, r))
             .await
             .map(Response::new)
     }
@@ -334,7 +347,8 @@ impl FleetService for Fleet {
         r: Request<v1::AvailabilityRequest>,
     ) -> Result<Response<v1::Availability>, Status> {
         let this = self.clone();
-        super::blocking(move || this.availability(r))
+        self.state
+            .read(move |conn| this.availability(conn, r))
             .await
             .map(Response::new)
     }
@@ -343,7 +357,8 @@ impl FleetService for Fleet {
         r: Request<v1::CheckMigLayoutRequest>,
     ) -> Result<Response<v1::CheckMigLayoutResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || Fleet::check_mig_layout(&this, r))
+        self.state
+            .read(move |conn| Fleet::check_mig_layout(&this, conn, r))
             .await
             .map(Response::new)
     }

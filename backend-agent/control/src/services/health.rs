@@ -141,38 +141,40 @@ impl Health {
         request: Request<v1::RunHealthCheckRequest>,
     ) -> Result<v1::ClusterHealthReport, Status> {
         let state = self.state.clone();
-        let (cluster, level, every) = super::blocking(move || {
-            let conn = state.db();
-            let caller = authenticate(&state, &conn, &request)?;
-            crate::limits::check(request.get_ref())?;
-            let req = request.into_inner();
-            let c = visible_cluster(&conn, &caller, &req.cluster_id)?;
-            crate::cluster_status::refuse_while_changing(&c)?;
-            let level = if req.level.is_empty() {
-                store::health::acceptance(&conn, &c.id)
-                    .map_err(db_error)?
-                    .level
-            } else {
-                health::level("level", &req.level)?
-            };
-            let every = duration(&state, req.bandwidth_duration_ms)?;
-            Ok((c, level, every))
-        })
-        .await?;
+        let (cluster, level, every) = self
+            .state
+            .read(move |conn| -> Result<_, Status> {
+                let caller = authenticate(&state, conn, &request)?;
+                crate::limits::check(request.get_ref())?;
+                let req = request.into_inner();
+                let c = visible_cluster(conn, &caller, &req.cluster_id)?;
+                crate::cluster_status::refuse_while_changing(&c)?;
+                let level = if req.level.is_empty() {
+                    store::health::acceptance(conn, &c.id)
+                        .map_err(db_error)?
+                        .level
+                } else {
+                    health::level("level", &req.level)?
+                };
+                let every = duration(&state, req.bandwidth_duration_ms)?;
+                Ok((c, level, every))
+            })
+            .await?;
         health::check_now(&self.state, &cluster, &level, every).await?;
-        let state = self.state.clone();
-        super::blocking(move || report(&state.db(), &cluster.id, true)).await
+        self.state
+            .read(move |conn| report(conn, &cluster.id, true))
+            .await
     }
 
     fn get_health_report(
         &self,
+        conn: &Connection,
         request: Request<v1::GetHealthReportRequest>,
     ) -> Result<v1::ClusterHealthReport, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
-        let c = visible_cluster(&conn, &caller, &request.get_ref().cluster_id)?;
-        report(&conn, &c.id, true)
+        let c = visible_cluster(conn, &caller, &request.get_ref().cluster_id)?;
+        report(conn, &c.id, true)
     }
 }
 
@@ -189,7 +191,8 @@ impl HealthService for Health {
         r: Request<v1::GetHealthReportRequest>,
     ) -> Result<Response<v1::ClusterHealthReport>, Status> {
         let this = self.clone();
-        super::blocking(move || this.get_health_report(r))
+        self.state
+            .read(move |conn| this.get_health_report(conn, r))
             .await
             .map(Response::new)
     }

@@ -14,7 +14,7 @@ use crate::scheduling::{
 };
 use crate::state::{db_error, now, AppState};
 use crate::{catalog, store};
-use rusqlite::Connection;
+use rusqlite::{Connection, Savepoint};
 use store::{idempotency::Prior, quotas::QuotaRow};
 
 #[derive(Clone)]
@@ -58,9 +58,11 @@ fn require_in_fleet(conn: &Connection, gpu_type: &str) -> Result<(), Status> {
 }
 
 impl Quotas {
-    fn create(&self, request: Request<v1::CreateGpuQuotaRequest>) -> Result<v1::GpuQuota, Status> {
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
+    fn create(
+        &self,
+        tx: Savepoint<'_>,
+        request: Request<v1::CreateGpuQuotaRequest>,
+    ) -> Result<v1::GpuQuota, Status> {
         authenticate(&self.state, &tx, &request)?.require_admin("creating a gpu quota")?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
@@ -104,8 +106,7 @@ impl Quotas {
                     burst_gpus: req.burst_gpus,
                 };
                 if req.validate_only {
-                    drop(tx);
-                    return message(&conn, q);
+                    return message(&tx, q);
                 }
                 store::quotas::insert(&tx, &q).map_err(db_error)?;
                 store::idempotency::record(
@@ -120,33 +121,37 @@ impl Quotas {
                 q
             }
         };
+        let answer = message(&tx, quota)?;
         tx.commit().map_err(db_error)?;
-        message(&conn, quota)
+        Ok(answer)
     }
 
-    fn get(&self, request: Request<v1::GetGpuQuotaRequest>) -> Result<v1::GpuQuota, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+    fn get(
+        &self,
+        conn: &Connection,
+        request: Request<v1::GetGpuQuotaRequest>,
+    ) -> Result<v1::GpuQuota, Status> {
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
-        message(&conn, visible_quota(&conn, &caller, &request.get_ref().id)?)
+        message(conn, visible_quota(conn, &caller, &request.get_ref().id)?)
     }
 
     fn list(
         &self,
+        conn: &Connection,
         request: Request<v1::ListGpuQuotasRequest>,
     ) -> Result<v1::ListGpuQuotasResponse, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
-        let scope = list_scope(&conn, &caller, &request.get_ref().tenant_id)?;
+        let scope = list_scope(conn, &caller, &request.get_ref().tenant_id)?;
         let page =
             super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
-        let quotas = store::quotas::list(&conn, scope.as_deref()).map_err(db_error)?;
+        let quotas = store::quotas::list(conn, scope.as_deref()).map_err(db_error)?;
         let (quotas, next_page_token) = super::paging::page(
             quotas,
             &page,
             |q| format!("{}\u{0}{}", q.tenant_id, q.gpu_type),
-            |q| message(&conn, q),
+            |q| message(conn, q),
         )?;
         Ok(v1::ListGpuQuotasResponse {
             quotas,
@@ -154,9 +159,11 @@ impl Quotas {
         })
     }
 
-    fn update(&self, request: Request<v1::UpdateGpuQuotaRequest>) -> Result<v1::GpuQuota, Status> {
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
+    fn update(
+        &self,
+        tx: Savepoint<'_>,
+        request: Request<v1::UpdateGpuQuotaRequest>,
+    ) -> Result<v1::GpuQuota, Status> {
         authenticate(&self.state, &tx, &request)?.require_admin("updating a gpu quota")?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
@@ -188,20 +195,19 @@ impl Quotas {
         q.gpus = req.gpus;
         q.burst_gpus = req.burst_gpus;
         if req.validate_only {
-            drop(tx);
-            return message(&conn, q);
+            return message(&tx, q);
         }
         store::quotas::update(&tx, &q.id, q.gpus, q.burst_gpus).map_err(db_error)?;
+        let answer = message(&tx, q)?;
         tx.commit().map_err(db_error)?;
-        message(&conn, q)
+        Ok(answer)
     }
 
     fn delete(
         &self,
+        tx: Savepoint<'_>,
         request: Request<v1::DeleteGpuQuotaRequest>,
     ) -> Result<v1::DeleteResponse, Status> {
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
         authenticate(&self.state, &tx, &request)?.require_admin("deleting a gpu quota")?;
         crate::limits::check(request.get_ref())?;
         let q = visible_quota(&tx, &Caller::Admin, &request.get_ref().id)?;
@@ -228,22 +234,25 @@ impl Quotas {
         Ok(v1::DeleteResponse {})
     }
 
-    fn usage(&self, request: Request<v1::QuotaUsageRequest>) -> Result<v1::QuotaUsage, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+    fn usage(
+        &self,
+        conn: &Connection,
+        request: Request<v1::QuotaUsageRequest>,
+    ) -> Result<v1::QuotaUsage, Status> {
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
-        let tenant = super::target_tenant(&conn, &caller, &req.tenant_id)?;
+        let tenant = super::target_tenant(conn, &caller, &req.tenant_id)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         let t = now();
-        let all = holdings(&conn, &req.gpu_type, t, Exclude::default())?;
+        let all = holdings(conn, &req.gpu_type, t, Exclude::default())?;
         // What a cluster without a reservation could take now: pool nodes free from now on.
-        let capacity_free = capacity(&conn, &req.gpu_type, &all)?.free_pool(t, None);
+        let capacity_free = capacity(conn, &req.gpu_type, &all)?.free_pool(t, None);
         let held: Vec<_> = all
             .into_iter()
             .filter(|h| h.tenant_id == tenant.id)
             .collect();
-        let gpn = gpus_per_node(&conn, &req.gpu_type)?;
+        let gpn = gpus_per_node(conn, &req.gpu_type)?;
         let used: i64 = held
             .iter()
             .filter(|h| h.unreserved_cluster)
@@ -259,7 +268,7 @@ impl Quotas {
             })
             .collect();
         let reserved = rules::peak(&reservations, t, None);
-        let limit = crate::scheduling::limit(&conn, &tenant.id, &req.gpu_type)?.unwrap_or(Limit {
+        let limit = crate::scheduling::limit(conn, &tenant.id, &req.gpu_type)?.unwrap_or(Limit {
             gpus: 0,
             burst_gpus: 0,
         });
@@ -292,7 +301,8 @@ impl GpuQuotaService for Quotas {
         r: Request<v1::CreateGpuQuotaRequest>,
     ) -> Result<Response<v1::GpuQuota>, Status> {
         let this = self.clone();
-        super::blocking(move || this.create(r))
+        self.state
+            .write(move |tx| this.create(tx, r))
             .await
             .map(Response::new)
     }
@@ -301,7 +311,8 @@ impl GpuQuotaService for Quotas {
         r: Request<v1::GetGpuQuotaRequest>,
     ) -> Result<Response<v1::GpuQuota>, Status> {
         let this = self.clone();
-        super::blocking(move || this.get(r))
+        self.state
+            .read(move |conn| this.get(conn, r))
             .await
             .map(Response::new)
     }
@@ -310,7 +321,8 @@ impl GpuQuotaService for Quotas {
         r: Request<v1::ListGpuQuotasRequest>,
     ) -> Result<Response<v1::ListGpuQuotasResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || this.list(r))
+        self.state
+            .read(move |conn| this.list(conn, r))
             .await
             .map(Response::new)
     }
@@ -319,7 +331,8 @@ impl GpuQuotaService for Quotas {
         r: Request<v1::UpdateGpuQuotaRequest>,
     ) -> Result<Response<v1::GpuQuota>, Status> {
         let this = self.clone();
-        super::blocking(move || this.update(r))
+        self.state
+            .write(move |tx| this.update(tx, r))
             .await
             .map(Response::new)
     }
@@ -328,7 +341,8 @@ impl GpuQuotaService for Quotas {
         r: Request<v1::DeleteGpuQuotaRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || this.delete(r))
+        self.state
+            .write(move |tx| this.delete(tx, r))
             .await
             .map(Response::new)
     }
@@ -337,7 +351,8 @@ impl GpuQuotaService for Quotas {
         r: Request<v1::QuotaUsageRequest>,
     ) -> Result<Response<v1::QuotaUsage>, Status> {
         let this = self.clone();
-        super::blocking(move || this.usage(r))
+        self.state
+            .read(move |conn| this.usage(conn, r))
             .await
             .map(Response::new)
     }

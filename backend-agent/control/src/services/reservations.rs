@@ -167,31 +167,34 @@ impl Reservations {
         Ok(answer)
     }
 
-    fn get(&self, request: Request<v1::GetReservationRequest>) -> Result<v1::Reservation, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+    fn get(
+        &self,
+        conn: &Connection,
+        request: Request<v1::GetReservationRequest>,
+    ) -> Result<v1::Reservation, Status> {
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
-        let r = visible_reservation(&conn, &caller, &request.get_ref().id)?;
-        message(&conn, r, now())
+        let r = visible_reservation(conn, &caller, &request.get_ref().id)?;
+        message(conn, r, now())
     }
 
     fn list(
         &self,
+        conn: &Connection,
         request: Request<v1::ListReservationsRequest>,
     ) -> Result<v1::ListReservationsResponse, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
-        let scope = list_scope(&conn, &caller, &request.get_ref().tenant_id)?;
+        let scope = list_scope(conn, &caller, &request.get_ref().tenant_id)?;
         let t = now();
         let page =
             super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
-        let rows = store::reservations::list(&conn, scope.as_deref(), None).map_err(db_error)?;
+        let rows = store::reservations::list(conn, scope.as_deref(), None).map_err(db_error)?;
         let (reservations, next_page_token) = super::paging::page(
             rows,
             &page,
             |r| format!("{}\u{0}{}", super::paging::int_key(r.start_time), r.id),
-            |r| message(&conn, r, t),
+            |r| message(conn, r, t),
         )?;
         Ok(v1::ListReservationsResponse {
             reservations,
@@ -329,7 +332,8 @@ impl ReservationService for Reservations {
         r: Request<v1::GetReservationRequest>,
     ) -> Result<Response<v1::Reservation>, Status> {
         let this = self.clone();
-        super::blocking(move || this.get(r))
+        self.state
+            .read(move |conn| this.get(conn, r))
             .await
             .map(Response::new)
     }
@@ -338,7 +342,8 @@ impl ReservationService for Reservations {
         r: Request<v1::ListReservationsRequest>,
     ) -> Result<Response<v1::ListReservationsResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || this.list(r))
+        self.state
+            .read(move |conn| this.list(conn, r))
             .await
             .map(Response::new)
     }

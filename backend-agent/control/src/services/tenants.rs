@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpufleet_proto::v1::{self, tenant_service_server::TenantService};
+use rusqlite::{Connection, Savepoint};
 use tonic::{Request, Response, Status};
 
 use super::{
@@ -34,10 +35,9 @@ pub fn message(t: TenantRow) -> v1::Tenant {
 impl Tenants {
     fn create(
         &self,
+        tx: Savepoint<'_>,
         request: Request<v1::CreateTenantRequest>,
     ) -> Result<v1::CreateTenantResponse, Status> {
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
         authenticate(&self.state, &tx, &request)?.require_admin("creating a tenant")?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
@@ -88,12 +88,15 @@ impl Tenants {
         })
     }
 
-    fn get(&self, request: Request<v1::GetTenantRequest>) -> Result<v1::Tenant, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+    fn get(
+        &self,
+        conn: &Connection,
+        request: Request<v1::GetTenantRequest>,
+    ) -> Result<v1::Tenant, Status> {
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
         Ok(message(visible_tenant(
-            &conn,
+            conn,
             &caller,
             &request.get_ref().id,
         )?))
@@ -101,14 +104,14 @@ impl Tenants {
 
     fn list(
         &self,
+        conn: &Connection,
         request: Request<v1::ListTenantsRequest>,
     ) -> Result<v1::ListTenantsResponse, Status> {
-        let conn = self.state.read();
-        let caller = authenticate(&self.state, &conn, &request)?;
+        let caller = authenticate(&self.state, conn, &request)?;
         crate::limits::check(request.get_ref())?;
         let page =
             super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
-        let mut tenants = store::tenants::list(&conn).map_err(db_error)?;
+        let mut tenants = store::tenants::list(conn).map_err(db_error)?;
         tenants.retain(|t| caller.sees(&t.id));
         let (tenants, next_page_token) =
             super::paging::page(tenants, &page, |t| t.name.clone(), |t| Ok(message(t)))?;
@@ -118,9 +121,11 @@ impl Tenants {
         })
     }
 
-    fn update(&self, request: Request<v1::UpdateTenantRequest>) -> Result<v1::Tenant, Status> {
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
+    fn update(
+        &self,
+        tx: Savepoint<'_>,
+        request: Request<v1::UpdateTenantRequest>,
+    ) -> Result<v1::Tenant, Status> {
         authenticate(&self.state, &tx, &request)?.require_admin("updating a tenant")?;
         crate::limits::check(request.get_ref())?;
         let req = request.into_inner();
@@ -134,10 +139,9 @@ impl Tenants {
 
     fn delete(
         &self,
+        tx: Savepoint<'_>,
         request: Request<v1::DeleteTenantRequest>,
     ) -> Result<v1::DeleteResponse, Status> {
-        let mut conn = self.state.db();
-        let tx = conn.transaction().map_err(db_error)?;
         authenticate(&self.state, &tx, &request)?.require_admin("deleting a tenant")?;
         crate::limits::check(request.get_ref())?;
         let t = visible_tenant(&tx, &Caller::Admin, &request.get_ref().id)?;
@@ -171,7 +175,8 @@ impl TenantService for Tenants {
         r: Request<v1::CreateTenantRequest>,
     ) -> Result<Response<v1::CreateTenantResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || this.create(r))
+        self.state
+            .write(move |tx| this.create(tx, r))
             .await
             .map(Response::new)
     }
@@ -180,7 +185,8 @@ impl TenantService for Tenants {
         r: Request<v1::GetTenantRequest>,
     ) -> Result<Response<v1::Tenant>, Status> {
         let this = self.clone();
-        super::blocking(move || this.get(r))
+        self.state
+            .read(move |conn| this.get(conn, r))
             .await
             .map(Response::new)
     }
@@ -189,7 +195,8 @@ impl TenantService for Tenants {
         r: Request<v1::ListTenantsRequest>,
     ) -> Result<Response<v1::ListTenantsResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || this.list(r))
+        self.state
+            .read(move |conn| this.list(conn, r))
             .await
             .map(Response::new)
     }
@@ -198,7 +205,8 @@ impl TenantService for Tenants {
         r: Request<v1::UpdateTenantRequest>,
     ) -> Result<Response<v1::Tenant>, Status> {
         let this = self.clone();
-        super::blocking(move || this.update(r))
+        self.state
+            .write(move |tx| this.update(tx, r))
             .await
             .map(Response::new)
     }
@@ -207,7 +215,8 @@ impl TenantService for Tenants {
         r: Request<v1::DeleteTenantRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
         let this = self.clone();
-        super::blocking(move || this.delete(r))
+        self.state
+            .write(move |tx| this.delete(tx, r))
             .await
             .map(Response::new)
     }
