@@ -385,7 +385,10 @@ impl ServeArgs {
             },
             max_open_reservations: self.max_open_reservations,
             metrics_listen: self.metrics_listen,
-            clock_file: self.clock_file,
+            clock: self
+                .clock_file
+                .map(gpufleet_control::clock::Clock::File)
+                .unwrap_or_default(),
         }
     }
 }

@@ -4,22 +4,30 @@
 //! unreadable file means the system's time.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 
-static CLOCK_FILE: OnceLock<PathBuf> = OnceLock::new();
-
-/// From now on, `now()` reads `path` (set once, at startup).
-pub fn use_file(path: PathBuf) {
-    let _ = CLOCK_FILE.set(path);
+/// Where the control plane reads the time. One value per control plane (in its
+/// `AppState`), so two in one process (tests, benches) keep their own.
+#[derive(Debug, Clone, Default)]
+pub enum Clock {
+    /// The system's.
+    #[default]
+    System,
+    /// Unix seconds read from this file on every call (the system's when it is missing
+    /// or unreadable).
+    File(PathBuf),
 }
 
-/// Seconds since the Unix epoch.
-pub fn now() -> i64 {
-    CLOCK_FILE
-        .get()
-        .and_then(|path| std::fs::read_to_string(path).ok())
-        .and_then(|text| text.trim().parse::<i64>().ok())
-        .unwrap_or_else(system_now)
+impl Clock {
+    /// Seconds since the Unix epoch.
+    pub fn now(&self) -> i64 {
+        match self {
+            Clock::System => system_now(),
+            Clock::File(path) => std::fs::read_to_string(path)
+                .ok()
+                .and_then(|text| text.trim().parse::<i64>().ok())
+                .unwrap_or_else(system_now),
+        }
+    }
 }
 
 fn system_now() -> i64 {

@@ -142,7 +142,8 @@ pub fn hostname(gpu_type: &str, capacity: &str, number: u32) -> String {
 
 /// Creates the node rows on first start; later starts keep what the store holds.
 /// Returns the number of nodes created.
-pub fn seed(conn: &mut Connection, fleet: &FleetFile) -> anyhow::Result<usize> {
+/// `now` is when the nodes come into being (their `state_since`).
+pub fn seed(conn: &mut Connection, fleet: &FleetFile, now: i64) -> anyhow::Result<usize> {
     if nodes::count(conn)? > 0 {
         return Ok(0);
     }
@@ -167,7 +168,7 @@ pub fn seed(conn: &mut Connection, fleet: &FleetFile) -> anyhow::Result<usize> {
                     cluster_id: None,
                     state: nodes::NODE_UNREACHABLE.into(),
                     state_reason: "waiting for its agent to register".into(),
-                    state_since: crate::state::now(),
+                    state_since: now,
                 };
                 // The GPUs as the simulated hardware reports them (UUIDs, memory).
                 let sim = SimulatedNode::new(&host, model, g.gpus_per_node, &g.driver_version);
@@ -237,8 +238,8 @@ mod tests {
     fn seeds_once() {
         let dir = tempfile::tempdir().unwrap();
         let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
-        assert_eq!(seed(&mut conn, &default_fleet()).unwrap(), 12);
-        assert_eq!(seed(&mut conn, &default_fleet()).unwrap(), 0);
+        assert_eq!(seed(&mut conn, &default_fleet(), 0).unwrap(), 12);
+        assert_eq!(seed(&mut conn, &default_fleet(), 0).unwrap(), 0);
         let pool: Vec<_> = nodes::list(&conn, Some("H100-80GB"), None)
             .unwrap()
             .into_iter()

@@ -15,7 +15,11 @@ use crate::store::nodes::{self, GpuRow, NodeRow, POOL};
 
 /// Seeds (first start) or checks and refreshes (later starts) the host node; returns
 /// its node id and whether it was created now.
-pub fn seed(conn: &mut Connection, backend: &dyn GpuBackend) -> anyhow::Result<(String, bool)> {
+pub fn seed(
+    conn: &mut Connection,
+    backend: &dyn GpuBackend,
+    now: i64,
+) -> anyhow::Result<(String, bool)> {
     let hostname = backend.hostname();
     let gpus = backend
         .gpus()
@@ -39,7 +43,7 @@ pub fn seed(conn: &mut Connection, backend: &dyn GpuBackend) -> anyhow::Result<(
             cluster_id: None,
             state: nodes::NODE_UNREACHABLE.into(),
             state_reason: "waiting for its agent to register".into(),
-            state_since: crate::state::now(),
+            state_since: now,
         };
         let rows: Vec<GpuRow> = gpus
             .iter()
@@ -156,7 +160,7 @@ mod tests {
         let (_dir, mut conn) = store();
         let host = host_with_mig();
         assert_eq!(
-            seed(&mut conn, &host).unwrap(),
+            seed(&mut conn, &host, 0).unwrap(),
             ("gpu-host-7".to_string(), true)
         );
 
@@ -228,12 +232,12 @@ mod tests {
     fn a_later_start_keeps_the_node_and_records_the_real_mig_state() {
         let (_dir, mut conn) = store();
         let host = host_with_mig();
-        seed(&mut conn, &host).unwrap();
+        seed(&mut conn, &host, 0).unwrap();
         // Changed outside the control plane while it was down.
         host.destroy_instance(1, 6).unwrap();
 
         assert_eq!(
-            seed(&mut conn, &host).unwrap(),
+            seed(&mut conn, &host, 0).unwrap(),
             ("gpu-host-7".to_string(), false)
         );
         assert_eq!(nodes::count(&conn).unwrap(), 1);
@@ -244,8 +248,10 @@ mod tests {
     #[test]
     fn a_store_of_another_fleet_is_refused() {
         let (_dir, mut conn) = store();
-        crate::fleet::seed(&mut conn, &crate::fleet::default_fleet()).unwrap();
-        let err = seed(&mut conn, &host_with_mig()).unwrap_err().to_string();
+        crate::fleet::seed(&mut conn, &crate::fleet::default_fleet(), 0).unwrap();
+        let err = seed(&mut conn, &host_with_mig(), 0)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("holds 12 node(s)")
                 && err.contains("not this host gpu-host-7")
@@ -265,12 +271,14 @@ mod tests {
         seed(
             &mut conn,
             &host(vec![g(0, "GPU-a"), g(1, "GPU-b"), g(2, "GPU-c")]),
+            0,
         )
         .unwrap();
         // After a reboot NVML enumerates them in another order.
         let (_, created) = seed(
             &mut conn,
             &host(vec![g(0, "GPU-c"), g(1, "GPU-a"), g(2, "GPU-b")]),
+            0,
         )
         .unwrap();
         assert!(!created);
@@ -290,6 +298,7 @@ mod tests {
         let err = seed(
             &mut conn,
             &host(vec![g(0, "GPU-c"), g(1, "GPU-a"), g(2, "GPU-x")]),
+            0,
         )
         .unwrap_err()
         .to_string();
@@ -299,10 +308,10 @@ mod tests {
     #[test]
     fn other_gpus_on_the_same_host_are_refused() {
         let (_dir, mut conn) = store();
-        seed(&mut conn, &host_with_mig()).unwrap();
+        seed(&mut conn, &host_with_mig(), 0).unwrap();
         let model = gpufleet_gpu::catalog::model("H100-80GB").unwrap();
         let replaced = SimulatedNode::new("gpu-host-7", model, 2, DRIVER);
-        let err = seed(&mut conn, &replaced).unwrap_err().to_string();
+        let err = seed(&mut conn, &replaced, 0).unwrap_err().to_string();
         assert!(
             err.contains("GPUs changed since the state was seeded"),
             "{err}"
@@ -354,7 +363,7 @@ mod tests {
     fn an_unmapped_model_names_nvmls_name_and_records_nothing() {
         let (_dir, mut conn) = store();
         let host = Inventory(vec![gpu(0, "Tesla V100-SXM2-32GB", 32768)]);
-        let err = seed(&mut conn, &host).unwrap_err().to_string();
+        let err = seed(&mut conn, &host, 0).unwrap_err().to_string();
         assert!(
             err.contains(
                 "GPU 0 is \"Tesla V100-SXM2-32GB\" (32768 MiB), which is not a catalog model"
@@ -371,18 +380,18 @@ mod tests {
             gpu(0, "NVIDIA H100 80GB HBM3", 81559),
             gpu(1, "NVIDIA A100-SXM4-80GB", 81920),
         ]);
-        let err = seed(&mut conn, &mixed).unwrap_err().to_string();
+        let err = seed(&mut conn, &mixed, 0).unwrap_err().to_string();
         assert!(
             err.contains("GPU 1 is A100-80GB but GPU 0 is H100-80GB"),
             "{err}"
         );
         let host = Inventory(vec![gpu(0, "NVIDIA H100 80GB HBM3", 81559)]);
-        seed(&mut conn, &host).unwrap();
+        seed(&mut conn, &host, 0).unwrap();
         assert_eq!(
             nodes::list(&conn, None, None).unwrap()[0].gpu_type,
             "H100-80GB"
         );
-        assert!(seed(&mut conn, &Inventory(Vec::new()))
+        assert!(seed(&mut conn, &Inventory(Vec::new()), 0)
             .unwrap_err()
             .to_string()
             .contains("reports no GPUs"));

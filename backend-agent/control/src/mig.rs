@@ -16,7 +16,7 @@ use rusqlite::Connection;
 
 use crate::error::{Error, Result};
 use crate::registry::Outcome;
-use crate::state::{now, AppState};
+use crate::state::AppState;
 use crate::store::{self, nodes::NodeRow};
 use gpufleet_wire::inventory::{gpu_matches, placement_message, placements_of};
 
@@ -278,7 +278,7 @@ pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
     if change.node.state == store::nodes::NODE_QUARANTINED {
         return; // out of service until an operator returns it
     }
-    let cluster = change.node.cluster_id.clone();
+    let (cluster, t) = (change.node.cluster_id.clone(), state.now());
     let recorded = state
         .apply(move |conn| {
             let (state_now, why) = if reason.is_empty() {
@@ -286,7 +286,7 @@ pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
             } else {
                 (store::nodes::NODE_BUSY, reason.as_str())
             };
-            if let Err(e) = store::nodes::set_state(conn, &node_id, state_now, why, now()) {
+            if let Err(e) = store::nodes::set_state(conn, &node_id, state_now, why, t) {
                 tracing::error!(node = %node_id, error = %e, "cannot record the node's state");
             }
             if let Some(cluster) = &cluster {

@@ -73,8 +73,8 @@ pub struct Config {
     pub health: crate::scheduling::health::Settings,
     pub max_open_reservations: u32,
     pub metrics_listen: Option<SocketAddr>,
-    /// Tests only: the current time is read from this file.
-    pub clock_file: Option<PathBuf>,
+    /// Where the time comes from (tests: a file).
+    pub clock: crate::clock::Clock,
 }
 
 impl Config {
@@ -97,7 +97,7 @@ impl Config {
             health: Default::default(),
             max_open_reservations: crate::state::DEFAULT_MAX_OPEN_RESERVATIONS,
             metrics_listen: None,
-            clock_file: None,
+            clock: Default::default(),
         }
     }
 }
@@ -162,9 +162,6 @@ impl ControlPlane {
                 config.listen
             );
         }
-        if let Some(clock) = &config.clock_file {
-            crate::clock::use_file(clock.clone());
-        }
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
         let data_dir = std::fs::canonicalize(&config.data_dir)?;
@@ -175,7 +172,8 @@ impl ControlPlane {
         let embedded = match config.fleet {
             Fleet::External => Vec::new(),
             Fleet::ThisHost(backend) => {
-                let (node_id, created) = crate::host::seed(&mut conn, &*backend)?;
+                let (node_id, created) =
+                    crate::host::seed(&mut conn, &*backend, config.clock.now())?;
                 if created {
                     tracing::info!(node = %node_id, "seeded this host as the fleet's one node");
                 }
@@ -196,7 +194,7 @@ impl ControlPlane {
                 if offered.is_empty() {
                     offered = fleet_def.drivers.clone();
                 }
-                let seeded = fleet::seed(&mut conn, &fleet_def)?;
+                let seeded = fleet::seed(&mut conn, &fleet_def, config.clock.now())?;
                 if seeded > 0 {
                     tracing::info!(nodes = seeded, "seeded the simulated fleet");
                 }
@@ -205,7 +203,7 @@ impl ControlPlane {
         };
         crate::scheduling::clusters::recover_interrupted(&mut conn)?;
         // Every agent registers anew with this process.
-        store::nodes::await_agents(&conn, crate::state::now())?;
+        store::nodes::await_agents(&conn, config.clock.now())?;
         let admin_token = match config.admin_token.filter(|t| !t.is_empty()) {
             Some(t) => t,
             None => token_file(&data_dir, "admin.token", "gfa_")?,
@@ -227,7 +225,8 @@ impl ControlPlane {
         let state = Arc::new(
             AppState::new(conn, data_dir, admin_token, join_token, registry, drivers)
                 .with_health(config.health)
-                .with_max_open_reservations(config.max_open_reservations),
+                .with_max_open_reservations(config.max_open_reservations)
+                .with_clock(config.clock),
         );
         Ok(Self {
             state,

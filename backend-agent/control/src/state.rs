@@ -55,6 +55,8 @@ pub struct AppState {
     pub max_open_reservations: u32,
     /// When health checks run and how long bandwidth tests take.
     pub health: HealthSettings,
+    /// Where the time comes from.
+    pub clock: crate::clock::Clock,
 }
 
 impl AppState {
@@ -81,7 +83,19 @@ impl AppState {
             drivers,
             max_open_reservations: DEFAULT_MAX_OPEN_RESERVATIONS,
             health: Default::default(),
+            clock: Default::default(),
         }
+    }
+
+    /// The clock (serve's `--clock-file`, for tests).
+    pub fn with_clock(mut self, clock: crate::clock::Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Seconds since the Unix epoch, by this control plane's clock.
+    pub fn now(&self) -> i64 {
+        self.clock.now()
     }
 
     /// The health-check schedule (serve's `--health-*` flags).
@@ -180,5 +194,5 @@ fn start_checkpoints(db: &Connection) -> Option<crate::store::checkpoints::Check
         .ok()
 }
 
-pub use crate::clock::{now, rfc3339};
+pub use crate::clock::rfc3339;
 pub use crate::error::db_error;

@@ -10,7 +10,7 @@ use rusqlite::Connection;
 use tokio::sync::watch;
 
 use crate::error::Error;
-use crate::state::{now, rfc3339, AppState};
+use crate::state::{rfc3339, AppState};
 use crate::store::{self, nodes::NODE_BUSY, nodes::NODE_QUARANTINED, nodes::NODE_UNREACHABLE};
 
 /// How long a node that could not be brought to its layout waits before another try.
@@ -21,8 +21,8 @@ fn mark_unreachable(
     node_id: &str,
     timeout: Duration,
     replace_after: Duration,
+    t: i64,
 ) -> rusqlite::Result<()> {
-    let t = now();
     store::nodes::set_state(
         conn,
         node_id,
@@ -82,24 +82,26 @@ pub async fn round(state: &Arc<AppState>) {
     for n in nodes.iter().filter(|n| {
         n.state == NODE_BUSY
             && !n.state_reason.is_empty()
-            && now() - n.state_since >= RETRY_AFTER_SECS
+            && state.now() - n.state_since >= RETRY_AFTER_SECS
             && state.agents.is_live(&n.id)
             && !state.agents.has_pending(&n.id)
     }) {
         // Restarting the clock first keeps the next round from starting a second try.
-        let id = n.id.clone();
+        let (id, t) = (n.id.clone(), state.now());
         let _ = state
             .apply(move |conn| {
-                Ok::<_, Error>(store::nodes::set_state(conn, &id, NODE_BUSY, "", now())?)
+                Ok::<_, Error>(store::nodes::set_state(conn, &id, NODE_BUSY, "", t)?)
             })
             .await;
         tokio::spawn(crate::mig::reconcile_node(state.clone(), n.id.clone()));
     }
     let (timeout, replace_after) = (state.agents.node_timeout, state.agents.replace_after);
     for node in state.agents.expire(&watched) {
-        let id = node.clone();
+        let (id, t) = (node.clone(), state.now());
         let marked = state
-            .apply(move |conn| Ok::<_, Error>(mark_unreachable(conn, &id, timeout, replace_after)?))
+            .apply(move |conn| {
+                Ok::<_, Error>(mark_unreachable(conn, &id, timeout, replace_after, t)?)
+            })
             .await;
         if let Err(e) = marked {
             tracing::error!(node = %node, error = %e, "cannot record an unreachable node");

@@ -12,7 +12,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::admission::{self, Refusal};
-use crate::state::{now, AppState};
+use crate::state::AppState;
 use crate::store;
 
 /// How long a new stream may take to send its registration.
@@ -117,10 +117,11 @@ impl NodeAgentService for Agents {
                 )));
             }
         }
+        let t = self.state.now();
         let node_id = self
             .state
             .write(move |sp| -> Result<_, Status> {
-                let id = admission::admit(&sp, &checked, now()).map_err(refusal)?;
+                let id = admission::admit(&sp, &checked, t).map_err(refusal)?;
                 sp.commit().map_err(crate::state::db_error)?;
                 Ok(id)
             })

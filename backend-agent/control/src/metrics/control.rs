@@ -11,7 +11,7 @@ use prometheus::Registry;
 
 use crate::rules::{peak, Span};
 use crate::scheduling::{holdings, Exclude, Holding};
-use crate::state::{now, AppState};
+use crate::state::AppState;
 use crate::store::{
     self,
     clusters::ClusterRow,
@@ -35,8 +35,7 @@ struct Snapshot {
     holdings: BTreeMap<String, Vec<Holding>>,
 }
 
-fn read(conn: &rusqlite::Connection) -> Result<Snapshot, String> {
-    let t = now();
+fn read(conn: &rusqlite::Connection, t: i64) -> Result<Snapshot, String> {
     let err = |e: rusqlite::Error| format!("reading the state database: {e}");
     let nodes = store::nodes::list(conn, None, None).map_err(err)?;
     let tenants = store::tenants::list(conn).map_err(err)?;
@@ -71,8 +70,9 @@ fn read(conn: &rusqlite::Connection) -> Result<Snapshot, String> {
 /// The control plane's metrics as Prometheus text: the store read on a blocking thread,
 /// then the registry's heartbeat ages (the two locks are never held together).
 pub async fn render(state: Arc<AppState>) -> Result<String, String> {
+    let t = state.now();
     let snapshot = state
-        .read(|conn| read(conn).map_err(crate::error::Error::Internal))
+        .read(move |conn| read(conn, t).map_err(crate::error::Error::Internal))
         .await
         .map_err(|e| e.to_string())?;
     let ages: Vec<(String, f64)> = snapshot

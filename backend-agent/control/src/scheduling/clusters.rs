@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use super::placement::nodes_to_add;
 use crate::cluster_status::{settled_status, CHANGING};
 use crate::error::{Error, Result};
-use crate::state::{now, AppState};
+use crate::state::AppState;
 use crate::store::{
     self,
     clusters::ClusterRow,
@@ -132,6 +132,7 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
         Replace(Box<(ClusterRow, NodeRow, Vec<NodeRow>, Vec<crate::mig::Change>)>),
     }
     let node_id = node_id.to_string();
+    let clock_now = state.now();
     let plan = state
         .write(move |mut tx| -> Result<Plan> {
             let Some(dead) = store::nodes::get(&tx, &node_id)? else {
@@ -150,7 +151,7 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
                 .ok_or_else(|| Error::Internal("the cluster's tenant is gone".into()))?;
             store::nodes::release(&tx, &dead.id)?;
             let held = store::nodes::list(&tx, None, Some(&cluster.id))?.len();
-            let picked = match nodes_to_add(&tx, &tenant.name, &cluster, held, now()) {
+            let picked = match nodes_to_add(&tx, &tenant.name, &cluster, held, clock_now) {
                 Ok(p) => p,
                 Err(why) => {
                     tx.rollback()?; // the dead node stays in the cluster
@@ -211,6 +212,7 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
     } else {
         crate::mig::converge(state, &changes).await
     };
+    let clock_now = state.now();
     state
         .apply(move |tx| match converged {
             Ok(()) => {
@@ -219,7 +221,7 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
                 for n in &added {
                     store::events::record(
                         tx,
-                        now(),
+                        clock_now,
                         &cluster.id,
                         &cluster.tenant_id,
                         "node_replaced",

@@ -9,7 +9,7 @@ use gpufleet_proto::v1;
 use super::placement::nodes_to_add;
 use crate::error::{Error, Result};
 use crate::registry::Outcome;
-use crate::state::{now, AppState};
+use crate::state::AppState;
 use crate::store::{
     self,
     clusters::ClusterRow,
@@ -51,9 +51,10 @@ pub async fn events(state: &AppState, cluster: &ClusterRow, events: Vec<Event>) 
         return;
     }
     let (id, tenant) = (cluster.id.clone(), cluster.tenant_id.clone());
+    let clock_now = state.now();
     let recorded = state
         .write(move |sp| -> Result<()> {
-            let t = now();
+            let t = clock_now;
             for e in &events {
                 store::events::record(&sp, t, &id, &tenant, e.kind, &e.node, &e.message)?;
             }
@@ -138,9 +139,10 @@ pub async fn quarantine(
     why: &str,
 ) -> Result<()> {
     let (id, reason) = (node.id.clone(), why.to_string());
+    let clock_now = state.now();
     state
         .apply(move |conn| -> Result<()> {
-            store::nodes::set_state(conn, &id, NODE_QUARANTINED, &reason, now())?;
+            store::nodes::set_state(conn, &id, NODE_QUARANTINED, &reason, clock_now)?;
             store::nodes::release(conn, &id)?;
             Ok(())
         })
@@ -156,6 +158,7 @@ pub async fn quarantine(
 pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Result<String> {
     for _attempt in 0..3 {
         let cluster_id = cluster.id.clone();
+        let clock_now = state.now();
         let picked = state
             .write(move |tx| -> Result<Vec<NodeRow>> {
                 let c = store::clusters::get(&tx, &cluster_id)?.ok_or_else(|| {
@@ -164,7 +167,7 @@ pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Resu
                 let tenant = store::tenants::get(&tx, &c.tenant_id)?
                     .ok_or_else(|| Error::Internal("the cluster's tenant is gone".into()))?;
                 let held = store::nodes::list(&tx, None, Some(&c.id))?.len();
-                let picked = nodes_to_add(&tx, &tenant.name, &c, held, now())?;
+                let picked = nodes_to_add(&tx, &tenant.name, &c, held, clock_now)?;
                 for n in &picked {
                     if !store::nodes::assign(&tx, &n.id, &c.id)? {
                         return Err(Error::Aborted(format!(
@@ -304,7 +307,8 @@ async fn set_node_state(
     why: &str,
 ) -> Result<()> {
     let (id, why) = (node_id.to_string(), why.to_string());
+    let clock_now = state.now();
     state
-        .apply(move |conn| Ok::<_, Error>(store::nodes::set_state(conn, &id, to, &why, now())?))
+        .apply(move |conn| Ok::<_, Error>(store::nodes::set_state(conn, &id, to, &why, clock_now)?))
         .await
 }

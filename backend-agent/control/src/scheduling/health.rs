@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use super::drivers;
 use crate::error::{Error, Result};
 use crate::registry::Outcome;
-use crate::state::{now, AppState};
+use crate::state::AppState;
 use crate::store::{
     self,
     clusters::ClusterRow,
@@ -354,7 +354,7 @@ async fn record(
         summary: v.summary.clone(),
         checks: v.checks.clone(),
         action: String::new(),
-        finished_at: now(),
+        finished_at: state.now(),
     };
     state
         .apply(move |conn| Ok::<_, Error>(store::health::record(conn, &row)?))
@@ -385,16 +385,11 @@ async fn node_event(state: &AppState, node: &NodeRow, kind: &str, message: &str)
         kind.to_string(),
         message.to_string(),
     );
+    let clock_now = state.now();
     let recorded = state
         .apply(move |conn| {
             Ok::<_, Error>(store::events::record(
-                conn,
-                now(),
-                &id,
-                "",
-                &kind,
-                &host,
-                &text,
+                conn, clock_now, &id, "", &kind, &host, &text,
             )?)
         })
         .await;
@@ -525,7 +520,7 @@ pub async fn check_cluster(
         ));
     }
     acceptance.status = if passed { "passed" } else { "failed" }.into();
-    acceptance.checked_at = now();
+    acceptance.checked_at = state.now();
     acceptance.alg_bandwidth_gbps = outcome.alg_bandwidth_gbps;
     acceptance.bus_bandwidth_gbps = outcome.bus_bandwidth_gbps;
     let id = cluster.id.clone();
@@ -963,8 +958,9 @@ async fn set_node_state(
     why: &str,
 ) -> Result<()> {
     let (id, why) = (node_id.to_string(), why.to_string());
+    let clock_now = state.now();
     state
-        .apply(move |conn| Ok::<_, Error>(store::nodes::set_state(conn, &id, to, &why, now())?))
+        .apply(move |conn| Ok::<_, Error>(store::nodes::set_state(conn, &id, to, &why, clock_now)?))
         .await
 }
 

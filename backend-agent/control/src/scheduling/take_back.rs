@@ -11,7 +11,7 @@ use super::{capacity, holdings, Exclude};
 use crate::cluster_status::{settled_status, CHANGING};
 use crate::error::{Error, Result};
 use crate::rules::peak;
-use crate::state::{now, rfc3339, AppState};
+use crate::state::{rfc3339, AppState};
 use crate::store::{
     self,
     clusters::ClusterRow,
@@ -41,8 +41,9 @@ pub async fn round(state: &AppState) -> Result<()> {
         .read(|conn| Ok::<_, Error>(store::preemption::models(conn)?))
         .await?;
     for gpu_type in models {
+        let t = state.now();
         let plan = state
-            .apply(move |conn| plan_take_back(conn, &gpu_type))
+            .apply(move |conn| plan_take_back(conn, &gpu_type, t))
             .await?;
         for work in plan {
             carry_out(state, work).await?;
@@ -61,8 +62,7 @@ struct TakeBack {
 }
 
 /// Decides (and records: replacements assigned, clusters "updating") which nodes go back.
-fn plan_take_back(tx: &Connection, gpu_type: &str) -> Result<Vec<TakeBack>> {
-    let t = now();
+fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBack>> {
     let held = holdings(tx, gpu_type, t, Exclude::default())?;
     let cap = capacity(tx, gpu_type, &held)?;
     // Everything that holds pool nodes now, preemptible clusters included.
@@ -168,8 +168,9 @@ async fn carry_out(state: &AppState, work: TakeBack) -> Result<()> {
         ))),
         None => crate::mig::converge(state, &changes).await,
     };
+    let t = state.now();
     state
-        .apply(move |tx| record_take_back(tx, cluster, taken, replacements, why, converged))
+        .apply(move |tx| record_take_back(tx, cluster, taken, replacements, why, converged, t))
         .await?
 }
 
@@ -183,8 +184,8 @@ fn record_take_back(
     replacements: Vec<NodeRow>,
     why: String,
     converged: Result<()>,
+    t: i64,
 ) -> Result<Result<()>> {
-    let t = now();
     if let Err(e) = converged {
         // Replacements go back; the taken nodes stay until the next round retries.
         for n in &replacements {

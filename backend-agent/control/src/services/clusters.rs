@@ -16,7 +16,7 @@ use crate::cluster_status::{refuse_while_changing, settled_status};
 use crate::fingerprint::Fingerprint;
 use crate::rules;
 use crate::scheduling::clusters::{layout_changes, scale, undo_create};
-use crate::state::{db_error, now, AppState};
+use crate::state::{db_error, AppState};
 use crate::store::{self, clusters::ClusterRow, idempotency::Prior, nodes::NodeRow};
 use crate::{access, catalog, volumes};
 
@@ -133,8 +133,8 @@ fn record_membership(
     c: &ClusterRow,
     joined: &[NodeRow],
     left: &[NodeRow],
+    t: i64,
 ) -> rusqlite::Result<()> {
-    let t = now();
     for n in joined {
         let layout = if c.mig_layout.is_empty() {
             "whole GPUs".to_string()
@@ -244,9 +244,7 @@ impl Clusters {
         tx: Savepoint<'_>,
         request: Request<v1::CreateTenantClusterRequest>,
     ) -> Result<Prepared, Status> {
-        let caller = authenticate(&self.state, &tx, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (caller, req) = super::enter(&self.state, &tx, request)?;
         // A dry run (validate_only) needs no request id: "" was never recorded.
         if !req.validate_only {
             rules::required("request_id", &req.request_id).map_err(invalid)?;
@@ -347,7 +345,7 @@ impl Clusters {
         store::clusters::insert(&tx, &cluster).map_err(db_error)?;
         super::health::store_created(&tx, &cluster.id, acceptance)?;
         crate::scheduling::preemption::mark(&tx, &cluster, req.preemptible, req.allow_on_demand)?;
-        scale(&tx, &tenant.name, &cluster, now())?;
+        scale(&tx, &tenant.name, &cluster, self.state.now())?;
         if req.validate_only {
             // The real create's admission passed; dropping `tx` rolls back the row and its
             // nodes, and nothing outside the database was touched.
@@ -442,6 +440,7 @@ impl Clusters {
         // The record in one transaction on the writer thread: a large cluster's events
         // commit once, and no async worker waits on SQLite.
         let (name, nodes) = (cluster.name.clone(), cluster.node_count);
+        let clock_now = self.state.now();
         let created = self
             .state
             .write(move |sp| -> Result<_, Status> {
@@ -460,7 +459,7 @@ impl Clusters {
                         store::clusters::update(&sp, &c).map_err(db_error)?;
                     }
                 }
-                record_membership(&sp, &cluster, &held, &[]).map_err(db_error)?;
+                record_membership(&sp, &cluster, &held, &[], clock_now).map_err(db_error)?;
                 let created = store::clusters::get(&sp, &cluster.id)
                     .map_err(db_error)?
                     .ok_or_else(|| not_found("tenant cluster", &cluster.id))?;
@@ -493,9 +492,8 @@ impl Clusters {
         conn: &Connection,
         request: Request<v1::GetTenantClusterRequest>,
     ) -> Result<v1::TenantCluster, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let c = visible_cluster(conn, &caller, &request.get_ref().id)?;
+        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let c = visible_cluster(conn, &caller, &req.id)?;
         message(conn, &caller, c)
     }
 
@@ -504,11 +502,9 @@ impl Clusters {
         conn: &Connection,
         request: Request<v1::ListTenantClustersRequest>,
     ) -> Result<v1::ListTenantClustersResponse, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let scope = list_scope(conn, &caller, &request.get_ref().tenant_id)?;
-        let page =
-            super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
+        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let scope = list_scope(conn, &caller, &req.tenant_id)?;
+        let page = super::paging::parse(req.page_size, &req.page_token)?;
         let rows = store::clusters::list(conn, scope.as_deref(), None, None).map_err(db_error)?;
         let (clusters, next_page_token) = super::paging::page(
             rows,
@@ -574,9 +570,7 @@ impl Clusters {
         tx: Savepoint<'_>,
         request: Request<v1::UpdateTenantClusterRequest>,
     ) -> Result<PreparedUpdate, Status> {
-        let caller = authenticate(&self.state, &tx, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (caller, req) = super::enter(&self.state, &tx, request)?;
         let c = visible_cluster(&tx, &caller, &req.id)?;
         if !req.validate_only {
             // A dry run asks about admission only; the apply joins a change under way.
@@ -586,7 +580,7 @@ impl Clusters {
         let tenant = super::visible_tenant(&tx, &Caller::Admin, &c.tenant_id)?;
         let (mut c, new_driver) = self.updated(&old, &req)?;
         super::health::store_updated(&tx, &c.id, &req)?;
-        let scaling = scale(&tx, &tenant.name, &c, now())?;
+        let scaling = scale(&tx, &tenant.name, &c, self.state.now())?;
         if req.validate_only {
             // Admission passed; dropping `tx` rolls back the nodes it took.
             return dry_run_answer(&tx, &caller, c).map(|a| PreparedUpdate::DryRun(Box::new(a)));
@@ -703,9 +697,10 @@ impl Clusters {
             .unwrap_or_else(|e| Some(format!("Slurm: {e}")));
         {
             let (c, relayout) = (c.clone(), c.mig_layout != old.mig_layout);
+            let clock_now = self.state.now();
             self.state
                 .write(move |sp| -> Result<_, Status> {
-                    record_membership(&sp, &c, &scaling.added, &scaling.to_release)
+                    record_membership(&sp, &c, &scaling.added, &scaling.to_release, clock_now)
                         .map_err(db_error)?;
                     if relayout {
                         let layout = if c.mig_layout.is_empty() {
@@ -715,7 +710,7 @@ impl Clusters {
                         };
                         store::events::record(
                             &sp,
-                            now(),
+                            clock_now,
                             &c.id,
                             &c.tenant_id,
                             "partitioned",
@@ -771,9 +766,8 @@ impl Clusters {
         let (c, nodes, changes) = self
             .state
             .write(move |tx| -> Result<_, Status> {
-                let caller = authenticate(&this.state, &tx, &request)?;
-                crate::limits::check(request.get_ref())?;
-                let c = visible_cluster(&tx, &caller, &request.get_ref().id)?;
+                let (caller, req) = super::enter(&this.state, &tx, request)?;
+                let c = visible_cluster(&tx, &caller, &req.id)?;
                 refuse_while_changing(&c)?;
                 let nodes = store::nodes::list(&tx, None, Some(&c.id)).map_err(db_error)?;
                 // Released nodes go back to whole GPUs before anyone else can get them.
@@ -812,6 +806,7 @@ impl Clusters {
         }
         // Nodes released, the cluster gone, and its events, in one transaction.
         let deleted = c.clone();
+        let clock_now = self.state.now();
         self.state
             .write(move |sp| -> Result<_, Status> {
                 for n in &nodes {
@@ -820,10 +815,10 @@ impl Clusters {
                 store::clusters::delete(&sp, &deleted.id).map_err(db_error)?;
                 store::idempotency::forget(&sp, &deleted.id).map_err(db_error)?;
                 store::health::forget_cluster(&sp, &deleted.id).map_err(db_error)?;
-                record_membership(&sp, &deleted, &[], &nodes).map_err(db_error)?;
+                record_membership(&sp, &deleted, &[], &nodes, clock_now).map_err(db_error)?;
                 store::events::record(
                     &sp,
-                    now(),
+                    clock_now,
                     &deleted.id,
                     &deleted.tenant_id,
                     "deleted",
@@ -933,21 +928,13 @@ impl TenantClusterService for Clusters {
         &self,
         r: Request<v1::GetTenantClusterRequest>,
     ) -> Result<Response<v1::TenantCluster>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.get(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::get).await
     }
     async fn list_tenant_clusters(
         &self,
         r: Request<v1::ListTenantClustersRequest>,
     ) -> Result<Response<v1::ListTenantClustersResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.list(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::list).await
     }
     async fn update_tenant_cluster(
         &self,

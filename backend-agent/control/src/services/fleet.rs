@@ -8,10 +8,10 @@ use rusqlite::{Connection, Savepoint};
 use tonic::{Request, Response, Status};
 
 use super::{invalid, node_messages, precondition};
-use crate::auth::authenticate;
+
 use crate::catalog;
 use crate::scheduling::{capacity, holdings_during, Exclude};
-use crate::state::{db_error, now, rfc3339, AppState};
+use crate::state::{db_error, rfc3339, AppState};
 use crate::store::{self, nodes::POOL};
 
 #[derive(Clone)]
@@ -25,9 +25,7 @@ impl Fleet {
         conn: &Connection,
         request: Request<v1::ListNodesRequest>,
     ) -> Result<v1::ListNodesResponse, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (caller, req) = super::enter(&self.state, conn, request)?;
         let gpu_type = Some(req.gpu_type.as_str()).filter(|s| !s.is_empty());
         let cluster = Some(req.cluster_id.as_str()).filter(|s| !s.is_empty());
         // Filtering by another tenant's cluster answers like an unknown cluster: nothing.
@@ -58,8 +56,7 @@ impl Fleet {
         conn: &Connection,
         request: Request<v1::ListGpuTypesRequest>,
     ) -> Result<v1::ListGpuTypesResponse, Status> {
-        authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
+        super::enter(&self.state, conn, request)?;
         let mut types: BTreeMap<String, v1::GpuType> = BTreeMap::new();
         for n in store::nodes::list(conn, None, None).map_err(db_error)? {
             let t = types
@@ -88,11 +85,9 @@ impl Fleet {
         conn: &Connection,
         request: Request<v1::AvailabilityRequest>,
     ) -> Result<v1::Availability, Status> {
-        authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (_, req) = super::enter(&self.state, conn, request)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
-        let t = now();
+        let t = self.state.now();
         let start = req
             .start_time
             .as_ref()
@@ -150,9 +145,7 @@ impl Fleet {
         conn: &Connection,
         request: Request<v1::CheckMigLayoutRequest>,
     ) -> Result<v1::CheckMigLayoutResponse, Status> {
-        authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (_, req) = super::enter(&self.state, conn, request)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         crate::mig::check(&req.gpu_type, &req.layout).map_err(Into::into)
     }
@@ -174,10 +167,9 @@ impl Fleet {
         conn: Savepoint<'_>,
         request: Request<v1::ReturnNodeRequest>,
     ) -> Result<v1::Node, Status> {
-        let caller = authenticate(&self.state, &conn, &request)?;
-        crate::limits::check(request.get_ref())?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
         caller.require_admin("returning a node to service")?;
-        let name = request.into_inner().name;
+        let name = req.name;
         let node = store::nodes::by_hostname(&conn, &name)
             .map_err(db_error)?
             .ok_or_else(|| super::not_found("node", &name))?;
@@ -192,7 +184,7 @@ impl Fleet {
             &node.id,
             store::nodes::NODE_BUSY,
             "returned by an operator; being reset",
-            now(),
+            self.state.now(),
         )
         .map_err(db_error)?;
         tracing::info!(node = %name, "node returned to service by an operator");
@@ -211,9 +203,7 @@ impl Fleet {
         conn: &Connection,
         request: Request<v1::ListDriverVersionsRequest>,
     ) -> Result<v1::ListDriverVersionsResponse, Status> {
-        authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (_, req) = super::enter(&self.state, conn, request)?;
         let drivers = self.state.drivers.list(&req.gpu_type, &req.cuda_version)?;
         Ok(v1::ListDriverVersionsResponse {
             drivers: drivers.into_iter().map(driver_message).collect(),
@@ -225,9 +215,7 @@ impl Fleet {
         conn: &Connection,
         request: Request<v1::ResolveDriverRequest>,
     ) -> Result<v1::ResolveDriverResponse, Status> {
-        authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (_, req) = super::enter(&self.state, conn, request)?;
         let r = self.state.drivers.resolve(
             &req.gpu_type,
             &req.cuda_version,
@@ -244,9 +232,7 @@ impl Fleet {
         conn: &Connection,
         request: Request<v1::ListEventsRequest>,
     ) -> Result<v1::ListEventsResponse, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (caller, req) = super::enter(&self.state, conn, request)?;
         let page = super::paging::parse(req.page_size, &req.page_token)?;
         let id = req.object_id;
         let visible = store::clusters::get(conn, &id)
@@ -296,70 +282,42 @@ impl FleetService for Fleet {
         &self,
         r: Request<v1::ListDriverVersionsRequest>,
     ) -> Result<Response<v1::ListDriverVersionsResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.list_driver_versions(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::list_driver_versions).await
     }
     async fn resolve_driver(
         &self,
         r: Request<v1::ResolveDriverRequest>,
     ) -> Result<Response<v1::ResolveDriverResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.resolve_driver(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::resolve_driver).await
     }
     async fn list_events(
         &self,
         r: Request<v1::ListEventsRequest>,
     ) -> Result<Response<v1::ListEventsResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.list_events(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::list_events).await
     }
     async fn list_nodes(
         &self,
         r: Request<v1::ListNodesRequest>,
     ) -> Result<Response<v1::ListNodesResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| Fleet::list_nodes(&this, conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Fleet::list_nodes).await
     }
     async fn list_gpu_types(
         &self,
         r: Request<v1::ListGpuTypesRequest>,
     ) -> Result<Response<v1::ListGpuTypesResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| Fleet::list_gpu_types(&this, conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Fleet::list_gpu_types).await
     }
     async fn get_availability(
         &self,
         r: Request<v1::AvailabilityRequest>,
     ) -> Result<Response<v1::Availability>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.availability(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::availability).await
     }
     async fn check_mig_layout(
         &self,
         r: Request<v1::CheckMigLayoutRequest>,
     ) -> Result<Response<v1::CheckMigLayoutResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| Fleet::check_mig_layout(&this, conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Fleet::check_mig_layout).await
     }
 }

@@ -8,7 +8,7 @@ use gpufleet_proto::v1::{self, health_service_server::HealthService};
 use rusqlite::Connection;
 use tonic::{Request, Response, Status};
 
-use crate::auth::{authenticate, Caller};
+use crate::auth::Caller;
 use crate::scheduling::health;
 use crate::state::{db_error, AppState};
 use crate::store::{self, clusters::ClusterRow, health::ResultRow};
@@ -144,9 +144,7 @@ impl Health {
         let (cluster, level, every) = self
             .state
             .read(move |conn| -> Result<_, Status> {
-                let caller = authenticate(&state, conn, &request)?;
-                crate::limits::check(request.get_ref())?;
-                let req = request.into_inner();
+                let (caller, req) = super::enter(&state, conn, request)?;
                 let c = visible_cluster(conn, &caller, &req.cluster_id)?;
                 crate::cluster_status::refuse_while_changing(&c)?;
                 let level = if req.level.is_empty() {
@@ -171,9 +169,8 @@ impl Health {
         conn: &Connection,
         request: Request<v1::GetHealthReportRequest>,
     ) -> Result<v1::ClusterHealthReport, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let c = visible_cluster(conn, &caller, &request.get_ref().cluster_id)?;
+        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let c = visible_cluster(conn, &caller, &req.cluster_id)?;
         report(conn, &c.id, true)
     }
 }
@@ -190,11 +187,7 @@ impl HealthService for Health {
         &self,
         r: Request<v1::GetHealthReportRequest>,
     ) -> Result<Response<v1::ClusterHealthReport>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.get_health_report(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::get_health_report).await
     }
 }
 

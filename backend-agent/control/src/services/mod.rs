@@ -16,15 +16,69 @@ pub mod tenants;
 use std::collections::HashMap;
 
 use gpufleet_proto::v1;
-use rusqlite::Connection;
-use tonic::Status;
+use rusqlite::{Connection, Savepoint};
+use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
 use crate::state::db_error;
+use crate::state::AppState;
 use crate::store::{self, tenants::TenantRow};
 
-/// Runs a handler's database work on a blocking thread: SQLite calls block, and the async
-/// workers must stay free for other requests and the agents' streams.
+/// The one entry step of every call: who calls (from its token), then the message's
+/// bounds, then the message itself.
+pub fn enter<T: crate::limits::Bounded>(
+    state: &AppState,
+    conn: &Connection,
+    request: Request<T>,
+) -> Result<(Caller, T), Status> {
+    let caller = crate::auth::authenticate(state, conn, &request)?;
+    crate::limits::check(request.get_ref())?;
+    Ok((caller, request.into_inner()))
+}
+
+/// Serves a call that only reads: `handler` runs with a read-only connection, off the
+/// async workers (see [`AppState::read`]).
+pub async fn reading<S, T, A>(
+    state: &AppState,
+    svc: &S,
+    request: Request<T>,
+    handler: fn(&S, &Connection, Request<T>) -> Result<A, Status>,
+) -> Result<Response<A>, Status>
+where
+    S: Clone + Send + 'static,
+    T: Send + 'static,
+    A: Send + 'static,
+{
+    let svc = svc.clone();
+    state
+        .read(move |conn| handler(&svc, conn, request))
+        .await
+        .map(Response::new)
+}
+
+/// Serves a read-check-write call: `handler` runs in its own savepoint on the writer
+/// thread and keeps its writes with `Savepoint::commit` (see [`AppState::write`]).
+pub async fn writing<S, T, A>(
+    state: &AppState,
+    svc: &S,
+    request: Request<T>,
+    handler: fn(&S, Savepoint<'_>, Request<T>) -> Result<A, Status>,
+) -> Result<Response<A>, Status>
+where
+    S: Clone + Send + 'static,
+    T: Send + 'static,
+    A: Send + 'static,
+{
+    let svc = svc.clone();
+    state
+        .write(move |sp| handler(&svc, sp, request))
+        .await
+        .map(Response::new)
+}
+
+/// Runs a handler's file work (a cluster's storage directory) on a blocking thread, so the
+/// async workers stay free for other requests and the agents' streams. The database has
+/// its own two ways (`AppState::read`, `AppState::write`).
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, Status> + Send + 'static,
 ) -> Result<T, Status> {
@@ -211,7 +265,7 @@ mod tests {
             "[[pool]]\ngpu_type = \"A100-80GB\"\nnodes = 40\ngpus_per_node = 4\n",
         )
         .unwrap();
-        crate::fleet::seed(&mut conn, &fleet).unwrap();
+        crate::fleet::seed(&mut conn, &fleet, 0).unwrap();
         let rows = store::nodes::list(&conn, None, None).unwrap();
         let sliced = rows[7].id.clone();
         let devices = [MigDeviceRow {

@@ -6,13 +6,13 @@ use gpufleet_proto::v1::{self, gpu_quota_service_server::GpuQuotaService};
 use tonic::{Request, Response, Status};
 
 use super::{invalid, list_scope, not_found, precondition, request_id_conflict, visible_tenant};
-use crate::auth::{authenticate, Caller};
+use crate::auth::Caller;
 use crate::fingerprint::Fingerprint;
 use crate::rules::{self, Limit, QuotaSubject, Span};
 use crate::scheduling::{
     capacity, demand, gpus_per_node, guarantees, holdings, reservations, Exclude,
 };
-use crate::state::{db_error, now, AppState};
+use crate::state::{db_error, AppState};
 use crate::{catalog, store};
 use rusqlite::{Connection, Savepoint};
 use store::{idempotency::Prior, quotas::QuotaRow};
@@ -63,9 +63,8 @@ impl Quotas {
         tx: Savepoint<'_>,
         request: Request<v1::CreateGpuQuotaRequest>,
     ) -> Result<v1::GpuQuota, Status> {
-        authenticate(&self.state, &tx, &request)?.require_admin("creating a gpu quota")?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (caller, req) = super::enter(&self.state, &tx, request)?;
+        caller.require_admin("creating a gpu quota")?;
         if !req.validate_only {
             rules::required("request_id", &req.request_id).map_err(invalid)?;
         }
@@ -131,9 +130,8 @@ impl Quotas {
         conn: &Connection,
         request: Request<v1::GetGpuQuotaRequest>,
     ) -> Result<v1::GpuQuota, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        message(conn, visible_quota(conn, &caller, &request.get_ref().id)?)
+        let (caller, req) = super::enter(&self.state, conn, request)?;
+        message(conn, visible_quota(conn, &caller, &req.id)?)
     }
 
     fn list(
@@ -141,11 +139,9 @@ impl Quotas {
         conn: &Connection,
         request: Request<v1::ListGpuQuotasRequest>,
     ) -> Result<v1::ListGpuQuotasResponse, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let scope = list_scope(conn, &caller, &request.get_ref().tenant_id)?;
-        let page =
-            super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
+        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let scope = list_scope(conn, &caller, &req.tenant_id)?;
+        let page = super::paging::parse(req.page_size, &req.page_token)?;
         let quotas = store::quotas::list(conn, scope.as_deref()).map_err(db_error)?;
         let (quotas, next_page_token) = super::paging::page(
             quotas,
@@ -164,14 +160,13 @@ impl Quotas {
         tx: Savepoint<'_>,
         request: Request<v1::UpdateGpuQuotaRequest>,
     ) -> Result<v1::GpuQuota, Status> {
-        authenticate(&self.state, &tx, &request)?.require_admin("updating a gpu quota")?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (caller, req) = super::enter(&self.state, &tx, request)?;
+        caller.require_admin("updating a gpu quota")?;
         let mut q = visible_quota(&tx, &Caller::Admin, &req.id)?;
         rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
         rules::at_least("burst_gpus", req.burst_gpus, 0).map_err(invalid)?;
         let tenant = visible_tenant(&tx, &Caller::Admin, &q.tenant_id)?;
-        let t = now();
+        let t = self.state.now();
         let held = holdings(&tx, &q.gpu_type, t, Exclude::default())?;
         let gpn = gpus_per_node(&tx, &q.gpu_type)?;
         let subject = QuotaSubject {
@@ -208,11 +203,11 @@ impl Quotas {
         tx: Savepoint<'_>,
         request: Request<v1::DeleteGpuQuotaRequest>,
     ) -> Result<v1::DeleteResponse, Status> {
-        authenticate(&self.state, &tx, &request)?.require_admin("deleting a gpu quota")?;
-        crate::limits::check(request.get_ref())?;
-        let q = visible_quota(&tx, &Caller::Admin, &request.get_ref().id)?;
+        let (caller, req) = super::enter(&self.state, &tx, request)?;
+        caller.require_admin("deleting a gpu quota")?;
+        let q = visible_quota(&tx, &Caller::Admin, &req.id)?;
         let (reservations, ended) =
-            reservations::live_and_ended(&tx, &q.tenant_id, Some(&q.gpu_type), now())?;
+            reservations::live_and_ended(&tx, &q.tenant_id, Some(&q.gpu_type), self.state.now())?;
         let clusters = store::clusters::list(&tx, Some(&q.tenant_id), Some(&q.gpu_type), None)
             .map_err(db_error)?;
         if !reservations.is_empty() || !clusters.is_empty() {
@@ -239,12 +234,10 @@ impl Quotas {
         conn: &Connection,
         request: Request<v1::QuotaUsageRequest>,
     ) -> Result<v1::QuotaUsage, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (caller, req) = super::enter(&self.state, conn, request)?;
         let tenant = super::target_tenant(conn, &caller, &req.tenant_id)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
-        let t = now();
+        let t = self.state.now();
         let all = holdings(conn, &req.gpu_type, t, Exclude::default())?;
         // What a cluster without a reservation could take now: pool nodes free from now on.
         let capacity_free = capacity(conn, &req.gpu_type, &all)?.free_pool(t, None);
@@ -300,60 +293,36 @@ impl GpuQuotaService for Quotas {
         &self,
         r: Request<v1::CreateGpuQuotaRequest>,
     ) -> Result<Response<v1::GpuQuota>, Status> {
-        let this = self.clone();
-        self.state
-            .write(move |tx| this.create(tx, r))
-            .await
-            .map(Response::new)
+        super::writing(&self.state, self, r, Self::create).await
     }
     async fn get_gpu_quota(
         &self,
         r: Request<v1::GetGpuQuotaRequest>,
     ) -> Result<Response<v1::GpuQuota>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.get(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::get).await
     }
     async fn list_gpu_quotas(
         &self,
         r: Request<v1::ListGpuQuotasRequest>,
     ) -> Result<Response<v1::ListGpuQuotasResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.list(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::list).await
     }
     async fn update_gpu_quota(
         &self,
         r: Request<v1::UpdateGpuQuotaRequest>,
     ) -> Result<Response<v1::GpuQuota>, Status> {
-        let this = self.clone();
-        self.state
-            .write(move |tx| this.update(tx, r))
-            .await
-            .map(Response::new)
+        super::writing(&self.state, self, r, Self::update).await
     }
     async fn delete_gpu_quota(
         &self,
         r: Request<v1::DeleteGpuQuotaRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .write(move |tx| this.delete(tx, r))
-            .await
-            .map(Response::new)
+        super::writing(&self.state, self, r, Self::delete).await
     }
     async fn get_quota_usage(
         &self,
         r: Request<v1::QuotaUsageRequest>,
     ) -> Result<Response<v1::QuotaUsage>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.usage(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::usage).await
     }
 }

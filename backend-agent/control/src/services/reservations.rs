@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 use super::{
     invalid, list_scope, not_found, precondition, request_id_conflict, target_tenant, to_timestamp,
 };
-use crate::auth::{authenticate, Caller};
+use crate::auth::Caller;
 use crate::catalog;
 use crate::fingerprint::Fingerprint;
 use crate::rules::{self, Split};
@@ -18,7 +18,7 @@ use crate::scheduling::reservations::{
 };
 pub use crate::scheduling::reservations::{live_and_ended, remove_ended};
 use crate::scheduling::Exclude;
-use crate::state::{db_error, now, rfc3339, AppState};
+use crate::state::{db_error, rfc3339, AppState};
 use crate::store::{self, idempotency::Prior, reservations::ReservationRow};
 
 #[derive(Clone)]
@@ -56,19 +56,17 @@ pub fn visible_reservation(
 impl Reservations {
     fn create(
         &self,
-        request: Request<v1::CreateReservationRequest>,
         tx: Savepoint<'_>,
+        request: Request<v1::CreateReservationRequest>,
     ) -> Result<v1::Reservation, Status> {
-        let caller = authenticate(&self.state, &tx, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (caller, req) = super::enter(&self.state, &tx, request)?;
         if !req.validate_only {
             rules::required("request_id", &req.request_id).map_err(invalid)?;
         }
         let tenant = target_tenant(&tx, &caller, &req.tenant_id)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         rules::at_least("node_count", req.node_count, 1).map_err(invalid)?;
-        let t = now();
+        let t = self.state.now();
         let start = req
             .start_time
             .as_ref()
@@ -172,10 +170,9 @@ impl Reservations {
         conn: &Connection,
         request: Request<v1::GetReservationRequest>,
     ) -> Result<v1::Reservation, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let r = visible_reservation(conn, &caller, &request.get_ref().id)?;
-        message(conn, r, now())
+        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let r = visible_reservation(conn, &caller, &req.id)?;
+        message(conn, r, self.state.now())
     }
 
     fn list(
@@ -183,12 +180,10 @@ impl Reservations {
         conn: &Connection,
         request: Request<v1::ListReservationsRequest>,
     ) -> Result<v1::ListReservationsResponse, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let scope = list_scope(conn, &caller, &request.get_ref().tenant_id)?;
-        let t = now();
-        let page =
-            super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
+        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let scope = list_scope(conn, &caller, &req.tenant_id)?;
+        let t = self.state.now();
+        let page = super::paging::parse(req.page_size, &req.page_token)?;
         let rows = store::reservations::list(conn, scope.as_deref(), None).map_err(db_error)?;
         let (reservations, next_page_token) = super::paging::page(
             rows,
@@ -204,15 +199,13 @@ impl Reservations {
 
     fn update(
         &self,
-        request: Request<v1::UpdateReservationRequest>,
         tx: Savepoint<'_>,
+        request: Request<v1::UpdateReservationRequest>,
     ) -> Result<v1::Reservation, Status> {
-        let caller = authenticate(&self.state, &tx, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (caller, req) = super::enter(&self.state, &tx, request)?;
         let mut r = visible_reservation(&tx, &caller, &req.id)?;
         let tenant = super::visible_tenant(&tx, &Caller::Admin, &r.tenant_id)?;
-        let t = now();
+        let t = self.state.now();
         // 0 / absent leave a field unchanged (proto3 has no presence for int64).
         if req.node_count < 0 {
             return Err(invalid(format!(
@@ -292,12 +285,11 @@ impl Reservations {
 
     fn delete(
         &self,
-        request: Request<v1::DeleteReservationRequest>,
         tx: Savepoint<'_>,
+        request: Request<v1::DeleteReservationRequest>,
     ) -> Result<v1::DeleteResponse, Status> {
-        let caller = authenticate(&self.state, &tx, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let r = visible_reservation(&tx, &caller, &request.get_ref().id)?;
+        let (caller, req) = super::enter(&self.state, &tx, request)?;
+        let r = visible_reservation(&tx, &caller, &req.id)?;
         let clusters = store::clusters::list(&tx, None, None, Some(&r.id)).map_err(db_error)?;
         if !clusters.is_empty() {
             let names: Vec<String> = clusters.iter().map(|c| format!("'{}'", c.name)).collect();
@@ -320,53 +312,30 @@ impl ReservationService for Reservations {
         &self,
         r: Request<v1::CreateReservationRequest>,
     ) -> Result<Response<v1::Reservation>, Status> {
-        let this = self.clone();
-        let state = self.state.clone();
-        state
-            .write(move |tx| this.create(r, tx))
-            .await
-            .map(Response::new)
+        super::writing(&self.state, self, r, Self::create).await
     }
     async fn get_reservation(
         &self,
         r: Request<v1::GetReservationRequest>,
     ) -> Result<Response<v1::Reservation>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.get(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::get).await
     }
     async fn list_reservations(
         &self,
         r: Request<v1::ListReservationsRequest>,
     ) -> Result<Response<v1::ListReservationsResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.list(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::list).await
     }
     async fn update_reservation(
         &self,
         r: Request<v1::UpdateReservationRequest>,
     ) -> Result<Response<v1::Reservation>, Status> {
-        let this = self.clone();
-        let state = self.state.clone();
-        state
-            .write(move |tx| this.update(r, tx))
-            .await
-            .map(Response::new)
+        super::writing(&self.state, self, r, Self::update).await
     }
     async fn delete_reservation(
         &self,
         r: Request<v1::DeleteReservationRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
-        let this = self.clone();
-        let state = self.state.clone();
-        state
-            .write(move |tx| this.delete(r, tx))
-            .await
-            .map(Response::new)
+        super::writing(&self.state, self, r, Self::delete).await
     }
 }

@@ -11,10 +11,10 @@ use super::{
     invalid, not_found, precondition, request_id_conflict, reservations, to_hash_map, to_timestamp,
     visible_tenant,
 };
-use crate::auth::{self, authenticate, Caller};
+use crate::auth::{self, Caller};
 use crate::fingerprint::Fingerprint;
 use crate::rules;
-use crate::state::{db_error, now, AppState};
+use crate::state::{db_error, AppState};
 use crate::store::{self, idempotency::Prior, tenants::TenantRow};
 
 #[derive(Clone)]
@@ -38,9 +38,8 @@ impl Tenants {
         tx: Savepoint<'_>,
         request: Request<v1::CreateTenantRequest>,
     ) -> Result<v1::CreateTenantResponse, Status> {
-        authenticate(&self.state, &tx, &request)?.require_admin("creating a tenant")?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (caller, req) = super::enter(&self.state, &tx, request)?;
+        caller.require_admin("creating a tenant")?;
         rules::required("request_id", &req.request_id).map_err(invalid)?;
         gpufleet_wire::names::dns_label("name", &req.name).map_err(invalid)?;
         let labels: BTreeMap<String, String> = req.labels.into_iter().collect();
@@ -72,7 +71,7 @@ impl Tenants {
                     name: req.name,
                     display_name: req.display_name,
                     labels,
-                    created_at: now(),
+                    created_at: self.state.now(),
                 };
                 store::tenants::insert(&tx, &t, &auth::hash_token(&token)).map_err(db_error)?;
                 store::idempotency::record(&tx, "tenant", "", &req.request_id, &print, &t.id)
@@ -93,13 +92,8 @@ impl Tenants {
         conn: &Connection,
         request: Request<v1::GetTenantRequest>,
     ) -> Result<v1::Tenant, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        Ok(message(visible_tenant(
-            conn,
-            &caller,
-            &request.get_ref().id,
-        )?))
+        let (caller, req) = super::enter(&self.state, conn, request)?;
+        Ok(message(visible_tenant(conn, &caller, &req.id)?))
     }
 
     fn list(
@@ -107,10 +101,8 @@ impl Tenants {
         conn: &Connection,
         request: Request<v1::ListTenantsRequest>,
     ) -> Result<v1::ListTenantsResponse, Status> {
-        let caller = authenticate(&self.state, conn, &request)?;
-        crate::limits::check(request.get_ref())?;
-        let page =
-            super::paging::parse(request.get_ref().page_size, &request.get_ref().page_token)?;
+        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let page = super::paging::parse(req.page_size, &req.page_token)?;
         let mut tenants = store::tenants::list(conn).map_err(db_error)?;
         tenants.retain(|t| caller.sees(&t.id));
         let (tenants, next_page_token) =
@@ -126,9 +118,8 @@ impl Tenants {
         tx: Savepoint<'_>,
         request: Request<v1::UpdateTenantRequest>,
     ) -> Result<v1::Tenant, Status> {
-        authenticate(&self.state, &tx, &request)?.require_admin("updating a tenant")?;
-        crate::limits::check(request.get_ref())?;
-        let req = request.into_inner();
+        let (caller, req) = super::enter(&self.state, &tx, request)?;
+        caller.require_admin("updating a tenant")?;
         let mut t = visible_tenant(&tx, &Caller::Admin, &req.id)?;
         t.display_name = req.display_name;
         t.labels = req.labels.into_iter().collect();
@@ -142,13 +133,13 @@ impl Tenants {
         tx: Savepoint<'_>,
         request: Request<v1::DeleteTenantRequest>,
     ) -> Result<v1::DeleteResponse, Status> {
-        authenticate(&self.state, &tx, &request)?.require_admin("deleting a tenant")?;
-        crate::limits::check(request.get_ref())?;
-        let t = visible_tenant(&tx, &Caller::Admin, &request.get_ref().id)?;
+        let (caller, req) = super::enter(&self.state, &tx, request)?;
+        caller.require_admin("deleting a tenant")?;
+        let t = visible_tenant(&tx, &Caller::Admin, &req.id)?;
         let quotas = store::quotas::list(&tx, Some(&t.id))
             .map_err(db_error)?
             .len();
-        let (live, ended) = reservations::live_and_ended(&tx, &t.id, None, now())?;
+        let (live, ended) = reservations::live_and_ended(&tx, &t.id, None, self.state.now())?;
         let reservations = live.len();
         let clusters = store::clusters::list(&tx, Some(&t.id), None, None)
             .map_err(db_error)?
@@ -174,50 +165,30 @@ impl TenantService for Tenants {
         &self,
         r: Request<v1::CreateTenantRequest>,
     ) -> Result<Response<v1::CreateTenantResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .write(move |tx| this.create(tx, r))
-            .await
-            .map(Response::new)
+        super::writing(&self.state, self, r, Self::create).await
     }
     async fn get_tenant(
         &self,
         r: Request<v1::GetTenantRequest>,
     ) -> Result<Response<v1::Tenant>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.get(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::get).await
     }
     async fn list_tenants(
         &self,
         r: Request<v1::ListTenantsRequest>,
     ) -> Result<Response<v1::ListTenantsResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .read(move |conn| this.list(conn, r))
-            .await
-            .map(Response::new)
+        super::reading(&self.state, self, r, Self::list).await
     }
     async fn update_tenant(
         &self,
         r: Request<v1::UpdateTenantRequest>,
     ) -> Result<Response<v1::Tenant>, Status> {
-        let this = self.clone();
-        self.state
-            .write(move |tx| this.update(tx, r))
-            .await
-            .map(Response::new)
+        super::writing(&self.state, self, r, Self::update).await
     }
     async fn delete_tenant(
         &self,
         r: Request<v1::DeleteTenantRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
-        let this = self.clone();
-        self.state
-            .write(move |tx| this.delete(tx, r))
-            .await
-            .map(Response::new)
+        super::writing(&self.state, self, r, Self::delete).await
     }
 }

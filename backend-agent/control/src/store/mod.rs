@@ -365,7 +365,7 @@ fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
         tx.execute_batch(sql)?;
         tx.execute(
             "INSERT INTO schema_version (version, applied_at) VALUES (?1, ?2)",
-            (i as i64 + 1, crate::clock::now()),
+            (i as i64 + 1, crate::clock::Clock::System.now()),
         )?;
         tx.commit()?;
         tracing::info!(version = i + 1, "applied schema migration");
