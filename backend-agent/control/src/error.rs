@@ -1,6 +1,8 @@
 //! The domain's error: what rules, scheduling and MIG code return. It becomes a gRPC
 //! status once, at the API edge (`From<Error> for tonic::Status`), so the domain never
-//! names a transport.
+//! names a transport. The edge's layer (`services::short_errors`) then gives every refusal
+//! the field its message names and a reason as google.rpc error details
+//! (`services::error_details`).
 
 /// Every variant's text is the sentence the user sees (it names the field and, for
 /// capacity and quota, the numbers).

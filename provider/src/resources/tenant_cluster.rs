@@ -403,6 +403,7 @@ const ATTRIBUTES: &[&str] = &[
     "max_unavailable",
     "preemptible",
     "allow_on_demand",
+    "acceptance",
 ];
 
 /// Inputs of a create or update that must be known for a dry run (a tenant or a

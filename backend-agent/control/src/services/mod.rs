@@ -3,6 +3,7 @@
 
 pub mod clusters;
 pub mod detached;
+pub mod error_details;
 pub mod fairness;
 pub mod fleet;
 pub mod health;

@@ -5,17 +5,28 @@
 //!
 //! Handlers already quote values by a short prefix (`crate::limits::quote`); this is
 //! the net under every message, whoever wrote it.
+//!
+//! Being the one place every status passes, the layer also gives each refusal without
+//! details of its own the field it is about and a reason as google.rpc error details
+//! (see [`super::error_details`]), made from the message as it leaves (after the cut).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::HeaderValue;
+use base64::Engine;
+use http::{HeaderMap, HeaderValue};
+use tonic::Code;
 
 /// Bytes of a message (UTF-8, before percent-encoding) that reach the client.
 pub const MAX_MESSAGE_BYTES: usize = 2048;
 
+/// The longest a message leaves as (a cut one with its note).
+pub const MAX_CUT_MESSAGE_BYTES: usize = MAX_MESSAGE_BYTES + 64;
+
+const GRPC_STATUS: &str = "grpc-status";
 const GRPC_MESSAGE: &str = "grpc-message";
+const GRPC_STATUS_DETAILS: &str = "grpc-status-details-bin";
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ShortErrorsLayer;
@@ -60,6 +71,9 @@ where
             if let Some(short) = cut {
                 response.headers_mut().insert(GRPC_MESSAGE, short);
             }
+            if let Some(details) = refusal_details(response.headers()) {
+                response.headers_mut().insert(GRPC_STATUS_DETAILS, details);
+            }
             Ok(response)
         })
     }
@@ -76,16 +90,41 @@ pub fn shorten(encoded: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     let text = String::from_utf8_lossy(&decoded);
-    let mut end = MAX_MESSAGE_BYTES.min(text.len());
+    let short = cut_noting(&text, MAX_MESSAGE_BYTES, decoded.len());
+    Some(percent_encode(short.as_bytes()))
+}
+
+/// `text` cut to `max` bytes on a character boundary, with a note of its full length;
+/// as it is when it is short enough.
+pub fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    cut_noting(text, max, text.len())
+}
+
+fn cut_noting(text: &str, max: usize, total: usize) -> String {
+    let mut end = max.min(text.len());
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    let short = format!(
-        "{}… (message cut: {} bytes in all)",
-        &text[..end],
-        decoded.len()
-    );
-    Some(percent_encode(short.as_bytes()))
+    format!("{}… (message cut: {total} bytes in all)", &text[..end])
+}
+
+/// The `grpc-status-details-bin` value for a trailers-only refusal without details (its
+/// field and reason, see [`super::error_details`]); None for any other response.
+fn refusal_details(headers: &HeaderMap) -> Option<HeaderValue> {
+    if headers.contains_key(GRPC_STATUS_DETAILS) {
+        return None;
+    }
+    let code = Code::from_bytes(headers.get(GRPC_STATUS)?.as_bytes());
+    let message = headers
+        .get(GRPC_MESSAGE)
+        .map(|v| String::from_utf8_lossy(&percent_decode(v.as_bytes())).into_owned())
+        .unwrap_or_default();
+    let details = super::error_details::encoded(code, &message)?;
+    let encoded = base64::engine::general_purpose::STANDARD_NO_PAD.encode(details);
+    HeaderValue::from_str(&encoded).ok()
 }
 
 fn percent_decode(bytes: &[u8]) -> Vec<u8> {
@@ -138,6 +177,190 @@ mod tests {
         assert!(text.ends_with(&format!("… (message cut: {} bytes in all)", long.len())));
         assert!(text.len() < MAX_MESSAGE_BYTES + 64);
         assert!(HeaderValue::from_bytes(&short).is_ok());
+    }
+
+    mod details {
+        use std::convert::Infallible;
+        use std::future::{ready, Ready};
+
+        use tonic::Status;
+        use tonic_types::{ErrorDetails, StatusExt};
+        use tower_layer::Layer;
+        use tower_service::Service;
+
+        use super::*;
+        use crate::error::Error;
+
+        /// A handler that answers `status`.
+        struct Answer(Status);
+
+        impl Service<http::Request<()>> for Answer {
+            type Response = http::Response<tonic::body::BoxBody>;
+            type Error = Infallible;
+            type Future = Ready<Result<Self::Response, Infallible>>;
+
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, _: http::Request<()>) -> Self::Future {
+                ready(Ok(self.0.clone().into_http()))
+            }
+        }
+
+        /// The response to a call answered by `status`, through the layer.
+        async fn through_the_edge(status: Status) -> http::Response<tonic::body::BoxBody> {
+            let mut edge = ShortErrorsLayer.layer(Answer(status));
+            edge.call(http::Request::new(())).await.unwrap()
+        }
+
+        /// The status a client reads from that response.
+        async fn as_received(status: Status) -> Status {
+            Status::from_header_map(through_the_edge(status).await.headers()).expect("a status")
+        }
+
+        fn field(s: &Status) -> Option<String> {
+            let violations = s.get_details_bad_request()?.field_violations;
+            assert_eq!(violations.len(), 1, "{violations:?}");
+            Some(violations[0].field.clone())
+        }
+
+        fn reason(s: &Status) -> Option<(String, String)> {
+            s.get_details_error_info().map(|i| (i.reason, i.domain))
+        }
+
+        #[tokio::test]
+        async fn a_handlers_refusal_carries_its_field_and_reason() {
+            let s = as_received(Status::invalid_argument("node_count: must be at least 1")).await;
+            assert_eq!(s.code(), tonic::Code::InvalidArgument);
+            assert_eq!(s.message(), "node_count: must be at least 1");
+            assert_eq!(field(&s).as_deref(), Some("node_count"));
+            let violation = &s.get_details_bad_request().unwrap().field_violations[0];
+            assert_eq!(violation.description, "must be at least 1");
+            assert_eq!(
+                reason(&s),
+                Some(("INVALID_ARGUMENT".into(), "gpufleet".into()))
+            );
+        }
+
+        #[tokio::test]
+        async fn a_domain_error_carries_them_too() {
+            let e = Error::Precondition(
+                "acceptance.min_bus_bandwidth_gbps: must be between 0 and 100000 Gbit/s".into(),
+            );
+            let s = as_received(e.into()).await;
+            assert_eq!(s.code(), tonic::Code::FailedPrecondition);
+            assert_eq!(
+                field(&s).as_deref(),
+                Some("acceptance.min_bus_bandwidth_gbps")
+            );
+            assert_eq!(reason(&s).unwrap().0, "FAILED_PRECONDITION");
+            let s = as_received(Error::Invalid("tenant_id: required".into()).into()).await;
+            assert_eq!(field(&s).as_deref(), Some("tenant_id"));
+            let s = as_received(Status::already_exists("name: 'a' is taken")).await;
+            assert_eq!(
+                (field(&s).as_deref(), reason(&s).unwrap().0.as_str()),
+                (Some("name"), "ALREADY_EXISTS")
+            );
+            let s = as_received(Status::out_of_range("page_size: at most 1000")).await;
+            assert_eq!(
+                (field(&s).as_deref(), reason(&s).unwrap().0.as_str()),
+                (Some("page_size"), "OUT_OF_RANGE")
+            );
+        }
+
+        #[tokio::test]
+        async fn a_message_naming_no_field_gets_a_reason_and_no_field() {
+            let message = "needs 24 H100-80GB GPUs, quota of tenant 'team' leaves 16";
+            let s = as_received(Status::failed_precondition(message)).await;
+            assert_eq!(s.message(), message);
+            assert_eq!(field(&s), None);
+            assert_eq!(reason(&s).unwrap().0, "FAILED_PRECONDITION");
+        }
+
+        #[tokio::test]
+        async fn rewording_keeps_the_field() {
+            for message in [
+                "node_count: needs 3 A100-80GB nodes, 2 are free",
+                "node_count: only 2 A100-80GB nodes are free; 3 were asked for",
+            ] {
+                let s = as_received(Status::failed_precondition(message)).await;
+                assert_eq!(s.message(), message);
+                assert_eq!(field(&s).as_deref(), Some("node_count"), "{message}");
+            }
+        }
+
+        #[tokio::test]
+        async fn a_status_with_details_keeps_them() {
+            let own = Status::with_error_details(
+                tonic::Code::InvalidArgument,
+                "node_count: must be at least 1",
+                ErrorDetails::with_bad_request_violation("storage_gib", "theirs"),
+            );
+            let s = as_received(own).await;
+            assert_eq!(field(&s).as_deref(), Some("storage_gib"));
+            assert_eq!(reason(&s), None);
+        }
+
+        #[tokio::test]
+        async fn other_statuses_and_answers_get_no_details() {
+            for status in [
+                Status::not_found("tenant 'x' not found"),
+                Status::internal("name: state database error"),
+                Status::unauthenticated("token: unknown"),
+                Status::aborted("node_count: node n1 was taken meanwhile; retrying"),
+            ] {
+                let response = through_the_edge(status.clone()).await;
+                assert!(
+                    !response.headers().contains_key(GRPC_STATUS_DETAILS),
+                    "{status:?}"
+                );
+            }
+            // An answer (its status comes in the trailers) is left as it is.
+            let mut edge = ShortErrorsLayer.layer(Fine);
+            let response = edge.call(http::Request::new(())).await.unwrap();
+            assert!(response.headers().is_empty());
+        }
+
+        /// A handler that answers with a message (no status in the headers).
+        struct Fine;
+
+        impl Service<http::Request<()>> for Fine {
+            type Response = http::Response<()>;
+            type Error = Infallible;
+            type Future = Ready<Result<http::Response<()>, Infallible>>;
+
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, _: http::Request<()>) -> Self::Future {
+                ready(Ok(http::Response::new(())))
+            }
+        }
+
+        #[tokio::test]
+        async fn a_long_refusal_is_cut_and_its_details_stay_small() {
+            let long = format!("mig_layout: {}", "1g.10gb=7, é ".repeat(5000));
+            let response = through_the_edge(Status::invalid_argument(long.clone())).await;
+            let header_bytes: usize = response
+                .headers()
+                .iter()
+                .map(|(k, v)| k.as_str().len() + v.len())
+                .sum();
+            // Under HTTP/2's usual 16 KiB header list limit, with room to spare.
+            assert!(header_bytes < 12 * 1024, "{header_bytes} bytes of headers");
+            let s = Status::from_header_map(response.headers()).unwrap();
+            assert!(s.message().starts_with("mig_layout: 1g.10gb=7, é"));
+            assert!(s
+                .message()
+                .ends_with(&format!("… (message cut: {} bytes in all)", long.len())));
+            assert_eq!(field(&s).as_deref(), Some("mig_layout"));
+            let violation = &s.get_details_bad_request().unwrap().field_violations[0];
+            assert!(violation.description.len() <= MAX_CUT_MESSAGE_BYTES);
+            assert!(s.message().ends_with(&violation.description));
+            assert_eq!(violation.description.matches("(message cut:").count(), 1);
+        }
     }
 
     #[test]

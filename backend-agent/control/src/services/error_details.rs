@@ -1,0 +1,177 @@
+//! Errors as data: a refusal of a request (INVALID_ARGUMENT, FAILED_PRECONDITION,
+//! OUT_OF_RANGE, ALREADY_EXISTS) carries google.rpc error details, so a client learns which
+//! request field it is about and why without reading the sentence, which is for people:
+//!
+//! * `google.rpc.ErrorInfo`: `reason` (a machine-readable code, see [`reason`]) and
+//!   `domain` [`DOMAIN`];
+//! * `google.rpc.BadRequest` with one `FieldViolation { field, description }` when the
+//!   message starts with a field path (the backend's convention: `node_count: needs 3
+//!   A100-80GB nodes ...`, `acceptance.min_bus_bandwidth_gbps: ...`); none otherwise.
+//!
+//! The details are added once, at the API edge, by the layer in `short_errors` (which
+//! sees every response, whoever made its status); a status that already has details keeps
+//! them.
+
+use std::collections::HashMap;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use super::short_errors::{cut, MAX_CUT_MESSAGE_BYTES};
+
+/// The `ErrorInfo.domain` of every refusal.
+pub const DOMAIN: &str = "gpufleet";
+
+/// The longest field path a message prefix may be taken for.
+pub const MAX_FIELD_BYTES: usize = 64;
+
+/// The `ErrorInfo.reason` of a refusal, from its code; None for a status that is not a
+/// refusal of the request (NOT_FOUND, transport, authentication, internal errors).
+pub fn reason(code: Code) -> Option<&'static str> {
+    match code {
+        Code::InvalidArgument => Some("INVALID_ARGUMENT"),
+        Code::FailedPrecondition => Some("FAILED_PRECONDITION"),
+        Code::OutOfRange => Some("OUT_OF_RANGE"),
+        Code::AlreadyExists => Some("ALREADY_EXISTS"),
+        _ => None,
+    }
+}
+
+/// The request field a message is about and the rest of it, when the message starts with
+/// a plausible field path and a colon (`[a-z0-9_]+(\.[a-z0-9_]+)*:`, at most
+/// [`MAX_FIELD_BYTES`]); None for a message that names no field that way.
+pub fn field_of(message: &str) -> Option<(&str, &str)> {
+    let (field, rest) = message.split_once(':')?;
+    let segment = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    let plausible = field.len() <= MAX_FIELD_BYTES && field.split('.').all(segment);
+    plausible.then(|| (field, rest.trim_start()))
+}
+
+/// The details of a refusal with `code` and `message`; None when it is not a refusal.
+pub fn details(code: Code, message: &str) -> Option<ErrorDetails> {
+    let reason = reason(code)?;
+    let mut details = ErrorDetails::with_error_info(reason, DOMAIN, HashMap::new());
+    if let Some((field, rest)) = field_of(message) {
+        let description = if rest.is_empty() { message } else { rest };
+        // Bounded like the message: the rest of a message the edge cut is left whole.
+        details.add_bad_request_violation(field, cut(description, MAX_CUT_MESSAGE_BYTES));
+    }
+    Some(details)
+}
+
+/// A status's `details` bytes (an encoded `google.rpc.Status`, what travels base64-encoded
+/// in `grpc-status-details-bin`) for a refusal; None when it is not a refusal.
+pub fn encoded(code: Code, message: &str) -> Option<Vec<u8>> {
+    let details = details(code, message)?;
+    Some(
+        Status::with_error_details(code, message, details)
+            .details()
+            .to_vec(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoded(code: Code, message: &str) -> Status {
+        let bytes = encoded(code, message).expect("a refusal");
+        Status::with_details(code, message, bytes.into())
+    }
+
+    #[test]
+    fn a_field_prefix_becomes_the_field_violation() {
+        let s = decoded(
+            Code::FailedPrecondition,
+            "node_count: needs 3 A100-80GB nodes, 2 are free",
+        );
+        let violations = s
+            .get_details_bad_request()
+            .expect("BadRequest")
+            .field_violations;
+        assert_eq!(violations.len(), 1);
+        assert_eq!(violations[0].field, "node_count");
+        assert_eq!(
+            violations[0].description,
+            "needs 3 A100-80GB nodes, 2 are free"
+        );
+        let info = s.get_details_error_info().expect("ErrorInfo");
+        assert_eq!(
+            (info.reason.as_str(), info.domain.as_str()),
+            ("FAILED_PRECONDITION", "gpufleet")
+        );
+    }
+
+    #[test]
+    fn dotted_paths_are_fields_and_other_prefixes_are_not() {
+        assert_eq!(
+            field_of("acceptance.min_bus_bandwidth_gbps: must be between 0 and 100000"),
+            Some((
+                "acceptance.min_bus_bandwidth_gbps",
+                "must be between 0 and 100000"
+            ))
+        );
+        assert_eq!(
+            field_of("tenant_id: required"),
+            Some(("tenant_id", "required"))
+        );
+        for message in [
+            "needs 24 H100-80GB GPUs, quota leaves 16",
+            "tenant 'x' still has 1 gpu quota(s): delete them first",
+            "storage_gib cannot shrink from 300 to 50",
+            "inventory.gpus[0].index: GPUs are listed in index order",
+            "Node_count: capitalised",
+            "a..b: empty segment",
+            ".a: leading dot",
+            ": no name",
+            "no colon at all",
+        ] {
+            assert_eq!(field_of(message), None, "{message}");
+        }
+        let long = format!("{}: too long for a field", "a".repeat(MAX_FIELD_BYTES + 1));
+        assert_eq!(field_of(&long), None);
+        let longest = format!("{}: fits", "a".repeat(MAX_FIELD_BYTES));
+        assert_eq!(
+            field_of(&longest).map(|(f, _)| f.len()),
+            Some(MAX_FIELD_BYTES)
+        );
+    }
+
+    #[test]
+    fn each_refusal_code_has_its_reason_and_others_get_no_details() {
+        for (code, reason) in [
+            (Code::InvalidArgument, "INVALID_ARGUMENT"),
+            (Code::FailedPrecondition, "FAILED_PRECONDITION"),
+            (Code::OutOfRange, "OUT_OF_RANGE"),
+            (Code::AlreadyExists, "ALREADY_EXISTS"),
+        ] {
+            let s = decoded(code, "name: taken");
+            assert_eq!(s.get_details_error_info().unwrap().reason, reason);
+        }
+        for code in [
+            Code::NotFound,
+            Code::Internal,
+            Code::Unauthenticated,
+            Code::PermissionDenied,
+            Code::Aborted,
+            Code::Unavailable,
+            Code::Ok,
+        ] {
+            assert!(encoded(code, "name: x").is_none(), "{code:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_description_is_cut_like_the_message() {
+        let message = format!("mig_layout: {}", "é".repeat(4 * MAX_CUT_MESSAGE_BYTES));
+        let s = decoded(Code::InvalidArgument, &message);
+        let violation = &s.get_details_bad_request().unwrap().field_violations[0];
+        assert_eq!(violation.field, "mig_layout");
+        assert!(violation.description.len() <= MAX_CUT_MESSAGE_BYTES + 64);
+        assert!(violation.description.contains("(message cut:"));
+    }
+}
