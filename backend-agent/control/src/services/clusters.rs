@@ -8,9 +8,7 @@ use rusqlite::{Connection, Savepoint};
 use tonic::{Request, Response, Status};
 
 use super::reservations::visible_reservation;
-use super::{
-    invalid, list_scope, node_messages, not_found, precondition, request_id_conflict, target_tenant,
-};
+use super::{invalid, list_scope, node_messages, not_found, request_id_conflict, target_tenant};
 use crate::auth::{authenticate, Caller};
 use crate::cluster_status::{refuse_while_changing, settled_status};
 use crate::fingerprint::Fingerprint;
@@ -530,10 +528,14 @@ impl Clusters {
         positive_or_unset("node_count", req.node_count)?;
         positive_or_unset("storage_gib", req.storage_gib)?;
         if req.storage_gib > 0 && req.storage_gib < c.storage_gib {
-            return Err(precondition(format!(
-                "storage_gib cannot shrink from {} to {}",
-                c.storage_gib, req.storage_gib
-            )));
+            return Err(super::error_details::refusal_on(
+                tonic::Code::FailedPrecondition,
+                "storage_gib",
+                format!(
+                    "storage_gib cannot shrink from {} to {}",
+                    c.storage_gib, req.storage_gib
+                ),
+            ));
         }
         if req.node_count > 0 {
             c.node_count = req.node_count;

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use super::short_errors::{cut, MAX_CUT_MESSAGE_BYTES};
+use super::message_cut::{cut, MAX_CUT_MESSAGE_BYTES};
 
 /// The `ErrorInfo.domain` of every refusal.
 pub const DOMAIN: &str = "gpufleet";
@@ -63,6 +63,19 @@ pub fn details(code: Code, message: &str) -> Option<ErrorDetails> {
     Some(details)
 }
 
+/// A refusal about `field` whose sentence does not start with it (it reads better as
+/// prose): the details name the field all the same.
+pub fn refusal_on(code: Code, field: &str, message: impl Into<String>) -> Status {
+    let message = message.into();
+    let mut details = ErrorDetails::with_error_info(
+        reason(code).unwrap_or("INVALID_ARGUMENT"),
+        DOMAIN,
+        HashMap::new(),
+    );
+    details.add_bad_request_violation(field, cut(&message, MAX_CUT_MESSAGE_BYTES));
+    Status::with_error_details(code, message, details)
+}
+
 /// A status's `details` bytes (an encoded `google.rpc.Status`, what travels base64-encoded
 /// in `grpc-status-details-bin`) for a refusal; None when it is not a refusal.
 pub fn encoded(code: Code, message: &str) -> Option<Vec<u8>> {
@@ -104,6 +117,23 @@ mod tests {
             (info.reason.as_str(), info.domain.as_str()),
             ("FAILED_PRECONDITION", "gpufleet")
         );
+    }
+
+    #[test]
+    fn a_refusal_in_prose_names_its_field_in_the_details() {
+        let s = refusal_on(
+            Code::FailedPrecondition,
+            "storage_gib",
+            "storage_gib cannot shrink from 300 to 50",
+        );
+        assert_eq!(s.message(), "storage_gib cannot shrink from 300 to 50");
+        let violations = s
+            .get_details_bad_request()
+            .expect("BadRequest")
+            .field_violations;
+        assert_eq!(violations[0].field, "storage_gib");
+        let info = s.get_details_error_info().expect("ErrorInfo");
+        assert_eq!(info.reason, "FAILED_PRECONDITION");
     }
 
     #[test]

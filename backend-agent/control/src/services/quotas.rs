@@ -182,7 +182,9 @@ impl Quotas {
             &demand(&held, &q.tenant_id, gpn),
             t,
         )
-        .map_err(precondition)?;
+        .map_err(|m| {
+            super::error_details::refusal_on(tonic::Code::FailedPrecondition, "gpus", m)
+        })?;
         // Lowering a guarantee is always allowed, even where others over-promise.
         if req.gpus > q.gpus {
             guarantees::admit(&tx, &q.gpu_type, req.gpus, Some(&q.id))?;

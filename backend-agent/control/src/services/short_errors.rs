@@ -18,11 +18,7 @@ use base64::Engine;
 use http::{HeaderMap, HeaderValue};
 use tonic::Code;
 
-/// Bytes of a message (UTF-8, before percent-encoding) that reach the client.
-pub const MAX_MESSAGE_BYTES: usize = 2048;
-
-/// The longest a message leaves as (a cut one with its note).
-pub const MAX_CUT_MESSAGE_BYTES: usize = MAX_MESSAGE_BYTES + 64;
+use super::message_cut::{cut_noting, MAX_MESSAGE_BYTES};
 
 const GRPC_STATUS: &str = "grpc-status";
 const GRPC_MESSAGE: &str = "grpc-message";
@@ -92,23 +88,6 @@ pub fn shorten(encoded: &[u8]) -> Option<Vec<u8>> {
     let text = String::from_utf8_lossy(&decoded);
     let short = cut_noting(&text, MAX_MESSAGE_BYTES, decoded.len());
     Some(percent_encode(short.as_bytes()))
-}
-
-/// `text` cut to `max` bytes on a character boundary, with a note of its full length;
-/// as it is when it is short enough.
-pub fn cut(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    cut_noting(text, max, text.len())
-}
-
-fn cut_noting(text: &str, max: usize, total: usize) -> String {
-    let mut end = max.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… (message cut: {total} bytes in all)", &text[..end])
 }
 
 /// The `grpc-status-details-bin` value for a trailers-only refusal without details (its
@@ -357,7 +336,9 @@ mod tests {
                 .ends_with(&format!("… (message cut: {} bytes in all)", long.len())));
             assert_eq!(field(&s).as_deref(), Some("mig_layout"));
             let violation = &s.get_details_bad_request().unwrap().field_violations[0];
-            assert!(violation.description.len() <= MAX_CUT_MESSAGE_BYTES);
+            assert!(
+                violation.description.len() <= crate::services::message_cut::MAX_CUT_MESSAGE_BYTES
+            );
             assert!(s.message().ends_with(&violation.description));
             assert_eq!(violation.description.matches("(message cut:").count(), 1);
         }
