@@ -300,7 +300,7 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
 }
 
 /// Records a node's state (on the writer thread).
-async fn set_node_state(
+pub(crate) async fn set_node_state(
     state: &AppState,
     node_id: &str,
     to: &'static str,

@@ -751,7 +751,7 @@ async fn take_out(
 ) -> Result<()> {
     let why = quarantine_reason(level, v);
     let Some(cluster) = cluster else {
-        set_node_state(state, &v.node.id, NODE_QUARANTINED, &why).await?;
+        drivers::set_node_state(state, &v.node.id, NODE_QUARANTINED, &why).await?;
         tracing::warn!(node = %v.node.hostname, %why, "node quarantined");
         node_event(state, &v.node, "check_failed", &why).await;
         node_event(state, &v.node, "node_quarantined", &why).await;
@@ -828,7 +828,7 @@ async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Re
 /// Marks the node busy with `reason` while it runs the medium checks. True when it
 /// passed (or gave no report, e.g. it went away: the heartbeat watch handles that).
 async fn checked_and_passed(state: &AppState, node: &NodeRow, reason: &str) -> Result<bool> {
-    set_node_state(state, &node.id, NODE_BUSY, reason).await?;
+    drivers::set_node_state(state, &node.id, NODE_BUSY, reason).await?;
     Ok(match check_one(state, node, ADMISSION_LEVEL).await? {
         Some(v) => !v.failed,
         None => true,
@@ -858,7 +858,7 @@ pub async fn return_checked(state: Arc<AppState>, node_id: &str) -> Result<()> {
             node.hostname
         )));
     }
-    set_node_state(
+    drivers::set_node_state(
         &state,
         node_id,
         NODE_BUSY,
@@ -948,19 +948,6 @@ async fn node_row(state: &AppState, node_id: &str) -> Result<Option<NodeRow>> {
     let id = node_id.to_string();
     state
         .read(move |conn| Ok::<_, Error>(store::nodes::get(conn, &id)?))
-        .await
-}
-
-async fn set_node_state(
-    state: &AppState,
-    node_id: &str,
-    to: &'static str,
-    why: &str,
-) -> Result<()> {
-    let (id, why) = (node_id.to_string(), why.to_string());
-    let clock_now = state.now();
-    state
-        .apply(move |conn| Ok::<_, Error>(store::nodes::set_state(conn, &id, to, &why, clock_now)?))
         .await
 }
 

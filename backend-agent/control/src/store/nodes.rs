@@ -206,16 +206,7 @@ pub fn gpus(conn: &Connection, node_id: &str) -> rusqlite::Result<Vec<GpuRow>> {
     let mut stmt = conn.prepare_cached(
         "SELECT node_id, idx, uuid, model, memory_mib, mig_enabled FROM gpus WHERE node_id = ?1 ORDER BY idx",
     )?;
-    let rows = stmt.query_map([node_id], |r| {
-        Ok(GpuRow {
-            node_id: r.get(0)?,
-            index: r.get(1)?,
-            uuid: r.get(2)?,
-            model: r.get(3)?,
-            memory_mib: r.get(4)?,
-            mig_enabled: r.get(5)?,
-        })
-    })?;
+    let rows = stmt.query_map([node_id], gpu_row)?;
     rows.collect()
 }
 
@@ -228,16 +219,7 @@ pub fn mig_devices(
         "SELECT profile, profile_id, start, size, memory_mib, uuid FROM mig_devices
          WHERE node_id = ?1 AND gpu_idx = ?2 ORDER BY start",
     )?;
-    let rows = stmt.query_map((node_id, gpu_index), |r| {
-        Ok(MigDeviceRow {
-            profile: r.get(0)?,
-            profile_id: r.get(1)?,
-            start: r.get(2)?,
-            size: r.get(3)?,
-            memory_mib: r.get(4)?,
-            uuid: r.get(5)?,
-        })
-    })?;
+    let rows = stmt.query_map((node_id, gpu_index), |r| mig_device_row(r, 0))?;
     rows.collect()
 }
 
@@ -251,16 +233,7 @@ pub fn gpus_of(
          WHERE node_id IN (SELECT value FROM json_each(?1)) ORDER BY node_id, idx",
     )?;
     let mut out: std::collections::HashMap<String, Vec<GpuRow>> = Default::default();
-    let rows = stmt.query_map([json_list(node_ids)], |r| {
-        Ok(GpuRow {
-            node_id: r.get(0)?,
-            index: r.get(1)?,
-            uuid: r.get(2)?,
-            model: r.get(3)?,
-            memory_mib: r.get(4)?,
-            mig_enabled: r.get(5)?,
-        })
-    })?;
+    let rows = stmt.query_map([json_list(node_ids)], gpu_row)?;
     for g in rows {
         let g = g?;
         out.entry(g.node_id.clone()).or_default().push(g);
@@ -281,14 +254,7 @@ pub fn mig_devices_of(
     let rows = stmt.query_map([json_list(node_ids)], |r| {
         Ok((
             (r.get::<_, String>(0)?, r.get::<_, i64>(1)?),
-            MigDeviceRow {
-                profile: r.get(2)?,
-                profile_id: r.get(3)?,
-                start: r.get(4)?,
-                size: r.get(5)?,
-                memory_mib: r.get(6)?,
-                uuid: r.get(7)?,
-            },
+            mig_device_row(r, 2)?,
         ))
     })?;
     for row in rows {
@@ -296,6 +262,31 @@ pub fn mig_devices_of(
         out.entry(key).or_default().push(d);
     }
     Ok(out)
+}
+
+/// A `gpus` row: node_id, idx, uuid, model, memory_mib, mig_enabled.
+fn gpu_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<GpuRow> {
+    Ok(GpuRow {
+        node_id: r.get(0)?,
+        index: r.get(1)?,
+        uuid: r.get(2)?,
+        model: r.get(3)?,
+        memory_mib: r.get(4)?,
+        mig_enabled: r.get(5)?,
+    })
+}
+
+/// A `mig_devices` row's profile, profile_id, start, size, memory_mib and uuid, from
+/// column `first` on.
+fn mig_device_row(r: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<MigDeviceRow> {
+    Ok(MigDeviceRow {
+        profile: r.get(first)?,
+        profile_id: r.get(first + 1)?,
+        start: r.get(first + 2)?,
+        size: r.get(first + 3)?,
+        memory_mib: r.get(first + 4)?,
+        uuid: r.get(first + 5)?,
+    })
 }
 
 /// `ids` as a JSON array, the one parameter of an `IN (SELECT value FROM json_each(?))`.
