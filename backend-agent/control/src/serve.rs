@@ -162,9 +162,9 @@ impl ControlPlane {
                 config.listen
             );
         }
-        std::fs::create_dir_all(&config.data_dir)
-            .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
-        let data_dir = std::fs::canonicalize(&config.data_dir)?;
+        // Private before anything is written: the store holds every tenant's keys.
+        let data_dir =
+            gpufleet_process::data_dir::private(&config.data_dir, &[crate::state::VOLUMES])?;
         let lock = DataDirLock::acquire(&data_dir)?;
         let mut conn = store::open(&data_dir.join("state.db"))
             .with_context(|| format!("cannot open the state database in {}", data_dir.display()))?;

@@ -16,6 +16,9 @@ use rusqlite::{Connection, Savepoint};
 
 use crate::error::Error;
 
+/// The data dir's folder of tenants' storage.
+pub const VOLUMES: &str = "volumes";
+
 /// `--max-open-reservations` when not given.
 pub const DEFAULT_MAX_OPEN_RESERVATIONS: u32 = 1000;
 
@@ -160,7 +163,7 @@ impl AppState {
     }
 
     pub fn volumes_root(&self) -> PathBuf {
-        self.data_dir.join("volumes")
+        self.data_dir.join(VOLUMES)
     }
 }
 

@@ -189,9 +189,8 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
     let name = args.name.clone().unwrap_or_else(default_name);
     gpufleet_wire::names::dns_label("--name", &name).map_err(|e| anyhow::anyhow!(e))?;
     let link = link(&args)?;
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("--data-dir: cannot create {}", args.data_dir.display()))?;
-    let data_dir = std::fs::canonicalize(&args.data_dir)?;
+    // Private before anything is written: its journal holds the orders it carried out.
+    let data_dir = gpufleet_process::data_dir::private(&args.data_dir, &[])?;
     let _lock = gpufleet_process::data_dir::DataDirLock::acquire(&data_dir)?;
     let (gpu_type, backend, sim): (String, Arc<dyn GpuBackend>, _) = match args.hardware {
         Hardware::Sim => {
