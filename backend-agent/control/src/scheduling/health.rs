@@ -504,6 +504,17 @@ pub async fn check_cluster(
             passed = true;
             break;
         }
+        // Every pair short and nothing else wrong: the fleet does not deliver what was
+        // asked, which no node is to blame for. Taking nodes out would empty the pool.
+        if let Some(fastest) = short_everywhere(&answers) {
+            outcome.problems.push(format!(
+                "acceptance.min_bus_bandwidth_gbps: no pair of the cluster's {} nodes reaches {} Gbit/s of bus bandwidth (the fastest: {:.1}); the threshold is above what this fleet delivers, so no node was taken out of service",
+                nodes.len(),
+                acceptance.min_bus_bandwidth_gbps,
+                bus_bandwidth(fastest, nodes.len()),
+            ));
+            break;
+        }
         for v in failed {
             match quarantine_and_replace(state, cluster, &run_id, level, v).await {
                 Ok(new) => tracing::info!(node = %v.node.hostname, %new, "failed node replaced"),
@@ -536,6 +547,24 @@ pub async fn check_cluster(
         })
         .await?;
     Ok(outcome)
+}
+
+/// The fastest pair's algorithm bandwidth when every pair of a ring test fell short and
+/// no node failed anything else: a result about the threshold, not about the hardware.
+/// None when some pair passed, a node failed another check, or no pair was tested.
+pub fn short_everywhere(answers: &[Verdict]) -> Option<f64> {
+    let pairs: Vec<&Check> = answers
+        .iter()
+        .flat_map(|v| v.checks.iter())
+        .filter(|c| c.name == "bandwidth" && c.verdict != "not_run")
+        .collect();
+    let only_bandwidth = answers.iter().all(|v| {
+        v.checks
+            .iter()
+            .all(|c| c.verdict != "fail" || c.name == "bandwidth")
+    });
+    let all_short = !pairs.is_empty() && pairs.iter().all(|c| c.verdict == "fail");
+    (all_short && only_bandwidth).then(|| pairs.iter().map(|c| c.gbps).fold(0.0, f64::max))
 }
 
 /// Each sender reports its own pair, but a slow pair may be the receiver's fault. In the
@@ -1056,6 +1085,34 @@ mod tests {
             detail: format!("{from} to {to}"),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn every_pair_short_is_the_thresholds_result_and_not_a_nodes() {
+        let ring = |verdicts: [&str; 2], extra: Option<Check>| {
+            let mut a = vec![pair("a", "b", verdicts[0], 18.0)];
+            a.extend(extra);
+            attribute_bandwidth(vec![
+                (named("a"), Ok(Verdict::from_checks(named("a"), a))),
+                (
+                    named("b"),
+                    Ok(Verdict::from_checks(
+                        named("b"),
+                        vec![pair("b", "a", verdicts[1], 24.0)],
+                    )),
+                ),
+            ])
+        };
+        // 100000 Gbit/s asked, loopback gives ~20: both pairs short, nothing else wrong.
+        assert_eq!(short_everywhere(&ring(["fail", "fail"], None)), Some(24.0));
+        // One pair reaches it: the other is a node's problem.
+        assert_eq!(short_everywhere(&ring(["fail", "pass"], None)), None);
+        // A node that also failed another check is still a node's problem.
+        let xid = check("xid", "fail", "1 XID 79", "0");
+        assert_eq!(short_everywhere(&ring(["fail", "fail"], Some(xid))), None);
+        // No ring test at all.
+        let alone = vec![Verdict::from_checks(named("a"), vec![])];
+        assert_eq!(short_everywhere(&alone), None);
     }
 
     #[test]
