@@ -124,8 +124,12 @@ pub async fn print_fleet(args: ClientArgs) -> anyhow::Result<()> {
             let free = |cap: &str| {
                 nodes
                     .iter()
+                    // Free: in no cluster, and in service (a quarantined node is nobody's).
                     .filter(|n| {
-                        n.gpu_type == t.name && n.capacity == cap && n.cluster_id.is_empty()
+                        n.gpu_type == t.name
+                            && n.capacity == cap
+                            && n.cluster_id.is_empty()
+                            && n.state != "quarantined"
                     })
                     .count()
             };

@@ -62,3 +62,123 @@ async fn an_unreachable_bandwidth_threshold_fails_the_cluster_and_quarantines_no
         .await;
     assert_eq!(cluster.node_count, 2);
 }
+
+#[tokio::test]
+async fn a_quarantined_node_is_free_for_nobody() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start(&data);
+    let mut admin = agent.admin().await;
+    let (team, _) = admin.tenant("team-a").await;
+    admin.quota(&team.id, "H100-80GB", 8, 56).await;
+    let cluster = admin
+        .create_pool_cluster(&team.id, "train", "H100-80GB", 1)
+        .await;
+    let sick = cluster.nodes[0].hostname.clone();
+
+    // Its GPU falls off the bus; the team's check takes it out and replaces it.
+    std::fs::write(
+        data.join("sim-faults.toml"),
+        format!("[[xid]]\nnode = \"{sick}\"\ngpu = 0\ncode = 79\n"),
+    )
+    .unwrap();
+    admin
+        .health
+        .run_health_check(RunHealthCheckRequest {
+            cluster_id: cluster.id.clone(),
+            level: "quick".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    std::fs::remove_file(data.join("sim-faults.toml")).unwrap();
+    let nodes = admin
+        .fleet
+        .list_nodes(ListNodesRequest {
+            gpu_type: "H100-80GB".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    let state = |host: &str| {
+        nodes
+            .iter()
+            .find(|n| n.hostname == host)
+            .unwrap()
+            .state
+            .clone()
+    };
+    assert_eq!(state(&sick), "quarantined");
+    let pool = nodes.iter().filter(|n| n.capacity == "pool").count() as i64;
+    // In service and in no cluster: the pool less the replacement and the sick node.
+    let free = pool - 2;
+
+    let t = now();
+    let available = admin
+        .fleet
+        .get_availability(AvailabilityRequest {
+            gpu_type: "H100-80GB".into(),
+            start_time: ts(t + HOUR),
+            end_time: ts(t + 2 * HOUR),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(available.free_pool_nodes, free);
+    let usage = admin
+        .quotas
+        .get_quota_usage(QuotaUsageRequest {
+            tenant_id: team.id.clone(),
+            gpu_type: "H100-80GB".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(usage.capacity_free, free * 8, "{usage:?}");
+
+    // A reservation that needs the quarantined node is refused; one that fits is not.
+    let refused = status(
+        admin
+            .reservations
+            .create_reservation(Clients::reservation(
+                &team.id,
+                "H100-80GB",
+                free + 1,
+                t + HOUR,
+                t + 2 * HOUR,
+            ))
+            .await,
+    );
+    assert_eq!(
+        refused.code(),
+        Code::FailedPrecondition,
+        "{}",
+        refused.message()
+    );
+    admin
+        .create_reservation(&team.id, "H100-80GB", free, t + HOUR, t + 2 * HOUR)
+        .await;
+
+    // The operator's view agrees: `gpufleet-agent fleet` counts it as not free.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
+        .args(["fleet", "--endpoint", &agent.endpoint, "--token", ADMIN])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row: Vec<&str> = text
+        .lines()
+        .find(|l| l.starts_with("H100-80GB"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    // GPU TYPE, GPUS/NODE, MEMORY MIB, POOL NODES, POOL FREE, ...
+    assert_eq!(row[4], free.to_string(), "{text}");
+}

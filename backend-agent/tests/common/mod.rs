@@ -8,6 +8,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 
 use gpufleet_proto::v1::{
     fleet_service_client::FleetServiceClient, gpu_quota_service_client::GpuQuotaServiceClient,
+    health_service_client::HealthServiceClient,
     reservation_service_client::ReservationServiceClient,
     tenant_cluster_service_client::TenantClusterServiceClient,
     tenant_service_client::TenantServiceClient, *,
@@ -120,7 +121,8 @@ impl Agent {
             quotas: GpuQuotaServiceClient::with_interceptor(channel.clone(), b.clone()),
             reservations: ReservationServiceClient::with_interceptor(channel.clone(), b.clone()),
             fleet: FleetServiceClient::with_interceptor(channel.clone(), b.clone()),
-            clusters: TenantClusterServiceClient::with_interceptor(channel, b),
+            clusters: TenantClusterServiceClient::with_interceptor(channel.clone(), b.clone()),
+            health: HealthServiceClient::with_interceptor(channel, b),
         }
     }
 }
@@ -151,6 +153,7 @@ pub struct Clients {
     pub reservations: ReservationServiceClient<InterceptedService<Channel, Bearer>>,
     pub fleet: FleetServiceClient<InterceptedService<Channel, Bearer>>,
     pub clusters: TenantClusterServiceClient<InterceptedService<Channel, Bearer>>,
+    pub health: HealthServiceClient<InterceptedService<Channel, Bearer>>,
 }
 
 pub fn now() -> i64 {

@@ -295,6 +295,35 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX reservations_by_window ON reservations
         (gpu_type, span_class, start_time, end_time, pool_nodes, on_demand_nodes, tenant_id, id);
     "#,
+    // 9: nodes out of service are nobody's capacity (issue 18): `model_nodes` counts the
+    // nodes not quarantined, so admission, availability and quota usage never offer one.
+    r#"
+    DROP TRIGGER model_nodes_insert;
+    DROP TRIGGER model_nodes_update;
+    DROP TRIGGER model_nodes_delete;
+    DELETE FROM model_nodes;
+    INSERT INTO model_nodes (gpu_type, capacity, nodes)
+        SELECT gpu_type, capacity, COUNT(*) FROM nodes WHERE state != 'quarantined'
+        GROUP BY gpu_type, capacity;
+    CREATE TRIGGER model_nodes_insert AFTER INSERT ON nodes WHEN NEW.state != 'quarantined' BEGIN
+        INSERT INTO model_nodes (gpu_type, capacity, nodes) VALUES (NEW.gpu_type, NEW.capacity, 1)
+            ON CONFLICT (gpu_type, capacity) DO UPDATE SET nodes = nodes + 1;
+    END;
+    CREATE TRIGGER model_nodes_update_out AFTER UPDATE OF gpu_type, capacity, state ON nodes
+        WHEN OLD.state != 'quarantined' BEGIN
+        UPDATE model_nodes SET nodes = nodes - 1
+            WHERE gpu_type = OLD.gpu_type AND capacity = OLD.capacity;
+    END;
+    CREATE TRIGGER model_nodes_update_in AFTER UPDATE OF gpu_type, capacity, state ON nodes
+        WHEN NEW.state != 'quarantined' BEGIN
+        INSERT INTO model_nodes (gpu_type, capacity, nodes) VALUES (NEW.gpu_type, NEW.capacity, 1)
+            ON CONFLICT (gpu_type, capacity) DO UPDATE SET nodes = nodes + 1;
+    END;
+    CREATE TRIGGER model_nodes_delete AFTER DELETE ON nodes WHEN OLD.state != 'quarantined' BEGIN
+        UPDATE model_nodes SET nodes = nodes - 1
+            WHERE gpu_type = OLD.gpu_type AND capacity = OLD.capacity;
+    END;
+    "#,
 ];
 
 /// Prepared statements kept per connection.
