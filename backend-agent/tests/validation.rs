@@ -320,3 +320,93 @@ async fn bad_input_is_refused_and_changes_nothing() {
         "no failed create left a storage directory"
     );
 }
+
+#[tokio::test]
+async fn names_shaped_like_ids_keyless_labels_and_century_long_reservations_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut c = agent.admin().await;
+    let (a, _) = c.tenant("team-a").await;
+    c.quota(&a.id, "H100-80GB", 8, 0).await;
+    let before = c.snapshot().await;
+
+    // Another tenant's id as a name: a later reference by that name would reach team-a.
+    let impostor = status(
+        c.tenants
+            .create_tenant(CreateTenantRequest {
+                request_id: "r-impostor".into(),
+                name: a.id.clone(),
+                ..Default::default()
+            })
+            .await,
+    );
+    assert_eq!(impostor.code(), Code::InvalidArgument);
+    assert!(
+        impostor.message().starts_with("name: ") && impostor.message().contains("tenant id"),
+        "{}",
+        impostor.message()
+    );
+
+    let keyless = || std::collections::HashMap::from([(String::new(), "x".to_string())]);
+    assert_status(
+        c.tenants
+            .create_tenant(CreateTenantRequest {
+                request_id: "r-labels".into(),
+                name: "team-b".into(),
+                labels: keyless(),
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        "labels: a label's key must not be empty",
+    );
+    assert_status(
+        c.tenants
+            .update_tenant(UpdateTenantRequest {
+                id: a.id.clone(),
+                labels: keyless(),
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        "labels: a label's key must not be empty",
+    );
+
+    // 150 years of one node: refused, on create and when an update stretches one.
+    let t = now();
+    let century = 150 * 365 * 24 * HOUR;
+    let long = status(
+        c.reservations
+            .create_reservation(Clients::reservation(
+                &a.id,
+                "H100-80GB",
+                1,
+                t + HOUR,
+                t + century,
+            ))
+            .await,
+    );
+    assert_eq!(long.code(), Code::InvalidArgument);
+    assert!(
+        long.message()
+            .starts_with("end_time: a reservation lasts at most 3660 days"),
+        "{}",
+        long.message()
+    );
+    assert_eq!(c.snapshot().await, before, "nothing was written");
+    let r = c
+        .create_reservation(&a.id, "H100-80GB", 1, t + HOUR, t + 2 * HOUR)
+        .await;
+    let mut stretch = Clients::reservation_update(&r.id);
+    stretch.end_time = ts(t + century);
+    let refused = status(c.reservations.update_reservation(stretch).await);
+    assert_eq!(
+        refused.code(),
+        Code::InvalidArgument,
+        "{}",
+        refused.message()
+    );
+    assert!(refused
+        .message()
+        .starts_with("end_time: a reservation lasts at most"));
+}

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use gpufleet_proto::limits::MAX_DURATION_SECONDS;
 use gpufleet_proto::v1::{self, reservation_service_server::ReservationService};
 use rusqlite::{Connection, Savepoint};
 use tonic::{Request, Response, Status};
@@ -53,6 +54,21 @@ pub fn visible_reservation(
     }
 }
 
+/// A reservation lasts at most [`MAX_DURATION_SECONDS`] (ten years): a window longer than
+/// any contract is a typo, and it would hold the pool for everyone else.
+fn longest_window(start: i64, end: i64) -> Result<(), Status> {
+    if end - start > MAX_DURATION_SECONDS {
+        return Err(invalid(format!(
+            "end_time: a reservation lasts at most {} days (this one {} days, {} to {})",
+            MAX_DURATION_SECONDS / 86_400,
+            (end - start) / 86_400,
+            rfc3339(start),
+            rfc3339(end)
+        )));
+    }
+    Ok(())
+}
+
 impl Reservations {
     fn create(
         &self,
@@ -84,6 +100,7 @@ impl Reservations {
                 rfc3339(start)
             )));
         }
+        longest_window(start, end)?;
         if end <= t {
             return Err(invalid(format!(
                 "end_time: must be in the future (got {})",
@@ -228,6 +245,7 @@ impl Reservations {
                     rfc3339(r.start_time)
                 )));
             }
+            longest_window(r.start_time, end)?;
             if end <= t {
                 return Err(invalid(format!(
                     "end_time: must be in the future (got {})",

@@ -32,6 +32,14 @@ pub fn message(t: TenantRow) -> v1::Tenant {
     }
 }
 
+/// Every label has a key (an empty one names nothing and cannot be selected by).
+fn require_label_keys(labels: &std::collections::HashMap<String, String>) -> Result<(), Status> {
+    if labels.keys().any(|k| k.trim().is_empty()) {
+        return Err(invalid("labels: a label's key must not be empty"));
+    }
+    Ok(())
+}
+
 impl Tenants {
     fn create(
         &self,
@@ -42,6 +50,15 @@ impl Tenants {
         caller.require_admin("creating a tenant")?;
         rules::required("request_id", &req.request_id).map_err(invalid)?;
         gpufleet_wire::names::dns_label("name", &req.name).map_err(invalid)?;
+        if uuid::Uuid::parse_str(&req.name).is_ok() {
+            // Tenants are referred to by name or id: a name shaped like an id could stand
+            // for another tenant.
+            return Err(invalid(format!(
+                "name: '{}' has the form of a tenant id; choose a name that does not",
+                req.name
+            )));
+        }
+        require_label_keys(&req.labels)?;
         let labels: BTreeMap<String, String> = req.labels.into_iter().collect();
         let print = Fingerprint::of(&[&req.name, &req.display_name, &labels]);
         let token = auth::new_token("gft_");
@@ -121,6 +138,7 @@ impl Tenants {
         let (caller, req) = super::enter(&self.state, &tx, request)?;
         caller.require_admin("updating a tenant")?;
         let mut t = visible_tenant(&tx, &Caller::Admin, &req.id)?;
+        require_label_keys(&req.labels)?;
         t.display_name = req.display_name;
         t.labels = req.labels.into_iter().collect();
         store::tenants::update(&tx, &t.id, &t.display_name, &t.labels).map_err(db_error)?;
