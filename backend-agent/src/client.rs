@@ -2,25 +2,13 @@
 
 use anyhow::Context;
 use gpufleet_proto::v1::{self, fleet_service_client::FleetServiceClient};
-use tonic::metadata::MetadataValue;
+use gpufleet_proto::BearerAuth;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::cli::{ClientArgs, HwCheckArgs};
 
-/// Adds the bearer token to every call.
-#[derive(Clone)]
-struct Bearer(MetadataValue<tonic::metadata::Ascii>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        req.metadata_mut()
-            .insert(gpufleet_proto::AUTHORIZATION, self.0.clone());
-        Ok(req)
-    }
-}
-
-type Client = FleetServiceClient<InterceptedService<Channel, Bearer>>;
+type Client = FleetServiceClient<InterceptedService<Channel, BearerAuth>>;
 
 fn token(args: &ClientArgs) -> anyhow::Result<String> {
     if let Some(t) = args.token.as_ref().filter(|t| !t.is_empty()) {
@@ -37,9 +25,7 @@ fn token(args: &ClientArgs) -> anyhow::Result<String> {
 }
 
 async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
-    let value: MetadataValue<_> = gpufleet_proto::bearer(&token(args)?)
-        .parse()
-        .context("the token is not valid header text")?;
+    let auth = BearerAuth::new(&token(args)?).context("the token is not valid header text")?;
     let mut endpoint = Channel::from_shared(args.endpoint.clone())
         .with_context(|| format!("--endpoint: '{}' is not a valid URL", args.endpoint))?;
     let host = endpoint.uri().host().unwrap_or_default().to_string();
@@ -56,7 +42,7 @@ async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
             args.endpoint
         )
     })?;
-    Ok(FleetServiceClient::with_interceptor(channel, Bearer(value))
+    Ok(FleetServiceClient::with_interceptor(channel, auth)
         .max_decoding_message_size(gpufleet_proto::limits::MAX_MESSAGE_BYTES))
 }
 

@@ -15,6 +15,35 @@ pub fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
+/// The one client interceptor of every gpufleet client (provider, admin CLI, tests): adds
+/// `authorization: Bearer <token>` to each call.
+#[derive(Clone, Debug)]
+pub struct BearerAuth(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl BearerAuth {
+    /// For `token`; None when it cannot travel in a header (not printable ASCII).
+    pub fn new(token: &str) -> Option<BearerAuth> {
+        bearer(token).parse().ok().map(|v| BearerAuth(Some(v)))
+    }
+
+    /// No token: the backend answers UNAUTHENTICATED.
+    pub fn none() -> BearerAuth {
+        BearerAuth(None)
+    }
+}
+
+impl tonic::service::Interceptor for BearerAuth {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert(AUTHORIZATION, value.clone());
+        }
+        Ok(request)
+    }
+}
+
 /// Converts between protobuf timestamps and Unix seconds (the API has one-second resolution).
 pub mod timestamp {
     pub use prost_types::Timestamp;

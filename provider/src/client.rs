@@ -12,28 +12,13 @@ use gpufleet_proto::v1::{
     tenant_service_client::TenantServiceClient, GpuType, ListGpuTypesRequest, ListNodesRequest,
     Node, TenantCluster,
 };
-use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
-use tonic::service::Interceptor;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
 use crate::framework::Diagnostic;
 
-/// Adds `authorization: Bearer <token>` to each request.
-#[derive(Clone)]
-pub struct BearerAuth(Option<MetadataValue<Ascii>>);
-
-impl Interceptor for BearerAuth {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert(gpufleet_proto::AUTHORIZATION, value.clone());
-        }
-        Ok(request)
-    }
-}
+use gpufleet_proto::BearerAuth;
 
 type Authed = InterceptedService<Channel, BearerAuth>;
 
@@ -95,12 +80,11 @@ impl Client {
                         "A token read with file() keeps the file's newline: use trimspace(file(\"...\")).",
                     ));
                 }
-                let value = gpufleet_proto::bearer(token).parse().map_err(|_| {
+                BearerAuth::new(token).ok_or_else(|| {
                     Diagnostic::error("token: contains characters not allowed in a header", "")
-                })?;
-                BearerAuth(Some(value))
+                })?
             }
-            None => BearerAuth(None),
+            None => BearerAuth::none(),
         };
         Ok(Self {
             endpoint: endpoint.to_string(),

@@ -9,33 +9,15 @@ use gpufleet_proto::v1::{
     ListGpuQuotasRequest, ListNodesRequest, ListReservationsRequest, ListTenantClustersRequest,
     ListTenantsRequest,
 };
-use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
-use tonic::{Request, Status};
 
-/// Adds `authorization: Bearer <token>` to every call.
-#[derive(Clone)]
-pub struct BearerAuth {
-    value: MetadataValue<Ascii>,
-}
+/// The clients' interceptor (one for every gpufleet client).
+pub use gpufleet_proto::BearerAuth;
 
-impl BearerAuth {
-    pub fn new(token: &str) -> BearerAuth {
-        let value = gpufleet_proto::bearer(token)
-            .parse()
-            .expect("a token is printable ASCII");
-        BearerAuth { value }
-    }
-}
-
-impl tonic::service::Interceptor for BearerAuth {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        request
-            .metadata_mut()
-            .insert(gpufleet_proto::AUTHORIZATION, self.value.clone());
-        Ok(request)
-    }
+/// The interceptor for `token`, which the tests make printable.
+pub fn bearer_auth(token: &str) -> BearerAuth {
+    BearerAuth::new(token).expect("a token is printable ASCII")
 }
 
 pub type Authed = InterceptedService<Channel, BearerAuth>;
@@ -92,7 +74,7 @@ impl Clients {
             .connect()
             .await
             .unwrap_or_else(|e| panic!("connect to {endpoint}: {e:?}"));
-        let auth = BearerAuth::new(token);
+        let auth = bearer_auth(token);
         Clients {
             tenants: TenantServiceClient::with_interceptor(channel.clone(), auth.clone()),
             quotas: GpuQuotaServiceClient::with_interceptor(channel.clone(), auth.clone()),

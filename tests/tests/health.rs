@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use gpufleet_e2e::fixtures::{create_quota, create_tenant, request_id};
-use gpufleet_e2e::grpc::BearerAuth;
+use gpufleet_e2e::grpc::{bearer_auth, BearerAuth};
 use gpufleet_e2e::json::{array_of, str_of};
 use gpufleet_e2e::{eventually, Backend, Clients, NodeAgent, Terraform};
 use gpufleet_proto::v1::health_service_client::HealthServiceClient;
@@ -34,7 +34,7 @@ async fn health(backend: &Backend, token: &str) -> Health {
         .connect()
         .await
         .expect("connect");
-    HealthServiceClient::with_interceptor(channel, BearerAuth::new(token))
+    HealthServiceClient::with_interceptor(channel, bearer_auth(token))
 }
 
 /// A control plane whose fleet is the node agents that register; no periodic checks

@@ -20,20 +20,36 @@ async fn nodes(admin: &mut Clients) -> Vec<Node> {
 
 async fn ready_nodes(admin: &mut Clients, names: &[&str]) {
     let admin = admin.clone();
-    eventually(&format!("nodes {names:?} ready"), LIMIT, || {
-        let mut admin = admin.clone();
-        async move {
-            let all = admin.nodes().await;
-            names
-                .iter()
-                .all(|name| {
-                    all.iter()
-                        .any(|n| n.hostname == *name && n.state == "ready")
-                })
-                .then_some(())
-        }
-    })
+    // What the nodes were last seen as: said when they never get ready.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let last = seen.clone();
+    let waited = tokio::time::timeout(
+        LIMIT,
+        eventually(&format!("nodes {names:?} ready"), LIMIT * 2, || {
+            let (mut admin, seen) = (admin.clone(), seen.clone());
+            async move {
+                let all = admin.nodes().await;
+                *seen.lock().unwrap() = all
+                    .iter()
+                    .map(|n| format!("{} {} ({})", n.hostname, n.state, n.state_reason))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                names
+                    .iter()
+                    .all(|name| {
+                        all.iter()
+                            .any(|n| n.hostname == *name && n.state == "ready")
+                    })
+                    .then_some(())
+            }
+        }),
+    )
     .await;
+    assert!(
+        waited.is_ok(),
+        "nodes {names:?} not ready within {LIMIT:?}; last seen: {}",
+        last.lock().unwrap()
+    );
 }
 
 async fn cluster(admin: &mut Clients, id: &str) -> TenantCluster {

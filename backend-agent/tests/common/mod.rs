@@ -13,7 +13,6 @@ use gpufleet_proto::v1::{
     tenant_cluster_service_client::TenantClusterServiceClient,
     tenant_service_client::TenantServiceClient, *,
 };
-use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -115,7 +114,7 @@ impl Agent {
             .connect()
             .await
             .expect("connect");
-        let b = Bearer(gpufleet_proto::bearer(token).parse().unwrap());
+        let b = Bearer::new(token).expect("a printable token");
         Clients {
             tenants: TenantServiceClient::with_interceptor(channel.clone(), b.clone()),
             quotas: GpuQuotaServiceClient::with_interceptor(channel.clone(), b.clone()),
@@ -136,16 +135,8 @@ impl Drop for Agent {
     }
 }
 
-#[derive(Clone)]
-pub struct Bearer(MetadataValue<Ascii>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        req.metadata_mut()
-            .insert(gpufleet_proto::AUTHORIZATION, self.0.clone());
-        Ok(req)
-    }
-}
+/// The clients' interceptor (one for every gpufleet client).
+pub type Bearer = gpufleet_proto::BearerAuth;
 
 pub struct Clients {
     pub tenants: TenantServiceClient<InterceptedService<Channel, Bearer>>,
