@@ -741,25 +741,43 @@ async fn check_one(state: &AppState, node: &NodeRow, level: &str) -> Result<Opti
         }
         None => None,
     };
-    // The driver the control plane recorded for the node (a cluster's may be rolling
-    // through its nodes; each node's own record is what it should run now).
-    let req = Request {
-        level,
-        expected_driver: &node.driver_version,
-        check_layout: true,
-        bandwidth: None,
-        bandwidth_duration: Duration::ZERO,
-    };
-    let Some((_, answer)) = run(state, std::slice::from_ref(node), &req).await?.pop() else {
-        return Ok(None);
-    };
-    let v = match answer {
-        Ok(v) => v,
-        Err(why) if !state.agents.is_live(&node.id) => {
-            tracing::warn!(node = %node.hostname, %why, "no health report");
+    let mut node = node.clone();
+    let mut attempt = 0;
+    let v = loop {
+        attempt += 1;
+        // The driver the control plane recorded for the node (a cluster's may be rolling
+        // through its nodes; each node's own record is what it should run now).
+        let req = Request {
+            level,
+            expected_driver: &node.driver_version,
+            check_layout: true,
+            bandwidth: None,
+            bandwidth_duration: Duration::ZERO,
+        };
+        let Some((_, answer)) = run(state, std::slice::from_ref(&node), &req).await?.pop() else {
             return Ok(None);
+        };
+        let v = match answer {
+            Ok(v) => v,
+            Err(why) if !state.agents.is_live(&node.id) => {
+                tracing::warn!(node = %node.hostname, %why, "no health report");
+                return Ok(None);
+            }
+            Err(why) => Verdict::no_answer(node.clone(), &why),
+        };
+        // A driver order that ran while the node was checked (a roll that went on after
+        // its agent restarted) changes what it should run: check it against that, rather
+        // than quarantine a node for running the driver it was just told to install.
+        if v.failed && attempt < DRIVER_RECHECKS && only_driver_failed(&v) {
+            if let Some(now) = node_row(state, &node.id).await? {
+                if now.driver_version != node.driver_version {
+                    tracing::info!(node = %node.hostname, driver = %now.driver_version, "driver changed during the check; checking again");
+                    node = now;
+                    continue;
+                }
+            }
         }
-        Err(why) => Verdict::no_answer(node.clone(), &why),
+        break v;
     };
     let run_id = uuid::Uuid::new_v4().to_string();
     record(state, &run_id, level, cluster.as_ref(), &v).await?;
@@ -767,6 +785,15 @@ async fn check_one(state: &AppState, node: &NodeRow, level: &str) -> Result<Opti
         take_out(state, cluster.as_ref(), &run_id, level, &v).await?;
     }
     Ok(Some(v))
+}
+
+/// How many times one node's check may start again because its driver record changed.
+const DRIVER_RECHECKS: u32 = 3;
+
+/// Whether the driver check is the only one that failed.
+fn only_driver_failed(v: &Verdict) -> bool {
+    let mut failed = v.checks.iter().filter(|c| c.verdict == "fail").peekable();
+    failed.peek().is_some() && failed.all(|c| c.name == "driver")
 }
 
 /// A node that failed alone: quarantined; out of its cluster and replaced when it was a
@@ -1085,6 +1112,20 @@ mod tests {
             detail: format!("{from} to {to}"),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_driver_mismatch_alone_is_told_apart_from_other_failures() {
+        let driver = check("driver", "fail", "570.133.20", "550.54.15");
+        let alone = Verdict::from_checks(named("a"), vec![driver.clone()]);
+        assert!(only_driver_failed(&alone));
+        let with_xid = Verdict::from_checks(
+            named("a"),
+            vec![driver, check("xid", "fail", "1 XID 79", "0")],
+        );
+        assert!(!only_driver_failed(&with_xid));
+        let passed = Verdict::from_checks(named("a"), vec![check("driver", "pass", "1", "1")]);
+        assert!(!only_driver_failed(&passed));
     }
 
     #[test]
