@@ -66,21 +66,17 @@ fn answer_state(
     state
 }
 
-/// The backend's refusal of a filter (INVALID_ARGUMENT starting with `gpu_type: ` or
-/// `cuda_version: `), said on that argument.
+/// The backend's refusal of a filter (INVALID_ARGUMENT whose details name `gpu_type` or
+/// `cuda_version`), said on that argument.
 fn filter_refusal(status: &Status) -> Option<Diagnostic> {
     if status.code() != Code::InvalidArgument {
         return None;
     }
-    let message = status.message();
+    let (field, _) = crate::resources::checks::refused_field(status)?;
     ["gpu_type", "cuda_version"]
         .into_iter()
-        .find(|f| {
-            message
-                .strip_prefix(f)
-                .is_some_and(|rest| rest.starts_with(':'))
-        })
-        .map(|f| Diagnostic::error_at(AttrPath::attr(f), message, ""))
+        .find(|f| *f == field)
+        .map(|f| Diagnostic::error_at(AttrPath::attr(f), status.message(), ""))
 }
 
 fn filter(config: &Value, name: &str) -> Result<String, Diagnostics> {
@@ -218,7 +214,8 @@ mod tests {
 
     #[test]
     fn a_refused_filter_is_said_on_its_argument() {
-        let d = filter_refusal(&Status::invalid_argument(
+        let d = filter_refusal(&crate::resources::checks::as_sent(
+            Code::InvalidArgument,
             "cuda_version: unknown CUDA version '12.7' (known: 12.2, 12.4)",
         ))
         .unwrap();
@@ -227,10 +224,19 @@ mod tests {
             d.summary,
             "cuda_version: unknown CUDA version '12.7' (known: 12.2, 12.4)"
         );
-        let d =
-            filter_refusal(&Status::invalid_argument("gpu_type: unknown GPU model 'X'")).unwrap();
+        let d = filter_refusal(&crate::resources::checks::as_sent(
+            Code::InvalidArgument,
+            "gpu_type: unknown GPU model 'X'",
+        ))
+        .unwrap();
         assert_eq!(d.path, Some(AttrPath::attr("gpu_type")));
-        assert_eq!(filter_refusal(&Status::invalid_argument("other")), None);
+        assert_eq!(
+            filter_refusal(&crate::resources::checks::as_sent(
+                Code::InvalidArgument,
+                "other"
+            )),
+            None
+        );
         assert_eq!(filter_refusal(&Status::unavailable("down")), None);
     }
 

@@ -87,11 +87,12 @@ fn model_refusal(status: &Status) -> Option<Diagnostic> {
     if status.code() != Code::InvalidArgument {
         return None;
     }
-    let message = status.message();
-    let reason = ["gpu_type: ", "mig_layout: "]
-        .iter()
-        .find_map(|field| message.strip_prefix(field))
-        .unwrap_or(message);
+    // Its reason without the field the cluster resource would name (`gpu_type` or
+    // `mig_layout`): what is said here is about the model.
+    let reason = match crate::resources::checks::refused_field(status) {
+        Some((_, description)) if !description.is_empty() => description,
+        _ => status.message().to_string(),
+    };
     Some(Diagnostic::error_at(
         AttrPath::attr("gpu_type"),
         format!("gpu_type: {reason}"),
@@ -390,7 +391,8 @@ mod tests {
 
     #[test]
     fn a_model_without_mig_is_an_error_on_gpu_type() {
-        let status = Status::invalid_argument(
+        let status = crate::resources::checks::as_sent(
+            Code::InvalidArgument,
             "mig_layout: L40S does not support MIG; leave mig_layout unset to use whole GPUs",
         );
         let d = model_refusal(&status).unwrap();
@@ -403,7 +405,8 @@ mod tests {
 
     #[test]
     fn an_unknown_model_is_an_error_on_gpu_type_named_once() {
-        let status = Status::invalid_argument(
+        let status = crate::resources::checks::as_sent(
+            Code::InvalidArgument,
             "gpu_type: unknown GPU model 'H900' (known: A100-80GB, H100-80GB)",
         );
         let d = model_refusal(&status).unwrap();

@@ -55,10 +55,7 @@ pub(crate) fn refusal(status: &Status, attributes: &[&str], default: &str) -> Op
         return None;
     }
     let message = status.message();
-    let field = status
-        .get_details_bad_request()
-        .and_then(|b| b.field_violations.into_iter().next())
-        .map(|v| v.field);
+    let field = refused_field(status).map(|(field, _)| field);
     let attribute = field
         .as_deref()
         .and_then(|f| attribute_of(f, attributes).map(|path| (f, path)));
@@ -76,6 +73,15 @@ pub(crate) fn refusal(status: &Status, attributes: &[&str], default: &str) -> Op
     })
 }
 
+/// The request field a refusal is about, from its `google.rpc.BadRequest` (None when its
+/// details name none).
+pub(crate) fn refused_field(status: &Status) -> Option<(String, String)> {
+    status
+        .get_details_bad_request()
+        .and_then(|b| b.field_violations.into_iter().next())
+        .map(|v| (v.field, v.description))
+}
+
 /// The attribute a wire field path is: its first step renamed where the resource spells
 /// it differently, the rest nested below it (`acceptance.min_bus_bandwidth_gbps`); None
 /// when the first step is not one of `attributes`.
@@ -90,6 +96,28 @@ fn attribute_of(field: &str, attributes: &[&str]) -> Option<AttrPath> {
         return None;
     }
     Some(steps.fold(AttrPath::attr(first), |path, step| path.child(step)))
+}
+
+/// A refusal as the backend's API edge sends it (tests): the field its message starts with
+/// (`field: reason`) and the rest as a `google.rpc.BadRequest`, with an `ErrorInfo`.
+#[cfg(test)]
+pub(crate) fn as_sent(code: Code, message: &str) -> Status {
+    let mut details = tonic_types::ErrorDetails::with_error_info(
+        "REFUSED",
+        "gpufleet",
+        std::collections::HashMap::new(),
+    );
+    if let Some((field, rest)) = message.split_once(':') {
+        let path = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        if field.split('.').all(path) {
+            details.add_bad_request_violation(field, rest.trim_start());
+        }
+    }
+    Status::with_error_details(code, message, details)
 }
 
 #[cfg(test)]

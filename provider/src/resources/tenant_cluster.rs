@@ -291,24 +291,15 @@ pub fn settle_driver(
 /// Attributes a ResolveDriver refusal may name at the start of its message.
 const DRIVER_FIELDS: &[&str] = &["cuda_version", "driver_version", "gpu_type", "mig_layout"];
 
-/// The backend's refusal of a driver choice (INVALID_ARGUMENT, its message starting with
-/// the attribute it is about, e.g. `driver_version: 535.54.03 is too old for CUDA 12.4,
-/// which needs at least 550.54.14`), said on that attribute; a message naming none is
-/// said on `default`.
+/// The backend's refusal of a driver choice (INVALID_ARGUMENT; its details name the
+/// attribute it is about, e.g. `driver_version` for `driver_version: 535.54.03 is too old
+/// for CUDA 12.4, which needs at least 550.54.14`), said on that attribute; one naming
+/// none of them is said on `default`.
 pub fn driver_refusal(status: &Status, default: &str) -> Option<Diagnostic> {
     if status.code() != Code::InvalidArgument {
         return None;
     }
-    let message = status.message();
-    let field = DRIVER_FIELDS.iter().copied().find(|f| {
-        message
-            .strip_prefix(f)
-            .is_some_and(|rest| rest.starts_with(':'))
-    });
-    Some(match field {
-        Some(field) => Diagnostic::error_at(AttrPath::attr(field), message, ""),
-        None => Diagnostic::error_at(AttrPath::attr(default), format!("{default}: {message}"), ""),
-    })
+    super::checks::refusal(status, DRIVER_FIELDS, default)
 }
 
 /// Checks a version attribute of the configuration: not empty (leave it out instead),
@@ -1300,35 +1291,33 @@ mod tests {
     fn refusals_are_said_on_the_attribute_they_name() {
         let cfg = config_with(&prior(), Some("12.4"), Some("535.54.03"));
         let too_old = "driver_version: 535.54.03 is too old for CUDA 12.4, which needs at least 550.54.14 (the R535 branch runs CUDA up to 12.2)";
-        let (_, planned) =
-            plan_asking(
-                None,
-                &cfg,
-                |_| Err(Status::invalid_argument(too_old).into()),
-            );
+        let (_, planned) = plan_asking(None, &cfg, |_| {
+            Err(crate::resources::checks::as_sent(Code::InvalidArgument, too_old).into())
+        });
         let d = planned.unwrap_err();
         assert_eq!(d.path, Some(AttrPath::attr("driver_version")));
         assert_eq!(d.summary, too_old);
 
         let cfg = config_with(&prior(), Some("12.7"), None);
         let unknown = "cuda_version: unknown CUDA version '12.7' (known: 12.2, 12.4)";
-        let (_, planned) =
-            plan_asking(
-                None,
-                &cfg,
-                |_| Err(Status::invalid_argument(unknown).into()),
-            );
+        let (_, planned) = plan_asking(None, &cfg, |_| {
+            Err(crate::resources::checks::as_sent(Code::InvalidArgument, unknown).into())
+        });
         let d = planned.unwrap_err();
         assert_eq!(d.path, Some(AttrPath::attr("cuda_version")));
         assert_eq!(d.summary, unknown);
 
         // A message naming no attribute is said on the one the configuration set.
-        let d = driver_refusal(&Status::invalid_argument("no such thing"), "cuda_version").unwrap();
+        let d = driver_refusal(
+            &crate::resources::checks::as_sent(Code::InvalidArgument, "no such thing"),
+            "cuda_version",
+        )
+        .unwrap();
         assert_eq!(d.path, Some(AttrPath::attr("cuda_version")));
         assert_eq!(d.summary, "cuda_version: no such thing");
         // A prefix must be the whole attribute name.
         let d = driver_refusal(
-            &Status::invalid_argument("driver_versions: x"),
+            &crate::resources::checks::as_sent(Code::InvalidArgument, "driver_versions: x"),
             "cuda_version",
         )
         .unwrap();
