@@ -54,25 +54,29 @@ pub fn field_of(message: &str) -> Option<(&str, &str)> {
 /// The details of a refusal with `code` and `message`; None when it is not a refusal.
 pub fn details(code: Code, message: &str) -> Option<ErrorDetails> {
     let reason = reason(code)?;
+    let violation = field_of(message)
+        .map(|(field, rest)| (field, if rest.is_empty() { message } else { rest }));
+    Some(with_reason(reason, violation))
+}
+
+/// `ErrorInfo` with `reason`, and the `BadRequest` of `violation` (field, description)
+/// when there is one; the description bounded like a message.
+fn with_reason(reason: &str, violation: Option<(&str, &str)>) -> ErrorDetails {
     let mut details = ErrorDetails::with_error_info(reason, DOMAIN, HashMap::new());
-    if let Some((field, rest)) = field_of(message) {
-        let description = if rest.is_empty() { message } else { rest };
-        // Bounded like the message: the rest of a message the edge cut is left whole.
+    if let Some((field, description)) = violation {
         details.add_bad_request_violation(field, cut(description, MAX_CUT_MESSAGE_BYTES));
     }
-    Some(details)
+    details
 }
 
 /// A refusal about `field` whose sentence does not start with it (it reads better as
 /// prose): the details name the field all the same.
 pub fn refusal_on(code: Code, field: &str, message: impl Into<String>) -> Status {
     let message = message.into();
-    let mut details = ErrorDetails::with_error_info(
+    let details = with_reason(
         reason(code).unwrap_or("INVALID_ARGUMENT"),
-        DOMAIN,
-        HashMap::new(),
+        Some((field, &message)),
     );
-    details.add_bad_request_violation(field, cut(&message, MAX_CUT_MESSAGE_BYTES));
     Status::with_error_details(code, message, details)
 }
 
