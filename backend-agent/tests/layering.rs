@@ -10,16 +10,36 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The backend's crates: folder under `backend-agent/`, and the source root of each target.
-const CRATES: &[(&str, &[&str])] = &[
-    (".", &["src/lib.rs", "src/main.rs"]),
-    ("gpu", &["src/lib.rs"]),
-    ("wire", &["src/lib.rs"]),
-    ("process", &["src/lib.rs"]),
-    ("slurm", &["src/lib.rs"]),
-    ("control", &["src/lib.rs"]),
-    ("node", &["src/lib.rs"]),
-];
+/// The backend's crates, as the workspace lists them (so a new one is checked too): each
+/// folder under `backend-agent/`, and the source roots of its targets.
+fn crates() -> Vec<(String, Vec<PathBuf>)> {
+    let root = backend().join("..");
+    let manifest: toml::Table = std::fs::read_to_string(root.join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let members = manifest["workspace"]["members"].as_array().unwrap();
+    let found: Vec<(String, Vec<PathBuf>)> = members
+        .iter()
+        .filter_map(|m| m.as_str())
+        .filter_map(|m| m.strip_prefix("backend-agent"))
+        .map(|rest| {
+            let folder = rest.trim_start_matches('/');
+            let folder = if folder.is_empty() { "." } else { folder };
+            let roots = ["src/lib.rs", "src/main.rs"]
+                .iter()
+                .map(|r| backend().join(folder).join(r))
+                .filter(|r| r.is_file())
+                .collect();
+            (folder.to_string(), roots)
+        })
+        .collect();
+    assert!(
+        found.len() >= 7,
+        "the workspace lists the backend's crates: {found:?}"
+    );
+    found
+}
 
 fn backend() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
@@ -186,10 +206,9 @@ fn cycles(edges: &BTreeSet<(String, String)>) -> Vec<BTreeSet<String>> {
 #[test]
 fn no_module_imports_a_sibling_that_imports_it_back() {
     let mut found = Vec::new();
-    for (folder, roots) in CRATES {
-        for root in *roots {
-            let root = backend().join(folder).join(root);
-            assert!(root.is_file(), "{} is missing", root.display());
+    for (folder, roots) in crates() {
+        assert!(!roots.is_empty(), "{folder} has no lib.rs or main.rs");
+        for root in roots {
             for (parent, edges) in sibling_edges(&root) {
                 for cycle in cycles(&edges) {
                     let links: Vec<String> = edges
@@ -259,8 +278,8 @@ fn gpufleet_dependencies(folder: &str) -> (String, BTreeSet<String>, BTreeSet<St
 #[test]
 fn control_plane_and_node_agent_meet_only_in_the_binary() {
     let mut by_name = BTreeMap::new();
-    for (folder, _) in CRATES {
-        let (name, gpufleet, deps) = gpufleet_dependencies(folder);
+    for (folder, _) in crates() {
+        let (name, gpufleet, deps) = gpufleet_dependencies(&folder);
         if name != "gpufleet-agent" {
             assert!(
                 !deps.contains("clap"),
