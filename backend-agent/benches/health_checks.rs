@@ -10,13 +10,15 @@
 //!
 //! Numbers only: nothing here asserts a timing.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpufleet_agent::embedded;
 use gpufleet_control::error::Error;
 use gpufleet_control::scheduling::health::{self, Request};
-use gpufleet_control::serve::{Config, ControlPlane as Control, Fleet};
+use gpufleet_control::serve::ControlPlane as Control;
 use gpufleet_control::state::AppState;
 use gpufleet_control::store::{self, nodes::NodeRow};
 use tokio::sync::watch;
@@ -56,16 +58,7 @@ async fn control_plane(nodes: u32) -> (ControlPlane, Duration) {
 
 /// The control plane as `serve` opens it, over `nodes` simulated 8-GPU pool nodes.
 fn simulated(dir: &std::path::Path, nodes: u32) -> Control {
-    let fleet_file = dir.join("fleet.toml");
-    std::fs::write(
-        &fleet_file,
-        format!("[[pool]]\ngpu_type = \"{MODEL}\"\nnodes = {nodes}\ngpus_per_node = 8\n"),
-    )
-    .expect("write the fleet file");
-    let fleet = Fleet::Simulated {
-        fleet_file: Some(fleet_file),
-    };
-    Control::open(Config::new(dir.join("data"), fleet)).expect("open the control plane")
+    Control::open(common::simulated_pool(dir, MODEL, nodes)).expect("open the control plane")
 }
 
 async fn nodes(state: &AppState) -> Vec<NodeRow> {

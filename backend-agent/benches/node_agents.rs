@@ -14,6 +14,8 @@
 //!
 //! Numbers only: nothing here asserts a timing.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,7 +25,7 @@ use gpufleet_agent::embedded;
 use gpufleet_control::error::Error;
 use gpufleet_control::mig;
 use gpufleet_control::registry::Registry;
-use gpufleet_control::serve::{Config, ControlPlane as Control, EmbeddedHost, Fleet};
+use gpufleet_control::serve::{ControlPlane as Control, EmbeddedHost};
 use gpufleet_control::services::{clusters::Clusters, quotas::Quotas, tenants::Tenants};
 use gpufleet_control::state::AppState;
 use gpufleet_control::store::{self, nodes::NodeRow};
@@ -88,16 +90,7 @@ struct ControlPlane {
 
 fn control_plane(nodes: u32, node_timeout: Duration) -> ControlPlane {
     let dir = tempfile::tempdir().expect("temp dir");
-    let fleet_file = dir.path().join("fleet.toml");
-    std::fs::write(
-        &fleet_file,
-        format!("[[pool]]\ngpu_type = \"{MODEL}\"\nnodes = {nodes}\ngpus_per_node = 8\n"),
-    )
-    .expect("write the fleet file");
-    let fleet = Fleet::Simulated {
-        fleet_file: Some(fleet_file),
-    };
-    let mut config = Config::new(dir.path().join("data"), fleet);
+    let mut config = common::simulated_pool(dir.path(), MODEL, nodes);
     config.admin_token = Some(ADMIN.into());
     config.join_token = Some(JOIN.into());
     config.node_timeout = node_timeout;

@@ -8,6 +8,20 @@ use common::*;
 use gpufleet_proto::v1::*;
 use tonic::Code;
 
+/// Every H100 node of the fleet, as the admin sees it.
+async fn h100_nodes(admin: &mut Clients) -> Vec<Node> {
+    admin
+        .fleet
+        .list_nodes(ListNodesRequest {
+            gpu_type: "H100-80GB".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes
+}
+
 #[tokio::test]
 async fn an_unreachable_bandwidth_threshold_fails_the_cluster_and_quarantines_no_node() {
     let dir = tempfile::tempdir().unwrap();
@@ -38,16 +52,7 @@ async fn an_unreachable_bandwidth_threshold_fails_the_cluster_and_quarantines_no
         .message()
         .contains("no node was taken out of service"));
 
-    let nodes = admin
-        .fleet
-        .list_nodes(ListNodesRequest {
-            gpu_type: "H100-80GB".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    let nodes = h100_nodes(&mut admin).await;
     assert!(!nodes.is_empty());
     let out: Vec<(&str, &str)> = nodes
         .iter()
@@ -92,16 +97,7 @@ async fn a_quarantined_node_is_free_for_nobody() {
         .await
         .unwrap();
     std::fs::remove_file(data.join("sim-faults.toml")).unwrap();
-    let nodes = admin
-        .fleet
-        .list_nodes(ListNodesRequest {
-            gpu_type: "H100-80GB".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes;
+    let nodes = h100_nodes(&mut admin).await;
     let state = |host: &str| {
         nodes
             .iter()
