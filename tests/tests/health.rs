@@ -589,3 +589,58 @@ resource "gpufleet_health_check" "now" {{
     assert_eq!(again["passed"], true);
     tf.assert_no_changes();
 }
+
+/// A team's pipeline, with only its token, asks for a bus bandwidth no pair of nodes
+/// reaches: its own apply fails saying so, and no node of the shared pool is taken out of
+/// service (for it or anyone). The same pipeline with a threshold the fleet delivers
+/// then gets its cluster on those very nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_pipeline_cannot_empty_the_pool_with_an_unreachable_threshold() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let (tenant, token) = create_tenant(&mut admin, "ml").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 16, 0).await;
+    let tf = Terraform::new(&backend, &token);
+    let config = |gbps: &str| {
+        format!(
+            r#"
+resource "gpufleet_tenant_cluster" "train" {{
+  name         = "train"
+  orchestrator = "kubernetes"
+  gpu_type     = "H100-80GB"
+  node_count   = 2
+  acceptance {{
+    level                  = "quick"
+    min_bus_bandwidth_gbps = {gbps}
+  }}
+}}
+"#
+        )
+    };
+    tf.write_main(&config("100000"));
+    tf.init();
+    let refused = tf.run_fails(&["apply", "-auto-approve", "-input=false", "-no-color"]);
+    assert!(
+        refused.stderr.contains("acceptance.min_bus_bandwidth_gbps")
+            && refused.stderr.contains("no node was taken out of service"),
+        "{refused}"
+    );
+    let quarantined: Vec<String> = admin
+        .nodes()
+        .await
+        .into_iter()
+        .filter(|n| n.state == "quarantined")
+        .map(|n| format!("{} ({})", n.hostname, n.state_reason))
+        .collect();
+    assert!(quarantined.is_empty(), "quarantined: {quarantined:?}");
+
+    tf.write_main(&config("1"));
+    tf.apply();
+    let cluster = tf.resource(CLUSTER);
+    assert_eq!(
+        str_of(&cluster, "acceptance_status"),
+        "passed",
+        "{cluster:#}"
+    );
+    tf.assert_no_changes();
+}
