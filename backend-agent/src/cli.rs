@@ -21,9 +21,11 @@ pub struct Cli {
 pub enum Command {
     /// Run the control plane (gRPC API over the simulated or real fleet).
     Serve(ServeArgs),
-    /// Show the GPU types of the fleet with pool, on-demand and free node counts.
+    /// Show the GPU types of the fleet with pool, on-demand and free node counts (the same
+    /// counts for every token).
     Fleet(ClientArgs),
-    /// Show every node of the fleet.
+    /// Show the nodes the token may see: every node with the admin token, the nodes of its
+    /// own clusters with a tenant token.
     Nodes(ClientArgs),
     /// Print a read-only report of this host's GPUs (inventory, MIG mode, driver, health).
     HwCheck(HwCheckArgs),

@@ -103,30 +103,19 @@ pub async fn print_fleet(args: ClientArgs) -> anyhow::Result<()> {
         .map_err(status)?
         .into_inner()
         .gpu_types;
-    let nodes = all_nodes(&mut client).await?;
+    // The free counts are the control plane's, the same for every token: a tenant's
+    // ListNodes holds only its own nodes, so they cannot be counted from it.
     let rows: Vec<Vec<String>> = types
         .iter()
         .map(|t| {
-            let free = |cap: &str| {
-                nodes
-                    .iter()
-                    // Free: in no cluster, and in service (a quarantined node is nobody's).
-                    .filter(|n| {
-                        n.gpu_type == t.name
-                            && n.capacity == cap
-                            && n.cluster_id.is_empty()
-                            && n.state != "quarantined"
-                    })
-                    .count()
-            };
             vec![
                 t.name.clone(),
                 t.gpus_per_node.to_string(),
                 format!("{}", t.memory_mib),
                 t.pool_nodes.to_string(),
-                free("pool").to_string(),
+                t.free_pool_nodes.to_string(),
                 t.on_demand_nodes.to_string(),
-                free("on-demand").to_string(),
+                t.free_on_demand_nodes.to_string(),
                 if t.mig_capable { "yes" } else { "no" }.into(),
             ]
         })

@@ -200,7 +200,7 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
         &b.id,
     );
 
-    // Lists hold only A's objects; node ownership of others is hidden.
+    // Lists hold only A's objects; A has no cluster, so no node either.
     let tenants = c
         .tenants
         .list_tenants(ListTenantsRequest::default())
@@ -236,10 +236,11 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
         .into_inner()
         .quotas;
     assert!(quotas.iter().all(|q| q.tenant_id == a.id) && quotas.len() == 1);
-    let nodes = c.nodes().await;
-    assert!(nodes
-        .iter()
-        .all(|n| n.cluster_id.is_empty() && n.tenant_id.is_empty()));
+    assert_eq!(
+        c.nodes().await,
+        vec![],
+        "a tenant without clusters has no nodes"
+    );
     let filtered = c
         .fleet
         .list_nodes(ListNodesRequest {
@@ -289,6 +290,193 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
     admin
         .assert_unchanged(&before, "B's objects are untouched")
         .await;
+}
+
+/// `gpufleet-agent SUBCOMMAND` against `agent` with `token`: its stdout.
+fn cli(agent: &Agent, subcommand: &str, token: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
+        .args([subcommand, "--endpoint", &agent.endpoint, "--token", token])
+        .env_remove("GPUFLEET_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gpufleet-agent {subcommand}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The cells of `table`'s row for `model`.
+fn row<'a>(table: &'a str, model: &str) -> Vec<&'a str> {
+    table
+        .lines()
+        .find(|l| l.starts_with(model))
+        .unwrap_or_else(|| panic!("no {model} row in\n{table}"))
+        .split_whitespace()
+        .collect()
+}
+
+/// Everything a tenant could learn of a node: its id, hostname and GPU and MIG UUIDs.
+fn identifiers(n: &Node) -> Vec<String> {
+    let mut ids = vec![n.id.clone(), n.hostname.clone()];
+    for g in &n.gpus {
+        ids.push(g.uuid.clone());
+        ids.extend(g.mig_devices.iter().map(|d| d.uuid.clone()));
+    }
+    ids
+}
+
+#[tokio::test]
+async fn a_tenant_sees_its_own_nodes_and_the_pool_only_as_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut admin = agent.admin().await;
+    let (a, a_token) = admin.tenant("team-a").await;
+    let (b, _) = admin.tenant("team-b").await;
+    admin.quota(&a.id, "H100-80GB", 16, 0).await;
+    admin.quota(&b.id, "H100-80GB", 16, 0).await;
+    let a_cluster = admin
+        .create_pool_cluster(&a.id, "own", "H100-80GB", 1)
+        .await;
+    // B's cluster is split into MIG devices, which A must not see either.
+    let mut split = Clients::cluster(&b.id, "split", "H100-80GB", 2);
+    split.mig_layout = [("3g.40gb".to_string(), 2)].into_iter().collect();
+    let b_cluster = admin.create_cluster(split).await;
+
+    let all = admin.nodes().await;
+    let of = |cluster: &str| -> Vec<Node> {
+        all.iter()
+            .filter(|n| n.cluster_id == cluster)
+            .cloned()
+            .collect()
+    };
+    let (a_nodes, b_nodes) = (of(&a_cluster.id), of(&b_cluster.id));
+    assert_eq!((a_nodes.len(), b_nodes.len()), (1, 2), "{all:#?}");
+    assert!(b_nodes.iter().all(|n| n.gpus[0].mig_devices.len() == 2));
+    let b_ids: Vec<String> = b_nodes.iter().flat_map(identifiers).collect();
+
+    // A lists its own node, with its holder, and no other: not B's, not the free ones.
+    let mut c = agent.clients(&a_token).await;
+    let mut seen = c.nodes().await;
+    for n in &mut seen {
+        n.heartbeat_age_seconds = 0;
+    }
+    let mut own = a_nodes.clone();
+    for n in &mut own {
+        n.heartbeat_age_seconds = 0;
+    }
+    assert_eq!(seen, own, "A lists exactly the node of its cluster");
+    assert_eq!(
+        (seen[0].tenant_id.as_str(), seen[0].cluster_id.as_str()),
+        (a.id.as_str(), a_cluster.id.as_str())
+    );
+    // Every way of asking, paged and filtered, holds nothing of B's.
+    let mut answers = Vec::new();
+    for req in [
+        ListNodesRequest::default(),
+        ListNodesRequest {
+            gpu_type: "H100-80GB".into(),
+            page_size: 1,
+            ..Default::default()
+        },
+        ListNodesRequest {
+            cluster_id: b_cluster.id.clone(),
+            ..Default::default()
+        },
+    ] {
+        let answer = c.fleet.list_nodes(req).await.unwrap().into_inner();
+        answers.push(format!("{answer:?}"));
+    }
+    for text in &answers {
+        for id in &b_ids {
+            assert!(
+                !text.contains(id.as_str()),
+                "A's answer names {id} of B's: {text}"
+            );
+        }
+        assert!(
+            !text.contains(&b.id) && !text.contains(&b_cluster.id),
+            "{text}"
+        );
+    }
+    // B's cluster as a filter answers like a cluster that does not exist: no nodes.
+    let unknown_filter = c
+        .fleet
+        .list_nodes(ListNodesRequest {
+            cluster_id: UNKNOWN.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answers[2], format!("{unknown_filter:?}"));
+
+    // B's node by id or by name answers like one that does not exist.
+    let b_node = &b_nodes[0];
+    let events = |id: &str| {
+        let mut fleet = c.fleet.clone();
+        let id = id.to_string();
+        async move {
+            status(
+                fleet
+                    .list_events(ListEventsRequest {
+                        object_id: id,
+                        ..Default::default()
+                    })
+                    .await,
+            )
+        }
+    };
+    let (theirs, nobodys) = (events(&b_node.id).await, events(UNKNOWN).await);
+    assert_eq!(theirs.code(), Code::NotFound);
+    assert_eq!(shape(theirs, &b_node.id), shape(nobodys, UNKNOWN));
+    let give_back = |name: &str| {
+        let mut fleet = c.fleet.clone();
+        let name = name.to_string();
+        async move { status(fleet.return_node(ReturnNodeRequest { name }).await) }
+    };
+    let (theirs, nobodys) = (
+        give_back(&b_node.hostname).await,
+        give_back("no-such-node").await,
+    );
+    assert_eq!(
+        shape(theirs, &b_node.hostname),
+        shape(nobodys, "no-such-node")
+    );
+
+    // Capacity as counts, the same for A as for the admin, and B's nodes are not free.
+    let types = c.gpu_types().await;
+    assert_eq!(types, admin.gpu_types().await);
+    let h100 = types.iter().find(|t| t.name == "H100-80GB").unwrap();
+    let free = all
+        .iter()
+        .filter(|n| {
+            n.gpu_type == "H100-80GB"
+                && n.capacity == "pool"
+                && n.cluster_id.is_empty()
+                && n.state != "quarantined"
+        })
+        .count() as i64;
+    assert_eq!(h100.free_pool_nodes, free);
+    assert_eq!(h100.free_pool_nodes, h100.pool_nodes - 3, "{h100:?}");
+
+    // The CLIs with A's token: the same fleet counts as the admin's, only A's node.
+    let fleet_a = cli(&agent, "fleet", &a_token);
+    let fleet_admin = cli(&agent, "fleet", ADMIN);
+    assert_eq!(fleet_a, fleet_admin);
+    // GPU TYPE, GPUS/NODE, MEMORY MIB, POOL NODES, POOL FREE, ...
+    assert_eq!(row(&fleet_a, "H100-80GB")[4], free.to_string(), "{fleet_a}");
+    let nodes_a = cli(&agent, "nodes", &a_token);
+    assert_eq!(
+        nodes_a.lines().count(),
+        2,
+        "a header and A's node:\n{nodes_a}"
+    );
+    assert!(nodes_a.contains(&a_nodes[0].hostname), "{nodes_a}");
+    for n in &b_nodes {
+        assert!(!nodes_a.contains(&n.hostname), "{nodes_a}");
+    }
 }
 
 #[tokio::test]

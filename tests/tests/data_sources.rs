@@ -76,6 +76,15 @@ async fn gpu_types_lists_the_default_fleet_with_mig_profiles() {
             on_demand,
             "{model} on-demand nodes"
         );
+        // Nothing runs yet: every node is free.
+        assert_eq!(
+            (
+                i64_of(t, "free_pool_nodes"),
+                i64_of(t, "free_on_demand_nodes")
+            ),
+            (pool, on_demand),
+            "{model} free nodes"
+        );
         assert_eq!(t["mig_capable"], true, "{model}");
     }
 
@@ -190,34 +199,45 @@ async fn nodes_shows_the_admin_everything_and_a_tenant_only_its_own_clusters() {
     assert_eq!(i64_of(beta_node, "gpu_count"), 8);
     assert_eq!(array_of(beta_node, "gpus").len(), 8);
 
-    // Alpha's token: the same nodes, but only alpha's own cluster and tenant ids; the node
-    // beta uses shows as taken by nobody alpha may know of.
+    // Alpha's token: only the node of alpha's own cluster, with its holder; nothing of
+    // beta's node (its id, hostname or GPU UUIDs) nor of the free ones.
     let tf = read_data(&backend, &alpha_token, &all_nodes);
     let alpha_view = tf.resource("data.gpufleet_nodes.all");
-    let nodes = array_of(&alpha_view, "nodes");
-    assert_eq!(nodes.len(), 12, "{nodes:#?}");
-    for node in nodes {
-        let cluster_id = str_of(node, "cluster_id");
-        let tenant_id = str_of(node, "tenant_id");
-        assert!(
-            cluster_id.is_empty() || cluster_id == alpha_cluster.id,
-            "alpha sees another tenant's cluster id: {node:#}"
+    let seen = array_of(&alpha_view, "nodes");
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    let own = entry(nodes, "cluster_id", &alpha_cluster.id);
+    assert_eq!(str_of(&seen[0], "id"), str_of(own, "id"));
+    assert_eq!(str_of(&seen[0], "cluster_id"), alpha_cluster.id);
+    assert_eq!(str_of(&seen[0], "tenant_id"), alpha.id);
+    let text = alpha_view.to_string();
+    let beta_ids = [str_of(beta_node, "id"), str_of(beta_node, "hostname")]
+        .into_iter()
+        .chain(
+            array_of(beta_node, "gpus")
+                .iter()
+                .map(|g| str_of(g, "uuid")),
         );
+    for id in beta_ids.chain([beta.id.clone(), beta_cluster.id.clone()]) {
         assert!(
-            tenant_id.is_empty() || tenant_id == alpha.id,
-            "alpha sees another tenant's id: {node:#}"
+            !text.contains(&id),
+            "alpha's view names {id} of beta's: {text}"
         );
     }
-    let own = entry(nodes, "cluster_id", &alpha_cluster.id);
-    assert_eq!(str_of(own, "tenant_id"), alpha.id);
-    let beta_node_id = str_of(beta_node, "id");
-    let hidden = entry(nodes, "id", &beta_node_id);
+
+    // Capacity only as counts, the same for alpha as for the admin: beta's node is not free.
+    let types = [Block::data("gpufleet_gpu_types", "all")];
+    let counts = |token: &str| {
+        let tf = read_data(&backend, token, &types);
+        tf.resource("data.gpufleet_gpu_types.all")["gpu_types"].clone()
+    };
+    let alpha_counts = counts(&alpha_token);
+    assert_eq!(alpha_counts, counts(backend.admin_token()));
+    let a100 = entry(alpha_counts.as_array().unwrap(), "name", "A100-80GB");
     assert_eq!(
-        (str_of(hidden, "cluster_id"), str_of(hidden, "tenant_id")),
-        (String::new(), String::new()),
-        "beta's node carries no owner for alpha"
+        (i64_of(a100, "pool_nodes"), i64_of(a100, "free_pool_nodes")),
+        (2, 1),
+        "beta's A100 node is not free: {a100:#}"
     );
-    assert!(!alpha_view.to_string().contains(&beta.id));
 
     // Filtering by beta's cluster answers like an unknown cluster: no nodes.
     let tf = read_data(

@@ -117,6 +117,18 @@ async fn two_tenants_with_their_own_tokens_cannot_touch_each_other() {
         .reservations
         .iter()
         .all(|r| r.tenant_id == alpha_id));
+    // ... and only the nodes of its own cluster: none of the other team's, none free.
+    for (client, cluster) in [
+        (&mut as_alpha, &alpha_cluster),
+        (&mut as_beta, &beta_cluster),
+    ] {
+        let nodes = client.nodes().await;
+        assert!(!nodes.is_empty());
+        assert!(
+            nodes.iter().all(|n| &n.cluster_id == cluster),
+            "a tenant sees a node outside its cluster {cluster}: {nodes:#?}"
+        );
+    }
 
     // Beta's token gets NotFound for alpha's cluster: no contents, no hint it exists.
     let status = as_beta

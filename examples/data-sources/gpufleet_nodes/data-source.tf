@@ -1,6 +1,5 @@
-# Every node the caller may see. With a tenant token, the holder (cluster_id,
-# tenant_id) of nodes held by other tenants is hidden, so read free nodes with
-# the admin token.
+# Every node the caller may see: with the admin token the whole fleet, with a
+# tenant token the nodes of that tenant's clusters.
 data "gpufleet_nodes" "all" {}
 
 # Only the H100 nodes.
@@ -9,7 +8,7 @@ data "gpufleet_nodes" "h100" {
 }
 
 # H100 pool nodes no cluster runs on (nodes reserved but not yet drawn by a
-# cluster are among them).
+# cluster are among them); with the admin token, as a tenant sees none of them.
 output "unassigned_h100_pool_hostnames" {
   value = [
     for n in data.gpufleet_nodes.h100.nodes : n.hostname

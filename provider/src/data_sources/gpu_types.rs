@@ -60,6 +60,11 @@ fn gpu_type_value(t: &api::GpuType) -> Value {
         ("memory_mib", Value::Number(t.memory_mib)),
         ("pool_nodes", Value::Number(t.pool_nodes)),
         ("on_demand_nodes", Value::Number(t.on_demand_nodes)),
+        ("free_pool_nodes", Value::Number(t.free_pool_nodes)),
+        (
+            "free_on_demand_nodes",
+            Value::Number(t.free_on_demand_nodes),
+        ),
         ("mig_capable", Value::Bool(t.mig_capable)),
         ("mig_profiles", Value::List(profiles)),
     ])
@@ -84,6 +89,8 @@ impl DataSourceType for GpuTypes {
                         ("memory_mib", Type::Number),
                         ("pool_nodes", Type::Number),
                         ("on_demand_nodes", Type::Number),
+                        ("free_pool_nodes", Type::Number),
+                        ("free_on_demand_nodes", Type::Number),
                         ("mig_capable", Type::Bool),
                         ("mig_profiles", Type::list(profile_type())),
                     ])),

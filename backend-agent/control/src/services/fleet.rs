@@ -38,7 +38,15 @@ impl Fleet {
             }
         }
         let page = super::paging::parse(req.page_size, &req.page_token)?;
-        let rows = store::nodes::list(conn, gpu_type, cluster).map_err(db_error)?;
+        // A tenant sees the nodes of its own clusters and no other: which nodes other teams
+        // run on, and how they are split, is theirs (capacity is in ListGpuTypes' counts).
+        let rows = match &caller {
+            crate::auth::Caller::Admin => store::nodes::list(conn, gpu_type, cluster),
+            crate::auth::Caller::Tenant(tenant) => {
+                store::nodes::list_of_tenant(conn, tenant, gpu_type, cluster)
+            }
+        }
+        .map_err(db_error)?;
         let (nodes, next_page_token) = super::paging::page_batch(
             rows,
             &page,
@@ -69,10 +77,14 @@ impl Fleet {
                     mig_profiles: catalog::mig_profiles(&n.gpu_type),
                     ..Default::default()
                 });
+            // Free: in no cluster, whoever's, and in service (a quarantined node is nobody's).
+            let free = n.cluster_id.is_none() && n.state != store::nodes::NODE_QUARANTINED;
             if n.capacity == POOL {
                 t.pool_nodes += 1;
+                t.free_pool_nodes += i64::from(free);
             } else {
                 t.on_demand_nodes += 1;
+                t.free_on_demand_nodes += i64::from(free);
             }
         }
         Ok(v1::ListGpuTypesResponse {

@@ -121,6 +121,24 @@ pub fn list(
     rows.collect()
 }
 
+/// The nodes in `tenant_id`'s clusters, in hostname order, optionally narrowed like
+/// [`list`]: all a tenant may see of the fleet's nodes.
+pub fn list_of_tenant(
+    conn: &Connection,
+    tenant_id: &str,
+    gpu_type: Option<&str>,
+    cluster_id: Option<&str>,
+) -> rusqlite::Result<Vec<NodeRow>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM nodes
+         WHERE cluster_id IN (SELECT id FROM clusters WHERE tenant_id = ?1)
+         AND (?2 IS NULL OR gpu_type = ?2) AND (?3 IS NULL OR cluster_id = ?3)
+         ORDER BY hostname"
+    ))?;
+    let rows = stmt.query_map(rusqlite::params![tenant_id, gpu_type, cluster_id], from_row)?;
+    rows.collect()
+}
+
 /// Free nodes of a model and capacity kind that can be handed out now (their agent is
 /// connected and the node is converged), lowest hostname first.
 pub fn free(conn: &Connection, gpu_type: &str, capacity: &str) -> rusqlite::Result<Vec<NodeRow>> {
