@@ -284,6 +284,24 @@ pub struct ServeArgs {
     /// Off by default.
     #[arg(long, env = "GPUFLEET_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// File holding the bearer token a scrape must present (`Authorization: Bearer TOKEN`;
+    /// Prometheus: `authorization: credentials_file:`). When absent one is generated into
+    /// <data-dir>/metrics.token. A scrape without it gets 401 and no data.
+    #[arg(
+        long,
+        env = "GPUFLEET_METRICS_TOKEN_FILE",
+        value_name = "PATH",
+        requires = "metrics_listen"
+    )]
+    pub metrics_token_file: Option<PathBuf>,
+    /// Label the per-tenant series (gpufleet_tenant_gpus) with the tenant's name as well as
+    /// its id; by default only the id appears, no tenant name.
+    #[arg(
+        long,
+        env = "GPUFLEET_METRICS_TENANT_NAMES",
+        requires = "metrics_listen"
+    )]
+    pub metrics_tenant_names: bool,
     /// For tests only: read the current time (Unix seconds) from this file on every use
     /// instead of the system clock, so a test moves time without sleeping.
     #[arg(long, value_name = "PATH")]
@@ -387,6 +405,8 @@ impl ServeArgs {
             },
             max_open_reservations: self.max_open_reservations,
             metrics_listen: self.metrics_listen,
+            metrics_token_file: self.metrics_token_file,
+            metrics_tenant_names: self.metrics_tenant_names,
             clock: self
                 .clock_file
                 .map(gpufleet_control::clock::Clock::File)

@@ -32,16 +32,27 @@ pub fn wait_for_metrics_addr(what: &str, log: impl Fn() -> String) -> String {
     )
 }
 
-/// `GET http://{addr}{path}`: the body of a 200 answer, or why not.
-pub fn http_get(addr: &str, path: &str) -> Result<String, String> {
+/// An HTTP answer: the status code, the head (status line and headers) and the body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+}
+
+/// `GET http://{addr}{path}`, with `Authorization: Bearer {token}` when given.
+pub fn get(addr: &str, path: &str, token: Option<&str>) -> Result<Answer, String> {
     let mut stream = TcpStream::connect(addr).map_err(|e| format!("connect to {addr}: {e}"))?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     // HTTP/1.0: the server closes the connection after the answer, without chunking.
     write!(
         stream,
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n"
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n{auth}\r\n"
     )
     .map_err(|e| format!("send to {addr}: {e}"))?;
     let mut raw = Vec::new();
@@ -52,16 +63,53 @@ pub fn http_get(addr: &str, path: &str) -> Result<String, String> {
     let (head, body) = text
         .split_once("\r\n\r\n")
         .ok_or_else(|| format!("GET {addr}{path}: not an HTTP answer: {text}"))?;
-    let status = head.lines().next().unwrap_or_default();
-    if !status.contains(" 200 ") {
-        return Err(format!("GET {addr}{path}: {status}: {body}"));
-    }
-    Ok(body.to_string())
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("GET {addr}{path}: no status in {head}"))?;
+    Ok(Answer {
+        status,
+        head: head.to_string(),
+        body: body.to_string(),
+    })
 }
 
-/// A metrics endpoint's text, panicking with why when it cannot be read.
+/// `GET http://{addr}{path}`: the body of a 200 answer, or why not.
+pub fn http_get(addr: &str, path: &str) -> Result<String, String> {
+    let answer = get(addr, path, None)?;
+    if answer.status != 200 {
+        return Err(format!(
+            "GET {addr}{path}: {}: {}",
+            answer.head, answer.body
+        ));
+    }
+    Ok(answer.body)
+}
+
+/// A metrics endpoint's text (an open one: the node agents'), panicking with why when it
+/// cannot be read.
 pub fn scrape(addr: &str) -> String {
     http_get(addr, "/metrics").unwrap_or_else(|e| panic!("scrape {addr}: {e}"))
+}
+
+/// The control plane's metrics, scraped with its metrics token.
+pub fn scrape_with(addr: &str, token: &str) -> String {
+    let answer =
+        get(addr, "/metrics", Some(token)).unwrap_or_else(|e| panic!("scrape {addr}: {e}"));
+    assert_eq!(
+        answer.status, 200,
+        "scrape {addr} with the token: {answer:?}"
+    );
+    answer.body
+}
+
+/// A scrape target group for [`Prometheus::start`]: a job, its `host:port` targets, and
+/// the file holding the bearer token it presents (`authorization: credentials_file:`).
+pub struct Job<'a> {
+    pub name: &'a str,
+    pub targets: Vec<String>,
+    pub credentials_file: Option<&'a Path>,
 }
 
 /// Percent-encodes a query parameter.
@@ -137,9 +185,8 @@ pub struct Prometheus {
 }
 
 impl Prometheus {
-    /// Starts prometheus scraping `jobs` (job name, its `host:port` targets) every second and
-    /// waits until it is ready.
-    pub fn start(jobs: &[(&str, Vec<String>)]) -> Prometheus {
+    /// Starts prometheus scraping `jobs` every second and waits until it is ready.
+    pub fn start(jobs: &[Job]) -> Prometheus {
         let binary = tool("prometheus");
         let root = tempfile::Builder::new()
             .prefix("gpufleet-prometheus-")
@@ -148,12 +195,19 @@ impl Prometheus {
         let mut config = String::from(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nscrape_configs:\n",
         );
-        for (job, targets) in jobs {
-            let list: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+        for job in jobs {
+            let list: Vec<String> = job.targets.iter().map(|t| format!("'{t}'")).collect();
             config.push_str(&format!(
-                "  - job_name: '{job}'\n    static_configs:\n      - targets: [{}]\n",
+                "  - job_name: '{}'\n    static_configs:\n      - targets: [{}]\n",
+                job.name,
                 list.join(", ")
             ));
+            if let Some(file) = job.credentials_file {
+                config.push_str(&format!(
+                    "    authorization:\n      type: Bearer\n      credentials_file: '{}'\n",
+                    file.display()
+                ));
+            }
         }
         let config_file = root.path().join("prometheus.yml");
         std::fs::write(&config_file, config).expect("write prometheus.yml");

@@ -73,6 +73,11 @@ pub struct Config {
     pub health: crate::scheduling::health::Settings,
     pub max_open_reservations: u32,
     pub metrics_listen: Option<SocketAddr>,
+    /// The bearer token a scrape of the metrics must present, read from this file;
+    /// generated into `<data-dir>/metrics.token` when `None`.
+    pub metrics_token_file: Option<PathBuf>,
+    /// Label per-tenant series with the tenant's name too (by default only its id).
+    pub metrics_tenant_names: bool,
     /// Where the time comes from (tests: a file).
     pub clock: crate::clock::Clock,
 }
@@ -97,6 +102,8 @@ impl Config {
             health: Default::default(),
             max_open_reservations: crate::state::DEFAULT_MAX_OPEN_RESERVATIONS,
             metrics_listen: None,
+            metrics_token_file: None,
+            metrics_tenant_names: false,
             clock: Default::default(),
         }
     }
@@ -133,12 +140,47 @@ pub fn simulated_hosts(conn: &rusqlite::Connection) -> anyhow::Result<Vec<Embedd
         .collect())
 }
 
+/// The metrics endpoint to serve: where, the token a scrape presents, what it labels.
+struct Metrics {
+    listen: SocketAddr,
+    token: String,
+    tenant_names: bool,
+}
+
+/// How to get the metrics token, at the end of a refused scrape's answer.
+const METRICS_TOKEN_HINT: &str = "scrape with the token of serve's --metrics-token-file (default <data-dir>/metrics.token), e.g. Prometheus' authorization.credentials_file";
+
+/// The metrics token in `path` (the operator's): trimmed, and usable as a bearer token.
+fn metrics_token(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--metrics-token-file: cannot read {}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        anyhow::bail!("--metrics-token-file: {} is empty", path.display());
+    }
+    if let Some(c) = token.chars().find(|c| !c.is_ascii_graphic()) {
+        anyhow::bail!(
+            "--metrics-token-file: the token in {} holds {c:?}; a bearer token is printable ASCII without spaces",
+            path.display()
+        );
+    }
+    let max = gpufleet_proto::limits::MAX_TOKEN_CHARS;
+    if token.len() > max {
+        anyhow::bail!(
+            "--metrics-token-file: the token in {} is {} characters long, {max} at most",
+            path.display(),
+            token.len()
+        );
+    }
+    Ok(token.to_string())
+}
+
 /// An opened control plane: its state, and what serving it needs.
 pub struct ControlPlane {
     pub state: Arc<AppState>,
     tls_server: Option<tonic::transport::Server>,
     listen: SocketAddr,
-    metrics_listen: Option<SocketAddr>,
+    metrics: Option<Metrics>,
     require_client_cert: bool,
     embedded: Vec<EmbeddedHost>,
     tasks: Vec<JoinHandle<()>>,
@@ -216,6 +258,17 @@ impl ControlPlane {
             Some(t) => t,
             None => token_file(&data_dir, "join.token", "gfj_")?,
         };
+        let metrics = match config.metrics_listen {
+            None => None,
+            Some(listen) => Some(Metrics {
+                listen,
+                token: match &config.metrics_token_file {
+                    Some(path) => metrics_token(path)?,
+                    None => token_file(&data_dir, "metrics.token", "gfm_")?,
+                },
+                tenant_names: config.metrics_tenant_names,
+            }),
+        };
         let drivers = if offered.is_empty() {
             crate::drivers::Offer::all()
         } else {
@@ -232,7 +285,7 @@ impl ControlPlane {
             state,
             tls_server,
             listen: config.listen,
-            metrics_listen: config.metrics_listen,
+            metrics,
             require_client_cert: config.agent_ca.is_some(),
             embedded,
             tasks: Vec::new(),
@@ -273,11 +326,21 @@ impl ControlPlane {
                 stop.clone(),
             )),
         ]);
-        if let Some(addr) = self.metrics_listen {
-            let state = state.clone();
-            let render = move || crate::metrics::control::render(state.clone());
-            gpufleet_process::metrics_endpoint::listen(addr, "control plane", render, stop.clone())
-                .await?;
+        if let Some(m) = &self.metrics {
+            let (state, names) = (state.clone(), m.tenant_names);
+            let render = move || crate::metrics::control::render(state.clone(), names);
+            let access = gpufleet_process::metrics_endpoint::Access::Bearer {
+                token: m.token.clone(),
+                hint: METRICS_TOKEN_HINT,
+            };
+            gpufleet_process::metrics_endpoint::listen(
+                m.listen,
+                "control plane",
+                access,
+                render,
+                stop.clone(),
+            )
+            .await?;
         }
         Ok(())
     }

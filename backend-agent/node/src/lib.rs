@@ -274,8 +274,15 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         let (name, backend) = (agent.name.clone(), agent.exec.backend.clone());
         let render = move || crate::metrics::render(name.clone(), backend.clone());
-        gpufleet_process::metrics_endpoint::listen(addr, "node agent", render, stop_rx.clone())
-            .await?;
+        // The host's own GPUs, no tenant's data: open to whoever reaches the address.
+        gpufleet_process::metrics_endpoint::listen(
+            addr,
+            "node agent",
+            gpufleet_process::metrics_endpoint::Access::Open,
+            render,
+            stop_rx.clone(),
+        )
+        .await?;
     }
     tracing::info!(node = %agent.name, control_plane = %args.control_plane, "node agent starting");
     session::run(agent, stop_rx).await

@@ -1,23 +1,65 @@
 //! Prometheus metrics: `--metrics-listen ADDR` (`GPUFLEET_METRICS_LISTEN`) on `serve` and
 //! on `node` serves the text exposition format at `GET /metrics` (off by default). What is
 //! measured belongs to each program (the control plane's and the node agent's `metrics`);
-//! this is the endpoint and the encoding they share.
+//! this is the endpoint and the encoding they share, and who may scrape it ([`Access`]).
 //!
 //! Encoding is the `prometheus` crate's; the HTTP side is the axum/hyper that tonic brings.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context;
 use prometheus::proto::MetricFamily;
 use prometheus::Encoder;
 
+/// Who may scrape an endpoint.
+#[derive(Clone)]
+pub enum Access {
+    /// Anyone who reaches the address (the node agent's per-GPU metrics of its own host).
+    Open,
+    /// Only a request with `Authorization: Bearer <token>`; any other gets 401 and no data
+    /// (nothing is rendered for it). `hint` ends the 401's body: how to get the token.
+    Bearer { token: String, hint: &'static str },
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Access::Open => f.write_str("Open"),
+            Access::Bearer { hint, .. } => {
+                write!(f, "Bearer {{ token: <hidden>, hint: {hint:?} }}")
+            }
+        }
+    }
+}
+
+impl Access {
+    /// Whether a request with these headers may scrape.
+    fn allows(&self, headers: &http::HeaderMap) -> bool {
+        match self {
+            Access::Open => true,
+            Access::Bearer { token, .. } => headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .is_some_and(|given| same(given.as_bytes(), token.as_bytes())),
+        }
+    }
+}
+
+/// Equality whose time does not depend on where the bytes first differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Binds `addr` (port 0 picks a free port) and serves `GET /metrics` until `stop` turns
-/// true; every scrape calls `render`. Returns the address bound, logged on stderr (stdout
-/// stays the command's own).
+/// true; every scrape that `access` allows calls `render`. Returns the address bound,
+/// logged on stderr (stdout stays the command's own).
 pub async fn listen<F, Fut>(
     addr: SocketAddr,
     what: &'static str,
+    access: Access,
     render: F,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<SocketAddr>
@@ -31,9 +73,30 @@ where
         .await
         .with_context(|| format!("--metrics-listen: cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;
-    let handler = move || {
+    let needs = match access {
+        Access::Open => "",
+        Access::Bearer { .. } => " (bearer token required)",
+    };
+    let access = Arc::new(access);
+    let handler = move |headers: http::HeaderMap| {
         let render = render.clone();
+        let access = access.clone();
         async move {
+            if !access.allows(&headers) {
+                let hint = match &*access {
+                    Access::Bearer { hint, .. } => *hint,
+                    Access::Open => "",
+                };
+                return (
+                    http::StatusCode::UNAUTHORIZED,
+                    [(
+                        http::header::WWW_AUTHENTICATE,
+                        "Bearer realm=\"gpufleet metrics\"",
+                    )],
+                    format!("missing or invalid bearer token: {hint}\n"),
+                )
+                    .into_response();
+            }
             match render().await {
                 Ok(text) => (
                     [(http::header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
@@ -59,7 +122,7 @@ where
             tracing::error!(error = %e, "the metrics listener failed");
         }
     });
-    tracing::info!("serving {what} Prometheus metrics on http://{bound}/metrics");
+    tracing::info!("serving {what} Prometheus metrics on http://{bound}/metrics{needs}");
     Ok(bound)
 }
 
@@ -87,4 +150,39 @@ pub fn gauge_vec(
         .register(Box::new(g.clone()))
         .expect("a gauge registered once");
     g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Access;
+
+    fn headers(value: Option<&str>) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        if let Some(v) = value {
+            h.insert(http::header::AUTHORIZATION, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn a_bearer_endpoint_takes_its_token_only() {
+        let access = Access::Bearer {
+            token: "gfm_secret".into(),
+            hint: "",
+        };
+        assert!(access.allows(&headers(Some("Bearer gfm_secret"))));
+        for refused in [
+            None,
+            Some("Bearer gfm_secre"),
+            Some("Bearer gfm_secret2"),
+            Some("Bearer "),
+            Some("bearer gfm_secret"),
+            Some("Basic gfm_secret"),
+            Some("gfm_secret"),
+        ] {
+            assert!(!access.allows(&headers(refused)), "{refused:?}");
+        }
+        assert!(Access::Open.allows(&headers(None)));
+        assert!(!format!("{access:?}").contains("gfm_secret"));
+    }
 }

@@ -1,6 +1,8 @@
 //! The control plane's metrics at each scrape: the counters of `crate::counters`, and
 //! gauges computed from the store: `gpufleet_gpus{gpu_type,state}`,
-//! `gpufleet_mig_slices{gpu_type,profile,state}`, `gpufleet_tenant_gpus{tenant,gpu_type,kind}`,
+//! `gpufleet_mig_slices{gpu_type,profile,state}`,
+//! `gpufleet_tenant_gpus{tenant_id,gpu_type,kind}` (and `tenant`, the name, only when the
+//! operator asks for names: `serve --metrics-tenant-names`),
 //! `gpufleet_reservations{state}`, `gpufleet_nodes{state}`, `gpufleet_clusters{status}` and
 //! `gpufleet_node_heartbeat_age_seconds{node}`.
 
@@ -68,8 +70,9 @@ fn read(conn: &rusqlite::Connection, t: i64) -> Result<Snapshot, String> {
 }
 
 /// The control plane's metrics as Prometheus text: the store read on a blocking thread,
-/// then the registry's heartbeat ages (the two locks are never held together).
-pub async fn render(state: Arc<AppState>) -> Result<String, String> {
+/// then the registry's heartbeat ages (the two locks are never held together). Tenants
+/// are labelled by id, and by name too only with `tenant_names`.
+pub async fn render(state: Arc<AppState>, tenant_names: bool) -> Result<String, String> {
     let t = state.now();
     let snapshot = state
         .read(move |conn| read(conn, t).map_err(crate::error::Error::Internal))
@@ -86,7 +89,7 @@ pub async fn render(state: Arc<AppState>) -> Result<String, String> {
         })
         .collect();
     let mut families = crate::counters::COUNTERS.registry.gather();
-    families.extend(gauges(&snapshot, &ages));
+    families.extend(gauges(&snapshot, &ages, tenant_names));
     gpufleet_process::metrics_endpoint::encode(families)
 }
 
@@ -100,7 +103,11 @@ fn gpus_per_node(nodes: &[NodeRow], model: &str) -> i64 {
         .unwrap_or(0)
 }
 
-fn gauges(s: &Snapshot, ages: &[(String, f64)]) -> Vec<prometheus::proto::MetricFamily> {
+fn gauges(
+    s: &Snapshot,
+    ages: &[(String, f64)],
+    tenant_names: bool,
+) -> Vec<prometheus::proto::MetricFamily> {
     let registry = Registry::new();
     let gpus = gpufleet_process::metrics_endpoint::gauge_vec(
         &registry,
@@ -114,11 +121,16 @@ fn gauges(s: &Snapshot, ages: &[(String, f64)]) -> Vec<prometheus::proto::Metric
         "MIG devices on the fleet's GPUs by model, profile and state (free, allocated, quarantined).",
         &["gpu_type", "profile", "state"],
     );
+    let tenant_labels: &[&str] = if tenant_names {
+        &["tenant_id", "tenant", "gpu_type", "kind"]
+    } else {
+        &["tenant_id", "gpu_type", "kind"]
+    };
     let tenant_gpus = gpufleet_process::metrics_endpoint::gauge_vec(
         &registry,
         "gpufleet_tenant_gpus",
-        "Per tenant (by name) and model: GPUs used by its clusters outside reservations, reserved (peak of its reservations from now on), and its quota (quota_guaranteed, quota_burst).",
-        &["tenant", "gpu_type", "kind"],
+        "Per tenant (by id; by name too with serve --metrics-tenant-names) and model: GPUs used by its clusters outside reservations, reserved (peak of its reservations from now on), and its quota (quota_guaranteed, quota_burst).",
+        tenant_labels,
     );
     let reservations = gpufleet_process::metrics_endpoint::gauge_vec(
         &registry,
@@ -277,6 +289,7 @@ fn gauges(s: &Snapshot, ages: &[(String, f64)]) -> Vec<prometheus::proto::Metric
         }
     }
     for ((tenant, model), values) in &per_tenant {
+        // Only tenants that exist (a deleted one's holdings are not its any more).
         let Some(name) = names.get(tenant) else {
             continue;
         };
@@ -284,9 +297,12 @@ fn gauges(s: &Snapshot, ages: &[(String, f64)]) -> Vec<prometheus::proto::Metric
             .iter()
             .zip(values)
         {
-            tenant_gpus
-                .with_label_values(&[name, model, kind])
-                .set(*value as f64);
+            let series = if tenant_names {
+                tenant_gpus.with_label_values(&[tenant, name, model, kind])
+            } else {
+                tenant_gpus.with_label_values(&[tenant, model, kind])
+            };
+            series.set(*value as f64);
         }
     }
 
