@@ -292,6 +292,27 @@ pub struct ServeArgs {
     /// How long each pair of nodes exchanges data in a cluster's bandwidth test.
     #[arg(long, env = "GPUFLEET_BANDWIDTH_DURATION", default_value = "1s", value_parser = parse_duration)]
     pub bandwidth_duration: std::time::Duration,
+    /// The bus bandwidth a GPU model's nodes deliver between them, as MODEL=GBPS
+    /// (repeatable or comma-separated), over the fleet file's `bus_bandwidth_gbps`:
+    /// tenants' `acceptance.min_bus_bandwidth_gbps` for the model is refused above it.
+    #[arg(long, env = "GPUFLEET_BUS_BANDWIDTH", value_delimiter = ',', value_parser = parse_bus_bandwidth, value_name = "MODEL=GBPS")]
+    pub bus_bandwidth: Vec<(String, f64)>,
+}
+
+/// `--bus-bandwidth H100-80GB=400`.
+pub fn parse_bus_bandwidth(text: &str) -> Result<(String, f64), String> {
+    let (model, gbps) = text
+        .split_once('=')
+        .ok_or_else(|| format!("'{text}': give MODEL=GBPS, e.g. H100-80GB=400"))?;
+    let model = model.trim();
+    gpufleet_control::catalog::require_known("GPU model", model)?;
+    let max = gpufleet_proto::limits::MAX_BANDWIDTH_GBPS;
+    match gbps.trim().parse::<f64>() {
+        Ok(g) if g.is_finite() && g > 0.0 && g <= max => Ok((model.to_string(), g)),
+        _ => Err(format!(
+            "'{text}': the bandwidth must be a number of Gbit/s more than 0 and at most {max}"
+        )),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -389,13 +410,16 @@ impl ServeArgs {
                 .clock_file
                 .map(gpufleet_control::clock::Clock::File)
                 .unwrap_or_default(),
+            delivers: gpufleet_control::fleet::Delivers::new(
+                self.bus_bandwidth.into_iter().collect(),
+            ),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_duration, parse_interval};
+    use super::{parse_bus_bandwidth, parse_duration, parse_interval};
     use std::time::Duration;
 
     #[test]
@@ -410,6 +434,26 @@ mod tests {
         assert_eq!(parse_interval("0").unwrap(), Duration::ZERO);
         assert_eq!(parse_interval("250ms").unwrap(), Duration::from_millis(250));
         assert!(parse_interval("soon").is_err());
+    }
+
+    #[test]
+    fn bus_bandwidth_names_a_known_model_and_a_bounded_number() {
+        assert_eq!(
+            parse_bus_bandwidth("H100-80GB=400"),
+            Ok(("H100-80GB".to_string(), 400.0))
+        );
+        assert!(parse_bus_bandwidth("H100-80GB")
+            .unwrap_err()
+            .contains("MODEL=GBPS"));
+        assert!(parse_bus_bandwidth("V100=4")
+            .unwrap_err()
+            .contains("unknown GPU model"));
+        for bad in ["H100-80GB=0", "H100-80GB=nan", "H100-80GB=1e9"] {
+            assert!(
+                parse_bus_bandwidth(bad).unwrap_err().contains("at most"),
+                "{bad}"
+            );
+        }
     }
 }
 

@@ -75,6 +75,9 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// Where the time comes from (tests: a file).
     pub clock: crate::clock::Clock,
+    /// Bus bandwidth per GPU model the fleet delivers (`--bus-bandwidth`), over the fleet
+    /// file's `bus_bandwidth_gbps`: tenants' acceptance thresholds are bounded by it.
+    pub delivers: fleet::Delivers,
 }
 
 impl Config {
@@ -98,6 +101,7 @@ impl Config {
             max_open_reservations: crate::state::DEFAULT_MAX_OPEN_RESERVATIONS,
             metrics_listen: None,
             clock: Default::default(),
+            delivers: Default::default(),
         }
     }
 }
@@ -169,6 +173,7 @@ impl ControlPlane {
         let mut conn = store::open(&data_dir.join("state.db"))
             .with_context(|| format!("cannot open the state database in {}", data_dir.display()))?;
         let mut offered = config.drivers.clone();
+        let mut delivers = fleet::Delivers::default();
         let embedded = match config.fleet {
             Fleet::External => Vec::new(),
             Fleet::ThisHost(backend) => {
@@ -194,6 +199,7 @@ impl ControlPlane {
                 if offered.is_empty() {
                     offered = fleet_def.drivers.clone();
                 }
+                delivers = fleet_def.delivers();
                 let seeded = fleet::seed(&mut conn, &fleet_def, config.clock.now())?;
                 if seeded > 0 {
                     tracing::info!(nodes = seeded, "seeded the simulated fleet");
@@ -226,7 +232,8 @@ impl ControlPlane {
             AppState::new(conn, data_dir, admin_token, join_token, registry, drivers)
                 .with_health(config.health)
                 .with_max_open_reservations(config.max_open_reservations)
-                .with_clock(config.clock),
+                .with_clock(config.clock)
+                .with_delivers(delivers.overridden_by(&config.delivers)),
         );
         Ok(Self {
             state,

@@ -60,6 +60,8 @@ pub struct AppState {
     pub health: HealthSettings,
     /// Where the time comes from.
     pub clock: crate::clock::Clock,
+    /// What the fleet says it delivers per GPU model (bounds tenants' thresholds).
+    pub delivers: crate::fleet::Delivers,
 }
 
 impl AppState {
@@ -87,7 +89,14 @@ impl AppState {
             max_open_reservations: DEFAULT_MAX_OPEN_RESERVATIONS,
             health: Default::default(),
             clock: Default::default(),
+            delivers: Default::default(),
         }
+    }
+
+    /// What the fleet declares it delivers (its definition's `bus_bandwidth_gbps`).
+    pub fn with_delivers(mut self, delivers: crate::fleet::Delivers) -> Self {
+        self.delivers = delivers;
+        self
     }
 
     /// The clock (serve's `--clock-file`, for tests).

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpufleet_proto::limits::MAX_BANDWIDTH_GBPS;
 use gpufleet_proto::v1;
 use rusqlite::Connection;
 use tokio::sync::watch;
@@ -51,13 +52,16 @@ pub fn level(attribute: &str, text: &str) -> Result<String> {
 }
 
 /// A cluster's acceptance settings from a create or update request; `set` false keeps
-/// `current` (the defaults for a new cluster).
+/// `current` (the defaults for a new cluster). The threshold is bounded by what the fleet
+/// says its `gpu_type` nodes deliver (`delivers`, from the fleet definition).
 pub fn acceptance_settings(
     current: Acceptance,
     set: bool,
     level_text: &str,
     min_bus_bandwidth_gbps: f64,
     run_on_create: bool,
+    gpu_type: &str,
+    delivers: &crate::fleet::Delivers,
 ) -> Result<Acceptance> {
     if !set {
         return Ok(current);
@@ -67,10 +71,19 @@ pub fn acceptance_settings(
     } else {
         level_text
     };
-    if !min_bus_bandwidth_gbps.is_finite() || !(0.0..=100_000.0).contains(&min_bus_bandwidth_gbps) {
+    if !min_bus_bandwidth_gbps.is_finite()
+        || !(0.0..=MAX_BANDWIDTH_GBPS).contains(&min_bus_bandwidth_gbps)
+    {
         return Err(Error::Invalid(format!(
-            "acceptance.min_bus_bandwidth_gbps: must be between 0 and 100000 Gbit/s (got {min_bus_bandwidth_gbps})"
+            "acceptance.min_bus_bandwidth_gbps: must be between 0 and {MAX_BANDWIDTH_GBPS} Gbit/s (got {min_bus_bandwidth_gbps})"
         )));
+    }
+    if let Some(declared) = delivers.bus_bandwidth_gbps(gpu_type) {
+        if min_bus_bandwidth_gbps > declared {
+            return Err(Error::Invalid(format!(
+                "acceptance.min_bus_bandwidth_gbps: must be at most {declared} Gbit/s, the bus bandwidth this fleet declares its {gpu_type} nodes deliver (got {min_bus_bandwidth_gbps})"
+            )));
+        }
     }
     Ok(Acceptance {
         level: level("acceptance.level", level_text)?,
@@ -1216,11 +1229,12 @@ mod tests {
             "{e}"
         );
         let base = Acceptance::default_for("c1");
-        assert_eq!(
-            acceptance_settings(base.clone(), false, "x", -1.0, false).unwrap(),
-            base
-        );
-        let set = acceptance_settings(base.clone(), true, "", 25.0, false).unwrap();
+        let none = crate::fleet::Delivers::default();
+        let settings = |set, level, gbps, run| {
+            acceptance_settings(base.clone(), set, level, gbps, run, "H100-80GB", &none)
+        };
+        assert_eq!(settings(false, "x", -1.0, false).unwrap(), base);
+        let set = settings(true, "", 25.0, false).unwrap();
         assert_eq!(
             (
                 set.level.as_str(),
@@ -1229,9 +1243,40 @@ mod tests {
             ),
             ("medium", 25.0, false)
         );
-        let e = acceptance_settings(base, true, "long", f64::NAN, true)
+        let e = settings(true, "long", f64::NAN, true)
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("acceptance.min_bus_bandwidth_gbps"), "{e}");
+        // One upper bound: the API's.
+        let e = settings(true, "long", MAX_BANDWIDTH_GBPS + 1.0, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("between 0 and 100000 Gbit/s"), "{e}");
+    }
+
+    #[test]
+    fn a_threshold_above_what_the_fleet_declares_is_refused_naming_the_bound() {
+        let base = Acceptance::default_for("c1");
+        let delivers = crate::fleet::Delivers::new([("H100-80GB".to_string(), 400.0)].into());
+        let ask = |gpu_type, gbps| {
+            acceptance_settings(base.clone(), true, "quick", gbps, true, gpu_type, &delivers)
+        };
+        assert_eq!(
+            ask("H100-80GB", 400.0).unwrap().min_bus_bandwidth_gbps,
+            400.0
+        );
+        let e = ask("H100-80GB", 100_000.0).unwrap_err().to_string();
+        assert!(
+            e.starts_with("acceptance.min_bus_bandwidth_gbps: must be at most 400 Gbit/s")
+                && e.contains("H100-80GB")
+                && e.contains("(got 100000)"),
+            "{e}"
+        );
+        // A model the fleet declares nothing for: the API's bound only.
+        assert!(ask("A100-80GB", 100_000.0).is_ok());
+        // Keeping the current settings checks nothing.
+        assert!(
+            acceptance_settings(base.clone(), false, "", 1e9, true, "H100-80GB", &delivers).is_ok()
+        );
     }
 }
