@@ -36,6 +36,9 @@ pub enum Command {
     NodeReturn(NodeReturnArgs),
     /// Show what happened to a tenant cluster (its event log), oldest first.
     Events(EventsArgs),
+    /// The automatic-quarantine breakers (admin): list them, or reset one.
+    #[command(subcommand)]
+    Breaker(BreakerCommand),
     /// Create a small CA and issue the control plane's and the node agents' certificates
     /// for mutual TLS.
     Pki(PkiArgs),
@@ -188,6 +191,26 @@ pub struct EventsArgs {
     pub client: ClientArgs,
 }
 
+/// `gpufleet-agent breaker ...`.
+#[derive(Subcommand, Debug)]
+pub enum BreakerCommand {
+    /// Show each GPU model's breaker: open or closed, why, automatic quarantines in the
+    /// window and the cap.
+    List(ClientArgs),
+    /// Close a model's breaker (admin): failed checks quarantine its nodes again, counted
+    /// afresh from now.
+    Reset(BreakerResetArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BreakerResetArgs {
+    /// The GPU model whose breaker to close, e.g. H100-80GB.
+    #[arg(long)]
+    pub gpu_type: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
 #[derive(Args, Debug)]
 pub struct NodeReturnArgs {
     /// The node's name.
@@ -297,6 +320,19 @@ pub struct ServeArgs {
     /// tenants' `acceptance.min_bus_bandwidth_gbps` for the model is refused above it.
     #[arg(long, env = "GPUFLEET_BUS_BANDWIDTH", value_delimiter = ',', value_parser = parse_bus_bandwidth, value_name = "MODEL=GBPS")]
     pub bus_bandwidth: Vec<(String, f64)>,
+    /// The automatic-quarantine breaker's window: failed health checks quarantine at most
+    /// --breaker-max-quarantines (or --breaker-max-percent of a model's nodes, whichever
+    /// is more) of one GPU model within it; past that the breaker opens and failed nodes
+    /// stay in service until `gpufleet-agent breaker reset`. 0 turns the breaker off.
+    #[arg(long, env = "GPUFLEET_BREAKER_WINDOW", default_value = "10m", value_parser = parse_interval)]
+    pub breaker_window: std::time::Duration,
+    /// Automatic quarantines of one model per --breaker-window (see there).
+    #[arg(long, env = "GPUFLEET_BREAKER_MAX_QUARANTINES", default_value_t = 2)]
+    pub breaker_max_quarantines: u32,
+    /// Automatic quarantines of one model per --breaker-window, as a percentage of its
+    /// nodes (when that is more than --breaker-max-quarantines).
+    #[arg(long, env = "GPUFLEET_BREAKER_MAX_PERCENT", default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub breaker_max_percent: u32,
 }
 
 /// `--bus-bandwidth H100-80GB=400`.
@@ -413,6 +449,11 @@ impl ServeArgs {
             delivers: gpufleet_control::fleet::Delivers::new(
                 self.bus_bandwidth.into_iter().collect(),
             ),
+            breaker: gpufleet_control::scheduling::breaker::Settings {
+                window: self.breaker_window,
+                max_quarantines: self.breaker_max_quarantines,
+                max_percent: self.breaker_max_percent,
+            },
         }
     }
 }

@@ -472,6 +472,18 @@ impl Bounded for v1::ReturnNodeRequest {
     }
 }
 
+impl Bounded for v1::ListQuarantineBreakersRequest {
+    fn check_bounds(&self) -> Result {
+        Ok(())
+    }
+}
+
+impl Bounded for v1::ResetQuarantineBreakerRequest {
+    fn check_bounds(&self) -> Result {
+        keyword("gpu_type", &self.gpu_type)
+    }
+}
+
 impl Bounded for v1::ListDriverVersionsRequest {
     fn check_bounds(&self) -> Result {
         keyword("gpu_type", &self.gpu_type)?;

@@ -78,6 +78,8 @@ pub struct Config {
     /// Bus bandwidth per GPU model the fleet delivers (`--bus-bandwidth`), over the fleet
     /// file's `bus_bandwidth_gbps`: tenants' acceptance thresholds are bounded by it.
     pub delivers: fleet::Delivers,
+    /// The automatic-quarantine breaker: how many quarantines per model and window.
+    pub breaker: crate::scheduling::breaker::Settings,
 }
 
 impl Config {
@@ -102,6 +104,7 @@ impl Config {
             metrics_listen: None,
             clock: Default::default(),
             delivers: Default::default(),
+            breaker: Default::default(),
         }
     }
 }
@@ -233,7 +236,8 @@ impl ControlPlane {
                 .with_health(config.health)
                 .with_max_open_reservations(config.max_open_reservations)
                 .with_clock(config.clock)
-                .with_delivers(delivers.overridden_by(&config.delivers)),
+                .with_delivers(delivers.overridden_by(&config.delivers))
+                .with_breaker(config.breaker),
         );
         Ok(Self {
             state,

@@ -62,6 +62,8 @@ pub struct AppState {
     pub clock: crate::clock::Clock,
     /// What the fleet says it delivers per GPU model (bounds tenants' thresholds).
     pub delivers: crate::fleet::Delivers,
+    /// How many automatic quarantines per model and window (serve's `--breaker-*`).
+    pub breaker: crate::scheduling::breaker::Settings,
 }
 
 impl AppState {
@@ -90,7 +92,14 @@ impl AppState {
             health: Default::default(),
             clock: Default::default(),
             delivers: Default::default(),
+            breaker: Default::default(),
         }
+    }
+
+    /// The automatic-quarantine breaker's cap and window (serve's `--breaker-*` flags).
+    pub fn with_breaker(mut self, breaker: crate::scheduling::breaker::Settings) -> Self {
+        self.breaker = breaker;
+        self
     }
 
     /// What the fleet declares it delivers (its definition's `bus_bandwidth_gbps`).

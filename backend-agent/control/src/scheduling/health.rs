@@ -17,7 +17,7 @@ use gpufleet_proto::v1;
 use rusqlite::Connection;
 use tokio::sync::watch;
 
-use super::drivers;
+use super::{breaker, drivers};
 use crate::error::{Error, Result};
 use crate::registry::Outcome;
 use crate::state::AppState;
@@ -411,19 +411,122 @@ async fn node_event(state: &AppState, node: &NodeRow, kind: &str, message: &str)
     }
 }
 
-/// A failed node of `cluster`: quarantined (out of the cluster) and replaced from the
-/// same source. Returns the replacement, or why there is none.
+/// Whether an automatic quarantine goes through the model's breaker (a failed check the
+/// control plane ran by itself or for a tenant) or not (an operator's return).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taking {
+    Automatic,
+    Operator,
+}
+
+/// What a failed check did to its node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TakenOut {
+    Quarantined,
+    /// Left in service by the open breaker, saying so.
+    Held(String),
+}
+
+/// Quarantines `node` after a failed check (out of `cluster` when it is a member), unless
+/// the model's breaker holds it back; the decision and the write are one transaction.
+/// Records the events: `node_quarantined`, or `quarantine_held` (and `breaker_opened`
+/// in the breaker's log, `breaker/<model>`, when this failure opened it).
+async fn quarantine_checked(
+    state: &AppState,
+    cluster: Option<&ClusterRow>,
+    node: &NodeRow,
+    why: &str,
+    taking: Taking,
+) -> Result<TakenOut> {
+    let settings = state.breaker.clone();
+    let (n, reason) = (node.clone(), why.to_string());
+    let now = state.now();
+    let decision = state
+        .apply(move |conn| -> Result<breaker::Decision> {
+            let d = match taking {
+                Taking::Automatic => breaker::decide(conn, &settings, &n, now)?,
+                Taking::Operator => breaker::Decision::Quarantine,
+            };
+            if d == breaker::Decision::Quarantine {
+                store::nodes::set_state(conn, &n.id, NODE_QUARANTINED, &reason, now)?;
+                store::nodes::release(conn, &n.id)?;
+            }
+            Ok(d)
+        })
+        .await?;
+    let (kind, text, outcome) = match decision {
+        breaker::Decision::Quarantine => {
+            tracing::warn!(node = %node.hostname, %why, "node quarantined");
+            ("node_quarantined", why.to_string(), TakenOut::Quarantined)
+        }
+        breaker::Decision::Held { why: held, opened } => {
+            if opened {
+                tracing::error!(gpu_type = %node.gpu_type, node = %node.hostname, %held, "automatic-quarantine breaker opened");
+                breaker_event(state, node, "breaker_opened", &held).await;
+            } else {
+                tracing::warn!(node = %node.hostname, %held, "quarantine held by the open breaker");
+            }
+            breaker_event(state, node, "quarantine_held", &format!("{why}; {held}")).await;
+            (
+                "quarantine_held",
+                format!("{why}; {held}"),
+                TakenOut::Held(held),
+            )
+        }
+    };
+    match cluster {
+        Some(c) => drivers::event(state, c, kind, &node.hostname, &text).await,
+        None => node_event(state, node, kind, &text).await,
+    }
+    Ok(outcome)
+}
+
+/// An event in the breaker's log of the node's model (`breaker/<model>`, the admin's).
+async fn breaker_event(state: &AppState, node: &NodeRow, kind: &str, message: &str) {
+    let object = breaker::event_object(&node.gpu_type);
+    let (host, kind, text) = (node.hostname.clone(), kind.to_string(), message.to_string());
+    let clock_now = state.now();
+    let recorded = state
+        .apply(move |conn| {
+            Ok::<_, Error>(store::events::record(
+                conn, clock_now, &object, "", &kind, &host, &text,
+            )?)
+        })
+        .await;
+    if let Err(e) = recorded {
+        tracing::error!(node = %node.hostname, error = %e, "cannot record a breaker event");
+    }
+}
+
+/// A failed node of `cluster`: quarantined (out of the cluster, named in `quarantined`)
+/// and replaced from the same source. Returns the replacement, or why there is none (or
+/// why the breaker left the node in service).
 async fn quarantine_and_replace(
     state: &AppState,
     cluster: &ClusterRow,
     run_id: &str,
     level: &str,
     v: &Verdict,
+    quarantined: &mut Vec<String>,
 ) -> std::result::Result<String, String> {
     let why = quarantine_reason(level, v);
     drivers::event(state, cluster, "check_failed", &v.node.hostname, &why).await;
-    if let Err(e) = drivers::quarantine(state, cluster, &v.node, &why).await {
-        return Err(format!("cannot quarantine {}: {e}", v.node.hostname));
+    match quarantine_checked(state, Some(cluster), &v.node, &why, Taking::Automatic).await {
+        Err(e) => return Err(format!("cannot quarantine {}: {e}", v.node.hostname)),
+        Ok(TakenOut::Held(held)) => {
+            set_action(
+                state,
+                run_id,
+                &v.node.id,
+                "left in service: the breaker is open",
+            )
+            .await;
+            return Err(format!(
+                "node {} failed {level} checks ({}); {held}",
+                v.node.hostname, v.summary
+            ));
+        }
+        Ok(TakenOut::Quarantined) => quarantined.push(v.node.hostname.clone()),
     }
     match drivers::replace(state, cluster, &v.node.hostname).await {
         Ok(new) => {
@@ -446,12 +549,23 @@ async fn quarantine_and_replace(
     }
 }
 
+/// "a; b; quarantined: n1, n2": a failed run's problems, naming every node it quarantined.
+pub fn problems_text(problems: &[String], quarantined: &[String]) -> String {
+    let mut text = problems.join("; ");
+    if !quarantined.is_empty() {
+        text.push_str(&format!("; quarantined: {}", quarantined.join(", ")));
+    }
+    text
+}
+
 /// The outcome of checking a cluster.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterRun {
     pub run_id: String,
     /// Failed nodes that could not be replaced (empty: every node passed in the end).
     pub problems: Vec<String>,
+    /// Every node the run quarantined, by name (replaced or not).
+    pub quarantined: Vec<String>,
     pub alg_bandwidth_gbps: f64,
     pub bus_bandwidth_gbps: f64,
 }
@@ -529,7 +643,16 @@ pub async fn check_cluster(
             break;
         }
         for v in failed {
-            match quarantine_and_replace(state, cluster, &run_id, level, v).await {
+            match quarantine_and_replace(
+                state,
+                cluster,
+                &run_id,
+                level,
+                v,
+                &mut outcome.quarantined,
+            )
+            .await
+            {
                 Ok(new) => tracing::info!(node = %v.node.hostname, %new, "failed node replaced"),
                 Err(problem) => outcome.problems.push(problem),
             }
@@ -695,7 +818,7 @@ pub async fn accept_new_nodes(
     let reason = format!(
         "acceptance ({}): {}",
         acceptance.level,
-        run.problems.join("; ")
+        problems_text(&run.problems, &run.quarantined)
     );
     if cluster.status == "creating" {
         // The create is taken back: its remaining nodes return to whole GPUs first.
@@ -737,7 +860,10 @@ pub async fn check_now(
     )
     .await?;
     if !run.problems.is_empty() {
-        let reason = format!("health checks ({level}): {}", run.problems.join("; "));
+        let reason = format!(
+            "health checks ({level}): {}",
+            problems_text(&run.problems, &run.quarantined)
+        );
         set_status(state, &cluster.id, "degraded", &reason).await?;
     }
     Ok(run)
@@ -745,7 +871,13 @@ pub async fn check_now(
 
 /// One node checked alone at `level` (registration, return, periodic). Returns None when
 /// its agent gave no report (unreachable, stopping): nothing is concluded then.
-async fn check_one(state: &AppState, node: &NodeRow, level: &str) -> Result<Option<Verdict>> {
+/// A failed one is taken out (see [`take_out`]); `taken_out` says whether it was.
+async fn check_one(
+    state: &AppState,
+    node: &NodeRow,
+    level: &str,
+    taking: Taking,
+) -> Result<Option<Checked>> {
     let cluster = match node.cluster_id.clone() {
         Some(id) => {
             state
@@ -794,10 +926,22 @@ async fn check_one(state: &AppState, node: &NodeRow, level: &str) -> Result<Opti
     };
     let run_id = uuid::Uuid::new_v4().to_string();
     record(state, &run_id, level, cluster.as_ref(), &v).await?;
-    if v.failed {
-        take_out(state, cluster.as_ref(), &run_id, level, &v).await?;
-    }
-    Ok(Some(v))
+    let taken_out = if v.failed {
+        take_out(state, cluster.as_ref(), &run_id, level, &v, taking).await?
+    } else {
+        false
+    };
+    Ok(Some(Checked {
+        verdict: v,
+        taken_out,
+    }))
+}
+
+/// One node's verdict, and whether a failure took it out of service.
+#[derive(Debug, Clone)]
+struct Checked {
+    verdict: Verdict,
+    taken_out: bool,
 }
 
 /// How many times one node's check may start again because its driver record changed.
@@ -810,29 +954,48 @@ fn only_driver_failed(v: &Verdict) -> bool {
 }
 
 /// A node that failed alone: quarantined; out of its cluster and replaced when it was a
-/// member (the cluster degraded, with why, when no replacement is left).
+/// member (the cluster degraded, with why, when no replacement is left). An automatic
+/// one the model's breaker holds back stays in service (its cluster degraded, saying
+/// so). Returns whether the node was taken out.
 async fn take_out(
     state: &AppState,
     cluster: Option<&ClusterRow>,
     run_id: &str,
     level: &str,
     v: &Verdict,
-) -> Result<()> {
+    taking: Taking,
+) -> Result<bool> {
     let why = quarantine_reason(level, v);
     let Some(cluster) = cluster else {
-        drivers::set_node_state(state, &v.node.id, NODE_QUARANTINED, &why).await?;
-        tracing::warn!(node = %v.node.hostname, %why, "node quarantined");
         node_event(state, &v.node, "check_failed", &why).await;
-        node_event(state, &v.node, "node_quarantined", &why).await;
-        set_action(state, run_id, &v.node.id, "quarantined").await;
-        return Ok(());
+        return Ok(
+            match quarantine_checked(state, None, &v.node, &why, taking).await? {
+                TakenOut::Quarantined => {
+                    set_action(state, run_id, &v.node.id, "quarantined").await;
+                    true
+                }
+                TakenOut::Held(_) => {
+                    set_action(
+                        state,
+                        run_id,
+                        &v.node.id,
+                        "left in service: the breaker is open",
+                    )
+                    .await;
+                    false
+                }
+            },
+        );
     };
     let mut failed = v.clone();
+    let mut quarantined = Vec::new();
     loop {
-        match quarantine_and_replace(state, cluster, run_id, level, &failed).await {
+        match quarantine_and_replace(state, cluster, run_id, level, &failed, &mut quarantined).await
+        {
             Err(problem) => {
-                set_status(state, &cluster.id, "degraded", &problem).await?;
-                return Ok(());
+                let reason = problems_text(&[problem], &quarantined);
+                set_status(state, &cluster.id, "degraded", &reason).await?;
+                return Ok(!quarantined.is_empty());
             }
             Ok(new) => {
                 // The replacement is checked before it counts.
@@ -840,7 +1003,7 @@ async fn take_out(
                     .read(move |conn| Ok::<_, Error>(store::nodes::by_hostname(conn, &new)?))
                     .await?
                 else {
-                    return Ok(());
+                    return Ok(true);
                 };
                 let req = Request {
                     level,
@@ -859,7 +1022,7 @@ async fn take_out(
                 .await?;
                 match checked.into_iter().next() {
                     Some(v) if v.failed => failed = v,
-                    _ => return Ok(()),
+                    _ => return Ok(true),
                 }
             }
         }
@@ -888,20 +1051,35 @@ async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Re
         crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
         return Ok(());
     }
-    if checked_and_passed(state, &node, "acceptance checks (medium)").await? {
+    if checked_and_passed(
+        state,
+        &node,
+        "acceptance checks (medium)",
+        Taking::Automatic,
+    )
+    .await?
+    {
         crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
     }
     Ok(())
 }
 
 /// Marks the node busy with `reason` while it runs the medium checks. True when it
-/// passed (or gave no report, e.g. it went away: the heartbeat watch handles that).
-async fn checked_and_passed(state: &AppState, node: &NodeRow, reason: &str) -> Result<bool> {
+/// passed (or gave no report, e.g. it went away: the heartbeat watch handles that), or
+/// failed and the open breaker left it in service.
+async fn checked_and_passed(
+    state: &AppState,
+    node: &NodeRow,
+    reason: &str,
+    taking: Taking,
+) -> Result<bool> {
     drivers::set_node_state(state, &node.id, NODE_BUSY, reason).await?;
-    Ok(match check_one(state, node, ADMISSION_LEVEL).await? {
-        Some(v) => !v.failed,
-        None => true,
-    })
+    Ok(
+        match check_one(state, node, ADMISSION_LEVEL, taking).await? {
+            Some(c) => !c.verdict.failed || !c.taken_out,
+            None => true,
+        },
+    )
 }
 
 /// An operator returns a quarantined node: it runs the medium checks first and stays
@@ -915,6 +1093,7 @@ pub async fn return_checked(state: Arc<AppState>, node_id: &str) -> Result<()> {
         &state,
         &node,
         "returned by an operator; acceptance checks (medium)",
+        Taking::Operator,
     )
     .await?;
     if !passed {
@@ -965,7 +1144,7 @@ pub async fn periodic_round(state: &Arc<AppState>) -> Result<()> {
     let mut checks = tokio::task::JoinSet::new();
     for n in nodes {
         let state = state.clone();
-        checks.spawn(async move { check_one(&state, &n, "quick").await });
+        checks.spawn(async move { check_one(&state, &n, "quick", Taking::Automatic).await });
     }
     while let Some(done) = checks.join_next().await {
         match done {
