@@ -38,9 +38,13 @@ async fn health(backend: &Backend, token: &str) -> Health {
 }
 
 /// A control plane whose fleet is the node agents that register; no periodic checks
-/// unless `interval` says otherwise.
+/// unless `interval` says otherwise. Its breaker lets every node of the fleet be
+/// quarantined: these tests inject a real fault per node, one after the other (the
+/// breaker's own test is backend-agent/tests/breaker.rs).
 fn external_backend(interval: &str) -> Backend {
     Backend::start_with_args(&[
+        "--breaker-max-quarantines",
+        "8",
         "--node-agents",
         "external",
         "--node-timeout",
