@@ -40,6 +40,29 @@ impl Default for HealthSettings {
     }
 }
 
+/// The automatic-quarantine breaker's flags (serve's `--breaker-*`; the rules are
+/// `scheduling::breaker`'s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerSettings {
+    /// The window automatic quarantines are counted in; zero turns the breaker off.
+    pub window: std::time::Duration,
+    /// At most this many automatic quarantines of one model per window...
+    pub max_quarantines: u32,
+    /// ...or this percentage of the model's nodes, whichever is more.
+    pub max_percent: u32,
+}
+
+impl Default for BreakerSettings {
+    /// At most 2, or 20% of the model's nodes, per 10 minutes.
+    fn default() -> Self {
+        Self {
+            window: std::time::Duration::from_secs(600),
+            max_quarantines: 2,
+            max_percent: 20,
+        }
+    }
+}
+
 pub struct AppState {
     db: Arc<Mutex<Connection>>,
     writes: crate::group_commit::GroupCommit,
@@ -63,7 +86,7 @@ pub struct AppState {
     /// What the fleet says it delivers per GPU model (bounds tenants' thresholds).
     pub delivers: crate::fleet::Delivers,
     /// How many automatic quarantines per model and window (serve's `--breaker-*`).
-    pub breaker: crate::scheduling::breaker::Settings,
+    pub breaker: BreakerSettings,
 }
 
 impl AppState {
@@ -97,7 +120,7 @@ impl AppState {
     }
 
     /// The automatic-quarantine breaker's cap and window (serve's `--breaker-*` flags).
-    pub fn with_breaker(mut self, breaker: crate::scheduling::breaker::Settings) -> Self {
+    pub fn with_breaker(mut self, breaker: BreakerSettings) -> Self {
         self.breaker = breaker;
         self
     }

@@ -13,27 +13,7 @@ use rusqlite::Connection;
 use crate::error::{Error, Result};
 use crate::store::{self, nodes::NodeRow};
 
-/// `serve`'s breaker flags.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
-    /// The window automatic quarantines are counted in; zero turns the breaker off.
-    pub window: Duration,
-    /// At most this many automatic quarantines of one model per window...
-    pub max_quarantines: u32,
-    /// ...or this percentage of the model's nodes, whichever is more.
-    pub max_percent: u32,
-}
-
-impl Default for Settings {
-    /// At most 2, or 20% of the model's nodes, per 10 minutes.
-    fn default() -> Self {
-        Self {
-            window: Duration::from_secs(600),
-            max_quarantines: 2,
-            max_percent: 20,
-        }
-    }
-}
+pub use crate::state::BreakerSettings as Settings;
 
 impl Settings {
     /// How many of a model's `nodes` may be quarantined automatically per window.
@@ -70,12 +50,12 @@ pub enum Decision {
 /// How a window is said: `10m`, `90s`.
 fn window_text(d: Duration) -> String {
     let s = d.as_secs();
-    if s >= 3600 && s % 3600 == 0 {
-        format!("{}h", s / 3600)
-    } else if s >= 60 && s % 60 == 0 {
-        format!("{}m", s / 60)
-    } else {
-        format!("{s}s")
+    let (minutes, seconds_over) = (s / 60, s % 60);
+    let (hours, minutes_over) = (minutes / 60, minutes % 60);
+    match (hours, minutes, seconds_over, minutes_over) {
+        (h, _, 0, 0) if h > 0 => format!("{h}h"),
+        (_, m, 0, _) if m > 0 => format!("{m}m"),
+        _ => format!("{s}s"),
     }
 }
 
@@ -216,6 +196,8 @@ mod tests {
         assert_eq!(s.cap(10), 2);
         assert_eq!(s.cap(50), 10);
         assert_eq!(window_text(s.window), "10m");
+        assert_eq!(window_text(Duration::from_secs(7200)), "2h");
+        assert_eq!(window_text(Duration::from_secs(90)), "90s");
     }
 
     #[test]
