@@ -38,6 +38,9 @@ pub enum Command {
     NodeReturn(NodeReturnArgs),
     /// Show what happened to a tenant cluster (its event log), oldest first.
     Events(EventsArgs),
+    /// The automatic-quarantine breakers (admin): list them, or reset one.
+    #[command(subcommand)]
+    Breaker(BreakerCommand),
     /// Create a small CA and issue the control plane's and the node agents' certificates
     /// for mutual TLS.
     Pki(PkiArgs),
@@ -190,6 +193,26 @@ pub struct EventsArgs {
     pub client: ClientArgs,
 }
 
+/// `gpufleet-agent breaker ...`.
+#[derive(Subcommand, Debug)]
+pub enum BreakerCommand {
+    /// Show each GPU model's breaker: open or closed, why, automatic quarantines in the
+    /// window and the cap.
+    List(ClientArgs),
+    /// Close a model's breaker (admin): failed checks quarantine its nodes again, counted
+    /// afresh from now.
+    Reset(BreakerResetArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BreakerResetArgs {
+    /// The GPU model whose breaker to close, e.g. H100-80GB.
+    #[arg(long)]
+    pub gpu_type: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
 #[derive(Args, Debug)]
 pub struct NodeReturnArgs {
     /// The node's name.
@@ -312,6 +335,40 @@ pub struct ServeArgs {
     /// How long each pair of nodes exchanges data in a cluster's bandwidth test.
     #[arg(long, env = "GPUFLEET_BANDWIDTH_DURATION", default_value = "1s", value_parser = parse_duration)]
     pub bandwidth_duration: std::time::Duration,
+    /// The bus bandwidth a GPU model's nodes deliver between them, as MODEL=GBPS
+    /// (repeatable or comma-separated), over the fleet file's `bus_bandwidth_gbps`:
+    /// tenants' `acceptance.min_bus_bandwidth_gbps` for the model is refused above it.
+    #[arg(long, env = "GPUFLEET_BUS_BANDWIDTH", value_delimiter = ',', value_parser = parse_bus_bandwidth, value_name = "MODEL=GBPS")]
+    pub bus_bandwidth: Vec<(String, f64)>,
+    /// The automatic-quarantine breaker's window: failed health checks quarantine at most
+    /// --breaker-max-quarantines (or --breaker-max-percent of a model's nodes, whichever
+    /// is more) of one GPU model within it; past that the breaker opens and failed nodes
+    /// stay in service until `gpufleet-agent breaker reset`. 0 turns the breaker off.
+    #[arg(long, env = "GPUFLEET_BREAKER_WINDOW", default_value = "10m", value_parser = parse_interval)]
+    pub breaker_window: std::time::Duration,
+    /// Automatic quarantines of one model per --breaker-window (see there).
+    #[arg(long, env = "GPUFLEET_BREAKER_MAX_QUARANTINES", default_value_t = 2)]
+    pub breaker_max_quarantines: u32,
+    /// Automatic quarantines of one model per --breaker-window, as a percentage of its
+    /// nodes (when that is more than --breaker-max-quarantines).
+    #[arg(long, env = "GPUFLEET_BREAKER_MAX_PERCENT", default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub breaker_max_percent: u32,
+}
+
+/// `--bus-bandwidth H100-80GB=400`.
+pub fn parse_bus_bandwidth(text: &str) -> Result<(String, f64), String> {
+    let (model, gbps) = text
+        .split_once('=')
+        .ok_or_else(|| format!("'{text}': give MODEL=GBPS, e.g. H100-80GB=400"))?;
+    let model = model.trim();
+    gpufleet_control::catalog::require_known("GPU model", model)?;
+    let max = gpufleet_proto::limits::MAX_BANDWIDTH_GBPS;
+    match gbps.trim().parse::<f64>() {
+        Ok(g) if g.is_finite() && g > 0.0 && g <= max => Ok((model.to_string(), g)),
+        _ => Err(format!(
+            "'{text}': the bandwidth must be a number of Gbit/s more than 0 and at most {max}"
+        )),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -411,13 +468,21 @@ impl ServeArgs {
                 .clock_file
                 .map(gpufleet_control::clock::Clock::File)
                 .unwrap_or_default(),
+            delivers: gpufleet_control::fleet::Delivers::new(
+                self.bus_bandwidth.into_iter().collect(),
+            ),
+            breaker: gpufleet_control::scheduling::breaker::Settings {
+                window: self.breaker_window,
+                max_quarantines: self.breaker_max_quarantines,
+                max_percent: self.breaker_max_percent,
+            },
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_duration, parse_interval};
+    use super::{parse_bus_bandwidth, parse_duration, parse_interval};
     use std::time::Duration;
 
     #[test]
@@ -432,6 +497,26 @@ mod tests {
         assert_eq!(parse_interval("0").unwrap(), Duration::ZERO);
         assert_eq!(parse_interval("250ms").unwrap(), Duration::from_millis(250));
         assert!(parse_interval("soon").is_err());
+    }
+
+    #[test]
+    fn bus_bandwidth_names_a_known_model_and_a_bounded_number() {
+        assert_eq!(
+            parse_bus_bandwidth("H100-80GB=400"),
+            Ok(("H100-80GB".to_string(), 400.0))
+        );
+        assert!(parse_bus_bandwidth("H100-80GB")
+            .unwrap_err()
+            .contains("MODEL=GBPS"));
+        assert!(parse_bus_bandwidth("V100=4")
+            .unwrap_err()
+            .contains("unknown GPU model"));
+        for bad in ["H100-80GB=0", "H100-80GB=nan", "H100-80GB=1e9"] {
+            assert!(
+                parse_bus_bandwidth(bad).unwrap_err().contains("at most"),
+                "{bad}"
+            );
+        }
     }
 }
 

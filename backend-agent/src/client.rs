@@ -183,6 +183,57 @@ pub async fn print_events(args: crate::cli::EventsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One breaker as a row: model, state, quarantines/cap in the window, held, why.
+fn breaker_row(b: v1::QuarantineBreaker) -> Vec<String> {
+    vec![
+        b.gpu_type,
+        if b.open { "open" } else { "closed" }.into(),
+        format!(
+            "{}/{} per {}s",
+            b.quarantines_in_window, b.cap, b.window_seconds
+        ),
+        b.held.to_string(),
+        if b.reason.is_empty() {
+            "-".into()
+        } else {
+            b.reason
+        },
+    ]
+}
+
+const BREAKER_HEADER: [&str; 5] = ["GPU TYPE", "BREAKER", "QUARANTINES", "HELD", "WHY"];
+
+/// `breaker list`: every model's automatic-quarantine breaker.
+pub async fn print_breakers(args: ClientArgs) -> anyhow::Result<()> {
+    let mut client = connect(&args).await?;
+    let breakers = client
+        .list_quarantine_breakers(v1::ListQuarantineBreakersRequest {})
+        .await
+        .map_err(status)?
+        .into_inner()
+        .breakers;
+    let rows: Vec<Vec<String>> = breakers.into_iter().map(breaker_row).collect();
+    print!("{}", table(&BREAKER_HEADER, &rows));
+    Ok(())
+}
+
+/// `breaker reset --gpu-type M`: closes the model's breaker.
+pub async fn reset_breaker(args: crate::cli::BreakerResetArgs) -> anyhow::Result<()> {
+    let mut client = connect(&args.client).await?;
+    let b = client
+        .reset_quarantine_breaker(v1::ResetQuarantineBreakerRequest {
+            gpu_type: args.gpu_type,
+        })
+        .await
+        .map_err(status)?
+        .into_inner();
+    println!(
+        "breaker of {} is closed: automatic quarantines count afresh (at most {} per {}s)",
+        b.gpu_type, b.cap, b.window_seconds
+    );
+    Ok(())
+}
+
 /// `node-return NAME`: a quarantined node back to service.
 pub async fn return_node(args: crate::cli::NodeReturnArgs) -> anyhow::Result<()> {
     let mut client = connect(&args.client).await?;

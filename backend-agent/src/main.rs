@@ -33,6 +33,12 @@ fn main() -> std::process::ExitCode {
             cli::Command::NodeStatus(args) => gpufleet_node::print_status(&args.data_dir),
             cli::Command::NodeReturn(args) => client::return_node(args).await,
             cli::Command::Events(args) => client::print_events(args).await,
+            cli::Command::Breaker(cli::BreakerCommand::List(args)) => {
+                client::print_breakers(args).await
+            }
+            cli::Command::Breaker(cli::BreakerCommand::Reset(args)) => {
+                client::reset_breaker(args).await
+            }
             cli::Command::Pki(args) => print_issued(&args),
         }
     });

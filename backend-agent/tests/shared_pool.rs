@@ -25,7 +25,17 @@ async fn h100_nodes(admin: &mut Clients) -> Vec<Node> {
 #[tokio::test]
 async fn an_unreachable_bandwidth_threshold_fails_the_cluster_and_quarantines_no_node() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(&dir.path().join("data"));
+    // A platform that claims more than its nodes deliver (loopback: tens of Gbit/s), so
+    // the threshold passes admission and only the measurement can judge it.
+    let agent = Agent::start_with(
+        &dir.path().join("data"),
+        &[
+            "--admin-token",
+            ADMIN,
+            "--bus-bandwidth",
+            "H100-80GB=100000",
+        ],
+    );
     let mut admin = agent.admin().await;
     let (team, token) = admin.tenant("team-a").await;
     admin.quota(&team.id, "H100-80GB", 16, 0).await;
@@ -66,6 +76,112 @@ async fn an_unreachable_bandwidth_threshold_fails_the_cluster_and_quarantines_no
         .create_pool_cluster(&other.id, "after", "H100-80GB", 2)
         .await;
     assert_eq!(cluster.node_count, 2);
+}
+
+/// A tenant's threshold is bounded by what the fleet says its nodes of the model
+/// deliver: above it, the create, the dry run the provider sends at plan and the update
+/// are refused naming the attribute and the bound, and nothing is touched.
+#[tokio::test]
+async fn a_threshold_above_what_the_fleet_declares_is_refused_before_any_node_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("fleet.toml");
+    std::fs::write(
+        &fleet,
+        "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 3\nbus_bandwidth_gbps = 400\n",
+    )
+    .unwrap();
+    let agent = Agent::start_with(
+        &dir.path().join("data"),
+        &["--admin-token", ADMIN, "--fleet", fleet.to_str().unwrap()],
+    );
+    let mut admin = agent.admin().await;
+    let (team, token) = admin.tenant("team-a").await;
+    admin.quota(&team.id, "H100-80GB", 24, 0).await;
+    let before = admin.snapshot().await;
+
+    let mut tenant = agent.clients(&token).await;
+    let ask = |gbps: f64, validate_only: bool| {
+        let mut req = Clients::cluster(&team.id, "greedy", "H100-80GB", 2);
+        req.set_acceptance = true;
+        req.acceptance_level = "quick".into();
+        req.min_bus_bandwidth_gbps = gbps;
+        req.validate_only = validate_only;
+        if validate_only {
+            req.request_id.clear();
+        }
+        req
+    };
+    for validate_only in [true, false] {
+        let refused = status(
+            tenant
+                .clusters
+                .create_tenant_cluster(ask(100_000.0, validate_only))
+                .await,
+        );
+        assert_eq!(
+            refused.code(),
+            Code::InvalidArgument,
+            "{}",
+            refused.message()
+        );
+        assert!(
+            refused.message().starts_with(
+                "acceptance.min_bus_bandwidth_gbps: must be at most 400 Gbit/s, the bus bandwidth this fleet declares its H100-80GB nodes deliver"
+            ),
+            "{}",
+            refused.message()
+        );
+    }
+    admin
+        .assert_unchanged(&before, "a refused threshold touches nothing")
+        .await;
+
+    // At the bound it is admitted (the dry run says so too); an update above it is not.
+    tenant
+        .clusters
+        .create_tenant_cluster(ask(400.0, true))
+        .await
+        .unwrap();
+    let mut fits = ask(0.5, false);
+    fits.run_acceptance_on_create = false;
+    let cluster = tenant
+        .clusters
+        .create_tenant_cluster(fits)
+        .await
+        .unwrap()
+        .into_inner();
+    let refused = status(
+        tenant
+            .clusters
+            .update_tenant_cluster(UpdateTenantClusterRequest {
+                id: cluster.id.clone(),
+                set_acceptance: true,
+                acceptance_level: "quick".into(),
+                min_bus_bandwidth_gbps: 401.0,
+                validate_only: true,
+                ..Default::default()
+            })
+            .await,
+    );
+    assert_eq!(
+        refused.code(),
+        Code::InvalidArgument,
+        "{}",
+        refused.message()
+    );
+    assert!(
+        refused
+            .message()
+            .starts_with("acceptance.min_bus_bandwidth_gbps: must be at most 400 Gbit/s"),
+        "{}",
+        refused.message()
+    );
+    let quarantined = h100_nodes(&mut admin)
+        .await
+        .into_iter()
+        .filter(|n| n.state == "quarantined")
+        .count();
+    assert_eq!(quarantined, 0);
 }
 
 #[tokio::test]

@@ -37,8 +37,10 @@ pub const MAX_UNAVAILABLE: i64 = 1_000;
 pub const MAX_MIG_LAYOUT_ENTRIES: usize = 16;
 pub const MAX_MIG_INSTANCES: i32 = 64;
 
-/// A cluster's `min_bus_bandwidth_gbps` (a finite number of Gbit/s).
-pub const MAX_BANDWIDTH_GBPS: f64 = 1_000_000.0;
+/// A cluster's `min_bus_bandwidth_gbps` (a finite number of Gbit/s): the one upper bound,
+/// held by the wire bounds, the acceptance rule and the provider's plan alike. A fleet
+/// bounds it lower per GPU model with `bus_bandwidth_gbps` in its fleet definition.
+pub const MAX_BANDWIDTH_GBPS: f64 = 100_000.0;
 /// A health check's `bandwidth_duration_ms` (one minute).
 pub const MAX_BANDWIDTH_DURATION_MS: u32 = 60_000;
 

@@ -38,9 +38,13 @@ async fn health(backend: &Backend, token: &str) -> Health {
 }
 
 /// A control plane whose fleet is the node agents that register; no periodic checks
-/// unless `interval` says otherwise.
+/// unless `interval` says otherwise. Its breaker lets every node of the fleet be
+/// quarantined: these tests inject a real fault per node, one after the other (the
+/// breaker's own test is backend-agent/tests/breaker.rs).
 fn external_backend(interval: &str) -> Backend {
     Backend::start_with_args(&[
+        "--breaker-max-quarantines",
+        "8",
         "--node-agents",
         "external",
         "--node-timeout",
@@ -590,10 +594,11 @@ resource "gpufleet_health_check" "now" {{
     tf.assert_no_changes();
 }
 
-/// A team's pipeline, with only its token, asks for a bus bandwidth no pair of nodes
-/// reaches: its own apply fails saying so, and no node of the shared pool is taken out of
-/// service (for it or anyone). The same pipeline with a threshold the fleet delivers
-/// then gets its cluster on those very nodes.
+/// A team's pipeline, with only its token, asks for a bus bandwidth above what the fleet
+/// declares its nodes deliver (the built-in fleet: 25 Gbit/s, loopback): its plan fails
+/// naming the attribute and the bound, before any node is touched, and no node of the
+/// shared pool is taken out of service (for it or anyone). The same pipeline with a
+/// threshold the fleet delivers then gets its cluster on those very nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_pipeline_cannot_empty_the_pool_with_an_unreachable_threshold() {
     let backend = Backend::start();
@@ -619,12 +624,13 @@ resource "gpufleet_tenant_cluster" "train" {{
     };
     tf.write_main(&config("100000"));
     tf.init();
-    let refused = tf.run_fails(&["apply", "-auto-approve", "-input=false", "-no-color"]);
-    assert!(
-        refused.stderr.contains("acceptance.min_bus_bandwidth_gbps")
-            && refused.stderr.contains("no node was taken out of service"),
-        "{refused}"
-    );
+    let refused = tf.plan_fails();
+    refused.assert_mentions(&[
+        "acceptance.min_bus_bandwidth_gbps: must be at most 25 Gbit/s",
+        "the bus bandwidth this fleet declares its H100-80GB nodes deliver",
+        "(got 100000)",
+    ]);
+    assert!(tf.state_list().is_empty(), "a refused plan creates nothing");
     let quarantined: Vec<String> = admin
         .nodes()
         .await

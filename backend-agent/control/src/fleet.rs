@@ -8,6 +8,8 @@
 //! gpus_per_node = 8          # default 8
 //! driver_version = "550.54.15"  # default
 //! cuda_version = "12.4"         # default
+//! bus_bandwidth_gbps = 400      # what the platform says these nodes deliver between
+//!                               # them; tenants' acceptance thresholds are bounded by it
 //!
 //! [[on_demand]]
 //! gpu_type = "H100-80GB"
@@ -27,7 +29,7 @@ use crate::store::nodes::{self, GpuRow, NodeRow, ON_DEMAND, POOL};
 
 pub use gpufleet_gpu::catalog::{DEFAULT_CUDA, DEFAULT_DRIVER};
 
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FleetFile {
     /// The drivers clusters may choose (empty: every release the catalog knows).
@@ -39,7 +41,7 @@ pub struct FleetFile {
     pub on_demand: Vec<NodeGroup>,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NodeGroup {
     pub gpu_type: String,
@@ -50,6 +52,54 @@ pub struct NodeGroup {
     pub driver_version: String,
     #[serde(default = "default_cuda")]
     pub cuda_version: String,
+    /// The all-reduce bus bandwidth (Gbit/s) the platform says these nodes deliver
+    /// between them: a tenant's `acceptance.min_bus_bandwidth_gbps` for the model is
+    /// refused above it. Every group of a model that gives it must give the same value;
+    /// a model without it is bounded only by the API's maximum.
+    #[serde(default)]
+    pub bus_bandwidth_gbps: Option<f64>,
+}
+
+/// What the fleet says it delivers per GPU model: the bus bandwidth (Gbit/s) a tenant's
+/// acceptance threshold may ask for. A model not in it is bounded by the API's maximum.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Delivers {
+    bus_bandwidth_gbps: BTreeMap<String, f64>,
+}
+
+impl Delivers {
+    pub fn new(bus_bandwidth_gbps: BTreeMap<String, f64>) -> Self {
+        Self { bus_bandwidth_gbps }
+    }
+
+    /// The declared bus bandwidth of `gpu_type`, when the fleet declares one.
+    pub fn bus_bandwidth_gbps(&self, gpu_type: &str) -> Option<f64> {
+        self.bus_bandwidth_gbps.get(gpu_type).copied()
+    }
+
+    /// `other`'s declarations over this one's.
+    pub fn overridden_by(mut self, other: &Delivers) -> Self {
+        self.bus_bandwidth_gbps.extend(
+            other
+                .bus_bandwidth_gbps
+                .iter()
+                .map(|(k, v)| (k.clone(), *v)),
+        );
+        self
+    }
+}
+
+impl FleetFile {
+    /// The bus bandwidth each model's groups declare (validated to agree).
+    pub fn delivers(&self) -> Delivers {
+        Delivers::new(
+            self.pool
+                .iter()
+                .chain(&self.on_demand)
+                .filter_map(|g| g.bus_bandwidth_gbps.map(|b| (g.gpu_type.clone(), b)))
+                .collect(),
+        )
+    }
 }
 
 fn default_gpus_per_node() -> u32 {
@@ -69,19 +119,31 @@ fn group(gpu_type: &str, nodes: u32) -> NodeGroup {
         gpus_per_node: 8,
         driver_version: default_driver(),
         cuda_version: default_cuda(),
+        bus_bandwidth_gbps: None,
     }
 }
 
+/// What the built-in fleet declares for each model: its simulated nodes share one host
+/// and exchange over loopback (tens of Gbit/s), so a threshold above this is refused
+/// rather than left for every pair to miss.
+pub const SIMULATED_BUS_BANDWIDTH_GBPS: f64 = 25.0;
+
 /// 4 x 8 H100-80GB, 2 x 8 A100-80GB, 2 x 8 H200-141GB in the pool; 4 x 8 H100-80GB on demand.
 pub fn default_fleet() -> FleetFile {
+    let simulated = |g: NodeGroup| NodeGroup {
+        bus_bandwidth_gbps: Some(SIMULATED_BUS_BANDWIDTH_GBPS),
+        ..g
+    };
     FleetFile {
         drivers: Vec::new(),
-        pool: vec![
+        pool: [
             group("H100-80GB", 4),
             group("A100-80GB", 2),
             group("H200-141GB", 2),
-        ],
-        on_demand: vec![group("H100-80GB", 4)],
+        ]
+        .map(simulated)
+        .to_vec(),
+        on_demand: vec![simulated(group("H100-80GB", 4))],
     }
 }
 
@@ -102,8 +164,25 @@ pub fn parse(text: &str) -> anyhow::Result<FleetFile> {
 
 fn validate(fleet: &FleetFile) -> anyhow::Result<()> {
     let mut gpus_per_node: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut bandwidth: BTreeMap<&str, f64> = BTreeMap::new();
     for (table, groups) in [("pool", &fleet.pool), ("on_demand", &fleet.on_demand)] {
         for g in groups {
+            if let Some(b) = g.bus_bandwidth_gbps {
+                let max = gpufleet_proto::limits::MAX_BANDWIDTH_GBPS;
+                if !b.is_finite() || b <= 0.0 || b > max {
+                    bail!(
+                        "{table}.bus_bandwidth_gbps: must be more than 0 and at most {max} Gbit/s for {} (got {b})",
+                        g.gpu_type
+                    );
+                }
+                let seen = *bandwidth.entry(&g.gpu_type).or_insert(b);
+                if seen != b {
+                    bail!(
+                        "{table}.bus_bandwidth_gbps: every group of {} that declares it must declare the same (got {seen} and {b})",
+                        g.gpu_type
+                    );
+                }
+            }
             catalog::require_known(&format!("{table}.gpu_type"), &g.gpu_type)
                 .map_err(anyhow::Error::msg)?;
             if g.nodes == 0 {
@@ -226,6 +305,40 @@ mod tests {
         assert!(parse("[[pool]]\ngpu_type = \"B200\"\nnodes = 0\n").is_err());
         let mixed = "[[pool]]\ngpu_type = \"B200\"\nnodes = 1\n[[on_demand]]\ngpu_type = \"B200\"\nnodes = 1\ngpus_per_node = 4\n";
         assert!(format!("{:#}", parse(mixed).unwrap_err()).contains("same GPU count"));
+    }
+
+    #[test]
+    fn declared_bus_bandwidth_is_per_model_and_checked() {
+        let f = parse(
+            "[[pool]]\ngpu_type = \"B200\"\nnodes = 1\nbus_bandwidth_gbps = 400\n\
+             [[on_demand]]\ngpu_type = \"B200\"\nnodes = 1\n\
+             [[pool]]\ngpu_type = \"A100-40GB\"\nnodes = 1\n",
+        )
+        .unwrap();
+        let d = f.delivers();
+        assert_eq!(d.bus_bandwidth_gbps("B200"), Some(400.0));
+        assert_eq!(d.bus_bandwidth_gbps("A100-40GB"), None);
+        for bad in ["0", "-1", "nan", "100001"] {
+            let text =
+                format!("[[pool]]\ngpu_type = \"B200\"\nnodes = 1\nbus_bandwidth_gbps = {bad}\n");
+            let e = format!("{:#}", parse(&text).unwrap_err());
+            assert!(
+                e.contains("pool.bus_bandwidth_gbps: must be more than 0"),
+                "{bad}: {e}"
+            );
+        }
+        let disagree = "[[pool]]\ngpu_type = \"B200\"\nnodes = 1\nbus_bandwidth_gbps = 400\n\
+            [[on_demand]]\ngpu_type = \"B200\"\nnodes = 1\nbus_bandwidth_gbps = 200\n";
+        let e = format!("{:#}", parse(disagree).unwrap_err());
+        assert!(
+            e.contains("on_demand.bus_bandwidth_gbps: every group of B200"),
+            "{e}"
+        );
+        // The built-in fleet declares what loopback delivers.
+        assert_eq!(
+            default_fleet().delivers().bus_bandwidth_gbps("H100-80GB"),
+            Some(SIMULATED_BUS_BANDWIDTH_GBPS)
+        );
     }
 
     #[test]

@@ -405,7 +405,7 @@ impl Bounded for v1::CreateTenantClusterRequest {
         version("driver_version", &self.driver_version)?;
         keyword("acceptance_level", &self.acceptance_level)?;
         real(
-            "min_bus_bandwidth_gbps",
+            "acceptance.min_bus_bandwidth_gbps",
             self.min_bus_bandwidth_gbps,
             MAX_BANDWIDTH_GBPS,
         )?;
@@ -440,7 +440,7 @@ impl Bounded for v1::UpdateTenantClusterRequest {
         version("driver_version", &self.driver_version)?;
         keyword("acceptance_level", &self.acceptance_level)?;
         real(
-            "min_bus_bandwidth_gbps",
+            "acceptance.min_bus_bandwidth_gbps",
             self.min_bus_bandwidth_gbps,
             MAX_BANDWIDTH_GBPS,
         )?;
@@ -469,6 +469,18 @@ impl Bounded for v1::ListNodesRequest {
 impl Bounded for v1::ReturnNodeRequest {
     fn check_bounds(&self) -> Result {
         id("node", &self.name)
+    }
+}
+
+impl Bounded for v1::ListQuarantineBreakersRequest {
+    fn check_bounds(&self) -> Result {
+        Ok(())
+    }
+}
+
+impl Bounded for v1::ResetQuarantineBreakerRequest {
+    fn check_bounds(&self) -> Result {
+        keyword("gpu_type", &self.gpu_type)
     }
 }
 

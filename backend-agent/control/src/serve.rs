@@ -80,6 +80,11 @@ pub struct Config {
     pub metrics_tenant_names: bool,
     /// Where the time comes from (tests: a file).
     pub clock: crate::clock::Clock,
+    /// Bus bandwidth per GPU model the fleet delivers (`--bus-bandwidth`), over the fleet
+    /// file's `bus_bandwidth_gbps`: tenants' acceptance thresholds are bounded by it.
+    pub delivers: fleet::Delivers,
+    /// The automatic-quarantine breaker: how many quarantines per model and window.
+    pub breaker: crate::scheduling::breaker::Settings,
 }
 
 impl Config {
@@ -105,6 +110,8 @@ impl Config {
             metrics_token_file: None,
             metrics_tenant_names: false,
             clock: Default::default(),
+            delivers: Default::default(),
+            breaker: Default::default(),
         }
     }
 }
@@ -211,6 +218,7 @@ impl ControlPlane {
         let mut conn = store::open(&data_dir.join("state.db"))
             .with_context(|| format!("cannot open the state database in {}", data_dir.display()))?;
         let mut offered = config.drivers.clone();
+        let mut delivers = fleet::Delivers::default();
         let embedded = match config.fleet {
             Fleet::External => Vec::new(),
             Fleet::ThisHost(backend) => {
@@ -236,6 +244,7 @@ impl ControlPlane {
                 if offered.is_empty() {
                     offered = fleet_def.drivers.clone();
                 }
+                delivers = fleet_def.delivers();
                 let seeded = fleet::seed(&mut conn, &fleet_def, config.clock.now())?;
                 if seeded > 0 {
                     tracing::info!(nodes = seeded, "seeded the simulated fleet");
@@ -279,7 +288,9 @@ impl ControlPlane {
             AppState::new(conn, data_dir, admin_token, join_token, registry, drivers)
                 .with_health(config.health)
                 .with_max_open_reservations(config.max_open_reservations)
-                .with_clock(config.clock),
+                .with_clock(config.clock)
+                .with_delivers(delivers.overridden_by(&config.delivers))
+                .with_breaker(config.breaker),
         );
         Ok(Self {
             state,

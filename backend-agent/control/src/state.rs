@@ -40,6 +40,29 @@ impl Default for HealthSettings {
     }
 }
 
+/// The automatic-quarantine breaker's flags (serve's `--breaker-*`; the rules are
+/// `scheduling::breaker`'s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerSettings {
+    /// The window automatic quarantines are counted in; zero turns the breaker off.
+    pub window: std::time::Duration,
+    /// At most this many automatic quarantines of one model per window...
+    pub max_quarantines: u32,
+    /// ...or this percentage of the model's nodes, whichever is more.
+    pub max_percent: u32,
+}
+
+impl Default for BreakerSettings {
+    /// At most 2, or 20% of the model's nodes, per 10 minutes.
+    fn default() -> Self {
+        Self {
+            window: std::time::Duration::from_secs(600),
+            max_quarantines: 2,
+            max_percent: 20,
+        }
+    }
+}
+
 pub struct AppState {
     db: Arc<Mutex<Connection>>,
     writes: crate::group_commit::GroupCommit,
@@ -60,6 +83,10 @@ pub struct AppState {
     pub health: HealthSettings,
     /// Where the time comes from.
     pub clock: crate::clock::Clock,
+    /// What the fleet says it delivers per GPU model (bounds tenants' thresholds).
+    pub delivers: crate::fleet::Delivers,
+    /// How many automatic quarantines per model and window (serve's `--breaker-*`).
+    pub breaker: BreakerSettings,
 }
 
 impl AppState {
@@ -87,7 +114,21 @@ impl AppState {
             max_open_reservations: DEFAULT_MAX_OPEN_RESERVATIONS,
             health: Default::default(),
             clock: Default::default(),
+            delivers: Default::default(),
+            breaker: Default::default(),
         }
+    }
+
+    /// The automatic-quarantine breaker's cap and window (serve's `--breaker-*` flags).
+    pub fn with_breaker(mut self, breaker: BreakerSettings) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// What the fleet declares it delivers (its definition's `bus_bandwidth_gbps`).
+    pub fn with_delivers(mut self, delivers: crate::fleet::Delivers) -> Self {
+        self.delivers = delivers;
+        self
     }
 
     /// The clock (serve's `--clock-file`, for tests).

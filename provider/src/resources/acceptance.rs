@@ -229,6 +229,9 @@ pub fn mark_plan(prior: Option<&Value>, planned: &mut Value) {
     }
 }
 
+/// The API's one upper bound of `min_bus_bandwidth_gbps` (whole Gbit/s here).
+const MAX_GBPS: i64 = gpufleet_proto::limits::MAX_BANDWIDTH_GBPS as i64;
+
 /// Plan-time checks of the block, naming the attribute.
 pub fn check(config: &Value, diags: &mut Diagnostics) {
     let block = config.get("acceptance");
@@ -250,10 +253,10 @@ pub fn check(config: &Value, diags: &mut Diagnostics) {
         .get("min_bus_bandwidth_gbps")
         .as_i64(&path("min_bus_bandwidth_gbps"))
     {
-        Ok(Some(v)) if !(0..=100_000).contains(&v) => diags.push(Diagnostic::error_at(
+        Ok(Some(v)) if !(0..=MAX_GBPS).contains(&v) => diags.push(Diagnostic::error_at(
             path("min_bus_bandwidth_gbps"),
             format!(
-                "acceptance.min_bus_bandwidth_gbps: must be between 0 and 100000 Gbit/s (got {v})"
+                "acceptance.min_bus_bandwidth_gbps: must be between 0 and {MAX_GBPS} Gbit/s (got {v})"
             ),
             "",
         )),

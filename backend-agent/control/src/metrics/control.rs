@@ -88,8 +88,14 @@ pub async fn render(state: Arc<AppState>, tenant_names: bool) -> Result<String, 
                 .map(|age| (n.hostname.clone(), age.as_secs_f64()))
         })
         .collect();
+    let settings = state.breaker.clone();
+    let breakers = state
+        .read(move |conn| crate::scheduling::breaker::views(conn, &settings, t))
+        .await
+        .map_err(|e| e.to_string())?;
     let mut families = crate::counters::COUNTERS.registry.gather();
     families.extend(gauges(&snapshot, &ages, tenant_names));
+    families.extend(super::breaker::gauges(&breakers));
     gpufleet_process::metrics_endpoint::encode(families)
 }
 

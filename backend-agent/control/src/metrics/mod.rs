@@ -5,8 +5,10 @@
 //!   orders); the gauges (GPUs, MIG slices, tenants' usage and quotas, reservations, nodes,
 //!   heartbeat ages) are computed from the store at scrape time, with one short read on a
 //!   blocking thread.
+//! - [`breaker`]: the automatic-quarantine breakers, per GPU model.
 //! - [`api`]: the tower layer around the gRPC server that counts requests by method and
 //!   gRPC status code and times them.
 
 pub mod api;
+pub mod breaker;
 pub mod control;

@@ -12,11 +12,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpufleet_proto::limits::MAX_BANDWIDTH_GBPS;
 use gpufleet_proto::v1;
 use rusqlite::Connection;
 use tokio::sync::watch;
 
-use super::drivers;
+use super::{breaker, drivers};
 use crate::error::{Error, Result};
 use crate::registry::Outcome;
 use crate::state::AppState;
@@ -51,13 +52,16 @@ pub fn level(attribute: &str, text: &str) -> Result<String> {
 }
 
 /// A cluster's acceptance settings from a create or update request; `set` false keeps
-/// `current` (the defaults for a new cluster).
+/// `current` (the defaults for a new cluster). The threshold is bounded by what the fleet
+/// says its `gpu_type` nodes deliver (`delivers`, from the fleet definition).
 pub fn acceptance_settings(
     current: Acceptance,
     set: bool,
     level_text: &str,
     min_bus_bandwidth_gbps: f64,
     run_on_create: bool,
+    gpu_type: &str,
+    delivers: &crate::fleet::Delivers,
 ) -> Result<Acceptance> {
     if !set {
         return Ok(current);
@@ -67,10 +71,19 @@ pub fn acceptance_settings(
     } else {
         level_text
     };
-    if !min_bus_bandwidth_gbps.is_finite() || !(0.0..=100_000.0).contains(&min_bus_bandwidth_gbps) {
+    if !min_bus_bandwidth_gbps.is_finite()
+        || !(0.0..=MAX_BANDWIDTH_GBPS).contains(&min_bus_bandwidth_gbps)
+    {
         return Err(Error::Invalid(format!(
-            "acceptance.min_bus_bandwidth_gbps: must be between 0 and 100000 Gbit/s (got {min_bus_bandwidth_gbps})"
+            "acceptance.min_bus_bandwidth_gbps: must be between 0 and {MAX_BANDWIDTH_GBPS} Gbit/s (got {min_bus_bandwidth_gbps})"
         )));
+    }
+    if let Some(declared) = delivers.bus_bandwidth_gbps(gpu_type) {
+        if min_bus_bandwidth_gbps > declared {
+            return Err(Error::Invalid(format!(
+                "acceptance.min_bus_bandwidth_gbps: must be at most {declared} Gbit/s, the bus bandwidth this fleet declares its {gpu_type} nodes deliver (got {min_bus_bandwidth_gbps})"
+            )));
+        }
     }
     Ok(Acceptance {
         level: level("acceptance.level", level_text)?,
@@ -398,19 +411,122 @@ async fn node_event(state: &AppState, node: &NodeRow, kind: &str, message: &str)
     }
 }
 
-/// A failed node of `cluster`: quarantined (out of the cluster) and replaced from the
-/// same source. Returns the replacement, or why there is none.
+/// Whether an automatic quarantine goes through the model's breaker (a failed check the
+/// control plane ran by itself or for a tenant) or not (an operator's return).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taking {
+    Automatic,
+    Operator,
+}
+
+/// What a failed check did to its node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TakenOut {
+    Quarantined,
+    /// Left in service by the open breaker, saying so.
+    Held(String),
+}
+
+/// Quarantines `node` after a failed check (out of `cluster` when it is a member), unless
+/// the model's breaker holds it back; the decision and the write are one transaction.
+/// Records the events: `node_quarantined`, or `quarantine_held` (and `breaker_opened`
+/// in the breaker's log, `breaker/<model>`, when this failure opened it).
+async fn quarantine_checked(
+    state: &AppState,
+    cluster: Option<&ClusterRow>,
+    node: &NodeRow,
+    why: &str,
+    taking: Taking,
+) -> Result<TakenOut> {
+    let settings = state.breaker.clone();
+    let (n, reason) = (node.clone(), why.to_string());
+    let now = state.now();
+    let decision = state
+        .apply(move |conn| -> Result<breaker::Decision> {
+            let d = match taking {
+                Taking::Automatic => breaker::decide(conn, &settings, &n, now)?,
+                Taking::Operator => breaker::Decision::Quarantine,
+            };
+            if d == breaker::Decision::Quarantine {
+                store::nodes::set_state(conn, &n.id, NODE_QUARANTINED, &reason, now)?;
+                store::nodes::release(conn, &n.id)?;
+            }
+            Ok(d)
+        })
+        .await?;
+    let (kind, text, outcome) = match decision {
+        breaker::Decision::Quarantine => {
+            tracing::warn!(node = %node.hostname, %why, "node quarantined");
+            ("node_quarantined", why.to_string(), TakenOut::Quarantined)
+        }
+        breaker::Decision::Held { why: held, opened } => {
+            if opened {
+                tracing::error!(gpu_type = %node.gpu_type, node = %node.hostname, %held, "automatic-quarantine breaker opened");
+                breaker_event(state, node, "breaker_opened", &held).await;
+            } else {
+                tracing::warn!(node = %node.hostname, %held, "quarantine held by the open breaker");
+            }
+            breaker_event(state, node, "quarantine_held", &format!("{why}; {held}")).await;
+            (
+                "quarantine_held",
+                format!("{why}; {held}"),
+                TakenOut::Held(held),
+            )
+        }
+    };
+    match cluster {
+        Some(c) => drivers::event(state, c, kind, &node.hostname, &text).await,
+        None => node_event(state, node, kind, &text).await,
+    }
+    Ok(outcome)
+}
+
+/// An event in the breaker's log of the node's model (`breaker/<model>`, the admin's).
+async fn breaker_event(state: &AppState, node: &NodeRow, kind: &str, message: &str) {
+    let object = breaker::event_object(&node.gpu_type);
+    let (host, kind, text) = (node.hostname.clone(), kind.to_string(), message.to_string());
+    let clock_now = state.now();
+    let recorded = state
+        .apply(move |conn| {
+            Ok::<_, Error>(store::events::record(
+                conn, clock_now, &object, "", &kind, &host, &text,
+            )?)
+        })
+        .await;
+    if let Err(e) = recorded {
+        tracing::error!(node = %node.hostname, error = %e, "cannot record a breaker event");
+    }
+}
+
+/// A failed node of `cluster`: quarantined (out of the cluster, named in `quarantined`)
+/// and replaced from the same source. Returns the replacement, or why there is none (or
+/// why the breaker left the node in service).
 async fn quarantine_and_replace(
     state: &AppState,
     cluster: &ClusterRow,
     run_id: &str,
     level: &str,
     v: &Verdict,
+    quarantined: &mut Vec<String>,
 ) -> std::result::Result<String, String> {
     let why = quarantine_reason(level, v);
     drivers::event(state, cluster, "check_failed", &v.node.hostname, &why).await;
-    if let Err(e) = drivers::quarantine(state, cluster, &v.node, &why).await {
-        return Err(format!("cannot quarantine {}: {e}", v.node.hostname));
+    match quarantine_checked(state, Some(cluster), &v.node, &why, Taking::Automatic).await {
+        Err(e) => return Err(format!("cannot quarantine {}: {e}", v.node.hostname)),
+        Ok(TakenOut::Held(held)) => {
+            set_action(
+                state,
+                run_id,
+                &v.node.id,
+                "left in service: the breaker is open",
+            )
+            .await;
+            return Err(format!(
+                "node {} failed {level} checks ({}); {held}",
+                v.node.hostname, v.summary
+            ));
+        }
+        Ok(TakenOut::Quarantined) => quarantined.push(v.node.hostname.clone()),
     }
     match drivers::replace(state, cluster, &v.node.hostname).await {
         Ok(new) => {
@@ -433,12 +549,23 @@ async fn quarantine_and_replace(
     }
 }
 
+/// "a; b; quarantined: n1, n2": a failed run's problems, naming every node it quarantined.
+pub fn problems_text(problems: &[String], quarantined: &[String]) -> String {
+    let mut text = problems.join("; ");
+    if !quarantined.is_empty() {
+        text.push_str(&format!("; quarantined: {}", quarantined.join(", ")));
+    }
+    text
+}
+
 /// The outcome of checking a cluster.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterRun {
     pub run_id: String,
     /// Failed nodes that could not be replaced (empty: every node passed in the end).
     pub problems: Vec<String>,
+    /// Every node the run quarantined, by name (replaced or not).
+    pub quarantined: Vec<String>,
     pub alg_bandwidth_gbps: f64,
     pub bus_bandwidth_gbps: f64,
 }
@@ -516,7 +643,16 @@ pub async fn check_cluster(
             break;
         }
         for v in failed {
-            match quarantine_and_replace(state, cluster, &run_id, level, v).await {
+            match quarantine_and_replace(
+                state,
+                cluster,
+                &run_id,
+                level,
+                v,
+                &mut outcome.quarantined,
+            )
+            .await
+            {
                 Ok(new) => tracing::info!(node = %v.node.hostname, %new, "failed node replaced"),
                 Err(problem) => outcome.problems.push(problem),
             }
@@ -682,7 +818,7 @@ pub async fn accept_new_nodes(
     let reason = format!(
         "acceptance ({}): {}",
         acceptance.level,
-        run.problems.join("; ")
+        problems_text(&run.problems, &run.quarantined)
     );
     if cluster.status == "creating" {
         // The create is taken back: its remaining nodes return to whole GPUs first.
@@ -724,7 +860,10 @@ pub async fn check_now(
     )
     .await?;
     if !run.problems.is_empty() {
-        let reason = format!("health checks ({level}): {}", run.problems.join("; "));
+        let reason = format!(
+            "health checks ({level}): {}",
+            problems_text(&run.problems, &run.quarantined)
+        );
         set_status(state, &cluster.id, "degraded", &reason).await?;
     }
     Ok(run)
@@ -732,7 +871,13 @@ pub async fn check_now(
 
 /// One node checked alone at `level` (registration, return, periodic). Returns None when
 /// its agent gave no report (unreachable, stopping): nothing is concluded then.
-async fn check_one(state: &AppState, node: &NodeRow, level: &str) -> Result<Option<Verdict>> {
+/// A failed one is taken out (see [`take_out`]); `taken_out` says whether it was.
+async fn check_one(
+    state: &AppState,
+    node: &NodeRow,
+    level: &str,
+    taking: Taking,
+) -> Result<Option<Checked>> {
     let cluster = match node.cluster_id.clone() {
         Some(id) => {
             state
@@ -781,10 +926,22 @@ async fn check_one(state: &AppState, node: &NodeRow, level: &str) -> Result<Opti
     };
     let run_id = uuid::Uuid::new_v4().to_string();
     record(state, &run_id, level, cluster.as_ref(), &v).await?;
-    if v.failed {
-        take_out(state, cluster.as_ref(), &run_id, level, &v).await?;
-    }
-    Ok(Some(v))
+    let taken_out = if v.failed {
+        take_out(state, cluster.as_ref(), &run_id, level, &v, taking).await?
+    } else {
+        false
+    };
+    Ok(Some(Checked {
+        verdict: v,
+        taken_out,
+    }))
+}
+
+/// One node's verdict, and whether a failure took it out of service.
+#[derive(Debug, Clone)]
+struct Checked {
+    verdict: Verdict,
+    taken_out: bool,
 }
 
 /// How many times one node's check may start again because its driver record changed.
@@ -797,29 +954,48 @@ fn only_driver_failed(v: &Verdict) -> bool {
 }
 
 /// A node that failed alone: quarantined; out of its cluster and replaced when it was a
-/// member (the cluster degraded, with why, when no replacement is left).
+/// member (the cluster degraded, with why, when no replacement is left). An automatic
+/// one the model's breaker holds back stays in service (its cluster degraded, saying
+/// so). Returns whether the node was taken out.
 async fn take_out(
     state: &AppState,
     cluster: Option<&ClusterRow>,
     run_id: &str,
     level: &str,
     v: &Verdict,
-) -> Result<()> {
+    taking: Taking,
+) -> Result<bool> {
     let why = quarantine_reason(level, v);
     let Some(cluster) = cluster else {
-        drivers::set_node_state(state, &v.node.id, NODE_QUARANTINED, &why).await?;
-        tracing::warn!(node = %v.node.hostname, %why, "node quarantined");
         node_event(state, &v.node, "check_failed", &why).await;
-        node_event(state, &v.node, "node_quarantined", &why).await;
-        set_action(state, run_id, &v.node.id, "quarantined").await;
-        return Ok(());
+        return Ok(
+            match quarantine_checked(state, None, &v.node, &why, taking).await? {
+                TakenOut::Quarantined => {
+                    set_action(state, run_id, &v.node.id, "quarantined").await;
+                    true
+                }
+                TakenOut::Held(_) => {
+                    set_action(
+                        state,
+                        run_id,
+                        &v.node.id,
+                        "left in service: the breaker is open",
+                    )
+                    .await;
+                    false
+                }
+            },
+        );
     };
     let mut failed = v.clone();
+    let mut quarantined = Vec::new();
     loop {
-        match quarantine_and_replace(state, cluster, run_id, level, &failed).await {
+        match quarantine_and_replace(state, cluster, run_id, level, &failed, &mut quarantined).await
+        {
             Err(problem) => {
-                set_status(state, &cluster.id, "degraded", &problem).await?;
-                return Ok(());
+                let reason = problems_text(&[problem], &quarantined);
+                set_status(state, &cluster.id, "degraded", &reason).await?;
+                return Ok(!quarantined.is_empty());
             }
             Ok(new) => {
                 // The replacement is checked before it counts.
@@ -827,7 +1003,7 @@ async fn take_out(
                     .read(move |conn| Ok::<_, Error>(store::nodes::by_hostname(conn, &new)?))
                     .await?
                 else {
-                    return Ok(());
+                    return Ok(true);
                 };
                 let req = Request {
                     level,
@@ -846,7 +1022,7 @@ async fn take_out(
                 .await?;
                 match checked.into_iter().next() {
                     Some(v) if v.failed => failed = v,
-                    _ => return Ok(()),
+                    _ => return Ok(true),
                 }
             }
         }
@@ -875,20 +1051,35 @@ async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Re
         crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
         return Ok(());
     }
-    if checked_and_passed(state, &node, "acceptance checks (medium)").await? {
+    if checked_and_passed(
+        state,
+        &node,
+        "acceptance checks (medium)",
+        Taking::Automatic,
+    )
+    .await?
+    {
         crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
     }
     Ok(())
 }
 
 /// Marks the node busy with `reason` while it runs the medium checks. True when it
-/// passed (or gave no report, e.g. it went away: the heartbeat watch handles that).
-async fn checked_and_passed(state: &AppState, node: &NodeRow, reason: &str) -> Result<bool> {
+/// passed (or gave no report, e.g. it went away: the heartbeat watch handles that), or
+/// failed and the open breaker left it in service.
+async fn checked_and_passed(
+    state: &AppState,
+    node: &NodeRow,
+    reason: &str,
+    taking: Taking,
+) -> Result<bool> {
     drivers::set_node_state(state, &node.id, NODE_BUSY, reason).await?;
-    Ok(match check_one(state, node, ADMISSION_LEVEL).await? {
-        Some(v) => !v.failed,
-        None => true,
-    })
+    Ok(
+        match check_one(state, node, ADMISSION_LEVEL, taking).await? {
+            Some(c) => !c.verdict.failed || !c.taken_out,
+            None => true,
+        },
+    )
 }
 
 /// An operator returns a quarantined node: it runs the medium checks first and stays
@@ -902,6 +1093,7 @@ pub async fn return_checked(state: Arc<AppState>, node_id: &str) -> Result<()> {
         &state,
         &node,
         "returned by an operator; acceptance checks (medium)",
+        Taking::Operator,
     )
     .await?;
     if !passed {
@@ -952,7 +1144,7 @@ pub async fn periodic_round(state: &Arc<AppState>) -> Result<()> {
     let mut checks = tokio::task::JoinSet::new();
     for n in nodes {
         let state = state.clone();
-        checks.spawn(async move { check_one(&state, &n, "quick").await });
+        checks.spawn(async move { check_one(&state, &n, "quick", Taking::Automatic).await });
     }
     while let Some(done) = checks.join_next().await {
         match done {
@@ -1216,11 +1408,12 @@ mod tests {
             "{e}"
         );
         let base = Acceptance::default_for("c1");
-        assert_eq!(
-            acceptance_settings(base.clone(), false, "x", -1.0, false).unwrap(),
-            base
-        );
-        let set = acceptance_settings(base.clone(), true, "", 25.0, false).unwrap();
+        let none = crate::fleet::Delivers::default();
+        let settings = |set, level, gbps, run| {
+            acceptance_settings(base.clone(), set, level, gbps, run, "H100-80GB", &none)
+        };
+        assert_eq!(settings(false, "x", -1.0, false).unwrap(), base);
+        let set = settings(true, "", 25.0, false).unwrap();
         assert_eq!(
             (
                 set.level.as_str(),
@@ -1229,9 +1422,40 @@ mod tests {
             ),
             ("medium", 25.0, false)
         );
-        let e = acceptance_settings(base, true, "long", f64::NAN, true)
+        let e = settings(true, "long", f64::NAN, true)
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("acceptance.min_bus_bandwidth_gbps"), "{e}");
+        // One upper bound: the API's.
+        let e = settings(true, "long", MAX_BANDWIDTH_GBPS + 1.0, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("between 0 and 100000 Gbit/s"), "{e}");
+    }
+
+    #[test]
+    fn a_threshold_above_what_the_fleet_declares_is_refused_naming_the_bound() {
+        let base = Acceptance::default_for("c1");
+        let delivers = crate::fleet::Delivers::new([("H100-80GB".to_string(), 400.0)].into());
+        let ask = |gpu_type, gbps| {
+            acceptance_settings(base.clone(), true, "quick", gbps, true, gpu_type, &delivers)
+        };
+        assert_eq!(
+            ask("H100-80GB", 400.0).unwrap().min_bus_bandwidth_gbps,
+            400.0
+        );
+        let e = ask("H100-80GB", 100_000.0).unwrap_err().to_string();
+        assert!(
+            e.starts_with("acceptance.min_bus_bandwidth_gbps: must be at most 400 Gbit/s")
+                && e.contains("H100-80GB")
+                && e.contains("(got 100000)"),
+            "{e}"
+        );
+        // A model the fleet declares nothing for: the API's bound only.
+        assert!(ask("A100-80GB", 100_000.0).is_ok());
+        // Keeping the current settings checks nothing.
+        assert!(
+            acceptance_settings(base.clone(), false, "", 1e9, true, "H100-80GB", &delivers).is_ok()
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! Scheduling: who holds which nodes when, and whether a request fits the pool, the
 //! on-demand capacity and the tenant's quota. Returns the domain's typed errors.
 
+pub mod breaker;
 pub mod clusters;
 pub mod drivers;
 pub mod earliest;

@@ -315,7 +315,7 @@ impl Clusters {
             &req.driver_version,
             !mig_layout.is_empty(),
         )?;
-        let acceptance = super::health::create_settings(&req)?;
+        let acceptance = super::health::create_settings(&self.state, &req)?;
         let dir = volumes::path(&self.state.volumes_root(), &tenant.name, &req.name);
         let mut cluster = ClusterRow {
             id: uuid::Uuid::new_v4().to_string(),
@@ -581,7 +581,7 @@ impl Clusters {
         let old = c.clone();
         let tenant = super::visible_tenant(&tx, &Caller::Admin, &c.tenant_id)?;
         let (mut c, new_driver) = self.updated(&old, &req)?;
-        super::health::store_updated(&tx, &c.id, &req)?;
+        super::health::store_updated(&self.state, &tx, &c, &req)?;
         let scaling = scale(&tx, &tenant.name, &c, self.state.now())?;
         if req.validate_only {
             // Admission passed; dropping `tx` rolls back the nodes it took.

@@ -280,6 +280,18 @@ impl Fleet {
 
 #[tonic::async_trait]
 impl FleetService for Fleet {
+    async fn list_quarantine_breakers(
+        &self,
+        r: Request<v1::ListQuarantineBreakersRequest>,
+    ) -> Result<Response<v1::ListQuarantineBreakersResponse>, Status> {
+        super::reading(&self.state, self, r, Self::list_quarantine_breakers).await
+    }
+    async fn reset_quarantine_breaker(
+        &self,
+        r: Request<v1::ResetQuarantineBreakerRequest>,
+    ) -> Result<Response<v1::QuarantineBreaker>, Status> {
+        super::writing(&self.state, self, r, Self::reset_quarantine_breaker).await
+    }
     async fn return_node(
         &self,
         r: Request<v1::ReturnNodeRequest>,

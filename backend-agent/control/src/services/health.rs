@@ -193,6 +193,7 @@ impl HealthService for Health {
 
 /// A create's acceptance settings, checked (before the cluster has an id).
 pub fn create_settings(
+    state: &AppState,
     req: &v1::CreateTenantClusterRequest,
 ) -> Result<store::health::Acceptance, Status> {
     Ok(health::acceptance_settings(
@@ -201,6 +202,8 @@ pub fn create_settings(
         &req.acceptance_level,
         req.min_bus_bandwidth_gbps,
         req.run_acceptance_on_create,
+        &req.gpu_type,
+        &state.delivers,
     )?)
 }
 
@@ -217,20 +220,23 @@ pub fn store_created(
 /// An update's acceptance settings (when it sets them), for nodes that join later and
 /// for checks run without a level.
 pub fn store_updated(
+    state: &AppState,
     conn: &Connection,
-    cluster_id: &str,
+    cluster: &ClusterRow,
     req: &v1::UpdateTenantClusterRequest,
 ) -> Result<(), Status> {
     if !req.set_acceptance {
         return Ok(());
     }
-    let current = store::health::acceptance(conn, cluster_id).map_err(db_error)?;
+    let current = store::health::acceptance(conn, &cluster.id).map_err(db_error)?;
     let a = health::acceptance_settings(
         current,
         true,
         &req.acceptance_level,
         req.min_bus_bandwidth_gbps,
         req.run_acceptance_on_create,
+        &cluster.gpu_type,
+        &state.delivers,
     )?;
     store::health::put_acceptance(conn, &a).map_err(db_error)
 }

@@ -4,6 +4,7 @@
 //! ordered list; each applied migration is recorded in `schema_version`. Callers run every
 //! mutation inside one transaction, so a crash leaves either the old or the new state.
 
+pub mod breaker;
 pub mod checkpoints;
 pub mod clusters;
 pub mod events;
@@ -323,6 +324,23 @@ const MIGRATIONS: &[&str] = &[
         UPDATE model_nodes SET nodes = nodes - 1
             WHERE gpu_type = OLD.gpu_type AND capacity = OLD.capacity;
     END;
+    "#,
+    // 10: the automatic-quarantine breaker (issue 18): the automatic quarantines of each
+    // GPU model in the current window, and the models whose breaker is open.
+    r#"
+    CREATE TABLE automatic_quarantines (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        gpu_type TEXT NOT NULL,
+        node_id TEXT NOT NULL,
+        at INTEGER NOT NULL
+    );
+    CREATE INDEX automatic_quarantines_by_model ON automatic_quarantines (gpu_type, at);
+    CREATE TABLE quarantine_breakers (
+        gpu_type TEXT PRIMARY KEY,
+        opened_at INTEGER NOT NULL,
+        reason TEXT NOT NULL,
+        held INTEGER NOT NULL DEFAULT 0
+    );
     "#,
 ];
 
