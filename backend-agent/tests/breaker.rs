@@ -63,10 +63,19 @@ fn metrics_addr(agent: &Agent) -> String {
     rest[..rest.find("/metrics").unwrap()].to_string()
 }
 
-fn scrape(addr: &str) -> String {
+/// A scrape as Prometheus makes it: with the endpoint's bearer token (generated into the
+/// data dir, as no --metrics-token-file is given).
+fn scrape(agent: &Agent, addr: &str) -> String {
+    let token = std::fs::read_to_string(agent.data_dir.join("metrics.token")).unwrap();
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .unwrap();
+    s.write_all(
+        format!(
+            "GET /metrics HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {}\r\n\r\n",
+            token.trim()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     text
@@ -148,7 +157,7 @@ async fn failing_checks_quarantine_at_most_the_cap_then_the_breaker_holds_until_
         .unwrap()
         .into_inner();
     let metrics = metrics_addr(&agent);
-    assert_eq!(breaker_open_metric(&scrape(&metrics)), Some("0"));
+    assert_eq!(breaker_open_metric(&scrape(&agent, &metrics)), Some("0"));
 
     // Every node of the model now fails its checks (what a threshold or a fault that no
     // node is to blame for looks like): the team's check takes out two, and no more.
@@ -191,7 +200,7 @@ async fn failing_checks_quarantine_at_most_the_cap_then_the_breaker_holds_until_
             .any(|e| e.kind == "quarantine_held" && &e.node == still_in),
         "{cluster_log:?}"
     );
-    assert_eq!(breaker_open_metric(&scrape(&metrics)), Some("1"));
+    assert_eq!(breaker_open_metric(&scrape(&agent, &metrics)), Some("1"));
     let list = admin
         .fleet
         .list_quarantine_breakers(ListQuarantineBreakersRequest {})
@@ -261,7 +270,7 @@ async fn failing_checks_quarantine_at_most_the_cap_then_the_breaker_holds_until_
         String::from_utf8_lossy(&cli.stderr)
     );
     assert!(String::from_utf8_lossy(&cli.stdout).contains("breaker of H100-80GB is closed"));
-    assert_eq!(breaker_open_metric(&scrape(&metrics)), Some("0"));
+    assert_eq!(breaker_open_metric(&scrape(&agent, &metrics)), Some("0"));
     assert!(events(&mut admin, "breaker/H100-80GB")
         .await
         .iter()
