@@ -8,8 +8,9 @@ start_backend() {
   local admin_token listening
   admin_token="admin-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
   coproc AGENT {
-    exec "$agent" serve --listen 127.0.0.1:0 --data-dir "$work/data" \
-      --admin-token "$admin_token" 2>"$work/agent.log"
+    # The token in the environment: a command line is readable by every local user.
+    GPUFLEET_ADMIN_TOKEN="$admin_token" exec "$agent" serve --listen 127.0.0.1:0 \
+      --data-dir "$work/data" 2>"$work/agent.log"
   }
   AGENT_PID=$AGENT_PID
   # A copy of the coprocess's stdout: bash closes the coprocess's own fds in subshells.

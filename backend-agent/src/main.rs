@@ -6,6 +6,24 @@
 use clap::Parser;
 use gpufleet_agent::{cli, client, serve};
 
+/// A token given as a flag is in the process's command line, which every local user reads
+/// (`/proc/PID/cmdline`), a tenant's jobs on a node included; the environment and the
+/// generated token files are not readable by them.
+fn warn_of_tokens_in_argv() {
+    for flag in ["--admin-token", "--join-token"] {
+        let given = std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+        if given {
+            let var = flag
+                .trim_start_matches("--")
+                .replace('-', "_")
+                .to_uppercase();
+            tracing::warn!(
+                "{flag} is on the command line, which every local user can read; give it in GPUFLEET_{var} instead (or let serve generate the token file)"
+            );
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
     tracing_subscriber::fmt()
@@ -16,6 +34,7 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    warn_of_tokens_in_argv();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

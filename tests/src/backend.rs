@@ -220,13 +220,11 @@ impl Backend {
             .arg(&self.address)
             .arg("--data-dir")
             .arg(self.data_dir())
-            .arg("--admin-token")
-            .arg(&self.admin_token)
-            .arg("--join-token")
-            .arg(&self.join_token)
+            // Tokens in the environment, never on the command line: any local user (a
+            // tenant's job on a node of this host) reads every process's command line.
+            .env("GPUFLEET_ADMIN_TOKEN", &self.admin_token)
+            .env("GPUFLEET_JOIN_TOKEN", &self.join_token)
             .args(&self.extra_args)
-            .env_remove("GPUFLEET_ADMIN_TOKEN")
-            .env_remove("GPUFLEET_JOIN_TOKEN")
             .env_remove("GPUFLEET_NODE_AGENTS")
             .env_remove("GPUFLEET_FLEET")
             .env_remove("GPUFLEET_TLS_CERT")
@@ -332,6 +330,8 @@ impl Backend {
 impl Drop for Backend {
     fn drop(&mut self) {
         self.kill();
+        // The accounts and runtime dirs of Slurm clusters the test did not destroy.
+        gpufleet_slurm::account::forget_all_under(&self.data_dir());
     }
 }
 

@@ -16,6 +16,9 @@ pub struct NodeAgent {
     pub name: String,
     root: tempfile::TempDir,
     args: Vec<String>,
+    /// Given in the environment, never on the command line (a tenant's job on this host
+    /// reads every process's command line).
+    join_token: String,
 }
 
 impl NodeAgent {
@@ -40,8 +43,6 @@ impl NodeAgent {
             "node".into(),
             "--control-plane".into(),
             backend.endpoint(),
-            "--join-token".into(),
-            join_token.into(),
             "--name".into(),
             name.into(),
             "--data-dir".into(),
@@ -53,6 +54,7 @@ impl NodeAgent {
             name: name.to_string(),
             root,
             args,
+            join_token: join_token.to_string(),
         };
         agent.spawn();
         agent
@@ -66,7 +68,7 @@ impl NodeAgent {
             .expect("open the node agent's log");
         let child = Command::new(binaries::agent())
             .args(&self.args)
-            .env_remove("GPUFLEET_JOIN_TOKEN")
+            .env("GPUFLEET_JOIN_TOKEN", &self.join_token)
             .env_remove("GPUFLEET_HARDWARE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -188,6 +190,8 @@ impl NodeAgent {
 
 impl Drop for NodeAgent {
     fn drop(&mut self) {
+        // (The accounts of Slurm clusters a test leaves go with its Backend, which ran
+        // their controllers: an agent dropped mid-test leaves its peers' cluster alone.)
         self.kill9();
     }
 }

@@ -1,17 +1,16 @@
-//! Slurm tenant clusters are real: through Terraform, with node-agent processes, a
-//! cluster's `credentials` alone connect a client (its own munged with the cluster's key,
-//! the cluster's slurm.conf plus `AuthInfo=socket=...`) that runs jobs across the
-//! cluster's nodes on their MIG slices; another tenant's key is refused; scaling and a
-//! layout change reach Slurm in place; destroy leaves no daemon behind.
+//! Slurm tenant clusters are real: through Terraform, with node-agent processes, a team
+//! logs in to its cluster's login with its own ssh key and the cluster's `credentials`
+//! (user, host, port, known_hosts line), as the cluster's own unprivileged account, and
+//! runs jobs across the cluster's nodes on their MIG slices; the account reaches no token,
+//! key or other cluster; another team's key is refused; scaling and a layout change reach
+//! Slurm in place; destroy leaves no daemon, account or runtime file behind.
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpufleet_e2e::node_agent::wait_for;
 use gpufleet_e2e::{eventually, Backend, NodeAgent, Terraform};
 use serde_json::Value;
 
@@ -43,6 +42,8 @@ resource "gpufleet_tenant_cluster" "train" {{
   gpu_type     = "H100-80GB"
   node_count   = {nodes}
   mig_layout   = {layout}
+  # As a team writes it: its public key file, trailing newline and all.
+  ssh_public_keys = [file("${{path.module}}/vision.pub")]
   {extra}
   depends_on   = [gpufleet_gpu_quota.vision]
 }}
@@ -60,78 +61,95 @@ resource "gpufleet_tenant_cluster" "other" {{
   orchestrator = "slurm"
   gpu_type     = "H100-80GB"
   node_count   = 1
+  ssh_public_keys = [file("${{path.module}}/speech.pub")]
   depends_on   = [gpufleet_gpu_quota.speech]
 }}
 "#
     )
 }
 
-/// A tenant's Slurm client made from a cluster's credentials alone, as
-/// docs/guides/slurm.md shows: the key in a file, a munged serving it on a socket of its
-/// own, and slurm.conf with `AuthInfo=socket=` that socket.
+/// A team's ssh key pair, made as a user makes one (`ssh-keygen -t ed25519`).
+struct TeamKey {
+    dir: tempfile::TempDir,
+    public: String,
+}
+
+impl TeamKey {
+    fn new(comment: &str) -> TeamKey {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("id_ed25519");
+        let made = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
+            .arg(&key)
+            .status()
+            .expect("ssh-keygen (Debian's openssh-client)");
+        assert!(made.success());
+        let public = fs::read_to_string(key.with_extension("pub")).unwrap();
+        TeamKey { dir, public }
+    }
+
+    fn private(&self) -> PathBuf {
+        self.dir.path().join("id_ed25519")
+    }
+}
+
+/// A team's Slurm session made from a cluster's credentials and the team's own key, as
+/// docs/guides/slurm.md shows: ssh to the login as the cluster's user, the login's host
+/// key checked against the credentials' known_hosts line; every command runs there.
 struct Client {
     dir: tempfile::TempDir,
-    munged: Child,
+    key: PathBuf,
+    user: String,
+    host: String,
+    port: u16,
 }
 
 impl Client {
-    fn connect(credentials: &Value) -> Client {
-        let dir = tempfile::Builder::new()
-            .prefix("slurm-client-")
-            .tempdir()
-            .unwrap();
-        let key = decode_base64(credentials["munge_key"].as_str().expect("munge_key"));
-        let mut f = fs::OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .mode(0o600)
-            .open(dir.path().join("munge.key"))
-            .unwrap();
-        f.write_all(&key).unwrap();
-        drop(f);
-        let p = |name: &str| dir.path().join(name).display().to_string();
-        let munged = Command::new("munged")
-            .args(["--foreground", "--force"])
-            .args(["--key-file", &p("munge.key")])
-            .args(["--socket", &p("munge.sock")])
-            .args(["--pid-file", &p("munged.pid")])
-            .args(["--log-file", &p("munged.log")])
-            .args(["--seed-file", &p("munged.seed")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start munged (Debian's munge; scripts/bootstrap.sh installs it)");
-        let socket = dir.path().join("munge.sock");
-        wait_for("the client's munged socket", LIMIT, || {
-            std::os::unix::net::UnixStream::connect(&socket)
-                .ok()
-                .map(|_| ())
-        });
-        let client = Client { dir, munged };
-        client.use_conf(credentials);
-        client
-    }
-
-    /// Writes the cluster's slurm_conf (as the credentials say now) plus our AuthInfo.
-    fn use_conf(&self, credentials: &Value) {
-        let conf = credentials["slurm_conf"].as_str().expect("slurm_conf");
-        assert!(!conf.contains("AuthInfo"), "{conf}");
-        let socket = self.dir.path().join("munge.sock");
-        fs::write(
-            self.conf(),
-            format!("{conf}AuthInfo=socket={}\n", socket.display()),
+    fn connect(credentials: &Value, key: &TeamKey) -> Client {
+        Client::as_user(
+            credentials,
+            key,
+            credentials["user"].as_str().expect("user"),
         )
-        .unwrap();
     }
 
-    fn conf(&self) -> PathBuf {
-        self.dir.path().join("slurm.conf")
+    /// A session that logs in as `user` (an attacker trying another account).
+    fn as_user(credentials: &Value, key: &TeamKey, user: &str) -> Client {
+        let dir = tempfile::tempdir().unwrap();
+        let known = credentials["known_hosts"].as_str().expect("known_hosts");
+        fs::write(dir.path().join("known_hosts"), format!("{known}\n")).unwrap();
+        Client {
+            dir,
+            key: key.private(),
+            user: user.to_string(),
+            host: credentials["host"].as_str().expect("host").to_string(),
+            port: credentials["port"].as_u64().expect("port") as u16,
+        }
     }
 
-    /// Runs a Slurm command (killed after LIMIT); (success, stdout + stderr).
+    /// Runs a command on the login (killed after LIMIT); (success, stdout + stderr).
     fn run(&self, program: &str, args: &[&str]) -> (bool, String) {
-        run_with_conf(&self.conf(), program, args)
+        let command: Vec<String> = std::iter::once(program)
+            .chain(args.iter().copied())
+            .map(shell_quote)
+            .collect();
+        run_for(
+            Command::new("ssh")
+                .args(["-i", &self.key.display().to_string()])
+                .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
+                .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
+                .arg("-o")
+                .arg(format!(
+                    "UserKnownHostsFile={}",
+                    self.dir.path().join("known_hosts").display()
+                ))
+                .args(["-p", &self.port.to_string()])
+                .arg(format!("{}@{}", self.user, self.host))
+                .arg("--")
+                .arg(command.join(" ")),
+            program,
+            args,
+        )
     }
 
     fn ok(&self, program: &str, args: &[&str]) -> String {
@@ -147,23 +165,24 @@ impl Client {
         ok.then_some(out)
     }
 
-    /// Submits a 2-second batch job to `node` that writes the time it ends into a file:
-    /// (job id, that file).
-    fn timed_job(&self, node: &str) -> (String, tempfile::NamedTempFile) {
-        let end_file = tempfile::NamedTempFile::new().unwrap();
+    /// Submits an 8-second batch job to `node` (long enough to be seen running through
+    /// an ssh login on a busy machine) that writes the time it ends into a file in
+    /// the account's home: (job id, that file as the host sees it).
+    fn timed_job(&self, credentials: &Value, node: &str) -> (String, PathBuf) {
+        let name = format!("ended-{}", uuid_like());
         let job = self.ok(
             "sbatch",
             &[
                 "--parsable",
                 "-N1",
-                // Not slurm-<job>.out in the test's working directory.
                 "--output=/dev/null",
                 &format!("--nodelist={node}"),
                 "--wrap",
-                &format!("sleep 2; date +%s.%N > {}", end_file.path().display()),
+                &format!("sleep 8; date +%s.%N > $HOME/{name}"),
             ],
         );
-        (job.trim().to_string(), end_file)
+        let home = PathBuf::from(credentials["home"].as_str().expect("home"));
+        (job.trim().to_string(), home.join(name))
     }
 
     /// Waits until every job of `ids` is running.
@@ -178,11 +197,16 @@ impl Client {
     }
 }
 
-impl Drop for Client {
-    fn drop(&mut self) {
-        let _ = self.munged.kill();
-        let _ = self.munged.wait();
-    }
+/// One word for the login's shell, whatever it holds.
+fn shell_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+/// A name no other job of this test run uses.
+fn uuid_like() -> String {
+    static JOBS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    format!("{}-{n}", std::process::id())
 }
 
 /// When a [`Client::timed_job`] ended, from its file (seconds since the epoch).
@@ -205,10 +229,9 @@ fn modified_at(file: &Path) -> f64 {
         .as_secs_f64()
 }
 
-fn run_with_conf(conf: &Path, program: &str, args: &[&str]) -> (bool, String) {
-    let mut child = Command::new(program)
-        .args(args)
-        .env("SLURM_CONF", conf)
+/// Runs `command` (killed after LIMIT); (success, stdout + stderr).
+fn run_for(command: &mut Command, program: &str, args: &[&str]) -> (bool, String) {
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -230,22 +253,18 @@ fn run_with_conf(conf: &Path, program: &str, args: &[&str]) -> (bool, String) {
     )
 }
 
-fn decode_base64(text: &str) -> Vec<u8> {
+/// `bytes` in base64 on one line, as `base64 -w0` writes them.
+fn base64(bytes: &[u8]) -> String {
     let mut child = Command::new("base64")
-        .arg("-d")
+        .arg("-w0")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "munge_key is not base64");
-    out.stdout
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
 }
 
 fn credentials(tf: &Terraform, address: &str) -> Value {
@@ -255,10 +274,9 @@ fn credentials(tf: &Terraform, address: &str) -> Value {
 }
 
 fn cluster_name(credentials: &Value) -> String {
-    let conf = credentials["slurm_conf"].as_str().unwrap();
-    conf.lines()
-        .find_map(|l| l.strip_prefix("ClusterName="))
-        .expect("ClusterName")
+    credentials["cluster"]
+        .as_str()
+        .expect("cluster")
         .to_string()
 }
 
@@ -330,27 +348,44 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     })
     .await;
 
+    let (vision_key, speech_key) = (TeamKey::new("alice@vision"), TeamKey::new("bob@speech"));
     let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &vision_key.public);
+    tf.write_file("speech.pub", &speech_key.public);
     tf.write_main(&config(2, r#"{ "3g.40gb" = 2 }"#));
     tf.init();
     tf.apply();
     let train = tf.resource(TRAIN);
     assert_eq!(train["status"], "running", "{train:#}");
-    let endpoint = train["endpoint"].as_str().unwrap().to_string();
     let creds = credentials(&tf, TRAIN);
-    assert!(
-        creds["slurm_conf"].as_str().unwrap().contains(&format!(
-            "SlurmctldPort={}",
-            endpoint.rsplit(':').next().unwrap()
-        )),
-        "the endpoint is the controller's: {endpoint} {creds:#}"
+    assert_eq!(
+        train["endpoint"].as_str().unwrap(),
+        format!("{}:{}", creds["host"].as_str().unwrap(), creds["port"]),
+        "the endpoint is the login's: {creds:#}"
     );
     let name = cluster_name(&creds);
+    assert_eq!(creds["user"], name.as_str(), "{creds:#}");
+    // Nothing the team is given is a key of the platform.
+    let munge_key = fs::read(
+        backend
+            .data_dir()
+            .join("slurm")
+            .join(&name)
+            .join("munge.key"),
+    )
+    .expect("the controller's munge key stays in its private dir");
+    let given = train["credentials"].as_str().unwrap();
+    assert!(
+        !given.contains("munge") && !given.contains(&base64(&munge_key)),
+        "{given}"
+    );
     let other_creds = credentials(&tf, OTHER);
     let other_name = cluster_name(&other_creds);
+    tf.assert_no_changes();
 
-    // With its credentials alone, the tenant runs a job on both nodes' MIG slices.
-    let client = Client::connect(&creds);
+    // With its key, the team logs in as the cluster's account and runs a job on both
+    // nodes' MIG slices.
+    let client = Client::connect(&creds, &vision_key);
     let out = client.ok("srun", &["-N2", "--gres=gpu:3g.40gb:1", "hostname"]);
     assert_eq!(out.lines().count(), 2, "{out}");
     let train_nodes = |tf: &Terraform| -> Vec<String> {
@@ -376,19 +411,22 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
         .collect();
     assert_eq!(sinfo_gres(&client), gres);
 
-    // The other tenant's credentials work on its own cluster and are refused by this one.
-    let other = Client::connect(&other_creds);
+    attacker_probes(&backend, &agents, &creds, &client, &other_name);
+
+    // The other team's key works on its own cluster and lets no one into this one.
+    let other = Client::connect(&other_creds, &speech_key);
     assert_eq!(
         other.ok("sinfo", &["-h", "-N", "-o", "%G"]).trim(),
         "gpu:h100:1"
     );
-    let foreign = Client::connect(&other_creds);
-    foreign.use_conf(&creds);
-    let (ok, out) = foreign.run("sinfo", &["-h", "-N"]);
-    assert!(!ok, "another tenant's key reached this controller: {out}");
-    let (ok, out) = foreign.run("srun", &["-N1", "hostname"]);
-    assert!(!ok, "another tenant's key ran a job: {out}");
-    drop(foreign);
+    let foreign = Client::connect(&creds, &speech_key);
+    let (ok, out) = foreign.run("id", &[]);
+    assert!(!ok, "another team's key logged in to this cluster: {out}");
+    // Nor can a team's key log in as root or as the other cluster's account.
+    for user in ["root", other_name.as_str()] {
+        let (ok, out) = Client::as_user(&creds, &vision_key, user).run("id", &[]);
+        assert!(!ok, "logged in as {user}: {out}");
+    }
     drop(other);
 
     // The controller is supervised: when it dies it is started again from its state.
@@ -438,8 +476,8 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     })
     .await;
 
-    // A control plane restart stops the controller with it and starts it again from its
-    // state, on the same port: the tenant's client works as before.
+    // A control plane restart stops the controller and login with it and starts them again
+    // from their state, on the same ports and host key: the team's session works as before.
     backend.restart();
     eventually(
         "the controller back after a control plane restart",
@@ -455,16 +493,14 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     )
     .await;
 
-    // Scale to 3 in place: same cluster, same key, a job then spans 3 nodes.
+    // Scale to 3 in place: same cluster, same login, a job then spans 3 nodes.
     let id = train["id"].clone();
     tf.write_main(&config(3, r#"{ "3g.40gb" = 2 }"#));
     tf.apply();
     let scaled = tf.resource(TRAIN);
     assert_eq!(scaled["id"], id, "updated in place");
     assert_eq!(scaled["status"], "running", "{scaled:#}");
-    let creds3 = credentials(&tf, TRAIN);
-    assert_eq!(creds3["munge_key"], creds["munge_key"]);
-    client.use_conf(&creds3);
+    assert_eq!(credentials(&tf, TRAIN), creds, "the login stays as it was");
     let out = client.ok(
         "srun",
         &["-N3", "--gres=gpu:3g.40gb:1", "printenv", "SLURMD_NODENAME"],
@@ -475,7 +511,6 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     tf.write_main(&config(3, r#"{ "1g.10gb" = 7 }"#));
     tf.apply();
     assert_eq!(tf.resource(TRAIN)["status"], "running");
-    client.use_conf(&credentials(&tf, TRAIN));
     let gres: Vec<(String, String)> = train_nodes(&tf)
         .into_iter()
         .map(|n| (n, "gpu:1g.10gb:7".to_string()))
@@ -487,7 +522,7 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     // A driver change drains each node in Slurm first: a job running on a node finishes
     // before that node's driver is installed.
     let busy = train_nodes(&tf)[0].clone();
-    let (job, end_file) = client.timed_job(&busy);
+    let (job, end_file) = client.timed_job(&creds, &busy);
     client.wait_running(&[job]).await;
     tf.write_main(&config_with(
         3,
@@ -496,7 +531,7 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     ));
     tf.apply();
     assert_eq!(tf.resource(TRAIN)["status"], "running");
-    let ended = ended_at(end_file.path());
+    let ended = ended_at(&end_file);
     let agent = agents.iter().find(|a| a.name == busy).unwrap();
     let installed = modified_at(&agent.data_dir().join("driver-version"));
     assert!(
@@ -516,7 +551,7 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     let before = train_nodes(&tf);
     let mut jobs = Vec::new();
     for node in &before {
-        let (job, end_file) = client.timed_job(node);
+        let (job, end_file) = client.timed_job(&creds, node);
         jobs.push((node.clone(), job, end_file));
     }
     let ids: Vec<String> = jobs.iter().map(|(_, id, _)| id.clone()).collect();
@@ -532,7 +567,7 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     let left: Vec<&String> = before.iter().filter(|n| !after.contains(n)).collect();
     assert_eq!((after.len(), left.len()), (2, 1), "{before:?} -> {after:?}");
     let (_, _, end_file) = jobs.iter().find(|(n, ..)| n == left[0]).unwrap();
-    let ended = ended_at(end_file.path());
+    let ended = ended_at(end_file);
     let agent = agents.iter().find(|a| &a.name == left[0]).unwrap();
     let given_back = modified_at(&agent.data_dir().join("hardware.json"));
     assert!(
@@ -540,7 +575,6 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
         "{}'s GPUs were re-partitioned at {given_back}, before its job ended at {ended}",
         left[0]
     );
-    client.use_conf(&credentials(&tf, TRAIN));
     eventually("the two remaining nodes idle in Slurm", LIMIT, || {
         let out = client
             .poll("sinfo", &["-h", "-N", "-o", "%N %T"])
@@ -554,9 +588,27 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
         async move { done.then_some(()) }
     })
     .await;
+
+    // A team that drops its key from the configuration can no longer log in.
+    tf.write_main(
+        &config_with(
+            2,
+            r#"{ "1g.10gb" = 7 }"#,
+            r#"driver_version = "570.133.20""#,
+        )
+        .replace(
+            r#"ssh_public_keys = [file("${path.module}/vision.pub")]"#,
+            "ssh_public_keys = []",
+        ),
+    );
+    tf.apply();
+    tf.assert_no_changes();
+    let (ok, out) = client.run("id", &[]);
+    assert!(!ok, "logged in with a key taken out: {out}");
     drop(client);
 
-    // Destroy: no slurmctld, slurmd or munged of either cluster is left.
+    // Destroy: no slurmctld, slurmd, munged or sshd of either cluster is left, nor its
+    // account or runtime files.
     assert!(
         !processes_naming(&name).is_empty(),
         "the daemons name their cluster"
@@ -568,9 +620,96 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
             async move { left.is_empty().then_some(()) }
         })
         .await;
+        assert!(
+            !Path::new("/run/gpufleet").join(cluster.as_str()).exists(),
+            "{cluster}'s runtime directory is left"
+        );
+        let account = Command::new("getent")
+            .args(["passwd", cluster.as_str()])
+            .output()
+            .unwrap();
+        assert!(!account.status.success(), "{cluster}'s account is left");
     }
     assert!(!backend.data_dir().join("slurm").join(&name).exists());
     for a in &agents {
         assert!(!a.data_dir().join("slurm").join(&name).exists());
     }
+}
+
+/// What the team's own account can reach, tried as an attacker with the team's key: it
+/// runs as itself (never root) on the login and in jobs, and reads no token, no key and
+/// nothing of the other cluster, whose munged and configuration it cannot open.
+fn attacker_probes(
+    backend: &Backend,
+    agents: &[NodeAgent],
+    creds: &Value,
+    client: &Client,
+    other_cluster: &str,
+) {
+    let uid = client.ok("id", &["-u"]).trim().to_string();
+    assert_ne!(uid, "0", "the login session is root");
+    let on_nodes = client.ok("srun", &["-N2", "id", "-u"]);
+    assert_eq!(
+        on_nodes.lines().map(str::trim).collect::<Vec<_>>(),
+        vec![uid.as_str(); 2],
+        "jobs run as the cluster's account: {on_nodes}"
+    );
+    // The platform's secrets: the control plane's and the agents' data dirs (tokens, keys,
+    // the database), and every process's command line and environment.
+    let mut secrets = vec![
+        backend.data_dir().join("state.db"),
+        backend.data_dir().join("slurm"),
+    ];
+    secrets.extend(agents.iter().map(|a| a.data_dir()));
+    for path in &secrets {
+        let shown = path.display().to_string();
+        let (ok, out) = client.run("ls", &[&shown]);
+        assert!(!ok, "the team's account lists {shown}: {out}");
+        let (ok, out) = client.run("srun", &["-N1", "cat", &shown]);
+        assert!(!ok, "a job reads {shown}: {out}");
+    }
+    let script = "cat /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'";
+    for (where_, out) in [
+        ("login", client.run("sh", &["-c", script]).1),
+        ("job", client.run("srun", &["-N1", "sh", "-c", script]).1),
+    ] {
+        for token in [backend.admin_token(), backend.join_token()] {
+            assert!(!out.contains(token), "a token is readable on the {where_}");
+        }
+    }
+    // The other cluster: its runtime directory, munged socket and client configuration.
+    let theirs = format!("/run/gpufleet/{other_cluster}");
+    for path in [
+        theirs.clone(),
+        format!("{theirs}/login/slurm.conf"),
+        format!("{theirs}/login/munge.sock"),
+    ] {
+        let (ok, out) = client.run("ls", &["-l", &path]);
+        assert!(!ok && out.contains("Permission denied"), "{path}: {out}");
+    }
+    let (ok, out) = client.run(
+        "munge",
+        &["-n", "-S", &format!("{theirs}/login/munge.sock")],
+    );
+    assert!(!ok, "the other cluster's munged gave a credential: {out}");
+    let (ok, out) = client.run(
+        "sh",
+        &["-c", &format!("SLURM_CONF={theirs}/login/slurm.conf sinfo")],
+    );
+    assert!(!ok, "the other cluster answered: {out}");
+    // Its own munged serves it only as itself: a credential names its own uid.
+    let mine = format!("/run/gpufleet/{}/login/munge.sock", cluster_name(creds));
+    let decoded = client.ok(
+        "sh",
+        &["-c", &format!("munge -n -S {mine} | unmunge -S {mine}")],
+    );
+    assert!(
+        decoded
+            .lines()
+            .any(|l| l.starts_with("UID:") && l.contains(&format!("({uid})"))),
+        "{decoded}"
+    );
+    assert!(creds["home"]
+        .as_str()
+        .is_some_and(|h| h.starts_with("/run/gpufleet/")));
 }

@@ -249,6 +249,22 @@ pub trait Bounded {
     fn check_bounds(&self) -> Result;
 }
 
+/// A team's ssh public keys: how many, and how long each (their form is the login's check).
+pub fn ssh_public_keys(keys: &[String]) -> Result {
+    use gpufleet_slurm::login::{MAX_KEYS, MAX_KEY_BYTES};
+    if keys.len() > MAX_KEYS {
+        return Err(Bound::TooMany {
+            field: "ssh_public_keys".into(),
+            max: MAX_KEYS,
+            count: keys.len(),
+        });
+    }
+    for (i, key) in keys.iter().enumerate() {
+        text(&format!("ssh_public_keys[{i}]"), key, MAX_KEY_BYTES)?;
+    }
+    Ok(())
+}
+
 fn request_id(value: &str) -> Result {
     text("request_id", value, MAX_REQUEST_ID_CHARS)
 }
@@ -409,6 +425,7 @@ impl Bounded for v1::CreateTenantClusterRequest {
             self.min_bus_bandwidth_gbps,
             MAX_BANDWIDTH_GBPS,
         )?;
+        ssh_public_keys(&self.ssh_public_keys)?;
         optional(
             "max_unavailable",
             self.max_unavailable.into(),
@@ -444,6 +461,7 @@ impl Bounded for v1::UpdateTenantClusterRequest {
             self.min_bus_bandwidth_gbps,
             MAX_BANDWIDTH_GBPS,
         )?;
+        ssh_public_keys(&self.ssh_public_keys)?;
         optional(
             "max_unavailable",
             self.max_unavailable.into(),

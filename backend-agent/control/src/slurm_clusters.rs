@@ -16,8 +16,10 @@ use tokio::sync::watch;
 use crate::error::{Error, Result};
 use crate::registry::Outcome;
 use crate::state::AppState;
+use crate::store::slurm_access::SlurmAccess;
 use crate::store::{self, clusters::ClusterRow, nodes::NodeRow};
-use gpufleet_slurm::{conf, controller, munge, status};
+use gpufleet_slurm::account::Account;
+use gpufleet_slurm::{conf, controller, login, munge, status};
 
 /// Where the controllers listen and the nodes' slurmd run: this host. (Nodes on other
 /// hosts need the control plane's routable address here and their own host names in
@@ -35,12 +37,34 @@ pub fn is_slurm(c: &ClusterRow) -> bool {
     c.orchestrator == "slurm"
 }
 
-/// Refuses a Slurm cluster on a host without Slurm and munge, rather than pretending.
+/// Refuses a Slurm cluster on a host without Slurm, munge and sshd, or where the control
+/// plane cannot make the cluster's account, rather than pretending.
 pub fn require(orchestrator: &str) -> Result<()> {
     if orchestrator != "slurm" {
         return Ok(());
     }
-    refuse_without(&gpufleet_slurm::missing())
+    refuse_without(&gpufleet_slurm::missing())?;
+    // SAFETY: geteuid only reads the process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Error::Precondition(
+            "orchestrator: \"slurm\" gives each cluster an account of its own and a login sshd on the control plane's host, which needs the control plane to run as root".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A team's ssh keys for a cluster: only a Slurm cluster has a login, and each key must be
+/// an OpenSSH public key.
+pub fn check_ssh_public_keys(orchestrator: &str, keys: &[String]) -> Result<()> {
+    if orchestrator != "slurm" {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        return Err(Error::Invalid(format!(
+            "ssh_public_keys: only a Slurm cluster has a login endpoint (orchestrator is \"{orchestrator}\")"
+        )));
+    }
+    login::check_public_keys(keys).map_err(Error::Invalid)
 }
 
 /// The refusal when `missing` programs are absent (none: no refusal).
@@ -49,59 +73,113 @@ fn refuse_without(missing: &[&str]) -> Result<()> {
         return Ok(());
     }
     Err(Error::Precondition(format!(
-        "orchestrator: \"slurm\" runs a real Slurm controller on the control plane's host, and {} {} missing there; install Debian's slurm-wlm and munge (scripts/bootstrap.sh does)",
+        "orchestrator: \"slurm\" runs a real Slurm controller on the control plane's host, and {} {} missing there; install Debian's slurm-wlm, munge and openssh-server (scripts/bootstrap.sh does)",
         missing.join(", "),
         if missing.len() == 1 { "is" } else { "are" }
     )))
 }
 
-fn credentials(slurm_conf: &str, key: &[u8]) -> String {
+/// What the team is given: how to log in, and how to check the login's host key. Nothing
+/// in it grants more than a session as the cluster's own account.
+fn credentials(desired: &controller::Desired, access: &controller::Access) -> String {
+    let (host, port, user) = (
+        &desired.controller.addr,
+        desired.login_port,
+        &desired.account.name,
+    );
     serde_json::json!({
-        "slurm_conf": slurm_conf,
-        "munge_key": munge::encode(key),
+        "cluster": desired.controller.cluster,
+        "user": user,
+        "host": host,
+        "port": port,
+        "login": format!("ssh -p {port} {user}@{host}"),
+        "known_hosts": login::known_hosts_line(host, port, &access.host_key),
+        "home": access.home.display().to_string(),
     })
     .to_string()
 }
 
-/// A new Slurm cluster's endpoint (its controller's port on this host) and credentials
-/// (its own munge key; slurm_conf follows once the nodes are known).
-pub fn prepare(c: &mut ClusterRow) -> Result<()> {
+/// A new Slurm cluster's access: a munge key of its own and free ports for its controller
+/// and its login (the endpoint). Record it with [`record`] once the cluster is stored.
+pub struct NewAccess {
+    munge_key: String,
+    controller_port: u16,
+    login_port: u16,
+}
+
+pub fn prepare(c: &mut ClusterRow) -> Result<Option<NewAccess>> {
     if !is_slurm(c) {
-        return Ok(());
+        return Ok(None);
     }
-    let port = controller::free_port().map_err(Error::Internal)?;
-    c.endpoint = format!("{CONTROLLER_ADDR}:{port}");
-    c.credentials = credentials("", &munge::new_key());
+    let controller_port = controller::free_port().map_err(Error::Internal)?;
+    let login_port = loop {
+        let p = controller::free_port().map_err(Error::Internal)?;
+        if p != controller_port {
+            break p;
+        }
+    };
+    c.endpoint = format!("{CONTROLLER_ADDR}:{login_port}");
+    c.credentials = String::new();
+    Ok(Some(NewAccess {
+        munge_key: munge::encode(&munge::new_key()),
+        controller_port,
+        login_port,
+    }))
+}
+
+/// How many candidate uids a new cluster tries before it is refused.
+const UID_ATTEMPTS: u32 = 64;
+
+/// Stores a new cluster's access with the team's keys, and its account's uid: the first
+/// candidate that no cluster has and no user or group of this host has.
+pub fn record(
+    conn: &Connection,
+    cluster_id: &str,
+    new: NewAccess,
+    ssh_public_keys: &[String],
+) -> Result<()> {
+    let mut uid = None;
+    for attempt in 0..UID_ATTEMPTS {
+        let candidate = Account::candidate_uid(cluster_id, attempt);
+        if !store::slurm_access::uid_taken(conn, candidate)? && !Account::id_taken_here(candidate) {
+            uid = Some(candidate);
+            break;
+        }
+    }
+    let uid = uid.ok_or_else(|| {
+        Error::Precondition(format!(
+            "orchestrator: no free uid for the cluster's account after {UID_ATTEMPTS} tries"
+        ))
+    })?;
+    store::slurm_access::insert(
+        conn,
+        &SlurmAccess {
+            cluster_id: cluster_id.to_string(),
+            munge_key: new.munge_key,
+            uid,
+            controller_port: new.controller_port,
+            login_port: new.login_port,
+            ssh_public_keys: ssh_public_keys.to_vec(),
+        },
+    )?;
     Ok(())
 }
 
-fn key_of(c: &ClusterRow) -> Result<Vec<u8>> {
-    let v: serde_json::Value = serde_json::from_str(&c.credentials).map_err(|e| {
+fn access_of(conn: &Connection, c: &ClusterRow) -> Result<SlurmAccess> {
+    store::slurm_access::get(conn, &c.id)?.ok_or_else(|| {
         Error::Internal(format!(
-            "cluster {}: credentials are not Slurm's JSON: {e}",
+            "cluster {}: its Slurm access is not recorded",
             c.name
         ))
-    })?;
-    munge::decode(v["munge_key"].as_str().unwrap_or_default())
-        .map_err(|e| Error::Internal(format!("cluster {}: {e}", c.name)))
+    })
 }
 
-fn controller_of(c: &ClusterRow) -> Result<conf::Controller> {
-    let port = c
-        .endpoint
-        .rsplit_once(':')
-        .and_then(|(_, p)| p.parse().ok())
-        .ok_or_else(|| {
-            Error::Internal(format!(
-                "cluster {}: endpoint {} has no port",
-                c.name, c.endpoint
-            ))
-        })?;
-    Ok(conf::Controller {
+fn controller_of(c: &ClusterRow, access: &SlurmAccess) -> conf::Controller {
+    conf::Controller {
         cluster: gpufleet_slurm::cluster_name(&c.id),
         addr: CONTROLLER_ADDR.into(),
-        port,
-    })
+        port: access.controller_port,
+    }
 }
 
 /// What the cluster's Slurm should be now, from the store.
@@ -118,13 +196,15 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
     if !is_slurm(&c) {
         return Ok(None);
     }
-    let ctl = controller_of(&c)?;
+    let access = access_of(conn, &c)?;
+    let ctl = controller_of(&c, &access);
     let mut nodes = store::nodes::list(conn, None, Some(&c.id))?;
     nodes.sort_by(|a, b| a.hostname.cmp(&b.hostname));
     // A node keeps its slurmd port across changes; new nodes get free ones.
     let known = controller::node_ports(&state.data_dir, &ctl.cluster);
     let mut taken: BTreeSet<u16> = known.values().copied().collect();
     taken.insert(ctl.port);
+    taken.insert(access.login_port);
     let mut out = Vec::new();
     for n in &nodes {
         let gpus = crate::recorded::recorded_gpus(conn, &n.id)?.len() as u32;
@@ -144,12 +224,17 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
             gres: conf::node_gres(&c.gpu_type, gpus, &c.mig_layout),
         });
     }
+    let key = munge::decode(&access.munge_key)
+        .map_err(|e| Error::Internal(format!("cluster {}: {e}", c.name)))?;
     Ok(Some(Plan {
         desired: controller::Desired {
+            account: Account::new(&ctl.cluster, access.uid).map_err(Error::Internal)?,
             controller: ctl,
             nodes: out,
-            key: key_of(&c)?,
+            key,
             slurm_user: gpufleet_slurm::current_user(),
+            login_port: access.login_port,
+            ssh_public_keys: access.ssh_public_keys,
         },
         cluster: c,
         nodes,
@@ -172,6 +257,7 @@ fn start_order(p: &Plan, shared: &str) -> v1::WorkOrder {
             slurm_conf: shared.to_string(),
             cgroup_conf: conf::cgroup(),
             munge_key: p.desired.key.clone(),
+            uid: p.desired.account.uid,
         })),
     }
 }
@@ -222,9 +308,14 @@ pub async fn apply(
         let planner = state.clone();
         state.read(move |conn| plan(&planner, conn, &id)).await?
     };
-    let Some(plan) = plan else { return Ok(None) };
+    let Some(mut plan) = plan else {
+        return Ok(None);
+    };
+    if plan.desired.login_port == 0 {
+        plan.desired.login_port = give_login_port(state, &plan.cluster.id).await?;
+    }
     let name = plan.desired.controller.cluster.clone();
-    {
+    let access = {
         let (data_dir, desired) = (state.data_dir.clone(), plan.desired.clone());
         blocking(move || {
             controller::ensure(&data_dir, &desired).map_err(|e| {
@@ -233,8 +324,8 @@ pub async fn apply(
                 ))
             })
         })
-        .await?;
-    }
+        .await?
+    };
     let shared = conf::shared(
         &plan.desired.controller,
         &plan.desired.nodes,
@@ -254,13 +345,27 @@ pub async fn apply(
     }
     {
         let (state, id) = (state.clone(), plan.cluster.id.clone());
-        let creds = credentials(&shared, &plan.desired.key);
+        let creds = credentials(&plan.desired, &access);
         state
             .apply(move |conn| Ok::<_, Error>(store::clusters::set_credentials(conn, &id, &creds)?))
             .await?;
     }
     let expected: Vec<String> = plan.nodes.iter().map(|n| n.hostname.clone()).collect();
     Ok(wait_ready(state, &name, expected).await)
+}
+
+/// A login port for a cluster made before logins: allocated, recorded, and the endpoint.
+async fn give_login_port(state: &AppState, cluster_id: &str) -> Result<u16> {
+    let port = controller::free_port().map_err(Error::Internal)?;
+    let id = cluster_id.to_string();
+    state
+        .apply(move |conn| -> Result<()> {
+            store::slurm_access::set_login_port(conn, &id, port)?;
+            store::clusters::set_endpoint(conn, &id, &format!("{CONTROLLER_ADDR}:{port}"))?;
+            Ok(())
+        })
+        .await?;
+    Ok(port)
 }
 
 /// Waits (bounded) until every expected node is schedulable; Some(why not) if never.

@@ -1,6 +1,10 @@
 //! The node agent's Slurm daemons: for each Slurm tenant cluster its node is in, a munged
-//! holding the cluster's key and `slurmd -N <node>`, with their files under
-//! `<data-dir>/slurm/<cluster>/`. gres.conf comes from the GPUs as the agent finds them
+//! holding the cluster's key and `slurmd -N <node>`, with the key, logs and kept order under
+//! `<data-dir>/slurm/<cluster>/` (private), and what the cluster's jobs must reach (the
+//! munged socket, slurm.conf, gres.conf, slurmd's spool) in the node's part of the
+//! cluster's runtime directory, `/run/gpufleet/<cluster>/n<hash>/`, which only root and the
+//! cluster's account can enter. Jobs run as that account (created here with the uid the
+//! control plane gives), never as root (`DisableRootJobs`). gres.conf comes from the GPUs as the agent finds them
 //! (whole GPUs as `gpu:<model>`, MIG slices as `gpu:<profile>`), so Slurm schedules what
 //! the node really has.
 //!
@@ -22,6 +26,7 @@ use std::time::{Duration, Instant};
 use gpufleet_gpu::hardware::GpuInfo;
 use gpufleet_proto::v1;
 
+use gpufleet_slurm::account::{self, Account};
 use gpufleet_slurm::conf::{self, Device};
 use gpufleet_slurm::daemon::{Daemon, Spec};
 use gpufleet_slurm::munge;
@@ -49,6 +54,9 @@ pub struct Slurmd {
 struct Kept {
     slurm_conf: String,
     cgroup_conf: String,
+    /// The cluster account's uid (0 in orders kept before accounts: not started again).
+    #[serde(default)]
+    uid: u32,
 }
 
 impl Slurmd {
@@ -86,6 +94,7 @@ impl Slurmd {
             ));
         }
         let dir = self.dir(&order.cluster)?;
+        Account::new(&order.cluster, order.uid)?;
         let port = *conf::node_ports(&order.slurm_conf)
             .get(&self.node)
             .ok_or_else(|| {
@@ -94,11 +103,12 @@ impl Slurmd {
                     self.node, order.cluster
                 )
             })?;
-        std::fs::create_dir_all(dir.join("spool"))
+        std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let kept = Kept {
             slurm_conf: order.slurm_conf.clone(),
             cgroup_conf: order.cgroup_conf.clone(),
+            uid: order.uid,
         };
         write(
             &dir.join("order.json"),
@@ -119,11 +129,21 @@ impl Slurmd {
         port: u16,
         gpus: &[GpuInfo],
     ) -> Result<String, String> {
-        let paths = munge::Paths::in_dir(dir);
+        let account = Account::new(cluster, kept.uid)?;
+        account.ensure(&account::runtime_dir(cluster).join("home"))?;
+        account::prepare_runtime(&account)?;
+        let shared = self.shared_dir(cluster);
+        let spool = shared.join("spool");
+        account::own_dir(&shared, 0, account.uid, 0o750)?;
+        account::own_dir(&spool, 0, 0, 0o755)?;
+        let paths = munge::Paths {
+            socket: shared.join("munge.sock"),
+            ..munge::Paths::in_dir(dir)
+        };
         let full = format!(
             "{}{}",
             kept.slurm_conf,
-            conf::slurmd_lines(dir, &paths.socket)
+            conf::slurmd_lines(&spool, dir, &paths.socket)
         );
         let gres_conf = if self.simulated {
             conf::gres(&self.node, &self.sim_devices(dir, gpus)?)
@@ -158,10 +178,12 @@ impl Slurmd {
             Some(m) => m,
             None => munge::start(&format!("munged/{cluster}"), &paths)?,
         };
-        let conf_path = dir.join("slurm.conf");
-        write(&conf_path, &full)?;
-        write(&dir.join("cgroup.conf"), &kept.cgroup_conf)?;
-        write(&dir.join("gres.conf"), &gres_conf)?;
+        // Slurm reads cgroup.conf and gres.conf next to slurm.conf; jobs read slurm.conf.
+        let conf_path = shared.join("slurm.conf");
+        let gid = account.uid;
+        account::write_shared(&conf_path, &full, gid, 0o640)?;
+        account::write_shared(&shared.join("cgroup.conf"), &kept.cgroup_conf, gid, 0o640)?;
+        account::write_shared(&shared.join("gres.conf"), &gres_conf, gid, 0o640)?;
         let slurmd = Daemon::start(
             &format!("slurmd/{cluster}/{}", self.node),
             Spec {
@@ -240,7 +262,15 @@ impl Slurmd {
         Ok(out)
     }
 
-    /// Stops the cluster's daemons on this node and removes their files.
+    /// This node's part of the cluster's runtime directory: named by a short hash of the
+    /// node's name, as slurmd's spool holds sockets named `<node>_<job>.<step>` and a Unix
+    /// socket's path has at most 108 bytes.
+    fn shared_dir(&self, cluster: &str) -> PathBuf {
+        account::runtime_dir(cluster).join(node_part(&self.node))
+    }
+
+    /// Stops the cluster's daemons on this node and removes their files (and the cluster's
+    /// account, when nothing else of the cluster is left on this host).
     pub fn stop(&self, cluster: &str) -> Result<(), String> {
         let dir = self.dir(cluster)?;
         let r = self.lock().remove(cluster);
@@ -248,11 +278,12 @@ impl Slurmd {
             r.slurmd.stop();
             r.munged.stop();
         }
-        match std::fs::remove_dir_all(&dir) {
+        let removed = match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
-        }
+        };
+        account::release(cluster, &[&node_part(&self.node)]).and(removed)
     }
 
     /// After the agent starts: the daemons of every cluster it last ran, again, on a
@@ -305,6 +336,14 @@ impl Slurmd {
             r.munged.stop();
         }
     }
+}
+
+/// `n` and 8 hex digits of an FNV-1a hash of the node's name.
+fn node_part(node: &str) -> String {
+    let hash = node.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    format!("n{hash:08x}")
 }
 
 fn write(path: &Path, text: &str) -> Result<(), String> {

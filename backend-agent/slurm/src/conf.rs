@@ -105,6 +105,8 @@ pub fn shared(ctl: &Controller, nodes: &[Node], slurm_user: &str) -> String {
         "SlurmdTimeout=10",
         // Each side adds its own paths and munge socket to this file.
         "DebugFlags=NO_CONF_HASH",
+        // A team works as its cluster's own account; nothing runs as root.
+        "DisableRootJobs=YES",
     ] {
         let _ = writeln!(s, "{line}");
     }
@@ -144,12 +146,13 @@ pub fn controller_lines(dir: &Path, socket: &Path) -> String {
     )
 }
 
-/// A node's own lines: its spool, pid and log, in `dir`.
-pub fn slurmd_lines(dir: &Path, socket: &Path) -> String {
+/// A node's own lines: its spool (which the cluster's account must reach: its batch
+/// scripts are there), and its pid and log in its private `dir`.
+pub fn slurmd_lines(spool: &Path, dir: &Path, socket: &Path) -> String {
     format!(
         "{}SlurmdSpoolDir={}\nSlurmdPidFile={}\nSlurmdLogFile={}\n",
         auth_info(socket),
-        dir.join("spool").display(),
+        spool.display(),
         dir.join("slurmd.pid").display(),
         dir.join("slurmd.log").display(),
     )
@@ -239,6 +242,7 @@ mod tests {
         ];
         let s = shared(&ctl, &nodes, "root");
         assert!(!s.contains("AuthInfo"));
+        assert!(s.contains("DisableRootJobs=YES\n"));
         assert!(s.contains("SlurmctldPort=7000\n"));
         assert!(s.contains("PartitionName=gpu Nodes=a,b "));
         assert_eq!(

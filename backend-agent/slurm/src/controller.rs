@@ -1,6 +1,9 @@
 //! The controllers of Slurm tenant clusters: one `slurmctld` per cluster, run and
 //! supervised by the control plane (it plays each cluster's head node), with its own
-//! munged, state directory (`<data-dir>/slurm/<cluster>/`), port and ClusterName.
+//! munged, state directory (`<data-dir>/slurm/<cluster>/`), port and ClusterName, and its
+//! login: an sshd that lets the team in as the cluster's own account (`login`), whose
+//! sessions reach the munged's socket and the client slurm.conf in the cluster's runtime
+//! directory (`/run/gpufleet/<cluster>/login/`, the cluster's group only).
 //!
 //! A change of nodes or GRES rewrites slurm.conf and restarts the controller, which keeps
 //! its state (jobs survive): Slurm 22.05's `scontrol reconfigure` refuses to change a
@@ -12,8 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::account::{self, Account};
 use super::conf;
 use super::daemon::{Daemon, Spec};
+use super::login::{self, Login};
 use super::munge;
 
 /// What the controller of one cluster should run.
@@ -23,13 +28,40 @@ pub struct Desired {
     pub nodes: Vec<conf::Node>,
     pub key: Vec<u8>,
     pub slurm_user: String,
+    /// The account the team's sessions and jobs run as.
+    pub account: Account,
+    pub login_port: u16,
+    pub ssh_public_keys: Vec<String>,
+}
+
+/// What a team needs to log in, once the controller and its login run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Access {
+    /// The login's host key, `TYPE BASE64`.
+    pub host_key: String,
+    /// The account's home on the login host (where sessions start).
+    pub home: PathBuf,
 }
 
 struct Running {
     munged: Daemon,
     slurmctld: Daemon,
+    sshd: Daemon,
     key: Vec<u8>,
     conf: String,
+    sshd_config: String,
+}
+
+impl Running {
+    fn alive(&self) -> bool {
+        self.munged.alive() && self.slurmctld.alive() && self.sshd.alive()
+    }
+
+    fn stop(self) {
+        self.sshd.stop();
+        self.slurmctld.stop();
+        self.munged.stop();
+    }
 }
 
 /// Every running controller of this process, by its directory (unique per data dir and
@@ -72,45 +104,80 @@ fn write_if_changed(path: &Path, text: &str) -> Result<bool, String> {
     Ok(true)
 }
 
-/// Brings the cluster's controller to `want`: files written, munged and slurmctld running
-/// (restarted when their key or configuration changed), and the controller answering.
-pub fn ensure(data_dir: &Path, want: &Desired) -> Result<(), String> {
+/// Brings the cluster's controller to `want`: its account, files and runtime directory,
+/// munged, slurmctld and the login's sshd running (restarted when their key or
+/// configuration changed), and the controller answering. The team's keys are rewritten
+/// in place (sshd reads them at every login).
+pub fn ensure(data_dir: &Path, want: &Desired) -> Result<Access, String> {
     let cluster = &want.controller.cluster;
     let dir = dir(data_dir, cluster);
     std::fs::create_dir_all(dir.join("state"))
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let paths = munge::Paths::in_dir(&dir);
-    let conf_text = format!(
-        "{}{}",
-        conf::shared(&want.controller, &want.nodes, &want.slurm_user),
-        conf::controller_lines(&dir, &paths.socket)
-    );
+    let (uid, runtime) = (want.account.uid, account::runtime_dir(cluster));
+    let (login_dir, home) = (runtime.join("login"), runtime.join("home"));
+    want.account.ensure(&home)?;
+    account::prepare_runtime(&want.account)?;
+    account::own_dir(&login_dir, 0, uid, 0o750)?;
+    account::own_dir(&home, uid, uid, 0o700)?;
+    // The key stays in the private dir; the socket is where the account can reach it.
+    let paths = munge::Paths {
+        socket: login_dir.join("munge.sock"),
+        ..munge::Paths::in_dir(&dir)
+    };
+    let shared = conf::shared(&want.controller, &want.nodes, &want.slurm_user);
+    let conf_text = format!("{shared}{}", conf::controller_lines(&dir, &paths.socket));
+    let client_conf = login_dir.join("slurm.conf");
+    account::write_shared(
+        &client_conf,
+        &format!("{shared}{}", conf::auth_info(&paths.socket)),
+        uid,
+        0o640,
+    )?;
+    let keys_file = login_dir.join("authorized_keys");
+    account::write_shared(
+        &keys_file,
+        &login::authorized_keys(&want.ssh_public_keys),
+        uid,
+        0o640,
+    )?;
+    let files = login::Files::in_dir(&dir);
+    let host_key = login::host_key(&files)?;
+    let login = Login {
+        addr: want.controller.addr.clone(),
+        port: want.login_port,
+        user: want.account.name.clone(),
+        slurm_conf: client_conf,
+        authorized_keys: keys_file,
+    };
+    let sshd_config = login::sshd_config(&login, &files);
     let conf_path = dir.join("slurm.conf");
     let mut all = running().lock().unwrap_or_else(|p| p.into_inner());
     let current = all.remove(&dir);
-    let (munged, slurmctld) = match current {
+    let running = match current {
         Some(r)
             if r.key == want.key
                 && r.conf == conf_text
-                && r.munged.alive()
-                && r.slurmctld.alive() =>
+                && r.sshd_config == sshd_config
+                && r.alive() =>
         {
-            (r.munged, r.slurmctld)
+            r
         }
         other => {
-            let (munged, old_ctld) = match other {
+            let (munged, old_ctld, old_sshd) = match other {
                 Some(r) if r.key == want.key && r.munged.alive() => {
-                    (Some(r.munged), Some(r.slurmctld))
+                    (Some(r.munged), Some(r.slurmctld), Some(r.sshd))
                 }
                 Some(r) => {
-                    r.slurmctld.stop();
-                    r.munged.stop();
-                    (None, None)
+                    r.stop();
+                    (None, None, None)
                 }
-                None => (None, None),
+                None => (None, None, None),
             };
             if let Some(ctld) = old_ctld {
                 ctld.stop();
+            }
+            if let Some(sshd) = old_sshd {
+                sshd.stop();
             }
             let munged = match munged {
                 Some(m) => m,
@@ -139,20 +206,29 @@ pub fn ensure(data_dir: &Path, want: &Desired) -> Result<(), String> {
                 },
             )
             .map_err(|e| format!("cannot start slurmctld: {e}"))?;
-            (munged, slurmctld)
+            write_if_changed(&files.config, &sshd_config)?;
+            let sshd = match login::start(&format!("sshd/{cluster}"), &login, &files) {
+                Ok(d) => d,
+                Err(e) => {
+                    slurmctld.stop();
+                    munged.stop();
+                    return Err(e);
+                }
+            };
+            Running {
+                munged,
+                slurmctld,
+                sshd,
+                key: want.key.clone(),
+                conf: conf_text,
+                sshd_config,
+            }
         }
     };
-    all.insert(
-        dir.clone(),
-        Running {
-            munged,
-            slurmctld,
-            key: want.key.clone(),
-            conf: conf_text,
-        },
-    );
+    all.insert(dir.clone(), running);
     drop(all);
-    wait_answering(&dir, &want.controller)
+    wait_answering(&dir, &want.controller)?;
+    Ok(Access { host_key, home })
 }
 
 /// Waits until the controller accepts connections and answers `sinfo`.
@@ -189,11 +265,12 @@ fn wait_answering(dir: &Path, ctl: &conf::Controller) -> Result<(), String> {
 /// Whether this process runs the cluster's controller (and it is alive).
 pub fn is_running(data_dir: &Path, cluster: &str) -> bool {
     let all = running().lock().unwrap_or_else(|p| p.into_inner());
-    all.get(&dir(data_dir, cluster))
-        .is_some_and(|r| r.slurmctld.alive() && r.munged.alive())
+    all.get(&dir(data_dir, cluster)).is_some_and(Running::alive)
 }
 
-/// Stops the cluster's controller and munged, and removes their state.
+/// Stops the cluster's controller, munged and login, and removes their state, the login's
+/// runtime files and home (and the account, when no node of the cluster is left on this
+/// host).
 pub fn remove(data_dir: &Path, cluster: &str) -> Result<(), String> {
     let dir = dir(data_dir, cluster);
     let r = running()
@@ -201,14 +278,14 @@ pub fn remove(data_dir: &Path, cluster: &str) -> Result<(), String> {
         .unwrap_or_else(|p| p.into_inner())
         .remove(&dir);
     if let Some(r) = r {
-        r.slurmctld.stop();
-        r.munged.stop();
+        r.stop();
     }
-    match std::fs::remove_dir_all(&dir) {
+    let removed = match std::fs::remove_dir_all(&dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
-    }
+    };
+    account::release(cluster, &["login", "home"]).and(removed)
 }
 
 /// Stops every controller of `data_dir` (the control plane is shutting down); their state
@@ -225,7 +302,6 @@ pub fn stop_all(data_dir: &Path) {
         keys.into_iter().filter_map(|k| all.remove(&k)).collect()
     };
     for r in mine {
-        r.slurmctld.stop();
-        r.munged.stop();
+        r.stop();
     }
 }

@@ -1,18 +1,31 @@
 //! Real Slurm for tenant clusters with `orchestrator = "slurm"`, as processes on a host: the
 //! controller per cluster that the control plane runs (`controller`), the configuration it
 //! renders for the controller, the nodes and the tenant (`conf`), munge keys and daemons
-//! (`munge`), the supervised processes (`daemon`) and the controller's view of its nodes
-//! (`status`). It knows no store and no agent: the control plane's `slurm_clusters` ties a
+//! (`munge`), the supervised processes (`daemon`), the controller's view of its nodes
+//! (`status`), each cluster's own unprivileged account and runtime directory on a host
+//! (`account`) and its login endpoint (`login`). It knows no store and no agent: the control plane's `slurm_clusters` ties a
 //! cluster's lifecycle to these, and the node agent's `slurmd` runs a node's daemon.
 
+pub mod account;
 pub mod conf;
 pub mod controller;
 pub mod daemon;
+pub mod login;
 pub mod munge;
 pub mod status;
 
-/// The programs a Slurm cluster needs on this host.
-pub const PROGRAMS: &[&str] = &["slurmctld", "slurmd", "munged", "sinfo", "scontrol"];
+/// The programs a Slurm cluster needs on this host: the daemons, the controller's tools,
+/// the account tools and the login's sshd.
+pub const PROGRAMS: &[&str] = &[
+    "slurmctld",
+    "slurmd",
+    "munged",
+    "sinfo",
+    "scontrol",
+    "useradd",
+    "sshd",
+    "ssh-keygen",
+];
 
 /// Where programs are looked for: PATH, and /usr/sbin and /sbin (where Debian puts the
 /// daemons, often not on a user's PATH).

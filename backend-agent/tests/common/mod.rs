@@ -132,6 +132,8 @@ impl Drop for Agent {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // The accounts and runtime dirs of Slurm clusters the test did not destroy.
+        gpufleet_slurm::account::forget_all_under(&self.data_dir);
     }
 }
 

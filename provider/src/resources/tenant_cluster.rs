@@ -99,7 +99,26 @@ fn state(c: &api::TenantCluster) -> Value {
         ),
         ("preemptible", Value::Bool(c.preemptible)),
         ("allow_on_demand", Value::Bool(c.allow_on_demand)),
+        (
+            "ssh_public_keys",
+            Value::List(c.ssh_public_keys.iter().map(Value::string).collect()),
+        ),
     ])
+}
+
+/// A list of strings as the API takes it: empty when null or unknown (unknown elements
+/// left out: a plan-time check asks about what is known).
+fn string_list(state: &Value, name: &str) -> Vec<String> {
+    match state.get(name) {
+        Value::List(items) => items
+            .iter()
+            .filter_map(|v| match v {
+                Value::String(s) => Some(s.clone()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Null for the API's empty string ("not asked" / "not known").
@@ -143,6 +162,12 @@ fn plan_inputs(prior: Option<&Value>, proposed: Value, config: &Value) -> Planne
     );
     default_when_unset(&mut planned, config, "preemptible", Value::Bool(false));
     default_when_unset(&mut planned, config, "allow_on_demand", Value::Bool(false));
+    default_when_unset(
+        &mut planned,
+        config,
+        "ssh_public_keys",
+        Value::List(Vec::new()),
+    );
     let driver_unset = config.get("driver_version").is_null();
     let Some(prior) = prior else {
         mark_unknown(&mut planned, COMPUTED);
@@ -184,10 +209,6 @@ fn mark_effects(prior: Option<&Value>, planned: &mut Value) {
         !prior.get("driver_version").is_null() && changed(prior, planned, "driver_version");
     if reshapes_nodes || new_driver {
         mark_unknown(planned, &["nodes"]);
-    }
-    // A Slurm cluster's credentials carry its slurm.conf, which names its nodes and GRES.
-    if reshapes_nodes && matches!(planned.str_attr("orchestrator"), Ok(Some("slurm"))) {
-        mark_unknown(planned, &["credentials"]);
     }
     if reshapes_nodes || new_driver || changed(prior, planned, "storage_gib") {
         mark_unknown(planned, &["status", "status_reason"]);
@@ -455,6 +476,7 @@ fn create_request(
             .bool_attr("allow_on_demand")
             .map_err(diag)?
             .unwrap_or(false),
+        ssh_public_keys: string_list(planned, "ssh_public_keys"),
         ..super::acceptance::create_fields(planned)?
     };
     request.request_id = create_key(&request);
@@ -521,6 +543,8 @@ fn update_request(
         driver_version,
         max_unavailable,
         validate_only: false,
+        set_ssh_public_keys: changed(prior, planned, "ssh_public_keys"),
+        ssh_public_keys: string_list(planned, "ssh_public_keys"),
         ..super::acceptance::update_fields(prior, planned)?
     })
 }
@@ -743,8 +767,9 @@ impl ResourceType for TenantCluster {
                     Type::list(node_type()),
                     "The cluster's nodes, their GPUs and each GPU's MIG devices.",
                 ),
-                Attribute::computed("endpoint", Type::String, "Kubernetes API server URL, or the Slurm controller's host:port."),
-                Attribute::computed("credentials", Type::String, "For this cluster alone: a kubeconfig (Kubernetes: the cluster's own CA and a client certificate signed by it), or for Slurm a JSON object with `slurm_conf` (without AuthInfo) and `munge_key` (base64).").sensitive(),
+                Attribute::optional("ssh_public_keys", Type::list(Type::String), "Slurm only: the OpenSSH public keys (e.g. `file(\"~/.ssh/id_ed25519.pub\")`) that may log in to the cluster's login endpoint as the cluster's own unprivileged account; at most 32. Changes in place (the next login uses them). Default: none, so no one can log in."),
+                Attribute::computed("endpoint", Type::String, "Kubernetes API server URL, or the Slurm cluster's login endpoint (its sshd) as host:port."),
+                Attribute::computed("credentials", Type::String, "For this cluster alone: a kubeconfig (Kubernetes: the cluster's own CA and a client certificate signed by it), or for Slurm a JSON object saying how to log in: `user`, `host`, `port`, `login` (the ssh command), `known_hosts` (the line that checks the login's host key), `home` and `cluster` (Slurm's ClusterName). It holds no key of the platform.").sensitive(),
                 Attribute::computed("storage_path", Type::String, "Where the cluster's volume lives."),
             ]
             .into_iter()

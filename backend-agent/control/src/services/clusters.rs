@@ -38,7 +38,15 @@ fn message(conn: &Connection, caller: &Caller, c: ClusterRow) -> Result<v1::Tena
     let nodes_omitted = super::paging::shown_nodes(&mut nodes);
     let acceptance = super::health::cluster_acceptance(conn, &c.id)?;
     let preemption = store::preemption::get(conn, &c.id).map_err(db_error)?;
+    let ssh_public_keys = match crate::slurm_clusters::is_slurm(&c) {
+        true => store::slurm_access::get(conn, &c.id)
+            .map_err(db_error)?
+            .map(|a| a.ssh_public_keys)
+            .unwrap_or_default(),
+        false => Vec::new(),
+    };
     Ok(v1::TenantCluster {
+        ssh_public_keys,
         preemptible: preemption.is_some(),
         allow_on_demand: preemption.unwrap_or(false),
         acceptance_level: acceptance.level,
@@ -338,9 +346,13 @@ impl Clusters {
             driver_version: driver.unwrap_or_default(),
             max_unavailable,
         };
-        // A Slurm cluster's own controller port and munge key.
-        crate::slurm_clusters::prepare(&mut cluster)?;
+        // A Slurm cluster's own controller and login ports, munge key and account.
+        crate::slurm_clusters::check_ssh_public_keys(&cluster.orchestrator, &req.ssh_public_keys)?;
+        let slurm = crate::slurm_clusters::prepare(&mut cluster)?;
         store::clusters::insert(&tx, &cluster).map_err(db_error)?;
+        if let Some(new) = slurm {
+            crate::slurm_clusters::record(&tx, &cluster.id, new, &req.ssh_public_keys)?;
+        }
         super::health::store_created(&tx, &cluster.id, acceptance)?;
         crate::scheduling::preemption::mark(&tx, &cluster, req.preemptible, req.allow_on_demand)?;
         scale(&tx, &tenant.name, &cluster, self.state.now())?;
@@ -582,6 +594,11 @@ impl Clusters {
         let tenant = super::visible_tenant(&tx, &Caller::Admin, &c.tenant_id)?;
         let (mut c, new_driver) = self.updated(&old, &req)?;
         super::health::store_updated(&self.state, &tx, &c, &req)?;
+        if req.set_ssh_public_keys {
+            crate::slurm_clusters::check_ssh_public_keys(&c.orchestrator, &req.ssh_public_keys)?;
+            store::slurm_access::set_ssh_public_keys(&tx, &c.id, &req.ssh_public_keys)
+                .map_err(db_error)?;
+        }
         let scaling = scale(&tx, &tenant.name, &c, self.state.now())?;
         if req.validate_only {
             // Admission passed; dropping `tx` rolls back the nodes it took.

@@ -182,6 +182,14 @@ pub fn set_settled_status(
 
 /// Sets how a tenant reaches its cluster (a Slurm cluster's configuration changes with
 /// its nodes).
+pub fn set_endpoint(conn: &Connection, id: &str, endpoint: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE clusters SET endpoint = ?2 WHERE id = ?1",
+        (id, endpoint),
+    )?;
+    Ok(())
+}
+
 pub fn set_credentials(conn: &Connection, id: &str, credentials: &str) -> rusqlite::Result<()> {
     conn.execute(
         "UPDATE clusters SET credentials = ?2 WHERE id = ?1",

@@ -16,6 +16,7 @@ pub mod preemption;
 pub mod quotas;
 pub mod readers;
 pub mod reservations;
+pub mod slurm_access;
 pub mod tenants;
 
 use std::path::Path;
@@ -341,6 +342,28 @@ const MIGRATIONS: &[&str] = &[
         reason TEXT NOT NULL,
         held INTEGER NOT NULL DEFAULT 0
     );
+    "#,
+    // 11: Slurm without handing out the key (issue 18): each Slurm cluster's platform-side
+    // access (its munge key, its account's uid, the controller's and the login's ports, the
+    // team's ssh keys) apart from `credentials`, which is what the team is given. A login
+    // port of 0 (clusters from before) is allocated at the cluster's next bring-up.
+    r#"
+    CREATE TABLE slurm_access (
+        cluster_id TEXT PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
+        munge_key TEXT NOT NULL,
+        uid INTEGER NOT NULL UNIQUE,
+        controller_port INTEGER NOT NULL,
+        login_port INTEGER NOT NULL,
+        ssh_public_keys TEXT NOT NULL DEFAULT '[]'
+    );
+    INSERT INTO slurm_access (cluster_id, munge_key, uid, controller_port, login_port)
+        SELECT id, json_extract(credentials, '$.munge_key'),
+               1900000000 + ROW_NUMBER() OVER (ORDER BY rowid),
+               CAST(substr(endpoint, instr(endpoint, ':') + 1) AS INTEGER), 0
+        FROM clusters
+        WHERE orchestrator = 'slurm' AND json_valid(credentials)
+          AND json_extract(credentials, '$.munge_key') IS NOT NULL;
+    UPDATE clusters SET credentials = '' WHERE orchestrator = 'slurm';
     "#,
 ];
 

@@ -1,0 +1,346 @@
+//! The account a Slurm tenant cluster's work runs as: one unprivileged system user and
+//! group per cluster, named like the cluster (`gf<12 hex>`), with the same uid and gid on
+//! every host (the control plane allocates them, so a munge credential means the same
+//! user everywhere). Its password is `*` (no password, not locked: sshd with public keys
+//! only lets it in) and its shell `/bin/sh`.
+//!
+//! Each host also has the cluster's runtime directory, `/run/gpufleet/<cluster>/`, which
+//! only root and the cluster's group can enter (0750): what the cluster's user must reach
+//! lives there (munge sockets, client and slurmd configuration, slurmd's spool, the login
+//! home); keys and logs stay in the private data dirs. Another cluster's user, or any
+//! other local user, cannot open it, so cannot reach its munged.
+//!
+//! Blocking (useradd, getent): async callers go through spawn_blocking.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Where the clusters' runtime directories are, on every host.
+pub const RUNTIME_ROOT: &str = "/run/gpufleet";
+/// Cluster accounts have uids (and gids) `FIRST_UID..FIRST_UID + UIDS`: far above the
+/// ranges of people (1000..60000), systemd's dynamic users and usual subuid ranges, so a
+/// cluster's uid is never a person's or a daemon's.
+pub const FIRST_UID: u32 = 1_900_000_000;
+pub const UIDS: u32 = 100_000_000;
+
+/// How long concurrent useradd/userdel runs (agents of one host) are retried for.
+const RETRY_FOR: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Account {
+    pub name: String,
+    pub uid: u32,
+}
+
+impl Account {
+    /// The account of cluster `cluster` (a name from [`super::cluster_name`]) with `uid`;
+    /// refused outside the cluster accounts' range (never root, never a person).
+    pub fn new(cluster: &str, uid: u32) -> Result<Account, String> {
+        if !super::valid_cluster_name(cluster) || !cluster.starts_with("gf") || cluster.len() > 32 {
+            return Err(format!(
+                "cluster: {cluster:?} is not a Slurm cluster name gpufleet makes"
+            ));
+        }
+        if !(FIRST_UID..FIRST_UID.saturating_add(UIDS)).contains(&uid) {
+            return Err(format!(
+                "uid: {uid} is outside the cluster accounts' range {FIRST_UID}..{}",
+                FIRST_UID + UIDS
+            ));
+        }
+        Ok(Account {
+            name: cluster.to_string(),
+            uid,
+        })
+    }
+
+    /// The `attempt`-th candidate uid of a cluster: spread over the range by its id, so
+    /// the clusters of several control planes (or of tests sharing one host) rarely meet;
+    /// the control plane takes the first candidate no cluster and no account here has.
+    pub fn candidate_uid(cluster_id: &str, attempt: u32) -> u32 {
+        let hash = cluster_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        FIRST_UID + ((hash + u64::from(attempt)) % u64::from(UIDS)) as u32
+    }
+
+    /// Whether a user or group of this host has `id`.
+    pub fn id_taken_here(id: u32) -> bool {
+        getent("passwd", &id.to_string()).is_some() || getent("group", &id.to_string()).is_some()
+    }
+
+    /// Creates the user and group on this host unless they exist with these ids; refuses
+    /// when the name or the ids belong to someone else.
+    pub fn ensure(&self, home: &Path) -> Result<(), String> {
+        let deadline = Instant::now() + RETRY_FOR;
+        loop {
+            match self.lookup()? {
+                Found::Same => return Ok(()),
+                Found::Nothing => {}
+            }
+            let made = self.create(home);
+            match made {
+                Ok(()) => return Ok(()),
+                // Another agent of this host made it meanwhile, or held the lock.
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!(account = %self.name, error = %e, "useradd failed; looking again");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn lookup(&self) -> Result<Found, String> {
+        let by_name = getent("passwd", &self.name);
+        let by_uid = getent("passwd", &self.uid.to_string());
+        let group = getent("group", &self.uid.to_string());
+        match (&by_name, &by_uid) {
+            (Some(n), _) if field(n, 2) != Some(self.uid.to_string().as_str()) => Err(format!(
+                "the account {} exists on this host with uid {}, not {}",
+                self.name,
+                field(n, 2).unwrap_or("?"),
+                self.uid
+            )),
+            (None, Some(u)) => Err(format!(
+                "uid {} belongs to {} on this host, not to cluster account {}",
+                self.uid,
+                field(u, 0).unwrap_or("?"),
+                self.name
+            )),
+            _ => match &group {
+                Some(g) if field(g, 0) != Some(self.name.as_str()) => Err(format!(
+                    "gid {} belongs to group {} on this host, not to cluster account {}",
+                    self.uid,
+                    field(g, 0).unwrap_or("?"),
+                    self.name
+                )),
+                _ if by_name.is_some() && group.is_some() => Ok(Found::Same),
+                _ => Ok(Found::Nothing),
+            },
+        }
+    }
+
+    fn create(&self, home: &Path) -> Result<(), String> {
+        let id = self.uid.to_string();
+        if getent("group", &id).is_none() {
+            run("groupadd", &["-g", &id, &self.name])?;
+        }
+        if getent("passwd", &self.name).is_none() {
+            let home = home.display().to_string();
+            let comment = format!("gpufleet Slurm cluster {}", self.name);
+            run(
+                "useradd",
+                &[
+                    "-u", &id, "-g", &id, "-M", "-d", &home, "-s", "/bin/sh", "-p", "*", "-c",
+                    &comment, &self.name,
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Ends every process of the account on this host, then removes the user and group.
+    pub fn remove(&self) -> Result<(), String> {
+        kill_processes_of(self.uid);
+        let deadline = Instant::now() + RETRY_FOR;
+        loop {
+            let mut failed = Vec::new();
+            if getent("passwd", &self.name).is_some() {
+                if let Err(e) = run("userdel", &[&self.name]) {
+                    failed.push(e);
+                }
+            }
+            if getent("group", &self.name).is_some() {
+                if let Err(e) = run("groupdel", &[&self.name]) {
+                    failed.push(e);
+                }
+            }
+            if failed.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(failed.join("; "));
+            }
+            kill_processes_of(self.uid);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+enum Found {
+    Same,
+    Nothing,
+}
+
+/// The line `getent DATABASE KEY` prints, if any.
+fn getent(database: &str, key: &str) -> Option<String> {
+    let out = Command::new("getent").args([database, key]).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        .filter(|l| !l.is_empty())
+}
+
+fn field(line: &str, n: usize) -> Option<&str> {
+    line.split(':').nth(n)
+}
+
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e} (cluster accounts need root)"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{program} {} failed: {}",
+        args.last().unwrap_or(&""),
+        String::from_utf8_lossy(&out.stderr).trim()
+    ))
+}
+
+/// SIGKILL to every process of `uid` (its jobs and login sessions) on this host.
+pub fn kill_processes_of(uid: u32) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let owner = std::fs::read_to_string(e.path().join("status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Uid:"))
+                    .and_then(|ids| ids.split_whitespace().next())
+                    .and_then(|real| real.parse::<u32>().ok())
+            });
+        if owner == Some(uid) {
+            // SAFETY: kill only sends a signal.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// The cluster's runtime directory on this host.
+pub fn runtime_dir(cluster: &str) -> PathBuf {
+    Path::new(RUNTIME_ROOT).join(cluster)
+}
+
+/// Creates `path` (and its parents) and gives it owner `uid`, group `gid` and `mode`.
+pub fn own_dir(path: &Path, uid: u32, gid: u32, mode: u32) -> Result<(), String> {
+    std::fs::create_dir_all(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    chown(path, uid, gid)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))
+}
+
+/// Writes `text` to `path` (unless it holds it already), owned by root and `gid`, `mode`.
+pub fn write_shared(path: &Path, text: &str, gid: u32, mode: u32) -> Result<(), String> {
+    if std::fs::read_to_string(path).is_ok_and(|t| t == text) {
+        return Ok(());
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    chown(&tmp, 0, gid)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("cannot set the mode of {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid))
+        .map_err(|e| format!("cannot give {} to uid {uid}: {e}", path.display()))
+}
+
+/// The cluster's runtime directory with the account's group (made if missing).
+pub fn prepare_runtime(account: &Account) -> Result<PathBuf, String> {
+    let root = Path::new(RUNTIME_ROOT);
+    own_dir(root, 0, 0, 0o755)?;
+    let dir = runtime_dir(&account.name);
+    own_dir(&dir, 0, account.uid, 0o750)?;
+    Ok(dir)
+}
+
+/// Removes `parts` of the cluster's runtime directory; when nothing else of the cluster
+/// is left on this host (no login, no other node), also the directory and the account
+/// (its processes ended first).
+pub fn release(cluster: &str, parts: &[&str]) -> Result<(), String> {
+    let dir = runtime_dir(cluster);
+    for part in parts {
+        remove_all(&dir.join(part))?;
+    }
+    let others = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().count())
+        .unwrap_or(0);
+    if others > 0 {
+        return Ok(());
+    }
+    forget(cluster)
+}
+
+/// Removes the cluster's whole runtime directory and its account from this host.
+pub fn forget(cluster: &str) -> Result<(), String> {
+    remove_all(&runtime_dir(cluster))?;
+    // The account by its name: only one of ours (a cluster name, a uid of our range).
+    let Some(line) = getent("passwd", cluster) else {
+        return Ok(());
+    };
+    let uid = field(&line, 2).and_then(|u| u.parse().ok()).unwrap_or(0);
+    Account::new(cluster, uid)?.remove()
+}
+
+/// Forgets every cluster a stopped control plane or agent ran Slurm daemons for
+/// (`<data_dir>/slurm/<cluster>/`): what a test that stops one without destroying its
+/// clusters would otherwise leave on the host.
+pub fn forget_all_under(data_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("slurm")) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if super::valid_cluster_name(&name) && name.starts_with("gf") {
+            if let Err(e) = forget(&name) {
+                tracing::warn!(cluster = %name, error = %e, "cannot remove a cluster's account");
+            }
+        }
+    }
+}
+
+fn remove_all(path: &Path) -> Result<(), String> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot remove {}: {e}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accounts_are_cluster_names_with_uids_of_their_own_range() {
+        let uid = Account::candidate_uid("79bb28b1-5b97-4c1e-9d7a-000000000000", 0);
+        assert!((FIRST_UID..FIRST_UID + UIDS).contains(&uid));
+        assert_eq!(
+            Account::candidate_uid("79bb28b1-5b97-4c1e-9d7a-000000000000", 1),
+            uid + 1
+        );
+        assert_ne!(
+            Account::candidate_uid("79bb28b1-5b97-4c1e-9d7a-000000000001", 0),
+            uid
+        );
+        assert!(Account::new("gf0123456789ab", uid).is_ok());
+        assert!(Account::new("gf0123456789ab", 0)
+            .unwrap_err()
+            .starts_with("uid: 0 is outside"));
+        assert!(Account::new("gf0123456789ab", 1000).is_err());
+        assert!(Account::new("root", uid).is_err());
+        assert!(Account::new("../etc", uid).is_err());
+    }
+}

@@ -1,0 +1,299 @@
+//! A Slurm tenant cluster's login endpoint: an `sshd` of its own on the controller's host
+//! that lets in the cluster's account only, with the team's public keys only, and gives
+//! each session `SLURM_CONF` (the cluster's client configuration, whose munge socket only
+//! that account can reach). No password, no root, no forwarding, no user environment: a
+//! team gets a shell as its own unprivileged user, from which `sinfo`, `srun` and `sbatch`
+//! work, and nothing that grants more (no munge key leaves the platform).
+//!
+//! Blocking (ssh-keygen, the daemon): async callers go through spawn_blocking.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+
+use super::daemon::{Daemon, Spec};
+
+/// At most this many public keys per cluster, each at most this long.
+pub const MAX_KEYS: usize = 32;
+pub const MAX_KEY_BYTES: usize = 16 * 1024;
+
+/// The key types sshd accepts from a team (OpenSSH 9.2's public key algorithms, without
+/// DSA, which it no longer accepts).
+const KEY_TYPES: &[&str] = &[
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+];
+
+/// Checks a team's public keys as `ssh_public_keys` gives them (a trailing newline, as
+/// `file("id_ed25519.pub")` reads, is fine): one OpenSSH public key per entry, no options,
+/// no duplicates.
+pub fn check_public_keys(keys: &[String]) -> Result<(), String> {
+    if keys.len() > MAX_KEYS {
+        return Err(format!(
+            "ssh_public_keys: at most {MAX_KEYS} keys (got {})",
+            keys.len()
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, key) in keys.iter().enumerate() {
+        let (kind, blob) =
+            check_public_key(key).map_err(|e| format!("ssh_public_keys[{i}]: {e}"))?;
+        if !seen.insert((kind, blob)) {
+            return Err(format!(
+                "ssh_public_keys[{i}]: the same key is listed twice"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One public key: `TYPE BASE64 [COMMENT]`; (type, base64) when it is one.
+fn check_public_key(key: &str) -> Result<(&str, &str), String> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(format!("at most {MAX_KEY_BYTES} bytes (got {})", key.len()));
+    }
+    let line = key.strip_suffix('\n').unwrap_or(key);
+    if line.chars().any(|c| c.is_control() && c != '\t') {
+        return Err("one key on one line, without control characters".into());
+    }
+    let mut words = line.split_whitespace();
+    let kind = words
+        .next()
+        .ok_or("empty; give an OpenSSH public key such as the contents of ~/.ssh/id_ed25519.pub")?;
+    if !KEY_TYPES.contains(&kind) {
+        return Err(format!(
+            "must start with the key type ({}), without options; got {:?}",
+            KEY_TYPES.join(", "),
+            kind.chars().take(40).collect::<String>()
+        ));
+    }
+    let b64 = words.next().ok_or("the key's base64 data is missing")?;
+    let blob = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| format!("the key data is not base64: {e}"))?;
+    // The blob starts with its own type, length-prefixed (RFC 4253 section 6.6).
+    let named = blob
+        .get(..4)
+        .map(|l| u32::from_be_bytes([l[0], l[1], l[2], l[3]]) as usize)
+        .and_then(|n| blob.get(4..4 + n));
+    if named != Some(kind.as_bytes()) {
+        return Err(format!("the key data is not a {kind} key"));
+    }
+    Ok((kind, b64))
+}
+
+/// authorized_keys from the team's keys: one per line, exactly as given otherwise.
+pub fn authorized_keys(keys: &[String]) -> String {
+    keys.iter()
+        .map(|k| format!("{}\n", k.trim_end_matches('\n')))
+        .collect()
+}
+
+/// The login's files in the controller's private directory.
+pub struct Files {
+    pub host_key: PathBuf,
+    pub config: PathBuf,
+    pub pid: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Files {
+    pub fn in_dir(dir: &Path) -> Files {
+        Files {
+            host_key: dir.join("ssh_host_ed25519_key"),
+            config: dir.join("sshd_config"),
+            pid: dir.join("sshd.pid"),
+            log: dir.join("sshd.log"),
+        }
+    }
+}
+
+/// The host key's public half (made once per cluster, kept across restarts, so a team's
+/// known_hosts stays valid).
+pub fn host_key(files: &Files) -> Result<String, String> {
+    let public = files.host_key.with_extension("pub");
+    if !files.host_key.exists() || !public.exists() {
+        let _ = std::fs::remove_file(&files.host_key);
+        let _ = std::fs::remove_file(&public);
+        let out = Command::new("ssh-keygen")
+            .args([
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "gpufleet-login",
+                "-f",
+            ])
+            .arg(&files.host_key)
+            .output()
+            .map_err(|e| format!("cannot run ssh-keygen: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "ssh-keygen failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    let text = std::fs::read_to_string(&public)
+        .map_err(|e| format!("cannot read {}: {e}", public.display()))?;
+    // "TYPE BASE64 COMMENT": what known_hosts needs is the type and the key.
+    Ok(text
+        .split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" "))
+}
+
+/// The line a team puts in its known_hosts to check the login's host key.
+pub fn known_hosts_line(addr: &str, port: u16, host_key: &str) -> String {
+    format!("[{addr}]:{port} {host_key}")
+}
+
+/// Where the login listens, who may log in and with which keys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Login {
+    pub addr: String,
+    pub port: u16,
+    pub user: String,
+    /// The cluster's client configuration, for SLURM_CONF.
+    pub slurm_conf: PathBuf,
+    /// The team's keys (root's file, readable by the cluster's group).
+    pub authorized_keys: PathBuf,
+}
+
+/// sshd_config for the cluster's login.
+pub fn sshd_config(login: &Login, files: &Files) -> String {
+    format!(
+        "# Login endpoint of a gpufleet Slurm tenant cluster: its own user, its team's keys.\n\
+         ListenAddress {addr}\n\
+         Port {port}\n\
+         HostKey {host_key}\n\
+         PidFile {pid}\n\
+         AllowUsers {user}\n\
+         AuthorizedKeysFile {keys}\n\
+         AuthenticationMethods publickey\n\
+         PubkeyAuthentication yes\n\
+         PasswordAuthentication no\n\
+         KbdInteractiveAuthentication no\n\
+         HostbasedAuthentication no\n\
+         PermitRootLogin no\n\
+         PermitEmptyPasswords no\n\
+         PermitUserEnvironment no\n\
+         PermitUserRC no\n\
+         UsePAM no\n\
+         StrictModes no\n\
+         AllowTcpForwarding no\n\
+         AllowStreamLocalForwarding no\n\
+         AllowAgentForwarding no\n\
+         GatewayPorts no\n\
+         X11Forwarding no\n\
+         PermitTunnel no\n\
+         PrintMotd no\n\
+         SetEnv SLURM_CONF={conf}\n",
+        addr = login.addr,
+        port = login.port,
+        host_key = files.host_key.display(),
+        pid = files.pid.display(),
+        user = login.user,
+        keys = login.authorized_keys.display(),
+        conf = login.slurm_conf.display(),
+    )
+}
+
+/// sshd, absolute as it must be run (it re-executes itself for each connection).
+fn sshd_program() -> Option<PathBuf> {
+    ["/usr/sbin/sshd", "/usr/local/sbin/sshd", "/sbin/sshd"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+/// Starts the login's sshd on `files.config` and waits until it listens.
+pub fn start(name: &str, login: &Login, files: &Files) -> Result<Daemon, String> {
+    let program = sshd_program().ok_or("sshd is missing (install openssh-server)")?;
+    // sshd wants its privilege separation directory (Debian makes it at service start).
+    std::fs::create_dir_all("/run/sshd").map_err(|e| format!("cannot create /run/sshd: {e}"))?;
+    let check = Command::new(&program)
+        .arg("-t")
+        .arg("-f")
+        .arg(&files.config)
+        .output()
+        .map_err(|e| format!("cannot run sshd: {e}"))?;
+    if !check.status.success() {
+        return Err(format!(
+            "sshd refuses its configuration: {}",
+            String::from_utf8_lossy(&check.stderr).trim()
+        ));
+    }
+    let daemon = Daemon::start(
+        name,
+        Spec {
+            program: program.display().to_string(),
+            args: vec![
+                "-D".into(),
+                "-e".into(),
+                "-f".into(),
+                files.config.display().to_string(),
+            ],
+            env: Vec::new(),
+            log: files.log.clone(),
+        },
+    )
+    .map_err(|e| format!("cannot start sshd: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let addr = format!("{}:{}", login.addr, login.port)
+        .parse::<std::net::SocketAddr>()
+        .map_err(|e| format!("login address {}:{}: {e}", login.addr, login.port))?;
+    while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(&files.log).unwrap_or_default();
+            daemon.stop();
+            return Err(format!(
+                "the login's sshd did not listen on {addr} within 15 s: {}",
+                log.lines().last().unwrap_or("no output")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(daemon)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ED25519: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIUbCEB1wtwHnPpUtmvbvCP/oP71XRKXWqho1010j2Sr alice@laptop";
+
+    #[test]
+    fn team_keys_are_openssh_public_keys_without_options() {
+        check_public_keys(&[
+            ED25519.to_string(),
+            format!("{ED25519}\n")[..].replace("alice", "bob"),
+        ])
+        .unwrap_err();
+        check_public_keys(&[format!("{ED25519}\n")]).unwrap();
+        let err = |k: &str| check_public_keys(&[k.to_string()]).unwrap_err();
+        assert!(err(&format!("command=\"/bin/sh\" {ED25519}")).contains("without options"));
+        assert!(err("ssh-ed25519 notbase64!").contains("not base64"));
+        // An RSA type over an ed25519 blob.
+        let mislabelled = ED25519.replacen("ssh-ed25519", "ssh-rsa", 1);
+        assert!(err(&mislabelled).contains("not a ssh-rsa key"));
+        assert!(err(&format!("{ED25519}\n{ED25519}")).contains("one line"));
+        assert!(err("").starts_with("ssh_public_keys[0]: empty"));
+        let many = vec![ED25519.to_string(); MAX_KEYS + 1];
+        assert!(check_public_keys(&many).unwrap_err().contains("at most 32"));
+        assert_eq!(
+            authorized_keys(&[format!("{ED25519}\n")]),
+            format!("{ED25519}\n")
+        );
+    }
+}
