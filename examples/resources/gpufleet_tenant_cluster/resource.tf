@@ -56,6 +56,8 @@ resource "gpufleet_tenant_cluster" "inference" {
     "2g.20gb" = 1
     "1g.10gb" = 2
   }
+  # Who may log in to its Slurm login (as the cluster's own account).
+  ssh_public_keys = [file("~/.ssh/id_ed25519.pub")]
 
   depends_on = [gpufleet_gpu_quota.research_a100]
 }

@@ -20,12 +20,12 @@ output "cluster_id" {
 }
 
 output "cluster_endpoint" {
-  description = "Kubernetes API server URL, or the Slurm controller's host:port."
+  description = "Kubernetes API server URL, or the Slurm cluster's login (its sshd) as host:port."
   value       = gpufleet_tenant_cluster.this.endpoint
 }
 
 output "cluster_credentials" {
-  description = "A kubeconfig, or Slurm's JSON (slurm_conf and munge_key), for the team's cluster alone."
+  description = "A kubeconfig, or for Slurm how to log in (user, host, port, known_hosts), for the team's cluster alone; it holds no key of the platform."
   value       = gpufleet_tenant_cluster.this.credentials
   sensitive   = true
 }
