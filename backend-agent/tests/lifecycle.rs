@@ -157,15 +157,17 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
     let mut slurm = Clients::cluster(&tenant.id, "hpc", "H100-80GB", 1);
     slurm.orchestrator = "slurm".into();
     let hpc = c.create_cluster(slurm).await;
-    // A real Slurm controller on this host: its port, its slurm.conf and munge key.
+    // A real Slurm cluster on this host: its login's port, and how to log in to it (the
+    // cluster's own account, the login's host key), never its munge key.
     let (host, port) = hpc.endpoint.rsplit_once(':').expect("host:port");
     assert_eq!(host, "127.0.0.1");
     let creds: serde_json::Value = serde_json::from_str(&hpc.credentials).unwrap();
-    assert!(creds["slurm_conf"]
+    assert_eq!(creds["port"].to_string(), port, "{creds:#}");
+    assert!(creds["user"].as_str().is_some_and(|u| u.starts_with("gf")));
+    assert!(creds["known_hosts"]
         .as_str()
-        .unwrap()
-        .contains(&format!("SlurmctldPort={port}\n")));
-    assert!(creds["munge_key"].as_str().is_some_and(|k| !k.is_empty()));
+        .is_some_and(|k| k.starts_with(&format!("[127.0.0.1]:{port} ssh-ed25519 "))));
+    assert!(creds.get("munge_key").is_none(), "{creds:#}");
     let hpc = c
         .update_cluster(UpdateTenantClusterRequest {
             id: hpc.id.clone(),

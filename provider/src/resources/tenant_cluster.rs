@@ -767,7 +767,7 @@ impl ResourceType for TenantCluster {
                     Type::list(node_type()),
                     "The cluster's nodes, their GPUs and each GPU's MIG devices.",
                 ),
-                Attribute::optional("ssh_public_keys", Type::list(Type::String), "Slurm only: the OpenSSH public keys (e.g. `file(\"~/.ssh/id_ed25519.pub\")`) that may log in to the cluster's login endpoint as the cluster's own unprivileged account; at most 32. Changes in place (the next login uses them). Default: none, so no one can log in."),
+                Attribute::optional_computed("ssh_public_keys", Type::list(Type::String), "Slurm only: the OpenSSH public keys (e.g. `file(\"~/.ssh/id_ed25519.pub\")`) that may log in to the cluster's login endpoint as the cluster's own unprivileged account; at most 32. Changes in place (the next login uses them). Default: none, so no one can log in."),
                 Attribute::computed("endpoint", Type::String, "Kubernetes API server URL, or the Slurm cluster's login endpoint (its sshd) as host:port."),
                 Attribute::computed("credentials", Type::String, "For this cluster alone: a kubeconfig (Kubernetes: the cluster's own CA and a client certificate signed by it), or for Slurm a JSON object saying how to log in: `user`, `host`, `port`, `login` (the ssh command), `known_hosts` (the line that checks the login's host key), `home` and `cluster` (Slurm's ClusterName). It holds no key of the platform.").sensitive(),
                 Attribute::computed("storage_path", Type::String, "Where the cluster's volume lives."),
@@ -953,6 +953,7 @@ mod tests {
             ("max_unavailable", Value::Number(1)),
             ("preemptible", Value::Bool(false)),
             ("allow_on_demand", Value::Bool(false)),
+            ("ssh_public_keys", Value::List(Vec::new())),
             ("acceptance_status", Value::string("passed")),
             ("acceptance_nodes", Value::List(vec![])),
         ])
