@@ -6,6 +6,7 @@
 start_backend() {
   local agent="$1" work="$2"
   local admin_token listening
+  BACKEND_WORK="$work"
   admin_token="admin-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
   coproc AGENT {
     # The token in the environment: a command line is readable by every local user.
@@ -33,6 +34,24 @@ stop_backend() {
     kill -TERM "$AGENT_PID" 2>/dev/null || true
     wait "$AGENT_PID" 2>/dev/null || true
   fi
+  forget_slurm_accounts "${BACKEND_WORK:-}"
+}
+
+# The backend's data dir goes with the demo, so the host keeps nothing of its Slurm
+# clusters either: each cluster's account (its processes ended) and runtime directory.
+forget_slurm_accounts() {
+  local dir name
+  [ -n "$1" ] || return 0
+  for dir in "$1"/data/slurm/gf* "$1"/data/agents/*/slurm/gf*; do
+    [ -d "$dir" ] || continue
+    name="$(basename "$dir")"
+    rm -rf "/run/gpufleet/$name"
+    if getent passwd "$name" >/dev/null; then
+      pkill -KILL -u "$name" 2>/dev/null || true
+      userdel "$name" 2>/dev/null || true
+      groupdel "$name" 2>/dev/null || true
+    fi
+  done
 }
 
 # Writes a Terraform CLI config to $1 whose dev_overrides point gpufleet/gpufleet at $2.

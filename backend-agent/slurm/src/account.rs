@@ -295,13 +295,21 @@ pub fn forget(cluster: &str) -> Result<(), String> {
 }
 
 /// Forgets every cluster a stopped control plane or agent ran Slurm daemons for
-/// (`<data_dir>/slurm/<cluster>/`): what a test that stops one without destroying its
-/// clusters would otherwise leave on the host.
+/// (`<data_dir>/slurm/<cluster>/`, and its embedded agents' `agents/*/slurm/<cluster>/`):
+/// what a test that stops one without destroying its clusters would otherwise leave on the
+/// host.
 pub fn forget_all_under(data_dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(data_dir.join("slurm")) else {
-        return;
-    };
-    for e in entries.flatten() {
+    let embedded = std::fs::read_dir(data_dir.join("agents"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|agent| agent.path().join("slurm"));
+    let entries = std::iter::once(data_dir.join("slurm"))
+        .chain(embedded)
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
+        .flatten();
+    for e in entries {
         let name = e.file_name().to_string_lossy().to_string();
         if super::valid_cluster_name(&name) && name.starts_with("gf") {
             if let Err(e) = forget(&name) {
