@@ -390,19 +390,20 @@ pub fn quarantine_reason(level: &str, v: &Verdict) -> String {
     format!("failed health checks ({level}): {}", v.summary)
 }
 
-/// An event about a node outside any cluster: logged under the node's name.
+/// An event about a node outside any cluster: logged under the node's id.
 async fn node_event(state: &AppState, node: &NodeRow, kind: &str, message: &str) {
-    let (id, host, kind, text) = (
-        node.id.clone(),
-        node.hostname.clone(),
-        kind.to_string(),
-        message.to_string(),
-    );
+    log_event(state, node.id.clone(), node, kind, message).await;
+}
+
+/// Records an event about `node` in the log of `object`; a failure is logged, not raised
+/// (the check's outcome stands either way).
+async fn log_event(state: &AppState, object: String, node: &NodeRow, kind: &str, message: &str) {
+    let (host, kind, text) = (node.hostname.clone(), kind.to_string(), message.to_string());
     let clock_now = state.now();
     let recorded = state
         .apply(move |conn| {
             Ok::<_, Error>(store::events::record(
-                conn, clock_now, &id, "", &kind, &host, &text,
+                conn, clock_now, &object, "", &kind, &host, &text,
             )?)
         })
         .await;
@@ -483,19 +484,14 @@ async fn quarantine_checked(
 
 /// An event in the breaker's log of the node's model (`breaker/<model>`, the admin's).
 async fn breaker_event(state: &AppState, node: &NodeRow, kind: &str, message: &str) {
-    let object = breaker::event_object(&node.gpu_type);
-    let (host, kind, text) = (node.hostname.clone(), kind.to_string(), message.to_string());
-    let clock_now = state.now();
-    let recorded = state
-        .apply(move |conn| {
-            Ok::<_, Error>(store::events::record(
-                conn, clock_now, &object, "", &kind, &host, &text,
-            )?)
-        })
-        .await;
-    if let Err(e) = recorded {
-        tracing::error!(node = %node.hostname, error = %e, "cannot record a breaker event");
-    }
+    log_event(
+        state,
+        breaker::event_object(&node.gpu_type),
+        node,
+        kind,
+        message,
+    )
+    .await;
 }
 
 /// A failed node of `cluster`: quarantined (out of the cluster, named in `quarantined`)
