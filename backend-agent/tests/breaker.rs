@@ -30,15 +30,8 @@ fn break_nodes(data: &std::path::Path, nodes: &[String]) {
 
 async fn node_states(admin: &mut Clients) -> Vec<(String, String)> {
     admin
-        .fleet
-        .list_nodes(ListNodesRequest {
-            gpu_type: "H100-80GB".into(),
-            ..Default::default()
-        })
+        .nodes_of("H100-80GB")
         .await
-        .unwrap()
-        .into_inner()
-        .nodes
         .into_iter()
         .map(|n| (n.hostname, n.state))
         .collect()

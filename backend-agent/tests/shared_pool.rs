@@ -10,16 +10,7 @@ use tonic::Code;
 
 /// Every H100 node of the fleet, as the admin sees it.
 async fn h100_nodes(admin: &mut Clients) -> Vec<Node> {
-    admin
-        .fleet
-        .list_nodes(ListNodesRequest {
-            gpu_type: "H100-80GB".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .nodes
+    admin.nodes_of("H100-80GB").await
 }
 
 #[tokio::test]

@@ -428,6 +428,19 @@ impl Clients {
             .nodes
     }
 
+    /// The nodes of one GPU model, as this caller sees them.
+    pub async fn nodes_of(&mut self, gpu_type: &str) -> Vec<Node> {
+        self.fleet
+            .list_nodes(ListNodesRequest {
+                gpu_type: gpu_type.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("list nodes")
+            .into_inner()
+            .nodes
+    }
+
     pub async fn gpu_types(&mut self) -> Vec<GpuType> {
         self.fleet
             .list_gpu_types(ListGpuTypesRequest {})
