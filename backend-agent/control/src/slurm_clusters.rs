@@ -131,7 +131,9 @@ pub fn prepare(c: &mut ClusterRow) -> Result<Option<NewAccess>> {
 const UID_ATTEMPTS: u32 = 64;
 
 /// Stores a new cluster's access with the team's keys, and its account's uid: the first
-/// candidate that no cluster has and no user or group of this host has.
+/// candidate no other cluster has. (A host where a user or group already has it refuses
+/// the bring-up naming both; the candidates are spread over 100 million uids, so two
+/// control planes sharing a host rarely meet. No host lookup runs here, on the writer.)
 pub fn record(
     conn: &Connection,
     cluster_id: &str,
@@ -141,7 +143,7 @@ pub fn record(
     let mut uid = None;
     for attempt in 0..UID_ATTEMPTS {
         let candidate = Account::candidate_uid(cluster_id, attempt);
-        if !store::slurm_access::uid_taken(conn, candidate)? && !Account::id_taken_here(candidate) {
+        if !store::slurm_access::uid_taken(conn, candidate)? {
             uid = Some(candidate);
             break;
         }

@@ -57,17 +57,12 @@ impl Account {
 
     /// The `attempt`-th candidate uid of a cluster: spread over the range by its id, so
     /// the clusters of several control planes (or of tests sharing one host) rarely meet;
-    /// the control plane takes the first candidate no cluster and no account here has.
+    /// the control plane takes the first candidate no other cluster has.
     pub fn candidate_uid(cluster_id: &str, attempt: u32) -> u32 {
         let hash = cluster_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         });
         FIRST_UID + ((hash + u64::from(attempt)) % u64::from(UIDS)) as u32
-    }
-
-    /// Whether a user or group of this host has `id`.
-    pub fn id_taken_here(id: u32) -> bool {
-        getent("passwd", &id.to_string()).is_some() || getent("group", &id.to_string()).is_some()
     }
 
     /// Creates the user and group on this host unless they exist with these ids; refuses
