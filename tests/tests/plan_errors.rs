@@ -207,3 +207,57 @@ async fn pool_cluster_larger_than_the_free_pool_is_refused_at_plan_time() {
     )]);
     assert_refused_at_plan(&backend, &tf, &hcl, &["node_count", "3", "2", "A100-80GB"]).await;
 }
+
+/// A team pipeline holding only its token (its tenant left out, as the docs recommend)
+/// gives its cluster ssh keys the login cannot take: each is refused at plan, naming
+/// `ssh_public_keys` and why, and nothing is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_pipelines_unusable_ssh_keys_are_refused_at_plan() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let (tenant, token) = create_tenant(&mut admin, "ml").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 8, 0).await;
+    let tf = Terraform::new(&backend, &token);
+    tf.write_main("");
+    tf.init();
+    let key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIUbCEB1wtwHnPpUtmvbvCP/oP71XRKXWqho1010j2Sr alice@laptop";
+    let cluster = |orchestrator: &str, keys: &str| {
+        format!(
+            r#"
+resource "gpufleet_tenant_cluster" "train" {{
+  name            = "train"
+  orchestrator    = "{orchestrator}"
+  gpu_type        = "H100-80GB"
+  node_count      = 1
+  ssh_public_keys = [{keys}]
+}}
+"#
+        )
+    };
+    for (hcl, needles) in [
+        (
+            cluster("kubernetes", &format!("{key:?}")),
+            vec!["ssh_public_keys", "only a Slurm cluster has a login"],
+        ),
+        (
+            cluster(
+                "slurm",
+                &format!("{:?}", format!("command=\"/bin/sh\" {key}")),
+            ),
+            vec!["ssh_public_keys[0]", "without options"],
+        ),
+        (
+            cluster(
+                "slurm",
+                &format!("{key:?}, {:?}", key.replace("alice", "bob")),
+            ),
+            vec!["ssh_public_keys[1]", "listed twice"],
+        ),
+        (
+            cluster("slurm", r#""ssh-ed25519 AAAAC3NzaC1yc2E=""#),
+            vec!["ssh_public_keys[0]", "not a ssh-ed25519 key"],
+        ),
+    ] {
+        assert_refused_at_plan(&backend, &tf, &hcl, &needles).await;
+    }
+}
