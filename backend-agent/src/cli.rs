@@ -287,6 +287,12 @@ pub struct ServeArgs {
     /// An unreachable node still in a cluster is replaced after this long.
     #[arg(long, env = "GPUFLEET_REPLACE_AFTER", default_value = "5m", value_parser = parse_duration)]
     pub replace_after: std::time::Duration,
+    /// How long an order of a kind may go unanswered before it fails and its node is
+    /// treated as broken for it: KIND=DURATION, repeatable or comma-separated. Kinds:
+    /// mig_layout (2m), driver (30m), check_quick (1m), check_medium (5m), check_long
+    /// (1h), slurmd (1m); a bandwidth test's duration is added to a check's.
+    #[arg(long, env = "GPUFLEET_ORDER_DEADLINE", value_delimiter = ',', value_parser = parse_order_deadline, value_name = "KIND=DURATION")]
+    pub order_deadline: Vec<(String, std::time::Duration)>,
     /// Reservations not yet ended that one tenant may hold; the next create is refused.
     #[arg(long, env = "GPUFLEET_MAX_OPEN_RESERVATIONS", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_open_reservations: u32,
@@ -353,6 +359,18 @@ pub struct ServeArgs {
     /// nodes (when that is more than --breaker-max-quarantines).
     #[arg(long, env = "GPUFLEET_BREAKER_MAX_PERCENT", default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub breaker_max_percent: u32,
+}
+
+/// `--order-deadline driver=45m`.
+pub fn parse_order_deadline(text: &str) -> Result<(String, std::time::Duration), String> {
+    let (kind, d) = text
+        .split_once('=')
+        .ok_or_else(|| format!("'{text}': give KIND=DURATION, e.g. driver=45m"))?;
+    let kind = kind.trim();
+    let d = parse_duration(d.trim())?;
+    let mut probe = gpufleet_control::deadlines::OrderDeadlines::default();
+    probe.set(kind, d)?;
+    Ok((kind.to_string(), d))
 }
 
 /// `--bus-bandwidth H100-80GB=400`.
@@ -456,6 +474,13 @@ impl ServeArgs {
             drivers: self.drivers,
             node_timeout: self.node_timeout,
             replace_after: self.replace_after,
+            order_deadlines: {
+                let mut d = gpufleet_control::deadlines::OrderDeadlines::default();
+                for (kind, within) in &self.order_deadline {
+                    d.set(kind, *within).expect("checked when parsed");
+                }
+                d
+            },
             health: gpufleet_control::scheduling::health::Settings {
                 interval: self.health_interval,
                 bandwidth_duration: self.bandwidth_duration,
@@ -482,7 +507,19 @@ impl ServeArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_bus_bandwidth, parse_duration, parse_interval};
+    use super::{parse_bus_bandwidth, parse_duration, parse_interval, parse_order_deadline};
+
+    #[test]
+    fn order_deadlines_name_a_known_kind_and_a_duration() {
+        assert_eq!(
+            parse_order_deadline("driver=45m"),
+            Ok(("driver".into(), std::time::Duration::from_secs(45 * 60)))
+        );
+        assert!(parse_order_deadline("drivers=1m")
+            .unwrap_err()
+            .contains("check_medium"));
+        assert!(parse_order_deadline("driver").unwrap_err().contains("KIND=DURATION"));
+    }
     use std::time::Duration;
 
     #[test]

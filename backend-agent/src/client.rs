@@ -72,12 +72,28 @@ fn status(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
 }
 
+/// Widest cell shown: longer ones are cut, so a node's odd report cannot blow up the
+/// table (or the formatter, whose widths are bounded).
+const MAX_CELL: usize = 96;
+
+/// `cell` cut to [`MAX_CELL`] characters, ending in "…" when cut.
+fn fitted(cell: &str) -> String {
+    if cell.chars().count() <= MAX_CELL {
+        return cell.to_string();
+    }
+    cell.chars().take(MAX_CELL - 1).chain(['…']).collect()
+}
+
 /// Left-aligned columns wide enough for every cell.
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| fitted(c)).collect())
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
+            *w = (*w).max(cell.chars().count());
         }
     }
     let line = |cells: Vec<&str>| {
@@ -89,7 +105,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         parts.join("  ").trim_end().to_string() + "\n"
     };
     let mut out = line(header.to_vec());
-    for row in rows {
+    for row in &rows {
         out += &line(row.iter().map(String::as_str).collect());
     }
     out
@@ -325,5 +341,15 @@ mod tests {
     fn tables_align_columns() {
         let t = super::table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]);
         assert_eq!(t, "A    BB\nxyz  1\n");
+    }
+
+    #[test]
+    fn a_huge_cell_is_cut_not_a_panic() {
+        // A 2 MB driver string once made the formatter panic (width out of range).
+        let huge = "9".repeat(2 << 20);
+        let t = super::table(&["DRIVER", "N"], &[vec![huge, "1".into()]]);
+        let row = t.lines().nth(1).unwrap();
+        assert!(row.ends_with("…  1"), "{row}");
+        assert_eq!(row.chars().count(), super::MAX_CELL + 3);
     }
 }

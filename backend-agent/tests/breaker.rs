@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
-
 use common::*;
 use gpufleet_proto::v1::*;
 use tonic::Code;
@@ -43,35 +41,6 @@ fn quarantined(states: &[(String, String)]) -> Vec<String> {
         .filter(|(_, s)| s == "quarantined")
         .map(|(h, _)| h.clone())
         .collect()
-}
-
-/// The metrics endpoint's address, from the agent's log.
-fn metrics_addr(agent: &Agent) -> String {
-    let log = std::fs::read_to_string(agent.data_dir.with_extension("log")).unwrap();
-    let start = log
-        .find("Prometheus metrics on http://")
-        .expect("the metrics address in the log")
-        + "Prometheus metrics on http://".len();
-    let rest = &log[start..];
-    rest[..rest.find("/metrics").unwrap()].to_string()
-}
-
-/// A scrape as Prometheus makes it: with the endpoint's bearer token (generated into the
-/// data dir, as no --metrics-token-file is given).
-fn scrape(agent: &Agent, addr: &str) -> String {
-    let token = std::fs::read_to_string(agent.data_dir.join("metrics.token")).unwrap();
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(
-        format!(
-            "GET /metrics HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {}\r\n\r\n",
-            token.trim()
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text
 }
 
 fn breaker_open_metric(text: &str) -> Option<&str> {

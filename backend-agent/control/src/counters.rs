@@ -1,7 +1,7 @@
 //! The control plane's counters, counted as things happen (process-wide, whether or not
 //! `--metrics-listen` is given): `gpufleet_api_requests_total{method,code}`,
 //! `gpufleet_api_request_seconds{method}`, `gpufleet_work_orders_total{kind,outcome}`,
-//! `gpufleet_health_checks_total{check,result}`. `crate::metrics` serves them.
+//! `gpufleet_health_checks_total{check,result}`, `gpufleet_agent_answers_refused_total{reason}`. `crate::metrics` serves them.
 
 use std::sync::LazyLock;
 
@@ -20,6 +20,7 @@ pub struct Counters {
     pub api_seconds: HistogramVec,
     pub work_orders: IntCounterVec,
     pub health_checks: IntCounterVec,
+    pub refused_answers: IntCounterVec,
 }
 
 pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
@@ -60,22 +61,34 @@ pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
         &["check", "result"],
     )
     .expect("a valid counter");
+    let refused_answers = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_agent_answers_refused_total",
+            "Answers of node agents the control plane did not believe, by reason (unsolicited: for no order it waits for; out_of_bounds: a report that is not the node's).",
+        ),
+        &["reason"],
+    )
+    .expect("a valid counter");
     for c in [
         Box::new(api_requests.clone()) as Box<dyn prometheus::core::Collector>,
         Box::new(api_seconds.clone()),
         Box::new(work_orders.clone()),
         Box::new(health_checks.clone()),
+        Box::new(refused_answers.clone()),
     ] {
         registry.register(c).expect("a counter registered once");
     }
     // Every known series from the start, so that dashboards and rate() see a 0 first.
     for kind in [ORDER_MIG_LAYOUT, ORDER_DRIVER] {
-        for outcome in ["ok", "failed", "unreachable"] {
+        for outcome in ["ok", "failed", "unreachable", "timed_out"] {
             work_orders.with_label_values(&[kind, outcome]);
         }
     }
     for result in ["pass", "fail"] {
         health_checks.with_label_values(&[CHECK_DRIVER_INSTALL, result]);
+    }
+    for reason in [UNSOLICITED, crate::agents::results::OUT_OF_BOUNDS] {
+        refused_answers.with_label_values(&[reason]);
     }
     Counters {
         registry,
@@ -83,13 +96,23 @@ pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
         api_seconds,
         work_orders,
         health_checks,
+        refused_answers,
     }
 });
+
+/// `reason` of an answer to no order the control plane waits for.
+pub const UNSOLICITED: &str = "unsolicited";
+
+/// Counts an agent's answer that was not believed.
+pub fn refused_result(reason: &str) {
+    COUNTERS.refused_answers.with_label_values(&[reason]).inc();
+}
 
 /// Counts a work order of `kind` that has come to its `outcome`.
 pub fn work_order(kind: &str, outcome: &Outcome) {
     let label = match outcome {
         Outcome::Answered(r) if r.ok => "ok",
+        Outcome::Answered(r) if r.error_kind == crate::registry::DEADLINE => "timed_out",
         Outcome::Answered(_) => "failed",
         Outcome::Unreachable(_) => "unreachable",
     };

@@ -15,6 +15,7 @@ pub mod catalog;
 pub mod clock;
 pub mod cluster_status;
 pub mod counters;
+pub mod deadlines;
 pub mod drivers;
 pub mod error;
 pub mod fingerprint;

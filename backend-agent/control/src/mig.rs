@@ -242,11 +242,11 @@ fn desired(conn: &Connection, node: &NodeRow) -> Result<Option<Vec<Placement>>> 
     }
 }
 
-/// After a node registers: bring it to what it should be (an order only when its GPUs
-/// differ and no request is already changing it), then mark it ready, and a degraded
-/// cluster whose nodes are all back running again.
-pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
-    let id = node_id.clone();
+/// Brings a node to what it should be (an order only when its GPUs differ and no
+/// request is already changing it). Returns the node as it was read and why it could
+/// not be brought there (empty when it is there); None when it cannot be read.
+pub async fn bring_to_recorded(state: &AppState, node_id: &str) -> Option<(NodeRow, String)> {
+    let id = node_id.to_string();
     let plan = state
         .read(move |conn| {
             let node = store::nodes::get(conn, &id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
@@ -261,13 +261,13 @@ pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(node = %node_id, error = %e, "cannot reconcile the node");
-            return;
+            return None;
         }
     };
     let mut reason = String::new();
-    if change.needed() && !state.agents.has_pending(&node_id) {
+    if change.needed() && !state.agents.has_pending(node_id) {
         tracing::info!(node = %node_id, "bringing the node to its recorded layout");
-        let answer = state.agents.dispatch(&node_id, forward(&change)).await;
+        let answer = state.agents.dispatch(node_id, forward(&change)).await;
         if let Ok(o) = &answer {
             crate::counters::work_order(crate::counters::ORDER_MIG_LAYOUT, o);
         }
@@ -275,10 +275,22 @@ pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
             reason = format!("could not be brought to its layout: {}", status);
         }
     }
-    if change.node.state == store::nodes::NODE_QUARANTINED {
-        return; // out of service until an operator returns it
+    Some((change.node, reason))
+}
+
+/// After [`bring_to_recorded`]: a node that got there is ready (only while its agent is
+/// connected: never a ready node without one), and a degraded cluster whose nodes are
+/// all back running again; one that did not stays busy with why. A quarantined node
+/// stays out of service until an operator returns it.
+pub async fn mark_reconciled(state: &AppState, node: NodeRow, reason: String) {
+    if node.state == store::nodes::NODE_QUARANTINED {
+        return;
     }
-    let (cluster, t) = (change.node.cluster_id.clone(), state.now());
+    if reason.is_empty() && !state.agents.is_live(&node.id) {
+        tracing::info!(node = %node.hostname, "not marked ready: its agent is not connected");
+        return;
+    }
+    let (node_id, cluster, t) = (node.id.clone(), node.cluster_id.clone(), state.now());
     let recorded = state
         .apply(move |conn| {
             let (state_now, why) = if reason.is_empty() {
@@ -299,5 +311,12 @@ pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
         .await;
     if let Err(e) = recorded {
         tracing::error!(error = %e, "cannot record a reconciled node");
+    }
+}
+
+/// Brings a node to what it should be, then marks it (see [`mark_reconciled`]).
+pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
+    if let Some((node, reason)) = bring_to_recorded(&state, &node_id).await {
+        mark_reconciled(&state, node, reason).await;
     }
 }

@@ -4,7 +4,9 @@
 //! One std mutex guards it and is never held across an await or a call out: dispatching
 //! an order only queues it on the agent's outbound channel. An order waits for its agent
 //! while the agent reconnects (it is re-sent on registration, and the agent's journal
-//! makes the re-send a replay), and fails once the node is declared unreachable.
+//! makes the re-send a replay), and fails once the node is declared unreachable or its
+//! kind's deadline passes (`crate::deadlines`). Only an answer to an order still waiting
+//! here, from the node it was sent to, is believed: [`Registry::claim`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -13,6 +15,9 @@ use std::time::{Duration, Instant};
 use gpufleet_proto::v1::{self, control_message};
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
+
+/// `error_kind` of an order that failed for want of an answer within its deadline.
+pub const DEADLINE: &str = "deadline";
 
 pub type Outbound = mpsc::UnboundedSender<Result<v1::ControlMessage, Status>>;
 
@@ -36,6 +41,22 @@ struct Pending {
     node_id: String,
     order: v1::WorkOrder,
     waiter: oneshot::Sender<Outcome>,
+    /// When it fails unanswered, and the kind that bound is for.
+    deadline: Instant,
+    kind: &'static str,
+}
+
+/// An order an agent has answered, taken from the waiting ones: the answer goes to its
+/// waiter once the control plane has checked and recorded it.
+pub struct Claim {
+    waiter: oneshot::Sender<Outcome>,
+    pub order: v1::WorkOrder,
+}
+
+impl Claim {
+    pub fn answer(self, result: v1::OrderResult) {
+        let _ = self.waiter.send(Outcome::Answered(result));
+    }
 }
 
 struct Inner {
@@ -54,6 +75,8 @@ pub struct Registry {
     started: Instant,
     pub node_timeout: Duration,
     pub replace_after: Duration,
+    /// How long each kind of order may wait for its answer.
+    pub deadlines: crate::deadlines::OrderDeadlines,
 }
 
 fn order_message(order: &v1::WorkOrder) -> Result<v1::ControlMessage, Status> {
@@ -75,7 +98,13 @@ impl Registry {
             started: Instant::now(),
             node_timeout,
             replace_after,
+            deadlines: Default::default(),
         }
+    }
+
+    pub fn with_deadlines(mut self, deadlines: crate::deadlines::OrderDeadlines) -> Self {
+        self.deadlines = deadlines;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -113,12 +142,15 @@ impl Registry {
         id
     }
 
-    /// The stream `session` ended (unless a newer one has replaced it).
-    pub fn detach(&self, node_id: &str, session: u64) {
+    /// The stream `session` ended (unless a newer one has replaced it). True when it was
+    /// the node's current one: the node has no agent now.
+    pub fn detach(&self, node_id: &str, session: u64) -> bool {
         let mut inner = self.lock();
         if inner.sessions.get(node_id).is_some_and(|s| s.id == session) {
             inner.sessions.remove(node_id);
+            return true;
         }
+        false
     }
 
     pub fn heartbeat(&self, node_id: &str, session: u64) {
@@ -153,30 +185,64 @@ impl Registry {
         if let Some(s) = inner.sessions.get(node_id) {
             let _ = s.out.send(order_message(&order));
         }
+        let (kind, within) = self.deadlines.of(&order);
         inner.pending.insert(
             order.id.clone(),
             Pending {
                 node_id: node_id.to_string(),
                 order,
                 waiter: tx,
+                deadline: Instant::now() + within,
+                kind,
             },
         );
         rx
     }
 
-    /// Hands an agent's answer to whoever waits for it.
-    pub fn complete(&self, node_id: &str, result: v1::OrderResult) {
+    /// Takes the order `order_id` that `node_id` answered, if this control plane sent it
+    /// to that node and still waits for it; None for any other answer (an order never
+    /// sent, another node's, one already answered or past its deadline).
+    pub fn claim(&self, node_id: &str, order_id: &str) -> Option<Claim> {
         let mut inner = self.lock();
-        match inner.pending.remove(&result.order_id) {
-            Some(p) if p.node_id == node_id => {
-                let _ = p.waiter.send(Outcome::Answered(result));
-            }
-            Some(p) => {
-                // Not this node's order: keep it for its own node.
-                inner.pending.insert(result.order_id.clone(), p);
-            }
-            None => {}
+        if inner.pending.get(order_id)?.node_id != node_id {
+            return None;
         }
+        let p = inner.pending.remove(order_id)?;
+        Some(Claim {
+            waiter: p.waiter,
+            order: p.order,
+        })
+    }
+
+    /// Fails every order past its deadline as a failed answer, so that its sender treats
+    /// the node as broken for it. Returns the (node, kind, why) of each.
+    pub fn fail_overdue(&self) -> Vec<(String, &'static str, String)> {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        let due: Vec<String> = inner
+            .pending
+            .iter()
+            .filter(|(_, p)| p.deadline <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut failed = Vec::new();
+        for id in due {
+            let Some(p) = inner.pending.remove(&id) else { continue };
+            let (_, within) = self.deadlines.of(&p.order);
+            let why = format!(
+                "node {} gave no answer within {within:?} (the deadline of a {} order; serve --order-deadline)",
+                p.node_id, p.kind
+            );
+            let _ = p.waiter.send(Outcome::Answered(v1::OrderResult {
+                order_id: id,
+                ok: false,
+                error: why.clone(),
+                error_kind: DEADLINE.into(),
+                ..Default::default()
+            }));
+            failed.push((p.node_id, p.kind, why));
+        }
+        failed
     }
 
     /// Whether orders wait for `node_id`.
@@ -226,6 +292,13 @@ impl Registry {
 mod tests {
     use super::*;
 
+    /// An agent's answer, as the stream hands it over.
+    fn complete(r: &Registry, node: &str, result: v1::OrderResult) {
+        if let Some(c) = r.claim(node, &result.order_id) {
+            c.answer(result);
+        }
+    }
+
     fn order(id: &str) -> v1::WorkOrder {
         v1::WorkOrder {
             id: id.into(),
@@ -242,7 +315,8 @@ mod tests {
         let sent = rx.recv().await.unwrap().unwrap();
         assert!(matches!(sent.msg, Some(control_message::Msg::Order(o)) if o.id == "o1"));
         // Another node's answer for this id does not complete it.
-        r.complete(
+        complete(
+            &r,
             "n2",
             v1::OrderResult {
                 order_id: "o1".into(),
@@ -250,7 +324,8 @@ mod tests {
             },
         );
         assert!(r.has_pending("n1"));
-        r.complete(
+        complete(
+            &r,
             "n1",
             v1::OrderResult {
                 order_id: "o1".into(),
@@ -288,5 +363,36 @@ mod tests {
         let (tx, _rx2) = mpsc::unbounded_channel();
         r.attach("n1", tx);
         assert!(r.unreachable_for("n1").is_none());
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_order_fails_at_its_deadline_and_a_late_answer_is_not_believed() {
+        let mut d = crate::deadlines::OrderDeadlines::default();
+        d.set("mig_layout", Duration::ZERO).unwrap();
+        let r = Registry::new(Duration::from_secs(30), Duration::from_secs(60)).with_deadlines(d);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        r.attach("n1", tx);
+        let mig = v1::WorkOrder {
+            id: "o1".into(),
+            kind: Some(v1::work_order::Kind::ApplyMigLayout(Default::default())),
+        };
+        let answer = r.dispatch("n1", mig);
+        let failed = r.fail_overdue();
+        assert_eq!(
+            failed.iter().map(|(n, k, _)| (n.as_str(), *k)).collect::<Vec<_>>(),
+            vec![("n1", "mig_layout")]
+        );
+        match answer.await.unwrap() {
+            Outcome::Answered(res) => {
+                assert!(!res.ok);
+                assert_eq!(res.error_kind, DEADLINE);
+                assert!(res.error.contains("mig_layout"), "{}", res.error);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The agent's answer after the deadline is for no waiting order.
+        assert!(r.claim("n1", "o1").is_none());
+        // A result for an order never sent is not claimed either.
+        assert!(r.claim("n1", "never-sent").is_none());
     }
 }

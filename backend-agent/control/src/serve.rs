@@ -70,6 +70,8 @@ pub struct Config {
     pub drivers: Vec<String>,
     pub node_timeout: Duration,
     pub replace_after: Duration,
+    /// How long each kind of work order may go unanswered.
+    pub order_deadlines: crate::deadlines::OrderDeadlines,
     pub health: crate::scheduling::health::Settings,
     pub max_open_reservations: u32,
     pub metrics_listen: Option<SocketAddr>,
@@ -104,6 +106,7 @@ impl Config {
             drivers: Vec::new(),
             node_timeout: Duration::from_secs(30),
             replace_after: Duration::from_secs(300),
+            order_deadlines: Default::default(),
             health: Default::default(),
             max_open_reservations: crate::state::DEFAULT_MAX_OPEN_RESERVATIONS,
             metrics_listen: None,
@@ -283,7 +286,8 @@ impl ControlPlane {
         } else {
             crate::drivers::Offer::only(&offered).map_err(|e| anyhow::anyhow!("--{e}"))?
         };
-        let registry = crate::registry::Registry::new(config.node_timeout, config.replace_after);
+        let registry = crate::registry::Registry::new(config.node_timeout, config.replace_after)
+            .with_deadlines(config.order_deadlines.clone());
         let state = Arc::new(
             AppState::new(conn, data_dir, admin_token, join_token, registry, drivers)
                 .with_health(config.health)

@@ -16,6 +16,8 @@ use gpufleet_proto::v1::{
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+pub mod rogue;
+
 pub const ADMIN: &str = "test-admin-token";
 pub const HOUR: i64 = 3600;
 
@@ -147,6 +149,44 @@ pub struct Clients {
     pub fleet: FleetServiceClient<InterceptedService<Channel, Bearer>>,
     pub clusters: TenantClusterServiceClient<InterceptedService<Channel, Bearer>>,
     pub health: HealthServiceClient<InterceptedService<Channel, Bearer>>,
+}
+
+/// The metrics endpoint's address, from the agent's log.
+pub fn metrics_addr(agent: &Agent) -> String {
+    let log = std::fs::read_to_string(agent.data_dir.with_extension("log")).unwrap();
+    let start = log
+        .find("Prometheus metrics on http://")
+        .expect("the metrics address in the log")
+        + "Prometheus metrics on http://".len();
+    let rest = &log[start..];
+    rest[..rest.find("/metrics").unwrap()].to_string()
+}
+
+/// A scrape as Prometheus makes it: with the endpoint's bearer token (generated into the
+/// data dir, as no --metrics-token-file is given).
+pub fn scrape(agent: &Agent, addr: &str) -> String {
+    let token = std::fs::read_to_string(agent.data_dir.join("metrics.token")).unwrap();
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(
+        format!(
+            "GET /metrics HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {}\r\n\r\n",
+            token.trim()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// The value of the series that `line_start` begins (name and labels), in a scrape.
+pub fn metric_value(text: &str, line_start: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
 }
 
 pub fn now() -> i64 {

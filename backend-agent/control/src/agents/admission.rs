@@ -60,9 +60,31 @@ pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
         .inventory
         .as_ref()
         .ok_or_else(|| Refusal::Invalid("inventory: missing".into()))?;
+    let gpus = check_inventory(inv)?;
+    Ok(Checked {
+        name: reg.name.clone(),
+        capacity: reg.capacity.clone(),
+        gpu_type: inv.gpu_type.clone(),
+        driver_version: inv.driver_version.clone(),
+        cuda_version: inv.cuda_version.clone(),
+        gpus,
+    })
+}
+
+/// How far a GPU's reported memory may be from its model's (NVML reports a little less
+/// than the marketing figure: 81559 MiB for an 80 GB H100).
+const MEMORY_TOLERANCE_PERCENT: u64 = 10;
+
+/// An inventory (a registration's, or an order result's) that is one real node: a known
+/// model, bounded versions, 1 to [`MAX_GPUS`] GPUs in index order with distinct UUIDs,
+/// every GPU of the node's model with its memory, and MIG devices that are the model's
+/// profiles at valid, non-overlapping places on a GPU in MIG mode.
+pub fn check_inventory(inv: &v1::NodeInventory) -> Result<Vec<GpuInfo>, Refusal> {
     crate::catalog::require_known("inventory.gpu_type", &inv.gpu_type).map_err(Refusal::Invalid)?;
-    bounded("inventory.driver_version", &inv.driver_version)?;
-    bounded("inventory.cuda_version", &inv.cuda_version)?;
+    let model = gpufleet_gpu::catalog::model(&inv.gpu_type)
+        .ok_or_else(|| Refusal::Invalid("inventory.gpu_type: unknown".into()))?;
+    version_text("inventory.driver_version", &inv.driver_version)?;
+    version_text("inventory.cuda_version", &inv.cuda_version)?;
     if inv.gpus.is_empty() || inv.gpus.len() > MAX_GPUS {
         return Err(Refusal::Invalid(format!(
             "inventory.gpus: a node has 1 to {MAX_GPUS} GPUs (got {})",
@@ -73,28 +95,103 @@ pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
     let mut uuids = BTreeSet::new();
     for (pos, g) in inv.gpus.iter().enumerate() {
         let info = gpufleet_wire::inventory::gpu_info(g).map_err(Refusal::Invalid)?;
+        let field = |f: &str| format!("inventory.gpus[{pos}].{f}");
         if info.index as usize != pos {
             return Err(Refusal::Invalid(format!(
-                "inventory.gpus[{pos}].index: GPUs are listed in index order (got {})",
+                "{}: GPUs are listed in index order (got {})",
+                field("index"),
                 info.index
             )));
         }
-        bounded("inventory.gpus.uuid", &info.uuid)?;
+        bounded(&field("uuid"), &info.uuid)?;
         if info.uuid.is_empty() || !uuids.insert(info.uuid.clone()) {
-            return Err(Refusal::Invalid(format!(
-                "inventory.gpus[{pos}].uuid: empty or repeated"
+            return Err(Refusal::Invalid(format!("{}: empty or repeated", field("uuid"))));
+        }
+        if info.model != model.name {
+            return Err(Refusal::Contradiction(format!(
+                "{}: the node is a {} node, but this GPU reports {}",
+                field("model"),
+                model.name,
+                info.model.chars().take(64).collect::<String>()
             )));
         }
+        let (low, high) = (
+            model.memory_mib * (100 - MEMORY_TOLERANCE_PERCENT) / 100,
+            model.memory_mib * (100 + MEMORY_TOLERANCE_PERCENT) / 100,
+        );
+        if !(low..=high).contains(&info.memory_mib) {
+            return Err(Refusal::Contradiction(format!(
+                "{}: a {} has about {} MiB (got {})",
+                field("memory_mib"),
+                model.name,
+                model.memory_mib,
+                info.memory_mib
+            )));
+        }
+        check_mig_devices(model, &info, &field("mig_devices"))?;
         gpus.push(info);
     }
-    Ok(Checked {
-        name: reg.name.clone(),
-        capacity: reg.capacity.clone(),
-        gpu_type: inv.gpu_type.clone(),
-        driver_version: inv.driver_version.clone(),
-        cuda_version: inv.cuda_version.clone(),
-        gpus,
-    })
+    Ok(gpus)
+}
+
+/// A version as drivers and CUDA print them: bounded, of digits, letters, dots and dashes.
+fn version_text(field: &str, value: &str) -> Result<(), Refusal> {
+    bounded(field, value)?;
+    if let Some(bad) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '+')))
+    {
+        return Err(Refusal::Invalid(format!(
+            "{field}: not a version ({bad:?} is not a digit, letter, '.', '-', '_' or '+')"
+        )));
+    }
+    Ok(())
+}
+
+/// A GPU's MIG devices: only in MIG mode, each a profile of the model at one of its
+/// valid starts, none overlapping, each with a bounded UUID.
+fn check_mig_devices(
+    model: &gpufleet_gpu::catalog::GpuModel,
+    gpu: &GpuInfo,
+    field: &str,
+) -> Result<(), Refusal> {
+    if gpu.instances.is_empty() {
+        return Ok(());
+    }
+    if !gpu.mig_enabled {
+        return Err(Refusal::Contradiction(format!(
+            "{field}: MIG devices on a GPU that is not in MIG mode"
+        )));
+    }
+    let mut used = 0u16; // one bit per memory slice
+    for (i, d) in gpu.instances.iter().enumerate() {
+        bounded(&format!("{field}[{i}].uuid"), &d.uuid)?;
+        let Some(p) = model.profile(&d.profile).filter(|p| p.id == d.profile_id) else {
+            return Err(Refusal::Invalid(format!(
+                "{field}[{i}].profile: {} (id {}) is not a {} profile",
+                d.profile.chars().take(32).collect::<String>(),
+                d.profile_id,
+                model.name
+            )));
+        };
+        if d.size != p.memory_slices || !p.valid_starts.contains(&d.start) {
+            return Err(Refusal::Invalid(format!(
+                "{field}[{i}]: {} cannot sit at slices {}..{}",
+                p.name,
+                d.start,
+                u16::from(d.start) + u16::from(d.size)
+            )));
+        }
+        let bits = ((1u16 << d.size) - 1) << d.start;
+        if used & bits != 0 {
+            return Err(Refusal::Contradiction(format!(
+                "{field}[{i}]: {} at slice {} overlaps another device",
+                p.name, d.start
+            )));
+        }
+        used |= bits;
+    }
+    Ok(())
 }
 
 /// Adds the node or checks it against its record; records its GPUs' MIG state. The node

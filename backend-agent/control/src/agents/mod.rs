@@ -5,4 +5,5 @@
 
 pub mod admission;
 pub mod monitor;
+pub mod results;
 pub mod service;

@@ -1,6 +1,7 @@
 //! The control plane's watch over its nodes: a node not heard from within the node
 //! timeout becomes unreachable and its cluster degraded; one still unreachable after
-//! `--replace-after` is replaced when capacity and quota allow.
+//! `--replace-after` is replaced when capacity and quota allow; an order past its
+//! deadline fails.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,10 @@ use tokio::sync::watch;
 
 use crate::error::Error;
 use crate::state::{rfc3339, AppState};
-use crate::store::{self, nodes::NODE_BUSY, nodes::NODE_QUARANTINED, nodes::NODE_UNREACHABLE};
+use crate::store::{
+    self,
+    nodes::{NODE_BUSY, NODE_QUARANTINED, NODE_READY, NODE_UNREACHABLE},
+};
 
 /// How long a node that could not be brought to its layout waits before another try.
 const RETRY_AFTER_SECS: i64 = 5;
@@ -61,6 +65,34 @@ fn mark_unreachable(
     Ok(())
 }
 
+/// A free node whose agent's stream ended is out of service at once: a node is ready only
+/// while an agent holds it (one that registers and leaves must never be handed to a
+/// cluster or tested against). A cluster's node keeps the node timeout's grace, so that
+/// an agent restart does not degrade its cluster.
+pub async fn agent_gone(state: &Arc<AppState>, node_id: &str) {
+    let (id, t) = (node_id.to_string(), state.now());
+    let agents = state.clone();
+    let marked = state
+        .apply(move |conn| {
+            let Some(node) = store::nodes::get(conn, &id)? else {
+                return Ok::<_, Error>(());
+            };
+            // A new session may have come meanwhile: then the node is its again.
+            let free = node.cluster_id.is_none();
+            if free && [NODE_READY, NODE_BUSY].contains(&node.state.as_str()) && !agents.agents.is_live(&id) {
+                store::nodes::set_state(conn, &id, NODE_UNREACHABLE, "its agent disconnected", t)?;
+            }
+            Ok(())
+        })
+        .await;
+    match marked {
+        Ok(()) => {}
+        // Stopping: every node waits for its agent at the next start anyway.
+        Err(Error::Unavailable(_)) => {}
+        Err(e) => tracing::error!(node = %node_id, error = %e, "cannot record a disconnected node"),
+    }
+}
+
 /// One round: expire silent nodes, then replace those unreachable long enough.
 pub async fn round(state: &Arc<AppState>) {
     let nodes = match state
@@ -94,6 +126,20 @@ pub async fn round(state: &Arc<AppState>) {
             })
             .await;
         tokio::spawn(crate::mig::reconcile_node(state.clone(), n.id.clone()));
+    }
+    // Orders past their deadline fail; their senders treat the node as broken for them.
+    for (node, kind, why) in state.agents.fail_overdue() {
+        tracing::warn!(node = %node, kind, "a work order passed its deadline unanswered");
+        // A hung check or driver install is quarantined by the check or the install that
+        // waited for it; a hung layout change or Slurm order by nobody else.
+        if ["mig_layout", "slurmd"].contains(&kind) {
+            let state = state.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::scheduling::health::quarantine_unanswered(&state, &node, &why).await {
+                    tracing::error!(node = %node, error = %e, "cannot quarantine a node that does not answer");
+                }
+            });
+        }
     }
     let (timeout, replace_after) = (state.agents.node_timeout, state.agents.replace_after);
     for node in state.agents.expire(&watched) {

@@ -153,18 +153,34 @@ impl NodeAgentService for Agents {
                         }
                         agent_message::Msg::Result(result) => {
                             state.agents.heartbeat(&node_id, session);
-                            // Recorded on the writer thread, then answered.
+                            // Only an answer to an order sent to this node and still
+                            // waited for is believed.
+                            let Some(claim) = state.agents.claim(&node_id, &result.order_id)
+                            else {
+                                tracing::warn!(node = %node_id, order = %result.order_id.chars().take(64).collect::<String>(), "ignoring an answer to no order this control plane waits for");
+                                crate::counters::refused_result(crate::counters::UNSOLICITED);
+                                continue;
+                            };
+                            // Checked and recorded on the writer thread, then answered.
                             let node = node_id.clone();
-                            let result = state
+                            let order_id = result.order_id.clone();
+                            let recorded = state
                                 .apply(move |conn| {
-                                    record_result(conn, &node, &result);
-                                    Ok::<_, crate::error::Error>(result)
+                                    Ok::<_, crate::error::Error>(super::results::record(
+                                        conn, &node, result,
+                                    ))
                                 })
                                 .await;
-                            match result {
-                                Ok(result) => state.agents.complete(&node_id, result),
+                            match recorded {
+                                Ok(result) => claim.answer(result),
                                 Err(e) => {
-                                    tracing::error!(node = %node_id, error = %e, "recording an order result failed")
+                                    tracing::error!(node = %node_id, error = %e, "recording an order result failed");
+                                    claim.answer(v1::OrderResult {
+                                        order_id,
+                                        ok: false,
+                                        error: format!("the control plane could not record the answer: {e}"),
+                                        ..Default::default()
+                                    });
                                 }
                             }
                         }
@@ -180,8 +196,10 @@ impl NodeAgentService for Agents {
                     }
                 }
             }
-            state.agents.detach(&node_id, session);
             tracing::info!(node = %node_id, "node agent disconnected");
+            if state.agents.detach(&node_id, session) {
+                super::monitor::agent_gone(&state, &node_id).await;
+            }
         });
         Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
             out_rx,
@@ -194,31 +212,6 @@ fn refusal(r: Refusal) -> Status {
         Refusal::Invalid(m) => Status::invalid_argument(m),
         Refusal::Contradiction(m) => Status::failed_precondition(m),
         Refusal::Store(e) => crate::state::db_error(e),
-    }
-}
-
-/// Records the node's GPUs as the agent verified them after an order.
-fn record_result(conn: &rusqlite::Connection, node_id: &str, result: &v1::OrderResult) {
-    let Some(inv) = &result.inventory else { return };
-    if let Err(e) =
-        store::nodes::set_versions(conn, node_id, &inv.driver_version, &inv.cuda_version)
-    {
-        tracing::error!(node = %node_id, error = %e, "cannot record the node's driver");
-    }
-    for g in &inv.gpus {
-        let Ok(info) = gpufleet_wire::inventory::gpu_info(g) else {
-            tracing::warn!(node = %node_id, "an order result with an unreadable GPU");
-            continue;
-        };
-        if let Err(e) = store::nodes::set_mig_state(
-            conn,
-            node_id,
-            info.index as i64,
-            info.mig_enabled,
-            &crate::recorded::mig_device_rows(&info),
-        ) {
-            tracing::error!(node = %node_id, error = %e, "cannot record an order's result");
-        }
     }
 }
 

@@ -153,7 +153,11 @@ impl Verdict {
         let check = Check {
             name: "agent".into(),
             verdict: "fail".into(),
-            value: "no report".into(),
+            // Why, in the value: it is what a quarantine reason quotes.
+            value: format!(
+                "no report ({})",
+                crate::services::message_cut::cut(why, 300)
+            ),
             threshold: "a report".into(),
             detail: format!("the agent did not run the checks: {why}"),
             ..Default::default()
@@ -480,6 +484,27 @@ async fn quarantine_checked(
         None => node_event(state, node, kind, &text).await,
     }
     Ok(outcome)
+}
+
+/// A node that let an order pass its deadline: quarantined (through the model's
+/// breaker) with why, out of its cluster; the change that waited has failed already.
+pub async fn quarantine_unanswered(state: &AppState, node_id: &str, why: &str) -> Result<()> {
+    let Some(node) = node_row(state, node_id).await? else {
+        return Ok(());
+    };
+    if node.state == NODE_QUARANTINED {
+        return Ok(());
+    }
+    let cluster = match node.cluster_id.clone() {
+        Some(id) => {
+            state
+                .read(move |conn| Ok::<_, Error>(store::clusters::get(conn, &id)?))
+                .await?
+        }
+        None => None,
+    };
+    quarantine_checked(state, cluster.as_ref(), &node, why, Taking::Automatic).await?;
+    Ok(())
 }
 
 /// An event in the breaker's log of the node's model (`breaker/<model>`, the admin's).
@@ -1025,9 +1050,11 @@ async fn take_out(
     }
 }
 
-/// After a node registers: the medium checks, then (passed) it is brought to its layout
-/// and joins the pool; failed, it is quarantined with the failed checks as the reason.
-/// A quarantined node stays so: only an operator's return checks it again.
+/// After a node registers: it is brought to the layout the control plane recorded for it
+/// first (a restart in the middle of a MIG change leaves a node half-way: that is a
+/// change to finish, not a fault), then it runs the medium checks, and (passed) it is
+/// ready; failed, it is quarantined with the failed checks as the reason. A quarantined
+/// node stays so: only an operator's return checks it again.
 pub async fn admit_registered(state: Arc<AppState>, node_id: String, bandwidth_addr: String) {
     if let Err(e) = admit(&state, &node_id, &bandwidth_addr).await {
         tracing::error!(node = %node_id, error = %e, "cannot check the registered node");
@@ -1047,6 +1074,16 @@ async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Re
         crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
         return Ok(());
     }
+    let Some((_, not_there)) = crate::mig::bring_to_recorded(state, node_id).await else {
+        return Ok(());
+    };
+    if !not_there.is_empty() {
+        // Busy with why; the heartbeat watch tries again.
+        crate::mig::mark_reconciled(state, node, not_there).await;
+        return Ok(());
+    }
+    // A node that gave no report (its agent went away) stays busy: it is never ready
+    // without a live agent and a passed check; the heartbeat watch takes it from there.
     if checked_and_passed(
         state,
         &node,
@@ -1054,28 +1091,26 @@ async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Re
         Taking::Automatic,
     )
     .await?
+        == Some(true)
     {
-        crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
+        crate::mig::mark_reconciled(state, node, String::new()).await;
     }
     Ok(())
 }
 
-/// Marks the node busy with `reason` while it runs the medium checks. True when it
-/// passed (or gave no report, e.g. it went away: the heartbeat watch handles that), or
-/// failed and the open breaker left it in service.
+/// Marks the node busy with `reason` while it runs the medium checks. Some(true) when it
+/// passed, or failed and the open breaker left it in service; None when its agent gave
+/// no report (it went away).
 async fn checked_and_passed(
     state: &AppState,
     node: &NodeRow,
     reason: &str,
     taking: Taking,
-) -> Result<bool> {
+) -> Result<Option<bool>> {
     drivers::set_node_state(state, &node.id, NODE_BUSY, reason).await?;
-    Ok(
-        match check_one(state, node, ADMISSION_LEVEL, taking).await? {
-            Some(c) => !c.verdict.failed || !c.taken_out,
-            None => true,
-        },
-    )
+    Ok(check_one(state, node, ADMISSION_LEVEL, taking)
+        .await?
+        .map(|c| !c.verdict.failed || !c.taken_out))
 }
 
 /// An operator returns a quarantined node: it runs the medium checks first and stays
@@ -1092,6 +1127,14 @@ pub async fn return_checked(state: Arc<AppState>, node_id: &str) -> Result<()> {
         Taking::Operator,
     )
     .await?;
+    let Some(passed) = passed else {
+        // Nothing was learned: the node stays as it was.
+        drivers::set_node_state(&state, node_id, NODE_QUARANTINED, &node.state_reason).await?;
+        return Err(Error::Unavailable(format!(
+            "name: node {} gave no check report (its agent is not connected); it stays quarantined",
+            node.hostname
+        )));
+    };
     if !passed {
         let reason = node_row(&state, node_id)
             .await?

@@ -1,0 +1,299 @@
+//! The control plane believes only what it ordered and verified. An attacker holding the
+//! join token runs its own agent (`common::rogue`): registrations that contradict
+//! themselves are refused, answers to orders never sent or out of bounds are not
+//! recorded, a node whose agent left is never ready, and an order that gets no answer
+//! fails at its deadline instead of holding a cluster in `creating`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::rogue::{registration, Rogue};
+use common::*;
+use gpufleet_proto::v1::*;
+use tonic::Code;
+
+/// One whole A100 node of the control plane's own, so that the H100 nodes are the
+/// rogue's alone.
+fn start(dir: &std::path::Path, extra: &[&str]) -> Agent {
+    let fleet = dir.join("fleet.toml");
+    std::fs::write(
+        &fleet,
+        "[[pool]]\ngpu_type = \"A100-40GB\"\nnodes = 1\ngpus_per_node = 1\n",
+    )
+    .unwrap();
+    let mut args = vec![
+        "--admin-token",
+        ADMIN,
+        "--fleet",
+        fleet.to_str().unwrap(),
+        "--node-timeout",
+        "2s",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--breaker-max-quarantines",
+        "8",
+        "--breaker-max-percent",
+        "100",
+    ];
+    args.extend_from_slice(extra);
+    Agent::start_with(&dir.join("data"), &args)
+}
+
+async fn node(admin: &mut Clients, name: &str) -> Option<Node> {
+    admin.nodes().await.into_iter().find(|n| n.hostname == name)
+}
+
+/// Waits (up to 60 s) until `name` is in `state`; panics naming what it saw. A state in
+/// `never` seen on the way fails at once.
+async fn wait_state(admin: &mut Clients, name: &str, state: &str, never: &[&str]) -> Node {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    loop {
+        if let Some(n) = node(admin, name).await {
+            assert!(
+                !never.contains(&n.state.as_str()),
+                "{name} was {} ({}) on the way to {state}; seen {seen:?}",
+                n.state,
+                n.state_reason
+            );
+            if n.state == state {
+                return n;
+            }
+            if seen.last() != Some(&n.state) {
+                seen.push(n.state.clone());
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} never became {state}; seen {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A rogue node that registered and passed its admission check: ready.
+async fn ready_rogue(agent: &Agent, admin: &mut Clients, name: &str, gpus: usize) -> Rogue {
+    let mut rogue = Rogue::register(
+        &agent.endpoint,
+        &agent.data_dir,
+        registration(name, "H100-80GB", gpus),
+    )
+    .await
+    .expect("registered");
+    let check = rogue.next_order().await;
+    rogue.pass_check(&check);
+    wait_state(admin, name, "ready", &["quarantined"]).await;
+    rogue
+}
+
+async fn refused_answers(agent: &Agent, reason: &str) -> f64 {
+    let text = scrape(agent, &metrics_addr(agent));
+    metric_value(
+        &text,
+        &format!("gpufleet_agent_answers_refused_total{{reason=\"{reason}\"}}"),
+    )
+    .unwrap_or_else(|| panic!("no refused-answers series for {reason} in:\n{text}"))
+}
+
+#[tokio::test]
+async fn registrations_that_contradict_themselves_are_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(dir.path(), &[]);
+    let refuse = |reg: RegisterNode| {
+        let (endpoint, data) = (agent.endpoint.clone(), agent.data_dir.clone());
+        async move {
+            Rogue::register(&endpoint, &data, reg)
+                .await
+                .err()
+                .expect("the registration must be refused")
+        }
+    };
+    // An H100 node whose second GPU says it is a B200.
+    let mut b200 = registration("liar-01", "H100-80GB", 2);
+    b200.inventory.as_mut().unwrap().gpus[1].model = "B200".into();
+    let s = refuse(b200).await;
+    assert_eq!(s.code(), Code::FailedPrecondition, "{}", s.message());
+    assert!(
+        s.message().contains("inventory.gpus[1].model") && s.message().contains("B200"),
+        "{}",
+        s.message()
+    );
+    // 10^15 MiB per GPU.
+    let mut huge = registration("liar-02", "H100-80GB", 1);
+    huge.inventory.as_mut().unwrap().gpus[0].memory_mib = 1_000_000_000_000_000;
+    let s = refuse(huge).await;
+    assert!(
+        s.message().contains("inventory.gpus[0].memory_mib"),
+        "{}",
+        s.message()
+    );
+    // A 2 MB driver string.
+    let mut long = registration("liar-03", "H100-80GB", 1);
+    long.inventory.as_mut().unwrap().driver_version = "9".repeat(2 << 20);
+    let s = refuse(long).await;
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert!(
+        s.message().contains("inventory.driver_version: at most 128"),
+        "{}",
+        s.message()
+    );
+    // Two whole-GPU MIG devices on one GPU.
+    let mut overlap = registration("liar-04", "H100-80GB", 1);
+    let gpu = &mut overlap.inventory.as_mut().unwrap().gpus[0];
+    gpu.mig_enabled = true;
+    gpu.mig_devices = (0..2)
+        .map(|i| MigDevice {
+            profile: "7g.80gb".into(),
+            profile_id: 0,
+            start: 0,
+            size: 8,
+            memory_mib: 81152,
+            uuid: format!("MIG-liar-{i}"),
+        })
+        .collect();
+    let s = refuse(overlap).await;
+    assert!(s.message().contains("overlaps"), "{}", s.message());
+    // None of them joined the fleet.
+    let mut admin = agent.admin().await;
+    let names: Vec<String> = admin.nodes().await.into_iter().map(|n| n.hostname).collect();
+    assert_eq!(names, vec!["a100-40gb-pool-01"]);
+}
+
+#[tokio::test]
+async fn answers_to_orders_never_sent_or_out_of_bounds_are_not_believed() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(dir.path(), &[]);
+    let mut admin = agent.admin().await;
+    let rogue = ready_rogue(&agent, &mut admin, "rogue-01", 2).await;
+
+    // A result for an order id this control plane never sent, with an inventory it
+    // would have recorded before: another driver and two whole-GPU MIG devices.
+    let mut inv = registration("rogue-01", "H100-80GB", 2).inventory.unwrap();
+    inv.driver_version = "999.99.99-UNSOLICITED".into();
+    inv.gpus[0].mig_enabled = true;
+    inv.gpus[0].mig_devices = (0..2)
+        .map(|i| MigDevice {
+            profile: "7g.80gb".into(),
+            profile_id: 0,
+            start: 0,
+            size: 8,
+            memory_mib: 81152,
+            uuid: format!("MIG-forged-{i}"),
+        })
+        .collect();
+    let before = refused_answers(&agent, "unsolicited").await;
+    rogue.answer(OrderResult {
+        order_id: "an-order-never-sent".into(),
+        ok: true,
+        inventory: Some(inv),
+        ..Default::default()
+    });
+    while refused_answers(&agent, "unsolicited").await < before + 1.0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let n = node(&mut admin, "rogue-01").await.unwrap();
+    assert_eq!(n.driver_version, "550.54.15");
+    assert!(n.gpus.iter().all(|g| !g.mig_enabled && g.mig_devices.is_empty()));
+    assert_eq!(n.state, "ready");
+
+    // A second node answers its real admission check with a 2 MB driver string: the
+    // answer is not believed, so the check failed and the node is out of service.
+    let mut liar = Rogue::register(
+        &agent.endpoint,
+        &agent.data_dir,
+        registration("rogue-02", "H100-80GB", 2),
+    )
+    .await
+    .unwrap();
+    let check = liar.next_order().await;
+    let mut inv = registration("rogue-02", "H100-80GB", 2).inventory.unwrap();
+    inv.driver_version = "9".repeat(2 << 20);
+    liar.answer(OrderResult {
+        order_id: check.id.clone(),
+        ok: true,
+        inventory: Some(inv),
+        health: Some(HealthReport {
+            level: "medium".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let n = wait_state(&mut admin, "rogue-02", "quarantined", &["ready"]).await;
+    assert_eq!(n.driver_version, "550.54.15");
+    assert!(n.state_reason.contains("not believed"), "{}", n.state_reason);
+    assert!(refused_answers(&agent, "out_of_bounds").await >= 1.0);
+    // The admin's node list still reads, and so does the CLI's table.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
+        .args(["nodes", "--endpoint", &agent.endpoint])
+        .env("GPUFLEET_TOKEN", ADMIN)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("rogue-02") && text.len() < 64 << 10, "{text}");
+}
+
+#[tokio::test]
+async fn an_agent_that_registers_and_leaves_never_leaves_a_ready_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(dir.path(), &[]);
+    let mut admin = agent.admin().await;
+    for i in 1..=5 {
+        let name = format!("ghost-{i:02}");
+        let ghost = Rogue::register(
+            &agent.endpoint,
+            &agent.data_dir,
+            registration(&name, "H100-80GB", 2),
+        )
+        .await
+        .unwrap();
+        ghost.leave();
+        let n = wait_state(&mut admin, &name, "unreachable", &["ready"]).await;
+        assert!(n.cluster_id.is_empty());
+    }
+    // A live node still joins: the fleet is not refusing everyone.
+    let _live = ready_rogue(&agent, &mut admin, "live-01", 2).await;
+}
+
+#[tokio::test]
+async fn an_order_without_an_answer_fails_at_its_deadline_and_quarantines_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(dir.path(), &["--order-deadline", "mig_layout=2s"]);
+    let mut admin = agent.admin().await;
+    let mut rogue = ready_rogue(&agent, &mut admin, "hung-01", 2).await;
+    let (tenant, _) = admin.tenant("vision").await;
+    admin.quota(&tenant.id, "H100-80GB", 2, 0).await;
+    let mut req = Clients::cluster(&tenant.id, "cv", "H100-80GB", 1);
+    req.mig_layout = mig_layout(&[("3g.40gb", 2)]);
+    let mut clusters = admin.clusters.clone();
+    let create = tokio::spawn(async move { clusters.create_tenant_cluster(req).await });
+    // The layout order arrives and is never answered (a stuck NVML call).
+    let order = rogue.next_order().await;
+    assert!(
+        matches!(order.kind, Some(work_order::Kind::ApplyMigLayout(_))),
+        "{order:?}"
+    );
+    let s = create.await.unwrap().expect_err("the create must fail");
+    assert_eq!(s.code(), Code::Aborted, "{}", s.message());
+    assert!(
+        s.message().contains("no answer within 2s") && s.message().contains("mig_layout"),
+        "{}",
+        s.message()
+    );
+    // Nothing of the create is left, and the node that hung is out of service.
+    let listed = admin
+        .clusters
+        .list_tenant_clusters(ListTenantClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.clusters.is_empty(), "{listed:?}");
+    let n = wait_state(&mut admin, "hung-01", "quarantined", &[]).await;
+    assert!(n.state_reason.contains("no answer within 2s"), "{}", n.state_reason);
+    assert!(n.cluster_id.is_empty());
+}
