@@ -87,7 +87,7 @@ pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
     for result in ["pass", "fail"] {
         health_checks.with_label_values(&[CHECK_DRIVER_INSTALL, result]);
     }
-    for reason in [UNSOLICITED, crate::agents::results::OUT_OF_BOUNDS] {
+    for reason in [UNSOLICITED, OUT_OF_BOUNDS] {
         refused_answers.with_label_values(&[reason]);
     }
     Counters {
@@ -102,6 +102,8 @@ pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
 
 /// `reason` of an answer to no order the control plane waits for.
 pub const UNSOLICITED: &str = "unsolicited";
+/// `reason` of an answer whose report is not the node's.
+pub const OUT_OF_BOUNDS: &str = "out_of_bounds";
 
 /// Counts an agent's answer that was not believed.
 pub fn refused_result(reason: &str) {

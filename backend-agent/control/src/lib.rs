@@ -24,6 +24,7 @@ pub mod group_commit;
 pub mod host;
 pub mod kubeconfig;
 pub mod limits;
+pub mod message_cut;
 pub mod metrics;
 pub mod mig;
 pub mod recorded;

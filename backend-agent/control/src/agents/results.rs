@@ -10,7 +10,7 @@ use gpufleet_proto::v1;
 use rusqlite::Connection;
 
 use super::admission::{self, Refusal};
-use crate::services::message_cut::cut;
+use crate::message_cut::cut;
 use crate::store;
 
 /// Bytes of an order's error text kept.
@@ -21,7 +21,7 @@ const MAX_FIELD_BYTES: usize = 1024;
 const MAX_CHECKS: usize = 1024;
 
 /// `error_kind` of an answer the control plane refused to believe.
-pub const OUT_OF_BOUNDS: &str = "out_of_bounds";
+pub use crate::counters::OUT_OF_BOUNDS;
 
 /// The result with every text field cut to its bound and at most [`MAX_CHECKS`] checks.
 fn bounded(mut r: v1::OrderResult) -> v1::OrderResult {

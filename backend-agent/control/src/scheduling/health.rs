@@ -156,7 +156,7 @@ impl Verdict {
             // Why, in the value: it is what a quarantine reason quotes.
             value: format!(
                 "no report ({})",
-                crate::services::message_cut::cut(why, 300)
+                crate::message_cut::cut(why, 300)
             ),
             threshold: "a report".into(),
             detail: format!("the agent did not run the checks: {why}"),

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use super::message_cut::{cut, MAX_CUT_MESSAGE_BYTES};
+use crate::message_cut::{cut, MAX_CUT_MESSAGE_BYTES};
 
 /// The `ErrorInfo.domain` of every refusal.
 pub const DOMAIN: &str = "gpufleet";

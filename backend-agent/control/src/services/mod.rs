@@ -8,7 +8,6 @@ pub mod error_details;
 pub mod fairness;
 pub mod fleet;
 pub mod health;
-pub mod message_cut;
 pub mod paging;
 pub mod progress;
 pub mod quotas;

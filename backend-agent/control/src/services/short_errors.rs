@@ -18,7 +18,7 @@ use base64::Engine;
 use http::{HeaderMap, HeaderValue};
 use tonic::Code;
 
-use super::message_cut::{cut_noting, MAX_MESSAGE_BYTES};
+use crate::message_cut::{cut_noting, MAX_MESSAGE_BYTES};
 
 const GRPC_STATUS: &str = "grpc-status";
 const GRPC_MESSAGE: &str = "grpc-message";
@@ -337,7 +337,7 @@ mod tests {
             assert_eq!(field(&s).as_deref(), Some("mig_layout"));
             let violation = &s.get_details_bad_request().unwrap().field_violations[0];
             assert!(
-                violation.description.len() <= crate::services::message_cut::MAX_CUT_MESSAGE_BYTES
+                violation.description.len() <= crate::message_cut::MAX_CUT_MESSAGE_BYTES
             );
             assert!(s.message().ends_with(&violation.description));
             assert_eq!(violation.description.matches("(message cut:").count(), 1);
