@@ -323,7 +323,7 @@ impl ControlPlane {
     }
 
     /// Starts the watch over heartbeats, preemption, periodic health checks, Slurm
-    /// supervision and the metrics endpoint; [`ControlPlane::serve`] joins them.
+    /// supervision, refills of clusters short of nodes and the metrics endpoint; [`ControlPlane::serve`] joins them.
     pub async fn start_tasks(&mut self, stop: &watch::Receiver<bool>) -> anyhow::Result<()> {
         let state = &self.state;
         self.tasks.extend([
@@ -337,6 +337,10 @@ impl ControlPlane {
                 stop.clone(),
             )),
             tokio::spawn(crate::slurm_clusters::supervise(
+                state.clone(),
+                stop.clone(),
+            )),
+            tokio::spawn(crate::services::clusters::run_refills(
                 state.clone(),
                 stop.clone(),
             )),

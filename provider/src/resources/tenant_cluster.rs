@@ -60,6 +60,13 @@ const COMPUTED: &[&str] = &[
     "acceptance_nodes",
 ];
 
+/// The cluster's node_count as the state records it: the nodes it holds, when that is
+/// fewer than it asked for (failed nodes quarantined with no replacement left), so that
+/// the next plan shows the shortfall as a change to apply rather than an empty plan.
+fn nodes_in_service(c: &api::TenantCluster) -> i64 {
+    c.node_count.min(c.nodes.len() as i64)
+}
+
 fn state(c: &api::TenantCluster) -> Value {
     let reservation = if c.reservation_id.is_empty() {
         Value::Null
@@ -77,7 +84,7 @@ fn state(c: &api::TenantCluster) -> Value {
         ("name", Value::string(&c.name)),
         ("orchestrator", Value::string(&c.orchestrator)),
         ("gpu_type", Value::string(&c.gpu_type)),
-        ("node_count", Value::Number(c.node_count)),
+        ("node_count", Value::Number(nodes_in_service(c))),
         ("reservation_id", reservation),
         ("storage_gib", Value::Number(c.storage_gib)),
         ("mig_layout", Value::Map(layout)),
@@ -1438,6 +1445,19 @@ mod tests {
         });
         assert_eq!(s.get("cuda_version"), &Value::string("12.4"));
         assert_eq!(s.get("max_unavailable"), &Value::Number(2));
+    }
+
+    #[test]
+    fn a_cluster_short_of_its_nodes_records_the_nodes_it_holds() {
+        let held = |n: usize| api::TenantCluster {
+            node_count: 2,
+            nodes: vec![Default::default(); n],
+            ..Default::default()
+        };
+        assert_eq!(state(&held(2)).get("node_count"), &Value::Number(2));
+        // One node quarantined with no replacement: the next plan shows 1 -> 2.
+        assert_eq!(state(&held(1)).get("node_count"), &Value::Number(1));
+        assert_eq!(state(&held(0)).get("node_count"), &Value::Number(0));
     }
 }
 

@@ -594,13 +594,15 @@ pub struct ClusterRun {
 /// Checks every node of `cluster` at `level` with a ring bandwidth test among them;
 /// failed nodes are quarantined and replaced and the cluster checked again, until every
 /// node passes or no replacement is left. Records results and the cluster's acceptance
-/// status.
+/// status. With `joining` (a scale-up's new nodes), a slow pair between a node already
+/// in service and a joining one is the joining node's: the nodes that were fine stay.
 pub async fn check_cluster(
     state: &AppState,
     cluster: &ClusterRow,
     level: &str,
     expected_driver: &str,
     bandwidth_duration: Duration,
+    joining: &[NodeRow],
 ) -> Result<ClusterRun> {
     let mut acceptance = acceptance_of(state, &cluster.id).await?;
     let run_id = uuid::Uuid::new_v4().to_string();
@@ -633,6 +635,7 @@ pub async fn check_cluster(
             .collect();
         super::drivers::events(state, cluster, progress).await;
         let answers = attribute_bandwidth(run(state, &nodes, &req).await?);
+        let answers = blame_joining(answers, joining);
         for v in &answers {
             record(state, &run_id, level, Some(cluster), v).await?;
         }
@@ -704,6 +707,36 @@ pub async fn check_cluster(
         })
         .await?;
     Ok(outcome)
+}
+
+/// A scale-up's ring test: a failed pair of a node already in service whose other end is
+/// joining becomes a warning naming that end (a 2-node ring cannot tell which end is
+/// slow, and the node in service passed before). Without joining nodes, unchanged.
+fn blame_joining(answers: Vec<Verdict>, joining: &[NodeRow]) -> Vec<Verdict> {
+    if joining.is_empty() {
+        return answers;
+    }
+    let is_joining = |host: &str| joining.iter().any(|n| n.hostname == host);
+    answers
+        .into_iter()
+        .map(|v| {
+            if is_joining(&v.node.hostname) {
+                return v;
+            }
+            let checks = v
+                .checks
+                .into_iter()
+                .map(|mut c| {
+                    if c.name == "bandwidth" && c.verdict == "fail" && is_joining(&c.peer) {
+                        c.verdict = "warn".into();
+                        c.detail = format!("{} (attributed to {}, which is joining)", c.detail, c.peer);
+                    }
+                    c
+                })
+                .collect();
+            Verdict::from_checks(v.node, checks)
+        })
+        .collect()
 }
 
 /// The fastest pair's algorithm bandwidth when every pair of a ring test fell short and
@@ -831,6 +864,7 @@ pub async fn accept_new_nodes(
         &acceptance.level,
         driver,
         state.health.bandwidth_duration,
+        if cluster.status == "creating" { &[] } else { joining },
     )
     .await?;
     if run.problems.is_empty() {
@@ -861,7 +895,11 @@ pub async fn accept_new_nodes(
             "{reason}; the cluster was not created"
         )));
     }
-    set_status(state, &cluster.id, "degraded", &reason).await
+    // An update that cannot reach what was asked fails; its caller puts the cluster back
+    // as it was, with the nodes that were in service and passed.
+    Err(Error::Aborted(format!(
+        "node_count: {reason}; the cluster keeps the nodes it had"
+    )))
 }
 
 /// A tenant's (or the admin's) check of a cluster now: failed nodes are quarantined and
@@ -878,6 +916,7 @@ pub async fn check_now(
         level,
         &cluster.driver_version,
         bandwidth_duration,
+        &[],
     )
     .await?;
     if !run.problems.is_empty() {

@@ -126,6 +126,8 @@ enum PreparedUpdate {
 struct UpdateChange {
     caller: Caller,
     old: ClusterRow,
+    /// The nodes the cluster held before (a failed update gives back any other).
+    members_before: Vec<String>,
     c: ClusterRow,
     scaling: crate::scheduling::clusters::Scaling,
     changes: Vec<crate::mig::Change>,
@@ -173,6 +175,15 @@ fn record_membership(
         )?;
     }
     Ok(())
+}
+
+/// The ids of the nodes `cluster_id` holds.
+fn members(conn: &Connection, cluster_id: &str) -> Result<Vec<String>, Status> {
+    Ok(store::nodes::list(conn, None, Some(cluster_id))
+        .map_err(db_error)?
+        .into_iter()
+        .map(|n| n.id)
+        .collect())
 }
 
 /// max_unavailable from the wire: 0 means the default, 1.
@@ -591,6 +602,7 @@ impl Clusters {
             refuse_while_changing(&c)?;
         }
         let old = c.clone();
+        let members_before = members(&tx, &c.id)?;
         let tenant = super::visible_tenant(&tx, &Caller::Admin, &c.tenant_id)?;
         let (mut c, new_driver) = self.updated(&old, &req)?;
         super::health::store_updated(&self.state, &tx, &c, &req)?;
@@ -618,6 +630,7 @@ impl Clusters {
         Ok(PreparedUpdate::Change(Box::new(UpdateChange {
             caller,
             old,
+            members_before,
             c,
             scaling,
             changes,
@@ -649,6 +662,7 @@ impl Clusters {
         let UpdateChange {
             caller,
             old,
+            members_before,
             c,
             scaling,
             changes,
@@ -680,12 +694,16 @@ impl Clusters {
         // Joining nodes get the cluster's driver first, then every node its layout.
         let converged = self.bring_up(&c, &scaling.added, &changes).await;
         if let Err(e) = converged {
-            // Back to the cluster as it was: new nodes released, the old row restored.
-            let (added, restore) = (scaling.added.clone(), old.clone());
+            // Back to the cluster as it was: every node it did not hold before released
+            // (the new ones, and replacements of new ones that failed their checks), the
+            // old row restored.
+            let restore = old.clone();
             self.state
                 .write(move |sp| -> Result<_, Status> {
-                    for n in &added {
-                        store::nodes::release(&sp, &n.id).map_err(db_error)?;
+                    for n in store::nodes::list(&sp, None, Some(&restore.id)).map_err(db_error)? {
+                        if !members_before.contains(&n.id) {
+                            store::nodes::release(&sp, &n.id).map_err(db_error)?;
+                        }
                     }
                     store::clusters::update(&sp, &restore).map_err(db_error)?;
                     sp.commit().map_err(db_error)
@@ -775,6 +793,65 @@ impl Clusters {
             )));
         }
         Ok(answer)
+    }
+
+    /// Brings a settled cluster that holds fewer nodes than its node_count (quarantines
+    /// with no replacement left) back to it when capacity allows: an update of its own,
+    /// under the same admission, checks and undo as a tenant's scale-up. Without a node
+    /// to add, its status says how short it is and why.
+    async fn refill(&self, id: String) -> Result<(), Status> {
+        let now = self.state.now();
+        let prepared = self
+            .state
+            .write(move |mut sp| -> Result<Option<UpdateChange>, Status> {
+                let Some(mut c) = store::clusters::get(&sp, &id).map_err(db_error)? else {
+                    return Ok(None);
+                };
+                if c.status != "degraded" {
+                    return Ok(None); // a request is changing it, or it is whole again
+                }
+                let tenant = super::visible_tenant(&sp, &Caller::Admin, &c.tenant_id)?;
+                let old = c.clone();
+                let members_before = members(&sp, &c.id)?;
+                let scaling = match scale(&sp, &tenant.name, &c, now) {
+                    Ok(s) if !s.added.is_empty() => s,
+                    Ok(_) => return Ok(None),
+                    Err(why) => {
+                        sp.rollback().map_err(db_error)?;
+                        let reason = format!(
+                            "short of node_count: {} of {} nodes; none to add yet: {}",
+                            members_before.len(),
+                            c.node_count,
+                            Status::from(why).message()
+                        );
+                        if c.status_reason != reason {
+                            store::clusters::set_status(&sp, &c.id, "degraded", &reason)
+                                .map_err(db_error)?;
+                            sp.commit().map_err(db_error)?;
+                        }
+                        return Ok(None);
+                    }
+                };
+                let changes = layout_changes(&sp, &c, &[])?;
+                c.status = "updating".into();
+                store::clusters::update(&sp, &c).map_err(db_error)?;
+                sp.commit().map_err(db_error)?;
+                tracing::info!(cluster = %c.name, adding = scaling.added.len(), "refilling a cluster short of its node_count");
+                Ok(Some(UpdateChange {
+                    caller: Caller::Admin,
+                    old,
+                    members_before,
+                    c,
+                    scaling,
+                    changes,
+                    new_driver: false,
+                }))
+            })
+            .await?;
+        match prepared {
+            Some(u) => self.complete_update(u).await.map(|_| ()),
+            None => Ok(()),
+        }
     }
 
     async fn delete(
@@ -972,5 +1049,37 @@ impl TenantClusterService for Clusters {
             return Ok(Response::new(done));
         }
         self.delete(r).await.map(Response::new)
+    }
+}
+
+/// How often clusters short of their node_count look for nodes again.
+const REFILL_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Refills clusters short of their node_count, retrying every [`REFILL_EVERY`] until
+/// `stop` turns true: a node returned or freed is taken as soon as it is ready.
+pub async fn run_refills(state: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let clusters = Clusters {
+        state: state.clone(),
+    };
+    loop {
+        tokio::select! {
+            _ = gpufleet_process::signals::stopped(&mut stop) => return,
+            _ = tokio::time::sleep(REFILL_EVERY) => {}
+        }
+        let short = state
+            .read(|conn| Ok::<_, crate::error::Error>(store::clusters::short_of_nodes(conn)?))
+            .await;
+        let short = match short {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list clusters short of nodes");
+                continue;
+            }
+        };
+        for c in short {
+            if let Err(e) = clusters.refill(c.id.clone()).await {
+                tracing::warn!(cluster = %c.name, error = %e.message(), "refilling the cluster failed; retrying");
+            }
+        }
     }
 }

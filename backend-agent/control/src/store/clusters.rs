@@ -209,6 +209,19 @@ pub fn with_status(conn: &Connection, statuses: &[&str]) -> rusqlite::Result<Vec
     Ok(out)
 }
 
+/// Degraded clusters that hold fewer nodes than their node_count: failed nodes were
+/// quarantined and their replacement failed (a replacement under way leaves the
+/// cluster's status alone until it fails).
+pub fn short_of_nodes(conn: &Connection) -> rusqlite::Result<Vec<ClusterRow>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM clusters c
+         WHERE status = 'degraded'
+           AND node_count > (SELECT COUNT(*) FROM nodes n WHERE n.cluster_id = c.id)"
+    ))?;
+    let rows = stmt.query_map([], from_row)?;
+    rows.collect()
+}
+
 pub fn delete(conn: &Connection, id: &str) -> rusqlite::Result<()> {
     conn.execute("DELETE FROM clusters WHERE id = ?1", [id])?;
     Ok(())
