@@ -36,6 +36,9 @@ pub enum Command {
     NodeStatus(NodeStatusArgs),
     /// Return a quarantined node to service (admin): its agent resets it, then it is ready.
     NodeReturn(NodeReturnArgs),
+    /// Release a node's name from the host that first registered it (admin), e.g. a host
+    /// rebuilt without its agent's data dir: the next registration takes the name.
+    NodeForgetSecret(NodeReturnArgs),
     /// Show what happened to a tenant cluster (its event log), oldest first.
     Events(EventsArgs),
     /// The automatic-quarantine breakers (admin): list them, or reset one.

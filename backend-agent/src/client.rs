@@ -73,8 +73,8 @@ fn status(s: tonic::Status) -> anyhow::Error {
 }
 
 /// Widest cell shown: longer ones are cut, so a node's odd report cannot blow up the
-/// table (or the formatter, whose widths are bounded).
-const MAX_CELL: usize = 96;
+/// table (or the formatter, whose widths are bounded). Reasons fit whole.
+const MAX_CELL: usize = 1024;
 
 /// `cell` cut to [`MAX_CELL`] characters, ending in "…" when cut.
 fn fitted(cell: &str) -> String {
@@ -261,6 +261,20 @@ pub async fn return_node(args: crate::cli::NodeReturnArgs) -> anyhow::Result<()>
     println!(
         "node {} returned to service: {} ({})",
         node.hostname, node.state, node.state_reason
+    );
+    Ok(())
+}
+
+pub async fn forget_node_secret(args: crate::cli::NodeReturnArgs) -> anyhow::Result<()> {
+    let mut client = connect(&args.client).await?;
+    let node = client
+        .forget_node_secret(v1::ForgetNodeSecretRequest { name: args.name })
+        .await
+        .map_err(status)?
+        .into_inner();
+    println!(
+        "node {}: its name is released; the next agent to register under it takes it",
+        node.hostname
     );
     Ok(())
 }

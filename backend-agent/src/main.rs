@@ -51,6 +51,7 @@ fn main() -> std::process::ExitCode {
             cli::Command::Node(args) => gpufleet_node::run(args.config()).await,
             cli::Command::NodeStatus(args) => gpufleet_node::print_status(&args.data_dir),
             cli::Command::NodeReturn(args) => client::return_node(args).await,
+            cli::Command::NodeForgetSecret(args) => client::forget_node_secret(args).await,
             cli::Command::Events(args) => client::print_events(args).await,
             cli::Command::Breaker(cli::BreakerCommand::List(args)) => {
                 client::print_breakers(args).await

@@ -297,3 +297,69 @@ async fn an_order_without_an_answer_fails_at_its_deadline_and_quarantines_its_no
     assert!(n.state_reason.contains("no answer within 2s"), "{}", n.state_reason);
     assert!(n.cluster_id.is_empty());
 }
+
+#[tokio::test]
+async fn a_nodes_name_is_bound_to_the_host_that_first_took_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(dir.path(), &[]);
+    let mut admin = agent.admin().await;
+    let owner = ready_rogue(&agent, &mut admin, "gpu-07", 2).await;
+    let secret = owner.secret.clone();
+    assert!(secret.starts_with("gfn_"), "{secret:?}");
+    owner.leave();
+    wait_state(&mut admin, "gpu-07", "unreachable", &[]).await;
+    // Its GPU UUIDs are in any tenant's node list: with them and the join token, an
+    // impostor under the dead node's name is still refused.
+    let impostor = Rogue::register(
+        &agent.endpoint,
+        &agent.data_dir,
+        registration("gpu-07", "H100-80GB", 2),
+    )
+    .await
+    .err()
+    .expect("an impostor must be refused");
+    assert_eq!(impostor.code(), Code::PermissionDenied);
+    assert!(
+        impostor.message().contains("node secret")
+            && impostor.message().contains("node-forget-secret gpu-07"),
+        "{}",
+        impostor.message()
+    );
+    // The host that holds the secret comes back, and keeps its name (no new secret).
+    let mut reg = registration("gpu-07", "H100-80GB", 2);
+    reg.node_secret = secret.clone();
+    let mut back = Rogue::register(&agent.endpoint, &agent.data_dir, reg)
+        .await
+        .expect("the owner registers again");
+    assert!(back.secret.is_empty());
+    let check = back.next_order().await;
+    back.pass_check(&check);
+    wait_state(&mut admin, "gpu-07", "ready", &["quarantined"]).await;
+    // An operator releases the name only while no agent holds it; then a rebuilt host
+    // takes it with a new secret.
+    let held = admin
+        .fleet
+        .forget_node_secret(ForgetNodeSecretRequest {
+            name: "gpu-07".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(held.code(), Code::FailedPrecondition, "{}", held.message());
+    back.leave();
+    wait_state(&mut admin, "gpu-07", "unreachable", &[]).await;
+    admin
+        .fleet
+        .forget_node_secret(ForgetNodeSecretRequest {
+            name: "gpu-07".into(),
+        })
+        .await
+        .unwrap_or_else(|s| panic!("ForgetNodeSecret: {s}"));
+    let rebuilt = Rogue::register(
+        &agent.endpoint,
+        &agent.data_dir,
+        registration("gpu-07", "H100-80GB", 2),
+    )
+    .await
+    .expect("the rebuilt host takes the released name");
+    assert!(rebuilt.secret.starts_with("gfn_") && rebuilt.secret != secret);
+}

@@ -444,6 +444,21 @@ async fn a_tenant_sees_its_own_nodes_and_the_pool_only_as_counts() {
         shape(theirs, &b_node.hostname),
         shape(nobodys, "no-such-node")
     );
+    // Nor release another team's node name for an agent of its own.
+    let release = |name: &str| {
+        let mut fleet = c.fleet.clone();
+        let name = name.to_string();
+        async move { status(fleet.forget_node_secret(ForgetNodeSecretRequest { name }).await) }
+    };
+    let (theirs, nobodys) = (
+        release(&b_node.hostname).await,
+        release("no-such-node").await,
+    );
+    assert_eq!(theirs.code(), Code::PermissionDenied, "{}", theirs.message());
+    assert_eq!(
+        shape(theirs, &b_node.hostname),
+        shape(nobodys, "no-such-node")
+    );
 
     // Capacity as counts, the same for A as for the admin, and B's nodes are not free.
     let types = c.gpu_types().await;

@@ -490,6 +490,12 @@ impl Bounded for v1::ReturnNodeRequest {
     }
 }
 
+impl Bounded for v1::ForgetNodeSecretRequest {
+    fn check_bounds(&self) -> Result {
+        id("node", &self.name)
+    }
+}
+
 impl Bounded for v1::ListQuarantineBreakersRequest {
     fn check_bounds(&self) -> Result {
         Ok(())

@@ -116,6 +116,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
         hardware,
         link: parts.link,
         status_file: parts.data_dir.join("status.json"),
+        secret_file: parts.data_dir.join("node.secret"),
     }))
 }
 

@@ -31,6 +31,9 @@ pub struct Agent {
     pub link: Link,
     /// `<data-dir>/status.json`: what the agent last registered and reported (its own view).
     pub status_file: PathBuf,
+    /// `<data-dir>/node.secret` (0600): what binds this node's name to this host; issued
+    /// by the control plane at the first registration, presented at every later one.
+    pub secret_file: PathBuf,
     /// host:port of its bandwidth-test listener, as peers reach it (empty: none).
     pub bandwidth_addr: String,
 }
@@ -122,6 +125,29 @@ fn write_status(agent: &Agent, node_id: &str, inventory: Option<&v1::NodeInvento
     }
 }
 
+/// The node secret kept from an earlier registration ("" before the first).
+fn read_secret(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Writes the node secret privately (0600), replacing the old one at once.
+fn keep_secret(path: &std::path::Path, secret: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("secret.tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    writeln!(f, "{secret}")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
 /// A bandwidth test's token is accepted from the moment its order arrives, even while an
 /// earlier order still runs: the peers' streams to this node need not wait for it.
 fn arm_bandwidth(agent: &Agent, order: &v1::WorkOrder) {
@@ -156,6 +182,7 @@ async fn session(agent: &Arc<Agent>) -> End {
             inventory: Some(inventory.clone()),
             hardware: agent.hardware.to_string(),
             bandwidth_addr: agent.bandwidth_addr.clone(),
+            node_secret: read_secret(&agent.secret_file),
         })),
     });
     let mut request = tonic::Request::new(UnboundedReceiverStream::new(up_rx));
@@ -193,6 +220,12 @@ async fn session(agent: &Arc<Agent>) -> End {
         Err(s) => return unregistered(classify(s)),
     };
     tracing::info!(node = %agent.name, node_id = %registered.node_id, "registered with the control plane");
+    if !registered.node_secret.is_empty() {
+        if let Err(e) = keep_secret(&agent.secret_file, &registered.node_secret) {
+            // Without it the next registration under this name is refused: say so now.
+            tracing::error!(path = %agent.secret_file.display(), error = %e, "cannot keep the node secret");
+        }
+    }
     write_status(agent, &registered.node_id, Some(&inventory));
 
     let queued = Arc::new(AtomicU32::new(0));

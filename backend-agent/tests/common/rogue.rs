@@ -12,6 +12,8 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 pub struct Rogue {
     pub node_id: String,
+    /// The node secret the control plane issued at this registration ("" when none).
+    pub secret: String,
     out: mpsc::UnboundedSender<AgentMessage>,
     inbound: tonic::Streaming<ControlMessage>,
     heartbeats: Option<tokio::task::JoinHandle<()>>,
@@ -106,6 +108,7 @@ impl Rogue {
         });
         Ok(Rogue {
             node_id: r.node_id,
+            secret: r.node_secret,
             out,
             inbound,
             heartbeats: Some(heartbeats),

@@ -24,6 +24,9 @@ pub enum Refusal {
     /// What the agent reports contradicts the record for its name.
     #[error("{0}")]
     Contradiction(String),
+    /// The name is bound to another host: its secret was not presented.
+    #[error("{0}")]
+    Impostor(String),
     #[error("state database error: {0}")]
     Store(#[from] rusqlite::Error),
 }
@@ -36,7 +39,18 @@ pub struct Checked {
     pub driver_version: String,
     pub cuda_version: String,
     pub gpus: Vec<GpuInfo>,
+    /// The node secret presented ("" at a first registration).
+    pub secret: String,
 }
+
+/// A registration let in: the node's id, and its new secret when one was issued now.
+pub struct Admitted {
+    pub id: String,
+    pub issued_secret: Option<String>,
+}
+
+/// Prefix of the node secrets the control plane issues.
+const SECRET_PREFIX: &str = "gfn_";
 
 fn bounded(field: &str, value: &str) -> Result<(), Refusal> {
     if value.len() > MAX_TEXT {
@@ -61,7 +75,9 @@ pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
         .as_ref()
         .ok_or_else(|| Refusal::Invalid("inventory: missing".into()))?;
     let gpus = check_inventory(inv)?;
+    bounded("node_secret", &reg.node_secret)?;
     Ok(Checked {
+        secret: reg.node_secret.clone(),
         name: reg.name.clone(),
         capacity: reg.capacity.clone(),
         gpu_type: inv.gpu_type.clone(),
@@ -194,11 +210,36 @@ fn check_mig_devices(
     Ok(())
 }
 
-/// Adds the node or checks it against its record; records its GPUs' MIG state. The node
-/// is `busy` until the control plane has brought it to what it should be. Returns the
-/// node's id. Runs inside the caller's transaction (a refusal leaves it to be rolled
+/// A new secret for `node_id`: recorded as its hash, given back once to send.
+fn issue_secret(tx: &Connection, node_id: &str) -> Result<String, Refusal> {
+    let secret = crate::auth::new_token(SECRET_PREFIX);
+    nodes::set_secret_hash(tx, node_id, &crate::auth::hash_token(&secret))?;
+    Ok(secret)
+}
+
+/// A known node's registration must present the secret issued to its name (a node with
+/// none recorded, from before secrets, is issued one now).
+fn check_secret(tx: &Connection, known: &NodeRow, c: &Checked) -> Result<Option<String>, Refusal> {
+    let hash = nodes::secret_hash(tx, &known.id)?;
+    if hash.is_empty() {
+        return issue_secret(tx, &known.id).map(Some);
+    }
+    let presented = crate::auth::hash_token(&c.secret);
+    if c.secret.is_empty() || !super::service::same_token(&presented, &hash) {
+        return Err(Refusal::Impostor(format!(
+            "name: node {} is bound to the host that first registered it, and this registration does not present its node secret (the node.secret in that agent's data dir); give a new host its own --name, or have an operator release the name: gpufleet-agent node-forget-secret {}",
+            c.name, c.name
+        )));
+    }
+    Ok(None)
+}
+
+/// Adds the node or checks it against its record (its secret first); records its GPUs'
+/// MIG state. The node is `busy` until the control plane has brought it to what it
+/// should be. Runs inside the caller's transaction (a refusal leaves it to be rolled
 /// back).
-pub fn admit(tx: &Connection, c: &Checked, now: i64) -> Result<String, Refusal> {
+pub fn admit(tx: &Connection, c: &Checked, now: i64) -> Result<Admitted, Refusal> {
+    let issued_secret;
     let id = match nodes::by_hostname(tx, &c.name)? {
         None => {
             let row = NodeRow {
@@ -238,10 +279,12 @@ pub fn admit(tx: &Connection, c: &Checked, now: i64) -> Result<String, Refusal> 
                 )));
             }
             nodes::insert(tx, &row, &gpus)?;
+            issued_secret = Some(issue_secret(tx, &row.id)?);
             tracing::info!(node = %c.name, gpus = gpus.len(), model = %c.gpu_type, "a new node joined the fleet");
             row.id
         }
         Some(known) => {
+            issued_secret = check_secret(tx, &known, c)?;
             contradiction(tx, &known, c)?;
             nodes::set_versions(tx, &known.id, &c.driver_version, &c.cuda_version)?;
             // A quarantined node stays out of service whatever its agent does.
@@ -260,7 +303,7 @@ pub fn admit(tx: &Connection, c: &Checked, now: i64) -> Result<String, Refusal> 
             &crate::recorded::mig_device_rows(g),
         )?;
     }
-    Ok(id)
+    Ok(Admitted { id, issued_secret })
 }
 
 /// What a known node reports must match its record, except MIG state and versions.
@@ -316,11 +359,18 @@ mod tests {
     use super::*;
 
     /// `admit` in a transaction of its own, kept when it succeeds.
-    fn admitted(conn: &mut Connection, c: &Checked, now: i64) -> Result<String, Refusal> {
+    fn admitted(conn: &mut Connection, c: &Checked, now: i64) -> Result<Admitted, Refusal> {
         let tx = conn.transaction()?;
-        let id = admit(&tx, c, now)?;
+        let a = admit(&tx, c, now)?;
         tx.commit()?;
-        Ok(id)
+        Ok(a)
+    }
+
+    /// `check`, presenting `secret`.
+    fn with_secret(reg: &v1::RegisterNode, secret: &str) -> Checked {
+        let mut reg = reg.clone();
+        reg.node_secret = secret.into();
+        check(&reg).unwrap()
     }
 
     fn registration(name: &str, uuids: &[&str]) -> v1::RegisterNode {
@@ -329,6 +379,7 @@ mod tests {
             capacity: POOL.into(),
             hardware: "sim".into(),
             bandwidth_addr: String::new(),
+            node_secret: String::new(),
             inventory: Some(v1::NodeInventory {
                 gpu_type: "H100-80GB".into(),
                 driver_version: "550.54.15".into(),
@@ -353,10 +404,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
         let reg = registration("n1", &["GPU-a", "GPU-b"]);
-        let id = admitted(&mut conn, &check(&reg).unwrap(), 1).unwrap();
+        let first = admitted(&mut conn, &check(&reg).unwrap(), 1).unwrap();
+        let (id, secret) = (first.id, first.issued_secret.expect("a first registration gets a secret"));
         // Same GPUs in another index order: the same node, re-indexed.
         let swapped = registration("n1", &["GPU-b", "GPU-a"]);
-        admitted(&mut conn, &check(&swapped).unwrap(), 2).unwrap();
+        let again = admitted(&mut conn, &with_secret(&swapped, &secret), 2).unwrap();
+        assert!(again.issued_secret.is_none());
         let gpus = nodes::gpus(&conn, &id).unwrap();
         assert_eq!(
             (gpus[0].uuid.as_str(), gpus[1].uuid.as_str()),
@@ -364,23 +417,47 @@ mod tests {
         );
         // Other GPUs under the name: refused, naming both sides.
         let other = registration("n1", &["GPU-a", "GPU-c"]);
-        let e = admitted(&mut conn, &check(&other).unwrap(), 3)
-            .unwrap_err()
+        let e = admitted(&mut conn, &with_secret(&other, &secret), 3)
+            .err()
+            .unwrap()
             .to_string();
         assert!(e.contains("GPU-b") && e.contains("GPU-c"), "{e}");
         // A GPU another node holds: refused.
         let thief = registration("n2", &["GPU-a"]);
         let e = admitted(&mut conn, &check(&thief).unwrap(), 4)
-            .unwrap_err()
+            .err()
+            .unwrap()
             .to_string();
         assert!(e.contains("already recorded on node n1"), "{e}");
         // Quarantine outlives a re-registration.
         nodes::set_state(&conn, &id, nodes::NODE_QUARANTINED, "failed a check", 5).unwrap();
-        admitted(&mut conn, &check(&reg).unwrap(), 6).unwrap();
+        admitted(&mut conn, &with_secret(&reg, &secret), 6).unwrap();
         assert_eq!(
             nodes::get(&conn, &id).unwrap().unwrap().state,
             nodes::NODE_QUARANTINED
         );
+    }
+
+    #[test]
+    fn a_name_is_bound_to_the_host_that_first_took_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        let reg = registration("n1", &["GPU-a"]);
+        let secret = admitted(&mut conn, &check(&reg).unwrap(), 1)
+            .unwrap()
+            .issued_secret
+            .unwrap();
+        // Its GPU UUIDs are no proof: without the secret, or with another, refused.
+        for wrong in ["", "gfn_guess"] {
+            let e = admitted(&mut conn, &with_secret(&reg, wrong), 2).err().unwrap();
+            assert!(matches!(e, Refusal::Impostor(_)), "{e}");
+            assert!(e.to_string().contains("node-forget-secret n1"), "{e}");
+        }
+        assert!(admitted(&mut conn, &with_secret(&reg, &secret), 3).is_ok());
+        // A node from before secrets (none recorded) is issued one at its next registration.
+        nodes::set_secret_hash(&conn, "n1", "").unwrap();
+        let issued = admitted(&mut conn, &check(&reg).unwrap(), 4).unwrap().issued_secret;
+        assert!(issued.is_some_and(|s| s != secret));
     }
 
     #[test]

@@ -118,19 +118,21 @@ impl NodeAgentService for Agents {
             }
         }
         let t = self.state.now();
-        let node_id = self
+        let admitted = self
             .state
             .write(move |sp| -> Result<_, Status> {
-                let id = admission::admit(&sp, &checked, t).map_err(refusal)?;
+                let admitted = admission::admit(&sp, &checked, t).map_err(refusal)?;
                 sp.commit().map_err(crate::state::db_error)?;
-                Ok(id)
+                Ok(admitted)
             })
             .await?;
+        let node_id = admitted.id;
         let (out, out_rx) = mpsc::unbounded_channel();
         let _ = out.send(Ok(v1::ControlMessage {
             msg: Some(control_message::Msg::Registered(v1::Registered {
                 node_id: node_id.clone(),
                 heartbeat_interval_ms: self.state.agents.heartbeat_interval().as_millis() as u32,
+                node_secret: admitted.issued_secret.unwrap_or_default(),
             })),
         }));
         let session = self.state.agents.attach(&node_id, out);
@@ -211,6 +213,7 @@ fn refusal(r: Refusal) -> Status {
     match r {
         Refusal::Invalid(m) => Status::invalid_argument(m),
         Refusal::Contradiction(m) => Status::failed_precondition(m),
+        Refusal::Impostor(m) => Status::permission_denied(m),
         Refusal::Store(e) => crate::state::db_error(e),
     }
 }

@@ -210,6 +210,31 @@ impl Fleet {
         Ok(answer)
     }
 
+    fn forget_node_secret(
+        &self,
+        conn: Savepoint<'_>,
+        request: Request<v1::ForgetNodeSecretRequest>,
+    ) -> Result<v1::Node, Status> {
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
+        caller.require_admin("forgetting a node's secret")?;
+        let name = req.name;
+        let node = store::nodes::by_hostname(&conn, &name)
+            .map_err(db_error)?
+            .ok_or_else(|| super::not_found("node", &name))?;
+        if self.state.agents.is_live(&node.id) {
+            return Err(super::precondition(format!(
+                "name: node {name} is held by a connected agent; stop it first"
+            )));
+        }
+        store::nodes::set_secret_hash(&conn, &node.id, "").map_err(db_error)?;
+        tracing::warn!(node = %name, "an operator released the node's name: the next registration takes it");
+        let answer = node_messages(&conn, Some(&self.state.agents), &caller, vec![node])?
+            .pop()
+            .ok_or_else(|| Status::internal("node vanished"))?;
+        conn.commit().map_err(db_error)?;
+        Ok(answer)
+    }
+
     fn list_driver_versions(
         &self,
         conn: &Connection,
@@ -300,6 +325,17 @@ impl FleetService for Fleet {
         let node = self.state.write(move |sp| this.return_node(sp, r)).await?;
         // The medium health checks first: it stays quarantined when it fails them.
         crate::scheduling::health::return_checked(self.state.clone(), &node.id).await?;
+        Ok(Response::new(node))
+    }
+    async fn forget_node_secret(
+        &self,
+        r: Request<v1::ForgetNodeSecretRequest>,
+    ) -> Result<Response<v1::Node>, Status> {
+        let this = self.clone();
+        let node = self
+            .state
+            .write(move |sp| this.forget_node_secret(sp, r))
+            .await?;
         Ok(Response::new(node))
     }
     async fn list_driver_versions(

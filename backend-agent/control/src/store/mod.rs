@@ -365,6 +365,12 @@ const MIGRATIONS: &[&str] = &[
           AND json_extract(credentials, '$.munge_key') IS NOT NULL;
     UPDATE clusters SET credentials = '' WHERE orchestrator = 'slurm';
     "#,
+    // 12: a node's name is bound to the host that first took it (issue 19): the hash of
+    // the secret issued at its first registration, which later ones must present. Nodes
+    // from before get one at their next registration.
+    r#"
+    ALTER TABLE nodes ADD COLUMN secret_hash TEXT NOT NULL DEFAULT '';
+    "#,
 ];
 
 /// Prepared statements kept per connection.

@@ -341,6 +341,26 @@ pub fn set_mig_state(
     Ok(())
 }
 
+/// The hash of the secret a node's registrations must present ("" when none is issued).
+pub fn secret_hash(conn: &Connection, node_id: &str) -> rusqlite::Result<String> {
+    use rusqlite::OptionalExtension;
+    Ok(conn
+        .query_row("SELECT secret_hash FROM nodes WHERE id = ?1", [node_id], |r| {
+            r.get(0)
+        })
+        .optional()?
+        .unwrap_or_default())
+}
+
+pub fn set_secret_hash(conn: &Connection, node_id: &str, hash: &str) -> rusqlite::Result<()> {
+    super::exec(
+        conn,
+        "UPDATE nodes SET secret_hash = ?2 WHERE id = ?1",
+        (node_id, hash),
+    )?;
+    Ok(())
+}
+
 /// At start: every node waits for its agent to register with this process (quarantined
 /// nodes stay quarantined).
 pub fn await_agents(conn: &Connection, now: i64) -> rusqlite::Result<()> {
