@@ -296,6 +296,11 @@ async fn an_order_without_an_answer_fails_at_its_deadline_and_quarantines_its_no
     let n = wait_state(&mut admin, "hung-01", "quarantined", &[]).await;
     assert!(n.state_reason.contains("no answer within 2s"), "{}", n.state_reason);
     assert!(n.cluster_id.is_empty());
+    let text = scrape(&agent, &metrics_addr(&agent));
+    let labels = ["gpu_type=\"H100-80GB\"", "cause=\"deadline\""];
+    assert!(series(&text, "gpufleet_quarantines_total", &labels) >= 1.0, "{text}");
+    let timed_out = ["kind=\"mig_layout\"", "outcome=\"timed_out\""];
+    assert!(series(&text, "gpufleet_work_orders_total", &timed_out) >= 1.0, "{text}");
 }
 
 #[tokio::test]
@@ -362,4 +367,117 @@ async fn a_nodes_name_is_bound_to_the_host_that_first_took_it() {
     .await
     .expect("the rebuilt host takes the released name");
     assert!(rebuilt.secret.starts_with("gfn_") && rebuilt.secret != secret);
+}
+
+/// The value of the first series of `name` whose labels include every one of `labels`.
+fn series(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_quarantine_from_a_failed_create_is_counted_by_cause_and_traced_in_the_fleets_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(dir.path(), &[]);
+    let mut admin = agent.admin().await;
+    let mut rogue = ready_rogue(&agent, &mut admin, "bad-01", 2).await;
+    let (tenant, token) = admin.tenant("vision").await;
+    admin.quota(&tenant.id, "H100-80GB", 2, 0).await;
+    let mut clusters = admin.clusters.clone();
+    let req = Clients::cluster(&tenant.id, "cv", "H100-80GB", 1);
+    let create = tokio::spawn(async move { clusters.create_tenant_cluster(req).await });
+    // Its acceptance check finds an XID on GPU 0.
+    let check = rogue.next_order().await;
+    let Some(work_order::Kind::RunHealthCheck(h)) = &check.kind else {
+        panic!("expected the acceptance check, got {check:?}");
+    };
+    rogue.answer(OrderResult {
+        order_id: check.id.clone(),
+        ok: true,
+        health: Some(HealthReport {
+            level: h.level.clone(),
+            checks: vec![CheckResult {
+                name: "xid".into(),
+                gpu_uuid: "GPU-bad-01-0".into(),
+                verdict: "fail".into(),
+                value: "1 XID 79".into(),
+                threshold: "0".into(),
+                ..Default::default()
+            }],
+            finished_at: 0,
+        }),
+        ..Default::default()
+    });
+    let s = create.await.unwrap().expect_err("the create must fail");
+    assert!(s.message().contains("not created"), "{}", s.message());
+
+    let text = scrape(&agent, &metrics_addr(&agent));
+    let labels = ["gpu_type=\"H100-80GB\"", "cause=\"xid\""];
+    assert!(series(&text, "gpufleet_quarantines_total", &labels) >= 1.0, "{text}");
+    let labels = ["gpu_type=\"H100-80GB\"", "level=\"medium\"", "check=\"xid\""];
+    assert!(series(&text, "gpufleet_check_failures_total", &labels) >= 1.0, "{text}");
+
+    // The admin's stream of the whole fleet traces the quarantine to the cluster and its
+    // tenant, though the cluster is gone.
+    let all = admin
+        .fleet
+        .list_events(ListEventsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .events;
+    let quarantined: Vec<&Event> = all
+        .iter()
+        .filter(|e| e.kind == "node_quarantined" && e.node == "bad-01")
+        .collect();
+    assert!(
+        quarantined.iter().any(|e| e.tenant_id == tenant.id),
+        "{quarantined:?}"
+    );
+    assert!(
+        quarantined
+            .iter()
+            .any(|e| e.object_id == "bad-01"
+                && e.message.contains(&format!("in cluster cv of tenant {}", tenant.id))),
+        "{quarantined:?}"
+    );
+    assert!(all.windows(2).all(|w| w[0].seq < w[1].seq), "oldest first");
+    // A tenant's stream is its own clusters' events only: not the fleet's node logs.
+    let mine = agent
+        .clients(&token)
+        .await
+        .fleet
+        .list_events(ListEventsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .events;
+    assert!(!mine.is_empty());
+    assert!(mine.iter().all(|e| e.tenant_id == tenant.id), "{mine:?}");
+    // Paged: one at a time, the same events in the same order.
+    let mut paged = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = admin
+            .fleet
+            .list_events(ListEventsRequest {
+                page_size: 1,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        paged.extend(page.events.into_iter().map(|e| e.seq));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let seqs: Vec<i64> = all.iter().map(|e| e.seq).collect();
+    assert_eq!(paged[..seqs.len()], seqs[..]);
 }

@@ -270,21 +270,28 @@ async fn forged_tokens_taken_names_and_contradicting_hardware_are_refused() {
     .await;
     twin.kill9();
 
-    // The same name with other hardware, once the first agent is gone.
+    // Another host under the name, once the first agent is gone: the name is bound to
+    // the host that first took it, so without that host's node secret it is refused.
+    let secret = std::fs::read(_n1.data_dir().join("node.secret")).expect("n1 kept its secret");
     drop(_n1);
     let mut other = NodeAgent::start(&backend, "n1", &["--gpus", "4"]);
-    let mut other_status = None;
-    // The old agent's stream may still look live for a moment: retry until refused for
-    // the hardware, which is what this case is about.
-    for _ in 0..50 {
-        let s = other.wait_exit(LIMIT).expect("exits");
-        if other.log().contains("the agent reports 4") {
-            other_status = Some(s);
-            break;
+    // The old agent's stream may still look live for a moment (the agent keeps trying
+    // then): wait until it is refused and exits.
+    let refused = |other: &mut NodeAgent, why: &str| {
+        for _ in 0..50 {
+            let s = other.wait_exit(LIMIT).expect("exits");
+            if other.log().contains(why) {
+                return s;
+            }
+            other.restart();
         }
-        other.restart();
-    }
-    assert!(!other_status.expect("refused for its hardware").success());
+        panic!("never refused with {why:?}: {}", other.log());
+    };
+    assert!(!refused(&mut other, "node secret").success());
+    // The same host (its secret) with other hardware: refused for the hardware.
+    std::fs::write(other.data_dir().join("node.secret"), &secret).unwrap();
+    other.restart();
+    assert!(!refused(&mut other, "the agent reports 4").success());
 
     let all = nodes(&mut admin).await;
     assert_eq!(all.len(), 1, "{all:?}");

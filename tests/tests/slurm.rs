@@ -450,14 +450,24 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     let slurmd_of = |node: &str| pids_naming(&["slurmd", &format!("-N {node} "), &name]);
     let restarted = &nodes[0];
     let (before, _) = slurmd_of(restarted).pop().expect("slurmd runs on the node");
-    agents
-        .iter_mut()
-        .find(|a| &a.name == restarted)
-        .unwrap()
-        .restart();
+    let agent = agents.iter_mut().find(|a| &a.name == restarted).unwrap();
+    agent.kill9();
+    // What it kept from before goes stale (as after a change it missed while down): when
+    // it registers again, the control plane gives it the cluster's current config.
+    let kept_path = agent.data_dir().join("slurm").join(&name).join("order.json");
+    let mut kept: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&kept_path).unwrap()).unwrap();
+    kept["slurm_conf"] = format!("{}# STALE-CONFIG\n", kept["slurm_conf"].as_str().unwrap()).into();
+    fs::write(&kept_path, kept.to_string()).unwrap();
+    agent.restart();
     eventually("slurmd started again by the restarted agent", LIMIT, || {
         let again = slurmd_of(restarted).iter().any(|(pid, _)| *pid != before);
         async move { again.then_some(()) }
+    })
+    .await;
+    eventually("the restarted agent runs the current config", LIMIT, || {
+        let current = fs::read_to_string(&kept_path).is_ok_and(|k| !k.contains("STALE-CONFIG"));
+        async move { current.then_some(()) }
     })
     .await;
     eventually("both nodes idle in Slurm again", LIMIT, || {

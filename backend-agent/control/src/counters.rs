@@ -1,7 +1,8 @@
 //! The control plane's counters, counted as things happen (process-wide, whether or not
 //! `--metrics-listen` is given): `gpufleet_api_requests_total{method,code}`,
 //! `gpufleet_api_request_seconds{method}`, `gpufleet_work_orders_total{kind,outcome}`,
-//! `gpufleet_health_checks_total{check,result}`, `gpufleet_agent_answers_refused_total{reason}`. `crate::metrics` serves them.
+//! `gpufleet_health_checks_total{check,result}`, `gpufleet_agent_answers_refused_total{reason}`,
+//! `gpufleet_quarantines_total{gpu_type,cause}`, `gpufleet_check_failures_total{gpu_type,level,check}`. `crate::metrics` serves them.
 
 use std::sync::LazyLock;
 
@@ -21,6 +22,8 @@ pub struct Counters {
     pub work_orders: IntCounterVec,
     pub health_checks: IntCounterVec,
     pub refused_answers: IntCounterVec,
+    pub quarantines: IntCounterVec,
+    pub check_failures: IntCounterVec,
 }
 
 pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
@@ -69,12 +72,30 @@ pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
         &["reason"],
     )
     .expect("a valid counter");
+    let quarantines = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_quarantines_total",
+            "Nodes taken out of service, by GPU model and cause: the first failed check (xid, ecc_uncorrected_volatile, bandwidth, driver, agent...), driver_install, or deadline (an order left unanswered).",
+        ),
+        &["gpu_type", "cause"],
+    )
+    .expect("a valid counter");
+    let check_failures = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_check_failures_total",
+            "Failed checks of acceptance, periodic, registration and on-demand health runs, by GPU model, level and check.",
+        ),
+        &["gpu_type", "level", "check"],
+    )
+    .expect("a valid counter");
     for c in [
         Box::new(api_requests.clone()) as Box<dyn prometheus::core::Collector>,
         Box::new(api_seconds.clone()),
         Box::new(work_orders.clone()),
         Box::new(health_checks.clone()),
         Box::new(refused_answers.clone()),
+        Box::new(quarantines.clone()),
+        Box::new(check_failures.clone()),
     ] {
         registry.register(c).expect("a counter registered once");
     }
@@ -97,8 +118,31 @@ pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
         work_orders,
         health_checks,
         refused_answers,
+        quarantines,
+        check_failures,
     }
 });
+
+/// `cause` of a quarantine for an order left unanswered past its deadline.
+pub const CAUSE_DEADLINE: &str = "deadline";
+/// `cause` of a quarantine for a failed driver install.
+pub const CAUSE_DRIVER_INSTALL: &str = "driver_install";
+
+/// Counts a node of `gpu_type` taken out of service for `cause`.
+pub fn quarantine(gpu_type: &str, cause: &str) {
+    COUNTERS
+        .quarantines
+        .with_label_values(&[gpu_type, cause])
+        .inc();
+}
+
+/// Counts a failed check of a health run.
+pub fn check_failed(gpu_type: &str, level: &str, check: &str) {
+    COUNTERS
+        .check_failures
+        .with_label_values(&[gpu_type, level, check])
+        .inc();
+}
 
 /// `reason` of an answer to no order the control plane waits for.
 pub const UNSOLICITED: &str = "unsolicited";

@@ -356,6 +356,37 @@ pub async fn apply(
     Ok(wait_ready(state, &name, expected).await)
 }
 
+/// A node of a Slurm cluster whose agent registered again (it restarted, or was cut off
+/// and came back): its slurmd gets the cluster's configuration as it is now, not the one
+/// its agent kept from before (a gres.conf of an old layout, a controller that moved).
+pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
+    let Some(cluster_id) = node.cluster_id.clone() else {
+        return;
+    };
+    let plan = {
+        let planner = state.clone();
+        state
+            .read(move |conn| plan(&planner, conn, &cluster_id))
+            .await
+    };
+    let plan = match plan {
+        Ok(Some(p)) if p.nodes.iter().any(|n| n.id == node.id) => p,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(node = %node.hostname, error = %e, "cannot plan the Slurm config of a node that came back");
+            return;
+        }
+    };
+    let shared = conf::shared(
+        &plan.desired.controller,
+        &plan.desired.nodes,
+        &plan.desired.slurm_user,
+    );
+    for f in order_all(state, std::slice::from_ref(node), || start_order(&plan, &shared)).await {
+        tracing::warn!(cluster = %plan.cluster.name, failure = %f, "slurmd did not take the current config on a node that came back");
+    }
+}
+
 /// A login port for a cluster made before logins: allocated, recorded, and the endpoint.
 async fn give_login_port(state: &AppState, cluster_id: &str) -> Result<u16> {
     let port = controller::free_port().map_err(Error::Internal)?;

@@ -148,6 +148,7 @@ pub async fn quarantine(
         })
         .await?;
     tracing::warn!(node = %node.hostname, cluster = %cluster.name, %why, "node quarantined");
+    crate::counters::quarantine(&node.gpu_type, crate::counters::CAUSE_DRIVER_INSTALL);
     event(state, cluster, "node_quarantined", &node.hostname, why).await;
     Ok(())
 }

@@ -373,9 +373,21 @@ async fn record(
         action: String::new(),
         finished_at: state.now(),
     };
+    for c in v.checks.iter().filter(|c| c.verdict == "fail") {
+        crate::counters::check_failed(&v.node.gpu_type, level, &c.name);
+    }
     state
         .apply(move |conn| Ok::<_, Error>(store::health::record(conn, &row)?))
         .await
+}
+
+/// What a failed verdict is counted as when it takes its node out: its first failed
+/// check's name.
+fn cause_of(v: &Verdict) -> &str {
+    v.checks
+        .iter()
+        .find(|c| c.verdict == "fail")
+        .map_or("unknown", |c| c.name.as_str())
 }
 
 async fn set_action(state: &AppState, run_id: &str, node_id: &str, action: &str) {
@@ -441,6 +453,7 @@ async fn quarantine_checked(
     cluster: Option<&ClusterRow>,
     node: &NodeRow,
     why: &str,
+    cause: &str,
     taking: Taking,
 ) -> Result<TakenOut> {
     let settings = state.breaker.clone();
@@ -462,6 +475,7 @@ async fn quarantine_checked(
     let (kind, text, outcome) = match decision {
         breaker::Decision::Quarantine => {
             tracing::warn!(node = %node.hostname, %why, "node quarantined");
+            crate::counters::quarantine(&node.gpu_type, cause);
             ("node_quarantined", why.to_string(), TakenOut::Quarantined)
         }
         breaker::Decision::Held { why: held, opened } => {
@@ -480,7 +494,13 @@ async fn quarantine_checked(
         }
     };
     match cluster {
-        Some(c) => drivers::event(state, c, kind, &node.hostname, &text).await,
+        Some(c) => {
+            drivers::event(state, c, kind, &node.hostname, &text).await;
+            // The node's own log says whose work it was taken from, so that the fleet's
+            // stream traces it to the cluster and tenant even once that cluster is gone.
+            let traced = format!("{text} (in cluster {} of tenant {})", c.name, c.tenant_id);
+            node_event(state, node, kind, &traced).await;
+        }
         None => node_event(state, node, kind, &text).await,
     }
     Ok(outcome)
@@ -503,7 +523,15 @@ pub async fn quarantine_unanswered(state: &AppState, node_id: &str, why: &str) -
         }
         None => None,
     };
-    quarantine_checked(state, cluster.as_ref(), &node, why, Taking::Automatic).await?;
+    quarantine_checked(
+        state,
+        cluster.as_ref(),
+        &node,
+        why,
+        crate::counters::CAUSE_DEADLINE,
+        Taking::Automatic,
+    )
+    .await?;
     Ok(())
 }
 
@@ -532,7 +560,16 @@ async fn quarantine_and_replace(
 ) -> std::result::Result<String, String> {
     let why = quarantine_reason(level, v);
     drivers::event(state, cluster, "check_failed", &v.node.hostname, &why).await;
-    match quarantine_checked(state, Some(cluster), &v.node, &why, Taking::Automatic).await {
+    match quarantine_checked(
+        state,
+        Some(cluster),
+        &v.node,
+        &why,
+        cause_of(v),
+        Taking::Automatic,
+    )
+    .await
+    {
         Err(e) => return Err(format!("cannot quarantine {}: {e}", v.node.hostname)),
         Ok(TakenOut::Held(held)) => {
             set_action(
@@ -1029,7 +1066,7 @@ async fn take_out(
     let Some(cluster) = cluster else {
         node_event(state, &v.node, "check_failed", &why).await;
         return Ok(
-            match quarantine_checked(state, None, &v.node, &why, taking).await? {
+            match quarantine_checked(state, None, &v.node, &why, cause_of(v), taking).await? {
                 TakenOut::Quarantined => {
                     set_action(state, run_id, &v.node.id, "quarantined").await;
                     true
@@ -1132,7 +1169,8 @@ async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Re
     .await?
         == Some(true)
     {
-        crate::mig::mark_reconciled(state, node, String::new()).await;
+        crate::mig::mark_reconciled(state, node.clone(), String::new()).await;
+        crate::slurm_clusters::rejoin(state, &node).await;
     }
     Ok(())
 }

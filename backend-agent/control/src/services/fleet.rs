@@ -272,6 +272,9 @@ impl Fleet {
         let (caller, req) = super::enter(&self.state, conn, request)?;
         let page = super::paging::parse(req.page_size, &req.page_token)?;
         let id = req.object_id;
+        if id.is_empty() {
+            return event_stream(conn, &caller, &page);
+        }
         let visible = store::clusters::get(conn, &id)
             .map_err(db_error)?
             .is_some_and(|c| caller.sees(&c.tenant_id));
@@ -285,22 +288,57 @@ impl Fleet {
             events,
             &page,
             |e| super::paging::int_key(e.seq),
-            |e| {
-                Ok(v1::Event {
-                    seq: e.seq,
-                    time: super::to_timestamp(e.at),
-                    object_id: e.object_id,
-                    kind: e.kind,
-                    node: e.node,
-                    message: e.message,
-                })
-            },
+            |e| Ok(event_message(e)),
         )?;
         Ok(v1::ListEventsResponse {
             events,
             next_page_token,
         })
     }
+}
+
+fn event_message(e: store::events::EventRow) -> v1::Event {
+    v1::Event {
+        seq: e.seq,
+        time: super::to_timestamp(e.at),
+        object_id: e.object_id,
+        kind: e.kind,
+        node: e.node,
+        message: e.message,
+        tenant_id: e.tenant_id,
+    }
+}
+
+/// ListEvents without an object: every event the caller may see, oldest first (the
+/// admin's is the whole fleet's: a quarantine traced to the cluster and tenant whose
+/// work it came from). Read a page at a time from the store.
+fn event_stream(
+    conn: &Connection,
+    caller: &crate::auth::Caller,
+    page: &crate::limits::Page,
+) -> Result<v1::ListEventsResponse, Status> {
+    let tenant = match caller {
+        crate::auth::Caller::Admin => None,
+        crate::auth::Caller::Tenant(id) => Some(id.as_str()),
+    };
+    let after = match &page.after {
+        Some(key) => super::paging::int_of_key(key)
+            .ok_or_else(|| Status::invalid_argument("page_token: not a token of this list"))?,
+        None => 0,
+    };
+    // One more than a page, so that the paging knows whether another follows.
+    let rows = store::events::stream(conn, tenant, after, page.size as i64 + 1)
+        .map_err(db_error)?;
+    let (events, next_page_token) = super::paging::page(
+        rows,
+        page,
+        |e| super::paging::int_key(e.seq),
+        |e| Ok(event_message(e)),
+    )?;
+    Ok(v1::ListEventsResponse {
+        events,
+        next_page_token,
+    })
 }
 
 #[tonic::async_trait]

@@ -71,6 +71,12 @@ pub fn int_key(value: i64) -> String {
     format!("{:020}", (value as i128) - (i64::MIN as i128))
 }
 
+/// The integer an [`int_key`] was made from (None for any other text).
+pub fn int_of_key(key: &str) -> Option<i64> {
+    let shifted: i128 = key.parse().ok()?;
+    i64::try_from(shifted + (i64::MIN as i128)).ok()
+}
+
 /// Keeps the first [`MAX_CLUSTER_NODES_SHOWN`] of a cluster's nodes for its answer and
 /// says how many were left out (they are read with ListNodes by cluster).
 pub fn shown_nodes<T>(nodes: &mut Vec<T>) -> i32 {

@@ -1,5 +1,5 @@
-//! The event log: what happened to an object (a cluster), oldest first, readable by the
-//! tenant that owns it.
+//! The event log: what happened to an object (a cluster, a node, a breaker), oldest
+//! first, readable by the tenant that owns it; and the stream of all of them.
 
 use rusqlite::Connection;
 
@@ -39,21 +39,39 @@ pub fn record(
     Ok(())
 }
 
+fn from_row(r: &rusqlite::Row) -> rusqlite::Result<EventRow> {
+    Ok(EventRow {
+        seq: r.get(0)?,
+        at: r.get(1)?,
+        object_id: r.get(2)?,
+        tenant_id: r.get(3)?,
+        kind: r.get(4)?,
+        node: r.get(5)?,
+        message: r.get(6)?,
+    })
+}
+
 pub fn list(conn: &Connection, object_id: &str) -> rusqlite::Result<Vec<EventRow>> {
     let mut stmt = conn.prepare(
         "SELECT seq, at, object_id, tenant_id, kind, node, message FROM events WHERE object_id = ?1 ORDER BY seq",
     )?;
-    let rows = stmt.query_map([object_id], |r| {
-        Ok(EventRow {
-            seq: r.get(0)?,
-            at: r.get(1)?,
-            object_id: r.get(2)?,
-            tenant_id: r.get(3)?,
-            kind: r.get(4)?,
-            node: r.get(5)?,
-            message: r.get(6)?,
-        })
-    })?;
+    let rows = stmt.query_map([object_id], from_row)?;
+    rows.collect()
+}
+
+/// The stream of events after `after_seq`, oldest first, at most `limit`: every object's,
+/// or only `tenant`'s.
+pub fn stream(
+    conn: &Connection,
+    tenant: Option<&str>,
+    after_seq: i64,
+    limit: i64,
+) -> rusqlite::Result<Vec<EventRow>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, at, object_id, tenant_id, kind, node, message FROM events
+         WHERE seq > ?1 AND (?2 IS NULL OR tenant_id = ?2) ORDER BY seq LIMIT ?3",
+    )?;
+    let rows = stmt.query_map(rusqlite::params![after_seq, tenant, limit], from_row)?;
     rows.collect()
 }
 
