@@ -361,50 +361,63 @@ async fn a_control_plane_killed_mid_change_converges_after_restart() {
     let c = create_pool_cluster(&mut admin, &tenant.id, "asr", "H100-80GB", 1).await;
     assert_eq!(c.nodes[0].hostname, "n1");
 
-    let change = UpdateTenantClusterRequest {
-        id: c.id.clone(),
-        mig_layout: layout(&[("3g.40gb", 2)]),
-        set_mig_layout: true,
-        ..Default::default()
-    };
-    // The order is under way on the agent: journaled, not yet answered.
-    let update = update_in_flight(&admin, &change, &agent).await;
-    backend.crash();
-    assert!(update.await.unwrap().is_err(), "the client lost its answer");
-    backend.start_again();
+    // Three times over, each with another layout: the control plane is killed while the
+    // agent is half-way through the change and started again at once. A node left
+    // half-way is a change to finish, never a fault: it is not quarantined.
+    for (profile, count) in [("3g.40gb", 2), ("1g.10gb", 7), ("2g.20gb", 3)] {
+        let change = UpdateTenantClusterRequest {
+            id: c.id.clone(),
+            mig_layout: layout(&[(profile, count)]),
+            set_mig_layout: true,
+            ..Default::default()
+        };
+        // The order is under way on the agent: journaled, not yet answered.
+        let update = update_in_flight(&admin, &change, &agent).await;
+        backend.crash();
+        assert!(update.await.unwrap().is_err(), "the client lost its answer");
+        backend.start_again();
 
-    // The update is carried forward: the agents reconnect and converge.
-    let mut admin = backend.admin().await;
-    let halves = vec![vec!["3g.40gb".to_string(); 2]; 2];
-    let settled = eventually("the cluster settled", LIMIT, || {
-        let mut admin = admin.clone();
-        let id = c.id.clone();
-        let profiles = agent.profiles();
-        let halves = halves.clone();
-        async move {
-            let now = cluster(&mut admin, &id).await;
-            let recorded: Vec<Vec<String>> = now.nodes[0]
-                .gpus
-                .iter()
-                .map(|g| g.mig_devices.iter().map(|d| d.profile.clone()).collect())
-                .collect();
-            (now.status == "running"
-                && now.nodes[0].state == "ready"
-                && recorded == halves
-                && profiles == halves)
-                .then_some(now)
-        }
-    })
-    .await;
-    assert_eq!(settled.mig_layout, layout(&[("3g.40gb", 2)]));
-    // The same change again is a no-op that succeeds; no node is in two clusters.
-    let again = admin
-        .clusters
-        .update_tenant_cluster(change)
-        .await
-        .unwrap_or_else(|s| panic!("update: {s}"))
-        .into_inner();
-    assert_eq!(again.status, "running");
+        // The update is carried forward: the agents reconnect and converge.
+        admin = backend.admin().await;
+        let wanted = vec![vec![profile.to_string(); count as usize]; 2];
+        let settled = eventually("the cluster settled", LIMIT, || {
+            let mut admin = admin.clone();
+            let id = c.id.clone();
+            let profiles = agent.profiles();
+            let wanted = wanted.clone();
+            async move {
+                let quarantined: Vec<String> = admin
+                    .nodes()
+                    .await
+                    .into_iter()
+                    .filter(|n| n.state == "quarantined")
+                    .map(|n| format!("{}: {}", n.hostname, n.state_reason))
+                    .collect();
+                assert!(quarantined.is_empty(), "quarantined by a restart: {quarantined:?}");
+                let now = cluster(&mut admin, &id).await;
+                let recorded: Vec<Vec<String>> = now.nodes[0]
+                    .gpus
+                    .iter()
+                    .map(|g| g.mig_devices.iter().map(|d| d.profile.clone()).collect())
+                    .collect();
+                (now.status == "running"
+                    && now.nodes[0].state == "ready"
+                    && recorded == wanted
+                    && profiles == wanted)
+                    .then_some(now)
+            }
+        })
+        .await;
+        assert_eq!(settled.mig_layout, layout(&[(profile, count)]));
+        // The same change again is a no-op that succeeds.
+        let again = admin
+            .clusters
+            .update_tenant_cluster(change)
+            .await
+            .unwrap_or_else(|s| panic!("update: {s}"))
+            .into_inner();
+        assert_eq!(again.status, "running");
+    }
     assert_no_double_assignment(&mut admin).await;
 }
 

@@ -245,27 +245,37 @@ fn desired(conn: &Connection, node: &NodeRow) -> Result<Option<Vec<Placement>>> 
 /// Brings a node to what it should be (an order only when its GPUs differ and no
 /// request is already changing it). Returns the node as it was read and why it could
 /// not be brought there (empty when it is there); None when it cannot be read.
-pub async fn bring_to_recorded(state: &AppState, node_id: &str) -> Option<(NodeRow, String)> {
-    let id = node_id.to_string();
-    let plan = state
-        .read(move |conn| {
-            let node = store::nodes::get(conn, &id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
-            Ok::<_, Error>(Change {
-                before: crate::recorded::recorded_gpus(conn, &node.id)?,
-                target: desired(conn, &node)?,
-                node,
-            })
-        })
-        .await;
-    let change = match plan {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(node = %node_id, error = %e, "cannot reconcile the node");
-            return None;
-        }
-    };
+///
+/// `verify`: order the layout even when the record says it is there, because the record
+/// may be behind the hardware (a change failed part-way: its agent restarted and may have
+/// finished it without the answer being taken); the order's verified answer records what
+/// the GPUs are.
+pub async fn bring_to_recorded(
+    state: &AppState,
+    node_id: &str,
+    verify: bool,
+) -> Option<(NodeRow, String)> {
+    // Orders already under way (a change the node's agent took up again after it
+    // restarted) end first: planned before, this would undo or redo what they do.
+    let within = state.agents.deadlines.mig_layout;
+    if !state.agents.settled(node_id, within).await {
+        tracing::warn!(node = %node_id, "orders to the node still under way; not reconciled now");
+    }
     let mut reason = String::new();
-    if change.needed() && !state.agents.has_pending(node_id) {
+    // Planned again after each change: what the node should be may change meanwhile (a
+    // failed create or update given back), and the last plan is the one that stands.
+    for round in 0..RECONCILE_ROUNDS {
+        let change = match plan_for(state, node_id).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(node = %node_id, error = %e, "cannot reconcile the node");
+                return None;
+            }
+        };
+        let needed = change.needed() || (verify && round == 0);
+        if !needed || state.agents.has_pending(node_id) || !reason.is_empty() {
+            return Some((change.node, reason));
+        }
         tracing::info!(node = %node_id, "bringing the node to its recorded layout");
         let answer = state.agents.dispatch(node_id, forward(&change)).await;
         if let Ok(o) = &answer {
@@ -275,7 +285,26 @@ pub async fn bring_to_recorded(state: &AppState, node_id: &str) -> Option<(NodeR
             reason = format!("could not be brought to its layout: {}", status);
         }
     }
-    Some((change.node, reason))
+    let node = plan_for(state, node_id).await.ok()?.node;
+    Some((node, reason))
+}
+
+/// How many changes one reconcile makes before it leaves the rest to the next.
+const RECONCILE_ROUNDS: usize = 3;
+
+/// The node's recorded GPUs and what they should be, read now.
+async fn plan_for(state: &AppState, node_id: &str) -> Result<Change> {
+    let id = node_id.to_string();
+    state
+        .read(move |conn| {
+            let node = store::nodes::get(conn, &id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
+            Ok::<_, Error>(Change {
+                before: crate::recorded::recorded_gpus(conn, &node.id)?,
+                target: desired(conn, &node)?,
+                node,
+            })
+        })
+        .await
 }
 
 /// After [`bring_to_recorded`]: a node that got there is ready (only while its agent is
@@ -316,7 +345,73 @@ pub async fn mark_reconciled(state: &AppState, node: NodeRow, reason: String) {
 
 /// Brings a node to what it should be, then marks it (see [`mark_reconciled`]).
 pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
-    if let Some((node, reason)) = bring_to_recorded(&state, &node_id).await {
+    if let Some((node, reason)) = bring_to_recorded(&state, &node_id, false).await {
         mark_reconciled(&state, node, reason).await;
+    }
+}
+
+/// [`reconcile_node`] for a node whose change just failed: its layout is ordered and
+/// verified whatever its record says.
+pub async fn reconcile_after_failure(state: Arc<AppState>, node_id: String) {
+    if let Some((node, reason)) = bring_to_recorded(&state, &node_id, true).await {
+        mark_reconciled(&state, node, reason).await;
+    }
+}
+
+/// How often nodes are compared with what they should be.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The ready nodes whose recorded GPUs differ from what they should be, outside any
+/// change under way (their cluster settled, no order waiting).
+fn drifted(state: &AppState, conn: &Connection) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for node in store::nodes::list(conn, None, None)? {
+        if node.state != store::nodes::NODE_READY || state.agents.has_pending(&node.id) {
+            continue;
+        }
+        if let Some(cluster) = &node.cluster_id {
+            let settled = store::clusters::get(conn, cluster)?
+                .is_some_and(|c| !crate::cluster_status::CHANGING.contains(&c.status.as_str()));
+            if !settled {
+                continue;
+            }
+        }
+        let change = Change {
+            before: crate::recorded::recorded_gpus(conn, &node.id)?,
+            target: desired(conn, &node)?,
+            node,
+        };
+        if change.needed() {
+            out.push(change.node.id);
+        }
+    }
+    Ok(out)
+}
+
+/// The reconciler's sweep, until `stop`: a node left apart from what it should be by
+/// changes that crossed each other (a failed change given back while a restarted agent
+/// finished it) is brought there, whoever left it so.
+pub async fn run_drift_sweeps(
+    state: Arc<AppState>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = gpufleet_process::signals::stopped(&mut stop) => return,
+            _ = tokio::time::sleep(SWEEP_EVERY) => {}
+        }
+        let st = state.clone();
+        let found = state.read(move |conn| drifted(&st, conn)).await;
+        match found {
+            Ok(ids) => {
+                for id in ids {
+                    if state.agents.is_live(&id) {
+                        tracing::info!(node = %id, "the node drifted from its layout; reconciling");
+                        reconcile_node(state.clone(), id).await;
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot look for drifted nodes"),
+        }
     }
 }

@@ -72,6 +72,8 @@ struct Inner {
 
 pub struct Registry {
     inner: Mutex<Inner>,
+    /// Woken whenever a waiting order ends (answered, failed, past its deadline).
+    order_ended: tokio::sync::Notify,
     started: Instant,
     pub node_timeout: Duration,
     pub replace_after: Duration,
@@ -95,6 +97,7 @@ impl Registry {
                 pending: HashMap::new(),
                 next_session: 1,
             }),
+            order_ended: tokio::sync::Notify::new(),
             started: Instant::now(),
             node_timeout,
             replace_after,
@@ -160,6 +163,12 @@ impl Registry {
         }
     }
 
+    /// The id of the node's current session (None without one): a check is judged only
+    /// on a node whose agent stayed the same through it.
+    pub fn session_of(&self, node_id: &str) -> Option<u64> {
+        self.lock().sessions.get(node_id).map(|s| s.id)
+    }
+
     /// Seconds since the node was last heard from; None when not since the start.
     pub fn heartbeat_age(&self, node_id: &str) -> Option<Duration> {
         self.lock().last_seen.get(node_id).map(|t| t.elapsed())
@@ -208,6 +217,8 @@ impl Registry {
             return None;
         }
         let p = inner.pending.remove(order_id)?;
+        drop(inner);
+        self.order_ended.notify_waiters();
         Some(Claim {
             waiter: p.waiter,
             order: p.order,
@@ -242,7 +253,28 @@ impl Registry {
             }));
             failed.push((p.node_id, p.kind, why));
         }
+        drop(inner);
+        if !failed.is_empty() {
+            self.order_ended.notify_waiters();
+        }
         failed
+    }
+
+    /// Waits until no order waits for `node_id` (at most `within`); true when none does.
+    /// A change to a node is planned from its record only once the orders already sent to
+    /// it have ended, or it would be planned from what they are changing.
+    pub async fn settled(&self, node_id: &str, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            // Taken before the check: an order that ends in between still wakes it.
+            let ended = self.order_ended.notified();
+            if !self.has_pending(node_id) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return !self.has_pending(node_id);
+            }
+        }
     }
 
     /// Whether orders wait for `node_id`.
@@ -284,6 +316,8 @@ impl Registry {
                 )));
             }
         }
+        drop(inner);
+        self.order_ended.notify_waiters();
         newly
     }
 }

@@ -323,7 +323,7 @@ impl ControlPlane {
     }
 
     /// Starts the watch over heartbeats, preemption, periodic health checks, Slurm
-    /// supervision, refills of clusters short of nodes and the metrics endpoint; [`ControlPlane::serve`] joins them.
+    /// supervision, refills of clusters short of nodes, drift sweeps and the metrics endpoint; [`ControlPlane::serve`] joins them.
     pub async fn start_tasks(&mut self, stop: &watch::Receiver<bool>) -> anyhow::Result<()> {
         let state = &self.state;
         self.tasks.extend([
@@ -344,6 +344,7 @@ impl ControlPlane {
                 state.clone(),
                 stop.clone(),
             )),
+            tokio::spawn(crate::mig::run_drift_sweeps(state.clone(), stop.clone())),
         ]);
         if let Some(m) = &self.metrics {
             let (state, names) = (state.clone(), m.tenant_names);

@@ -118,6 +118,10 @@ pub struct Verdict {
     pub failed: bool,
     /// The failed checks with value and threshold, or how many passed.
     pub summary: String,
+    /// False when the node's agent restarted or left while it was checked: nothing is
+    /// concluded about the node then (a restart is not a fault), and a peer's failed pair
+    /// with it is not the peer's.
+    pub judged: bool,
 }
 
 impl Verdict {
@@ -145,6 +149,32 @@ impl Verdict {
             failed: checks.iter().any(|c| c.verdict == "fail"),
             checks,
             summary,
+            judged: true,
+        }
+    }
+
+    /// `checks` judged again, the verdict still judged or not as it was.
+    fn with_checks(self, checks: Vec<Check>) -> Self {
+        let judged = self.judged;
+        Self {
+            judged,
+            ..Self::from_checks(self.node, checks)
+        }
+    }
+
+    /// A node whose agent restarted or left during the checks: not judged.
+    fn unjudged(node: NodeRow, why: &str) -> Self {
+        let check = Check {
+            name: "agent".into(),
+            verdict: "not_run".into(),
+            value: "not judged".into(),
+            detail: why.to_string(),
+            ..Default::default()
+        };
+        Self {
+            summary: format!("not judged: {why}"),
+            judged: false,
+            ..Self::from_checks(node, vec![check])
         }
     }
 
@@ -312,14 +342,26 @@ pub async fn run(
         });
     }
     // Every order first, then the waits: the bandwidth test needs all sides at once.
+    let sessions: Vec<Option<u64>> = nodes.iter().map(|n| state.agents.session_of(&n.id)).collect();
     let waits: Vec<_> = nodes
         .iter()
         .zip(orders)
         .map(|(node, order)| state.agents.dispatch(&node.id, order))
         .collect();
     let mut out = Vec::with_capacity(n);
-    for ((node, wait), untested) in nodes.iter().zip(waits).zip(untested) {
-        let verdict = match wait.await {
+    for (((node, wait), untested), session) in nodes.iter().zip(waits).zip(untested).zip(sessions) {
+        let answer = wait.await;
+        if session.is_none() || state.agents.session_of(&node.id) != session {
+            out.push((
+                node.clone(),
+                Ok(Verdict::unjudged(
+                    node.clone(),
+                    "its agent restarted or left during the checks",
+                )),
+            ));
+            continue;
+        }
+        let verdict = match answer {
             Ok(Outcome::Answered(r)) if r.ok => match r.health {
                 Some(h) => Ok(Verdict::from_checks(
                     node.clone(),
@@ -672,7 +714,7 @@ pub async fn check_cluster(
             .collect();
         super::drivers::events(state, cluster, progress).await;
         let answers = attribute_bandwidth(run(state, &nodes, &req).await?);
-        let answers = blame_joining(answers, joining);
+        let answers = excuse_unjudged(blame_joining(answers, joining));
         for v in &answers {
             record(state, &run_id, level, Some(cluster), v).await?;
         }
@@ -687,8 +729,13 @@ pub async fn check_cluster(
             outcome.alg_bandwidth_gbps = 0.0;
         }
         outcome.bus_bandwidth_gbps = bus_bandwidth(outcome.alg_bandwidth_gbps, nodes.len());
+        // A node whose agent restarted during the checks is not judged: the change it
+        // was checked for fails (and is undone), the node stays in service.
+        for v in answers.iter().filter(|v| !v.judged) {
+            outcome.problems.push(format!("node {}: {}", v.node.hostname, v.summary));
+        }
         let failed: Vec<&Verdict> = answers.iter().filter(|v| v.failed).collect();
-        if failed.is_empty() {
+        if failed.is_empty() && outcome.problems.is_empty() {
             passed = true;
             break;
         }
@@ -756,12 +803,11 @@ fn blame_joining(answers: Vec<Verdict>, joining: &[NodeRow]) -> Vec<Verdict> {
     let is_joining = |host: &str| joining.iter().any(|n| n.hostname == host);
     answers
         .into_iter()
-        .map(|v| {
+        .map(|mut v| {
             if is_joining(&v.node.hostname) {
                 return v;
             }
-            let checks = v
-                .checks
+            let checks = std::mem::take(&mut v.checks)
                 .into_iter()
                 .map(|mut c| {
                     if c.name == "bandwidth" && c.verdict == "fail" && is_joining(&c.peer) {
@@ -771,7 +817,36 @@ fn blame_joining(answers: Vec<Verdict>, joining: &[NodeRow]) -> Vec<Verdict> {
                     c
                 })
                 .collect();
-            Verdict::from_checks(v.node, checks)
+            v.with_checks(checks)
+        })
+        .collect()
+}
+
+/// A failed pair with a node that was not judged (its agent restarted or left during the
+/// test) becomes a warning: the sender measured a peer that was not there.
+fn excuse_unjudged(answers: Vec<Verdict>) -> Vec<Verdict> {
+    let gone: Vec<String> = answers
+        .iter()
+        .filter(|v| !v.judged)
+        .map(|v| v.node.hostname.clone())
+        .collect();
+    if gone.is_empty() {
+        return answers;
+    }
+    answers
+        .into_iter()
+        .map(|mut v| {
+            let checks = std::mem::take(&mut v.checks)
+                .into_iter()
+                .map(|mut c| {
+                    if c.name == "bandwidth" && c.verdict == "fail" && gone.contains(&c.peer) {
+                        c.verdict = "warn".into();
+                        c.detail = format!("{} (its peer {} was not there: its agent restarted or left)", c.detail, c.peer);
+                    }
+                    c
+                })
+                .collect();
+            v.with_checks(checks)
         })
         .collect()
 }
@@ -829,13 +904,12 @@ pub fn attribute_bandwidth(
         .collect();
     verdicts
         .into_iter()
-        .map(|v| {
+        .map(|mut v| {
             if blamed.contains(&v.node.hostname) {
                 return v;
             }
             let mut changed = false;
-            let checks = v
-                .checks
+            let checks: Vec<Check> = std::mem::take(&mut v.checks)
                 .into_iter()
                 .map(|mut c| {
                     if c.name == "bandwidth" && c.verdict == "fail" && blamed.contains(&c.peer) {
@@ -850,7 +924,7 @@ pub fn attribute_bandwidth(
                 })
                 .collect();
             if changed {
-                Verdict::from_checks(v.node, checks)
+                v.with_checks(checks)
             } else {
                 Verdict { checks, ..v }
             }
@@ -996,10 +1070,15 @@ async fn check_one(
             bandwidth: None,
             bandwidth_duration: Duration::ZERO,
         };
+        let layout_before = layout_of(state, &node.id).await?;
         let Some((_, answer)) = run(state, std::slice::from_ref(&node), &req).await?.pop() else {
             return Ok(None);
         };
         let v = match answer {
+            Ok(v) if !v.judged => {
+                tracing::info!(node = %node.hostname, "not judged: its agent restarted or left during the check");
+                return Ok(None);
+            }
             Ok(v) => v,
             Err(why) if !state.agents.is_live(&node.id) => {
                 tracing::warn!(node = %node.hostname, %why, "no health report");
@@ -1007,13 +1086,15 @@ async fn check_one(
             }
             Err(why) => Verdict::no_answer(node.clone(), &why),
         };
-        // A driver order that ran while the node was checked (a roll that went on after
-        // its agent restarted) changes what it should run: check it against that, rather
-        // than quarantine a node for running the driver it was just told to install.
-        if v.failed && attempt < DRIVER_RECHECKS && only_driver_failed(&v) {
+        // A driver or layout order that ran while the node was checked (a roll that went
+        // on after its agent restarted, a change carried forward) changes what it should
+        // run: check it against that, rather than quarantine a node for running what it
+        // was just told to.
+        if v.failed && attempt < RECHECKS && only_changeable_failed(&v) {
             if let Some(now) = node_row(state, &node.id).await? {
-                if now.driver_version != node.driver_version {
-                    tracing::info!(node = %node.hostname, driver = %now.driver_version, "driver changed during the check; checking again");
+                let layout_now = layout_of(state, &node.id).await?;
+                if now.driver_version != node.driver_version || layout_now != layout_before {
+                    tracing::info!(node = %node.hostname, driver = %now.driver_version, "driver or layout changed during the check; checking again");
                     node = now;
                     continue;
                 }
@@ -1041,13 +1122,19 @@ struct Checked {
     taken_out: bool,
 }
 
-/// How many times one node's check may start again because its driver record changed.
-const DRIVER_RECHECKS: u32 = 3;
+/// How many times one node's check may start again because its driver or layout record changed.
+const RECHECKS: u32 = 3;
 
-/// Whether the driver check is the only one that failed.
-fn only_driver_failed(v: &Verdict) -> bool {
+/// Whether only checks of what orders change (the driver, the MIG layout) failed.
+fn only_changeable_failed(v: &Verdict) -> bool {
     let mut failed = v.checks.iter().filter(|c| c.verdict == "fail").peekable();
-    failed.peek().is_some() && failed.all(|c| c.name == "driver")
+    failed.peek().is_some() && failed.all(|c| c.name == "driver" || c.name == "mig_layout")
+}
+
+/// The MIG layout recorded for the node now.
+async fn layout_of(state: &AppState, node_id: &str) -> Result<Vec<v1::GpuLayout>> {
+    let id = node_id.to_string();
+    state.read(move |conn| recorded_layout(conn, &id)).await
 }
 
 /// A node that failed alone: quarantined; out of its cluster and replaced when it was a
@@ -1150,7 +1237,7 @@ async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Re
         crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
         return Ok(());
     }
-    let Some((_, not_there)) = crate::mig::bring_to_recorded(state, node_id).await else {
+    let Some((_, not_there)) = crate::mig::bring_to_recorded(state, node_id, false).await else {
         return Ok(());
     };
     if !not_there.is_empty() {

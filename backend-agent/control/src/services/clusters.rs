@@ -493,18 +493,29 @@ impl Clusters {
         Ok(created)
     }
 
-    /// Takes back a create that could not be completed, in one transaction.
+    /// Takes back a create that could not be completed, in one transaction. Its nodes are
+    /// then brought back to whole GPUs where they are not (a node whose agent restarted
+    /// may have finished the create's change after it failed).
     async fn undo_create(&self, cluster: ClusterRow) {
         let name = cluster.name.clone();
         let undone = self
             .state
             .write(move |sp| -> Result<_, Status> {
+                let held = members(&sp, &cluster.id)?;
                 undo_create(&sp, &cluster).map_err(db_error)?;
-                sp.commit().map_err(db_error)
+                sp.commit().map_err(db_error)?;
+                Ok(held)
             })
             .await;
-        if let Err(e) = undone {
-            tracing::error!(cluster = %name, error = %e, "cannot undo a failed cluster create");
+        match undone {
+            Ok(held) => {
+                for id in held {
+                    tokio::spawn(crate::mig::reconcile_after_failure(self.state.clone(), id));
+                }
+            }
+            Err(e) => {
+                tracing::error!(cluster = %name, error = %e, "cannot undo a failed cluster create")
+            }
         }
     }
 
@@ -709,6 +720,14 @@ impl Clusters {
                     sp.commit().map_err(db_error)
                 })
                 .await?;
+            // A node whose change failed part-way (its agent restarted and finished it,
+            // or left it half-way) is brought to the restored layout once its orders end.
+            for ch in &changes {
+                tokio::spawn(crate::mig::reconcile_after_failure(
+                    self.state.clone(),
+                    ch.node.id.clone(),
+                ));
+            }
             let (path, gib) = (old.storage_path.clone(), old.storage_gib);
             super::blocking(move || {
                 if let Err(io) = volumes::resize(std::path::Path::new(&path), gib) {
