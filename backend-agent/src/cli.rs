@@ -39,7 +39,8 @@ pub enum Command {
     /// Release a node's name from the host that first registered it (admin), e.g. a host
     /// rebuilt without its agent's data dir: the next registration takes the name.
     NodeForgetSecret(NodeReturnArgs),
-    /// Show what happened to a tenant cluster (its event log), oldest first.
+    /// Show what happened to a tenant cluster, a node or a breaker (its event log), or to
+    /// the whole fleet (the admin, without an object), oldest first.
     Events(EventsArgs),
     /// The automatic-quarantine breakers (admin): list them, or reset one.
     #[command(subcommand)]
@@ -190,8 +191,9 @@ pub struct NodeArgs {
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {
-    /// The cluster's id.
-    pub object_id: String,
+    /// The object: a cluster's id, a node's name or breaker/<MODEL> (admin). Without one,
+    /// every event the token may see, oldest first: the admin's is the whole fleet's.
+    pub object_id: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -521,7 +523,9 @@ mod tests {
         assert!(parse_order_deadline("drivers=1m")
             .unwrap_err()
             .contains("check_medium"));
-        assert!(parse_order_deadline("driver").unwrap_err().contains("KIND=DURATION"));
+        assert!(parse_order_deadline("driver")
+            .unwrap_err()
+            .contains("KIND=DURATION"));
     }
     use std::time::Duration;
 

@@ -158,12 +158,13 @@ pub async fn print_fleet(args: ClientArgs) -> anyhow::Result<()> {
 /// `events ID`: a cluster's event log as a table, oldest first.
 pub async fn print_events(args: crate::cli::EventsArgs) -> anyhow::Result<()> {
     let mut client = connect(&args.client).await?;
+    let stream = args.object_id.is_none();
     let mut events = Vec::new();
     let mut page_token = String::new();
     loop {
         let page = client
             .list_events(v1::ListEventsRequest {
-                object_id: args.object_id.clone(),
+                object_id: args.object_id.clone().unwrap_or_default(),
                 page_token,
                 ..Default::default()
             })
@@ -189,13 +190,26 @@ pub async fn print_events(args: crate::cli::EventsArgs) -> anyhow::Result<()> {
             } else {
                 e.node
             };
-            vec![e.seq.to_string(), time, e.kind, node, e.message]
+            let mut row = vec![e.seq.to_string(), time];
+            if stream {
+                // The stream mixes objects: say whose each event is.
+                let tenant = if e.tenant_id.is_empty() {
+                    "-".into()
+                } else {
+                    e.tenant_id
+                };
+                row.extend([e.object_id, tenant]);
+            }
+            row.extend([e.kind, node, e.message]);
+            row
         })
         .collect();
-    print!(
-        "{}",
-        table(&["SEQ", "TIME", "KIND", "NODE", "MESSAGE"], &rows)
-    );
+    let header: &[&str] = if stream {
+        &["SEQ", "TIME", "OBJECT", "TENANT", "KIND", "NODE", "MESSAGE"]
+    } else {
+        &["SEQ", "TIME", "KIND", "NODE", "MESSAGE"]
+    };
+    print!("{}", table(header, &rows));
     Ok(())
 }
 

@@ -134,7 +134,8 @@ async fn registrations_that_contradict_themselves_are_refused_naming_the_field()
     let s = refuse(long).await;
     assert_eq!(s.code(), Code::InvalidArgument);
     assert!(
-        s.message().contains("inventory.driver_version: at most 128"),
+        s.message()
+            .contains("inventory.driver_version: at most 128"),
         "{}",
         s.message()
     );
@@ -156,7 +157,12 @@ async fn registrations_that_contradict_themselves_are_refused_naming_the_field()
     assert!(s.message().contains("overlaps"), "{}", s.message());
     // None of them joined the fleet.
     let mut admin = agent.admin().await;
-    let names: Vec<String> = admin.nodes().await.into_iter().map(|n| n.hostname).collect();
+    let names: Vec<String> = admin
+        .nodes()
+        .await
+        .into_iter()
+        .map(|n| n.hostname)
+        .collect();
     assert_eq!(names, vec!["a100-40gb-pool-01"]);
 }
 
@@ -194,7 +200,10 @@ async fn answers_to_orders_never_sent_or_out_of_bounds_are_not_believed() {
     }
     let n = node(&mut admin, "rogue-01").await.unwrap();
     assert_eq!(n.driver_version, "550.54.15");
-    assert!(n.gpus.iter().all(|g| !g.mig_enabled && g.mig_devices.is_empty()));
+    assert!(n
+        .gpus
+        .iter()
+        .all(|g| !g.mig_enabled && g.mig_devices.is_empty()));
     assert_eq!(n.state, "ready");
 
     // A second node answers its real admission check with a 2 MB driver string: the
@@ -221,7 +230,11 @@ async fn answers_to_orders_never_sent_or_out_of_bounds_are_not_believed() {
     });
     let n = wait_state(&mut admin, "rogue-02", "quarantined", &["ready"]).await;
     assert_eq!(n.driver_version, "550.54.15");
-    assert!(n.state_reason.contains("not believed"), "{}", n.state_reason);
+    assert!(
+        n.state_reason.contains("not believed"),
+        "{}",
+        n.state_reason
+    );
     assert!(refused_answers(&agent, "out_of_bounds").await >= 1.0);
     // The admin's node list still reads, and so does the CLI's table.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
@@ -294,13 +307,23 @@ async fn an_order_without_an_answer_fails_at_its_deadline_and_quarantines_its_no
         .into_inner();
     assert!(listed.clusters.is_empty(), "{listed:?}");
     let n = wait_state(&mut admin, "hung-01", "quarantined", &[]).await;
-    assert!(n.state_reason.contains("no answer within 2s"), "{}", n.state_reason);
+    assert!(
+        n.state_reason.contains("no answer within 2s"),
+        "{}",
+        n.state_reason
+    );
     assert!(n.cluster_id.is_empty());
     let text = scrape(&agent, &metrics_addr(&agent));
     let labels = ["gpu_type=\"H100-80GB\"", "cause=\"deadline\""];
-    assert!(series(&text, "gpufleet_quarantines_total", &labels) >= 1.0, "{text}");
+    assert!(
+        series(&text, "gpufleet_quarantines_total", &labels) >= 1.0,
+        "{text}"
+    );
     let timed_out = ["kind=\"mig_layout\"", "outcome=\"timed_out\""];
-    assert!(series(&text, "gpufleet_work_orders_total", &timed_out) >= 1.0, "{text}");
+    assert!(
+        series(&text, "gpufleet_work_orders_total", &timed_out) >= 1.0,
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -417,9 +440,19 @@ async fn a_quarantine_from_a_failed_create_is_counted_by_cause_and_traced_in_the
 
     let text = scrape(&agent, &metrics_addr(&agent));
     let labels = ["gpu_type=\"H100-80GB\"", "cause=\"xid\""];
-    assert!(series(&text, "gpufleet_quarantines_total", &labels) >= 1.0, "{text}");
-    let labels = ["gpu_type=\"H100-80GB\"", "level=\"medium\"", "check=\"xid\""];
-    assert!(series(&text, "gpufleet_check_failures_total", &labels) >= 1.0, "{text}");
+    assert!(
+        series(&text, "gpufleet_quarantines_total", &labels) >= 1.0,
+        "{text}"
+    );
+    let labels = [
+        "gpu_type=\"H100-80GB\"",
+        "level=\"medium\"",
+        "check=\"xid\"",
+    ];
+    assert!(
+        series(&text, "gpufleet_check_failures_total", &labels) >= 1.0,
+        "{text}"
+    );
 
     // The admin's stream of the whole fleet traces the quarantine to the cluster and its
     // tenant, though the cluster is gone.
@@ -439,10 +472,9 @@ async fn a_quarantine_from_a_failed_create_is_counted_by_cause_and_traced_in_the
         "{quarantined:?}"
     );
     assert!(
-        quarantined
-            .iter()
-            .any(|e| e.object_id == "bad-01"
-                && e.message.contains(&format!("in cluster cv of tenant {}", tenant.id))),
+        quarantined.iter().any(|e| e.object_id == "bad-01"
+            && e.message
+                .contains(&format!("in cluster cv of tenant {}", tenant.id))),
         "{quarantined:?}"
     );
     assert!(all.windows(2).all(|w| w[0].seq < w[1].seq), "oldest first");

@@ -448,13 +448,24 @@ async fn a_tenant_sees_its_own_nodes_and_the_pool_only_as_counts() {
     let release = |name: &str| {
         let mut fleet = c.fleet.clone();
         let name = name.to_string();
-        async move { status(fleet.forget_node_secret(ForgetNodeSecretRequest { name }).await) }
+        async move {
+            status(
+                fleet
+                    .forget_node_secret(ForgetNodeSecretRequest { name })
+                    .await,
+            )
+        }
     };
     let (theirs, nobodys) = (
         release(&b_node.hostname).await,
         release("no-such-node").await,
     );
-    assert_eq!(theirs.code(), Code::PermissionDenied, "{}", theirs.message());
+    assert_eq!(
+        theirs.code(),
+        Code::PermissionDenied,
+        "{}",
+        theirs.message()
+    );
     assert_eq!(
         shape(theirs, &b_node.hostname),
         shape(nobodys, "no-such-node")

@@ -135,9 +135,14 @@ async fn a_node_agents_data_dir_is_private() {
     // The secret that binds the name to this host is kept, and private.
     use std::os::unix::fs::PermissionsExt;
     let secret = node_dir.join("node.secret");
-    let mode = std::fs::metadata(&secret).expect("node.secret").permissions().mode();
+    let mode = std::fs::metadata(&secret)
+        .expect("node.secret")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
-    assert!(std::fs::read_to_string(&secret).unwrap().starts_with("gfn_"));
+    assert!(std::fs::read_to_string(&secret)
+        .unwrap()
+        .starts_with("gfn_"));
     assert_private(&node_dir, "a node agent's start");
     assert_private(&cp_dir, "a node agent's registration");
     let _ = node.kill();

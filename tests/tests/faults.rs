@@ -24,12 +24,7 @@ use gpufleet_proto::v1::{
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
 const AGENTS: [&str; 4] = ["f1", "f2", "f3", "f4"];
-const LAYOUTS: [&[(&str, i32)]; 4] = [
-    &[],
-    &[("3g.40gb", 2)],
-    &[("1g.10gb", 7)],
-    &[("2g.20gb", 3)],
-];
+const LAYOUTS: [&[(&str, i32)]; 4] = [&[], &[("3g.40gb", 2)], &[("1g.10gb", 7)], &[("2g.20gb", 3)]];
 
 /// xorshift64*: small, and the same sequence for the same seed everywhere.
 struct Rng(u64);
@@ -86,12 +81,12 @@ async fn settled(admin: &Clients) -> (Vec<Node>, Vec<TenantCluster>) {
     .await
 }
 
+/// Instances per MIG profile on one GPU (or asked of every GPU by a layout).
+type Profiles = HashMap<String, i32>;
+
 /// What the node's place wants of its GPUs (its cluster's layout, whole GPUs when free)
 /// and what one of them has, when they differ.
-fn layout_wrong(
-    n: &Node,
-    clusters: &[TenantCluster],
-) -> Option<(u32, HashMap<String, i32>, HashMap<String, i32>)> {
+fn layout_wrong(n: &Node, clusters: &[TenantCluster]) -> Option<(u32, Profiles, Profiles)> {
     let wanted: HashMap<String, i32> = clusters
         .iter()
         .find(|c| c.id == n.cluster_id)
@@ -107,13 +102,7 @@ fn layout_wrong(
 }
 
 /// The invariants, checked against the API and each agent's own view of its GPUs.
-fn check(
-    at: &str,
-    log: &str,
-    nodes: &[Node],
-    clusters: &[TenantCluster],
-    agents: &[NodeAgent],
-) {
+fn check(at: &str, log: &str, nodes: &[Node], clusters: &[TenantCluster], agents: &[NodeAgent]) {
     let quarantined: Vec<String> = nodes
         .iter()
         .filter(|n| n.state == "quarantined")
@@ -148,7 +137,11 @@ fn check(
     for c in clusters {
         for n in &c.nodes {
             let listed = nodes.iter().find(|m| m.hostname == n.hostname).unwrap();
-            assert_eq!(listed.cluster_id, c.id, "{at}: {} in two clusters' answers", n.hostname);
+            assert_eq!(
+                listed.cluster_id, c.id,
+                "{at}: {} in two clusters' answers",
+                n.hostname
+            );
         }
     }
     // Every GPU is as its node's place says: its cluster's layout, whole when free.
@@ -167,7 +160,12 @@ fn check(
             .iter()
             .map(|g| g.mig_devices.iter().map(|d| d.profile.clone()).collect())
             .collect();
-        assert_eq!(a.profiles(), recorded, "{at}: {}'s GPUs differ from its record", a.name);
+        assert_eq!(
+            a.profiles(),
+            recorded,
+            "{at}: {}'s GPUs differ from its record",
+            a.name
+        );
     }
 }
 
@@ -217,14 +215,24 @@ async fn kill_9_at_random_points_of_cluster_changes_keeps_the_fleet_truthful() {
                 ..Default::default()
             };
             let what = format!("create {} ({} nodes)", req.name, req.node_count);
-            (what, tokio::spawn(async move { api.clusters.create_tenant_cluster(req).await.map(|_| ()) }))
+            (
+                what,
+                tokio::spawn(
+                    async move { api.clusters.create_tenant_cluster(req).await.map(|_| ()) },
+                ),
+            )
         } else {
             let c = &clusters[rng.below(clusters.len() as u64) as usize];
             match rng.below(3) {
                 0 => {
                     let req = DeleteTenantClusterRequest { id: c.id.clone() };
                     let what = format!("delete {}", c.name);
-                    (what, tokio::spawn(async move { api.clusters.delete_tenant_cluster(req).await.map(|_| ()) }))
+                    (
+                        what,
+                        tokio::spawn(async move {
+                            api.clusters.delete_tenant_cluster(req).await.map(|_| ())
+                        }),
+                    )
                 }
                 1 => {
                     let req = UpdateTenantClusterRequest {
@@ -233,7 +241,12 @@ async fn kill_9_at_random_points_of_cluster_changes_keeps_the_fleet_truthful() {
                         ..Default::default()
                     };
                     let what = format!("scale {} to {}", c.name, req.node_count);
-                    (what, tokio::spawn(async move { api.clusters.update_tenant_cluster(req).await.map(|_| ()) }))
+                    (
+                        what,
+                        tokio::spawn(async move {
+                            api.clusters.update_tenant_cluster(req).await.map(|_| ())
+                        }),
+                    )
                 }
                 _ => {
                     let req = UpdateTenantClusterRequest {
@@ -243,7 +256,12 @@ async fn kill_9_at_random_points_of_cluster_changes_keeps_the_fleet_truthful() {
                         ..Default::default()
                     };
                     let what = format!("re-layout {}", c.name);
-                    (what, tokio::spawn(async move { api.clusters.update_tenant_cluster(req).await.map(|_| ()) }))
+                    (
+                        what,
+                        tokio::spawn(async move {
+                            api.clusters.update_tenant_cluster(req).await.map(|_| ())
+                        }),
+                    )
                 }
             }
         };
@@ -268,7 +286,10 @@ async fn kill_9_at_random_points_of_cluster_changes_keeps_the_fleet_truthful() {
         }
         // Its outcome may be a failure (the fault cut it short); what counts is the fleet.
         let outcome = tokio::time::timeout(LIMIT, task).await;
-        assert!(outcome.is_ok(), "seed {seed}, step {step}: {what} never answered");
+        assert!(
+            outcome.is_ok(),
+            "seed {seed}, step {step}: {what} never answered"
+        );
         let (nodes, clusters) = settled(&admin).await;
         let at = format!("seed {seed}, step {step} ({what}, fault {fault:?})");
         check(&at, &backend.log(), &nodes, &clusters, &agents);

@@ -701,14 +701,25 @@ async fn a_failed_scale_up_fails_the_apply_and_a_short_cluster_never_plans_empty
         &format!("[[slow_network]]\nnode = \"{outside}\"\nmbps = 50\n"),
     );
     tf.write_main(&hcl(2));
-    tf.apply_fails()
-        .assert_mentions(&["node_count", "acceptance", &outside, "keeps the nodes it had"]);
+    tf.apply_fails().assert_mentions(&[
+        "node_count",
+        "acceptance",
+        &outside,
+        "keeps the nodes it had",
+    ]);
     let now = cluster_now(&mut admin, &id).await;
     let held: Vec<&str> = now.nodes.iter().map(|n| n.hostname.as_str()).collect();
     assert_eq!(held, vec![inside.as_str()]);
-    assert_eq!((now.node_count, now.status.as_str()), (1, "running"), "{now:?}");
+    assert_eq!(
+        (now.node_count, now.status.as_str()),
+        (1, "running"),
+        "{now:?}"
+    );
     assert_eq!(node(&mut admin, &inside).await.unwrap().state, "ready");
-    assert_eq!(node(&mut admin, &outside).await.unwrap().state, "quarantined");
+    assert_eq!(
+        node(&mut admin, &outside).await.unwrap().state,
+        "quarantined"
+    );
     // What was asked is not there, and cannot be yet: the next plan says so, naming why.
     tf.plan_fails()
         .assert_mentions(&["node_count", "needs 2 H100-80GB nodes", "pool has 1 free"]);

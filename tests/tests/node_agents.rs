@@ -393,7 +393,10 @@ async fn a_control_plane_killed_mid_change_converges_after_restart() {
                     .filter(|n| n.state == "quarantined")
                     .map(|n| format!("{}: {}", n.hostname, n.state_reason))
                     .collect();
-                assert!(quarantined.is_empty(), "quarantined by a restart: {quarantined:?}");
+                assert!(
+                    quarantined.is_empty(),
+                    "quarantined by a restart: {quarantined:?}"
+                );
                 let now = cluster(&mut admin, &id).await;
                 let recorded: Vec<Vec<String>> = now.nodes[0]
                     .gpus

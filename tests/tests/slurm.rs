@@ -454,7 +454,11 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     agent.kill9();
     // What it kept from before goes stale (as after a change it missed while down): when
     // it registers again, the control plane gives it the cluster's current config.
-    let kept_path = agent.data_dir().join("slurm").join(&name).join("order.json");
+    let kept_path = agent
+        .data_dir()
+        .join("slurm")
+        .join(&name)
+        .join("order.json");
     let mut kept: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(&kept_path).unwrap()).unwrap();
     kept["slurm_conf"] = format!("{}# STALE-CONFIG\n", kept["slurm_conf"].as_str().unwrap()).into();

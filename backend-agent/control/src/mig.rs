@@ -391,10 +391,7 @@ fn drifted(state: &AppState, conn: &Connection) -> Result<Vec<String>> {
 /// The reconciler's sweep, until `stop`: a node left apart from what it should be by
 /// changes that crossed each other (a failed change given back while a restarted agent
 /// finished it) is brought there, whoever left it so.
-pub async fn run_drift_sweeps(
-    state: Arc<AppState>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
+pub async fn run_drift_sweeps(state: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = gpufleet_process::signals::stopped(&mut stop) => return,

@@ -238,7 +238,9 @@ impl Registry {
             .collect();
         let mut failed = Vec::new();
         for id in due {
-            let Some(p) = inner.pending.remove(&id) else { continue };
+            let Some(p) = inner.pending.remove(&id) else {
+                continue;
+            };
             let (_, within) = self.deadlines.of(&p.order);
             let why = format!(
                 "node {} gave no answer within {within:?} (the deadline of a {} order; serve --order-deadline)",
@@ -413,7 +415,10 @@ mod tests {
         let answer = r.dispatch("n1", mig);
         let failed = r.fail_overdue();
         assert_eq!(
-            failed.iter().map(|(n, k, _)| (n.as_str(), *k)).collect::<Vec<_>>(),
+            failed
+                .iter()
+                .map(|(n, k, _)| (n.as_str(), *k))
+                .collect::<Vec<_>>(),
             vec![("n1", "mig_layout")]
         );
         match answer.await.unwrap() {

@@ -382,7 +382,11 @@ pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
         &plan.desired.nodes,
         &plan.desired.slurm_user,
     );
-    for f in order_all(state, std::slice::from_ref(node), || start_order(&plan, &shared)).await {
+    for f in order_all(state, std::slice::from_ref(node), || {
+        start_order(&plan, &shared)
+    })
+    .await
+    {
         tracing::warn!(cluster = %plan.cluster.name, failure = %f, "slurmd did not take the current config on a node that came back");
     }
 }

@@ -125,6 +125,7 @@ mod tests {
                 kind: "node_draining".into(),
                 node: "h100-01".into(),
                 message: "draining for driver 570.211.01".into(),
+                ..Default::default()
             },
             api::Event {
                 seq: 8,
@@ -133,6 +134,7 @@ mod tests {
                 kind: "driver_changed".into(),
                 node: String::new(),
                 message: "done".into(),
+                ..Default::default()
             },
         ];
         let state = answer_state(&config, "c-1", &events);

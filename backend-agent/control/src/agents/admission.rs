@@ -121,7 +121,10 @@ pub fn check_inventory(inv: &v1::NodeInventory) -> Result<Vec<GpuInfo>, Refusal>
         }
         bounded(&field("uuid"), &info.uuid)?;
         if info.uuid.is_empty() || !uuids.insert(info.uuid.clone()) {
-            return Err(Refusal::Invalid(format!("{}: empty or repeated", field("uuid"))));
+            return Err(Refusal::Invalid(format!(
+                "{}: empty or repeated",
+                field("uuid")
+            )));
         }
         if info.model != model.name {
             return Err(Refusal::Contradiction(format!(
@@ -405,7 +408,12 @@ mod tests {
         let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
         let reg = registration("n1", &["GPU-a", "GPU-b"]);
         let first = admitted(&mut conn, &check(&reg).unwrap(), 1).unwrap();
-        let (id, secret) = (first.id, first.issued_secret.expect("a first registration gets a secret"));
+        let (id, secret) = (
+            first.id,
+            first
+                .issued_secret
+                .expect("a first registration gets a secret"),
+        );
         // Same GPUs in another index order: the same node, re-indexed.
         let swapped = registration("n1", &["GPU-b", "GPU-a"]);
         let again = admitted(&mut conn, &with_secret(&swapped, &secret), 2).unwrap();
@@ -449,14 +457,18 @@ mod tests {
             .unwrap();
         // Its GPU UUIDs are no proof: without the secret, or with another, refused.
         for wrong in ["", "gfn_guess"] {
-            let e = admitted(&mut conn, &with_secret(&reg, wrong), 2).err().unwrap();
+            let e = admitted(&mut conn, &with_secret(&reg, wrong), 2)
+                .err()
+                .unwrap();
             assert!(matches!(e, Refusal::Impostor(_)), "{e}");
             assert!(e.to_string().contains("node-forget-secret n1"), "{e}");
         }
         assert!(admitted(&mut conn, &with_secret(&reg, &secret), 3).is_ok());
         // A node from before secrets (none recorded) is issued one at its next registration.
         nodes::set_secret_hash(&conn, "n1", "").unwrap();
-        let issued = admitted(&mut conn, &check(&reg).unwrap(), 4).unwrap().issued_secret;
+        let issued = admitted(&mut conn, &check(&reg).unwrap(), 4)
+            .unwrap()
+            .issued_secret;
         assert!(issued.is_some_and(|s| s != secret));
     }
 

@@ -79,7 +79,10 @@ pub async fn agent_gone(state: &Arc<AppState>, node_id: &str) {
             };
             // A new session may have come meanwhile: then the node is its again.
             let free = node.cluster_id.is_none();
-            if free && [NODE_READY, NODE_BUSY].contains(&node.state.as_str()) && !agents.agents.is_live(&id) {
+            if free
+                && [NODE_READY, NODE_BUSY].contains(&node.state.as_str())
+                && !agents.agents.is_live(&id)
+            {
                 store::nodes::set_state(conn, &id, NODE_UNREACHABLE, "its agent disconnected", t)?;
             }
             Ok(())
@@ -135,7 +138,9 @@ pub async fn round(state: &Arc<AppState>) {
         if ["mig_layout", "slurmd"].contains(&kind) {
             let state = state.clone();
             tokio::spawn(async move {
-                if let Err(e) = crate::scheduling::health::quarantine_unanswered(&state, &node, &why).await {
+                if let Err(e) =
+                    crate::scheduling::health::quarantine_unanswered(&state, &node, &why).await
+                {
                     tracing::error!(node = %node, error = %e, "cannot quarantine a node that does not answer");
                 }
             });

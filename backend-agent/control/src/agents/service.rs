@@ -157,8 +157,7 @@ impl NodeAgentService for Agents {
                             state.agents.heartbeat(&node_id, session);
                             // Only an answer to an order sent to this node and still
                             // waited for is believed.
-                            let Some(claim) = state.agents.claim(&node_id, &result.order_id)
-                            else {
+                            let Some(claim) = state.agents.claim(&node_id, &result.order_id) else {
                                 tracing::warn!(node = %node_id, order = %result.order_id.chars().take(64).collect::<String>(), "ignoring an answer to no order this control plane waits for");
                                 crate::counters::refused_result(crate::counters::UNSOLICITED);
                                 continue;
@@ -180,7 +179,9 @@ impl NodeAgentService for Agents {
                                     claim.answer(v1::OrderResult {
                                         order_id,
                                         ok: false,
-                                        error: format!("the control plane could not record the answer: {e}"),
+                                        error: format!(
+                                            "the control plane could not record the answer: {e}"
+                                        ),
                                         ..Default::default()
                                     });
                                 }

@@ -184,10 +184,7 @@ impl Verdict {
             name: "agent".into(),
             verdict: "fail".into(),
             // Why, in the value: it is what a quarantine reason quotes.
-            value: format!(
-                "no report ({})",
-                crate::message_cut::cut(why, 300)
-            ),
+            value: format!("no report ({})", crate::message_cut::cut(why, 300)),
             threshold: "a report".into(),
             detail: format!("the agent did not run the checks: {why}"),
             ..Default::default()
@@ -342,7 +339,10 @@ pub async fn run(
         });
     }
     // Every order first, then the waits: the bandwidth test needs all sides at once.
-    let sessions: Vec<Option<u64>> = nodes.iter().map(|n| state.agents.session_of(&n.id)).collect();
+    let sessions: Vec<Option<u64>> = nodes
+        .iter()
+        .map(|n| state.agents.session_of(&n.id))
+        .collect();
     let waits: Vec<_> = nodes
         .iter()
         .zip(orders)
@@ -732,7 +732,9 @@ pub async fn check_cluster(
         // A node whose agent restarted during the checks is not judged: the change it
         // was checked for fails (and is undone), the node stays in service.
         for v in answers.iter().filter(|v| !v.judged) {
-            outcome.problems.push(format!("node {}: {}", v.node.hostname, v.summary));
+            outcome
+                .problems
+                .push(format!("node {}: {}", v.node.hostname, v.summary));
         }
         let failed: Vec<&Verdict> = answers.iter().filter(|v| v.failed).collect();
         if failed.is_empty() && outcome.problems.is_empty() {
@@ -812,7 +814,8 @@ fn blame_joining(answers: Vec<Verdict>, joining: &[NodeRow]) -> Vec<Verdict> {
                 .map(|mut c| {
                     if c.name == "bandwidth" && c.verdict == "fail" && is_joining(&c.peer) {
                         c.verdict = "warn".into();
-                        c.detail = format!("{} (attributed to {}, which is joining)", c.detail, c.peer);
+                        c.detail =
+                            format!("{} (attributed to {}, which is joining)", c.detail, c.peer);
                     }
                     c
                 })
@@ -836,12 +839,18 @@ fn excuse_unjudged(answers: Vec<Verdict>) -> Vec<Verdict> {
     answers
         .into_iter()
         .map(|mut v| {
+            if !v.judged {
+                return v;
+            }
             let checks = std::mem::take(&mut v.checks)
                 .into_iter()
                 .map(|mut c| {
                     if c.name == "bandwidth" && c.verdict == "fail" && gone.contains(&c.peer) {
                         c.verdict = "warn".into();
-                        c.detail = format!("{} (its peer {} was not there: its agent restarted or left)", c.detail, c.peer);
+                        c.detail = format!(
+                            "{} (its peer {} was not there: its agent restarted or left)",
+                            c.detail, c.peer
+                        );
                     }
                     c
                 })
@@ -975,7 +984,11 @@ pub async fn accept_new_nodes(
         &acceptance.level,
         driver,
         state.health.bandwidth_duration,
-        if cluster.status == "creating" { &[] } else { joining },
+        if cluster.status == "creating" {
+            &[]
+        } else {
+            joining
+        },
     )
     .await?;
     if run.problems.is_empty() {
@@ -1510,17 +1523,20 @@ mod tests {
     }
 
     #[test]
-    fn a_driver_mismatch_alone_is_told_apart_from_other_failures() {
+    fn a_driver_or_layout_mismatch_alone_is_told_apart_from_other_failures() {
         let driver = check("driver", "fail", "570.133.20", "550.54.15");
+        let layout = check("mig_layout", "fail", "whole GPU", "3g.40gb@0");
         let alone = Verdict::from_checks(named("a"), vec![driver.clone()]);
-        assert!(only_driver_failed(&alone));
+        assert!(only_changeable_failed(&alone));
+        let both = Verdict::from_checks(named("a"), vec![driver.clone(), layout]);
+        assert!(only_changeable_failed(&both));
         let with_xid = Verdict::from_checks(
             named("a"),
             vec![driver, check("xid", "fail", "1 XID 79", "0")],
         );
-        assert!(!only_driver_failed(&with_xid));
+        assert!(!only_changeable_failed(&with_xid));
         let passed = Verdict::from_checks(named("a"), vec![check("driver", "pass", "1", "1")]);
-        assert!(!only_driver_failed(&passed));
+        assert!(!only_changeable_failed(&passed));
     }
 
     #[test]
@@ -1549,6 +1565,48 @@ mod tests {
         // No ring test at all.
         let alone = vec![Verdict::from_checks(named("a"), vec![])];
         assert_eq!(short_everywhere(&alone), None);
+    }
+
+    #[test]
+    fn in_a_scale_up_a_slow_pair_with_a_joining_node_is_the_joining_nodes() {
+        // A 2-node ring: both pairs slow, both ends blamed; the node in service (a) was
+        // fine before, so only the joining node (b) fails.
+        let answers = vec![
+            (
+                named("a"),
+                Ok(Verdict::from_checks(
+                    named("a"),
+                    vec![pair("a", "b", "fail", 0.05)],
+                )),
+            ),
+            (
+                named("b"),
+                Ok(Verdict::from_checks(
+                    named("b"),
+                    vec![pair("b", "a", "fail", 0.05)],
+                )),
+            ),
+        ];
+        let judged = blame_joining(attribute_bandwidth(answers.clone()), &[named("b")]);
+        assert!(!judged[0].failed, "{:?}", judged[0].checks);
+        assert!(judged[0].checks[0].detail.contains("attributed to b"));
+        assert!(judged[1].failed);
+        // Without joining nodes (a create, a check of the cluster), both stay failed.
+        let all = blame_joining(attribute_bandwidth(answers), &[]);
+        assert!(all.iter().all(|v| v.failed));
+    }
+
+    #[test]
+    fn a_node_whose_agent_restarted_is_not_judged_nor_its_peers_pair_with_it() {
+        let answers = vec![
+            Verdict::from_checks(named("a"), vec![pair("a", "b", "fail", 0.0)]),
+            Verdict::unjudged(named("b"), "its agent restarted or left during the checks"),
+        ];
+        let excused = excuse_unjudged(answers);
+        assert!(!excused[0].failed && excused[0].judged);
+        assert!(excused[0].checks[0].detail.contains("was not there"));
+        assert!(!excused[1].failed && !excused[1].judged);
+        assert!(excused[1].summary.starts_with("not judged"));
     }
 
     #[test]

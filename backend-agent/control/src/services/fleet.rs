@@ -327,8 +327,8 @@ fn event_stream(
         None => 0,
     };
     // One more than a page, so that the paging knows whether another follows.
-    let rows = store::events::stream(conn, tenant, after, page.size as i64 + 1)
-        .map_err(db_error)?;
+    let rows =
+        store::events::stream(conn, tenant, after, page.size as i64 + 1).map_err(db_error)?;
     let (events, next_page_token) = super::paging::page(
         rows,
         page,

@@ -336,9 +336,7 @@ mod tests {
                 .ends_with(&format!("… (message cut: {} bytes in all)", long.len())));
             assert_eq!(field(&s).as_deref(), Some("mig_layout"));
             let violation = &s.get_details_bad_request().unwrap().field_violations[0];
-            assert!(
-                violation.description.len() <= crate::message_cut::MAX_CUT_MESSAGE_BYTES
-            );
+            assert!(violation.description.len() <= crate::message_cut::MAX_CUT_MESSAGE_BYTES);
             assert!(s.message().ends_with(&violation.description));
             assert_eq!(violation.description.matches("(message cut:").count(), 1);
         }

@@ -345,9 +345,11 @@ pub fn set_mig_state(
 pub fn secret_hash(conn: &Connection, node_id: &str) -> rusqlite::Result<String> {
     use rusqlite::OptionalExtension;
     Ok(conn
-        .query_row("SELECT secret_hash FROM nodes WHERE id = ?1", [node_id], |r| {
-            r.get(0)
-        })
+        .query_row(
+            "SELECT secret_hash FROM nodes WHERE id = ?1",
+            [node_id],
+            |r| r.get(0),
+        )
         .optional()?
         .unwrap_or_default())
 }
