@@ -232,6 +232,16 @@ pub struct NodeStatusArgs {
     pub data_dir: PathBuf,
 }
 
+/// How durable a commit is before its caller is answered (serve's `--durability`).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// SQLite synchronous=FULL: each commit is fsynced; it survives an OS crash.
+    Full,
+    /// SQLite synchronous=NORMAL: a commit survives the process dying, but an OS crash or
+    /// power loss may lose the last acknowledged ones.
+    Normal,
+}
+
 /// Which GPU backend the agent drives.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hardware {
@@ -353,6 +363,14 @@ pub struct ServeArgs {
     /// nodes (when that is more than --breaker-max-quarantines).
     #[arg(long, env = "GPUFLEET_BREAKER_MAX_PERCENT", default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub breaker_max_percent: u32,
+    /// How durable a commit is before its caller is answered (docs/operations.md).
+    #[arg(long, env = "GPUFLEET_DURABILITY", value_enum, default_value = "full")]
+    pub durability: Durability,
+    /// Serve a store that holds fewer commits than its commit record says were
+    /// acknowledged (a truncated or deleted WAL, an older backup put back) as it is, and
+    /// reset the record; without it such a start is refused. Not for a damaged state.db.
+    #[arg(long)]
+    pub accept_rollback: bool,
 }
 
 /// `--bus-bandwidth H100-80GB=400`.
@@ -475,6 +493,17 @@ impl ServeArgs {
                 window: self.breaker_window,
                 max_quarantines: self.breaker_max_quarantines,
                 max_percent: self.breaker_max_percent,
+            },
+            store: gpufleet_control::store::OpenOptions {
+                durability: match self.durability {
+                    Durability::Full => gpufleet_control::store::Durability::Full,
+                    Durability::Normal => gpufleet_control::store::Durability::Normal,
+                },
+                on_loss: if self.accept_rollback {
+                    gpufleet_control::store::commit_record::OnLoss::Accept
+                } else {
+                    gpufleet_control::store::commit_record::OnLoss::Refuse
+                },
             },
         }
     }

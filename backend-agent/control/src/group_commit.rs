@@ -7,6 +7,10 @@
 //! write durable. Under load one commit (its WAL write, and any checkpoint it triggers)
 //! serves many requests instead of one each, and requests no longer queue on the
 //! connection's mutex in separate threads.
+//!
+//! With a commit record (`store::commit_record`), each transaction also counts itself in
+//! the database, and the new count is written to the record after the COMMIT and before
+//! any answer: what was acknowledged is never more than the record says.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
@@ -15,13 +19,36 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, Savepoint, Transaction};
 
 use crate::error::Error;
+use crate::store::commit_record::{self, CommitRecord};
 
 /// How many requests one transaction takes at most, so a commit never waits long.
 const MAX_BATCH: usize = 64;
 
-/// Why a batch's COMMIT failed, told to each of its requests.
+/// Why a batch's COMMIT failed, told to each of its requests: the domain's error for it
+/// (a full disk, or an internal error), made anew for each.
 #[derive(Clone)]
-struct CommitFailed(String);
+struct CommitFailed {
+    disk_full: bool,
+    text: String,
+}
+
+impl CommitFailed {
+    fn of(e: &rusqlite::Error) -> CommitFailed {
+        tracing::error!(error = %e, "database error");
+        CommitFailed {
+            disk_full: crate::error::is_disk_full(e),
+            text: format!("state database error: {e}"),
+        }
+    }
+
+    fn error(self) -> Error {
+        if self.disk_full {
+            Error::DiskFull(self.text)
+        } else {
+            Error::Internal(self.text)
+        }
+    }
+}
 
 /// What a request does once its transaction has committed (or failed to).
 type Reply = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
@@ -34,12 +61,13 @@ pub struct GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts the writer thread over `db`; it stops when this is dropped.
-    pub fn start(db: Arc<Mutex<Connection>>) -> GroupCommit {
+    /// Starts the writer thread over `db`, keeping `record` (when given) one step behind
+    /// each commit; it stops when this is dropped.
+    pub fn start(db: Arc<Mutex<Connection>>, record: Option<CommitRecord>) -> GroupCommit {
         let (queue, jobs) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("gpufleet-writer".into())
-            .spawn(move || run(&db, &jobs))
+            .spawn(move || run(&db, record.as_ref(), &jobs))
             .expect("start the state writer thread");
         GroupCommit { queue }
     }
@@ -60,7 +88,7 @@ impl GroupCommit {
                 .map_err(|e| E::from(Error::Store(e)))
                 .and_then(work);
             Box::new(move |committed: Result<(), CommitFailed>| {
-                let committed = committed.map_err(|f| E::from(Error::Internal(f.0)));
+                let committed = committed.map_err(|f| E::from(f.error()));
                 // The caller may have gone away; the write stands either way.
                 let _ = reply.send(outcome.and_then(|value| committed.map(|()| value)));
             })
@@ -74,7 +102,7 @@ impl GroupCommit {
     }
 }
 
-fn run(db: &Mutex<Connection>, jobs: &mpsc::Receiver<Job>) {
+fn run(db: &Mutex<Connection>, record: Option<&CommitRecord>, jobs: &mpsc::Receiver<Job>) {
     while let Ok(first) = jobs.recv() {
         let mut conn = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut tx = match conn.transaction() {
@@ -92,15 +120,28 @@ fn run(db: &Mutex<Connection>, jobs: &mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        let committed = tx.commit().map_err(|e| {
-            tracing::error!(error = %e, "database error");
-            CommitFailed(format!("state database error: {e}"))
-        });
+        let committed = commit(tx, record);
         drop(conn);
         for reply in replies {
             reply(committed.clone());
         }
     }
+}
+
+/// Commits the batch, counted in the database and then in `record` when there is one.
+fn commit(tx: Transaction<'_>, record: Option<&CommitRecord>) -> Result<(), CommitFailed> {
+    let Some(record) = record else {
+        return tx.commit().map_err(|e| CommitFailed::of(&e));
+    };
+    // A batch that cannot be counted is not committed (dropping it rolls it back).
+    let count = commit_record::advance(&tx).map_err(|e| CommitFailed::of(&e))?;
+    tx.commit().map_err(|e| CommitFailed::of(&e))?;
+    // The commit stands either way; a record left behind only weakens the next start's
+    // check, it never fails it.
+    if let Err(e) = record.write(count) {
+        tracing::error!(error = %e, path = %record.path().display(), "cannot update the commit record");
+    }
+    Ok(())
 }
 
 /// One request; a panic in it rolls back its savepoint (dropped while unwinding) and
@@ -158,7 +199,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_writes_each_see_the_others_and_refusals_roll_back_alone() {
         let db = db();
-        let writer = Arc::new(GroupCommit::start(db.clone()));
+        let writer = Arc::new(GroupCommit::start(db.clone(), None));
         let keys = ["a", "b", "c", "d", "a", "e", "b", "f"];
         let mut tasks = Vec::new();
         for k in keys {
@@ -185,7 +226,7 @@ mod tests {
     #[tokio::test]
     async fn a_dry_run_and_a_panic_leave_nothing_and_the_writer_carries_on() {
         let db = db();
-        let writer = GroupCommit::start(db.clone());
+        let writer = GroupCommit::start(db.clone(), None);
         let dry = writer
             .write(|sp| -> Result<(), Status> {
                 sp.execute("INSERT INTO t (k, v) VALUES ('dry', 1)", [])
@@ -220,7 +261,7 @@ mod tests {
                  CREATE TABLE child (p TEXT REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED);",
             )
             .unwrap();
-        let writer = GroupCommit::start(db.clone());
+        let writer = GroupCommit::start(db.clone(), None);
         let failed = writer
             .write(|sp| -> Result<(), Status> {
                 sp.execute("INSERT INTO child (p) VALUES ('missing')", [])
