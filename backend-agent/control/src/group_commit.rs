@@ -249,6 +249,68 @@ mod tests {
         assert_eq!(rows(&db), vec![("kept".to_string(), 1)]);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_commit_is_counted_in_the_database_and_then_in_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let conn = crate::store::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
+            .unwrap();
+        let start = commit_record::in_database(&conn).unwrap();
+        let record_path = commit_record::path_for(&path);
+        let record = CommitRecord::reset(&record_path, &start).unwrap();
+        let db = Arc::new(Mutex::new(conn));
+        let writer = Arc::new(GroupCommit::start(db.clone(), Some(record)));
+        let mut tasks = Vec::new();
+        for k in ["a", "b", "c", "d", "e"] {
+            let w = writer.clone();
+            tasks.push(tokio::spawn(async move { w.write(insert(k)).await }));
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let counted = commit_record::in_database(&db.lock().unwrap()).unwrap();
+        // One count per transaction, however the five were batched.
+        assert!((start.commits + 1..=start.commits + 5).contains(&counted.commits));
+        assert_eq!(
+            commit_record::read(&record_path).unwrap(),
+            commit_record::Recorded::Count(counted)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_with_no_room_left_is_resource_exhausted_and_the_writer_carries_on() {
+        let db = db();
+        // SQLite's own bound on the file: past it a write fails as on a full disk.
+        let pages: i64 = db
+            .lock()
+            .unwrap()
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .unwrap();
+        db.lock()
+            .unwrap()
+            .pragma_update(None, "max_page_count", pages + 1)
+            .unwrap();
+        let writer = GroupCommit::start(db.clone(), None);
+        let full = writer
+            .write(|sp| -> Result<(), Status> {
+                sp.execute(
+                    "INSERT INTO t (k, v) VALUES (hex(randomblob(100000)), 1)",
+                    [],
+                )
+                .map_err(db_error)?;
+                sp.commit().map_err(db_error)
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(full.code(), tonic::Code::ResourceExhausted, "{full:?}");
+        assert_eq!(
+            full.message(),
+            "state database error: database or disk is full"
+        );
+        assert_eq!(writer.write(insert("small")).await.unwrap(), 1);
+    }
+
     #[tokio::test]
     async fn a_failed_commit_answers_every_request_of_the_batch_with_its_error() {
         let db = db();
