@@ -206,3 +206,76 @@ async fn a_request_that_does_not_decode_is_invalid_argument_with_or_without_a_to
     assert_eq!(of("INTERNAL"), 0.0, "{counted:?}");
     assert_eq!(of("OK"), 1.0, "{counted:?}");
 }
+
+/// A request body of one chunk: the bytes as given, prefix and all.
+struct Chunk(Option<tonic::codegen::Bytes>);
+
+impl http_body::Body for Chunk {
+    type Data = tonic::codegen::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Status>>> {
+        std::task::Poll::Ready(self.0.take().map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+/// The gRPC status of a CreateTenant whose body is `body` exactly (no prefix added).
+async fn raw_status(endpoint: &str, body: Vec<u8>) -> Code {
+    use tonic::codegen::Service;
+    let mut channel = Channel::from_shared(endpoint.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    std::future::poll_fn(|cx| channel.poll_ready(cx))
+        .await
+        .unwrap();
+    let request = tonic::codegen::http::Request::post(format!("{endpoint}{CREATE_TENANT}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::boxed(Chunk(Some(body.into()))))
+        .unwrap();
+    let response = channel.call(request).await.unwrap();
+    // A call refused before any answer is trailers-only: its status is in the headers.
+    let status = response
+        .headers()
+        .get("grpc-status")
+        .expect("a trailers-only answer");
+    Code::from_bytes(status.as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_that_ends_inside_a_message_is_invalid_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start_with(
+        &data,
+        &["--admin-token", ADMIN, "--metrics-listen", "127.0.0.1:0"],
+    );
+    let metrics = metrics_addr(&agent);
+    // The prefix announces 100 bytes; 3 come. Then a prefix cut after 3 of its 5 bytes.
+    for body in [vec![0, 0, 0, 0, 100, key(2, 2), 1, b'a'], vec![0, 0, 0]] {
+        assert_eq!(
+            raw_status(&agent.endpoint, body).await,
+            Code::InvalidArgument
+        );
+    }
+    // A whole message passes the same way (a request without a token is refused as such).
+    let whole = vec![0, 0, 0, 0, 3, key(2, 2), 1, b'a'];
+    assert_eq!(
+        raw_status(&agent.endpoint, whole).await,
+        Code::Unauthenticated
+    );
+    let counted = create_tenant_requests(&agent, &metrics);
+    assert!(
+        counted.contains(&("INVALID_ARGUMENT".to_string(), 2.0)),
+        "{counted:?}"
+    );
+    assert!(
+        !counted.iter().any(|(code, _)| code == "INTERNAL"),
+        "{counted:?}"
+    );
+}

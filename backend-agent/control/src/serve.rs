@@ -446,6 +446,7 @@ impl ControlPlane {
             .unwrap_or_else(tonic::transport::Server::builder)
             .layer(crate::metrics::api::ApiMetricsLayer)
             .layer(crate::services::short_errors::ShortErrorsLayer)
+            .layer(crate::services::request_framing::RequestFramingLayer)
             .add_service(
                 TenantServiceServer::new(Tenants {
                     state: self.state.clone(),

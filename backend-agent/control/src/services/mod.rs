@@ -12,6 +12,7 @@ pub mod message_cut;
 pub mod paging;
 pub mod progress;
 pub mod quotas;
+pub mod request_framing;
 pub mod reservations;
 pub mod short_errors;
 pub mod tenants;
