@@ -212,12 +212,12 @@ struct Chunk(Option<tonic::codegen::Bytes>);
 
 impl http_body::Body for Chunk {
     type Data = tonic::codegen::Bytes;
-    type Error = Status;
+    type Error = std::convert::Infallible;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Status>>> {
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         std::task::Poll::Ready(self.0.take().map(|b| Ok(http_body::Frame::data(b))))
     }
 }
