@@ -301,29 +301,40 @@ async fn a_truncated_state_db_is_refused_and_a_backup_put_back_starts_after_acce
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_state_db_is_refused_instead_of_starting_empty() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let agent = Agent::start(&data);
-    let mut c = agent.admin().await;
-    c.tenant("team-a").await;
-    drop(c);
-    stop(agent);
-    std::fs::remove_file(data.join("state.db")).unwrap();
+async fn a_deleted_or_emptied_state_db_is_refused_instead_of_starting_empty() {
+    for emptied in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let agent = Agent::start(&data);
+        let mut c = agent.admin().await;
+        c.tenant("team-a").await;
+        drop(c);
+        stop(agent);
+        let db = data.join("state.db");
+        for file in [wal(&data), data.join("state.db-shm")] {
+            let _ = std::fs::remove_file(file);
+        }
+        if emptied {
+            std::fs::File::create(&db).unwrap();
+        } else {
+            std::fs::remove_file(&db).unwrap();
+        }
 
-    let text = refused_start(&data, &[]);
-    assert!(
-        text.contains(&format!(
-            "{} is missing, but its commit record",
-            data.join("state.db").display()
-        )),
-        "{text}"
-    );
-    assert!(
-        !data.join("state.db").exists(),
-        "no empty store is left to be served next time"
-    );
-    let agent = Agent::start_with(&data, &["--admin-token", ADMIN, "--accept-rollback"]);
-    let mut c = agent.admin().await;
-    assert_eq!(c.tenant_count().await, 0);
+        let text = refused_start(&data, &[]);
+        assert!(
+            text.contains(&format!(
+                "{} is missing or empty, but its commit record",
+                db.display()
+            )),
+            "{text}"
+        );
+        assert_eq!(
+            db.exists(),
+            emptied,
+            "the refused start makes no database in its place"
+        );
+        let agent = Agent::start_with(&data, &["--admin-token", ADMIN, "--accept-rollback"]);
+        let mut c = agent.admin().await;
+        assert_eq!(c.tenant_count().await, 0);
+    }
 }

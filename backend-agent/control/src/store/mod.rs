@@ -479,9 +479,32 @@ pub fn open_checked(
     options: OpenOptions,
 ) -> anyhow::Result<(Connection, commit_record::CommitRecord)> {
     let record_path = commit_record::path_for(path);
-    // Read before the database is opened, which would make a missing one anew.
-    let recorded = commit_record::read(&record_path)?;
-    let existed = path.exists();
+    let mut recorded = commit_record::read(&record_path)?;
+    // A record without its database: the database was deleted (or emptied). Checked
+    // before opening, which would make an empty one in its place.
+    let holds_data = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.len() > 0);
+    let wal = path.with_file_name(format!(
+        "{}-wal",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    if !holds_data(path) && !holds_data(&wal) {
+        if let commit_record::Recorded::Count(r) = &recorded {
+            if r.commits > 0 {
+                let refusal = format!(
+                    "{} is missing or empty, but its commit record {} says {} commits were acknowledged: put back state.db (with its state.db-wal) from a backup, or start with --accept-rollback to begin with an empty store",
+                    path.display(),
+                    record_path.display(),
+                    r.commits
+                );
+                if options.on_loss == commit_record::OnLoss::Refuse {
+                    anyhow::bail!("{refusal}. See docs/operations.md, \"A damaged store\"");
+                }
+                tracing::warn!("--accept-rollback: {refusal}");
+            }
+        }
+        // A new store: nothing of a record can be checked against it.
+        recorded = commit_record::Recorded::Missing;
+    }
     let started = std::time::Instant::now();
     let mut conn = connect(path, options.durability).map_err(|e| damaged(path, e))?;
     quick_check(path, &conn)?;
@@ -491,32 +514,6 @@ pub fn open_checked(
         Err(e) => e,
     })?;
     let count = commit_record::in_database(&conn).map_err(|e| damaged(path, e))?;
-    let recorded = match (existed, recorded) {
-        // A record without its database: the database was deleted, and a new one is empty.
-        (false, commit_record::Recorded::Count(r)) if r.commits > 0 => {
-            let refusal = format!(
-                "{} is missing, but its commit record {} says {} commits were acknowledged: put back state.db (with its state.db-wal) from a backup, or start with --accept-rollback to begin with an empty store",
-                path.display(),
-                record_path.display(),
-                r.commits
-            );
-            if options.on_loss == commit_record::OnLoss::Refuse {
-                // Leave no empty database behind to be taken for the store next time.
-                drop(conn);
-                for suffix in ["", "-wal", "-shm"] {
-                    let mut p = path.as_os_str().to_os_string();
-                    p.push(suffix);
-                    let _ = std::fs::remove_file(p);
-                }
-                anyhow::bail!("{refusal}. See docs/operations.md, \"A damaged store\"");
-            }
-            tracing::warn!("--accept-rollback: {refusal}");
-            commit_record::Recorded::Missing
-        }
-        // Nothing was acknowledged, or there is no record: a new store.
-        (false, _) => commit_record::Recorded::Missing,
-        (true, recorded) => recorded,
-    };
     commit_record::check(path, &count, &recorded, options.on_loss)?;
     let record = commit_record::CommitRecord::reset(&record_path, &count)?;
     tracing::info!(
