@@ -113,6 +113,7 @@ fn run(db: &Mutex<Connection>, record: Option<&CommitRecord>, jobs: &mpsc::Recei
                 continue;
             }
         };
+        let changes_before = tx.total_changes();
         let mut replies = vec![run_one(first, &mut tx)];
         while replies.len() < MAX_BATCH {
             match jobs.try_recv() {
@@ -120,6 +121,9 @@ fn run(db: &Mutex<Connection>, record: Option<&CommitRecord>, jobs: &mpsc::Recei
                 Err(_) => break,
             }
         }
+        // A batch of refusals and reads changed no row: it writes nothing, so it counts
+        // no commit (and, under synchronous=FULL, costs no fsync).
+        let record = record.filter(|_| tx.total_changes() != changes_before);
         let committed = commit(tx, record);
         drop(conn);
         for reply in replies {
@@ -274,7 +278,14 @@ mod tests {
         assert!((start.commits + 1..=start.commits + 5).contains(&counted.commits));
         assert_eq!(
             commit_record::read(&record_path).unwrap(),
-            commit_record::Recorded::Count(counted)
+            commit_record::Recorded::Count(counted.clone())
+        );
+        // A refusal writes nothing, and counts nothing.
+        let refused = writer.write(insert("a")).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::AlreadyExists);
+        assert_eq!(
+            commit_record::in_database(&db.lock().unwrap()).unwrap(),
+            counted
         );
     }
 
