@@ -514,6 +514,32 @@ mod tests {
     use super::{parse_bus_bandwidth, parse_duration, parse_interval};
     use std::time::Duration;
 
+    /// The store options `serve` gets from `args`.
+    fn store_options(args: &[&str]) -> gpufleet_control::store::OpenOptions {
+        use clap::Parser;
+        let cli = super::Cli::try_parse_from([&["gpufleet-agent", "serve"], args].concat())
+            .expect("serve's flags parse");
+        let super::Command::Serve(serve) = cli.command else {
+            unreachable!("parsed as serve")
+        };
+        serve.config(gpufleet_control::serve::Fleet::External).store
+    }
+
+    #[test]
+    fn commits_are_fsynced_and_a_rollback_refused_unless_asked_otherwise() {
+        use gpufleet_control::store::{commit_record::OnLoss, Durability};
+        let default = store_options(&[]);
+        assert_eq!(
+            (default.durability, default.on_loss),
+            (Durability::Full, OnLoss::Refuse)
+        );
+        let asked = store_options(&["--durability", "normal", "--accept-rollback"]);
+        assert_eq!(
+            (asked.durability, asked.on_loss),
+            (Durability::Normal, OnLoss::Accept)
+        );
+    }
+
     #[test]
     fn durations_need_a_unit_and_stay_in_range() {
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));

@@ -189,8 +189,8 @@ pub fn check(
             return Ok(());
         }
         Recorded::Count(r) if r.store_id != database.store_id => format!(
-            "{db} is not the store its commit record {record} belongs to (the database is store {}, the record is of store {} at commit {}): state.db was replaced or made anew. Put back the state.db of that store (with its state.db-wal), or start with --accept-rollback to serve this one as it is"
-            , database.store_id, r.store_id, r.commits
+            "{db} is not the store its commit record {record} belongs to (the database is store {}, the record is of store {} at commit {}): state.db was replaced or made anew. Put back the state.db of that store (with its state.db-wal), or start with --accept-rollback to serve this one as it is",
+            database.store_id, r.store_id, r.commits
         ),
         Recorded::Count(r) if r.commits > database.commits => format!(
             "{db} is behind its commit record {record}: {} acknowledged commits missing (the database is at commit {}, the record at {}); its WAL ({db}-wal) was truncated or deleted, or state.db was put back from an older backup. Put back a newer backup, or start with --accept-rollback to serve it as it is (the missing commits stay lost)",
