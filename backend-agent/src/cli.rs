@@ -237,6 +237,16 @@ pub struct NodeStatusArgs {
     pub data_dir: PathBuf,
 }
 
+/// How durable a commit is before its caller is answered (serve's `--durability`).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// SQLite synchronous=FULL: each commit is fsynced; it survives an OS crash.
+    Full,
+    /// SQLite synchronous=NORMAL: a commit survives the process dying, but an OS crash or
+    /// power loss may lose the last acknowledged ones.
+    Normal,
+}
+
 /// Which GPU backend the agent drives.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hardware {
@@ -364,6 +374,14 @@ pub struct ServeArgs {
     /// nodes (when that is more than --breaker-max-quarantines).
     #[arg(long, env = "GPUFLEET_BREAKER_MAX_PERCENT", default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub breaker_max_percent: u32,
+    /// How durable a commit is before its caller is answered (docs/operations.md).
+    #[arg(long, env = "GPUFLEET_DURABILITY", value_enum, default_value = "full")]
+    pub durability: Durability,
+    /// Serve a store that holds fewer commits than its commit record says were
+    /// acknowledged (a truncated or deleted WAL, an older backup put back) as it is, and
+    /// reset the record; without it such a start is refused. Not for a damaged state.db.
+    #[arg(long)]
+    pub accept_rollback: bool,
 }
 
 /// `--order-deadline driver=45m`.
@@ -506,6 +524,17 @@ impl ServeArgs {
                 max_quarantines: self.breaker_max_quarantines,
                 max_percent: self.breaker_max_percent,
             },
+            store: gpufleet_control::store::OpenOptions {
+                durability: match self.durability {
+                    Durability::Full => gpufleet_control::store::Durability::Full,
+                    Durability::Normal => gpufleet_control::store::Durability::Normal,
+                },
+                on_loss: if self.accept_rollback {
+                    gpufleet_control::store::commit_record::OnLoss::Accept
+                } else {
+                    gpufleet_control::store::commit_record::OnLoss::Refuse
+                },
+            },
         }
     }
 }
@@ -528,6 +557,32 @@ mod tests {
             .contains("KIND=DURATION"));
     }
     use std::time::Duration;
+
+    /// The store options `serve` gets from `args`.
+    fn store_options(args: &[&str]) -> gpufleet_control::store::OpenOptions {
+        use clap::Parser;
+        let cli = super::Cli::try_parse_from([&["gpufleet-agent", "serve"], args].concat())
+            .expect("serve's flags parse");
+        let super::Command::Serve(serve) = cli.command else {
+            unreachable!("parsed as serve")
+        };
+        serve.config(gpufleet_control::serve::Fleet::External).store
+    }
+
+    #[test]
+    fn commits_are_fsynced_and_a_rollback_refused_unless_asked_otherwise() {
+        use gpufleet_control::store::{commit_record::OnLoss, Durability};
+        let default = store_options(&[]);
+        assert_eq!(
+            (default.durability, default.on_loss),
+            (Durability::Full, OnLoss::Refuse)
+        );
+        let asked = store_options(&["--durability", "normal", "--accept-rollback"]);
+        assert_eq!(
+            (asked.durability, asked.on_loss),
+            (Durability::Normal, OnLoss::Accept)
+        );
+    }
 
     #[test]
     fn durations_need_a_unit_and_stay_in_range() {

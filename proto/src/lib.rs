@@ -3,7 +3,11 @@
 
 pub mod v1 {
     tonic::include_proto!("gpufleet.v1");
+    // The servers, compiled apart with `codec::ServerCodec` (see build.rs).
+    include!(concat!(env!("OUT_DIR"), "/servers/gpufleet.v1.rs"));
 }
+
+pub mod codec;
 
 pub mod limits;
 

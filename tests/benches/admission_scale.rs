@@ -18,6 +18,11 @@
 //! Environment: `EXISTING` (default 10000), `MEASURED` (creates per round, default 2000),
 //! `ROUNDS` (per side, default 5), `CLIENTS` (default 8), `TENANTS` (default 16),
 //! `CLUSTER_NODES` (default 1000; 0 skips the cluster measurement).
+//!
+//! `COMPARE=durability` compares commit durability instead (issue 19): both backends hold
+//! `EXISTING` (default 0) reservations, the baseline with `serve --durability normal`
+//! (SQLite `synchronous=NORMAL`), the other with `--durability full` (each commit
+//! fsynced); `CLUSTER_NODES` defaults to 0.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -553,6 +558,12 @@ async fn main() {
     let n_rounds = env_usize("ROUNDS", 5).max(1);
     let n_clients = env_usize("CLIENTS", 8).max(1);
     let n_tenants = env_usize("TENANTS", 16).clamp(1, POOL_NODES as usize);
+    let durability = std::env::var("COMPARE").is_ok_and(|v| v == "durability");
+    let existing = if durability {
+        env_usize("EXISTING", 0)
+    } else {
+        existing
+    };
     let agent = release_agent();
     assert!(
         agent.is_file(),
@@ -562,7 +573,7 @@ async fn main() {
     );
     std::env::set_var(gpufleet_e2e::binaries::AGENT_ENV, &agent);
     eprintln!("agent: {}", agent.display());
-    let cluster_nodes = env_usize("CLUSTER_NODES", 1_000).min(10_000);
+    let cluster_nodes = env_usize("CLUSTER_NODES", if durability { 0 } else { 1_000 }).min(10_000);
     // Room for the seeded and measured creates and, around the cluster create, the probes.
     let per_tenant = (existing + measured + PROBE_ALLOWANCE).div_ceil(n_tenants) + 1;
     let flags = limit_flags(&agent, per_tenant);
@@ -571,12 +582,39 @@ async fn main() {
     if cluster_nodes > 0 {
         fleet += &format!("[[pool]]\ngpu_type = \"{CLUSTER_GPU_TYPE}\"\nnodes = {cluster_nodes}\n");
     }
-    // Two backends side by side: the baseline stays empty, the other holds `existing`.
-    // Their rounds alternate, so what else the machine does falls on both alike.
-    let empty = side(pool, flags.clone(), n_tenants, n_clients).await;
-    let mut full = side(fleet, flags, n_tenants, n_clients).await;
+    // Two backends side by side: the baseline stays empty, the other holds `existing`
+    // (or, comparing durability, both hold it and differ in --durability). Their rounds
+    // alternate, so what else the machine does falls on both alike.
+    let (base_flags, other_flags, base_label, other_label) = if durability {
+        let with = |d: &str| {
+            let mut f = flags.clone();
+            f.extend(["--durability".to_string(), d.to_string()]);
+            f
+        };
+        (
+            with("normal"),
+            with("full"),
+            "durability normal".to_string(),
+            "durability full".to_string(),
+        )
+    } else {
+        (
+            flags.clone(),
+            flags,
+            "0 existing".to_string(),
+            String::new(),
+        )
+    };
+    let empty = side(
+        if durability { fleet.clone() } else { pool },
+        base_flags,
+        n_tenants,
+        n_clients,
+    )
+    .await;
+    let mut full = side(fleet, other_flags, n_tenants, n_clients).await;
 
-    let (avail_empty, open_empty) = availability(&empty.clients[0], 100, 7).await;
+    let (mut avail_empty, mut open_empty) = availability(&empty.clients[0], 100, 7).await;
     let seeding = Instant::now();
     let seed = creates(&full.clients, &full.tenants, 0, existing, 2).await;
     let held = seed.creates;
@@ -585,6 +623,11 @@ async fn main() {
         seeding.elapsed().as_secs_f64(),
         seed.failed
     );
+    if durability && existing > 0 {
+        // The baseline holds the same (the same seed: the same windows).
+        creates(&empty.clients, &empty.tenants, 0, existing, 2).await;
+        (avail_empty, open_empty) = availability(&empty.clients[0], 100, 7).await;
+    }
     let (avail_full, open_full) = availability(&full.clients[0], 100, 8).await;
 
     let (mut at_empty, mut at_full) = (Rounds::default(), Rounds::default());
@@ -617,13 +660,22 @@ async fn main() {
         None
     };
 
-    let existing_text = format!("{held} existing");
+    let existing_text = if durability {
+        other_label
+    } else {
+        format!("{held} existing")
+    };
+    let sides = if durability {
+        format!("both holding {held}, one with serve --durability normal (SQLite synchronous=NORMAL) and one with --durability full (synchronous=FULL, each commit fsynced)")
+    } else {
+        format!("one empty and one holding {held}")
+    };
     println!();
     println!(
-        "Admission: {POOL_NODES} x 8-GPU {GPU_TYPE} pool nodes, {n_tenants} tenants (the pool's GPUs shared out as guarantees), 1-node reservations in random windows (start within a year, 1-48 h), {n_clients} clients; {n_rounds} rounds of {measured} creates on each of two backends, one empty and one holding {held}, alternating; each round's reservations are deleted after it; medians of the rounds"
+        "Admission: {POOL_NODES} x 8-GPU {GPU_TYPE} pool nodes, {n_tenants} tenants (the pool's GPUs shared out as guarantees), 1-node reservations in random windows (start within a year, 1-48 h), {n_clients} clients; {n_rounds} rounds of {measured} creates on each of two backends, {sides}, alternating; each round's reservations are deleted after it; medians of the rounds"
     );
     println!();
-    println!("| measure | 0 existing (baseline) | {existing_text} | ratio |");
+    println!("| measure | {base_label} (baseline) | {existing_text} | ratio |");
     println!("|---|---|---|---|");
     let row = |name: &str, base: f64, now: f64, unit: &str| {
         println!(
@@ -668,7 +720,7 @@ async fn main() {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    println!("\nrounds, 0 existing: {}", list(&at_empty));
+    println!("\nrounds, {base_label}: {}", list(&at_empty));
     println!("rounds, {existing_text}: {}", list(&at_full));
     if at_empty.failed + at_full.failed > 0 {
         println!(
@@ -680,8 +732,13 @@ async fn main() {
         print_during_cluster(c);
     }
     // Machine-readable lines for scripts/bench.sh.
+    let bench = if durability {
+        "durability"
+    } else {
+        "admission"
+    };
     println!(
-        "\nBENCH admission creates_per_s_empty={rate_empty:.0} creates_per_s_full={rate_full:.0} p99_ms_empty={p99_empty:.2} p99_ms_full={p99_full:.2} avail_p50_ms_empty={:.2} avail_p50_ms_full={:.2} existing={held} tenants={n_tenants} rounds={n_rounds}",
+        "\nBENCH {bench} creates_per_s_empty={rate_empty:.0} creates_per_s_full={rate_full:.0} p99_ms_empty={p99_empty:.2} p99_ms_full={p99_full:.2} avail_p50_ms_empty={:.2} avail_p50_ms_full={:.2} existing={held} tenants={n_tenants} rounds={n_rounds}",
         ms(percentile(&avail_empty, 50.0)),
         ms(percentile(&avail_full, 50.0)),
     );

@@ -25,6 +25,10 @@ pub enum Error {
     /// A part the request needs has stopped (UNAVAILABLE): the state writer at shutdown.
     #[error("{0}")]
     Unavailable(String),
+    /// The data dir's disk is full (RESOURCE_EXHAUSTED): nothing was written, and the same
+    /// request works once there is room.
+    #[error("{0}")]
+    DiskFull(String),
     /// Something that should not happen (INTERNAL).
     #[error("{0}")]
     Internal(String),
@@ -41,15 +45,27 @@ impl From<Error> for tonic::Status {
             Error::Aborted(m) => tonic::Status::aborted(m),
             Error::Store(e) => db_error(e),
             Error::Unavailable(m) => tonic::Status::unavailable(m),
+            Error::DiskFull(m) => tonic::Status::resource_exhausted(m),
             Error::Internal(m) => tonic::Status::internal(m),
         }
     }
 }
 
-/// A storage failure: logged in full, reported as INTERNAL.
+/// A storage failure: logged in full, reported as RESOURCE_EXHAUSTED when the disk is
+/// full (SQLITE_FULL: a write hit ENOSPC) and as INTERNAL otherwise, with the same text.
 pub fn db_error(e: rusqlite::Error) -> tonic::Status {
     tracing::error!(error = %e, "database error");
-    tonic::Status::internal(format!("state database error: {e}"))
+    let text = format!("state database error: {e}");
+    if is_disk_full(&e) {
+        tonic::Status::resource_exhausted(text)
+    } else {
+        tonic::Status::internal(text)
+    }
+}
+
+/// Whether SQLite failed for want of disk space.
+pub fn is_disk_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
 }
 
 #[cfg(test)]
@@ -75,5 +91,35 @@ mod tests {
         }
         let store = tonic::Status::from(Error::Store(rusqlite::Error::InvalidQuery));
         assert_eq!(store.code(), tonic::Code::Internal);
+    }
+
+    /// What SQLite answers when a write hits ENOSPC.
+    fn disk_full() -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            Some("database or disk is full".into()),
+        )
+    }
+
+    #[test]
+    fn a_full_disk_is_resource_exhausted_with_the_same_text() {
+        for status in [
+            tonic::Status::from(Error::Store(disk_full())),
+            super::db_error(disk_full()),
+            tonic::Status::from(Error::DiskFull(
+                "state database error: database or disk is full".into(),
+            )),
+        ] {
+            assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+            assert_eq!(
+                status.message(),
+                "state database error: database or disk is full"
+            );
+        }
+        let other = super::db_error(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+            Some("disk I/O error".into()),
+        ));
+        assert_eq!(other.code(), tonic::Code::Internal);
     }
 }

@@ -7,6 +7,10 @@
 //! write durable. Under load one commit (its WAL write, and any checkpoint it triggers)
 //! serves many requests instead of one each, and requests no longer queue on the
 //! connection's mutex in separate threads.
+//!
+//! With a commit record (`store::commit_record`), each transaction also counts itself in
+//! the database, and the new count is written to the record after the COMMIT and before
+//! any answer: what was acknowledged is never more than the record says.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
@@ -15,13 +19,36 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, Savepoint, Transaction};
 
 use crate::error::Error;
+use crate::store::commit_record::{self, CommitRecord};
 
 /// How many requests one transaction takes at most, so a commit never waits long.
 const MAX_BATCH: usize = 64;
 
-/// Why a batch's COMMIT failed, told to each of its requests.
+/// Why a batch's COMMIT failed, told to each of its requests: the domain's error for it
+/// (a full disk, or an internal error), made anew for each.
 #[derive(Clone)]
-struct CommitFailed(String);
+struct CommitFailed {
+    disk_full: bool,
+    text: String,
+}
+
+impl CommitFailed {
+    fn of(e: &rusqlite::Error) -> CommitFailed {
+        tracing::error!(error = %e, "database error");
+        CommitFailed {
+            disk_full: crate::error::is_disk_full(e),
+            text: format!("state database error: {e}"),
+        }
+    }
+
+    fn error(self) -> Error {
+        if self.disk_full {
+            Error::DiskFull(self.text)
+        } else {
+            Error::Internal(self.text)
+        }
+    }
+}
 
 /// What a request does once its transaction has committed (or failed to).
 type Reply = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
@@ -34,12 +61,13 @@ pub struct GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts the writer thread over `db`; it stops when this is dropped.
-    pub fn start(db: Arc<Mutex<Connection>>) -> GroupCommit {
+    /// Starts the writer thread over `db`, keeping `record` (when given) one step behind
+    /// each commit; it stops when this is dropped.
+    pub fn start(db: Arc<Mutex<Connection>>, record: Option<CommitRecord>) -> GroupCommit {
         let (queue, jobs) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("gpufleet-writer".into())
-            .spawn(move || run(&db, &jobs))
+            .spawn(move || run(&db, record.as_ref(), &jobs))
             .expect("start the state writer thread");
         GroupCommit { queue }
     }
@@ -60,7 +88,7 @@ impl GroupCommit {
                 .map_err(|e| E::from(Error::Store(e)))
                 .and_then(work);
             Box::new(move |committed: Result<(), CommitFailed>| {
-                let committed = committed.map_err(|f| E::from(Error::Internal(f.0)));
+                let committed = committed.map_err(|f| E::from(f.error()));
                 // The caller may have gone away; the write stands either way.
                 let _ = reply.send(outcome.and_then(|value| committed.map(|()| value)));
             })
@@ -74,7 +102,7 @@ impl GroupCommit {
     }
 }
 
-fn run(db: &Mutex<Connection>, jobs: &mpsc::Receiver<Job>) {
+fn run(db: &Mutex<Connection>, record: Option<&CommitRecord>, jobs: &mpsc::Receiver<Job>) {
     while let Ok(first) = jobs.recv() {
         let mut conn = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut tx = match conn.transaction() {
@@ -85,6 +113,7 @@ fn run(db: &Mutex<Connection>, jobs: &mpsc::Receiver<Job>) {
                 continue;
             }
         };
+        let changes_before = tx.total_changes();
         let mut replies = vec![run_one(first, &mut tx)];
         while replies.len() < MAX_BATCH {
             match jobs.try_recv() {
@@ -92,15 +121,31 @@ fn run(db: &Mutex<Connection>, jobs: &mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        let committed = tx.commit().map_err(|e| {
-            tracing::error!(error = %e, "database error");
-            CommitFailed(format!("state database error: {e}"))
-        });
+        // A batch of refusals and reads changed no row: it writes nothing, so it counts
+        // no commit (and, under synchronous=FULL, costs no fsync).
+        let record = record.filter(|_| tx.total_changes() != changes_before);
+        let committed = commit(tx, record);
         drop(conn);
         for reply in replies {
             reply(committed.clone());
         }
     }
+}
+
+/// Commits the batch, counted in the database and then in `record` when there is one.
+fn commit(tx: Transaction<'_>, record: Option<&CommitRecord>) -> Result<(), CommitFailed> {
+    let Some(record) = record else {
+        return tx.commit().map_err(|e| CommitFailed::of(&e));
+    };
+    // A batch that cannot be counted is not committed (dropping it rolls it back).
+    let count = commit_record::advance(&tx).map_err(|e| CommitFailed::of(&e))?;
+    tx.commit().map_err(|e| CommitFailed::of(&e))?;
+    // The commit stands either way; a record left behind only weakens the next start's
+    // check, it never fails it.
+    if let Err(e) = record.write(count) {
+        tracing::error!(error = %e, path = %record.path().display(), "cannot update the commit record");
+    }
+    Ok(())
 }
 
 /// One request; a panic in it rolls back its savepoint (dropped while unwinding) and
@@ -158,7 +203,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_writes_each_see_the_others_and_refusals_roll_back_alone() {
         let db = db();
-        let writer = Arc::new(GroupCommit::start(db.clone()));
+        let writer = Arc::new(GroupCommit::start(db.clone(), None));
         let keys = ["a", "b", "c", "d", "a", "e", "b", "f"];
         let mut tasks = Vec::new();
         for k in keys {
@@ -185,7 +230,7 @@ mod tests {
     #[tokio::test]
     async fn a_dry_run_and_a_panic_leave_nothing_and_the_writer_carries_on() {
         let db = db();
-        let writer = GroupCommit::start(db.clone());
+        let writer = GroupCommit::start(db.clone(), None);
         let dry = writer
             .write(|sp| -> Result<(), Status> {
                 sp.execute("INSERT INTO t (k, v) VALUES ('dry', 1)", [])
@@ -208,6 +253,75 @@ mod tests {
         assert_eq!(rows(&db), vec![("kept".to_string(), 1)]);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_commit_is_counted_in_the_database_and_then_in_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let conn = crate::store::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
+            .unwrap();
+        let start = commit_record::in_database(&conn).unwrap();
+        let record_path = commit_record::path_for(&path);
+        let record = CommitRecord::reset(&record_path, &start).unwrap();
+        let db = Arc::new(Mutex::new(conn));
+        let writer = Arc::new(GroupCommit::start(db.clone(), Some(record)));
+        let mut tasks = Vec::new();
+        for k in ["a", "b", "c", "d", "e"] {
+            let w = writer.clone();
+            tasks.push(tokio::spawn(async move { w.write(insert(k)).await }));
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let counted = commit_record::in_database(&db.lock().unwrap()).unwrap();
+        // One count per transaction, however the five were batched.
+        assert!((start.commits + 1..=start.commits + 5).contains(&counted.commits));
+        assert_eq!(
+            commit_record::read(&record_path).unwrap(),
+            commit_record::Recorded::Count(counted.clone())
+        );
+        // A refusal writes nothing, and counts nothing.
+        let refused = writer.write(insert("a")).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::AlreadyExists);
+        assert_eq!(
+            commit_record::in_database(&db.lock().unwrap()).unwrap(),
+            counted
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_with_no_room_left_is_resource_exhausted_and_the_writer_carries_on() {
+        let db = db();
+        // SQLite's own bound on the file: past it a write fails as on a full disk.
+        let pages: i64 = db
+            .lock()
+            .unwrap()
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .unwrap();
+        db.lock()
+            .unwrap()
+            .pragma_update(None, "max_page_count", pages + 1)
+            .unwrap();
+        let writer = GroupCommit::start(db.clone(), None);
+        let full = writer
+            .write(|sp| -> Result<(), Status> {
+                sp.execute(
+                    "INSERT INTO t (k, v) VALUES (hex(randomblob(100000)), 1)",
+                    [],
+                )
+                .map_err(db_error)?;
+                sp.commit().map_err(db_error)
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(full.code(), tonic::Code::ResourceExhausted, "{full:?}");
+        assert_eq!(
+            full.message(),
+            "state database error: database or disk is full"
+        );
+        assert_eq!(writer.write(insert("small")).await.unwrap(), 1);
+    }
+
     #[tokio::test]
     async fn a_failed_commit_answers_every_request_of_the_batch_with_its_error() {
         let db = db();
@@ -220,7 +334,7 @@ mod tests {
                  CREATE TABLE child (p TEXT REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED);",
             )
             .unwrap();
-        let writer = GroupCommit::start(db.clone());
+        let writer = GroupCommit::start(db.clone(), None);
         let failed = writer
             .write(|sp| -> Result<(), Status> {
                 sp.execute("INSERT INTO child (p) VALUES ('missing')", [])

@@ -87,6 +87,9 @@ pub struct Config {
     pub delivers: fleet::Delivers,
     /// The automatic-quarantine breaker: how many quarantines per model and window.
     pub breaker: crate::scheduling::breaker::Settings,
+    /// How durable a commit is, and whether a store behind its commit record is served
+    /// (`--durability`, `--accept-rollback`).
+    pub store: store::OpenOptions,
 }
 
 impl Config {
@@ -115,6 +118,7 @@ impl Config {
             clock: Default::default(),
             delivers: Default::default(),
             breaker: Default::default(),
+            store: Default::default(),
         }
     }
 }
@@ -218,8 +222,7 @@ impl ControlPlane {
         let data_dir =
             gpufleet_process::data_dir::private(&config.data_dir, &[crate::state::VOLUMES])?;
         let lock = DataDirLock::acquire(&data_dir)?;
-        let mut conn = store::open(&data_dir.join("state.db"))
-            .with_context(|| format!("cannot open the state database in {}", data_dir.display()))?;
+        let (mut conn, record) = store::open_checked(&data_dir.join("state.db"), config.store)?;
         let mut offered = config.drivers.clone();
         let mut delivers = fleet::Delivers::default();
         let embedded = match config.fleet {
@@ -289,12 +292,20 @@ impl ControlPlane {
         let registry = crate::registry::Registry::new(config.node_timeout, config.replace_after)
             .with_deadlines(config.order_deadlines.clone());
         let state = Arc::new(
-            AppState::new(conn, data_dir, admin_token, join_token, registry, drivers)
-                .with_health(config.health)
-                .with_max_open_reservations(config.max_open_reservations)
-                .with_clock(config.clock)
-                .with_delivers(delivers.overridden_by(&config.delivers))
-                .with_breaker(config.breaker),
+            AppState::with_commit_record(
+                conn,
+                Some(record),
+                data_dir,
+                admin_token,
+                join_token,
+                registry,
+                drivers,
+            )
+            .with_health(config.health)
+            .with_max_open_reservations(config.max_open_reservations)
+            .with_clock(config.clock)
+            .with_delivers(delivers.overridden_by(&config.delivers))
+            .with_breaker(config.breaker),
         );
         Ok(Self {
             state,
@@ -444,6 +455,7 @@ impl ControlPlane {
             .unwrap_or_else(tonic::transport::Server::builder)
             .layer(crate::metrics::api::ApiMetricsLayer)
             .layer(crate::services::short_errors::ShortErrorsLayer)
+            .layer(crate::services::request_framing::RequestFramingLayer)
             .add_service(
                 TenantServiceServer::new(Tenants {
                     state: self.state.clone(),

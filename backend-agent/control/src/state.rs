@@ -90,8 +90,23 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Over a database without a commit record (tests, tools).
     pub fn new(
         db: Connection,
+        data_dir: PathBuf,
+        admin_token: String,
+        join_token: String,
+        agents: crate::registry::Registry,
+        drivers: crate::drivers::Offer,
+    ) -> Self {
+        Self::with_commit_record(db, None, data_dir, admin_token, join_token, agents, drivers)
+    }
+
+    /// Over the store as `serve` opens it (`store::open_checked`): the writer keeps
+    /// `record` up to date after each commit.
+    pub fn with_commit_record(
+        db: Connection,
+        record: Option<crate::store::commit_record::CommitRecord>,
         data_dir: PathBuf,
         admin_token: String,
         join_token: String,
@@ -102,7 +117,7 @@ impl AppState {
         let checkpoints = start_checkpoints(&db);
         let db = Arc::new(Mutex::new(db));
         Self {
-            writes: crate::group_commit::GroupCommit::start(db.clone()),
+            writes: crate::group_commit::GroupCommit::start(db.clone(), record),
             _checkpoints: checkpoints,
             db,
             readers,

@@ -11,6 +11,7 @@ pub mod health;
 pub mod paging;
 pub mod progress;
 pub mod quotas;
+pub mod request_framing;
 pub mod reservations;
 pub mod short_errors;
 pub mod tenants;

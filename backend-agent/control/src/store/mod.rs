@@ -3,10 +3,16 @@
 //! WAL journal, foreign keys on, a busy timeout, and schema migrations kept in code as an
 //! ordered list; each applied migration is recorded in `schema_version`. Callers run every
 //! mutation inside one transaction, so a crash leaves either the old or the new state.
+//!
+//! `serve` opens it with [`open_checked`]: a damaged file (`PRAGMA quick_check`), or a
+//! database that holds fewer commits than its [`commit_record`] says were acknowledged
+//! (a truncated or deleted WAL, an older backup put back), is refused before anything is
+//! served. How durable a commit is depends on [`Durability`] (docs/operations.md).
 
 pub mod breaker;
 pub mod checkpoints;
 pub mod clusters;
+pub mod commit_record;
 pub mod events;
 pub mod health;
 pub mod holdings;
@@ -365,7 +371,19 @@ const MIGRATIONS: &[&str] = &[
           AND json_extract(credentials, '$.munge_key') IS NOT NULL;
     UPDATE clusters SET credentials = '' WHERE orchestrator = 'slurm';
     "#,
-    // 12: a node's name is bound to the host that first took it (issue 19): the hash of
+    // 12: the store counts its commits (issue 19), next to the count the writer keeps in
+    // `state.db.commits` outside the WAL (`commit_record`): a start that finds fewer
+    // commits here than there has lost acknowledged writes. The store's random id ties a
+    // record to its database.
+    r#"
+    CREATE TABLE commit_counter (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        store_id TEXT NOT NULL,
+        seq INTEGER NOT NULL CHECK (seq >= 0)
+    );
+    INSERT INTO commit_counter (id, store_id, seq) VALUES (1, lower(hex(randomblob(8))), 0);
+    "#,
+    // 13: a node's name is bound to the host that first took it (issue 19): the hash of
     // the secret issued at its first registration, which later ones must present. Nodes
     // from before get one at their next registration.
     r#"
@@ -407,18 +425,142 @@ fn tune_writes(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Opens (creating when needed) the database and brings its schema up to date.
+/// How durable a commit is when its caller is answered (`serve --durability`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous=FULL`: every commit is on disk (the WAL fsynced) before anyone is
+    /// answered; it survives an OS crash or power loss. The default.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: a commit survives the process (kill -9 included), but an OS
+    /// crash or power loss may lose the last ones, which were acknowledged; the WAL is
+    /// fsynced only at checkpoints.
+    Normal,
+}
+
+impl Durability {
+    fn pragma(self) -> &'static str {
+        match self {
+            Durability::Full => "FULL",
+            Durability::Normal => "NORMAL",
+        }
+    }
+}
+
+/// Opens (creating when needed) the database and brings its schema up to date, without
+/// the checks of [`open_checked`] and without fsyncs at each commit (tests, tools).
 pub fn open(path: &Path) -> anyhow::Result<Connection> {
-    let mut conn = Connection::open(path)?;
+    let mut conn = connect(path, Durability::Normal)?;
+    migrate(&mut conn)?;
+    Ok(conn)
+}
+
+/// The writer connection's settings on a database file.
+fn connect(path: &Path, durability: Durability) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
     conn.busy_timeout(Duration::from_secs(5))?;
     // Room for every statement the handlers run, so none is compiled twice.
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     tune_writes(&conn)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
-    migrate(&mut conn)?;
+    conn.pragma_update(None, "synchronous", durability.pragma())?;
     Ok(conn)
+}
+
+/// How `serve` opens the store.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenOptions {
+    pub durability: Durability,
+    /// What to do with a database behind its commit record (`--accept-rollback`).
+    pub on_loss: commit_record::OnLoss,
+}
+
+/// The store as `serve` opens it: checked whole (`quick_check`) and against its commit
+/// record, migrated, with the record the writer keeps from then on. A damaged file or a
+/// lost commit is an error naming the file and what was lost; only the second can be
+/// accepted (`options.on_loss`), which resets the record to what the database holds.
+pub fn open_checked(
+    path: &Path,
+    options: OpenOptions,
+) -> anyhow::Result<(Connection, commit_record::CommitRecord)> {
+    let record_path = commit_record::path_for(path);
+    let mut recorded = commit_record::read(&record_path)?;
+    // A record without its database: the database was deleted (or emptied). Checked
+    // before opening, which would make an empty one in its place.
+    let holds_data = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.len() > 0);
+    let wal = path.with_file_name(format!(
+        "{}-wal",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    if !holds_data(path) && !holds_data(&wal) {
+        if let commit_record::Recorded::Count(r) = &recorded {
+            if r.commits > 0 {
+                let refusal = format!(
+                    "{} is missing or empty, but its commit record {} says {} commits were acknowledged: put back state.db (with its state.db-wal) from a backup, or start with --accept-rollback to begin with an empty store",
+                    path.display(),
+                    record_path.display(),
+                    r.commits
+                );
+                if options.on_loss == commit_record::OnLoss::Refuse {
+                    anyhow::bail!("{refusal}. See docs/operations.md, \"A damaged store\"");
+                }
+                tracing::warn!("--accept-rollback: {refusal}");
+            }
+        }
+        // A new store: nothing of a record can be checked against it.
+        recorded = commit_record::Recorded::Missing;
+    }
+    let started = std::time::Instant::now();
+    let mut conn = connect(path, options.durability).map_err(|e| damaged(path, e))?;
+    quick_check(path, &conn)?;
+    let checked = started.elapsed();
+    migrate(&mut conn).map_err(|e| match e.downcast::<rusqlite::Error>() {
+        Ok(e) => damaged(path, e),
+        Err(e) => e,
+    })?;
+    let count = commit_record::in_database(&conn).map_err(|e| damaged(path, e))?;
+    commit_record::check(path, &count, &recorded, options.on_loss)?;
+    let record = commit_record::CommitRecord::reset(&record_path, &count)?;
+    tracing::info!(
+        commits = count.commits,
+        check_ms = checked.as_secs_f64() * 1e3,
+        durability = options.durability.pragma(),
+        "opened the state database and checked it against its commit record"
+    );
+    Ok((conn, record))
+}
+
+/// `PRAGMA quick_check` over the whole file (every page, WAL included): a truncated or
+/// overwritten `state.db` is refused here instead of failing requests later.
+fn quick_check(path: &Path, conn: &Connection) -> anyhow::Result<()> {
+    let problems = (|| -> rusqlite::Result<Vec<String>> {
+        let mut stmt = conn.prepare("PRAGMA quick_check(5)")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        rows.collect()
+    })()
+    .map_err(|e| damaged(path, e))?;
+    if problems.len() == 1 && problems[0] == "ok" {
+        return Ok(());
+    }
+    Err(damaged_because(path, &problems.join("; ")))
+}
+
+/// A database that cannot be read as one.
+fn damaged(path: &Path, e: rusqlite::Error) -> anyhow::Error {
+    use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+    match e.sqlite_error_code() {
+        Some(DatabaseCorrupt | NotADatabase) => damaged_because(path, &e.to_string()),
+        _ => anyhow::Error::new(e)
+            .context(format!("cannot open the state database {}", path.display())),
+    }
+}
+
+fn damaged_because(path: &Path, why: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{} is damaged ({why}): put back a backup of it; --accept-rollback cannot serve a damaged file. See docs/operations.md, \"A damaged store\"",
+        path.display()
+    )
 }
 
 fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
