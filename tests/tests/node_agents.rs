@@ -326,8 +326,20 @@ async fn an_agent_killed_mid_order_answers_it_once_from_its_hardware() {
         err.message()
     );
 
-    // Every order ran at most once, and the control plane records what the agent has.
-    let journal = agent.journal().unwrap();
+    // Every order ran at most once, and the control plane records what the agent has
+    // (once the check that the failed change's node is back as recorded has answered).
+    let journal = eventually("every order answered", LIMIT, || {
+        let journal = agent.journal();
+        async move {
+            let journal = journal?;
+            journal["orders"]
+                .as_object()?
+                .values()
+                .all(|o| !o["answer"].is_null())
+                .then_some(journal)
+        }
+    })
+    .await;
     for (id, o) in journal["orders"].as_object().unwrap() {
         assert_eq!(o["runs"], 1, "order {id} ran more than once");
         assert!(!o["answer"].is_null(), "order {id} unanswered");

@@ -92,6 +92,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         == 0
 }
 
+/// Constant-time comparison of tokens (see [`constant_time_eq`]).
+pub fn same_token(given: &str, expected: &str) -> bool {
+    constant_time_eq(given.as_bytes(), expected.as_bytes())
+}
+
+/// The hash of a token as the store keeps it.
 pub fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
@@ -105,6 +111,14 @@ pub fn new_token(prefix: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(super::same_token("abc", "abc"));
+        assert!(!super::same_token("abc", "abd"));
+        assert!(!super::same_token("abc ", "abc"));
+        assert!(!super::same_token("", "abc"));
+    }
+
     use super::*;
 
     #[test]

@@ -228,7 +228,7 @@ fn check_secret(tx: &Connection, known: &NodeRow, c: &Checked) -> Result<Option<
         return issue_secret(tx, &known.id).map(Some);
     }
     let presented = crate::auth::hash_token(&c.secret);
-    if c.secret.is_empty() || !super::service::same_token(&presented, &hash) {
+    if c.secret.is_empty() || !crate::auth::same_token(&presented, &hash) {
         return Err(Refusal::Impostor(format!(
             "name: node {} is bound to the host that first registered it, and this registration does not present its node secret (the node.secret in that agent's data dir); give a new host its own --name, or have an operator release the name: gpufleet-agent node-forget-secret {}",
             c.name, c.name

@@ -24,18 +24,7 @@ pub struct Agents {
     pub require_client_cert: bool,
 }
 
-/// Constant-time comparison, so the time a wrong token takes says nothing about it.
-pub fn same_token(given: &str, expected: &str) -> bool {
-    use sha2::{Digest, Sha256};
-    let (a, b) = (
-        Sha256::digest(given.as_bytes()),
-        Sha256::digest(expected.as_bytes()),
-    );
-    a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
-}
+pub use crate::auth::same_token;
 
 fn join_token_of<T>(request: &Request<T>) -> Option<&str> {
     request
@@ -216,16 +205,5 @@ fn refusal(r: Refusal) -> Status {
         Refusal::Contradiction(m) => Status::failed_precondition(m),
         Refusal::Impostor(m) => Status::permission_denied(m),
         Refusal::Store(e) => crate::state::db_error(e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn tokens_compare_whole() {
-        assert!(super::same_token("abc", "abc"));
-        assert!(!super::same_token("abc", "abd"));
-        assert!(!super::same_token("abc ", "abc"));
-        assert!(!super::same_token("", "abc"));
     }
 }
