@@ -5,6 +5,7 @@ pub mod v1 {
     tonic::include_proto!("gpufleet.v1");
 }
 
+pub mod error_info;
 pub mod limits;
 
 /// The metadata key that carries the bearer token on every call.

@@ -261,3 +261,99 @@ resource "gpufleet_tenant_cluster" "train" {{
         assert_refused_at_plan(&backend, &tf, &hcl, &needles).await;
     }
 }
+
+/// What apply would refuse about the tenant, its quota and a cluster's name is refused at
+/// plan, on the attribute, through the backend's dry run: a mistyped tenant (the answer
+/// lists the tenants there are), a model without quota, a tenant made with a tenant's
+/// token, another team's tenant (answered exactly like one that does not exist), and a
+/// name the tenant already uses (with the quota's verdict in the same plan).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_apply_would_refuse_is_refused_at_plan() {
+    let (backend, tf) = admin_workdir();
+    let mut admin = backend.admin().await;
+    let (vision, _) = create_tenant(&mut admin, "vision").await;
+    let (_, speech_token) = create_tenant(&mut admin, "speech").await;
+    create_quota(&mut admin, &vision.id, "H100-80GB", 16, 0).await;
+    create_pool_cluster(&mut admin, &vision.id, "cv", "H100-80GB", 1).await;
+
+    // A typo in the tenant's name: the names there are, the nearest first.
+    let hcl = hcl::config(&[hcl::pool_cluster("c", "\"vison\"", "det", "H100-80GB", 1)]);
+    assert_refused_at_plan(
+        &backend,
+        &tf,
+        &hcl,
+        &[
+            "tenant: tenant 'vison' not found (did you mean 'vision'? tenants: vision, speech)",
+            "tenant       = \"vison\"",
+        ],
+    )
+    .await;
+
+    // A model the tenant has no quota for, by name and by id.
+    for tenant in ["\"vision\"".to_string(), hcl::id(&vision.id)] {
+        let hcl = hcl::config(&[hcl::pool_cluster("c", &tenant, "big", "H200-141GB", 1)]);
+        assert_refused_at_plan(
+            &backend,
+            &tf,
+            &hcl,
+            &["tenant 'vision' has no quota for H200-141GB"],
+        )
+        .await;
+    }
+
+    // A second cluster named like one the tenant has, asking for more than its quota:
+    // both are said.
+    let hcl = hcl::config(&[hcl::pool_cluster("c", "\"vision\"", "cv", "H100-80GB", 3)]);
+    assert_refused_at_plan(
+        &backend,
+        &tf,
+        &hcl,
+        &[
+            "name: tenant 'vision' already has a cluster named 'cv'",
+            "name         = \"cv\"",
+            "quota",
+        ],
+    )
+    .await;
+
+    // A team's own token: no tenants, and the other team's tenant does not exist for it.
+    let team = Terraform::new(&backend, &speech_token);
+    team.write_main("");
+    team.init();
+    let hcl = hcl::config(&[hcl::tenant("new", "newteam")]);
+    assert_refused_at_plan(
+        &backend,
+        &team,
+        &hcl,
+        &[
+            "creating a tenant needs the admin token",
+            "name = \"newteam\"",
+        ],
+    )
+    .await;
+    let mut said = Vec::new();
+    for tenant in ["vision", "nosuch"] {
+        let hcl = hcl::config(&[hcl::pool_cluster(
+            "c",
+            &format!("\"{tenant}\""),
+            "sneaky",
+            "H100-80GB",
+            1,
+        )]);
+        team.write_main(&hcl);
+        let plan = team.plan_fails();
+        plan.assert_mentions(&[&format!(
+            "tenant: tenant '{tenant}' not found (this token's tenant is 'speech')"
+        )]);
+        said.push(plan.output().replace(tenant, "TENANT"));
+    }
+    assert_eq!(said[0], said[1], "another team's tenant answers like none");
+    assert!(backend
+        .admin()
+        .await
+        .inventory()
+        .await
+        .clusters
+        .iter()
+        .all(|c| c.name != "sneaky"));
+}

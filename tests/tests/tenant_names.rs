@@ -27,7 +27,7 @@ async fn a_tenant_named_in_the_apply_that_creates_it_plans_applies_and_stays_a_n
     let tenant_id = &inventory.tenants[0].id;
     assert!(inventory.quotas.iter().all(|q| &q.tenant_id == tenant_id));
     assert!(inventory.clusters.iter().all(|c| &c.tenant_id == tenant_id));
-    // A typo in a name is an error naming it, at apply.
+    // A typo in a name is an error naming it, at plan (this apply creates no 'speeh').
     tf.write_main(&hcl::config(&[
         hcl::tenant("t", "speech"),
         hcl::quota("h100", "gpufleet_tenant.t.name", "H100-80GB", 8),
@@ -35,8 +35,8 @@ async fn a_tenant_named_in_the_apply_that_creates_it_plans_applies_and_stays_a_n
             .depends_on(&["gpufleet_gpu_quota.h100"]),
         hcl::quota("a100", "\"speeh\"", "A100-80GB", 8),
     ]));
-    tf.apply_fails()
-        .assert_mentions(&["tenant 'speeh' not found"]);
+    tf.plan_fails()
+        .assert_mentions(&["tenant: tenant 'speeh' not found (did you mean 'speech'?"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,7 +85,7 @@ resource "gpufleet_tenant_cluster" "dev" {{
     );
     team.assert_no_changes();
 
-    // Another team's name answers like a tenant that does not exist.
+    // Another team's name answers like a tenant that does not exist, at plan.
     team.write_main(
         r#"
 resource "gpufleet_tenant_cluster" "sneaky" {
@@ -97,8 +97,8 @@ resource "gpufleet_tenant_cluster" "sneaky" {
 }
 "#,
     );
-    team.apply_fails()
-        .assert_mentions(&["tenant 'blue' not found"]);
+    team.plan_fails()
+        .assert_mentions(&["tenant: tenant 'blue' not found (this token's tenant is 'red')"]);
     let blue_clusters = backend
         .admin()
         .await

@@ -193,6 +193,14 @@ pub(crate) fn tenant_not_found(status: &Status) -> bool {
     status.code() == Code::NotFound && status.message().starts_with("tenant '")
 }
 
+/// Notes for this run's other resources that the object of `prior` is in state (its
+/// name is free once a replacement deletes it).
+pub(crate) fn note_prior(run: &crate::this_run::ThisRun, prior: Option<&Value>) {
+    if let Some(Ok(Some(id))) = prior.map(|p| p.str_attr("id")) {
+        run.has(id);
+    }
+}
+
 /// The `tenant` to send: as written, or "" (the token's own tenant) when left out.
 pub(crate) fn optional_tenant(planned: &Value) -> Result<String, Diagnostics> {
     Ok(planned

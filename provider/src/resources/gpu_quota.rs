@@ -5,10 +5,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::verdict;
+use super::checks::{verdict, Asked};
 use super::common::{
-    answered, check_min, deleted, diag, found, imported, known_gpu_type, optional_tenant,
-    request_id, required_i64, required_str, respelled_prior, with_tenant_spelling,
+    answered, check_min, deleted, diag, found, imported, known_gpu_type, note_prior,
+    optional_tenant, request_id, required_i64, required_str, respelled_prior, with_tenant_spelling,
 };
 use crate::framework::{
     changed, default_when_unset, mark_unknown, requires_replace_if_changed, Attribute, Diagnostics,
@@ -130,7 +130,20 @@ impl GpuQuota {
                 client.quotas().update_gpu_quota(request).await
             }
         };
-        verdict(&client, answer, ATTRIBUTES, "gpus")
+        let tenant = optional_tenant(state)?;
+        let asked = Asked {
+            tenant: &tenant,
+            gpu_type: None,
+        };
+        verdict(
+            &client,
+            &self.provider.run,
+            asked,
+            answer,
+            ATTRIBUTES,
+            "gpus",
+        )
+        .await
     }
 }
 
@@ -200,6 +213,18 @@ impl ResourceType for GpuQuota {
         let respelled = respelled_prior(self.provider.plan_client(), prior, &proposed).await;
         let prior = respelled.as_ref().or(prior);
         let planned = plan(prior, proposed, config);
+        note_prior(&self.provider.run, prior);
+        // A cluster that depends on this quota is planned after it, and may count on it.
+        if prior.is_none() || !planned.requires_replace.is_empty() {
+            if let (Ok(tenant), Ok(Some(gpu_type))) = (
+                optional_tenant(&planned.state),
+                planned.state.str_attr("gpu_type"),
+            ) {
+                if !planned.state.get("tenant").is_unknown() {
+                    self.provider.run.creates_quota(&tenant, gpu_type);
+                }
+            }
+        }
         self.check_with_backend(prior, &planned).await?;
         Ok(planned)
     }
@@ -236,6 +261,7 @@ impl ResourceType for GpuQuota {
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
+        let _under_way = self.provider.run.deleting(&optional_tenant(prior)?);
         deleted(
             &client,
             client

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::verdict;
+use super::checks::{verdict, Asked};
 use super::common::{
     answered, check_min, check_window, deleted, diag, found, imported, known_gpu_type,
     optional_tenant, request_id, required_i64, required_str, respelled_prior, with_tenant_spelling,
@@ -229,7 +229,21 @@ impl Reservation {
                 client.reservations().update_reservation(request).await
             }
         };
-        verdict(&client, answer, ATTRIBUTES, "node_count")
+        let tenant = super::common::optional_tenant(state)?;
+        let gpu_type = state.str_attr("gpu_type").map_err(diag)?;
+        let asked = Asked {
+            tenant: &tenant,
+            gpu_type,
+        };
+        verdict(
+            &client,
+            &self.provider.run,
+            asked,
+            answer,
+            ATTRIBUTES,
+            "node_count",
+        )
+        .await
     }
 
     async fn get(
@@ -299,6 +313,7 @@ impl ResourceType for Reservation {
         let respelled = respelled_prior(self.provider.plan_client(), prior, &proposed).await;
         let prior = respelled.as_ref().or(prior);
         let planned = plan(prior, proposed, config, times::now());
+        super::common::note_prior(&self.provider.run, prior);
         self.check_with_backend(prior, &planned).await?;
         Ok(planned)
     }
@@ -351,6 +366,10 @@ impl ResourceType for Reservation {
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
+        let _under_way = self
+            .provider
+            .run
+            .deleting(&super::common::optional_tenant(prior)?);
         let request = api::DeleteReservationRequest { id };
         deleted(
             &client,

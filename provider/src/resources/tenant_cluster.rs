@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 use tonic::{Code, Status};
 
-use super::checks::verdict;
+use super::checks::{verdict, Asked};
 use super::cluster_waits;
 use super::common::{
     check_min, compared_prior, diag, found, imported, known_gpu_type, required_i64, required_str,
@@ -627,13 +627,9 @@ impl TenantCluster {
                     validate_only: true,
                     ..create_request(state, config)?
                 };
-                match client.clusters().create_tenant_cluster(request).await {
-                    // Terraform plans the create half of a replacement without a prior
-                    // state, while the cluster it replaces still holds the name: the
-                    // apply decides (and says so if the name is really taken).
-                    Err(s) if s.code() == Code::AlreadyExists => return Ok(()),
-                    answer => answer,
-                }
+                // The create half of a replacement is planned while the cluster it
+                // replaces still holds the name: `verdict` knows that one is in state.
+                client.clusters().create_tenant_cluster(request).await
             }
             Some(prior) => {
                 let request = api::UpdateTenantClusterRequest {
@@ -643,7 +639,20 @@ impl TenantCluster {
                 client.clusters().update_tenant_cluster(request).await
             }
         };
-        verdict(&client, answer, ATTRIBUTES, "node_count")
+        let tenant = super::common::optional_tenant(state)?;
+        let asked = Asked {
+            tenant: &tenant,
+            gpu_type: Some(gpu_type),
+        };
+        verdict(
+            &client,
+            &self.provider.run,
+            asked,
+            answer,
+            ATTRIBUTES,
+            "node_count",
+        )
+        .await
     }
 
     /// Asks the backend for the driver this plan gives the cluster, when
@@ -861,6 +870,7 @@ impl ResourceType for TenantCluster {
     ) -> Result<PlannedChange, Diagnostics> {
         let respelled = respelled_prior(self.provider.plan_client(), prior, &proposed).await;
         let prior = respelled.as_ref().or(prior);
+        super::common::note_prior(&self.provider.run, prior);
         let mut planned = plan_inputs(prior, proposed, config);
         let compared = compared_prior(prior, &planned);
         let mut diags = match self.check_with_backend(prior, &planned, config).await {
@@ -913,6 +923,10 @@ impl ResourceType for TenantCluster {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
         let name = required_str(prior, "name")?;
+        let _under_way = self
+            .provider
+            .run
+            .deleting(&super::common::optional_tenant(prior)?);
         let deadline = Deadline::new("delete", waiting::limit(prior, "delete")?);
         cluster_waits::delete(&client, id, name, deadline).await
     }

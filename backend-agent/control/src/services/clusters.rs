@@ -256,7 +256,43 @@ impl Clusters {
             rules::required("request_id", &req.request_id).map_err(invalid)?;
         }
         let tenant = target_tenant(&tx, &caller, &req.tenant_id)?;
+        // A dry run whose name is taken still runs every other check (quota, capacity,
+        // layout, driver), under a stand-in name, and says all it found at once.
+        let taken = match req.validate_only {
+            true => store::clusters::by_name(&tx, &tenant.id, &req.name).map_err(db_error)?,
+            false => None,
+        };
+        let Some(existing) = taken else {
+            return self.admit_create(tx, caller, tenant, req, false);
+        };
+        let name_taken = super::error_details::already_exists(
+            "name",
+            format!(
+                "name: tenant '{}' already has a cluster named '{}' (id {})",
+                tenant.name, req.name, existing.id
+            ),
+            &existing.id,
+        );
+        match self.admit_create(tx, caller, tenant, req, true) {
+            Ok(_) => Err(name_taken),
+            Err(other) => Err(super::error_details::together(other, name_taken)),
+        }
+    }
+
+    /// The create's checks and, unless it is a dry run, its writes. `stand_in_name`: a dry
+    /// run whose name is taken, checked (and rolled back) under a name no cluster has.
+    fn admit_create(
+        &self,
+        tx: Savepoint<'_>,
+        caller: Caller,
+        tenant: store::tenants::TenantRow,
+        mut req: v1::CreateTenantClusterRequest,
+        stand_in_name: bool,
+    ) -> Result<Prepared, Status> {
         gpufleet_wire::names::dns_label("name", &req.name).map_err(invalid)?;
+        if stand_in_name {
+            req.name = format!("{}.dry-run", req.name);
+        }
         rules::orchestrator(&req.orchestrator).map_err(invalid)?;
         crate::slurm_clusters::require(&req.orchestrator)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
@@ -302,10 +338,14 @@ impl Clusters {
         if let Some(existing) =
             store::clusters::by_name(&tx, &tenant.id, &req.name).map_err(db_error)?
         {
-            return Err(Status::already_exists(format!(
-                "name: tenant '{}' already has a cluster named '{}' (id {})",
-                tenant.name, req.name, existing.id
-            )));
+            return Err(super::error_details::already_exists(
+                "name",
+                format!(
+                    "name: tenant '{}' already has a cluster named '{}' (id {})",
+                    tenant.name, req.name, existing.id
+                ),
+                &existing.id,
+            ));
         }
         if !req.reservation_id.is_empty() {
             visible_reservation(&tx, &Caller::Tenant(tenant.id.clone()), &req.reservation_id)

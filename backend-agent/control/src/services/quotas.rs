@@ -91,10 +91,14 @@ impl Quotas {
                 if let Some(existing) =
                     store::quotas::for_model(&tx, &tenant.id, &req.gpu_type).map_err(db_error)?
                 {
-                    return Err(Status::already_exists(format!(
-                        "gpu_type: tenant '{}' already has a {} quota (id {}); update it instead",
-                        tenant.name, req.gpu_type, existing.id
-                    )));
+                    return Err(super::error_details::already_exists(
+                        "gpu_type",
+                        format!(
+                            "gpu_type: tenant '{}' already has a {} quota (id {}); update it instead",
+                            tenant.name, req.gpu_type, existing.id
+                        ),
+                        &existing.id,
+                    ));
                 }
                 guarantees::admit(&tx, &req.gpu_type, req.gpus, None)?;
                 let q = QuotaRow {
