@@ -7,8 +7,9 @@ use gpufleet_proto::v1 as api;
 
 use super::checks::{verdict, Asked};
 use super::common::{
-    answered, check_min, deleted, diag, found, imported, known_gpu_type, note_prior,
-    optional_tenant, request_id, required_i64, required_str, respelled_prior, with_tenant_spelling,
+    answered, check_min, deleted, diag, found, import_id, imported, imported_tenant,
+    known_gpu_type, note_prior, optional_tenant, request_id, required_i64, required_str,
+    respelled_prior, with_tenant_spelling, ImportId,
 };
 use crate::framework::{
     changed, default_when_unset, mark_unknown, requires_replace_if_changed, Attribute, Diagnostics,
@@ -147,6 +148,31 @@ impl GpuQuota {
     }
 }
 
+/// The quota of `gpu_type` of the tenant spelled `tenant` (a tenant this token may not
+/// see is an error that lists those it may).
+async fn of_model(
+    client: &crate::client::Client,
+    tenant: &str,
+    gpu_type: &str,
+) -> Result<Option<api::GpuQuota>, Diagnostics> {
+    let mut page_token = String::new();
+    loop {
+        let request = api::ListGpuQuotasRequest {
+            tenant_id: tenant.to_string(),
+            page_size: 0,
+            page_token,
+        };
+        let page = answered(client, client.quotas().list_gpu_quotas(request).await)?;
+        if let Some(q) = page.quotas.into_iter().find(|q| q.gpu_type == gpu_type) {
+            return Ok(Some(q));
+        }
+        if page.next_page_token.is_empty() {
+            return Ok(None);
+        }
+        page_token = page.next_page_token;
+    }
+}
+
 #[async_trait]
 impl ResourceType for GpuQuota {
     fn name(&self) -> &'static str {
@@ -273,9 +299,34 @@ impl ResourceType for GpuQuota {
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let request = api::GetGpuQuotaRequest { id: id.to_string() };
-        let quota = found(&client, client.quotas().get_gpu_quota(request).await)?;
-        Ok(state(&imported("GPU quota", id, quota)?))
+        let (quota, written) = match import_id(id) {
+            ImportId::Id(id) => {
+                let request = api::GetGpuQuotaRequest { id: id.to_string() };
+                match found(&client, client.quotas().get_gpu_quota(request).await)? {
+                    Some(q) => (Some(q), None),
+                    // A tenant token may name its own tenant's quota by model alone.
+                    None => match client.own_tenant().await {
+                        Some(own) => (of_model(&client, &own, id).await?, None),
+                        None => (None, None),
+                    },
+                }
+            }
+            ImportId::Named { tenant, name } => {
+                (of_model(&client, tenant, name).await?, Some(tenant))
+            }
+        };
+        let quota = imported(
+            "GPU quota",
+            id,
+            "its id or TENANT/GPU_TYPE (with a tenant token, GPU_TYPE alone)",
+            quota,
+        )?;
+        let mut s = state(&quota);
+        s.set(
+            "tenant",
+            imported_tenant(&client, written, &quota.tenant_id).await,
+        );
+        Ok(s)
     }
 }
 

@@ -380,11 +380,16 @@ impl ResourceType for Reservation {
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let found = self.get(&client, id.to_string()).await?;
-        Ok(state(
-            &imported("reservation", id, found)?,
-            None,
-            times::now(),
-        ))
+        let found = imported(
+            "reservation",
+            id,
+            "its id (reservations have no name)",
+            found,
+        )?;
+        let tenant = super::common::imported_tenant(&client, None, &found.tenant_id).await;
+        let mut s = state(&found, None, times::now());
+        s.set("tenant", tenant);
+        Ok(s)
     }
 }
 

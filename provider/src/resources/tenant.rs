@@ -205,6 +205,7 @@ impl ResourceType for Tenant {
         let tenant = imported(
             "tenant",
             id,
+            "its id or its name",
             found(&client, client.tenants().get_tenant(request).await)?,
         )?;
         // The backend keeps only the token's hash: an imported tenant has no token.

@@ -11,8 +11,8 @@ use tonic::{Code, Status};
 use super::checks::{verdict, Asked};
 use super::cluster_waits;
 use super::common::{
-    check_min, compared_prior, diag, found, imported, known_gpu_type, required_i64, required_str,
-    respelled_prior, with_tenant_spelling,
+    check_min, compared_prior, diag, found, import_id, imported, imported_tenant, known_gpu_type,
+    required_i64, required_str, respelled_prior, with_tenant_spelling, ImportId,
 };
 use super::waiting::{self, Deadline};
 use crate::client::Client;
@@ -677,6 +677,35 @@ impl TenantCluster {
         settle_driver(planned, config, answer, |s| client.diagnostic(s))
     }
 
+    /// The cluster `name` of the tenant spelled `tenant`, with every node (a tenant this
+    /// token may not see is an error that lists those it may).
+    async fn named(
+        &self,
+        client: &Client,
+        tenant: &str,
+        name: &str,
+    ) -> Result<Option<api::TenantCluster>, Diagnostics> {
+        let mut page_token = String::new();
+        loop {
+            let request = api::ListTenantClustersRequest {
+                tenant_id: tenant.to_string(),
+                page_size: 0,
+                page_token,
+            };
+            let page = super::common::answered(
+                client,
+                client.clusters().list_tenant_clusters(request).await,
+            )?;
+            if let Some(c) = page.clusters.into_iter().find(|c| c.name == name) {
+                return self.get(client, c.id).await;
+            }
+            if page.next_page_token.is_empty() {
+                return Ok(None);
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
     async fn get(
         &self,
         client: &Client,
@@ -933,9 +962,30 @@ impl ResourceType for TenantCluster {
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let found = self.get(&client, id.to_string()).await?;
-        let found = imported("tenant cluster", id, found)?;
+        let (found, written) = match import_id(id) {
+            ImportId::Id(id) => match self.get(&client, id.to_string()).await? {
+                Some(c) => (Some(c), None),
+                // A tenant token may name its own tenant's cluster alone.
+                None => match client.own_tenant().await {
+                    Some(own) => (self.named(&client, &own, id).await?, None),
+                    None => (None, None),
+                },
+            },
+            ImportId::Named { tenant, name } => {
+                (self.named(&client, tenant, name).await?, Some(tenant))
+            }
+        };
+        let found = imported(
+            "tenant cluster",
+            id,
+            "its id or TENANT/NAME (with a tenant token, NAME alone)",
+            found,
+        )?;
         let mut s = state(&found);
+        s.set(
+            "tenant",
+            imported_tenant(&client, written, &found.tenant_id).await,
+        );
         s.set("timeouts", waiting::normalized(&Value::Null));
         super::acceptance::set_state(&mut s, &found, &Value::Null);
         Ok(s)

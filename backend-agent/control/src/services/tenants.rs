@@ -135,7 +135,16 @@ impl Tenants {
         request: Request<v1::GetTenantRequest>,
     ) -> Result<v1::Tenant, Status> {
         let (caller, req) = super::enter(&self.state, conn, request)?;
-        Ok(message(visible_tenant(conn, &caller, &req.id)?))
+        let id = match (&caller, req.id.as_str()) {
+            (Caller::Tenant(own), "") => own.clone(),
+            (Caller::Admin, "") => {
+                return Err(invalid(
+                    "id: required (only a tenant token has a tenant of its own)",
+                ))
+            }
+            (_, id) => id.to_string(),
+        };
+        Ok(message(visible_tenant(conn, &caller, &id)?))
     }
 
     fn list(
