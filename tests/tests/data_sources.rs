@@ -280,3 +280,38 @@ async fn quota_usage_counts_clusters_as_used_and_reservations_as_reserved() {
         "gpus, burst, used, reserved, available"
     );
 }
+
+/// A question the pool can never answer is an answer, not an error: once this
+/// configuration's own cluster holds every H100 pool node, `earliest_start` is null with
+/// the reason, the next plan reads it without failing, and `terraform destroy` succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn availability_never_blocks_a_plan_or_a_destroy() {
+    let backend = Backend::start(); // 4 H100 pool nodes
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_main(&hcl::config(&[
+        hcl::tenant("t", "team"),
+        hcl::quota("q", "gpufleet_tenant.t.id", "H100-80GB", 32),
+        hcl::pool_cluster("all", "gpufleet_tenant.t.id", "all", "H100-80GB", 4)
+            .depends_on(&["gpufleet_gpu_quota.q"]),
+        Block::data("gpufleet_availability", "w")
+            .string("gpu_type", "H100-80GB")
+            .number("node_count", 1)
+            .string("duration", "72h"),
+        Block::output("earliest", "data.gpufleet_availability.w.earliest_start"),
+        Block::output("why", "data.gpufleet_availability.w.earliest_start_reason"),
+    ]));
+    tf.init();
+    tf.apply();
+    // The apply's own read came before the cluster: the refresh now sees the pool used.
+    tf.refresh();
+    let outputs = tf.outputs();
+    assert!(outputs["earliest"].is_null(), "{outputs:#}");
+    let why = outputs["why"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with("1 H100-80GB pool nodes are never free for 72h: the pool has 4 nodes and clusters hold 4 of them with no end"),
+        "{outputs:#}"
+    );
+    tf.assert_no_changes();
+    tf.destroy();
+    assert!(tf.state_list().is_empty());
+}
