@@ -110,3 +110,35 @@ resource "gpufleet_tenant_cluster" "sneaky" {
         .count();
     assert_eq!(blue_clusters, 0);
 }
+
+/// Dependents that name their tenant by a literal string give Terraform no order, so it
+/// deletes them and the tenant in parallel: the tenant delete waits for the deletes under
+/// way instead of failing "still has 1 gpu quota(s)". Ten rounds, since the order is
+/// Terraform's to choose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn literal_tenant_names_apply_and_destroy_in_one_go() {
+    let backend = Backend::start();
+    let tf = Terraform::new(&backend, backend.admin_token());
+    let tenant = hcl::tenant("t", "literal");
+    let everything = hcl::config(&[
+        tenant.clone(),
+        hcl::quota("h100", "\"literal\"", "H100-80GB", 8),
+        hcl::quota("a100", "\"literal\"", "A100-80GB", 8),
+        hcl::pool_cluster("c", "\"literal\"", "c", "H100-80GB", 1)
+            .depends_on(&["gpufleet_gpu_quota.h100"]),
+    ]);
+    tf.write_main("");
+    tf.init();
+    for round in 0..10 {
+        // The tenant first: a literal name is no reference Terraform could order by.
+        tf.write_main(&hcl::config(&[tenant.clone()]));
+        tf.apply();
+        tf.write_main(&everything);
+        tf.apply();
+        let destroy = tf.run(&["destroy", "-auto-approve", "-no-color", "-input=false"]);
+        assert_eq!(destroy.code, 0, "round {round}\n{destroy}");
+        let inventory = backend.admin().await.inventory().await;
+        assert!(inventory.tenants.is_empty(), "round {round}");
+        assert!(inventory.quotas.is_empty() && inventory.clusters.is_empty());
+    }
+}
