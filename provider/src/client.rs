@@ -175,6 +175,11 @@ impl Client {
         if cluster.nodes_omitted > 0 {
             cluster.nodes = self.all_nodes("", &cluster.id).await?;
             cluster.nodes_omitted = 0;
+            // A cluster's answer carries no heartbeat ages (ListNodes does): without this
+            // a cluster of more than one page would drift on every refresh.
+            for n in &mut cluster.nodes {
+                n.heartbeat_age_seconds = 0;
+            }
         }
         Ok(cluster)
     }

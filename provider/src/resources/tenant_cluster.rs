@@ -14,6 +14,7 @@ use super::common::{
     check_min, compared_prior, diag, found, import_id, imported, imported_tenant, known_gpu_type,
     required_i64, required_str, respelled_prior, with_tenant_spelling, ImportId,
 };
+use super::node_plan::Count;
 use super::waiting::{self, Deadline};
 use crate::client::Client;
 use crate::convert::{node_type, node_value};
@@ -196,21 +197,35 @@ fn plan_inputs(prior: Option<&Value>, proposed: Value, config: &Value) -> Planne
     }
 }
 
-/// Marks what the planned inputs change on an existing cluster as unknown: its nodes (and
-/// status) when they are reshaped or get another driver, its status when the volume grows.
+/// Marks what the planned inputs change on an existing cluster as unknown: of its nodes,
+/// what a new node count, layout or driver rewrites (see [`super::node_plan`]); its status
+/// when those or the volume change.
 fn mark_effects(prior: Option<&Value>, planned: &mut Value) {
     let Some(prior) = prior else {
         return;
     };
-    let reshapes_nodes =
-        changed(prior, planned, "node_count") || changed(prior, planned, "mig_layout");
     // A state from before driver_version existed reads it back without changing a node.
     let new_driver =
         !prior.get("driver_version").is_null() && changed(prior, planned, "driver_version");
-    if reshapes_nodes || new_driver {
-        mark_unknown(planned, &["nodes"]);
+    let driver = planned.get("driver_version").clone();
+    let count = match (prior.i64_attr("node_count"), planned.i64_attr("node_count")) {
+        (Ok(Some(was)), Ok(Some(now))) if now == was => Count::Same,
+        (Ok(Some(was)), Ok(Some(now))) if now < was => {
+            Count::Shrink(usize::try_from(now).unwrap_or(0))
+        }
+        _ if !changed(prior, planned, "node_count") => Count::Same,
+        _ => Count::Other,
+    };
+    let change = super::node_plan::NodeChange {
+        count,
+        driver: new_driver.then_some(&driver),
+        layout: changed(prior, planned, "mig_layout"),
+    };
+    if change.any() {
+        let nodes = super::node_plan::planned_nodes(prior.get("nodes"), change);
+        planned.set("nodes", nodes);
     }
-    if reshapes_nodes || new_driver || changed(prior, planned, "storage_gib") {
+    if change.any() || changed(prior, planned, "storage_gib") {
         mark_unknown(planned, &["status", "status_reason"]);
     }
 }
@@ -1119,8 +1134,9 @@ mod tests {
     }
 
     #[test]
-    fn layout_change_is_in_place_and_makes_nodes_unknown() {
-        let p = prior();
+    fn layout_change_is_in_place_and_leaves_only_the_slices_unknown() {
+        let mut p = prior();
+        p.set("nodes", Value::List(vec![one_node()]));
         let mut proposed = p.clone();
         proposed.set(
             "mig_layout",
@@ -1128,12 +1144,38 @@ mod tests {
         );
         let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed));
         assert!(planned.requires_replace.is_empty());
-        assert!(planned.state.get("nodes").is_unknown());
+        let Value::List(nodes) = planned.state.get("nodes") else {
+            panic!("the node stays, planned")
+        };
+        assert_eq!(nodes[0].get("hostname"), &Value::string("node-1"));
+        let Value::List(gpus) = nodes[0].get("gpus") else {
+            panic!("its GPUs stay")
+        };
+        assert_eq!(gpus[0].get("uuid"), &Value::string("GPU-1"));
+        assert!(gpus[0].get("mig_devices").is_unknown());
         assert_eq!(planned.state.get("endpoint"), &Value::string("https://k"));
         assert_eq!(
             planned.state.get("credentials"),
             &Value::string("kubeconfig")
         );
+    }
+
+    /// A node of a cluster's state, with one GPU.
+    fn one_node() -> Value {
+        let gpu = Value::object([
+            ("index", Value::Number(0)),
+            ("uuid", Value::string("GPU-1")),
+            ("mig_enabled", Value::Bool(false)),
+            ("mig_devices", Value::List(vec![])),
+        ]);
+        Value::object([
+            ("hostname", Value::string("node-1")),
+            ("driver_version", Value::string("550.54.15")),
+            ("cuda_version", Value::string("12.4")),
+            ("state", Value::string("allocated")),
+            ("state_reason", Value::string("")),
+            ("gpus", Value::List(vec![gpu])),
+        ])
     }
 
     #[test]
@@ -1281,7 +1323,8 @@ mod tests {
 
     #[test]
     fn a_new_cuda_version_picks_the_driver_in_place_and_rolls_the_nodes() {
-        let p = prior();
+        let mut p = prior();
+        p.set("nodes", Value::List(vec![one_node()]));
         let cfg = config_with(&p, Some("12.8"), None);
         let (asked, planned) = plan_asking(Some(&p), &cfg, |_| Ok(driver("570.211.01")));
         assert_eq!(asked.unwrap().cuda_version, "12.8");
@@ -1291,9 +1334,15 @@ mod tests {
             planned.state.get("driver_version"),
             &Value::string("570.211.01")
         );
-        for name in ["nodes", "status", "status_reason"] {
+        for name in ["status", "status_reason"] {
             assert!(planned.state.get(name).is_unknown(), "{name}");
         }
+        // The node stays; the plan says its new driver.
+        let Value::List(nodes) = planned.state.get("nodes") else {
+            panic!("the node stays, planned")
+        };
+        assert_eq!(nodes[0].get("driver_version"), &Value::string("570.211.01"));
+        assert_eq!(nodes[0].get("hostname"), &Value::string("node-1"));
         assert_eq!(planned.state.get("endpoint"), &Value::string("https://k"));
         let request = update_request(&p, &planned.state, &cfg).unwrap();
         assert!(request.set_driver);
@@ -1337,7 +1386,7 @@ mod tests {
         assert_eq!(asked.driver_version, "570.211.01");
         let planned = planned.unwrap();
         assert!(planned.requires_replace.is_empty());
-        assert!(planned.state.get("nodes").is_unknown());
+        assert_eq!(planned.state.get("nodes"), &Value::List(vec![]));
         let request = update_request(&p, &planned.state, &cfg).unwrap();
         assert!(request.set_driver);
         assert_eq!(request.driver_version, "570.211.01");
