@@ -377,7 +377,14 @@ pub fn mig_error(answer: &api::CheckMigLayoutResponse) -> Option<Diagnostic> {
         };
         Diagnostic::error_at(
             AttrPath::attr("mig_layout"),
-            format!("mig_layout: {}", answer.reason),
+            // The planner's reason may name the attribute already.
+            format!(
+                "mig_layout: {}",
+                answer
+                    .reason
+                    .strip_prefix("mig_layout: ")
+                    .unwrap_or(&answer.reason)
+            ),
             detail,
         )
     })

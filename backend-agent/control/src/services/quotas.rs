@@ -176,6 +176,7 @@ impl Quotas {
         let subject = QuotaSubject {
             tenant: &tenant.name,
             gpu_type: &q.gpu_type,
+            holds: 0,
         };
         rules::check_quota_update(
             &subject,
