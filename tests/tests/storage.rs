@@ -68,4 +68,11 @@ async fn storage_grows_in_place_and_never_shrinks() {
     assert_eq!(backend.admin().await.inventory().await, before);
     assert_eq!(volume_size_gib(&path), 300);
     assert_eq!(i64_of(&tf.resource(CLUSTER), "storage_gib"), 300);
+
+    // Destroyed, the cluster's volume and its tenant's folder are gone.
+    tf.write_main(&config(300));
+    tf.destroy();
+    let tenant_dir = Path::new(&path).parent().unwrap();
+    assert!(!Path::new(&path).exists());
+    assert!(!tenant_dir.exists(), "{} is left", tenant_dir.display());
 }

@@ -206,6 +206,7 @@ impl Tenants {
         store::tenants::delete(&tx, &t.id).map_err(db_error)?;
         store::idempotency::forget(&tx, &t.id).map_err(db_error)?;
         tx.commit().map_err(db_error)?;
+        crate::volumes::remove_tenant(&self.state.volumes_root(), &t.name);
         tracing::info!(tenant = %t.name, "deleted tenant");
         Ok(v1::DeleteResponse {})
     }
