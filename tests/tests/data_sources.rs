@@ -253,7 +253,7 @@ async fn nodes_shows_the_admin_everything_and_a_tenant_only_its_own_clusters() {
 async fn quota_usage_counts_clusters_as_used_and_reservations_as_reserved() {
     let backend = Backend::start();
     let mut admin = backend.admin().await;
-    let (tenant, _) = create_tenant(&mut admin, "team").await;
+    let (tenant, token) = create_tenant(&mut admin, "team").await;
     // 16 guaranteed + 8 burst GPUs.
     create_quota(&mut admin, &tenant.id, "H100-80GB", 16, 8).await;
     let usage = [Block::data("gpufleet_quota_usage", "h100")
@@ -279,6 +279,10 @@ async fn quota_usage_counts_clusters_as_used_and_reservations_as_reserved() {
         [16, 8, 8, 8, 8],
         "gpus, burst, used, reserved, available"
     );
+    // The team's own token reads its usage without naming its tenant, as its resources do.
+    let own = [Block::data("gpufleet_quota_usage", "h100").string("gpu_type", "H100-80GB")];
+    let team = read_data(&backend, &token, &own);
+    assert_eq!(read(&team), [16, 8, 8, 8, 8]);
 }
 
 /// A question the pool can never answer is an answer, not an error: once this
