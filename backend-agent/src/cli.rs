@@ -38,6 +38,13 @@ pub enum Command {
     NodeReturn(NodeReturnArgs),
     /// Show what happened to a tenant cluster (its event log), oldest first.
     Events(EventsArgs),
+    /// List the tenants the token may see (a tenant token: its own), with their ids.
+    Tenants(ClientArgs),
+    /// List the tenant clusters the token may see, with their ids (`--tenant`: one
+    /// tenant's, by name or id).
+    Clusters(ListArgs),
+    /// List the reservations the token may see, with their ids (`--tenant`: one tenant's).
+    Reservations(ListArgs),
     /// The automatic-quarantine breakers (admin): list them, or reset one.
     #[command(subcommand)]
     Breaker(BreakerCommand),
@@ -189,6 +196,16 @@ pub struct NodeArgs {
 pub struct EventsArgs {
     /// The cluster's id.
     pub object_id: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// The flags of a list command.
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Only this tenant's, by name or id.
+    #[arg(long)]
+    pub tenant: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }

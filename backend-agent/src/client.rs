@@ -25,6 +25,13 @@ fn token(args: &ClientArgs) -> anyhow::Result<String> {
 }
 
 async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
+    let (channel, auth) = channel(args).await?;
+    Ok(FleetServiceClient::with_interceptor(channel, auth)
+        .max_decoding_message_size(gpufleet_proto::limits::MAX_MESSAGE_BYTES))
+}
+
+/// A connection to the control plane and the token to present on it.
+pub(crate) async fn channel(args: &ClientArgs) -> anyhow::Result<(Channel, BearerAuth)> {
     let auth = BearerAuth::new(&token(args)?).context("the token is not valid header text")?;
     let mut endpoint = Channel::from_shared(args.endpoint.clone())
         .with_context(|| format!("--endpoint: '{}' is not a valid URL", args.endpoint))?;
@@ -43,8 +50,7 @@ async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
             root_cause(&e)
         )
     })?;
-    Ok(FleetServiceClient::with_interceptor(channel, auth)
-        .max_decoding_message_size(gpufleet_proto::limits::MAX_MESSAGE_BYTES))
+    Ok((channel, auth))
 }
 
 /// Every node, following the pages of ListNodes.
@@ -70,7 +76,7 @@ async fn all_nodes(client: &mut Client) -> anyhow::Result<Vec<v1::Node>> {
 
 /// What a failed call says to a person: the control plane's own sentence (which names the
 /// field and the numbers), or for a failed connection the cause once; no raw gRPC code.
-fn status(s: tonic::Status) -> anyhow::Error {
+pub(crate) fn status(s: tonic::Status) -> anyhow::Error {
     use tonic::Code;
     match s.code() {
         Code::Unavailable | Code::Unknown | Code::DeadlineExceeded if is_transport(&s) => {
@@ -110,7 +116,7 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Left-aligned columns wide enough for every cell.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
