@@ -131,7 +131,7 @@ async fn literal_tenant_names_apply_and_destroy_in_one_go() {
     tf.init();
     for round in 0..10 {
         // The tenant first: a literal name is no reference Terraform could order by.
-        tf.write_main(&hcl::config(&[tenant.clone()]));
+        tf.write_main(&hcl::config(std::slice::from_ref(&tenant)));
         tf.apply();
         tf.write_main(&everything);
         tf.apply();
