@@ -267,7 +267,10 @@ async fn bad_input_is_refused_and_changes_nothing() {
     );
     assert_status(
         c.quotas
-            .delete_gpu_quota(DeleteGpuQuotaRequest { id: UNKNOWN.into() })
+            .delete_gpu_quota(DeleteGpuQuotaRequest {
+                id: UNKNOWN.into(),
+                ..Default::default()
+            })
             .await,
         Code::NotFound,
         "gpu quota",

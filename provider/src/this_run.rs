@@ -8,6 +8,8 @@
 //! * objects this run already has in state: the create half of a replacement is planned
 //!   while the object it replaces still holds the name, so a name held by one of them is
 //!   no refusal either (the apply frees it first);
+//! * deletes this run plans: a quota still used by a cluster is refused at plan unless
+//!   the same plan deletes that cluster too;
 //! * deletes under way: a tenant delete waits for the deletes of its quotas, clusters and
 //!   reservations that run beside it (Terraform runs deletes without a dependency in
 //!   parallel) instead of failing for dependents that are about to be gone.
@@ -22,12 +24,14 @@ use tokio::sync::Notify;
 #[derive(Default)]
 pub struct ThisRun {
     seen: Mutex<Seen>,
-    /// Deletes under way, by the tenant spelling of the object deleted.
+    /// Deletes under way, by the object's id and its tenant's spelling.
     deleting: Mutex<HashMap<String, usize>>,
     /// Deletes that ended.
     ended: AtomicU64,
     /// Told when a delete starts or ends.
     changed: Notify,
+    /// Told when a delete is planned.
+    planned: Notify,
 }
 
 #[derive(Default)]
@@ -36,6 +40,8 @@ struct Seen {
     /// (tenant as written, GPU model) of quotas this run creates.
     quotas: HashSet<(String, String)>,
     ids: HashSet<String>,
+    /// Objects whose delete this run plans.
+    deleted: HashSet<String>,
 }
 
 impl ThisRun {
@@ -80,14 +86,48 @@ impl ThisRun {
         self.seen().ids.contains(id)
     }
 
-    /// Marks a delete of an object of `tenant` (as its state spells it) as under way until
-    /// the guard is dropped.
-    pub fn deleting(&self, tenant: &str) -> DeleteUnderWay<'_> {
-        *self.deletes().entry(tenant.to_string()).or_default() += 1;
+    /// The delete of the object of this id is planned.
+    pub fn plans_delete(&self, id: &str) {
+        self.seen().deleted.insert(id.to_string());
+        self.planned.notify_waiters();
+    }
+
+    /// Of `ids`, those whose delete this run does not plan, after waiting up to `grace`
+    /// for the plans of the others (Terraform plans deletes side by side, in no order).
+    pub async fn unplanned_deletes(&self, ids: &[String], grace: Duration) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let notified = self.planned.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let left: Vec<String> = {
+                let seen = self.seen();
+                ids.iter()
+                    .filter(|id| !seen.deleted.contains(*id))
+                    .cloned()
+                    .collect()
+            };
+            if left.is_empty() {
+                return left;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return left;
+            }
+        }
+    }
+
+    /// Marks a delete as under way until the guard is dropped, under `keys`: the object's
+    /// id and its tenant as its state spells it.
+    pub fn deleting(&self, keys: &[&str]) -> DeleteUnderWay<'_> {
+        let mut deletes = self.deletes();
+        for key in keys {
+            *deletes.entry(key.to_string()).or_default() += 1;
+        }
+        drop(deletes);
         self.changed.notify_waiters();
         DeleteUnderWay {
             run: self,
-            tenant: tenant.to_string(),
+            keys: keys.iter().map(|k| k.to_string()).collect(),
         }
     }
 
@@ -95,7 +135,8 @@ impl ThisRun {
         self.deleting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits while deletes of objects of a tenant spelled one of `spellings` are under way;
+    /// Waits while deletes under one of `spellings` (a tenant's id and name, or objects'
+    /// ids) are under way;
     /// when none is, waits up to `grace` for one to start (Terraform starts the deletes
     /// that do not depend on each other together, but not in one instant). True when at
     /// least one of them ended meanwhile: the tenant delete is worth another try.
@@ -128,14 +169,18 @@ impl ThisRun {
 /// A delete under way (see [`ThisRun::deleting`]).
 pub struct DeleteUnderWay<'a> {
     run: &'a ThisRun,
-    tenant: String,
+    keys: Vec<String>,
 }
 
 impl Drop for DeleteUnderWay<'_> {
     fn drop(&mut self) {
-        if let Some(n) = self.run.deletes().get_mut(&self.tenant) {
-            *n = n.saturating_sub(1);
+        let mut deletes = self.run.deletes();
+        for key in &self.keys {
+            if let Some(n) = deletes.get_mut(key) {
+                *n = n.saturating_sub(1);
+            }
         }
+        drop(deletes);
         self.run.ended.fetch_add(1, Ordering::SeqCst);
         self.run.changed.notify_waiters();
     }
@@ -155,7 +200,7 @@ mod tests {
             !run.dependents_deleted(&["team"], grace).await,
             "none began"
         );
-        let guard = run.deleting("team");
+        let guard = run.deleting(&["q-1", "team"]);
         let other = run.clone();
         let waiter =
             tokio::spawn(async move { other.dependents_deleted(&["id-1", "team"], grace).await });
@@ -175,9 +220,24 @@ mod tests {
                 .await
         });
         tokio::task::yield_now().await;
-        let guard = run.deleting("team");
+        let guard = run.deleting(&["q-1", "team"]);
         drop(guard);
         assert!(waiter.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_delete_planned_beside_is_waited_for_and_others_are_not_found() {
+        let run = Arc::new(ThisRun::default());
+        let other = run.clone();
+        let ids = vec!["c-1".to_string(), "c-2".to_string()];
+        let waiter = tokio::spawn(async move {
+            other
+                .unplanned_deletes(&ids, Duration::from_millis(200))
+                .await
+        });
+        tokio::task::yield_now().await;
+        run.plans_delete("c-1");
+        assert_eq!(waiter.await.unwrap(), vec!["c-2".to_string()]);
     }
 
     #[test]

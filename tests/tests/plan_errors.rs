@@ -357,3 +357,87 @@ async fn what_apply_would_refuse_is_refused_at_plan() {
         .iter()
         .all(|c| c.name != "sneaky"));
 }
+
+/// A platform configuration of teams (a tenant and two quotas each, from one map): a team
+/// dropped from the map while its cluster (in the team's own configuration) still exists
+/// is refused at plan, so nothing is half-deleted; dropping the cluster in the same plan
+/// as its quota is fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_platform_change_that_drops_a_team_whose_cluster_exists_is_refused_at_plan() {
+    let (backend, tf) = admin_workdir();
+    let platform = |teams: &[&str], cluster: bool| {
+        let list = teams
+            .iter()
+            .map(|t| format!("\"{t}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut hcl = format!(
+            r#"
+locals {{
+  teams = toset([{list}])
+}}
+resource "gpufleet_tenant" "team" {{
+  for_each = local.teams
+  name     = each.key
+}}
+resource "gpufleet_gpu_quota" "h100" {{
+  for_each = local.teams
+  tenant   = gpufleet_tenant.team[each.key].id
+  gpu_type = "H100-80GB"
+  gpus     = 8
+}}
+resource "gpufleet_gpu_quota" "a100" {{
+  for_each = local.teams
+  tenant   = gpufleet_tenant.team[each.key].id
+  gpu_type = "A100-80GB"
+  gpus     = 8
+}}
+"#
+        );
+        if cluster {
+            hcl.push_str(
+                r#"
+resource "gpufleet_tenant_cluster" "speech" {
+  tenant       = gpufleet_tenant.team["speech"].id
+  name         = "asr"
+  orchestrator = "kubernetes"
+  gpu_type     = "A100-80GB"
+  node_count   = 1
+  depends_on   = [gpufleet_gpu_quota.a100]
+}
+"#,
+            );
+        }
+        hcl
+    };
+    tf.write_main(&platform(&["vision", "speech"], true));
+    tf.apply();
+    // The vision team's own pipeline runs its cluster.
+    let vision = backend
+        .admin()
+        .await
+        .inventory()
+        .await
+        .tenants
+        .into_iter()
+        .find(|t| t.name == "vision")
+        .unwrap();
+    let mut admin = backend.admin().await;
+    create_pool_cluster(&mut admin, &vision.id, "cv", "H100-80GB", 1).await;
+
+    let hcl = platform(&["speech"], true);
+    assert_refused_at_plan(
+        &backend,
+        &tf,
+        &hcl,
+        &["the H100-80GB quota is still used by cluster 'cv'; delete them first"],
+    )
+    .await;
+
+    // The speech team and its cluster go in one change: planned and applied.
+    tf.write_main(&platform(&["vision"], false));
+    tf.apply();
+    let inventory = backend.admin().await.inventory().await;
+    assert!(inventory.tenants.iter().all(|t| t.name != "speech"));
+    assert!(inventory.clusters.iter().all(|c| c.name != "asr"));
+}

@@ -142,3 +142,35 @@ async fn literal_tenant_names_apply_and_destroy_in_one_go() {
         assert!(inventory.quotas.is_empty() && inventory.clusters.is_empty());
     }
 }
+
+/// Twelve teams, each a tenant, a quota and a reservation that uses it: more quota deletes
+/// than Terraform runs at once (10), each planned beside the reservation it waits for. The
+/// destroy plans and applies, and the waits do not starve each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destroy_of_many_quotas_and_their_users_plans_and_applies() {
+    let backend = Backend::start();
+    let tf = Terraform::new(&backend, backend.admin_token());
+    let mut blocks = Vec::new();
+    for i in 0..12 {
+        let t = format!("team{i}");
+        let tenant = format!("gpufleet_tenant.{t}.id");
+        blocks.push(hcl::tenant(&t, &t));
+        // Burst only: guarantees of the pool's 32 GPUs would not go round 12 teams.
+        blocks.push(hcl::quota(&t, &tenant, "H100-80GB", 0).number("burst_gpus", 8));
+        // One node each, in windows that do not overlap.
+        let start = gpufleet_e2e::times::rfc3339_in_hours(2 + 2 * i);
+        let end = gpufleet_e2e::times::rfc3339_in_hours(3 + 2 * i);
+        blocks.push(
+            hcl::reservation(&t, &tenant, "H100-80GB", 1, &start, &end)
+                .depends_on(&[&format!("gpufleet_gpu_quota.{t}")]),
+        );
+    }
+    tf.write_main(&hcl::config(&blocks));
+    tf.init();
+    tf.apply();
+    let began = std::time::Instant::now();
+    tf.destroy();
+    eprintln!("destroy of 36 objects: {:?}", began.elapsed());
+    let inventory = backend.admin().await.inventory().await;
+    assert!(inventory.tenants.is_empty() && inventory.quotas.is_empty());
+}

@@ -148,6 +148,26 @@ impl GpuQuota {
     }
 }
 
+/// How long a quota's delete waits for the deletes of its users to begin or be planned
+/// beside it.
+const USERS_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The ids of the clusters and reservations a delete was refused for (none for any other
+/// refusal).
+fn users(status: &tonic::Status) -> Vec<String> {
+    use tonic_types::StatusExt;
+    status
+        .get_details_error_info()
+        .and_then(|i| i.metadata.get(gpufleet_proto::error_info::USED_BY).cloned())
+        .map(|ids| {
+            ids.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The quota of `gpu_type` of the tenant spelled `tenant` (a tenant this token may not
 /// see is an error that lists those it may).
 async fn of_model(
@@ -284,17 +304,66 @@ impl ResourceType for GpuQuota {
         ))
     }
 
+    /// Deletes the quota. Its clusters and reservations may be deleted beside it in the
+    /// same run (nothing orders them): while they are, the delete waits and tries again.
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        let _under_way = self.provider.run.deleting(&optional_tenant(prior)?);
-        deleted(
-            &client,
-            client
-                .quotas()
-                .delete_gpu_quota(api::DeleteGpuQuotaRequest { id })
-                .await,
+        let tenant = optional_tenant(prior)?;
+        let run = &self.provider.run;
+        let _under_way = run.deleting(&[&id, &tenant]);
+        loop {
+            let request = api::DeleteGpuQuotaRequest {
+                id: id.clone(),
+                validate_only: false,
+            };
+            match client.quotas().delete_gpu_quota(request).await {
+                Err(s) if !users(&s).is_empty() => {
+                    let users = users(&s);
+                    let keys: Vec<&str> = users.iter().map(String::as_str).collect();
+                    if !run.dependents_deleted(&keys, USERS_GRACE).await {
+                        return Err(client.diagnostic(&s).into());
+                    }
+                }
+                answer => return deleted(&client, answer),
+            }
+        }
+    }
+
+    /// Refuses at plan to delete a quota that clusters or reservations still use, unless
+    /// the same plan deletes them too: the apply would delete some of a team's quotas and
+    /// then fail on the next.
+    async fn plan_delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        let Some(client) = self.provider.plan_client() else {
+            return Ok(());
+        };
+        let request = api::DeleteGpuQuotaRequest {
+            id: required_str(prior, "id")?,
+            validate_only: true,
+        };
+        let status = match client.quotas().delete_gpu_quota(request).await {
+            Ok(_) => return Ok(()),
+            Err(s) if s.code() == tonic::Code::NotFound => return Ok(()),
+            Err(s) => s,
+        };
+        let users = users(&status);
+        if users.is_empty() {
+            return Err(client.diagnostic(&status).into());
+        }
+        if self
+            .provider
+            .run
+            .unplanned_deletes(&users, USERS_GRACE)
+            .await
+            .is_empty()
+        {
+            return Ok(());
+        }
+        Err(crate::framework::Diagnostic::error(
+            status.message().to_string(),
+            "Delete them in the same change, or keep the quota until they are gone: the apply would otherwise delete some quotas and then fail.",
         )
+        .into())
     }
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {

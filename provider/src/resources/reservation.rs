@@ -366,15 +366,19 @@ impl ResourceType for Reservation {
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        let _under_way = self
-            .provider
-            .run
-            .deleting(&super::common::optional_tenant(prior)?);
+        let tenant = super::common::optional_tenant(prior)?;
+        let _under_way = self.provider.run.deleting(&[&id, &tenant]);
         let request = api::DeleteReservationRequest { id };
         deleted(
             &client,
             client.reservations().delete_reservation(request).await,
         )
+    }
+
+    async fn plan_delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        // A quota this reservation uses may be deleted by the same plan.
+        self.provider.run.plans_delete(&required_str(prior, "id")?);
+        Ok(())
     }
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {

@@ -974,12 +974,16 @@ impl ResourceType for TenantCluster {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
         let name = required_str(prior, "name")?;
-        let _under_way = self
-            .provider
-            .run
-            .deleting(&super::common::optional_tenant(prior)?);
+        let tenant = super::common::optional_tenant(prior)?;
+        let _under_way = self.provider.run.deleting(&[&id, &tenant]);
         let deadline = Deadline::new("delete", waiting::limit(prior, "delete")?);
         cluster_waits::delete(&client, id, name, deadline).await
+    }
+
+    async fn plan_delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        // A quota this cluster uses may be deleted by the same plan.
+        self.provider.run.plans_delete(&required_str(prior, "id")?);
+        Ok(())
     }
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use gpufleet_proto::error_info::{EXISTING_FIELD, EXISTING_ID};
+use gpufleet_proto::error_info::{EXISTING_FIELD, EXISTING_ID, USED_BY};
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -94,6 +94,15 @@ pub fn already_exists(field: &str, message: impl Into<String>, existing_id: &str
     let description = field_of(&message).map_or(message.as_str(), |(_, rest)| rest);
     details.add_bad_request_violation(field, cut(description, MAX_CUT_MESSAGE_BYTES));
     Status::with_error_details(Code::AlreadyExists, message, details)
+}
+
+/// FAILED_PRECONDITION for a delete of what `ids` still use (in its `ErrorInfo`, so a
+/// client deleting those too in the same run may go on).
+pub fn used_by(message: impl Into<String>, ids: &[&str]) -> Status {
+    let message = message.into();
+    let metadata = HashMap::from([(USED_BY.to_string(), ids.join(","))]);
+    let details = ErrorDetails::with_error_info("FAILED_PRECONDITION", DOMAIN, metadata);
+    Status::with_error_details(Code::FailedPrecondition, message, details)
 }
 
 /// Two refusals of one request said at once: `first`'s code, both sentences, and each one's

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use gpufleet_proto::v1::{self, gpu_quota_service_server::GpuQuotaService};
 use tonic::{Request, Response, Status};
 
-use super::{invalid, list_scope, not_found, precondition, request_id_conflict, visible_tenant};
+use super::{invalid, list_scope, not_found, request_id_conflict, visible_tenant};
 use crate::auth::Caller;
 use crate::fingerprint::Fingerprint;
 use crate::rules::{self, Limit, QuotaSubject, Span};
@@ -223,11 +223,22 @@ impl Quotas {
                 .map(|r| format!("reservation {}", r.id))
                 .collect();
             what.extend(clusters.iter().map(|c| format!("cluster '{}'", c.name)));
-            return Err(precondition(format!(
-                "the {} quota is still used by {}; delete them first",
-                q.gpu_type,
-                what.join(", ")
-            )));
+            let ids: Vec<&str> = reservations
+                .iter()
+                .map(|r| r.id.as_str())
+                .chain(clusters.iter().map(|c| c.id.as_str()))
+                .collect();
+            return Err(super::error_details::used_by(
+                format!(
+                    "the {} quota is still used by {}; delete them first",
+                    q.gpu_type,
+                    what.join(", ")
+                ),
+                &ids,
+            ));
+        }
+        if req.validate_only {
+            return Ok(v1::DeleteResponse {});
         }
         reservations::remove_ended(&tx, &ended)?;
         store::quotas::delete(&tx, &q.id).map_err(db_error)?;
