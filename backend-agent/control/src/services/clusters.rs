@@ -274,6 +274,8 @@ impl Clusters {
             &existing.id,
         );
         match self.admit_create(tx, caller, tenant, req, true) {
+            // A retry of the create that made it (the same request id): the apply gets it.
+            Ok(Prepared::Existing(c)) if c.id == existing.id => Ok(Prepared::Existing(c)),
             Ok(_) => Err(name_taken),
             Err(other) => Err(super::error_details::together(other, name_taken)),
         }
@@ -290,9 +292,6 @@ impl Clusters {
         stand_in_name: bool,
     ) -> Result<Prepared, Status> {
         gpufleet_wire::names::dns_label("name", &req.name).map_err(invalid)?;
-        if stand_in_name {
-            req.name = format!("{}.dry-run", req.name);
-        }
         rules::orchestrator(&req.orchestrator).map_err(invalid)?;
         crate::slurm_clusters::require(&req.orchestrator)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
@@ -334,6 +333,10 @@ impl Clusters {
             },
             Prior::Conflict => return Err(request_id_conflict(&req.request_id, "tenant cluster")),
             Prior::New => {}
+        }
+        if stand_in_name {
+            // After the request id's lookup, which knows the request by its real name.
+            req.name = format!("{}.dry-run", req.name);
         }
         if let Some(existing) =
             store::clusters::by_name(&tx, &tenant.id, &req.name).map_err(db_error)?
