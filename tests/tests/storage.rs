@@ -62,7 +62,7 @@ async fn storage_grows_in_place_and_never_shrinks() {
     let before = backend.admin().await.inventory().await;
     tf.write_main(&config(50));
     let plan = tf.plan_fails();
-    plan.assert_mentions(&["storage_gib", "300", "50", "shrink"]);
+    plan.assert_mentions(&["storage_gib: volumes only grow: cannot shrink from 300 to 50 GiB"]);
     tf.apply_fails()
         .assert_mentions(&["storage_gib", "300", "50"]);
     assert_eq!(backend.admin().await.inventory().await, before);

@@ -587,7 +587,7 @@ impl Clusters {
                 tonic::Code::FailedPrecondition,
                 "storage_gib",
                 format!(
-                    "storage_gib cannot shrink from {} to {}",
+                    "storage_gib: volumes only grow: cannot shrink from {} to {} GiB",
                     c.storage_gib, req.storage_gib
                 ),
             ));
