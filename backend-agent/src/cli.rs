@@ -42,6 +42,13 @@ pub enum Command {
     /// Show what happened to a tenant cluster, a node or a breaker (its event log), or to
     /// the whole fleet (the admin, without an object), oldest first.
     Events(EventsArgs),
+    /// List the tenants the token may see (a tenant token: its own), with their ids.
+    Tenants(ClientArgs),
+    /// List the tenant clusters the token may see, with their ids (`--tenant`: one
+    /// tenant's, by name or id).
+    Clusters(ListArgs),
+    /// List the reservations the token may see, with their ids (`--tenant`: one tenant's).
+    Reservations(ListArgs),
     /// The automatic-quarantine breakers (admin): list them, or reset one.
     #[command(subcommand)]
     Breaker(BreakerCommand),
@@ -194,6 +201,16 @@ pub struct EventsArgs {
     /// The object: a cluster's id, a node's name or breaker/<MODEL> (admin). Without one,
     /// every event the token may see, oldest first: the admin's is the whole fleet's.
     pub object_id: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// The flags of a list command.
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Only this tenant's, by name or id.
+    #[arg(long)]
+    pub tenant: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }

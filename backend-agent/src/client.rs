@@ -25,6 +25,13 @@ fn token(args: &ClientArgs) -> anyhow::Result<String> {
 }
 
 async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
+    let (channel, auth) = channel(args).await?;
+    Ok(FleetServiceClient::with_interceptor(channel, auth)
+        .max_decoding_message_size(gpufleet_proto::limits::MAX_MESSAGE_BYTES))
+}
+
+/// A connection to the control plane and the token to present on it.
+pub(crate) async fn channel(args: &ClientArgs) -> anyhow::Result<(Channel, BearerAuth)> {
     let auth = BearerAuth::new(&token(args)?).context("the token is not valid header text")?;
     let mut endpoint = Channel::from_shared(args.endpoint.clone())
         .with_context(|| format!("--endpoint: '{}' is not a valid URL", args.endpoint))?;
@@ -36,14 +43,14 @@ async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
             .tls_config(tls)
             .context("--ca-cert: cannot use this CA certificate")?;
     }
-    let channel = endpoint.connect().await.with_context(|| {
-        format!(
-            "cannot reach the control plane at {} (is `gpufleet-agent serve` running?)",
-            args.endpoint
+    let channel = endpoint.connect().await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach the control plane at {} ({}); is `gpufleet-agent serve` running?",
+            args.endpoint,
+            root_cause(&e)
         )
     })?;
-    Ok(FleetServiceClient::with_interceptor(channel, auth)
-        .max_decoding_message_size(gpufleet_proto::limits::MAX_MESSAGE_BYTES))
+    Ok((channel, auth))
 }
 
 /// Every node, following the pages of ListNodes.
@@ -67,9 +74,45 @@ async fn all_nodes(client: &mut Client) -> anyhow::Result<Vec<v1::Node>> {
     }
 }
 
-/// The status code and message, without transport metadata.
-fn status(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+/// What a failed call says to a person: the control plane's own sentence (which names the
+/// field and the numbers), or for a failed connection the cause once; no raw gRPC code.
+pub(crate) fn status(s: tonic::Status) -> anyhow::Error {
+    use tonic::Code;
+    match s.code() {
+        Code::Unavailable | Code::Unknown | Code::DeadlineExceeded if is_transport(&s) => {
+            anyhow::anyhow!(
+                "cannot reach the control plane ({}); is `gpufleet-agent serve` running, and is --endpoint right?",
+                transport_cause(&s)
+            )
+        }
+        Code::Unauthenticated => {
+            anyhow::anyhow!("the control plane refused the token: {}", s.message())
+        }
+        _ => anyhow::anyhow!("{}", s.message()),
+    }
+}
+
+fn is_transport(s: &tonic::Status) -> bool {
+    use std::error::Error as _;
+    s.source().is_some() || s.message().starts_with("transport error")
+}
+
+/// The innermost cause of a transport failure ("Connection refused (os error 111)"
+/// rather than "transport error: tcp connect error: tcp connect error: ...").
+fn transport_cause(s: &tonic::Status) -> String {
+    use std::error::Error as _;
+    match s.source() {
+        Some(e) => root_cause(e),
+        None => s.message().to_string(),
+    }
+}
+
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut root = e;
+    while let Some(next) = root.source() {
+        root = next;
+    }
+    root.to_string()
 }
 
 /// Widest cell shown: longer ones are cut, so a node's odd report cannot blow up the
@@ -85,7 +128,7 @@ fn fitted(cell: &str) -> String {
 }
 
 /// Left-aligned columns wide enough for every cell.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|r| r.iter().map(|c| fitted(c)).collect())

@@ -7,4 +7,5 @@
 pub mod cli;
 pub mod client;
 pub mod embedded;
+pub mod lists;
 pub mod serve;

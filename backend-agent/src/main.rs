@@ -4,7 +4,7 @@
 //! a thin binary over the `gpufleet_agent` library, which composes the crates.
 
 use clap::Parser;
-use gpufleet_agent::{cli, client, serve};
+use gpufleet_agent::{cli, client, lists, serve};
 
 /// A token given as a flag is in the process's command line, which every local user reads
 /// (`/proc/PID/cmdline`), a tenant's jobs on a node included; the environment and the
@@ -53,6 +53,9 @@ fn main() -> std::process::ExitCode {
             cli::Command::NodeReturn(args) => client::return_node(args).await,
             cli::Command::NodeForgetSecret(args) => client::forget_node_secret(args).await,
             cli::Command::Events(args) => client::print_events(args).await,
+            cli::Command::Tenants(args) => lists::print_tenants(args).await,
+            cli::Command::Clusters(args) => lists::print_clusters(args).await,
+            cli::Command::Reservations(args) => lists::print_reservations(args).await,
             cli::Command::Breaker(cli::BreakerCommand::List(args)) => {
                 client::print_breakers(args).await
             }

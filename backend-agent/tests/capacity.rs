@@ -372,6 +372,7 @@ async fn dependents_block_deletes() {
         c.quotas
             .delete_gpu_quota(DeleteGpuQuotaRequest {
                 id: quota.id.clone(),
+                ..Default::default()
             })
             .await,
         Code::FailedPrecondition,
@@ -379,7 +380,10 @@ async fn dependents_block_deletes() {
     );
     c.delete_cluster(&k.id).await;
     c.quotas
-        .delete_gpu_quota(DeleteGpuQuotaRequest { id: quota.id })
+        .delete_gpu_quota(DeleteGpuQuotaRequest {
+            id: quota.id,
+            ..Default::default()
+        })
         .await
         .unwrap();
     c.tenants

@@ -51,6 +51,7 @@ async fn ended_reservations_go_with_their_quota_and_tenant() {
 
     let delete_quota = DeleteGpuQuotaRequest {
         id: quota.id.clone(),
+        ..Default::default()
     };
     let msg = assert_status(
         c.quotas.delete_gpu_quota(delete_quota.clone()).await,

@@ -46,3 +46,18 @@ fn nvml_hardware_without_a_driver_says_so_before_the_data_dir_exists() {
     assert!(err.contains("--hardware nvml: NVIDIA driver"), "{err}");
     assert!(!data.exists());
 }
+
+#[test]
+fn a_fleet_file_that_does_not_parse_is_refused_before_the_data_dir_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("fleet.toml");
+    std::fs::write(&fleet, "[[pools]\n").unwrap();
+    let data = dir.path().join("data");
+    let (ok, err) = serve(&data, &["--fleet", fleet.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("fleet.toml"), "{err}");
+    assert!(
+        !data.exists(),
+        "no data dir (and no state.db) for a refused start"
+    );
+}

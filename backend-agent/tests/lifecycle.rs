@@ -210,7 +210,10 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
     }
     c.delete_reservation(&res.id).await;
     c.quotas
-        .delete_gpu_quota(DeleteGpuQuotaRequest { id: quota.id })
+        .delete_gpu_quota(DeleteGpuQuotaRequest {
+            id: quota.id,
+            ..Default::default()
+        })
         .await
         .unwrap();
     c.tenants

@@ -208,7 +208,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
     assert_status(
         c.clusters.update_tenant_cluster(shrink).await,
         Code::FailedPrecondition,
-        "storage_gib cannot shrink from 500 to 100",
+        "storage_gib: volumes only grow: cannot shrink from 500 to 100 GiB",
     );
     let negative = UpdateTenantClusterRequest {
         id: cluster.id.clone(),
@@ -267,7 +267,10 @@ async fn bad_input_is_refused_and_changes_nothing() {
     );
     assert_status(
         c.quotas
-            .delete_gpu_quota(DeleteGpuQuotaRequest { id: UNKNOWN.into() })
+            .delete_gpu_quota(DeleteGpuQuotaRequest {
+                id: UNKNOWN.into(),
+                ..Default::default()
+            })
             .await,
         Code::NotFound,
         "gpu quota",

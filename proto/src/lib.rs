@@ -8,7 +8,7 @@ pub mod v1 {
 }
 
 pub mod codec;
-
+pub mod error_info;
 pub mod limits;
 
 /// The metadata key that carries the bearer token on every call.

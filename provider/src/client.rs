@@ -28,6 +28,8 @@ pub struct Client {
     auth: BearerAuth,
     /// The catalog does not change while Terraform runs: fetched once per process.
     gpu_types: tokio::sync::OnceCell<Vec<GpuType>>,
+    /// The id of the token's own tenant (None: the admin token), asked once.
+    own_tenant: tokio::sync::OnceCell<Option<String>>,
 }
 
 impl Client {
@@ -91,7 +93,24 @@ impl Client {
             channel: builder.connect_lazy(),
             auth,
             gpu_types: tokio::sync::OnceCell::new(),
+            own_tenant: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The id of the tenant whose token this client holds; None for the admin token (or
+    /// when the backend cannot say).
+    pub async fn own_tenant(&self) -> Option<String> {
+        self.own_tenant
+            .get_or_init(|| async {
+                let request = gpufleet_proto::v1::GetTenantRequest { id: String::new() };
+                self.tenants()
+                    .get_tenant(request)
+                    .await
+                    .ok()
+                    .map(|t| t.into_inner().id)
+            })
+            .await
+            .clone()
     }
 
     pub fn tenants(&self) -> TenantServiceClient<Authed> {
@@ -156,6 +175,11 @@ impl Client {
         if cluster.nodes_omitted > 0 {
             cluster.nodes = self.all_nodes("", &cluster.id).await?;
             cluster.nodes_omitted = 0;
+            // A cluster's answer carries no heartbeat ages (ListNodes does): without this
+            // a cluster of more than one page would drift on every refresh.
+            for n in &mut cluster.nodes {
+                n.heartbeat_age_seconds = 0;
+            }
         }
         Ok(cluster)
     }

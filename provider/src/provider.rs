@@ -19,6 +19,8 @@ pub struct ProviderState {
     client: RwLock<Option<Arc<Client>>>,
     /// False when the provider block had values unknown until apply.
     config_known: RwLock<bool>,
+    /// What this run's other resources plan and do.
+    pub run: crate::this_run::ThisRun,
 }
 
 impl ProviderState {

@@ -30,6 +30,7 @@ pub async fn create_tenant(admin: &mut Clients, name: &str) -> (Tenant, String) 
             name: name.to_string(),
             display_name: format!("{name} team"),
             labels: Default::default(),
+            validate_only: false,
         })
         .await
         .unwrap_or_else(|s| panic!("CreateTenant {name}: {s}"))

@@ -271,14 +271,26 @@ async fn the_earliest_window_is_answered_and_a_reservation_there_fits() {
     let next = tf.resource("gpufleet_reservation.next");
     assert_eq!(i64_of(&next, "pool_nodes"), 1, "{next:#}");
 
-    // 5 nodes never fit a 4-node pool: the data source says so on node_count.
+    // 5 nodes never fit a 4-node pool: an answer, not an error; the reason says why.
     let mut blocks = base.to_vec();
     blocks.push(window(5, "1h"));
+    blocks.push(Block::output(
+        "why",
+        "data.gpufleet_availability.w.earliest_start_reason",
+    ));
+    blocks.push(Block::output(
+        "never",
+        "data.gpufleet_availability.w.earliest_start == null",
+    ));
     tf.write_main(&team(32, 32, &blocks));
-    tf.plan_fails().assert_mentions(&[
-        "node_count: 5 H100-80GB pool nodes are never free for 1h",
-        "the pool has 4 nodes",
-    ]);
+    tf.apply();
+    let outputs = tf.outputs();
+    assert_eq!(outputs["never"], true, "{outputs:#}");
+    let why = outputs["why"].as_str().unwrap();
+    assert!(
+        why.starts_with("5 H100-80GB pool nodes are never free for 1h: the pool has 4 nodes"),
+        "{why}"
+    );
 }
 
 /// Idle capacity used, promises kept: with every H100 pool node reserved for a window that

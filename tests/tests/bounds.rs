@@ -426,6 +426,7 @@ async fn list_calls_page_and_every_item_comes_back_once() {
                 name: name.clone(),
                 display_name: "d".repeat(256),
                 labels: labels.clone(),
+                validate_only: false,
             })
             .await
             .unwrap_or_else(|s| panic!("CreateTenant {name}: {s}"));

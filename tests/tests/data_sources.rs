@@ -253,7 +253,7 @@ async fn nodes_shows_the_admin_everything_and_a_tenant_only_its_own_clusters() {
 async fn quota_usage_counts_clusters_as_used_and_reservations_as_reserved() {
     let backend = Backend::start();
     let mut admin = backend.admin().await;
-    let (tenant, _) = create_tenant(&mut admin, "team").await;
+    let (tenant, token) = create_tenant(&mut admin, "team").await;
     // 16 guaranteed + 8 burst GPUs.
     create_quota(&mut admin, &tenant.id, "H100-80GB", 16, 8).await;
     let usage = [Block::data("gpufleet_quota_usage", "h100")
@@ -279,4 +279,135 @@ async fn quota_usage_counts_clusters_as_used_and_reservations_as_reserved() {
         [16, 8, 8, 8, 8],
         "gpus, burst, used, reserved, available"
     );
+    // The team's own token reads its usage without naming its tenant, as its resources do.
+    let own = [Block::data("gpufleet_quota_usage", "h100").string("gpu_type", "H100-80GB")];
+    let team = read_data(&backend, &token, &own);
+    assert_eq!(read(&team), [16, 8, 8, 8, 8]);
+}
+
+/// A question the pool can never answer is an answer, not an error: once this
+/// configuration's own cluster holds every H100 pool node, `earliest_start` is null with
+/// the reason, the next plan reads it without failing, and `terraform destroy` succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn availability_never_blocks_a_plan_or_a_destroy() {
+    let backend = Backend::start(); // 4 H100 pool nodes
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_main(&hcl::config(&[
+        hcl::tenant("t", "team"),
+        hcl::quota("q", "gpufleet_tenant.t.id", "H100-80GB", 32),
+        hcl::pool_cluster("all", "gpufleet_tenant.t.id", "all", "H100-80GB", 4)
+            .depends_on(&["gpufleet_gpu_quota.q"]),
+        Block::data("gpufleet_availability", "w")
+            .string("gpu_type", "H100-80GB")
+            .number("node_count", 1)
+            .string("duration", "72h"),
+        Block::output("earliest", "data.gpufleet_availability.w.earliest_start"),
+        Block::output("why", "data.gpufleet_availability.w.earliest_start_reason"),
+    ]));
+    tf.init();
+    tf.apply();
+    // The apply's own read came before the cluster: the refresh now sees the pool used.
+    tf.refresh();
+    let outputs = tf.outputs();
+    assert!(outputs["earliest"].is_null(), "{outputs:#}");
+    let why = outputs["why"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with("1 H100-80GB pool nodes are never free for 72h: the pool has 4 nodes and clusters hold 4 of them with no end"),
+        "{outputs:#}"
+    );
+    tf.assert_no_changes();
+    tf.destroy();
+    assert!(tf.state_list().is_empty());
+}
+
+/// Runs `gpufleet-agent ARGS` against `backend` with `token`; its stdout, or the test fails
+/// with its stderr.
+fn agent_lists(backend: &Backend, token: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .args(args)
+        .args(["--endpoint", &backend.endpoint(), "--token", token])
+        .output()
+        .expect("run gpufleet-agent");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Users know names: the lookup data sources and the list commands find tenants, clusters
+/// and reservations by them, with the ids; a team's token finds its own only, and another
+/// team's tenant is not found for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_find_what_exists_by_name_and_a_team_sees_its_own_only() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let (vision, _) = create_tenant(&mut admin, "vision").await;
+    let (speech, speech_token) = create_tenant(&mut admin, "speech").await;
+    create_quota(&mut admin, &vision.id, "H100-80GB", 16, 0).await;
+    let cv = create_pool_cluster(&mut admin, &vision.id, "cv", "H100-80GB", 1).await;
+    let r = create_reservation(&mut admin, &vision.id, "H100-80GB", 1, 2, 24).await;
+    let lookups = [
+        Block::data("gpufleet_tenants", "vision").string("name", "vision"),
+        Block::data("gpufleet_clusters", "cv")
+            .string("tenant", "vision")
+            .string("name", "cv"),
+        Block::data("gpufleet_reservations", "vision").string("tenant", "vision"),
+        Block::data("gpufleet_tenants", "all"),
+    ];
+    let tf = read_data(&backend, backend.admin_token(), &lookups);
+    let list = |tf: &Terraform, address: &str, key: &str| -> Vec<Value> {
+        array_of(&tf.resource(address), key).to_vec()
+    };
+    let tenants = list(&tf, "data.gpufleet_tenants.vision", "tenants");
+    assert_eq!(tenants.len(), 1);
+    assert_eq!(str_of(&tenants[0], "id"), vision.id);
+    let clusters = list(&tf, "data.gpufleet_clusters.cv", "clusters");
+    assert_eq!(clusters.len(), 1);
+    assert_eq!(str_of(&clusters[0], "id"), cv.id);
+    assert_eq!(str_of(&clusters[0], "tenant_name"), "vision");
+    let reservations = list(&tf, "data.gpufleet_reservations.vision", "reservations");
+    assert_eq!(reservations.len(), 1);
+    assert_eq!(str_of(&reservations[0], "id"), r.id);
+    assert_eq!(list(&tf, "data.gpufleet_tenants.all", "tenants").len(), 2);
+
+    // A team: its own tenant only, none of the other team's clusters.
+    let team = read_data(
+        &backend,
+        &speech_token,
+        &[
+            Block::data("gpufleet_tenants", "all"),
+            Block::data("gpufleet_clusters", "all"),
+        ],
+    );
+    let seen = list(&team, "data.gpufleet_tenants.all", "tenants");
+    assert_eq!(seen.len(), 1);
+    assert_eq!(str_of(&seen[0], "id"), speech.id);
+    assert!(list(&team, "data.gpufleet_clusters.all", "clusters").is_empty());
+    team.write_main(&hcl::config(&[
+        Block::data("gpufleet_clusters", "theirs").string("tenant", "vision")
+    ]));
+    team.plan_fails()
+        .assert_mentions(&["tenant 'vision' not found (this token's tenant is 'speech')"]);
+
+    // The same from the command line.
+    let text = agent_lists(
+        &backend,
+        backend.admin_token(),
+        &["clusters", "--tenant", "vision"],
+    );
+    assert!(
+        text.starts_with("TENANT") && text.contains(&cv.id),
+        "{text}"
+    );
+    let text = agent_lists(&backend, backend.admin_token(), &["reservations"]);
+    assert!(text.contains(&r.id), "{text}");
+    let text = agent_lists(&backend, &speech_token, &["tenants"]);
+    assert!(
+        text.contains(&speech.id) && !text.contains(&vision.id),
+        "{text}"
+    );
+    let text = agent_lists(&backend, &speech_token, &["clusters"]);
+    assert!(!text.contains(&cv.id), "{text}");
 }

@@ -8,6 +8,7 @@ use gpufleet_proto::v1::{
     CreateTenantClusterRequest, Event, ListDriverVersionsRequest, ListEventsRequest,
     ResolveDriverRequest, UpdateTenantClusterRequest,
 };
+use serde_json::Value;
 
 const FLEET: &str = r#"
 drivers = ["550.54.15", "550.90.07", "570.133.20", "580.65.06"]
@@ -347,8 +348,43 @@ async fn terraform_chooses_by_cuda_refuses_incompatible_pairs_and_rolls_a_change
     assert_eq!(tf.outputs()["newest_for_cuda128"], "580.65.06");
 
     // An exact, older driver: a change in place that rolls through the nodes.
+    // The plan keeps every node, planned: only what the roll rewrites is unknown.
+    let hostnames: Vec<Value> = state["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["hostname"].clone())
+        .collect();
     tf.write_main(&tf_config("driver_version = \"550.90.07\""));
-    assert_eq!(tf.planned_actions(TF_CLUSTER), vec!["update".to_string()]);
+    let (changes, text) = tf.plan_changes();
+    let change = changes.iter().find(|c| c.address == TF_CLUSTER).unwrap();
+    assert_eq!(change.actions, vec!["update".to_string()]);
+    let after = &change.detail["change"]["after"];
+    let planned: Vec<Value> = after["nodes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("nodes are planned\n{text}"))
+        .iter()
+        .map(|n| n["hostname"].clone())
+        .collect();
+    assert_eq!(planned, hostnames);
+    let now = state["nodes"].as_array().unwrap();
+    for (node, was) in after["nodes"].as_array().unwrap().iter().zip(now) {
+        assert_eq!(node["driver_version"], "550.90.07", "{node:#}");
+        assert_eq!(node["gpu_uuids"], was["gpu_uuids"], "{node:#}");
+    }
+    // No GPU is shown leaving: a UUID line is a removal (-) or an addition (+) only
+    // when the whole list is replaced.
+    assert!(
+        !text
+            .stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("- \"GPU-")),
+        "{text}"
+    );
+    eprintln!(
+        "driver change of 3 nodes: {} plan lines",
+        text.stdout.lines().count()
+    );
     tf.apply();
     let state = tf.resource(TF_CLUSTER);
     assert_eq!(state["driver_version"], "550.90.07");
@@ -387,5 +423,21 @@ async fn terraform_chooses_by_cuda_refuses_incompatible_pairs_and_rolls_a_change
         .collect();
     assert_eq!(hosts.len(), 3);
     assert!(!hosts.contains(&failing.as_str()), "{hosts:?}");
+
+    // Shrinking releases the highest hostnames: the plan shows the two that stay as they
+    // are, and the apply keeps exactly those.
+    tf.write_main(
+        &tf_config("cuda_version = \"12.8\"").replace("node_count   = 3", "node_count   = 2"),
+    );
+    let (changes, text) = tf.plan_changes();
+    let change = changes.iter().find(|c| c.address == TF_CLUSTER).unwrap();
+    let kept: Vec<Value> = state["nodes"].as_array().unwrap()[..2].to_vec();
+    assert_eq!(
+        change.detail["change"]["after"]["nodes"],
+        Value::Array(kept.clone()),
+        "{text}"
+    );
+    tf.apply();
+    assert_eq!(tf.resource(TF_CLUSTER)["nodes"], Value::Array(kept));
     tf.destroy();
 }

@@ -360,3 +360,63 @@ async fn a_missing_token_stops_the_pipeline_before_terraform_runs() {
     );
     assert!(!run.ran_step("fmt"), "{run}");
 }
+
+/// The lines of the guide's "Run it locally" block after its `export`s (the test sets
+/// those variables itself).
+fn guide_steps() -> String {
+    let guide = fs::read_to_string(workspace_root().join("docs/guides/gitops.md"))
+        .expect("read the GitOps guide");
+    let (_, section) = guide
+        .split_once("### Run it locally")
+        .expect("the guide has a \"Run it locally\" section");
+    let (_, block) = section.split_once("```sh\n").expect("a sh block");
+    let (block, _) = block.split_once("```").expect("the block ends");
+    block
+        .lines()
+        .filter(|l| !l.starts_with("export "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The guide's local steps, run as written from a checkout: they copy what the teams
+/// need, and the three pipeline runs plan, apply, then find nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guides_local_steps_run_as_written() {
+    let backend = Backend::start();
+    let gitops = Gitops::new(&backend);
+    let steps = guide_steps();
+    let terraform = terraform();
+    let output = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &steps])
+        .current_dir(workspace_root())
+        // mktemp -d makes the copy inside this test's own temp dir.
+        .env("TMPDIR", gitops.root.path())
+        .env("TERRAFORM", &terraform)
+        .env("TF_CLI_CONFIG_FILE", &gitops.cli_config)
+        .env("CHECKPOINT_DISABLE", "1")
+        .env("GPUFLEET_ENDPOINT", &gitops.endpoint)
+        .env("GPUFLEET_TOKEN", &gitops.token)
+        .env_remove("GPUFLEET_CA_CERT_PEM")
+        .env_remove("INIT_MODE")
+        .env_remove("PLAN_FILE")
+        .output()
+        .expect("run the guide's steps");
+    let run = Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
+    assert_eq!(run.code, 0, "{steps}\n{run}");
+    let lines = run.pipeline_lines();
+    assert!(lines.iter().any(|l| l == "pipeline: applied"), "{run}");
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("pipeline: no changes"),
+        "{run}"
+    );
+    let inventory = backend.admin().await.inventory().await;
+    for team in ["vision", "speech"] {
+        let id = tenant_id(&inventory, team);
+        cluster_of(&inventory, &id);
+    }
+}

@@ -425,3 +425,99 @@ async fn reservation_deleted_outside_terraform_is_recreated() {
     assert_ne!(reservations[0].id, old_id);
     tf.assert_no_changes();
 }
+
+/// `vision`'s 16-GPU H100 quota and 1-node cluster `cv`, made outside Terraform; the
+/// configuration that describes them with `tenant` spelled `tenant` (an HCL expression,
+/// or None to leave it out).
+fn vision_config(tenant: Option<&str>) -> String {
+    let tenant = tenant.map_or(String::new(), |t| format!("  tenant       = {t}\n"));
+    format!(
+        r#"
+resource "gpufleet_gpu_quota" "q" {{
+{tenant}  gpu_type     = "H100-80GB"
+  gpus         = 16
+}}
+resource "gpufleet_tenant_cluster" "c" {{
+{tenant}  name         = "cv"
+  orchestrator = "kubernetes"
+  gpu_type     = "H100-80GB"
+  node_count   = 1
+}}
+"#
+    )
+}
+
+/// Users know names: clusters import by `TENANT/NAME` and quotas by `TENANT/GPU_TYPE`
+/// (the tenant by name or id; with a tenant token the name alone), and the next plan is
+/// empty however the configuration spells the tenant, as long as the import id spelled it
+/// the same way (a tenant token's configuration leaving it out imports by name or id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_by_tenant_and_name_plan_nothing_whichever_way_tenant_is_spelled() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let (vision, token) = create_tenant(&mut admin, "vision").await;
+    let quota = create_quota(&mut admin, &vision.id, "H100-80GB", 16, 0).await;
+    let cluster =
+        gpufleet_e2e::fixtures::create_pool_cluster(&mut admin, &vision.id, "cv", "H100-80GB", 1)
+            .await;
+    let admin_tf = Terraform::new(&backend, backend.admin_token());
+    let team_tf = Terraform::new(&backend, &token);
+    let id = hcl::id(&vision.id);
+    let cases: [(&Terraform, Option<&str>, String, String); 5] = [
+        (
+            &admin_tf,
+            Some("\"vision\""),
+            "vision/H100-80GB".into(),
+            "vision/cv".into(),
+        ),
+        (
+            &admin_tf,
+            Some(&id),
+            format!("{}/H100-80GB", vision.id),
+            format!("{}/cv", vision.id),
+        ),
+        (&team_tf, None, "H100-80GB".into(), "cv".into()),
+        (&team_tf, None, quota.id.clone(), cluster.id.clone()),
+        (
+            &team_tf,
+            Some("\"vision\""),
+            "vision/H100-80GB".into(),
+            "vision/cv".into(),
+        ),
+    ];
+    for (tf, tenant, quota_import, cluster_import) in cases {
+        tf.write_main(&vision_config(tenant));
+        tf.init();
+        for address in ["gpufleet_gpu_quota.q", "gpufleet_tenant_cluster.c"] {
+            if tf.state_list().iter().any(|a| a == address) {
+                tf.run_ok(&["state", "rm", address]);
+            }
+        }
+        tf.import("gpufleet_gpu_quota.q", &quota_import);
+        tf.import("gpufleet_tenant_cluster.c", &cluster_import);
+        assert_eq!(
+            str_of(&tf.resource("gpufleet_tenant_cluster.c"), "id"),
+            cluster.id,
+            "{cluster_import}"
+        );
+        tf.assert_no_changes();
+    }
+    // A name the tenant does not have, or a tenant that does not exist: said so.
+    let run = admin_tf.run_fails(&[
+        "import",
+        "-no-color",
+        "-input=false",
+        "gpufleet_tenant_cluster.c",
+        "vision/nosuch",
+    ]);
+    run.assert_mentions(&["no tenant cluster \"vision/nosuch\": not found"]);
+    admin_tf.run_ok(&["state", "rm", "gpufleet_tenant_cluster.c"]);
+    let run = admin_tf.run_fails(&[
+        "import",
+        "-no-color",
+        "-input=false",
+        "gpufleet_tenant_cluster.c",
+        "vison/cv",
+    ]);
+    run.assert_mentions(&["tenant 'vison' not found (did you mean 'vision'?"]);
+}

@@ -261,3 +261,183 @@ resource "gpufleet_tenant_cluster" "train" {{
         assert_refused_at_plan(&backend, &tf, &hcl, &needles).await;
     }
 }
+
+/// What apply would refuse about the tenant, its quota and a cluster's name is refused at
+/// plan, on the attribute, through the backend's dry run: a mistyped tenant (the answer
+/// lists the tenants there are), a model without quota, a tenant made with a tenant's
+/// token, another team's tenant (answered exactly like one that does not exist), and a
+/// name the tenant already uses (with the quota's verdict in the same plan).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_apply_would_refuse_is_refused_at_plan() {
+    let (backend, tf) = admin_workdir();
+    let mut admin = backend.admin().await;
+    let (vision, _) = create_tenant(&mut admin, "vision").await;
+    let (_, speech_token) = create_tenant(&mut admin, "speech").await;
+    create_quota(&mut admin, &vision.id, "H100-80GB", 16, 0).await;
+    create_pool_cluster(&mut admin, &vision.id, "cv", "H100-80GB", 1).await;
+
+    // A typo in the tenant's name: the names there are, the nearest first.
+    let hcl = hcl::config(&[hcl::pool_cluster("c", "\"vison\"", "det", "H100-80GB", 1)]);
+    assert_refused_at_plan(
+        &backend,
+        &tf,
+        &hcl,
+        &[
+            "tenant: tenant 'vison' not found (did you mean 'vision'? tenants: vision, speech)",
+            "tenant       = \"vison\"",
+        ],
+    )
+    .await;
+
+    // A model the tenant has no quota for, by name and by id.
+    for tenant in ["\"vision\"".to_string(), hcl::id(&vision.id)] {
+        let hcl = hcl::config(&[hcl::pool_cluster("c", &tenant, "big", "H200-141GB", 1)]);
+        assert_refused_at_plan(
+            &backend,
+            &tf,
+            &hcl,
+            &["tenant 'vision' has no quota for H200-141GB"],
+        )
+        .await;
+    }
+
+    // A second cluster named like one the tenant has, asking for more than its quota:
+    // both are said.
+    let hcl = hcl::config(&[hcl::pool_cluster("c", "\"vision\"", "cv", "H100-80GB", 3)]);
+    assert_refused_at_plan(
+        &backend,
+        &tf,
+        &hcl,
+        &[
+            "name: tenant 'vision' already has a cluster named 'cv'",
+            "name         = \"cv\"",
+            "quota",
+        ],
+    )
+    .await;
+
+    // A team's own token: no tenants, and the other team's tenant does not exist for it.
+    let team = Terraform::new(&backend, &speech_token);
+    team.write_main("");
+    team.init();
+    let hcl = hcl::config(&[hcl::tenant("new", "newteam")]);
+    assert_refused_at_plan(
+        &backend,
+        &team,
+        &hcl,
+        &[
+            "creating a tenant needs the admin token",
+            "name = \"newteam\"",
+        ],
+    )
+    .await;
+    let mut said = Vec::new();
+    for tenant in ["vision", "nosuch"] {
+        let hcl = hcl::config(&[hcl::pool_cluster(
+            "c",
+            &format!("\"{tenant}\""),
+            "sneaky",
+            "H100-80GB",
+            1,
+        )]);
+        team.write_main(&hcl);
+        let plan = team.plan_fails();
+        plan.assert_mentions(&[&format!(
+            "tenant: tenant '{tenant}' not found (this token's tenant is 'speech')"
+        )]);
+        said.push(plan.output().replace(tenant, "TENANT"));
+    }
+    assert_eq!(said[0], said[1], "another team's tenant answers like none");
+    assert!(backend
+        .admin()
+        .await
+        .inventory()
+        .await
+        .clusters
+        .iter()
+        .all(|c| c.name != "sneaky"));
+}
+
+/// A platform configuration of teams (a tenant and two quotas each, from one map): a team
+/// dropped from the map while its cluster (in the team's own configuration) still exists
+/// is refused at plan, so nothing is half-deleted; dropping the cluster in the same plan
+/// as its quota is fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_platform_change_that_drops_a_team_whose_cluster_exists_is_refused_at_plan() {
+    let (backend, tf) = admin_workdir();
+    let platform = |teams: &[&str], cluster: bool| {
+        let list = teams
+            .iter()
+            .map(|t| format!("\"{t}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut hcl = format!(
+            r#"
+locals {{
+  teams = toset([{list}])
+}}
+resource "gpufleet_tenant" "team" {{
+  for_each = local.teams
+  name     = each.key
+}}
+resource "gpufleet_gpu_quota" "h100" {{
+  for_each = local.teams
+  tenant   = gpufleet_tenant.team[each.key].id
+  gpu_type = "H100-80GB"
+  gpus     = 8
+}}
+resource "gpufleet_gpu_quota" "a100" {{
+  for_each = local.teams
+  tenant   = gpufleet_tenant.team[each.key].id
+  gpu_type = "A100-80GB"
+  gpus     = 8
+}}
+"#
+        );
+        if cluster {
+            hcl.push_str(
+                r#"
+resource "gpufleet_tenant_cluster" "speech" {
+  tenant       = gpufleet_tenant.team["speech"].id
+  name         = "asr"
+  orchestrator = "kubernetes"
+  gpu_type     = "A100-80GB"
+  node_count   = 1
+  depends_on   = [gpufleet_gpu_quota.a100]
+}
+"#,
+            );
+        }
+        hcl
+    };
+    tf.write_main(&platform(&["vision", "speech"], true));
+    tf.apply();
+    // The vision team's own pipeline runs its cluster.
+    let vision = backend
+        .admin()
+        .await
+        .inventory()
+        .await
+        .tenants
+        .into_iter()
+        .find(|t| t.name == "vision")
+        .unwrap();
+    let mut admin = backend.admin().await;
+    create_pool_cluster(&mut admin, &vision.id, "cv", "H100-80GB", 1).await;
+
+    let hcl = platform(&["speech"], true);
+    assert_refused_at_plan(
+        &backend,
+        &tf,
+        &hcl,
+        &["the H100-80GB quota is still used by cluster 'cv'; delete them first"],
+    )
+    .await;
+
+    // The speech team and its cluster go in one change: planned and applied.
+    tf.write_main(&platform(&["vision"], false));
+    tf.apply();
+    let inventory = backend.admin().await.inventory().await;
+    assert!(inventory.tenants.iter().all(|t| t.name != "speech"));
+    assert!(inventory.clusters.iter().all(|c| c.name != "asr"));
+}

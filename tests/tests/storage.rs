@@ -62,10 +62,17 @@ async fn storage_grows_in_place_and_never_shrinks() {
     let before = backend.admin().await.inventory().await;
     tf.write_main(&config(50));
     let plan = tf.plan_fails();
-    plan.assert_mentions(&["storage_gib", "300", "50", "shrink"]);
+    plan.assert_mentions(&["storage_gib: volumes only grow: cannot shrink from 300 to 50 GiB"]);
     tf.apply_fails()
         .assert_mentions(&["storage_gib", "300", "50"]);
     assert_eq!(backend.admin().await.inventory().await, before);
     assert_eq!(volume_size_gib(&path), 300);
     assert_eq!(i64_of(&tf.resource(CLUSTER), "storage_gib"), 300);
+
+    // Destroyed, the cluster's volume and its tenant's folder are gone.
+    tf.write_main(&config(300));
+    tf.destroy();
+    let tenant_dir = Path::new(&path).parent().unwrap();
+    assert!(!Path::new(&path).exists());
+    assert!(!tenant_dir.exists(), "{} is left", tenant_dir.display());
 }

@@ -176,7 +176,15 @@ fn failure(host: &str, outcome: Outcome) -> Option<Error> {
     match outcome {
         Outcome::Answered(r) if r.ok => None,
         Outcome::Answered(r) => {
-            let text = format!("mig_layout: {host} {}; {rolled}", r.error);
+            // The agent says when it rolled its own GPUs back: then only the rest is news.
+            let text = if r.error.contains("rolled back") {
+                format!(
+                    "mig_layout: {host} {}; any other node this request had changed was rolled back too",
+                    r.error
+                )
+            } else {
+                format!("mig_layout: {host} {}; {rolled}", r.error)
+            };
             Some(match r.error_kind.as_str() {
                 "in_use" | "rule" => Error::Precondition(text),
                 _ => Error::Aborted(text),

@@ -101,6 +101,9 @@ impl Limit {
 pub struct QuotaSubject<'a> {
     pub tenant: &'a str,
     pub gpu_type: &'a str,
+    /// GPUs the request holds already (a cluster scaling): part of what it needs, and not
+    /// among the others' "in use".
+    pub holds: i64,
 }
 
 /// Checks that `others` plus `new` stay within `limit` at every instant from `now` on.
@@ -128,8 +131,15 @@ pub fn check_quota(
     if peak(&all, now, None) <= limit.total() {
         return Ok(());
     }
+    let (own, others_word) = match subject.holds {
+        0 => (String::new(), ""),
+        n => (
+            format!(" (it holds {n} now)"),
+            " by its other clusters and reservations",
+        ),
+    };
     Err(format!(
-        "needs {} {} GPUs, quota of tenant '{}' leaves {} (limit {} = {} guaranteed + {} burst, {} in use)",
+        "needs {} {} GPUs{own}, quota of tenant '{}' leaves {} (limit {} = {} guaranteed + {} burst, {} in use{others_word})",
         new.amount,
         subject.gpu_type,
         subject.tenant,
@@ -339,6 +349,7 @@ mod tests {
         let subject = QuotaSubject {
             tenant: "team-a",
             gpu_type: "H100-80GB",
+            holds: 0,
         };
         let limit = Some(Limit {
             gpus: 24,
@@ -354,10 +365,29 @@ mod tests {
     }
 
     #[test]
+    fn a_scaling_cluster_counts_its_own_gpus_as_its_own_not_as_others_in_use() {
+        let subject = QuotaSubject {
+            tenant: "vision",
+            gpu_type: "H100-80GB",
+            holds: 16,
+        };
+        let limit = Some(Limit {
+            gpus: 16,
+            burst_gpus: 0,
+        });
+        let err = check_quota(&subject, limit, &[], span(100, None, 24), 100).unwrap_err();
+        assert_eq!(
+            err,
+            "needs 24 H100-80GB GPUs (it holds 16 now), quota of tenant 'vision' leaves 16 (limit 16 = 16 guaranteed + 0 burst, 0 in use by its other clusters and reservations)"
+        );
+    }
+
+    #[test]
     fn quota_is_time_aware() {
         let subject = QuotaSubject {
             tenant: "t",
             gpu_type: "H100-80GB",
+            holds: 0,
         };
         let limit = Some(Limit {
             gpus: 16,
@@ -377,6 +407,7 @@ mod tests {
         let subject = QuotaSubject {
             tenant: "t",
             gpu_type: "A100-80GB",
+            holds: 0,
         };
         let err = check_quota(&subject, None, &[], span(0, None, 8), 0).unwrap_err();
         assert!(err.contains("has no quota for A100-80GB"), "{err}");
@@ -387,6 +418,7 @@ mod tests {
         let subject = QuotaSubject {
             tenant: "t",
             gpu_type: "H100-80GB",
+            holds: 0,
         };
         let demand = [span(0, None, 8), span(10, Some(20), 16)];
         let err = check_quota_update(

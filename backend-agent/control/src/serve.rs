@@ -218,6 +218,11 @@ impl ControlPlane {
                 config.listen
             );
         }
+        // A bad fleet file, too, is refused before the data dir exists.
+        let fleet_def = match &config.fleet {
+            Fleet::Simulated { fleet_file } => Some(fleet::load(fleet_file.as_deref())?),
+            _ => None,
+        };
         // Private before anything is written: the store holds every tenant's keys.
         let data_dir =
             gpufleet_process::data_dir::private(&config.data_dir, &[crate::state::VOLUMES])?;
@@ -245,8 +250,10 @@ impl ControlPlane {
                     driver_version: String::new(),
                 }]
             }
-            Fleet::Simulated { fleet_file } => {
-                let fleet_def = fleet::load(fleet_file.as_deref())?;
+            Fleet::Simulated { .. } => {
+                let Some(fleet_def) = fleet_def else {
+                    anyhow::bail!("the fleet file was not read");
+                };
                 if offered.is_empty() {
                     offered = fleet_def.drivers.clone();
                 }

@@ -28,6 +28,18 @@ pub fn resize(dir: &Path, size_gib: i64) -> std::io::Result<()> {
     write_meta(dir, size_gib)
 }
 
+/// Removes a deleted tenant's folder once its clusters' volumes are gone: only when empty
+/// (anything left there is kept, and logged), and a missing one is fine.
+pub fn remove_tenant(root: &Path, tenant: &str) {
+    let dir = root.join(tenant);
+    match std::fs::remove_dir(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            tracing::warn!(dir = %dir.display(), error = %e, "kept a deleted tenant's volumes folder");
+        }
+        _ => {}
+    }
+}
+
 /// Removes the directory; an already missing one is fine.
 pub fn remove(dir: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir_all(dir) {

@@ -154,7 +154,12 @@ impl DataSourceType for Availability {
                 Attribute::computed(
                     "earliest_start",
                     Type::String,
-                    "With `node_count` and `duration`: the first instant from `start_time` at which that many pool nodes are free for the whole duration, RFC 3339 (a reservation of that window fits, quota allowing). Null without them; an error when that never happens.",
+                    "With `node_count` and `duration`: the first instant from `start_time` at which that many pool nodes are free for the whole duration, RFC 3339 (a reservation of that window fits, quota allowing). Null without them, and null when that never happens (`earliest_start_reason` says why).",
+                ),
+                Attribute::computed(
+                    "earliest_start_reason",
+                    Type::String,
+                    "Why `earliest_start` is null although `node_count` and `duration` were asked, e.g. `5 H100-80GB pool nodes are never free for 1h: the pool has 4 nodes and clusters hold 0 of them with no end`; null otherwise.",
                 ),
             ],
         )
@@ -189,8 +194,7 @@ impl DataSourceType for Availability {
             node_count,
             duration_seconds: duration,
         };
-        let free = answered(&client, client.fleet().get_availability(request).await)
-            .map_err(|d| on_node_count(d, wanted.is_some()))?;
+        let free = answered(&client, client.fleet().get_availability(request).await)?;
         let text = |t: Option<i64>| t.map_or_else(|| "now".to_string(), |t| t.to_string());
         let mut state = config.clone();
         state.set(
@@ -211,18 +215,13 @@ impl DataSourceType for Availability {
             free.earliest_start
                 .map_or(Value::Null, |t| Value::String(times::canonical(t.seconds))),
         );
+        let reason = Some(free.earliest_start_reason).filter(|r| !r.is_empty());
+        state.set(
+            "earliest_start_reason",
+            reason.map_or(Value::Null, Value::String),
+        );
         Ok(state)
     }
-}
-
-/// The backend's "never free" answer is about the nodes asked for.
-fn on_node_count(mut diags: Diagnostics, asked: bool) -> Diagnostics {
-    for d in &mut diags.0 {
-        if asked && d.path.is_none() && d.summary.starts_with("node_count:") {
-            d.path = Some(AttrPath::attr("node_count"));
-        }
-    }
-    diags
 }
 
 #[cfg(test)]

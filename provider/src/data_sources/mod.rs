@@ -5,6 +5,7 @@ mod driver_versions;
 mod events;
 mod gpu_types;
 mod health_report;
+mod lookups;
 mod mig_layout;
 mod nodes;
 mod quota_usage;
@@ -24,6 +25,9 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn DataSourceType>> {
         Arc::new(driver_versions::DriverVersions::new(state.clone())),
         Arc::new(events::Events::new(state.clone())),
         Arc::new(health_report::HealthReport::new(state.clone())),
+        Arc::new(lookups::Tenants::new(state.clone())),
+        Arc::new(lookups::Clusters::new(state.clone())),
+        Arc::new(lookups::Reservations::new(state.clone())),
     ]
 }
 

@@ -33,7 +33,7 @@ impl DataSourceType for QuotaUsage {
                     Type::String,
                     "An id made of the tenant and the model.",
                 ),
-                Attribute::required("tenant", Type::String, "Id of the tenant."),
+                Attribute::optional("tenant", Type::String, "The tenant, by id or by name. With a tenant token it may be left out: the token's own tenant."),
                 Attribute::required("gpu_type", Type::String, "GPU model, e.g. `H100-80GB`."),
                 Attribute::computed("gpus", Type::Number, "Guaranteed GPUs; 0 without a quota."),
                 Attribute::computed("burst_gpus", Type::Number, "Burst GPUs; 0 without a quota."),
@@ -73,7 +73,12 @@ impl DataSourceType for QuotaUsage {
 
     async fn read(&self, config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let tenant = required_arg(config, "tenant")?;
+        // Left out: the token's own tenant (the backend refuses that for the admin token).
+        let tenant = config
+            .str_attr("tenant")
+            .map_err(Diagnostics::from)?
+            .unwrap_or_default()
+            .to_string();
         let gpu_type = required_arg(config, "gpu_type")?;
         // A data source reads what exists: an unknown tenant is an error here.
         let request = gpufleet_proto::v1::QuotaUsageRequest {
@@ -87,7 +92,10 @@ impl DataSourceType for QuotaUsage {
             .map_err(|s| client.diagnostic(&s))?
             .into_inner();
         let mut state = config.clone();
-        state.set("id", Value::String(format!("{tenant}/{gpu_type}")));
+        state.set(
+            "id",
+            Value::String(format!("{}/{gpu_type}", usage.tenant_id)),
+        );
         state.set("gpus", Value::Number(usage.gpus));
         state.set("burst_gpus", Value::Number(usage.burst_gpus));
         state.set("used", Value::Number(usage.used));

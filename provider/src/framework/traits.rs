@@ -50,6 +50,13 @@ pub trait ResourceType: Send + Sync {
 
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics>;
 
+    /// Plans a delete: a refusal stops the plan (nothing is deleted at all). By default
+    /// every delete may happen.
+    async fn plan_delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        let _ = prior;
+        Ok(())
+    }
+
     /// The full state of the object with this id.
     async fn import(&self, id: &str) -> Result<Value, Diagnostics>;
 }

@@ -125,11 +125,13 @@ impl tf_provider::Resource for ResourceAdapter {
 
     async fn plan_destroy<'a>(
         &self,
-        _diags: &mut TfDiagnostics,
-        _prior: ValueAny,
+        diags: &mut TfDiagnostics,
+        prior: ValueAny,
         _private: ValueEmpty,
         _meta: ValueAny,
     ) -> Option<ValueEmpty> {
+        let prior = decode(diags, prior, &self.ty)?;
+        settle(diags, self.inner.plan_delete(&prior).await)?;
         Some(ValueEmpty::Null)
     }
 

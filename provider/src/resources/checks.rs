@@ -7,38 +7,145 @@
 use tonic::{Code, Response, Status};
 use tonic_types::StatusExt;
 
+use gpufleet_proto::error_info::{EXISTING_FIELD, EXISTING_ID};
+
 use super::common::tenant_not_found;
 use crate::client::Client;
 use crate::framework::{AttrPath, Diagnostic, Diagnostics};
+use crate::this_run::ThisRun;
 
 /// Wire fields that a resource spells differently.
 const RENAMED: &[(&str, &str)] = &[("tenant_id", "tenant")];
 
-/// What a dry run's answer means for the plan: admitted, or skipped because the tenant
-/// does not exist yet (the same apply may create it; the real call then decides), or
-/// refused with the backend's words on the attribute they are about. `attributes` are
-/// the resource's attributes a refusal's field may be (or, for a dotted field, start
-/// with); a refusal naming none is said on `default`.
-pub(crate) fn verdict<T>(
+/// What a dry run asked about, for the answers that depend on this run's other resources.
+pub(crate) struct Asked<'a> {
+    /// The tenant as the plan spells it ("" for the token's own).
+    pub tenant: &'a str,
+    /// The GPU model whose quota the request draws on, if any.
+    pub gpu_type: Option<&'a str>,
+}
+
+/// What a dry run's answer means for the plan: admitted, or refused with the backend's
+/// words on the attributes they are about. What this run creates first is no refusal: a
+/// tenant not found that this run plans to create, a missing quota this run plans to
+/// create, a name held by an object this run has in state (the create half of its
+/// replacement). `attributes` are the resource's attributes a refusal's field may be (or,
+/// for a dotted field, start with); a refusal naming none is said on `default`.
+pub(crate) async fn verdict<T>(
     client: &Client,
+    run: &ThisRun,
+    asked: Asked<'_>,
     answer: Result<Response<T>, Status>,
     attributes: &[&str],
     default: &str,
 ) -> Result<(), Diagnostics> {
-    match answer {
-        Ok(_) => Ok(()),
-        Err(s) if tenant_not_found(&s) || no_quota_yet(&s) => Ok(()),
-        Err(s) => match refusal(&s, attributes, default) {
-            Some(d) => Err(d.into()),
-            None => Err(client.diagnostic(&s).into()),
-        },
+    let status = match answer {
+        Ok(_) => return Ok(()),
+        Err(s) => s,
+    };
+    if tenant_not_found(&status) {
+        if run.tenant_created(asked.tenant) {
+            return Ok(());
+        }
+        return Err(unknown_tenant(&status).into());
     }
+    if no_quota_yet(&status) {
+        if let Some(gpu_type) = asked.gpu_type {
+            if quota_created(client, run, asked.tenant, gpu_type).await {
+                return Ok(());
+            }
+        }
+    }
+    match refusals(&status, attributes, default, |id| run.holds(id)) {
+        Some(found) if found.is_empty() => Ok(()),
+        Some(found) => Err(Diagnostics(found)),
+        None => Err(client.diagnostic(&status).into()),
+    }
+}
+
+/// A tenant the backend does not know (or this token may not see), said on `tenant`.
+pub(crate) fn unknown_tenant(status: &Status) -> Diagnostic {
+    Diagnostic::error_at(
+        AttrPath::attr("tenant"),
+        format!("tenant: {}", status.message()),
+        "If this apply creates that tenant, refer to it (e.g. `tenant = gpufleet_tenant.NAME.name`) so that Terraform plans and creates it first; a literal name gives Terraform no order.",
+    )
+}
+
+/// Whether this run plans to create a quota of `gpu_type` for the tenant spelled `tenant`
+/// (spelled the same, or another spelling of the same tenant).
+async fn quota_created(client: &Client, run: &ThisRun, tenant: &str, gpu_type: &str) -> bool {
+    let planned = run.quota_tenants(gpu_type);
+    if planned.iter().any(|t| t == tenant) {
+        return true;
+    }
+    let Some(id) = tenant_id(client, tenant).await else {
+        return false;
+    };
+    for other in planned {
+        if tenant_id(client, &other).await.as_deref() == Some(id.as_str()) {
+            return true;
+        }
+    }
+    false
+}
+
+/// The id of the tenant spelled `spelling`, when this token may see it.
+async fn tenant_id(client: &Client, spelling: &str) -> Option<String> {
+    let request = gpufleet_proto::v1::GetTenantRequest {
+        id: spelling.to_string(),
+    };
+    client
+        .tenants()
+        .get_tenant(request)
+        .await
+        .ok()
+        .map(|t| t.into_inner().id)
 }
 
 /// Whether a refusal says the tenant has no quota for the model at all: the same apply may
 /// create that quota (a quota only raised in the same plan is refused: apply it first).
 fn no_quota_yet(status: &Status) -> bool {
     status.code() == Code::FailedPrecondition && status.message().contains(" has no quota for ")
+}
+
+/// Every refusal a status carries (one per field violation of its details), each on the
+/// attribute it is about (see [`refusal`]); a taken name whose holder `held` says this run
+/// has in state is left out. None for what is not a refusal of the request's values.
+pub(crate) fn refusals(
+    status: &Status,
+    attributes: &[&str],
+    default: &str,
+    held: impl Fn(&str) -> bool,
+) -> Option<Vec<Diagnostic>> {
+    let first = refusal(status, attributes, default)?;
+    let metadata = status
+        .get_details_error_info()
+        .map(|i| i.metadata)
+        .unwrap_or_default();
+    let freed = metadata
+        .get(EXISTING_ID)
+        .filter(|id| held(id))
+        .and_then(|_| metadata.get(EXISTING_FIELD));
+    let violations = status
+        .get_details_bad_request()
+        .map(|b| b.field_violations)
+        .unwrap_or_default();
+    if violations.len() <= 1 {
+        let freed_one = violations.first().is_some_and(|v| Some(&v.field) == freed);
+        return Some(if freed_one { vec![] } else { vec![first] });
+    }
+    Some(
+        violations
+            .into_iter()
+            .filter(|v| Some(&v.field) != freed)
+            .map(|v| {
+                let path =
+                    attribute_of(&v.field, attributes).unwrap_or_else(|| AttrPath::attr(default));
+                Diagnostic::error_at(path.clone(), format!("{path}: {}", v.description), "")
+            })
+            .collect(),
+    )
 }
 
 /// The backend's refusal of a request, said on the attribute its details name (the
@@ -253,6 +360,34 @@ mod tests {
         assert!(refusal(&Status::unauthenticated("no"), ATTRS, "gpus").is_none());
         let s = refused(Code::NotFound, "gpus: gone", Some("gpus"));
         assert!(refusal(&s, ATTRS, "gpus").is_none());
+    }
+
+    #[test]
+    fn every_violation_is_said_and_a_name_this_run_frees_is_not() {
+        let metadata = HashMap::from([
+            (EXISTING_ID.to_string(), "c-1".to_string()),
+            (EXISTING_FIELD.to_string(), "name".to_string()),
+        ]);
+        let mut details =
+            ErrorDetails::with_error_info("FAILED_PRECONDITION", "gpufleet", metadata);
+        details.add_bad_request_violation("node_count", "needs 24 GPUs, quota leaves 8");
+        details.add_bad_request_violation("name", "tenant 'v' already has a cluster named 'cv'");
+        let s = Status::with_error_details(Code::FailedPrecondition, "both", details);
+        let attrs = &["name", "node_count"];
+        let all = refusals(&s, attrs, "node_count", |_| false).unwrap();
+        let summaries: Vec<&str> = all.iter().map(|d| d.summary.as_str()).collect();
+        assert_eq!(
+            summaries,
+            [
+                "node_count: needs 24 GPUs, quota leaves 8",
+                "name: tenant 'v' already has a cluster named 'cv'"
+            ]
+        );
+        assert_eq!(all[1].path, Some(AttrPath::attr("name")));
+        // The cluster holding the name is this run's (its replacement is planned).
+        let left = refusals(&s, attrs, "node_count", |id| id == "c-1").unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].path, Some(AttrPath::attr("node_count")));
     }
 
     #[test]

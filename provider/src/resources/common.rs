@@ -142,13 +142,19 @@ pub(crate) fn deleted<T>(
 }
 
 /// What an import found, or the error that the id names nothing (`kind` as a person says
-/// it, e.g. "tenant cluster").
-pub(crate) fn imported<T>(kind: &str, id: &str, found: Option<T>) -> Result<T, Diagnostics> {
+/// it, e.g. "tenant cluster"; `forms` the import ids it takes, e.g. "its id or
+/// TENANT/NAME").
+pub(crate) fn imported<T>(
+    kind: &str,
+    id: &str,
+    forms: &str,
+    found: Option<T>,
+) -> Result<T, Diagnostics> {
     found.ok_or_else(|| {
         diag(Diagnostic::error(
-            format!("no {kind} with id {id:?}: not found"),
+            format!("no {kind} {id:?}: not found"),
             format!(
-                "Check the id: it must name an existing {kind} that this provider's token may see."
+                "Import takes {forms}, naming an existing {kind} that this provider's token may see."
             ),
         ))
     })
@@ -193,6 +199,14 @@ pub(crate) fn tenant_not_found(status: &Status) -> bool {
     status.code() == Code::NotFound && status.message().starts_with("tenant '")
 }
 
+/// Notes for this run's other resources that the object of `prior` is in state (its
+/// name is free once a replacement deletes it).
+pub(crate) fn note_prior(run: &crate::this_run::ThisRun, prior: Option<&Value>) {
+    if let Some(Ok(Some(id))) = prior.map(|p| p.str_attr("id")) {
+        run.has(id);
+    }
+}
+
 /// The `tenant` to send: as written, or "" (the token's own tenant) when left out.
 pub(crate) fn optional_tenant(planned: &Value) -> Result<String, Diagnostics> {
     Ok(planned
@@ -203,42 +217,81 @@ pub(crate) fn optional_tenant(planned: &Value) -> Result<String, Diagnostics> {
 }
 
 /// The prior state to plan against when the configuration names the same tenant another
-/// way than the state does (its name where an import stored its id, or the reverse): the
-/// prior with the configuration's spelling, so the plan is an in-place change of spelling
-/// instead of a replacement. None when the spellings agree, either is unknown or null, the
-/// backend cannot be asked, or they are different tenants.
+/// way than the state does (its name where an import stored its id, or the reverse; or,
+/// with a tenant token, leaves out its own tenant that the state names, or the reverse):
+/// the prior with the configuration's spelling, so the plan does not replace the object
+/// for a new spelling. None when the spellings agree, either is unknown, the backend
+/// cannot be asked, or they are different tenants.
 pub(crate) async fn respelled_prior(
     client: Option<std::sync::Arc<Client>>,
     prior: Option<&Value>,
     proposed: &Value,
 ) -> Option<Value> {
     let prior = prior?;
-    let (Ok(Some(was)), Ok(Some(now))) = (prior.str_attr("tenant"), proposed.str_attr("tenant"))
-    else {
-        return None;
-    };
-    if was == now {
+    let (was, now) = (prior.get("tenant"), proposed.get("tenant"));
+    if was == now || was.is_unknown() || now.is_unknown() {
         return None;
     }
     let client = client?;
-    let id_of = |spelling: &str| {
-        let request = gpufleet_proto::v1::GetTenantRequest {
-            id: spelling.to_string(),
-        };
-        let mut tenants = client.tenants();
-        async move {
-            tenants
-                .get_tenant(request)
-                .await
-                .ok()
-                .map(|t| t.into_inner().id)
-        }
+    let spelled = |v: &Value| match v {
+        Value::String(s) => Some(s.clone()),
+        _ => None,
     };
-    let (was_id, now_id) = (id_of(was).await?, id_of(now).await?);
+    let (was_id, now_id) = (
+        tenant_of(&client, spelled(was)).await?,
+        tenant_of(&client, spelled(now)).await?,
+    );
     if was_id != now_id {
         return None;
     }
     let mut respelled = prior.clone();
-    respelled.set("tenant", Value::string(now));
+    respelled.set("tenant", now.clone());
     Some(respelled)
+}
+
+/// The id of the tenant a `tenant` attribute names: the spelled tenant, or (left out) the
+/// token's own; None when there is none or the backend cannot say.
+async fn tenant_of(client: &Client, spelling: Option<String>) -> Option<String> {
+    let Some(spelling) = spelling else {
+        return client.own_tenant().await;
+    };
+    let request = gpufleet_proto::v1::GetTenantRequest { id: spelling };
+    client
+        .tenants()
+        .get_tenant(request)
+        .await
+        .ok()
+        .map(|t| t.into_inner().id)
+}
+
+/// What `terraform import` was given: an object's id, or `TENANT/NAME` (the tenant by
+/// name or id, then the object's name, or for a quota its GPU model).
+pub(crate) enum ImportId<'a> {
+    Id(&'a str),
+    Named { tenant: &'a str, name: &'a str },
+}
+
+pub(crate) fn import_id(id: &str) -> ImportId<'_> {
+    match id.split_once('/') {
+        Some((tenant, name)) if !tenant.is_empty() && !name.is_empty() => {
+            ImportId::Named { tenant, name }
+        }
+        _ => ImportId::Id(id),
+    }
+}
+
+/// The `tenant` an import writes into state, so that the plan after it is empty when the
+/// configuration spells the tenant as the import id did: as `TENANT/...` wrote it; for a
+/// bare id, left out (null) when it is the token's own tenant (how a team's configuration
+/// leaves it), else the tenant's id.
+pub(crate) async fn imported_tenant(
+    client: &Client,
+    written: Option<&str>,
+    tenant_id: &str,
+) -> Value {
+    match written {
+        Some(t) => Value::string(t),
+        None if client.own_tenant().await.as_deref() == Some(tenant_id) => Value::Null,
+        None => Value::string(tenant_id),
+    }
 }

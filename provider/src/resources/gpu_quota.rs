@@ -5,10 +5,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::verdict;
+use super::checks::{verdict, Asked};
 use super::common::{
-    answered, check_min, deleted, diag, found, imported, known_gpu_type, optional_tenant,
-    request_id, required_i64, required_str, respelled_prior, with_tenant_spelling,
+    answered, check_min, deleted, diag, found, import_id, imported, imported_tenant,
+    known_gpu_type, note_prior, optional_tenant, request_id, required_i64, required_str,
+    respelled_prior, with_tenant_spelling, ImportId,
 };
 use crate::framework::{
     changed, default_when_unset, mark_unknown, requires_replace_if_changed, Attribute, Diagnostics,
@@ -130,7 +131,65 @@ impl GpuQuota {
                 client.quotas().update_gpu_quota(request).await
             }
         };
-        verdict(&client, answer, ATTRIBUTES, "gpus")
+        let tenant = optional_tenant(state)?;
+        let asked = Asked {
+            tenant: &tenant,
+            gpu_type: None,
+        };
+        verdict(
+            &client,
+            &self.provider.run,
+            asked,
+            answer,
+            ATTRIBUTES,
+            "gpus",
+        )
+        .await
+    }
+}
+
+/// How long a quota's delete waits for the deletes of its users to begin or be planned
+/// beside it.
+const USERS_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The ids of the clusters and reservations a delete was refused for (none for any other
+/// refusal).
+fn users(status: &tonic::Status) -> Vec<String> {
+    use tonic_types::StatusExt;
+    status
+        .get_details_error_info()
+        .and_then(|i| i.metadata.get(gpufleet_proto::error_info::USED_BY).cloned())
+        .map(|ids| {
+            ids.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The quota of `gpu_type` of the tenant spelled `tenant` (a tenant this token may not
+/// see is an error that lists those it may).
+async fn of_model(
+    client: &crate::client::Client,
+    tenant: &str,
+    gpu_type: &str,
+) -> Result<Option<api::GpuQuota>, Diagnostics> {
+    let mut page_token = String::new();
+    loop {
+        let request = api::ListGpuQuotasRequest {
+            tenant_id: tenant.to_string(),
+            page_size: 0,
+            page_token,
+        };
+        let page = answered(client, client.quotas().list_gpu_quotas(request).await)?;
+        if let Some(q) = page.quotas.into_iter().find(|q| q.gpu_type == gpu_type) {
+            return Ok(Some(q));
+        }
+        if page.next_page_token.is_empty() {
+            return Ok(None);
+        }
+        page_token = page.next_page_token;
     }
 }
 
@@ -200,6 +259,18 @@ impl ResourceType for GpuQuota {
         let respelled = respelled_prior(self.provider.plan_client(), prior, &proposed).await;
         let prior = respelled.as_ref().or(prior);
         let planned = plan(prior, proposed, config);
+        note_prior(&self.provider.run, prior);
+        // A cluster that depends on this quota is planned after it, and may count on it.
+        if prior.is_none() || !planned.requires_replace.is_empty() {
+            if let (Ok(tenant), Ok(Some(gpu_type))) = (
+                optional_tenant(&planned.state),
+                planned.state.str_attr("gpu_type"),
+            ) {
+                if !planned.state.get("tenant").is_unknown() {
+                    self.provider.run.creates_quota(&tenant, gpu_type);
+                }
+            }
+        }
         self.check_with_backend(prior, &planned).await?;
         Ok(planned)
     }
@@ -233,23 +304,98 @@ impl ResourceType for GpuQuota {
         ))
     }
 
+    /// Deletes the quota. Its clusters and reservations may be deleted beside it in the
+    /// same run (nothing orders them): while they are, the delete waits and tries again.
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        deleted(
-            &client,
-            client
-                .quotas()
-                .delete_gpu_quota(api::DeleteGpuQuotaRequest { id })
-                .await,
+        let tenant = optional_tenant(prior)?;
+        let run = &self.provider.run;
+        let _under_way = run.deleting(&[&id, &tenant]);
+        loop {
+            let request = api::DeleteGpuQuotaRequest {
+                id: id.clone(),
+                validate_only: false,
+            };
+            match client.quotas().delete_gpu_quota(request).await {
+                Err(s) if !users(&s).is_empty() => {
+                    let users = users(&s);
+                    let keys: Vec<&str> = users.iter().map(String::as_str).collect();
+                    if !run.dependents_deleted(&keys, USERS_GRACE).await {
+                        return Err(client.diagnostic(&s).into());
+                    }
+                }
+                answer => return deleted(&client, answer),
+            }
+        }
+    }
+
+    /// Refuses at plan to delete a quota that clusters or reservations still use, unless
+    /// the same plan deletes them too: the apply would delete some of a team's quotas and
+    /// then fail on the next.
+    async fn plan_delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        let Some(client) = self.provider.plan_client() else {
+            return Ok(());
+        };
+        let request = api::DeleteGpuQuotaRequest {
+            id: required_str(prior, "id")?,
+            validate_only: true,
+        };
+        let status = match client.quotas().delete_gpu_quota(request).await {
+            Ok(_) => return Ok(()),
+            Err(s) if s.code() == tonic::Code::NotFound => return Ok(()),
+            Err(s) => s,
+        };
+        let users = users(&status);
+        if users.is_empty() {
+            return Err(client.diagnostic(&status).into());
+        }
+        if self
+            .provider
+            .run
+            .unplanned_deletes(&users, USERS_GRACE)
+            .await
+            .is_empty()
+        {
+            return Ok(());
+        }
+        Err(crate::framework::Diagnostic::error(
+            status.message().to_string(),
+            "Delete them in the same change, or keep the quota until they are gone: the apply would otherwise delete some quotas and then fail.",
         )
+        .into())
     }
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let request = api::GetGpuQuotaRequest { id: id.to_string() };
-        let quota = found(&client, client.quotas().get_gpu_quota(request).await)?;
-        Ok(state(&imported("GPU quota", id, quota)?))
+        let (quota, written) = match import_id(id) {
+            ImportId::Id(id) => {
+                let request = api::GetGpuQuotaRequest { id: id.to_string() };
+                match found(&client, client.quotas().get_gpu_quota(request).await)? {
+                    Some(q) => (Some(q), None),
+                    // A tenant token may name its own tenant's quota by model alone.
+                    None => match client.own_tenant().await {
+                        Some(own) => (of_model(&client, &own, id).await?, None),
+                        None => (None, None),
+                    },
+                }
+            }
+            ImportId::Named { tenant, name } => {
+                (of_model(&client, tenant, name).await?, Some(tenant))
+            }
+        };
+        let quota = imported(
+            "GPU quota",
+            id,
+            "its id or TENANT/GPU_TYPE (with a tenant token, GPU_TYPE alone)",
+            quota,
+        )?;
+        let mut s = state(&quota);
+        s.set(
+            "tenant",
+            imported_tenant(&client, written, &quota.tenant_id).await,
+        );
+        Ok(s)
     }
 }
 

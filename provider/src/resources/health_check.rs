@@ -205,7 +205,12 @@ impl ResourceType for HealthCheck {
     /// Imports the cluster's latest report (id: the cluster's id).
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let r = imported("tenant cluster", id, report(&client, id).await?)?;
+        let r = imported(
+            "tenant cluster",
+            id,
+            "the cluster's id",
+            report(&client, id).await?,
+        )?;
         let inputs = Value::object([
             ("level", Value::string(&r.level)),
             ("triggers", Value::Map(Default::default())),

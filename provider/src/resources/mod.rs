@@ -6,6 +6,7 @@ mod cluster_waits;
 pub(crate) mod common;
 mod gpu_quota;
 mod health_check;
+mod node_plan;
 mod reservation;
 mod tenant;
 mod tenant_cluster;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::verdict;
+use super::checks::{verdict, Asked};
 use super::common::{
     answered, check_min, check_window, deleted, diag, found, imported, known_gpu_type,
     optional_tenant, request_id, required_i64, required_str, respelled_prior, with_tenant_spelling,
@@ -229,7 +229,21 @@ impl Reservation {
                 client.reservations().update_reservation(request).await
             }
         };
-        verdict(&client, answer, ATTRIBUTES, "node_count")
+        let tenant = super::common::optional_tenant(state)?;
+        let gpu_type = state.str_attr("gpu_type").map_err(diag)?;
+        let asked = Asked {
+            tenant: &tenant,
+            gpu_type,
+        };
+        verdict(
+            &client,
+            &self.provider.run,
+            asked,
+            answer,
+            ATTRIBUTES,
+            "node_count",
+        )
+        .await
     }
 
     async fn get(
@@ -299,6 +313,7 @@ impl ResourceType for Reservation {
         let respelled = respelled_prior(self.provider.plan_client(), prior, &proposed).await;
         let prior = respelled.as_ref().or(prior);
         let planned = plan(prior, proposed, config, times::now());
+        super::common::note_prior(&self.provider.run, prior);
         self.check_with_backend(prior, &planned).await?;
         Ok(planned)
     }
@@ -351,6 +366,8 @@ impl ResourceType for Reservation {
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
+        let tenant = super::common::optional_tenant(prior)?;
+        let _under_way = self.provider.run.deleting(&[&id, &tenant]);
         let request = api::DeleteReservationRequest { id };
         deleted(
             &client,
@@ -358,14 +375,25 @@ impl ResourceType for Reservation {
         )
     }
 
+    async fn plan_delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        // A quota this reservation uses may be deleted by the same plan.
+        self.provider.run.plans_delete(&required_str(prior, "id")?);
+        Ok(())
+    }
+
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let found = self.get(&client, id.to_string()).await?;
-        Ok(state(
-            &imported("reservation", id, found)?,
-            None,
-            times::now(),
-        ))
+        let found = imported(
+            "reservation",
+            id,
+            "its id (reservations have no name)",
+            found,
+        )?;
+        let tenant = super::common::imported_tenant(&client, None, &found.tenant_id).await;
+        let mut s = state(&found, None, times::now());
+        s.set("tenant", tenant);
+        Ok(s)
     }
 }
 

@@ -139,20 +139,20 @@ impl ResourceType for Tenant {
         proposed: Value,
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
-        Ok(plan(prior, proposed, config))
+        let planned = plan(prior, proposed, config);
+        super::common::note_prior(&self.provider.run, prior);
+        if prior.is_none() || !planned.requires_replace.is_empty() {
+            if let Ok(Some(name)) = planned.state.str_attr("name") {
+                self.provider.run.creates_tenant(name);
+            }
+            self.check_with_backend(&planned.state).await?;
+        }
+        Ok(planned)
     }
 
     async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let request = api::CreateTenantRequest {
-            request_id: request_id(),
-            name: required_str(planned, "name")?,
-            display_name: required_str(planned, "display_name")?,
-            labels: planned
-                .string_map_attr("labels")
-                .map_err(diag)?
-                .unwrap_or_default(),
-        };
+        let request = create_request(planned)?;
         let created = answered(&client, client.tenants().create_tenant(request).await)?;
         let tenant = created.tenant.unwrap_or_default();
         Ok(state(&tenant, Value::String(created.token)))
@@ -177,16 +177,26 @@ impl ResourceType for Tenant {
         Ok(state(&updated, prior.get("token").clone()))
     }
 
+    /// Deletes the tenant. Terraform deletes a tenant and the quotas, reservations and
+    /// clusters that name it by a literal string (not a reference) in parallel: while
+    /// this run is deleting such dependents the tenant delete waits for them and tries
+    /// again, instead of failing for dependents that are about to be gone.
     async fn delete(&self, prior: &Value) -> Result<(), Diagnostics> {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
-        deleted(
-            &client,
-            client
-                .tenants()
-                .delete_tenant(api::DeleteTenantRequest { id })
-                .await,
-        )
+        let name = required_str(prior, "name")?;
+        loop {
+            let request = api::DeleteTenantRequest { id: id.clone() };
+            match client.tenants().delete_tenant(request).await {
+                Err(s) if has_dependents(&s) => {
+                    let run = &self.provider.run;
+                    if !run.dependents_deleted(&[&id, &name], DELETE_GRACE).await {
+                        return Err(client.diagnostic(&s).into());
+                    }
+                }
+                answer => return deleted(&client, answer),
+            }
+        }
     }
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
@@ -195,10 +205,74 @@ impl ResourceType for Tenant {
         let tenant = imported(
             "tenant",
             id,
+            "its id or its name",
             found(&client, client.tenants().get_tenant(request).await)?,
         )?;
         // The backend keeps only the token's hash: an imported tenant has no token.
         Ok(state(&tenant, Value::Null))
+    }
+}
+
+/// How long a tenant delete refused for its dependents waits for a delete of one of them
+/// to begin in this run (Terraform starts parallel deletes together, give or take).
+const DELETE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether a delete was refused because the tenant still has quotas, reservations or
+/// clusters.
+fn has_dependents(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::FailedPrecondition && status.message().contains(" still has ")
+}
+
+/// The create call for a planned tenant (a dry run at plan time, the real one at apply).
+fn create_request(planned: &Value) -> Result<api::CreateTenantRequest, Diagnostics> {
+    Ok(api::CreateTenantRequest {
+        request_id: request_id(),
+        name: required_str(planned, "name")?,
+        display_name: required_str(planned, "display_name")?,
+        labels: planned
+            .string_map_attr("labels")
+            .map_err(diag)?
+            .unwrap_or_default(),
+        validate_only: false,
+    })
+}
+
+/// Attributes a backend refusal of a tenant may name.
+const ATTRIBUTES: &[&str] = &["name", "display_name", "labels"];
+
+impl Tenant {
+    /// Plan-time admission of a create: the backend's dry run (the admin token, the name's
+    /// rules, a name no tenant has), when every input is known. A token that may not
+    /// create tenants is said on `name`, the attribute that asks for one.
+    async fn check_with_backend(&self, planned: &Value) -> Result<(), Diagnostics> {
+        let Some(client) = self.provider.plan_client() else {
+            return Ok(());
+        };
+        if !ATTRIBUTES.iter().all(|a| planned.get(a).is_fully_known()) {
+            return Ok(());
+        }
+        let request = api::CreateTenantRequest {
+            validate_only: true,
+            ..create_request(planned)?
+        };
+        let status = match client.tenants().create_tenant(request).await {
+            Ok(_) => return Ok(()),
+            Err(s) => s,
+        };
+        if status.code() == tonic::Code::PermissionDenied {
+            return Err(Diagnostic::error_at(
+                AttrPath::attr("name"),
+                status.message().to_string(),
+                "Tenants are created with the admin token (the platform's configuration); a team's token manages that team's quotas' use, reservations and clusters.",
+            )
+            .into());
+        }
+        let run = &self.provider.run;
+        match super::checks::refusals(&status, ATTRIBUTES, "name", |id| run.holds(id)) {
+            Some(found) if found.is_empty() => Ok(()),
+            Some(found) => Err(Diagnostics(found)),
+            None => Err(client.diagnostic(&status).into()),
+        }
     }
 }
 

@@ -8,12 +8,13 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 use tonic::{Code, Status};
 
-use super::checks::verdict;
+use super::checks::{verdict, Asked};
 use super::cluster_waits;
 use super::common::{
-    check_min, compared_prior, diag, found, imported, known_gpu_type, required_i64, required_str,
-    respelled_prior, with_tenant_spelling,
+    check_min, compared_prior, diag, found, import_id, imported, imported_tenant, known_gpu_type,
+    required_i64, required_str, respelled_prior, with_tenant_spelling, ImportId,
 };
+use super::node_plan::Count;
 use super::waiting::{self, Deadline};
 use crate::client::Client;
 use crate::convert::{node_type, node_value};
@@ -203,21 +204,35 @@ fn plan_inputs(prior: Option<&Value>, proposed: Value, config: &Value) -> Planne
     }
 }
 
-/// Marks what the planned inputs change on an existing cluster as unknown: its nodes (and
-/// status) when they are reshaped or get another driver, its status when the volume grows.
+/// Marks what the planned inputs change on an existing cluster as unknown: of its nodes,
+/// what a new node count, layout or driver rewrites (see [`super::node_plan`]); its status
+/// when those or the volume change.
 fn mark_effects(prior: Option<&Value>, planned: &mut Value) {
     let Some(prior) = prior else {
         return;
     };
-    let reshapes_nodes =
-        changed(prior, planned, "node_count") || changed(prior, planned, "mig_layout");
     // A state from before driver_version existed reads it back without changing a node.
     let new_driver =
         !prior.get("driver_version").is_null() && changed(prior, planned, "driver_version");
-    if reshapes_nodes || new_driver {
-        mark_unknown(planned, &["nodes"]);
+    let driver = planned.get("driver_version").clone();
+    let count = match (prior.i64_attr("node_count"), planned.i64_attr("node_count")) {
+        (Ok(Some(was)), Ok(Some(now))) if now == was => Count::Same,
+        (Ok(Some(was)), Ok(Some(now))) if now < was => {
+            Count::Shrink(usize::try_from(now).unwrap_or(0))
+        }
+        _ if !changed(prior, planned, "node_count") => Count::Same,
+        _ => Count::Other,
+    };
+    let change = super::node_plan::NodeChange {
+        count,
+        driver: new_driver.then_some(&driver),
+        layout: changed(prior, planned, "mig_layout"),
+    };
+    if change.any() {
+        let nodes = super::node_plan::planned_nodes(prior.get("nodes"), change);
+        planned.set("nodes", nodes);
     }
-    if reshapes_nodes || new_driver || changed(prior, planned, "storage_gib") {
+    if change.any() || changed(prior, planned, "storage_gib") {
         mark_unknown(planned, &["status", "status_reason"]);
     }
 }
@@ -369,7 +384,14 @@ pub fn mig_error(answer: &api::CheckMigLayoutResponse) -> Option<Diagnostic> {
         };
         Diagnostic::error_at(
             AttrPath::attr("mig_layout"),
-            format!("mig_layout: {}", answer.reason),
+            // The planner's reason may name the attribute already.
+            format!(
+                "mig_layout: {}",
+                answer
+                    .reason
+                    .strip_prefix("mig_layout: ")
+                    .unwrap_or(&answer.reason)
+            ),
             detail,
         )
     })
@@ -634,13 +656,9 @@ impl TenantCluster {
                     validate_only: true,
                     ..create_request(state, config)?
                 };
-                match client.clusters().create_tenant_cluster(request).await {
-                    // Terraform plans the create half of a replacement without a prior
-                    // state, while the cluster it replaces still holds the name: the
-                    // apply decides (and says so if the name is really taken).
-                    Err(s) if s.code() == Code::AlreadyExists => return Ok(()),
-                    answer => answer,
-                }
+                // The create half of a replacement is planned while the cluster it
+                // replaces still holds the name: `verdict` knows that one is in state.
+                client.clusters().create_tenant_cluster(request).await
             }
             Some(prior) => {
                 let request = api::UpdateTenantClusterRequest {
@@ -650,7 +668,20 @@ impl TenantCluster {
                 client.clusters().update_tenant_cluster(request).await
             }
         };
-        verdict(&client, answer, ATTRIBUTES, "node_count")
+        let tenant = super::common::optional_tenant(state)?;
+        let asked = Asked {
+            tenant: &tenant,
+            gpu_type: Some(gpu_type),
+        };
+        verdict(
+            &client,
+            &self.provider.run,
+            asked,
+            answer,
+            ATTRIBUTES,
+            "node_count",
+        )
+        .await
     }
 
     /// Asks the backend for the driver this plan gives the cluster, when
@@ -673,6 +704,35 @@ impl TenantCluster {
             .await
             .map(tonic::Response::into_inner);
         settle_driver(planned, config, answer, |s| client.diagnostic(s))
+    }
+
+    /// The cluster `name` of the tenant spelled `tenant`, with every node (a tenant this
+    /// token may not see is an error that lists those it may).
+    async fn named(
+        &self,
+        client: &Client,
+        tenant: &str,
+        name: &str,
+    ) -> Result<Option<api::TenantCluster>, Diagnostics> {
+        let mut page_token = String::new();
+        loop {
+            let request = api::ListTenantClustersRequest {
+                tenant_id: tenant.to_string(),
+                page_size: 0,
+                page_token,
+            };
+            let page = super::common::answered(
+                client,
+                client.clusters().list_tenant_clusters(request).await,
+            )?;
+            if let Some(c) = page.clusters.into_iter().find(|c| c.name == name) {
+                return self.get(client, c.id).await;
+            }
+            if page.next_page_token.is_empty() {
+                return Ok(None);
+            }
+            page_token = page.next_page_token;
+        }
     }
 
     async fn get(
@@ -868,6 +928,7 @@ impl ResourceType for TenantCluster {
     ) -> Result<PlannedChange, Diagnostics> {
         let respelled = respelled_prior(self.provider.plan_client(), prior, &proposed).await;
         let prior = respelled.as_ref().or(prior);
+        super::common::note_prior(&self.provider.run, prior);
         let mut planned = plan_inputs(prior, proposed, config);
         let compared = compared_prior(prior, &planned);
         let mut diags = match self.check_with_backend(prior, &planned, config).await {
@@ -920,15 +981,44 @@ impl ResourceType for TenantCluster {
         let client = self.provider.client()?;
         let id = required_str(prior, "id")?;
         let name = required_str(prior, "name")?;
+        let tenant = super::common::optional_tenant(prior)?;
+        let _under_way = self.provider.run.deleting(&[&id, &tenant]);
         let deadline = Deadline::new("delete", waiting::limit(prior, "delete")?);
         cluster_waits::delete(&client, id, name, deadline).await
     }
 
+    async fn plan_delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        // A quota this cluster uses may be deleted by the same plan.
+        self.provider.run.plans_delete(&required_str(prior, "id")?);
+        Ok(())
+    }
+
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
-        let found = self.get(&client, id.to_string()).await?;
-        let found = imported("tenant cluster", id, found)?;
+        let (found, written) = match import_id(id) {
+            ImportId::Id(id) => match self.get(&client, id.to_string()).await? {
+                Some(c) => (Some(c), None),
+                // A tenant token may name its own tenant's cluster alone.
+                None => match client.own_tenant().await {
+                    Some(own) => (self.named(&client, &own, id).await?, None),
+                    None => (None, None),
+                },
+            },
+            ImportId::Named { tenant, name } => {
+                (self.named(&client, tenant, name).await?, Some(tenant))
+            }
+        };
+        let found = imported(
+            "tenant cluster",
+            id,
+            "its id or TENANT/NAME (with a tenant token, NAME alone)",
+            found,
+        )?;
         let mut s = state(&found);
+        s.set(
+            "tenant",
+            imported_tenant(&client, written, &found.tenant_id).await,
+        );
         s.set("timeouts", waiting::normalized(&Value::Null));
         super::acceptance::set_state(&mut s, &found, &Value::Null);
         Ok(s)
@@ -1062,8 +1152,9 @@ mod tests {
     }
 
     #[test]
-    fn layout_change_is_in_place_and_makes_nodes_unknown() {
-        let p = prior();
+    fn layout_change_is_in_place_and_leaves_only_the_slices_unknown() {
+        let mut p = prior();
+        p.set("nodes", Value::List(vec![one_node()]));
         let mut proposed = p.clone();
         proposed.set(
             "mig_layout",
@@ -1071,12 +1162,38 @@ mod tests {
         );
         let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed));
         assert!(planned.requires_replace.is_empty());
-        assert!(planned.state.get("nodes").is_unknown());
+        let Value::List(nodes) = planned.state.get("nodes") else {
+            panic!("the node stays, planned")
+        };
+        assert_eq!(nodes[0].get("hostname"), &Value::string("node-1"));
+        let Value::List(gpus) = nodes[0].get("gpus") else {
+            panic!("its GPUs stay")
+        };
+        assert_eq!(gpus[0].get("uuid"), &Value::string("GPU-1"));
+        assert!(gpus[0].get("mig_devices").is_unknown());
         assert_eq!(planned.state.get("endpoint"), &Value::string("https://k"));
         assert_eq!(
             planned.state.get("credentials"),
             &Value::string("kubeconfig")
         );
+    }
+
+    /// A node of a cluster's state, with one GPU.
+    fn one_node() -> Value {
+        let gpu = Value::object([
+            ("index", Value::Number(0)),
+            ("uuid", Value::string("GPU-1")),
+            ("mig_enabled", Value::Bool(false)),
+            ("mig_devices", Value::List(vec![])),
+        ]);
+        Value::object([
+            ("hostname", Value::string("node-1")),
+            ("driver_version", Value::string("550.54.15")),
+            ("cuda_version", Value::string("12.4")),
+            ("state", Value::string("allocated")),
+            ("state_reason", Value::string("")),
+            ("gpus", Value::List(vec![gpu])),
+        ])
     }
 
     #[test]
@@ -1224,7 +1341,8 @@ mod tests {
 
     #[test]
     fn a_new_cuda_version_picks_the_driver_in_place_and_rolls_the_nodes() {
-        let p = prior();
+        let mut p = prior();
+        p.set("nodes", Value::List(vec![one_node()]));
         let cfg = config_with(&p, Some("12.8"), None);
         let (asked, planned) = plan_asking(Some(&p), &cfg, |_| Ok(driver("570.211.01")));
         assert_eq!(asked.unwrap().cuda_version, "12.8");
@@ -1234,9 +1352,15 @@ mod tests {
             planned.state.get("driver_version"),
             &Value::string("570.211.01")
         );
-        for name in ["nodes", "status", "status_reason"] {
+        for name in ["status", "status_reason"] {
             assert!(planned.state.get(name).is_unknown(), "{name}");
         }
+        // The node stays; the plan says its new driver.
+        let Value::List(nodes) = planned.state.get("nodes") else {
+            panic!("the node stays, planned")
+        };
+        assert_eq!(nodes[0].get("driver_version"), &Value::string("570.211.01"));
+        assert_eq!(nodes[0].get("hostname"), &Value::string("node-1"));
         assert_eq!(planned.state.get("endpoint"), &Value::string("https://k"));
         let request = update_request(&p, &planned.state, &cfg).unwrap();
         assert!(request.set_driver);
@@ -1280,7 +1404,7 @@ mod tests {
         assert_eq!(asked.driver_version, "570.211.01");
         let planned = planned.unwrap();
         assert!(planned.requires_replace.is_empty());
-        assert!(planned.state.get("nodes").is_unknown());
+        assert_eq!(planned.state.get("nodes"), &Value::List(vec![]));
         let request = update_request(&p, &planned.state, &cfg).unwrap();
         assert!(request.set_driver);
         assert_eq!(request.driver_version, "570.211.01");

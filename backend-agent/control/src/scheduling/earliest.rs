@@ -55,7 +55,7 @@ pub fn never(gpu_type: &str, nodes: i64, duration: i64, cap: &Capacity) -> Strin
         .map(|s| s.amount)
         .sum();
     format!(
-        "node_count: {nodes} {gpu_type} pool nodes are never free for {}: the pool has {} nodes and clusters hold {open_ended} of them with no end",
+        "{nodes} {gpu_type} pool nodes are never free for {}: the pool has {} nodes and clusters hold {open_ended} of them with no end",
         words(duration),
         cap.pool_nodes
     )
@@ -121,7 +121,7 @@ mod tests {
         assert_eq!(earliest_start(&pool(vec![]), 5, 10, 0), None);
         assert_eq!(
             never("H100-80GB", 2, 48 * 3600, &cap),
-            "node_count: 2 H100-80GB pool nodes are never free for 48h: the pool has 4 nodes and clusters hold 3 of them with no end"
+            "2 H100-80GB pool nodes are never free for 48h: the pool has 4 nodes and clusters hold 3 of them with no end"
         );
     }
 

@@ -85,6 +85,7 @@ pub fn nodes_to_add(
     let subject = QuotaSubject {
         tenant: tenant_name,
         gpu_type: gpu,
+        holds: current as i64 * gpn,
     };
     let limit = super::limit(conn, &cluster.tenant_id, gpu)?;
     let new = Span {

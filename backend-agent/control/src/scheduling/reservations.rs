@@ -129,6 +129,7 @@ pub fn place(
     let subject = QuotaSubject {
         tenant: tenant_name,
         gpu_type: &r.gpu_type,
+        holds: 0,
     };
     let limit = super::limit(conn, &r.tenant_id, &r.gpu_type)?;
     let new = Span {

@@ -267,6 +267,41 @@ impl Clusters {
             rules::required("request_id", &req.request_id).map_err(invalid)?;
         }
         let tenant = target_tenant(&tx, &caller, &req.tenant_id)?;
+        // A dry run whose name is taken still runs every other check (quota, capacity,
+        // layout, driver), under a stand-in name, and says all it found at once.
+        let taken = match req.validate_only {
+            true => store::clusters::by_name(&tx, &tenant.id, &req.name).map_err(db_error)?,
+            false => None,
+        };
+        let Some(existing) = taken else {
+            return self.admit_create(tx, caller, tenant, req, false);
+        };
+        let name_taken = super::error_details::already_exists(
+            "name",
+            format!(
+                "name: tenant '{}' already has a cluster named '{}' (id {})",
+                tenant.name, req.name, existing.id
+            ),
+            &existing.id,
+        );
+        match self.admit_create(tx, caller, tenant, req, true) {
+            // A retry of the create that made it (the same request id): the apply gets it.
+            Ok(Prepared::Existing(c)) if c.id == existing.id => Ok(Prepared::Existing(c)),
+            Ok(_) => Err(name_taken),
+            Err(other) => Err(super::error_details::together(other, name_taken)),
+        }
+    }
+
+    /// The create's checks and, unless it is a dry run, its writes. `stand_in_name`: a dry
+    /// run whose name is taken, checked (and rolled back) under a name no cluster has.
+    fn admit_create(
+        &self,
+        tx: Savepoint<'_>,
+        caller: Caller,
+        tenant: store::tenants::TenantRow,
+        mut req: v1::CreateTenantClusterRequest,
+        stand_in_name: bool,
+    ) -> Result<Prepared, Status> {
         gpufleet_wire::names::dns_label("name", &req.name).map_err(invalid)?;
         rules::orchestrator(&req.orchestrator).map_err(invalid)?;
         crate::slurm_clusters::require(&req.orchestrator)?;
@@ -310,13 +345,21 @@ impl Clusters {
             Prior::Conflict => return Err(request_id_conflict(&req.request_id, "tenant cluster")),
             Prior::New => {}
         }
+        if stand_in_name {
+            // After the request id's lookup, which knows the request by its real name.
+            req.name = format!("{}.dry-run", req.name);
+        }
         if let Some(existing) =
             store::clusters::by_name(&tx, &tenant.id, &req.name).map_err(db_error)?
         {
-            return Err(Status::already_exists(format!(
-                "name: tenant '{}' already has a cluster named '{}' (id {})",
-                tenant.name, req.name, existing.id
-            )));
+            return Err(super::error_details::already_exists(
+                "name",
+                format!(
+                    "name: tenant '{}' already has a cluster named '{}' (id {})",
+                    tenant.name, req.name, existing.id
+                ),
+                &existing.id,
+            ));
         }
         if !req.reservation_id.is_empty() {
             visible_reservation(&tx, &Caller::Tenant(tenant.id.clone()), &req.reservation_id)
@@ -566,7 +609,7 @@ impl Clusters {
                 tonic::Code::FailedPrecondition,
                 "storage_gib",
                 format!(
-                    "storage_gib cannot shrink from {} to {}",
+                    "storage_gib: volumes only grow: cannot shrink from {} to {} GiB",
                     c.storage_gib, req.storage_gib
                 ),
             ));

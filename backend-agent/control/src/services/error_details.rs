@@ -14,6 +14,8 @@
 
 use std::collections::HashMap;
 
+use gpufleet_proto::error_info::{EXISTING_FIELD, EXISTING_ID, USED_BY};
+
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -78,6 +80,57 @@ pub fn refusal_on(code: Code, field: &str, message: impl Into<String>) -> Status
         Some((field, &message)),
     );
     Status::with_error_details(code, message, details)
+}
+
+/// ALREADY_EXISTS about `field`, naming (in its `ErrorInfo`, so a client planning the
+/// replacement of that very object may go on) the id of the object that already has it.
+pub fn already_exists(field: &str, message: impl Into<String>, existing_id: &str) -> Status {
+    let message = message.into();
+    let metadata = HashMap::from([
+        (EXISTING_ID.to_string(), existing_id.to_string()),
+        (EXISTING_FIELD.to_string(), field.to_string()),
+    ]);
+    let mut details = ErrorDetails::with_error_info("ALREADY_EXISTS", DOMAIN, metadata);
+    let description = field_of(&message).map_or(message.as_str(), |(_, rest)| rest);
+    details.add_bad_request_violation(field, cut(description, MAX_CUT_MESSAGE_BYTES));
+    Status::with_error_details(Code::AlreadyExists, message, details)
+}
+
+/// FAILED_PRECONDITION for a delete of what `ids` still use (in its `ErrorInfo`, so a
+/// client deleting those too in the same run may go on).
+pub fn used_by(message: impl Into<String>, ids: &[&str]) -> Status {
+    let message = message.into();
+    let metadata = HashMap::from([(USED_BY.to_string(), ids.join(","))]);
+    let details = ErrorDetails::with_error_info("FAILED_PRECONDITION", DOMAIN, metadata);
+    Status::with_error_details(Code::FailedPrecondition, message, details)
+}
+
+/// Two refusals of one request said at once: `first`'s code, both sentences, and each one's
+/// field violation (`first`'s, then `second`'s), with `second`'s `ErrorInfo` metadata. A
+/// `first` that is not a refusal (internal, transport) is returned as it is.
+pub fn together(first: Status, second: Status) -> Status {
+    let Some(reason) = reason(first.code()) else {
+        return first;
+    };
+    let violation = |s: &Status| {
+        s.get_details_bad_request()
+            .and_then(|b| b.field_violations.into_iter().next())
+            .map(|v| (v.field, v.description))
+            .or_else(|| field_of(s.message()).map(|(f, r)| (f.to_string(), r.to_string())))
+    };
+    let metadata = second
+        .get_details_error_info()
+        .map(|i| i.metadata)
+        .unwrap_or_default();
+    let mut details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
+    for (field, description) in [violation(&first), violation(&second)]
+        .into_iter()
+        .flatten()
+    {
+        details.add_bad_request_violation(field, cut(&description, MAX_CUT_MESSAGE_BYTES));
+    }
+    let message = format!("{}; {}", first.message(), second.message());
+    Status::with_error_details(first.code(), message, details)
 }
 
 /// A status's `details` bytes (an encoded `google.rpc.Status`, what travels base64-encoded

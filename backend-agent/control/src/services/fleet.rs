@@ -7,7 +7,7 @@ use gpufleet_proto::v1::{self, fleet_service_server::FleetService};
 use rusqlite::{Connection, Savepoint};
 use tonic::{Request, Response, Status};
 
-use super::{invalid, node_messages, precondition};
+use super::{invalid, node_messages};
 
 use crate::catalog;
 use crate::scheduling::{capacity, holdings_during, Exclude};
@@ -129,22 +129,25 @@ impl Fleet {
         let mut cap = capacity(conn, &req.gpu_type, &held)?;
         // What a reservation could have: preemptible clusters' pool nodes yield to it.
         crate::scheduling::preemption::yield_to_reservations(conn, &req.gpu_type, t, &mut cap)?;
-        let earliest_start = match wanted {
-            None => None,
+        // "Never" is an answer, not an error: a plan (or the pre-destroy plan of `terraform
+        // destroy`) reading this after its own apply used the pool must not fail.
+        let (earliest_start, earliest_start_reason) = match wanted {
+            None => (None, String::new()),
             Some((nodes, duration)) => {
-                let at = crate::scheduling::earliest::earliest_start(&cap, nodes, duration, start)
-                    .ok_or_else(|| {
-                        precondition(crate::scheduling::earliest::never(
-                            &req.gpu_type,
-                            nodes,
-                            duration,
-                            &cap,
-                        ))
-                    })?;
-                Some(gpufleet_proto::timestamp::from_unix(at))
+                match crate::scheduling::earliest::earliest_start(&cap, nodes, duration, start) {
+                    Some(at) => (
+                        Some(gpufleet_proto::timestamp::from_unix(at)),
+                        String::new(),
+                    ),
+                    None => (
+                        None,
+                        crate::scheduling::earliest::never(&req.gpu_type, nodes, duration, &cap),
+                    ),
+                }
             }
         };
         Ok(v1::Availability {
+            earliest_start_reason,
             free_pool_nodes: cap.free_pool(start, end),
             free_on_demand_nodes: cap.free_on_demand(start, end),
             gpu_type: req.gpu_type,

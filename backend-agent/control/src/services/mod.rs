@@ -8,6 +8,7 @@ pub mod error_details;
 pub mod fairness;
 pub mod fleet;
 pub mod health;
+pub mod hints;
 pub mod paging;
 pub mod progress;
 pub mod quotas;
@@ -134,7 +135,7 @@ pub fn visible_tenant(conn: &Connection, caller: &Caller, id: &str) -> Result<Te
     };
     match found {
         Some(t) if caller.sees(&t.id) => Ok(t),
-        _ => Err(not_found("tenant", id)),
+        _ => Err(hints::unknown_tenant(conn, caller, id)),
     }
 }
 

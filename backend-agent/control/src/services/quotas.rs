@@ -5,7 +5,7 @@ use std::sync::Arc;
 use gpufleet_proto::v1::{self, gpu_quota_service_server::GpuQuotaService};
 use tonic::{Request, Response, Status};
 
-use super::{invalid, list_scope, not_found, precondition, request_id_conflict, visible_tenant};
+use super::{invalid, list_scope, not_found, request_id_conflict, visible_tenant};
 use crate::auth::Caller;
 use crate::fingerprint::Fingerprint;
 use crate::rules::{self, Limit, QuotaSubject, Span};
@@ -91,10 +91,14 @@ impl Quotas {
                 if let Some(existing) =
                     store::quotas::for_model(&tx, &tenant.id, &req.gpu_type).map_err(db_error)?
                 {
-                    return Err(Status::already_exists(format!(
-                        "gpu_type: tenant '{}' already has a {} quota (id {}); update it instead",
-                        tenant.name, req.gpu_type, existing.id
-                    )));
+                    return Err(super::error_details::already_exists(
+                        "gpu_type",
+                        format!(
+                            "gpu_type: tenant '{}' already has a {} quota (id {}); update it instead",
+                            tenant.name, req.gpu_type, existing.id
+                        ),
+                        &existing.id,
+                    ));
                 }
                 guarantees::admit(&tx, &req.gpu_type, req.gpus, None)?;
                 let q = QuotaRow {
@@ -172,6 +176,7 @@ impl Quotas {
         let subject = QuotaSubject {
             tenant: &tenant.name,
             gpu_type: &q.gpu_type,
+            holds: 0,
         };
         rules::check_quota_update(
             &subject,
@@ -218,11 +223,22 @@ impl Quotas {
                 .map(|r| format!("reservation {}", r.id))
                 .collect();
             what.extend(clusters.iter().map(|c| format!("cluster '{}'", c.name)));
-            return Err(precondition(format!(
-                "the {} quota is still used by {}; delete them first",
-                q.gpu_type,
-                what.join(", ")
-            )));
+            let ids: Vec<&str> = reservations
+                .iter()
+                .map(|r| r.id.as_str())
+                .chain(clusters.iter().map(|c| c.id.as_str()))
+                .collect();
+            return Err(super::error_details::used_by(
+                format!(
+                    "the {} quota is still used by {}; delete them first",
+                    q.gpu_type,
+                    what.join(", ")
+                ),
+                &ids,
+            ));
+        }
+        if req.validate_only {
+            return Ok(v1::DeleteResponse {});
         }
         reservations::remove_ended(&tx, &ended)?;
         store::quotas::delete(&tx, &q.id).map_err(db_error)?;

@@ -48,7 +48,10 @@ impl Tenants {
     ) -> Result<v1::CreateTenantResponse, Status> {
         let (caller, req) = super::enter(&self.state, &tx, request)?;
         caller.require_admin("creating a tenant")?;
-        rules::required("request_id", &req.request_id).map_err(invalid)?;
+        // A dry run (validate_only) needs no request id: "" was never recorded.
+        if !req.validate_only {
+            rules::required("request_id", &req.request_id).map_err(invalid)?;
+        }
         gpufleet_wire::names::dns_label("name", &req.name).map_err(invalid)?;
         if uuid::Uuid::parse_str(&req.name).is_ok() {
             // Tenants are referred to by name or id: a name shaped like an id could stand
@@ -60,6 +63,28 @@ impl Tenants {
         }
         require_label_keys(&req.labels)?;
         let labels: BTreeMap<String, String> = req.labels.into_iter().collect();
+        if req.validate_only {
+            return match store::tenants::by_name(&tx, &req.name).map_err(db_error)? {
+                Some(existing) => Err(super::error_details::already_exists(
+                    "name",
+                    format!(
+                        "name: a tenant named '{}' already exists (id {})",
+                        req.name, existing.id
+                    ),
+                    &existing.id,
+                )),
+                None => Ok(v1::CreateTenantResponse {
+                    tenant: Some(message(TenantRow {
+                        id: String::new(),
+                        name: req.name,
+                        display_name: req.display_name,
+                        labels,
+                        created_at: self.state.now(),
+                    })),
+                    token: String::new(),
+                }),
+            };
+        }
         let print = Fingerprint::of(&[&req.name, &req.display_name, &labels]);
         let token = auth::new_token("gft_");
         let tenant = match store::idempotency::lookup(&tx, "tenant", "", &req.request_id, &print)
@@ -110,7 +135,16 @@ impl Tenants {
         request: Request<v1::GetTenantRequest>,
     ) -> Result<v1::Tenant, Status> {
         let (caller, req) = super::enter(&self.state, conn, request)?;
-        Ok(message(visible_tenant(conn, &caller, &req.id)?))
+        let id = match (&caller, req.id.as_str()) {
+            (Caller::Tenant(own), "") => own.clone(),
+            (Caller::Admin, "") => {
+                return Err(invalid(
+                    "id: required (only a tenant token has a tenant of its own)",
+                ))
+            }
+            (_, id) => id.to_string(),
+        };
+        Ok(message(visible_tenant(conn, &caller, &id)?))
     }
 
     fn list(
@@ -172,6 +206,7 @@ impl Tenants {
         store::tenants::delete(&tx, &t.id).map_err(db_error)?;
         store::idempotency::forget(&tx, &t.id).map_err(db_error)?;
         tx.commit().map_err(db_error)?;
+        crate::volumes::remove_tenant(&self.state.volumes_root(), &t.name);
         tracing::info!(tenant = %t.name, "deleted tenant");
         Ok(v1::DeleteResponse {})
     }

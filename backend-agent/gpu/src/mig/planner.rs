@@ -118,7 +118,7 @@ fn other_model_hint(model: &GpuModel, name: &str) -> Option<String> {
         let id = other.profile(name)?.id;
         let here = model.profile_by_id(id)?;
         Some(format!(
-            "\"{name}\" is a {} profile; the same shape on {} is \"{}\"",
+            "\"{name}\" is a profile of {}; the same shape on {} is \"{}\"",
             other.name, model.name, here.name
         ))
     })

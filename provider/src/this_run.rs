@@ -1,0 +1,250 @@
+//! What this provider process has learned in the Terraform run it serves (Terraform starts
+//! one process per plan or apply, and it serves every resource of that run), for the
+//! answers that depend on other resources of the same run:
+//!
+//! * tenants and quotas this run creates: Terraform plans a resource after those it
+//!   refers to, so a cluster whose tenant is `gpufleet_tenant.x.name` is planned after
+//!   `x`; a dry run that finds no such tenant (or quota) yet is then no refusal;
+//! * objects this run already has in state: the create half of a replacement is planned
+//!   while the object it replaces still holds the name, so a name held by one of them is
+//!   no refusal either (the apply frees it first);
+//! * deletes this run plans: a quota still used by a cluster is refused at plan unless
+//!   the same plan deletes that cluster too;
+//! * deletes under way: a tenant delete waits for the deletes of its quotas, clusters and
+//!   reservations that run beside it (Terraform runs deletes without a dependency in
+//!   parallel) instead of failing for dependents that are about to be gone.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+#[derive(Default)]
+pub struct ThisRun {
+    seen: Mutex<Seen>,
+    /// Deletes under way, by the object's id and its tenant's spelling.
+    deleting: Mutex<HashMap<String, usize>>,
+    /// Deletes that ended.
+    ended: AtomicU64,
+    /// Told when a delete starts or ends.
+    changed: Notify,
+    /// Told when a delete is planned.
+    planned: Notify,
+}
+
+#[derive(Default)]
+struct Seen {
+    tenants: HashSet<String>,
+    /// (tenant as written, GPU model) of quotas this run creates.
+    quotas: HashSet<(String, String)>,
+    ids: HashSet<String>,
+    /// Objects whose delete this run plans.
+    deleted: HashSet<String>,
+}
+
+impl ThisRun {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A tenant of this name is planned to be created.
+    pub fn creates_tenant(&self, name: &str) {
+        self.seen().tenants.insert(name.to_string());
+    }
+
+    /// Whether a tenant of this name is planned to be created.
+    pub fn tenant_created(&self, name: &str) -> bool {
+        self.seen().tenants.contains(name)
+    }
+
+    /// A quota of `gpu_type` for `tenant` (as written) is planned to be created.
+    pub fn creates_quota(&self, tenant: &str, gpu_type: &str) {
+        self.seen()
+            .quotas
+            .insert((tenant.to_string(), gpu_type.to_string()));
+    }
+
+    /// The tenants (as written) of the quotas of `gpu_type` planned to be created.
+    pub fn quota_tenants(&self, gpu_type: &str) -> Vec<String> {
+        self.seen()
+            .quotas
+            .iter()
+            .filter(|(_, g)| g == gpu_type)
+            .map(|(t, _)| t.clone())
+            .collect()
+    }
+
+    /// An object of this id is in this run's state.
+    pub fn has(&self, id: &str) {
+        self.seen().ids.insert(id.to_string());
+    }
+
+    /// Whether an object of this id is in this run's state.
+    pub fn holds(&self, id: &str) -> bool {
+        self.seen().ids.contains(id)
+    }
+
+    /// The delete of the object of this id is planned.
+    pub fn plans_delete(&self, id: &str) {
+        self.seen().deleted.insert(id.to_string());
+        self.planned.notify_waiters();
+    }
+
+    /// Of `ids`, those whose delete this run does not plan, after waiting up to `grace`
+    /// for the plans of the others (Terraform plans deletes side by side, in no order).
+    pub async fn unplanned_deletes(&self, ids: &[String], grace: Duration) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let notified = self.planned.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let left: Vec<String> = {
+                let seen = self.seen();
+                ids.iter()
+                    .filter(|id| !seen.deleted.contains(*id))
+                    .cloned()
+                    .collect()
+            };
+            if left.is_empty() {
+                return left;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return left;
+            }
+        }
+    }
+
+    /// Marks a delete as under way until the guard is dropped, under `keys`: the object's
+    /// id and its tenant as its state spells it.
+    pub fn deleting(&self, keys: &[&str]) -> DeleteUnderWay<'_> {
+        let mut deletes = self.deletes();
+        for key in keys {
+            *deletes.entry(key.to_string()).or_default() += 1;
+        }
+        drop(deletes);
+        self.changed.notify_waiters();
+        DeleteUnderWay {
+            run: self,
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+        }
+    }
+
+    fn deletes(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.deleting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits while deletes under one of `spellings` (a tenant's id and name, or objects'
+    /// ids) are under way;
+    /// when none is, waits up to `grace` for one to start (Terraform starts the deletes
+    /// that do not depend on each other together, but not in one instant). True when at
+    /// least one of them ended meanwhile: the tenant delete is worth another try.
+    pub async fn dependents_deleted(&self, spellings: &[&str], grace: Duration) -> bool {
+        let ended_before = self.ended.load(Ordering::SeqCst);
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let busy = {
+                let deletes = self.deletes();
+                spellings
+                    .iter()
+                    .any(|s| deletes.get(*s).is_some_and(|n| *n > 0))
+            };
+            if busy {
+                notified.await;
+                continue;
+            }
+            if self.ended.load(Ordering::SeqCst) != ended_before {
+                return true;
+            }
+            if tokio::time::timeout(grace, notified).await.is_err() {
+                return false;
+            }
+        }
+    }
+}
+
+/// A delete under way (see [`ThisRun::deleting`]).
+pub struct DeleteUnderWay<'a> {
+    run: &'a ThisRun,
+    keys: Vec<String>,
+}
+
+impl Drop for DeleteUnderWay<'_> {
+    fn drop(&mut self) {
+        let mut deletes = self.run.deletes();
+        for key in &self.keys {
+            if let Some(n) = deletes.get_mut(key) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        drop(deletes);
+        self.run.ended.fetch_add(1, Ordering::SeqCst);
+        self.run.changed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_tenant_delete_waits_for_the_deletes_of_its_dependents() {
+        let run = Arc::new(ThisRun::default());
+        let grace = Duration::from_millis(50);
+        assert!(
+            !run.dependents_deleted(&["team"], grace).await,
+            "none began"
+        );
+        let guard = run.deleting(&["q-1", "team"]);
+        let other = run.clone();
+        let waiter =
+            tokio::spawn(async move { other.dependents_deleted(&["id-1", "team"], grace).await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(guard);
+        assert!(waiter.await.unwrap(), "one ended");
+    }
+
+    #[tokio::test]
+    async fn a_delete_that_begins_within_the_grace_is_waited_for() {
+        let run = Arc::new(ThisRun::default());
+        let other = run.clone();
+        let waiter = tokio::spawn(async move {
+            other
+                .dependents_deleted(&["team"], Duration::from_secs(30))
+                .await
+        });
+        tokio::task::yield_now().await;
+        let guard = run.deleting(&["q-1", "team"]);
+        drop(guard);
+        assert!(waiter.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_delete_planned_beside_is_waited_for_and_others_are_not_found() {
+        let run = Arc::new(ThisRun::default());
+        let other = run.clone();
+        let ids = vec!["c-1".to_string(), "c-2".to_string()];
+        let waiter = tokio::spawn(async move {
+            other
+                .unplanned_deletes(&ids, Duration::from_millis(200))
+                .await
+        });
+        tokio::task::yield_now().await;
+        run.plans_delete("c-1");
+        assert_eq!(waiter.await.unwrap(), vec!["c-2".to_string()]);
+    }
+
+    #[test]
+    fn quotas_are_found_by_model() {
+        let run = ThisRun::default();
+        run.creates_quota("team", "H100-80GB");
+        assert_eq!(run.quota_tenants("H100-80GB"), vec!["team".to_string()]);
+        assert!(run.quota_tenants("A100-80GB").is_empty());
+    }
+}
