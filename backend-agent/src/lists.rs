@@ -29,67 +29,87 @@ fn rfc3339(t: Option<gpufleet_proto::timestamp::Timestamp>) -> String {
         .unwrap_or_else(|| "-".to_string())
 }
 
-pub async fn print_tenants(args: ClientArgs) -> anyhow::Result<()> {
-    let (ch, auth) = channel(&args).await?;
-    let mut client = TenantServiceClient::with_interceptor(ch, auth)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+/// Every page of a list call as table rows: `fetch` takes a page token and answers that
+/// page's rows and the next token ("" after the last page).
+async fn all_rows<F, Fut>(mut fetch: F) -> anyhow::Result<Vec<Vec<String>>>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<Vec<String>>, String), tonic::Status>>,
+{
     let mut rows = Vec::new();
     let mut page_token = String::new();
     loop {
-        let page = client
-            .list_tenants(v1::ListTenantsRequest {
-                page_size: 0,
-                page_token,
-            })
-            .await
-            .map_err(status)?
-            .into_inner();
-        rows.extend(
-            page.tenants
-                .into_iter()
-                .map(|t| vec![t.name, t.id, cell(t.display_name)]),
-        );
-        if page.next_page_token.is_empty() {
-            break;
+        let (page, next) = fetch(page_token).await.map_err(status)?;
+        rows.extend(page);
+        if next.is_empty() {
+            return Ok(rows);
         }
-        page_token = page.next_page_token;
+        page_token = next;
     }
+}
+
+pub async fn print_tenants(args: ClientArgs) -> anyhow::Result<()> {
+    let (ch, auth) = channel(&args).await?;
+    let client = TenantServiceClient::with_interceptor(ch, auth)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let rows = all_rows(|page_token| {
+        let mut client = client.clone();
+        async move {
+            let page = client
+                .list_tenants(v1::ListTenantsRequest {
+                    page_size: 0,
+                    page_token,
+                })
+                .await?
+                .into_inner();
+            let rows = page
+                .tenants
+                .into_iter()
+                .map(|t| vec![t.name, t.id, cell(t.display_name)])
+                .collect();
+            Ok((rows, page.next_page_token))
+        }
+    })
+    .await?;
     print!("{}", table(&["NAME", "ID", "DISPLAY NAME"], &rows));
     Ok(())
 }
 
 pub async fn print_clusters(args: ListArgs) -> anyhow::Result<()> {
     let (ch, auth) = channel(&args.client).await?;
-    let mut client = TenantClusterServiceClient::with_interceptor(ch, auth)
+    let client = TenantClusterServiceClient::with_interceptor(ch, auth)
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let mut rows = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let page = client
-            .list_tenant_clusters(v1::ListTenantClustersRequest {
-                tenant_id: args.tenant.clone().unwrap_or_default(),
-                page_size: 0,
-                page_token,
-            })
-            .await
-            .map_err(status)?
-            .into_inner();
-        rows.extend(page.clusters.into_iter().map(|c| {
-            vec![
-                c.tenant_name,
-                c.name,
-                c.id,
-                c.orchestrator,
-                c.gpu_type,
-                c.node_count.to_string(),
-                c.status,
-            ]
-        }));
-        if page.next_page_token.is_empty() {
-            break;
+    let tenant = args.tenant.clone().unwrap_or_default();
+    let rows = all_rows(|page_token| {
+        let (mut client, tenant_id) = (client.clone(), tenant.clone());
+        async move {
+            let page = client
+                .list_tenant_clusters(v1::ListTenantClustersRequest {
+                    tenant_id,
+                    page_size: 0,
+                    page_token,
+                })
+                .await?
+                .into_inner();
+            let rows = page
+                .clusters
+                .into_iter()
+                .map(|c| {
+                    vec![
+                        c.tenant_name,
+                        c.name,
+                        c.id,
+                        c.orchestrator,
+                        c.gpu_type,
+                        c.node_count.to_string(),
+                        c.status,
+                    ]
+                })
+                .collect();
+            Ok((rows, page.next_page_token))
         }
-        page_token = page.next_page_token;
-    }
+    })
+    .await?;
     let header = [
         "TENANT",
         "NAME",
@@ -105,36 +125,39 @@ pub async fn print_clusters(args: ListArgs) -> anyhow::Result<()> {
 
 pub async fn print_reservations(args: ListArgs) -> anyhow::Result<()> {
     let (ch, auth) = channel(&args.client).await?;
-    let mut client = ReservationServiceClient::with_interceptor(ch, auth)
+    let client = ReservationServiceClient::with_interceptor(ch, auth)
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let mut rows = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let page = client
-            .list_reservations(v1::ListReservationsRequest {
-                tenant_id: args.tenant.clone().unwrap_or_default(),
-                page_size: 0,
-                page_token,
-            })
-            .await
-            .map_err(status)?
-            .into_inner();
-        rows.extend(page.reservations.into_iter().map(|r| {
-            vec![
-                r.tenant_name,
-                r.id,
-                r.gpu_type,
-                r.node_count.to_string(),
-                rfc3339(r.start_time),
-                rfc3339(r.end_time),
-                r.status,
-            ]
-        }));
-        if page.next_page_token.is_empty() {
-            break;
+    let tenant = args.tenant.clone().unwrap_or_default();
+    let rows = all_rows(|page_token| {
+        let (mut client, tenant_id) = (client.clone(), tenant.clone());
+        async move {
+            let page = client
+                .list_reservations(v1::ListReservationsRequest {
+                    tenant_id,
+                    page_size: 0,
+                    page_token,
+                })
+                .await?
+                .into_inner();
+            let rows = page
+                .reservations
+                .into_iter()
+                .map(|r| {
+                    vec![
+                        r.tenant_name,
+                        r.id,
+                        r.gpu_type,
+                        r.node_count.to_string(),
+                        rfc3339(r.start_time),
+                        rfc3339(r.end_time),
+                        r.status,
+                    ]
+                })
+                .collect();
+            Ok((rows, page.next_page_token))
         }
-        page_token = page.next_page_token;
-    }
+    })
+    .await?;
     let header = [
         "TENANT", "ID", "GPU TYPE", "NODES", "START", "END", "STATUS",
     ];

@@ -175,6 +175,13 @@ fn driver_message(r: &crate::drivers::Release) -> v1::DriverVersion {
     }
 }
 
+/// The node named `name` (its hostname), or NOT_FOUND.
+fn node_named(conn: &Connection, name: &str) -> Result<store::nodes::NodeRow, Status> {
+    store::nodes::by_hostname(conn, name)
+        .map_err(db_error)?
+        .ok_or_else(|| super::not_found("node", name))
+}
+
 impl Fleet {
     /// Takes a quarantined node back: `busy` until its agent has reset it, then ready.
     fn return_node(
@@ -185,9 +192,7 @@ impl Fleet {
         let (caller, req) = super::enter(&self.state, &conn, request)?;
         caller.require_admin("returning a node to service")?;
         let name = req.name;
-        let node = store::nodes::by_hostname(&conn, &name)
-            .map_err(db_error)?
-            .ok_or_else(|| super::not_found("node", &name))?;
+        let node = node_named(&conn, &name)?;
         if node.state != store::nodes::NODE_QUARANTINED {
             return Err(super::precondition(format!(
                 "name: node {name} is {}, not quarantined",
@@ -203,10 +208,18 @@ impl Fleet {
         )
         .map_err(db_error)?;
         tracing::info!(node = %name, "node returned to service by an operator");
-        let row = store::nodes::get(&conn, &node.id)
-            .map_err(db_error)?
-            .ok_or_else(|| super::not_found("node", &name))?;
-        let answer = node_messages(&conn, Some(&self.state.agents), &caller, vec![row])?
+        let row = node_named(&conn, &name)?;
+        self.answer_committed(conn, &caller, row)
+    }
+
+    /// The node's answer, once the change to it is committed.
+    fn answer_committed(
+        &self,
+        conn: Savepoint<'_>,
+        caller: &crate::auth::Caller,
+        row: store::nodes::NodeRow,
+    ) -> Result<v1::Node, Status> {
+        let answer = node_messages(&conn, Some(&self.state.agents), caller, vec![row])?
             .pop()
             .ok_or_else(|| Status::internal("node vanished"))?;
         conn.commit().map_err(db_error)?;
@@ -221,9 +234,7 @@ impl Fleet {
         let (caller, req) = super::enter(&self.state, &conn, request)?;
         caller.require_admin("forgetting a node's secret")?;
         let name = req.name;
-        let node = store::nodes::by_hostname(&conn, &name)
-            .map_err(db_error)?
-            .ok_or_else(|| super::not_found("node", &name))?;
+        let node = node_named(&conn, &name)?;
         if self.state.agents.is_live(&node.id) {
             return Err(super::precondition(format!(
                 "name: node {name} is held by a connected agent; stop it first"
@@ -231,11 +242,7 @@ impl Fleet {
         }
         store::nodes::set_secret_hash(&conn, &node.id, "").map_err(db_error)?;
         tracing::warn!(node = %name, "an operator released the node's name: the next registration takes it");
-        let answer = node_messages(&conn, Some(&self.state.agents), &caller, vec![node])?
-            .pop()
-            .ok_or_else(|| Status::internal("node vanished"))?;
-        conn.commit().map_err(db_error)?;
-        Ok(answer)
+        self.answer_committed(conn, &caller, node)
     }
 
     fn list_driver_versions(
