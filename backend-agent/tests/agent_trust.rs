@@ -513,3 +513,39 @@ async fn a_quarantine_from_a_failed_create_is_counted_by_cause_and_traced_in_the
     let seqs: Vec<i64> = all.iter().map(|e| e.seq).collect();
     assert_eq!(paged[..seqs.len()], seqs[..]);
 }
+
+#[tokio::test]
+async fn a_node_back_from_a_cluster_it_no_longer_belongs_to_is_told_to_stop_its_daemons() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(dir.path(), &[]);
+    let mut admin = agent.admin().await;
+    // An agent that kept the daemons of a cluster it was in before it was replaced (it
+    // starts none of them by itself): first it is told to stop them and remove their keys.
+    let mut reg = registration("back-01", "H100-80GB", 2);
+    reg.slurm_clusters = vec!["gf0123456789ab".into()];
+    let mut rogue = Rogue::register(&agent.endpoint, &agent.data_dir, reg)
+        .await
+        .expect("registered");
+    let stop = rogue.next_order().await;
+    let Some(work_order::Kind::StopSlurmd(s)) = &stop.kind else {
+        panic!("expected StopSlurmd first, got {stop:?}");
+    };
+    assert_eq!(s.cluster, "gf0123456789ab");
+    rogue.answer(OrderResult {
+        order_id: stop.id.clone(),
+        ok: true,
+        ..Default::default()
+    });
+    let check = rogue.next_order().await;
+    rogue.pass_check(&check);
+    wait_state(&mut admin, "back-01", "ready", &["quarantined"]).await;
+    // A kept cluster's name is bounded like any: a path is refused, naming the field.
+    let mut bad = registration("back-02", "H100-80GB", 1);
+    bad.slurm_clusters = vec!["../../etc".into()];
+    let s = Rogue::register(&agent.endpoint, &agent.data_dir, bad)
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert!(s.message().starts_with("slurm_clusters"), "{}", s.message());
+}

@@ -391,6 +391,17 @@ pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
     }
 }
 
+/// Stops on `node` the daemons of `clusters` that its agent kept from before, and has it
+/// remove their keys and config: the node is not theirs any more.
+pub async fn stop_kept(state: &AppState, node: &NodeRow, clusters: &[String]) {
+    for cluster in clusters {
+        tracing::info!(node = %node.hostname, %cluster, "stopping the daemons of a Slurm cluster the node no longer belongs to");
+        for f in order_all(state, std::slice::from_ref(node), || stop_order(cluster)).await {
+            tracing::warn!(%cluster, failure = %f, "cannot stop a kept slurmd");
+        }
+    }
+}
+
 /// A login port for a cluster made before logins: allocated, recorded, and the endpoint.
 async fn give_login_port(state: &AppState, cluster_id: &str) -> Result<u16> {
     let port = controller::free_port().map_err(Error::Internal)?;

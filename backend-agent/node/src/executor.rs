@@ -446,10 +446,10 @@ impl Executor {
                 tracing::error!(order = %id, error = %e, "cannot record the order's answer");
             }
         }
-        // The Slurm daemons this node ran before the restart, on the GPUs as they are now.
-        if let Ok(gpus) = self.backend.gpus() {
-            self.slurmd.recover(&gpus);
-        }
+        // The Slurm daemons this node ran before the restart are not started again here:
+        // the agent reports them at registration, and the control plane orders each one
+        // started with its cluster's current config, or stopped and removed when the node
+        // is no longer that cluster's (it was replaced meanwhile).
     }
 }
 

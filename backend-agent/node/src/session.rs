@@ -183,6 +183,7 @@ async fn session(agent: &Arc<Agent>) -> End {
             hardware: agent.hardware.to_string(),
             bandwidth_addr: agent.bandwidth_addr.clone(),
             node_secret: read_secret(&agent.secret_file),
+            slurm_clusters: agent.exec.slurmd.kept(),
         })),
     });
     let mut request = tonic::Request::new(UnboundedReceiverStream::new(up_rx));

@@ -286,49 +286,23 @@ impl Slurmd {
         account::release(cluster, &[&node_part(&self.node)]).and(removed)
     }
 
-    /// After the agent starts: the daemons of every cluster it last ran, again, on a
-    /// thread of their own (the agent registers meanwhile; an order for a cluster waits for
-    /// its recovery to finish).
-    pub fn recover(&self, gpus: &[GpuInfo]) {
-        let (this, gpus) = (self.clone(), gpus.to_vec());
-        let spawned = std::thread::Builder::new()
-            .name("slurmd-recover".into())
-            .spawn(move || this.recover_now(&gpus));
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the Slurm daemons' recovery");
-        }
-    }
-
-    fn recover_now(&self, gpus: &[GpuInfo]) {
+    /// The clusters whose daemons this node kept from before (an order and key in its
+    /// data dir), for its registration: the control plane orders each started again or
+    /// stopped.
+    pub fn kept(&self) -> Vec<String> {
         let Ok(entries) = std::fs::read_dir(&self.root) else {
-            return;
+            return Vec::new();
         };
-        for e in entries.flatten() {
-            let cluster = e.file_name().to_string_lossy().to_string();
-            let dir = e.path();
-            let restarted = (|| -> Result<String, String> {
-                let kept: Kept = serde_json::from_str(
-                    &std::fs::read_to_string(dir.join("order.json")).map_err(|e| e.to_string())?,
-                )
-                .map_err(|e| e.to_string())?;
-                let key = std::fs::read(dir.join("munge.key")).map_err(|e| e.to_string())?;
-                let port = *conf::node_ports(&kept.slurm_conf)
-                    .get(&self.node)
-                    .ok_or("this node is not in its slurm.conf")?;
-                self.run(&cluster, &dir, &kept, &key, port, gpus)
-            })();
-            match restarted {
-                Ok(gres) => {
-                    tracing::info!(%cluster, %gres, "slurmd started again after the agent's restart")
-                }
-                Err(e) => {
-                    tracing::warn!(%cluster, error = %e, "cannot start slurmd again after the agent's restart")
-                }
-            }
-        }
+        let mut kept: Vec<String> = entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|c| gpufleet_slurm::valid_cluster_name(c))
+            .filter(|c| self.root.join(c).join("order.json").exists())
+            .collect();
+        kept.sort();
+        kept
     }
 
-    /// Stops every daemon (the agent is stopping); their files stay for the next start.
     pub fn stop_all(&self) {
         let all: Vec<Running> = self.lock().drain().map(|(_, r)| r).collect();
         for r in all {

@@ -41,7 +41,12 @@ pub struct Checked {
     pub gpus: Vec<GpuInfo>,
     /// The node secret presented ("" at a first registration).
     pub secret: String,
+    /// The Slurm clusters whose daemons the agent kept from before.
+    pub slurm_clusters: Vec<String>,
 }
+
+/// Most kept Slurm clusters one registration may name.
+const MAX_KEPT_CLUSTERS: usize = 64;
 
 /// A registration let in: the node's id, and its new secret when one was issued now.
 pub struct Admitted {
@@ -76,8 +81,25 @@ pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
         .ok_or_else(|| Refusal::Invalid("inventory: missing".into()))?;
     let gpus = check_inventory(inv)?;
     bounded("node_secret", &reg.node_secret)?;
+    if reg.slurm_clusters.len() > MAX_KEPT_CLUSTERS {
+        return Err(Refusal::Invalid(format!(
+            "slurm_clusters: at most {MAX_KEPT_CLUSTERS} (got {})",
+            reg.slurm_clusters.len()
+        )));
+    }
+    if let Some(bad) = reg
+        .slurm_clusters
+        .iter()
+        .find(|c| !gpufleet_slurm::valid_cluster_name(c))
+    {
+        return Err(Refusal::Invalid(format!(
+            "slurm_clusters: {:?} is not a Slurm cluster name",
+            bad.chars().take(64).collect::<String>()
+        )));
+    }
     Ok(Checked {
         secret: reg.node_secret.clone(),
+        slurm_clusters: reg.slurm_clusters.clone(),
         name: reg.name.clone(),
         capacity: reg.capacity.clone(),
         gpu_type: inv.gpu_type.clone(),
@@ -383,6 +405,7 @@ mod tests {
             hardware: "sim".into(),
             bandwidth_addr: String::new(),
             node_secret: String::new(),
+            slurm_clusters: Vec::new(),
             inventory: Some(v1::NodeInventory {
                 gpu_type: "H100-80GB".into(),
                 driver_version: "550.54.15".into(),

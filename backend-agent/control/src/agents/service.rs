@@ -92,6 +92,7 @@ impl NodeAgentService for Agents {
             )));
         }
         let name = checked.name.clone();
+        let kept_clusters = checked.slurm_clusters.clone();
         let known = self
             .state
             .read(move |conn| {
@@ -132,6 +133,7 @@ impl NodeAgentService for Agents {
             self.state.clone(),
             node_id.clone(),
             reg.bandwidth_addr.chars().take(256).collect(),
+            kept_clusters,
         ));
 
         let state = self.state.clone();

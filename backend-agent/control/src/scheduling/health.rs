@@ -1231,13 +1231,23 @@ async fn take_out(
 /// change to finish, not a fault), then it runs the medium checks, and (passed) it is
 /// ready; failed, it is quarantined with the failed checks as the reason. A quarantined
 /// node stays so: only an operator's return checks it again.
-pub async fn admit_registered(state: Arc<AppState>, node_id: String, bandwidth_addr: String) {
-    if let Err(e) = admit(&state, &node_id, &bandwidth_addr).await {
+pub async fn admit_registered(
+    state: Arc<AppState>,
+    node_id: String,
+    bandwidth_addr: String,
+    kept_slurm: Vec<String>,
+) {
+    if let Err(e) = admit(&state, &node_id, &bandwidth_addr, &kept_slurm).await {
         tracing::error!(node = %node_id, error = %e, "cannot check the registered node");
     }
 }
 
-async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Result<()> {
+async fn admit(
+    state: &Arc<AppState>,
+    node_id: &str,
+    bandwidth_addr: &str,
+    kept_slurm: &[String],
+) -> Result<()> {
     let (id, addr) = (node_id.to_string(), bandwidth_addr.to_string());
     let node = state
         .apply(move |conn| -> Result<Option<NodeRow>> {
@@ -1246,7 +1256,16 @@ async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Re
         })
         .await?;
     let Some(node) = node else { return Ok(()) };
+    // Nothing of a cluster the node no longer belongs to (it was replaced while its agent
+    // was away) runs on it again: those daemons are stopped and their keys removed first.
+    let own = node.cluster_id.as_deref().map(gpufleet_slurm::cluster_name);
+    let (mine, foreign): (Vec<String>, Vec<String>) = kept_slurm
+        .iter()
+        .cloned()
+        .partition(|c| Some(c) == own.as_ref());
+    crate::slurm_clusters::stop_kept(state, &node, &foreign).await;
     if node.state == NODE_QUARANTINED {
+        crate::slurm_clusters::stop_kept(state, &node, &mine).await;
         crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
         return Ok(());
     }
@@ -1271,6 +1290,12 @@ async fn admit(state: &Arc<AppState>, node_id: &str, bandwidth_addr: &str) -> Re
     {
         crate::mig::mark_reconciled(state, node.clone(), String::new()).await;
         crate::slurm_clusters::rejoin(state, &node).await;
+    } else if node_row(state, node_id)
+        .await?
+        .is_some_and(|n| n.cluster_id != node.cluster_id)
+    {
+        // Taken out of its cluster by its checks: its kept daemons go too.
+        crate::slurm_clusters::stop_kept(state, &node, &mine).await;
     }
     Ok(())
 }
