@@ -603,6 +603,25 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     })
     .await;
 
+    // A job still running when the cluster is destroyed: its slurmstepd and its processes
+    // must go with the cluster.
+    let long = client.ok(
+        "sbatch",
+        &[
+            "--parsable",
+            "-N1",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 600",
+        ],
+    );
+    client.wait_running(&[long.trim().to_string()]).await;
+    let stepds: Vec<i32> = pids_naming(&["slurmstepd"])
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect();
+    assert!(!stepds.is_empty(), "the running job has a slurmstepd");
+
     // A team that drops its key from the configuration can no longer log in.
     tf.write_main(
         &config_with(
@@ -644,6 +663,19 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
             .unwrap();
         assert!(!account.status.success(), "{cluster}'s account is left");
     }
+    eventually(
+        "no slurmstepd of the destroyed clusters' jobs",
+        LIMIT,
+        || {
+            let left: Vec<i32> = stepds
+                .iter()
+                .copied()
+                .filter(|pid| Path::new(&format!("/proc/{pid}")).exists())
+                .collect();
+            async move { left.is_empty().then_some(()) }
+        },
+    )
+    .await;
     assert!(!backend.data_dir().join("slurm").join(&name).exists());
     for a in &agents {
         assert!(!a.data_dir().join("slurm").join(&name).exists());

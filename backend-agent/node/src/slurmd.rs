@@ -278,6 +278,10 @@ impl Slurmd {
             r.slurmd.stop();
             r.munged.stop();
         }
+        // The slurmstepd of every job still running here, and the job's processes: they
+        // outlive slurmd, and nothing of the cluster may stay on a node it gives back.
+        let conf = self.shared_dir(cluster).join("slurm.conf");
+        account::kill_environ_holders(&format!("SLURM_CONF={}", conf.display()));
         let removed = match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -221,6 +221,54 @@ pub fn kill_processes_of(uid: u32) {
     }
 }
 
+/// SIGKILL to every process whose environment holds `entry` and to all their
+/// descendants. A node's slurmd runs with `SLURM_CONF=<its own config>`, and each
+/// slurmstepd it starts inherits it: a running job's slurmstepd (root) outlives slurmd,
+/// and its job's processes are its descendants.
+pub fn kill_environ_holders(entry: &str) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let mut parent = std::collections::HashMap::new();
+    let mut marked = Vec::new();
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces, so read after its ')'.
+        let ppid = std::fs::read_to_string(e.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                    .and_then(|p| p.parse::<i32>().ok())
+            });
+        if let Some(ppid) = ppid {
+            parent.insert(pid, ppid);
+        }
+        let holds = std::fs::read(e.path().join("environ"))
+            .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == entry.as_bytes()));
+        if holds {
+            marked.push(pid);
+        }
+    }
+    // Descendants first, so that no job is left to be reparented away from its stepd.
+    let mut doomed: Vec<i32> = Vec::new();
+    let mut frontier = marked.clone();
+    while let Some(p) = frontier.pop() {
+        for (child, _) in parent.iter().filter(|(_, pp)| **pp == p) {
+            if !doomed.contains(child) && !marked.contains(child) {
+                doomed.push(*child);
+                frontier.push(*child);
+            }
+        }
+    }
+    for pid in doomed.iter().chain(marked.iter()) {
+        // SAFETY: kill only sends a signal.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+}
+
 /// The cluster's runtime directory on this host.
 pub fn runtime_dir(cluster: &str) -> PathBuf {
     Path::new(RUNTIME_ROOT).join(cluster)
