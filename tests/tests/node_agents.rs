@@ -344,11 +344,19 @@ async fn an_agent_killed_mid_order_answers_it_once_from_its_hardware() {
         assert_eq!(o["runs"], 1, "order {id} ran more than once");
         assert!(!o["answer"].is_null(), "order {id} unanswered");
     }
+    // The failed change is given back: the node ends as the cluster is, whole GPUs.
     let whole = vec![Vec::<String>::new(); 2];
-    assert_eq!(agent.profiles(), whole);
-    let now = cluster(&mut admin, &c.id).await;
+    let now = eventually("the node back to whole GPUs", LIMIT, || {
+        let (mut admin, id) = (admin.clone(), c.id.clone());
+        let at_whole = agent.profiles() == whole;
+        async move {
+            let now = cluster(&mut admin, &id).await;
+            let recorded_whole = now.nodes[0].gpus.iter().all(|g| g.mig_devices.is_empty());
+            (at_whole && recorded_whole).then_some(now)
+        }
+    })
+    .await;
     assert!(now.mig_layout.is_empty());
-    assert!(now.nodes[0].gpus.iter().all(|g| g.mig_devices.is_empty()));
 
     // The same change again converges.
     let changed = admin

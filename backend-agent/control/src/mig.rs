@@ -281,7 +281,10 @@ pub async fn bring_to_recorded(
             }
         };
         let needed = change.needed() || (verify && round == 0);
-        if !needed || state.agents.has_pending(node_id) || !reason.is_empty() {
+        // A request changing the node's cluster owns its change: its orders (sent again
+        // to an agent that restarted) finish it, or its undo reconciles the node.
+        let owned = cluster_changing(state, &change.node).await;
+        if !needed || owned || state.agents.has_pending(node_id) || !reason.is_empty() {
             return Some((change.node, reason));
         }
         tracing::info!(node = %node_id, "bringing the node to its recorded layout");
@@ -295,6 +298,19 @@ pub async fn bring_to_recorded(
     }
     let node = plan_for(state, node_id).await.ok()?.node;
     Some((node, reason))
+}
+
+/// Whether a request is changing the node's cluster now.
+async fn cluster_changing(state: &AppState, node: &NodeRow) -> bool {
+    let Some(id) = node.cluster_id.clone() else {
+        return false;
+    };
+    state
+        .read(move |conn| Ok::<_, Error>(store::clusters::get(conn, &id)?))
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|c| crate::cluster_status::CHANGING.contains(&c.status.as_str()))
 }
 
 /// How many changes one reconcile makes before it leaves the rest to the next.
