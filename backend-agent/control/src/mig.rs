@@ -322,13 +322,18 @@ async fn plan_for(state: &AppState, node_id: &str) -> Result<Change> {
     state
         .read(move |conn| {
             let node = store::nodes::get(conn, &id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
-            Ok::<_, Error>(Change {
-                before: crate::recorded::recorded_gpus(conn, &node.id)?,
-                target: desired(conn, &node)?,
-                node,
-            })
+            change_of(conn, node)
         })
         .await
+}
+
+/// What it takes to bring `node` from its recorded GPUs to what they should be.
+fn change_of(conn: &Connection, node: NodeRow) -> Result<Change> {
+    Ok(Change {
+        before: crate::recorded::recorded_gpus(conn, &node.id)?,
+        target: desired(conn, &node)?,
+        node,
+    })
 }
 
 /// After [`bring_to_recorded`]: a node that got there is ready (only while its agent is
@@ -400,11 +405,7 @@ fn drifted(state: &AppState, conn: &Connection) -> Result<Vec<String>> {
                 continue;
             }
         }
-        let change = Change {
-            before: crate::recorded::recorded_gpus(conn, &node.id)?,
-            target: desired(conn, &node)?,
-            node,
-        };
+        let change = change_of(conn, node)?;
         if change.needed() {
             out.push(change.node.id);
         }

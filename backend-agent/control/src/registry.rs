@@ -41,8 +41,9 @@ struct Pending {
     node_id: String,
     order: v1::WorkOrder,
     waiter: oneshot::Sender<Outcome>,
-    /// When it fails unanswered, and the kind that bound is for.
+    /// When it fails unanswered, after how long, and the kind that bound is for.
     deadline: Instant,
+    within: Duration,
     kind: &'static str,
 }
 
@@ -202,6 +203,7 @@ impl Registry {
                 order,
                 waiter: tx,
                 deadline: Instant::now() + within,
+                within,
                 kind,
             },
         );
@@ -241,10 +243,9 @@ impl Registry {
             let Some(p) = inner.pending.remove(&id) else {
                 continue;
             };
-            let (_, within) = self.deadlines.of(&p.order);
             let why = format!(
-                "node {} gave no answer within {within:?} (the deadline of a {} order; serve --order-deadline)",
-                p.node_id, p.kind
+                "node {} gave no answer within {:?} (the deadline of a {} order; serve --order-deadline)",
+                p.node_id, p.within, p.kind
             );
             let _ = p.waiter.send(Outcome::Answered(v1::OrderResult {
                 order_id: id,

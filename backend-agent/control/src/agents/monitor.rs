@@ -71,7 +71,7 @@ fn mark_unreachable(
 /// an agent restart does not degrade its cluster.
 pub async fn agent_gone(state: &Arc<AppState>, node_id: &str) {
     let (id, t) = (node_id.to_string(), state.now());
-    let agents = state.clone();
+    let live = state.clone();
     let marked = state
         .apply(move |conn| {
             let Some(node) = store::nodes::get(conn, &id)? else {
@@ -81,7 +81,7 @@ pub async fn agent_gone(state: &Arc<AppState>, node_id: &str) {
             let free = node.cluster_id.is_none();
             if free
                 && [NODE_READY, NODE_BUSY].contains(&node.state.as_str())
-                && !agents.agents.is_live(&id)
+                && !live.agents.is_live(&id)
             {
                 store::nodes::set_state(conn, &id, NODE_UNREACHABLE, "its agent disconnected", t)?;
             }
