@@ -9,7 +9,8 @@
 # Rows: terraform plan of 10/100/1,000 gpufleet_tenant vs as many terraform_data; plan and
 # apply of the onboarding example (tenants, quotas, a reservation, clusters, MIG) vs as
 # many terraform_data; reservation admission at 10,000 existing holdings vs none, and
-# calls during a 1,000-node cluster create vs idle (tests/benches/admission_scale.rs); the MIG planner vs exhaustive enumeration
+# calls during a 1,000-node cluster create vs idle (tests/benches/admission_scale.rs); a plan
+# of 200 mixed resources vs the same plan with -refresh=false (tests/benches/refresh_cost.rs); the MIG planner vs exhaustive enumeration
 # (backend-agent/gpu/benches/planner.rs); node-agent registration and reads at 1,000
 # agents (backend-agent/benches/node_agents.rs); the bandwidth test
 # (backend-agent/benches/bandwidth.rs, when present). Numbers only: nothing is asserted.
@@ -134,6 +135,16 @@ row "mixed configuration: plan after apply" "refresh, no changes, median of $REP
   "${mixed_plan} s" "${base_plan} s" "$(ratio "$mixed_plan" "$base_plan")"
 stop_backend >/dev/null
 unset AGENT_PID
+
+# ---------------------------------------------------------------- refresh cost
+echo "==> refresh cost: plan of 200 mixed resources vs -refresh=false (tests/benches/refresh_cost.rs)"
+ROUNDS=$((REPS + 2)) cargo bench -p gpufleet-e2e --bench refresh_cost >"$work/refresh.log" 2>"$work/refresh.err" \
+  || { cat "$work/refresh.err" >&2; exit 1; }
+f="$work/refresh.log"
+row "plan refresh cost" "$(bench_value "$f" resources) mixed resources (tenants, quotas, clusters, reservations), plan vs plan -refresh=false, median of $(bench_value "$f" rounds) alternating rounds" \
+  "$(bench_value "$f" refresh_s) s" "$(bench_value "$f" baseline_s) s" "$(ratio "$(bench_value "$f" refresh_s)" "$(bench_value "$f" baseline_s)")"
+grep -v '^BENCH ' "$f" >"$work/refresh.table"
+details_section "Plan refresh cost (tests/benches/refresh_cost.rs)" "$work/refresh.table"
 
 # ---------------------------------------------------------------- admission
 echo "==> reservation admission: $EXISTING existing holdings vs none (tests/benches/admission_scale.rs)"

@@ -149,6 +149,11 @@ impl Backend {
         self.spawn();
     }
 
+    /// The serving process's id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.root.path().join("data")
     }
