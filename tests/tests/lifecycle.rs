@@ -228,6 +228,7 @@ async fn updates_apply_in_place_and_leave_no_diff() {
         .iter()
         .map(|a| str_of(&tf.resource(a), "id"))
         .collect();
+    let first_node = tf.resource(CLUSTER)["nodes"][0].clone();
 
     config.display_name = "Vision Research";
     config.team_label = "vision";
@@ -251,6 +252,25 @@ async fn updates_apply_in_place_and_leave_no_diff() {
         "0 to add",
         "0 to destroy",
     ]);
+    // Growing keeps the node the cluster has, planned as it is, and adds one unknown at
+    // the end: the plan shows no GPU of it leaving.
+    let grown = changes.iter().find(|c| c.address == CLUSTER).unwrap();
+    assert_eq!(
+        grown.detail["change"]["after"]["nodes"][0], first_node,
+        "{text}"
+    );
+    assert_eq!(
+        grown.detail["change"]["after_unknown"]["nodes"][1],
+        serde_json::Value::Bool(true),
+        "{text}"
+    );
+    assert!(
+        !text
+            .stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("- \"GPU-")),
+        "{text}"
+    );
 
     tf.apply();
     let ids_after: Vec<String> = [TENANT, QUOTA, RESERVATION, CLUSTER]
@@ -298,6 +318,11 @@ async fn updates_apply_in_place_and_leave_no_diff() {
     assert_eq!(cluster.storage_gib, 250);
     assert_eq!(i64_of(&tf.resource(QUOTA), "gpus"), 24);
     assert_eq!(array_of(&tf.resource(CLUSTER), "nodes").len(), 2);
+    assert_eq!(
+        tf.resource(CLUSTER)["nodes"][0],
+        first_node,
+        "it keeps its place"
+    );
 
     tf.assert_no_changes();
 }

@@ -2,9 +2,14 @@
 //! reads only what changes: a driver change or a MIG re-partition keeps every node (the
 //! backend changes them in place, in the same order, and a node that fails fails the
 //! apply), so each node keeps its planned values and only the fields the change rewrites
-//! are unknown. Shrinking releases the nodes with the highest hostnames (the list is
-//! sorted by hostname), so the first ones stay, planned. Growing adds nodes the backend
-//! picks at apply, wherever their hostnames sort, so the list is unknown then.
+//! are unknown. Shrinking releases the nodes with the highest hostnames, so the others
+//! stay, planned. Growing adds nodes the backend picks at apply: the staying nodes stay
+//! planned, and the new ones are unknown at the end of the list.
+//!
+//! For that the list keeps its order across changes ([`in_prior_order`]): a node keeps
+//! its place while it stays in the cluster, and nodes that join are added at the end
+//! (in hostname order among themselves). A cluster read afresh (created, imported) lists
+//! its nodes by hostname.
 
 use crate::framework::Value;
 
@@ -26,7 +31,9 @@ pub enum Count {
     Same,
     /// Down to this many nodes.
     Shrink(usize),
-    /// Up, or to a count not known yet.
+    /// Up to this many nodes.
+    Grow(usize),
+    /// To a count not known yet.
     Other,
 }
 
@@ -41,17 +48,64 @@ pub fn planned_nodes(prior: &Value, change: NodeChange<'_>) -> Value {
     let Value::List(nodes) = prior else {
         return Value::Unknown;
     };
-    let kept = match change.count {
-        Count::Same => nodes.len(),
-        Count::Shrink(n) => n.min(nodes.len()),
+    let (staying, added): (Vec<&Value>, usize) = match change.count {
+        Count::Same => (nodes.iter().collect(), 0),
+        Count::Shrink(n) => (without_highest_hostnames(nodes, n), 0),
+        Count::Grow(n) => (nodes.iter().collect(), n.saturating_sub(nodes.len())),
         Count::Other => return Value::Unknown,
     };
-    Value::List(
-        nodes[..kept]
-            .iter()
-            .map(|n| planned_node(n, change))
-            .collect(),
-    )
+    let mut planned: Vec<Value> = staying
+        .into_iter()
+        .map(|n| planned_node(n, change))
+        .collect();
+    planned.extend(std::iter::repeat_n(Value::Unknown, added));
+    Value::List(planned)
+}
+
+fn hostname(node: &Value) -> Option<&str> {
+    match node.get("hostname") {
+        Value::String(h) => Some(h),
+        _ => None,
+    }
+}
+
+/// `nodes` less all but the `keep` lowest hostnames (the backend releases the highest),
+/// in their order.
+fn without_highest_hostnames(nodes: &[Value], keep: usize) -> Vec<&Value> {
+    let mut names: Vec<&str> = nodes.iter().filter_map(hostname).collect();
+    names.sort_unstable();
+    let kept: std::collections::HashSet<&str> = names.into_iter().take(keep).collect();
+    nodes
+        .iter()
+        .filter(|n| hostname(n).is_some_and(|h| kept.contains(h)))
+        .collect()
+}
+
+/// `nodes` (as the backend lists them, by hostname) in the order of `prior`'s list: each
+/// node that was there keeps its place, and the others follow in the backend's order.
+/// Without a known prior list, the backend's order.
+pub fn in_prior_order(nodes: Vec<Value>, prior: &Value) -> Vec<Value> {
+    let Value::List(before) = prior else {
+        return nodes;
+    };
+    let place: std::collections::HashMap<&str, usize> = before
+        .iter()
+        .filter_map(hostname)
+        .enumerate()
+        .map(|(i, h)| (h, i))
+        .collect();
+    let mut indexed: Vec<(usize, usize, Value)> = nodes
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let at = hostname(&n)
+                .and_then(|h| place.get(h).copied())
+                .unwrap_or(usize::MAX);
+            (at, i, n)
+        })
+        .collect();
+    indexed.sort_by_key(|(at, i, _)| (*at, *i));
+    indexed.into_iter().map(|(_, _, n)| n).collect()
 }
 
 fn planned_node(prior: &Value, change: NodeChange<'_>) -> Value {
@@ -148,18 +202,27 @@ mod tests {
     }
 
     #[test]
-    fn growing_leaves_the_list_to_the_apply() {
-        let prior = Value::List(vec![node("a")]);
+    fn growing_keeps_the_nodes_and_adds_unknown_ones_at_the_end() {
+        let prior = Value::List(vec![node("b"), node("a")]);
         let change = NodeChange {
+            count: Count::Grow(4),
+            ..Default::default()
+        };
+        assert_eq!(
+            planned_nodes(&prior, change),
+            Value::List(vec![node("b"), node("a"), Value::Unknown, Value::Unknown])
+        );
+        let unknown_count = NodeChange {
             count: Count::Other,
             ..Default::default()
         };
-        assert!(planned_nodes(&prior, change).is_unknown());
+        assert!(planned_nodes(&prior, unknown_count).is_unknown());
     }
 
     #[test]
-    fn shrinking_keeps_the_lowest_hostnames_untouched() {
-        let prior = Value::List(vec![node("a"), node("b"), node("c")]);
+    fn shrinking_keeps_the_lowest_hostnames_untouched_in_their_places() {
+        // After a growth the list is not sorted: "b" joined after "c".
+        let prior = Value::List(vec![node("a"), node("c"), node("b")]);
         let change = NodeChange {
             count: Count::Shrink(2),
             ..Default::default()
@@ -168,5 +231,22 @@ mod tests {
             planned_nodes(&prior, change),
             Value::List(vec![node("a"), node("b")])
         );
+    }
+
+    #[test]
+    fn nodes_keep_their_places_and_newcomers_follow_in_hostname_order() {
+        let prior = Value::List(vec![node("c"), node("a")]);
+        let read = vec![node("a"), node("b"), node("c"), node("d")];
+        assert_eq!(
+            in_prior_order(read.clone(), &prior),
+            vec![node("c"), node("a"), node("b"), node("d")]
+        );
+        // A node that left is simply gone; without a prior list the backend's order.
+        let prior = Value::List(vec![node("z"), node("c")]);
+        assert_eq!(
+            in_prior_order(vec![node("a"), node("c")], &prior),
+            vec![node("c"), node("a")]
+        );
+        assert_eq!(in_prior_order(read.clone(), &Value::Unknown), read);
     }
 }

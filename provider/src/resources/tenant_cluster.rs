@@ -68,7 +68,9 @@ fn nodes_in_service(c: &api::TenantCluster) -> i64 {
     c.node_count.min(c.nodes.len() as i64)
 }
 
-fn state(c: &api::TenantCluster) -> Value {
+/// The cluster as the state records it; `nodes` in the order of `order` (the prior or
+/// planned list, see [`super::node_plan::in_prior_order`]).
+fn state(c: &api::TenantCluster, order: &Value) -> Value {
     let reservation = if c.reservation_id.is_empty() {
         Value::Null
     } else {
@@ -93,7 +95,10 @@ fn state(c: &api::TenantCluster) -> Value {
         ("status_reason", Value::string(&c.status_reason)),
         (
             "nodes",
-            Value::List(c.nodes.iter().map(node_value).collect()),
+            Value::List(super::node_plan::in_prior_order(
+                c.nodes.iter().map(node_value).collect(),
+                order,
+            )),
         ),
         ("endpoint", Value::string(&c.endpoint)),
         ("credentials", Value::string(&c.credentials)),
@@ -220,6 +225,7 @@ fn mark_effects(prior: Option<&Value>, planned: &mut Value) {
         (Ok(Some(was)), Ok(Some(now))) if now < was => {
             Count::Shrink(usize::try_from(now).unwrap_or(0))
         }
+        (Ok(Some(_)), Ok(Some(now))) => Count::Grow(usize::try_from(now).unwrap_or(0)),
         _ if !changed(prior, planned, "node_count") => Count::Same,
         _ => Count::Other,
     };
@@ -765,7 +771,12 @@ async fn answered_state(
         .with_all_nodes(answer)
         .await
         .map_err(|s| diag(client.diagnostic(&s)))?;
-    let mut s = with_tenant_spelling(state(&c), planned, &c.tenant_id, &c.tenant_name);
+    let mut s = with_tenant_spelling(
+        state(&c, planned.get("nodes")),
+        planned,
+        &c.tenant_id,
+        &c.tenant_name,
+    );
     s.set("timeouts", waiting::normalized(planned.get("timeouts")));
     super::acceptance::set_state(&mut s, &c, planned.get("acceptance"));
     Ok(s)
@@ -832,7 +843,7 @@ impl ResourceType for TenantCluster {
                 Attribute::computed(
                     "nodes",
                     Type::list(node_type()),
-                    "The cluster's nodes, their GPUs and each GPU's MIG devices.",
+                    "The cluster's nodes, their GPUs and each GPU's MIG devices. A node keeps its place in the list while it stays in the cluster; nodes that join are added at the end.",
                 ),
                 Attribute::optional_computed("ssh_public_keys", Type::list(Type::String), "Slurm only: the OpenSSH public keys (e.g. `file(\"~/.ssh/id_ed25519.pub\")`) that may log in to the cluster's login endpoint as the cluster's own unprivileged account; at most 32. Changes in place (the next login uses them). Default: none, so no one can log in."),
                 Attribute::computed("endpoint", Type::String, "Kubernetes API server URL, or the Slurm cluster's login endpoint (its sshd) as host:port."),
@@ -913,7 +924,12 @@ impl ResourceType for TenantCluster {
             .get(&client, required_str(prior, "id")?)
             .await?
             .map(|c| {
-                let mut s = with_tenant_spelling(state(&c), prior, &c.tenant_id, &c.tenant_name);
+                let mut s = with_tenant_spelling(
+                    state(&c, prior.get("nodes")),
+                    prior,
+                    &c.tenant_id,
+                    &c.tenant_name,
+                );
                 s.set("timeouts", waiting::normalized(prior.get("timeouts")));
                 super::acceptance::set_state(&mut s, &c, prior.get("acceptance"));
                 s
@@ -1014,7 +1030,7 @@ impl ResourceType for TenantCluster {
             "its id or TENANT/NAME (with a tenant token, NAME alone)",
             found,
         )?;
-        let mut s = state(&found);
+        let mut s = state(&found, &Value::Null);
         s.set(
             "tenant",
             imported_tenant(&client, written, &found.tenant_id).await,
@@ -1558,15 +1574,18 @@ mod tests {
             max_unavailable: 0,
             ..Default::default()
         };
-        let s = state(&api_cluster);
+        let s = state(&api_cluster, &Value::Null);
         assert_eq!(s.get("cuda_version"), &Value::Null);
         assert_eq!(s.get("driver_version"), &Value::string("550.54.15"));
         assert_eq!(s.get("max_unavailable"), &Value::Number(1));
-        let s = state(&api::TenantCluster {
-            cuda_version: "12.4".into(),
-            max_unavailable: 2,
-            ..api_cluster
-        });
+        let s = state(
+            &api::TenantCluster {
+                cuda_version: "12.4".into(),
+                max_unavailable: 2,
+                ..api_cluster
+            },
+            &Value::Null,
+        );
         assert_eq!(s.get("cuda_version"), &Value::string("12.4"));
         assert_eq!(s.get("max_unavailable"), &Value::Number(2));
     }
@@ -1578,10 +1597,19 @@ mod tests {
             nodes: vec![Default::default(); n],
             ..Default::default()
         };
-        assert_eq!(state(&held(2)).get("node_count"), &Value::Number(2));
+        assert_eq!(
+            state(&held(2), &Value::Null).get("node_count"),
+            &Value::Number(2)
+        );
         // One node quarantined with no replacement: the next plan shows 1 -> 2.
-        assert_eq!(state(&held(1)).get("node_count"), &Value::Number(1));
-        assert_eq!(state(&held(0)).get("node_count"), &Value::Number(0));
+        assert_eq!(
+            state(&held(1), &Value::Null).get("node_count"),
+            &Value::Number(1)
+        );
+        assert_eq!(
+            state(&held(0), &Value::Null).get("node_count"),
+            &Value::Number(0)
+        );
     }
 }
 
