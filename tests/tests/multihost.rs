@@ -363,9 +363,17 @@ async fn a_partitioned_host_is_replaced_and_once_healed_holds_nothing_of_the_clu
             "0",
         ],
     );
+    // Keepalive PINGs every second: a cut agent notices within about two.
     let agents: Vec<NodeAgent> = gpu_hosts
         .iter()
-        .map(|h| NodeAgent::start_on(net.host(h), &backend, h, &["--gpus", "2"]))
+        .map(|h| {
+            NodeAgent::start_on(
+                net.host(h),
+                &backend,
+                h,
+                &["--gpus", "2", "--keepalive", "1s"],
+            )
+        })
         .collect();
     let mut admin = backend.admin().await;
     ready_nodes(&admin, &gpu_hosts).await;
@@ -418,6 +426,13 @@ async fn a_partitioned_host_is_replaced_and_once_healed_holds_nothing_of_the_clu
         cut_host.pids().contains(&cut_pid),
         "the cut agent still runs"
     );
+    // The cut agent noticed on its own (its PINGs went unanswered), not only the
+    // control plane: it is trying to reconnect.
+    eventually("the cut agent to notice the partition", LIMIT, || {
+        let log = agent(&cut).log();
+        async move { log.contains("lost the control plane").then_some(()) }
+    })
+    .await;
 
     // Healed: the old agent reconnects, learns its node left the cluster, and is reset
     // to whole GPUs and given back to the pool.
