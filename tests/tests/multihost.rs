@@ -111,7 +111,8 @@ fn hosts_reach_each_other_only_by_address_and_nothing_is_left_even_after_a_panic
     let dead_pid = (4_000_000..4_100_000u32)
         .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
         .expect("a free pid");
-    let stale = format!("{}{dead_pid}-0-x", netns::PREFIX);
+    // (This process's pid in it keeps parallel runs from making the same one.)
+    let stale = format!("{}{dead_pid}-{}-x", netns::PREFIX, std::process::id());
     let added = std::process::Command::new("ip")
         .args(["netns", "add", &stale])
         .status()
@@ -458,6 +459,13 @@ async fn a_partitioned_host_is_replaced_and_once_healed_holds_nothing_of_the_clu
     );
     let kept = files_mentioning(&agent(&cut).data_dir(), &cluster_id);
     assert!(kept.is_empty(), "{cut} keeps {kept:?}");
+    // Nor in the host's own /run (where runtime keys and sockets would be).
+    let in_run = cut_host.run("grep", &["-rl", &cluster_id, "/run"]);
+    assert!(
+        in_run.stdout.is_empty(),
+        "{cut}'s /run keeps {}",
+        String::from_utf8_lossy(&in_run.stdout)
+    );
     assert_eq!(
         hostnames(&cluster(&mut admin, &cluster_id).await),
         now,
