@@ -427,6 +427,18 @@ async fn a_partitioned_host_is_replaced_and_once_healed_holds_nothing_of_the_clu
         cut_host.pids().contains(&cut_pid),
         "the cut agent still runs"
     );
+    // The control plane closed the cut agent's connection (its keepalive PINGs went
+    // unanswered) rather than holding a dead socket for the partition's length.
+    eventually(
+        "the control plane to close the cut agent's connection",
+        LIMIT,
+        || {
+            let log = backend.log();
+            let needle = format!("node agent disconnected node={cut}");
+            async move { log.contains(&needle).then_some(()) }
+        },
+    )
+    .await;
     // The cut agent noticed on its own (its PINGs went unanswered), not only the
     // control plane: it is trying to reconnect.
     eventually("the cut agent to notice the partition", LIMIT, || {
