@@ -4,9 +4,10 @@
 //! For N = 8 and 32 (`HOSTS`, comma-separated): registration to ready (every agent started
 //! at once until the control plane lists every node ready, their medium acceptance checks
 //! included) and one MIG order across the fleet (a cluster of all N nodes with a MIG
-//! layout, from the create until it is running). Then the ring bandwidth test across two
-//! hosts (each pair's Gbit/s) next to a plain TCP copy between the same two hosts for as
-//! long. Prints a table; nothing is asserted. Needs root.
+//! layout and no acceptance checks, from the create until it is running). Then the ring
+//! bandwidth test across two hosts (each pair's Gbit/s; both pairs at once) next to a plain
+//! TCP copy between the same two hosts, both ways at once for as long. Prints tables;
+//! nothing is asserted. Needs root.
 //!
 //! `cargo bench -p gpufleet-e2e --bench multihost` (binaries: `GPUFLEET_AGENT_BIN`, else
 //! `target/debug`).
@@ -103,6 +104,11 @@ async fn fleet(n: usize) -> (Duration, Duration) {
             node_count: n as i64,
             storage_gib: 100,
             mig_layout: [("3g.40gb".to_string(), 2)].into(),
+            // The order alone: no acceptance checks (their bandwidth test would take its
+            // full duration on top).
+            set_acceptance: true,
+            acceptance_level: "quick".into(),
+            run_acceptance_on_create: false,
             ..Default::default()
         })
         .await
@@ -114,7 +120,7 @@ async fn fleet(n: usize) -> (Duration, Duration) {
 
 /// The ring bandwidth test between two hosts (each pair's Gbit/s), and a plain TCP copy
 /// between the same two hosts.
-async fn two_hosts() -> (Vec<(String, String, f64)>, f64) {
+async fn two_hosts() -> (Vec<(String, String, f64)>, Vec<(String, String, f64)>) {
     let (net, gpus) = network(2);
     let backend = backend(&net);
     let mut admin = backend.admin().await;
@@ -152,10 +158,25 @@ async fn two_hosts() -> (Vec<(String, String, f64)>, f64) {
         })
         .collect();
 
-    // The plain copy: g1 writes to g2 as fast as it can for as long as the test's pairs.
-    let (a, b) = (net.host("g1"), net.host("g2"));
-    let listener = b.launcher().listen((b.addr(), 0).into()).unwrap();
-    let target = listener.local_addr().unwrap();
+    // The plain copy, like the test's ring: g1 -> g2 and g2 -> g1 at once, each as fast
+    // as it can for as long as the test's pairs.
+    let (g1, g2) = (net.host("g1"), net.host("g2"));
+    let copies = [(g1, g2), (g2, g1)].map(|(from, to)| {
+        let listener = to.launcher().listen((to.addr(), 0).into()).unwrap();
+        let out = from
+            .launcher()
+            .connect(listener.local_addr().unwrap())
+            .unwrap();
+        let (name, peer) = (from.name().to_string(), to.name().to_string());
+        std::thread::spawn(move || (name, peer, copy(listener, out)))
+    });
+    let copies = copies.map(|c| c.join().unwrap()).to_vec();
+    (pairs, copies)
+}
+
+/// Writes into `out` for [`COPY_FOR`] while a thread reads from `listener`'s one
+/// connection; the Gbit/s that arrived.
+fn copy(listener: std::net::TcpListener, mut out: std::net::TcpStream) -> f64 {
     let receiver = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
         let mut buf = vec![0u8; 1 << 20];
@@ -168,7 +189,6 @@ async fn two_hosts() -> (Vec<(String, String, f64)>, f64) {
         }
         total
     });
-    let mut out = a.launcher().connect(target).unwrap();
     let buf = vec![7u8; 1 << 20];
     let started = Instant::now();
     while started.elapsed() < COPY_FOR {
@@ -176,8 +196,7 @@ async fn two_hosts() -> (Vec<(String, String, f64)>, f64) {
     }
     drop(out);
     let bytes = receiver.join().unwrap();
-    let copy_gbps = bytes as f64 * 8.0 / started.elapsed().as_secs_f64() / 1e9;
-    (pairs, copy_gbps)
+    bytes as f64 * 8.0 / started.elapsed().as_secs_f64() / 1e9
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -201,12 +220,14 @@ async fn main() {
             mig.as_secs_f64()
         );
     }
-    let (pairs, copy) = two_hosts().await;
+    let (pairs, copies) = two_hosts().await;
     println!();
     println!("| between two hosts ({COPY_FOR:?}) | Gbit/s |");
     println!("|---|---:|");
     for (from, to, gbps) in pairs {
         println!("| ring bandwidth test, {from} -> {to} | {gbps:.2} |");
     }
-    println!("| plain TCP copy, g1 -> g2 | {copy:.2} |");
+    for (from, to, gbps) in copies {
+        println!("| plain TCP copy, {from} -> {to} | {gbps:.2} |");
+    }
 }
