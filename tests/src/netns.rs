@@ -310,7 +310,7 @@ impl Host {
     /// Shapes the host's link to `rate` (tc syntax, e.g. `50mbit`) both ways: what the
     /// switch sends it and what it sends.
     pub fn shape(&self, rate: &str) {
-        for (ns, dev) in [(&self.switch, &self.port), (&self.ns, &"eth0".to_string())] {
+        for (ns, dev) in self.link_ends() {
             must(
                 "tc",
                 &[
@@ -321,9 +321,14 @@ impl Host {
         }
     }
 
+    /// Both ends of the host's link, as (namespace, device).
+    fn link_ends(&self) -> [(&str, &str); 2] {
+        [(&self.switch, &self.port), (&self.ns, "eth0")]
+    }
+
     /// Removes [`Host::shape`]'s shaping.
     pub fn unshape(&self) {
-        for (ns, dev) in [(&self.switch, &self.port), (&self.ns, &"eth0".to_string())] {
+        for (ns, dev) in self.link_ends() {
             let _ = Command::new("tc")
                 .args(["-n", ns, "qdisc", "del", "dev", dev, "root"])
                 .stderr(Stdio::null())
@@ -489,6 +494,11 @@ impl Drop for Network {
             let _ = host.holder.wait();
         }
         remove_namespace(&self.switch);
+        // A host whose setup failed half-way is not in `hosts` yet.
+        let mine = format!("{}-", self.tag);
+        for ns in namespaces().into_iter().filter(|ns| ns.starts_with(&mine)) {
+            remove_namespace(&ns);
+        }
         // The hosts' dirs go with the temp dir.
         drop(self.root.take());
     }
