@@ -194,6 +194,11 @@ pub struct NodeArgs {
     /// address (e.g. when listening on 0.0.0.0).
     #[arg(long, env = "GPUFLEET_BANDWIDTH_ADVERTISE", value_name = "HOST:PORT")]
     pub bandwidth_advertise: Option<String>,
+    /// How often the agent pings the control plane over its connection (HTTP/2
+    /// keepalive); one unanswered for as long ends the connection (a partition) and the
+    /// agent reconnects.
+    #[arg(long, env = "GPUFLEET_KEEPALIVE", default_value = "10s", value_parser = parse_duration)]
+    pub keepalive: std::time::Duration,
 }
 
 #[derive(Args, Debug)]
@@ -493,6 +498,7 @@ impl NodeArgs {
             key: self.key,
             bandwidth_listen: self.bandwidth_listen,
             bandwidth_advertise: self.bandwidth_advertise,
+            keepalive: self.keepalive,
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::binaries;
 use crate::grpc::Clients;
+use crate::netns::{Host, Launcher};
 use crate::pki::ServerTls;
 
 /// What `serve` prints on stdout once it accepts connections.
@@ -39,6 +40,10 @@ pub struct Backend {
     join_token: String,
     /// More `serve` flags (e.g. `--node-agents external`).
     extra_args: Vec<String>,
+    /// The multi-host tier: the host `serve` runs on, and the host the harness's own
+    /// clients connect from (None: this machine, over loopback).
+    host: Option<Launcher>,
+    dial_from: Option<Launcher>,
 }
 
 impl Backend {
@@ -90,6 +95,32 @@ impl Backend {
         ])
     }
 
+    /// The multi-host tier: `serve` on host `on` (its data dir in that host's dir),
+    /// listening on the host's address (plain http, so `--insecure`) with `args`; the
+    /// harness's clients ([`Backend::admin`]) connect from host `dial_from`.
+    pub fn start_on(on: &Host, dial_from: &Host, args: &[&str]) -> Backend {
+        let root = tempfile::Builder::new()
+            .prefix("gpufleet-backend-")
+            .tempdir_in(on.dir())
+            .expect("create temp dir for the backend");
+        let mut extra = vec!["--insecure".to_string()];
+        extra.extend(args.iter().map(|a| a.to_string()));
+        let mut backend = Backend {
+            child: None,
+            root,
+            admin_token: generate_token("admin"),
+            address: format!("{}:0", on.addr()),
+            fleet_file: None,
+            tls: None,
+            join_token: generate_token("join"),
+            extra_args: extra,
+            host: Some(on.launcher()),
+            dial_from: Some(dial_from.launcher()),
+        };
+        backend.spawn();
+        backend
+    }
+
     fn launch(fleet_toml: Option<&str>, tls: Option<ServerTls>) -> Backend {
         Backend::launch_with(fleet_toml, tls, &[])
     }
@@ -114,6 +145,8 @@ impl Backend {
             tls,
             join_token: generate_token("join"),
             extra_args: extra.iter().map(|a| a.to_string()).collect(),
+            host: None,
+            dial_from: None,
         };
         backend.spawn();
         backend
@@ -174,7 +207,15 @@ impl Backend {
 
     /// gRPC clients that act with `token` (e.g. a tenant's).
     pub async fn clients(&self, token: &str) -> Clients {
+        if let Some(from) = &self.dial_from {
+            return Clients::connect_from(from, &self.endpoint(), token).await;
+        }
         Clients::connect_with_ca(&self.endpoint(), token, self.ca_cert_pem()).await
+    }
+
+    /// The host the harness's clients connect from (multi-host tier only).
+    pub fn dial_from(&self) -> Option<&Launcher> {
+        self.dial_from.as_ref()
     }
 
     /// Stops the agent with SIGTERM (a clean shutdown), then starts it again on the same
@@ -204,7 +245,10 @@ impl Backend {
             .append(true)
             .open(self.log_path())
             .expect("open agent log");
-        let mut command = Command::new(binaries::agent());
+        let mut command = match &self.host {
+            Some(host) => host.command(binaries::agent()),
+            None => Command::new(binaries::agent()),
+        };
         command.arg("serve");
         if let Some(fleet) = &self.fleet_file {
             command.arg("--fleet").arg(fleet);

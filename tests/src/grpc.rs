@@ -74,6 +74,21 @@ impl Clients {
             .connect()
             .await
             .unwrap_or_else(|e| panic!("connect to {endpoint}: {e:?}"));
+        Clients::on_channel(channel, token)
+    }
+
+    /// Like [`Clients::connect`], from inside a host of the multi-host tier: every
+    /// connection (reconnects too) is made in `from`'s network namespace.
+    pub async fn connect_from(
+        from: &crate::netns::Launcher,
+        endpoint: &str,
+        token: &str,
+    ) -> Clients {
+        Clients::on_channel(channel_from(from, endpoint).await, token)
+    }
+
+    /// Clients on an existing channel.
+    pub fn on_channel(channel: Channel, token: &str) -> Clients {
         let auth = bearer_auth(token);
         Clients {
             tenants: TenantServiceClient::with_interceptor(channel.clone(), auth.clone()),
@@ -134,4 +149,36 @@ impl Clients {
             .into_inner()
             .nodes
     }
+}
+
+/// A plain-http channel to `endpoint` whose connections are made in `from`'s network
+/// namespace (see [`crate::netns::Launcher::connect`]).
+pub async fn channel_from(from: &crate::netns::Launcher, endpoint: &str) -> Channel {
+    let from = from.clone();
+    let connector = tower::service_fn(move |uri: tonic::transport::Uri| {
+        let from = from.clone();
+        async move {
+            let host = uri.host().unwrap_or_default().to_string();
+            let port = uri.port_u16().unwrap_or(80);
+            let addr: std::net::SocketAddr = format!("{host}:{port}")
+                .parse()
+                .map_err(|e| std::io::Error::other(format!("{uri}: not an address:port: {e}")))?;
+            // The namespace's thread blocks on connect: off the runtime's workers.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(from.connect(addr));
+            });
+            let stream = rx
+                .await
+                .map_err(|_| std::io::Error::other("the connecting thread ended"))??;
+            stream.set_nonblocking(true)?;
+            let stream = tokio::net::TcpStream::from_std(stream)?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+        }
+    });
+    tonic::transport::Endpoint::from_shared(endpoint.to_string())
+        .unwrap_or_else(|e| panic!("bad endpoint {endpoint:?}: {e}"))
+        .connect_with_connector(connector)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {endpoint}: {e:?}"))
 }

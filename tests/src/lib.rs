@@ -10,6 +10,10 @@
 //! - [`Terraform`] is one Terraform working directory wired to the provider binary through
 //!   `dev_overrides`, with methods that run Terraform and fail with its output.
 //!
+//! - [`netns`] is the multi-host tier's network: hosts as network namespaces on one
+//!   bridge; [`Backend::start_on`], [`NodeAgent::start_on`] and [`Terraform::on_host`]
+//!   run the same parts on those hosts, reaching each other only by address.
+//!
 //! Binaries are found by env var (`GPUFLEET_AGENT_BIN`, `GPUFLEET_PROVIDER_BIN`,
 //! `TERRAFORM_BIN`), else in the workspace's build output (see [`binaries`]).
 //!
@@ -23,6 +27,7 @@ pub mod fixtures;
 pub mod grpc;
 pub mod hcl;
 pub mod json;
+pub mod netns;
 pub mod node_agent;
 pub mod pki;
 pub mod prom;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::binaries;
+use crate::netns::{Host, Launcher};
 use crate::Backend;
 
 pub struct NodeAgent {
@@ -19,6 +20,8 @@ pub struct NodeAgent {
     /// Given in the environment, never on the command line (a tenant's job on this host
     /// reads every process's command line).
     join_token: String,
+    /// The multi-host tier: the host the agent runs on (None: this machine).
+    host: Option<Launcher>,
 }
 
 impl NodeAgent {
@@ -35,10 +38,33 @@ impl NodeAgent {
         join_token: &str,
         extra: &[&str],
     ) -> NodeAgent {
-        let root = tempfile::Builder::new()
-            .prefix(&format!("gpufleet-node-{name}-"))
-            .tempdir()
-            .expect("create the node agent's temp dir");
+        Self::launch(None, backend, name, join_token, extra)
+    }
+
+    /// The multi-host tier: an agent on `host` (its data dir in the host's dir) that
+    /// reaches `backend` at its address and takes bandwidth-test streams on the host's.
+    pub fn start_on(host: &Host, backend: &Backend, name: &str, extra: &[&str]) -> NodeAgent {
+        let listen = format!("{}:0", host.addr());
+        let mut args = vec!["--bandwidth-listen", listen.as_str()];
+        args.extend_from_slice(extra);
+        Self::launch(Some(host), backend, name, backend.join_token(), &args)
+    }
+
+    fn launch(
+        host: Option<&Host>,
+        backend: &Backend,
+        name: &str,
+        join_token: &str,
+        extra: &[&str],
+    ) -> NodeAgent {
+        let mut root = tempfile::Builder::new();
+        let prefix = format!("gpufleet-node-{name}-");
+        root.prefix(&prefix);
+        let root = match host {
+            Some(host) => root.tempdir_in(host.dir()),
+            None => root.tempdir(),
+        }
+        .expect("create the node agent's temp dir");
         let mut args: Vec<String> = vec![
             "node".into(),
             "--control-plane".into(),
@@ -55,6 +81,7 @@ impl NodeAgent {
             root,
             args,
             join_token: join_token.to_string(),
+            host: host.map(Host::launcher),
         };
         agent.spawn();
         agent
@@ -66,7 +93,11 @@ impl NodeAgent {
             .append(true)
             .open(self.log_path())
             .expect("open the node agent's log");
-        let child = Command::new(binaries::agent())
+        let mut command = match &self.host {
+            Some(host) => host.command(binaries::agent()),
+            None => Command::new(binaries::agent()),
+        };
+        let child = command
             .args(&self.args)
             .env("GPUFLEET_JOIN_TOKEN", &self.join_token)
             .env_remove("GPUFLEET_HARDWARE")
@@ -96,6 +127,11 @@ impl NodeAgent {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// The agent's pid (None once killed).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// SIGSTOP: the agent holds its orders unanswered (and sends no heartbeats) until

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use crate::backend::Backend;
 use crate::binaries;
+use crate::netns::{Host, Launcher};
 
 /// The required_providers block every working directory gets.
 const PROVIDERS_TF: &str = r#"terraform {
@@ -90,9 +91,19 @@ pub struct Terraform {
     /// GPUFLEET_CA_CERT_PEM; unset when `None`.
     ca_cert_pem: Option<String>,
     backend_log: Option<PathBuf>,
+    /// The multi-host tier: the host Terraform (and so the provider) runs on.
+    host: Option<Launcher>,
 }
 
 impl Terraform {
+    /// The multi-host tier: a working directory on `host` (the tenant's client host)
+    /// that reaches `backend` only through its address.
+    pub fn on_host(host: &Host, backend: &Backend, token: &str) -> Terraform {
+        let mut tf = Terraform::new(backend, token);
+        tf.host = Some(host.launcher());
+        tf
+    }
+
     /// A working directory that talks to `backend` with `token` (trusting its CA through
     /// GPUFLEET_CA_CERT_PEM when it serves TLS).
     pub fn new(backend: &Backend, token: &str) -> Terraform {
@@ -131,6 +142,7 @@ impl Terraform {
             token: token.to_string(),
             ca_cert_pem: None,
             backend_log: None,
+            host: None,
         }
     }
 
@@ -167,7 +179,10 @@ impl Terraform {
 
     /// Runs `terraform <args>` in the working directory and returns what happened.
     pub fn run(&self, args: &[&str]) -> TfRun {
-        let mut command = Command::new(&self.terraform);
+        let mut command = match &self.host {
+            Some(host) => host.command_in(self.dir.path(), &self.terraform),
+            None => Command::new(&self.terraform),
+        };
         match &self.ca_cert_pem {
             Some(pem) => command.env("GPUFLEET_CA_CERT_PEM", pem),
             None => command.env_remove("GPUFLEET_CA_CERT_PEM"),

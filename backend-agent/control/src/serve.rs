@@ -457,9 +457,15 @@ impl ControlPlane {
                 tokio::time::sleep(SHUTDOWN_GRACE).await;
             }
         };
+        // A partitioned agent's connection stays open and silent (TCP to a black hole
+        // retries for many minutes): PINGs unanswered within the node timeout close it,
+        // so its session's task ends instead of waiting on a dead socket.
+        let keepalive = (self.state.agents.node_timeout / 2).max(Duration::from_millis(500));
         let server = self
             .tls_server
             .unwrap_or_else(tonic::transport::Server::builder)
+            .http2_keepalive_interval(Some(keepalive))
+            .http2_keepalive_timeout(Some(keepalive))
             .layer(crate::metrics::api::ApiMetricsLayer)
             .layer(crate::services::short_errors::ShortErrorsLayer)
             .layer(crate::services::request_framing::RequestFramingLayer)

@@ -51,6 +51,9 @@ pub struct Config {
     pub key: Option<PathBuf>,
     pub bandwidth_listen: std::net::SocketAddr,
     pub bandwidth_advertise: Option<String>,
+    /// HTTP/2 keepalive on the control plane's connection: a PING this often, and the
+    /// connection given up when one goes unanswered for as long.
+    pub keepalive: std::time::Duration,
 }
 
 /// The pieces an agent is made of, whichever process it runs in.
@@ -143,7 +146,13 @@ fn link(args: &Config) -> anyhow::Result<Link> {
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
         .with_context(|| format!("--control-plane: not a URL: {url}"))?
         .connect_timeout(std::time::Duration::from_secs(5))
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        // A partition leaves the stream open and silent (TCP to a black hole retries for
+        // many minutes): unanswered PINGs end it, so the agent knows it is cut off and
+        // registers again as soon as the network is back.
+        .http2_keep_alive_interval(args.keepalive)
+        .keep_alive_timeout(args.keepalive)
+        .keep_alive_while_idle(true);
     if url.starts_with("https://") {
         let host = url
             .trim_start_matches("https://")

@@ -1,0 +1,505 @@
+//! A small network of hosts on this one machine, for the multi-host tier (issue 20).
+//!
+//! Each [`Host`] is its own network namespace with one address on a shared bridge, plus
+//! its own mount and UTS namespaces: its own hostname and its own `/run` (a tmpfs). A
+//! long-lived holder process (`sleep infinity`) keeps those namespaces; every process of
+//! the host runs through `nsenter` into the holder's namespaces ([`Host::command`]). The
+//! bridge lives in a "switch" namespace of its own, so the root namespace gets no link,
+//! address or route: traffic between hosts never touches the machine's own network.
+//!
+//! Names: `gfmh-<pid>-<n>-<host>` (`-sw` for the switch), so a later run can tell the
+//! namespaces of a test process that died (its pid is gone) and sweep them
+//! ([`sweep_stale`]). [`Network`]'s `Drop` (which runs on a panic too) kills every process
+//! in its namespaces and deletes them. Needs root (`ip netns`), as CI runs.
+//!
+//! A host can be cut off (its switch port down: a partition, the host stays up) and
+//! healed, and its link shaped slower with `tc` (both directions).
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// What every namespace of this harness is called first.
+pub const PREFIX: &str = "gfmh-";
+
+/// A holder is up in well under a second; past this something is wrong.
+const HOLDER_LIMIT: Duration = Duration::from_secs(20);
+/// Killed processes leave their namespace at once; past this teardown gives up on waiting.
+const TEARDOWN_LIMIT: Duration = Duration::from_secs(20);
+
+static NETWORKS: AtomicU32 = AtomicU32::new(0);
+
+/// Whether this machine can run the tier: root with `ip`, `tc`, `unshare` and `nsenter`.
+/// Tests of the tier skip themselves (with a line saying why) where it cannot.
+pub fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("the multi-host tier needs root (network namespaces)".into());
+    }
+    for tool in ["ip", "tc", "unshare", "nsenter"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            return Some(format!("the multi-host tier needs `{tool}` on PATH"));
+        }
+    }
+    None
+}
+
+/// Runs `program args` and fails naming the command and its stderr.
+fn must(program: &str, args: &[&str]) -> Output {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run {program} {}: {e}", args.join(" ")));
+    assert!(
+        out.status.success(),
+        "{program} {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Every namespace `ip netns` knows of.
+pub fn namespaces() -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output();
+    let Ok(out) = out else { return Vec::new() };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The pids of every process in namespace `ns`.
+pub fn pids_in(ns: &str) -> Vec<u32> {
+    let out = Command::new("ip").args(["netns", "pids", ns]).output();
+    let Ok(out) = out else { return Vec::new() };
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Kills every process in `ns`, waits for them to be gone, deletes the namespace.
+fn remove_namespace(ns: &str) {
+    let deadline = Instant::now() + TEARDOWN_LIMIT;
+    loop {
+        let pids = pids_in(ns);
+        if pids.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        for pid in pids {
+            // SAFETY: kill has no memory preconditions; these pids are in our namespace.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = Command::new("ip")
+        .args(["netns", "del", ns])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Deletes the namespaces (and kills their processes) of harness runs whose test process
+/// is gone: a run killed before its teardown. Namespaces of live processes stay.
+pub fn sweep_stale() {
+    for ns in namespaces() {
+        let Some(rest) = ns.strip_prefix(PREFIX) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            remove_namespace(&ns);
+        }
+    }
+}
+
+/// A host's way into its namespaces, for whoever starts its processes: cheap to clone,
+/// valid while its [`Network`] lives.
+#[derive(Clone, Debug)]
+pub struct Launcher {
+    holder: u32,
+    ns: String,
+}
+
+impl Launcher {
+    /// `program` to run on this host: its network, its mounts (its `/run`), its hostname.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new("nsenter");
+        command
+            .arg("-t")
+            .arg(self.holder.to_string())
+            .args(["-n", "-m", "-u", "--"])
+            .arg(program);
+        command
+    }
+
+    /// Like [`Launcher::command`], run in directory `dir` (entering a mount namespace
+    /// leaves the caller's working directory behind; set it there instead).
+    pub fn command_in(&self, dir: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new("nsenter");
+        command
+            .arg("-t")
+            .arg(self.holder.to_string())
+            .args(["-n", "-m", "-u"])
+            .arg(format!("--wd={}", dir.display()))
+            .arg("--")
+            .arg(program)
+            // Go programs (Terraform) trust $PWD when it names the working directory.
+            .env("PWD", dir);
+        command
+    }
+
+    /// Runs `f` in this host's network namespace, on a thread of its own that ends after
+    /// (a thread that entered a namespace is never reused for anything else). Sockets `f`
+    /// makes stay in the namespace whichever thread uses them later.
+    pub fn within<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+    ) -> std::io::Result<T> {
+        let path = PathBuf::from("/run/netns").join(&self.ns);
+        std::thread::spawn(move || {
+            let ns = fs::File::open(&path)?;
+            // SAFETY: setns on this thread only, with an fd this closure owns.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the namespace's thread panicked")))
+    }
+
+    /// A TCP connection to `addr` made from this host (giving up after `limit`).
+    pub fn connect_within(
+        &self,
+        addr: SocketAddr,
+        limit: Duration,
+    ) -> std::io::Result<std::net::TcpStream> {
+        self.within(move || {
+            let stream = std::net::TcpStream::connect_timeout(&addr, limit)?;
+            stream.set_nodelay(true)?;
+            Ok(stream)
+        })
+    }
+
+    /// [`Launcher::connect_within`] 5 seconds.
+    pub fn connect(&self, addr: SocketAddr) -> std::io::Result<std::net::TcpStream> {
+        self.connect_within(addr, Duration::from_secs(5))
+    }
+
+    /// A TCP listener on `addr` (port 0: a free one) in this host's namespace.
+    pub fn listen(&self, addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+        self.within(move || std::net::TcpListener::bind(addr))
+    }
+}
+
+pub struct Host {
+    name: String,
+    ns: String,
+    /// The namespace holding the bridge, where this host's switch port is.
+    switch: String,
+    /// This host's switch port (the bridge's end of its veth pair).
+    port: String,
+    addr: Ipv4Addr,
+    holder: Child,
+    dir: PathBuf,
+}
+
+impl Host {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The network namespace's name (`ip netns`).
+    pub fn namespace(&self) -> &str {
+        &self.ns
+    }
+
+    /// Its one address on the bridge.
+    pub fn addr(&self) -> Ipv4Addr {
+        self.addr
+    }
+
+    /// This host's own directory (its data dirs go here); removed with the network.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn launcher(&self) -> Launcher {
+        Launcher {
+            holder: self.holder.id(),
+            ns: self.ns.clone(),
+        }
+    }
+
+    /// See [`Launcher::command`].
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        self.launcher().command(program)
+    }
+
+    /// Starts `program args` on this host, output discarded.
+    pub fn spawn(&self, program: &str, args: &[&str]) -> Child {
+        self.command(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: spawn {program}: {e}", self.name))
+    }
+
+    /// Runs `program args` on this host and returns its output (whatever its exit).
+    pub fn run(&self, program: &str, args: &[&str]) -> Output {
+        self.command(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("{}: run {program}: {e}", self.name))
+    }
+
+    /// The pid of the process that holds the host's namespaces.
+    pub fn holder_pid(&self) -> u32 {
+        self.holder.id()
+    }
+
+    /// Every process on this host (`ip netns pids`), the holder included.
+    pub fn pids(&self) -> Vec<u32> {
+        pids_in(&self.ns)
+    }
+
+    /// The command names of this host's processes but the holder's.
+    pub fn processes(&self) -> Vec<(u32, String)> {
+        self.pids()
+            .into_iter()
+            .filter(|&p| p != self.holder.id())
+            .filter_map(|p| {
+                let comm = fs::read_to_string(format!("/proc/{p}/comm")).ok()?;
+                Some((p, comm.trim().to_string()))
+            })
+            .collect()
+    }
+
+    /// A partition: the host's switch port goes down; the host and its processes stay up
+    /// and packets to and from it are lost until [`Host::heal`].
+    pub fn cut(&self) {
+        must(
+            "ip",
+            &["-n", &self.switch, "link", "set", &self.port, "down"],
+        );
+    }
+
+    pub fn heal(&self) {
+        must("ip", &["-n", &self.switch, "link", "set", &self.port, "up"]);
+    }
+
+    /// Shapes the host's link to `rate` (tc syntax, e.g. `50mbit`) both ways: what the
+    /// switch sends it and what it sends.
+    pub fn shape(&self, rate: &str) {
+        for (ns, dev) in self.link_ends() {
+            must(
+                "tc",
+                &[
+                    "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst",
+                    "32kbit", "latency", "400ms",
+                ],
+            );
+        }
+    }
+
+    /// Both ends of the host's link, as (namespace, device).
+    fn link_ends(&self) -> [(&str, &str); 2] {
+        [(&self.switch, &self.port), (&self.ns, "eth0")]
+    }
+
+    /// Removes [`Host::shape`]'s shaping.
+    pub fn unshape(&self) {
+        for (ns, dev) in self.link_ends() {
+            let _ = Command::new("tc")
+                .args(["-n", ns, "qdisc", "del", "dev", dev, "root"])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+pub struct Network {
+    /// `gfmh-<pid>-<n>`: every namespace of this network starts with it.
+    tag: String,
+    switch: String,
+    hosts: Vec<Host>,
+    /// Holds every host's directory.
+    root: Option<tempfile::TempDir>,
+}
+
+impl Network {
+    /// A bridge and one host per name (DNS labels, at most 11 characters: a switch port
+    /// is named after its host), each with its own address, hostname and `/run`. Sweeps
+    /// the namespaces of dead earlier runs first.
+    pub fn new(names: &[&str]) -> Network {
+        sweep_stale();
+        let n = NETWORKS.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let tag = format!("{PREFIX}{pid}-{n}");
+        // A subnet of 10.0.0.0/8 of this network's own; the addresses never leave its
+        // namespaces, so this only keeps logs unambiguous.
+        let subnet = [10u8, (pid % 200 + 20) as u8, (n % 250) as u8];
+        assert!(names.len() < 250, "at most 249 hosts on one bridge");
+        let root = tempfile::Builder::new()
+            .prefix(&format!("{tag}-"))
+            .tempdir()
+            .expect("create the network's temp dir");
+        let switch = format!("{tag}-sw");
+        let mut net = Network {
+            tag,
+            switch: switch.clone(),
+            hosts: Vec::new(),
+            root: Some(root),
+        };
+        // From here on a failure tears down whatever was made (Drop).
+        must("ip", &["netns", "add", &switch]);
+        must(
+            "ip",
+            &["-n", &switch, "link", "add", "br0", "type", "bridge"],
+        );
+        must("ip", &["-n", &switch, "link", "set", "br0", "up"]);
+        for (i, name) in names.iter().enumerate() {
+            assert!(
+                name.len() <= 11 && !name.is_empty(),
+                "host name {name:?}: 1 to 11 characters"
+            );
+            let addr = Ipv4Addr::new(subnet[0], subnet[1], subnet[2], i as u8 + 1);
+            let host = net.add_host(name, addr);
+            net.hosts.push(host);
+        }
+        net
+    }
+
+    fn add_host(&self, name: &str, addr: Ipv4Addr) -> Host {
+        let ns = format!("{}-{name}", self.tag);
+        let sw = &self.switch;
+        let port = format!("p-{name}");
+        must("ip", &["netns", "add", &ns]);
+        must(
+            "ip",
+            &[
+                "-n", sw, "link", "add", "name", &port, "type", "veth", "peer", "name", "eth0",
+                "netns", &ns,
+            ],
+        );
+        must(
+            "ip",
+            &["-n", sw, "link", "set", &port, "master", "br0", "up"],
+        );
+        must(
+            "ip",
+            &[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                "eth0",
+            ],
+        );
+        must("ip", &["-n", &ns, "link", "set", "eth0", "up"]);
+        must("ip", &["-n", &ns, "link", "set", "lo", "up"]);
+        let dir = self.root.as_ref().expect("root").path().join(name);
+        fs::create_dir_all(&dir).expect("create the host's dir");
+        let holder = start_holder(&ns, name);
+        Host {
+            name: name.to_string(),
+            ns,
+            switch: sw.clone(),
+            port,
+            addr,
+            holder,
+            dir,
+        }
+    }
+
+    pub fn host(&self, name: &str) -> &Host {
+        self.hosts
+            .iter()
+            .find(|h| h.name == name)
+            .unwrap_or_else(|| panic!("no host {name} in this network"))
+    }
+
+    pub fn hosts(&self) -> &[Host] {
+        &self.hosts
+    }
+
+    /// Every namespace of this network (the switch's too).
+    pub fn namespaces(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.hosts.iter().map(|h| h.ns.clone()).collect();
+        all.push(self.switch.clone());
+        all
+    }
+
+    /// What every namespace of this network starts with.
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+}
+
+/// The process that holds a host's mount and UTS namespaces (inside its network
+/// namespace): sets the hostname, mounts a tmpfs on `/run`, says `ready`, then sleeps.
+fn start_holder(ns: &str, name: &str) -> Child {
+    let script = format!("hostname {name} && mount -t tmpfs -o mode=755 tmpfs /run && echo ready && exec sleep infinity");
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, "unshare", "--mount", "--uts"])
+        .args(["--propagation", "private", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{name}: start the namespace holder: {e}"));
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    match rx.recv_timeout(HOLDER_LIMIT) {
+        Ok(line) if line.trim() == "ready" => child,
+        other => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{name}: the namespace holder did not get ready: {other:?}");
+        }
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        for host in &mut self.hosts {
+            remove_namespace(&host.ns);
+            let _ = host.holder.kill();
+            let _ = host.holder.wait();
+        }
+        remove_namespace(&self.switch);
+        // A host whose setup failed half-way is not in `hosts` yet.
+        let mine = format!("{}-", self.tag);
+        for ns in namespaces().into_iter().filter(|ns| ns.starts_with(&mine)) {
+            remove_namespace(&ns);
+        }
+        // The hosts' dirs go with the temp dir.
+        drop(self.root.take());
+    }
+}
