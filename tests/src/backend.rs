@@ -179,6 +179,14 @@ impl Backend {
         self.spawn();
     }
 
+    /// Like [`Backend::restart`], with `args` as its more `serve` flags from now on (e.g.
+    /// another `--advertise-address`).
+    pub fn restart_with_args(&mut self, args: &[&str]) {
+        self.stop();
+        self.extra_args = args.iter().map(|a| a.to_string()).collect();
+        self.spawn();
+    }
+
     /// Makes the simulated hardware fail as `toml` says (e.g. `fail_create_after = 1`).
     pub fn write_sim_faults(&self, toml: &str) {
         let path = self.data_dir().join(SIM_FAULTS_FILE);

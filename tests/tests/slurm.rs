@@ -767,3 +767,101 @@ fn attacker_probes(
         .as_str()
         .is_some_and(|h| h.starts_with("/run/gpufleet/")));
 }
+
+/// One team's Slurm cluster of `nodes` nodes split `layout` (HCL), with its key.
+fn single(nodes: u32, layout: &str) -> String {
+    format!(
+        r#"
+resource "gpufleet_tenant" "vision" {{
+  name = "vision"
+}}
+resource "gpufleet_gpu_quota" "vision" {{
+  tenant   = gpufleet_tenant.vision.name
+  gpu_type = "H100-80GB"
+  gpus     = {nodes}
+}}
+resource "gpufleet_tenant_cluster" "train" {{
+  tenant          = gpufleet_tenant.vision.name
+  name            = "train"
+  orchestrator    = "slurm"
+  gpu_type        = "H100-80GB"
+  node_count      = {nodes}
+  mig_layout      = {layout}
+  ssh_public_keys = [file("${{path.module}}/vision.pub")]
+  depends_on      = [gpufleet_gpu_quota.vision]
+}}
+"#
+    )
+}
+
+/// Waits until the control plane has `n` ready nodes.
+async fn nodes_ready(backend: &Backend, n: usize) {
+    let admin = backend.admin().await;
+    eventually(&format!("{n} nodes ready"), LIMIT, || {
+        let mut admin = admin.clone();
+        async move {
+            let nodes = admin.nodes().await;
+            (nodes.len() == n && nodes.iter().all(|x| x.state == "ready")).then_some(())
+        }
+    })
+    .await;
+}
+
+/// `serve --advertise-address` is where the cluster's login and controller are reached:
+/// the endpoint and credentials name it, the nodes' slurmd reach the controller there, and
+/// a control plane restarted with another address moves the cluster's endpoint with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slurm_cluster_is_reached_at_the_advertised_address() {
+    let serve = |addr: &'static str| ["--node-agents", "external", "--advertise-address", addr];
+    let mut backend = Backend::start_with_args(&serve("127.0.0.2"));
+    let _agent = NodeAgent::start(&backend, "adv1", &["--gpus", "1"]);
+    nodes_ready(&backend, 1).await;
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, "{}"));
+    tf.init();
+    tf.apply();
+    let creds = credentials(&tf, TRAIN);
+    assert_eq!(creds["host"], "127.0.0.2", "{creds:#}");
+    let port = creds["port"].as_u64().unwrap();
+    assert_eq!(tf.resource(TRAIN)["endpoint"], format!("127.0.0.2:{port}"));
+    assert!(
+        creds["known_hosts"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("[127.0.0.2]:{port} ")),
+        "{creds:#}"
+    );
+    let client = Client::connect(&creds, &key);
+    assert_eq!(client.ok("srun", &["-N1", "hostname"]).lines().count(), 1);
+    let out = client.ok("scontrol", &["show", "config"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("SlurmctldHost[0]") && l.contains("(127.0.0.2)")),
+        "{out}"
+    );
+    drop(client);
+
+    // Restarted with another address: the endpoint and credentials follow it, the login
+    // listens there (and no longer on the old one), and jobs run again.
+    backend.restart_with_args(&serve("127.0.0.3"));
+    let moved = eventually("the endpoint on the new address", LIMIT, || {
+        tf.refresh();
+        let creds = credentials(&tf, TRAIN);
+        let moved = (creds["host"] == "127.0.0.3").then_some(creds);
+        async move { moved }
+    })
+    .await;
+    assert_eq!(tf.resource(TRAIN)["endpoint"], format!("127.0.0.3:{port}"));
+    let client = Client::connect(&moved, &key);
+    eventually("a job through the moved login", LIMIT, || {
+        let (ok, out) = client.run("srun", &["-N1", "hostname"]);
+        async move { (ok && out.lines().count() == 1).then_some(()) }
+    })
+    .await;
+    let (ok, out) = Client::connect(&creds, &key).run("id", &[]);
+    assert!(!ok, "the login still answers on the old address: {out}");
+    drop(client);
+    tf.destroy();
+}

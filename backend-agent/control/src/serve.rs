@@ -55,6 +55,8 @@ pub enum Fleet {
 /// What `serve` was asked for.
 pub struct Config {
     pub listen: SocketAddr,
+    /// Where node agents and tenants reach this host's Slurm controllers and logins.
+    pub advertise_address: std::net::IpAddr,
     /// Plain http on an address other than loopback is allowed.
     pub insecure: bool,
     pub tls_cert: Option<PathBuf>,
@@ -98,6 +100,7 @@ impl Config {
     pub fn new(data_dir: PathBuf, fleet: Fleet) -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise_address: std::net::IpAddr::from([127, 0, 0, 1]),
             insecure: false,
             tls_cert: None,
             tls_key: None,
@@ -312,7 +315,8 @@ impl ControlPlane {
             .with_max_open_reservations(config.max_open_reservations)
             .with_clock(config.clock)
             .with_delivers(delivers.overridden_by(&config.delivers))
-            .with_breaker(config.breaker),
+            .with_breaker(config.breaker)
+            .with_slurm_address(config.advertise_address),
         );
         Ok(Self {
             state,

@@ -3,6 +3,12 @@
 //! the MIG changes converged, take it down on delete, watch what Slurm says about its
 //! nodes for the cluster's status, and restart controllers after a control plane restart.
 //!
+//! The controllers and logins are reached at the control plane's advertised address
+//! (`serve --advertise-address`, [`AppState::slurm_address`]): slurm.conf's
+//! `SlurmctldHost=localhost(ADDR)`, the login's `ListenAddress`, the cluster's `endpoint`
+//! and `credentials`. Every bring-up writes the endpoint and credentials again, so they
+//! follow a control plane restarted with another address.
+//!
 //! Slurm is real: a host without slurmctld, slurmd or munged refuses Slurm clusters.
 
 use std::collections::BTreeSet;
@@ -21,10 +27,6 @@ use crate::store::{self, clusters::ClusterRow, nodes::NodeRow};
 use gpufleet_slurm::account::Account;
 use gpufleet_slurm::{conf, controller, login, munge, status};
 
-/// Where the controllers listen and the nodes' slurmd run: this host. (Nodes on other
-/// hosts need the control plane's routable address here and their own host names in
-/// slurm.conf; see docs/guides/slurm.md.)
-pub const CONTROLLER_ADDR: &str = "127.0.0.1";
 const NODE_HOST: &str = "localhost";
 
 /// How long a bring-up waits for every node to be schedulable before it reports the
@@ -107,7 +109,7 @@ pub struct NewAccess {
     login_port: u16,
 }
 
-pub fn prepare(c: &mut ClusterRow) -> Result<Option<NewAccess>> {
+pub fn prepare(c: &mut ClusterRow, addr: std::net::IpAddr) -> Result<Option<NewAccess>> {
     if !is_slurm(c) {
         return Ok(None);
     }
@@ -118,7 +120,7 @@ pub fn prepare(c: &mut ClusterRow) -> Result<Option<NewAccess>> {
             break p;
         }
     };
-    c.endpoint = format!("{CONTROLLER_ADDR}:{login_port}");
+    c.endpoint = endpoint(addr, login_port);
     c.credentials = String::new();
     Ok(Some(NewAccess {
         munge_key: munge::encode(&munge::new_key()),
@@ -176,10 +178,15 @@ fn access_of(conn: &Connection, c: &ClusterRow) -> Result<SlurmAccess> {
     })
 }
 
-fn controller_of(c: &ClusterRow, access: &SlurmAccess) -> conf::Controller {
+/// The login's `host:port` as the cluster's `endpoint` gives it.
+fn endpoint(addr: std::net::IpAddr, login_port: u16) -> String {
+    format!("{addr}:{login_port}")
+}
+
+fn controller_of(state: &AppState, c: &ClusterRow, access: &SlurmAccess) -> conf::Controller {
     conf::Controller {
         cluster: gpufleet_slurm::cluster_name(&c.id),
-        addr: CONTROLLER_ADDR.into(),
+        addr: state.slurm_address.to_string(),
         port: access.controller_port,
     }
 }
@@ -199,7 +206,7 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
         return Ok(None);
     }
     let access = access_of(conn, &c)?;
-    let ctl = controller_of(&c, &access);
+    let ctl = controller_of(state, &c, &access);
     let mut nodes = store::nodes::list(conn, None, Some(&c.id))?;
     nodes.sort_by(|a, b| a.hostname.cmp(&b.hostname));
     // A node keeps its slurmd port across changes; new nodes get free ones.
@@ -346,10 +353,17 @@ pub async fn apply(
         )));
     }
     {
+        // The endpoint follows --advertise-address (a control plane restarted with another
+        // one moves its clusters' logins there).
         let (state, id) = (state.clone(), plan.cluster.id.clone());
         let creds = credentials(&plan.desired, &access);
+        let endpoint = endpoint(state.slurm_address, plan.desired.login_port);
         state
-            .apply(move |conn| Ok::<_, Error>(store::clusters::set_credentials(conn, &id, &creds)?))
+            .apply(move |conn| -> Result<()> {
+                store::clusters::set_credentials(conn, &id, &creds)?;
+                store::clusters::set_endpoint(conn, &id, &endpoint)?;
+                Ok(())
+            })
             .await?;
     }
     let expected: Vec<String> = plan.nodes.iter().map(|n| n.hostname.clone()).collect();
@@ -405,11 +419,11 @@ pub async fn stop_kept(state: &AppState, node: &NodeRow, clusters: &[String]) {
 /// A login port for a cluster made before logins: allocated, recorded, and the endpoint.
 async fn give_login_port(state: &AppState, cluster_id: &str) -> Result<u16> {
     let port = controller::free_port().map_err(Error::Internal)?;
-    let id = cluster_id.to_string();
+    let (id, addr) = (cluster_id.to_string(), state.slurm_address);
     state
         .apply(move |conn| -> Result<()> {
             store::slurm_access::set_login_port(conn, &id, port)?;
-            store::clusters::set_endpoint(conn, &id, &format!("{CONTROLLER_ADDR}:{port}"))?;
+            store::clusters::set_endpoint(conn, &id, &endpoint(addr, port))?;
             Ok(())
         })
         .await?;

@@ -402,7 +402,7 @@ impl Clusters {
         };
         // A Slurm cluster's own controller and login ports, munge key and account.
         crate::slurm_clusters::check_ssh_public_keys(&cluster.orchestrator, &req.ssh_public_keys)?;
-        let slurm = crate::slurm_clusters::prepare(&mut cluster)?;
+        let slurm = crate::slurm_clusters::prepare(&mut cluster, self.state.slurm_address)?;
         store::clusters::insert(&tx, &cluster).map_err(db_error)?;
         if let Some(new) = slurm {
             crate::slurm_clusters::record(&tx, &cluster.id, new, &req.ssh_public_keys)?;
