@@ -194,6 +194,18 @@ pub struct NodeArgs {
     /// address (e.g. when listening on 0.0.0.0).
     #[arg(long, env = "GPUFLEET_BANDWIDTH_ADVERTISE", value_name = "HOST:PORT")]
     pub bandwidth_advertise: Option<String>,
+    /// This host's IPv4 address the Slurm controller reaches its slurmd at (NodeAddr);
+    /// default: the host of --bandwidth-advertise or --bandwidth-listen when it names one,
+    /// else 127.0.0.1.
+    #[arg(long, env = "GPUFLEET_NODE_ADDRESS", value_name = "ADDR")]
+    pub address: Option<std::net::Ipv4Addr>,
+    /// With --hardware sim: the CPUs the node declares to Slurm (default: the host's).
+    #[arg(long, env = "GPUFLEET_NODE_CPUS", value_name = "N")]
+    pub cpus: Option<u32>,
+    /// With --hardware sim: the memory in MiB the node declares to Slurm (default: the
+    /// host's).
+    #[arg(long, env = "GPUFLEET_NODE_MEMORY_MIB", value_name = "MIB")]
+    pub memory_mib: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -528,6 +540,9 @@ impl NodeArgs {
             key: self.key,
             bandwidth_listen: self.bandwidth_listen,
             bandwidth_advertise: self.bandwidth_advertise,
+            address: self.address,
+            cpus: self.cpus,
+            memory_mib: self.memory_mib,
         }
     }
 }

@@ -50,8 +50,14 @@ pub async fn start(
     let url = format!("http://{addr}");
     let state = &control.state;
     let names: Vec<String> = hosts.iter().map(|h| h.name.clone()).collect();
+    // The embedded nodes run on this host: Slurm reaches them where it reaches the
+    // controllers.
+    let address = match state.slurm_address {
+        std::net::IpAddr::V4(ip) => ip,
+        std::net::IpAddr::V6(_) => std::net::Ipv4Addr::LOCALHOST,
+    };
     for host in hosts {
-        let agent = agent(host, &state.data_dir, &url, &state.join_token)?;
+        let agent = agent(host, address, &state.data_dir, &url, &state.join_token)?;
         let stop = stop.clone();
         tokio::spawn(async move {
             let name = agent.name.clone();
@@ -66,6 +72,7 @@ pub async fn start(
 /// The node agent of one embedded host, linked to the control plane at `url`.
 fn agent(
     host: EmbeddedHost,
+    address: std::net::Ipv4Addr,
     data_dir: &Path,
     url: &str,
     join_token: &str,
@@ -86,7 +93,9 @@ fn agent(
         gpufleet_node::fault_throttle(faults_file.clone(), &host.name),
     )
     .with_context(|| format!("node {}: cannot open its bandwidth listener", host.name))?;
+    let declared = declared(&host, address)?;
     gpufleet_node::assemble(gpufleet_node::Parts {
+        host: declared,
         bandwidth: Some(listener),
         bandwidth_advertise: None,
         installer,
@@ -102,6 +111,31 @@ fn agent(
             join_token: join_token.to_string(),
         },
     })
+}
+
+/// CPUs and memory (MiB) per GPU an embedded simulated node declares to Slurm: a GPU
+/// server's share per GPU, whatever the machine that simulates it has.
+const SIM_CPUS_PER_GPU: u32 = 8;
+const SIM_MEMORY_MIB_PER_GPU: u64 = 32 * 1024;
+
+/// The host as an embedded node declares it to Slurm: this host's values for real GPUs,
+/// [`SIM_CPUS_PER_GPU`] and [`SIM_MEMORY_MIB_PER_GPU`] per simulated GPU.
+fn declared(
+    host: &EmbeddedHost,
+    address: std::net::Ipv4Addr,
+) -> anyhow::Result<gpufleet_node::host::Declared> {
+    let mut declared = gpufleet_node::host::Declared::real(address);
+    if host.sim.is_some() {
+        let gpus = host
+            .backend
+            .gpus()
+            .map_err(|e| anyhow::anyhow!("node {}: {e}", host.name))?
+            .len()
+            .max(1) as u32;
+        declared.cpus = SIM_CPUS_PER_GPU * gpus;
+        declared.memory_mib = SIM_MEMORY_MIB_PER_GPU * u64::from(gpus);
+    }
+    Ok(declared)
 }
 
 /// An embedded agent's own directory (its order journal and status).

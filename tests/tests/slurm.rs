@@ -865,3 +865,111 @@ async fn a_slurm_cluster_is_reached_at_the_advertised_address() {
     drop(client);
     tf.destroy();
 }
+
+/// The machine's host name, as Slurm's NodeHostname shows it.
+fn this_hostname() -> String {
+    let out = Command::new("hostname").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Submits a batch job on one `gres` slice that leaves a marker in the account's home and
+/// ends only once `all` markers of `tag` are there, then says it is done: jobs that run
+/// one at a time never finish. Returns its id.
+fn barrier_job(client: &Client, gres: &str, tag: &str, all: usize) -> String {
+    let script = format!(
+        "touch $HOME/{tag}-m-$SLURM_JOB_ID; \
+         until [ $(ls $HOME | grep -c '^{tag}-m-') -ge {all} ]; do sleep 0.1; done; \
+         touch $HOME/{tag}-d-$SLURM_JOB_ID"
+    );
+    client
+        .ok(
+            "sbatch",
+            &[
+                "--parsable",
+                "-N1",
+                &format!("--gres={gres}"),
+                "--output=/dev/null",
+                "--wrap",
+                &script,
+            ],
+        )
+        .trim()
+        .to_string()
+}
+
+/// Files in `home` whose names start with `prefix`.
+fn count_files(home: &Path, prefix: &str) -> usize {
+    fs::read_dir(home)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// A node declares its host's address, name, CPUs and memory at registration, and Slurm
+/// schedules by GRES, CPUs and memory: four one-slice jobs share a node with four free
+/// MIG slices, all running at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_share_a_node_that_declares_its_address_cpus_and_memory() {
+    let backend = Backend::start_external("30s", "5m");
+    let _agent = NodeAgent::start(
+        &backend,
+        "decl1",
+        &[
+            "--gpus",
+            "1",
+            "--address",
+            "127.0.0.3",
+            "--cpus",
+            "8",
+            "--memory-mib",
+            "16384",
+        ],
+    );
+    nodes_ready(&backend, 1).await;
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, r#"{ "1g.10gb" = 4 }"#));
+    tf.init();
+    tf.apply();
+    assert_eq!(tf.resource(TRAIN)["status"], "running");
+    let creds = credentials(&tf, TRAIN);
+    let client = Client::connect(&creds, &key);
+    assert_eq!(
+        client
+            .ok("sinfo", &["-h", "-N", "-o", "%N %c %m %G"])
+            .trim(),
+        "decl1 8 16384 gpu:1g.10gb:4"
+    );
+    let node = client.ok("scontrol", &["show", "node", "decl1"]);
+    for want in [
+        "NodeAddr=127.0.0.3".to_string(),
+        format!("NodeHostName={}", this_hostname()),
+        "CPUTot=8".into(),
+        "RealMemory=16384".into(),
+        "Gres=gpu:1g.10gb:4".into(),
+    ] {
+        assert!(node.contains(&want), "no {want} in {node}");
+    }
+
+    let tag = format!("share-{}", unique_name());
+    let ids: Vec<String> = (0..4)
+        .map(|_| barrier_job(&client, "gpu:1g.10gb:1", &tag, 4))
+        .collect();
+    let home = PathBuf::from(creds["home"].as_str().unwrap());
+    eventually("four jobs that wait for each other all done", LIMIT, || {
+        let done = count_files(&home, &format!("{tag}-d-"));
+        async move { (done == 4).then_some(()) }
+    })
+    .await;
+    eventually("the jobs gone from the queue", LIMIT, || {
+        let out = client.poll("squeue", &["-h", "-j", &ids.join(",")]);
+        async move { out.is_some_and(|o| o.trim().is_empty()).then_some(()) }
+    })
+    .await;
+    drop(client);
+    tf.destroy();
+}

@@ -7,7 +7,9 @@
 //! (`serve --advertise-address`, [`AppState::slurm_address`]): slurm.conf's
 //! `SlurmctldHost=localhost(ADDR)`, the login's `ListenAddress`, the cluster's `endpoint`
 //! and `credentials`. Every bring-up writes the endpoint and credentials again, so they
-//! follow a control plane restarted with another address.
+//! follow a control plane restarted with another address. Each node is declared as its
+//! agent last registered its host (`store::nodes::host`: NodeAddr, NodeHostname, CPUs,
+//! RealMemory).
 //!
 //! Slurm is real: a host without slurmctld, slurmd or munged refuses Slurm clusters.
 
@@ -26,8 +28,6 @@ use crate::store::slurm_access::SlurmAccess;
 use crate::store::{self, clusters::ClusterRow, nodes::NodeRow};
 use gpufleet_slurm::account::Account;
 use gpufleet_slurm::{conf, controller, login, munge, status};
-
-const NODE_HOST: &str = "localhost";
 
 /// How long a bring-up waits for every node to be schedulable before it reports the
 /// cluster degraded (with the Slurm states) instead of running.
@@ -226,11 +226,24 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
                 }
             },
         };
+        // As its agent last declared its host (a node that has not registered since hosts
+        // were recorded: this host, 1 CPU).
+        let host = store::nodes::host(conn, &n.id)?.unwrap_or_else(|| store::nodes::NodeHost {
+            address: "127.0.0.1".into(),
+            hostname: "localhost".into(),
+            cpus: 1,
+            memory_mib: 0,
+            simulated: false,
+        });
         out.push(conf::Node {
             name: n.hostname.clone(),
-            host: NODE_HOST.into(),
+            host: host.hostname,
+            addr: host.address,
             port,
+            cpus: host.cpus,
+            memory_mib: host.memory_mib,
             gres: conf::node_gres(&c.gpu_type, gpus, &c.mig_layout),
+            simulated: host.simulated,
         });
     }
     let key = munge::decode(&access.munge_key)

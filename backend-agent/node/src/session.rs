@@ -36,6 +36,8 @@ pub struct Agent {
     pub secret_file: PathBuf,
     /// host:port of its bandwidth-test listener, as peers reach it (empty: none).
     pub bandwidth_addr: String,
+    /// The host as Slurm declares the node.
+    pub host: crate::host::Declared,
 }
 
 enum End {
@@ -184,6 +186,10 @@ async fn session(agent: &Arc<Agent>) -> End {
             bandwidth_addr: agent.bandwidth_addr.clone(),
             node_secret: read_secret(&agent.secret_file),
             slurm_clusters: agent.exec.slurmd.kept(),
+            slurm_address: agent.host.address.to_string(),
+            slurm_hostname: agent.host.hostname.clone(),
+            cpus: agent.host.cpus,
+            memory_mib: agent.host.memory_mib,
         })),
     });
     let mut request = tonic::Request::new(UnboundedReceiverStream::new(up_rx));
