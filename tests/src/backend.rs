@@ -39,6 +39,8 @@ pub struct Backend {
     join_token: String,
     /// More `serve` flags (e.g. `--node-agents external`).
     extra_args: Vec<String>,
+    /// The data dir, relative to `root` ("data" unless a test asks for a long one).
+    data_subdir: PathBuf,
 }
 
 impl Backend {
@@ -90,16 +92,39 @@ impl Backend {
         ])
     }
 
+    /// Like [`Backend::start_with_fleet_and_args`], with a data dir whose path is at least
+    /// `chars` characters long (users keep clones in long paths).
+    pub fn start_with_fleet_in_long_dir(fleet_toml: &str, args: &[&str], chars: usize) -> Backend {
+        Backend::launch_in(Some(fleet_toml), None, args, Some(chars))
+    }
+
     fn launch(fleet_toml: Option<&str>, tls: Option<ServerTls>) -> Backend {
         Backend::launch_with(fleet_toml, tls, &[])
     }
 
     fn launch_with(fleet_toml: Option<&str>, tls: Option<ServerTls>, extra: &[&str]) -> Backend {
+        Backend::launch_in(fleet_toml, tls, extra, None)
+    }
+
+    fn launch_in(
+        fleet_toml: Option<&str>,
+        tls: Option<ServerTls>,
+        extra: &[&str],
+        long: Option<usize>,
+    ) -> Backend {
         let root = tempfile::Builder::new()
             .prefix("gpufleet-backend-")
             .tempdir()
             .expect("create temp dir for the backend");
-        fs::create_dir_all(root.path().join("data")).expect("create data dir");
+        let base = root.path().display().to_string().len() + "/data".len();
+        let data_subdir = match long {
+            Some(chars) if chars > base => PathBuf::from(
+                "a-long-directory-name".repeat(chars / 21 + 1)[..chars - base].to_string(),
+            )
+            .join("data"),
+            _ => PathBuf::from("data"),
+        };
+        fs::create_dir_all(root.path().join(&data_subdir)).expect("create data dir");
         let fleet_file = fleet_toml.map(|toml| {
             let path = root.path().join("fleet.toml");
             fs::write(&path, toml).expect("write the fleet file");
@@ -114,6 +139,7 @@ impl Backend {
             tls,
             join_token: generate_token("join"),
             extra_args: extra.iter().map(|a| a.to_string()).collect(),
+            data_subdir,
         };
         backend.spawn();
         backend
@@ -150,7 +176,7 @@ impl Backend {
     }
 
     pub fn data_dir(&self) -> PathBuf {
-        self.root.path().join("data")
+        self.root.path().join(&self.data_subdir)
     }
 
     pub fn log_path(&self) -> PathBuf {

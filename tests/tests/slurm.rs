@@ -973,3 +973,44 @@ async fn jobs_share_a_node_that_declares_its_address_cpus_and_memory() {
     drop(client);
     tf.destroy();
 }
+
+/// A control plane whose data dir is about 100 characters long (a clone in a long path),
+/// with one embedded node of one H100: batch jobs run (every Unix socket of the cluster's
+/// daemons and job steps lives under a short path, whatever the data dir).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_jobs_run_under_a_long_data_dir() {
+    let fleet = "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\ngpus_per_node = 1\n";
+    let backend = Backend::start_with_fleet_in_long_dir(fleet, &[], 100);
+    assert!(backend.data_dir().display().to_string().len() >= 100);
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, r#"{ "3g.40gb" = 2 }"#));
+    tf.init();
+    tf.apply();
+    assert_eq!(tf.resource(TRAIN)["status"], "running");
+    let creds = credentials(&tf, TRAIN);
+    let client = Client::connect(&creds, &key);
+    let tag = format!("long-{}", unique_name());
+    let ids: Vec<String> = (0..2)
+        .map(|_| barrier_job(&client, "gpu:3g.40gb:1", &tag, 2))
+        .collect();
+    let home = PathBuf::from(creds["home"].as_str().unwrap());
+    eventually("the batch jobs done", LIMIT, || {
+        let done = count_files(&home, &format!("{tag}-d-"));
+        let queue = client.poll("squeue", &["-h", "-o", "%i %T %r"]);
+        async move {
+            assert!(
+                !queue.as_deref().unwrap_or_default().contains("held"),
+                "a batch job is held: {queue:?}"
+            );
+            (done == 2).then_some(())
+        }
+    })
+    .await;
+    let out = client.ok("srun", &["-N1", "--gres=gpu:3g.40gb:1", "hostname"]);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    drop(client);
+    let _ = ids;
+    tf.destroy();
+}

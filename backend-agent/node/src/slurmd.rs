@@ -134,6 +134,8 @@ impl Slurmd {
         account::prepare_runtime(&account)?;
         let shared = self.shared_dir(cluster);
         let spool = shared.join("spool");
+        // Refused here, clearly, rather than every batch job held at launch.
+        gpufleet_slurm::check_step_sockets(&spool, &self.node)?;
         account::own_dir(&shared, 0, account.uid, 0o750)?;
         account::own_dir(&spool, 0, 0, 0o755)?;
         let paths = munge::Paths {
