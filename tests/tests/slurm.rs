@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gpufleet_e2e::node_agent::wait_for;
 use gpufleet_e2e::{eventually, Backend, NodeAgent, Terraform};
 use serde_json::Value;
 
@@ -1012,5 +1013,81 @@ async fn batch_jobs_run_under_a_long_data_dir() {
     assert_eq!(out.lines().count(), 1, "{out}");
     drop(client);
     let _ = ids;
+    tf.destroy();
+}
+
+/// A MIG layout change on a Slurm cluster drains the node first: a running job finishes
+/// (COMPLETED, not NODE_FAIL) before the layout changes, the apply succeeds, and the node
+/// is back in service with the new slices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_change_lets_running_slurm_jobs_finish_first() {
+    let backend = Backend::start_external("30s", "5m");
+    let agent = NodeAgent::start(&backend, "lay1", &["--gpus", "1"]);
+    nodes_ready(&backend, 1).await;
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, r#"{ "3g.40gb" = 2 }"#));
+    tf.init();
+    tf.apply();
+    let creds = credentials(&tf, TRAIN);
+    let client = Client::connect(&creds, &key);
+    let home = PathBuf::from(creds["home"].as_str().unwrap());
+    let tag = format!("layout-{}", unique_name());
+    // It runs until the test lets it go, which it does only once the node is draining.
+    let job = client
+        .ok(
+            "sbatch",
+            &[
+                "--parsable",
+                "-N1",
+                "--gres=gpu:3g.40gb:1",
+                "--output=/dev/null",
+                "--wrap",
+                &format!("until [ -e $HOME/{tag}-go ]; do sleep 0.1; done; touch $HOME/{tag}-done"),
+            ],
+        )
+        .trim()
+        .to_string();
+    client.wait_running(std::slice::from_ref(&job)).await;
+
+    tf.write_main(&single(1, r#"{ "1g.10gb" = 7 }"#));
+    std::thread::scope(|s| {
+        let apply = s.spawn(|| tf.apply());
+        wait_for("the node draining for the new layout", LIMIT, || {
+            let out = client.poll("sinfo", &["-h", "-N", "-o", "%N %T %G"])?;
+            out.lines()
+                .any(|l| l.trim() == "lay1 draining gpu:3g.40gb:2")
+                .then_some(())
+        });
+        let (_, queue) = client.run("squeue", &["-h", "-j", &job, "-o", "%T"]);
+        assert_eq!(
+            queue.trim(),
+            "RUNNING",
+            "the job runs on while its node drains"
+        );
+        fs::write(home.join(format!("{tag}-go")), "").unwrap();
+        apply.join().expect("the apply succeeds");
+    });
+    assert_eq!(tf.resource(TRAIN)["status"], "running");
+    let ended = modified_at(&home.join(format!("{tag}-done")));
+    let partitioned = modified_at(&agent.data_dir().join("hardware.json"));
+    assert!(
+        partitioned >= ended,
+        "the GPU was re-partitioned at {partitioned}, before its job ended at {ended}"
+    );
+    let shown = client.ok("scontrol", &["show", "job", &job]);
+    assert!(shown.contains("JobState=COMPLETED"), "{shown}");
+    eventually(
+        "the node back in service with its new slices",
+        LIMIT,
+        || {
+            let out = client.poll("sinfo", &["-h", "-N", "-o", "%N %T %G"]);
+            let back = out.is_some_and(|o| o.trim() == "lay1 idle gpu:1g.10gb:7");
+            async move { back.then_some(()) }
+        },
+    )
+    .await;
+    drop(client);
     tf.destroy();
 }

@@ -11,6 +11,10 @@
 //! agent last registered its host (`store::nodes::host`: NodeAddr, NodeHostname, CPUs,
 //! RealMemory).
 //!
+//! Changes that would end running jobs drain the nodes in Slurm first and wait for their
+//! jobs: a driver roll (`scheduling::drivers`), a scale-down and a layout change
+//! (`services::clusters`, through [`drain_nodes`] and [`apply_resuming`]).
+//!
 //! Slurm is real: a host without slurmctld, slurmd or munged refuses Slurm clusters.
 
 use std::collections::BTreeSet;
@@ -325,6 +329,18 @@ pub async fn apply(
     cluster_id: &str,
     released: &[NodeRow],
 ) -> Result<Option<String>> {
+    apply_resuming(state, cluster_id, released, &[]).await
+}
+
+/// Like [`apply`], and returns the `drained` nodes (drained for this change, see
+/// [`drain_nodes`]) to service once their slurmd run the new configuration, before the
+/// wait for every node to be schedulable.
+pub async fn apply_resuming(
+    state: &Arc<AppState>,
+    cluster_id: &str,
+    released: &[NodeRow],
+    drained: &[NodeRow],
+) -> Result<Option<String>> {
     let plan = {
         let (state, id) = (state.clone(), cluster_id.to_string());
         let planner = state.clone();
@@ -379,8 +395,33 @@ pub async fn apply(
             })
             .await?;
     }
+    for n in drained {
+        // The controller kept their drain across its restart.
+        if let Err(e) = set_state(state, &name, &n.hostname, &["state=resume"]).await {
+            tracing::warn!(cluster = %plan.cluster.name, node = %n.hostname, error = %e, "cannot resume a drained Slurm node");
+        }
+    }
     let expected: Vec<String> = plan.nodes.iter().map(|n| n.hostname.clone()).collect();
     Ok(wait_ready(state, &name, expected).await)
+}
+
+/// `scontrol update nodename=<node> <args>` on the cluster's controller.
+async fn set_state(state: &AppState, cluster: &str, node: &str, args: &[&str]) -> Result<()> {
+    let conf = controller::conf_path(&state.data_dir, cluster);
+    let mut all = vec![format!("nodename={node}")];
+    all.extend(args.iter().map(|a| a.to_string()));
+    blocking(move || {
+        let args: Vec<&str> = all.iter().map(String::as_str).collect();
+        status::run(
+            "scontrol",
+            &["update"].iter().copied().chain(args).collect::<Vec<_>>(),
+            &conf,
+            Duration::from_secs(10),
+        )
+        .map(|_| ())
+        .map_err(Error::Aborted)
+    })
+    .await
 }
 
 /// A node of a Slurm cluster whose agent registered again (it restarted, or was cut off
@@ -511,8 +552,9 @@ pub async fn remove(state: &Arc<AppState>, c: &ClusterRow, nodes: &[NodeRow]) {
     }
 }
 
-/// How long a drain waits for a node's running jobs before the change goes ahead.
-const DRAIN_WITHIN: Duration = Duration::from_secs(600);
+/// How long a drain waits for a node's running jobs before the change goes ahead (or, for
+/// a layout change whose request gives no deadline, gives up).
+pub const DRAIN_WITHIN: Duration = Duration::from_secs(600);
 
 /// Drains `node` in its cluster's Slurm (no new jobs) and waits until its jobs have
 /// finished, at most `limit`; Err says what still runs.
@@ -523,44 +565,61 @@ pub async fn drain(
     reason: &str,
     limit: Duration,
 ) -> Result<()> {
-    if !is_slurm(c) {
+    drain_names(state, c, &[node.to_string()], reason, limit).await
+}
+
+/// Drains every node of `nodes` at once and waits (at most `limit` in all) until none of
+/// them runs a job; Err names those whose jobs still run.
+pub async fn drain_nodes(
+    state: &AppState,
+    c: &ClusterRow,
+    nodes: &[NodeRow],
+    reason: &str,
+    limit: Duration,
+) -> Result<()> {
+    let names: Vec<String> = nodes.iter().map(|n| n.hostname.clone()).collect();
+    drain_names(state, c, &names, reason, limit).await
+}
+
+async fn drain_names(
+    state: &AppState,
+    c: &ClusterRow,
+    nodes: &[String],
+    reason: &str,
+    limit: Duration,
+) -> Result<()> {
+    if !is_slurm(c) || nodes.is_empty() {
         return Ok(());
     }
-    let conf = controller::conf_path(&state.data_dir, &gpufleet_slurm::cluster_name(&c.id));
-    let (node, reason) = (node.to_string(), format!("gpufleet: {reason}"));
+    let name = gpufleet_slurm::cluster_name(&c.id);
+    let conf = controller::conf_path(&state.data_dir, &name);
+    let reason = format!("reason=gpufleet: {reason}");
     let deadline = Instant::now() + limit;
-    {
-        let (conf, node) = (conf.clone(), node.clone());
-        blocking(move || {
-            status::run(
-                "scontrol",
-                &[
-                    "update",
-                    &format!("nodename={node}"),
-                    "state=drain",
-                    &format!("reason={reason}"),
-                ],
-                &conf,
-                Duration::from_secs(10),
-            )
-            .map(|_| ())
-            .map_err(Error::Aborted)
-        })
-        .await?;
+    for node in nodes {
+        set_state(state, &name, node, &["state=drain", &reason]).await?;
     }
     loop {
-        let (conf2, node2) = (conf.clone(), node.clone());
+        let conf2 = conf.clone();
         let seen = blocking(move || status::nodes(&conf2).map_err(Error::Aborted)).await?;
-        // "drained": no job left; "draining": jobs still run.
-        match seen.get(&node2).map(|s| s.state.as_str()) {
-            Some("drained") | None => return Ok(()),
-            Some(s) if Instant::now() > deadline => {
-                return Err(Error::Aborted(format!(
-                    "{node2} is still {s} in Slurm after {limit:?}; its jobs did not finish"
-                )))
-            }
-            Some(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        // "drained": no job left; "draining": jobs still run. A node Slurm does not know
+        // runs nothing.
+        let busy: Vec<String> = nodes
+            .iter()
+            .filter_map(|n| match seen.get(n).map(|s| s.state.as_str()) {
+                Some("drained") | None => None,
+                Some(s) => Some(format!("{n} is still {s}")),
+            })
+            .collect();
+        if busy.is_empty() {
+            return Ok(());
         }
+        if Instant::now() > deadline {
+            return Err(Error::Aborted(format!(
+                "{} in Slurm after {limit:?}; its jobs did not finish",
+                busy.join(", ")
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -581,18 +640,7 @@ pub async fn resume(state: &AppState, c: &ClusterRow, node: &str) {
         return;
     }
     let name = gpufleet_slurm::cluster_name(&c.id);
-    let conf = controller::conf_path(&state.data_dir, &name);
-    let target = node.to_string();
-    let done = tokio::task::spawn_blocking(move || {
-        status::run(
-            "scontrol",
-            &["update", &format!("nodename={target}"), "state=resume"],
-            &conf,
-            Duration::from_secs(10),
-        )
-    })
-    .await;
-    if let Ok(Err(e)) = done {
+    if let Err(e) = set_state(state, &name, node, &["state=resume"]).await {
         tracing::warn!(cluster = %c.name, error = %e, "cannot resume a drained Slurm node");
         return;
     }
