@@ -15,12 +15,18 @@ use tokio::sync::watch;
 /// How long the embedded agents may take to register and settle at start.
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
+/// The embedded agents' tasks: each ends once its agent has stopped (its Slurm daemons
+/// and their job steps ended), after the stop signal.
+pub type Agents = Vec<tokio::task::JoinHandle<()>>;
+
 /// Starts the loopback listener and one agent per host, and returns once every one is
-/// registered and ready.
+/// registered and ready. `agents` gets each agent's task as it starts, so that the caller
+/// can wait for them to stop even when this fails.
 pub async fn start(
     control: &ControlPlane,
     hosts: Vec<EmbeddedHost>,
     stop: watch::Receiver<bool>,
+    agents: &mut Agents,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -59,12 +65,12 @@ pub async fn start(
     for host in hosts {
         let agent = agent(host, address, &state.data_dir, &url, &state.join_token)?;
         let stop = stop.clone();
-        tokio::spawn(async move {
+        agents.push(tokio::spawn(async move {
             let name = agent.name.clone();
             if let Err(e) = gpufleet_node::session::run(agent, stop).await {
                 tracing::error!(node = %name, error = %e, "embedded node agent stopped");
             }
-        });
+        }));
     }
     control.await_nodes_settled(&names, SETTLE_WITHIN).await
 }

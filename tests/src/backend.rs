@@ -205,6 +205,12 @@ impl Backend {
         self.spawn();
     }
 
+    /// Stops the control plane with SIGTERM (a clean shutdown) and waits for its exit; it
+    /// can be started again with [`Backend::start_again`].
+    pub fn terminate(&mut self) {
+        self.stop();
+    }
+
     /// Like [`Backend::restart`], with `args` as its more `serve` flags from now on (e.g.
     /// another `--advertise-address`).
     pub fn restart_with_args(&mut self, args: &[&str]) {

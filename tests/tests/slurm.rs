@@ -1091,3 +1091,104 @@ async fn a_layout_change_lets_running_slurm_jobs_finish_first() {
     drop(client);
     tf.destroy();
 }
+
+/// Processes whose real uid is `uid`, as "pid command line".
+fn processes_of(uid: u32) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(status) = fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let real = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().next())
+            .and_then(|u| u.parse::<u32>().ok());
+        // A zombie is gone already; it only waits for its parent to reap it.
+        let zombie = status
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z'));
+        if real == Some(uid) && !zombie {
+            let cmd = fs::read(e.path().join("cmdline")).unwrap_or_default();
+            found.push(format!(
+                "{} {}",
+                e.file_name().to_string_lossy(),
+                String::from_utf8_lossy(&cmd).replace('\0', " ")
+            ));
+        }
+    }
+    found
+}
+
+/// A control plane with embedded node agents shut down (SIGTERM) while a job runs: its
+/// agents stop their Slurm daemons and the job's slurmstepd and processes with them; no
+/// process of the cluster's account is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shut_down_control_plane_leaves_no_process_of_its_slurm_clusters() {
+    let fleet = "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\ngpus_per_node = 1\n";
+    let mut backend = Backend::start_with_fleet_and_args(fleet, &[]);
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, "{}"));
+    tf.init();
+    tf.apply();
+    let creds = credentials(&tf, TRAIN);
+    let name = cluster_name(&creds);
+    let client = Client::connect(&creds, &key);
+    let uid: u32 = client.ok("id", &["-u"]).trim().parse().unwrap();
+    let job = client.ok(
+        "sbatch",
+        &[
+            "--parsable",
+            "-N1",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 600",
+        ],
+    );
+    client.wait_running(&[job.trim().to_string()]).await;
+    drop(client);
+    assert!(
+        processes_of(uid).iter().any(|p| p.contains("sleep 600")),
+        "the job runs as the account: {:?}",
+        processes_of(uid)
+    );
+    let stepds: Vec<i32> = pids_naming(&["slurmstepd"])
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(&format!("/{name}/")))
+        })
+        .collect();
+    assert!(
+        !stepds.is_empty(),
+        "the job has a slurmstepd of its cluster"
+    );
+
+    backend.terminate();
+    eventually("no process of the cluster's account", LIMIT, || {
+        let left = processes_of(uid);
+        async move { left.is_empty().then_some(()) }
+    })
+    .await;
+    eventually("no slurmstepd of the cluster's job", LIMIT, || {
+        let left: Vec<String> = stepds
+            .iter()
+            .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/status")).ok())
+            // A zombie is gone already; it only waits for its parent to reap it.
+            .filter(|s| {
+                !s.lines()
+                    .any(|l| l.starts_with("State:") && l.contains('Z'))
+            })
+            .collect();
+        async move { left.is_empty().then_some(()) }
+    })
+    .await;
+    assert!(
+        processes_naming(&name).is_empty(),
+        "{:?}",
+        processes_naming(&name)
+    );
+}

@@ -15,6 +15,10 @@
 //! jobs: a driver roll (`scheduling::drivers`), a scale-down and a layout change
 //! (`services::clusters`, through [`drain_nodes`] and [`apply_resuming`]).
 //!
+//! On shutdown the supervisor stops the controllers and logins (a login's sessions end
+//! with it); the node agents end their slurmd and the job steps they started, so a stopped
+//! control plane with embedded agents leaves no process of a cluster's account.
+//!
 //! Slurm is real: a host without slurmctld, slurmd or munged refuses Slurm clusters.
 
 use std::collections::BTreeSet;

@@ -51,14 +51,23 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Serves the control plane until `stop` turns true. Returns an error only when the
 /// control plane refuses the node (wrong join token, name in use, contradicting inventory).
-pub async fn run(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+pub async fn run(agent: Arc<Agent>, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let served = serve(&agent, stop).await;
+    // Stopping (or refused): the Slurm daemons and every job step they started end here,
+    // not with the process, which would leave the job steps running.
+    let exec = agent.exec.clone();
+    tokio::task::spawn_blocking(move || exec.slurmd.stop_all()).await?;
+    served
+}
+
+async fn serve(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
     let exec = agent.exec.clone();
     tokio::task::spawn_blocking(move || exec.recover()).await?;
     let mut backoff = Duration::from_millis(100);
     loop {
         let ended = tokio::select! {
             _ = stopped(&mut stop) => return Ok(()),
-            ended = session(&agent) => ended,
+            ended = session(agent) => ended,
         };
         match ended {
             End::Refused(status) => {

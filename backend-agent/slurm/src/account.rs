@@ -226,44 +226,64 @@ pub fn kill_processes_of(uid: u32) {
 /// slurmstepd it starts inherits it: a running job's slurmstepd (root) outlives slurmd,
 /// and its job's processes are its descendants.
 pub fn kill_environ_holders(entry: &str) {
+    let table = processes();
+    let marked: Vec<i32> = table
+        .iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/environ", p.pid))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == entry.as_bytes()))
+        })
+        .map(|p| p.pid)
+        .collect();
+    kill_trees(&table, &marked, true);
+}
+
+/// SIGKILL to every descendant of `pid` (not `pid` itself): e.g. a login sshd's sessions,
+/// before the sshd is stopped.
+pub fn kill_descendants(pid: i32) {
+    kill_trees(&processes(), &[pid], false);
+}
+
+struct Process {
+    pid: i32,
+    ppid: i32,
+}
+
+/// Every process with its parent, from /proc.
+fn processes() -> Vec<Process> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
+        return Vec::new();
     };
-    let mut parent = std::collections::HashMap::new();
-    let mut marked = Vec::new();
-    for e in entries.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        // "pid (comm) state ppid ...": comm may hold spaces, so read after its ')'.
-        let ppid = std::fs::read_to_string(e.path().join("stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                    .and_then(|p| p.parse::<i32>().ok())
-            });
-        if let Some(ppid) = ppid {
-            parent.insert(pid, ppid);
-        }
-        let holds = std::fs::read(e.path().join("environ"))
-            .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == entry.as_bytes()));
-        if holds {
-            marked.push(pid);
-        }
-    }
-    // Descendants first, so that no job is left to be reparented away from its stepd.
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            // "pid (comm) state ppid ...": comm may hold spaces, so read after its ')'.
+            let ppid = std::fs::read_to_string(e.path().join("stat"))
+                .ok()?
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok())?;
+            Some(Process { pid, ppid })
+        })
+        .collect()
+}
+
+/// SIGKILL to the descendants of `roots` (first, so that no job is left to be reparented
+/// away from its stepd), then to `roots` when `roots_too`.
+fn kill_trees(table: &[Process], roots: &[i32], roots_too: bool) {
     let mut doomed: Vec<i32> = Vec::new();
-    let mut frontier = marked.clone();
+    let mut frontier = roots.to_vec();
     while let Some(p) = frontier.pop() {
-        for (child, _) in parent.iter().filter(|(_, pp)| **pp == p) {
-            if !doomed.contains(child) && !marked.contains(child) {
-                doomed.push(*child);
-                frontier.push(*child);
+        for child in table.iter().filter(|c| c.ppid == p) {
+            if !doomed.contains(&child.pid) && !roots.contains(&child.pid) {
+                doomed.push(child.pid);
+                frontier.push(child.pid);
             }
         }
     }
-    for pid in doomed.iter().chain(marked.iter()) {
+    let roots = if roots_too { roots } else { &[] };
+    for pid in doomed.iter().chain(roots.iter()) {
         // SAFETY: kill only sends a signal.
         unsafe { libc::kill(*pid, libc::SIGKILL) };
     }

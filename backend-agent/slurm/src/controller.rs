@@ -58,6 +58,8 @@ impl Running {
     }
 
     fn stop(self) {
+        // The team's sessions end with the login (they run as the cluster's account).
+        account::kill_descendants(self.sshd.pid());
         self.sshd.stop();
         self.slurmctld.stop();
         self.munged.stop();
