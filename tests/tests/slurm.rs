@@ -993,9 +993,9 @@ async fn batch_jobs_run_under_a_long_data_dir() {
     let creds = credentials(&tf, TRAIN);
     let client = Client::connect(&creds, &key);
     let tag = format!("long-{}", unique_name());
-    let ids: Vec<String> = (0..2)
-        .map(|_| barrier_job(&client, "gpu:3g.40gb:1", &tag, 2))
-        .collect();
+    for _ in 0..2 {
+        barrier_job(&client, "gpu:3g.40gb:1", &tag, 2);
+    }
     let home = PathBuf::from(creds["home"].as_str().unwrap());
     eventually("the batch jobs done", LIMIT, || {
         let done = count_files(&home, &format!("{tag}-d-"));
@@ -1012,7 +1012,6 @@ async fn batch_jobs_run_under_a_long_data_dir() {
     let out = client.ok("srun", &["-N1", "--gres=gpu:3g.40gb:1", "hostname"]);
     assert_eq!(out.lines().count(), 1, "{out}");
     drop(client);
-    let _ = ids;
     tf.destroy();
 }
 
@@ -1191,4 +1190,78 @@ async fn a_shut_down_control_plane_leaves_no_process_of_its_slurm_clusters() {
         "{:?}",
         processes_naming(&name)
     );
+}
+
+/// A layout change whose update runs out of time while a job still runs on a drained node
+/// fails saying so, and changes nothing: the job runs on, the node keeps its slices and is
+/// back in service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_change_that_outlasts_its_timeout_fails_and_changes_nothing() {
+    let backend = Backend::start_external("30s", "5m");
+    let _agent = NodeAgent::start(&backend, "lay2", &["--gpus", "1"]);
+    nodes_ready(&backend, 1).await;
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, r#"{ "3g.40gb" = 2 }"#));
+    tf.init();
+    tf.apply();
+    let creds = credentials(&tf, TRAIN);
+    let client = Client::connect(&creds, &key);
+    let home = PathBuf::from(creds["home"].as_str().unwrap());
+    let tag = format!("outlast-{}", unique_name());
+    let job = client
+        .ok(
+            "sbatch",
+            &[
+                "--parsable",
+                "-N1",
+                "--gres=gpu:3g.40gb:1",
+                "--output=/dev/null",
+                "--wrap",
+                &format!("until [ -e $HOME/{tag}-go ]; do sleep 0.1; done; touch $HOME/{tag}-done"),
+            ],
+        )
+        .trim()
+        .to_string();
+    client.wait_running(std::slice::from_ref(&job)).await;
+
+    let short = single(1, r#"{ "1g.10gb" = 7 }"#).replace(
+        "  depends_on",
+        "  timeouts {\n    update = \"15s\"\n  }\n  depends_on",
+    );
+    tf.write_main(&short);
+    let failed = tf.apply_fails();
+    let said = failed
+        .output()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for want in [
+        "mig_layout: the nodes were drained",
+        "lay2 is still draining",
+        "the layout was not changed",
+    ] {
+        assert!(said.contains(want), "no {want:?} in {failed}");
+    }
+    let (_, queue) = client.run("squeue", &["-h", "-j", &job, "-o", "%T"]);
+    assert_eq!(queue.trim(), "RUNNING", "the job runs on");
+    eventually(
+        "the node back in service with its old slices",
+        LIMIT,
+        || {
+            let out = client.poll("sinfo", &["-h", "-N", "-o", "%N %T %G"]);
+            let back = out.is_some_and(|o| o.trim() == "lay2 mixed gpu:3g.40gb:2");
+            async move { back.then_some(()) }
+        },
+    )
+    .await;
+    fs::write(home.join(format!("{tag}-go")), "").unwrap();
+    eventually("the job done", LIMIT, || {
+        let done = home.join(format!("{tag}-done")).exists();
+        async move { done.then_some(()) }
+    })
+    .await;
+    drop(client);
+    tf.destroy();
 }
