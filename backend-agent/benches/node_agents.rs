@@ -438,6 +438,7 @@ async fn main() {
             backend,
             sim: Some(sim),
             driver_version: DEFAULT_DRIVER.into(),
+            declared: None,
         }],
         cp.stop.subscribe(),
         &mut Vec::new(),

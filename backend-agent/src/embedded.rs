@@ -119,27 +119,32 @@ fn agent(
     })
 }
 
-/// CPUs and memory (MiB) per GPU an embedded simulated node declares to Slurm: a GPU
-/// server's share per GPU, whatever the machine that simulates it has.
-const SIM_CPUS_PER_GPU: u32 = 8;
-const SIM_MEMORY_MIB_PER_GPU: u64 = 32 * 1024;
-
-/// The host as an embedded node declares it to Slurm: this host's values for real GPUs,
-/// [`SIM_CPUS_PER_GPU`] and [`SIM_MEMORY_MIB_PER_GPU`] per simulated GPU.
+/// The host as an embedded node declares it to Slurm: this host's values for real GPUs;
+/// for simulated ones its fleet group's CPUs and memory as recorded, else
+/// `fleet::SIM_CPUS_PER_GPU` and `fleet::SIM_MEMORY_MIB_PER_GPU` per GPU.
 fn declared(
     host: &EmbeddedHost,
     address: std::net::Ipv4Addr,
 ) -> anyhow::Result<gpufleet_node::host::Declared> {
+    use gpufleet_control::fleet::{SIM_CPUS_PER_GPU, SIM_MEMORY_MIB_PER_GPU};
     let mut declared = gpufleet_node::host::Declared::real(address);
     if host.sim.is_some() {
-        let gpus = host
-            .backend
-            .gpus()
-            .map_err(|e| anyhow::anyhow!("node {}: {e}", host.name))?
-            .len()
-            .max(1) as u32;
-        declared.cpus = SIM_CPUS_PER_GPU * gpus;
-        declared.memory_mib = SIM_MEMORY_MIB_PER_GPU * u64::from(gpus);
+        let (cpus, memory_mib) = match host.declared {
+            Some(d) => d,
+            None => {
+                let gpus = host
+                    .backend
+                    .gpus()
+                    .map_err(|e| anyhow::anyhow!("node {}: {e}", host.name))?
+                    .len()
+                    .max(1) as u32;
+                (
+                    SIM_CPUS_PER_GPU * gpus,
+                    SIM_MEMORY_MIB_PER_GPU * u64::from(gpus),
+                )
+            }
+        };
+        (declared.cpus, declared.memory_mib) = (cpus, memory_mib);
     }
     Ok(declared)
 }

@@ -980,7 +980,9 @@ async fn jobs_share_a_node_that_declares_its_address_cpus_and_memory() {
 /// daemons and job steps lives under a short path, whatever the data dir).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_jobs_run_under_a_long_data_dir() {
-    let fleet = "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\ngpus_per_node = 1\n";
+    // The fleet file says what its node declares to Slurm.
+    let fleet = "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\ngpus_per_node = 1\n\
+                 cpus_per_node = 12\nmemory_mib_per_node = 24576\n";
     let backend = Backend::start_with_fleet_in_long_dir(fleet, &[], 100);
     assert!(backend.data_dir().display().to_string().len() >= 100);
     let key = TeamKey::new("alice@vision");
@@ -992,6 +994,10 @@ async fn batch_jobs_run_under_a_long_data_dir() {
     assert_eq!(tf.resource(TRAIN)["status"], "running");
     let creds = credentials(&tf, TRAIN);
     let client = Client::connect(&creds, &key);
+    assert_eq!(
+        client.ok("sinfo", &["-h", "-N", "-o", "%c %m"]).trim(),
+        "12 24576"
+    );
     let tag = format!("long-{}", unique_name());
     for _ in 0..2 {
         barrier_job(&client, "gpu:3g.40gb:1", &tag, 2);
@@ -1136,6 +1142,11 @@ async fn a_shut_down_control_plane_leaves_no_process_of_its_slurm_clusters() {
     let name = cluster_name(&creds);
     let client = Client::connect(&creds, &key);
     let uid: u32 = client.ok("id", &["-u"]).trim().parse().unwrap();
+    // An embedded node of one simulated GPU declares 8 CPUs and 32 GiB by default.
+    assert_eq!(
+        client.ok("sinfo", &["-h", "-N", "-o", "%c %m"]).trim(),
+        "8 32768"
+    );
     let job = client.ok(
         "sbatch",
         &[

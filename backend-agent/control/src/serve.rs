@@ -136,25 +136,30 @@ pub struct EmbeddedHost {
     pub sim: Option<Arc<SimulatedNode>>,
     /// The driver a simulated node runs now (its record's).
     pub driver_version: String,
+    /// The CPUs and memory (MiB) a simulated node declares to Slurm (its fleet group's, as
+    /// recorded); None for this host's own.
+    pub declared: Option<(u32, u64)>,
 }
 
 /// Every node of the store as an embedded host with simulated GPUs (its recorded MIG
-/// state and driver).
+/// state and driver, and what it declares to Slurm).
 pub fn simulated_hosts(conn: &rusqlite::Connection) -> anyhow::Result<Vec<EmbeddedHost>> {
-    Ok(crate::recorded::simulated_nodes(conn)?
+    crate::recorded::simulated_nodes(conn)?
         .into_iter()
         .map(|(row, sim)| {
             let sim = Arc::new(sim);
-            EmbeddedHost {
+            let declared = store::nodes::host(conn, &row.id)?.map(|h| (h.cpus, h.memory_mib));
+            Ok(EmbeddedHost {
+                declared,
                 name: row.hostname,
                 capacity: row.capacity,
                 gpu_type: row.gpu_type,
                 backend: sim.clone(),
                 sim: Some(sim),
                 driver_version: row.driver_version,
-            }
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// The metrics endpoint to serve: where, the token a scrape presents, what it labels.
@@ -251,6 +256,7 @@ impl ControlPlane {
                     backend,
                     sim: None,
                     driver_version: String::new(),
+                    declared: None,
                 }]
             }
             Fleet::Simulated { .. } => {
