@@ -915,7 +915,7 @@ fn count_files(home: &Path, prefix: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_share_a_node_that_declares_its_address_cpus_and_memory() {
     let backend = Backend::start_external("30s", "5m");
-    let _agent = NodeAgent::start(
+    let mut agent = NodeAgent::start(
         &backend,
         "decl1",
         &[
@@ -971,6 +971,35 @@ async fn jobs_share_a_node_that_declares_its_address_cpus_and_memory() {
         async move { out.is_some_and(|o| o.trim().is_empty()).then_some(()) }
     })
     .await;
+
+    // The agent comes back declaring another host: Slurm follows.
+    agent.restart_with(&[
+        "--gpus",
+        "1",
+        "--address",
+        "127.0.0.4",
+        "--cpus",
+        "4",
+        "--memory-mib",
+        "8192",
+    ]);
+    eventually("the node as it declares itself now", LIMIT, || {
+        let out = client.poll("scontrol", &["show", "node", "decl1"]);
+        let now = out.is_some_and(|o| {
+            [
+                "NodeAddr=127.0.0.4",
+                "CPUTot=4",
+                "RealMemory=8192",
+                "State=IDLE",
+            ]
+            .iter()
+            .all(|w| o.contains(w))
+        });
+        async move { now.then_some(()) }
+    })
+    .await;
+    let out = client.ok("srun", &["-N1", "--gres=gpu:1g.10gb:1", "hostname"]);
+    assert_eq!(out.lines().count(), 1, "{out}");
     drop(client);
     tf.destroy();
 }

@@ -430,7 +430,8 @@ async fn set_state(state: &AppState, cluster: &str, node: &str, args: &[&str]) -
 
 /// A node of a Slurm cluster whose agent registered again (it restarted, or was cut off
 /// and came back): its slurmd gets the cluster's configuration as it is now, not the one
-/// its agent kept from before (a gres.conf of an old layout, a controller that moved).
+/// its agent kept from before (a gres.conf of an old layout, a controller that moved), and
+/// the controller the node's host as it declared it now.
 pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
     let Some(cluster_id) = node.cluster_id.clone() else {
         return;
@@ -449,6 +450,20 @@ pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
             return;
         }
     };
+    // The controller takes the node as it declared its host now (another address, CPUs or
+    // memory); it is restarted only when its slurm.conf changes.
+    {
+        let (data_dir, desired) = (state.data_dir.clone(), plan.desired.clone());
+        let ensured = blocking(move || {
+            controller::ensure(&data_dir, &desired)
+                .map(|_| ())
+                .map_err(Error::Aborted)
+        })
+        .await;
+        if let Err(e) = ensured {
+            tracing::warn!(cluster = %plan.cluster.name, error = %e, "the controller did not take the configuration of a node that came back");
+        }
+    }
     let shared = conf::shared(
         &plan.desired.controller,
         &plan.desired.nodes,
