@@ -241,7 +241,10 @@ pub fn kill_environ_holders(entry: &str) {
 /// SIGKILL to every descendant of `pid` (not `pid` itself): e.g. a login sshd's sessions,
 /// before the sshd is stopped.
 pub fn kill_descendants(pid: i32) {
-    kill_trees(&processes(), &[pid], false);
+    // No pid (a daemon between restarts) is no process: pid 0's "descendants" are all.
+    if pid > 1 {
+        kill_trees(&processes(), &[pid], false);
+    }
 }
 
 struct Process {
@@ -393,6 +396,31 @@ fn remove_all(path: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn descendants_of_a_process_end_and_it_stays() {
+        let mut parent = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let pid = parent.id() as i32;
+        let child = loop {
+            if let Some(c) = processes().iter().find(|p| p.ppid == pid) {
+                break c.pid;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        kill_descendants(0); // no pid: nothing
+        kill_descendants(pid);
+        // `wait` returns once its child is killed: the shell ends by itself.
+        let status = parent.wait().unwrap();
+        assert!(
+            status.code().is_some(),
+            "the shell itself was not killed: {status:?}"
+        );
+        // The shell reaped its killed child before it ended.
+        assert!(!std::path::Path::new(&format!("/proc/{child}")).exists());
+    }
 
     #[test]
     fn accounts_are_cluster_names_with_uids_of_their_own_range() {
