@@ -1305,3 +1305,32 @@ async fn a_layout_change_that_outlasts_its_timeout_fails_and_changes_nothing() {
     drop(client);
     tf.destroy();
 }
+
+/// A node whose name would make its job steps' socket paths too long (they are
+/// `<spool>/<node>_<job>.<step>`, at most 108 bytes) is refused when its slurmd would
+/// start, naming the longest name that fits, instead of holding every batch job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_name_too_long_for_slurm_sockets_is_refused_clearly() {
+    let backend = Backend::start_external("30s", "5m");
+    let long = format!("n{}", "x".repeat(49));
+    let _agent = NodeAgent::start(&backend, &long, &["--gpus", "1"]);
+    nodes_ready(&backend, 1).await;
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, "{}"));
+    tf.init();
+    let failed = tf.apply_fails();
+    let said = failed
+        .output()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for want in [
+        format!("node {long}: its job steps' sockets"),
+        "give the node a name of at most 40 characters".to_string(),
+    ] {
+        assert!(said.contains(&want), "no {want:?} in {failed}");
+    }
+    tf.destroy();
+}
