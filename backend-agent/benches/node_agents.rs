@@ -109,7 +109,8 @@ impl ControlPlane {
     async fn start_agents(&mut self) -> Duration {
         let hosts = self.control.embedded_hosts();
         let t = Instant::now();
-        embedded::start(&self.control, hosts, self.stop.subscribe())
+        // The agents stop with the bench's stop signal; nothing waits for them.
+        embedded::start(&self.control, hosts, self.stop.subscribe(), &mut Vec::new())
             .await
             .expect("embedded agents ready");
         t.elapsed()
@@ -437,8 +438,10 @@ async fn main() {
             backend,
             sim: Some(sim),
             driver_version: DEFAULT_DRIVER.into(),
+            declared: None,
         }],
         cp.stop.subscribe(),
+        &mut Vec::new(),
     )
     .await
     .expect("the slow agent is ready");

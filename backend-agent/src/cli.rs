@@ -199,6 +199,18 @@ pub struct NodeArgs {
     /// agent reconnects.
     #[arg(long, env = "GPUFLEET_KEEPALIVE", default_value = "10s", value_parser = parse_duration)]
     pub keepalive: std::time::Duration,
+    /// This host's IPv4 address the Slurm controller reaches its slurmd at (NodeAddr);
+    /// default: the host of --bandwidth-advertise or --bandwidth-listen when it names one,
+    /// else 127.0.0.1.
+    #[arg(long, env = "GPUFLEET_NODE_ADDRESS", value_name = "ADDR")]
+    pub address: Option<std::net::Ipv4Addr>,
+    /// With --hardware sim: the CPUs the node declares to Slurm (default: the host's).
+    #[arg(long, env = "GPUFLEET_NODE_CPUS", value_name = "N")]
+    pub cpus: Option<u32>,
+    /// With --hardware sim: the memory in MiB the node declares to Slurm (default: the
+    /// host's).
+    #[arg(long, env = "GPUFLEET_NODE_MEMORY_MIB", value_name = "MIB")]
+    pub memory_mib: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -283,6 +295,11 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port; the real one is printed).
     #[arg(long, env = "GPUFLEET_LISTEN", default_value = "127.0.0.1:7700")]
     pub listen: SocketAddr,
+    /// This host's address where node agents and tenants reach its Slurm controllers and
+    /// logins (an IPv4 address); default: the --listen address when it is not 0.0.0.0,
+    /// else 127.0.0.1.
+    #[arg(long, env = "GPUFLEET_ADVERTISE_ADDRESS", value_name = "ADDR", value_parser = parse_advertise_address)]
+    pub advertise_address: Option<std::net::IpAddr>,
     /// Directory holding the state database, the admin token and the volumes.
     #[arg(long, env = "GPUFLEET_DATA_DIR", default_value = "./.gpufleet")]
     pub data_dir: PathBuf,
@@ -406,6 +423,36 @@ pub struct ServeArgs {
     pub accept_rollback: bool,
 }
 
+/// `--advertise-address`: an address others can connect to (not 0.0.0.0), IPv4 (Slurm
+/// 22.05 speaks IPv6 only with `CommunicationParameters=EnableIPv6`).
+pub fn parse_advertise_address(text: &str) -> Result<std::net::IpAddr, String> {
+    let ip: std::net::IpAddr = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}': give an IPv4 address, e.g. 10.0.0.5"))?;
+    if !ip.is_ipv4() {
+        return Err(format!(
+            "'{text}': an IPv4 address (the Slurm controllers speak IPv4)"
+        ));
+    }
+    if ip.is_unspecified() {
+        return Err(format!(
+            "'{text}': an address others connect to, not the unspecified one"
+        ));
+    }
+    Ok(ip)
+}
+
+/// Where Slurm controllers and logins are reached: the flag, else the --listen address
+/// when it names one (not 0.0.0.0 or ::), else loopback.
+pub fn advertise_address(flag: Option<std::net::IpAddr>, listen: SocketAddr) -> std::net::IpAddr {
+    match flag {
+        Some(ip) => ip,
+        None if !listen.ip().is_unspecified() && listen.ip().is_ipv4() => listen.ip(),
+        None => std::net::IpAddr::from([127, 0, 0, 1]),
+    }
+}
+
 /// `--order-deadline driver=45m`.
 pub fn parse_order_deadline(text: &str) -> Result<(String, std::time::Duration), String> {
     let (kind, d) = text
@@ -499,6 +546,9 @@ impl NodeArgs {
             bandwidth_listen: self.bandwidth_listen,
             bandwidth_advertise: self.bandwidth_advertise,
             keepalive: self.keepalive,
+            address: self.address,
+            cpus: self.cpus,
+            memory_mib: self.memory_mib,
         }
     }
 }
@@ -508,6 +558,7 @@ impl ServeArgs {
     /// NVML belongs to the node agent's crate).
     pub fn config(self, fleet: gpufleet_control::serve::Fleet) -> gpufleet_control::serve::Config {
         gpufleet_control::serve::Config {
+            advertise_address: advertise_address(self.advertise_address, self.listen),
             listen: self.listen,
             insecure: self.insecure,
             tls_cert: self.tls_cert,
@@ -565,6 +616,33 @@ impl ServeArgs {
 #[cfg(test)]
 mod tests {
     use super::{parse_bus_bandwidth, parse_duration, parse_interval, parse_order_deadline};
+
+    #[test]
+    fn the_advertised_address_is_the_flag_else_a_named_listen_address_else_loopback() {
+        use super::{advertise_address, parse_advertise_address};
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let listen = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        assert_eq!(
+            advertise_address(Some(ip("10.0.0.5")), listen("0.0.0.0:7700")),
+            ip("10.0.0.5")
+        );
+        assert_eq!(
+            advertise_address(None, listen("10.0.0.6:7700")),
+            ip("10.0.0.6")
+        );
+        assert_eq!(
+            advertise_address(None, listen("0.0.0.0:7700")),
+            ip("127.0.0.1")
+        );
+        assert_eq!(
+            advertise_address(None, listen("[::]:7700")),
+            ip("127.0.0.1")
+        );
+        assert_eq!(parse_advertise_address("10.0.0.5").unwrap(), ip("10.0.0.5"));
+        for bad in ["0.0.0.0", "::1", "gpu-host", "10.0.0.5:22"] {
+            assert!(parse_advertise_address(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn order_deadlines_name_a_known_kind_and_a_duration() {

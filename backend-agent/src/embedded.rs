@@ -15,12 +15,18 @@ use tokio::sync::watch;
 /// How long the embedded agents may take to register and settle at start.
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
+/// The embedded agents' tasks: each ends once its agent has stopped (its Slurm daemons
+/// and their job steps ended), after the stop signal.
+pub type Agents = Vec<tokio::task::JoinHandle<()>>;
+
 /// Starts the loopback listener and one agent per host, and returns once every one is
-/// registered and ready.
+/// registered and ready. `agents` gets each agent's task as it starts, so that the caller
+/// can wait for them to stop even when this fails.
 pub async fn start(
     control: &ControlPlane,
     hosts: Vec<EmbeddedHost>,
     stop: watch::Receiver<bool>,
+    agents: &mut Agents,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -50,15 +56,21 @@ pub async fn start(
     let url = format!("http://{addr}");
     let state = &control.state;
     let names: Vec<String> = hosts.iter().map(|h| h.name.clone()).collect();
+    // The embedded nodes run on this host: Slurm reaches them where it reaches the
+    // controllers.
+    let address = match state.slurm_address {
+        std::net::IpAddr::V4(ip) => ip,
+        std::net::IpAddr::V6(_) => std::net::Ipv4Addr::LOCALHOST,
+    };
     for host in hosts {
-        let agent = agent(host, &state.data_dir, &url, &state.join_token)?;
+        let agent = agent(host, address, &state.data_dir, &url, &state.join_token)?;
         let stop = stop.clone();
-        tokio::spawn(async move {
+        agents.push(tokio::spawn(async move {
             let name = agent.name.clone();
             if let Err(e) = gpufleet_node::session::run(agent, stop).await {
                 tracing::error!(node = %name, error = %e, "embedded node agent stopped");
             }
-        });
+        }));
     }
     control.await_nodes_settled(&names, SETTLE_WITHIN).await
 }
@@ -66,6 +78,7 @@ pub async fn start(
 /// The node agent of one embedded host, linked to the control plane at `url`.
 fn agent(
     host: EmbeddedHost,
+    address: std::net::Ipv4Addr,
     data_dir: &Path,
     url: &str,
     join_token: &str,
@@ -86,7 +99,9 @@ fn agent(
         gpufleet_node::fault_throttle(faults_file.clone(), &host.name),
     )
     .with_context(|| format!("node {}: cannot open its bandwidth listener", host.name))?;
+    let declared = declared(&host, address)?;
     gpufleet_node::assemble(gpufleet_node::Parts {
+        host: declared,
         bandwidth: Some(listener),
         bandwidth_advertise: None,
         installer,
@@ -102,6 +117,36 @@ fn agent(
             join_token: join_token.to_string(),
         },
     })
+}
+
+/// The host as an embedded node declares it to Slurm: this host's values for real GPUs;
+/// for simulated ones its fleet group's CPUs and memory as recorded, else
+/// `fleet::SIM_CPUS_PER_GPU` and `fleet::SIM_MEMORY_MIB_PER_GPU` per GPU.
+fn declared(
+    host: &EmbeddedHost,
+    address: std::net::Ipv4Addr,
+) -> anyhow::Result<gpufleet_node::host::Declared> {
+    use gpufleet_control::fleet::{SIM_CPUS_PER_GPU, SIM_MEMORY_MIB_PER_GPU};
+    let mut declared = gpufleet_node::host::Declared::real(address);
+    if host.sim.is_some() {
+        let (cpus, memory_mib) = match host.declared {
+            Some(d) => d,
+            None => {
+                let gpus = host
+                    .backend
+                    .gpus()
+                    .map_err(|e| anyhow::anyhow!("node {}: {e}", host.name))?
+                    .len()
+                    .max(1) as u32;
+                (
+                    SIM_CPUS_PER_GPU * gpus,
+                    SIM_MEMORY_MIB_PER_GPU * u64::from(gpus),
+                )
+            }
+        };
+        (declared.cpus, declared.memory_mib) = (cpus, memory_mib);
+    }
+    Ok(declared)
 }
 
 /// An embedded agent's own directory (its order journal and status).

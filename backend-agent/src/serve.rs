@@ -21,19 +21,45 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // line must shut down cleanly, not kill the process by the default action.
     let signals = Signals::watch()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        signals.recv().await;
-        let _ = stop_tx.send(true);
-    });
+    let stop_tx = Arc::new(stop_tx);
+    {
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            signals.recv().await;
+            let _ = stop_tx.send(true);
+        });
+    }
     control.start_tasks(&stop_rx).await?;
     let hosts = control.embedded_hosts();
-    if !hosts.is_empty() {
+    let mut agents = crate::embedded::Agents::new();
+    let served = if hosts.is_empty() {
+        control.serve(stop_rx).await
+    } else {
         let count = hosts.len();
-        crate::embedded::start(&control, hosts, stop_rx.clone()).await?;
-        tracing::info!(nodes = count, "embedded node agents registered");
+        match crate::embedded::start(&control, hosts, stop_rx.clone(), &mut agents).await {
+            Ok(()) => {
+                tracing::info!(nodes = count, "embedded node agents registered");
+                control.serve(stop_rx).await
+            }
+            Err(e) => {
+                // The agents that started stop too.
+                let _ = stop_tx.send(true);
+                Err(e)
+            }
+        }
+    };
+    // The embedded agents stop their Slurm daemons and end their job steps before the
+    // process exits (which would leave the job steps running).
+    for a in agents {
+        if tokio::time::timeout(AGENTS_STOP_WITHIN, a).await.is_err() {
+            tracing::warn!("an embedded node agent did not stop within {AGENTS_STOP_WITHIN:?}");
+        }
     }
-    control.serve(stop_rx).await
+    served
 }
+
+/// How long serve waits for its embedded agents to stop.
+const AGENTS_STOP_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The fleet the flags ask for; NVML is opened (and the host checked) here.
 fn fleet(args: &ServeArgs) -> anyhow::Result<Fleet> {

@@ -60,3 +60,9 @@ pub const MAX_PAGE_TOKEN_CHARS: usize = 1_024;
 /// Nodes listed in a cluster's answer; the rest are counted in `nodes_omitted` and read
 /// with ListNodes filtered by the cluster.
 pub const MAX_CLUSTER_NODES_SHOWN: usize = 100;
+
+/// A node's host as its agent declares it to Slurm (`RegisterNode`): its name, CPUs and
+/// memory (MiB, 1 PiB).
+pub const MAX_HOSTNAME_CHARS: usize = 64;
+pub const MAX_NODE_CPUS: u32 = 65_536;
+pub const MAX_NODE_MEMORY_MIB: u64 = 1 << 30;

@@ -44,6 +44,8 @@ pub struct Backend {
     /// clients connect from (None: this machine, over loopback).
     host: Option<Launcher>,
     dial_from: Option<Launcher>,
+    /// The data dir, relative to `root` ("data" unless a test asks for a long one).
+    data_subdir: PathBuf,
 }
 
 impl Backend {
@@ -116,9 +118,16 @@ impl Backend {
             extra_args: extra,
             host: Some(on.launcher()),
             dial_from: Some(dial_from.launcher()),
+            data_subdir: PathBuf::from("data"),
         };
         backend.spawn();
         backend
+    }
+
+    /// Like [`Backend::start_with_fleet_and_args`], with a data dir whose path is at least
+    /// `chars` characters long (users keep clones in long paths).
+    pub fn start_with_fleet_in_long_dir(fleet_toml: &str, args: &[&str], chars: usize) -> Backend {
+        Backend::launch_in(Some(fleet_toml), None, args, Some(chars))
     }
 
     fn launch(fleet_toml: Option<&str>, tls: Option<ServerTls>) -> Backend {
@@ -126,11 +135,28 @@ impl Backend {
     }
 
     fn launch_with(fleet_toml: Option<&str>, tls: Option<ServerTls>, extra: &[&str]) -> Backend {
+        Backend::launch_in(fleet_toml, tls, extra, None)
+    }
+
+    fn launch_in(
+        fleet_toml: Option<&str>,
+        tls: Option<ServerTls>,
+        extra: &[&str],
+        long: Option<usize>,
+    ) -> Backend {
         let root = tempfile::Builder::new()
             .prefix("gpufleet-backend-")
             .tempdir()
             .expect("create temp dir for the backend");
-        fs::create_dir_all(root.path().join("data")).expect("create data dir");
+        let base = root.path().display().to_string().len() + "/data".len();
+        let data_subdir = match long {
+            Some(chars) if chars > base => PathBuf::from(
+                "a-long-directory-name".repeat(chars / 21 + 1)[..chars - base].to_string(),
+            )
+            .join("data"),
+            _ => PathBuf::from("data"),
+        };
+        fs::create_dir_all(root.path().join(&data_subdir)).expect("create data dir");
         let fleet_file = fleet_toml.map(|toml| {
             let path = root.path().join("fleet.toml");
             fs::write(&path, toml).expect("write the fleet file");
@@ -147,6 +173,7 @@ impl Backend {
             extra_args: extra.iter().map(|a| a.to_string()).collect(),
             host: None,
             dial_from: None,
+            data_subdir,
         };
         backend.spawn();
         backend
@@ -188,7 +215,7 @@ impl Backend {
     }
 
     pub fn data_dir(&self) -> PathBuf {
-        self.root.path().join("data")
+        self.root.path().join(&self.data_subdir)
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -222,6 +249,20 @@ impl Backend {
     /// data dir, admin token and address.
     pub fn restart(&mut self) {
         self.stop();
+        self.spawn();
+    }
+
+    /// Stops the control plane with SIGTERM (a clean shutdown) and waits for its exit; it
+    /// can be started again with [`Backend::start_again`].
+    pub fn terminate(&mut self) {
+        self.stop();
+    }
+
+    /// Like [`Backend::restart`], with `args` as its more `serve` flags from now on (e.g.
+    /// another `--advertise-address`).
+    pub fn restart_with_args(&mut self, args: &[&str]) {
+        self.stop();
+        self.extra_args = args.iter().map(|a| a.to_string()).collect();
         self.spawn();
     }
 

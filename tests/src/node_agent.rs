@@ -156,6 +156,15 @@ impl NodeAgent {
         assert!(ok, "kill {which} {}", child.id());
     }
 
+    /// Like [`NodeAgent::restart`], with `extra` as its flags from now on (e.g. other
+    /// `--cpus`).
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        // The flags NodeAgent::start_with_token gives every agent come first.
+        self.args.truncate(7);
+        self.args.extend(extra.iter().map(|a| a.to_string()));
+        self.restart();
+    }
+
     /// Starts the agent again on the same data dir (its journal and simulated GPUs).
     pub fn restart(&mut self) {
         self.kill9();

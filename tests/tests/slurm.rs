@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gpufleet_e2e::node_agent::wait_for;
 use gpufleet_e2e::{eventually, Backend, NodeAgent, Terraform};
 use serde_json::Value;
 
@@ -766,4 +767,570 @@ fn attacker_probes(
     assert!(creds["home"]
         .as_str()
         .is_some_and(|h| h.starts_with("/run/gpufleet/")));
+}
+
+/// One team's Slurm cluster of `nodes` nodes split `layout` (HCL), with its key.
+fn single(nodes: u32, layout: &str) -> String {
+    format!(
+        r#"
+resource "gpufleet_tenant" "vision" {{
+  name = "vision"
+}}
+resource "gpufleet_gpu_quota" "vision" {{
+  tenant   = gpufleet_tenant.vision.name
+  gpu_type = "H100-80GB"
+  gpus     = {nodes}
+}}
+resource "gpufleet_tenant_cluster" "train" {{
+  tenant          = gpufleet_tenant.vision.name
+  name            = "train"
+  orchestrator    = "slurm"
+  gpu_type        = "H100-80GB"
+  node_count      = {nodes}
+  mig_layout      = {layout}
+  ssh_public_keys = [file("${{path.module}}/vision.pub")]
+  depends_on      = [gpufleet_gpu_quota.vision]
+}}
+"#
+    )
+}
+
+/// Waits until the control plane has `n` ready nodes.
+async fn nodes_ready(backend: &Backend, n: usize) {
+    let admin = backend.admin().await;
+    eventually(&format!("{n} nodes ready"), LIMIT, || {
+        let mut admin = admin.clone();
+        async move {
+            let nodes = admin.nodes().await;
+            (nodes.len() == n && nodes.iter().all(|x| x.state == "ready")).then_some(())
+        }
+    })
+    .await;
+}
+
+/// `serve --advertise-address` is where the cluster's login and controller are reached:
+/// the endpoint and credentials name it, the nodes' slurmd reach the controller there, and
+/// a control plane restarted with another address moves the cluster's endpoint with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slurm_cluster_is_reached_at_the_advertised_address() {
+    let serve = |addr: &'static str| ["--node-agents", "external", "--advertise-address", addr];
+    let mut backend = Backend::start_with_args(&serve("127.0.0.2"));
+    let _agent = NodeAgent::start(&backend, "adv1", &["--gpus", "1"]);
+    nodes_ready(&backend, 1).await;
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, "{}"));
+    tf.init();
+    tf.apply();
+    let creds = credentials(&tf, TRAIN);
+    assert_eq!(creds["host"], "127.0.0.2", "{creds:#}");
+    let port = creds["port"].as_u64().unwrap();
+    assert_eq!(tf.resource(TRAIN)["endpoint"], format!("127.0.0.2:{port}"));
+    assert!(
+        creds["known_hosts"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("[127.0.0.2]:{port} ")),
+        "{creds:#}"
+    );
+    let client = Client::connect(&creds, &key);
+    assert_eq!(client.ok("srun", &["-N1", "hostname"]).lines().count(), 1);
+    let out = client.ok("scontrol", &["show", "config"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("SlurmctldHost[0]") && l.contains("(127.0.0.2)")),
+        "{out}"
+    );
+    drop(client);
+
+    // Restarted with another address: the endpoint and credentials follow it, the login
+    // listens there (and no longer on the old one), and jobs run again.
+    backend.restart_with_args(&serve("127.0.0.3"));
+    let moved = eventually("the endpoint on the new address", LIMIT, || {
+        tf.refresh();
+        let creds = credentials(&tf, TRAIN);
+        let moved = (creds["host"] == "127.0.0.3").then_some(creds);
+        async move { moved }
+    })
+    .await;
+    assert_eq!(tf.resource(TRAIN)["endpoint"], format!("127.0.0.3:{port}"));
+    let client = Client::connect(&moved, &key);
+    eventually("a job through the moved login", LIMIT, || {
+        let (ok, out) = client.run("srun", &["-N1", "hostname"]);
+        async move { (ok && out.lines().count() == 1).then_some(()) }
+    })
+    .await;
+    let (ok, out) = Client::connect(&creds, &key).run("id", &[]);
+    assert!(!ok, "the login still answers on the old address: {out}");
+    drop(client);
+    tf.destroy();
+}
+
+/// The machine's host name, as Slurm's NodeHostname shows it.
+fn this_hostname() -> String {
+    let out = Command::new("hostname").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Submits a batch job on one `gres` slice that leaves a marker in the account's home and
+/// ends only once `all` markers of `tag` are there, then says it is done: jobs that run
+/// one at a time never finish. Returns its id.
+fn barrier_job(client: &Client, gres: &str, tag: &str, all: usize) -> String {
+    let script = format!(
+        "touch $HOME/{tag}-m-$SLURM_JOB_ID; \
+         until [ $(ls $HOME | grep -c '^{tag}-m-') -ge {all} ]; do sleep 0.1; done; \
+         touch $HOME/{tag}-d-$SLURM_JOB_ID"
+    );
+    client
+        .ok(
+            "sbatch",
+            &[
+                "--parsable",
+                "-N1",
+                &format!("--gres={gres}"),
+                "--output=/dev/null",
+                "--wrap",
+                &script,
+            ],
+        )
+        .trim()
+        .to_string()
+}
+
+/// Files in `home` whose names start with `prefix`.
+fn count_files(home: &Path, prefix: &str) -> usize {
+    fs::read_dir(home)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// A node declares its host's address, name, CPUs and memory at registration, and Slurm
+/// schedules by GRES, CPUs and memory: four one-slice jobs share a node with four free
+/// MIG slices, all running at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_share_a_node_that_declares_its_address_cpus_and_memory() {
+    let backend = Backend::start_external("30s", "5m");
+    let mut agent = NodeAgent::start(
+        &backend,
+        "decl1",
+        &[
+            "--gpus",
+            "1",
+            "--address",
+            "127.0.0.3",
+            "--cpus",
+            "8",
+            "--memory-mib",
+            "16384",
+        ],
+    );
+    nodes_ready(&backend, 1).await;
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, r#"{ "1g.10gb" = 4 }"#));
+    tf.init();
+    tf.apply();
+    assert_eq!(tf.resource(TRAIN)["status"], "running");
+    let creds = credentials(&tf, TRAIN);
+    let client = Client::connect(&creds, &key);
+    assert_eq!(
+        client
+            .ok("sinfo", &["-h", "-N", "-o", "%N %c %m %G"])
+            .trim(),
+        "decl1 8 16384 gpu:1g.10gb:4"
+    );
+    let node = client.ok("scontrol", &["show", "node", "decl1"]);
+    for want in [
+        "NodeAddr=127.0.0.3".to_string(),
+        format!("NodeHostName={}", this_hostname()),
+        "CPUTot=8".into(),
+        "RealMemory=16384".into(),
+        "Gres=gpu:1g.10gb:4".into(),
+    ] {
+        assert!(node.contains(&want), "no {want} in {node}");
+    }
+
+    let tag = format!("share-{}", unique_name());
+    let ids: Vec<String> = (0..4)
+        .map(|_| barrier_job(&client, "gpu:1g.10gb:1", &tag, 4))
+        .collect();
+    let home = PathBuf::from(creds["home"].as_str().unwrap());
+    eventually("four jobs that wait for each other all done", LIMIT, || {
+        let done = count_files(&home, &format!("{tag}-d-"));
+        async move { (done == 4).then_some(()) }
+    })
+    .await;
+    eventually("the jobs gone from the queue", LIMIT, || {
+        let out = client.poll("squeue", &["-h", "-j", &ids.join(",")]);
+        async move { out.is_some_and(|o| o.trim().is_empty()).then_some(()) }
+    })
+    .await;
+
+    // The agent comes back declaring another host: Slurm follows.
+    agent.restart_with(&[
+        "--gpus",
+        "1",
+        "--address",
+        "127.0.0.4",
+        "--cpus",
+        "4",
+        "--memory-mib",
+        "8192",
+    ]);
+    eventually("the node as it declares itself now", LIMIT, || {
+        let out = client.poll("scontrol", &["show", "node", "decl1"]);
+        let now = out.is_some_and(|o| {
+            [
+                "NodeAddr=127.0.0.4",
+                "CPUTot=4",
+                "RealMemory=8192",
+                "State=IDLE",
+            ]
+            .iter()
+            .all(|w| o.contains(w))
+        });
+        async move { now.then_some(()) }
+    })
+    .await;
+    let out = client.ok("srun", &["-N1", "--gres=gpu:1g.10gb:1", "hostname"]);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    drop(client);
+    tf.destroy();
+}
+
+/// A control plane whose data dir is about 100 characters long (a clone in a long path),
+/// with one embedded node of one H100: batch jobs run (every Unix socket of the cluster's
+/// daemons and job steps lives under a short path, whatever the data dir).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_jobs_run_under_a_long_data_dir() {
+    // The fleet file says what its node declares to Slurm.
+    let fleet = "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\ngpus_per_node = 1\n\
+                 cpus_per_node = 12\nmemory_mib_per_node = 24576\n";
+    let backend = Backend::start_with_fleet_in_long_dir(fleet, &[], 100);
+    assert!(backend.data_dir().display().to_string().len() >= 100);
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, r#"{ "3g.40gb" = 2 }"#));
+    tf.init();
+    tf.apply();
+    assert_eq!(tf.resource(TRAIN)["status"], "running");
+    let creds = credentials(&tf, TRAIN);
+    let client = Client::connect(&creds, &key);
+    assert_eq!(
+        client.ok("sinfo", &["-h", "-N", "-o", "%c %m"]).trim(),
+        "12 24576"
+    );
+    let tag = format!("long-{}", unique_name());
+    for _ in 0..2 {
+        barrier_job(&client, "gpu:3g.40gb:1", &tag, 2);
+    }
+    let home = PathBuf::from(creds["home"].as_str().unwrap());
+    eventually("the batch jobs done", LIMIT, || {
+        let done = count_files(&home, &format!("{tag}-d-"));
+        let queue = client.poll("squeue", &["-h", "-o", "%i %T %r"]);
+        async move {
+            assert!(
+                !queue.as_deref().unwrap_or_default().contains("held"),
+                "a batch job is held: {queue:?}"
+            );
+            (done == 2).then_some(())
+        }
+    })
+    .await;
+    let out = client.ok("srun", &["-N1", "--gres=gpu:3g.40gb:1", "hostname"]);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    drop(client);
+    tf.destroy();
+}
+
+/// A MIG layout change on a Slurm cluster drains the node first: a running job finishes
+/// (COMPLETED, not NODE_FAIL) before the layout changes, the apply succeeds, and the node
+/// is back in service with the new slices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_change_lets_running_slurm_jobs_finish_first() {
+    let backend = Backend::start_external("30s", "5m");
+    let agent = NodeAgent::start(&backend, "lay1", &["--gpus", "1"]);
+    nodes_ready(&backend, 1).await;
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, r#"{ "3g.40gb" = 2 }"#));
+    tf.init();
+    tf.apply();
+    let creds = credentials(&tf, TRAIN);
+    let client = Client::connect(&creds, &key);
+    let home = PathBuf::from(creds["home"].as_str().unwrap());
+    let tag = format!("layout-{}", unique_name());
+    // It runs until the test lets it go, which it does only once the node is draining.
+    let job = client
+        .ok(
+            "sbatch",
+            &[
+                "--parsable",
+                "-N1",
+                "--gres=gpu:3g.40gb:1",
+                "--output=/dev/null",
+                "--wrap",
+                &format!("until [ -e $HOME/{tag}-go ]; do sleep 0.1; done; touch $HOME/{tag}-done"),
+            ],
+        )
+        .trim()
+        .to_string();
+    client.wait_running(std::slice::from_ref(&job)).await;
+
+    tf.write_main(&single(1, r#"{ "1g.10gb" = 7 }"#));
+    std::thread::scope(|s| {
+        let apply = s.spawn(|| tf.apply());
+        wait_for("the node draining for the new layout", LIMIT, || {
+            let out = client.poll("sinfo", &["-h", "-N", "-o", "%N %T %G"])?;
+            out.lines()
+                .any(|l| l.trim() == "lay1 draining gpu:3g.40gb:2")
+                .then_some(())
+        });
+        let (_, queue) = client.run("squeue", &["-h", "-j", &job, "-o", "%T"]);
+        assert_eq!(
+            queue.trim(),
+            "RUNNING",
+            "the job runs on while its node drains"
+        );
+        fs::write(home.join(format!("{tag}-go")), "").unwrap();
+        apply.join().expect("the apply succeeds");
+    });
+    assert_eq!(tf.resource(TRAIN)["status"], "running");
+    let ended = modified_at(&home.join(format!("{tag}-done")));
+    let partitioned = modified_at(&agent.data_dir().join("hardware.json"));
+    assert!(
+        partitioned >= ended,
+        "the GPU was re-partitioned at {partitioned}, before its job ended at {ended}"
+    );
+    let shown = client.ok("scontrol", &["show", "job", &job]);
+    assert!(shown.contains("JobState=COMPLETED"), "{shown}");
+    eventually(
+        "the node back in service with its new slices",
+        LIMIT,
+        || {
+            let out = client.poll("sinfo", &["-h", "-N", "-o", "%N %T %G"]);
+            let back = out.is_some_and(|o| o.trim() == "lay1 idle gpu:1g.10gb:7");
+            async move { back.then_some(()) }
+        },
+    )
+    .await;
+    drop(client);
+    tf.destroy();
+}
+
+/// Processes whose real uid is `uid`, as "pid command line".
+fn processes_of(uid: u32) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(status) = fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let real = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().next())
+            .and_then(|u| u.parse::<u32>().ok());
+        // A zombie is gone already; it only waits for its parent to reap it.
+        let zombie = status
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z'));
+        if real == Some(uid) && !zombie {
+            let cmd = fs::read(e.path().join("cmdline")).unwrap_or_default();
+            found.push(format!(
+                "{} {}",
+                e.file_name().to_string_lossy(),
+                String::from_utf8_lossy(&cmd).replace('\0', " ")
+            ));
+        }
+    }
+    found
+}
+
+/// A control plane with embedded node agents shut down (SIGTERM) while a job runs: its
+/// agents stop their Slurm daemons and the job's slurmstepd and processes with them; no
+/// process of the cluster's account is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shut_down_control_plane_leaves_no_process_of_its_slurm_clusters() {
+    let fleet = "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\ngpus_per_node = 1\n";
+    let mut backend = Backend::start_with_fleet_and_args(fleet, &[]);
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, "{}"));
+    tf.init();
+    tf.apply();
+    let creds = credentials(&tf, TRAIN);
+    let name = cluster_name(&creds);
+    let client = Client::connect(&creds, &key);
+    let uid: u32 = client.ok("id", &["-u"]).trim().parse().unwrap();
+    // An embedded node of one simulated GPU declares 8 CPUs and 32 GiB by default.
+    assert_eq!(
+        client.ok("sinfo", &["-h", "-N", "-o", "%c %m"]).trim(),
+        "8 32768"
+    );
+    let job = client.ok(
+        "sbatch",
+        &[
+            "--parsable",
+            "-N1",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 600",
+        ],
+    );
+    client.wait_running(&[job.trim().to_string()]).await;
+    drop(client);
+    assert!(
+        processes_of(uid).iter().any(|p| p.contains("sleep 600")),
+        "the job runs as the account: {:?}",
+        processes_of(uid)
+    );
+    let stepds: Vec<i32> = pids_naming(&["slurmstepd"])
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(&format!("/{name}/")))
+        })
+        .collect();
+    assert!(
+        !stepds.is_empty(),
+        "the job has a slurmstepd of its cluster"
+    );
+
+    backend.terminate();
+    eventually("no process of the cluster's account", LIMIT, || {
+        let left = processes_of(uid);
+        async move { left.is_empty().then_some(()) }
+    })
+    .await;
+    eventually("no slurmstepd of the cluster's job", LIMIT, || {
+        let left: Vec<String> = stepds
+            .iter()
+            .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/status")).ok())
+            // A zombie is gone already; it only waits for its parent to reap it.
+            .filter(|s| {
+                !s.lines()
+                    .any(|l| l.starts_with("State:") && l.contains('Z'))
+            })
+            .collect();
+        async move { left.is_empty().then_some(()) }
+    })
+    .await;
+    assert!(
+        processes_naming(&name).is_empty(),
+        "{:?}",
+        processes_naming(&name)
+    );
+}
+
+/// A layout change whose update runs out of time while a job still runs on a drained node
+/// fails saying so, and changes nothing: the job runs on, the node keeps its slices and is
+/// back in service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_change_that_outlasts_its_timeout_fails_and_changes_nothing() {
+    let backend = Backend::start_external("30s", "5m");
+    let _agent = NodeAgent::start(&backend, "lay2", &["--gpus", "1"]);
+    nodes_ready(&backend, 1).await;
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, r#"{ "3g.40gb" = 2 }"#));
+    tf.init();
+    tf.apply();
+    let creds = credentials(&tf, TRAIN);
+    let client = Client::connect(&creds, &key);
+    let home = PathBuf::from(creds["home"].as_str().unwrap());
+    let tag = format!("outlast-{}", unique_name());
+    let job = client
+        .ok(
+            "sbatch",
+            &[
+                "--parsable",
+                "-N1",
+                "--gres=gpu:3g.40gb:1",
+                "--output=/dev/null",
+                "--wrap",
+                &format!("until [ -e $HOME/{tag}-go ]; do sleep 0.1; done; touch $HOME/{tag}-done"),
+            ],
+        )
+        .trim()
+        .to_string();
+    client.wait_running(std::slice::from_ref(&job)).await;
+
+    let short = single(1, r#"{ "1g.10gb" = 7 }"#).replace(
+        "  depends_on",
+        "  timeouts {\n    update = \"15s\"\n  }\n  depends_on",
+    );
+    tf.write_main(&short);
+    let failed = tf.apply_fails();
+    let said = failed
+        .output()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for want in [
+        "mig_layout: the nodes were drained",
+        "lay2 is still draining",
+        "the layout was not changed",
+    ] {
+        assert!(said.contains(want), "no {want:?} in {failed}");
+    }
+    let (_, queue) = client.run("squeue", &["-h", "-j", &job, "-o", "%T"]);
+    assert_eq!(queue.trim(), "RUNNING", "the job runs on");
+    eventually(
+        "the node back in service with its old slices",
+        LIMIT,
+        || {
+            let out = client.poll("sinfo", &["-h", "-N", "-o", "%N %T %G"]);
+            let back = out.is_some_and(|o| o.trim() == "lay2 mixed gpu:3g.40gb:2");
+            async move { back.then_some(()) }
+        },
+    )
+    .await;
+    fs::write(home.join(format!("{tag}-go")), "").unwrap();
+    eventually("the job done", LIMIT, || {
+        let done = home.join(format!("{tag}-done")).exists();
+        async move { done.then_some(()) }
+    })
+    .await;
+    drop(client);
+    tf.destroy();
+}
+
+/// A node whose name would make its job steps' socket paths too long (they are
+/// `<spool>/<node>_<job>.<step>`, at most 108 bytes) is refused when its slurmd would
+/// start, naming the longest name that fits, instead of holding every batch job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_name_too_long_for_slurm_sockets_is_refused_clearly() {
+    let backend = Backend::start_external("30s", "5m");
+    let long = format!("n{}", "x".repeat(49));
+    let _agent = NodeAgent::start(&backend, &long, &["--gpus", "1"]);
+    nodes_ready(&backend, 1).await;
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, "{}"));
+    tf.init();
+    let failed = tf.apply_fails();
+    let said = failed
+        .output()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for want in [
+        format!("node {long}: its job steps' sockets"),
+        "give the node a name of at most 40 characters".to_string(),
+    ] {
+        assert!(said.contains(&want), "no {want:?} in {failed}");
+    }
+    tf.destroy();
 }

@@ -10,6 +10,8 @@
 //! cuda_version = "12.4"         # default
 //! bus_bandwidth_gbps = 400      # what the platform says these nodes deliver between
 //!                               # them; tenants' acceptance thresholds are bounded by it
+//! cpus_per_node = 64            # what each node declares to Slurm (default 8 per GPU)
+//! memory_mib_per_node = 262144  # (default 32 GiB per GPU)
 //!
 //! [[on_demand]]
 //! gpu_type = "H100-80GB"
@@ -58,7 +60,18 @@ pub struct NodeGroup {
     /// a model without it is bounded only by the API's maximum.
     #[serde(default)]
     pub bus_bandwidth_gbps: Option<f64>,
+    /// The CPUs and memory (MiB) each node declares to Slurm; default
+    /// [`SIM_CPUS_PER_GPU`] and [`SIM_MEMORY_MIB_PER_GPU`] per GPU.
+    #[serde(default)]
+    pub cpus_per_node: Option<u32>,
+    #[serde(default)]
+    pub memory_mib_per_node: Option<u64>,
 }
+
+/// What a simulated node declares to Slurm per GPU unless its group says otherwise: a GPU
+/// server's share, whatever the machine that simulates it has.
+pub const SIM_CPUS_PER_GPU: u32 = 8;
+pub const SIM_MEMORY_MIB_PER_GPU: u64 = 32 * 1024;
 
 /// What the fleet says it delivers per GPU model: the bus bandwidth (Gbit/s) a tenant's
 /// acceptance threshold may ask for. A model not in it is bounded by the API's maximum.
@@ -120,6 +133,8 @@ fn group(gpu_type: &str, nodes: u32) -> NodeGroup {
         driver_version: default_driver(),
         cuda_version: default_cuda(),
         bus_bandwidth_gbps: None,
+        cpus_per_node: None,
+        memory_mib_per_node: None,
     }
 }
 
@@ -187,6 +202,22 @@ fn validate(fleet: &FleetFile) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)?;
             if g.nodes == 0 {
                 bail!("{table}.nodes: must be at least 1 for {}", g.gpu_type);
+            }
+            use gpufleet_proto::limits::{MAX_NODE_CPUS, MAX_NODE_MEMORY_MIB};
+            if let Some(n) = g.cpus_per_node.filter(|n| !(1..=MAX_NODE_CPUS).contains(n)) {
+                bail!(
+                    "{table}.cpus_per_node: 1 to {MAX_NODE_CPUS} for {} (got {n})",
+                    g.gpu_type
+                );
+            }
+            if let Some(m) = g
+                .memory_mib_per_node
+                .filter(|m| !(1..=MAX_NODE_MEMORY_MIB).contains(m))
+            {
+                bail!(
+                    "{table}.memory_mib_per_node: 1 to {MAX_NODE_MEMORY_MIB} for {} (got {m})",
+                    g.gpu_type
+                );
             }
             if g.gpus_per_node == 0 {
                 bail!(
@@ -264,6 +295,22 @@ pub fn seed(conn: &mut Connection, fleet: &FleetFile, now: i64) -> anyhow::Resul
                     })
                     .collect();
                 nodes::insert(&tx, &node, &gpus)?;
+                // What its embedded agent declares to Slurm (it registers it again).
+                nodes::set_host(
+                    &tx,
+                    &host,
+                    &nodes::NodeHost {
+                        address: "127.0.0.1".into(),
+                        hostname: "localhost".into(),
+                        cpus: g
+                            .cpus_per_node
+                            .unwrap_or(SIM_CPUS_PER_GPU.saturating_mul(g.gpus_per_node)),
+                        memory_mib: g
+                            .memory_mib_per_node
+                            .unwrap_or(SIM_MEMORY_MIB_PER_GPU * u64::from(g.gpus_per_node)),
+                        simulated: true,
+                    },
+                )?;
                 created += 1;
             }
         }
@@ -305,6 +352,27 @@ mod tests {
         assert!(parse("[[pool]]\ngpu_type = \"B200\"\nnodes = 0\n").is_err());
         let mixed = "[[pool]]\ngpu_type = \"B200\"\nnodes = 1\n[[on_demand]]\ngpu_type = \"B200\"\nnodes = 1\ngpus_per_node = 4\n";
         assert!(format!("{:#}", parse(mixed).unwrap_err()).contains("same GPU count"));
+    }
+
+    #[test]
+    fn a_groups_slurm_cpus_and_memory_are_bounded_and_seeded() {
+        let bad = "[[pool]]\ngpu_type = \"B200\"\nnodes = 1\ncpus_per_node = 0\n";
+        assert!(format!("{:#}", parse(bad).unwrap_err()).starts_with("pool.cpus_per_node: 1 to"));
+        let bad = "[[pool]]\ngpu_type = \"B200\"\nnodes = 1\nmemory_mib_per_node = 0\n";
+        assert!(format!("{:#}", parse(bad).unwrap_err()).starts_with("pool.memory_mib_per_node"));
+        let f = parse(
+            "[[pool]]\ngpu_type = \"B200\"\nnodes = 1\ngpus_per_node = 2\ncpus_per_node = 96\n",
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        seed(&mut conn, &f, 0).unwrap();
+        let node = &nodes::list(&conn, None, None).unwrap()[0];
+        let host = nodes::host(&conn, &node.id).unwrap().unwrap();
+        assert_eq!(
+            (host.cpus, host.memory_mib),
+            (96, 2 * SIM_MEMORY_MIB_PER_GPU)
+        );
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub enum Fleet {
 /// What `serve` was asked for.
 pub struct Config {
     pub listen: SocketAddr,
+    /// Where node agents and tenants reach this host's Slurm controllers and logins.
+    pub advertise_address: std::net::IpAddr,
     /// Plain http on an address other than loopback is allowed.
     pub insecure: bool,
     pub tls_cert: Option<PathBuf>,
@@ -98,6 +100,7 @@ impl Config {
     pub fn new(data_dir: PathBuf, fleet: Fleet) -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise_address: std::net::IpAddr::from([127, 0, 0, 1]),
             insecure: false,
             tls_cert: None,
             tls_key: None,
@@ -133,25 +136,30 @@ pub struct EmbeddedHost {
     pub sim: Option<Arc<SimulatedNode>>,
     /// The driver a simulated node runs now (its record's).
     pub driver_version: String,
+    /// The CPUs and memory (MiB) a simulated node declares to Slurm (its fleet group's, as
+    /// recorded); None for this host's own.
+    pub declared: Option<(u32, u64)>,
 }
 
 /// Every node of the store as an embedded host with simulated GPUs (its recorded MIG
-/// state and driver).
+/// state and driver, and what it declares to Slurm).
 pub fn simulated_hosts(conn: &rusqlite::Connection) -> anyhow::Result<Vec<EmbeddedHost>> {
-    Ok(crate::recorded::simulated_nodes(conn)?
+    crate::recorded::simulated_nodes(conn)?
         .into_iter()
         .map(|(row, sim)| {
             let sim = Arc::new(sim);
-            EmbeddedHost {
+            let declared = store::nodes::host(conn, &row.id)?.map(|h| (h.cpus, h.memory_mib));
+            Ok(EmbeddedHost {
+                declared,
                 name: row.hostname,
                 capacity: row.capacity,
                 gpu_type: row.gpu_type,
                 backend: sim.clone(),
                 sim: Some(sim),
                 driver_version: row.driver_version,
-            }
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// The metrics endpoint to serve: where, the token a scrape presents, what it labels.
@@ -248,6 +256,7 @@ impl ControlPlane {
                     backend,
                     sim: None,
                     driver_version: String::new(),
+                    declared: None,
                 }]
             }
             Fleet::Simulated { .. } => {
@@ -312,7 +321,8 @@ impl ControlPlane {
             .with_max_open_reservations(config.max_open_reservations)
             .with_clock(config.clock)
             .with_delivers(delivers.overridden_by(&config.delivers))
-            .with_breaker(config.breaker),
+            .with_breaker(config.breaker)
+            .with_slurm_address(config.advertise_address),
         );
         Ok(Self {
             state,

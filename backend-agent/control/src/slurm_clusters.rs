@@ -3,6 +3,22 @@
 //! the MIG changes converged, take it down on delete, watch what Slurm says about its
 //! nodes for the cluster's status, and restart controllers after a control plane restart.
 //!
+//! The controllers and logins are reached at the control plane's advertised address
+//! (`serve --advertise-address`, [`AppState::slurm_address`]): slurm.conf's
+//! `SlurmctldHost=localhost(ADDR)`, the login's `ListenAddress`, the cluster's `endpoint`
+//! and `credentials`. Every bring-up writes the endpoint and credentials again, so they
+//! follow a control plane restarted with another address. Each node is declared as its
+//! agent last registered its host (`store::nodes::host`: NodeAddr, NodeHostname, CPUs,
+//! RealMemory).
+//!
+//! Changes that would end running jobs drain the nodes in Slurm first and wait for their
+//! jobs: a driver roll (`scheduling::drivers`), a scale-down and a layout change
+//! (`services::clusters`, through [`drain_nodes`] and [`apply_resuming`]).
+//!
+//! On shutdown the supervisor stops the controllers and logins (a login's sessions end
+//! with it); the node agents end their slurmd and the job steps they started, so a stopped
+//! control plane with embedded agents leaves no process of a cluster's account.
+//!
 //! Slurm is real: a host without slurmctld, slurmd or munged refuses Slurm clusters.
 
 use std::collections::BTreeSet;
@@ -20,12 +36,6 @@ use crate::store::slurm_access::SlurmAccess;
 use crate::store::{self, clusters::ClusterRow, nodes::NodeRow};
 use gpufleet_slurm::account::Account;
 use gpufleet_slurm::{conf, controller, login, munge, status};
-
-/// Where the controllers listen and the nodes' slurmd run: this host. (Nodes on other
-/// hosts need the control plane's routable address here and their own host names in
-/// slurm.conf; see docs/guides/slurm.md.)
-pub const CONTROLLER_ADDR: &str = "127.0.0.1";
-const NODE_HOST: &str = "localhost";
 
 /// How long a bring-up waits for every node to be schedulable before it reports the
 /// cluster degraded (with the Slurm states) instead of running.
@@ -107,7 +117,7 @@ pub struct NewAccess {
     login_port: u16,
 }
 
-pub fn prepare(c: &mut ClusterRow) -> Result<Option<NewAccess>> {
+pub fn prepare(c: &mut ClusterRow, addr: std::net::IpAddr) -> Result<Option<NewAccess>> {
     if !is_slurm(c) {
         return Ok(None);
     }
@@ -118,7 +128,7 @@ pub fn prepare(c: &mut ClusterRow) -> Result<Option<NewAccess>> {
             break p;
         }
     };
-    c.endpoint = format!("{CONTROLLER_ADDR}:{login_port}");
+    c.endpoint = endpoint(addr, login_port);
     c.credentials = String::new();
     Ok(Some(NewAccess {
         munge_key: munge::encode(&munge::new_key()),
@@ -176,10 +186,15 @@ fn access_of(conn: &Connection, c: &ClusterRow) -> Result<SlurmAccess> {
     })
 }
 
-fn controller_of(c: &ClusterRow, access: &SlurmAccess) -> conf::Controller {
+/// The login's `host:port` as the cluster's `endpoint` gives it.
+fn endpoint(addr: std::net::IpAddr, login_port: u16) -> String {
+    format!("{addr}:{login_port}")
+}
+
+fn controller_of(state: &AppState, c: &ClusterRow, access: &SlurmAccess) -> conf::Controller {
     conf::Controller {
         cluster: gpufleet_slurm::cluster_name(&c.id),
-        addr: CONTROLLER_ADDR.into(),
+        addr: state.slurm_address.to_string(),
         port: access.controller_port,
     }
 }
@@ -199,7 +214,7 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
         return Ok(None);
     }
     let access = access_of(conn, &c)?;
-    let ctl = controller_of(&c, &access);
+    let ctl = controller_of(state, &c, &access);
     let mut nodes = store::nodes::list(conn, None, Some(&c.id))?;
     nodes.sort_by(|a, b| a.hostname.cmp(&b.hostname));
     // A node keeps its slurmd port across changes; new nodes get free ones.
@@ -219,11 +234,24 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
                 }
             },
         };
+        // As its agent last declared its host (a node that has not registered since hosts
+        // were recorded: this host, 1 CPU).
+        let host = store::nodes::host(conn, &n.id)?.unwrap_or_else(|| store::nodes::NodeHost {
+            address: "127.0.0.1".into(),
+            hostname: "localhost".into(),
+            cpus: 1,
+            memory_mib: 0,
+            simulated: false,
+        });
         out.push(conf::Node {
             name: n.hostname.clone(),
-            host: NODE_HOST.into(),
+            host: host.hostname,
+            addr: host.address,
             port,
+            cpus: host.cpus,
+            memory_mib: host.memory_mib,
             gres: conf::node_gres(&c.gpu_type, gpus, &c.mig_layout),
+            simulated: host.simulated,
         });
     }
     let key = munge::decode(&access.munge_key)
@@ -305,6 +333,18 @@ pub async fn apply(
     cluster_id: &str,
     released: &[NodeRow],
 ) -> Result<Option<String>> {
+    apply_resuming(state, cluster_id, released, &[]).await
+}
+
+/// Like [`apply`], and returns the `drained` nodes (drained for this change, see
+/// [`drain_nodes`]) to service once their slurmd run the new configuration, before the
+/// wait for every node to be schedulable.
+pub async fn apply_resuming(
+    state: &Arc<AppState>,
+    cluster_id: &str,
+    released: &[NodeRow],
+    drained: &[NodeRow],
+) -> Result<Option<String>> {
     let plan = {
         let (state, id) = (state.clone(), cluster_id.to_string());
         let planner = state.clone();
@@ -346,19 +386,52 @@ pub async fn apply(
         )));
     }
     {
+        // The endpoint follows --advertise-address (a control plane restarted with another
+        // one moves its clusters' logins there).
         let (state, id) = (state.clone(), plan.cluster.id.clone());
         let creds = credentials(&plan.desired, &access);
+        let endpoint = endpoint(state.slurm_address, plan.desired.login_port);
         state
-            .apply(move |conn| Ok::<_, Error>(store::clusters::set_credentials(conn, &id, &creds)?))
+            .apply(move |conn| -> Result<()> {
+                store::clusters::set_credentials(conn, &id, &creds)?;
+                store::clusters::set_endpoint(conn, &id, &endpoint)?;
+                Ok(())
+            })
             .await?;
+    }
+    for n in drained {
+        // The controller kept their drain across its restart.
+        if let Err(e) = set_state(state, &name, &n.hostname, &["state=resume"]).await {
+            tracing::warn!(cluster = %plan.cluster.name, node = %n.hostname, error = %e, "cannot resume a drained Slurm node");
+        }
     }
     let expected: Vec<String> = plan.nodes.iter().map(|n| n.hostname.clone()).collect();
     Ok(wait_ready(state, &name, expected).await)
 }
 
+/// `scontrol update nodename=<node> <args>` on the cluster's controller.
+async fn set_state(state: &AppState, cluster: &str, node: &str, args: &[&str]) -> Result<()> {
+    let conf = controller::conf_path(&state.data_dir, cluster);
+    let mut all = vec![format!("nodename={node}")];
+    all.extend(args.iter().map(|a| a.to_string()));
+    blocking(move || {
+        let args: Vec<&str> = all.iter().map(String::as_str).collect();
+        status::run(
+            "scontrol",
+            &["update"].iter().copied().chain(args).collect::<Vec<_>>(),
+            &conf,
+            Duration::from_secs(10),
+        )
+        .map(|_| ())
+        .map_err(Error::Aborted)
+    })
+    .await
+}
+
 /// A node of a Slurm cluster whose agent registered again (it restarted, or was cut off
 /// and came back): its slurmd gets the cluster's configuration as it is now, not the one
-/// its agent kept from before (a gres.conf of an old layout, a controller that moved).
+/// its agent kept from before (a gres.conf of an old layout, a controller that moved), and
+/// the controller the node's host as it declared it now.
 pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
     let Some(cluster_id) = node.cluster_id.clone() else {
         return;
@@ -377,6 +450,20 @@ pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
             return;
         }
     };
+    // The controller takes the node as it declared its host now (another address, CPUs or
+    // memory); it is restarted only when its slurm.conf changes.
+    {
+        let (data_dir, desired) = (state.data_dir.clone(), plan.desired.clone());
+        let ensured = blocking(move || {
+            controller::ensure(&data_dir, &desired)
+                .map(|_| ())
+                .map_err(Error::Aborted)
+        })
+        .await;
+        if let Err(e) = ensured {
+            tracing::warn!(cluster = %plan.cluster.name, error = %e, "the controller did not take the configuration of a node that came back");
+        }
+    }
     let shared = conf::shared(
         &plan.desired.controller,
         &plan.desired.nodes,
@@ -405,11 +492,11 @@ pub async fn stop_kept(state: &AppState, node: &NodeRow, clusters: &[String]) {
 /// A login port for a cluster made before logins: allocated, recorded, and the endpoint.
 async fn give_login_port(state: &AppState, cluster_id: &str) -> Result<u16> {
     let port = controller::free_port().map_err(Error::Internal)?;
-    let id = cluster_id.to_string();
+    let (id, addr) = (cluster_id.to_string(), state.slurm_address);
     state
         .apply(move |conn| -> Result<()> {
             store::slurm_access::set_login_port(conn, &id, port)?;
-            store::clusters::set_endpoint(conn, &id, &format!("{CONTROLLER_ADDR}:{port}"))?;
+            store::clusters::set_endpoint(conn, &id, &endpoint(addr, port))?;
             Ok(())
         })
         .await?;
@@ -484,8 +571,9 @@ pub async fn remove(state: &Arc<AppState>, c: &ClusterRow, nodes: &[NodeRow]) {
     }
 }
 
-/// How long a drain waits for a node's running jobs before the change goes ahead.
-const DRAIN_WITHIN: Duration = Duration::from_secs(600);
+/// How long a drain waits for a node's running jobs before the change goes ahead (or, for
+/// a layout change whose request gives no deadline, gives up).
+pub const DRAIN_WITHIN: Duration = Duration::from_secs(600);
 
 /// Drains `node` in its cluster's Slurm (no new jobs) and waits until its jobs have
 /// finished, at most `limit`; Err says what still runs.
@@ -496,44 +584,61 @@ pub async fn drain(
     reason: &str,
     limit: Duration,
 ) -> Result<()> {
-    if !is_slurm(c) {
+    drain_names(state, c, &[node.to_string()], reason, limit).await
+}
+
+/// Drains every node of `nodes` at once and waits (at most `limit` in all) until none of
+/// them runs a job; Err names those whose jobs still run.
+pub async fn drain_nodes(
+    state: &AppState,
+    c: &ClusterRow,
+    nodes: &[NodeRow],
+    reason: &str,
+    limit: Duration,
+) -> Result<()> {
+    let names: Vec<String> = nodes.iter().map(|n| n.hostname.clone()).collect();
+    drain_names(state, c, &names, reason, limit).await
+}
+
+async fn drain_names(
+    state: &AppState,
+    c: &ClusterRow,
+    nodes: &[String],
+    reason: &str,
+    limit: Duration,
+) -> Result<()> {
+    if !is_slurm(c) || nodes.is_empty() {
         return Ok(());
     }
-    let conf = controller::conf_path(&state.data_dir, &gpufleet_slurm::cluster_name(&c.id));
-    let (node, reason) = (node.to_string(), format!("gpufleet: {reason}"));
+    let name = gpufleet_slurm::cluster_name(&c.id);
+    let conf = controller::conf_path(&state.data_dir, &name);
+    let reason = format!("reason=gpufleet: {reason}");
     let deadline = Instant::now() + limit;
-    {
-        let (conf, node) = (conf.clone(), node.clone());
-        blocking(move || {
-            status::run(
-                "scontrol",
-                &[
-                    "update",
-                    &format!("nodename={node}"),
-                    "state=drain",
-                    &format!("reason={reason}"),
-                ],
-                &conf,
-                Duration::from_secs(10),
-            )
-            .map(|_| ())
-            .map_err(Error::Aborted)
-        })
-        .await?;
+    for node in nodes {
+        set_state(state, &name, node, &["state=drain", &reason]).await?;
     }
     loop {
-        let (conf2, node2) = (conf.clone(), node.clone());
+        let conf2 = conf.clone();
         let seen = blocking(move || status::nodes(&conf2).map_err(Error::Aborted)).await?;
-        // "drained": no job left; "draining": jobs still run.
-        match seen.get(&node2).map(|s| s.state.as_str()) {
-            Some("drained") | None => return Ok(()),
-            Some(s) if Instant::now() > deadline => {
-                return Err(Error::Aborted(format!(
-                    "{node2} is still {s} in Slurm after {limit:?}; its jobs did not finish"
-                )))
-            }
-            Some(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        // "drained": no job left; "draining": jobs still run. A node Slurm does not know
+        // runs nothing.
+        let busy: Vec<String> = nodes
+            .iter()
+            .filter_map(|n| match seen.get(n).map(|s| s.state.as_str()) {
+                Some("drained") | None => None,
+                Some(s) => Some(format!("{n} is still {s}")),
+            })
+            .collect();
+        if busy.is_empty() {
+            return Ok(());
         }
+        if Instant::now() > deadline {
+            return Err(Error::Aborted(format!(
+                "{} in Slurm after {limit:?}; its jobs did not finish",
+                busy.join(", ")
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -554,18 +659,7 @@ pub async fn resume(state: &AppState, c: &ClusterRow, node: &str) {
         return;
     }
     let name = gpufleet_slurm::cluster_name(&c.id);
-    let conf = controller::conf_path(&state.data_dir, &name);
-    let target = node.to_string();
-    let done = tokio::task::spawn_blocking(move || {
-        status::run(
-            "scontrol",
-            &["update", &format!("nodename={target}"), "state=resume"],
-            &conf,
-            Duration::from_secs(10),
-        )
-    })
-    .await;
-    if let Ok(Err(e)) = done {
+    if let Err(e) = set_state(state, &name, node, &["state=resume"]).await {
         tracing::warn!(cluster = %c.name, error = %e, "cannot resume a drained Slurm node");
         return;
     }

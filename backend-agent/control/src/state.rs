@@ -87,6 +87,9 @@ pub struct AppState {
     pub delivers: crate::fleet::Delivers,
     /// How many automatic quarantines per model and window (serve's `--breaker-*`).
     pub breaker: BreakerSettings,
+    /// Where node agents and tenants reach this host's Slurm controllers and logins
+    /// (serve's `--advertise-address`).
+    pub slurm_address: std::net::IpAddr,
 }
 
 impl AppState {
@@ -131,7 +134,14 @@ impl AppState {
             clock: Default::default(),
             delivers: Default::default(),
             breaker: Default::default(),
+            slurm_address: std::net::IpAddr::from([127, 0, 0, 1]),
         }
+    }
+
+    /// Where Slurm controllers and logins are reached (serve's `--advertise-address`).
+    pub fn with_slurm_address(mut self, addr: std::net::IpAddr) -> Self {
+        self.slurm_address = addr;
+        self
     }
 
     /// The automatic-quarantine breaker's cap and window (serve's `--breaker-*` flags).

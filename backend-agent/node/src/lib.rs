@@ -10,6 +10,7 @@ pub mod executor;
 pub mod faults;
 pub mod hardware;
 pub mod health;
+pub mod host;
 pub mod journal;
 pub mod metrics;
 #[cfg(test)]
@@ -54,6 +55,13 @@ pub struct Config {
     /// HTTP/2 keepalive on the control plane's connection: a PING this often, and the
     /// connection given up when one goes unanswered for as long.
     pub keepalive: std::time::Duration,
+    /// Where the Slurm controller reaches this host's slurmd (default: see
+    /// [`host::default_address`]).
+    pub address: Option<std::net::Ipv4Addr>,
+    /// With simulated GPUs: the CPUs and memory (MiB) the node declares to Slurm instead of
+    /// the host's.
+    pub cpus: Option<u32>,
+    pub memory_mib: Option<u64>,
 }
 
 /// The pieces an agent is made of, whichever process it runs in.
@@ -71,6 +79,8 @@ pub struct Parts {
     /// from its bound address.
     pub bandwidth: Option<Arc<bandwidth::Listener>>,
     pub bandwidth_advertise: Option<String>,
+    /// The host as the node declares it to Slurm.
+    pub host: host::Declared,
 }
 
 /// The slow-network fault of `name` read from `faults_file` at each stream (simulated
@@ -101,6 +111,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
         (None, None) => String::new(),
     };
     Ok(Arc::new(Agent {
+        host: parts.host,
         bandwidth_addr,
         exec: Arc::new(Executor {
             name: parts.name.clone(),
@@ -262,7 +273,10 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
         )
     })?;
     tracing::info!(addr = %listener.addr(), "bandwidth-test listener ready");
+    let host = declared_host(&args, sim.is_some())?;
+    tracing::info!(address = %host.address, hostname = %host.hostname, cpus = host.cpus, memory_mib = host.memory_mib, "the host as Slurm declares it");
     let agent = assemble(Parts {
+        host,
         bandwidth: Some(listener),
         bandwidth_advertise: args.bandwidth_advertise.clone(),
         installer,
@@ -296,6 +310,38 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
     }
     tracing::info!(node = %agent.name, control_plane = %args.control_plane, "node agent starting");
     session::run(agent, stop_rx).await
+}
+
+/// The host as this agent declares it to Slurm: its real values, with `--cpus` and
+/// `--memory-mib` over them for simulated GPUs (bounded as the control plane bounds them).
+fn declared_host(args: &Config, simulated: bool) -> anyhow::Result<host::Declared> {
+    use gpufleet_proto::limits::{MAX_NODE_CPUS, MAX_NODE_MEMORY_MIB};
+    let address = match args.address {
+        Some(a) if a.is_unspecified() || a.is_broadcast() || a.is_multicast() => {
+            anyhow::bail!("--address: {a} is not an address the Slurm controller can reach")
+        }
+        Some(a) => a,
+        None => host::default_address(args.bandwidth_advertise.as_deref(), args.bandwidth_listen),
+    };
+    let mut host = host::Declared::real(address);
+    if !simulated && (args.cpus.is_some() || args.memory_mib.is_some()) {
+        anyhow::bail!(
+            "--cpus/--memory-mib: only with --hardware sim (a real host declares its own)"
+        );
+    }
+    if let Some(n) = args.cpus {
+        if !(1..=MAX_NODE_CPUS).contains(&n) {
+            anyhow::bail!("--cpus: 1 to {MAX_NODE_CPUS} (got {n})");
+        }
+        host.cpus = n;
+    }
+    if let Some(m) = args.memory_mib {
+        if !(1..=MAX_NODE_MEMORY_MIB).contains(&m) {
+            anyhow::bail!("--memory-mib: 1 to {MAX_NODE_MEMORY_MIB} (got {m})");
+        }
+        host.memory_mib = m;
+    }
+    Ok(host)
 }
 
 /// `gpufleet-agent node-status`: the agent's own view of its node (from its data dir).

@@ -24,6 +24,7 @@ fn agent(dir: &Path, name: &str) -> Arc<Agent> {
     )
     .unwrap();
     node::assemble(Parts {
+        host: node::host::Declared::real(std::net::Ipv4Addr::LOCALHOST),
         name: name.into(),
         capacity: "pool".into(),
         gpu_type: model.name.clone(),

@@ -36,6 +36,8 @@ pub struct Agent {
     pub secret_file: PathBuf,
     /// host:port of its bandwidth-test listener, as peers reach it (empty: none).
     pub bandwidth_addr: String,
+    /// The host as Slurm declares the node.
+    pub host: crate::host::Declared,
 }
 
 enum End {
@@ -49,14 +51,23 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Serves the control plane until `stop` turns true. Returns an error only when the
 /// control plane refuses the node (wrong join token, name in use, contradicting inventory).
-pub async fn run(agent: Arc<Agent>, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+pub async fn run(agent: Arc<Agent>, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let served = serve(&agent, stop).await;
+    // Stopping (or refused): the Slurm daemons and every job step they started end here,
+    // not with the process, which would leave the job steps running.
+    let exec = agent.exec.clone();
+    tokio::task::spawn_blocking(move || exec.slurmd.stop_all()).await?;
+    served
+}
+
+async fn serve(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
     let exec = agent.exec.clone();
     tokio::task::spawn_blocking(move || exec.recover()).await?;
     let mut backoff = Duration::from_millis(100);
     loop {
         let ended = tokio::select! {
             _ = stopped(&mut stop) => return Ok(()),
-            ended = session(&agent) => ended,
+            ended = session(agent) => ended,
         };
         match ended {
             End::Refused(status) => {
@@ -184,6 +195,10 @@ async fn session(agent: &Arc<Agent>) -> End {
             bandwidth_addr: agent.bandwidth_addr.clone(),
             node_secret: read_secret(&agent.secret_file),
             slurm_clusters: agent.exec.slurmd.kept(),
+            slurm_address: agent.host.address.to_string(),
+            slurm_hostname: agent.host.hostname.clone(),
+            cpus: agent.host.cpus,
+            memory_mib: agent.host.memory_mib,
         })),
     });
     let mut request = tonic::Request::new(UnboundedReceiverStream::new(up_rx));

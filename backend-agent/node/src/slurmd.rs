@@ -14,9 +14,13 @@
 //! (`AutoDetect=nvml`, which needs a Slurm built with NVML).
 //!
 //! Starting is idempotent (a slurmd running the same configuration is verified and left
-//! alone) and the last order per cluster is kept on disk, so an agent that restarts starts
-//! its daemons again before it serves orders. Blocking: the executor runs on a blocking
-//! thread.
+//! alone) and the last order per cluster is kept on disk: an agent that restarts reports
+//! those clusters at registration, and the control plane orders each started again or
+//! stopped. Blocking: the executor runs on a blocking thread.
+//!
+//! Whenever the agent stops a cluster's daemons for good (the cluster leaves the node, or
+//! the agent stops), the slurmstepd of the cluster's jobs on the node and their processes
+//! end too: they hold the node's `SLURM_CONF` and would outlive slurmd.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -134,6 +138,8 @@ impl Slurmd {
         account::prepare_runtime(&account)?;
         let shared = self.shared_dir(cluster);
         let spool = shared.join("spool");
+        // Refused here, clearly, rather than every batch job held at launch.
+        gpufleet_slurm::check_step_sockets(&spool, &self.node)?;
         account::own_dir(&shared, 0, account.uid, 0o750)?;
         account::own_dir(&spool, 0, 0, 0o755)?;
         let paths = munge::Paths {
@@ -280,8 +286,7 @@ impl Slurmd {
         }
         // The slurmstepd of every job still running here, and the job's processes: they
         // outlive slurmd, and nothing of the cluster may stay on a node it gives back.
-        let conf = self.shared_dir(cluster).join("slurm.conf");
-        account::kill_environ_holders(&format!("SLURM_CONF={}", conf.display()));
+        self.end_steps(cluster);
         let removed = match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -307,12 +312,29 @@ impl Slurmd {
         kept
     }
 
+    /// Stops every cluster's daemons on this node (the agent is stopping), and the
+    /// slurmstepd of every job still running here with their jobs' processes: nothing of a
+    /// cluster outlives the agent that ran it. Their order and key stay for the next start.
     pub fn stop_all(&self) {
-        let all: Vec<Running> = self.lock().drain().map(|(_, r)| r).collect();
-        for r in all {
+        let all: Vec<(String, Running)> = self.lock().drain().collect();
+        let mut clusters = self.kept();
+        for (cluster, r) in all {
             r.slurmd.stop();
             r.munged.stop();
+            clusters.push(cluster);
         }
+        clusters.sort();
+        clusters.dedup();
+        for cluster in clusters {
+            self.end_steps(&cluster);
+        }
+    }
+
+    /// SIGKILL to the slurmstepd of every job of `cluster` still running on this node, and
+    /// to the job's processes: they outlive slurmd.
+    fn end_steps(&self, cluster: &str) {
+        let conf = self.shared_dir(cluster).join("slurm.conf");
+        account::kill_environ_holders(&format!("SLURM_CONF={}", conf.display()));
     }
 }
 

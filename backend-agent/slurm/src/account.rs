@@ -226,44 +226,67 @@ pub fn kill_processes_of(uid: u32) {
 /// slurmstepd it starts inherits it: a running job's slurmstepd (root) outlives slurmd,
 /// and its job's processes are its descendants.
 pub fn kill_environ_holders(entry: &str) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    let mut parent = std::collections::HashMap::new();
-    let mut marked = Vec::new();
-    for e in entries.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        // "pid (comm) state ppid ...": comm may hold spaces, so read after its ')'.
-        let ppid = std::fs::read_to_string(e.path().join("stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                    .and_then(|p| p.parse::<i32>().ok())
-            });
-        if let Some(ppid) = ppid {
-            parent.insert(pid, ppid);
-        }
-        let holds = std::fs::read(e.path().join("environ"))
-            .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == entry.as_bytes()));
-        if holds {
-            marked.push(pid);
-        }
+    let table = processes();
+    let marked: Vec<i32> = table
+        .iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/environ", p.pid))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == entry.as_bytes()))
+        })
+        .map(|p| p.pid)
+        .collect();
+    kill_trees(&table, &marked, true);
+}
+
+/// SIGKILL to every descendant of `pid` (not `pid` itself): e.g. a login sshd's sessions,
+/// before the sshd is stopped.
+pub fn kill_descendants(pid: i32) {
+    // No pid (a daemon between restarts) is no process: pid 0's "descendants" are all.
+    if pid > 1 {
+        kill_trees(&processes(), &[pid], false);
     }
-    // Descendants first, so that no job is left to be reparented away from its stepd.
+}
+
+struct Process {
+    pid: i32,
+    ppid: i32,
+}
+
+/// Every process with its parent, from /proc.
+fn processes() -> Vec<Process> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            // "pid (comm) state ppid ...": comm may hold spaces, so read after its ')'.
+            let ppid = std::fs::read_to_string(e.path().join("stat"))
+                .ok()?
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok())?;
+            Some(Process { pid, ppid })
+        })
+        .collect()
+}
+
+/// SIGKILL to the descendants of `roots` (first, so that no job is left to be reparented
+/// away from its stepd), then to `roots` when `roots_too`.
+fn kill_trees(table: &[Process], roots: &[i32], roots_too: bool) {
     let mut doomed: Vec<i32> = Vec::new();
-    let mut frontier = marked.clone();
+    let mut frontier = roots.to_vec();
     while let Some(p) = frontier.pop() {
-        for (child, _) in parent.iter().filter(|(_, pp)| **pp == p) {
-            if !doomed.contains(child) && !marked.contains(child) {
-                doomed.push(*child);
-                frontier.push(*child);
+        for child in table.iter().filter(|c| c.ppid == p) {
+            if !doomed.contains(&child.pid) && !roots.contains(&child.pid) {
+                doomed.push(child.pid);
+                frontier.push(child.pid);
             }
         }
     }
-    for pid in doomed.iter().chain(marked.iter()) {
+    let roots = if roots_too { roots } else { &[] };
+    for pid in doomed.iter().chain(roots.iter()) {
         // SAFETY: kill only sends a signal.
         unsafe { libc::kill(*pid, libc::SIGKILL) };
     }
@@ -373,6 +396,31 @@ fn remove_all(path: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn descendants_of_a_process_end_and_it_stays() {
+        let mut parent = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let pid = parent.id() as i32;
+        let child = loop {
+            if let Some(c) = processes().iter().find(|p| p.ppid == pid) {
+                break c.pid;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        kill_descendants(0); // no pid: nothing
+        kill_descendants(pid);
+        // `wait` returns once its child is killed: the shell ends by itself.
+        let status = parent.wait().unwrap();
+        assert!(
+            status.code().is_some(),
+            "the shell itself was not killed: {status:?}"
+        );
+        // The shell reaped its killed child before it ended.
+        assert!(!std::path::Path::new(&format!("/proc/{child}")).exists());
+    }
 
     #[test]
     fn accounts_are_cluster_names_with_uids_of_their_own_range() {

@@ -26,11 +26,30 @@ pub struct Controller {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
     pub name: String,
-    /// Host its slurmd runs on.
+    /// Host its slurmd runs on (NodeHostname).
     pub host: String,
+    /// Where the controller reaches its slurmd (NodeAddr).
+    pub addr: String,
     pub port: u16,
+    pub cpus: u32,
+    /// RealMemory in MiB; 0: not known (Slurm's default, 1).
+    pub memory_mib: u64,
     /// e.g. "gpu:h100:8" or "gpu:3g.40gb:16".
     pub gres: String,
+    /// Its GPUs are simulated, and so may be its CPUs and memory: slurmd reports the
+    /// declared values instead of what it finds.
+    pub simulated: bool,
+}
+
+/// The memory a job gets per CPU it is given when it asks for none: the smallest node's
+/// share, so that a node's every CPU can be given (at least 1 MiB).
+pub fn def_mem_per_cpu(nodes: &[Node]) -> u64 {
+    nodes
+        .iter()
+        .map(|n| n.memory_mib.max(1) / u64::from(n.cpus.max(1)))
+        .min()
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// The GRES type of a whole GPU of `model`: the lower-case family, e.g. "H100-80GB" ->
@@ -95,6 +114,8 @@ pub fn shared(ctl: &Controller, nodes: &[Node], slurm_user: &str) -> String {
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
+        // CPUs and memory are consumed per job, so jobs on different GRES share a node.
+        "SelectTypeParameters=CR_Core_Memory",
         "GresTypes=gpu",
         "ReturnToService=2",
         "MpiDefault=none",
@@ -112,19 +133,29 @@ pub fn shared(ctl: &Controller, nodes: &[Node], slurm_user: &str) -> String {
     }
     let _ = writeln!(s, "SlurmUser={slurm_user}");
     let _ = writeln!(s, "SlurmdUser={slurm_user}");
+    if nodes.iter().any(|n| n.simulated) {
+        // slurmd (and the controller's check of what it registers) take the declared CPUs
+        // and memory of simulated nodes, not the simulating machine's.
+        let _ = writeln!(s, "SlurmdParameters=config_overrides");
+    }
     for n in nodes {
+        let memory = match n.memory_mib {
+            0 => String::new(),
+            m => format!(" RealMemory={m}"),
+        };
         let _ = writeln!(
             s,
-            "NodeName={} NodeHostname={} Port={} CPUs=1 Gres={} State=UNKNOWN",
-            n.name, n.host, n.port, n.gres
+            "NodeName={} NodeHostname={} NodeAddr={} Port={} CPUs={}{memory} Gres={} State=UNKNOWN",
+            n.name, n.host, n.addr, n.port, n.cpus, n.gres
         );
     }
     if !nodes.is_empty() {
         let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
         let _ = writeln!(
             s,
-            "PartitionName=gpu Nodes={} Default=YES MaxTime=INFINITE State=UP",
-            names.join(",")
+            "PartitionName=gpu Nodes={} Default=YES MaxTime=INFINITE State=UP DefMemPerCPU={}",
+            names.join(","),
+            def_mem_per_cpu(nodes)
         );
     }
     s
@@ -226,21 +257,26 @@ mod tests {
             addr: "127.0.0.1".into(),
             port: 7000,
         };
-        let nodes = vec![
-            Node {
-                name: "a".into(),
-                host: "localhost".into(),
-                port: 7001,
-                gres: "gpu:h100:8".into(),
-            },
-            Node {
-                name: "b".into(),
-                host: "localhost".into(),
-                port: 7002,
-                gres: "gpu:h100:8".into(),
-            },
-        ];
+        let node = |name: &str, port: u16, cpus: u32, memory_mib: u64| Node {
+            name: name.into(),
+            host: "gpu-host".into(),
+            addr: "10.0.0.7".into(),
+            port,
+            cpus,
+            memory_mib,
+            gres: "gpu:h100:8".into(),
+            simulated: false,
+        };
+        let mut nodes = vec![node("a", 7001, 96, 1_000_000), node("b", 7002, 64, 512_000)];
         let s = shared(&ctl, &nodes, "root");
+        assert!(s.contains(
+            "NodeName=a NodeHostname=gpu-host NodeAddr=10.0.0.7 Port=7001 CPUs=96 RealMemory=1000000 Gres=gpu:h100:8 State=UNKNOWN\n"
+        ), "{s}");
+        assert!(s.contains("SelectTypeParameters=CR_Core_Memory\n"));
+        assert!(s.contains(" DefMemPerCPU=8000\n"), "{s}");
+        assert!(!s.contains("config_overrides"));
+        nodes[1].simulated = true;
+        assert!(shared(&ctl, &nodes, "root").contains("SlurmdParameters=config_overrides\n"));
         assert!(!s.contains("AuthInfo"));
         assert!(s.contains("DisableRootJobs=YES\n"));
         assert!(s.contains("SlurmctldPort=7000\n"));

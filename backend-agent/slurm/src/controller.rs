@@ -58,6 +58,8 @@ impl Running {
     }
 
     fn stop(self) {
+        // The team's sessions end with the login (they run as the cluster's account).
+        account::kill_descendants(self.sshd.pid());
         self.sshd.stop();
         self.slurmctld.stop();
         self.munged.stop();
@@ -90,7 +92,8 @@ pub fn node_ports(data_dir: &Path, cluster: &str) -> std::collections::BTreeMap<
 
 /// A TCP port free on this host now.
 pub fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
+    // Every address: slurmctld and slurmd listen on all of them.
+    std::net::TcpListener::bind("0.0.0.0:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|e| format!("cannot find a free port: {e}"))

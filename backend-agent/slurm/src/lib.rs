@@ -50,6 +50,40 @@ pub fn missing() -> Vec<&'static str> {
     missing_from(&search_dirs())
 }
 
+/// A Unix socket's path has at most this many bytes (108 with its NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// What slurmstepd appends to its node's spool for a job step's socket, at its longest:
+/// `/<node>_<job id>.<step id>`, ids of up to 10 digits (a batch step is 4294967291).
+const STEP_SOCKET_SUFFIX: usize = "/_4294967295.4294967295".len();
+
+/// Refuses a Unix socket path that would be too long, naming what it is for.
+pub fn check_socket_path(what: &str, path: &std::path::Path) -> Result<(), String> {
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(format!(
+            "{what}: the Unix socket path {} would be {len} bytes, more than the {MAX_SOCKET_PATH} a socket path may have",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a node whose job steps' sockets (`<spool>/<node>_<job>.<step>`, made by
+/// slurmstepd) would not fit a socket path: every batch job would fail to launch and be
+/// held.
+pub fn check_step_sockets(spool: &std::path::Path, node: &str) -> Result<(), String> {
+    let len = spool.as_os_str().len() + node.len() + STEP_SOCKET_SUFFIX;
+    if len > MAX_SOCKET_PATH {
+        return Err(format!(
+            "node {node}: its job steps' sockets in {} would be up to {len} bytes, more than the {MAX_SOCKET_PATH} a socket path may have; give the node a name of at most {} characters",
+            spool.display(),
+            MAX_SOCKET_PATH.saturating_sub(spool.as_os_str().len() + STEP_SOCKET_SUFFIX)
+        ));
+    }
+    Ok(())
+}
+
 /// The Slurm cluster name of a tenant cluster: short (it names sockets and directories,
 /// whose paths are bounded) and unique (from the cluster's id).
 pub fn cluster_name(cluster_id: &str) -> String {
@@ -99,5 +133,17 @@ mod tests {
         assert!(super::valid_cluster_name(&name));
         assert!(!super::valid_cluster_name("../etc"));
         assert!(!super::valid_cluster_name(""));
+    }
+
+    #[test]
+    fn socket_paths_that_would_not_fit_are_refused_naming_what_they_are_for() {
+        let spool = std::path::Path::new("/run/gpufleet/gf79bb28b15b97/n0123abcd/spool");
+        assert!(super::check_step_sockets(spool, &"n".repeat(40)).is_ok());
+        let e = super::check_step_sockets(spool, &"n".repeat(41)).unwrap_err();
+        assert!(e.contains("at most 40 characters"), "{e}");
+        let long = std::path::PathBuf::from("/x".repeat(60)).join("munge.sock");
+        let e = super::check_socket_path("munged", &long).unwrap_err();
+        assert!(e.starts_with("munged: the Unix socket path /x/x"), "{e}");
+        assert!(super::check_socket_path("munged", spool).is_ok());
     }
 }

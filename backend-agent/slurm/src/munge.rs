@@ -64,9 +64,6 @@ impl Paths {
     }
 }
 
-/// Unix socket paths are limited to 107 bytes.
-const MAX_SOCKET_PATH: usize = 107;
-
 /// Writes the key (mode 0600, as munged requires) unless the same key is there already.
 pub fn write_key(path: &Path, key: &[u8]) -> std::io::Result<bool> {
     if std::fs::read(path).is_ok_and(|k| k == key) {
@@ -84,12 +81,7 @@ pub fn write_key(path: &Path, key: &[u8]) -> std::io::Result<bool> {
 
 /// Starts munged in the foreground on `paths` and waits until its socket answers.
 pub fn start(name: &str, paths: &Paths) -> Result<Daemon, String> {
-    if paths.socket.as_os_str().len() > MAX_SOCKET_PATH {
-        return Err(format!(
-            "the munge socket path {} is longer than {MAX_SOCKET_PATH} bytes; use a shorter data dir",
-            paths.socket.display()
-        ));
-    }
+    super::check_socket_path(name, &paths.socket)?;
     let _ = std::fs::remove_file(&paths.socket);
     let arg = |p: &Path| p.display().to_string();
     let spec = Spec {

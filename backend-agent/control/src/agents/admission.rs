@@ -43,6 +43,8 @@ pub struct Checked {
     pub secret: String,
     /// The Slurm clusters whose daemons the agent kept from before.
     pub slurm_clusters: Vec<String>,
+    /// The host as Slurm declares the node.
+    pub host: nodes::NodeHost,
 }
 
 /// Most kept Slurm clusters one registration may name.
@@ -97,7 +99,9 @@ pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
             bad.chars().take(64).collect::<String>()
         )));
     }
+    let host = check_host(reg)?;
     Ok(Checked {
+        host,
         secret: reg.node_secret.clone(),
         slurm_clusters: reg.slurm_clusters.clone(),
         name: reg.name.clone(),
@@ -106,6 +110,66 @@ pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
         driver_version: inv.driver_version.clone(),
         cuda_version: inv.cuda_version.clone(),
         gpus,
+    })
+}
+
+/// The host as the agent declares it to Slurm: an IPv4 address others reach, a host name,
+/// CPUs and memory within bounds. Empty or 0 (an agent that does not report them): this
+/// host's loopback, `localhost`, 1 CPU, Slurm's default memory.
+fn check_host(reg: &v1::RegisterNode) -> Result<nodes::NodeHost, Refusal> {
+    use gpufleet_proto::limits::{MAX_HOSTNAME_CHARS, MAX_NODE_CPUS, MAX_NODE_MEMORY_MIB};
+    let shown = |v: &str| v.chars().take(64).collect::<String>();
+    let address = match reg.slurm_address.as_str() {
+        "" => "127.0.0.1".to_string(),
+        a => match a.parse::<std::net::Ipv4Addr>() {
+            Ok(ip) if !ip.is_unspecified() && !ip.is_broadcast() && !ip.is_multicast() => {
+                ip.to_string()
+            }
+            _ => {
+                return Err(Refusal::Invalid(format!(
+                    "slurm_address: an IPv4 address the controller can reach, not {:?}",
+                    shown(a)
+                )))
+            }
+        },
+    };
+    let hostname = match reg.slurm_hostname.as_str() {
+        "" => "localhost".to_string(),
+        h if h.len() <= MAX_HOSTNAME_CHARS
+            && h.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+            && !h.starts_with(['.', '-']) =>
+        {
+            h.to_string()
+        }
+        h => {
+            return Err(Refusal::Invalid(format!(
+                "slurm_hostname: at most {MAX_HOSTNAME_CHARS} letters, digits, '.', '-' or '_' (got {:?})",
+                shown(h)
+            )))
+        }
+    };
+    let cpus = match reg.cpus {
+        0 => 1,
+        n if n <= MAX_NODE_CPUS => n,
+        n => {
+            return Err(Refusal::Invalid(format!(
+                "cpus: 1 to {MAX_NODE_CPUS} (got {n})"
+            )))
+        }
+    };
+    if reg.memory_mib > MAX_NODE_MEMORY_MIB {
+        return Err(Refusal::Invalid(format!(
+            "memory_mib: at most {MAX_NODE_MEMORY_MIB} (got {})",
+            reg.memory_mib
+        )));
+    }
+    Ok(nodes::NodeHost {
+        address,
+        hostname,
+        cpus,
+        memory_mib: reg.memory_mib,
+        simulated: reg.hardware == "sim",
     })
 }
 
@@ -319,6 +383,7 @@ pub fn admit(tx: &Connection, c: &Checked, now: i64) -> Result<Admitted, Refusal
             known.id
         }
     };
+    nodes::set_host(tx, &id, &c.host)?;
     for g in &c.gpus {
         nodes::set_mig_state(
             tx,
@@ -406,6 +471,10 @@ mod tests {
             bandwidth_addr: String::new(),
             node_secret: String::new(),
             slurm_clusters: Vec::new(),
+            slurm_address: String::new(),
+            slurm_hostname: String::new(),
+            cpus: 0,
+            memory_mib: 0,
             inventory: Some(v1::NodeInventory {
                 gpu_type: "H100-80GB".into(),
                 driver_version: "550.54.15".into(),
@@ -510,5 +579,42 @@ mod tests {
         assert!(check(&dup).err().unwrap().to_string().contains("repeated"));
         let none = registration("n1", &[]);
         assert!(check(&none).err().unwrap().to_string().contains("1 to 64"));
+    }
+
+    #[test]
+    fn a_nodes_slurm_host_is_bounded_and_defaults_to_loopback() {
+        let reg = registration("n1", &["GPU-a"]);
+        assert_eq!(
+            check(&reg).unwrap().host,
+            nodes::NodeHost {
+                address: "127.0.0.1".into(),
+                hostname: "localhost".into(),
+                cpus: 1,
+                memory_mib: 0,
+                simulated: true,
+            }
+        );
+        let mut good = reg.clone();
+        (good.slurm_address, good.slurm_hostname) = ("10.0.0.7".into(), "gpu-7.lab".into());
+        (good.cpus, good.memory_mib) = (96, 1_048_576);
+        let host = check(&good).unwrap().host;
+        assert_eq!((host.address.as_str(), host.cpus), ("10.0.0.7", 96));
+        let refused = |f: &dyn Fn(&mut v1::RegisterNode)| {
+            let mut r = reg.clone();
+            f(&mut r);
+            check(&r).err().unwrap().to_string()
+        };
+        for a in ["0.0.0.0", "::1", "gpu-7", "10.0.0.7:6818", &"1".repeat(300)] {
+            let e = refused(&|r| r.slurm_address = a.into());
+            assert!(e.starts_with("slurm_address: "), "{e}");
+        }
+        for h in ["a b", "-x", &"h".repeat(65), "h\n"] {
+            let e = refused(&|r| r.slurm_hostname = h.into());
+            assert!(e.starts_with("slurm_hostname: "), "{e}");
+        }
+        let e = refused(&|r| r.cpus = 65_537);
+        assert!(e.starts_with("cpus: 1 to 65536"), "{e}");
+        let e = refused(&|r| r.memory_mib = u64::MAX);
+        assert!(e.starts_with("memory_mib: at most"), "{e}");
     }
 }

@@ -132,6 +132,9 @@ struct UpdateChange {
     scaling: crate::scheduling::clusters::Scaling,
     changes: Vec<crate::mig::Change>,
     new_driver: bool,
+    /// How long a Slurm cluster's nodes may take to finish their jobs before a layout
+    /// change: the request's deadline, less time to answer.
+    drain_within: std::time::Duration,
 }
 
 /// Events for nodes that joined (`allocated`, with the cluster's layout when it has one)
@@ -220,6 +223,39 @@ impl Clusters {
 
     /// New nodes to the cluster's driver (a node that fails is quarantined, and the
     /// request fails), then the MIG changes.
+    /// Drains a Slurm cluster's `nodes` for a layout change and waits for their jobs, at
+    /// most `limit`: a job still running then fails the update (nothing changed) rather
+    /// than being killed by the new layout.
+    async fn drain_for_layout(
+        &self,
+        c: &ClusterRow,
+        nodes: &[NodeRow],
+        limit: std::time::Duration,
+    ) -> Result<(), crate::error::Error> {
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        let reason = "changing the MIG layout";
+        let draining = nodes
+            .iter()
+            .map(|n| {
+                crate::scheduling::drivers::Event::new(
+                    "node_draining",
+                    &n.hostname,
+                    "changing the MIG layout: running jobs finish first",
+                )
+            })
+            .collect();
+        crate::scheduling::drivers::events(&self.state, c, draining).await;
+        crate::slurm_clusters::drain_nodes(&self.state, c, nodes, reason, limit)
+            .await
+            .map_err(|e| {
+                crate::error::Error::Aborted(format!(
+                    "mig_layout: the nodes were drained in Slurm for the new layout and waited for: {e}; the layout was not changed and the nodes are back in service: retry once their jobs are done (or cancelled), or give the update a longer timeouts.update"
+                ))
+            })
+    }
+
     async fn bring_up(
         &self,
         cluster: &ClusterRow,
@@ -402,7 +438,7 @@ impl Clusters {
         };
         // A Slurm cluster's own controller and login ports, munge key and account.
         crate::slurm_clusters::check_ssh_public_keys(&cluster.orchestrator, &req.ssh_public_keys)?;
-        let slurm = crate::slurm_clusters::prepare(&mut cluster)?;
+        let slurm = crate::slurm_clusters::prepare(&mut cluster, self.state.slurm_address)?;
         store::clusters::insert(&tx, &cluster).map_err(db_error)?;
         if let Some(new) = slurm {
             crate::slurm_clusters::record(&tx, &cluster.id, new, &req.ssh_public_keys)?;
@@ -689,6 +725,7 @@ impl Clusters {
             scaling,
             changes,
             new_driver,
+            drain_within: crate::slurm_clusters::DRAIN_WITHIN,
         })))
     }
 
@@ -697,7 +734,8 @@ impl Clusters {
         request: Request<v1::UpdateTenantClusterRequest>,
     ) -> Result<v1::TenantCluster, Status> {
         let this = self.clone();
-        let u = match self
+        let drain_within = drain_within(request.metadata());
+        let mut u = match self
             .state
             .write(move |sp| this.prepare_update(sp, request))
             .await?
@@ -705,6 +743,7 @@ impl Clusters {
             PreparedUpdate::DryRun(answer) => return Ok(*answer),
             PreparedUpdate::Change(u) => *u,
         };
+        u.drain_within = drain_within;
         // The rest runs to the end even when the caller leaves (see `detached`).
         let this = self.clone();
         super::detached::run(async move { this.complete_update(u).await }).await
@@ -721,6 +760,7 @@ impl Clusters {
             scaling,
             changes,
             new_driver,
+            drain_within,
         } = u;
         // A Slurm cluster's leaving nodes are drained first: their running jobs finish
         // before their GPUs go back to whole GPUs and their slurmd stops.
@@ -745,9 +785,28 @@ impl Clusters {
             )
             .await;
         }
+        // A Slurm cluster's nodes that stay and change layout are drained too: their jobs
+        // finish on the slices they run on, then the layout changes.
+        let relayout: Vec<NodeRow> = if crate::slurm_clusters::is_slurm(&c) {
+            changes
+                .iter()
+                .filter(|ch| ch.needed() && members_before.contains(&ch.node.id))
+                .filter(|ch| !scaling.to_release.iter().any(|n| n.id == ch.node.id))
+                .map(|ch| ch.node.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let drained = self.drain_for_layout(&c, &relayout, drain_within).await;
         // Joining nodes get the cluster's driver first, then every node its layout.
-        let converged = self.bring_up(&c, &scaling.added, &changes).await;
+        let converged = match drained {
+            Ok(()) => self.bring_up(&c, &scaling.added, &changes).await,
+            Err(e) => Err(e),
+        };
         if let Err(e) = converged {
+            for n in &relayout {
+                crate::slurm_clusters::resume(&self.state, &c, &n.hostname).await;
+            }
             // Back to the cluster as it was: every node it did not hold before released
             // (the new ones, and replacements of new ones that failed their checks), the
             // old row restored.
@@ -791,9 +850,14 @@ impl Clusters {
             })
             .await?;
         // A Slurm cluster's controller and slurmd follow its new nodes and layout.
-        let slurm = crate::slurm_clusters::apply(&self.state, &c.id, &scaling.to_release)
-            .await
-            .unwrap_or_else(|e| Some(format!("Slurm: {e}")));
+        let slurm = crate::slurm_clusters::apply_resuming(
+            &self.state,
+            &c.id,
+            &scaling.to_release,
+            &relayout,
+        )
+        .await
+        .unwrap_or_else(|e| Some(format!("Slurm: {e}")));
         {
             let (c, relayout) = (c.clone(), c.mig_layout != old.mig_layout);
             let clock_now = self.state.now();
@@ -907,6 +971,7 @@ impl Clusters {
                     scaling,
                     changes,
                     new_driver: false,
+                    drain_within: crate::slurm_clusters::DRAIN_WITHIN,
                 }))
             })
             .await?;
@@ -998,6 +1063,39 @@ impl Clusters {
         tracing::info!(cluster = %c.name, "deleted cluster");
         Ok(v1::DeleteResponse {})
     }
+}
+
+/// How long an update may wait for a Slurm cluster's jobs before its layout changes: the
+/// caller's deadline (`grpc-timeout`), less a tenth (at most 10 s) to answer in time;
+/// without one, [`crate::slurm_clusters::DRAIN_WITHIN`].
+fn drain_within(metadata: &tonic::metadata::MetadataMap) -> std::time::Duration {
+    let Some(timeout) = metadata
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(grpc_timeout)
+    else {
+        return crate::slurm_clusters::DRAIN_WITHIN;
+    };
+    timeout.saturating_sub((timeout / 10).min(std::time::Duration::from_secs(10)))
+}
+
+/// A `grpc-timeout` header's value: at most 8 digits and a unit (H, M, S, m, u, n).
+fn grpc_timeout(text: &str) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// Retries that find their change under way (a caller back after its deadline): they wait
@@ -1143,5 +1241,32 @@ pub async fn run_refills(state: Arc<AppState>, mut stop: tokio::sync::watch::Rec
                 tracing::warn!(cluster = %c.name, error = %e.message(), "refilling the cluster failed; retrying");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn a_drain_waits_for_the_callers_deadline_less_time_to_answer() {
+        assert_eq!(super::grpc_timeout("30S"), Some(Duration::from_secs(30)));
+        assert_eq!(super::grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(
+            super::grpc_timeout("1500m"),
+            Some(Duration::from_millis(1500))
+        );
+        for bad in ["", "S", "123456789S", "10x", "-1S", "1.5S"] {
+            assert_eq!(super::grpc_timeout(bad), None, "{bad}");
+        }
+        let mut md = tonic::metadata::MetadataMap::new();
+        assert_eq!(
+            super::drain_within(&md),
+            crate::slurm_clusters::DRAIN_WITHIN
+        );
+        md.insert("grpc-timeout", "30M".parse().unwrap());
+        assert_eq!(super::drain_within(&md), Duration::from_secs(1790));
+        md.insert("grpc-timeout", "20S".parse().unwrap());
+        assert_eq!(super::drain_within(&md), Duration::from_secs(18));
     }
 }

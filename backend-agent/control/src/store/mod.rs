@@ -389,6 +389,20 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE nodes ADD COLUMN secret_hash TEXT NOT NULL DEFAULT '';
     "#,
+    // 14: a node's host as Slurm declares it (issue 20): the address its slurmd is reached
+    // at, the host's name, its CPUs and memory, and whether its GPUs are simulated, as its
+    // agent reported them at its last registration. Nodes from before get a row at their
+    // next registration.
+    r#"
+    CREATE TABLE node_hosts (
+        node_id TEXT PRIMARY KEY REFERENCES nodes(id) ON DELETE CASCADE,
+        address TEXT NOT NULL,
+        hostname TEXT NOT NULL,
+        cpus INTEGER NOT NULL,
+        memory_mib INTEGER NOT NULL,
+        simulated INTEGER NOT NULL
+    );
+    "#,
 ];
 
 /// Prepared statements kept per connection.

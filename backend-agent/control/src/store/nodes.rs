@@ -197,6 +197,57 @@ pub fn set_state(
 }
 
 /// Records what a node's agent reported at registration: versions (GPUs are set apart).
+/// A node's host as Slurm declares it, from its agent's last registration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeHost {
+    /// Where the controller reaches the node's slurmd (NodeAddr).
+    pub address: String,
+    /// The host's name (NodeHostname).
+    pub hostname: String,
+    pub cpus: u32,
+    /// 0: not reported (Slurm's default).
+    pub memory_mib: u64,
+    /// Simulated GPUs: slurmd declares what slurm.conf says, not what it finds.
+    pub simulated: bool,
+}
+
+pub fn set_host(conn: &Connection, node_id: &str, h: &NodeHost) -> rusqlite::Result<()> {
+    super::exec(
+        conn,
+        "INSERT OR REPLACE INTO node_hosts (node_id, address, hostname, cpus, memory_mib, simulated)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        rusqlite::params![
+            node_id,
+            h.address,
+            h.hostname,
+            h.cpus,
+            // Bounded at admission (at most 2^30), so it fits.
+            h.memory_mib as i64,
+            h.simulated
+        ],
+    )?;
+    Ok(())
+}
+
+/// The node's host as last registered; None for a node that has not registered since
+/// hosts were recorded.
+pub fn host(conn: &Connection, node_id: &str) -> rusqlite::Result<Option<NodeHost>> {
+    use rusqlite::OptionalExtension;
+    conn.prepare_cached(
+        "SELECT address, hostname, cpus, memory_mib, simulated FROM node_hosts WHERE node_id = ?1",
+    )?
+    .query_row([node_id], |r| {
+        Ok(NodeHost {
+            address: r.get(0)?,
+            hostname: r.get(1)?,
+            cpus: r.get(2)?,
+            memory_mib: r.get::<_, i64>(3)?.max(0) as u64,
+            simulated: r.get(4)?,
+        })
+    })
+    .optional()
+}
+
 pub fn set_versions(
     conn: &Connection,
     node_id: &str,
