@@ -134,8 +134,9 @@ impl Slurmd {
         gpus: &[GpuInfo],
     ) -> Result<String, String> {
         let account = Account::new(cluster, kept.uid)?;
-        account.ensure(&account::runtime_dir(cluster).join("home"))?;
+        account.ensure(&account::runtime_dir(cluster).join(account::HOME))?;
         account::prepare_runtime(&account)?;
+        account::node_home(&account)?;
         let shared = self.shared_dir(cluster);
         let spool = shared.join("spool");
         // Refused here, clearly, rather than every batch job held at launch.
@@ -292,7 +293,7 @@ impl Slurmd {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
         };
-        account::release(cluster, &[&node_part(&self.node)]).and(removed)
+        account::release_node(cluster, &node_part(&self.node)).and(removed)
     }
 
     /// The clusters whose daemons this node kept from before (an order and key in its

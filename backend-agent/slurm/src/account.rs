@@ -332,6 +332,42 @@ pub fn prepare_runtime(account: &Account) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// The account's home on a node's host: where the cluster's login is on this host too,
+/// the login's (made by it); otherwise made here, as the login's home is the directory
+/// jobs start in (the submitting directory) and each host has its own `/run`.
+pub fn node_home(account: &Account) -> Result<PathBuf, String> {
+    let dir = runtime_dir(&account.name);
+    let home = dir.join(HOME);
+    if !dir.join(LOGIN).exists() && !home.exists() {
+        own_dir(&home, account.uid, account.uid, 0o700)?;
+    }
+    Ok(home)
+}
+
+/// Removes node `part` of the cluster's runtime directory, and on a host without the
+/// cluster's login the home its nodes made once no node of the cluster is left here
+/// (see [`release`]).
+pub fn release_node(cluster: &str, part: &str) -> Result<(), String> {
+    let dir = runtime_dir(cluster);
+    let nodes_made_home = !dir.join(LOGIN).exists();
+    remove_all(&dir.join(part))?;
+    let others = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| !(nodes_made_home && e.file_name() == HOME))
+                .count()
+        })
+        .unwrap_or(0);
+    if others > 0 {
+        return Ok(());
+    }
+    forget(cluster)
+}
+
+/// The login's part of a cluster's runtime directory, and the account's home.
+pub const LOGIN: &str = "login";
+pub const HOME: &str = "home";
+
 /// Removes `parts` of the cluster's runtime directory; when nothing else of the cluster
 /// is left on this host (no login, no other node), also the directory and the account
 /// (its processes ended first).

@@ -117,7 +117,7 @@ pub fn ensure(data_dir: &Path, want: &Desired) -> Result<Access, String> {
     std::fs::create_dir_all(dir.join("state"))
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let (uid, runtime) = (want.account.uid, account::runtime_dir(cluster));
-    let (login_dir, home) = (runtime.join("login"), runtime.join("home"));
+    let (login_dir, home) = (runtime.join(account::LOGIN), runtime.join(account::HOME));
     want.account.ensure(&home)?;
     account::prepare_runtime(&want.account)?;
     account::own_dir(&login_dir, 0, uid, 0o750)?;
@@ -288,7 +288,7 @@ pub fn remove(data_dir: &Path, cluster: &str) -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
     };
-    account::release(cluster, &["login", "home"]).and(removed)
+    account::release(cluster, &[account::LOGIN, account::HOME]).and(removed)
 }
 
 /// Stops every controller of `data_dir` (the control plane is shutting down); their state

@@ -1,0 +1,453 @@
+//! Slurm across hosts apart (issue 20), on the multi-host tier (`gpufleet_e2e::netns`): a
+//! control-plane host running the tenants' controllers and logins, four GPU hosts each
+//! running a node agent (and, for its cluster, munged and slurmd), and a client host where
+//! the team works with only what it is given: its ssh key and the cluster's `credentials`.
+//!
+//! - `srun -N3 hostname` from the client host, through the login, answers from the three
+//!   GPU hosts by their own hostnames; `sinfo` shows each node's MIG slices as GRES, and
+//!   four one-slice batch jobs on one node run at once (each waits for the other three).
+//! - The team's credentials reach its own controller alone: its key is refused by the
+//!   other team's login, and its munge credentials by the other team's controller.
+//! - Destroy with a job running: no process and no file of the cluster stays on any host
+//!   (each host's own process table, data dirs and `/run`), and the account is gone.
+//!
+//! Needs root (CI runs as root); without it the test says so and returns.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpufleet_e2e::netns::{self, Host, Network};
+use gpufleet_e2e::{eventually, Backend, NodeAgent, Terraform};
+use serde_json::Value;
+
+/// A safety net against hangs, never a timing assertion: conditions are waited on.
+const LIMIT: Duration = Duration::from_secs(90);
+const VISION: &str = "gpufleet_tenant_cluster.vision";
+const SPEECH: &str = "gpufleet_tenant_cluster.speech";
+const GPU_HOSTS: [&str; 4] = ["g1", "g2", "g3", "g4"];
+
+fn config() -> String {
+    r#"
+resource "gpufleet_tenant" "vision" {
+  name = "vision"
+}
+resource "gpufleet_gpu_quota" "vision" {
+  tenant   = gpufleet_tenant.vision.name
+  gpu_type = "H100-80GB"
+  gpus     = 3
+}
+resource "gpufleet_tenant_cluster" "vision" {
+  tenant          = gpufleet_tenant.vision.name
+  name            = "train"
+  orchestrator    = "slurm"
+  gpu_type        = "H100-80GB"
+  node_count      = 3
+  mig_layout      = { "1g.10gb" = 4 }
+  ssh_public_keys = [file("${path.module}/vision.pub")]
+  depends_on      = [gpufleet_gpu_quota.vision]
+}
+resource "gpufleet_tenant" "speech" {
+  name = "speech"
+}
+resource "gpufleet_gpu_quota" "speech" {
+  tenant   = gpufleet_tenant.speech.name
+  gpu_type = "H100-80GB"
+  gpus     = 1
+}
+resource "gpufleet_tenant_cluster" "speech" {
+  tenant          = gpufleet_tenant.speech.name
+  name            = "asr"
+  orchestrator    = "slurm"
+  gpu_type        = "H100-80GB"
+  node_count      = 1
+  ssh_public_keys = [file("${path.module}/speech.pub")]
+  depends_on      = [gpufleet_gpu_quota.speech]
+}
+"#
+    .to_string()
+}
+
+/// A team's key pair, made as a user makes one, in the client host's directory.
+fn team_key(client: &Host, team: &str) -> (std::path::PathBuf, String) {
+    let key = client.dir().join(format!("{team}_ed25519"));
+    let made = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", team, "-f"])
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen (Debian's openssh-client)");
+    assert!(made.success());
+    let public = fs::read_to_string(key.with_extension("pub")).unwrap();
+    (key, public)
+}
+
+/// A team's session, run from the client host as docs/guides/slurm.md shows: ssh to the
+/// login named by the credentials, its host key checked against their known_hosts line.
+struct Session<'a> {
+    from: &'a Host,
+    key: std::path::PathBuf,
+    known_hosts: std::path::PathBuf,
+    user: String,
+    host: String,
+    port: u16,
+}
+
+impl<'a> Session<'a> {
+    fn new(from: &'a Host, credentials: &Value, key: &Path, user: &str) -> Session<'a> {
+        let port = credentials["port"].as_u64().expect("port") as u16;
+        let known_hosts = from.dir().join(format!("known_hosts-{user}-{port}"));
+        fs::write(
+            &known_hosts,
+            format!(
+                "{}\n",
+                credentials["known_hosts"].as_str().expect("known_hosts")
+            ),
+        )
+        .unwrap();
+        Session {
+            from,
+            key: key.to_path_buf(),
+            known_hosts,
+            user: user.to_string(),
+            host: credentials["host"].as_str().expect("host").to_string(),
+            port,
+        }
+    }
+
+    /// Runs `script` in the login's shell (killed after LIMIT): (success, stdout + stderr).
+    fn run(&self, script: &str) -> (bool, String) {
+        let mut child = self
+            .from
+            .command("ssh")
+            .args(["-i", &self.key.display().to_string()])
+            .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
+            .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
+            .arg("-o")
+            .arg(format!("UserKnownHostsFile={}", self.known_hosts.display()))
+            .args(["-p", &self.port.to_string()])
+            .arg(format!("{}@{}", self.user, self.host))
+            .arg("--")
+            .arg(script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ssh on the client host");
+        let deadline = Instant::now() + LIMIT;
+        while child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "{script}: hung");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
+    fn ok(&self, script: &str) -> String {
+        let (ok, out) = self.run(script);
+        assert!(ok, "{script}: {out}");
+        out
+    }
+
+    /// For a wait: the output while the command succeeds.
+    fn poll(&self, script: &str) -> Option<String> {
+        let (ok, out) = self.run(script);
+        ok.then_some(out)
+    }
+}
+
+fn credentials(tf: &Terraform, address: &str) -> Value {
+    serde_json::from_str(
+        tf.resource(address)["credentials"]
+            .as_str()
+            .expect("credentials"),
+    )
+    .expect("Slurm credentials are JSON")
+}
+
+fn sorted_lines(out: &str) -> Vec<String> {
+    let mut lines: Vec<String> = out.lines().map(|l| l.trim().to_string()).collect();
+    lines.sort();
+    lines
+}
+
+/// The uids of a host's processes but its holder's.
+fn uid_of(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// What of Slurm cluster `name` a host still holds: processes of its account, and files
+/// under `dirs` or the host's own `/run` that name it or mention it.
+fn leftovers(host: &Host, uid: u32, name: &str, dirs: &[std::path::PathBuf]) -> Vec<String> {
+    let mut found: Vec<String> = host
+        .processes()
+        .into_iter()
+        .filter(|(p, _)| uid_of(*p) == Some(uid))
+        .map(|(p, comm)| format!("{}: process {p} {comm}", host.name()))
+        .collect();
+    let mut roots: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    roots.push("/run".into());
+    for root in roots {
+        let named = host.run("find", &[&root, "-name", &format!("*{name}*")]);
+        let grep = host.run("grep", &["-rl", name, &root]);
+        for out in [named.stdout, grep.stdout] {
+            found.extend(
+                String::from_utf8_lossy(&out)
+                    .lines()
+                    .map(|l| format!("{}: {l}", host.name())),
+            );
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controller() {
+    if let Some(why) = netns::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut names = vec!["cp", "client"];
+    names.extend(GPU_HOSTS);
+    let net = Network::new(&names);
+    let (cp, client) = (net.host("cp"), net.host("client"));
+    let backend = Backend::start_on(
+        cp,
+        client,
+        &["--node-agents", "external", "--health-interval", "0"],
+    );
+    let agents: Vec<NodeAgent> = GPU_HOSTS
+        .iter()
+        // Simulated hosts declare a GPU host's shape, not this machine's two cores.
+        .map(|h| {
+            NodeAgent::start_on(
+                net.host(h),
+                &backend,
+                h,
+                &["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"],
+            )
+        })
+        .collect();
+    let admin = backend.admin().await;
+    eventually("the GPU hosts' nodes ready", LIMIT, || {
+        let mut admin = admin.clone();
+        async move {
+            let nodes = admin.nodes().await;
+            (nodes.len() == GPU_HOSTS.len() && nodes.iter().all(|n| n.state == "ready"))
+                .then_some(())
+        }
+    })
+    .await;
+
+    // Terraform and the teams' keys live on the client host.
+    let (vision_key, vision_pub) = team_key(client, "vision");
+    let (speech_key, speech_pub) = team_key(client, "speech");
+    let tf = Terraform::on_host(client, &backend, backend.admin_token());
+    tf.write_file("vision.pub", &vision_pub);
+    tf.write_file("speech.pub", &speech_pub);
+    tf.write_main(&config());
+    tf.init();
+    tf.apply();
+    let vision = credentials(&tf, VISION);
+    let speech = credentials(&tf, SPEECH);
+    assert_eq!(
+        vision["host"].as_str(),
+        Some(cp.addr().to_string().as_str()),
+        "the login is on the control plane's host, by its address: {vision}"
+    );
+    let nodes: Vec<String> = tf.resource(VISION)["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["hostname"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(nodes.len(), 3);
+    let team = Session::new(
+        client,
+        &vision,
+        &vision_key,
+        vision["user"].as_str().unwrap(),
+    );
+
+    // Every node answers from its own host: the hostname is the host's (its own UTS
+    // namespace), so the step really ran there.
+    let answered = team.ok("srun -N3 hostname");
+    let mut expected = nodes.clone();
+    expected.sort();
+    assert_eq!(sorted_lines(&answered), expected, "{answered}");
+    let gres = team.ok("sinfo -h -N -o '%N %G'");
+    for node in &nodes {
+        assert!(
+            gres.lines()
+                .any(|l| l.trim() == format!("{node} gpu:1g.10gb:4")),
+            "{gres}"
+        );
+    }
+    // Four one-slice jobs on one node run at once: each waits until all four started.
+    let first = &nodes[0];
+    let script = format!(
+        "touch $HOME/mh-m-$SLURM_JOB_ID; \
+         until [ $(ls $HOME | grep -c '^mh-m-') -ge 4 ]; do sleep 0.1; done"
+    );
+    let jobs: Vec<String> = (0..4)
+        .map(|_| {
+            team.ok(&format!(
+                "sbatch --parsable -N1 --nodelist={first} --gres=gpu:1g.10gb:1 --output=/dev/null --wrap {}",
+                shell_word(&script)
+            ))
+            .trim()
+            .to_string()
+        })
+        .collect();
+    let seen = std::sync::Mutex::new(String::new());
+    let waited = tokio::time::timeout(
+        LIMIT,
+        eventually("the four jobs to end together", LIMIT * 2, || {
+            let all = team.poll("scontrol -o show job").unwrap_or_default();
+            let completed = all
+                .lines()
+                .filter(|l| {
+                    jobs.iter().any(|j| l.starts_with(&format!("JobId={j} ")))
+                        && l.contains("JobState=COMPLETED")
+                })
+                .count();
+            *seen.lock().unwrap() = all;
+            async move { (completed == 4).then_some(()) }
+        }),
+    )
+    .await;
+    assert!(
+        waited.is_ok(),
+        "the four jobs did not all complete; last seen:\n{}",
+        seen.lock().unwrap()
+    );
+
+    // The team's credentials reach its own controller alone.
+    let (ok, out) = Session::new(
+        client,
+        &speech,
+        &vision_key,
+        speech["user"].as_str().unwrap(),
+    )
+    .run("id");
+    assert!(!ok, "vision's key logged in to speech's login: {out}");
+    let speech_port = controller_port(&backend, speech["cluster"].as_str().unwrap());
+    let (ok, out) = team.run(&format!(
+        "sed -e 's/^ClusterName=.*/ClusterName={}/' -e 's/^SlurmctldPort=.*/SlurmctldPort={speech_port}/' \"$SLURM_CONF\" > $HOME/theirs.conf && SLURM_CONF=$HOME/theirs.conf sinfo",
+        speech["cluster"].as_str().unwrap()
+    ));
+    assert!(
+        !ok,
+        "speech's controller answered vision's credentials: {out}"
+    );
+    // From the client host itself (no munge key there) no controller answers at all.
+    let bare = client.run("sinfo", &[]);
+    assert!(!bare.status.success());
+
+    // Destroy with a job running: nothing of the cluster stays on any host.
+    let vision_name = vision["cluster"].as_str().unwrap().to_string();
+    let uid: u32 = team.ok("id -u").trim().parse().unwrap();
+    let long = team.ok(&format!(
+        "sbatch --parsable -N1 --nodelist={} --output=/dev/null --wrap 'sleep 600'",
+        nodes[1]
+    ));
+    eventually("the long job running", LIMIT, || {
+        let state = team.poll(&format!("squeue -h -j {} -o %T", long.trim()));
+        async move { state.is_some_and(|s| s.trim() == "RUNNING").then_some(()) }
+    })
+    .await;
+    // The probe sees the cluster while it is there: the job's processes and the node's
+    // runtime files on its host.
+    let busy = GPU_HOSTS.iter().position(|h| *h == nodes[1]).unwrap();
+    let before = leftovers(
+        net.host(&nodes[1]),
+        uid,
+        &vision_name,
+        &[agents[busy].data_dir()],
+    );
+    assert!(
+        before.iter().any(|l| l.contains("process")) && before.iter().any(|l| l.contains("/run/")),
+        "{before:#?}"
+    );
+    tf.destroy();
+    let mut held = Vec::new();
+    for (h, agent) in GPU_HOSTS.iter().zip(&agents) {
+        held.extend(leftovers(
+            net.host(h),
+            uid,
+            &vision_name,
+            &[agent.data_dir()],
+        ));
+    }
+    // The control plane's store keeps the cluster's history (its events); its Slurm
+    // directory (the controller's state and keys) must be gone.
+    held.extend(leftovers(
+        cp,
+        uid,
+        &vision_name,
+        &[backend.data_dir().join("slurm")],
+    ));
+    assert!(held.is_empty(), "left after destroy: {held:#?}");
+    let account = Command::new("getent")
+        .args(["passwd", &uid.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        !account.status.success(),
+        "the cluster's account is still there"
+    );
+    // Each GPU host runs its agent alone again.
+    for (h, agent) in GPU_HOSTS.iter().zip(&agents) {
+        let processes = net.host(h).processes();
+        assert_eq!(
+            processes.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+            vec![agent.pid().unwrap()],
+            "{h}: {processes:?}"
+        );
+    }
+}
+
+/// One word for the login's shell.
+fn shell_word(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+/// The port cluster `name`'s controller listens on, from its slurm.conf in the control
+/// plane's data dir (what an attacker would find by scanning the host's ports).
+fn controller_port(backend: &Backend, name: &str) -> u16 {
+    let dir = backend.data_dir().join("slurm").join(name);
+    let conf = walk(&dir)
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n == "slurm.conf"))
+        .find_map(|p| fs::read_to_string(p).ok())
+        .unwrap_or_else(|| panic!("no slurm.conf under {}", dir.display()));
+    conf.lines()
+        .find_map(|l| l.strip_prefix("SlurmctldPort="))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("SlurmctldPort")
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
