@@ -1,7 +1,8 @@
 //! A small network of hosts on this one machine, for the multi-host tier (issue 20).
 //!
 //! Each [`Host`] is its own network namespace with one address on a shared bridge, plus
-//! its own mount and UTS namespaces: its own hostname and its own `/run` (a tmpfs). A
+//! its own mount and UTS namespaces: its own hostname, its own `/run` (a tmpfs) and its own
+//! `/etc` (an overlay on the machine's: its own user database). A
 //! long-lived holder process (`sleep infinity`) keeps those namespaces; every process of
 //! the host runs through `nsenter` into the holder's namespaces ([`Host::command`]). The
 //! bridge lives in a "switch" namespace of its own, so the root namespace gets no link,
@@ -421,7 +422,7 @@ impl Network {
         must("ip", &["-n", &ns, "link", "set", "lo", "up"]);
         let dir = self.root.as_ref().expect("root").path().join(name);
         fs::create_dir_all(&dir).expect("create the host's dir");
-        let holder = start_holder(&ns, name);
+        let holder = start_holder(&ns, name, &dir);
         Host {
             name: name.to_string(),
             ns,
@@ -458,9 +459,20 @@ impl Network {
 }
 
 /// The process that holds a host's mount and UTS namespaces (inside its network
-/// namespace): sets the hostname, mounts a tmpfs on `/run`, says `ready`, then sleeps.
-fn start_holder(ns: &str, name: &str) -> Child {
-    let script = format!("hostname {name} && mount -t tmpfs -o mode=755 tmpfs /run && echo ready && exec sleep infinity");
+/// namespace): sets the hostname, mounts a tmpfs on `/run`, gives the host an `/etc` of
+/// its own (an overlay on this machine's, its changes in a tmpfs under the host's `dir`:
+/// each host has its own user database, as hosts apart do, so one host adding or removing
+/// a cluster's account changes no other), says `ready`, then sleeps.
+fn start_holder(ns: &str, name: &str, dir: &Path) -> Child {
+    let layer = dir.join("etc-layer");
+    let layer = layer.display();
+    let script = format!(
+        "hostname {name} && mount -t tmpfs -o mode=755 tmpfs /run \
+         && mkdir -p {layer} && mount -t tmpfs -o mode=700 tmpfs {layer} \
+         && mkdir {layer}/upper {layer}/work \
+         && mount -t overlay overlay -o lowerdir=/etc,upperdir={layer}/upper,workdir={layer}/work /etc \
+         && echo ready && exec sleep infinity"
+    );
     let mut child = Command::new("ip")
         .args(["netns", "exec", ns, "unshare", "--mount", "--uts"])
         .args(["--propagation", "private", "sh", "-c", &script])

@@ -297,15 +297,13 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
     }
     // Four one-slice jobs on one node run at once: each waits until all four started.
     let first = &nodes[0];
-    let script = format!(
-        "touch $HOME/mh-m-$SLURM_JOB_ID; \
-         until [ $(ls $HOME | grep -c '^mh-m-') -ge 4 ]; do sleep 0.1; done"
-    );
+    let script = "touch $HOME/mh-m-$SLURM_JOB_ID; \
+         until [ $(ls $HOME | grep -c '^mh-m-') -ge 4 ]; do sleep 0.1; done";
     let jobs: Vec<String> = (0..4)
         .map(|_| {
             team.ok(&format!(
                 "sbatch --parsable -N1 --nodelist={first} --gres=gpu:1g.10gb:1 --output=/dev/null --wrap {}",
-                shell_word(&script)
+                shell_word(script)
             ))
             .trim()
             .to_string()
@@ -334,14 +332,12 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
         seen.lock().unwrap()
     );
 
-    // The team's credentials reach its own controller alone.
-    let (ok, out) = Session::new(
-        client,
-        &speech,
-        &vision_key,
-        speech["user"].as_str().unwrap(),
-    )
-    .run("id");
+    // The team's credentials reach its own controller alone. Speech's own key logs in to
+    // speech's login; vision's is refused there.
+    let speech_user = speech["user"].as_str().unwrap();
+    let theirs = Session::new(client, &speech, &speech_key, speech_user);
+    assert_ne!(theirs.ok("id -u").trim(), "0");
+    let (ok, out) = Session::new(client, &speech, &vision_key, speech_user).run("id");
     assert!(!ok, "vision's key logged in to speech's login: {out}");
     let speech_port = controller_port(&backend, speech["cluster"].as_str().unwrap());
     let (ok, out) = team.run(&format!(
@@ -359,6 +355,10 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
     // Destroy with a job running: nothing of the cluster stays on any host.
     let vision_name = vision["cluster"].as_str().unwrap().to_string();
     let uid: u32 = team.ok("id -u").trim().parse().unwrap();
+    for h in [&nodes[0], &"cp".to_string()] {
+        let account = net.host(h).run("getent", &["passwd", &uid.to_string()]);
+        assert!(account.status.success(), "{h} has no account {uid}");
+    }
     let long = team.ok(&format!(
         "sbatch --parsable -N1 --nodelist={} --output=/dev/null --wrap 'sleep 600'",
         nodes[1]
@@ -400,14 +400,16 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
         &[backend.data_dir().join("slurm")],
     ));
     assert!(held.is_empty(), "left after destroy: {held:#?}");
-    let account = Command::new("getent")
-        .args(["passwd", &uid.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        !account.status.success(),
-        "the cluster's account is still there"
-    );
+    // Each host has its own user database: the account is gone from every one (and
+    // was there on the hosts that ran the cluster).
+    for h in names.iter() {
+        let account = net.host(h).run("getent", &["passwd", &uid.to_string()]);
+        assert!(
+            !account.status.success(),
+            "{h} keeps the cluster's account: {}",
+            String::from_utf8_lossy(&account.stdout)
+        );
+    }
     // Each GPU host runs its agent alone again.
     for (h, agent) in GPU_HOSTS.iter().zip(&agents) {
         let processes = net.host(h).processes();
@@ -450,4 +452,128 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// A Slurm node's host cut off: the node is replaced on another host and the cluster runs
+/// again; healed, the old host's agent learns from the control plane that its node left
+/// the cluster and ends everything of it there (slurmd, munged, the cluster's key, config
+/// and home), and the team's next `srun` runs on the nodes the cluster has now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_slurm_node_is_replaced_and_once_healed_keeps_nothing_of_the_cluster() {
+    if let Some(why) = netns::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let gpu_hosts = ["g1", "g2", "g3"];
+    let mut names = vec!["cp", "client"];
+    names.extend(gpu_hosts);
+    let net = Network::new(&names);
+    let (cp, client) = (net.host("cp"), net.host("client"));
+    let backend = Backend::start_on(
+        cp,
+        client,
+        &[
+            "--node-agents",
+            "external",
+            "--health-interval",
+            "0",
+            "--node-timeout",
+            "2s",
+            "--replace-after",
+            "1s",
+        ],
+    );
+    let agents: Vec<NodeAgent> = gpu_hosts
+        .iter()
+        .map(|h| {
+            NodeAgent::start_on(
+                net.host(h),
+                &backend,
+                h,
+                &[
+                    "--gpus",
+                    "1",
+                    "--cpus",
+                    "16",
+                    "--memory-mib",
+                    "65536",
+                    "--keepalive",
+                    "1s",
+                ],
+            )
+        })
+        .collect();
+    let admin = backend.admin().await;
+    eventually("the GPU hosts' nodes ready", LIMIT, || {
+        let mut admin = admin.clone();
+        async move {
+            let nodes = admin.nodes().await;
+            (nodes.len() == gpu_hosts.len() && nodes.iter().all(|n| n.state == "ready"))
+                .then_some(())
+        }
+    })
+    .await;
+    let (key, public) = team_key(client, "vision");
+    let tf = Terraform::on_host(client, &backend, backend.admin_token());
+    tf.write_file("vision.pub", &public);
+    let two_nodes = config()
+        .split("resource \"gpufleet_tenant\" \"speech\"")
+        .next()
+        .unwrap()
+        .replace("gpus     = 3", "gpus     = 2")
+        .replace("node_count      = 3", "node_count      = 2");
+    tf.write_main(&two_nodes);
+    tf.init();
+    tf.apply();
+    let creds = credentials(&tf, VISION);
+    let name = creds["cluster"].as_str().unwrap().to_string();
+    let team = Session::new(client, &creds, &key, creds["user"].as_str().unwrap());
+    let uid: u32 = team.ok("id -u").trim().parse().unwrap();
+    let held: Vec<String> = sorted_lines(&team.ok("srun -N2 hostname"));
+    let cut = held[0].clone();
+    let at = gpu_hosts.iter().position(|h| *h == cut).unwrap();
+    let cut_host = net.host(&cut);
+    assert!(
+        !leftovers(cut_host, uid, &name, &[agents[at].data_dir()]).is_empty(),
+        "the node's host runs the cluster's daemons before the cut"
+    );
+
+    cut_host.cut();
+    let spare = gpu_hosts
+        .iter()
+        .find(|h| !held.contains(&h.to_string()))
+        .unwrap()
+        .to_string();
+    let mut now = held.clone();
+    now.retain(|h| *h != cut);
+    now.push(spare);
+    now.sort();
+    // The team sees the replacement in Slurm: a step on two nodes runs on the spare.
+    eventually("srun on the replacement", LIMIT, || {
+        let ran = team.poll("srun -N2 hostname").map(|o| sorted_lines(&o));
+        let want = now.clone();
+        async move { (ran == Some(want)).then_some(()) }
+    })
+    .await;
+
+    cut_host.heal();
+    // Back, told it left the cluster: nothing of the cluster on its host but the agent.
+    eventually(
+        "the healed host to keep nothing of the cluster",
+        LIMIT,
+        || {
+            let left = leftovers(cut_host, uid, &name, &[agents[at].data_dir()]);
+            async move { left.is_empty().then_some(()) }
+        },
+    )
+    .await;
+    let processes = cut_host.processes();
+    assert_eq!(
+        processes.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+        vec![agents[at].pid().unwrap()],
+        "{processes:?}"
+    );
+    assert_eq!(sorted_lines(&team.ok("srun -N2 hostname")), now);
+    tf.assert_no_changes();
+    tf.destroy();
 }
