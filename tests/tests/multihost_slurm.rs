@@ -213,43 +213,50 @@ fn leftovers(host: &Host, uid: u32, name: &str, dirs: &[std::path::PathBuf]) -> 
     found
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controller() {
-    if let Some(why) = netns::unavailable() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+/// A control-plane host `cp` (`serve --node-agents external` and `serve_args`), a
+/// `client` host and a GPU host per name in `gpu_hosts` running a node agent of one
+/// simulated H100 (with `agent_args`); returns once every node is ready.
+async fn fleet(
+    gpu_hosts: &[&str],
+    serve_args: &[&str],
+    agent_args: &[&str],
+) -> (Network, Backend, Vec<NodeAgent>) {
     let mut names = vec!["cp", "client"];
-    names.extend(GPU_HOSTS);
+    names.extend(gpu_hosts);
     let net = Network::new(&names);
-    let (cp, client) = (net.host("cp"), net.host("client"));
-    let backend = Backend::start_on(
-        cp,
-        client,
-        &["--node-agents", "external", "--health-interval", "0"],
-    );
-    let agents: Vec<NodeAgent> = GPU_HOSTS
+    let mut args = vec!["--node-agents", "external", "--health-interval", "0"];
+    args.extend(serve_args);
+    let backend = Backend::start_on(net.host("cp"), net.host("client"), &args);
+    // Simulated hosts declare a GPU host's shape, not this machine's two cores.
+    let mut agent = vec!["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
+    agent.extend(agent_args);
+    let agents: Vec<NodeAgent> = gpu_hosts
         .iter()
-        // Simulated hosts declare a GPU host's shape, not this machine's two cores.
-        .map(|h| {
-            NodeAgent::start_on(
-                net.host(h),
-                &backend,
-                h,
-                &["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"],
-            )
-        })
+        .map(|h| NodeAgent::start_on(net.host(h), &backend, h, &agent))
         .collect();
     let admin = backend.admin().await;
     eventually("the GPU hosts' nodes ready", LIMIT, || {
         let mut admin = admin.clone();
         async move {
             let nodes = admin.nodes().await;
-            (nodes.len() == GPU_HOSTS.len() && nodes.iter().all(|n| n.state == "ready"))
+            (nodes.len() == gpu_hosts.len() && nodes.iter().all(|n| n.state == "ready"))
                 .then_some(())
         }
     })
     .await;
+    (net, backend, agents)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controller() {
+    if let Some(why) = netns::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let (net, backend, agents) = fleet(&GPU_HOSTS, &[], &[]).await;
+    let (cp, client) = (net.host("cp"), net.host("client"));
+    let mut names = vec!["cp", "client"];
+    names.extend(GPU_HOSTS);
 
     // Terraform and the teams' keys live on the client host.
     let (vision_key, vision_pub) = team_key(client, "vision");
@@ -465,54 +472,13 @@ async fn a_partitioned_slurm_node_is_replaced_and_once_healed_keeps_nothing_of_t
         return;
     }
     let gpu_hosts = ["g1", "g2", "g3"];
-    let mut names = vec!["cp", "client"];
-    names.extend(gpu_hosts);
-    let net = Network::new(&names);
-    let (cp, client) = (net.host("cp"), net.host("client"));
-    let backend = Backend::start_on(
-        cp,
-        client,
-        &[
-            "--node-agents",
-            "external",
-            "--health-interval",
-            "0",
-            "--node-timeout",
-            "2s",
-            "--replace-after",
-            "1s",
-        ],
-    );
-    let agents: Vec<NodeAgent> = gpu_hosts
-        .iter()
-        .map(|h| {
-            NodeAgent::start_on(
-                net.host(h),
-                &backend,
-                h,
-                &[
-                    "--gpus",
-                    "1",
-                    "--cpus",
-                    "16",
-                    "--memory-mib",
-                    "65536",
-                    "--keepalive",
-                    "1s",
-                ],
-            )
-        })
-        .collect();
-    let admin = backend.admin().await;
-    eventually("the GPU hosts' nodes ready", LIMIT, || {
-        let mut admin = admin.clone();
-        async move {
-            let nodes = admin.nodes().await;
-            (nodes.len() == gpu_hosts.len() && nodes.iter().all(|n| n.state == "ready"))
-                .then_some(())
-        }
-    })
+    let (net, backend, agents) = fleet(
+        &gpu_hosts,
+        &["--node-timeout", "2s", "--replace-after", "1s"],
+        &["--keepalive", "1s"],
+    )
     .await;
+    let client = net.host("client");
     let (key, public) = team_key(client, "vision");
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
     tf.write_file("vision.pub", &public);
