@@ -221,8 +221,6 @@ impl Clusters {
         ))
     }
 
-    /// New nodes to the cluster's driver (a node that fails is quarantined, and the
-    /// request fails), then the MIG changes.
     /// Drains a Slurm cluster's `nodes` for a layout change and waits for their jobs, at
     /// most `limit`: a job still running then fails the update (nothing changed) rather
     /// than being killed by the new layout.
@@ -256,6 +254,8 @@ impl Clusters {
             })
     }
 
+    /// New nodes to the cluster's driver (a node that fails is quarantined, and the
+    /// request fails), then the MIG changes.
     async fn bring_up(
         &self,
         cluster: &ClusterRow,
