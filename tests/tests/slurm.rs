@@ -1053,37 +1053,77 @@ async fn batch_jobs_run_under_a_long_data_dir() {
 /// A MIG layout change on a Slurm cluster drains the node first: a running job finishes
 /// (COMPLETED, not NODE_FAIL) before the layout changes, the apply succeeds, and the node
 /// is back in service with the new slices.
+/// A one-node Slurm cluster (node `node`, one GPU split `3g.40gb` x 2) with a batch job
+/// on one slice that runs until the test creates `$HOME/<tag>-go`, then touches
+/// `$HOME/<tag>-done`. Fields drop in order: the session first, the backend last.
+struct HeldJob {
+    client: Client,
+    tf: Terraform,
+    _key: TeamKey,
+    agent: NodeAgent,
+    _backend: Backend,
+    home: PathBuf,
+    tag: String,
+    job: String,
+}
+
+impl HeldJob {
+    async fn start(node: &str, tag: &str) -> HeldJob {
+        let backend = Backend::start_external("30s", "5m");
+        let agent = NodeAgent::start(&backend, node, &["--gpus", "1"]);
+        nodes_ready(&backend, 1).await;
+        let key = TeamKey::new("alice@vision");
+        let tf = Terraform::new(&backend, backend.admin_token());
+        tf.write_file("vision.pub", &key.public);
+        tf.write_main(&single(1, r#"{ "3g.40gb" = 2 }"#));
+        tf.init();
+        tf.apply();
+        let creds = credentials(&tf, TRAIN);
+        let client = Client::connect(&creds, &key);
+        let home = PathBuf::from(creds["home"].as_str().unwrap());
+        let tag = format!("{tag}-{}", unique_name());
+        let job = client
+            .ok(
+                "sbatch",
+                &[
+                    "--parsable",
+                    "-N1",
+                    "--gres=gpu:3g.40gb:1",
+                    "--output=/dev/null",
+                    "--wrap",
+                    &format!(
+                        "until [ -e $HOME/{tag}-go ]; do sleep 0.1; done; touch $HOME/{tag}-done"
+                    ),
+                ],
+            )
+            .trim()
+            .to_string();
+        client.wait_running(std::slice::from_ref(&job)).await;
+        HeldJob {
+            client,
+            tf,
+            _key: key,
+            agent,
+            _backend: backend,
+            home,
+            tag,
+            job,
+        }
+    }
+
+    /// Logs out and destroys the cluster.
+    fn end(self) {
+        let HeldJob { client, tf, .. } = self;
+        drop(client);
+        tf.destroy();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layout_change_lets_running_slurm_jobs_finish_first() {
-    let backend = Backend::start_external("30s", "5m");
-    let agent = NodeAgent::start(&backend, "lay1", &["--gpus", "1"]);
-    nodes_ready(&backend, 1).await;
-    let key = TeamKey::new("alice@vision");
-    let tf = Terraform::new(&backend, backend.admin_token());
-    tf.write_file("vision.pub", &key.public);
-    tf.write_main(&single(1, r#"{ "3g.40gb" = 2 }"#));
-    tf.init();
-    tf.apply();
-    let creds = credentials(&tf, TRAIN);
-    let client = Client::connect(&creds, &key);
-    let home = PathBuf::from(creds["home"].as_str().unwrap());
-    let tag = format!("layout-{}", unique_name());
-    // It runs until the test lets it go, which it does only once the node is draining.
-    let job = client
-        .ok(
-            "sbatch",
-            &[
-                "--parsable",
-                "-N1",
-                "--gres=gpu:3g.40gb:1",
-                "--output=/dev/null",
-                "--wrap",
-                &format!("until [ -e $HOME/{tag}-go ]; do sleep 0.1; done; touch $HOME/{tag}-done"),
-            ],
-        )
-        .trim()
-        .to_string();
-    client.wait_running(std::slice::from_ref(&job)).await;
+    let held = HeldJob::start("lay1", "layout").await;
+    let (tf, client, home, tag, job) = (&held.tf, &held.client, &held.home, &held.tag, &held.job);
+    let agent = &held.agent;
 
     tf.write_main(&single(1, r#"{ "1g.10gb" = 7 }"#));
     std::thread::scope(|s| {
@@ -1094,7 +1134,7 @@ async fn a_layout_change_lets_running_slurm_jobs_finish_first() {
                 .any(|l| l.trim() == "lay1 draining gpu:3g.40gb:2")
                 .then_some(())
         });
-        let (_, queue) = client.run("squeue", &["-h", "-j", &job, "-o", "%T"]);
+        let (_, queue) = client.run("squeue", &["-h", "-j", job, "-o", "%T"]);
         assert_eq!(
             queue.trim(),
             "RUNNING",
@@ -1110,7 +1150,7 @@ async fn a_layout_change_lets_running_slurm_jobs_finish_first() {
         partitioned >= ended,
         "the GPU was re-partitioned at {partitioned}, before its job ended at {ended}"
     );
-    let shown = client.ok("scontrol", &["show", "job", &job]);
+    let shown = client.ok("scontrol", &["show", "job", job]);
     assert!(shown.contains("JobState=COMPLETED"), "{shown}");
     eventually(
         "the node back in service with its new slices",
@@ -1122,8 +1162,7 @@ async fn a_layout_change_lets_running_slurm_jobs_finish_first() {
         },
     )
     .await;
-    drop(client);
-    tf.destroy();
+    held.end();
 }
 
 /// Processes whose real uid is `uid`, as "pid command line".
@@ -1237,34 +1276,8 @@ async fn a_shut_down_control_plane_leaves_no_process_of_its_slurm_clusters() {
 /// back in service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layout_change_that_outlasts_its_timeout_fails_and_changes_nothing() {
-    let backend = Backend::start_external("30s", "5m");
-    let _agent = NodeAgent::start(&backend, "lay2", &["--gpus", "1"]);
-    nodes_ready(&backend, 1).await;
-    let key = TeamKey::new("alice@vision");
-    let tf = Terraform::new(&backend, backend.admin_token());
-    tf.write_file("vision.pub", &key.public);
-    tf.write_main(&single(1, r#"{ "3g.40gb" = 2 }"#));
-    tf.init();
-    tf.apply();
-    let creds = credentials(&tf, TRAIN);
-    let client = Client::connect(&creds, &key);
-    let home = PathBuf::from(creds["home"].as_str().unwrap());
-    let tag = format!("outlast-{}", unique_name());
-    let job = client
-        .ok(
-            "sbatch",
-            &[
-                "--parsable",
-                "-N1",
-                "--gres=gpu:3g.40gb:1",
-                "--output=/dev/null",
-                "--wrap",
-                &format!("until [ -e $HOME/{tag}-go ]; do sleep 0.1; done; touch $HOME/{tag}-done"),
-            ],
-        )
-        .trim()
-        .to_string();
-    client.wait_running(std::slice::from_ref(&job)).await;
+    let held = HeldJob::start("lay2", "outlast").await;
+    let (tf, client, home, tag, job) = (&held.tf, &held.client, &held.home, &held.tag, &held.job);
 
     let short = single(1, r#"{ "1g.10gb" = 7 }"#).replace(
         "  depends_on",
@@ -1284,7 +1297,7 @@ async fn a_layout_change_that_outlasts_its_timeout_fails_and_changes_nothing() {
     ] {
         assert!(said.contains(want), "no {want:?} in {failed}");
     }
-    let (_, queue) = client.run("squeue", &["-h", "-j", &job, "-o", "%T"]);
+    let (_, queue) = client.run("squeue", &["-h", "-j", job, "-o", "%T"]);
     assert_eq!(queue.trim(), "RUNNING", "the job runs on");
     eventually(
         "the node back in service with its old slices",
@@ -1302,8 +1315,7 @@ async fn a_layout_change_that_outlasts_its_timeout_fails_and_changes_nothing() {
         async move { done.then_some(()) }
     })
     .await;
-    drop(client);
-    tf.destroy();
+    held.end();
 }
 
 /// A node whose name would make its job steps' socket paths too long (they are
