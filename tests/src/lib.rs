@@ -23,6 +23,7 @@
 
 pub mod backend;
 pub mod binaries;
+pub mod commands;
 pub mod fixtures;
 pub mod grpc;
 pub mod hcl;

@@ -15,8 +15,8 @@
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use gpufleet_e2e::netns::{self, Host, Network};
 use gpufleet_e2e::{eventually, Backend, NodeAgent, Terraform};
@@ -117,10 +117,8 @@ impl<'a> Session<'a> {
 
     /// Runs `script` in the login's shell (killed after LIMIT): (success, stdout + stderr).
     fn run(&self, script: &str) -> (bool, String) {
-        let mut child = self
-            .from
-            .command("ssh")
-            .args(["-i", &self.key.display().to_string()])
+        let mut ssh = self.from.command("ssh");
+        ssh.args(["-i", &self.key.display().to_string()])
             .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
             .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
             .arg("-o")
@@ -128,26 +126,8 @@ impl<'a> Session<'a> {
             .args(["-p", &self.port.to_string()])
             .arg(format!("{}@{}", self.user, self.host))
             .arg("--")
-            .arg(script)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("ssh on the client host");
-        let deadline = Instant::now() + LIMIT;
-        while child.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "{script}: hung");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let out = child.wait_with_output().unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
+            .arg(script);
+        gpufleet_e2e::commands::output_within(&mut ssh, script, LIMIT)
     }
 
     fn ok(&self, script: &str) -> String {

@@ -9,7 +9,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpufleet_e2e::node_agent::wait_for;
 use gpufleet_e2e::{eventually, Backend, NodeAgent, Terraform};
@@ -232,26 +232,7 @@ fn modified_at(file: &Path) -> f64 {
 
 /// Runs `command` (killed after LIMIT); (success, stdout + stderr).
 fn run_for(command: &mut Command, program: &str, args: &[&str]) -> (bool, String) {
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("run {program}: {e}"));
-    let deadline = Instant::now() + LIMIT;
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "{program} {args:?} hung");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    gpufleet_e2e::commands::output_within(command, &format!("{program} {args:?}"), LIMIT)
 }
 
 /// `bytes` in base64 on one line, as `base64 -w0` writes them.
