@@ -8,6 +8,8 @@
 //!   four one-slice batch jobs on one node run at once (each waits for the other three).
 //! - The team's credentials reach its own controller alone: its key is refused by the
 //!   other team's login, and its munge credentials by the other team's controller.
+//! - A layout change with a job running drains its node, lets the job finish, then
+//!   re-partitions every node.
 //! - Destroy with a job running: no process and no file of the cluster stays on any host
 //!   (each host's own process table, data dirs and `/run`), and the account is gone.
 //!
@@ -339,6 +341,56 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
     let bare = client.run("sinfo", &[]);
     assert!(!bare.status.success());
 
+    // A layout change with a job running: its node is drained, the job finishes on its
+    // slice, then the GPUs are re-partitioned. The job waits for a file the test makes on
+    // its node's host (each host has its own home) once the node drains.
+    let held_on = nodes[2].clone();
+    let held = team
+        .ok(&format!(
+            "sbatch --parsable -N1 --nodelist={held_on} --gres=gpu:1g.10gb:1 --output=/dev/null --wrap {}",
+            shell_word("until [ -e $HOME/mh-go ]; do sleep 0.1; done")
+        ))
+        .trim()
+        .to_string();
+    eventually("the held job running", LIMIT, || {
+        let state = team.poll(&format!("squeue -h -j {held} -o %T"));
+        async move { state.is_some_and(|s| s.trim() == "RUNNING").then_some(()) }
+    })
+    .await;
+    let home = vision["home"].as_str().unwrap().to_string();
+    tf.write_main(&config().replace(r#"{ "1g.10gb" = 4 }"#, r#"{ "3g.40gb" = 2 }"#));
+    std::thread::scope(|s| {
+        let apply = s.spawn(|| tf.apply());
+        gpufleet_e2e::node_agent::wait_for("the held job's node draining", LIMIT, || {
+            let out = team.poll("sinfo -h -N -o '%N %T'")?;
+            out.lines()
+                .any(|l| l.trim() == format!("{held_on} draining"))
+                .then_some(())
+        });
+        let state = team.ok(&format!("squeue -h -j {held} -o %T"));
+        assert_eq!(
+            state.trim(),
+            "RUNNING",
+            "the job runs on while its node drains"
+        );
+        let go = net.host(&held_on).run("touch", &[&format!("{home}/mh-go")]);
+        assert!(go.status.success(), "{go:?}");
+        apply
+            .join()
+            .expect("the layout change applies once the job is done");
+    });
+    let shown = team.ok(&format!("scontrol show job {held}"));
+    assert!(shown.contains("JobState=COMPLETED"), "{shown}");
+    eventually("every node with its new slices", LIMIT, || {
+        let gres = team.poll("sinfo -h -N -o '%N %T %G'").unwrap_or_default();
+        let all = nodes.iter().all(|n| {
+            gres.lines()
+                .any(|l| l.trim() == format!("{n} idle gpu:3g.40gb:2"))
+        });
+        async move { all.then_some(()) }
+    })
+    .await;
+
     // Destroy with a job running: nothing of the cluster stays on any host.
     let vision_name = vision["cluster"].as_str().unwrap().to_string();
     let uid: u32 = team.ok("id -u").trim().parse().unwrap();
@@ -503,22 +555,28 @@ async fn a_partitioned_slurm_node_is_replaced_and_once_healed_keeps_nothing_of_t
     .await;
 
     cut_host.heal();
-    // Back, told it left the cluster: nothing of the cluster on its host but the agent.
+    // Back, told it left the cluster: nothing of the cluster on its host, its account
+    // gone, and no process but the agent (the cleanup's own `userdel` included).
+    let agent_pid = agents[at].pid().unwrap();
     eventually(
         "the healed host to keep nothing of the cluster",
         LIMIT,
         || {
             let left = leftovers(cut_host, uid, &name, &[agents[at].data_dir()]);
-            async move { left.is_empty().then_some(()) }
+            let only_agent = cut_host
+                .processes()
+                .iter()
+                .map(|(p, _)| *p)
+                .collect::<Vec<_>>()
+                == vec![agent_pid];
+            let no_account = !cut_host
+                .run("getent", &["passwd", &uid.to_string()])
+                .status
+                .success();
+            async move { (left.is_empty() && only_agent && no_account).then_some(()) }
         },
     )
     .await;
-    let processes = cut_host.processes();
-    assert_eq!(
-        processes.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
-        vec![agents[at].pid().unwrap()],
-        "{processes:?}"
-    );
     assert_eq!(sorted_lines(&team.ok("srun -N2 hostname")), now);
     tf.assert_no_changes();
     tf.destroy();
