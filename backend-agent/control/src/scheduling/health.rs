@@ -1534,6 +1534,22 @@ mod tests {
         }
     }
 
+    /// Node `from`'s answer: its one ring pair, to `to`.
+    fn answered_pair(
+        from: &str,
+        to: &str,
+        verdict: &str,
+        gbps: f64,
+    ) -> (NodeRow, std::result::Result<Verdict, String>) {
+        (
+            named(from),
+            Ok(Verdict::from_checks(
+                named(from),
+                vec![pair(from, to, verdict, gbps)],
+            )),
+        )
+    }
+
     fn pair(from: &str, to: &str, verdict: &str, gbps: f64) -> Check {
         Check {
             name: "bandwidth".into(),
@@ -1597,20 +1613,8 @@ mod tests {
         // A 2-node ring: both pairs slow, both ends blamed; the node in service (a) was
         // fine before, so only the joining node (b) fails.
         let answers = vec![
-            (
-                named("a"),
-                Ok(Verdict::from_checks(
-                    named("a"),
-                    vec![pair("a", "b", "fail", 0.05)],
-                )),
-            ),
-            (
-                named("b"),
-                Ok(Verdict::from_checks(
-                    named("b"),
-                    vec![pair("b", "a", "fail", 0.05)],
-                )),
-            ),
+            answered_pair("a", "b", "fail", 0.05),
+            answered_pair("b", "a", "fail", 0.05),
         ];
         let judged = blame_joining(attribute_bandwidth(answers.clone()), &[named("b")]);
         assert!(!judged[0].failed, "{:?}", judged[0].checks);
@@ -1638,27 +1642,9 @@ mod tests {
     fn a_slow_node_is_blamed_for_both_of_its_pairs_and_its_neighbour_is_not() {
         // Ring a -> b -> c -> a; b is slow, so a->b and b->c fail.
         let answers = vec![
-            (
-                named("a"),
-                Ok(Verdict::from_checks(
-                    named("a"),
-                    vec![pair("a", "b", "fail", 0.05)],
-                )),
-            ),
-            (
-                named("b"),
-                Ok(Verdict::from_checks(
-                    named("b"),
-                    vec![pair("b", "c", "fail", 0.05)],
-                )),
-            ),
-            (
-                named("c"),
-                Ok(Verdict::from_checks(
-                    named("c"),
-                    vec![pair("c", "a", "pass", 9.0)],
-                )),
-            ),
+            answered_pair("a", "b", "fail", 0.05),
+            answered_pair("b", "c", "fail", 0.05),
+            answered_pair("c", "a", "pass", 9.0),
         ];
         let v = attribute_bandwidth(answers);
         let failed: Vec<&str> = v
@@ -1673,13 +1659,7 @@ mod tests {
             .contains("bandwidth to c: 0.05 Gbit/s (threshold 1 Gbit/s)"));
         // One slow pair alone stays its sender's; no answer is a failure.
         let v = attribute_bandwidth(vec![
-            (
-                named("a"),
-                Ok(Verdict::from_checks(
-                    named("a"),
-                    vec![pair("a", "b", "fail", 0.05)],
-                )),
-            ),
+            answered_pair("a", "b", "fail", 0.05),
             (named("b"), Err("unreachable".into())),
         ]);
         assert!(v[0].failed && v[1].failed);
