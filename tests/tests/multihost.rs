@@ -18,8 +18,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use gpufleet_e2e::fixtures::{create_pool_cluster, create_quota, create_tenant};
+use gpufleet_e2e::multihost::Fleet;
 use gpufleet_e2e::netns::{self, Network};
-use gpufleet_e2e::{eventually, grpc, hcl, Backend, Clients, NodeAgent, Terraform};
+use gpufleet_e2e::{eventually, grpc, hcl, Backend, Clients, Terraform};
 use gpufleet_proto::v1::health_service_client::HealthServiceClient;
 use gpufleet_proto::v1::{
     GetTenantClusterRequest, Node, RunHealthCheckRequest, TenantCluster, UpdateTenantClusterRequest,
@@ -223,29 +224,18 @@ async fn a_ring_bandwidth_test_across_hosts_blames_the_host_whose_link_is_shaped
     // No spare host: the report keeps the ring's own results (a replacement's checks
     // would take the place of its neighbours').
     let gpu_hosts = ["g1", "g2", "g3"];
-    let mut names = vec!["cp", "client"];
-    names.extend(gpu_hosts);
-    let net = Network::new(&names);
-    let backend = Backend::start_on(
-        net.host("cp"),
-        net.host("client"),
-        &[
-            "--node-agents",
-            "external",
-            "--node-timeout",
-            "10s",
-            "--replace-after",
-            "1h",
-            "--health-interval",
-            "0",
-        ],
-    );
-    let _agents: Vec<NodeAgent> = gpu_hosts
-        .iter()
-        .map(|h| NodeAgent::start_on(net.host(h), &backend, h, &["--gpus", "1"]))
-        .collect();
+    let Fleet {
+        net,
+        backend,
+        agents: _agents,
+    } = Fleet::start(
+        &gpu_hosts,
+        &["--node-timeout", "10s", "--replace-after", "1h"],
+        &["--gpus", "1"],
+        LIMIT,
+    )
+    .await;
     let mut admin = backend.admin().await;
-    ready_nodes(&admin, &gpu_hosts).await;
     let (tenant, _) = create_tenant(&mut admin, "ring").await;
     create_quota(&mut admin, &tenant.id, "H100-80GB", 3, 0).await;
     let created = create_pool_cluster(&mut admin, &tenant.id, "ring", "H100-80GB", 3).await;
@@ -347,37 +337,19 @@ async fn a_partitioned_host_is_replaced_and_once_healed_holds_nothing_of_the_clu
         return;
     }
     let gpu_hosts = ["g1", "g2", "g3"];
-    let mut names = vec!["cp", "client"];
-    names.extend(gpu_hosts);
-    let net = Network::new(&names);
-    let backend = Backend::start_on(
-        net.host("cp"),
-        net.host("client"),
-        &[
-            "--node-agents",
-            "external",
-            "--node-timeout",
-            "2s",
-            "--replace-after",
-            "1s",
-            "--health-interval",
-            "0",
-        ],
-    );
     // Keepalive PINGs every second: a cut agent notices within about two.
-    let agents: Vec<NodeAgent> = gpu_hosts
-        .iter()
-        .map(|h| {
-            NodeAgent::start_on(
-                net.host(h),
-                &backend,
-                h,
-                &["--gpus", "2", "--keepalive", "1s"],
-            )
-        })
-        .collect();
+    let Fleet {
+        net,
+        backend,
+        agents,
+    } = Fleet::start(
+        &gpu_hosts,
+        &["--node-timeout", "2s", "--replace-after", "1s"],
+        &["--gpus", "2", "--keepalive", "1s"],
+        LIMIT,
+    )
+    .await;
     let mut admin = backend.admin().await;
-    ready_nodes(&admin, &gpu_hosts).await;
 
     // Terraform and the provider run on the client host.
     let tf = Terraform::on_host(net.host("client"), &backend, backend.admin_token());

@@ -20,8 +20,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use gpufleet_e2e::netns::{self, Host, Network};
-use gpufleet_e2e::{eventually, Backend, NodeAgent, Terraform};
+use gpufleet_e2e::multihost::Fleet;
+use gpufleet_e2e::netns::{self, Host};
+use gpufleet_e2e::{eventually, Backend, Terraform};
 use serde_json::Value;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
@@ -195,39 +196,8 @@ fn leftovers(host: &Host, uid: u32, name: &str, dirs: &[std::path::PathBuf]) -> 
     found
 }
 
-/// A control-plane host `cp` (`serve --node-agents external` and `serve_args`), a
-/// `client` host and a GPU host per name in `gpu_hosts` running a node agent of one
-/// simulated H100 (with `agent_args`); returns once every node is ready.
-async fn fleet(
-    gpu_hosts: &[&str],
-    serve_args: &[&str],
-    agent_args: &[&str],
-) -> (Network, Backend, Vec<NodeAgent>) {
-    let mut names = vec!["cp", "client"];
-    names.extend(gpu_hosts);
-    let net = Network::new(&names);
-    let mut args = vec!["--node-agents", "external", "--health-interval", "0"];
-    args.extend(serve_args);
-    let backend = Backend::start_on(net.host("cp"), net.host("client"), &args);
-    // Simulated hosts declare a GPU host's shape, not this machine's two cores.
-    let mut agent = vec!["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
-    agent.extend(agent_args);
-    let agents: Vec<NodeAgent> = gpu_hosts
-        .iter()
-        .map(|h| NodeAgent::start_on(net.host(h), &backend, h, &agent))
-        .collect();
-    let admin = backend.admin().await;
-    eventually("the GPU hosts' nodes ready", LIMIT, || {
-        let mut admin = admin.clone();
-        async move {
-            let nodes = admin.nodes().await;
-            (nodes.len() == gpu_hosts.len() && nodes.iter().all(|n| n.state == "ready"))
-                .then_some(())
-        }
-    })
-    .await;
-    (net, backend, agents)
-}
+/// Simulated hosts declare a GPU host's shape, not this machine's two cores.
+const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controller() {
@@ -235,7 +205,11 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
         eprintln!("skipped: {why}");
         return;
     }
-    let (net, backend, agents) = fleet(&GPU_HOSTS, &[], &[]).await;
+    let Fleet {
+        net,
+        backend,
+        agents,
+    } = Fleet::start(&GPU_HOSTS, &[], &ONE_GPU_HOST, LIMIT).await;
     let (cp, client) = (net.host("cp"), net.host("client"));
     let mut names = vec!["cp", "client"];
     names.extend(GPU_HOSTS);
@@ -504,10 +478,15 @@ async fn a_partitioned_slurm_node_is_replaced_and_once_healed_keeps_nothing_of_t
         return;
     }
     let gpu_hosts = ["g1", "g2", "g3"];
-    let (net, backend, agents) = fleet(
+    let Fleet {
+        net,
+        backend,
+        agents,
+    } = Fleet::start(
         &gpu_hosts,
         &["--node-timeout", "2s", "--replace-after", "1s"],
-        &["--keepalive", "1s"],
+        &[&ONE_GPU_HOST[..], &["--keepalive", "1s"]].concat(),
+        LIMIT,
     )
     .await;
     let client = net.host("client");

@@ -1,0 +1,53 @@
+//! A fleet on the multi-host tier ([`crate::netns`]): a control-plane host `cp` running
+//! `serve --node-agents external`, a `client` host the harness's clients (and Terraform)
+//! work from, and a GPU host per name, each running a node agent of that name.
+
+use std::time::Duration;
+
+use crate::netns::Network;
+use crate::{eventually, Backend, NodeAgent};
+
+/// Fields drop in order: the agents first, the network last.
+pub struct Fleet {
+    pub agents: Vec<NodeAgent>,
+    pub backend: Backend,
+    pub net: Network,
+}
+
+impl Fleet {
+    /// Starts the hosts, `serve --node-agents external --health-interval 0 serve_args` on
+    /// `cp` and `node agent_args` on each of `gpu_hosts`, and returns once every node is
+    /// ready (`limit` is the safety net of that wait).
+    pub async fn start(
+        gpu_hosts: &[&str],
+        serve_args: &[&str],
+        agent_args: &[&str],
+        limit: Duration,
+    ) -> Fleet {
+        let mut names = vec!["cp", "client"];
+        names.extend(gpu_hosts);
+        let net = Network::new(&names);
+        let mut args = vec!["--node-agents", "external", "--health-interval", "0"];
+        args.extend(serve_args);
+        let backend = Backend::start_on(net.host("cp"), net.host("client"), &args);
+        let agents: Vec<NodeAgent> = gpu_hosts
+            .iter()
+            .map(|h| NodeAgent::start_on(net.host(h), &backend, h, agent_args))
+            .collect();
+        let admin = backend.admin().await;
+        eventually("the GPU hosts' nodes ready", limit, || {
+            let mut admin = admin.clone();
+            async move {
+                let nodes = admin.nodes().await;
+                (nodes.len() == gpu_hosts.len() && nodes.iter().all(|n| n.state == "ready"))
+                    .then_some(())
+            }
+        })
+        .await;
+        Fleet {
+            agents,
+            backend,
+            net,
+        }
+    }
+}
