@@ -789,6 +789,17 @@ async fn nodes_ready(backend: &Backend, n: usize) {
     .await;
 }
 
+/// A team's working directory, initialized, for a one-node cluster split `layout` (HCL)
+/// on `backend`, with the team's key.
+fn one_node_team(backend: &Backend, layout: &str) -> (TeamKey, Terraform) {
+    let key = TeamKey::new("alice@vision");
+    let tf = Terraform::new(backend, backend.admin_token());
+    tf.write_file("vision.pub", &key.public);
+    tf.write_main(&single(1, layout));
+    tf.init();
+    (key, tf)
+}
+
 /// `serve --advertise-address` is where the cluster's login and controller are reached:
 /// the endpoint and credentials name it, the nodes' slurmd reach the controller there, and
 /// a control plane restarted with another address moves the cluster's endpoint with it.
@@ -798,11 +809,7 @@ async fn a_slurm_cluster_is_reached_at_the_advertised_address() {
     let mut backend = Backend::start_with_args(&serve("127.0.0.2"));
     let _agent = NodeAgent::start(&backend, "adv1", &["--gpus", "1"]);
     nodes_ready(&backend, 1).await;
-    let key = TeamKey::new("alice@vision");
-    let tf = Terraform::new(&backend, backend.admin_token());
-    tf.write_file("vision.pub", &key.public);
-    tf.write_main(&single(1, "{}"));
-    tf.init();
+    let (key, tf) = one_node_team(&backend, "{}");
     tf.apply();
     let creds = credentials(&tf, TRAIN);
     assert_eq!(creds["host"], "127.0.0.2", "{creds:#}");
@@ -911,11 +918,7 @@ async fn jobs_share_a_node_that_declares_its_address_cpus_and_memory() {
         ],
     );
     nodes_ready(&backend, 1).await;
-    let key = TeamKey::new("alice@vision");
-    let tf = Terraform::new(&backend, backend.admin_token());
-    tf.write_file("vision.pub", &key.public);
-    tf.write_main(&single(1, r#"{ "1g.10gb" = 4 }"#));
-    tf.init();
+    let (key, tf) = one_node_team(&backend, r#"{ "1g.10gb" = 4 }"#);
     tf.apply();
     assert_eq!(tf.resource(TRAIN)["status"], "running");
     let creds = credentials(&tf, TRAIN);
@@ -995,11 +998,7 @@ async fn batch_jobs_run_under_a_long_data_dir() {
                  cpus_per_node = 12\nmemory_mib_per_node = 24576\n";
     let backend = Backend::start_with_fleet_in_long_dir(fleet, &[], 100);
     assert!(backend.data_dir().display().to_string().len() >= 100);
-    let key = TeamKey::new("alice@vision");
-    let tf = Terraform::new(&backend, backend.admin_token());
-    tf.write_file("vision.pub", &key.public);
-    tf.write_main(&single(1, r#"{ "3g.40gb" = 2 }"#));
-    tf.init();
+    let (key, tf) = one_node_team(&backend, r#"{ "3g.40gb" = 2 }"#);
     tf.apply();
     assert_eq!(tf.resource(TRAIN)["status"], "running");
     let creds = credentials(&tf, TRAIN);
@@ -1053,11 +1052,7 @@ impl HeldJob {
         let backend = Backend::start_external("30s", "5m");
         let agent = NodeAgent::start(&backend, node, &["--gpus", "1"]);
         nodes_ready(&backend, 1).await;
-        let key = TeamKey::new("alice@vision");
-        let tf = Terraform::new(&backend, backend.admin_token());
-        tf.write_file("vision.pub", &key.public);
-        tf.write_main(&single(1, r#"{ "3g.40gb" = 2 }"#));
-        tf.init();
+        let (key, tf) = one_node_team(&backend, r#"{ "3g.40gb" = 2 }"#);
         tf.apply();
         let creds = credentials(&tf, TRAIN);
         let client = Client::connect(&creds, &key);
@@ -1181,11 +1176,7 @@ fn processes_of(uid: u32) -> Vec<String> {
 async fn a_shut_down_control_plane_leaves_no_process_of_its_slurm_clusters() {
     let fleet = "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\ngpus_per_node = 1\n";
     let mut backend = Backend::start_with_fleet_and_args(fleet, &[]);
-    let key = TeamKey::new("alice@vision");
-    let tf = Terraform::new(&backend, backend.admin_token());
-    tf.write_file("vision.pub", &key.public);
-    tf.write_main(&single(1, "{}"));
-    tf.init();
+    let (key, tf) = one_node_team(&backend, "{}");
     tf.apply();
     let creds = credentials(&tf, TRAIN);
     let name = cluster_name(&creds);
@@ -1308,11 +1299,7 @@ async fn a_node_name_too_long_for_slurm_sockets_is_refused_clearly() {
     let long = format!("n{}", "x".repeat(49));
     let _agent = NodeAgent::start(&backend, &long, &["--gpus", "1"]);
     nodes_ready(&backend, 1).await;
-    let key = TeamKey::new("alice@vision");
-    let tf = Terraform::new(&backend, backend.admin_token());
-    tf.write_file("vision.pub", &key.public);
-    tf.write_main(&single(1, "{}"));
-    tf.init();
+    let (_key, tf) = one_node_team(&backend, "{}");
     let failed = tf.apply_fails();
     let said = failed
         .output()
