@@ -332,6 +332,10 @@ pub fn prepare_runtime(account: &Account) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// The login's part of a cluster's runtime directory, and the account's home.
+pub const LOGIN: &str = "login";
+pub const HOME: &str = "home";
+
 /// The account's home on a node's host: where the cluster's login is on this host too,
 /// the login's (made by it); otherwise made here, as the login's home is the directory
 /// jobs start in (the submitting directory) and each host has its own `/run`.
@@ -344,40 +348,36 @@ pub fn node_home(account: &Account) -> Result<PathBuf, String> {
     Ok(home)
 }
 
-/// Removes node `part` of the cluster's runtime directory, and on a host without the
-/// cluster's login the home its nodes made once no node of the cluster is left here
-/// (see [`release`]).
+/// Removes node `part` of the cluster's runtime directory (see [`release`]). On a host
+/// without the cluster's login the home is the nodes' (see [`node_home`]): it keeps
+/// nothing of the cluster here once no node of it is left.
 pub fn release_node(cluster: &str, part: &str) -> Result<(), String> {
-    let dir = runtime_dir(cluster);
-    let nodes_made_home = !dir.join(LOGIN).exists();
-    remove_all(&dir.join(part))?;
-    let others = std::fs::read_dir(&dir)
-        .map(|d| {
-            d.flatten()
-                .filter(|e| !(nodes_made_home && e.file_name() == HOME))
-                .count()
-        })
-        .unwrap_or(0);
-    if others > 0 {
-        return Ok(());
-    }
-    forget(cluster)
+    let nodes_home: &[&str] = match runtime_dir(cluster).join(LOGIN).exists() {
+        true => &[],
+        false => &[HOME],
+    };
+    release_unless_kept(cluster, &[part], nodes_home)
 }
-
-/// The login's part of a cluster's runtime directory, and the account's home.
-pub const LOGIN: &str = "login";
-pub const HOME: &str = "home";
 
 /// Removes `parts` of the cluster's runtime directory; when nothing else of the cluster
 /// is left on this host (no login, no other node), also the directory and the account
 /// (its processes ended first).
 pub fn release(cluster: &str, parts: &[&str]) -> Result<(), String> {
+    release_unless_kept(cluster, parts, &[])
+}
+
+/// [`release`], where the entries named `not_keeping` do not keep the cluster here.
+fn release_unless_kept(cluster: &str, parts: &[&str], not_keeping: &[&str]) -> Result<(), String> {
     let dir = runtime_dir(cluster);
     for part in parts {
         remove_all(&dir.join(part))?;
     }
     let others = std::fs::read_dir(&dir)
-        .map(|d| d.flatten().count())
+        .map(|d| {
+            d.flatten()
+                .filter(|e| !not_keeping.iter().any(|n| e.file_name() == *n))
+                .count()
+        })
         .unwrap_or(0);
     if others > 0 {
         return Ok(());
