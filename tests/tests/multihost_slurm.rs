@@ -311,9 +311,19 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
         !ok,
         "speech's controller answered vision's credentials: {out}"
     );
-    // From the client host itself (no munge key there) no controller answers at all.
-    let bare = client.run("sinfo", &[]);
-    assert!(!bare.status.success());
+    // From the client host itself, with the team's own slurm.conf (which it may read on
+    // its login) but no munge key, its controller does not answer either: the login is
+    // the only way in.
+    let own_conf = client.dir().join("vision-slurm.conf");
+    fs::write(&own_conf, team.ok("cat \"$SLURM_CONF\"")).unwrap();
+    let bare = client
+        .command("sinfo")
+        .env("SLURM_CONF", &own_conf)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&bare.stderr);
+    assert!(!bare.status.success(), "sinfo from the client host: {said}");
+    assert!(said.to_lowercase().contains("munge"), "{said}");
 
     // A layout change with a job running: its node is drained, the job finishes on its
     // slice, then the GPUs are re-partitioned. The job waits for a file the test makes on
