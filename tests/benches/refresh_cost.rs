@@ -14,6 +14,7 @@
 use std::time::{Duration, Instant};
 
 use gpufleet_e2e::hcl::{self, Block};
+use gpufleet_e2e::times::rfc3339_in_hours;
 use gpufleet_e2e::{prom, Backend, Terraform};
 
 /// Teams the resources are spread over; each has one cluster on one node of its own.
@@ -45,8 +46,8 @@ fn configuration(resources: usize) -> String {
         let t = r % TEAMS;
         // One day each, a week apart per team: no two of a team's overlap.
         let day = 30 + (r / TEAMS) * 7;
-        let start = chrono_day(day);
-        let end = chrono_day(day + 1);
+        let hours = day as i64 * 24;
+        let (start, end) = (rfc3339_in_hours(hours), rfc3339_in_hours(hours + 24));
         blocks.push(
             hcl::reservation(
                 &format!("r{r}"),
@@ -60,31 +61,6 @@ fn configuration(resources: usize) -> String {
         );
     }
     hcl::config(&blocks)
-}
-
-/// RFC 3339 midnight `days` from today.
-fn chrono_day(days: usize) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
-    let midnight = now - now.rem_euclid(86_400) + days as i64 * 86_400;
-    let days_since_epoch = midnight / 86_400;
-    let (y, m, d) = civil_from_days(days_since_epoch);
-    format!("{y:04}-{m:02}-{d:02}T00:00:00Z")
-}
-
-/// Howard Hinnant's days-to-civil: the proleptic Gregorian date `z` days after 1970-01-01.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// CPU seconds (user + system) from a /proc/PID/stat line: the process's own, and its
