@@ -186,6 +186,16 @@ impl Client {
         (job.trim().to_string(), home.join(name))
     }
 
+    /// Waits until `sinfo` shows the nodes as `want` ("NODE STATE GRES" lines).
+    async fn wait_nodes(&self, what: &str, want: &str) {
+        eventually(what, LIMIT, || {
+            let out = self.poll("sinfo", &["-h", "-N", "-o", "%N %T %G"]);
+            let shown = out.is_some_and(|o| o.trim() == want);
+            async move { shown.then_some(()) }
+        })
+        .await;
+    }
+
     /// Waits until every job of `ids` is running.
     async fn wait_running(&self, ids: &[String]) {
         eventually("the batch jobs running", LIMIT, || {
@@ -1128,16 +1138,12 @@ async fn a_layout_change_lets_running_slurm_jobs_finish_first() {
     );
     let shown = client.ok("scontrol", &["show", "job", job]);
     assert!(shown.contains("JobState=COMPLETED"), "{shown}");
-    eventually(
-        "the node back in service with its new slices",
-        LIMIT,
-        || {
-            let out = client.poll("sinfo", &["-h", "-N", "-o", "%N %T %G"]);
-            let back = out.is_some_and(|o| o.trim() == "lay1 idle gpu:1g.10gb:7");
-            async move { back.then_some(()) }
-        },
-    )
-    .await;
+    client
+        .wait_nodes(
+            "the node back in service with its new slices",
+            "lay1 idle gpu:1g.10gb:7",
+        )
+        .await;
     held.end();
 }
 
@@ -1271,16 +1277,12 @@ async fn a_layout_change_that_outlasts_its_timeout_fails_and_changes_nothing() {
     }
     let (_, queue) = client.run("squeue", &["-h", "-j", job, "-o", "%T"]);
     assert_eq!(queue.trim(), "RUNNING", "the job runs on");
-    eventually(
-        "the node back in service with its old slices",
-        LIMIT,
-        || {
-            let out = client.poll("sinfo", &["-h", "-N", "-o", "%N %T %G"]);
-            let back = out.is_some_and(|o| o.trim() == "lay2 mixed gpu:3g.40gb:2");
-            async move { back.then_some(()) }
-        },
-    )
-    .await;
+    client
+        .wait_nodes(
+            "the node back in service with its old slices",
+            "lay2 mixed gpu:3g.40gb:2",
+        )
+        .await;
     fs::write(home.join(format!("{tag}-go")), "").unwrap();
     eventually("the job done", LIMIT, || {
         let done = home.join(format!("{tag}-done")).exists();
