@@ -117,6 +117,16 @@ pub fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
     parse_duration(text)
 }
 
+/// A duration of at least one second: a connection's time limits (shorter ones would close
+/// clients that are only slow to connect).
+pub fn parse_connection_time(text: &str) -> Result<std::time::Duration, String> {
+    let d = parse_duration(text)?;
+    if d < std::time::Duration::from_secs(1) {
+        return Err(format!("'{}': at least 1s", text.trim()));
+    }
+    Ok(d)
+}
+
 #[derive(Args, Debug)]
 pub struct NodeArgs {
     /// The control plane's URL (https:// for TLS).
@@ -421,6 +431,31 @@ pub struct ServeArgs {
     /// reset the record; without it such a start is refused. Not for a damaged state.db.
     #[arg(long)]
     pub accept_rollback: bool,
+    /// Nodes that registered and are not yet in service (they have not passed the
+    /// control plane's admission checks, nor been returned by an operator), at most: a
+    /// new name past it is refused.
+    #[arg(long, env = "GPUFLEET_MAX_CANDIDATES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_candidates: u32,
+    /// A candidate node without a live agent is forgotten this long after it registered
+    /// or failed its checks (its name can then be registered anew).
+    #[arg(long, env = "GPUFLEET_CANDIDATE_TTL", default_value = "1h", value_parser = parse_connection_time)]
+    pub candidate_ttl: std::time::Duration,
+    /// Connections to the API open at once, at most (default: 16384, or the open-file
+    /// limit less 256 when lower). Past it new connections are closed at once.
+    #[arg(long, env = "GPUFLEET_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: Option<u32>,
+    /// Connections to the API open at once from one peer address, at most (default 256;
+    /// every loopback address counts as one peer).
+    #[arg(long, env = "GPUFLEET_MAX_CONNECTIONS_PER_PEER", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections_per_peer: Option<u32>,
+    /// A connection that has sent no request within this (TLS and HTTP/2 setup
+    /// included) is closed.
+    #[arg(long, env = "GPUFLEET_FIRST_REQUEST_WITHIN", default_value = "10s", value_parser = parse_connection_time)]
+    pub first_request_within: std::time::Duration,
+    /// A connection with no request in flight for this long is closed (clients
+    /// reconnect; a node agent's session is always in flight).
+    #[arg(long, env = "GPUFLEET_IDLE_CONNECTION_TIMEOUT", default_value = "10m", value_parser = parse_connection_time)]
+    pub idle_connection_timeout: std::time::Duration,
 }
 
 /// `--advertise-address`: an address others can connect to (not 0.0.0.0), IPv4 (Slurm
@@ -608,6 +643,16 @@ impl ServeArgs {
                 } else {
                     gpufleet_control::store::commit_record::OnLoss::Refuse
                 },
+            },
+            candidates: gpufleet_control::state::CandidateSettings {
+                max: self.max_candidates,
+                expire_after: self.candidate_ttl,
+            },
+            connections: gpufleet_control::connections::Wanted {
+                max_connections: self.max_connections.map(|n| n as usize),
+                max_per_peer: self.max_connections_per_peer.map(|n| n as usize),
+                first_request_within: Some(self.first_request_within),
+                idle_after: Some(self.idle_connection_timeout),
             },
         }
     }

@@ -2,11 +2,16 @@
 //! `--metrics-listen` is given): `gpufleet_api_requests_total{method,code}`,
 //! `gpufleet_api_request_seconds{method}`, `gpufleet_work_orders_total{kind,outcome}`,
 //! `gpufleet_health_checks_total{check,result}`, `gpufleet_agent_answers_refused_total{reason}`,
-//! `gpufleet_quarantines_total{gpu_type,cause}`, `gpufleet_check_failures_total{gpu_type,level,check}`. `crate::metrics` serves them.
+//! `gpufleet_quarantines_total{gpu_type,cause}`, `gpufleet_check_failures_total{gpu_type,level,check}`,
+//! the API's connections (`gpufleet_api_connections_open`,
+//! `gpufleet_api_connections_refused_total{reason}`, `gpufleet_api_connections_closed_total{reason}`,
+//! `gpufleet_api_accept_errors_total{kind}`) and what agents sent that was not taken
+//! (`gpufleet_agent_messages_dropped_total{reason}`, `gpufleet_agent_sessions_cut_total{reason}`).
+//! `crate::metrics` serves them.
 
 use std::sync::LazyLock;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::registry::Outcome;
 
@@ -24,6 +29,12 @@ pub struct Counters {
     pub refused_answers: IntCounterVec,
     pub quarantines: IntCounterVec,
     pub check_failures: IntCounterVec,
+    pub api_connections_open: IntGauge,
+    pub api_connections_refused: IntCounterVec,
+    pub api_connections_closed: IntCounterVec,
+    pub api_accept_errors: IntCounterVec,
+    pub agent_messages_dropped: IntCounterVec,
+    pub agent_sessions_cut: IntCounterVec,
 }
 
 pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
@@ -88,8 +99,59 @@ pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
         &["gpu_type", "level", "check"],
     )
     .expect("a valid counter");
+    let api_connections_open = IntGauge::new(
+        "gpufleet_api_connections_open",
+        "Connections to the API open now.",
+    )
+    .expect("a valid gauge");
+    let api_connections_refused = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_api_connections_refused_total",
+            "Connections to the API closed at accept, by the cap they were over (max_connections, max_connections_per_peer).",
+        ),
+        &["reason"],
+    )
+    .expect("a valid counter");
+    let api_connections_closed = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_api_connections_closed_total",
+            "Connections to the API the control plane closed, by reason (no_request: none within the first-request deadline; idle: none in flight for the idle timeout).",
+        ),
+        &["reason"],
+    )
+    .expect("a valid counter");
+    let api_accept_errors = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_api_accept_errors_total",
+            "Failed accepts on the API's listener, by kind (exhausted: out of file descriptors or memory, backed off; other: skipped).",
+        ),
+        &["kind"],
+    )
+    .expect("a valid counter");
+    let agent_messages_dropped = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_agent_messages_dropped_total",
+            "Messages of node agents' sessions dropped unread, by reason (rate: over the session's message rate).",
+        ),
+        &["reason"],
+    )
+    .expect("a valid counter");
+    let agent_sessions_cut = IntCounterVec::new(
+        Opts::new(
+            "gpufleet_agent_sessions_cut_total",
+            "Node agents' sessions the control plane ended, by reason (rate: over the message rate for too long; protocol: a heartbeat out of bounds or out of sequence).",
+        ),
+        &["reason"],
+    )
+    .expect("a valid counter");
     for c in [
         Box::new(api_requests.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(api_connections_open.clone()),
+        Box::new(api_connections_refused.clone()),
+        Box::new(api_connections_closed.clone()),
+        Box::new(api_accept_errors.clone()),
+        Box::new(agent_messages_dropped.clone()),
+        Box::new(agent_sessions_cut.clone()),
         Box::new(api_seconds.clone()),
         Box::new(work_orders.clone()),
         Box::new(health_checks.clone()),
@@ -111,7 +173,26 @@ pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
     for reason in [UNSOLICITED, OUT_OF_BOUNDS] {
         refused_answers.with_label_values(&[reason]);
     }
+    for reason in ["max_connections", "max_connections_per_peer"] {
+        api_connections_refused.with_label_values(&[reason]);
+    }
+    for reason in ["no_request", "idle"] {
+        api_connections_closed.with_label_values(&[reason]);
+    }
+    for kind in ["exhausted", "other"] {
+        api_accept_errors.with_label_values(&[kind]);
+    }
+    agent_messages_dropped.with_label_values(&[AGENT_RATE]);
+    for reason in [AGENT_RATE, AGENT_PROTOCOL] {
+        agent_sessions_cut.with_label_values(&[reason]);
+    }
     Counters {
+        api_connections_open,
+        api_connections_refused,
+        api_connections_closed,
+        api_accept_errors,
+        agent_messages_dropped,
+        agent_sessions_cut,
         registry,
         api_requests,
         api_seconds,
@@ -177,5 +258,48 @@ pub fn driver_install_check(outcome: &Outcome) {
     COUNTERS
         .health_checks
         .with_label_values(&[CHECK_DRIVER_INSTALL, result])
+        .inc();
+}
+
+/// Counts a connection refused at accept for being over a cap.
+pub fn connection_refused(why: crate::connections::Refused) {
+    COUNTERS
+        .api_connections_refused
+        .with_label_values(&[why.label()])
+        .inc();
+}
+
+/// Counts a connection closed for overstaying.
+pub fn connection_closed(why: crate::connections::Overstayed) {
+    COUNTERS
+        .api_connections_closed
+        .with_label_values(&[why.label()])
+        .inc();
+}
+
+/// Counts a failed accept.
+pub fn accept_error(exhausted: bool) {
+    let kind = if exhausted { "exhausted" } else { "other" };
+    COUNTERS.api_accept_errors.with_label_values(&[kind]).inc();
+}
+
+/// `reason` of agents' messages dropped, or sessions cut, for their rate.
+pub const AGENT_RATE: &str = "rate";
+/// `reason` of agents' sessions cut for a heartbeat out of bounds or out of sequence.
+pub const AGENT_PROTOCOL: &str = "protocol";
+
+/// Counts an agent's message dropped unread.
+pub fn agent_message_dropped(reason: &str) {
+    COUNTERS
+        .agent_messages_dropped
+        .with_label_values(&[reason])
+        .inc();
+}
+
+/// Counts an agent's session the control plane ended.
+pub fn agent_session_cut(reason: &str) {
+    COUNTERS
+        .agent_sessions_cut
+        .with_label_values(&[reason])
         .inc();
 }

@@ -14,6 +14,7 @@ pub mod auth;
 pub mod catalog;
 pub mod clock;
 pub mod cluster_status;
+pub mod connections;
 pub mod counters;
 pub mod deadlines;
 pub mod drivers;

@@ -89,9 +89,14 @@ pub struct Config {
     pub delivers: fleet::Delivers,
     /// The automatic-quarantine breaker: how many quarantines per model and window.
     pub breaker: crate::scheduling::breaker::Settings,
+    /// How many nodes may wait to be admitted, and for how long.
+    pub candidates: crate::state::CandidateSettings,
     /// How durable a commit is, and whether a store behind its commit record is served
     /// (`--durability`, `--accept-rollback`).
     pub store: store::OpenOptions,
+    /// The bounds on the API's connections; what is not given follows the file limit
+    /// `serve` runs with (`crate::connections::Limits::for_file_limit`).
+    pub connections: crate::connections::Wanted,
 }
 
 impl Config {
@@ -121,7 +126,9 @@ impl Config {
             clock: Default::default(),
             delivers: Default::default(),
             breaker: Default::default(),
+            candidates: Default::default(),
             store: Default::default(),
+            connections: Default::default(),
         }
     }
 }
@@ -204,6 +211,7 @@ pub struct ControlPlane {
     listen: SocketAddr,
     metrics: Option<Metrics>,
     require_client_cert: bool,
+    connections: crate::connections::Limits,
     embedded: Vec<EmbeddedHost>,
     tasks: Vec<JoinHandle<()>>,
     /// Held while this value lives (the kernel drops it even on SIGKILL).
@@ -305,6 +313,7 @@ impl ControlPlane {
         } else {
             crate::drivers::Offer::only(&offered).map_err(|e| anyhow::anyhow!("--{e}"))?
         };
+        let connections = connection_limits(config.connections)?;
         let registry = crate::registry::Registry::new(config.node_timeout, config.replace_after)
             .with_deadlines(config.order_deadlines.clone());
         let state = Arc::new(
@@ -322,6 +331,7 @@ impl ControlPlane {
             .with_clock(config.clock)
             .with_delivers(delivers.overridden_by(&config.delivers))
             .with_breaker(config.breaker)
+            .with_candidates(config.candidates)
             .with_slurm_address(config.advertise_address),
         );
         Ok(Self {
@@ -330,6 +340,7 @@ impl ControlPlane {
             listen: config.listen,
             metrics,
             require_client_cert: config.agent_ca.is_some(),
+            connections,
             embedded,
             tasks: Vec::new(),
             _lock: lock,
@@ -454,8 +465,10 @@ impl ControlPlane {
         // On SIGINT/SIGTERM: close the listening socket at once (new clients are refused,
         // not left waiting in the backlog), let in-flight calls finish, and give
         // connections that stay open (idle clients, clients that never speak) a bounded
-        // grace period.
-        let incoming = accept_until_stopped(listener, stop.clone());
+        // grace period. Connections are bounded in number, per peer and in time.
+        let table = crate::connections::Table::new(self.connections.clone());
+        let (incoming, accepting) =
+            crate::connections::accept::accept(listener, table.clone(), stop.clone());
         let shutdown = {
             let mut stop = stop.clone();
             async move { stopped(&mut stop).await }
@@ -479,6 +492,7 @@ impl ControlPlane {
             .layer(crate::metrics::api::ApiMetricsLayer)
             .layer(crate::services::short_errors::ShortErrorsLayer)
             .layer(crate::services::request_framing::RequestFramingLayer)
+            .layer(crate::connections::activity::ActivityLayer::new(table))
             .add_service(
                 TenantServiceServer::new(Tenants {
                     state: self.state.clone(),
@@ -522,9 +536,28 @@ impl ControlPlane {
                 require_client_cert: self.require_client_cert,
             }))
             .serve_with_incoming_shutdown(incoming, shutdown);
+        // The accept loop ends only on the stop flag: if it ends otherwise the API is
+        // gone while the process lives, so serve fails and a supervisor restarts it.
+        let listener_died = {
+            let stop = stop.clone();
+            async move {
+                let ended = accepting.await;
+                if *stop.borrow() {
+                    std::future::pending::<()>().await;
+                }
+                ended
+            }
+        };
         tokio::select! {
             result = server => result?,
             _ = grace => tracing::info!("closing connections still open after the grace period"),
+            ended = listener_died => {
+                let why = match ended {
+                    Err(e) => format!("its task failed: {e}"),
+                    Ok(()) => "the server stopped taking connections".to_string(),
+                };
+                anyhow::bail!("the API listener on {addr} stopped while serving ({why}); exiting so that a supervisor restarts serve");
+            }
         }
         // Background tasks end on the same flag; one that does not within the grace
         // period is left to the runtime's shutdown.
@@ -568,38 +601,30 @@ fn token_file(data_dir: &Path, name: &str, prefix: &str) -> anyhow::Result<Strin
     Ok(token)
 }
 
-/// Accepted connections until `stop` turns true; then the listener is dropped, so the
-/// port refuses new connections while open ones drain. (tonic keeps the incoming stream,
-/// and with it the socket, until every connection has closed.)
-fn accept_until_stopped(
-    listener: tokio::net::TcpListener,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<tokio::net::TcpStream>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = stopped(&mut stop) => break,
-                accepted = listener.accept() => {
-                    let sent = match accepted {
-                        Ok((stream, _)) => {
-                            // Answers over ~600 bytes would otherwise wait ~40 ms for a
-                            // delayed ACK (tonic does not set it on sockets it is given).
-                            if let Err(e) = stream.set_nodelay(true) {
-                                tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-                            }
-                            tx.send(Ok(stream)).await
-                        }
-                        // tonic logs and skips accept errors (e.g. out of file descriptors).
-                        Err(e) => tx.send(Err(e)).await,
-                    };
-                    if sent.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        tracing::info!("stopped accepting connections");
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
+/// The connection bounds to serve with: `wanted`, or the defaults for the file limit,
+/// after raising the soft file limit to the hard one. Says what it runs with.
+fn connection_limits(
+    wanted: crate::connections::Wanted,
+) -> anyhow::Result<crate::connections::Limits> {
+    let files =
+        crate::connections::file_limit::raise().context("cannot read the open-file limit")?;
+    let limits = wanted.resolve(files.now);
+    if limits.max_connections as u64 + crate::connections::RESERVED_DESCRIPTORS > files.now {
+        tracing::warn!(
+            open_files = files.now,
+            max_connections = limits.max_connections,
+            "--max-connections is above what the open-file limit leaves (less {} for the store and agents): a flood may exhaust descriptors before the cap; accepting then backs off",
+            crate::connections::RESERVED_DESCRIPTORS
+        );
+    }
+    tracing::info!(
+        open_files = files.now,
+        open_files_before = files.before,
+        max_connections = limits.max_connections,
+        max_connections_per_peer = limits.max_per_peer,
+        first_request_within = ?limits.first_request_within,
+        idle_connection_timeout = ?limits.idle_after,
+        "API connection limits"
+    );
+    Ok(limits)
 }

@@ -1,0 +1,128 @@
+//! An accepted TCP stream that holds its place in the connection table and ends itself
+//! when it overstays: no request within the first-request deadline, or none in flight for
+//! the idle time. Ending is a read error, on which the HTTP/2 server drops the connection
+//! (and with it the place).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use super::{Admission, Limits};
+
+pub struct Guarded {
+    stream: TcpStream,
+    admission: Admission,
+    limits: Arc<Limits>,
+    /// When to look at the connection's activity again.
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Guarded {
+    pub fn new(stream: TcpStream, admission: Admission, limits: Arc<Limits>) -> Self {
+        let first = tokio::time::Instant::now() + limits.first_request_within;
+        Self {
+            stream,
+            admission,
+            limits,
+            timer: Box::pin(tokio::time::sleep_until(first)),
+        }
+    }
+
+    /// Err when the connection has overstayed; else the timer is armed for the next look.
+    fn still_welcome(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        loop {
+            match self
+                .admission
+                .activity
+                .verdict(&self.limits, Instant::now())
+            {
+                Err(why) => {
+                    crate::counters::connection_closed(why);
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        match why {
+                            super::Overstayed::NoRequest => {
+                                "no request within the first-request deadline"
+                            }
+                            super::Overstayed::Idle => "idle past the idle-connection timeout",
+                        },
+                    ));
+                }
+                Ok(next) => {
+                    let next = tokio::time::Instant::from_std(next);
+                    if self.timer.deadline() != next {
+                        self.timer.as_mut().reset(next);
+                    }
+                    // Pending registers the waker; Ready means `next` has passed already.
+                    if self.timer.as_mut().poll(cx).is_pending() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Pending => match this.still_welcome(cx) {
+                Ok(()) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            },
+            ready => ready,
+        }
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// The TCP stream's own connect info, so that requests still carry the peer's address
+/// and, under TLS, its certificates (`TlsConnectInfo<TcpConnectInfo>`).
+impl Connected for Guarded {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
