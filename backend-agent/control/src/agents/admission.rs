@@ -27,6 +27,9 @@ pub enum Refusal {
     /// The name is bound to another host: its secret was not presented.
     #[error("{0}")]
     Impostor(String),
+    /// Too many nodes wait to be admitted already.
+    #[error("{0}")]
+    Full(String),
     #[error("state database error: {0}")]
     Store(#[from] rusqlite::Error),
 }
@@ -99,6 +102,14 @@ pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
             bad.chars().take(64).collect::<String>()
         )));
     }
+    if !KNOWN_HARDWARE.contains(&reg.hardware.as_str()) {
+        return Err(Refusal::Invalid(format!(
+            "hardware: one of {} (got {:?})",
+            KNOWN_HARDWARE.join(", "),
+            reg.hardware.chars().take(32).collect::<String>()
+        )));
+    }
+    check_bandwidth_addr(&reg.bandwidth_addr)?;
     let host = check_host(reg)?;
     Ok(Checked {
         host,
@@ -111,6 +122,54 @@ pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
         cuda_version: inv.cuda_version.clone(),
         gpus,
     })
+}
+
+/// The hardware backends a node agent runs (`gpufleet-agent node --hardware`).
+pub const KNOWN_HARDWARE: [&str; 2] = ["sim", "nvml"];
+
+/// Longest `bandwidth_addr`: a DNS name (253) and a port.
+const MAX_BANDWIDTH_ADDR: usize = 253 + 6;
+
+/// Where peers reach the node's bandwidth listener: empty (none), or `HOST:PORT` with an
+/// IP address or a DNS name and a port from 1 to 65535.
+fn check_bandwidth_addr(addr: &str) -> Result<(), Refusal> {
+    if addr.is_empty() {
+        return Ok(());
+    }
+    let refused = |why: &str| {
+        Refusal::Invalid(format!(
+            "bandwidth_addr: {why} (got {:?})",
+            addr.chars().take(64).collect::<String>()
+        ))
+    };
+    if addr.len() > MAX_BANDWIDTH_ADDR {
+        return Err(refused(&format!(
+            "at most {MAX_BANDWIDTH_ADDR} characters, HOST:PORT"
+        )));
+    }
+    if addr
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| a.port() != 0)
+    {
+        return Ok(());
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(refused("HOST:PORT, with a port"));
+    };
+    if !port.parse::<u16>().is_ok_and(|p| p != 0) {
+        return Err(refused("the port is 1 to 65535"));
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if !host.split('.').all(label_ok) {
+        return Err(refused("the host is an IP address or a DNS name"));
+    }
+    Ok(())
 }
 
 /// The host as the agent declares it to Slurm: an IPv4 address others reach, a host name,
@@ -325,12 +384,24 @@ fn check_secret(tx: &Connection, known: &NodeRow, c: &Checked) -> Result<Option<
 
 /// Adds the node or checks it against its record (its secret first); records its GPUs'
 /// MIG state. The node is `busy` until the control plane has brought it to what it
-/// should be. Runs inside the caller's transaction (a refusal leaves it to be rolled
-/// back).
-pub fn admit(tx: &Connection, c: &Checked, now: i64) -> Result<Admitted, Refusal> {
+/// should be. A new name joins as a candidate, and only while fewer than `max_candidates`
+/// wait. Runs inside the caller's transaction (a refusal leaves it to be rolled back).
+pub fn admit(
+    tx: &Connection,
+    c: &Checked,
+    now: i64,
+    max_candidates: u32,
+) -> Result<Admitted, Refusal> {
     let issued_secret;
     let id = match nodes::by_hostname(tx, &c.name)? {
         None => {
+            let waiting = nodes::candidates(tx)?;
+            if waiting >= i64::from(max_candidates) {
+                return Err(Refusal::Full(format!(
+                    "name: {waiting} nodes are waiting to be admitted already (serve --max-candidates {max_candidates}); node {} may register once they are in service or forgotten (serve --candidate-ttl)",
+                    c.name
+                )));
+            }
             let row = NodeRow {
                 id: c.name.clone(),
                 hostname: c.name.clone(),
@@ -451,7 +522,7 @@ mod tests {
     /// `admit` in a transaction of its own, kept when it succeeds.
     fn admitted(conn: &mut Connection, c: &Checked, now: i64) -> Result<Admitted, Refusal> {
         let tx = conn.transaction()?;
-        let a = admit(&tx, c, now)?;
+        let a = admit(&tx, c, now, 64)?;
         tx.commit()?;
         Ok(a)
     }
@@ -579,6 +650,35 @@ mod tests {
         assert!(check(&dup).err().unwrap().to_string().contains("repeated"));
         let none = registration("n1", &[]);
         assert!(check(&none).err().unwrap().to_string().contains("1 to 64"));
+    }
+
+    #[test]
+    fn hardware_and_the_bandwidth_address_are_bounded_naming_the_field() {
+        let reg = registration("n1", &["GPU-a"]);
+        let with = |f: &dyn Fn(&mut v1::RegisterNode)| {
+            let mut r = reg.clone();
+            f(&mut r);
+            check(&r).map(|_| ()).map_err(|e| e.to_string())
+        };
+        let e = with(&|r| r.hardware = "quantum".into()).unwrap_err();
+        assert!(e.starts_with("hardware: one of sim, nvml"), "{e}");
+        assert!(with(&|r| r.hardware = "nvml".into()).is_ok());
+        for good in ["", "10.0.0.7:7701", "[fd00::7]:7701", "gpu-7.lab:7701"] {
+            assert!(with(&|r| r.bandwidth_addr = good.into()).is_ok(), "{good}");
+        }
+        for bad in [
+            &"a".repeat(5000),
+            "10.0.0.7",
+            "10.0.0.7:0",
+            "10.0.0.7:70000",
+            "gpu 7:7701",
+            "-gpu:7701",
+            ":7701",
+        ] {
+            let e = with(&|r| r.bandwidth_addr = bad.into()).unwrap_err();
+            assert!(e.starts_with("bandwidth_addr: "), "{bad}: {e}");
+            assert!(e.len() < 200, "the refusal quotes a bounded part: {e}");
+        }
     }
 
     #[test]

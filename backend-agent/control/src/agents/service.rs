@@ -12,6 +12,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::admission::{self, Refusal};
+use super::pacing::{Pacing, Verdict};
 use crate::state::AppState;
 use crate::store;
 
@@ -107,17 +108,20 @@ impl NodeAgentService for Agents {
                 )));
             }
         }
-        let t = self.state.now();
+        let (t, max_candidates) = (self.state.now(), self.state.candidates.max);
         let admitted = self
             .state
             .write(move |sp| -> Result<_, Status> {
-                let admitted = admission::admit(&sp, &checked, t).map_err(refusal)?;
+                let admitted =
+                    admission::admit(&sp, &checked, t, max_candidates).map_err(refusal)?;
                 sp.commit().map_err(crate::state::db_error)?;
                 Ok(admitted)
             })
             .await?;
         let node_id = admitted.id;
         let (out, out_rx) = mpsc::unbounded_channel();
+        // Kept to end the session with a status of its own (the registry holds `out`).
+        let ending = out.clone();
         let _ = out.send(Ok(v1::ControlMessage {
             msg: Some(control_message::Msg::Registered(v1::Registered {
                 node_id: node_id.clone(),
@@ -138,10 +142,48 @@ impl NodeAgentService for Agents {
 
         let state = self.state.clone();
         tokio::spawn(async move {
+            let mut pacing = Pacing::new(std::time::Instant::now());
             loop {
-                match inbound.message().await {
+                let message = inbound.message().await;
+                if let Ok(Some(_)) = &message {
+                    match pacing.admit(std::time::Instant::now()) {
+                        Verdict::Take => {}
+                        Verdict::Drop => {
+                            crate::counters::agent_message_dropped(crate::counters::AGENT_RATE);
+                            continue;
+                        }
+                        Verdict::CutForRate(why) => {
+                            cut(
+                                &ending,
+                                &node_id,
+                                crate::counters::AGENT_RATE,
+                                Status::resource_exhausted(why),
+                            );
+                            break;
+                        }
+                        Verdict::CutForProtocol(why) => {
+                            cut(
+                                &ending,
+                                &node_id,
+                                crate::counters::AGENT_PROTOCOL,
+                                Status::invalid_argument(why),
+                            );
+                            break;
+                        }
+                    }
+                }
+                match message {
                     Ok(Some(v1::AgentMessage { msg: Some(msg) })) => match msg {
-                        agent_message::Msg::Heartbeat(_) => {
+                        agent_message::Msg::Heartbeat(beat) => {
+                            if let Verdict::CutForProtocol(why) = pacing.heartbeat(&beat) {
+                                cut(
+                                    &ending,
+                                    &node_id,
+                                    crate::counters::AGENT_PROTOCOL,
+                                    Status::invalid_argument(why),
+                                );
+                                break;
+                            }
                             state.agents.heartbeat(&node_id, session)
                         }
                         agent_message::Msg::Result(result) => {
@@ -201,11 +243,24 @@ impl NodeAgentService for Agents {
     }
 }
 
+/// Ends a session with `status` (the agent sees it, and reconnects), counted by `reason`.
+fn cut(
+    ending: &mpsc::UnboundedSender<Result<v1::ControlMessage, Status>>,
+    node_id: &str,
+    reason: &str,
+    status: Status,
+) {
+    tracing::warn!(node = %node_id, reason, why = %status.message(), "ending a node agent's session");
+    crate::counters::agent_session_cut(reason);
+    let _ = ending.send(Err(status));
+}
+
 fn refusal(r: Refusal) -> Status {
     match r {
         Refusal::Invalid(m) => Status::invalid_argument(m),
         Refusal::Contradiction(m) => Status::failed_precondition(m),
         Refusal::Impostor(m) => Status::permission_denied(m),
+        Refusal::Full(m) => Status::resource_exhausted(m),
         Refusal::Store(e) => crate::state::db_error(e),
     }
 }
