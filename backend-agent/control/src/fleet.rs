@@ -295,6 +295,8 @@ pub fn seed(conn: &mut Connection, fleet: &FleetFile, now: i64) -> anyhow::Resul
                     })
                     .collect();
                 nodes::insert(&tx, &node, &gpus)?;
+                // Declared by the platform: in service, not a candidate.
+                nodes::put_in_service(&tx, &node.id, now)?;
                 // What its embedded agent declares to Slurm (it registers it again).
                 nodes::set_host(
                     &tx,

@@ -57,6 +57,8 @@ pub fn seed(
             })
             .collect();
         nodes::insert(&tx, &node, &rows)?;
+        // Declared by the platform: in service, not a candidate.
+        nodes::put_in_service(&tx, &node.id, now)?;
         true
     } else {
         require_same_host(&tx, &recorded, &hostname, &gpus)?;

@@ -157,6 +157,13 @@ impl Registry {
         false
     }
 
+    /// Drops what is known of a node that no longer exists (a forgotten candidate).
+    pub fn forget(&self, node_id: &str) {
+        let mut inner = self.lock();
+        inner.last_seen.remove(node_id);
+        inner.stale.remove(node_id);
+    }
+
     pub fn heartbeat(&self, node_id: &str, session: u64) {
         let mut inner = self.lock();
         if inner.sessions.get(node_id).is_some_and(|s| s.id == session) {

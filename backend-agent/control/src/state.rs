@@ -63,6 +63,27 @@ impl Default for BreakerSettings {
     }
 }
 
+/// Nodes that registered but are not in service yet (serve's `--max-candidates`,
+/// `--candidate-ttl`; the rules are `agents::admission`'s and `agents::monitor`'s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CandidateSettings {
+    /// At most this many candidates at once: a new name past it is refused.
+    pub max: u32,
+    /// A candidate without a live agent is forgotten this long after it last changed
+    /// state (registered, failed its checks).
+    pub expire_after: std::time::Duration,
+}
+
+impl Default for CandidateSettings {
+    /// 64 candidates, forgotten after an hour.
+    fn default() -> Self {
+        Self {
+            max: 64,
+            expire_after: std::time::Duration::from_secs(3600),
+        }
+    }
+}
+
 pub struct AppState {
     db: Arc<Mutex<Connection>>,
     writes: crate::group_commit::GroupCommit,
@@ -87,6 +108,7 @@ pub struct AppState {
     pub delivers: crate::fleet::Delivers,
     /// How many automatic quarantines per model and window (serve's `--breaker-*`).
     pub breaker: BreakerSettings,
+    pub candidates: CandidateSettings,
     /// Where node agents and tenants reach this host's Slurm controllers and logins
     /// (serve's `--advertise-address`).
     pub slurm_address: std::net::IpAddr,
@@ -134,6 +156,7 @@ impl AppState {
             clock: Default::default(),
             delivers: Default::default(),
             breaker: Default::default(),
+            candidates: Default::default(),
             slurm_address: std::net::IpAddr::from([127, 0, 0, 1]),
         }
     }
@@ -147,6 +170,11 @@ impl AppState {
     /// The automatic-quarantine breaker's cap and window (serve's `--breaker-*` flags).
     pub fn with_breaker(mut self, breaker: BreakerSettings) -> Self {
         self.breaker = breaker;
+        self
+    }
+
+    pub fn with_candidates(mut self, candidates: CandidateSettings) -> Self {
+        self.candidates = candidates;
         self
     }
 

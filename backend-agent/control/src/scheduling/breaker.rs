@@ -42,6 +42,9 @@ pub fn event_object(gpu_type: &str) -> String {
 pub enum Decision {
     /// Quarantine it (counted in the model's window).
     Quarantine,
+    /// Quarantine it without counting it: a candidate, never in service, steers no
+    /// breaker (anyone with the join token can register one that fails).
+    Candidate,
     /// Leave it in service: the model's breaker is open. `opened` when this failure is
     /// the one that opened it; `why` says so, naming the reset.
     Held { why: String, opened: bool },
@@ -76,6 +79,9 @@ pub fn decide(
     node: &NodeRow,
     now: i64,
 ) -> Result<Decision> {
+    if store::nodes::in_service(conn, &node.id)? == Some(false) {
+        return Ok(Decision::Candidate);
+    }
     if !settings.enabled() {
         return Ok(Decision::Quarantine);
     }
@@ -186,6 +192,7 @@ mod tests {
             state_since: 0,
         };
         store::nodes::insert(conn, &row, &[]).unwrap();
+        store::nodes::put_in_service(conn, id, 0).unwrap();
         row
     }
 
@@ -247,6 +254,21 @@ mod tests {
             decide(&conn, &s, &nodes[4], 1004 + 601).unwrap(),
             Decision::Quarantine
         );
+        // A candidate (never in service) is quarantined, open breaker or not, and counts
+        // toward nothing.
+        let mut candidate = nodes[4].clone();
+        (candidate.id, candidate.hostname) = ("fake".into(), "fake".into());
+        store::nodes::insert(&conn, &candidate, &[]).unwrap();
+        let before = views(&conn, &s, 1004 + 601).unwrap()[0].quarantines_in_window;
+        for t in [1004 + 602, 1004 + 603, 1004 + 604] {
+            assert_eq!(
+                decide(&conn, &s, &candidate, t).unwrap(),
+                Decision::Candidate
+            );
+        }
+        let after = &views(&conn, &s, 1004 + 604).unwrap()[0];
+        assert_eq!(after.quarantines_in_window, before);
+        assert!(after.open.is_none());
         // Off: every failure quarantines.
         let off = Settings {
             window: Duration::ZERO,

@@ -501,17 +501,20 @@ async fn quarantine_checked(
     let settings = state.breaker.clone();
     let (n, reason) = (node.clone(), why.to_string());
     let now = state.now();
-    let decision = state
-        .apply(move |conn| -> Result<breaker::Decision> {
+    let (decision, free) = state
+        .apply(move |conn| -> Result<(breaker::Decision, bool)> {
             let d = match taking {
                 Taking::Automatic => breaker::decide(conn, &settings, &n, now)?,
                 Taking::Operator => breaker::Decision::Quarantine,
             };
-            if d == breaker::Decision::Quarantine {
+            // A free node that failed is never handed out, breaker or not: the breaker
+            // keeps failed nodes in their clusters, not in the pool.
+            let free = store::nodes::get(conn, &n.id)?.is_some_and(|n| n.cluster_id.is_none());
+            if !matches!(d, breaker::Decision::Held { .. }) || free {
                 store::nodes::set_state(conn, &n.id, NODE_QUARANTINED, &reason, now)?;
                 store::nodes::release(conn, &n.id)?;
             }
-            Ok(d)
+            Ok((d, free))
         })
         .await?;
     let (kind, text, outcome) = match decision {
@@ -519,6 +522,15 @@ async fn quarantine_checked(
             tracing::warn!(node = %node.hostname, %why, "node quarantined");
             crate::counters::quarantine(&node.gpu_type, cause);
             ("node_quarantined", why.to_string(), TakenOut::Quarantined)
+        }
+        breaker::Decision::Candidate => {
+            tracing::warn!(node = %node.hostname, %why, "candidate node quarantined (not counted by the breaker)");
+            crate::counters::quarantine(&node.gpu_type, cause);
+            (
+                "node_quarantined",
+                format!("{why}; a candidate (never in service), so the breaker does not count it"),
+                TakenOut::Quarantined,
+            )
         }
         breaker::Decision::Held { why: held, opened } => {
             if opened {
@@ -528,11 +540,22 @@ async fn quarantine_checked(
                 tracing::warn!(node = %node.hostname, %held, "quarantine held by the open breaker");
             }
             breaker_event(state, node, "quarantine_held", &format!("{why}; {held}")).await;
-            (
-                "quarantine_held",
-                format!("{why}; {held}"),
-                TakenOut::Held(held),
-            )
+            if free {
+                crate::counters::quarantine(&node.gpu_type, cause);
+                (
+                    "node_quarantined",
+                    format!(
+                        "{why}; the breaker is open, but a free node that failed is not handed out"
+                    ),
+                    TakenOut::Quarantined,
+                )
+            } else {
+                (
+                    "quarantine_held",
+                    format!("{why}; {held}"),
+                    TakenOut::Held(held),
+                )
+            }
         }
     };
     match cluster {
@@ -1288,6 +1311,12 @@ async fn admit(
     .await?
         == Some(true)
     {
+        // Passed the platform's own checks: from now on a node in service (a candidate
+        // that failed was quarantined, uncounted, by `quarantine_checked`).
+        let (id, now) = (node.id.clone(), state.now());
+        state
+            .apply(move |conn| Ok::<_, Error>(store::nodes::put_in_service(conn, &id, now)?))
+            .await?;
         crate::mig::mark_reconciled(state, node.clone(), String::new()).await;
         crate::slurm_clusters::rejoin(state, &node).await;
     } else if node_row(state, node_id)
@@ -1354,6 +1383,11 @@ pub async fn return_checked(state: Arc<AppState>, node_id: &str) -> Result<()> {
         "returned by an operator; being reset",
     )
     .await?;
+    // An operator's return admits a candidate: the approval step.
+    let (id, now) = (node_id.to_string(), state.now());
+    state
+        .apply(move |conn| Ok::<_, Error>(store::nodes::put_in_service(conn, &id, now)?))
+        .await?;
     tokio::spawn(crate::mig::reconcile_node(state, node_id.to_string()));
     Ok(())
 }

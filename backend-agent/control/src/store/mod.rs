@@ -403,6 +403,16 @@ const MIGRATIONS: &[&str] = &[
         simulated INTEGER NOT NULL
     );
     "#,
+    // 15: nodes join as candidates (issue 29): a node is in service from the time it first
+    // passed the control plane's own admission checks, was returned by an operator, or was
+    // declared by the platform (a fleet file, this host). Until then its failures count
+    // toward no breaker, it is never handed out, and it expires. Nodes from before were
+    // admitted under the old rules: they are in service.
+    r#"
+    ALTER TABLE nodes ADD COLUMN in_service_since INTEGER;
+    UPDATE nodes SET in_service_since = state_since;
+    CREATE INDEX nodes_candidates ON nodes (state_since) WHERE in_service_since IS NULL;
+    "#,
 ];
 
 /// Prepared statements kept per connection.

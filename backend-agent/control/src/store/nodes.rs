@@ -196,6 +196,66 @@ pub fn set_state(
     Ok(())
 }
 
+/// Puts a node in service (once: the first time counts): it passed the control plane's
+/// admission checks, an operator returned it, or the platform declared it.
+pub fn put_in_service(conn: &Connection, node_id: &str, now: i64) -> rusqlite::Result<()> {
+    super::exec(
+        conn,
+        "UPDATE nodes SET in_service_since = ?2 WHERE id = ?1 AND in_service_since IS NULL",
+        rusqlite::params![node_id, now],
+    )?;
+    Ok(())
+}
+
+/// Whether the node was ever in service (None: no such node). A node that was not is a
+/// candidate.
+pub fn in_service(conn: &Connection, node_id: &str) -> rusqlite::Result<Option<bool>> {
+    use rusqlite::OptionalExtension;
+    conn.prepare_cached("SELECT in_service_since IS NOT NULL FROM nodes WHERE id = ?1")?
+        .query_row([node_id], |r| r.get(0))
+        .optional()
+}
+
+/// How many nodes are candidates (never in service).
+pub fn candidates(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.prepare_cached("SELECT COUNT(*) FROM nodes WHERE in_service_since IS NULL")?
+        .query_row([], |r| r.get(0))
+}
+
+/// Candidates that have been in their state since before `before` (unix seconds).
+pub fn stale_candidates(conn: &Connection, before: i64) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id FROM nodes WHERE in_service_since IS NULL AND cluster_id IS NULL AND state_since < ?1 ORDER BY id",
+    )?;
+    let ids = stmt.query_map([before], |r| r.get(0))?;
+    ids.collect()
+}
+
+/// Removes a candidate and everything recorded of it (its GPUs, host, endpoint, checks and
+/// events); false when the node is not a free candidate (it was put in service meanwhile).
+pub fn forget_candidate(conn: &Connection, node_id: &str) -> rusqlite::Result<bool> {
+    let candidate: bool = conn
+        .prepare_cached(
+            "SELECT COUNT(*) > 0 FROM nodes WHERE id = ?1 AND in_service_since IS NULL AND cluster_id IS NULL",
+        )?
+        .query_row([node_id], |r| r.get(0))?;
+    if !candidate {
+        return Ok(false);
+    }
+    for sql in [
+        "DELETE FROM mig_devices WHERE node_id = ?1",
+        "DELETE FROM gpus WHERE node_id = ?1",
+        "DELETE FROM node_endpoints WHERE node_id = ?1",
+        "DELETE FROM node_hosts WHERE node_id = ?1",
+        "DELETE FROM health_results WHERE node_id = ?1",
+        "DELETE FROM events WHERE object_id = ?1",
+        "DELETE FROM nodes WHERE id = ?1",
+    ] {
+        super::exec(conn, sql, [node_id])?;
+    }
+    Ok(true)
+}
+
 /// Records what a node's agent reported at registration: versions (GPUs are set apart).
 /// A node's host as Slurm declares it, from its agent's last registration.
 #[derive(Debug, Clone, PartialEq)]
