@@ -96,8 +96,54 @@ pub async fn agent_gone(state: &Arc<AppState>, node_id: &str) {
     }
 }
 
+/// Forgets the candidates (never in service) without a live agent that have been in their
+/// state longer than `--candidate-ttl`: a name registered with the join token and never
+/// admitted leaves no permanent record. Returns the names forgotten.
+pub async fn forget_stale_candidates(state: &Arc<AppState>) -> Vec<String> {
+    let ttl = i64::try_from(state.candidates.expire_after.as_secs()).unwrap_or(i64::MAX);
+    let before = state.now().saturating_sub(ttl);
+    let stale = state
+        .read(move |conn| Ok::<_, Error>(store::nodes::stale_candidates(conn, before)?))
+        .await
+        .unwrap_or_default();
+    let stale: Vec<String> = stale
+        .into_iter()
+        .filter(|id| !state.agents.is_live(id))
+        .collect();
+    if stale.is_empty() {
+        return stale;
+    }
+    let live = state.clone();
+    let forgotten = state
+        .apply(move |conn| {
+            let mut forgotten = Vec::new();
+            for id in stale {
+                // An agent may have come back meanwhile: then it is checked again.
+                if !live.agents.is_live(&id) && store::nodes::forget_candidate(conn, &id)? {
+                    forgotten.push(id);
+                }
+            }
+            Ok::<_, Error>(forgotten)
+        })
+        .await;
+    match forgotten {
+        Ok(forgotten) => {
+            for id in &forgotten {
+                state.agents.forget(id);
+                tracing::info!(node = %id, "forgot a candidate node that was never admitted");
+            }
+            forgotten
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot forget stale candidate nodes");
+            Vec::new()
+        }
+    }
+}
+
 /// One round: expire silent nodes, then replace those unreachable long enough.
 pub async fn round(state: &Arc<AppState>) {
+    forget_stale_candidates(state).await;
     let nodes = match state
         .read(|conn| Ok::<_, Error>(store::nodes::list(conn, None, None)?))
         .await
@@ -156,6 +202,35 @@ pub async fn round(state: &Arc<AppState>) {
             .await;
         if let Err(e) = marked {
             tracing::error!(node = %node, error = %e, "cannot record an unreachable node");
+        }
+    }
+    // A node whose agent is gone is unreachable whatever it was doing: what a change
+    // wrote after the node was declared (its undo, a reconcile) does not stand.
+    for n in nodes.iter().filter(|n| {
+        [NODE_BUSY, NODE_READY].contains(&n.state.as_str())
+            && state.agents.unreachable_for(&n.id).is_some()
+    }) {
+        let (id, t, live) = (n.id.clone(), state.now(), state.clone());
+        let marked = state
+            .apply(move |conn| {
+                let still = store::nodes::get(conn, &id)?.is_some_and(|n| {
+                    [NODE_BUSY, NODE_READY].contains(&n.state.as_str())
+                        && live.agents.unreachable_for(&id).is_some()
+                });
+                if still {
+                    store::nodes::set_state(
+                        conn,
+                        &id,
+                        NODE_UNREACHABLE,
+                        &format!("no heartbeat within {timeout:?}"),
+                        t,
+                    )?;
+                }
+                Ok::<_, Error>(())
+            })
+            .await;
+        if let Err(e) = marked {
+            tracing::error!(node = %n.hostname, error = %e, "cannot record an unreachable node");
         }
     }
     for n in nodes.iter().filter(|n| n.cluster_id.is_some()) {

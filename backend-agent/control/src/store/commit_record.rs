@@ -7,7 +7,9 @@
 //! backup, a fresh file) leaves it alone: at start a database behind its record has lost
 //! acknowledged commits, which SQLite's WAL recovery and `integrity_check` do not see (a
 //! shorter WAL is a valid WAL). `serve` then refuses to start, naming the files and how
-//! many commits are missing, unless it is given `--accept-rollback`.
+//! many commits are missing, unless it is given `--accept-rollback`. A database with
+//! commits and no record beside it is refused the same way: the record was deleted (or a
+//! backup was put back without it), and starting a new one would hide what was lost.
 //!
 //! The file is written in place with one `pwrite` of a fixed-length line and no fsync: it
 //! survives a process crash (the page cache holds it), and after an OS crash it can only
@@ -179,15 +181,13 @@ pub fn check(
     let record = path_for(db);
     let (db, record) = (db.display(), record.display());
     let refusal = match recorded {
-        Recorded::Missing => {
-            if database.commits > 0 {
-                tracing::warn!(
-                    commits = database.commits,
-                    "no commit record beside {db}; starting one at its count (earlier losses cannot be seen)"
-                );
-            }
-            return Ok(());
-        }
+        // A new store (or one from before the record, which migration 12 starts at 0)
+        // has no commits; one with commits had its record written after the first.
+        Recorded::Missing if database.commits == 0 => return Ok(()),
+        Recorded::Missing => format!(
+            "{db} holds {} commits but its commit record {record} is missing: the record was deleted, or state.db was put back from a backup without it, so whether acknowledged commits were lost cannot be checked. Put back the record with its state.db, or start with --accept-rollback to serve the database as it is (and start a new record at its count)",
+            database.commits
+        ),
         Recorded::Count(r) if r.store_id != database.store_id => format!(
             "{db} is not the store its commit record {record} belongs to (the database is store {}, the record is of store {} at commit {}): state.db was replaced or made anew. Put back the state.db of that store (with its state.db-wal), or start with --accept-rollback to serve this one as it is",
             database.store_id, r.store_id, r.commits
@@ -244,7 +244,17 @@ mod tests {
         let at = |n| Recorded::Count(count("ab", n));
         check(db, &count("ab", 5), &at(5), OnLoss::Refuse).unwrap();
         check(db, &count("ab", 6), &at(5), OnLoss::Refuse).unwrap();
-        check(db, &count("ab", 9), &Recorded::Missing, OnLoss::Refuse).unwrap();
+        // No record: only a store without commits starts without one.
+        check(db, &count("ab", 0), &Recorded::Missing, OnLoss::Refuse).unwrap();
+        let lost = check(db, &count("ab", 9), &Recorded::Missing, OnLoss::Refuse)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            lost.starts_with("/data/state.db holds 9 commits but its commit record /data/state.db.commits is missing"),
+            "{lost}"
+        );
+        assert!(lost.contains("--accept-rollback"), "{lost}");
+        check(db, &count("ab", 9), &Recorded::Missing, OnLoss::Accept).unwrap();
         let behind = check(db, &count("ab", 2), &at(5), OnLoss::Refuse)
             .unwrap_err()
             .to_string();
