@@ -338,3 +338,71 @@ async fn a_deleted_or_emptied_state_db_is_refused_instead_of_starting_empty() {
         assert_eq!(c.tenant_count().await, 0);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_backup_without_its_commit_record_or_a_deleted_record_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start(&data);
+    let mut c = agent.admin().await;
+    for i in 0..20 {
+        c.tenant(&format!("kept-{i}")).await;
+    }
+    drop(c);
+    stop(agent);
+    let backup = dir.path().join("backup.db");
+    Connection::open(data.join("state.db"))
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    let agent = Agent::start(&data);
+    let mut c = agent.admin().await;
+    for i in 0..40 {
+        c.tenant(&format!("later-{i}")).await;
+    }
+    drop(c);
+    stop(agent);
+    let (db, record) = (data.join("state.db"), data.join("state.db.commits"));
+
+    // The record alone deleted: nothing was lost, but nothing could show it; refused.
+    std::fs::remove_file(&record).unwrap();
+    let text = refused_start(&data, &[]);
+    assert!(
+        text.contains(&format!("{} holds ", db.display()))
+            && text.contains(&format!(
+                "but its commit record {} is missing",
+                record.display()
+            )),
+        "{text}"
+    );
+    assert!(text.contains("--accept-rollback"), "{text}");
+
+    // The older backup put back without the record (the silent rollback): refused.
+    for file in [wal(&data), data.join("state.db-shm")] {
+        let _ = std::fs::remove_file(file);
+    }
+    std::fs::copy(&backup, &db).unwrap();
+    let text = refused_start(&data, &[]);
+    assert!(text.contains("is missing"), "{text}");
+
+    // Accepted, it serves the backup as it is and starts a record again.
+    let agent = Agent::start_with(&data, &["--admin-token", ADMIN, "--accept-rollback"]);
+    let mut c = agent.admin().await;
+    let names: Vec<String> = c
+        .tenants
+        .list_tenants(ListTenantsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .tenants
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names.iter().filter(|n| n.starts_with("kept-")).count(), 20);
+    assert!(!names.iter().any(|n| n.starts_with("later-")));
+    drop(c);
+    stop(agent);
+    assert!(record.exists());
+    let agent = Agent::start(&data);
+    stop(agent);
+}

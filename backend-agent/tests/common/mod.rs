@@ -36,17 +36,39 @@ impl Agent {
 
     /// Starts with extra `serve` flags and reads the listening line from stdout.
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Agent {
+        Self::start_limited(data_dir, extra, None)
+    }
+
+    /// As [`Agent::start_with`], with the process's open-file limit (soft and hard) set to
+    /// `open_files` when given, as a service manager's `LimitNOFILE=` would.
+    pub fn start_limited(data_dir: &Path, extra: &[&str], open_files: Option<u64>) -> Agent {
+        use std::os::unix::process::CommandExt;
         let log = std::fs::File::create(data_dir.with_extension("log")).expect("log file");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"));
+        command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(extra)
             .env_remove("GPUFLEET_ADMIN_TOKEN")
             .env_remove("GPUFLEET_FLEET")
             .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("start gpufleet-agent");
+            .stderr(log);
+        if let Some(n) = open_files {
+            let limit = libc::rlimit {
+                rlim_cur: n as libc::rlim_t,
+                rlim_max: n as libc::rlim_t,
+            };
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command.spawn().expect("start gpufleet-agent");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)

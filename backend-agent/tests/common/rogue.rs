@@ -158,6 +158,54 @@ impl Rogue {
         });
     }
 
+    /// Answers a health check order as failed on `check` (what a failing GPU reports).
+    pub fn fail_check(&self, order: &WorkOrder, check: &str) {
+        let Some(work_order::Kind::RunHealthCheck(h)) = &order.kind else {
+            panic!("expected a health check, got {order:?}");
+        };
+        self.answer(OrderResult {
+            order_id: order.id.clone(),
+            ok: true,
+            health: Some(HealthReport {
+                level: h.level.clone(),
+                checks: vec![CheckResult {
+                    name: check.into(),
+                    verdict: "fail".into(),
+                    value: "3 uncorrected".into(),
+                    ..Default::default()
+                }],
+                finished_at: 0,
+            }),
+            ..Default::default()
+        });
+    }
+
+    /// Stops the regular heartbeats (the test sends its own with [`Rogue::send`]).
+    pub fn silence(&mut self) {
+        if let Some(h) = self.heartbeats.take() {
+            h.abort();
+        }
+    }
+
+    /// Sends any message; false once the session is gone.
+    pub fn send(&self, msg: agent_message::Msg) -> bool {
+        self.out.send(AgentMessage { msg: Some(msg) }).is_ok()
+    }
+
+    /// The status the control plane ended the session with (within `within`); orders it
+    /// sent meanwhile are skipped.
+    pub async fn ended(&mut self, within: Duration) -> tonic::Status {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, self.inbound.message()).await {
+                Err(_) => panic!("the session was not ended within {within:?}"),
+                Ok(Err(status)) => return status,
+                Ok(Ok(None)) => return tonic::Status::ok("the stream ended without a status"),
+                Ok(Ok(Some(_))) => {}
+            }
+        }
+    }
+
     /// Ends the session at once (heartbeats stop, the stream closes).
     pub fn leave(mut self) {
         if let Some(h) = self.heartbeats.take() {

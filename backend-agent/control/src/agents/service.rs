@@ -153,6 +153,7 @@ impl NodeAgentService for Agents {
                             continue;
                         }
                         Verdict::CutForRate(why) => {
+                            crate::counters::agent_message_dropped(crate::counters::AGENT_RATE);
                             cut(
                                 &ending,
                                 &node_id,

@@ -22,6 +22,8 @@ pub struct Guarded {
     limits: Arc<Limits>,
     /// When to look at the connection's activity again.
     timer: Pin<Box<tokio::time::Sleep>>,
+    /// Why it was ended, once it was (counted once, then every read fails alike).
+    ended: Option<super::Overstayed>,
 }
 
 impl Guarded {
@@ -32,12 +34,24 @@ impl Guarded {
             admission,
             limits,
             timer: Box::pin(tokio::time::sleep_until(first)),
+            ended: None,
         }
     }
 
     /// Err when the connection has overstayed; else the timer is armed for the next look.
     fn still_welcome(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         loop {
+            if let Some(why) = self.ended {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    match why {
+                        super::Overstayed::NoRequest => {
+                            "no request within the first-request deadline"
+                        }
+                        super::Overstayed::Idle => "idle past the idle-connection timeout",
+                    },
+                ));
+            }
             match self
                 .admission
                 .activity
@@ -45,15 +59,7 @@ impl Guarded {
             {
                 Err(why) => {
                     crate::counters::connection_closed(why);
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        match why {
-                            super::Overstayed::NoRequest => {
-                                "no request within the first-request deadline"
-                            }
-                            super::Overstayed::Idle => "idle past the idle-connection timeout",
-                        },
-                    ));
+                    self.ended = Some(why);
                 }
                 Ok(next) => {
                     let next = tokio::time::Instant::from_std(next);
