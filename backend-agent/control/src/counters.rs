@@ -261,19 +261,19 @@ pub fn driver_install_check(outcome: &Outcome) {
         .inc();
 }
 
-/// Counts a connection refused at accept for being over a cap.
-pub fn connection_refused(why: crate::connections::Refused) {
+/// Counts a connection refused at accept for being over the cap `reason`.
+pub fn connection_refused(reason: &str) {
     COUNTERS
         .api_connections_refused
-        .with_label_values(&[why.label()])
+        .with_label_values(&[reason])
         .inc();
 }
 
-/// Counts a connection closed for overstaying.
-pub fn connection_closed(why: crate::connections::Overstayed) {
+/// Counts a connection closed for overstaying (`reason`: no_request, idle).
+pub fn connection_closed(reason: &str) {
     COUNTERS
         .api_connections_closed
-        .with_label_values(&[why.label()])
+        .with_label_values(&[reason])
         .inc();
 }
 

@@ -344,8 +344,10 @@ pub async fn mark_reconciled(state: &AppState, node: NodeRow, reason: String) {
     if node.state == store::nodes::NODE_QUARANTINED {
         return;
     }
-    if reason.is_empty() && !state.agents.is_live(&node.id) {
-        tracing::info!(node = %node.hostname, "not marked ready: its agent is not connected");
+    // A node whose agent is gone stays as the heartbeat watch records it (unreachable
+    // once the node timeout has passed): neither ready nor busy without an agent.
+    if !state.agents.is_live(&node.id) {
+        tracing::info!(node = %node.hostname, %reason, "not marked ready or busy: its agent is not connected");
         return;
     }
     let (node_id, cluster, t) = (node.id.clone(), node.cluster_id.clone(), state.now());

@@ -133,7 +133,14 @@ impl Agent {
     }
 
     pub async fn clients(&self, token: &str) -> Clients {
-        let channel = Channel::from_shared(self.endpoint.clone())
+        clients_at(&self.endpoint, token).await
+    }
+}
+
+/// Clients of the API at `endpoint` carrying `token`.
+pub async fn clients_at(endpoint: &str, token: &str) -> Clients {
+    {
+        let channel = Channel::from_shared(endpoint.to_string())
             .unwrap()
             .connect()
             .await

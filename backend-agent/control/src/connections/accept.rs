@@ -98,7 +98,7 @@ pub fn accept(
             let admission = match table.admit(peer) {
                 Ok(a) => a,
                 Err(why) => {
-                    crate::counters::connection_refused(why);
+                    crate::counters::connection_refused(why.label());
                     if let Some(skipped) = refusals.due() {
                         tracing::warn!(%peer, cap = why.label(), skipped, open = table.open(), "refused a connection over the cap");
                     }

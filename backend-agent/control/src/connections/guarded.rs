@@ -58,7 +58,7 @@ impl Guarded {
                 .verdict(&self.limits, Instant::now())
             {
                 Err(why) => {
-                    crate::counters::connection_closed(why);
+                    crate::counters::connection_closed(why.label());
                     self.ended = Some(why);
                 }
                 Ok(next) => {
