@@ -202,7 +202,8 @@ async fn main() {
         println!("| {name} | {r50:.2} ms | {r99:.2} ms | {w50:.2} ms | {w99:.2} ms |");
     }
     println!(
-        "\n{CALLS} reads and {CALLS} reservation creates and deletes per scenario; release build; the attacker held {held} of {CAP} connections{}; the flooding agent's session was cut {} times.",
+        "\n{CALLS} reads and {CALLS} reservation creates and deletes per scenario; {} build; the attacker held {held} of {CAP} connections{}; the flooding agent's session was cut {} times.",
+        if cfg!(debug_assertions) { "debug" } else { "release" },
         if own.is_none() {
             " (skipped: this host has no non-loopback address for the tenant to come from)"
         } else {

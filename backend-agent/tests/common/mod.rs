@@ -45,8 +45,12 @@ impl Agent {
         use std::os::unix::process::CommandExt;
         let log = std::fs::File::create(data_dir.with_extension("log")).expect("log file");
         let mut command = Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"));
+        command.arg("serve");
+        if !extra.contains(&"--listen") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
         command
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg("--data-dir")
             .arg(data_dir)
             .args(extra)
             .env_remove("GPUFLEET_ADMIN_TOKEN")
