@@ -19,7 +19,7 @@ pub fn raise() -> std::io::Result<OpenFiles> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let before = limit.rlim_cur as u64;
+    let before = limit.rlim_cur;
     if limit.rlim_cur >= limit.rlim_max {
         return Ok(OpenFiles {
             before,
@@ -39,7 +39,7 @@ pub fn raise() -> std::io::Result<OpenFiles> {
     }
     Ok(OpenFiles {
         before,
-        now: raised.rlim_cur as u64,
+        now: raised.rlim_cur,
     })
 }
 
@@ -57,7 +57,7 @@ mod tests {
             unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
             0
         );
-        assert_eq!(got.now, limit.rlim_cur as u64);
+        assert_eq!(got.now, limit.rlim_cur);
         assert_eq!(limit.rlim_cur, limit.rlim_max);
         assert!(got.now >= got.before);
     }
