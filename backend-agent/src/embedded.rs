@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use gpufleet_control::connections::{accept::accept, activity::ActivityLayer, Limits, Table};
 use gpufleet_control::serve::{ControlPlane, EmbeddedHost};
 use gpufleet_node::session::Link;
 use tokio::sync::watch;
@@ -34,23 +35,28 @@ pub async fn start(
     let addr = listener.local_addr()?;
     let service = control.agent_service();
     {
+        // Bounded like the API's listener (anyone on this host can connect to it): room
+        // for every embedded agent twice over (a reconnect overlaps its old session).
+        let room = hosts.len() * 2 + 64;
+        let table = Table::new(Limits {
+            max_connections: room,
+            max_per_peer: room,
+            ..Limits::default()
+        });
+        let (incoming, accepting) = accept(listener, table.clone(), stop.clone());
         let mut stop = stop.clone();
         tokio::spawn(async move {
-            use tokio_stream::StreamExt;
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
-                s.inspect(|s| {
-                    let _ = s.set_nodelay(true);
-                })
-            });
             let stopped = async move { gpufleet_process::signals::stopped(&mut stop).await };
             if let Err(e) = tonic::transport::Server::builder()
                 .tcp_nodelay(true)
+                .layer(ActivityLayer::new(table))
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, stopped)
                 .await
             {
                 tracing::error!(error = %e, "the embedded agents' listener failed");
             }
+            accepting.abort();
         });
     }
     let url = format!("http://{addr}");
