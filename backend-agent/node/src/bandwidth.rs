@@ -448,7 +448,7 @@ pub fn run_test(test: &BandwidthTest, throttle_mbps: Option<u64>) -> Vec<CheckRe
                     "bandwidth",
                     "",
                     FAIL,
-                    "no data",
+                    gpufleet_wire::checks::BANDWIDTH_NO_DATA,
                     threshold.clone(),
                     format!("to {} ({}): {e}", peer.node, peer.addr),
                 ),

@@ -1,8 +1,9 @@
 //! What both ends of the node agent protocol share beyond its generated messages: the
-//! inventory conversions (`inventory`), the name rule (`names`), the TLS set-up of the
+//! inventory conversions (`inventory`), the words of check results both read (`checks`), the name rule (`names`), the TLS set-up of the
 //! channel (`tls`) and the small CA that issues its certificates (`pki`). It knows nothing
 //! of either end's state.
 
+pub mod checks;
 pub mod inventory;
 pub mod names;
 pub mod order_kind;

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use gpufleet_proto::limits::MAX_BANDWIDTH_GBPS;
 use gpufleet_proto::v1;
+use gpufleet_wire::checks::BANDWIDTH_NO_DATA as NO_DATA;
 use rusqlite::Connection;
 use tokio::sync::watch;
 
@@ -764,6 +765,17 @@ pub async fn check_cluster(
             passed = true;
             break;
         }
+        // No pair connected at all: the nodes' advertised addresses (a loopback one
+        // offered to other hosts) or the network, named as such; no node is taken out.
+        if let Some(pairs) = unreachable_everywhere(&answers) {
+            let shown: Vec<&str> = pairs.iter().take(4).map(String::as_str).collect();
+            outcome.problems.push(format!(
+                "acceptance: no node of the cluster could reach a peer's bandwidth-test listener ({}{}); the addresses the nodes' agents advertise are not reachable from the other nodes (see gpufleet-agent node --bandwidth-listen and --bandwidth-advertise), so no node was taken out of service",
+                shown.join("; "),
+                if pairs.len() > shown.len() { "; ..." } else { "" }
+            ));
+            break;
+        }
         // Every pair short and nothing else wrong: the fleet does not deliver what was
         // asked, which no node is to blame for. Taking nodes out would empty the pool.
         if let Some(fastest) = short_everywhere(&answers) {
@@ -886,6 +898,35 @@ fn excuse_unjudged(answers: Vec<Verdict>) -> Vec<Verdict> {
 /// The fastest pair's algorithm bandwidth when every pair of a ring test fell short and
 /// no node failed anything else: a result about the threshold, not about the hardware.
 /// None when some pair passed, a node failed another check, or no pair was tested.
+
+/// When no pair of a ring test could connect to its peer (and nothing else failed):
+/// the pairs, as their senders described them. That is the addresses the nodes advertise
+/// or the network between them, not a node, and not a threshold (see [`short_everywhere`]).
+pub fn unreachable_everywhere(answers: &[Verdict]) -> Option<Vec<String>> {
+    let pairs: Vec<&Check> = answers
+        .iter()
+        .flat_map(|v| v.checks.iter())
+        .filter(|c| c.name == "bandwidth" && c.verdict != "not_run")
+        .collect();
+    let only_bandwidth = answers.iter().all(|v| {
+        v.checks
+            .iter()
+            .all(|c| c.verdict != "fail" || c.name == "bandwidth")
+    });
+    let all_unreachable = !pairs.is_empty() && pairs.iter().all(|c| c.value == NO_DATA);
+    (all_unreachable && only_bandwidth).then(|| {
+        answers
+            .iter()
+            .flat_map(|v| {
+                v.checks
+                    .iter()
+                    .filter(|c| c.name == "bandwidth" && c.value == NO_DATA)
+                    .map(|c| format!("{} {}", v.node.hostname, c.detail))
+            })
+            .collect()
+    })
+}
+
 pub fn short_everywhere(answers: &[Verdict]) -> Option<f64> {
     let pairs: Vec<&Check> = answers
         .iter()
@@ -1640,6 +1681,40 @@ mod tests {
         // No ring test at all.
         let alone = vec![Verdict::from_checks(named("a"), vec![])];
         assert_eq!(short_everywhere(&alone), None);
+    }
+
+    #[test]
+    fn no_pair_connecting_is_named_unreachable_and_not_a_short_threshold() {
+        let refused = |from: &str, to: &str| Check {
+            value: NO_DATA.into(),
+            detail: format!(
+                "to {to} (127.0.0.1:7701): cannot connect to 127.0.0.1:7701: Connection refused"
+            ),
+            ..pair(from, to, "fail", 0.0)
+        };
+        let ring = |b_to_a: Check| {
+            attribute_bandwidth(vec![
+                (
+                    named("a"),
+                    Ok(Verdict::from_checks(named("a"), vec![refused("a", "b")])),
+                ),
+                (
+                    named("b"),
+                    Ok(Verdict::from_checks(named("b"), vec![b_to_a])),
+                ),
+            ])
+        };
+        let pairs = unreachable_everywhere(&ring(refused("b", "a"))).expect("unreachable");
+        assert_eq!(pairs.len(), 2);
+        assert!(
+            pairs[0].starts_with("a to b (127.0.0.1:7701): cannot connect"),
+            "{pairs:?}"
+        );
+        // One pair that connected (however slowly): the other is a node's problem.
+        assert_eq!(
+            unreachable_everywhere(&ring(pair("b", "a", "fail", 0.5))),
+            None
+        );
     }
 
     #[test]
