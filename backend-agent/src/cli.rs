@@ -192,14 +192,10 @@ pub struct NodeArgs {
     #[arg(long, env = "GPUFLEET_NODE_KEY", value_name = "FILE")]
     pub key: Option<PathBuf>,
     /// Where this agent accepts bandwidth-test streams from its peers (port 0 picks a free
-    /// port); reported to the control plane at registration.
-    #[arg(
-        long,
-        env = "GPUFLEET_BANDWIDTH_LISTEN",
-        default_value = "127.0.0.1:0",
-        value_name = "ADDR"
-    )]
-    pub bandwidth_listen: SocketAddr,
+    /// port); reported to the control plane at registration. Default: this host's address
+    /// on the route to the control plane (loopback when it is on this host), a free port.
+    #[arg(long, env = "GPUFLEET_BANDWIDTH_LISTEN", value_name = "ADDR")]
+    pub bandwidth_listen: Option<SocketAddr>,
     /// The host:port peers reach the bandwidth listener at, when it differs from the bound
     /// address (e.g. when listening on 0.0.0.0).
     #[arg(long, env = "GPUFLEET_BANDWIDTH_ADVERTISE", value_name = "HOST:PORT")]
@@ -211,7 +207,7 @@ pub struct NodeArgs {
     pub keepalive: std::time::Duration,
     /// This host's IPv4 address the Slurm controller reaches its slurmd at (NodeAddr);
     /// default: the host of --bandwidth-advertise or --bandwidth-listen when it names one,
-    /// else 127.0.0.1.
+    /// else this host's address on the route to the control plane.
     #[arg(long, env = "GPUFLEET_NODE_ADDRESS", value_name = "ADDR")]
     pub address: Option<std::net::Ipv4Addr>,
     /// With --hardware sim: the CPUs the node declares to Slurm (default: the host's).

@@ -15,6 +15,7 @@ use crate::cli::{Hardware, NodeAgents, ServeArgs};
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Checked before the data dir is touched: a misconfigured start leaves nothing behind.
     let fleet = fleet(&args)?;
+    advertised(&args)?;
     let config = args.config(fleet);
     let mut control = tokio::task::spawn_blocking(move || ControlPlane::open(config)).await??;
     // Watch for signals before announcing the port: a SIGTERM right after the listening
@@ -56,6 +57,26 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     served
+}
+
+/// Where external agents and teams are told to reach this host's Slurm controllers and
+/// logins: refused when nobody could (a wildcard `--listen` with external agents and no
+/// `--advertise-address` would advertise loopback to other hosts), logged otherwise, with a
+/// warning for loopback offered while listening beyond it.
+fn advertised(args: &ServeArgs) -> anyhow::Result<()> {
+    let external = args.node_agents == NodeAgents::External;
+    if external && args.advertise_address.is_none() && args.listen.ip().is_unspecified() {
+        anyhow::bail!(
+            "--advertise-address: serve listens on every address ({}) for external node agents, so it cannot tell which one agents and teams reach it at; give --advertise-address with this host's address on the nodes' network (e.g. --advertise-address 10.0.0.5)",
+            args.listen
+        );
+    }
+    let address = crate::cli::advertise_address(args.advertise_address, args.listen);
+    tracing::info!(%address, "Slurm controllers and logins are advertised at this address");
+    if address.is_loopback() && !args.listen.ip().is_loopback() {
+        tracing::warn!(%address, listen = %args.listen, "a loopback address is advertised while serve listens beyond loopback: node agents and teams on other hosts cannot reach this host's Slurm controllers and logins; give --advertise-address");
+    }
+    Ok(())
 }
 
 /// How long serve waits for its embedded agents to stop.

@@ -42,12 +42,11 @@ impl NodeAgent {
     }
 
     /// The multi-host tier: an agent on `host` (its data dir in the host's dir) that
-    /// reaches `backend` at its address and takes bandwidth-test streams on the host's.
+    /// reaches `backend` at its address. It is given no address flag: it offers its peers
+    /// and the Slurm controller the host's address by default (the route to the control
+    /// plane), as an operator who gives none would have it.
     pub fn start_on(host: &Host, backend: &Backend, name: &str, extra: &[&str]) -> NodeAgent {
-        let listen = format!("{}:0", host.addr());
-        let mut args = vec!["--bandwidth-listen", listen.as_str()];
-        args.extend_from_slice(extra);
-        Self::launch(Some(host), backend, name, backend.join_token(), &args)
+        Self::launch(Some(host), backend, name, backend.join_token(), extra)
     }
 
     fn launch(

@@ -23,7 +23,8 @@ use gpufleet_e2e::netns::{self, Network};
 use gpufleet_e2e::{eventually, grpc, hcl, Backend, Clients, Terraform};
 use gpufleet_proto::v1::health_service_client::HealthServiceClient;
 use gpufleet_proto::v1::{
-    GetTenantClusterRequest, Node, RunHealthCheckRequest, TenantCluster, UpdateTenantClusterRequest,
+    CreateTenantClusterRequest, GetTenantClusterRequest, Node, RunHealthCheckRequest,
+    TenantCluster, UpdateTenantClusterRequest,
 };
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
@@ -457,4 +458,74 @@ async fn a_partitioned_host_is_replaced_and_once_healed_holds_nothing_of_the_clu
     );
     tf.assert_no_changes();
     tf.destroy();
+}
+
+/// The guides' old default, as an operator who copies `--bandwidth-listen 127.0.0.1:0`
+/// would have it: nodes on separate hosts offering loopback to each other. Each agent
+/// warns at start, and a 2-node cluster's acceptance names the unreachable pairs and the
+/// flags, takes no node out of service, and never says "0 Gbit/s above the threshold".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_offering_loopback_to_other_hosts_warn_and_fail_acceptance_naming_the_pairs() {
+    if skip() {
+        return;
+    }
+    let Fleet {
+        net: _net,
+        backend,
+        agents,
+    } = Fleet::start(
+        &["g1", "g2"],
+        &[],
+        &[
+            "--gpus",
+            "1",
+            "--bandwidth-listen",
+            "127.0.0.1:0",
+            "--address",
+            "127.0.0.1",
+        ],
+        LIMIT,
+    )
+    .await;
+    for a in &agents {
+        let log = a.log();
+        assert!(
+            log.contains(
+                "the bandwidth-test address offered to peers is not reachable from other hosts"
+            ) && log.contains(
+                "the Slurm address offered to the controller is not reachable from other hosts"
+            ),
+            "{log}"
+        );
+    }
+    let mut admin = backend.admin().await;
+    let (tenant, _) = create_tenant(&mut admin, "loop").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 2, 0).await;
+    let refused = admin
+        .clusters
+        .create_tenant_cluster(CreateTenantClusterRequest {
+            request_id: "loopback-ring".into(),
+            tenant_id: tenant.id.clone(),
+            name: "ring".into(),
+            orchestrator: "kubernetes".into(),
+            gpu_type: "H100-80GB".into(),
+            node_count: 2,
+            storage_gib: 1,
+            set_acceptance: true,
+            acceptance_level: "medium".into(),
+            run_acceptance_on_create: true,
+            ..Default::default()
+        })
+        .await
+        .expect_err("acceptance cannot pass");
+    let m = refused.message();
+    assert!(
+        m.contains("no node of the cluster could reach a peer's bandwidth-test listener")
+            && m.contains("127.0.0.1")
+            && m.contains("--bandwidth-listen")
+            && !m.contains("0 Gbit/s"),
+        "{m}"
+    );
+    // No node was taken out for the network's fault.
+    ready_nodes(&admin, &["g1", "g2"]).await;
 }

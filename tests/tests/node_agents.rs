@@ -557,6 +557,35 @@ fn plain_http_on_a_network_address_needs_insecure() {
     );
 }
 
+#[test]
+fn a_wildcard_listen_for_external_agents_needs_an_advertised_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .args([
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--insecure",
+            "--node-agents",
+            "external",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("data"))
+        .env_remove("GPUFLEET_ADVERTISE_ADDRESS")
+        .output()
+        .expect("run serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--advertise-address: serve listens on every address (0.0.0.0:0) for external node agents"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "nothing written before the refusal"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terraform_driver_change_rolls_through_agent_processes_and_a_restart_mid_install_is_no_rerun(
 ) {

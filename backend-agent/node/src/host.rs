@@ -27,6 +27,37 @@ impl Declared {
     }
 }
 
+/// Where the control plane of `url` (`http(s)://HOST:PORT`) is, as an IPv4 socket address;
+/// None when the host does not resolve to one.
+pub fn control_plane_addr(url: &str) -> Option<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let uri: tonic::transport::Uri = url.parse().ok()?;
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
+    (host, port)
+        .to_socket_addrs()
+        .ok()?
+        .find(SocketAddr::is_ipv4)
+}
+
+/// The local IPv4 address this host's traffic to `target` leaves from (the kernel's route,
+/// asked with an unconnected UDP socket: nothing is sent): the address the control plane's
+/// other hosts reach this one at. Loopback when `target` is on this host.
+pub fn route_address(target: SocketAddr) -> Option<Ipv4Addr> {
+    let probe = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+    probe.connect(target).ok()?;
+    match probe.local_addr().ok()?.ip() {
+        IpAddr::V4(ip) if !ip.is_unspecified() => Some(ip),
+        _ => None,
+    }
+}
+
 /// The address Slurm should use when `--address` is not given: the host of
 /// `--bandwidth-advertise` when it is an IPv4 address, else `--bandwidth-listen`'s when it
 /// names one, else loopback.
@@ -82,6 +113,18 @@ pub fn memory_mib() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_control_planes_address_and_the_route_to_it() {
+        let cp = control_plane_addr("http://127.0.0.1:7700").unwrap();
+        assert_eq!(cp, "127.0.0.1:7700".parse().unwrap());
+        assert_eq!(route_address(cp), Some(Ipv4Addr::LOCALHOST));
+        assert_eq!(
+            control_plane_addr("https://localhost").map(|a| a.port()),
+            Some(443)
+        );
+        assert_eq!(control_plane_addr("not a url"), None);
+    }
 
     #[test]
     fn the_default_address_is_the_advertised_or_listening_one_else_loopback() {

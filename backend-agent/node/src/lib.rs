@@ -50,7 +50,9 @@ pub struct Config {
     pub ca_cert: Option<PathBuf>,
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
-    pub bandwidth_listen: std::net::SocketAddr,
+    /// Where peers' bandwidth-test streams are taken (default: this host's address on
+    /// the route to the control plane, a free port).
+    pub bandwidth_listen: Option<std::net::SocketAddr>,
     pub bandwidth_advertise: Option<String>,
     /// HTTP/2 keepalive on the control plane's connection: a PING this often, and the
     /// connection given up when one goes unanswered for as long.
@@ -262,18 +264,22 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
             anyhow::bail!("--bandwidth-advertise: '{a}' is not a host:port");
         }
     }
-    let listener = bandwidth::Listener::start(
-        args.bandwidth_listen,
-        fault_throttle(faults_file.clone(), &name),
-    )
-    .with_context(|| {
-        format!(
-            "--bandwidth-listen: cannot listen on {}",
-            args.bandwidth_listen
-        )
-    })?;
-    tracing::info!(addr = %listener.addr(), "bandwidth-test listener ready");
-    let host = declared_host(&args, sim.is_some())?;
+    // What this host offers other hosts defaults to its address on the route to the
+    // control plane: where that is another host, so are the peers.
+    let control_plane = host::control_plane_addr(&args.control_plane);
+    let route = control_plane.and_then(host::route_address);
+    let bandwidth_listen = args.bandwidth_listen.unwrap_or_else(|| {
+        std::net::SocketAddr::from((route.unwrap_or(std::net::Ipv4Addr::LOCALHOST), 0))
+    });
+    let listener =
+        bandwidth::Listener::start(bandwidth_listen, fault_throttle(faults_file.clone(), &name))
+            .with_context(|| format!("--bandwidth-listen: cannot listen on {bandwidth_listen}"))?;
+    let host = declared_host(&args, sim.is_some(), bandwidth_listen)?;
+    let bandwidth_offered = args
+        .bandwidth_advertise
+        .clone()
+        .unwrap_or_else(|| listener.addr().to_string());
+    tell_offered(control_plane, &bandwidth_offered, host.address);
     tracing::info!(address = %host.address, hostname = %host.hostname, cpus = host.cpus, memory_mib = host.memory_mib, "the host as Slurm declares it");
     let agent = assemble(Parts {
         host,
@@ -312,16 +318,43 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
     session::run(agent, stop_rx).await
 }
 
+/// Logs every address this agent offers other hosts, with a warning for a loopback (or
+/// unspecified) one when the control plane is on another host: its peers and the Slurm
+/// controller would reach themselves, not this host.
+fn tell_offered(
+    control_plane: Option<std::net::SocketAddr>,
+    bandwidth: &str,
+    slurm: std::net::Ipv4Addr,
+) {
+    let remote = control_plane.is_some_and(|a| !a.ip().is_loopback());
+    let bandwidth_host = bandwidth
+        .rsplit_once(':')
+        .and_then(|(h, _)| h.trim_matches(['[', ']']).parse::<std::net::IpAddr>().ok());
+    let unreachable =
+        |ip: Option<std::net::IpAddr>| ip.is_some_and(|ip| ip.is_loopback() || ip.is_unspecified());
+    tracing::info!(bandwidth_test = %bandwidth, slurm_address = %slurm, control_plane = ?control_plane, "addresses this node offers its peers");
+    if remote && unreachable(bandwidth_host) {
+        tracing::warn!(bandwidth_test = %bandwidth, "the control plane is on another host, but the bandwidth-test address offered to peers is not reachable from other hosts; give --bandwidth-listen (or --bandwidth-advertise) this host's address");
+    }
+    if remote && unreachable(Some(slurm.into())) {
+        tracing::warn!(slurm_address = %slurm, "the control plane is on another host, but the Slurm address offered to the controller is not reachable from other hosts; give --address this host's address");
+    }
+}
+
 /// The host as this agent declares it to Slurm: its real values, with `--cpus` and
 /// `--memory-mib` over them for simulated GPUs (bounded as the control plane bounds them).
-fn declared_host(args: &Config, simulated: bool) -> anyhow::Result<host::Declared> {
+fn declared_host(
+    args: &Config,
+    simulated: bool,
+    bandwidth_listen: std::net::SocketAddr,
+) -> anyhow::Result<host::Declared> {
     use gpufleet_proto::limits::{MAX_NODE_CPUS, MAX_NODE_MEMORY_MIB};
     let address = match args.address {
         Some(a) if a.is_unspecified() || a.is_broadcast() || a.is_multicast() => {
             anyhow::bail!("--address: {a} is not an address the Slurm controller can reach")
         }
         Some(a) => a,
-        None => host::default_address(args.bandwidth_advertise.as_deref(), args.bandwidth_listen),
+        None => host::default_address(args.bandwidth_advertise.as_deref(), bandwidth_listen),
     };
     let mut host = host::Declared::real(address);
     if !simulated && (args.cpus.is_some() || args.memory_mib.is_some()) {
