@@ -164,11 +164,23 @@ async fn agents_apply_a_terraform_mig_layout_and_a_killed_node_is_replaced() {
         }
     })
     .await;
-    assert!(
-        degraded.status_reason.contains(&dead),
-        "{}",
-        degraded.status_reason
-    );
+    // It says since when, why, and from when the node is replaced (1s later here).
+    let reason = &degraded.status_reason;
+    let since = reason
+        .strip_prefix(&format!("node {dead} unreachable since "))
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("no since-time in {reason}"));
+    let from = reason
+        .split("it is replaced from ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("no replacement time in {reason}"));
+    let at = |t: &str| {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+            .unwrap_or_else(|e| panic!("{t}: {e}"))
+    };
+    assert_eq!(at(from) - at(since), time::Duration::seconds(1), "{reason}");
+    assert!(reason.contains("(no heartbeat within 2s)"), "{reason}");
     // Replaced by the spare, which the agents partition like the others.
     let replaced = eventually("the node replaced", LIMIT, || {
         let mut admin = admin.clone();

@@ -25,20 +25,35 @@ pub fn refuse_while_changing(c: &ClusterRow) -> Result<()> {
     Ok(())
 }
 
-/// Its status once a change is through: degraded while a node is unreachable.
-pub fn settled_status(conn: &Connection, cluster_id: &str) -> Result<(String, String)> {
+/// Its status once a change is through: degraded while a node is unreachable, saying
+/// since when, why, and from when it is replaced (`replace_after` later).
+pub fn settled_status(
+    conn: &Connection,
+    cluster_id: &str,
+    replace_after: std::time::Duration,
+) -> Result<(String, String)> {
+    let after = i64::try_from(replace_after.as_secs()).unwrap_or(i64::MAX);
     let down: Vec<String> = store::nodes::list(conn, None, Some(cluster_id))?
         .into_iter()
         .filter(|n| n.state == NODE_UNREACHABLE)
-        .map(|n| n.hostname)
+        .map(|n| {
+            format!(
+                "node {} unreachable since {}{}; it is replaced from {} when capacity and quota allow",
+                n.hostname,
+                crate::state::rfc3339(n.state_since),
+                if n.state_reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", n.state_reason)
+                },
+                crate::state::rfc3339(n.state_since.saturating_add(after)),
+            )
+        })
         .collect();
     Ok(if down.is_empty() {
         ("running".into(), String::new())
     } else {
-        (
-            "degraded".into(),
-            format!("node(s) {} unreachable", down.join(", ")),
-        )
+        ("degraded".into(), down.join("; "))
     })
 }
 

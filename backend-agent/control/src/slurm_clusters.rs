@@ -725,9 +725,10 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
                 Err(e) => Some(format!("Slurm: {e}")),
             }
         };
+        let replace_after = state.agents.replace_after;
         state
             .apply(move |conn| -> Result<()> {
-                let base = crate::cluster_status::settled_status(conn, &c.id)?;
+                let base = crate::cluster_status::settled_status(conn, &c.id, replace_after)?;
                 let (status, reason) = overlay(base, slurm_says);
                 if store::clusters::set_settled_status(conn, &c.id, &status, &reason)? {
                     tracing::info!(cluster = %c.name, %status, %reason, "Slurm cluster status");

@@ -11,7 +11,7 @@ use rusqlite::Connection;
 use tokio::sync::watch;
 
 use crate::error::Error;
-use crate::state::{rfc3339, AppState};
+use crate::state::AppState;
 use crate::store::{
     self,
     nodes::{NODE_BUSY, NODE_QUARANTINED, NODE_READY, NODE_UNREACHABLE},
@@ -26,7 +26,7 @@ fn mark_unreachable(
     timeout: Duration,
     replace_after: Duration,
     t: i64,
-) -> rusqlite::Result<()> {
+) -> crate::error::Result<()> {
     store::nodes::set_state(
         conn,
         node_id,
@@ -50,17 +50,10 @@ fn mark_unreachable(
                 &format!("no heartbeat within {timeout:?}"),
             )?;
         }
-        store::clusters::set_status(
-            conn,
-            cluster,
-            "degraded",
-            &format!(
-                "node {} unreachable since {} (no heartbeat within {timeout:?}); it is replaced after {:?} when capacity and quota allow",
-                node.hostname,
-                rfc3339(t),
-                replace_after
-            ),
-        )?;
+        // Every unreachable node of the cluster, each with since when and from when it is
+        // replaced.
+        let (_, reason) = crate::cluster_status::settled_status(conn, cluster, replace_after)?;
+        store::clusters::set_status(conn, cluster, "degraded", &reason)?;
     }
     Ok(())
 }

@@ -212,11 +212,11 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
     } else {
         crate::mig::converge(state, &changes).await
     };
-    let clock_now = state.now();
+    let (clock_now, replace_after) = (state.now(), state.agents.replace_after);
     state
         .apply(move |tx| match converged {
             Ok(()) => {
-                let (status, reason) = settled_status(tx, &cluster.id)?;
+                let (status, reason) = settled_status(tx, &cluster.id, replace_after)?;
                 store::clusters::set_status(tx, &cluster.id, &status, &reason)?;
                 for n in &added {
                     store::events::record(

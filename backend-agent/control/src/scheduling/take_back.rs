@@ -168,9 +168,19 @@ async fn carry_out(state: &AppState, work: TakeBack) -> Result<()> {
         ))),
         None => crate::mig::converge(state, &changes).await,
     };
-    let t = state.now();
+    let (t, replace_after) = (state.now(), state.agents.replace_after);
     state
-        .apply(move |tx| record_take_back(tx, cluster, taken, replacements, why, converged, t))
+        .apply(move |tx| {
+            record_take_back(
+                tx,
+                cluster,
+                taken,
+                replacements,
+                why,
+                converged,
+                (t, replace_after),
+            )
+        })
         .await?
 }
 
@@ -184,14 +194,15 @@ fn record_take_back(
     replacements: Vec<NodeRow>,
     why: String,
     converged: Result<()>,
-    t: i64,
+    // Now, and how long an unreachable node waits for its replacement (for the status).
+    (t, replace_after): (i64, std::time::Duration),
 ) -> Result<Result<()>> {
     if let Err(e) = converged {
         // Replacements go back; the taken nodes stay until the next round retries.
         for n in &replacements {
             store::nodes::release(tx, &n.id)?;
         }
-        let (status, _) = settled_status(tx, &cluster.id)?;
+        let (status, _) = settled_status(tx, &cluster.id, replace_after)?;
         store::clusters::set_status(
             tx,
             &cluster.id,
@@ -221,7 +232,7 @@ fn record_take_back(
             cluster.node_count
         ));
     }
-    let (status, down) = settled_status(tx, &cluster.id)?;
+    let (status, down) = settled_status(tx, &cluster.id, replace_after)?;
     cluster.status = status;
     cluster.status_reason = if down.is_empty() {
         reason

@@ -540,12 +540,14 @@ impl Clusters {
         // The record in one transaction on the writer thread: a large cluster's events
         // commit once, and no async worker waits on SQLite.
         let (name, nodes) = (cluster.name.clone(), cluster.node_count);
-        let clock_now = self.state.now();
+        let (clock_now, replace_after) = (self.state.now(), self.state.agents.replace_after);
         let created = self
             .state
             .write(move |sp| -> Result<_, Status> {
-                let (status, reason) =
-                    crate::slurm_clusters::overlay(settled_status(&sp, &cluster.id)?, slurm);
+                let (status, reason) = crate::slurm_clusters::overlay(
+                    settled_status(&sp, &cluster.id, replace_after)?,
+                    slurm,
+                );
                 store::clusters::set_status(&sp, &cluster.id, &status, &reason)
                     .map_err(db_error)?;
                 let held = store::nodes::list(&sp, None, Some(&cluster.id)).map_err(db_error)?;
@@ -892,7 +894,7 @@ impl Clusters {
         } else {
             Vec::new()
         };
-        let driver = c.driver_version.clone();
+        let (driver, replace_after) = (c.driver_version.clone(), self.state.agents.replace_after);
         let answer = self
             .state
             .write(move |sp| -> Result<_, Status> {
@@ -900,8 +902,10 @@ impl Clusters {
                     .map_err(db_error)?
                     .ok_or_else(|| not_found("tenant cluster", &c.id))?;
                 if now_row.status != "degraded" {
-                    let (status, reason) =
-                        crate::slurm_clusters::overlay(settled_status(&sp, &c.id)?, slurm);
+                    let (status, reason) = crate::slurm_clusters::overlay(
+                        settled_status(&sp, &c.id, replace_after)?,
+                        slurm,
+                    );
                     store::clusters::set_status(&sp, &c.id, &status, &reason).map_err(db_error)?;
                 }
                 let c = store::clusters::get(&sp, &c.id)
