@@ -538,7 +538,7 @@ pub struct PkiArgs {
     /// Directory for the CA and the issued certificates (created when missing).
     #[arg(long, default_value = "./pki")]
     pub dir: PathBuf,
-    /// Names (DNS names or IP addresses) the control plane's server certificate is valid for; repeatable. Default: localhost and 127.0.0.1.
+    /// Names (DNS names or IP addresses) the control plane's server certificate is valid for, besides localhost and 127.0.0.1 (always there, for admin commands on its own host); repeatable; the first is its common name.
     #[arg(long = "server-name")]
     pub server_names: Vec<String>,
     /// Issue a client certificate for this node agent name; repeatable.

@@ -50,7 +50,37 @@ pub(crate) async fn channel(args: &ClientArgs) -> anyhow::Result<(Channel, Beare
             root_cause(&e)
         )
     })?;
+    if let Some(addr) = args.endpoint.strip_prefix("http://") {
+        let addr = addr.trim_end_matches('/');
+        if speaks_tls(addr).await {
+            anyhow::bail!(
+                "--endpoint: the control plane at {addr} speaks https, not http; use --endpoint https://{addr} (with --ca-cert for its CA when it is the pki's)"
+            );
+        }
+    }
     Ok((channel, auth))
+}
+
+/// Whether the server at `addr` answers an HTTP/2 preface with TLS (a TLS record: an
+/// alert or a handshake), as a TLS-only `serve` does to a plain-http client; otherwise
+/// the call would fail later with only "broken pipe" or "frame with invalid size".
+async fn speaks_tls(addr: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const TLS_ALERT: u8 = 0x15;
+    const TLS_HANDSHAKE: u8 = 0x16;
+    let probe = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .ok()?;
+        let mut first = [0u8; 1];
+        s.read_exact(&mut first).await.ok()?;
+        Some(first[0])
+    };
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(2), probe).await,
+        Ok(Some(TLS_ALERT | TLS_HANDSHAKE))
+    )
 }
 
 /// Every node, following the pages of ListNodes.

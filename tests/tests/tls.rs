@@ -100,3 +100,57 @@ async fn https_endpoint_of_a_plain_http_backend_is_one_diagnostic() {
     )]);
     assert!(backend.admin().await.inventory().await.is_empty());
 }
+
+/// The guide's pki, as an operator runs it: a server certificate for the control plane's
+/// network name still holds the local names, so the admin commands on its own host work
+/// over https; and an admin command given http:// for a TLS control plane says it speaks
+/// https instead of "broken pipe".
+#[test]
+fn the_pkis_certificate_keeps_the_local_names_and_plain_http_is_told_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    let out = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .args(["pki", "--dir"])
+        .arg(&pki)
+        .args(["--server-name", "cp.example.internal", "--agent", "gpu-a"])
+        .output()
+        .expect("run pki");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |f: &str| std::fs::read_to_string(pki.join(f)).unwrap();
+    let tls = ServerTls {
+        ca_pem: read("ca.pem"),
+        cert_pem: read("server.pem"),
+        key_pem: read("server.key"),
+    };
+    let backend = Backend::start_with_tls(&tls);
+    let port = backend.endpoint().rsplit(':').next().unwrap().to_string();
+    let nodes = |endpoint: &str| {
+        std::process::Command::new(gpufleet_e2e::binaries::agent())
+            .args(["nodes", "--endpoint", endpoint, "--ca-cert"])
+            .arg(pki.join("ca.pem"))
+            .env("GPUFLEET_TOKEN", backend.admin_token())
+            .output()
+            .expect("run nodes")
+    };
+    for host in ["127.0.0.1", "localhost"] {
+        let out = nodes(&format!("https://{host}:{port}"));
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("HOSTNAME"),
+            "{host}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = nodes(&format!("http://127.0.0.1:{port}"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "the control plane at 127.0.0.1:{port} speaks https, not http; use --endpoint https://127.0.0.1:{port}"
+        )),
+        "{err}"
+    );
+}

@@ -44,7 +44,7 @@ pub fn issue_for_tests(dir: &Path, agents: &[&str]) -> anyhow::Result<()> {
 }
 
 /// Creates the CA in `dir` when it is not there yet, then issues the server certificate
-/// (for `server_names`, or localhost and 127.0.0.1) and one client certificate per agent
+/// (for `server_names`, and always localhost and 127.0.0.1) and one client certificate per agent
 /// name: the paths of the files written, in order. The names are checked before anything
 /// is written.
 pub fn issue(
@@ -252,11 +252,13 @@ fn issue_leaf(
 /// when none is given): IP addresses as IP names, the rest as DNS names. Duplicates are
 /// dropped.
 fn server_sans(names: &[String]) -> anyhow::Result<Vec<SanType>> {
-    let names: Vec<&str> = if names.is_empty() {
-        DEFAULT_SERVER_NAMES.to_vec()
-    } else {
-        names.iter().map(String::as_str).collect()
-    };
+    // The given names first (the first is the common name), then always the local ones:
+    // admin commands on the control plane's own host connect to localhost.
+    let names: Vec<&str> = names
+        .iter()
+        .map(String::as_str)
+        .chain(DEFAULT_SERVER_NAMES)
+        .collect();
     let mut sans = Vec::new();
     for name in names {
         let san = if let Ok(ip) = name.parse::<IpAddr>() {
@@ -627,6 +629,11 @@ mod tests {
         assert!(matches!(sans[1], SanType::IpAddress(ip) if ip.to_string() == "10.0.0.5"));
         assert!(matches!(sans[2], SanType::IpAddress(ip) if ip.is_ipv6()));
         assert!(matches!(&sans[0], SanType::DnsName(n) if n.as_str() == "gpu.example.com"));
+        // The local names are always there, once.
+        assert!(matches!(&sans[4], SanType::DnsName(n) if n.as_str() == "localhost"));
+        assert!(matches!(sans[5], SanType::IpAddress(ip) if ip.to_string() == "127.0.0.1"));
+        let again = server_sans(&names(&["localhost", "cp.example"])).unwrap();
+        assert_eq!(again.len(), 3, "{again:?}");
     }
 
     #[test]
@@ -804,7 +811,12 @@ mod tests {
                 .await
                 .unwrap_or_else(|e| panic!("{agent}: {e}"));
         }
-        let err = mtls_call(&dir, &dir, "node-2", "localhost")
+        // The local names stay in it (admin commands on the control plane's own host),
+        // and a name it was not issued for is refused.
+        mtls_call(&dir, &dir, "node-2", "localhost")
+            .await
+            .unwrap_or_else(|e| panic!("localhost: {e}"));
+        let err = mtls_call(&dir, &dir, "node-2", "other.example.com")
             .await
             .unwrap_err();
         assert!(err.contains("NotValidForName"), "{err}");
