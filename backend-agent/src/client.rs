@@ -369,13 +369,19 @@ pub async fn forget_node_secret(args: crate::cli::NodeReturnArgs) -> anyhow::Res
 pub async fn print_nodes(args: ClientArgs) -> anyhow::Result<()> {
     let mut client = connect(&args).await?;
     let nodes = all_nodes(&mut client).await?;
+    // Clusters by name (TENANT/NAME), as people call them; an id only if it is not listed.
+    let names = if nodes.iter().any(|n| !n.cluster_id.is_empty()) {
+        crate::lists::cluster_names(&args).await?
+    } else {
+        Default::default()
+    };
     let rows: Vec<Vec<String>> = nodes
         .into_iter()
         .map(|n| {
             let cluster = if n.cluster_id.is_empty() {
                 "-".to_string()
             } else {
-                n.cluster_id
+                names.get(&n.cluster_id).cloned().unwrap_or(n.cluster_id)
             };
             let heartbeat = if n.heartbeat_age_seconds < 0 {
                 "-".to_string()

@@ -75,6 +75,42 @@ pub async fn print_tenants(args: ClientArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every cluster the token may see, by id, as `TENANT/NAME` (for tables that hold ids).
+pub async fn cluster_names(
+    args: &ClientArgs,
+) -> anyhow::Result<std::collections::HashMap<String, String>> {
+    let (ch, auth) = channel(args).await?;
+    let client = TenantClusterServiceClient::with_interceptor(ch, auth)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let rows = all_rows(|page_token| {
+        let mut client = client.clone();
+        async move {
+            let page = client
+                .list_tenant_clusters(v1::ListTenantClustersRequest {
+                    tenant_id: String::new(),
+                    page_size: 0,
+                    page_token,
+                })
+                .await?
+                .into_inner();
+            let rows = page
+                .clusters
+                .into_iter()
+                .map(|c| vec![c.id, format!("{}/{}", c.tenant_name, c.name)])
+                .collect();
+            Ok((rows, page.next_page_token))
+        }
+    })
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|mut r| {
+            let name = r.pop()?;
+            Some((r.pop()?, name))
+        })
+        .collect())
+}
+
 pub async fn print_clusters(args: ListArgs) -> anyhow::Result<()> {
     let (ch, auth) = channel(&args.client).await?;
     let client = TenantClusterServiceClient::with_interceptor(ch, auth)

@@ -209,6 +209,23 @@ async fn agents_apply_a_terraform_mig_layout_and_a_killed_node_is_replaced() {
         "the dead node left the cluster"
     );
 
+    // `gpufleet-agent nodes` names the cluster as people do (TENANT/NAME), not by id.
+    let listed = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .args(["nodes", "--endpoint", &backend.endpoint()])
+        .env("GPUFLEET_TOKEN", backend.admin_token())
+        .output()
+        .expect("run gpufleet-agent nodes");
+    let text = String::from_utf8_lossy(&listed.stdout);
+    let named = "speech/train";
+    let spare_line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{spare} ")))
+        .unwrap_or_else(|| panic!("{spare} not listed:\n{text}"));
+    assert!(
+        spare_line.contains(&format!(" {named} ")) && !text.contains(&cluster_id),
+        "{text}"
+    );
+
     // The cluster's history says what happened, node by node.
     let events = admin
         .fleet
