@@ -144,6 +144,11 @@ impl NodeAgent {
         self.signal("-CONT");
     }
 
+    /// SIGTERM: a planned stop (a service stop); [`NodeAgent::wait_exit`] sees it end.
+    pub fn terminate(&self) {
+        self.signal("-TERM");
+    }
+
     fn signal(&self, which: &str) {
         let child = self.child.as_ref().expect("the agent runs");
         let ok = Command::new("kill")

@@ -277,6 +277,62 @@ async fn agents_apply_a_terraform_mig_layout_and_a_killed_node_is_replaced() {
     }
 }
 
+/// A planned stop is not a crash: an agent stopped with SIGTERM tells the control plane,
+/// so its cluster's node is `unreachable` at once with why (the node timeout here is 30s),
+/// the cluster degraded naming it, and the agent exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_stopped_on_purpose_leaves_its_node_unreachable_at_once_saying_why() {
+    let backend = Backend::start_external("30s", "5m");
+    let mut agents: Vec<NodeAgent> = ["n1", "n2"]
+        .iter()
+        .map(|name| NodeAgent::start(&backend, name, &["--gpus", "1"]))
+        .collect();
+    let mut admin = backend.admin().await;
+    ready_nodes(&mut admin, &["n1", "n2"]).await;
+    let (tenant, _) = create_tenant(&mut admin, "vision").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 1, 0).await;
+    let created = create_pool_cluster(&mut admin, &tenant.id, "cv", "H100-80GB", 1).await;
+    let held = created.nodes[0].hostname.clone();
+    let agent = agents.iter_mut().find(|a| a.name == held).unwrap();
+    let stopped_at = std::time::Instant::now();
+    agent.terminate();
+    let status = agent.wait_exit(LIMIT).expect("the agent stops");
+    assert!(status.success(), "{status:?}: {}", agent.log());
+    assert!(
+        agent
+            .log()
+            .contains("told the control plane this node is leaving"),
+        "{}",
+        agent.log()
+    );
+    let node = eventually("the node unreachable", LIMIT, || {
+        let mut admin = admin.clone();
+        let held = held.clone();
+        async move {
+            nodes(&mut admin)
+                .await
+                .into_iter()
+                .find(|n| n.hostname == held && n.state == "unreachable")
+        }
+    })
+    .await;
+    eprintln!("unreachable {:?} after SIGTERM", stopped_at.elapsed());
+    assert!(
+        node.state_reason.contains("its agent stopped"),
+        "not the node timeout's doing: {}",
+        node.state_reason
+    );
+    let c = cluster(&mut admin, &created.id).await;
+    assert_eq!(c.status, "degraded");
+    assert!(
+        c.status_reason
+            .starts_with(&format!("node {held} unreachable since "))
+            && c.status_reason.contains("(its agent stopped"),
+        "{}",
+        c.status_reason
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_tokens_taken_names_and_contradicting_hardware_are_refused() {
     let backend = Backend::start_external("30s", "5m");

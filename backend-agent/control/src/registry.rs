@@ -157,6 +157,34 @@ impl Registry {
         false
     }
 
+    /// The node's agent said it is stopping: if `session` is still its current one, the
+    /// node is unreachable from now (its replacement counts from now), its stream ends and
+    /// its waiting orders fail. True when it was declared so.
+    pub fn declare_left(&self, node_id: &str, session: u64) -> bool {
+        let mut inner = self.lock();
+        if !inner.sessions.get(node_id).is_some_and(|s| s.id == session) {
+            return false;
+        }
+        inner.sessions.remove(node_id);
+        inner.stale.insert(node_id.to_string(), Instant::now());
+        let ids: Vec<String> = inner
+            .pending
+            .iter()
+            .filter(|(_, p)| p.node_id == node_id)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            if let Some(p) = inner.pending.remove(&id) {
+                let _ = p.waiter.send(Outcome::Unreachable(format!(
+                    "node {node_id}'s agent stopped"
+                )));
+            }
+        }
+        drop(inner);
+        self.order_ended.notify_waiters();
+        true
+    }
+
     /// Drops what is known of a node that no longer exists (a forgotten candidate).
     pub fn forget(&self, node_id: &str) {
         let mut inner = self.lock();

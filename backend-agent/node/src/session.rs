@@ -65,10 +65,10 @@ async fn serve(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> anyhow::R
     tokio::task::spawn_blocking(move || exec.recover()).await?;
     let mut backoff = Duration::from_millis(100);
     loop {
-        let ended = tokio::select! {
-            _ = stopped(&mut stop) => return Ok(()),
-            ended = session(agent) => ended,
-        };
+        let ended = session(agent, stop.clone()).await;
+        if *stop.borrow() {
+            return Ok(());
+        }
         match ended {
             End::Refused(status) => {
                 anyhow::bail!(
@@ -175,15 +175,24 @@ fn arm_bandwidth(agent: &Agent, order: &v1::WorkOrder) {
     }
 }
 
-async fn session(agent: &Arc<Agent>) -> End {
+/// A session the control plane has registered: what the agent sends up, what comes
+/// down, and the registration's answer.
+struct Opened {
+    up: mpsc::UnboundedSender<v1::AgentMessage>,
+    down: tonic::Streaming<v1::ControlMessage>,
+    registered: v1::Registered,
+}
+
+/// Connects, registers and keeps what the registration issued.
+async fn open(agent: &Arc<Agent>) -> Result<Opened, End> {
     let channel = match agent.link.endpoint.connect().await {
         Ok(c) => c,
-        Err(e) => return End::Lost(gpufleet_wire::tls::causes(&e)),
+        Err(e) => return Err(End::Lost(gpufleet_wire::tls::causes(&e))),
     };
     let mut client = NodeAgentServiceClient::new(channel);
     let inventory = match inventory(&agent.exec).await {
         Ok(i) => i,
-        Err(e) => return e,
+        Err(e) => return Err(e),
     };
     let (up, up_rx) = mpsc::unbounded_channel::<v1::AgentMessage>();
     let _ = up.send(v1::AgentMessage {
@@ -209,9 +218,9 @@ async fn session(agent: &Arc<Agent>) -> End {
                 .insert(gpufleet_proto::AUTHORIZATION, v);
         }
         Err(_) => {
-            return End::Refused(tonic::Status::unauthenticated(
+            return Err(End::Refused(tonic::Status::unauthenticated(
                 "--join-token: not a valid header value",
-            ))
+            )))
         }
     }
     let tls = agent.link.endpoint.uri().scheme_str() == Some("https");
@@ -226,14 +235,18 @@ async fn session(agent: &Arc<Agent>) -> End {
     };
     let mut down = match client.session(request).await {
         Ok(r) => r.into_inner(),
-        Err(s) => return unregistered(classify(s)),
+        Err(s) => return Err(unregistered(classify(s))),
     };
     let registered = match down.message().await {
         Ok(Some(v1::ControlMessage {
             msg: Some(control_message::Msg::Registered(r)),
         })) => r,
-        Ok(_) => return End::Lost("the control plane did not answer the registration".into()),
-        Err(s) => return unregistered(classify(s)),
+        Ok(_) => {
+            return Err(End::Lost(
+                "the control plane did not answer the registration".into(),
+            ))
+        }
+        Err(s) => return Err(unregistered(classify(s))),
     };
     tracing::info!(node = %agent.name, node_id = %registered.node_id, "registered with the control plane");
     if !registered.node_secret.is_empty() {
@@ -243,6 +256,28 @@ async fn session(agent: &Arc<Agent>) -> End {
         }
     }
     write_status(agent, &registered.node_id, Some(&inventory));
+    Ok(Opened {
+        up,
+        down,
+        registered,
+    })
+}
+
+/// One session: registered, heartbeats up and orders down until the connection ends or
+/// `stop` turns true; then the agent says it is leaving before the stream ends.
+async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
+    let opened = tokio::select! {
+        _ = stopped(&mut stop) => return End::Lost("stopping".into()),
+        opened = open(agent) => opened,
+    };
+    let Opened {
+        up,
+        mut down,
+        registered,
+    } = match opened {
+        Ok(o) => o,
+        Err(end) => return end,
+    };
 
     let queued = Arc::new(AtomicU32::new(0));
     crate::metrics::watch_queue(&agent.name, &queued);
@@ -274,7 +309,7 @@ async fn session(agent: &Arc<Agent>) -> End {
     // Orders run one at a time, in arrival order, on a blocking thread.
     let (orders, mut order_rx) = mpsc::unbounded_channel::<v1::WorkOrder>();
     let worker = {
-        let agent = agent.clone();
+        let (agent, up) = (agent.clone(), up.clone());
         let queued = queued.clone();
         let node_id = registered.node_id.clone();
         tokio::spawn(async move {
@@ -298,7 +333,11 @@ async fn session(agent: &Arc<Agent>) -> End {
         })
     };
     let end = loop {
-        match down.message().await {
+        let message = tokio::select! {
+            _ = stopped(&mut stop) => break End::Lost("stopping".into()),
+            message = down.message() => message,
+        };
+        match message {
             Ok(Some(v1::ControlMessage {
                 msg: Some(control_message::Msg::Order(order)),
             })) => {
@@ -316,5 +355,36 @@ async fn session(agent: &Arc<Agent>) -> End {
     // An order running on its blocking thread finishes and is journaled; the control
     // plane re-sends it after the reconnect and gets the journaled answer.
     worker.abort();
+    if *stop.borrow() {
+        leave(&agent.name, up, down).await;
+    }
     end
+}
+
+/// How long a stopping agent waits for the control plane to take its leave.
+const LEAVE_WITHIN: Duration = Duration::from_secs(2);
+
+/// Tells the control plane this agent is stopping on purpose, ends the request stream,
+/// and waits (briefly) for the control plane to end its side, so the message is
+/// delivered rather than cut off with the connection.
+async fn leave(
+    name: &str,
+    up: mpsc::UnboundedSender<v1::AgentMessage>,
+    mut down: tonic::Streaming<v1::ControlMessage>,
+) {
+    let _ = up.send(v1::AgentMessage {
+        msg: Some(agent_message::Msg::Leaving(v1::Leaving {
+            reason: "its agent stopped (SIGTERM or a service stop)".into(),
+        })),
+    });
+    drop(up);
+    let drained = tokio::time::timeout(LEAVE_WITHIN, async {
+        while let Ok(Some(_)) = down.message().await {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(node = %name, "the control plane did not take this agent's leave within {LEAVE_WITHIN:?}");
+    } else {
+        tracing::info!(node = %name, "told the control plane this node is leaving");
+    }
 }

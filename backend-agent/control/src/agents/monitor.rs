@@ -23,18 +23,12 @@ const RETRY_AFTER_SECS: i64 = 5;
 fn mark_unreachable(
     conn: &Connection,
     node_id: &str,
-    timeout: Duration,
+    why: &str,
     replace_after: Duration,
     t: i64,
 ) -> crate::error::Result<()> {
-    store::nodes::set_state(
-        conn,
-        node_id,
-        NODE_UNREACHABLE,
-        &format!("no heartbeat within {timeout:?}"),
-        t,
-    )?;
-    tracing::warn!(node = %node_id, ?timeout, "node unreachable");
+    store::nodes::set_state(conn, node_id, NODE_UNREACHABLE, why, t)?;
+    tracing::warn!(node = %node_id, %why, "node unreachable");
     let Some(node) = store::nodes::get(conn, node_id)? else {
         return Ok(());
     };
@@ -47,7 +41,7 @@ fn mark_unreachable(
                 &c.tenant_id,
                 "node_unreachable",
                 &node.hostname,
-                &format!("no heartbeat within {timeout:?}"),
+                why,
             )?;
         }
         // Every unreachable node of the cluster, each with since when and from when it is
@@ -134,6 +128,30 @@ pub async fn forget_stale_candidates(state: &Arc<AppState>) -> Vec<String> {
     }
 }
 
+/// A node whose agent said it is stopping (a planned stop, not a crash): unreachable at
+/// once, with why, its cluster degraded; the replacement counts from now.
+pub async fn agent_left(state: &Arc<AppState>, node_id: &str, why: &str) {
+    let (id, why, t) = (node_id.to_string(), why.to_string(), state.now());
+    let replace_after = state.agents.replace_after;
+    let marked = state
+        .apply(move |conn| {
+            let Some(node) = store::nodes::get(conn, &id)? else {
+                return Ok::<_, Error>(());
+            };
+            if [NODE_READY, NODE_BUSY].contains(&node.state.as_str()) {
+                mark_unreachable(conn, &id, &why, replace_after, t)?;
+            }
+            Ok(())
+        })
+        .await;
+    match marked {
+        Ok(()) | Err(Error::Unavailable(_)) => {}
+        Err(e) => {
+            tracing::error!(node = %node_id, error = %e, "cannot record a node whose agent left")
+        }
+    }
+}
+
 /// One round: expire silent nodes, then replace those unreachable long enough.
 pub async fn round(state: &Arc<AppState>) {
     forget_stale_candidates(state).await;
@@ -190,7 +208,8 @@ pub async fn round(state: &Arc<AppState>) {
         let (id, t) = (node.clone(), state.now());
         let marked = state
             .apply(move |conn| {
-                Ok::<_, Error>(mark_unreachable(conn, &id, timeout, replace_after, t)?)
+                let why = format!("no heartbeat within {timeout:?}");
+                Ok::<_, Error>(mark_unreachable(conn, &id, &why, replace_after, t)?)
             })
             .await;
         if let Err(e) = marked {

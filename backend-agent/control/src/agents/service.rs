@@ -143,6 +143,8 @@ impl NodeAgentService for Agents {
         let state = self.state.clone();
         tokio::spawn(async move {
             let mut pacing = Pacing::new(std::time::Instant::now());
+            // Why the agent said it is stopping, when it did.
+            let mut left = None;
             loop {
                 let message = inbound.message().await;
                 if let Ok(Some(_)) = &message {
@@ -224,6 +226,12 @@ impl NodeAgentService for Agents {
                         agent_message::Msg::Register(_) => {
                             tracing::warn!(node = %node_id, "ignoring a second registration on one stream");
                         }
+                        agent_message::Msg::Leaving(l) => {
+                            let why: String = l.reason.chars().take(256).collect();
+                            tracing::info!(node = %node_id, %why, "node agent is leaving");
+                            left = Some(why);
+                            break;
+                        }
                     },
                     Ok(Some(_)) => {}
                     Ok(None) => break,
@@ -233,9 +241,19 @@ impl NodeAgentService for Agents {
                     }
                 }
             }
-            tracing::info!(node = %node_id, "node agent disconnected");
-            if state.agents.detach(&node_id, session) {
-                super::monitor::agent_gone(&state, &node_id).await;
+            match left {
+                // A planned stop: unreachable now, not after the node timeout.
+                Some(why) => {
+                    if state.agents.declare_left(&node_id, session) {
+                        super::monitor::agent_left(&state, &node_id, &why).await;
+                    }
+                }
+                None => {
+                    tracing::info!(node = %node_id, "node agent disconnected");
+                    if state.agents.detach(&node_id, session) {
+                        super::monitor::agent_gone(&state, &node_id).await;
+                    }
+                }
             }
         });
         Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
