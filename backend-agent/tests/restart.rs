@@ -220,3 +220,42 @@ async fn a_second_process_on_a_data_dir_in_use_fails_fast() {
     let mut c = again.admin().await;
     assert_eq!(tenant_names(&mut c).await, vec!["team-a"]);
 }
+
+/// A service manager's restart: the next process starts while the old one is still
+/// stopping (an idle client keeps it in its grace period), waits for the data dir instead
+/// of failing on the lock, and serves what the old one acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_right_after_a_stop_waits_for_the_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start(&data);
+    let mut c = agent.admin().await;
+    c.tenant("team-a").await;
+    let old = agent.pid();
+    unsafe { libc::kill(old as i32, libc::SIGTERM) };
+    // The old process says it is stopping before it lets go of the data dir.
+    let lock = data.join("agent.lock");
+    let deadline = std::time::Instant::now() + HANG;
+    while !std::fs::read_to_string(&lock)
+        .unwrap_or_default()
+        .ends_with("stopping")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never marked stopping"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let second = Agent::start(&data);
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap();
+    assert!(
+        log.contains("waiting for the process that is stopping to release the data dir"),
+        "{log}"
+    );
+    let mut c2 = second.admin().await;
+    assert_eq!(tenant_names(&mut c2).await, vec!["team-a"]);
+    drop((c, agent));
+    drop(c2);
+    let status = second.signal_and_wait(libc::SIGTERM, HANG);
+    assert!(status.success(), "{status:?}");
+}

@@ -214,8 +214,9 @@ pub struct ControlPlane {
     connections: crate::connections::Limits,
     embedded: Vec<EmbeddedHost>,
     tasks: Vec<JoinHandle<()>>,
-    /// Held while this value lives (the kernel drops it even on SIGKILL).
-    _lock: DataDirLock,
+    /// Held while this value lives (the kernel drops it even on SIGKILL); marked stopping
+    /// when the stop flag turns, so a restart waits for it.
+    lock: Arc<DataDirLock>,
 }
 
 impl ControlPlane {
@@ -343,7 +344,7 @@ impl ControlPlane {
             connections,
             embedded,
             tasks: Vec::new(),
-            _lock: lock,
+            lock: Arc::new(lock),
         })
     }
 
@@ -461,6 +462,13 @@ impl ControlPlane {
         stdout.flush()?;
         drop(stdout);
         tracing::info!(%addr, scheme, data_dir = %self.state.data_dir.display(), "serving");
+        {
+            let (lock, mut stop) = (self.lock.clone(), stop.clone());
+            tokio::spawn(async move {
+                stopped(&mut stop).await;
+                lock.mark_stopping();
+            });
+        }
 
         // On SIGINT/SIGTERM: close the listening socket at once (new clients are refused,
         // not left waiting in the backlog), let in-flight calls finish, and give

@@ -214,7 +214,16 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
     let link = link(&args)?;
     // Private before anything is written: its journal holds the orders it carried out.
     let data_dir = gpufleet_process::data_dir::private(&args.data_dir, &[])?;
-    let _lock = gpufleet_process::data_dir::DataDirLock::acquire(&data_dir)?;
+    // A restart right after a stop waits (off the async workers) for the old agent.
+    let lock = {
+        let data_dir = data_dir.clone();
+        Arc::new(
+            tokio::task::spawn_blocking(move || {
+                gpufleet_process::data_dir::DataDirLock::acquire(&data_dir)
+            })
+            .await??,
+        )
+    };
     let (gpu_type, backend, sim): (String, Arc<dyn GpuBackend>, _) = match args.hardware {
         Hardware::Sim => {
             let model = gpufleet_gpu::catalog::model(&args.gpu_type).ok_or_else(|| {
@@ -297,10 +306,14 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
     })?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let signals = gpufleet_process::signals::Signals::watch()?;
-    tokio::spawn(async move {
-        signals.recv().await;
-        let _ = stop_tx.send(true);
-    });
+    {
+        let lock = lock.clone();
+        tokio::spawn(async move {
+            signals.recv().await;
+            lock.mark_stopping();
+            let _ = stop_tx.send(true);
+        });
+    }
     if let Some(addr) = args.metrics_listen {
         let (name, backend) = (agent.name.clone(), agent.exec.backend.clone());
         let render = move || crate::metrics::render(name.clone(), backend.clone());

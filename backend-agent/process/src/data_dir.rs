@@ -61,9 +61,22 @@ fn tighten(path: &Path, skip: &[&str]) -> anyhow::Result<()> {
 /// each hold their own simulated hardware and allocate the same nodes. The lock is the
 /// open file's flock, so it goes with the process however it ends (no stale lock after a
 /// crash or SIGKILL).
+///
+/// The file says who holds it (`PID`), and `PID stopping` once the holder has begun a
+/// clean stop: a process started meanwhile (a service manager's restart) waits up to
+/// [`WAIT_FOR_STOPPING`] for it instead of failing, while one started beside a holder that
+/// is not stopping is refused (after [`WAIT_FOR_MARK`], in case the holder was signalled
+/// just before and has not said so yet).
 pub struct DataDirLock {
-    _file: std::fs::File,
+    file: std::fs::File,
 }
+
+/// How long a start waits for a holder that is stopping (it closes connections and stops
+/// its agents first).
+pub const WAIT_FOR_STOPPING: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a start waits for a holder to say it is stopping before it is refused.
+pub const WAIT_FOR_MARK: std::time::Duration = std::time::Duration::from_secs(1);
+const STOPPING: &str = "stopping";
 
 impl DataDirLock {
     pub fn acquire(data_dir: &Path) -> anyhow::Result<Self> {
@@ -77,19 +90,55 @@ impl DataDirLock {
             .mode(0o600)
             .open(&path)
             .with_context(|| format!("cannot open {}", path.display()))?;
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let started = std::time::Instant::now();
+        let mut told = false;
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
             let err = std::io::Error::last_os_error();
             let holder = std::fs::read_to_string(&path).unwrap_or_default();
-            anyhow::bail!(
-                "--data-dir: {} is in use by another gpufleet-agent (pid {}); stop it first ({err})",
-                data_dir.display(),
-                holder.trim()
-            );
+            let holder = holder.trim();
+            let stopping = holder.ends_with(STOPPING);
+            let waited = started.elapsed();
+            let limit = if stopping {
+                WAIT_FOR_STOPPING
+            } else {
+                WAIT_FOR_MARK
+            };
+            if waited >= limit {
+                let pid = holder.trim_end_matches(STOPPING).trim();
+                if stopping {
+                    anyhow::bail!(
+                        "--data-dir: {} is still held by gpufleet-agent pid {pid}, stopping for over {WAIT_FOR_STOPPING:?}; stop it first ({err})",
+                        data_dir.display()
+                    );
+                }
+                anyhow::bail!(
+                    "--data-dir: {} is in use by another gpufleet-agent (pid {pid}); stop it first ({err})",
+                    data_dir.display()
+                );
+            }
+            if stopping && !told {
+                tracing::info!(holder, data_dir = %data_dir.display(), "waiting for the process that is stopping to release the data dir");
+                told = true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         file.set_len(0)?;
         write!(file, "{}", std::process::id())?;
-        Ok(Self { _file: file })
+        Ok(Self { file })
+    }
+
+    /// Says in the lock file that this process has begun a clean stop, so that the next
+    /// start on the data dir waits for it rather than failing.
+    pub fn mark_stopping(&self) {
+        use std::os::unix::fs::FileExt;
+        let text = format!("{} {STOPPING}", std::process::id());
+        if let Err(e) = self.file.write_all_at(text.as_bytes(), 0) {
+            tracing::warn!(error = %e, "cannot mark the data dir's lock as stopping");
+        }
     }
 }
 
