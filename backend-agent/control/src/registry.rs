@@ -162,7 +162,7 @@ impl Registry {
     /// its waiting orders fail. True when it was declared so.
     pub fn declare_left(&self, node_id: &str, session: u64) -> bool {
         let mut inner = self.lock();
-        if !inner.sessions.get(node_id).is_some_and(|s| s.id == session) {
+        if inner.sessions.get(node_id).is_none_or(|s| s.id != session) {
             return false;
         }
         inner.sessions.remove(node_id);

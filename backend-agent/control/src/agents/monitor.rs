@@ -209,7 +209,7 @@ pub async fn round(state: &Arc<AppState>) {
         let marked = state
             .apply(move |conn| {
                 let why = format!("no heartbeat within {timeout:?}");
-                Ok::<_, Error>(mark_unreachable(conn, &id, &why, replace_after, t)?)
+                mark_unreachable(conn, &id, &why, replace_after, t)
             })
             .await;
         if let Err(e) = marked {

@@ -895,10 +895,6 @@ fn excuse_unjudged(answers: Vec<Verdict>) -> Vec<Verdict> {
         .collect()
 }
 
-/// The fastest pair's algorithm bandwidth when every pair of a ring test fell short and
-/// no node failed anything else: a result about the threshold, not about the hardware.
-/// None when some pair passed, a node failed another check, or no pair was tested.
-
 /// When no pair of a ring test could connect to its peer (and nothing else failed):
 /// the pairs, as their senders described them. That is the addresses the nodes advertise
 /// or the network between them, not a node, and not a threshold (see [`short_everywhere`]).
@@ -927,6 +923,9 @@ pub fn unreachable_everywhere(answers: &[Verdict]) -> Option<Vec<String>> {
     })
 }
 
+/// The fastest pair's algorithm bandwidth when every pair of a ring test fell short and
+/// no node failed anything else: a result about the threshold, not about the hardware.
+/// None when some pair passed, a node failed another check, or no pair was tested.
 pub fn short_everywhere(answers: &[Verdict]) -> Option<f64> {
     let pairs: Vec<&Check> = answers
         .iter()
