@@ -8,7 +8,7 @@ use tonic::transport::Channel;
 
 use crate::cli::{ClientArgs, HwCheckArgs};
 
-type Client = FleetServiceClient<InterceptedService<Channel, BearerAuth>>;
+pub(crate) type Client = FleetServiceClient<InterceptedService<Channel, BearerAuth>>;
 
 fn token(args: &ClientArgs) -> anyhow::Result<String> {
     if let Some(t) = args.token.as_ref().filter(|t| !t.is_empty()) {
@@ -24,7 +24,7 @@ fn token(args: &ClientArgs) -> anyhow::Result<String> {
     Ok(text.trim().to_string())
 }
 
-async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
+pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
     let (channel, auth) = channel(args).await?;
     Ok(FleetServiceClient::with_interceptor(channel, auth)
         .max_decoding_message_size(gpufleet_proto::limits::MAX_MESSAGE_BYTES))
@@ -81,27 +81,6 @@ async fn speaks_tls(addr: &str) -> bool {
         tokio::time::timeout(std::time::Duration::from_secs(2), probe).await,
         Ok(Some(TLS_ALERT | TLS_HANDSHAKE))
     )
-}
-
-/// Every node, following the pages of ListNodes.
-async fn all_nodes(client: &mut Client) -> anyhow::Result<Vec<v1::Node>> {
-    let mut nodes = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let page = client
-            .list_nodes(v1::ListNodesRequest {
-                page_token,
-                ..Default::default()
-            })
-            .await
-            .map_err(status)?
-            .into_inner();
-        nodes.extend(page.nodes);
-        if page.next_page_token.is_empty() {
-            return Ok(nodes);
-        }
-        page_token = page.next_page_token;
-    }
 }
 
 /// What a failed call says to a person: the control plane's own sentence (which names the
@@ -362,66 +341,6 @@ pub async fn forget_node_secret(args: crate::cli::NodeReturnArgs) -> anyhow::Res
     println!(
         "node {}: its name is released; the next agent to register under it takes it",
         node.hostname
-    );
-    Ok(())
-}
-
-pub async fn print_nodes(args: ClientArgs) -> anyhow::Result<()> {
-    let mut client = connect(&args).await?;
-    let nodes = all_nodes(&mut client).await?;
-    // Clusters by name (TENANT/NAME), as people call them; an id only if it is not listed.
-    let names = if nodes.iter().any(|n| !n.cluster_id.is_empty()) {
-        crate::lists::cluster_names(&args).await?
-    } else {
-        Default::default()
-    };
-    let rows: Vec<Vec<String>> = nodes
-        .into_iter()
-        .map(|n| {
-            let cluster = if n.cluster_id.is_empty() {
-                "-".to_string()
-            } else {
-                names.get(&n.cluster_id).cloned().unwrap_or(n.cluster_id)
-            };
-            let heartbeat = if n.heartbeat_age_seconds < 0 {
-                "-".to_string()
-            } else {
-                format!("{}s", n.heartbeat_age_seconds)
-            };
-            vec![
-                n.hostname,
-                n.gpu_type,
-                n.capacity,
-                n.gpu_count.to_string(),
-                n.driver_version,
-                n.state,
-                heartbeat,
-                cluster,
-                // Why it is busy or quarantined (e.g. the failed check, value, threshold).
-                if n.state_reason.is_empty() {
-                    "-".to_string()
-                } else {
-                    n.state_reason
-                },
-            ]
-        })
-        .collect();
-    print!(
-        "{}",
-        table(
-            &[
-                "HOSTNAME",
-                "GPU TYPE",
-                "CAPACITY",
-                "GPUS",
-                "DRIVER",
-                "STATE",
-                "HEARTBEAT",
-                "CLUSTER",
-                "REASON"
-            ],
-            &rows
-        )
     );
     Ok(())
 }

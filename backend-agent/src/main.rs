@@ -46,7 +46,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             cli::Command::Serve(args) => serve::run(args).await,
             cli::Command::Fleet(args) => client::print_fleet(args).await,
-            cli::Command::Nodes(args) => client::print_nodes(args).await,
+            cli::Command::Nodes(args) => lists::print_nodes(args).await,
             cli::Command::HwCheck(args) => client::hw_check(args),
             cli::Command::Node(args) => gpufleet_node::run(args.config()).await,
             cli::Command::NodeStatus(args) => gpufleet_node::print_status(&args.data_dir),

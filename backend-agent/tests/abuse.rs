@@ -24,30 +24,6 @@ use tonic::Code;
 /// The longest any wait on a condition here may take before the test fails.
 const BOUND: Duration = Duration::from_secs(60);
 
-async fn node(admin: &mut Clients, name: &str) -> Option<Node> {
-    admin.nodes().await.into_iter().find(|n| n.hostname == name)
-}
-
-/// Waits until `name` is in `state`; a state in `never` seen on the way fails at once.
-async fn wait_state(admin: &mut Clients, name: &str, state: &str, never: &[&str]) -> Node {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        if let Some(n) = node(admin, name).await {
-            assert!(
-                !never.contains(&n.state.as_str()),
-                "{name} was {} ({}) on the way to {state}",
-                n.state,
-                n.state_reason
-            );
-            if n.state == state {
-                return n;
-            }
-        }
-        assert!(Instant::now() < deadline, "{name} never became {state}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn series(agent: &Agent, line_start: &str) -> f64 {
     let text = scrape(agent, &metrics_addr(agent));
     metric_value(&text, line_start).unwrap_or_else(|| panic!("no {line_start} in:\n{text}"))
@@ -180,28 +156,6 @@ async fn a_connection_flood_past_the_file_limit_never_takes_the_listener_down() 
     assert!(!log.contains("stopped accepting connections"), "{log}");
 }
 
-/// One A100 node of the control plane's own; the H100 nodes are the rogues'.
-fn start(dir: &std::path::Path, extra: &[&str]) -> Agent {
-    let fleet = dir.join("fleet.toml");
-    std::fs::write(
-        &fleet,
-        "[[pool]]\ngpu_type = \"A100-40GB\"\nnodes = 1\ngpus_per_node = 1\n",
-    )
-    .unwrap();
-    let mut args = vec![
-        "--admin-token",
-        ADMIN,
-        "--fleet",
-        fleet.to_str().unwrap(),
-        "--node-timeout",
-        "2s",
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ];
-    args.extend_from_slice(extra);
-    Agent::start_with(&dir.join("data"), &args)
-}
-
 /// Reads until the server closes the connection; true when it did within [`BOUND`].
 async fn closed_by_server(mut s: tokio::net::TcpStream) -> bool {
     let mut buf = [0u8; 256];
@@ -220,7 +174,7 @@ async fn connections_past_the_peer_cap_silent_or_idle_are_closed_but_an_agents_s
     const CAP: usize = 32;
     const FLOOD: usize = 100;
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(
+    let agent = start_for_rogues(
         dir.path(),
         &[
             "--max-connections-per-peer",
@@ -432,7 +386,7 @@ async fn a_join_token_client_cannot_open_the_breaker_nor_be_handed_out_and_its_n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_flood_is_cut_and_heartbeats_out_of_sequence_or_bounds_end_the_session() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(dir.path(), &[]);
+    let agent = start_for_rogues(dir.path(), &[]);
     let mut admin = agent.admin().await;
 
     let ready = |name: &'static str| {
@@ -529,7 +483,7 @@ async fn a_heartbeat_flood_is_cut_and_heartbeats_out_of_sequence_or_bounds_end_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_agent_vanishes_mid_layout_change_is_unreachable() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(dir.path(), &["--order-deadline", "mig_layout=5m"]);
+    let agent = start_for_rogues(dir.path(), &["--order-deadline", "mig_layout=5m"]);
     let mut admin = agent.admin().await;
     let mut rogue = Rogue::register(
         &agent.endpoint,

@@ -13,63 +13,17 @@ use common::*;
 use gpufleet_proto::v1::*;
 use tonic::Code;
 
-/// One whole A100 node of the control plane's own, so that the H100 nodes are the
-/// rogue's alone.
+/// The rogues' fleet (`common::start_for_rogues`), with a breaker far from the rogues'
+/// few quarantines.
 fn start(dir: &std::path::Path, extra: &[&str]) -> Agent {
-    let fleet = dir.join("fleet.toml");
-    std::fs::write(
-        &fleet,
-        "[[pool]]\ngpu_type = \"A100-40GB\"\nnodes = 1\ngpus_per_node = 1\n",
-    )
-    .unwrap();
     let mut args = vec![
-        "--admin-token",
-        ADMIN,
-        "--fleet",
-        fleet.to_str().unwrap(),
-        "--node-timeout",
-        "2s",
-        "--metrics-listen",
-        "127.0.0.1:0",
         "--breaker-max-quarantines",
         "8",
         "--breaker-max-percent",
         "100",
     ];
     args.extend_from_slice(extra);
-    Agent::start_with(&dir.join("data"), &args)
-}
-
-async fn node(admin: &mut Clients, name: &str) -> Option<Node> {
-    admin.nodes().await.into_iter().find(|n| n.hostname == name)
-}
-
-/// Waits (up to 60 s) until `name` is in `state`; panics naming what it saw. A state in
-/// `never` seen on the way fails at once.
-async fn wait_state(admin: &mut Clients, name: &str, state: &str, never: &[&str]) -> Node {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let mut seen = Vec::new();
-    loop {
-        if let Some(n) = node(admin, name).await {
-            assert!(
-                !never.contains(&n.state.as_str()),
-                "{name} was {} ({}) on the way to {state}; seen {seen:?}",
-                n.state,
-                n.state_reason
-            );
-            if n.state == state {
-                return n;
-            }
-            if seen.last() != Some(&n.state) {
-                seen.push(n.state.clone());
-            }
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name} never became {state}; seen {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    start_for_rogues(dir, &args)
 }
 
 /// A rogue node that registered and passed its admission check: ready.

@@ -222,7 +222,7 @@ async fn a_second_process_on_a_data_dir_in_use_fails_fast() {
 }
 
 /// A service manager's restart: the next process starts while the old one is still
-/// stopping (an idle client keeps it in its grace period), waits for the data dir instead
+/// stopping (a silent client keeps it in its grace period), waits for the data dir instead
 /// of failing on the lock, and serves what the old one acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_right_after_a_stop_waits_for_the_data_dir() {
@@ -231,6 +231,10 @@ async fn a_restart_right_after_a_stop_waits_for_the_data_dir() {
     let agent = Agent::start(&data);
     let mut c = agent.admin().await;
     c.tenant("team-a").await;
+    // A client that sent half the HTTP/2 preface holds the old process in its 3s grace
+    // period after the stop, so the new one meets the lock.
+    let mut partial = TcpStream::connect(host_port(&agent)).unwrap();
+    partial.write_all(b"PRI * HTTP/2.0\r\n").unwrap();
     let old = agent.pid();
     unsafe { libc::kill(old as i32, libc::SIGTERM) };
     // The old process says it is stopping before it lets go of the data dir.
@@ -254,7 +258,7 @@ async fn a_restart_right_after_a_stop_waits_for_the_data_dir() {
     );
     let mut c2 = second.admin().await;
     assert_eq!(tenant_names(&mut c2).await, vec!["team-a"]);
-    drop((c, agent));
+    drop((c, agent, partial));
     drop(c2);
     let status = second.signal_and_wait(libc::SIGTERM, HANG);
     assert!(status.success(), "{status:?}");

@@ -220,6 +220,32 @@ async fn a_deleted_wal_after_acknowledged_writes_is_refused_at_start() {
 }
 
 /// Stops `agent` cleanly: its last connection checkpoints the WAL into state.db.
+/// `kept` tenants (`kept-N`), then a backup as docs/operations.md says to take one
+/// (VACUUM INTO: a consistent copy, WAL included) at `dir/backup.db`, then `later` tenants
+/// more (`later-N`); the agent stopped after each. Returns the backup's path.
+async fn backup_between(dir: &Path, data: &Path, kept: usize, later: usize) -> PathBuf {
+    let agent = Agent::start(data);
+    let mut c = agent.admin().await;
+    for i in 0..kept {
+        c.tenant(&format!("kept-{i}")).await;
+    }
+    drop(c);
+    stop(agent);
+    let backup = dir.join("backup.db");
+    Connection::open(data.join("state.db"))
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    let agent = Agent::start(data);
+    let mut c = agent.admin().await;
+    for i in 0..later {
+        c.tenant(&format!("later-{i}")).await;
+    }
+    drop(c);
+    stop(agent);
+    backup
+}
+
 fn stop(agent: Agent) {
     let status = agent.signal_and_wait(libc::SIGTERM, HANG);
     assert!(status.success(), "{status:?}");
@@ -229,28 +255,7 @@ fn stop(agent: Agent) {
 async fn a_truncated_state_db_is_refused_and_a_backup_put_back_starts_after_accepting_it() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let agent = Agent::start(&data);
-    let mut c = agent.admin().await;
-    for i in 0..50 {
-        c.tenant(&format!("kept-{i}")).await;
-    }
-    drop(c);
-    stop(agent);
-    // A backup as docs/operations.md says to take one (VACUUM INTO: a consistent copy,
-    // WAL included).
-    let backup = dir.path().join("backup.db");
-    Connection::open(data.join("state.db"))
-        .unwrap()
-        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
-        .unwrap();
-
-    let agent = Agent::start(&data);
-    let mut c = agent.admin().await;
-    for i in 0..200 {
-        c.tenant(&format!("later-{i}")).await;
-    }
-    drop(c);
-    stop(agent);
+    let backup = backup_between(dir.path(), &data, 50, 200).await;
     // Everything in state.db itself (the last connection to close removes the WAL), so
     // the truncation below cuts committed pages.
     let conn = Connection::open(data.join("state.db")).unwrap();
@@ -343,25 +348,7 @@ async fn a_deleted_or_emptied_state_db_is_refused_instead_of_starting_empty() {
 async fn an_older_backup_without_its_commit_record_or_a_deleted_record_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let agent = Agent::start(&data);
-    let mut c = agent.admin().await;
-    for i in 0..20 {
-        c.tenant(&format!("kept-{i}")).await;
-    }
-    drop(c);
-    stop(agent);
-    let backup = dir.path().join("backup.db");
-    Connection::open(data.join("state.db"))
-        .unwrap()
-        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
-        .unwrap();
-    let agent = Agent::start(&data);
-    let mut c = agent.admin().await;
-    for i in 0..40 {
-        c.tenant(&format!("later-{i}")).await;
-    }
-    drop(c);
-    stop(agent);
+    let backup = backup_between(dir.path(), &data, 20, 40).await;
     let (db, record) = (data.join("state.db"), data.join("state.db.commits"));
 
     // The record alone deleted: nothing was lost, but nothing could show it; refused.

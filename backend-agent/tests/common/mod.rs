@@ -581,3 +581,59 @@ impl Clients {
         format!("{tenants:?}\n{quotas:?}\n{reservations:?}\n{clusters:?}\n{nodes:?}")
     }
 }
+
+/// `serve` for tests of rogue agents (`rogue`): one whole A100 node of the control
+/// plane's own, so that the H100 nodes are the rogues' alone, a 2s node timeout and
+/// metrics; `extra` adds flags.
+pub fn start_for_rogues(dir: &Path, extra: &[&str]) -> Agent {
+    let fleet = dir.join("fleet.toml");
+    std::fs::write(
+        &fleet,
+        "[[pool]]\ngpu_type = \"A100-40GB\"\nnodes = 1\ngpus_per_node = 1\n",
+    )
+    .unwrap();
+    let mut args = vec![
+        "--admin-token",
+        ADMIN,
+        "--fleet",
+        fleet.to_str().unwrap(),
+        "--node-timeout",
+        "2s",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    Agent::start_with(&dir.join("data"), &args)
+}
+
+pub async fn node(admin: &mut Clients, name: &str) -> Option<Node> {
+    admin.nodes().await.into_iter().find(|n| n.hostname == name)
+}
+
+/// Waits (up to 60 s) until `name` is in `state`; panics naming what it saw. A state in
+/// `never` seen on the way fails at once.
+pub async fn wait_state(admin: &mut Clients, name: &str, state: &str, never: &[&str]) -> Node {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen = Vec::new();
+    loop {
+        if let Some(n) = node(admin, name).await {
+            assert!(
+                !never.contains(&n.state.as_str()),
+                "{name} was {} ({}) on the way to {state}; seen {seen:?}",
+                n.state,
+                n.state_reason
+            );
+            if n.state == state {
+                return n;
+            }
+            if seen.last() != Some(&n.state) {
+                seen.push(n.state.clone());
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} never became {state}; seen {seen:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

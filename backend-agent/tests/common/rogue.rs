@@ -139,27 +139,16 @@ impl Rogue {
 
     /// Answers a health check order as passed (one passing check).
     pub fn pass_check(&self, order: &WorkOrder) {
-        let Some(work_order::Kind::RunHealthCheck(h)) = &order.kind else {
-            panic!("expected a health check, got {order:?}");
-        };
-        self.answer(OrderResult {
-            order_id: order.id.clone(),
-            ok: true,
-            health: Some(HealthReport {
-                level: h.level.clone(),
-                checks: vec![CheckResult {
-                    name: "gpu_count".into(),
-                    verdict: "pass".into(),
-                    ..Default::default()
-                }],
-                finished_at: 0,
-            }),
-            ..Default::default()
-        });
+        self.answer_check(order, "gpu_count", "pass", "");
     }
 
     /// Answers a health check order as failed on `check` (what a failing GPU reports).
     pub fn fail_check(&self, order: &WorkOrder, check: &str) {
+        self.answer_check(order, check, "fail", "3 uncorrected");
+    }
+
+    /// Answers a health check order with one check's verdict.
+    fn answer_check(&self, order: &WorkOrder, check: &str, verdict: &str, value: &str) {
         let Some(work_order::Kind::RunHealthCheck(h)) = &order.kind else {
             panic!("expected a health check, got {order:?}");
         };
@@ -170,8 +159,8 @@ impl Rogue {
                 level: h.level.clone(),
                 checks: vec![CheckResult {
                     name: check.into(),
-                    verdict: "fail".into(),
-                    value: "3 uncorrected".into(),
+                    verdict: verdict.into(),
+                    value: value.into(),
                     ..Default::default()
                 }],
                 finished_at: 0,

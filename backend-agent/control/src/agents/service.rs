@@ -154,23 +154,8 @@ impl NodeAgentService for Agents {
                             crate::counters::agent_message_dropped(crate::counters::AGENT_RATE);
                             continue;
                         }
-                        Verdict::CutForRate(why) => {
-                            crate::counters::agent_message_dropped(crate::counters::AGENT_RATE);
-                            cut(
-                                &ending,
-                                &node_id,
-                                crate::counters::AGENT_RATE,
-                                Status::resource_exhausted(why),
-                            );
-                            break;
-                        }
-                        Verdict::CutForProtocol(why) => {
-                            cut(
-                                &ending,
-                                &node_id,
-                                crate::counters::AGENT_PROTOCOL,
-                                Status::invalid_argument(why),
-                            );
+                        over => {
+                            cut(&ending, &node_id, over);
                             break;
                         }
                     }
@@ -178,13 +163,9 @@ impl NodeAgentService for Agents {
                 match message {
                     Ok(Some(v1::AgentMessage { msg: Some(msg) })) => match msg {
                         agent_message::Msg::Heartbeat(beat) => {
-                            if let Verdict::CutForProtocol(why) = pacing.heartbeat(&beat) {
-                                cut(
-                                    &ending,
-                                    &node_id,
-                                    crate::counters::AGENT_PROTOCOL,
-                                    Status::invalid_argument(why),
-                                );
+                            let verdict = pacing.heartbeat(&beat);
+                            if verdict != Verdict::Take {
+                                cut(&ending, &node_id, verdict);
                                 break;
                             }
                             state.agents.heartbeat(&node_id, session)
@@ -262,13 +243,23 @@ impl NodeAgentService for Agents {
     }
 }
 
-/// Ends a session with `status` (the agent sees it, and reconnects), counted by `reason`.
+/// Ends a session the pacing refused (the agent sees why, and reconnects), counted by
+/// reason.
 fn cut(
     ending: &mpsc::UnboundedSender<Result<v1::ControlMessage, Status>>,
     node_id: &str,
-    reason: &str,
-    status: Status,
+    verdict: Verdict,
 ) {
+    use crate::counters::{AGENT_PROTOCOL, AGENT_RATE};
+    let (reason, status) = match verdict {
+        Verdict::CutForRate(why) => {
+            // The message that tipped it over was dropped too.
+            crate::counters::agent_message_dropped(AGENT_RATE);
+            (AGENT_RATE, Status::resource_exhausted(why))
+        }
+        Verdict::CutForProtocol(why) => (AGENT_PROTOCOL, Status::invalid_argument(why)),
+        Verdict::Take | Verdict::Drop => return,
+    };
     tracing::warn!(node = %node_id, reason, why = %status.message(), "ending a node agent's session");
     crate::counters::agent_session_cut(reason);
     let _ = ending.send(Err(status));

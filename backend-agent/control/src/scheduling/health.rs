@@ -895,30 +895,32 @@ fn excuse_unjudged(answers: Vec<Verdict>) -> Vec<Verdict> {
         .collect()
 }
 
-/// When no pair of a ring test could connect to its peer (and nothing else failed):
-/// the pairs, as their senders described them. That is the addresses the nodes advertise
-/// or the network between them, not a node, and not a threshold (see [`short_everywhere`]).
-pub fn unreachable_everywhere(answers: &[Verdict]) -> Option<Vec<String>> {
-    let pairs: Vec<&Check> = answers
+/// The (sender, pair) of every ring-test pair that ran, when no node failed anything but
+/// its pairs; None when a node failed another check or no pair was tested. What the
+/// pairs say together is then about the ring, not about a node.
+fn ring_pairs_alone(answers: &[Verdict]) -> Option<Vec<(&Verdict, &Check)>> {
+    let pairs: Vec<(&Verdict, &Check)> = answers
         .iter()
-        .flat_map(|v| v.checks.iter())
-        .filter(|c| c.name == "bandwidth" && c.verdict != "not_run")
+        .flat_map(|v| v.checks.iter().map(move |c| (v, c)))
+        .filter(|(_, c)| c.name == "bandwidth" && c.verdict != "not_run")
         .collect();
     let only_bandwidth = answers.iter().all(|v| {
         v.checks
             .iter()
             .all(|c| c.verdict != "fail" || c.name == "bandwidth")
     });
-    let all_unreachable = !pairs.is_empty() && pairs.iter().all(|c| c.value == NO_DATA);
-    (all_unreachable && only_bandwidth).then(|| {
-        answers
+    (!pairs.is_empty() && only_bandwidth).then_some(pairs)
+}
+
+/// When no pair of a ring test could connect to its peer (and nothing else failed):
+/// the pairs, as their senders described them. That is the addresses the nodes advertise
+/// or the network between them, not a node, and not a threshold (see [`short_everywhere`]).
+pub fn unreachable_everywhere(answers: &[Verdict]) -> Option<Vec<String>> {
+    let pairs = ring_pairs_alone(answers)?;
+    pairs.iter().all(|(_, c)| c.value == NO_DATA).then(|| {
+        pairs
             .iter()
-            .flat_map(|v| {
-                v.checks
-                    .iter()
-                    .filter(|c| c.name == "bandwidth" && c.value == NO_DATA)
-                    .map(|c| format!("{} {}", v.node.hostname, c.detail))
-            })
+            .map(|(v, c)| format!("{} {}", v.node.hostname, c.detail))
             .collect()
     })
 }
@@ -927,18 +929,11 @@ pub fn unreachable_everywhere(answers: &[Verdict]) -> Option<Vec<String>> {
 /// no node failed anything else: a result about the threshold, not about the hardware.
 /// None when some pair passed, a node failed another check, or no pair was tested.
 pub fn short_everywhere(answers: &[Verdict]) -> Option<f64> {
-    let pairs: Vec<&Check> = answers
+    let pairs = ring_pairs_alone(answers)?;
+    pairs
         .iter()
-        .flat_map(|v| v.checks.iter())
-        .filter(|c| c.name == "bandwidth" && c.verdict != "not_run")
-        .collect();
-    let only_bandwidth = answers.iter().all(|v| {
-        v.checks
-            .iter()
-            .all(|c| c.verdict != "fail" || c.name == "bandwidth")
-    });
-    let all_short = !pairs.is_empty() && pairs.iter().all(|c| c.verdict == "fail");
-    (all_short && only_bandwidth).then(|| pairs.iter().map(|c| c.gbps).fold(0.0, f64::max))
+        .all(|(_, c)| c.verdict == "fail")
+        .then(|| pairs.iter().map(|(_, c)| c.gbps).fold(0.0, f64::max))
 }
 
 /// Each sender reports its own pair, but a slow pair may be the receiver's fault. In the
