@@ -222,8 +222,9 @@ async fn a_second_process_on_a_data_dir_in_use_fails_fast() {
 }
 
 /// A service manager's restart: the next process starts while the old one is still
-/// stopping (a silent client keeps it in its grace period), waits for the data dir instead
-/// of failing on the lock, and serves what the old one acknowledged.
+/// stopping, waits for the data dir instead of failing on the lock, and serves what the
+/// old one acknowledged. An agent's session keeps the old one in its 3s grace period after
+/// it has said it is stopping, so the new one meets the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_right_after_a_stop_waits_for_the_data_dir() {
     let dir = tempfile::tempdir().unwrap();
@@ -231,35 +232,46 @@ async fn a_restart_right_after_a_stop_waits_for_the_data_dir() {
     let agent = Agent::start(&data);
     let mut c = agent.admin().await;
     c.tenant("team-a").await;
-    // A client that sent half the HTTP/2 preface holds the old process in its 3s grace
-    // period after the stop, so the new one meets the lock.
-    let mut partial = TcpStream::connect(host_port(&agent)).unwrap();
-    partial.write_all(b"PRI * HTTP/2.0\r\n").unwrap();
-    let old = agent.pid();
-    unsafe { libc::kill(old as i32, libc::SIGTERM) };
-    // The old process says it is stopping before it lets go of the data dir.
+    drop(c);
+    // A node agent's session is a request in flight: the old process waits out its grace
+    // period for it after the stop.
+    let session = common::rogue::Rogue::register(
+        &agent.endpoint,
+        &agent.data_dir,
+        common::rogue::registration("held-01", "H100-80GB", 1),
+    )
+    .await
+    .unwrap();
+    let old = agent.pid() as i32;
+    unsafe { libc::kill(old, libc::SIGTERM) };
     let lock = data.join("agent.lock");
+    let marked = || {
+        std::fs::read_to_string(&lock)
+            .unwrap_or_default()
+            .ends_with("stopping")
+    };
+    let log = data.with_extension("log");
     let deadline = std::time::Instant::now() + HANG;
-    while !std::fs::read_to_string(&lock)
-        .unwrap_or_default()
-        .ends_with("stopping")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never marked stopping"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait("the old process never said it was stopping", &marked);
     let second = Agent::start(&data);
-    let log = std::fs::read_to_string(data.with_extension("log")).unwrap();
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
-        log.contains("waiting for the process that is stopping to release the data dir"),
-        "{log}"
+        said.contains("waiting for the process that is stopping to release the data dir"),
+        "{said}"
     );
     let mut c2 = second.admin().await;
     assert_eq!(tenant_names(&mut c2).await, vec!["team-a"]);
-    drop((c, agent, partial));
-    drop(c2);
+    // The node the join token registered (as `sim`) is in the store, but it is not the
+    // fleet file's: the new process runs no embedded agent for it, nor waited for one.
+    let held = node(&mut c2, "held-01").await.expect("held-01 is recorded");
+    assert_ne!(held.state, "ready", "{held:?}");
+    drop((agent, c2, session));
     let status = second.signal_and_wait(libc::SIGTERM, HANG);
     assert!(status.success(), "{status:?}");
 }

@@ -250,6 +250,23 @@ pub fn hostname(gpu_type: &str, capacity: &str, number: u32) -> String {
     format!("{}-{kind}-{number:02}", gpu_type.to_ascii_lowercase())
 }
 
+/// Each node the fleet file declares, as `seed` names it: its group, capacity and host
+/// name, numbered per model and capacity in the file's order.
+pub fn declared(fleet: &FleetFile) -> Vec<(&NodeGroup, &'static str, String)> {
+    let mut numbers: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (capacity, groups) in [(POOL, &fleet.pool), (ON_DEMAND, &fleet.on_demand)] {
+        for g in groups {
+            for _ in 0..g.nodes {
+                let n = numbers.entry((g.gpu_type.as_str(), capacity)).or_insert(0);
+                *n += 1;
+                out.push((g, capacity, hostname(&g.gpu_type, capacity, *n)));
+            }
+        }
+    }
+    out
+}
+
 /// Creates the node rows on first start; later starts keep what the store holds.
 /// Returns the number of nodes created.
 /// `now` is when the nodes come into being (their `state_since`).
@@ -259,63 +276,55 @@ pub fn seed(conn: &mut Connection, fleet: &FleetFile, now: i64) -> anyhow::Resul
     }
     let tx = conn.transaction()?;
     let mut created = 0;
-    let mut numbers: BTreeMap<(String, &str), u32> = BTreeMap::new();
-    for (capacity, groups) in [(POOL, &fleet.pool), (ON_DEMAND, &fleet.on_demand)] {
-        for g in groups {
-            let model = gpufleet_gpu::catalog::model(&g.gpu_type).expect("validated");
-            for _ in 0..g.nodes {
-                let n = numbers.entry((g.gpu_type.clone(), capacity)).or_insert(0);
-                *n += 1;
-                let host = hostname(&g.gpu_type, capacity, *n);
-                let node = NodeRow {
-                    id: host.clone(),
-                    hostname: host.clone(),
-                    gpu_type: g.gpu_type.clone(),
-                    capacity: capacity.into(),
-                    gpu_count: g.gpus_per_node as i64,
-                    driver_version: g.driver_version.clone(),
-                    cuda_version: g.cuda_version.clone(),
-                    cluster_id: None,
-                    state: nodes::NODE_UNREACHABLE.into(),
-                    state_reason: "waiting for its agent to register".into(),
-                    state_since: now,
-                };
-                // The GPUs as the simulated hardware reports them (UUIDs, memory).
-                let sim = SimulatedNode::new(&host, model, g.gpus_per_node, &g.driver_version);
-                let reported = sim.gpus().map_err(|e| anyhow::anyhow!("{e}"))?;
-                let gpus: Vec<GpuRow> = reported
-                    .into_iter()
-                    .map(|gpu| GpuRow {
-                        node_id: host.clone(),
-                        index: gpu.index as i64,
-                        uuid: gpu.uuid,
-                        model: gpu.model,
-                        memory_mib: gpu.memory_mib as i64,
-                        mig_enabled: gpu.mig_enabled,
-                    })
-                    .collect();
-                nodes::insert(&tx, &node, &gpus)?;
-                // Declared by the platform: in service, not a candidate.
-                nodes::put_in_service(&tx, &node.id, now)?;
-                // What its embedded agent declares to Slurm (it registers it again).
-                nodes::set_host(
-                    &tx,
-                    &host,
-                    &nodes::NodeHost {
-                        address: "127.0.0.1".into(),
-                        hostname: "localhost".into(),
-                        cpus: g
-                            .cpus_per_node
-                            .unwrap_or(SIM_CPUS_PER_GPU.saturating_mul(g.gpus_per_node)),
-                        memory_mib: g
-                            .memory_mib_per_node
-                            .unwrap_or(SIM_MEMORY_MIB_PER_GPU * u64::from(g.gpus_per_node)),
-                        simulated: true,
-                    },
-                )?;
-                created += 1;
-            }
-        }
+    for (g, capacity, host) in declared(fleet) {
+        let model = gpufleet_gpu::catalog::model(&g.gpu_type).expect("validated");
+        let node = NodeRow {
+            id: host.clone(),
+            hostname: host.clone(),
+            gpu_type: g.gpu_type.clone(),
+            capacity: capacity.into(),
+            gpu_count: g.gpus_per_node as i64,
+            driver_version: g.driver_version.clone(),
+            cuda_version: g.cuda_version.clone(),
+            cluster_id: None,
+            state: nodes::NODE_UNREACHABLE.into(),
+            state_reason: "waiting for its agent to register".into(),
+            state_since: now,
+        };
+        // The GPUs as the simulated hardware reports them (UUIDs, memory).
+        let sim = SimulatedNode::new(&host, model, g.gpus_per_node, &g.driver_version);
+        let reported = sim.gpus().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let gpus: Vec<GpuRow> = reported
+            .into_iter()
+            .map(|gpu| GpuRow {
+                node_id: host.clone(),
+                index: gpu.index as i64,
+                uuid: gpu.uuid,
+                model: gpu.model,
+                memory_mib: gpu.memory_mib as i64,
+                mig_enabled: gpu.mig_enabled,
+            })
+            .collect();
+        nodes::insert(&tx, &node, &gpus)?;
+        // Declared by the platform: in service, not a candidate.
+        nodes::put_in_service(&tx, &node.id, now)?;
+        // What its embedded agent declares to Slurm (it registers it again).
+        nodes::set_host(
+            &tx,
+            &host,
+            &nodes::NodeHost {
+                address: "127.0.0.1".into(),
+                hostname: "localhost".into(),
+                cpus: g
+                    .cpus_per_node
+                    .unwrap_or(SIM_CPUS_PER_GPU.saturating_mul(g.gpus_per_node)),
+                memory_mib: g
+                    .memory_mib_per_node
+                    .unwrap_or(SIM_MEMORY_MIB_PER_GPU * u64::from(g.gpus_per_node)),
+                simulated: true,
+            },
+        )?;
+        created += 1;
     }
     tx.commit()?;
     Ok(created)

@@ -280,7 +280,17 @@ impl ControlPlane {
                 if seeded > 0 {
                     tracing::info!(nodes = seeded, "seeded the simulated fleet");
                 }
+                // Only the fleet file's own nodes run embedded: a node that registered
+                // with the join token (anyone may claim `sim`) keeps waiting for its own
+                // agent, and cannot make a restart wait for it.
+                let declared: std::collections::BTreeSet<String> = fleet::declared(&fleet_def)
+                    .into_iter()
+                    .map(|(_, _, host)| host)
+                    .collect();
                 simulated_hosts(&conn)?
+                    .into_iter()
+                    .filter(|h| declared.contains(&h.name))
+                    .collect()
             }
         };
         crate::scheduling::clusters::recover_interrupted(&mut conn)?;

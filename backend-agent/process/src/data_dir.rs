@@ -147,6 +147,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_start_waits_for_a_holder_that_is_stopping_and_refuses_one_that_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        // Another open of the lock file conflicts as another process's would.
+        let held = DataDirLock::acquire(dir.path()).unwrap();
+        let started = std::time::Instant::now();
+        let refused = DataDirLock::acquire(dir.path()).err().unwrap().to_string();
+        assert!(
+            refused.contains("is in use by another gpufleet-agent"),
+            "{refused}"
+        );
+        assert!(started.elapsed() >= WAIT_FOR_MARK);
+        held.mark_stopping();
+        let path = dir.path().to_path_buf();
+        let waiting = std::thread::spawn(move || DataDirLock::acquire(&path));
+        // Released past the time a holder that is not stopping gets: it was waited for.
+        std::thread::sleep(WAIT_FOR_MARK * 2);
+        assert!(
+            !waiting.is_finished(),
+            "it gave up on a holder that is stopping"
+        );
+        drop(held);
+        assert!(waiting.join().unwrap().is_ok());
+    }
+
+    #[test]
     fn an_open_data_dir_becomes_private_except_what_it_skips() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("data");
