@@ -262,6 +262,10 @@ async fn serve_drives_the_fake_host_through_nvml() {
             "nvml",
             "--nvml-lib",
             &lib,
+            // The fake host has no CUDA: its load tests cannot run, which fails its
+            // checks unless the fleet lets hosts of its model skip them.
+            "--load-test-skip",
+            "H100-80GB",
         ],
     );
     let mut c = agent.admin().await;
@@ -307,6 +311,10 @@ async fn serve_drives_the_fake_host_through_nvml() {
             "nvml",
             "--nvml-lib",
             &lib,
+            // The fake host has no CUDA: its load tests cannot run, which fails its
+            // checks unless the fleet lets hosts of its model skip them.
+            "--load-test-skip",
+            "H100-80GB",
         ],
     );
     let mut c = agent.admin().await;
@@ -333,6 +341,9 @@ fn a_node_agent_registers_the_fake_host() {
             "external",
             "--join-token",
             "join-secret",
+            // No CUDA on the fake host: its load tests may only say "not run".
+            "--load-test-skip",
+            "H200-141GB",
         ],
     );
     let node_log = std::fs::File::create(dir.path().join("node.log")).unwrap();
