@@ -698,6 +698,22 @@ mod tests {
         assert_eq!(uuid_text(&b), "GPU-00112233-4455-6677-8899-aabbccddeeff");
     }
 
+    /// The kernels are valid CUDA C for NVRTC (which needs no GPU): checked where
+    /// libnvrtc is present (e.g. `LD_LIBRARY_PATH` at the pip package
+    /// nvidia-cuda-nvrtc's lib); elsewhere it says it did not run.
+    #[test]
+    fn the_kernels_compile_with_nvrtc_where_it_is_present() {
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("not run: libnvrtc not found on this host");
+            return;
+        }
+        let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("the kernels compile");
+        let text = ptx.to_src();
+        for f in ["gf_fill", "gf_verify", "gf_random_half", "gf_compare"] {
+            assert!(text.contains(f), "{f} in the PTX");
+        }
+    }
+
     /// On a host without CUDA (CI) the runner says why, and nothing panics.
     #[test]
     fn a_host_without_cuda_is_told_why_not_crashed() {
