@@ -113,11 +113,13 @@ if [[ "${DEVICE_CHECK_LOAD:-1}" != 0 ]]; then
   load_rc=$?
   t1=$(date +%s.%N)
   printf '%s\n' "$load"
+  load_failed="$(grep -cE '^  FAIL ' <<<"$load")"
   quick_t0=$(date +%s.%N)
   "$agent" hw-check --hardware nvml --level quick >/dev/null 2>&1
   quick_t1=$(date +%s.%N)
   printf '\n  level durations: quick %.1f s, medium %.1f s (hw-check exit %d)\n' \
-    "$(echo "$quick_t1 - $quick_t0" | bc)" "$(echo "$t1 - $t0" | bc)" "$load_rc"
+    "$(awk -v a="$quick_t0" -v b="$quick_t1" 'BEGIN {print b - a}')" \
+    "$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')" "$load_rc"
   # The first GPU's (or slice's) figures: "  PASS    gpu_burn GPU-...: 712.3 TFLOP/s (threshold ...".
   figure() { grep -E "^  [A-Z_]+ +$1 " <<<"$load" | head -1 | sed -n "s/^[^:]*: \\([0-9.]*\\)\\( \\/ \\([0-9.]*\\)\\)\\{0,1\\} \\(TFLOP\\/s\\|GB\\/s\\).*/\\1 \\3/p"; }
   ours_burn="$(figure gpu_burn | cut -d' ' -f1)"
@@ -159,7 +161,7 @@ PY
     say "gpufleet / PyTorch (goal 0.9 or better)"
     ratio() { # ratio NAME OURS THEIRS UNIT
       if [[ -n "$2" && -n "$3" ]]; then
-        printf '  %-28s gpufleet %9s %-8s PyTorch %9s  ratio %s\n' "$1" "$2" "$4" "$3" "$(echo "scale=2; $2 / $3" | bc)"
+        printf '  %-28s gpufleet %9s %-8s PyTorch %9s  ratio %s\n' "$1" "$2" "$4" "$3" "$(awk -v a="$2" -v b="$3" 'BEGIN {printf "%.2f", a / b}')"
       else
         printf '  %-28s gpufleet %9s %-8s PyTorch %9s  ratio -\n' "$1" "${2:-none}" "$4" "${3:-none}"
       fi
@@ -176,9 +178,13 @@ PY
 fi
 
 say "summary"
-if [[ $differences -eq 0 && $hw_rc -eq 0 ]]; then
-  echo "every comparison equal"
+if [[ -z "${load_failed:-}" ]]; then
+  echo "load tests skipped (DEVICE_CHECK_LOAD=0)"
+fi
+load_failed="${load_failed:-0}"
+if [[ $differences -eq 0 && $hw_rc -eq 0 && $load_failed -eq 0 ]]; then
+  echo "every comparison equal; no load check failed"
 else
-  echo "$differences comparison(s) DIFFERENT (hw-check exit $hw_rc)"
+  echo "$differences comparison(s) DIFFERENT (hw-check exit $hw_rc); $load_failed load check(s) FAIL ('not run: ...' says why a test could not run)"
   exit 1
 fi

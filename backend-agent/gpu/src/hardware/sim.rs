@@ -89,6 +89,7 @@ struct Nominal {
     power_limit_w: u32,
     pcie_gen: u32,
     nvlinks: u32,
+    max_sm_clock_mhz: u32,
 }
 
 fn nominal(model: &GpuModel) -> Nominal {
@@ -105,17 +106,27 @@ fn nominal(model: &GpuModel) -> Nominal {
         "Ampere" | "Ada Lovelace" => 4,
         _ => 5,
     };
+    // Maximum SM clocks of the boards' data sheets (H200 measured: 1,980 MHz).
+    let max_sm_clock_mhz = match model.architecture.as_str() {
+        "Ampere" => 1410,
+        "Ada Lovelace" => 2520,
+        "Blackwell" => 1965,
+        _ => 1980,
+    };
     Nominal {
         slowdown_c: 87,
         power_limit_w,
         pcie_gen,
         nvlinks,
+        max_sm_clock_mhz,
     }
 }
 
 /// Idle temperature and power every simulated GPU reports.
 const SIM_TEMPERATURE_C: u32 = 35;
 const SIM_POWER_MW: u32 = 70_000;
+/// An idle GPU's SM clock.
+const SIM_IDLE_SM_CLOCK_MHZ: u32 = 345;
 /// A healthy GPU's temperature under a burn, well below every model's slowdown.
 const SIM_LOADED_TEMPERATURE_C: u32 = 62;
 const SIM_PCIE_WIDTH: u32 = 16;
@@ -606,6 +617,13 @@ impl GpuBackend for SimulatedNode {
             } else {
                 0
             }),
+            // Idle clocks drop; under load a throttled GPU runs at 60% of its maximum.
+            sm_clock_mhz: Ok(match (loaded, faults.load.throttle_under_load) {
+                (false, _) => SIM_IDLE_SM_CLOCK_MHZ,
+                (true, 0) => nominal.max_sm_clock_mhz,
+                (true, _) => nominal.max_sm_clock_mhz * 3 / 5,
+            }),
+            max_sm_clock_mhz: Ok(nominal.max_sm_clock_mhz),
             pcie: Ok(PcieLink {
                 gen,
                 width,

@@ -202,7 +202,7 @@ fn alloc_most<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         bytes = bytes / 10 * 9;
     }
     Err(format!(
-        "could not allocate even 1 MiB of the {want} bytes asked"
+        "not run: too little free memory: not even 1 MiB of the {want} bytes asked could be allocated"
     ))
 }
 

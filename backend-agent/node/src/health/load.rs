@@ -251,6 +251,9 @@ struct UnderLoad {
     samples: u32,
     max_temperature: Option<u32>,
     max_power_mw: Option<u32>,
+    /// The lowest SM clock read under load, and the GPU's maximum.
+    min_sm_clock: Option<u32>,
+    max_sm_clock: Option<u32>,
     throttle: u64,
     xids: Vec<u64>,
 }
@@ -266,6 +269,12 @@ impl UnderLoad {
         }
         if let Ok(bits) = r.throttle_reasons {
             self.throttle |= bits;
+        }
+        if let Ok(c) = r.sm_clock_mhz {
+            self.min_sm_clock = Some(self.min_sm_clock.unwrap_or(u32::MAX).min(c));
+        }
+        if let Ok(m) = r.max_sm_clock_mhz {
+            self.max_sm_clock = Some(m);
         }
         if let Ok(x) = &r.xids {
             self.xids.extend(x);
@@ -292,12 +301,13 @@ impl UnderLoad {
         if self.samples > 0 {
             r.throttle_reasons = r.throttle_reasons.map(|b| b | self.throttle);
         }
-        r.xids = Ok(self.xids);
+        r.xids = Ok(std::mem::take(&mut self.xids));
         let mut out = vec![
             checks::temperature(&r),
             checks::throttle(&r),
             checks::xid(&r),
             grown_errors(before, &r),
+            self.clocks(&r),
         ];
         let power = self
             .max_power_mw
@@ -312,6 +322,38 @@ impl UnderLoad {
             );
         }
         out
+    }
+}
+
+impl UnderLoad {
+    /// The lowest SM clock under load against the maximum, reported (the throttle
+    /// reasons and the burn's TFLOP/s are what fail a GPU held down).
+    fn clocks(&self, r: &GpuReadings) -> CheckResult {
+        match (self.min_sm_clock, self.max_sm_clock) {
+            (Some(low), Some(max)) => result(
+                "clocks",
+                &r.uuid,
+                PASS,
+                format!("SM {low} MHz"),
+                "reported only",
+                format!(
+                    "GPU {}: lowest SM clock under load {low} MHz of its maximum {max} MHz",
+                    r.index
+                ),
+            ),
+            _ => result(
+                "clocks",
+                &r.uuid,
+                NOT_RUN,
+                "not read",
+                "reported only",
+                format!(
+                    "GPU {}: SM clocks not read under load: {}",
+                    r.index,
+                    r.sm_clock_mhz.as_ref().err().cloned().unwrap_or_default()
+                ),
+            ),
+        }
     }
 }
 
@@ -711,6 +753,14 @@ mod tests {
             );
         }
         assert!(medium.iter().any(|c| c.name == "under_load:throttle"));
+        let clocks = medium
+            .iter()
+            .find(|c| c.name == "under_load:clocks")
+            .unwrap();
+        assert_eq!(
+            (clocks.verdict.as_str(), clocks.value.as_str()),
+            (PASS, "SM 1980 MHz")
+        );
         let long = run(Level::Long, &s, &r, &*n, m("H200-141GB"), 1);
         let nccl = long.iter().find(|c| c.name == "nccl_all_reduce").unwrap();
         assert_eq!(nccl.verdict, PASS, "{nccl:?}");
@@ -781,6 +831,12 @@ mod tests {
             "{f:?}"
         );
         assert!(f.contains(&("under_load:xid".into(), "79".into())), "{f:?}");
+        let uuid1 = n.gpus().unwrap()[1].uuid.clone();
+        let clocks = c
+            .iter()
+            .find(|c| c.name == "under_load:clocks" && c.gpu_uuid == uuid1)
+            .unwrap();
+        assert_eq!(clocks.value, "SM 1188 MHz", "held down to 60% of 1,980");
     }
 
     #[test]
