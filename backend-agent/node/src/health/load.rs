@@ -500,6 +500,20 @@ pub fn run(
         out.push(all_reduce(
             &gpus, &targets, &plan, settings, runner, backend, &figures,
         ));
+        // nccl-tests too, where installed, on real GPUs only (the simulator has no NCCL).
+        let whole = targets.iter().filter(|t| t.profile.is_none()).count() as u32;
+        if runner.kind() == "cuda" && whole >= 2 {
+            let nvlink = backend
+                .readings(0)
+                .map(|r| r.nvlink.map(|l| l.links > 0).unwrap_or(false))
+                .unwrap_or(false);
+            out.push(all_reduce_perf(
+                super::nccl_tests::run(whole),
+                whole,
+                figures::all_reduce_gbps(&figures, nvlink),
+                settings,
+            ));
+        }
     }
     out
 }
@@ -710,6 +724,63 @@ fn all_reduce(
         }
         Err(e) => errored("nccl_all_reduce", &node, &e, settings),
     }
+}
+
+/// nccl-tests' run judged: not installed is "not run" (the agent's own all-reduce
+/// measured the node); wrong values fail; the average bus bandwidth is held to the
+/// model's all-reduce figure.
+fn all_reduce_perf(
+    run: super::nccl_tests::Run,
+    gpus: u32,
+    expected: Figure,
+    settings: &Settings,
+) -> CheckResult {
+    use super::nccl_tests::Run;
+    const NAME: &str = "all_reduce_perf";
+    let s = match run {
+        Run::NotInstalled => {
+            return result(
+                NAME,
+                "",
+                NOT_RUN,
+                "not run",
+                "installed",
+                "not run: all_reduce_perf (nccl-tests) is not on this host's PATH; the agent's own nccl_all_reduce measured the node",
+            )
+        }
+        Run::Failed(why) => return result(NAME, "", FAIL, "error", "the test completes", why),
+        Run::Ran(s) => s,
+    };
+    if s.out_of_bounds > 0 {
+        return result(
+            NAME,
+            "",
+            FAIL,
+            format!("{} wrong values", s.out_of_bounds),
+            "0 wrong values",
+            format!(
+                "all_reduce_perf across {gpus} GPUs: {} values out of bounds (wrong results)",
+                s.out_of_bounds
+            ),
+        );
+    }
+    let node = Target {
+        gpu: 0,
+        uuid: String::new(),
+        profile: None,
+        memory_mib: 0,
+    };
+    let mut c = judge(
+        NAME,
+        &node,
+        &format!("nccl-tests average all-reduce bus bandwidth across {gpus} GPUs"),
+        s.avg_bus_gbps,
+        expected,
+        "GB/s",
+        settings,
+    );
+    c.detail = c.detail.replacen("GPU 0", "the node", 1);
+    c
 }
 
 #[cfg(test)]
@@ -972,6 +1043,48 @@ mod tests {
         );
         let nccl = c.iter().find(|c| c.name == "nccl_all_reduce").unwrap();
         assert_eq!(nccl.verdict, NOT_RUN);
+    }
+
+    #[test]
+    fn nccl_tests_are_judged_against_the_models_all_reduce_figure() {
+        use super::super::nccl_tests::{Run, Summary};
+        let fig = Figure {
+            expected: 450.0,
+            documented_peak: 450.0,
+            source: gpufleet_gpu::catalog::Source::Documented,
+        };
+        let s = Settings::default();
+        let ran = |gbps: f64, oob: u64| {
+            Run::Ran(Summary {
+                avg_bus_gbps: gbps,
+                out_of_bounds: oob,
+            })
+        };
+        let ok = all_reduce_perf(ran(352.117, 0), 8, fig, &s);
+        assert_eq!(
+            (ok.verdict.as_str(), ok.value.as_str()),
+            (PASS, "352.1 GB/s")
+        );
+        let slow = all_reduce_perf(ran(100.0, 0), 8, fig, &s);
+        assert_eq!(slow.verdict, FAIL);
+        assert!(
+            slow.detail
+                .contains("expected 450.0 GB/s (documented figure)"),
+            "{}",
+            slow.detail
+        );
+        assert_eq!(
+            all_reduce_perf(ran(400.0, 3), 8, fig, &s).value,
+            "3 wrong values"
+        );
+        assert_eq!(
+            all_reduce_perf(Run::NotInstalled, 8, fig, &s).verdict,
+            NOT_RUN
+        );
+        assert_eq!(
+            all_reduce_perf(Run::Failed("x".into()), 8, fig, &s).verdict,
+            FAIL
+        );
     }
 
     #[test]

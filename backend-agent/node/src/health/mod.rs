@@ -18,6 +18,7 @@
 pub mod checks;
 pub mod dcgm;
 pub mod load;
+pub mod nccl_tests;
 pub mod xid;
 
 use gpufleet_gpu::hardware::{GpuBackend, GpuReadings};
