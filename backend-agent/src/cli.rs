@@ -55,6 +55,11 @@ pub enum Command {
     /// Create a small CA and issue the control plane's and the node agents' certificates
     /// for mutual TLS.
     Pki(PkiArgs),
+    /// Internal: one load test on the only GPU CUDA shows this process, one answer line
+    /// printed. The node agent runs it for each MIG slice, with CUDA_VISIBLE_DEVICES set
+    /// to the slice (CUDA reads it once per process).
+    #[command(hide = true)]
+    LoadProbe(LoadProbeArgs),
 }
 
 /// Where the control plane's nodes come from.
@@ -733,6 +738,14 @@ mod tests {
             );
         }
     }
+}
+
+/// `load-probe TEST MEMORY_MIB FRACTION PASSES BURN_MS BYTES SEED` (see
+/// `gpufleet_gpu::load::probe`).
+#[derive(Args, Debug)]
+pub struct LoadProbeArgs {
+    #[arg(num_args = 0.., allow_hyphen_values = true)]
+    pub args: Vec<String>,
 }
 
 #[derive(Args, Debug)]

@@ -15,9 +15,11 @@
 //! runs on a thread of its own whose panic becomes an error, never the agent's.
 //!
 //! MIG slices: CUDA shows a process only the MIG devices named in its
-//! `CUDA_VISIBLE_DEVICES` when it initialises, once per process; testing slices needs a
-//! child process per slice, which is not built yet: slices answer "not run" with that
-//! reason. Whole GPUs are found by UUID among the devices CUDA enumerates.
+//! `CUDA_VISIBLE_DEVICES` when it initialises, once per process; so each test of a slice
+//! runs in a child (`gpufleet-agent load-probe`, [`probe_main`], protocol in
+//! [`super::probe`]) with `CUDA_VISIBLE_DEVICES` set to the slice's UUID, and the agent
+//! reads the GPU under load meanwhile. Whole GPUs are tested in-process, found by UUID
+//! among the devices CUDA enumerates.
 //!
 //! Never run without a GPU: this file is compiled in CI and only exercised on a lent
 //! GPU (`scripts/device-check.sh`).
@@ -32,6 +34,7 @@ use cudarc::driver::{
     PushKernelArg,
 };
 
+use super::probe::{self, Answer, Test};
 use super::{
     patterns, AllReduceResult, BurnResult, LoadPlan, LoadRunner, MemoryResult, Outcome, Target,
 };
@@ -137,13 +140,11 @@ fn uuid_text(bytes: &[std::ffi::c_char; 16]) -> String {
     )
 }
 
-/// The context of the whole GPU `target` names.
+/// The context of the whole GPU `target` names; with no UUID, the one device this
+/// process sees (a slice's test process).
 fn context_of(target: &Target) -> Outcome<Arc<CudaContext>> {
-    if target.profile.is_some() {
-        return Err(format!(
-            "not run: {}: MIG slices are tested in a child process of their own (CUDA shows a process only the slices of its CUDA_VISIBLE_DEVICES), which this agent does not start yet",
-            target.label()
-        ));
+    if target.uuid.is_empty() {
+        return CudaContext::new(0).map_err(err("opening the slice's CUDA context"));
     }
     let count = CudaContext::device_count().map_err(err("counting CUDA devices"))?;
     for ordinal in 0..count.max(0) as usize {
@@ -607,6 +608,93 @@ fn all_reduce_test(targets: &[Target], plan: &LoadPlan) -> Outcome<AllReduceResu
     result
 }
 
+/// `gpufleet-agent load-probe ARGS`: one test on the only device CUDA shows this process
+/// (the parent set `CUDA_VISIBLE_DEVICES` to a slice); prints its one answer line.
+pub fn probe_main(args: &[String]) -> String {
+    let answer = (|| {
+        let (test, memory_mib, plan) = probe::parse_args(args)?;
+        if let Some(why) = CudaRunner::new().unavailable() {
+            return Err(format!("not run: {why}"));
+        }
+        let t = Target {
+            gpu: 0,
+            uuid: String::new(),
+            profile: None,
+            memory_mib,
+        };
+        Ok(match test {
+            Test::Memory => Answer::Memory(isolated("gpu_memory", move || memory_test(&t, &plan))?),
+            Test::Burn(d) => {
+                let (tx, _rx) = std::sync::mpsc::channel();
+                Answer::Burn(isolated("gpu_burn", move || burn_test(&t, d, &plan, tx))?)
+            }
+            Test::Copy => Answer::Copy(isolated("hbm_bandwidth", move || copy_test(&t, &plan))?),
+            Test::Host => {
+                let (a, b) = isolated("host_bandwidth", move || host_test(&t, &plan))?;
+                Answer::Host(a, b)
+            }
+        })
+    })();
+    probe::answer_line(&answer)
+}
+
+/// Runs `test` on a MIG slice in a child process, reading the GPU (`during`) every second
+/// while it runs; bounded by the burn plus five minutes.
+fn in_child(
+    test: Test,
+    target: &Target,
+    plan: &LoadPlan,
+    during: &mut dyn FnMut(),
+) -> Outcome<Answer> {
+    use std::io::Read;
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("not run: cannot find the agent's binary: {e}"))?;
+    let mut child = std::process::Command::new(exe)
+        .arg("load-probe")
+        .args(probe::args(test, target.memory_mib, plan))
+        .env("CUDA_VISIBLE_DEVICES", &target.uuid)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{}: cannot start its test process: {e}", target.label()))?;
+    let stdout = child.stdout.take().ok_or("no output pipe")?;
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.take(1 << 20).read_to_string(&mut text);
+        text
+    });
+    let limit = plan.burn + Duration::from_secs(300);
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if started.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "{}: its test process did not finish within {} s",
+                    target.label(),
+                    limit.as_secs()
+                ));
+            }
+            Ok(None) => {
+                during();
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            Err(e) => return Err(format!("waiting for the slice's test process: {e}")),
+        }
+    }
+    let out = reader
+        .join()
+        .map_err(|_| "reading the slice's test process failed".to_string())?;
+    probe::parse_answer(&out)
+}
+
+fn wrong_answer(target: &Target) -> String {
+    format!("{}: its test process answered another test", target.label())
+}
+
 impl LoadRunner for CudaRunner {
     fn kind(&self) -> &'static str {
         "cuda"
@@ -642,6 +730,12 @@ impl LoadRunner for CudaRunner {
     }
 
     fn memory(&self, target: &Target, plan: &LoadPlan) -> Outcome<MemoryResult> {
+        if target.profile.is_some() {
+            return match in_child(Test::Memory, target, plan, &mut || {})? {
+                Answer::Memory(m) => Ok(m),
+                _ => Err(wrong_answer(target)),
+            };
+        }
         let (t, p) = (target.clone(), plan.clone());
         isolated("gpu_memory", move || memory_test(&t, &p))
     }
@@ -653,6 +747,12 @@ impl LoadRunner for CudaRunner {
         plan: &LoadPlan,
         during: &mut dyn FnMut(),
     ) -> Outcome<BurnResult> {
+        if target.profile.is_some() {
+            return match in_child(Test::Burn(dtype), target, plan, during)? {
+                Answer::Burn(b) => Ok(b),
+                _ => Err(wrong_answer(target)),
+            };
+        }
         let (t, p) = (target.clone(), plan.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         let worker = std::thread::Builder::new()
@@ -670,11 +770,23 @@ impl LoadRunner for CudaRunner {
     }
 
     fn memory_copy(&self, target: &Target, plan: &LoadPlan) -> Outcome<f64> {
+        if target.profile.is_some() {
+            return match in_child(Test::Copy, target, plan, &mut || {})? {
+                Answer::Copy(g) => Ok(g),
+                _ => Err(wrong_answer(target)),
+            };
+        }
         let (t, p) = (target.clone(), plan.clone());
         isolated("hbm_bandwidth", move || copy_test(&t, &p))
     }
 
     fn host_link(&self, target: &Target, plan: &LoadPlan) -> Outcome<(f64, f64)> {
+        if target.profile.is_some() {
+            return match in_child(Test::Host, target, plan, &mut || {})? {
+                Answer::Host(a, b) => Ok((a, b)),
+                _ => Err(wrong_answer(target)),
+            };
+        }
         let (t, p) = (target.clone(), plan.clone());
         isolated("host_bandwidth", move || host_test(&t, &p))
     }
@@ -722,14 +834,24 @@ mod tests {
             Some(why) => assert!(!why.is_empty()),
             None => eprintln!("this host has CUDA 13: the load tests can run"),
         }
-        let slice = Target {
-            gpu: 0,
-            uuid: "MIG-x".into(),
-            profile: Some("1g.18gb".into()),
-            memory_mib: 16_384,
-        };
-        if r.unavailable().is_none() {
-            assert!(context_of(&slice).unwrap_err().contains("not run"));
+        // A slice's test process on this host says why it cannot run.
+        let line = probe_main(&probe::args(
+            Test::Copy,
+            16_384,
+            &LoadPlan {
+                memory_fraction: 0.5,
+                memory_passes: 1,
+                burn: Duration::from_secs(1),
+                bandwidth_bytes: 1 << 20,
+                seed: 1,
+            },
+        ));
+        match r.unavailable() {
+            Some(_) => assert!(line.starts_with("err not run: "), "{line}"),
+            None => assert!(
+                line.starts_with("ok copy ") || line.starts_with("err "),
+                "{line}"
+            ),
         }
     }
 }

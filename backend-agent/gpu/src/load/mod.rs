@@ -16,6 +16,7 @@
 //! - `all_reduce`: an all-reduce across two or more whole GPUs, bus bandwidth.
 
 pub mod cuda;
+pub mod probe;
 mod sim;
 
 pub use sim::{LoadFaults, SimRunner};

@@ -13,8 +13,8 @@
 //!   120 s burn), and `nccl_all_reduce` across the node's whole GPUs when it has two or
 //!   more.
 //!
-//! A test this host cannot run (no CUDA library, a driver too old, a MIG slice the CUDA
-//! runner cannot reach) is never a silent pass: it fails with "not run: <why>", unless
+//! A test this host cannot run (no CUDA library, a driver too old, too little free
+//! memory) is never a silent pass: it fails with "not run: <why>", unless
 //! the order says the node's fleet group lets the host skip load tests
 //! (`load_skip_allowed`); then it is "not_run" with the same reason. A test that does not
 //! apply (an all-reduce on a node with one whole GPU) is "not_run" either way.
