@@ -3,7 +3,8 @@
 //! XID when worked) fail their load test with the measured and the expected figure, and
 //! the node is quarantined and replaced; a host that cannot run the load tests (no CUDA)
 //! fails a cluster's acceptance, unless its fleet group sets `load_test_skip = true`,
-//! where its tests say "not run" and why.
+//! where its tests say "not run" and why; and load-test failures count in the quarantine
+//! breaker like any failed check.
 
 use std::time::Duration;
 
@@ -269,4 +270,77 @@ async fn a_host_without_cuda_fails_acceptance_unless_its_fleet_group_allows_skip
         );
     }
     tf.assert_no_changes();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_test_failures_count_in_the_breaker_which_holds_the_third_node_in_service() {
+    // The default breaker: at most 2 automatic quarantines of a model per window.
+    let backend = Backend::start_with_args(&[
+        "--node-agents",
+        "external",
+        "--node-timeout",
+        "10s",
+        "--replace-after",
+        "1h",
+        "--health-interval",
+        "0",
+    ]);
+    let names: Vec<String> = (1..=5).map(|i| format!("b{i}")).collect();
+    let agents: Vec<NodeAgent> = names
+        .iter()
+        .map(|n| NodeAgent::start(&backend, n, &["--gpus", "2"]))
+        .collect();
+    let mut admin = backend.admin().await;
+    nodes_in_state(&admin, &names, "ready").await;
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.init();
+    tf.write_main(&config(3, 2, None));
+    tf.apply();
+    let held = hostnames(&tf.resource(CLUSTER));
+
+    // Every node of the cluster burns at a third of the model's figure.
+    for name in &held {
+        let agent = agents.iter().find(|a| &a.name == name).unwrap();
+        std::fs::write(
+            agent.data_dir().join("sim-faults.toml"),
+            format!("[[under_load]]\nnode = \"{name}\"\ngpu = 0\ncompute_speed = 0.3\n"),
+        )
+        .unwrap();
+    }
+    tf.write_main(&config(3, 2, Some(1)));
+    // The run fails a node that stays in the cluster; whether the apply says so or not,
+    // what matters is what happened to the nodes.
+    let _ = tf.run(&["apply", "-auto-approve", "-no-color", "-input=false"]);
+    let mut states = Vec::new();
+    for name in &held {
+        states.push(node(&mut admin, name).await.unwrap());
+    }
+    let out: Vec<&Node> = states.iter().filter(|n| n.state == "quarantined").collect();
+    assert_eq!(out.len(), 2, "the cap: {states:?}");
+    for n in &out {
+        assert!(n.state_reason.contains("gpu_burn"), "{}", n.state_reason);
+    }
+    let kept = states.iter().find(|n| n.state != "quarantined").unwrap();
+    let log = admin
+        .fleet
+        .list_events(gpufleet_proto::v1::ListEventsRequest {
+            object_id: "breaker/H100-80GB".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events;
+    let opened: Vec<_> = log.iter().filter(|e| e.kind == "breaker_opened").collect();
+    assert_eq!(opened.len(), 1, "{log:?}");
+    let held_back = log
+        .iter()
+        .find(|e| e.kind == "quarantine_held")
+        .unwrap_or_else(|| panic!("no quarantine_held in {log:?}"));
+    assert!(
+        held_back.message.contains("gpu_burn"),
+        "{}",
+        held_back.message
+    );
+    assert_eq!(held_back.node, kept.hostname, "{log:?}");
 }
