@@ -911,6 +911,43 @@ mod tests {
     }
 
     #[test]
+    fn a_slow_all_reduce_fails_the_long_level_against_the_models_nvlink_figure() {
+        let (n, r) = node("H100-80GB", 2);
+        n.set_load_faults(
+            1,
+            LoadFaults {
+                nccl_speed: Some(0.2),
+                ..LoadFaults::default()
+            },
+        );
+        let c = run(
+            Level::Long,
+            &Settings::default(),
+            &r,
+            &*n,
+            m("H100-80GB"),
+            1,
+        );
+        let nccl = c.iter().find(|c| c.name == "nccl_all_reduce").unwrap();
+        assert_eq!(
+            (nccl.verdict.as_str(), nccl.value.as_str()),
+            (FAIL, "90.0 GB/s")
+        );
+        assert!(
+            nccl.detail
+                .contains("expected 450.0 GB/s (documented figure)"),
+            "{}",
+            nccl.detail
+        );
+        assert!(
+            nccl.detail
+                .starts_with("the node: all-reduce bus bandwidth across 2 GPUs"),
+            "{}",
+            nccl.detail
+        );
+    }
+
+    #[test]
     fn a_throttled_gpu_fails_the_burn_on_its_own_models_figure() {
         let (n, r) = node("H100-80GB", 1);
         n.set_load_faults(
