@@ -157,9 +157,13 @@ impl LoadRunner for SimRunner {
                 corrupted += 1;
             }
             during();
-            if start.elapsed() >= until {
+            let elapsed = start.elapsed();
+            if elapsed >= until {
                 break;
             }
+            // Rounds a millisecond apart: the simulated burn takes its time without
+            // spinning a core (a fleet of simulated nodes shares one machine).
+            std::thread::sleep((until - elapsed).min(Duration::from_millis(1)));
         }
         self.node.set_loaded(target.gpu, false);
         let mut speed = faults.compute_speed.unwrap_or(1.0);
