@@ -442,7 +442,8 @@ pub fn fresh_seed() -> u64 {
 }
 
 /// Runs and judges the level's load tests on the node's GPUs and MIG slices, all of
-/// them at once (one thread each), so a node's long level takes what one GPU's takes.
+/// them at once (one thread each), so a node's long level takes what one GPU's takes;
+/// only the host links are measured one at a time (they share PCIe switches).
 pub fn run(
     level: Level,
     settings: &Settings,
@@ -471,12 +472,21 @@ pub fn run(
         Err(e) => return node_wide(&format!("the GPUs cannot be listed: {e}")),
     };
     let targets = targets(&gpus);
+    let shared = Shared {
+        plan: &plan,
+        settings,
+        runner,
+        backend,
+        model,
+        figures: &figures,
+        host_link: std::sync::Mutex::new(()),
+    };
     let mut out: Vec<CheckResult> = std::thread::scope(|scope| {
         let running: Vec<_> = targets
             .iter()
             .map(|t| {
-                let (plan, figures) = (&plan, &figures);
-                scope.spawn(move || one_target(t, plan, settings, runner, backend, model, figures))
+                let shared = &shared;
+                scope.spawn(move || one_target(t, shared))
             })
             .collect();
         running
@@ -518,15 +528,29 @@ pub fn run(
     out
 }
 
-fn one_target(
-    t: &Target,
-    plan: &LoadPlan,
-    settings: &Settings,
-    runner: &dyn LoadRunner,
-    backend: &dyn GpuBackend,
-    model: &GpuModel,
-    f: &ModelFigures,
-) -> Vec<CheckResult> {
+/// What every target's tests share.
+struct Shared<'a> {
+    plan: &'a LoadPlan,
+    settings: &'a Settings,
+    runner: &'a dyn LoadRunner,
+    backend: &'a dyn GpuBackend,
+    model: &'a GpuModel,
+    figures: &'a ModelFigures,
+    /// Held while a host link is measured: GPUs share PCIe switches and the root complex
+    /// (two per switch on HGX boards), so measured together each would see a share.
+    host_link: std::sync::Mutex<()>,
+}
+
+fn one_target(t: &Target, shared: &Shared) -> Vec<CheckResult> {
+    let Shared {
+        plan,
+        settings,
+        runner,
+        backend,
+        model,
+        figures: f,
+        ..
+    } = *shared;
     let (compute, memory) = t
         .profile
         .as_deref()
@@ -630,7 +654,11 @@ fn one_target(
         ),
         Err(e) => errored("hbm_bandwidth", t, &e, settings),
     });
-    match runner.host_link(t, plan) {
+    let link = {
+        let _alone = shared.host_link.lock().unwrap_or_else(|p| p.into_inner());
+        runner.host_link(t, plan)
+    };
+    match link {
         Ok((h2d, d2h)) => {
             let mut up = judge(
                 "host_bandwidth",
