@@ -146,12 +146,15 @@ fn context_of(target: &Target) -> Outcome<Arc<CudaContext>> {
     if target.uuid.is_empty() {
         return CudaContext::new(0).map_err(err("opening the slice's CUDA context"));
     }
+    // Devices are matched by UUID without a context on each: a context holds memory on
+    // its GPU, and every test of every GPU looks the devices up.
     let count = CudaContext::device_count().map_err(err("counting CUDA devices"))?;
-    for ordinal in 0..count.max(0) as usize {
-        let ctx = CudaContext::new(ordinal).map_err(err("opening a CUDA context"))?;
-        let uuid = ctx.uuid().map_err(err("reading a CUDA device's UUID"))?;
+    for ordinal in 0..count.max(0) {
+        let dev = cudarc::driver::result::device::get(ordinal).map_err(err("a CUDA device"))?;
+        let uuid = cudarc::driver::result::device::get_uuid(dev)
+            .map_err(err("reading a CUDA device's UUID"))?;
         if uuid_text(&uuid.bytes).eq_ignore_ascii_case(&target.uuid) {
-            return Ok(ctx);
+            return CudaContext::new(ordinal as usize).map_err(err("opening a CUDA context"));
         }
     }
     Err(format!(
