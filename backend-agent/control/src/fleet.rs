@@ -103,7 +103,8 @@ pub const SIM_CPUS_PER_GPU: u32 = 8;
 pub const SIM_MEMORY_MIB_PER_GPU: u64 = 32 * 1024;
 
 /// What the fleet says it delivers per GPU model: the bus bandwidth (Gbit/s) a tenant's
-/// acceptance threshold may ask for. A model not in it is bounded by the API's maximum.
+/// acceptance threshold may ask for (a model not in it is bounded by the API's maximum),
+/// and how its nodes' load tests are judged ([`LoadTests`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Delivers {
     bus_bandwidth_gbps: BTreeMap<String, f64>,
