@@ -45,6 +45,8 @@
 //! xid_under_load = 79       # an XID logged when the GPU is loaded
 //! corrupt_gemms = 2         # GEMM results that differ from the first
 //! nccl_speed = 0.2          # the node's all-reduce at 0.2 of the model's figure
+//! pcie_gen_under_load = 3   # the PCIe link drops to Gen3 x8 while loaded
+//! pcie_width_under_load = 8
 //! ```
 //!
 //! The file is read at each use, so a test injects (or removes) a fault while the agent
@@ -99,6 +101,8 @@ pub struct UnderLoad {
     #[serde(default)]
     pub corrupt_gemms: u64,
     pub nccl_speed: Option<f64>,
+    pub pcie_gen_under_load: Option<u32>,
+    pub pcie_width_under_load: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -194,6 +198,10 @@ impl Faults {
     /// Sets `node`'s simulated GPUs to the load faults listed for them (clearing the
     /// others).
     pub fn apply_load(&self, node: &str, sim: &SimulatedNode) {
+        let max_gen = match sim.model().architecture.as_str() {
+            "Ampere" | "Ada Lovelace" => 4,
+            _ => 5,
+        };
         sim.set_load_unavailable(
             self.no_cuda
                 .iter()
@@ -215,6 +223,11 @@ impl Faults {
                     xid_under_load: u.xid_under_load,
                     corrupt_gemms: u.corrupt_gemms,
                     nccl_speed: u.nccl_speed,
+                    pcie_under_load: match (u.pcie_gen_under_load, u.pcie_width_under_load) {
+                        (None, None) => None,
+                        // What is not given stays at the model's maximum.
+                        (g, w) => Some((g.unwrap_or(max_gen), w.unwrap_or(16))),
+                    },
                 })
                 .unwrap_or_default();
             sim.set_load_faults(gpu, f);
@@ -249,7 +262,7 @@ mod tests {
         let path = dir.path().join("sim-faults.toml");
         std::fs::write(
             &path,
-            "[[under_load]]\nnode = \"n1\"\ngpu = 1\nflipped_bits = 2\nmemory_speed = 0.5\nxid_under_load = 79\n",
+            "[[under_load]]\nnode = \"n1\"\ngpu = 1\nflipped_bits = 2\nmemory_speed = 0.5\nxid_under_load = 79\npcie_width_under_load = 8\n",
         )
         .unwrap();
         let model = gpufleet_gpu::catalog::model("H100-80GB").unwrap();
@@ -259,6 +272,11 @@ mod tests {
         assert_eq!(
             (f.flipped_bits, f.memory_speed, f.xid_under_load),
             (2, Some(0.5), Some(79))
+        );
+        assert_eq!(
+            f.pcie_under_load,
+            Some((5, 8)),
+            "the width given, H100's Gen5 kept"
         );
         assert_eq!(sim.load_faults(0), LoadFaults::default());
         assert_eq!(sim.load_unavailable(), None);

@@ -79,6 +79,8 @@ pub struct LoadFaults {
     pub corrupt_gemms: u64,
     /// All-reduce bus bandwidth as a share of the model's.
     pub nccl_speed: Option<f64>,
+    /// The PCIe link (generation, width) while loaded: a link that drops under load.
+    pub pcie_under_load: Option<(u32, u32)>,
 }
 
 /// What a healthy simulated GPU of `model` reports: typical figures of the model's board
@@ -576,7 +578,10 @@ impl GpuBackend for SimulatedNode {
         let g = state.gpu(gpu)?;
         let loaded = g.loaded;
         let faults = &mut g.faults;
-        let (gen, width) = faults.pcie.unwrap_or((nominal.pcie_gen, SIM_PCIE_WIDTH));
+        let (gen, width) = match faults.load.pcie_under_load.filter(|_| loaded) {
+            Some(link) => link,
+            None => faults.pcie.unwrap_or((nominal.pcie_gen, SIM_PCIE_WIDTH)),
+        };
         let nvlink = if nominal.nvlinks == 0 {
             Err(format!("{} has no NVLink", self.model.name))
         } else {

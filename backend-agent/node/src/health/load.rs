@@ -251,6 +251,8 @@ struct UnderLoad {
     samples: u32,
     max_temperature: Option<u32>,
     max_power_mw: Option<u32>,
+    /// The narrowest, then slowest, PCIe link read under load.
+    worst_link: Option<gpufleet_gpu::hardware::PcieLink>,
     /// The lowest SM clock read under load, and the GPU's maximum.
     min_sm_clock: Option<u32>,
     max_sm_clock: Option<u32>,
@@ -269,6 +271,16 @@ impl UnderLoad {
         }
         if let Ok(bits) = r.throttle_reasons {
             self.throttle |= bits;
+        }
+        if let Ok(l) = r.pcie {
+            let worse = |a: &gpufleet_gpu::hardware::PcieLink| (a.width, a.gen);
+            if self
+                .worst_link
+                .as_ref()
+                .is_none_or(|w| worse(&l) < worse(w))
+            {
+                self.worst_link = Some(l);
+            }
         }
         if let Ok(c) = r.sm_clock_mhz {
             self.min_sm_clock = Some(self.min_sm_clock.unwrap_or(u32::MAX).min(c));
@@ -308,6 +320,7 @@ impl UnderLoad {
             checks::xid(&r),
             grown_errors(before, &r),
             self.clocks(&r),
+            self.link(before, &r),
         ];
         let power = self
             .max_power_mw
@@ -326,6 +339,64 @@ impl UnderLoad {
 }
 
 impl UnderLoad {
+    /// The worst PCIe link under load against the maximum: under load a lower generation
+    /// is a fault too (only an idle GPU lowers it to save power). A link already too
+    /// narrow at rest, and no worse under load, is the read-only `pcie_link` check's to
+    /// fail, not this one's again.
+    fn link(&self, before: Option<&GpuReadings>, r: &GpuReadings) -> CheckResult {
+        let Some(l) = self.worst_link.or_else(|| r.pcie.as_ref().ok().copied()) else {
+            return result(
+                "pcie_link",
+                &r.uuid,
+                NOT_RUN,
+                "not read",
+                "the maximum link",
+                format!("GPU {}: the PCIe link was not read under load", r.index),
+            );
+        };
+        let (value, threshold) = (
+            format!("Gen{} x{}", l.gen, l.width),
+            format!("Gen{} x{}", l.max_gen, l.max_width),
+        );
+        let failed_at_rest = before
+            .and_then(|b| b.pcie.as_ref().ok())
+            .is_some_and(|b| b.width < b.max_width && (b.width, b.gen) == (l.width, l.gen));
+        if failed_at_rest {
+            result(
+                "pcie_link",
+                &r.uuid,
+                PASS,
+                value,
+                threshold,
+                format!(
+                    "GPU {}: the PCIe link under load is the one at rest (Gen{} x{}): the pcie_link check judges it",
+                    r.index, l.gen, l.width
+                ),
+            )
+        } else if l.width < l.max_width || l.gen < l.max_gen {
+            result(
+                "pcie_link",
+                &r.uuid,
+                FAIL,
+                value,
+                threshold,
+                format!(
+                    "GPU {}: under load the PCIe link dropped to Gen{} x{} of Gen{} x{}: reseat the GPU or its riser, or service the slot",
+                    r.index, l.gen, l.width, l.max_gen, l.max_width
+                ),
+            )
+        } else {
+            result(
+                "pcie_link",
+                &r.uuid,
+                PASS,
+                value,
+                threshold,
+                format!("GPU {}: the PCIe link held its maximum under load", r.index),
+            )
+        }
+    }
+
     /// The lowest SM clock under load against the maximum, reported (the throttle
     /// reasons and the burn's TFLOP/s are what fail a GPU held down).
     fn clocks(&self, r: &GpuReadings) -> CheckResult {
@@ -936,6 +1007,38 @@ mod tests {
             .find(|c| c.name == "under_load:clocks" && c.gpu_uuid == uuid1)
             .unwrap();
         assert_eq!(clocks.value, "SM 1188 MHz", "held down to 60% of 1,980");
+        assert!(!f.iter().any(|(n, _)| n == "under_load:pcie_link"), "{f:?}");
+    }
+
+    #[test]
+    fn a_pcie_link_that_drops_under_load_fails_though_it_is_whole_at_rest() {
+        let (n, r) = node("H200-141GB", 1);
+        n.set_load_faults(
+            0,
+            LoadFaults {
+                pcie_under_load: Some((4, 8)),
+                ..LoadFaults::default()
+            },
+        );
+        let idle = n.readings(0).unwrap().pcie.unwrap();
+        assert_eq!((idle.gen, idle.width), (5, 16));
+        let c = run(
+            Level::Medium,
+            &Settings::default(),
+            &r,
+            &*n,
+            m("H200-141GB"),
+            1,
+        );
+        let link = c.iter().find(|c| c.name == "under_load:pcie_link").unwrap();
+        assert_eq!(
+            (
+                link.verdict.as_str(),
+                link.value.as_str(),
+                link.threshold.as_str()
+            ),
+            (FAIL, "Gen4 x8", "Gen5 x16")
+        );
     }
 
     #[test]
