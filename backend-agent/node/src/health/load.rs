@@ -81,6 +81,9 @@ impl Settings {
     }
 }
 
+/// How often a GPU is read during its burn.
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
 /// Default burn of each level.
 pub const MEDIUM_BURN: Duration = Duration::from_secs(10);
 pub const LONG_BURN: Duration = Duration::from_secs(120);
@@ -677,7 +680,14 @@ fn one_target(t: &Target, shared: &Shared) -> Vec<CheckResult> {
     let dtype = f.burn_dtype();
     let before = backend.readings(t.gpu).ok();
     let mut under = UnderLoad::default();
+    // Read at most every SAMPLE_EVERY (a burn round can be a few milliseconds; NVML
+    // serialises its callers), the first round always.
+    let mut last: Option<std::time::Instant> = None;
     let burn = runner.burn(t, dtype, plan, &mut || {
+        if last.is_some_and(|l| l.elapsed() < SAMPLE_EVERY) {
+            return;
+        }
+        last = Some(std::time::Instant::now());
         if let Ok(r) = backend.readings(t.gpu) {
             under.sample(&r);
         }
