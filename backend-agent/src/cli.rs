@@ -55,6 +55,11 @@ pub enum Command {
     /// Create a small CA and issue the control plane's and the node agents' certificates
     /// for mutual TLS.
     Pki(PkiArgs),
+    /// Internal: one load test on the only GPU CUDA shows this process, one answer line
+    /// printed. The node agent runs it for each MIG slice, with CUDA_VISIBLE_DEVICES set
+    /// to the slice (CUDA reads it once per process).
+    #[command(hide = true)]
+    LoadProbe(LoadProbeArgs),
 }
 
 /// Where the control plane's nodes come from.
@@ -406,6 +411,13 @@ pub struct ServeArgs {
     /// tenants' `acceptance.min_bus_bandwidth_gbps` for the model is refused above it.
     #[arg(long, env = "GPUFLEET_BUS_BANDWIDTH", value_delimiter = ',', value_parser = parse_bus_bandwidth, value_name = "MODEL=GBPS")]
     pub bus_bandwidth: Vec<(String, f64)>,
+    /// GPU models whose hosts may skip the load tests they cannot run (no CUDA library, a
+    /// driver older than CUDA 13): their tests answer "not run" instead of failing the
+    /// node's checks (repeatable or comma-separated). For fleets without a fleet file
+    /// (`--node-agents external`, `--hardware nvml`); a fleet file says it per group with
+    /// `load_test_skip = true`. Default: none, every host must run them.
+    #[arg(long, env = "GPUFLEET_LOAD_TEST_SKIP", value_delimiter = ',', value_parser = parse_model, value_name = "MODEL")]
+    pub load_test_skip: Vec<String>,
     /// The automatic-quarantine breaker's window: failed health checks quarantine at most
     /// --breaker-max-quarantines (or --breaker-max-percent of a model's nodes, whichever
     /// is more) of one GPU model within it; past that the breaker opens and failed nodes
@@ -494,6 +506,13 @@ pub fn parse_order_deadline(text: &str) -> Result<(String, std::time::Duration),
     let mut probe = gpufleet_control::deadlines::OrderDeadlines::default();
     probe.set(kind, d)?;
     Ok((kind.to_string(), d))
+}
+
+/// A catalog model's name (`--load-test-skip H200-141GB`).
+pub fn parse_model(text: &str) -> Result<String, String> {
+    let model = text.trim();
+    gpufleet_control::catalog::require_known("GPU model", model)?;
+    Ok(model.to_string())
 }
 
 /// `--bus-bandwidth H100-80GB=400`.
@@ -623,7 +642,8 @@ impl ServeArgs {
                 .unwrap_or_default(),
             delivers: gpufleet_control::fleet::Delivers::new(
                 self.bus_bandwidth.into_iter().collect(),
-            ),
+            )
+            .with_load_test_skip(self.load_test_skip),
             breaker: gpufleet_control::scheduling::breaker::Settings {
                 window: self.breaker_window,
                 max_quarantines: self.breaker_max_quarantines,
@@ -759,6 +779,14 @@ mod tests {
             );
         }
     }
+}
+
+/// `load-probe TEST MEMORY_MIB FRACTION PASSES BURN_MS BYTES SEED` (see
+/// `gpufleet_gpu::load::probe`).
+#[derive(Args, Debug)]
+pub struct LoadProbeArgs {
+    #[arg(num_args = 0.., allow_hyphen_values = true)]
+    pub args: Vec<String>,
 }
 
 #[derive(Args, Debug)]

@@ -63,6 +63,10 @@ fn main() -> std::process::ExitCode {
                 client::reset_breaker(args).await
             }
             cli::Command::Pki(args) => print_issued(&args),
+            cli::Command::LoadProbe(args) => {
+                println!("{}", gpufleet_gpu::load::cuda::probe_main(&args.args));
+                Ok(())
+            }
         }
     });
     // Connection tasks are dropped here; nothing may keep the process alive after the

@@ -171,6 +171,24 @@ fn hw_check_prints_the_health_checks_of_a_level() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--level"));
 }
 
+/// The test process the agent starts for each MIG slice (`load-probe`, hidden) answers
+/// one line: on this host without CUDA, why its test cannot run; a bad call, what to give.
+#[test]
+fn the_slice_test_process_answers_one_line() {
+    let run = |args: &[&str]| {
+        let out = agent_cmd().arg("load-probe").args(args).output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let line = run(&["burn-bf16", "33280", "0.5", "1", "1000", "1048576", "7"]);
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(
+        line.starts_with("err not run: no CUDA library") || line.starts_with("ok burn bf16 "),
+        "{line}"
+    );
+    assert!(run(&["burn"]).starts_with("err load-probe: give TEST MEMORY_MIB"));
+}
+
 #[test]
 fn a_missing_nvml_library_is_a_clear_error() {
     let out = agent_cmd()
@@ -262,6 +280,10 @@ async fn serve_drives_the_fake_host_through_nvml() {
             "nvml",
             "--nvml-lib",
             &lib,
+            // The fake host has no CUDA: its load tests cannot run, which fails its
+            // checks unless the fleet lets hosts of its model skip them.
+            "--load-test-skip",
+            "H100-80GB",
         ],
     );
     let mut c = agent.admin().await;
@@ -307,6 +329,10 @@ async fn serve_drives_the_fake_host_through_nvml() {
             "nvml",
             "--nvml-lib",
             &lib,
+            // The fake host has no CUDA: its load tests cannot run, which fails its
+            // checks unless the fleet lets hosts of its model skip them.
+            "--load-test-skip",
+            "H100-80GB",
         ],
     );
     let mut c = agent.admin().await;
@@ -333,6 +359,9 @@ fn a_node_agent_registers_the_fake_host() {
             "external",
             "--join-token",
             "join-secret",
+            // No CUDA on the fake host: its load tests may only say "not run".
+            "--load-test-skip",
+            "H200-141GB",
         ],
     );
     let node_log = std::fs::File::create(dir.path().join("node.log")).unwrap();

@@ -12,6 +12,12 @@
 //!                               # them; tenants' acceptance thresholds are bounded by it
 //! cpus_per_node = 64            # what each node declares to Slurm (default 8 per GPU)
 //! memory_mib_per_node = 262144  # (default 32 GiB per GPU)
+//! # The node agents' load tests (health levels medium and long; docs/guides/health-checks.md):
+//! load_test_min_fraction = 0.75 # a figure below this share of the model's expected one
+//!                               # fails (default 0.75)
+//! load_test_skip = false        # true: a host that cannot run the load tests (no CUDA)
+//!                               # answers "not run" instead of failing (default false)
+//! load_test_burn_seconds = 10   # the GEMM burn's length (default: medium 10, long 120)
 //!
 //! [[on_demand]]
 //! gpu_type = "H100-80GB"
@@ -66,7 +72,30 @@ pub struct NodeGroup {
     pub cpus_per_node: Option<u32>,
     #[serde(default)]
     pub memory_mib_per_node: Option<u64>,
+    /// The load tests' judging and length for these nodes; every group of a model that
+    /// sets one must set the same (they travel with each health-check order by model).
+    #[serde(default)]
+    pub load_test_min_fraction: Option<f64>,
+    #[serde(default)]
+    pub load_test_skip: Option<bool>,
+    #[serde(default)]
+    pub load_test_burn_seconds: Option<u32>,
 }
+
+/// How a model's nodes' load tests are judged and how long they burn (the fleet
+/// groups' `load_test_*`); the default judges at the agent's default fraction, allows
+/// no host to skip, and burns each level's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LoadTests {
+    /// 0: the agent's default (0.75).
+    pub min_fraction: f64,
+    pub skip_allowed: bool,
+    /// 0: the level's default.
+    pub burn_seconds: u32,
+}
+
+/// The longest burn a fleet group may ask for (the agent's own bound).
+pub const MAX_BURN_SECONDS: u32 = 600;
 
 /// What a simulated node declares to Slurm per GPU unless its group says otherwise: a GPU
 /// server's share, whatever the machine that simulates it has.
@@ -74,15 +103,25 @@ pub const SIM_CPUS_PER_GPU: u32 = 8;
 pub const SIM_MEMORY_MIB_PER_GPU: u64 = 32 * 1024;
 
 /// What the fleet says it delivers per GPU model: the bus bandwidth (Gbit/s) a tenant's
-/// acceptance threshold may ask for. A model not in it is bounded by the API's maximum.
+/// acceptance threshold may ask for (a model not in it is bounded by the API's maximum),
+/// and how its nodes' load tests are judged ([`LoadTests`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Delivers {
     bus_bandwidth_gbps: BTreeMap<String, f64>,
+    load_tests: BTreeMap<String, LoadTests>,
 }
 
 impl Delivers {
     pub fn new(bus_bandwidth_gbps: BTreeMap<String, f64>) -> Self {
-        Self { bus_bandwidth_gbps }
+        Self {
+            bus_bandwidth_gbps,
+            load_tests: BTreeMap::new(),
+        }
+    }
+
+    /// How `gpu_type`'s load tests are judged (the default when no group sets it).
+    pub fn load_tests(&self, gpu_type: &str) -> LoadTests {
+        self.load_tests.get(gpu_type).copied().unwrap_or_default()
     }
 
     /// The declared bus bandwidth of `gpu_type`, when the fleet declares one.
@@ -90,7 +129,17 @@ impl Delivers {
         self.bus_bandwidth_gbps.get(gpu_type).copied()
     }
 
-    /// `other`'s declarations over this one's.
+    /// Lets hosts of these models that cannot run the load tests (no CUDA) pass with
+    /// them "not run" (`serve --load-test-skip`, for fleets without a fleet file).
+    pub fn with_load_test_skip(mut self, models: impl IntoIterator<Item = String>) -> Self {
+        for m in models {
+            self.load_tests.entry(m).or_default().skip_allowed = true;
+        }
+        self
+    }
+
+    /// `other`'s declarations over this one's (a load-test setting `other` leaves at its
+    /// default keeps this one's).
     pub fn overridden_by(mut self, other: &Delivers) -> Self {
         self.bus_bandwidth_gbps.extend(
             other
@@ -98,6 +147,16 @@ impl Delivers {
                 .iter()
                 .map(|(k, v)| (k.clone(), *v)),
         );
+        for (model, o) in &other.load_tests {
+            let t = self.load_tests.entry(model.clone()).or_default();
+            t.skip_allowed |= o.skip_allowed;
+            if o.min_fraction > 0.0 {
+                t.min_fraction = o.min_fraction;
+            }
+            if o.burn_seconds > 0 {
+                t.burn_seconds = o.burn_seconds;
+            }
+        }
         self
     }
 }
@@ -105,13 +164,25 @@ impl Delivers {
 impl FleetFile {
     /// The bus bandwidth each model's groups declare (validated to agree).
     pub fn delivers(&self) -> Delivers {
-        Delivers::new(
-            self.pool
-                .iter()
-                .chain(&self.on_demand)
+        let groups = || self.pool.iter().chain(&self.on_demand);
+        let mut d = Delivers::new(
+            groups()
                 .filter_map(|g| g.bus_bandwidth_gbps.map(|b| (g.gpu_type.clone(), b)))
                 .collect(),
-        )
+        );
+        for g in groups() {
+            let t = d.load_tests.entry(g.gpu_type.clone()).or_default();
+            if let Some(f) = g.load_test_min_fraction {
+                t.min_fraction = f;
+            }
+            if let Some(s) = g.load_test_skip {
+                t.skip_allowed = s;
+            }
+            if let Some(b) = g.load_test_burn_seconds {
+                t.burn_seconds = b;
+            }
+        }
+        d
     }
 }
 
@@ -135,6 +206,9 @@ fn group(gpu_type: &str, nodes: u32) -> NodeGroup {
         bus_bandwidth_gbps: None,
         cpus_per_node: None,
         memory_mib_per_node: None,
+        load_test_min_fraction: None,
+        load_test_skip: None,
+        load_test_burn_seconds: None,
     }
 }
 
@@ -177,7 +251,56 @@ pub fn parse(text: &str) -> anyhow::Result<FleetFile> {
     Ok(fleet)
 }
 
+/// A model's groups agree on their load-test settings, each within its bounds.
+fn validate_load_tests(fleet: &FleetFile) -> anyhow::Result<()> {
+    let mut seen: BTreeMap<(&str, &str), String> = BTreeMap::new();
+    for (table, groups) in [("pool", &fleet.pool), ("on_demand", &fleet.on_demand)] {
+        for g in groups {
+            if let Some(f) = g.load_test_min_fraction {
+                if !f.is_finite() || f <= 0.0 || f > 1.0 {
+                    bail!(
+                        "{table}.load_test_min_fraction: must be more than 0 and at most 1 for {} (got {f})",
+                        g.gpu_type
+                    );
+                }
+            }
+            if let Some(b) = g
+                .load_test_burn_seconds
+                .filter(|b| !(1..=MAX_BURN_SECONDS).contains(b))
+            {
+                bail!(
+                    "{table}.load_test_burn_seconds: 1 to {MAX_BURN_SECONDS} for {} (got {b})",
+                    g.gpu_type
+                );
+            }
+            let set = [
+                (
+                    "load_test_min_fraction",
+                    g.load_test_min_fraction.map(|f| f.to_string()),
+                ),
+                ("load_test_skip", g.load_test_skip.map(|s| s.to_string())),
+                (
+                    "load_test_burn_seconds",
+                    g.load_test_burn_seconds.map(|b| b.to_string()),
+                ),
+            ];
+            for (key, value) in set {
+                let Some(value) = value else { continue };
+                let before = seen.entry((&g.gpu_type, key)).or_insert(value.clone());
+                if *before != value {
+                    bail!(
+                        "{table}.{key}: every group of {} that sets it must set the same (got {before} and {value})",
+                        g.gpu_type
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn validate(fleet: &FleetFile) -> anyhow::Result<()> {
+    validate_load_tests(fleet)?;
     let mut gpus_per_node: BTreeMap<&str, u32> = BTreeMap::new();
     let mut bandwidth: BTreeMap<&str, f64> = BTreeMap::new();
     for (table, groups) in [("pool", &fleet.pool), ("on_demand", &fleet.on_demand)] {
@@ -383,6 +506,61 @@ mod tests {
         assert_eq!(
             (host.cpus, host.memory_mib),
             (96, 2 * SIM_MEMORY_MIB_PER_GPU)
+        );
+    }
+
+    #[test]
+    fn load_test_settings_are_per_model_bounded_and_agreed() {
+        let f = parse(
+            "[[pool]]\ngpu_type = \"H200-141GB\"\nnodes = 1\nload_test_skip = true\nload_test_min_fraction = 0.5\n\
+             [[on_demand]]\ngpu_type = \"H200-141GB\"\nnodes = 1\nload_test_burn_seconds = 30\n\
+             [[pool]]\ngpu_type = \"B200\"\nnodes = 1\n",
+        )
+        .unwrap();
+        let d = f.delivers();
+        assert_eq!(
+            d.load_tests("H200-141GB"),
+            LoadTests {
+                min_fraction: 0.5,
+                skip_allowed: true,
+                burn_seconds: 30
+            }
+        );
+        assert_eq!(d.load_tests("B200"), LoadTests::default());
+        assert_eq!(d.load_tests("L40S"), LoadTests::default());
+        let flag = Delivers::default().with_load_test_skip(["B200".to_string()]);
+        let both = d.overridden_by(&flag);
+        assert!(both.load_tests("B200").skip_allowed);
+        assert_eq!(both.load_tests("H200-141GB").burn_seconds, 30);
+        for (bad, says) in [
+            (
+                "load_test_min_fraction = 0",
+                "pool.load_test_min_fraction: must be more than 0",
+            ),
+            (
+                "load_test_min_fraction = 1.5",
+                "pool.load_test_min_fraction: must be more than 0",
+            ),
+            (
+                "load_test_burn_seconds = 601",
+                "pool.load_test_burn_seconds: 1 to 600",
+            ),
+        ] {
+            let e = format!(
+                "{:#}",
+                parse(&format!(
+                    "[[pool]]\ngpu_type = \"B200\"\nnodes = 1\n{bad}\n"
+                ))
+                .unwrap_err()
+            );
+            assert!(e.contains(says), "{e}");
+        }
+        let disagree = "[[pool]]\ngpu_type = \"B200\"\nnodes = 1\nload_test_skip = true\n\
+            [[on_demand]]\ngpu_type = \"B200\"\nnodes = 1\nload_test_skip = false\n";
+        let e = format!("{:#}", parse(disagree).unwrap_err());
+        assert!(
+            e.contains("on_demand.load_test_skip: every group of B200"),
+            "{e}"
         );
     }
 

@@ -4,7 +4,9 @@
 //! every MIG-capable model here; names and memory sizes differ per model. Memory figures
 //! are what `nvidia-smi mig -lgip` reports where the reference gives one; elsewhere they
 //! are derived (see `MODELS`). On real hardware NVML's figure wins. One model (L40S) has
-//! no MIG: it has no profiles and only whole GPUs.
+//! no MIG: it has no profiles and only whole GPUs. Every model says where its memory
+//! figures come from ([`GpuModel::memory_source`]: measured on the GPU, documented by
+//! NVIDIA, or estimated).
 
 use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
@@ -39,6 +41,33 @@ pub struct GpuModel {
     pub min_driver: String,
     /// MIG profiles, largest last in id order of the table; empty when `!mig_capable`.
     pub profiles: Vec<MigProfile>,
+    /// Where `memory_mib` and the profiles' memory come from.
+    #[serde(default)]
+    pub memory_source: Source,
+}
+
+/// Where a catalog figure comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Source {
+    /// Read from a real GPU of the model (NVML, `nvidia-smi`, a benchmark run on it).
+    Measured,
+    /// Published by NVIDIA (data sheet, MIG user guide, `nvidia-smi` captures in its docs).
+    Documented,
+    /// Derived from other figures (scaled from a sibling model, or a documented peak times
+    /// a measured efficiency): a guess until someone measures it.
+    #[default]
+    Estimated,
+}
+
+impl Source {
+    /// "measured", "documented" or "estimated".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Measured => "measured",
+            Source::Documented => "documented",
+            Source::Estimated => "estimated",
+        }
+    }
 }
 
 impl GpuModel {
@@ -77,6 +106,7 @@ struct ModelSpec {
     architecture: &'static str,
     memory_mib: u64,
     mig: Option<MigSpec>,
+    memory_source: Source,
 }
 
 /// A MIG-capable model's profile names and memory per profile (MiB), in GEOMETRY order.
@@ -87,14 +117,19 @@ struct MigSpec {
 
 /// Memory per profile, in MiB (GiB x 1024; the reference prints two decimals, so 19.62
 /// is 19.625 GiB = 20096 MiB):
-/// - A100-40GB, H100-80GB, H100-94GB, H200-141GB: from the reference table (H200 7g is
-///   given as "~140", taken as 140 GiB).
-/// - A100-80GB: no figures given; taken equal to H100-80GB (same 80 GB and slice count).
-/// - B200 (180 GB) and GH200 (96 GB): no figures given; H100-80GB figures scaled by
-///   180/80 and 96/80 and rounded down to 1/8 GiB. Treat them as estimates.
+/// - H200-141GB: **measured** on a real H200 (driver 580.159.04): NVML's `memorySizeMB`
+///   per profile (16,384 / 33,280 / 71,424 / 143,360; `nvidia-smi mig -lgip` prints
+///   16.00, 32.50, 69.75 and 140.00 GiB) and NVML's total, 143,771 MiB. An earlier table
+///   gave 33,024 and 71,168 (32.25 and 69.50 GiB): wrong, pinned by a test.
+/// - A100-40GB, H100-80GB, H100-94GB: **documented**, from NVIDIA's `-lgip` captures in
+///   the MIG user guide; the totals are GiB x 1024 (NVML reports a little less or more).
+/// - A100-80GB: **estimated**: no figures given; taken equal to H100-80GB (same 80 GB and
+///   slice count).
+/// - B200 (180 GB) and GH200 (96 GB): **estimated**: H100-80GB figures scaled by 180/80
+///   and 96/80 and rounded down to 1/8 GiB.
 ///
 /// The +me profile has the memory of the plain 1g profile. L40S (Ada Lovelace) has no
-/// MIG; its memory is what NVML reports for its 48 GB.
+/// MIG; its memory is what NVML reports for its 48 GB (documented).
 const MODELS: [ModelSpec; 8] = [
     ModelSpec {
         name: "A100-40GB",
@@ -112,6 +147,7 @@ const MODELS: [ModelSpec; 8] = [
             ],
             memory_mib: [4864, 4864, 9984, 9984, 20096, 20096, 40448],
         }),
+        memory_source: Source::Documented,
     },
     ModelSpec {
         name: "A100-80GB",
@@ -129,6 +165,7 @@ const MODELS: [ModelSpec; 8] = [
             ],
             memory_mib: [9984, 9984, 20096, 20096, 40448, 40448, 81152],
         }),
+        memory_source: Source::Estimated,
     },
     ModelSpec {
         name: "H100-80GB",
@@ -146,6 +183,7 @@ const MODELS: [ModelSpec; 8] = [
             ],
             memory_mib: [9984, 9984, 20096, 20096, 40448, 40448, 81152],
         }),
+        memory_source: Source::Documented,
     },
     ModelSpec {
         name: "H100-94GB",
@@ -163,11 +201,12 @@ const MODELS: [ModelSpec; 8] = [
             ],
             memory_mib: [11008, 11008, 22144, 22144, 47488, 47488, 95360],
         }),
+        memory_source: Source::Documented,
     },
     ModelSpec {
         name: "H200-141GB",
         architecture: "Hopper",
-        memory_mib: 141 * 1024,
+        memory_mib: 143_771,
         mig: Some(MigSpec {
             names: [
                 "1g.18gb",
@@ -178,8 +217,9 @@ const MODELS: [ModelSpec; 8] = [
                 "4g.71gb",
                 "7g.141gb",
             ],
-            memory_mib: [16384, 16384, 33024, 33024, 71168, 71168, 143360],
+            memory_mib: [16384, 16384, 33280, 33280, 71424, 71424, 143360],
         }),
+        memory_source: Source::Measured,
     },
     ModelSpec {
         name: "B200",
@@ -197,6 +237,7 @@ const MODELS: [ModelSpec; 8] = [
             ],
             memory_mib: [22400, 22400, 45184, 45184, 91008, 91008, 182528],
         }),
+        memory_source: Source::Estimated,
     },
     ModelSpec {
         name: "GH200",
@@ -214,12 +255,14 @@ const MODELS: [ModelSpec; 8] = [
             ],
             memory_mib: [12032, 12032, 24064, 24064, 48512, 48512, 97408],
         }),
+        memory_source: Source::Estimated,
     },
     ModelSpec {
         name: "L40S",
         architecture: "Ada Lovelace",
         memory_mib: 46068,
         mig: None,
+        memory_source: Source::Documented,
     },
 ];
 
@@ -301,6 +344,7 @@ fn build_models() -> Vec<GpuModel> {
                 .unwrap_or_default()
                 .to_string(),
             profiles: spec.mig.as_ref().map(mig_profiles).unwrap_or_default(),
+            memory_source: spec.memory_source,
         })
         .collect()
 }
@@ -444,6 +488,67 @@ mod tests {
         for m in models() {
             assert!(!m.min_driver.is_empty(), "{}", m.name);
         }
+    }
+
+    /// The H200 as a real one reports it (driver 580.159.04, NVML `memorySizeMB` per
+    /// profile and the device's total): the table must not drift from the hardware.
+    #[test]
+    fn h200_memory_is_what_a_real_h200_reports() {
+        let m = model("H200-141GB").unwrap();
+        assert_eq!(m.memory_mib, 143_771);
+        assert_eq!(m.memory_source, Source::Measured);
+        let table: Vec<(u32, &str, u64)> = m
+            .profiles
+            .iter()
+            .map(|p| (p.id, p.name.as_str(), p.memory_mib))
+            .collect();
+        assert_eq!(
+            table,
+            [
+                (19, "1g.18gb", 16_384),
+                (20, "1g.18gb+me", 16_384),
+                (15, "1g.35gb", 33_280),
+                (14, "2g.35gb", 33_280),
+                (9, "3g.71gb", 71_424),
+                (5, "4g.71gb", 71_424),
+                (0, "7g.141gb", 143_360),
+            ]
+        );
+        let geometry: Vec<(u8, u8, Vec<u8>, u8)> = m
+            .profiles
+            .iter()
+            .map(|p| {
+                (
+                    p.compute_slices,
+                    p.memory_slices,
+                    p.valid_starts.clone(),
+                    p.max_per_gpu,
+                )
+            })
+            .collect();
+        assert_eq!(geometry[4], (3, 4, vec![0, 4], 2));
+        assert_eq!(geometry[6], (7, 8, vec![0], 1));
+    }
+
+    #[test]
+    fn every_model_says_where_its_memory_figures_come_from() {
+        let sources: Vec<(&str, &str)> = models()
+            .iter()
+            .map(|m| (m.name.as_str(), m.memory_source.as_str()))
+            .collect();
+        assert_eq!(
+            sources,
+            [
+                ("A100-40GB", "documented"),
+                ("A100-80GB", "estimated"),
+                ("H100-80GB", "documented"),
+                ("H100-94GB", "documented"),
+                ("H200-141GB", "measured"),
+                ("B200", "estimated"),
+                ("GH200", "estimated"),
+                ("L40S", "documented"),
+            ]
+        );
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct Executor {
     pub slurmd: super::slurmd::Slurmd,
     /// This agent's bandwidth-test listener (None: it takes part in no bandwidth test).
     pub bandwidth: Option<Arc<super::bandwidth::Listener>>,
+    /// Runs the medium and long levels' load tests (simulated GPUs, or CUDA).
+    pub load: Arc<dyn gpufleet_gpu::load::LoadRunner>,
 }
 
 /// Why an order failed, in the protocol's classes.
@@ -201,6 +203,14 @@ impl Executor {
             Ok(l) => l,
             Err(e) => return refuse(format!("expected_layout: {e}")),
         };
+        let load = match super::health::load::Settings::from_order(
+            order.load_min_fraction,
+            order.load_skip_allowed,
+            order.burn_seconds,
+        ) {
+            Ok(s) => s,
+            Err(e) => return refuse(e),
+        };
         if let Some(test) = &order.bandwidth {
             if let Err(e) = super::bandwidth::validate(test) {
                 return refuse(e);
@@ -221,6 +231,7 @@ impl Executor {
         };
         if let Some(sim) = &self.sim {
             faults.apply_health(&self.name, sim);
+            faults.apply_load(&self.name, sim);
         }
         let driver = match faults.wrong_driver(&self.name) {
             Some(v) => Ok(v.to_string()),
@@ -238,6 +249,14 @@ impl Executor {
             simulated: self.sim.is_some(),
         };
         let mut checks = super::health::run(&*self.backend, &self.gpu_type, &plan);
+        checks.extend(super::health::load::run(
+            level,
+            &load,
+            &*self.load,
+            &*self.backend,
+            gpufleet_gpu::catalog::model(&self.gpu_type),
+            super::health::load::fresh_seed(),
+        ));
         if let Some(test) = &order.bandwidth {
             if let Some(listener) = &self.bandwidth {
                 listener.arm(&test.token, super::bandwidth::arm_for(test));

@@ -28,6 +28,25 @@
 //! [[wrong_driver]]         # the health checks read this driver instead of the installed one
 //! node = "h100-80gb-pool-01"
 //! version = "535.54.03"
+//!
+//! no_cuda = ["h100-80gb-pool-02"]  # these nodes answer as hosts without CUDA: their
+//!                                  # load tests cannot run
+//!
+//! # Load faults, seen by the medium and long levels' load tests (every key but node and
+//! # gpu optional):
+//! [[under_load]]
+//! node = "h100-80gb-pool-01"
+//! gpu = 0
+//! flipped_bits = 3          # words of each memory pattern that read back wrong
+//! memory_speed = 0.5        # memory copy at half the model's figure
+//! compute_speed = 0.4       # GEMMs at 0.4 of it (clocks held down)
+//! host_speed = 0.5          # the host link at half
+//! throttle_under_load = 64  # NVML throttle bits while loaded (64: hardware thermal slowdown)
+//! xid_under_load = 79       # an XID logged when the GPU is loaded
+//! corrupt_gemms = 2         # GEMM results that differ from the first
+//! nccl_speed = 0.2          # the node's all-reduce at 0.2 of the model's figure
+//! pcie_gen_under_load = 3   # the PCIe link drops to Gen3 x8 while loaded
+//! pcie_width_under_load = 8
 //! ```
 //!
 //! The file is read at each use, so a test injects (or removes) a fault while the agent
@@ -36,6 +55,7 @@
 use std::path::Path;
 
 use gpufleet_gpu::hardware::{GpuBackend, SimulatedNode};
+use gpufleet_gpu::load::LoadFaults;
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -58,6 +78,31 @@ pub struct Faults {
     pub slow_network: Vec<SlowNetwork>,
     #[serde(default)]
     pub wrong_driver: Vec<WrongDriver>,
+    #[serde(default)]
+    pub under_load: Vec<UnderLoad>,
+    #[serde(default)]
+    pub no_cuda: Vec<String>,
+}
+
+/// Faults of one GPU that show only under load (see the module doc).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnderLoad {
+    pub node: String,
+    pub gpu: u32,
+    #[serde(default)]
+    pub flipped_bits: u64,
+    pub memory_speed: Option<f64>,
+    pub compute_speed: Option<f64>,
+    pub host_speed: Option<f64>,
+    #[serde(default)]
+    pub throttle_under_load: u64,
+    pub xid_under_load: Option<u64>,
+    #[serde(default)]
+    pub corrupt_gemms: u64,
+    pub nccl_speed: Option<f64>,
+    pub pcie_gen_under_load: Option<u32>,
+    pub pcie_width_under_load: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -150,6 +195,45 @@ impl Faults {
         }
     }
 
+    /// Sets `node`'s simulated GPUs to the load faults listed for them (clearing the
+    /// others).
+    pub fn apply_load(&self, node: &str, sim: &SimulatedNode) {
+        let max_gen = match sim.model().architecture.as_str() {
+            "Ampere" | "Ada Lovelace" => 4,
+            _ => 5,
+        };
+        sim.set_load_unavailable(
+            self.no_cuda
+                .iter()
+                .any(|n| n == node)
+                .then(|| "no CUDA library: libcuda not found (simulated: no_cuda)".to_string()),
+        );
+        let gpus = sim.gpus().map(|g| g.len() as u32).unwrap_or(0);
+        for gpu in 0..gpus {
+            let f = self
+                .under_load
+                .iter()
+                .find(|u| u.node == node && u.gpu == gpu)
+                .map(|u| LoadFaults {
+                    flipped_bits: u.flipped_bits,
+                    memory_speed: u.memory_speed,
+                    compute_speed: u.compute_speed,
+                    host_speed: u.host_speed,
+                    throttle_under_load: u.throttle_under_load,
+                    xid_under_load: u.xid_under_load,
+                    corrupt_gemms: u.corrupt_gemms,
+                    nccl_speed: u.nccl_speed,
+                    pcie_under_load: match (u.pcie_gen_under_load, u.pcie_width_under_load) {
+                        (None, None) => None,
+                        // What is not given stays at the model's maximum.
+                        (g, w) => Some((g.unwrap_or(max_gen), w.unwrap_or(16))),
+                    },
+                })
+                .unwrap_or_default();
+            sim.set_load_faults(gpu, f);
+        }
+    }
+
     /// Whether `node`'s GPU `gpu` is marked busy.
     pub fn in_use(&self, node: &str, gpu: u32) -> bool {
         self.in_use.contains(&format!("{node}:{gpu}"))
@@ -170,6 +254,40 @@ mod tests {
         assert!(f.in_use("n1", 2) && !f.in_use("n1", 1) && !f.in_use("n2", 2));
         std::fs::write(&path, "typo = 1\n").unwrap();
         assert!(Faults::read(&path).unwrap_err().contains("typo"));
+    }
+
+    #[test]
+    fn load_faults_reach_the_simulated_gpus_and_clear_when_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sim-faults.toml");
+        std::fs::write(
+            &path,
+            "[[under_load]]\nnode = \"n1\"\ngpu = 1\nflipped_bits = 2\nmemory_speed = 0.5\nxid_under_load = 79\npcie_width_under_load = 8\n",
+        )
+        .unwrap();
+        let model = gpufleet_gpu::catalog::model("H100-80GB").unwrap();
+        let sim = SimulatedNode::new("n1", model, 2, "550.54.15");
+        Faults::read(&path).unwrap().apply_load("n1", &sim);
+        let f = sim.load_faults(1);
+        assert_eq!(
+            (f.flipped_bits, f.memory_speed, f.xid_under_load),
+            (2, Some(0.5), Some(79))
+        );
+        assert_eq!(
+            f.pcie_under_load,
+            Some((5, 8)),
+            "the width given, H100's Gen5 kept"
+        );
+        assert_eq!(sim.load_faults(0), LoadFaults::default());
+        assert_eq!(sim.load_unavailable(), None);
+        std::fs::write(&path, "no_cuda = [\"n1\"]\n").unwrap();
+        Faults::read(&path).unwrap().apply_load("n1", &sim);
+        assert!(sim.load_unavailable().unwrap().contains("no CUDA"));
+        Faults::default().apply_load("n1", &sim);
+        assert_eq!(sim.load_unavailable(), None);
+        assert_eq!(sim.load_faults(1), LoadFaults::default());
+        std::fs::write(&path, "[[under_load]]\nnode = \"n1\"\ngpu = 0\nspeed = 1\n").unwrap();
+        assert!(Faults::read(&path).unwrap_err().contains("speed"));
     }
 
     #[test]

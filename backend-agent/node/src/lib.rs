@@ -112,6 +112,10 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
         (None, Some(l)) => l.addr().to_string(),
         (None, None) => String::new(),
     };
+    let load: Arc<dyn gpufleet_gpu::load::LoadRunner> = match &parts.sim {
+        Some(sim) => Arc::new(gpufleet_gpu::load::SimRunner::new(sim.clone())),
+        None => Arc::new(gpufleet_gpu::load::cuda::CudaRunner::new()),
+    };
     Ok(Arc::new(Agent {
         host: parts.host,
         bandwidth_addr,
@@ -126,6 +130,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
             running: Mutex::new(()),
             slurmd: slurmd::Slurmd::new(&parts.data_dir, &parts.name, hardware == "sim"),
             bandwidth: parts.bandwidth,
+            load,
         }),
         name: parts.name,
         capacity: parts.capacity,

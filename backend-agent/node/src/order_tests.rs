@@ -59,6 +59,7 @@ fn order(id: &str, level: &str, bandwidth: Option<v1::BandwidthTest>) -> v1::Wor
                 placements: vec![],
             }],
             bandwidth,
+            ..Default::default()
         })),
     }
 }

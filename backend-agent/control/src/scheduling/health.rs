@@ -329,6 +329,9 @@ pub async fn run(
             _ => None,
         };
         let expected_layout = layouts[i].clone();
+        // The node's fleet group decides how its load tests are judged (and whether a
+        // host that cannot run them may skip them).
+        let load = state.delivers.load_tests(&node.gpu_type);
         orders.push(v1::WorkOrder {
             id: uuid::Uuid::new_v4().to_string(),
             kind: Some(v1::work_order::Kind::RunHealthCheck(v1::RunHealthCheck {
@@ -336,6 +339,9 @@ pub async fn run(
                 expected_driver: req.expected_driver.to_string(),
                 expected_layout,
                 bandwidth,
+                load_min_fraction: load.min_fraction,
+                load_skip_allowed: load.skip_allowed,
+                burn_seconds: load.burn_seconds,
             })),
         });
     }

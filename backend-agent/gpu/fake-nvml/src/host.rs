@@ -30,7 +30,8 @@ pub struct ModelSpec {
 }
 
 /// Figures as `nvidia-smi` / `nvidia-smi mig -lgip` print them (GiB x 1024 where only GiB
-/// is published).
+/// is published). H200: measured on a real one (driver 580.159.04): NVML's total 143,771
+/// MiB and each profile's `memorySizeMB`.
 pub const MODELS: [ModelSpec; 9] = [
     ModelSpec {
         key: "H100-80GB",
@@ -48,7 +49,7 @@ pub const MODELS: [ModelSpec; 9] = [
         key: "H200-141GB",
         nvml_name: "NVIDIA H200",
         memory_mib: 143771,
-        profile_mib: Some([16384, 16384, 33024, 33024, 71168, 71168, 143360]),
+        profile_mib: Some([16384, 16384, 33280, 33280, 71424, 71424, 143360]),
     },
     ModelSpec {
         key: "A100-40GB",

@@ -19,7 +19,7 @@ pub use nvml_decode::{
 };
 pub use readings::{EccCounts, GpuReadings, NvlinkErrors, PcieLink, Reading};
 pub use report::check_report;
-pub use sim::SimulatedNode;
+pub use sim::{LoadFaults, SimulatedNode};
 
 use serde::{Deserialize, Serialize};
 

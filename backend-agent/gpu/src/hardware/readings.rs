@@ -62,6 +62,9 @@ pub struct GpuReadings {
     pub throttle_reasons: Reading<u64>,
     pub pcie: Reading<PcieLink>,
     pub nvlink: Reading<NvlinkErrors>,
+    /// The SM clock now and its maximum, MHz (the load tests read it under load).
+    pub sm_clock_mhz: Reading<u32>,
+    pub max_sm_clock_mhz: Reading<u32>,
 }
 
 impl GpuReadings {
@@ -85,6 +88,8 @@ impl GpuReadings {
             throttle_reasons: no(why),
             pcie: no(why),
             nvlink: no(why),
+            sm_clock_mhz: no(why),
+            max_sm_clock_mhz: no(why),
         }
     }
 

@@ -30,6 +30,8 @@ struct SimState {
     /// (creates still to pass before the failing one, message).
     failing_create: Option<(u32, String)>,
     failing_destroy: Option<(u32, String)>,
+    /// Why the load tests cannot run on this node (a host without CUDA), if so.
+    load_unavailable: Option<String>,
 }
 
 #[derive(Debug)]
@@ -40,6 +42,8 @@ struct SimGpu {
     retired_pages_pending: bool,
     /// Injected health faults (healthy when default).
     faults: HealthFaults,
+    /// A load test runs on it now.
+    loaded: bool,
 }
 
 /// Health faults injected into one simulated GPU.
@@ -51,6 +55,32 @@ struct HealthFaults {
     xids: Vec<u64>,
     /// A degraded PCIe link: (generation, width) instead of the maximum.
     pcie: Option<(u32, u32)>,
+    /// Faults that show only under load (the load tests' simulator reads them).
+    load: LoadFaults,
+}
+
+/// Faults of one simulated GPU that show only under load.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadFaults {
+    /// Words of every memory-test pattern that read back with one bit flipped.
+    pub flipped_bits: u64,
+    /// Memory bandwidth as a share of the model's (slow memory), e.g. 0.5.
+    pub memory_speed: Option<f64>,
+    /// GEMM throughput as a share of the model's (throttled clocks), e.g. 0.4.
+    pub compute_speed: Option<f64>,
+    /// Host link as a share of the model's (a link that drops a generation under load).
+    pub host_speed: Option<f64>,
+    /// NVML throttle-reason bits the GPU reports while loaded (0x8 hardware slowdown,
+    /// 0x40 hardware thermal, 0x80 power brake).
+    pub throttle_under_load: u64,
+    /// An XID the GPU logs when it is loaded.
+    pub xid_under_load: Option<u64>,
+    /// GEMM results (after the first) that come back with a flipped bit.
+    pub corrupt_gemms: u64,
+    /// All-reduce bus bandwidth as a share of the model's.
+    pub nccl_speed: Option<f64>,
+    /// The PCIe link (generation, width) while loaded: a link that drops under load.
+    pub pcie_under_load: Option<(u32, u32)>,
 }
 
 /// What a healthy simulated GPU of `model` reports: typical figures of the model's board
@@ -61,6 +91,7 @@ struct Nominal {
     power_limit_w: u32,
     pcie_gen: u32,
     nvlinks: u32,
+    max_sm_clock_mhz: u32,
 }
 
 fn nominal(model: &GpuModel) -> Nominal {
@@ -77,17 +108,29 @@ fn nominal(model: &GpuModel) -> Nominal {
         "Ampere" | "Ada Lovelace" => 4,
         _ => 5,
     };
+    // Maximum SM clocks of the boards' data sheets (H200 measured: 1,980 MHz).
+    let max_sm_clock_mhz = match model.architecture.as_str() {
+        "Ampere" => 1410,
+        "Ada Lovelace" => 2520,
+        "Blackwell" => 1965,
+        _ => 1980,
+    };
     Nominal {
         slowdown_c: 87,
         power_limit_w,
         pcie_gen,
         nvlinks,
+        max_sm_clock_mhz,
     }
 }
 
 /// Idle temperature and power every simulated GPU reports.
 const SIM_TEMPERATURE_C: u32 = 35;
 const SIM_POWER_MW: u32 = 70_000;
+/// An idle GPU's SM clock.
+const SIM_IDLE_SM_CLOCK_MHZ: u32 = 345;
+/// A healthy GPU's temperature under a burn, well below every model's slowdown.
+const SIM_LOADED_TEMPERATURE_C: u32 = 62;
 const SIM_PCIE_WIDTH: u32 = 16;
 
 impl SimulatedNode {
@@ -154,6 +197,7 @@ impl SimulatedNode {
                 whole_busy: false,
                 retired_pages_pending: false,
                 faults: HealthFaults::default(),
+                loaded: false,
             })
             .collect();
         Self {
@@ -237,6 +281,46 @@ impl SimulatedNode {
     pub fn set_pcie_link(&self, gpu: u32, link: Option<(u32, u32)>) {
         if let Some(g) = self.lock().gpus.get_mut(gpu as usize) {
             g.faults.pcie = link;
+        }
+    }
+
+    /// Makes the node answer as a host that cannot run load tests (`Some(why)`), or as
+    /// one that can.
+    pub fn set_load_unavailable(&self, why: Option<String>) {
+        self.lock().load_unavailable = why;
+    }
+
+    /// Why the load tests cannot run here, if so.
+    pub fn load_unavailable(&self) -> Option<String> {
+        self.lock().load_unavailable.clone()
+    }
+
+    /// Faults of `gpu` that show only under load (see [`LoadFaults`]).
+    pub fn set_load_faults(&self, gpu: u32, faults: LoadFaults) {
+        if let Some(g) = self.lock().gpus.get_mut(gpu as usize) {
+            g.faults.load = faults;
+        }
+    }
+
+    /// The load faults injected into `gpu` (none for a GPU the node lacks).
+    pub fn load_faults(&self, gpu: u32) -> LoadFaults {
+        self.lock()
+            .gpus
+            .get(gpu as usize)
+            .map(|g| g.faults.load.clone())
+            .unwrap_or_default()
+    }
+
+    /// Marks `gpu` under load (a burn runs) or idle. Going under load logs the GPU's
+    /// injected XID-under-load, as a GPU that fails only when worked would.
+    pub fn set_loaded(&self, gpu: u32, loaded: bool) {
+        if let Some(g) = self.lock().gpus.get_mut(gpu as usize) {
+            if loaded && !g.loaded {
+                if let Some(code) = g.faults.load.xid_under_load {
+                    g.faults.xids.push(code);
+                }
+            }
+            g.loaded = loaded;
         }
     }
 
@@ -492,8 +576,12 @@ impl GpuBackend for SimulatedNode {
         let nominal = nominal(&self.model);
         let mut state = self.lock();
         let g = state.gpu(gpu)?;
+        let loaded = g.loaded;
         let faults = &mut g.faults;
-        let (gen, width) = faults.pcie.unwrap_or((nominal.pcie_gen, SIM_PCIE_WIDTH));
+        let (gen, width) = match faults.load.pcie_under_load.filter(|_| loaded) {
+            Some(link) => link,
+            None => faults.pcie.unwrap_or((nominal.pcie_gen, SIM_PCIE_WIDTH)),
+        };
         let nvlink = if nominal.nvlinks == 0 {
             Err(format!("{} has no NVLink", self.model.name))
         } else {
@@ -517,11 +605,30 @@ impl GpuBackend for SimulatedNode {
             )),
             remapped_rows: health.remapped_rows,
             xids: Ok(std::mem::take(&mut faults.xids)),
-            temperature_c: Ok(SIM_TEMPERATURE_C),
+            temperature_c: Ok(if loaded {
+                SIM_LOADED_TEMPERATURE_C
+            } else {
+                SIM_TEMPERATURE_C
+            }),
             slowdown_c: Ok(nominal.slowdown_c),
-            power_mw: Ok(SIM_POWER_MW),
+            power_mw: Ok(if loaded {
+                nominal.power_limit_w * 800
+            } else {
+                SIM_POWER_MW
+            }),
             power_limit_mw: Ok(nominal.power_limit_w * 1000),
-            throttle_reasons: Ok(0),
+            throttle_reasons: Ok(if loaded {
+                faults.load.throttle_under_load
+            } else {
+                0
+            }),
+            // Idle clocks drop; under load a throttled GPU runs at 60% of its maximum.
+            sm_clock_mhz: Ok(match (loaded, faults.load.throttle_under_load) {
+                (false, _) => SIM_IDLE_SM_CLOCK_MHZ,
+                (true, 0) => nominal.max_sm_clock_mhz,
+                (true, _) => nominal.max_sm_clock_mhz * 3 / 5,
+            }),
+            max_sm_clock_mhz: Ok(nominal.max_sm_clock_mhz),
             pcie: Ok(PcieLink {
                 gen,
                 width,

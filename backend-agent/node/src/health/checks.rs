@@ -630,6 +630,8 @@ mod tests {
                 links: 18,
                 ..NvlinkErrors::default()
             }),
+            sm_clock_mhz: Ok(1980),
+            max_sm_clock_mhz: Ok(1980),
         }
     }
 

@@ -8,11 +8,17 @@
 //! - long: the same GPU checks; DCGM's own diagnostic runs at every level at its matching
 //!   depth (`dcgmi diag -r 1|2|3`), where the host has it.
 //!
+//! Medium and long also load the GPUs ([`load`]): memory patterns, a GEMM burn with the
+//! GPU read during it, memory and host bandwidth, and at long an all-reduce, judged
+//! against the model's own figures.
+//!
 //! Blocking (dcgmi runs for minutes at the long level): callers run it on a blocking
 //! thread.
 
 pub mod checks;
 pub mod dcgm;
+pub mod load;
+pub mod nccl_tests;
 pub mod xid;
 
 use gpufleet_gpu::hardware::{GpuBackend, GpuReadings};
@@ -216,17 +222,27 @@ pub fn host_checks(
     level: &str,
 ) -> anyhow::Result<String> {
     let level = Level::parse(level).map_err(|e| anyhow::anyhow!("--{e}"))?;
-    let backend: Box<dyn GpuBackend> = match hardware {
-        crate::hardware::Hardware::Nvml => Box::new(crate::hardware::open_nvml(library)?),
+    let (backend, runner): (
+        std::sync::Arc<dyn GpuBackend>,
+        Box<dyn gpufleet_gpu::load::LoadRunner>,
+    ) = match hardware {
+        crate::hardware::Hardware::Nvml => (
+            std::sync::Arc::new(crate::hardware::open_nvml(library)?),
+            Box::new(gpufleet_gpu::load::cuda::CudaRunner::new()),
+        ),
         crate::hardware::Hardware::Sim => {
             let model = gpufleet_gpu::catalog::model("H100-80GB")
                 .ok_or_else(|| anyhow::anyhow!("catalog lacks H100-80GB"))?;
-            Box::new(gpufleet_gpu::hardware::SimulatedNode::new(
+            let sim = std::sync::Arc::new(gpufleet_gpu::hardware::SimulatedNode::new(
                 "sim-node-01",
                 model,
                 8,
                 gpufleet_gpu::catalog::DEFAULT_DRIVER,
-            ))
+            ));
+            (
+                sim.clone(),
+                Box::new(gpufleet_gpu::load::SimRunner::new(sim)),
+            )
         }
     };
     let gpu_type = backend
@@ -242,7 +258,15 @@ pub fn host_checks(
         expected_layout: &[],
         simulated: hardware == crate::hardware::Hardware::Sim,
     };
-    let checks = run(&*backend, &gpu_type, &plan);
+    let mut checks = run(&*backend, &gpu_type, &plan);
+    checks.extend(load::run(
+        level,
+        &load::Settings::default(),
+        &*runner,
+        &*backend,
+        gpufleet_gpu::catalog::model(&gpu_type),
+        load::fresh_seed(),
+    ));
     Ok(format!("checks ({}):\n{}", level.as_str(), render(&checks)))
 }
 

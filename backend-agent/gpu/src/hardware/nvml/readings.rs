@@ -7,7 +7,7 @@
 use super::{nvml_error, NvmlBackend};
 use crate::hardware::{EccCounts, GpuReadings, HwError, NvlinkErrors, PcieLink, Reading};
 use nvml_wrapper::enum_wrappers::device::{
-    EccCounter, MemoryError, RetirementCause, TemperatureSensor, TemperatureThreshold,
+    Clock, EccCounter, MemoryError, RetirementCause, TemperatureSensor, TemperatureThreshold,
 };
 use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
 use nvml_wrapper::error::{nvml_sym, nvml_try, NvmlError};
@@ -194,6 +194,14 @@ impl NvmlBackend {
             power_limit_mw: read(
                 &format!("gpu {gpu}: power limit"),
                 device.enforced_power_limit(),
+            ),
+            sm_clock_mhz: read(
+                &format!("gpu {gpu}: SM clock"),
+                device.clock_info(Clock::SM),
+            ),
+            max_sm_clock_mhz: read(
+                &format!("gpu {gpu}: maximum SM clock"),
+                device.max_clock_info(Clock::SM),
             ),
             throttle_reasons: read(
                 &format!("gpu {gpu}: throttle reasons"),
