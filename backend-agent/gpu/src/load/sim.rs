@@ -17,8 +17,10 @@ use crate::figures::{self, Dtype, ModelFigures};
 pub use crate::hardware::LoadFaults;
 use crate::hardware::{GpuBackend, SimulatedNode};
 
-/// Words of host memory the simulated memory test writes per pattern.
-const SIM_WORDS: usize = 1 << 16;
+/// Words of host memory the simulated memory test writes per pattern: enough to place
+/// injected bit flips apart, few enough that a fleet of simulated nodes checking every
+/// MIG slice at once (150 nodes of 56 slices in one test) does not starve the machine.
+const SIM_WORDS: usize = 1 << 10;
 /// Matrix size of the simulated burn's GEMMs.
 const SIM_N: usize = 24;
 
