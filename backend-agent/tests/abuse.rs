@@ -7,8 +7,9 @@
 //!   agent's session (always in flight) is never closed for idling;
 //! - a join-token client's failing nodes are candidates: quarantined, never ready, counted
 //!   by no breaker, bounded in number, and forgotten after `--candidate-ttl`;
-//! - a heartbeat flood is cut, heartbeats out of sequence or out of bounds end the session
-//!   naming the field, and registrations out of bounds are refused naming the field;
+//! - a heartbeat flood is cut and reconnecting to flood again is paced per name,
+//!   heartbeats out of sequence or out of bounds end the session naming the field, and
+//!   registrations out of bounds are refused naming the field;
 //! - a node whose agent vanishes in the middle of a layout change is `unreachable`.
 
 mod common;
@@ -427,6 +428,42 @@ async fn a_heartbeat_flood_is_cut_and_heartbeats_out_of_sequence_or_bounds_end_t
         ended.message()
     );
     eprintln!("the flooding session was cut after {sent} heartbeats were queued");
+    // Reconnecting to flood again is paced: the name registers in a burst, then is held
+    // back, naming it.
+    let secret = flooder.secret.clone();
+    drop(flooder);
+    let mut registrations = 1;
+    let deadline = Instant::now() + BOUND;
+    let held_back = loop {
+        let mut reg = registration("flood-01", "H100-80GB", 1);
+        reg.node_secret = secret.clone();
+        match Rogue::register(&agent.endpoint, &agent.data_dir, reg).await {
+            Ok(again) => {
+                registrations += 1;
+                drop(again);
+            }
+            // The session just dropped may still look live for a moment.
+            Err(s) if s.code() == Code::AlreadyExists => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(s) => break s,
+        }
+        assert!(Instant::now() < deadline, "never held back");
+    };
+    assert_eq!(
+        held_back.code(),
+        Code::ResourceExhausted,
+        "{}",
+        held_back.message()
+    );
+    assert!(
+        held_back
+            .message()
+            .starts_with("name: node flood-01 registered 5 times in a row; retry in"),
+        "{}",
+        held_back.message()
+    );
+    assert_eq!(registrations, 5);
     assert!(series(&agent, "gpufleet_agent_sessions_cut_total{reason=\"rate\"}") >= 1.0);
     assert!(
         series(

@@ -108,6 +108,20 @@ impl NodeAgentService for Agents {
                 )));
             }
         }
+        // Each registration costs admission checks: a name registering faster than any
+        // agent's reconnect backoff is looping or hostile.
+        if let Err(wait) = self
+            .state
+            .registrations
+            .admit(&checked.name, std::time::Instant::now())
+        {
+            return Err(Status::resource_exhausted(format!(
+                "name: node {} registered {} times in a row; retry in {}s",
+                checked.name,
+                super::pacing::REGISTER_BURST,
+                wait.as_secs().max(1)
+            )));
+        }
         let (t, max_candidates) = (self.state.now(), self.state.candidates.max);
         let admitted = self
             .state
