@@ -1,5 +1,6 @@
 //! The control plane's view of its node agents: who is connected, when each was last
-//! heard from, and the work orders waiting for an answer.
+//! heard from, the work orders waiting for an answer, and the pace of each name's
+//! registrations ([`Registrations`]).
 //!
 //! One std mutex guards it and is never held across an await or a call out: dispatching
 //! an order only queues it on the agent's outbound channel. An order waits for its agent
@@ -80,6 +81,8 @@ pub struct Registry {
     pub replace_after: Duration,
     /// How long each kind of order may wait for its answer.
     pub deadlines: crate::deadlines::OrderDeadlines,
+    /// The pace of registrations per node name.
+    pub registrations: Registrations,
 }
 
 fn order_message(order: &v1::WorkOrder) -> Result<v1::ControlMessage, Status> {
@@ -103,6 +106,7 @@ impl Registry {
             node_timeout,
             replace_after,
             deadlines: Default::default(),
+            registrations: Default::default(),
         }
     }
 
@@ -360,9 +364,69 @@ impl Registry {
     }
 }
 
+/// Registrations one node name may make at once.
+pub const REGISTER_BURST: f64 = 5.0;
+/// After the burst, one registration of a name per this long.
+pub const REGISTER_EVERY: Duration = Duration::from_secs(10);
+/// Names whose pace is kept; idle ones are let go past it.
+const MAX_NAMES: usize = 10_000;
+
+/// The pace of registrations per node name (a token bucket each).
+#[derive(Default)]
+pub struct Registrations {
+    names: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+impl Registrations {
+    /// Takes one registration of `name` now, or says how long until one is allowed.
+    pub fn admit(&self, name: &str, now: Instant) -> Result<(), Duration> {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        if names.len() >= MAX_NAMES && !names.contains_key(name) {
+            // A name whose bucket has filled again holds nothing worth keeping.
+            let full = REGISTER_EVERY.mul_f64(REGISTER_BURST);
+            names.retain(|_, (_, at)| now.saturating_duration_since(*at) < full);
+            if names.len() >= MAX_NAMES {
+                return Err(REGISTER_EVERY);
+            }
+        }
+        let (tokens, at) = names
+            .entry(name.to_string())
+            .or_insert((REGISTER_BURST, now));
+        let refill =
+            now.saturating_duration_since(*at).as_secs_f64() / REGISTER_EVERY.as_secs_f64();
+        *tokens = (*tokens + refill).min(REGISTER_BURST);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            return Ok(());
+        }
+        Err(REGISTER_EVERY.mul_f64(1.0 - *tokens))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_registers_in_bursts_then_at_a_pace_and_names_are_apart() {
+        let r = Registrations::default();
+        let t0 = Instant::now();
+        for _ in 0..REGISTER_BURST as usize {
+            assert_eq!(r.admit("n1", t0), Ok(()));
+        }
+        let wait = r.admit("n1", t0).unwrap_err();
+        assert_eq!(wait, REGISTER_EVERY);
+        assert_eq!(r.admit("n2", t0), Ok(()), "another name is not held back");
+        assert_eq!(r.admit("n1", t0 + REGISTER_EVERY), Ok(()));
+        assert!(r.admit("n1", t0 + REGISTER_EVERY).is_err());
+        // An agent reconnecting with its backoff (5 s at most) after a burst gets in
+        // every other try.
+        let later = t0 + REGISTER_EVERY * 10;
+        for _ in 0..REGISTER_BURST as usize {
+            assert_eq!(r.admit("n1", later), Ok(()));
+        }
+    }
 
     /// An agent's answer, as the stream hands it over.
     fn complete(r: &Registry, node: &str, result: v1::OrderResult) {

@@ -109,8 +109,6 @@ pub struct AppState {
     /// How many automatic quarantines per model and window (serve's `--breaker-*`).
     pub breaker: BreakerSettings,
     pub candidates: CandidateSettings,
-    /// The pace of registrations per node name.
-    pub registrations: crate::agents::pacing::Registrations,
     /// Where node agents and tenants reach this host's Slurm controllers and logins
     /// (serve's `--advertise-address`).
     pub slurm_address: std::net::IpAddr,
@@ -159,7 +157,6 @@ impl AppState {
             delivers: Default::default(),
             breaker: Default::default(),
             candidates: Default::default(),
-            registrations: Default::default(),
             slurm_address: std::net::IpAddr::from([127, 0, 0, 1]),
         }
     }

@@ -9,12 +9,10 @@
 //! sequence number does not increase, or whose `orders_queued` is out of bounds, ends the
 //! session with INVALID_ARGUMENT naming the field.
 //!
-//! Registrations are paced per node name too ([`Registrations`]): each one costs the
+//! Registrations are paced per node name too (`crate::registry::Registrations`): each one costs the
 //! control plane its admission checks, and an agent registers once per connection, with a
 //! reconnect backoff of up to 5 s.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gpufleet_proto::v1;
@@ -103,46 +101,6 @@ impl Pacing {
     }
 }
 
-/// Registrations one node name may make at once.
-pub const REGISTER_BURST: f64 = 5.0;
-/// After the burst, one registration of a name per this long.
-pub const REGISTER_EVERY: Duration = Duration::from_secs(10);
-/// Names whose pace is kept; idle ones are let go past it.
-const MAX_NAMES: usize = 10_000;
-
-/// The pace of registrations per node name (a token bucket each).
-#[derive(Default)]
-pub struct Registrations {
-    names: Mutex<HashMap<String, (f64, Instant)>>,
-}
-
-impl Registrations {
-    /// Takes one registration of `name` now, or says how long until one is allowed.
-    pub fn admit(&self, name: &str, now: Instant) -> Result<(), Duration> {
-        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        if names.len() >= MAX_NAMES && !names.contains_key(name) {
-            // A name whose bucket has filled again holds nothing worth keeping.
-            let full = REGISTER_EVERY.mul_f64(REGISTER_BURST);
-            names.retain(|_, (_, at)| now.saturating_duration_since(*at) < full);
-            if names.len() >= MAX_NAMES {
-                return Err(REGISTER_EVERY);
-            }
-        }
-        let (tokens, at) = names
-            .entry(name.to_string())
-            .or_insert((REGISTER_BURST, now));
-        let refill =
-            now.saturating_duration_since(*at).as_secs_f64() / REGISTER_EVERY.as_secs_f64();
-        *tokens = (*tokens + refill).min(REGISTER_BURST);
-        *at = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            return Ok(());
-        }
-        Err(REGISTER_EVERY.mul_f64(1.0 - *tokens))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,26 +147,6 @@ mod tests {
             for _ in 0..CUT_AFTER_DROPS / 2 {
                 assert!(!matches!(p.admit(now), Verdict::CutForRate(_)));
             }
-        }
-    }
-
-    #[test]
-    fn a_name_registers_in_bursts_then_at_a_pace_and_names_are_apart() {
-        let r = Registrations::default();
-        let t0 = Instant::now();
-        for _ in 0..REGISTER_BURST as usize {
-            assert_eq!(r.admit("n1", t0), Ok(()));
-        }
-        let wait = r.admit("n1", t0).unwrap_err();
-        assert_eq!(wait, REGISTER_EVERY);
-        assert_eq!(r.admit("n2", t0), Ok(()), "another name is not held back");
-        assert_eq!(r.admit("n1", t0 + REGISTER_EVERY), Ok(()));
-        assert!(r.admit("n1", t0 + REGISTER_EVERY).is_err());
-        // An agent reconnecting with its backoff (5 s at most) after a burst gets in
-        // every other try.
-        let later = t0 + REGISTER_EVERY * 10;
-        for _ in 0..REGISTER_BURST as usize {
-            assert_eq!(r.admit("n1", later), Ok(()));
         }
     }
 

@@ -112,13 +112,14 @@ impl NodeAgentService for Agents {
         // agent's reconnect backoff is looping or hostile.
         if let Err(wait) = self
             .state
+            .agents
             .registrations
             .admit(&checked.name, std::time::Instant::now())
         {
             return Err(Status::resource_exhausted(format!(
                 "name: node {} registered {} times in a row; retry in {}s",
                 checked.name,
-                super::pacing::REGISTER_BURST,
+                crate::registry::REGISTER_BURST,
                 wait.as_secs().max(1)
             )));
         }
