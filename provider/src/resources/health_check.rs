@@ -43,7 +43,14 @@ const COMPUTED: &[&str] = &[
 fn state(inputs: &Value, r: &api::ClusterHealthReport) -> Value {
     let checked = r.checked_at.as_ref().map_or(0, |t| t.seconds);
     let mut s = inputs.clone();
-    s.set("id", Value::String(format!("{}/{checked}", r.cluster_id)));
+    // One id per run: two runs within a second share their time, never their run id (a
+    // control plane from before run ids gives none).
+    let run = if r.run_id.is_empty() {
+        checked.to_string()
+    } else {
+        r.run_id.clone()
+    };
+    s.set("id", Value::String(format!("{}/{run}", r.cluster_id)));
     s.set("cluster_id", Value::string(&r.cluster_id));
     s.set("passed", Value::Bool(r.status == "passed"));
     s.set("status", Value::string(&r.status));
@@ -115,7 +122,7 @@ impl ResourceType for HealthCheck {
         Schema::new(
             "Runs health checks on every node of a tenant cluster when applied: GPU health at `level` on each node's agent and real TCP bandwidth between the nodes. Nodes that fail are quarantined and replaced (each replacement checked too); without a replacement the cluster becomes `degraded`. Changing `level` or `triggers` runs the checks again; destroying it only forgets the results (the backend keeps them).",
             vec![
-                Attribute::computed("id", Type::String, "`<cluster_id>/<unix time of the run>`."),
+                Attribute::computed("id", Type::String, "`<cluster_id>/<run id>`: one per run."),
                 Attribute::required("cluster_id", Type::String, "The cluster to check (a `gpufleet_tenant_cluster`'s `id`); the token must see it. Changing it runs the checks again."),
                 Attribute::optional_computed("level", Type::String, "`quick`, `medium` or `long`. Defaults to `medium`. Changing it runs the checks again."),
                 Attribute::optional_computed("triggers", Type::map(Type::String), "Arbitrary values; changing any runs the checks again (e.g. `{ week = \"2027-W03\" }`). Defaults to `{}`."),
@@ -281,7 +288,31 @@ mod tests {
             alg_bandwidth_gbps: 10.5,
             bus_bandwidth_gbps: 10.5,
             min_bus_bandwidth_gbps: 0.0,
+            run_id: "r1".into(),
         }
+    }
+
+    #[test]
+    fn each_run_has_an_id_of_its_own_even_within_one_second() {
+        let first = state(&config(None, &[]), &report());
+        let second = state(
+            &config(None, &[]),
+            &api::ClusterHealthReport {
+                run_id: "r2".into(),
+                ..report()
+            },
+        );
+        assert_eq!(first.get("id"), &Value::string("c1/r1"));
+        assert_ne!(first.get("id"), second.get("id"));
+        // From a control plane without run ids: the run's time, as before.
+        let older = state(
+            &config(None, &[]),
+            &api::ClusterHealthReport {
+                run_id: String::new(),
+                ..report()
+            },
+        );
+        assert_eq!(older.get("id"), &Value::string("c1/1800000000"));
     }
 
     #[test]

@@ -87,6 +87,7 @@ pub fn report(
         alg_bandwidth_gbps: a.alg_bandwidth_gbps,
         bus_bandwidth_gbps: a.bus_bandwidth_gbps,
         min_bus_bandwidth_gbps: a.min_bus_bandwidth_gbps,
+        run_id: a.run_id,
     })
 }
 
