@@ -212,16 +212,7 @@ async fn connections_past_the_peer_cap_silent_or_idle_are_closed_but_an_agents_s
     // timeout (a session is always in flight).
     first_success(&agent).await;
     let mut admin = agent.admin().await;
-    let mut rogue = Rogue::register(
-        &agent.endpoint,
-        &agent.data_dir,
-        registration("steady-01", "H100-80GB", 1),
-    )
-    .await
-    .unwrap();
-    let check = rogue.next_order().await;
-    rogue.pass_check(&check);
-    wait_state(&mut admin, "steady-01", "ready", &["quarantined"]).await;
+    let mut rogue = ready_rogue(&agent, &mut admin, "steady-01", 1).await;
     // The admin's own connection, kept and unused, idles past the timeout and is closed...
     wait_series(
         &agent,
@@ -390,29 +381,13 @@ async fn a_heartbeat_flood_is_cut_and_heartbeats_out_of_sequence_or_bounds_end_t
     let agent = start_for_rogues(dir.path(), &[]);
     let mut admin = agent.admin().await;
 
-    let ready = |name: &'static str| {
-        let agent = &agent;
-        async move {
-            let mut rogue = Rogue::register(
-                &agent.endpoint,
-                &agent.data_dir,
-                registration(name, "H100-80GB", 1),
-            )
-            .await
-            .unwrap();
-            let check = rogue.next_order().await;
-            rogue.pass_check(&check);
-            rogue.silence();
-            rogue
-        }
-    };
     let beat = |seq: u64, orders_queued: u32| {
         agent_message::Msg::Heartbeat(Heartbeat { seq, orders_queued })
     };
 
     // 200,000 heartbeats as fast as the stream takes them: cut.
-    let mut flooder = ready("flood-01").await;
-    wait_state(&mut admin, "flood-01", "ready", &["quarantined"]).await;
+    let mut flooder = ready_rogue(&agent, &mut admin, "flood-01", 1).await;
+    flooder.silence();
     let mut sent = 0u64;
     for seq in 1_000_000..1_200_000u64 {
         if !flooder.send(beat(seq, 0)) {
@@ -486,7 +461,8 @@ async fn a_heartbeat_flood_is_cut_and_heartbeats_out_of_sequence_or_bounds_end_t
             "heartbeat.orders_queued: at most 1024 (got 4294967295)",
         ),
     ] {
-        let mut rogue = ready(name).await;
+        let mut rogue = ready_rogue(&agent, &mut admin, name, 1).await;
+        rogue.silence();
         for b in beats {
             rogue.send(b);
         }
@@ -522,16 +498,7 @@ async fn a_node_whose_agent_vanishes_mid_layout_change_is_unreachable() {
     let dir = tempfile::tempdir().unwrap();
     let agent = start_for_rogues(dir.path(), &["--order-deadline", "mig_layout=5m"]);
     let mut admin = agent.admin().await;
-    let mut rogue = Rogue::register(
-        &agent.endpoint,
-        &agent.data_dir,
-        registration("vanish-01", "H100-80GB", 2),
-    )
-    .await
-    .unwrap();
-    let check = rogue.next_order().await;
-    rogue.pass_check(&check);
-    wait_state(&mut admin, "vanish-01", "ready", &["quarantined"]).await;
+    let mut rogue = ready_rogue(&agent, &mut admin, "vanish-01", 2).await;
     let (team, _) = admin.tenant("vision").await;
     admin.quota(&team.id, "H100-80GB", 2, 0).await;
     let mut req = Clients::cluster(&team.id, "cv", "H100-80GB", 1);

@@ -26,21 +26,6 @@ fn start(dir: &std::path::Path, extra: &[&str]) -> Agent {
     start_for_rogues(dir, &args)
 }
 
-/// A rogue node that registered and passed its admission check: ready.
-async fn ready_rogue(agent: &Agent, admin: &mut Clients, name: &str, gpus: usize) -> Rogue {
-    let mut rogue = Rogue::register(
-        &agent.endpoint,
-        &agent.data_dir,
-        registration(name, "H100-80GB", gpus),
-    )
-    .await
-    .expect("registered");
-    let check = rogue.next_order().await;
-    rogue.pass_check(&check);
-    wait_state(admin, name, "ready", &["quarantined"]).await;
-    rogue
-}
-
 async fn refused_answers(agent: &Agent, reason: &str) -> f64 {
     let text = scrape(agent, &metrics_addr(agent));
     metric_value(

@@ -246,6 +246,29 @@ async fn backup_between(dir: &Path, data: &Path, kept: usize, later: usize) -> P
     backup
 }
 
+/// `serve --accept-rollback` on a backup put back by [`backup_between`]: it serves the
+/// `kept` tenants of the backup and none of the later ones.
+async fn accepted_backup(data: &Path, kept: usize) -> Agent {
+    let agent = Agent::start_with(data, &["--admin-token", ADMIN, "--accept-rollback"]);
+    let mut c = agent.admin().await;
+    let names: Vec<String> = c
+        .tenants
+        .list_tenants(ListTenantsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .tenants
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(
+        names.iter().filter(|n| n.starts_with("kept-")).count(),
+        kept
+    );
+    assert!(!names.iter().any(|n| n.starts_with("later-")));
+    agent
+}
+
 fn stop(agent: Agent) {
     let status = agent.signal_and_wait(libc::SIGTERM, HANG);
     assert!(status.success(), "{status:?}");
@@ -289,20 +312,8 @@ async fn a_truncated_state_db_is_refused_and_a_backup_put_back_starts_after_acce
         text.contains("state.db is behind its commit record"),
         "{text}"
     );
-    let agent = Agent::start_with(&data, &["--admin-token", ADMIN, "--accept-rollback"]);
-    let mut c = agent.admin().await;
-    let names: Vec<String> = c
-        .tenants
-        .list_tenants(ListTenantsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .tenants
-        .into_iter()
-        .map(|t| t.name)
-        .collect();
-    assert_eq!(names.iter().filter(|n| n.starts_with("kept-")).count(), 50);
-    assert!(!names.iter().any(|n| n.starts_with("later-")));
+    let agent = accepted_backup(&data, 50).await;
+    drop(agent);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -373,21 +384,7 @@ async fn an_older_backup_without_its_commit_record_or_a_deleted_record_is_refuse
     assert!(text.contains("is missing"), "{text}");
 
     // Accepted, it serves the backup as it is and starts a record again.
-    let agent = Agent::start_with(&data, &["--admin-token", ADMIN, "--accept-rollback"]);
-    let mut c = agent.admin().await;
-    let names: Vec<String> = c
-        .tenants
-        .list_tenants(ListTenantsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .tenants
-        .into_iter()
-        .map(|t| t.name)
-        .collect();
-    assert_eq!(names.iter().filter(|n| n.starts_with("kept-")).count(), 20);
-    assert!(!names.iter().any(|n| n.starts_with("later-")));
-    drop(c);
+    let agent = accepted_backup(&data, 20).await;
     stop(agent);
     assert!(record.exists());
     let agent = Agent::start(&data);

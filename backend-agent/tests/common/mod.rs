@@ -637,3 +637,23 @@ pub async fn wait_state(admin: &mut Clients, name: &str, state: &str, never: &[&
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// A rogue node that registered and passed its admission check: ready.
+pub async fn ready_rogue(
+    agent: &Agent,
+    admin: &mut Clients,
+    name: &str,
+    gpus: usize,
+) -> rogue::Rogue {
+    let mut rogue = rogue::Rogue::register(
+        &agent.endpoint,
+        &agent.data_dir,
+        rogue::registration(name, "H100-80GB", gpus),
+    )
+    .await
+    .expect("registered");
+    let check = rogue.next_order().await;
+    rogue.pass_check(&check);
+    wait_state(admin, name, "ready", &["quarantined"]).await;
+    rogue
+}
