@@ -122,11 +122,14 @@ async fn caught(admin: &mut Clients, results: &Value, node_name: &str, check: &s
     hit
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gpus_that_fail_only_under_load_are_caught_by_their_load_tests_quarantined_and_replaced() {
-    let backend = Backend::start_with_args(&[
-        "--breaker-max-quarantines",
-        "8",
+/// `serve` for external agents (`extra` flags besides), and `count` agent processes of
+/// two simulated GPUs named `PREFIX1`..., every one ready.
+async fn agent_fleet(
+    extra: &[&str],
+    prefix: &str,
+    count: usize,
+) -> (Backend, Vec<NodeAgent>, Clients) {
+    let mut args = vec![
         "--node-agents",
         "external",
         "--node-timeout",
@@ -135,14 +138,23 @@ async fn gpus_that_fail_only_under_load_are_caught_by_their_load_tests_quarantin
         "1h",
         "--health-interval",
         "0",
-    ]);
-    let names: Vec<String> = (1..=6).map(|i| format!("u{i}")).collect();
+    ];
+    args.extend_from_slice(extra);
+    let backend = Backend::start_with_args(&args);
+    let names: Vec<String> = (1..=count).map(|i| format!("{prefix}{i}")).collect();
     let agents: Vec<NodeAgent> = names
         .iter()
         .map(|n| NodeAgent::start(&backend, n, &["--gpus", "2"]))
         .collect();
-    let mut admin = backend.admin().await;
+    let admin = backend.admin().await;
     nodes_in_state(&admin, &names, "ready").await;
+    (backend, agents, admin)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_that_fail_only_under_load_are_caught_by_their_load_tests_quarantined_and_replaced() {
+    let (backend, agents, mut admin) =
+        agent_fleet(&["--breaker-max-quarantines", "8"], "u", 6).await;
 
     // Healthy simulated GPUs pass the medium level's load tests at create.
     let tf = Terraform::new(&backend, backend.admin_token());
@@ -275,23 +287,7 @@ async fn a_host_without_cuda_fails_acceptance_unless_its_fleet_group_allows_skip
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_test_failures_count_in_the_breaker_which_holds_the_third_node_in_service() {
     // The default breaker: at most 2 automatic quarantines of a model per window.
-    let backend = Backend::start_with_args(&[
-        "--node-agents",
-        "external",
-        "--node-timeout",
-        "10s",
-        "--replace-after",
-        "1h",
-        "--health-interval",
-        "0",
-    ]);
-    let names: Vec<String> = (1..=5).map(|i| format!("b{i}")).collect();
-    let agents: Vec<NodeAgent> = names
-        .iter()
-        .map(|n| NodeAgent::start(&backend, n, &["--gpus", "2"]))
-        .collect();
-    let mut admin = backend.admin().await;
-    nodes_in_state(&admin, &names, "ready").await;
+    let (backend, agents, mut admin) = agent_fleet(&[], "b", 5).await;
     let tf = Terraform::new(&backend, backend.admin_token());
     tf.init();
     tf.write_main(&config(3, 2, None));
