@@ -9,6 +9,7 @@
 //! (a truncated or deleted WAL, an older backup put back), is refused before anything is
 //! served. How durable a commit is depends on [`Durability`] (docs/operations.md).
 
+pub mod audit;
 pub mod breaker;
 pub mod checkpoints;
 pub mod clusters;
@@ -24,6 +25,7 @@ pub mod readers;
 pub mod reservations;
 pub mod slurm_access;
 pub mod tenants;
+pub mod tokens;
 
 use std::path::Path;
 use std::time::Duration;
@@ -412,6 +414,54 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE nodes ADD COLUMN in_service_since INTEGER;
     UPDATE nodes SET in_service_since = state_since;
     CREATE INDEX nodes_candidates ON nodes (state_since) WHERE in_service_since IS NULL;
+    "#,
+    // 16: tokens a platform can live with (issue 30). Each tenant may hold several named
+    // tokens, each `read` or `write`, rotated with an overlap, revoked, expiring; the
+    // tenant's own token moves here as "default". Only SHA-256 hashes of the secrets are
+    // kept, as before (192 random bits each: a slow hash would add nothing). The old
+    // `tenants.token_hash` (UNIQUE, so SQLite cannot drop it) is no longer read; new rows
+    // put 'moved:<id>' there. Refused tokens stay 30 days so a refusal can say why.
+    // The audit log and per-tenant event sequences: a tenant's cursors tell it nothing
+    // of other tenants.
+    r#"
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        tenant_id TEXT REFERENCES tenants(id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        scope TEXT NOT NULL CHECK (scope IN ('read', 'write')),
+        hash TEXT NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER,
+        rotated_at INTEGER,
+        retire_at INTEGER,
+        revoked_at INTEGER
+    );
+    CREATE UNIQUE INDEX tokens_live_name ON tokens (IFNULL(tenant_id, ''), name)
+        WHERE rotated_at IS NULL AND revoked_at IS NULL;
+    INSERT INTO tokens (id, tenant_id, name, scope, hash, created_at)
+        SELECT lower(hex(randomblob(16))), id, 'default', 'write', token_hash, created_at
+        FROM tenants;
+    UPDATE tenants SET token_hash = 'moved:' || id;
+    CREATE TABLE audit_log (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant_seq INTEGER,
+        at INTEGER NOT NULL,
+        tenant_id TEXT NOT NULL,
+        token_name TEXT NOT NULL,
+        token_scope TEXT NOT NULL,
+        method TEXT NOT NULL,
+        object TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX audit_log_tenant ON audit_log (tenant_id, tenant_seq);
+    CREATE INDEX audit_log_at ON audit_log (at);
+    ALTER TABLE events ADD COLUMN tenant_seq INTEGER;
+    UPDATE events SET tenant_seq = r.n FROM (
+        SELECT seq AS s, ROW_NUMBER() OVER (PARTITION BY tenant_id ORDER BY seq) AS n
+        FROM events WHERE tenant_id != ''
+    ) AS r WHERE events.seq = r.s;
+    CREATE INDEX events_tenant_seq ON events (tenant_id, tenant_seq);
     "#,
 ];
 
