@@ -20,8 +20,28 @@ use crate::store::{self, idempotency::Prior, tokens::TokenRow};
 /// A rotation's overlap when the request gives none, and the longest one.
 pub const DEFAULT_OVERLAP_SECONDS: i64 = 3600;
 pub const MAX_OVERLAP_SECONDS: i64 = 7 * 24 * 3600;
-/// Live tokens one owner may hold.
+/// Live tokens one owner may hold ...
 pub const MAX_LIVE_TOKENS: usize = 64;
+/// ... and rows in all, refused ones kept for their refusal's message included: a loop
+/// of rotations cannot grow the store without end.
+pub const MAX_ROWS: usize = 1024;
+
+/// Forgets refused tokens past their keeping time, then refuses when the owner's rows
+/// are at [`MAX_ROWS`]. Run before anything adds a row.
+fn make_room(tx: &Connection, owner: &Owner, now: i64) -> Result<(), Status> {
+    store::tokens::forget_old(tx, now).map_err(db_error)?;
+    let rows = store::tokens::list(tx, owner.tenant_id.as_deref())
+        .map_err(db_error)?
+        .len();
+    if rows >= MAX_ROWS {
+        return Err(Status::resource_exhausted(format!(
+            "{} has {rows} tokens on record (refused ones are kept {} days), the most one may; revoke unused ones and retry later",
+            owner.label,
+            store::tokens::KEEP_REFUSED_SECONDS / 86_400
+        )));
+    }
+    Ok(())
+}
 
 #[derive(Clone)]
 pub struct Access {
@@ -211,6 +231,7 @@ impl Access {
                         owner.label, req.name
                     )));
                 }
+                make_room(&tx, &owner, now)?;
                 let live = store::tokens::list(&tx, owner.tenant_id.as_deref())
                     .map_err(db_error)?
                     .iter()
@@ -285,7 +306,14 @@ impl Access {
         let (tokens, next_page_token) = super::paging::page(
             rows,
             &page,
-            |t| format!("{}\u{1}{:020}\u{1}{}", t.name, t.created_at, t.id),
+            // By name, oldest first; a rotated secret before its successor of the same second.
+            |t| {
+                let live = t.rotated_at.is_none() && t.revoked_at.is_none();
+                format!(
+                    "{}\u{1}{:020}\u{1}{}\u{1}{}",
+                    t.name, t.created_at, live as u8, t.id
+                )
+            },
             |t| Ok(message(t, now)),
         )?;
         Ok(v1::ListTokensResponse {
@@ -335,6 +363,7 @@ impl Access {
                 row
             }
             Prior::New => {
+                make_room(&tx, &owner, now)?;
                 let old = store::tokens::live(&tx, owner.tenant_id.as_deref(), &req.name)
                     .map_err(db_error)?;
                 let old = match (old, admin) {

@@ -836,4 +836,55 @@ mod tests {
         assert_eq!(held.len(), 1);
         assert_eq!(held[0].id, "r1");
     }
+
+    #[test]
+    fn a_tenants_token_and_events_survive_the_move_to_named_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            // A database at schema version 15, as the release before issue 30 left it.
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+            )
+            .unwrap();
+            for (i, sql) in super::MIGRATIONS[..15].iter().enumerate() {
+                conn.execute_batch(sql).unwrap();
+                conn.execute(
+                    "INSERT INTO schema_version (version, applied_at) VALUES (?1, 0)",
+                    [i as i64 + 1],
+                )
+                .unwrap();
+            }
+            add_tenant(&conn, "t1");
+            add_tenant(&conn, "t2");
+            for (tenant, object) in [("t1", "c1"), ("t2", "c2"), ("", "n1"), ("t1", "c1")] {
+                conn.execute(
+                    "INSERT INTO events (at, object_id, tenant_id, kind, node, message) VALUES (1, ?1, ?2, 'k', '', '')",
+                    [object, tenant],
+                )
+                .unwrap();
+            }
+        }
+        let conn = super::open(&path).unwrap();
+        let token = super::tokens::by_hash(&conn, "t1").unwrap().unwrap();
+        assert_eq!(
+            (
+                token.tenant_id.as_deref(),
+                token.name.as_str(),
+                token.scope.as_str()
+            ),
+            (Some("t1"), "default", "write")
+        );
+        let own: Vec<Option<i64>> = super::events::stream(&conn, Some("t1"), 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.tenant_seq)
+            .collect();
+        assert_eq!(own, vec![Some(1), Some(2)]);
+        // New events continue each tenant's sequence.
+        super::events::record(&conn, 2, "c2", "t2", "k", "", "").unwrap();
+        let t2 = super::events::stream(&conn, Some("t2"), 1, 10).unwrap();
+        assert_eq!(t2[0].tenant_seq, Some(2));
+    }
 }
