@@ -1,5 +1,6 @@
 //! The data sources, one module each.
 
+mod audit_log;
 mod availability;
 mod driver_versions;
 mod events;
@@ -28,6 +29,7 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn DataSourceType>> {
         Arc::new(lookups::Tenants::new(state.clone())),
         Arc::new(lookups::Clusters::new(state.clone())),
         Arc::new(lookups::Reservations::new(state.clone())),
+        Arc::new(audit_log::AuditLog::new(state.clone())),
     ]
 }
 

@@ -222,10 +222,17 @@ impl Access {
                 row
             }
             Prior::New => {
-                if store::tokens::live(&tx, owner.tenant_id.as_deref(), &req.name)
-                    .map_err(db_error)?
-                    .is_some()
+                let existing = store::tokens::live(&tx, owner.tenant_id.as_deref(), &req.name)
+                    .map_err(db_error)?;
+                // An expired token's name is free again: it is revoked as it is reissued.
+                if existing
+                    .as_ref()
+                    .is_some_and(|t| state_of(t, now) == "expired")
+                    && !req.validate_only
                 {
+                    store::tokens::revoke(&tx, owner.tenant_id.as_deref(), &req.name, now)
+                        .map_err(db_error)?;
+                } else if existing.is_some_and(|t| state_of(&t, now) != "expired") {
                     return Err(Status::already_exists(format!(
                         "name: {} already has a token named '{}'; revoke it first or choose another name",
                         owner.label, req.name
