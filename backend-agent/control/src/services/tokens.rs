@@ -426,7 +426,7 @@ impl Access {
             // before the rotation commits.
             let file = self.state.admin_token_file.as_ref().ok_or_else(|| {
                 Status::failed_precondition(
-                    "name: the admin token was given to serve from outside its data dir (GPUFLEET_ADMIN_TOKEN); change it there and restart serve instead",
+                    "name: serve was given the admin token from outside its data dir (GPUFLEET_ADMIN_TOKEN or --admin-token); change it there and restart serve instead",
                 )
             })?;
             auth::replace_secret_file(file, &secret).map_err(|e| {
