@@ -143,6 +143,23 @@ fn message(t: TokenRow, now: i64) -> v1::Token {
     }
 }
 
+/// A retried request whose answer was lost: a fresh secret for the live token it made
+/// (only hashes are kept, so the first secret cannot be answered again).
+fn reissue(
+    tx: &Connection,
+    owner: &Owner,
+    id: &str,
+    name: &str,
+    secret: &str,
+) -> Result<TokenRow, Status> {
+    let row = store::tokens::by_id(tx, id)
+        .map_err(db_error)?
+        .filter(|r| r.revoked_at.is_none() && r.rotated_at.is_none())
+        .ok_or_else(|| unknown_token(owner, name))?;
+    store::tokens::set_hash(tx, &row.id, &auth::hash_token(secret)).map_err(db_error)?;
+    Ok(row)
+}
+
 fn unknown_token(owner: &Owner, name: &str) -> Status {
     Status::not_found(format!(
         "name: {} has no live token named '{}'",
@@ -212,15 +229,7 @@ impl Access {
         };
         let issued = match prior {
             Prior::Conflict => return Err(request_id_conflict(&req.request_id, "token")),
-            Prior::Same(id) => {
-                let row = store::tokens::by_id(&tx, &id)
-                    .map_err(db_error)?
-                    .filter(|r| r.revoked_at.is_none() && r.rotated_at.is_none())
-                    .ok_or_else(|| unknown_token(&owner, &req.name))?;
-                store::tokens::set_hash(&tx, &row.id, &auth::hash_token(&secret))
-                    .map_err(db_error)?;
-                row
-            }
+            Prior::Same(id) => reissue(&tx, &owner, &id, &req.name, &secret)?,
             Prior::New => {
                 let existing = store::tokens::live(&tx, owner.tenant_id.as_deref(), &req.name)
                     .map_err(db_error)?;
@@ -360,15 +369,7 @@ impl Access {
             Prior::Conflict => return Err(request_id_conflict(&req.request_id, "token rotation")),
             // The rotation's answer was lost: the secret it issued is replaced, the token
             // it rotated keeps its overlap.
-            Prior::Same(id) => {
-                let row = store::tokens::by_id(&tx, &id)
-                    .map_err(db_error)?
-                    .filter(|r| r.revoked_at.is_none() && r.rotated_at.is_none())
-                    .ok_or_else(|| unknown_token(&owner, &req.name))?;
-                store::tokens::set_hash(&tx, &row.id, &auth::hash_token(&secret))
-                    .map_err(db_error)?;
-                row
-            }
+            Prior::Same(id) => reissue(&tx, &owner, &id, &req.name, &secret)?,
             Prior::New => {
                 make_room(&tx, &owner, now)?;
                 let old = store::tokens::live(&tx, owner.tenant_id.as_deref(), &req.name)
