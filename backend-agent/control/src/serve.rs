@@ -64,6 +64,10 @@ pub struct Config {
     /// The CA whose certificates node agents must present (mutual TLS).
     pub agent_ca: Option<PathBuf>,
     pub data_dir: PathBuf,
+    /// The platform's shared storage (`--shared-storage`): a btrfs every host mounts at
+    /// this path, where tenant clusters' volumes live; None: unsized directories in the
+    /// data dir.
+    pub shared_storage: Option<PathBuf>,
     pub fleet: Fleet,
     /// Generated into `<data-dir>/admin.token` (and `join.token`) when `None`.
     pub admin_token: Option<String>,
@@ -111,6 +115,7 @@ impl Config {
             tls_key: None,
             agent_ca: None,
             data_dir,
+            shared_storage: None,
             fleet,
             admin_token: None,
             join_token: None,
@@ -293,7 +298,11 @@ impl ControlPlane {
                     .collect()
             }
         };
-        crate::scheduling::clusters::recover_interrupted(&mut conn)?;
+        let volumes = match &config.shared_storage {
+            Some(root) => crate::volumes::Volumes::shared(root).map_err(anyhow::Error::msg)?,
+            None => crate::volumes::Volumes::in_data_dir(data_dir.join(crate::state::VOLUMES)),
+        };
+        crate::scheduling::clusters::recover_interrupted(&mut conn, &volumes)?;
         // Every agent registers anew with this process.
         store::nodes::await_agents(&conn, config.clock.now())?;
         let (admin_token, admin_token_file) = match config.admin_token.filter(|t| !t.is_empty()) {
@@ -347,7 +356,8 @@ impl ControlPlane {
             .with_delivers(delivers.overridden_by(&config.delivers))
             .with_breaker(config.breaker)
             .with_candidates(config.candidates)
-            .with_slurm_address(config.advertise_address),
+            .with_slurm_address(config.advertise_address)
+            .with_volumes(volumes),
         );
         Ok(Self {
             state,
