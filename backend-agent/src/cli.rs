@@ -229,6 +229,12 @@ pub struct NodeArgs {
     /// host's).
     #[arg(long, env = "GPUFLEET_NODE_MEMORY_MIB", value_name = "MIB")]
     pub memory_mib: Option<u64>,
+    /// Where this host mounts the platform's shared storage (the same path as the control
+    /// plane's --shared-storage): the volumes of this node's cluster are bind-mounted from
+    /// it at their storage_path under /run/gpufleet/volumes. Without it this node mounts
+    /// no team volume.
+    #[arg(long, env = "GPUFLEET_SHARED_STORAGE", value_name = "DIR")]
+    pub shared_storage: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -659,6 +665,7 @@ impl NodeArgs {
             address: self.address,
             cpus: self.cpus,
             memory_mib: self.memory_mib,
+            shared_storage: self.shared_storage,
         }
     }
 }

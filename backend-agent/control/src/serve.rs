@@ -252,6 +252,9 @@ impl ControlPlane {
         let (mut conn, record) = store::open_checked(&data_dir.join("state.db"), config.store)?;
         let mut offered = config.drivers.clone();
         let mut delivers = fleet::Delivers::default();
+        // External agents mount each cluster's volume on its nodes; embedded ones are this
+        // host, which has the shared storage itself.
+        let external_nodes = matches!(config.fleet, Fleet::External);
         let embedded = match config.fleet {
             Fleet::External => Vec::new(),
             Fleet::ThisHost(backend) => {
@@ -299,7 +302,9 @@ impl ControlPlane {
             }
         };
         let volumes = match &config.shared_storage {
-            Some(root) => crate::volumes::Volumes::shared(root).map_err(anyhow::Error::msg)?,
+            Some(root) => crate::volumes::Volumes::shared(root)
+                .map_err(anyhow::Error::msg)?
+                .with_node_mounts(external_nodes),
             None => crate::volumes::Volumes::in_data_dir(data_dir.join(crate::state::VOLUMES)),
         };
         crate::scheduling::clusters::recover_interrupted(&mut conn, &volumes)?;

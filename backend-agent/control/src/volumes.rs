@@ -36,6 +36,9 @@ const SUBVOLUME_ROOT_INODE: u64 = 256;
 pub struct Volumes {
     root: PathBuf,
     shared: bool,
+    /// Volumes are bind-mounted on each node of their cluster (external node agents), at
+    /// `gpufleet_wire::volumes::mount_path`; otherwise used in place at their path.
+    node_mounts: bool,
 }
 
 impl Volumes {
@@ -44,6 +47,7 @@ impl Volumes {
         Volumes {
             root,
             shared: false,
+            node_mounts: false,
         }
     }
 
@@ -76,7 +80,40 @@ impl Volumes {
         })?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))
             .map_err(|e| format!("--shared-storage {}: {e}", root.display()))?;
-        Ok(Volumes { root, shared: true })
+        Ok(Volumes {
+            root,
+            shared: true,
+            node_mounts: false,
+        })
+    }
+
+    /// Shared volumes bind-mounted on their clusters' nodes (external node agents, each
+    /// host mounting the shared storage at the same path), not used in place.
+    pub fn with_node_mounts(mut self, on: bool) -> Volumes {
+        self.node_mounts = self.shared && on;
+        self
+    }
+
+    pub fn mounts_on_nodes(&self) -> bool {
+        self.node_mounts
+    }
+
+    /// A cluster's `storage_path`: where its nodes see its volume.
+    pub fn storage_path(&self, tenant_id: &str, name: &str) -> String {
+        match self.node_mounts {
+            true => gpufleet_wire::volumes::mount_path(tenant_id, name),
+            false => self.path(tenant_id, name).display().to_string(),
+        }
+    }
+
+    /// The volume's directory here of the cluster `name` of `tenant_id` whose
+    /// `storage_path` is `storage_path` (a cluster made before volumes were kept by
+    /// tenant id has its own path there).
+    pub fn dir_of(&self, tenant_id: &str, name: &str, storage_path: &str) -> PathBuf {
+        match self.shared {
+            true => self.path(tenant_id, name),
+            false => PathBuf::from(storage_path),
+        }
     }
 
     pub fn is_shared(&self) -> bool {

@@ -230,6 +230,13 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
     } else {
         crate::mig::converge(state, &changes).await
     };
+    // The replacement mounts the cluster's volume like every node of the cluster.
+    let converged = match converged {
+        Ok(()) => {
+            crate::node_volumes::sync(state, added.iter().map(|n| n.id.clone()).collect()).await
+        }
+        failed => failed,
+    };
     let (clock_now, replace_after) = (state.now(), state.agents.replace_after);
     state
         .apply(move |tx| match converged {

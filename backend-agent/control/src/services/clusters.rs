@@ -108,7 +108,8 @@ async fn with_used(
     let volumes = state.volumes.clone();
     super::blocking(move || {
         for c in &mut clusters {
-            match volumes.used_gib(std::path::Path::new(&c.storage_path)) {
+            let dir = volumes.dir_of(&c.tenant_id, &c.name, &c.storage_path);
+            match volumes.used_gib(&dir) {
                 Ok(used) => c.storage_used_gib = used,
                 Err(e) => {
                     tracing::warn!(path = %c.storage_path, error = %e, "cannot read a volume's use")
@@ -480,6 +481,7 @@ impl Clusters {
         )?;
         let acceptance = super::health::create_settings(&self.state, &req)?;
         let dir = self.state.volumes.path(&tenant.id, &req.name);
+        let storage_path = self.state.volumes.storage_path(&tenant.id, &req.name);
         admit_volume(&self.state.volumes, &dir, storage_gib)?;
         let mut cluster = ClusterRow {
             id: uuid::Uuid::new_v4().to_string(),
@@ -495,7 +497,7 @@ impl Clusters {
             reservation_id: Some(req.reservation_id).filter(|r| !r.is_empty()),
             storage_gib,
             status: "creating".into(),
-            storage_path: dir.display().to_string(),
+            storage_path,
             mig_layout,
             status_reason: String::new(),
             cuda_version: req.cuda_version,
@@ -599,6 +601,12 @@ impl Clusters {
         // is held while they work.
         let joining: Vec<NodeRow> = changes.iter().map(|c| c.node.clone()).collect();
         if let Err(e) = self.bring_up(&cluster, &joining, &changes).await {
+            self.undo_create(cluster).await;
+            return Err(e.into());
+        }
+        // Every node mounts the cluster's volume before anything runs on it.
+        let ids = joining.iter().map(|n| n.id.clone()).collect();
+        if let Err(e) = crate::node_volumes::sync(&self.state, ids).await {
             self.undo_create(cluster).await;
             return Err(e.into());
         }
@@ -785,7 +793,13 @@ impl Clusters {
         if c.storage_gib > old.storage_gib {
             self.state
                 .volumes
-                .check_room(std::path::Path::new(&c.storage_path), c.storage_gib)
+                .check_room(
+                    &self
+                        .state
+                        .volumes
+                        .dir_of(&c.tenant_id, &c.name, &c.storage_path),
+                    c.storage_gib,
+                )
                 .map_err(|m| {
                     super::error_details::refusal_on(
                         tonic::Code::FailedPrecondition,
@@ -802,7 +816,10 @@ impl Clusters {
         let changes = layout_changes(&tx, &c, &scaling.to_release)?;
         c.status = "updating".into();
         store::clusters::update(&tx, &c).map_err(db_error)?;
-        let dir = std::path::PathBuf::from(&c.storage_path);
+        let dir = self
+            .state
+            .volumes
+            .dir_of(&c.tenant_id, &c.name, &c.storage_path);
         if c.storage_gib != old.storage_gib {
             // Online: the volume's limit rises; nothing is unmounted or copied.
             self.state
@@ -929,11 +946,16 @@ impl Clusters {
                     ch.node.id.clone(),
                 ));
             }
-            let (path, gib) = (old.storage_path.clone(), old.storage_gib);
+            let (path, gib) = (
+                self.state
+                    .volumes
+                    .dir_of(&old.tenant_id, &old.name, &old.storage_path),
+                old.storage_gib,
+            );
             let volumes = self.state.volumes.clone();
             super::blocking(move || {
-                if let Err(io) = volumes.resize(std::path::Path::new(&path), gib) {
-                    tracing::warn!(path = %path, error = %io, "cannot restore the storage size of a failed update");
+                if let Err(io) = volumes.resize(&path, gib) {
+                    tracing::warn!(path = %path.display(), error = %io, "cannot restore the storage size of a failed update");
                 }
                 Ok(())
             })
@@ -949,6 +971,16 @@ impl Clusters {
                 sp.commit().map_err(db_error)
             })
             .await?;
+        // Joining nodes mount the cluster's volume, leaving ones unmount it.
+        let moved = scaling
+            .added
+            .iter()
+            .chain(&scaling.to_release)
+            .map(|n| n.id.clone())
+            .collect();
+        if let Err(e) = crate::node_volumes::sync(&self.state, moved).await {
+            tracing::warn!(cluster = %c.name, error = %e, "an update's nodes did not all get their volumes");
+        }
         // A Slurm cluster's controller and slurmd follow its new nodes and layout.
         let slurm = crate::slurm_clusters::apply_resuming(
             &self.state,
@@ -1130,6 +1162,7 @@ impl Clusters {
             return Err(e.into());
         }
         // Nodes released, the cluster gone, and its events, in one transaction.
+        let freed: Vec<String> = nodes.iter().map(|n| n.id.clone()).collect();
         let deleted = c.clone();
         let clock_now = self.state.now();
         self.state
@@ -1160,14 +1193,23 @@ impl Clusters {
                 sp.commit().map_err(db_error)
             })
             .await?;
-        let (path, keep) = (c.storage_path.clone(), c.storage_retention == "keep");
+        // The freed nodes unmount the volume before it goes (or is kept).
+        if let Err(e) = crate::node_volumes::sync(&self.state, freed).await {
+            tracing::warn!(cluster = %c.name, error = %e, "a deleted cluster's nodes did not all unmount its volume");
+        }
+        let (path, keep) = (
+            self.state
+                .volumes
+                .dir_of(&c.tenant_id, &c.name, &c.storage_path),
+            c.storage_retention == "keep",
+        );
         let volumes = self.state.volumes.clone();
         super::blocking(move || {
             if keep {
                 // storage_retention = "keep": the team's data stays for a later cluster.
-                tracing::info!(path = %path, "cluster deleted; its volume is kept");
-            } else if let Err(e) = volumes.remove(std::path::Path::new(&path)) {
-                tracing::warn!(path = %path, error = %e, "cluster deleted but its volume could not be removed");
+                tracing::info!(path = %path.display(), "cluster deleted; its volume is kept");
+            } else if let Err(e) = volumes.remove(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "cluster deleted but its volume could not be removed");
             }
             Ok(())
         })
