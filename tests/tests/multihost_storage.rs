@@ -111,7 +111,10 @@ async fn each_node_mounts_its_clusters_volume_in_its_own_namespace_and_only_whil
     assert_eq!(volume_mounts(a1), vec![path_a.clone()]);
     assert_eq!(volume_mounts(a2), vec![path_a.clone()]);
     assert_eq!(volume_mounts(b1), vec![path_b.clone()]);
-    assert!(sh(b1, &format!("test -e {path_a}")).is_err(), "A's volume on B's host");
+    assert!(
+        sh(b1, &format!("test -e {path_a}")).is_err(),
+        "A's volume on B's host"
+    );
     assert_eq!(volume_mounts(host("cp")), Vec::<String>::new());
 
     // Written on one node, read on the other.
@@ -122,11 +125,17 @@ async fn each_node_mounts_its_clusters_volume_in_its_own_namespace_and_only_whil
     );
 
     // Exactly 1 GiB: A's writes past it fail, B's own still work.
-    let past = sh(a1, &format!("dd if=/dev/zero of={path_a}/big bs=1M count=1200 conv=fsync"))
-        .expect_err("1.2 GiB do not fit in a 1 GiB volume");
+    let past = sh(
+        a1,
+        &format!("dd if=/dev/zero of={path_a}/big bs=1M count=1200 conv=fsync"),
+    )
+    .expect_err("1.2 GiB do not fit in a 1 GiB volume");
     assert!(past.contains("Disk quota exceeded"), "{past}");
-    sh(b1, &format!("dd if=/dev/zero of={path_b}/big bs=1M count=600 conv=fsync"))
-        .expect("team B still writes");
+    sh(
+        b1,
+        &format!("dd if=/dev/zero of={path_b}/big bs=1M count=600 conv=fsync"),
+    )
+    .expect("team B still writes");
 
     // A node that leaves the cluster keeps nothing of its volume; the one that stays does.
     tf.write_main(&config(Some(1)));
@@ -134,7 +143,11 @@ async fn each_node_mounts_its_clusters_volume_in_its_own_namespace_and_only_whil
     let stays = hosts_of(&tf, A);
     assert_eq!(stays.len(), 1);
     let left = a_hosts.iter().find(|h| **h != stays[0]).unwrap();
-    assert_eq!(volume_mounts(host(left)), Vec::<String>::new(), "{left} left A");
+    assert_eq!(
+        volume_mounts(host(left)),
+        Vec::<String>::new(),
+        "{left} left A"
+    );
     assert_eq!(volume_mounts(host(&stays[0])), vec![path_a.clone()]);
     assert!(sh(host(&stays[0]), &format!("test -s {path_a}/hello")).is_ok());
 
