@@ -1270,6 +1270,31 @@ mod tests {
     }
 
     #[test]
+    fn storage_retention_changes_in_place_and_any_change_reads_the_use_afresh() {
+        let p = prior();
+        let mut proposed = p.clone();
+        proposed.set("storage_retention", Value::string("keep"));
+        let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed));
+        assert!(planned.requires_replace.is_empty());
+        assert_eq!(planned.state.get("storage_used_gib"), &Value::Unknown);
+        // Nothing changed: the use stays as read, and the plan is empty.
+        let same = plan(Some(&p), p.clone(), &config_of(&p));
+        assert_eq!(same.state, p);
+    }
+
+    #[tokio::test]
+    async fn storage_retention_is_delete_or_keep() {
+        let c = TenantCluster::new(Arc::new(ProviderState::default()));
+        let mut cfg = config_of(&prior());
+        cfg.set("storage_retention", Value::string("forever"));
+        let err = c.validate(&cfg).await.unwrap_err();
+        assert_eq!(
+            err.0[0].summary,
+            "storage_retention: must be \"delete\" or \"keep\" (got \"forever\")"
+        );
+    }
+
+    #[test]
     fn identity_attributes_force_replacement() {
         let p = prior();
         let mut proposed = p.clone();
