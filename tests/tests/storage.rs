@@ -92,18 +92,19 @@ mod shared {
     const A: &str = "gpufleet_tenant_cluster.a";
     const B: &str = "gpufleet_tenant_cluster.b";
 
-    /// Team A's cluster (with `a`'s size and retention, or none) and team B's of 1 GiB.
+    /// Team A's cluster and quota (with `a`'s size and retention, or none) and team B's
+    /// cluster of 1 GiB.
     fn config(a: Option<(i64, &str)>) -> String {
         let mut blocks = vec![
             hcl::tenant("ta", "team-a"),
             hcl::tenant("tb", "team-b"),
-            hcl::quota("qa", "gpufleet_tenant.ta.id", "H100-80GB", 8),
             hcl::quota("qb", "gpufleet_tenant.tb.id", "H100-80GB", 8),
             hcl::pool_cluster("b", "gpufleet_tenant.tb.id", "data", "H100-80GB", 1)
                 .number("storage_gib", 1)
                 .depends_on(&["gpufleet_gpu_quota.qb"]),
         ];
         if let Some((gib, retention)) = a {
+            blocks.push(hcl::quota("qa", "gpufleet_tenant.ta.id", "H100-80GB", 8));
             blocks.push(
                 hcl::pool_cluster("a", "gpufleet_tenant.ta.id", "data", "H100-80GB", 1)
                     .number("storage_gib", gib)
@@ -214,6 +215,23 @@ mod shared {
         tf.apply();
         assert!(tf.find_resource(A).is_none());
         assert_eq!(std::fs::metadata(&first).unwrap().len(), 600 << 20, "kept");
+        // The team's tenant is not deleted while it keeps a volume, which the refusal names.
+        let tenant_a = str_of(&tf.resource("gpufleet_tenant.ta"), "id");
+        let refused = backend
+            .admin()
+            .await
+            .tenants
+            .delete_tenant(gpufleet_proto::v1::DeleteTenantRequest { id: tenant_a })
+            .await
+            .expect_err("a tenant that keeps a volume is not deleted");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            refused
+                .message()
+                .contains("keeps the volumes of deleted clusters data"),
+            "{}",
+            refused.message()
+        );
         // A kept volume is not shrunk by the cluster that attaches it.
         tf.write_main(&config(Some((1, "delete"))));
         tf.plan_fails()

@@ -223,27 +223,50 @@ impl Volumes {
 
     /// GiB in use on the volume, rounded up; 0 for unsized volumes.
     pub fn used_gib(&self, dir: &Path) -> std::io::Result<i64> {
-        if !self.shared || !dir.exists() {
-            return Ok(0);
+        self.used_gib_all(&[dir.to_path_buf()])
+            .pop()
+            .unwrap_or(Ok(0))
+    }
+
+    /// [`Volumes::used_gib`] of each of `dirs`, with one quota report for all of them.
+    pub fn used_gib_all(&self, dirs: &[PathBuf]) -> Vec<std::io::Result<i64>> {
+        if !self.shared {
+            return dirs.iter().map(|_| Ok(0)).collect();
         }
-        let Some(id) = subvolume_id(dir)? else {
-            return Ok(0);
-        };
+        let ids: Vec<std::io::Result<Option<u64>>> = dirs
+            .iter()
+            .map(|d| match d.exists() {
+                true => subvolume_id(d),
+                false => Ok(None),
+            })
+            .collect();
+        if ids.iter().all(|id| matches!(id, Ok(None))) {
+            return dirs.iter().map(|_| Ok(0)).collect();
+        }
         // --sync: what was written until now, not at the last commit.
-        let out = btrfs(&[
+        let report = btrfs(&[
             "qgroup",
             "show",
             "-re",
             "--raw",
             "--sync",
             &self.root.display().to_string(),
-        ])?;
-        let used = parse_qgroups(&out)
-            .into_iter()
-            .find(|q| q.id == id)
-            .map_or(0, |q| q.referenced);
-        // An empty subvolume references its root's 16 KiB of metadata: that is no use.
-        Ok(used.saturating_sub(16 * 1024).div_ceil(GIB) as i64)
+        ])
+        .map(|out| parse_qgroups(&out));
+        ids.into_iter()
+            .map(|id| {
+                let Some(id) = id? else { return Ok(0) };
+                let groups = report
+                    .as_ref()
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let used = groups
+                    .iter()
+                    .find(|q| q.id == id)
+                    .map_or(0, |q| q.referenced);
+                // An empty subvolume references its root's 16 KiB of metadata: no use.
+                Ok(used.saturating_sub(16 * 1024).div_ceil(GIB) as i64)
+            })
+            .collect()
     }
 
     /// Whether the volume holds anything besides its own `volume.json`.
@@ -384,15 +407,46 @@ fn capacity_bytes(path: &Path) -> std::io::Result<u64> {
     Ok((s.f_blocks as u64).saturating_mul(s.f_frsize as u64))
 }
 
-/// The btrfs subvolume id of `dir` when it is a subvolume's root.
+/// `BTRFS_IOC_INO_LOOKUP`'s argument (`struct btrfs_ioctl_ino_lookup_args`).
+#[repr(C)]
+struct InoLookup {
+    treeid: u64,
+    objectid: u64,
+    name: [u8; 4080],
+}
+
+/// `_IOWR(BTRFS_IOCTL_MAGIC, 18, struct btrfs_ioctl_ino_lookup_args)`.
+const BTRFS_IOC_INO_LOOKUP: libc::c_ulong = 0xD000_9412;
+
+/// The btrfs subvolume id of `dir` when it is a subvolume's root (one ioctl: asked with
+/// tree 0, the lookup answers the tree, i.e. the subvolume, the file lives in).
 fn subvolume_id(dir: &Path) -> std::io::Result<Option<u64>> {
     if std::fs::symlink_metadata(dir)?.ino() != SUBVOLUME_ROOT_INODE {
         return Ok(None);
     }
-    let out = btrfs(&["inspect-internal", "rootid", &dir.display().to_string()])?;
-    out.trim().parse().map(Some).map_err(|e| {
-        std::io::Error::other(format!("btrfs rootid of {}: {e}: {out}", dir.display()))
-    })
+    let file = std::fs::File::open(dir)?;
+    let mut args = InoLookup {
+        treeid: 0,
+        objectid: SUBVOLUME_ROOT_INODE,
+        name: [0; 4080],
+    };
+    // SAFETY: `file` is an open directory and `args` the ioctl's argument, alive for the
+    // call; the kernel writes only within it.
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            BTRFS_IOC_INO_LOOKUP as _,
+            &mut args as *mut InoLookup,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::other(format!(
+            "the subvolume of {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(Some(args.treeid))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -107,9 +107,12 @@ async fn with_used(
     }
     let volumes = state.volumes.clone();
     super::blocking(move || {
-        for c in &mut clusters {
-            let dir = volumes.dir_of(&c.tenant_id, &c.name, &c.storage_path);
-            match volumes.used_gib(&dir) {
+        let dirs: Vec<_> = clusters
+            .iter()
+            .map(|c| volumes.dir_of(&c.tenant_id, &c.name, &c.storage_path))
+            .collect();
+        for (c, used) in clusters.iter_mut().zip(volumes.used_gib_all(&dirs)) {
+            match used {
                 Ok(used) => c.storage_used_gib = used,
                 Err(e) => {
                     tracing::warn!(path = %c.storage_path, error = %e, "cannot read a volume's use")
