@@ -8,8 +8,10 @@
 //! team B's on a third. A file written on one of A's hosts is read on the other; A's
 //! volume is not there on B's host, nor B's on A's; A writing past 1 GiB fails with
 //! "Disk quota exceeded" while B still writes; a host that leaves A's cluster (scale-down)
-//! no longer has the mount; after destroy no host has any volume mount and nothing is left
-//! on the shared storage.
+//! no longer has the mount; when the host of A's last node is cut off, the free host that
+//! replaces it mounts A's volume with its data, and the cut host, healed, comes back free
+//! and unmounts it; after destroy no host has any volume mount and nothing is left on the
+//! shared storage.
 //!
 //! Needs root, loop devices and btrfs-progs (CI runs as root after scripts/bootstrap.sh).
 
@@ -20,7 +22,8 @@ use gpufleet_e2e::json::str_of;
 use gpufleet_e2e::multihost::Fleet;
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::shared_storage::SharedStorage;
-use gpufleet_e2e::Terraform;
+use gpufleet_e2e::{eventually, Terraform};
+use gpufleet_proto::v1::GetTenantClusterRequest;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
@@ -86,10 +89,25 @@ async fn each_node_mounts_its_clusters_volume_in_its_own_namespace_and_only_whil
     // Mounted before the hosts are made: each copies it into its own mount namespace.
     let storage = SharedStorage::new(8);
     let shared = storage.arg();
+    // A silent node is unreachable after 2s and replaced 1s later; agents ping every second.
     let fleet = Fleet::start(
         &["g1", "g2", "g3"],
-        &["--shared-storage", &shared],
-        &["--gpus", "2", "--shared-storage", &shared],
+        &[
+            "--shared-storage",
+            &shared,
+            "--node-timeout",
+            "2s",
+            "--replace-after",
+            "1s",
+        ],
+        &[
+            "--gpus",
+            "2",
+            "--shared-storage",
+            &shared,
+            "--keepalive",
+            "1s",
+        ],
         LIMIT,
     )
     .await;
@@ -150,6 +168,37 @@ async fn each_node_mounts_its_clusters_volume_in_its_own_namespace_and_only_whil
     );
     assert_eq!(volume_mounts(host(&stays[0])), vec![path_a.clone()]);
     assert!(sh(host(&stays[0]), &format!("test -s {path_a}/hello")).is_ok());
+
+    // The host of A's node cut off: the free host replaces it and mounts A's volume, with
+    // the data; healed, the old host's node comes back free and keeps nothing of it.
+    let cut = host(&stays[0]);
+    let id = str_of(&tf.resource(A), "id");
+    let admin = fleet.backend.admin().await;
+    cut.cut();
+    let replacement = eventually("A's node replaced", LIMIT, || {
+        let (mut admin, id, gone) = (admin.clone(), id.clone(), stays[0].clone());
+        async move {
+            let c = admin
+                .clusters
+                .get_tenant_cluster(GetTenantClusterRequest { id })
+                .await
+                .ok()?
+                .into_inner();
+            let hosts: Vec<String> = c.nodes.iter().map(|n| n.hostname.clone()).collect();
+            (c.status == "running" && hosts.len() == 1 && hosts[0] != gone)
+                .then(|| hosts[0].clone())
+        }
+    })
+    .await;
+    assert_eq!(replacement, *left, "the free host replaces the cut one");
+    assert_eq!(volume_mounts(host(left)), vec![path_a.clone()]);
+    assert!(sh(host(left), &format!("test -s {path_a}/hello")).is_ok());
+    cut.heal();
+    eventually("the healed host unmounts A's volume", LIMIT, || {
+        let mounts = volume_mounts(cut);
+        async move { mounts.is_empty().then_some(()) }
+    })
+    .await;
 
     // Destroyed: no host has a volume mount, and nothing is left on the shared storage.
     tf.destroy();

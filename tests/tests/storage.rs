@@ -203,8 +203,11 @@ mod shared {
         // More than the shared storage holds besides the other volumes: refused at plan, so
         // no team can fill the storage under another.
         tf.write_main(&config(Some((100, "delete"))));
-        tf.plan_fails()
-            .assert_mentions(&["storage_gib", "promised to other volumes", "100 GiB do not fit"]);
+        tf.plan_fails().assert_mentions(&[
+            "storage_gib",
+            "promised to other volumes",
+            "100 GiB do not fit",
+        ]);
 
         // Shrinking: refused at plan, naming the attribute; the volume stays as it is.
         tf.write_main(&config(Some((1, "delete"))));
