@@ -11,6 +11,8 @@
 //! - From the speech team's jobs the vision volume is not there (not mounted on its node),
 //!   and from its login (on the control plane's host, which has the shared storage) the
 //!   vision volume cannot be entered and the vision tenant's folder cannot be listed.
+//! - Kept: destroyed with `storage_retention = "keep"` and made again under its name, the
+//!   new cluster's jobs (another account) read the data as their own files.
 //! - Destroy: no host has a volume mount and nothing is left on the shared storage.
 //!
 //! Needs root, loop devices, btrfs-progs, Slurm and sshd (CI runs as root after
@@ -33,9 +35,10 @@ const SPEECH: &str = "gpufleet_tenant_cluster.speech";
 const GPU_HOSTS: [&str; 3] = ["g1", "g2", "g3"];
 const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
 
-fn config() -> String {
-    let cluster = |team: &str, name: &str, nodes: u32| {
-        format!(
+/// Both teams' clusters; the vision cluster with `vision`'s storage_retention, or none.
+fn config(vision: Option<&str>) -> String {
+    let cluster = |team: &str, name: &str, nodes: u32, retention: Option<&str>| {
+        let tenant = format!(
             r#"
 resource "gpufleet_tenant" "{team}" {{
   name = "{team}"
@@ -45,20 +48,29 @@ resource "gpufleet_gpu_quota" "{team}" {{
   gpu_type = "H100-80GB"
   gpus     = {nodes}
 }}
+"#
+        );
+        let Some(retention) = retention else {
+            return tenant;
+        };
+        tenant
+            + &format!(
+                r#"
 resource "gpufleet_tenant_cluster" "{team}" {{
-  tenant          = gpufleet_tenant.{team}.name
-  name            = "{name}"
-  orchestrator    = "slurm"
-  gpu_type        = "H100-80GB"
-  node_count      = {nodes}
-  storage_gib     = 1
-  ssh_public_keys = [file("${{path.module}}/{team}.pub")]
-  depends_on      = [gpufleet_gpu_quota.{team}]
+  tenant            = gpufleet_tenant.{team}.name
+  name              = "{name}"
+  orchestrator      = "slurm"
+  gpu_type          = "H100-80GB"
+  node_count        = {nodes}
+  storage_gib       = 1
+  storage_retention = "{retention}"
+  ssh_public_keys   = [file("${{path.module}}/{team}.pub")]
+  depends_on        = [gpufleet_gpu_quota.{team}]
 }}
 "#
-        )
+            )
     };
-    cluster("vision", "train", 2) + &cluster("speech", "asr", 1)
+    cluster("vision", "train", 2, vision) + &cluster("speech", "asr", 1, Some("delete"))
 }
 
 /// A team's key pair, made in the client host's directory.
@@ -174,7 +186,7 @@ async fn slurm_jobs_share_their_teams_volume_across_nodes_and_only_their_team_ca
     let tf = Terraform::on_host(client, &fleet.backend, fleet.backend.admin_token());
     tf.write_file("vision.pub", &vision_pub);
     tf.write_file("speech.pub", &speech_pub);
-    tf.write_main(&config());
+    tf.write_main(&config(Some("delete")));
     tf.init();
     tf.apply();
     let vision = Session::new(client, &tf, VISION, &vision_key);
@@ -232,6 +244,30 @@ async fn slurm_jobs_share_their_teams_volume_across_nodes_and_only_their_team_ca
         let (ok, out) = speech.run(&probe);
         assert!(!ok && out.contains("Permission denied"), "{probe}: {out}");
     }
+
+    // Kept: the vision cluster destroyed with storage_retention = "keep", and made again
+    // under its name (a new account), whose jobs read the data as their own files.
+    tf.write_main(&config(Some("keep")));
+    tf.apply();
+    tf.write_main(&config(None));
+    tf.apply();
+    tf.write_main(&config(Some("delete")));
+    tf.apply();
+    let again = Session::new(client, &tf, VISION, &vision_key);
+    assert_ne!(again.user, vision.user, "a new cluster, a new account");
+    assert_eq!(
+        tf.resource(VISION)["storage_path"].as_str(),
+        Some(v_path.as_str())
+    );
+    let read = again.ok(&format!(
+        "srun -N1 sh -c 'cat {v_path}/from-first; stat -c %U {v_path}/from-first'"
+    ));
+    let lines: Vec<&str> = read.lines().map(str::trim).collect();
+    assert_eq!(
+        lines,
+        vec![v_hosts[0].as_str(), again.user.as_str()],
+        "{read}"
+    );
 
     // Destroyed: no host has a volume mount, nothing is left on the shared storage.
     tf.destroy();
