@@ -30,6 +30,7 @@ pub mod limits;
 pub mod message_cut;
 pub mod metrics;
 pub mod mig;
+pub mod node_volumes;
 pub mod recorded;
 pub mod registry;
 pub mod rules;
