@@ -38,6 +38,8 @@ pub struct Agent {
     pub bandwidth_addr: String,
     /// The host as Slurm declares the node.
     pub host: crate::host::Declared,
+    /// The agent's GPUs as its heartbeats report them (the executor's backend, tapped).
+    pub telemetry: Arc<crate::telemetry::XidTap>,
 }
 
 enum End {
@@ -48,6 +50,8 @@ enum End {
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How often heartbeats carry the GPUs' readings (`Heartbeat.gpus`).
+const TELEMETRY_EVERY: Duration = Duration::from_secs(5);
 
 /// Serves the control plane until `stop` turns true. Returns an error only when the
 /// control plane refuses the node (wrong join token, name in use, contradicting inventory).
@@ -285,15 +289,30 @@ async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
     let heartbeats = {
         let up = up.clone();
         let queued = queued.clone();
+        let telemetry = agent.telemetry.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             let mut seq = 0u64;
+            let mut sampled: Option<tokio::time::Instant> = None;
             loop {
                 tick.tick().await;
                 seq += 1;
+                // The GPUs' readings on the first heartbeat, then at most every
+                // TELEMETRY_EVERY; read on a blocking thread (hardware calls).
+                let due = sampled.is_none_or(|at| at.elapsed() >= TELEMETRY_EVERY);
+                let gpus = if due {
+                    sampled = Some(tokio::time::Instant::now());
+                    let t = telemetry.clone();
+                    tokio::task::spawn_blocking(move || t.sample())
+                        .await
+                        .unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
                 let beat = v1::Heartbeat {
                     seq,
                     orders_queued: queued.load(Ordering::Relaxed),
+                    gpus,
                 };
                 if up
                     .send(v1::AgentMessage {

@@ -937,6 +937,24 @@ impl GpuBackend for NvmlBackend {
         self.read_readings(gpu)
     }
 
+    fn usage(&self, gpu: u32) -> Result<super::GpuUsage, HwError> {
+        let device = self.device(gpu)?;
+        // Under MIG, NVML reports no whole-GPU utilisation (NOT_SUPPORTED): the reading fails
+        // and the agent sends none rather than a 0.
+        let rates = device
+            .utilization_rates()
+            .map_err(|e| HwError::Unsupported(format!("gpu {gpu}: utilisation: {e}")))?;
+        let memory = device
+            .memory_info()
+            .map_err(|e| HwError::Unsupported(format!("gpu {gpu}: memory in use: {e}")))?;
+        const MIB: u64 = 1024 * 1024;
+        Ok(super::GpuUsage {
+            utilization_percent: rates.gpu.min(100),
+            memory_used_mib: memory.used / MIB,
+            memory_total_mib: memory.total / MIB,
+        })
+    }
+
     fn busy(&self, gpu: u32) -> Result<BusyState, HwError> {
         let device = self.device(gpu)?;
         let mig_enabled = device.mig_mode().map(|m| m.current == 1).unwrap_or(false);
