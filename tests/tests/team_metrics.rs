@@ -279,3 +279,164 @@ async fn a_team_scrapes_its_own_clusters_only_and_every_dashboard_query_has_data
     assert_eq!(refused.status, 401, "{refused:?}");
     assert!(!refused.body.contains("gpufleet_"), "{refused:?}");
 }
+
+/// Runs `command` on a Slurm cluster's login with the team's key, as the cluster's user
+/// (docs/guides/slurm.md): (success, stdout + stderr).
+fn on_login(credentials: &Value, key: &std::path::Path, command: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let known = dir.path().join("known_hosts");
+    std::fs::write(&known, format!("{}\n", s(credentials, "known_hosts"))).unwrap();
+    let out = std::process::Command::new("ssh")
+        .args(["-i", key.to_str().unwrap()])
+        .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
+        .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
+        .arg("-o")
+        .arg(format!("UserKnownHostsFile={}", known.display()))
+        .args(["-p", &credentials["port"].as_u64().unwrap().to_string()])
+        .arg(format!(
+            "{}@{}",
+            s(credentials, "user"),
+            s(credentials, "host")
+        ))
+        .arg("--")
+        .arg(command)
+        .output()
+        .expect("run ssh");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The value of the one line of `text` that starts with `series` (a full series, labels
+/// in the exposition's order).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// A Slurm team's jobs reach its metrics: one running and one held (pending) job,
+/// submitted through the cluster's login as the team does, are counted in its view, and
+/// its dashboard has the jobs panel, whose query returns them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slurm_teams_running_and_pending_jobs_are_in_its_view() {
+    let backend = Backend::start_with_args(&[
+        "--node-agents",
+        "external",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let metrics = prom::wait_for_metrics_addr("the control plane", || backend.log());
+    let _agent = gpufleet_e2e::NodeAgent::start(&backend, "jobs1", &["--gpus", "1"]);
+    let admin = backend.admin().await;
+    gpufleet_e2e::eventually("the node ready", Duration::from_secs(60), || {
+        let mut admin = admin.clone();
+        async move {
+            let nodes = admin.nodes().await;
+            (nodes.len() == 1 && nodes[0].state == "ready").then_some(())
+        }
+    })
+    .await;
+
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("id_ed25519");
+    let made = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "team@jobs", "-f"])
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen (Debian's openssh-client)");
+    assert!(made.success());
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file(
+        "team.pub",
+        &std::fs::read_to_string(key.with_extension("pub")).unwrap(),
+    );
+    tf.write_main(
+        r#"
+resource "gpufleet_tenant" "jobs" {
+  name = "jobs"
+}
+resource "gpufleet_gpu_quota" "jobs" {
+  tenant   = gpufleet_tenant.jobs.id
+  gpu_type = "H100-80GB"
+  gpus     = 1
+}
+resource "gpufleet_tenant_cluster" "train" {
+  tenant          = gpufleet_tenant.jobs.id
+  name            = "train"
+  orchestrator    = "slurm"
+  gpu_type        = "H100-80GB"
+  node_count      = 1
+  ssh_public_keys = [file("${path.module}/team.pub")]
+  depends_on      = [gpufleet_gpu_quota.jobs]
+}
+data "gpufleet_cluster_dashboard" "train" {
+  cluster_id      = gpufleet_tenant_cluster.train.id
+  metrics_address = "127.0.0.1:9464"
+}
+output "team" {
+  value     = { id = gpufleet_tenant.jobs.id, token = gpufleet_tenant.jobs.token, cluster = gpufleet_tenant_cluster.train.id }
+  sensitive = true
+}
+output "credentials" {
+  value     = jsondecode(gpufleet_tenant_cluster.train.credentials)
+  sensitive = true
+}
+output "queries" {
+  value = data.gpufleet_cluster_dashboard.train.queries
+}
+"#,
+    );
+    tf.init();
+    tf.apply();
+    let out = tf.outputs();
+    let (team, credentials) = (&out["team"], &out["credentials"]);
+    let (tenant, token, cluster) = (s(team, "id"), s(team, "token"), s(team, "cluster"));
+    let jobs_query = format!(r#"gpufleet_cluster_slurm_jobs{{cluster_id="{cluster}"}}"#);
+    assert!(
+        out["queries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|q| q.as_str() == Some(jobs_query.as_str())),
+        "{}",
+        out["queries"]
+    );
+
+    // Before any job: both counts, at 0.
+    let series = |state: &str| {
+        format!(
+            r#"gpufleet_cluster_slurm_jobs{{cluster_id="{cluster}",state="{state}",tenant_id="{tenant}"}}"#
+        )
+    };
+    let counts = |want: (f64, f64)| {
+        let (metrics, token) = (metrics.clone(), token.clone());
+        let (running, pending) = (series("running"), series("pending"));
+        move || {
+            let text = prom::scrape_with(&metrics, &token);
+            let got = (sample(&text, &running), sample(&text, &pending));
+            async move { (got == (Some(want.0), Some(want.1))).then_some(()) }
+        }
+    };
+    gpufleet_e2e::eventually("no jobs counted", Duration::from_secs(60), counts((0.0, 0.0))).await;
+
+    // One job that runs, one held: 1 running, 1 pending.
+    for submit in [
+        "sbatch -N1 --wrap 'sleep 600'",
+        "sbatch -N1 --hold --wrap 'sleep 1'",
+    ] {
+        let (ok, text) = on_login(credentials, &key, submit);
+        assert!(ok, "{submit}: {text}");
+    }
+    gpufleet_e2e::eventually(
+        "one running and one pending job counted",
+        Duration::from_secs(60),
+        counts((1.0, 1.0)),
+    )
+    .await;
+    let (ok, text) = on_login(credentials, &key, "scancel --user \"$(id -un)\"");
+    assert!(ok, "scancel: {text}");
+    tf.destroy();
+}

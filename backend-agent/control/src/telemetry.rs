@@ -6,6 +6,8 @@
 //! reading per GPU the node registered with and no more, each value within the hardware's
 //! range; a report that breaks any of this is dropped whole (and counted). A node's
 //! readings go with its session: they are shown only while that session is the node's.
+//! Also each Slurm cluster's running and pending jobs, as its controller last said (one
+//! entry per watched cluster).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -42,6 +44,9 @@ pub struct NodeReadings {
 #[derive(Default)]
 pub struct Telemetry {
     nodes: Mutex<HashMap<String, NodeReadings>>,
+    /// Per Slurm cluster: its controller's running and pending jobs at the supervisor's
+    /// last look (`slurm_clusters`), only while the controller answers.
+    jobs: Mutex<HashMap<String, gpufleet_slurm::status::JobCounts>>,
 }
 
 /// Checks one report against the GPUs the node registered with (index, UUID).
@@ -114,6 +119,39 @@ impl Telemetry {
             .get(node_id)
             .filter(|r| r.session == session)
             .map(|r| r.gpus.clone())
+    }
+
+    fn jobs_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, gpufleet_slurm::status::JobCounts>> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps the job counts of Slurm cluster `cluster_id` (`None`: not known now).
+    pub fn record_jobs(
+        &self,
+        cluster_id: &str,
+        counts: Option<gpufleet_slurm::status::JobCounts>,
+    ) {
+        let mut jobs = self.jobs_lock();
+        match counts {
+            Some(c) => {
+                jobs.insert(cluster_id.to_string(), c);
+            }
+            None => {
+                jobs.remove(cluster_id);
+            }
+        }
+    }
+
+    /// The job counts of a Slurm cluster, when known.
+    pub fn jobs_of(&self, cluster_id: &str) -> Option<gpufleet_slurm::status::JobCounts> {
+        self.jobs_lock().get(cluster_id).copied()
+    }
+
+    /// Forgets the job counts of every cluster not in `watched`.
+    pub fn keep_jobs_of(&self, watched: &std::collections::BTreeSet<String>) {
+        self.jobs_lock().retain(|c, _| watched.contains(c));
     }
 
     /// Forgets a node's readings (its session ended).

@@ -1,6 +1,6 @@
 //! `gpufleet_cluster_dashboard`: a tenant cluster's Grafana dashboard (JSON, every query
 //! filtered to the cluster's `cluster_id`, the quota panel to its `tenant_id`) and the
-//! Prometheus scrape job that feeds it: the control plane's metrics endpoint scraped
+//! Prometheus scrape job that feeds it (a Slurm cluster's dashboard shows its jobs too): the control plane's metrics endpoint scraped
 //! with one of the team's tokens, which shows the team's own series only.
 //!
 //! The dashboard and the job are built here from the cluster's answer (GetTenantCluster,
@@ -37,8 +37,8 @@ struct Panel {
 }
 
 /// The panels of a cluster's dashboard, every query filtered to `cluster_id` (and the
-/// quota panel to `tenant_id`).
-fn panels(cluster_id: &str, tenant_id: &str) -> Vec<Panel> {
+/// quota panel to `tenant_id`); a Slurm cluster's has its jobs too.
+fn panels(cluster_id: &str, tenant_id: &str, orchestrator: &str) -> Vec<Panel> {
     let c = format!(r#"cluster_id="{cluster_id}""#);
     let t = format!(r#"tenant_id="{tenant_id}""#);
     let gpu = "{{node}} GPU {{gpu}}";
@@ -48,7 +48,7 @@ fn panels(cluster_id: &str, tenant_id: &str) -> Vec<Panel> {
         kind,
         queries,
     };
-    vec![
+    let mut all = vec![
         p(
             "Cluster status",
             "none",
@@ -165,14 +165,24 @@ fn panels(cluster_id: &str, tenant_id: &str) -> Vec<Panel> {
                 "{{gpu_type}} {{kind}}",
             )],
         ),
-    ]
+    ];
+    if orchestrator == "slurm" {
+        all.push(p(
+            "Slurm jobs",
+            "none",
+            "timeseries",
+            vec![(format!("gpufleet_cluster_slurm_jobs{{{c}}}"), "{{state}}")],
+        ));
+    }
+    all
 }
 
-/// The Grafana dashboard of cluster `cluster_id` (named `name`) of tenant `tenant_id`,
-/// on a Prometheus data source chosen when it is imported (`${datasource}`).
-pub fn dashboard(cluster_id: &str, name: &str, tenant_id: &str) -> Json {
+/// The Grafana dashboard of cluster `cluster_id` (named `name`, run by `orchestrator`) of
+/// tenant `tenant_id`, on a Prometheus data source chosen when it is imported
+/// (`${datasource}`).
+pub fn dashboard(cluster_id: &str, name: &str, tenant_id: &str, orchestrator: &str) -> Json {
     let source = json!({"type": "prometheus", "uid": "${datasource}"});
-    let panels: Vec<Json> = panels(cluster_id, tenant_id)
+    let panels: Vec<Json> = panels(cluster_id, tenant_id, orchestrator)
         .into_iter()
         .enumerate()
         .map(|(i, p)| {
@@ -324,7 +334,12 @@ impl DataSourceType for ClusterDashboard {
             .await
             .map_err(|s| client.diagnostic(&s))?
             .into_inner();
-        let board = dashboard(&cluster.id, &cluster.name, &cluster.tenant_id);
+        let board = dashboard(
+            &cluster.id,
+            &cluster.name,
+            &cluster.tenant_id,
+            &cluster.orchestrator,
+        );
         let token_file = token_file
             .unwrap_or_else(|| format!("/etc/prometheus/gpufleet-{}.token", cluster.tenant_id));
         let mut s = config.clone();
@@ -349,9 +364,13 @@ mod tests {
 
     #[test]
     fn every_query_is_filtered_to_the_cluster_or_its_team() {
-        let board = dashboard("c-1", "train", "t-1");
+        let board = dashboard("c-1", "train", "t-1", "kubernetes");
         let qs = queries(&board);
         assert!(qs.len() >= 14, "{qs:?}");
+        assert!(!qs.iter().any(|q| q.contains("slurm")), "{qs:?}");
+        let slurm = queries(&dashboard("c-1", "train", "t-1", "slurm"));
+        assert_eq!(slurm.len(), qs.len() + 1);
+        assert!(slurm.iter().any(|q| q.contains("gpufleet_cluster_slurm_jobs")));
         for q in &qs {
             assert!(
                 q.contains(r#"cluster_id="c-1""#) || q.contains(r#"tenant_id="t-1""#),

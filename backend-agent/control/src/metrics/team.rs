@@ -17,6 +17,10 @@
 //!   `gpufleet_cluster_mig_slice_memory_bytes{...,gpu,profile,start,mig_uuid}`.
 //!   NVML reports no utilisation per MIG slice (that takes DCGM's profiling counters), so
 //!   there is none; a GPU in MIG mode has no whole-GPU utilisation either.
+//! - Per Slurm cluster: `gpufleet_cluster_slurm_jobs{tenant_id,cluster_id,state}`
+//!   (running, pending), as its controller (run by this control plane) last answered
+//!   `squeue`; absent while it does not answer. A Kubernetes cluster's pods are not
+//!   known to the control plane, so there is nothing of them.
 //! - Per node: `gpufleet_cluster_node_heartbeat_age_seconds`, and its latest health check
 //!   as a member of the cluster: `gpufleet_cluster_node_check_passed{...,level}` (1/0),
 //!   `gpufleet_cluster_node_check_timestamp_seconds{...,level}`,
@@ -52,6 +56,8 @@ struct Snapshot {
     checks: BTreeMap<String, Vec<ResultRow>>,
     quotas: Vec<QuotaRow>,
     holdings: BTreeMap<String, Vec<Holding>>,
+    /// Per Slurm cluster of the tenant: its jobs, when its controller answered.
+    jobs: BTreeMap<String, gpufleet_slurm::status::JobCounts>,
     gpus_per_node: BTreeMap<String, i64>,
 }
 
@@ -104,6 +110,7 @@ fn read(
         quotas,
         holdings: held,
         gpus_per_node,
+        jobs: BTreeMap::new(),
     }))
 }
 
@@ -117,13 +124,18 @@ pub async fn render(
     tenant_names: bool,
 ) -> Result<Option<String>, String> {
     let t = state.now();
-    let Some(snapshot) = state
+    let Some(mut snapshot) = state
         .read(move |conn| read(conn, &tenant_id, t))
         .await
         .map_err(|e| e.to_string())?
     else {
         return Ok(None);
     };
+    snapshot.jobs = snapshot
+        .clusters
+        .iter()
+        .filter_map(|c| Some((c.id.clone(), state.agents.telemetry.jobs_of(&c.id)?)))
+        .collect();
     let live: HashMap<String, Live> = snapshot
         .nodes
         .iter()
@@ -174,6 +186,20 @@ fn gauges(
             "status",
         ],
     );
+    let slurm_jobs = gauge_vec(
+        &registry,
+        "gpufleet_cluster_slurm_jobs",
+        "A Slurm cluster's jobs by state (running, pending), as its controller answered the control plane's last look (every 2 s); absent while it does not answer.",
+        &["tenant_id", "cluster_id", "state"],
+    );
+    for (cluster, counts) in &s.jobs {
+        slurm_jobs
+            .with_label_values(&[tenant, cluster, "running"])
+            .set(counts.running as f64);
+        slurm_jobs
+            .with_label_values(&[tenant, cluster, "pending"])
+            .set(counts.pending as f64);
+    }
     let cluster_nodes = gauge_vec(
         &registry,
         "gpufleet_cluster_nodes",
