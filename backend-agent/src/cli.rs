@@ -49,6 +49,13 @@ pub enum Command {
     Clusters(ListArgs),
     /// List the reservations the token may see, with their ids (`--tenant`: one tenant's).
     Reservations(ListArgs),
+    /// A tenant's bearer tokens (or, with the admin token and no --tenant, the admin's):
+    /// list, create a named read or write token, rotate with an overlap, revoke.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// The audit log: every change and every refused call, oldest first (the admin: all,
+    /// or one tenant's with --tenant; a tenant token: its own).
+    Audit(ListArgs),
     /// The automatic-quarantine breakers (admin): list them, or reset one.
     #[command(subcommand)]
     Breaker(BreakerCommand),
@@ -241,6 +248,54 @@ pub struct ListArgs {
     pub tenant: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+/// `gpufleet-agent token ...`. A new secret is printed alone on stdout (redirect it to a
+/// file); what it is goes to stderr.
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// The tokens, live and refused (with why), never their secrets.
+    List(ListArgs),
+    /// Issue a named token.
+    Create(TokenCreateArgs),
+    /// A new secret for a token ("default": the tenant's own; "admin" without --tenant:
+    /// the admin token, written to the data dir's admin.token); the old one keeps working
+    /// for the overlap.
+    Rotate(TokenRotateArgs),
+    /// Refuse a token at once (every secret of that name).
+    Revoke(TokenNameArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TokenNameArgs {
+    /// The token's name.
+    pub name: String,
+    /// The tenant (name or id); default: the token's own, or the admin's with the admin token.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct TokenCreateArgs {
+    #[command(flatten)]
+    pub token: TokenNameArgs,
+    /// read (plan and read, never change) or write.
+    #[arg(long)]
+    pub scope: String,
+    /// Refused after this long, e.g. 30m, 24h (default: never).
+    #[arg(long, value_parser = parse_duration)]
+    pub expires_in: Option<std::time::Duration>,
+}
+
+#[derive(Args, Debug)]
+pub struct TokenRotateArgs {
+    #[command(flatten)]
+    pub token: TokenNameArgs,
+    /// How long the old secret keeps working, e.g. 0s, 10m, 24h (at most 168h).
+    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    pub overlap: std::time::Duration,
 }
 
 /// `gpufleet-agent breaker ...`.

@@ -1,9 +1,10 @@
 //! The `gpufleet-agent` binary's library: its flags (`cli`, the only place clap's types
 //! live), the commands that compose the crates (`serve`, with the embedded node agents of
-//! `embedded`), and the small admin client (`client`). The control plane
+//! `embedded`), and the small admin client (`client`, `lists`, `access`: tokens and the audit log). The control plane
 //! (`gpufleet-control`) and the node agent (`gpufleet-node`) meet only here, over their
 //! protocol.
 
+pub mod access;
 pub mod cli;
 pub mod client;
 pub mod embedded;

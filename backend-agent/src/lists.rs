@@ -12,7 +12,7 @@ use crate::cli::{ClientArgs, ListArgs};
 use crate::client::{channel, connect, status, table};
 
 /// "-" for an empty cell.
-fn cell(s: String) -> String {
+pub(crate) fn cell(s: String) -> String {
     if s.is_empty() {
         "-".to_string()
     } else {
@@ -20,7 +20,7 @@ fn cell(s: String) -> String {
     }
 }
 
-fn rfc3339(t: Option<gpufleet_proto::timestamp::Timestamp>) -> String {
+pub(crate) fn rfc3339(t: Option<gpufleet_proto::timestamp::Timestamp>) -> String {
     t.and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.seconds).ok())
         .and_then(|t| {
             t.format(&time::format_description::well_known::Rfc3339)
@@ -31,7 +31,7 @@ fn rfc3339(t: Option<gpufleet_proto::timestamp::Timestamp>) -> String {
 
 /// Every page of a list call: `fetch` takes a page token and answers that page's items
 /// (table rows, or objects) and the next token ("" after the last page).
-async fn all_rows<T, F, Fut>(mut fetch: F) -> anyhow::Result<Vec<T>>
+pub(crate) async fn all_rows<T, F, Fut>(mut fetch: F) -> anyhow::Result<Vec<T>>
 where
     F: FnMut(String) -> Fut,
     Fut: std::future::Future<Output = Result<(Vec<T>, String), tonic::Status>>,

@@ -4,7 +4,7 @@
 //! a thin binary over the `gpufleet_agent` library, which composes the crates.
 
 use clap::Parser;
-use gpufleet_agent::{cli, client, lists, serve};
+use gpufleet_agent::{access, cli, client, lists, serve};
 
 /// A token given as a flag is in the process's command line, which every local user reads
 /// (`/proc/PID/cmdline`), a tenant's jobs on a node included; the environment and the
@@ -56,6 +56,11 @@ fn main() -> std::process::ExitCode {
             cli::Command::Tenants(args) => lists::print_tenants(args).await,
             cli::Command::Clusters(args) => lists::print_clusters(args).await,
             cli::Command::Reservations(args) => lists::print_reservations(args).await,
+            cli::Command::Token(cli::TokenCommand::List(args)) => access::list(args).await,
+            cli::Command::Token(cli::TokenCommand::Create(args)) => access::create(args).await,
+            cli::Command::Token(cli::TokenCommand::Rotate(args)) => access::rotate(args).await,
+            cli::Command::Token(cli::TokenCommand::Revoke(args)) => access::revoke(args).await,
+            cli::Command::Audit(args) => access::print_audit(args).await,
             cli::Command::Breaker(cli::BreakerCommand::List(args)) => {
                 client::print_breakers(args).await
             }

@@ -1,5 +1,6 @@
-//! Bearer-token authentication. The admin token is compared in constant time; tenant
-//! tokens are stored only as SHA-256 hashes and looked up by hash.
+//! Bearer-token authentication and scopes. Tokens of the store (every tenant's, the
+//! admin-scoped ones, a rotated admin token) are kept only as SHA-256 hashes and looked up
+//! by hash; the admin token `serve` started with is compared in constant time.
 
 use rand::RngCore;
 use rusqlite::Connection;
@@ -39,26 +40,164 @@ impl Caller {
 
 const UNAUTHENTICATED: &str = "missing or invalid bearer token: set GPUFLEET_TOKEN (CLI) or the provider's `token` attribute to the admin token or a tenant token";
 
-pub fn authenticate<T>(
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Get, List and plan-time dry runs of the owner's objects; never a change.
+    Read,
+    /// Also changes.
+    Write,
+}
+
+impl Scope {
+    pub fn parse(field: &str, value: &str) -> Result<Scope, String> {
+        match value {
+            "read" => Ok(Scope::Read),
+            "write" => Ok(Scope::Write),
+            other => Err(format!(
+                "{field}: '{}' is not a scope; use \"read\" (plan and read, never change) or \"write\"",
+                crate::limits::quote(other)
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Write => "write",
+        }
+    }
+}
+
+/// A token that was accepted: whom it acts for, its name and its scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub caller: Caller,
+    pub name: String,
+    pub scope: Scope,
+}
+
+/// The name of the admin token (the one `serve` was started with, or its rotation).
+pub const ADMIN_TOKEN_NAME: &str = "admin";
+/// The name of the token a tenant was created with.
+pub const TENANT_TOKEN_NAME: &str = "default";
+
+/// Who calls, from the request's bearer token, and whether its scope allows the call.
+/// Fills the request's audit note (see `crate::audit`) whatever the outcome.
+pub fn authenticate<T: crate::intent::Intent>(
     state: &AppState,
     conn: &Connection,
     request: &tonic::Request<T>,
 ) -> Result<Caller, Status> {
-    let token = request
+    let intent = request.get_ref();
+    let mut seen = crate::audit::Caller {
+        object: intent.object(),
+        changes: intent.changes(),
+        ..Default::default()
+    };
+    let grant = bearer(request).and_then(|token| resolve_bearer(state, conn, token));
+    if let Ok(grant) = &grant {
+        if let Caller::Tenant(id) = &grant.caller {
+            seen.tenant_id = id.clone();
+        }
+        seen.token_name = grant.name.clone();
+        seen.token_scope = grant.scope.as_str().to_string();
+    }
+    if let Some(note) = request.extensions().get::<crate::audit::Note>() {
+        note.fill(seen);
+    }
+    let grant = grant?;
+    if intent.changes() && grant.scope == Scope::Read {
+        let method = request
+            .extensions()
+            .get::<tonic::GrpcMethod>()
+            .map(|m| m.method().to_string())
+            .unwrap_or_else(|| "this call".into());
+        return Err(Status::permission_denied(format!(
+            "token '{}' has scope read: it can read and plan (validate_only), never change anything, and {method} changes something; use a token with scope write",
+            grant.name
+        )));
+    }
+    Ok(grant.caller)
+}
+
+fn bearer<T>(request: &tonic::Request<T>) -> Result<&str, Status> {
+    request
         .metadata()
         .get(gpufleet_proto::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| Status::unauthenticated(UNAUTHENTICATED))?;
+        .ok_or_else(|| Status::unauthenticated(UNAUTHENTICATED))
+}
+
+/// The grant of a bearer token's secret: a token of the store that is neither revoked,
+/// rotated past its overlap nor expired (each refused saying which), or the admin token
+/// `serve` was started with while it has not been rotated.
+pub fn resolve_bearer(state: &AppState, conn: &Connection, token: &str) -> Result<Grant, Status> {
     malformed(token).map_err(Status::unauthenticated)?;
+    let now = state.now();
+    if let Some(row) = store::tokens::by_hash(conn, &hash_token(token)).map_err(db_error)? {
+        refused(conn, &row, now)?;
+        let scope = Scope::parse("scope", &row.scope).map_err(Status::internal)?;
+        return Ok(Grant {
+            caller: match row.tenant_id {
+                Some(id) => Caller::Tenant(id),
+                None => Caller::Admin,
+            },
+            name: row.name,
+            scope,
+        });
+    }
     if constant_time_eq(token.as_bytes(), state.admin_token.as_bytes()) {
-        return Ok(Caller::Admin);
+        return Ok(Grant {
+            caller: Caller::Admin,
+            name: ADMIN_TOKEN_NAME.into(),
+            scope: Scope::Write,
+        });
     }
-    match store::tenants::by_token_hash(conn, &hash_token(token)).map_err(db_error)? {
-        Some(tenant) => Ok(Caller::Tenant(tenant.id)),
-        None => Err(Status::unauthenticated(UNAUTHENTICATED)),
+    Err(Status::unauthenticated(UNAUTHENTICATED))
+}
+
+/// UNAUTHENTICATED naming why a known token no longer works.
+fn refused(conn: &Connection, row: &store::tokens::TokenRow, now: i64) -> Result<(), Status> {
+    let whose = || match &row.tenant_id {
+        None => format!("token '{}'", row.name),
+        Some(id) => {
+            let tenant = store::tenants::get(conn, id)
+                .ok()
+                .flatten()
+                .map(|t| t.name)
+                .unwrap_or_else(|| id.clone());
+            format!("token '{}' of tenant '{tenant}'", row.name)
+        }
+    };
+    let at = crate::clock::rfc3339;
+    if let Some(revoked) = row.revoked_at {
+        return Err(Status::unauthenticated(format!(
+            "{} was revoked at {}; ask for a new one",
+            whose(),
+            at(revoked)
+        )));
     }
+    if let (Some(rotated), Some(retire)) = (row.rotated_at, row.retire_at) {
+        if now >= retire {
+            return Err(Status::unauthenticated(format!(
+                "{} was rotated at {} and its overlap ended at {}; use the new token",
+                whose(),
+                at(rotated),
+                at(retire)
+            )));
+        }
+    }
+    if let Some(expires) = row.expires_at.filter(|&e| now >= e) {
+        return Err(Status::unauthenticated(format!(
+            "{} expired at {}; ask for a new one",
+            whose(),
+            at(expires)
+        )));
+    }
+    Ok(())
 }
 
 /// A token no issued token can equal, said plainly: a copy-paste with a trailing newline
@@ -95,6 +234,27 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// Constant-time comparison of tokens (see [`constant_time_eq`]).
 pub fn same_token(given: &str, expected: &str) -> bool {
     constant_time_eq(given.as_bytes(), expected.as_bytes())
+}
+
+/// Replaces a token file (0600) at once: written beside it, synced, then renamed over it,
+/// so a crash leaves the old secret or the new one, never half of one.
+pub fn replace_secret_file(path: &std::path::Path, secret: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let next = path.with_extension("next");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&next)?;
+    writeln!(file, "{secret}")?;
+    file.sync_all()?;
+    std::fs::rename(&next, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// The hash of a token as the store keeps it.

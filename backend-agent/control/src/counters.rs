@@ -6,7 +6,8 @@
 //! the API's connections (`gpufleet_api_connections_open`,
 //! `gpufleet_api_connections_refused_total{reason}`, `gpufleet_api_connections_closed_total{reason}`,
 //! `gpufleet_api_accept_errors_total{kind}`) and what agents sent that was not taken
-//! (`gpufleet_agent_messages_dropped_total{reason}`, `gpufleet_agent_sessions_cut_total{reason}`).
+//! (`gpufleet_agent_messages_dropped_total{reason}`, `gpufleet_agent_sessions_cut_total{reason}`),
+//! and audit entries lost to a full queue (`gpufleet_audit_dropped_total`).
 //! `crate::metrics` serves them.
 
 use std::sync::LazyLock;
@@ -35,6 +36,7 @@ pub struct Counters {
     pub api_accept_errors: IntCounterVec,
     pub agent_messages_dropped: IntCounterVec,
     pub agent_sessions_cut: IntCounterVec,
+    pub audit_dropped: prometheus::IntCounter,
 }
 
 pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
@@ -144,8 +146,14 @@ pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
         &["reason"],
     )
     .expect("a valid counter");
+    let audit_dropped = prometheus::IntCounter::new(
+        "gpufleet_audit_dropped_total",
+        "Audit entries dropped because the audit log's queue was full (a flood of refused calls).",
+    )
+    .expect("a valid counter");
     for c in [
         Box::new(api_requests.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(audit_dropped.clone()),
         Box::new(api_connections_open.clone()),
         Box::new(api_connections_refused.clone()),
         Box::new(api_connections_closed.clone()),
@@ -187,6 +195,7 @@ pub static COUNTERS: LazyLock<Counters> = LazyLock::new(|| {
         agent_sessions_cut.with_label_values(&[reason]);
     }
     Counters {
+        audit_dropped,
         api_connections_open,
         api_connections_refused,
         api_connections_closed,

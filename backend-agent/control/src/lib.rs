@@ -10,6 +10,7 @@
 
 pub mod access;
 pub mod agents;
+pub mod audit;
 pub mod auth;
 pub mod catalog;
 pub mod clock;
@@ -23,6 +24,7 @@ pub mod fingerprint;
 pub mod fleet;
 pub mod group_commit;
 pub mod host;
+pub mod intent;
 pub mod kubeconfig;
 pub mod limits;
 pub mod message_cut;

@@ -289,6 +289,51 @@ fn page(page_size: i32, page_token: &str) -> Result {
     Page::parse(page_size, page_token).map(|_| ())
 }
 
+impl Bounded for v1::CreateTokenRequest {
+    fn check_bounds(&self) -> Result {
+        request_id(&self.request_id)?;
+        tenant(&self.tenant_id)?;
+        text("name", &self.name, MAX_NAME_CHARS)?;
+        keyword("scope", &self.scope)
+    }
+}
+
+impl Bounded for v1::GetTokenRequest {
+    fn check_bounds(&self) -> Result {
+        tenant(&self.tenant_id)?;
+        text("name", &self.name, MAX_NAME_CHARS)
+    }
+}
+
+impl Bounded for v1::ListTokensRequest {
+    fn check_bounds(&self) -> Result {
+        tenant(&self.tenant_id)?;
+        page(self.page_size, &self.page_token)
+    }
+}
+
+impl Bounded for v1::RotateTokenRequest {
+    fn check_bounds(&self) -> Result {
+        request_id(&self.request_id)?;
+        tenant(&self.tenant_id)?;
+        text("name", &self.name, MAX_NAME_CHARS)
+    }
+}
+
+impl Bounded for v1::RevokeTokenRequest {
+    fn check_bounds(&self) -> Result {
+        tenant(&self.tenant_id)?;
+        text("name", &self.name, MAX_NAME_CHARS)
+    }
+}
+
+impl Bounded for v1::ListAuditEntriesRequest {
+    fn check_bounds(&self) -> Result {
+        tenant(&self.tenant_id)?;
+        page(self.page_size, &self.page_token)
+    }
+}
+
 impl Bounded for v1::CreateTenantRequest {
     fn check_bounds(&self) -> Result {
         request_id(&self.request_id)?;

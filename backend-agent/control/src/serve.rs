@@ -296,9 +296,12 @@ impl ControlPlane {
         crate::scheduling::clusters::recover_interrupted(&mut conn)?;
         // Every agent registers anew with this process.
         store::nodes::await_agents(&conn, config.clock.now())?;
-        let admin_token = match config.admin_token.filter(|t| !t.is_empty()) {
-            Some(t) => t,
-            None => token_file(&data_dir, "admin.token", "gfa_")?,
+        let (admin_token, admin_token_file) = match config.admin_token.filter(|t| !t.is_empty()) {
+            Some(t) => (t, None),
+            None => (
+                token_file(&data_dir, "admin.token", "gfa_")?,
+                Some(data_dir.join("admin.token")),
+            ),
         };
         let join_token = match config
             .join_token
@@ -337,6 +340,7 @@ impl ControlPlane {
                 registry,
                 drivers,
             )
+            .with_admin_token_file(admin_token_file)
             .with_health(config.health)
             .with_max_open_reservations(config.max_open_reservations)
             .with_clock(config.clock)
@@ -503,6 +507,10 @@ impl ControlPlane {
         // retries for many minutes): PINGs unanswered within the node timeout close it,
         // so its session's task ends instead of waiting on a dead socket.
         let keepalive = (self.state.agents.node_timeout / 2).max(Duration::from_millis(500));
+        // The audit log's writer ends when the server (holding the layer) is gone, after
+        // writing what was queued.
+        let (audit, audit_writer) = crate::audit::AuditLayer::new(self.state.clone());
+        let audit_writer = tokio::spawn(audit_writer);
         let server = self
             .tls_server
             .unwrap_or_else(tonic::transport::Server::builder)
@@ -512,6 +520,15 @@ impl ControlPlane {
             .layer(crate::services::short_errors::ShortErrorsLayer)
             .layer(crate::services::request_framing::RequestFramingLayer)
             .layer(crate::connections::activity::ActivityLayer::new(table))
+            .layer(audit)
+            .add_service(
+                gpufleet_proto::v1::access_service_server::AccessServiceServer::new(
+                    crate::services::tokens::Access {
+                        state: self.state.clone(),
+                    },
+                )
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
             .add_service(
                 TenantServiceServer::new(Tenants {
                     state: self.state.clone(),
@@ -577,6 +594,12 @@ impl ControlPlane {
                 };
                 anyhow::bail!("the API listener on {addr} stopped while serving ({why}); exiting so that a supervisor restarts serve");
             }
+        }
+        if tokio::time::timeout(SHUTDOWN_GRACE, audit_writer)
+            .await
+            .is_err()
+        {
+            tracing::warn!("audit entries still queued after the grace period are lost");
         }
         // Background tasks end on the same flag; one that does not within the grace
         // period is left to the runtime's shutdown.

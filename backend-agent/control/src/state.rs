@@ -92,6 +92,9 @@ pub struct AppState {
     readers: Arc<crate::store::readers::Readers>,
     pub data_dir: PathBuf,
     pub admin_token: String,
+    /// The file the admin token was read from (the data dir's `admin.token`); None when it
+    /// came from outside (GPUFLEET_ADMIN_TOKEN): then only a restart changes it.
+    pub admin_token_file: Option<PathBuf>,
     /// What node agents present to join.
     pub join_token: String,
     /// Connected node agents and the work orders waiting for their answers.
@@ -148,6 +151,7 @@ impl AppState {
             readers,
             data_dir,
             admin_token,
+            admin_token_file: None,
             join_token,
             agents,
             drivers,
@@ -193,6 +197,12 @@ impl AppState {
     /// Seconds since the Unix epoch, by this control plane's clock.
     pub fn now(&self) -> i64 {
         self.clock.now()
+    }
+
+    /// Where the admin token was read from (see [`AppState::admin_token_file`]).
+    pub fn with_admin_token_file(mut self, path: Option<PathBuf>) -> Self {
+        self.admin_token_file = path;
+        self
     }
 
     /// The health-check schedule (serve's `--health-*` flags).

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 
 use gpufleet_proto::v1::{
-    fleet_service_client::FleetServiceClient, gpu_quota_service_client::GpuQuotaServiceClient,
-    health_service_client::HealthServiceClient,
+    access_service_client::AccessServiceClient, fleet_service_client::FleetServiceClient,
+    gpu_quota_service_client::GpuQuotaServiceClient, health_service_client::HealthServiceClient,
     reservation_service_client::ReservationServiceClient,
     tenant_cluster_service_client::TenantClusterServiceClient,
     tenant_service_client::TenantServiceClient, *,
@@ -156,7 +156,8 @@ pub async fn clients_at(endpoint: &str, token: &str) -> Clients {
             reservations: ReservationServiceClient::with_interceptor(channel.clone(), b.clone()),
             fleet: FleetServiceClient::with_interceptor(channel.clone(), b.clone()),
             clusters: TenantClusterServiceClient::with_interceptor(channel.clone(), b.clone()),
-            health: HealthServiceClient::with_interceptor(channel, b),
+            health: HealthServiceClient::with_interceptor(channel.clone(), b.clone()),
+            access: AccessServiceClient::with_interceptor(channel, b),
         }
     }
 }
@@ -182,6 +183,7 @@ pub struct Clients {
     pub fleet: FleetServiceClient<InterceptedService<Channel, Bearer>>,
     pub clusters: TenantClusterServiceClient<InterceptedService<Channel, Bearer>>,
     pub health: HealthServiceClient<InterceptedService<Channel, Bearer>>,
+    pub access: AccessServiceClient<InterceptedService<Channel, Bearer>>,
 }
 
 /// The metrics endpoint's address, from the agent's log.

@@ -1106,13 +1106,20 @@ fn grpc_timeout(text: &str) -> Option<std::time::Duration> {
 /// for that change rather than being refused.
 impl Clusters {
     /// The caller and the cluster `id`, read on a blocking thread.
-    async fn look_up<T: Clone + Send + 'static>(
+    async fn look_up<T: Clone + Send + 'static + crate::intent::Intent>(
         &self,
         request: &Request<T>,
         id: String,
     ) -> Result<(Caller, ClusterRow), Status> {
         let mut probe = Request::new(request.get_ref().clone());
         *probe.metadata_mut() = request.metadata().clone();
+        // A call that joins a change under way is recorded like one that made it.
+        if let Some(note) = request.extensions().get::<crate::audit::Note>() {
+            probe.extensions_mut().insert(note.clone());
+        }
+        if let Some(method) = request.extensions().get::<tonic::GrpcMethod>() {
+            probe.extensions_mut().insert(method.clone());
+        }
         let this = self.clone();
         self.state
             .read(move |conn| -> Result<_, Status> {

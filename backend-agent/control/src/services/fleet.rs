@@ -297,8 +297,8 @@ impl Fleet {
         let (events, next_page_token) = super::paging::page(
             events,
             &page,
-            |e| super::paging::int_key(e.seq),
-            |e| Ok(event_message(e)),
+            |e| super::paging::int_key(seen_seq(&caller, e)),
+            |e| Ok(event_message(&caller, e)),
         )?;
         Ok(v1::ListEventsResponse {
             events,
@@ -307,9 +307,18 @@ impl Fleet {
     }
 }
 
-fn event_message(e: store::events::EventRow) -> v1::Event {
+/// The sequence number the caller sees: a tenant its own (issue 30: the fleet-wide one's
+/// gaps would show how busy other tenants are).
+fn seen_seq(caller: &crate::auth::Caller, e: &store::events::EventRow) -> i64 {
+    match caller {
+        crate::auth::Caller::Admin => e.seq,
+        crate::auth::Caller::Tenant(_) => e.tenant_seq.unwrap_or(0),
+    }
+}
+
+fn event_message(caller: &crate::auth::Caller, e: store::events::EventRow) -> v1::Event {
     v1::Event {
-        seq: e.seq,
+        seq: seen_seq(caller, &e),
         time: super::to_timestamp(e.at),
         object_id: e.object_id,
         kind: e.kind,
@@ -342,8 +351,8 @@ fn event_stream(
     let (events, next_page_token) = super::paging::page(
         rows,
         page,
-        |e| super::paging::int_key(e.seq),
-        |e| Ok(event_message(e)),
+        |e| super::paging::int_key(seen_seq(caller, e)),
+        |e| Ok(event_message(caller, e)),
     )?;
     Ok(v1::ListEventsResponse {
         events,

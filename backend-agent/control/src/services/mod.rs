@@ -16,6 +16,7 @@ pub mod request_framing;
 pub mod reservations;
 pub mod short_errors;
 pub mod tenants;
+pub mod tokens;
 
 use std::collections::HashMap;
 
@@ -30,7 +31,7 @@ use crate::store::{self, tenants::TenantRow};
 
 /// The one entry step of every call: who calls (from its token), then the message's
 /// bounds, then the message itself.
-pub fn enter<T: crate::limits::Bounded>(
+pub fn enter<T: crate::limits::Bounded + crate::intent::Intent>(
     state: &AppState,
     conn: &Connection,
     request: Request<T>,

@@ -96,8 +96,7 @@ impl Tenants {
                 let t = store::tenants::get(&tx, &id)
                     .map_err(db_error)?
                     .ok_or_else(|| not_found("tenant", &id))?;
-                store::tenants::set_token_hash(&tx, &id, &auth::hash_token(&token))
-                    .map_err(db_error)?;
+                super::tokens::reissue_default(&tx, &id, &token, self.state.now())?;
                 t
             }
             Prior::Conflict => return Err(request_id_conflict(&req.request_id, "tenant")),
@@ -115,7 +114,8 @@ impl Tenants {
                     labels,
                     created_at: self.state.now(),
                 };
-                store::tenants::insert(&tx, &t, &auth::hash_token(&token)).map_err(db_error)?;
+                store::tenants::insert(&tx, &t).map_err(db_error)?;
+                super::tokens::issue_default(&tx, &t.id, &token, t.created_at)?;
                 store::idempotency::record(&tx, "tenant", "", &req.request_id, &print, &t.id)
                     .map_err(db_error)?;
                 tracing::info!(tenant = %t.name, id = %t.id, "created tenant");

@@ -5,7 +5,10 @@ use rusqlite::Connection;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventRow {
+    /// The fleet-wide sequence (the admin's cursor).
     pub seq: i64,
+    /// The tenant's own sequence (its cursor); None for the fleet's own events.
+    pub tenant_seq: Option<i64>,
     pub at: i64,
     pub object_id: String,
     pub tenant_id: String,
@@ -28,7 +31,9 @@ pub fn record(
 ) -> rusqlite::Result<()> {
     super::exec(
         conn,
-        "INSERT INTO events (at, object_id, tenant_id, kind, node, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO events (at, object_id, tenant_id, kind, node, message, tenant_seq)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, CASE WHEN ?3 = '' THEN NULL ELSE
+                   (SELECT IFNULL(MAX(tenant_seq), 0) + 1 FROM events WHERE tenant_id = ?3) END)",
         rusqlite::params![at, object_id, tenant_id, kind, node, message],
     )?;
     super::exec(
@@ -48,29 +53,38 @@ fn from_row(r: &rusqlite::Row) -> rusqlite::Result<EventRow> {
         kind: r.get(4)?,
         node: r.get(5)?,
         message: r.get(6)?,
+        tenant_seq: r.get(7)?,
     })
 }
 
 pub fn list(conn: &Connection, object_id: &str) -> rusqlite::Result<Vec<EventRow>> {
     let mut stmt = conn.prepare(
-        "SELECT seq, at, object_id, tenant_id, kind, node, message FROM events WHERE object_id = ?1 ORDER BY seq",
+        "SELECT seq, at, object_id, tenant_id, kind, node, message, tenant_seq FROM events WHERE object_id = ?1 ORDER BY seq",
     )?;
     let rows = stmt.query_map([object_id], from_row)?;
     rows.collect()
 }
 
-/// The stream of events after `after_seq`, oldest first, at most `limit`: every object's,
-/// or only `tenant`'s.
+/// The stream of events after `after`, oldest first, at most `limit`: every object's
+/// (`after` a fleet-wide seq), or only `tenant`'s (`after` that tenant's own seq).
 pub fn stream(
     conn: &Connection,
     tenant: Option<&str>,
-    after_seq: i64,
+    after: i64,
     limit: i64,
 ) -> rusqlite::Result<Vec<EventRow>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT seq, at, object_id, tenant_id, kind, node, message FROM events
-         WHERE seq > ?1 AND (?2 IS NULL OR tenant_id = ?2) ORDER BY seq LIMIT ?3",
-    )?;
+    let sql = match tenant {
+        None => {
+            "SELECT seq, at, object_id, tenant_id, kind, node, message, tenant_seq FROM events
+                 WHERE seq > ?1 AND ?2 IS NULL ORDER BY seq LIMIT ?3"
+        }
+        Some(_) => {
+            "SELECT seq, at, object_id, tenant_id, kind, node, message, tenant_seq FROM events
+                    WHERE tenant_id = ?2 AND tenant_seq > ?1 ORDER BY tenant_seq LIMIT ?3"
+        }
+    };
+    let after_seq = after;
+    let mut stmt = conn.prepare_cached(sql)?;
     let rows = stmt.query_map(rusqlite::params![after_seq, tenant, limit], from_row)?;
     rows.collect()
 }
@@ -90,5 +104,19 @@ mod tests {
             .map(|e| e.kind)
             .collect();
         assert_eq!(kinds, vec!["node_draining", "node_returned"]);
+        // Another tenant's events leave no gap in this one's own sequence.
+        super::record(&conn, 4, "c9", "t2", "node_draining", "n9", "d").unwrap();
+        super::record(&conn, 5, "c1", "t1", "node_draining", "n1", "e").unwrap();
+        let own: Vec<_> = super::stream(&conn, Some("t1"), 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.tenant_seq.unwrap())
+            .collect();
+        assert_eq!(own, vec![1, 2, 3, 4]);
+        assert_eq!(
+            super::stream(&conn, Some("t2"), 0, 10).unwrap()[0].tenant_seq,
+            Some(1)
+        );
+        assert_eq!(super::stream(&conn, None, 3, 10).unwrap().len(), 2);
     }
 }

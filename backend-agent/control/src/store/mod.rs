@@ -9,6 +9,7 @@
 //! (a truncated or deleted WAL, an older backup put back), is refused before anything is
 //! served. How durable a commit is depends on [`Durability`] (docs/operations.md).
 
+pub mod audit;
 pub mod breaker;
 pub mod checkpoints;
 pub mod clusters;
@@ -24,6 +25,7 @@ pub mod readers;
 pub mod reservations;
 pub mod slurm_access;
 pub mod tenants;
+pub mod tokens;
 
 use std::path::Path;
 use std::time::Duration;
@@ -413,6 +415,54 @@ const MIGRATIONS: &[&str] = &[
     UPDATE nodes SET in_service_since = state_since;
     CREATE INDEX nodes_candidates ON nodes (state_since) WHERE in_service_since IS NULL;
     "#,
+    // 16: tokens a platform can live with (issue 30). Each tenant may hold several named
+    // tokens, each `read` or `write`, rotated with an overlap, revoked, expiring; the
+    // tenant's own token moves here as "default". Only SHA-256 hashes of the secrets are
+    // kept, as before (192 random bits each: a slow hash would add nothing). The old
+    // `tenants.token_hash` (UNIQUE, so SQLite cannot drop it) is no longer read; new rows
+    // put 'moved:<id>' there. Refused tokens stay 30 days so a refusal can say why.
+    // The audit log and per-tenant event sequences: a tenant's cursors tell it nothing
+    // of other tenants.
+    r#"
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        tenant_id TEXT REFERENCES tenants(id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        scope TEXT NOT NULL CHECK (scope IN ('read', 'write')),
+        hash TEXT NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER,
+        rotated_at INTEGER,
+        retire_at INTEGER,
+        revoked_at INTEGER
+    );
+    CREATE UNIQUE INDEX tokens_live_name ON tokens (IFNULL(tenant_id, ''), name)
+        WHERE rotated_at IS NULL AND revoked_at IS NULL;
+    INSERT INTO tokens (id, tenant_id, name, scope, hash, created_at)
+        SELECT lower(hex(randomblob(16))), id, 'default', 'write', token_hash, created_at
+        FROM tenants;
+    UPDATE tenants SET token_hash = 'moved:' || id;
+    CREATE TABLE audit_log (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant_seq INTEGER,
+        at INTEGER NOT NULL,
+        tenant_id TEXT NOT NULL,
+        token_name TEXT NOT NULL,
+        token_scope TEXT NOT NULL,
+        method TEXT NOT NULL,
+        object TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX audit_log_tenant ON audit_log (tenant_id, tenant_seq);
+    CREATE INDEX audit_log_at ON audit_log (at);
+    ALTER TABLE events ADD COLUMN tenant_seq INTEGER;
+    UPDATE events SET tenant_seq = r.n FROM (
+        SELECT seq AS s, ROW_NUMBER() OVER (PARTITION BY tenant_id ORDER BY seq) AS n
+        FROM events WHERE tenant_id != ''
+    ) AS r WHERE events.seq = r.s;
+    CREATE INDEX events_tenant_seq ON events (tenant_id, tenant_seq);
+    "#,
 ];
 
 /// Prepared statements kept per connection.
@@ -785,5 +835,56 @@ mod tests {
         let held = super::holdings::overlapping(&conn, "H100-80GB", 150, Some(160)).unwrap();
         assert_eq!(held.len(), 1);
         assert_eq!(held[0].id, "r1");
+    }
+
+    #[test]
+    fn a_tenants_token_and_events_survive_the_move_to_named_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            // A database at schema version 15, as the release before issue 30 left it.
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+            )
+            .unwrap();
+            for (i, sql) in super::MIGRATIONS[..15].iter().enumerate() {
+                conn.execute_batch(sql).unwrap();
+                conn.execute(
+                    "INSERT INTO schema_version (version, applied_at) VALUES (?1, 0)",
+                    [i as i64 + 1],
+                )
+                .unwrap();
+            }
+            add_tenant(&conn, "t1");
+            add_tenant(&conn, "t2");
+            for (tenant, object) in [("t1", "c1"), ("t2", "c2"), ("", "n1"), ("t1", "c1")] {
+                conn.execute(
+                    "INSERT INTO events (at, object_id, tenant_id, kind, node, message) VALUES (1, ?1, ?2, 'k', '', '')",
+                    [object, tenant],
+                )
+                .unwrap();
+            }
+        }
+        let conn = super::open(&path).unwrap();
+        let token = super::tokens::by_hash(&conn, "t1").unwrap().unwrap();
+        assert_eq!(
+            (
+                token.tenant_id.as_deref(),
+                token.name.as_str(),
+                token.scope.as_str()
+            ),
+            (Some("t1"), "default", "write")
+        );
+        let own: Vec<Option<i64>> = super::events::stream(&conn, Some("t1"), 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.tenant_seq)
+            .collect();
+        assert_eq!(own, vec![Some(1), Some(2)]);
+        // New events continue each tenant's sequence.
+        super::events::record(&conn, 2, "c2", "t2", "k", "", "").unwrap();
+        let t2 = super::events::stream(&conn, Some("t2"), 1, 10).unwrap();
+        assert_eq!(t2[0].tenant_seq, Some(2));
     }
 }

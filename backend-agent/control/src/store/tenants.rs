@@ -27,14 +27,15 @@ fn from_row(r: &Row) -> rusqlite::Result<TenantRow> {
     })
 }
 
-pub fn insert(conn: &Connection, t: &TenantRow, token_hash: &str) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare_cached("INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?;
+/// A new tenant; its tokens are in `store::tokens` (the old `token_hash` column gets
+/// 'moved:<id>': see migration 16).
+pub fn insert(conn: &Connection, t: &TenantRow) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached("INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at) VALUES (?1, ?2, ?3, ?4, 'moved:' || ?1, ?5)")?;
     stmt.execute((
         &t.id,
         &t.name,
         &t.display_name,
         to_json(&t.labels),
-        token_hash,
         t.created_at,
     ))?;
     Ok(())
@@ -52,14 +53,6 @@ pub fn by_name(conn: &Connection, name: &str) -> rusqlite::Result<Option<TenantR
         .optional()
 }
 
-pub fn by_token_hash(conn: &Connection, hash: &str) -> rusqlite::Result<Option<TenantRow>> {
-    conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM tenants WHERE token_hash = ?1"
-    ))?
-    .query_row([hash], from_row)
-    .optional()
-}
-
 pub fn list(conn: &Connection) -> rusqlite::Result<Vec<TenantRow>> {
     let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM tenants ORDER BY name"))?;
     let rows = stmt.query_map([], from_row)?;
@@ -74,12 +67,6 @@ pub fn update(
 ) -> rusqlite::Result<()> {
     conn.prepare_cached("UPDATE tenants SET display_name = ?2, labels = ?3 WHERE id = ?1")?
         .execute((id, display_name, to_json(labels)))?;
-    Ok(())
-}
-
-pub fn set_token_hash(conn: &Connection, id: &str, token_hash: &str) -> rusqlite::Result<()> {
-    conn.prepare_cached("UPDATE tenants SET token_hash = ?2 WHERE id = ?1")?
-        .execute((id, token_hash))?;
     Ok(())
 }
 

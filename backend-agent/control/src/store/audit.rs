@@ -1,0 +1,146 @@
+//! The audit log: who changed what, and every refused call (migration 16). A tenant's
+//! entries carry a sequence of their own, so its cursors tell it nothing of others.
+
+use rusqlite::Connection;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditRow {
+    /// The fleet-wide sequence (the admin's cursor).
+    pub seq: i64,
+    /// The tenant's own sequence; None for entries of no tenant.
+    pub tenant_seq: Option<i64>,
+    pub at: i64,
+    pub tenant_id: String,
+    pub token_name: String,
+    pub token_scope: String,
+    pub method: String,
+    pub object: String,
+    pub outcome: String,
+    pub message: String,
+}
+
+/// Entries are kept this long ...
+pub const KEEP_SECONDS: i64 = 90 * 24 * 3600;
+/// ... and at most this many (the oldest go first): refused calls from a flood cannot
+/// fill the disk.
+pub const KEEP_ROWS: i64 = 200_000;
+
+pub fn record(conn: &Connection, e: &AuditRow) -> rusqlite::Result<()> {
+    super::exec(
+        conn,
+        "INSERT INTO audit_log (tenant_seq, at, tenant_id, token_name, token_scope, method, object, outcome, message)
+         VALUES (CASE WHEN ?2 = '' THEN NULL ELSE
+                   (SELECT IFNULL(MAX(tenant_seq), 0) + 1 FROM audit_log WHERE tenant_id = ?2) END,
+                 ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        rusqlite::params![
+            e.at,
+            e.tenant_id,
+            e.token_name,
+            e.token_scope,
+            e.method,
+            e.object,
+            e.outcome,
+            e.message
+        ],
+    )?;
+    Ok(())
+}
+
+/// Drops entries past [`KEEP_SECONDS`] or beyond the newest [`KEEP_ROWS`], but never a
+/// tenant's newest: its sequence continues from there.
+pub fn prune(conn: &Connection, now: i64) -> rusqlite::Result<usize> {
+    let old = super::exec(
+        conn,
+        "DELETE FROM audit_log WHERE at < ?1 AND seq NOT IN (SELECT MAX(seq) FROM audit_log GROUP BY tenant_id)",
+        [now - KEEP_SECONDS],
+    )?;
+    let over = super::exec(
+        conn,
+        "DELETE FROM audit_log WHERE seq <= (SELECT MAX(seq) FROM audit_log) - ?1
+         AND seq NOT IN (SELECT MAX(seq) FROM audit_log GROUP BY tenant_id)",
+        [KEEP_ROWS],
+    )?;
+    Ok(old + over)
+}
+
+fn from_row(r: &rusqlite::Row) -> rusqlite::Result<AuditRow> {
+    Ok(AuditRow {
+        seq: r.get(0)?,
+        tenant_seq: r.get(1)?,
+        at: r.get(2)?,
+        tenant_id: r.get(3)?,
+        token_name: r.get(4)?,
+        token_scope: r.get(5)?,
+        method: r.get(6)?,
+        object: r.get(7)?,
+        outcome: r.get(8)?,
+        message: r.get(9)?,
+    })
+}
+
+const COLUMNS: &str =
+    "seq, tenant_seq, at, tenant_id, token_name, token_scope, method, object, outcome, message";
+
+/// Entries after `after`, oldest first, at most `limit`: every one (`tenant` None,
+/// `after` a fleet-wide seq) or one tenant's (`after` that tenant's own seq).
+pub fn list(
+    conn: &Connection,
+    tenant: Option<&str>,
+    after: i64,
+    limit: i64,
+) -> rusqlite::Result<Vec<AuditRow>> {
+    let sql = match tenant {
+        None => format!("SELECT {COLUMNS} FROM audit_log WHERE seq > ?1 AND ?2 IS NULL ORDER BY seq LIMIT ?3"),
+        Some(_) => format!(
+            "SELECT {COLUMNS} FROM audit_log WHERE tenant_id = ?2 AND tenant_seq > ?1 ORDER BY tenant_seq LIMIT ?3"
+        ),
+    };
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(rusqlite::params![after, tenant, limit], from_row)?;
+    rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(tenant: &str, at: i64) -> AuditRow {
+        AuditRow {
+            seq: 0,
+            tenant_seq: None,
+            at,
+            tenant_id: tenant.into(),
+            token_name: "default".into(),
+            token_scope: "write".into(),
+            method: "gpufleet.v1.TenantService/UpdateTenant".into(),
+            object: "x".into(),
+            outcome: "OK".into(),
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn each_tenant_counts_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        for (t, at) in [("a", 1), ("b", 2), ("b", 3), ("", 4), ("a", 5)] {
+            record(&conn, &entry(t, at)).unwrap();
+        }
+        let a: Vec<_> = list(&conn, Some("a"), 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.tenant_seq, e.at))
+            .collect();
+        assert_eq!(a, vec![(Some(1), 1), (Some(2), 5)]);
+        assert_eq!(list(&conn, Some("b"), 1, 10).unwrap()[0].at, 3);
+        assert_eq!(list(&conn, None, 0, 10).unwrap().len(), 5);
+        assert_eq!(list(&conn, None, 3, 10).unwrap()[0].tenant_id, "");
+        // "b"'s first goes; "a"'s first is its newest but one, and "b"'s second its newest.
+        assert_eq!(prune(&conn, 3 + KEEP_SECONDS).unwrap(), 2);
+        record(&conn, &entry("b", 6)).unwrap();
+        assert_eq!(
+            list(&conn, Some("b"), 2, 10).unwrap()[0].tenant_seq,
+            Some(3)
+        );
+    }
+}

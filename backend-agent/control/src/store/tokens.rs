@@ -1,0 +1,166 @@
+//! Bearer tokens: named, scoped, rotated with an overlap, revoked, expiring. Only the
+//! SHA-256 hash of a secret is stored (migration 16).
+
+use rusqlite::{Connection, OptionalExtension, Row};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRow {
+    pub id: String,
+    /// None: an admin-scoped token.
+    pub tenant_id: Option<String>,
+    pub name: String,
+    pub scope: String,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+    pub rotated_at: Option<i64>,
+    pub retire_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+}
+
+/// How long a refused token's row is kept, so a refusal can still say why.
+pub const KEEP_REFUSED_SECONDS: i64 = 30 * 24 * 3600;
+
+const COLUMNS: &str =
+    "id, tenant_id, name, scope, created_at, expires_at, rotated_at, retire_at, revoked_at";
+
+fn from_row(r: &Row) -> rusqlite::Result<TokenRow> {
+    Ok(TokenRow {
+        id: r.get(0)?,
+        tenant_id: r.get(1)?,
+        name: r.get(2)?,
+        scope: r.get(3)?,
+        created_at: r.get(4)?,
+        expires_at: r.get(5)?,
+        rotated_at: r.get(6)?,
+        retire_at: r.get(7)?,
+        revoked_at: r.get(8)?,
+    })
+}
+
+pub fn insert(conn: &Connection, t: &TokenRow, hash: &str) -> rusqlite::Result<()> {
+    super::exec(
+        conn,
+        "INSERT INTO tokens (id, tenant_id, name, scope, hash, created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        rusqlite::params![t.id, t.tenant_id, t.name, t.scope, hash, t.created_at, t.expires_at],
+    )?;
+    Ok(())
+}
+
+pub fn by_hash(conn: &Connection, hash: &str) -> rusqlite::Result<Option<TokenRow>> {
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM tokens WHERE hash = ?1"))?
+        .query_row([hash], from_row)
+        .optional()
+}
+
+pub fn by_id(conn: &Connection, id: &str) -> rusqlite::Result<Option<TokenRow>> {
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM tokens WHERE id = ?1"))?
+        .query_row([id], from_row)
+        .optional()
+}
+
+/// The live (neither rotated nor revoked) token of that name; expired ones included.
+pub fn live(
+    conn: &Connection,
+    tenant_id: Option<&str>,
+    name: &str,
+) -> rusqlite::Result<Option<TokenRow>> {
+    conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM tokens WHERE IFNULL(tenant_id, '') = IFNULL(?1, '') AND name = ?2
+         AND rotated_at IS NULL AND revoked_at IS NULL"
+    ))?
+    .query_row(rusqlite::params![tenant_id, name], from_row)
+    .optional()
+}
+
+/// Every row of one owner (a tenant, or None: the admin-scoped), by name, newest first.
+pub fn list(conn: &Connection, tenant_id: Option<&str>) -> rusqlite::Result<Vec<TokenRow>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM tokens WHERE IFNULL(tenant_id, '') = IFNULL(?1, '')
+         ORDER BY name, created_at DESC, id"
+    ))?;
+    let rows = stmt.query_map(rusqlite::params![tenant_id], from_row)?;
+    rows.collect()
+}
+
+/// Marks the live token of that name rotated at `now`, accepted until `retire_at`.
+pub fn mark_rotated(conn: &Connection, id: &str, now: i64, retire_at: i64) -> rusqlite::Result<()> {
+    super::exec(
+        conn,
+        "UPDATE tokens SET rotated_at = ?2, retire_at = ?3 WHERE id = ?1",
+        rusqlite::params![id, now, retire_at],
+    )?;
+    Ok(())
+}
+
+/// A new secret for an existing row (a retried create or rotation whose answer was lost).
+pub fn set_hash(conn: &Connection, id: &str, hash: &str) -> rusqlite::Result<()> {
+    super::exec(
+        conn,
+        "UPDATE tokens SET hash = ?2 WHERE id = ?1",
+        rusqlite::params![id, hash],
+    )?;
+    Ok(())
+}
+
+/// Revokes every secret of that name not yet revoked (the live one and any still in its
+/// overlap). Returns how many.
+pub fn revoke(
+    conn: &Connection,
+    tenant_id: Option<&str>,
+    name: &str,
+    now: i64,
+) -> rusqlite::Result<usize> {
+    super::exec(
+        conn,
+        "UPDATE tokens SET revoked_at = ?3 WHERE IFNULL(tenant_id, '') = IFNULL(?1, '')
+         AND name = ?2 AND revoked_at IS NULL",
+        rusqlite::params![tenant_id, name, now],
+    )
+}
+
+/// Forgets refused tokens (revoked, rotated past their overlap, expired) older than
+/// [`KEEP_REFUSED_SECONDS`].
+pub fn forget_old(conn: &Connection, now: i64) -> rusqlite::Result<usize> {
+    let before = now - KEEP_REFUSED_SECONDS;
+    super::exec(
+        conn,
+        "DELETE FROM tokens WHERE IFNULL(revoked_at, IFNULL(retire_at, IFNULL(expires_at, ?1 + 1))) < ?1",
+        [before],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(tenant: Option<&str>, name: &str, at: i64) -> TokenRow {
+        TokenRow {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant_id: tenant.map(str::to_string),
+            name: name.into(),
+            scope: "read".into(),
+            created_at: at,
+            expires_at: None,
+            rotated_at: None,
+            retire_at: None,
+            revoked_at: None,
+        }
+    }
+
+    #[test]
+    fn one_live_token_per_name_and_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        let first = row(None, "dash", 1);
+        insert(&conn, &first, "h1").unwrap();
+        assert!(insert(&conn, &row(None, "dash", 2), "h2").is_err());
+        mark_rotated(&conn, &first.id, 5, 10).unwrap();
+        insert(&conn, &row(None, "dash", 5), "h2").unwrap();
+        assert_eq!(live(&conn, None, "dash").unwrap().unwrap().created_at, 5);
+        assert_eq!(revoke(&conn, None, "dash", 6).unwrap(), 2);
+        assert!(live(&conn, None, "dash").unwrap().is_none());
+        assert_eq!(by_hash(&conn, "h1").unwrap().unwrap().revoked_at, Some(6));
+        assert_eq!(forget_old(&conn, 6 + KEEP_REFUSED_SECONDS).unwrap(), 0);
+        assert_eq!(forget_old(&conn, 7 + KEEP_REFUSED_SECONDS).unwrap(), 2);
+    }
+}

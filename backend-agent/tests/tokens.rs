@@ -1,0 +1,554 @@
+//! Tokens a platform can live with (issue 30), against the real `serve`: a tenant's token
+//! rotated in place with an overlap (the clock moved by its file), read tokens that plan
+//! but never change, revocation of one token leaving another, expiry, the admin token's
+//! rotation surviving a restart, the audit log (a team's own only), and event cursors
+//! that say nothing of other teams.
+
+mod common;
+
+use common::*;
+use gpufleet_proto::v1::*;
+use tonic::Code;
+
+/// A serve whose clock is the file's: the test moves time by writing it.
+struct Clocked {
+    agent: Agent,
+    clock: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Clocked {
+    fn start() -> Clocked {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = dir.path().join("clock");
+        std::fs::write(&clock, now().to_string()).unwrap();
+        let agent = Agent::start_with(
+            &dir.path().join("data"),
+            &[
+                "--admin-token",
+                ADMIN,
+                "--clock-file",
+                clock.to_str().unwrap(),
+            ],
+        );
+        Clocked {
+            agent,
+            clock,
+            _dir: dir,
+        }
+    }
+
+    fn advance(&self, seconds: i64) {
+        let t: i64 = std::fs::read_to_string(&self.clock)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        std::fs::write(&self.clock, (t + seconds).to_string()).unwrap();
+    }
+}
+
+async fn works(agent: &Agent, token: &str) -> Result<Tenant, tonic::Status> {
+    let mut c = agent.clients(token).await;
+    c.tenants
+        .get_tenant(GetTenantRequest::default())
+        .await
+        .map(|r| r.into_inner())
+}
+
+fn rotate(name: &str, overlap: i64, request_id: &str) -> RotateTokenRequest {
+    RotateTokenRequest {
+        tenant_id: String::new(),
+        name: name.into(),
+        overlap_seconds: Some(overlap),
+        request_id: request_id.into(),
+    }
+}
+
+#[tokio::test]
+async fn a_rotated_token_works_for_its_overlap_then_is_refused_as_rotated() {
+    let s = Clocked::start();
+    let mut admin = s.agent.admin().await;
+    let (team, old) = admin.tenant("team-a").await;
+    admin.quota(&team.id, "H100-80GB", 8, 0).await;
+    let cluster = admin
+        .create_pool_cluster(&team.id, "train", "H100-80GB", 1)
+        .await;
+
+    // The team rotates its own token, with a two-minute overlap.
+    let mut own = s.agent.clients(&old).await;
+    let issued = own
+        .access
+        .rotate_token(rotate("default", 120, "r1"))
+        .await
+        .unwrap()
+        .into_inner();
+    let new = issued.secret.clone();
+    assert!(new.starts_with("gft_") && new != old);
+    assert_eq!(issued.token.unwrap().scope, "write");
+    // A retry of the same rotation re-issues its secret; it does not rotate again.
+    let again = own
+        .access
+        .rotate_token(rotate("default", 120, "r1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(again.secret, new);
+    let new = again.secret;
+
+    s.advance(60);
+    assert_eq!(works(&s.agent, &old).await.unwrap().id, team.id);
+    assert_eq!(works(&s.agent, &new).await.unwrap().id, team.id);
+    let listed = own
+        .access
+        .list_tokens(ListTokensRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .tokens;
+    let states: Vec<&str> = listed.iter().map(|t| t.state.as_str()).collect();
+    assert_eq!(states, vec!["retiring", "active"], "{listed:?}");
+
+    s.advance(61);
+    let refused = works(&s.agent, &old).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    assert!(
+        refused
+            .message()
+            .contains("token 'default' of tenant 'team-a' was rotated at")
+            && refused.message().contains("use the new token"),
+        "{refused:?}"
+    );
+    // The team's things are untouched, and the new token reaches them.
+    let mut fresh = s.agent.clients(&new).await;
+    let c = fresh
+        .clusters
+        .get_tenant_cluster(GetTenantClusterRequest {
+            id: cluster.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((c.status.as_str(), c.node_count), ("running", 1));
+    let quotas = fresh
+        .quotas
+        .list_gpu_quotas(ListGpuQuotasRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .quotas;
+    assert_eq!(quotas.len(), 1);
+    // Out of bounds overlaps are refused by name.
+    let too_long = fresh
+        .access
+        .rotate_token(rotate("default", 8 * 24 * 3600, "r2"))
+        .await
+        .unwrap_err();
+    assert_eq!(too_long.code(), Code::InvalidArgument);
+    assert!(
+        too_long.message().starts_with("overlap_seconds:"),
+        "{too_long:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_read_token_plans_and_reads_but_changes_nothing() {
+    let s = Clocked::start();
+    let mut admin = s.agent.admin().await;
+    let (team, write) = admin.tenant("team-a").await;
+    admin.quota(&team.id, "H100-80GB", 16, 0).await;
+    let cluster = admin
+        .create_pool_cluster(&team.id, "train", "H100-80GB", 1)
+        .await;
+    let mut own = s.agent.clients(&write).await;
+    let read = own
+        .access
+        .create_token(CreateTokenRequest {
+            name: "ci-plan".into(),
+            scope: "read".into(),
+            request_id: "t1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .secret;
+
+    let mut ci = s.agent.clients(&read).await;
+    // Reads and dry runs answer.
+    ci.clusters
+        .list_tenant_clusters(ListTenantClustersRequest::default())
+        .await
+        .unwrap();
+    let dry = ci
+        .clusters
+        .update_tenant_cluster(UpdateTenantClusterRequest {
+            id: cluster.id.clone(),
+            node_count: 2,
+            validate_only: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(dry.node_count, 2);
+    // A change is refused naming the scope, and changes nothing.
+    for refused in [
+        ci.clusters
+            .update_tenant_cluster(UpdateTenantClusterRequest {
+                id: cluster.id.clone(),
+                node_count: 2,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err(),
+        ci.clusters
+            .delete_tenant_cluster(DeleteTenantClusterRequest {
+                id: cluster.id.clone(),
+            })
+            .await
+            .unwrap_err(),
+        ci.access
+            .create_token(CreateTokenRequest {
+                name: "escalate".into(),
+                scope: "write".into(),
+                request_id: "t2".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(refused.code(), Code::PermissionDenied);
+        assert!(
+            refused.message().contains("token 'ci-plan' has scope read"),
+            "{refused:?}"
+        );
+    }
+    let c = admin.get_cluster(&cluster.id).await;
+    assert_eq!((c.node_count, c.status.as_str()), (1, "running"));
+}
+
+#[tokio::test]
+async fn revoking_one_token_leaves_the_others_and_expired_tokens_say_so() {
+    let s = Clocked::start();
+    let mut admin = s.agent.admin().await;
+    let (team, write) = admin.tenant("team-a").await;
+    let issue = |name: &'static str, expires: Option<i64>| {
+        let mut admin = admin.access.clone();
+        let tenant_id = team.id.clone();
+        async move {
+            admin
+                .create_token(CreateTokenRequest {
+                    tenant_id,
+                    name: name.into(),
+                    scope: "read".into(),
+                    expires_at: expires.and_then(ts),
+                    request_id: format!("issue-{name}"),
+                    validate_only: false,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .secret
+        }
+    };
+    let one = issue("one", None).await;
+    let two = issue("two", None).await;
+    let t0: i64 = std::fs::read_to_string(&s.clock).unwrap().parse().unwrap();
+    let short = issue("short", Some(t0 + 30)).await;
+
+    let mut own = s.agent.clients(&write).await;
+    let revoked = own
+        .access
+        .revoke_token(RevokeTokenRequest {
+            tenant_id: String::new(),
+            name: "one".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(revoked.state, "revoked");
+    let refused = works(&s.agent, &one).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    assert!(refused
+        .message()
+        .contains("token 'one' of tenant 'team-a' was revoked"));
+    assert_eq!(works(&s.agent, &two).await.unwrap().id, team.id);
+    assert_eq!(works(&s.agent, &write).await.unwrap().id, team.id);
+
+    assert!(works(&s.agent, &short).await.is_ok());
+    s.advance(31);
+    let expired = works(&s.agent, &short).await.unwrap_err();
+    assert!(expired
+        .message()
+        .contains("token 'short' of tenant 'team-a' expired at"));
+    // A name in use is refused; so is a past expiry, by field.
+    let taken = admin
+        .access
+        .create_token(CreateTokenRequest {
+            tenant_id: team.id.clone(),
+            name: "two".into(),
+            scope: "read".into(),
+            request_id: "x1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(taken.code(), Code::AlreadyExists);
+    let past = admin
+        .access
+        .create_token(CreateTokenRequest {
+            tenant_id: team.id.clone(),
+            name: "late".into(),
+            scope: "read".into(),
+            expires_at: ts(t0),
+            request_id: "x2".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(past.message().starts_with("expires_at:"), "{past:?}");
+}
+
+#[tokio::test]
+async fn the_admin_token_rotates_into_its_file_and_admin_read_tokens_only_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    // No --admin-token: serve makes and reads <data-dir>/admin.token.
+    let agent = Agent::start_with(&data, &[]);
+    let first = std::fs::read_to_string(data.join("admin.token"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut admin = agent.clients(&first).await;
+    let dashboard = admin
+        .access
+        .create_token(CreateTokenRequest {
+            name: "dashboard".into(),
+            scope: "read".into(),
+            request_id: "d1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .secret;
+    let mut reader = agent.clients(&dashboard).await;
+    reader
+        .tenants
+        .list_tenants(ListTenantsRequest::default())
+        .await
+        .unwrap();
+    let refused = reader
+        .tenants
+        .create_tenant(CreateTenantRequest {
+            name: "nope".into(),
+            request_id: "n1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+
+    let rotated = admin
+        .access
+        .rotate_token(rotate("admin", 0, "a1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .secret;
+    assert!(rotated.starts_with("gfa_"));
+    let on_disk = std::fs::read_to_string(data.join("admin.token")).unwrap();
+    assert_eq!(on_disk.trim(), rotated);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(data.join("admin.token"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let old = agent
+        .clients(&first)
+        .await
+        .tenants
+        .list_tenants(ListTenantsRequest::default())
+        .await
+        .unwrap_err();
+    assert!(
+        old.message().contains("token 'admin' was rotated"),
+        "{old:?}"
+    );
+    drop((admin, reader));
+    agent.stop();
+    // The next start reads the new one; the old one stays refused.
+    let agent = Agent::start_with(&data, &[]);
+    let mut admin = agent.clients(&rotated).await;
+    admin
+        .tenants
+        .list_tenants(ListTenantsRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        agent
+            .clients(&first)
+            .await
+            .tenants
+            .list_tenants(ListTenantsRequest::default())
+            .await
+            .unwrap_err()
+            .code(),
+        Code::Unauthenticated
+    );
+    let revoke_admin = admin
+        .access
+        .revoke_token(RevokeTokenRequest {
+            tenant_id: String::new(),
+            name: "admin".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(revoke_admin.code(), Code::InvalidArgument);
+}
+
+/// Every audit entry the client may read, once `done` holds for them (entries are
+/// written by a background writer: wait on the condition, bounded).
+async fn audit_until(
+    c: &mut Clients,
+    tenant_id: &str,
+    done: impl Fn(&[AuditEntry]) -> bool,
+) -> Vec<AuditEntry> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let entries = c
+            .access
+            .list_audit_entries(ListAuditEntriesRequest {
+                tenant_id: tenant_id.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .entries;
+        if done(&entries) {
+            return entries;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "audit log never held what was expected: {entries:#?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_audit_log_records_changes_and_refusals_and_each_team_sees_its_own() {
+    let s = Clocked::start();
+    let mut admin = s.agent.admin().await;
+    let (a, a_token) = admin.tenant("team-a").await;
+    let (b, b_token) = admin.tenant("team-b").await;
+    for t in [&a, &b] {
+        admin.quota(&t.id, "H100-80GB", 8, 0).await;
+    }
+    let mut ca = s.agent.clients(&a_token).await;
+    let mut cb = s.agent.clients(&b_token).await;
+    // B's change, then A's: a change, a read (not recorded), a refusal.
+    cb.clusters
+        .create_tenant_cluster(Clients::cluster("", "b-secret", "H100-80GB", 1))
+        .await
+        .unwrap();
+    let a_cluster = ca
+        .clusters
+        .create_tenant_cluster(Clients::cluster("", "a-train", "H100-80GB", 1))
+        .await
+        .unwrap()
+        .into_inner();
+    ca.clusters
+        .list_tenant_clusters(ListTenantClustersRequest::default())
+        .await
+        .unwrap();
+    ca.tenants
+        .delete_tenant(DeleteTenantRequest { id: a.id.clone() })
+        .await
+        .unwrap_err();
+    let mut stranger = s.agent.clients("gft_not-a-token").await;
+    stranger
+        .tenants
+        .list_tenants(ListTenantsRequest::default())
+        .await
+        .unwrap_err();
+
+    let own = audit_until(&mut ca, "", |e| e.len() >= 2).await;
+    let rows: Vec<(i64, &str, &str, &str)> = own
+        .iter()
+        .map(|e| {
+            (
+                e.seq,
+                e.method.as_str(),
+                e.token_name.as_str(),
+                e.outcome.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                1,
+                "gpufleet.v1.TenantClusterService/CreateTenantCluster",
+                "default",
+                "OK"
+            ),
+            (
+                2,
+                "gpufleet.v1.TenantService/DeleteTenant",
+                "default",
+                "PERMISSION_DENIED"
+            ),
+        ],
+        "{own:#?}"
+    );
+    assert!(own[0].object.ends_with("/a-train") && own[1].object == a.id);
+    assert!(own.iter().all(|e| e.tenant_id == a.id));
+    let text = format!("{own:?}");
+    assert!(!text.contains("b-secret") && !text.contains(&b.id));
+    // A cannot ask for B's.
+    let refused = ca
+        .access
+        .list_audit_entries(ListAuditEntriesRequest {
+            tenant_id: b.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound);
+    // The admin sees every entry, the unknown caller's refusal too, never a secret.
+    let all = audit_until(&mut admin, "", |e| {
+        e.iter().any(|e| e.outcome == "UNAUTHENTICATED")
+    })
+    .await;
+    assert!(all.iter().any(|e| e.tenant_id == b.id));
+    assert!(all.iter().any(|e| e.token_name == "admin"));
+    let all_text = format!("{all:?}");
+    for secret in [a_token.as_str(), b_token.as_str(), ADMIN] {
+        assert!(!all_text.contains(secret));
+    }
+    // A's event cursor counts only A's events: B's allocation came first.
+    let events = ca
+        .fleet
+        .list_events(ListEventsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .events;
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=events.len() as i64).collect::<Vec<_>>());
+    assert!(events.iter().all(|e| e.object_id == a_cluster.id));
+    let admins = admin
+        .fleet
+        .list_events(ListEventsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .events;
+    assert!(admins.len() > events.len());
+}
