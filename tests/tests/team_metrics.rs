@@ -1,18 +1,24 @@
 //! A team's own observability, end to end: the platform creates two teams with real
-//! Terraform (each a quota and a health-checked cluster, A's on MIG slices); team A's own
-//! workspace, with A's token, reads `gpufleet_cluster_dashboard` for its cluster; a real
-//! Prometheus runs the scrape job the provider generated, verbatim, against the control
-//! plane's metrics endpoint with A's token. Prometheus then holds A's series only (no
-//! label value of B's, no fleet-wide family), every query of the generated dashboard
-//! returns data, and A's token cannot read B's cluster's dashboard.
+//! Terraform (each a quota and a health-checked cluster, A's on MIG slices); team A issues
+//! itself a `read` token; its own workspace, with that token, reads
+//! `gpufleet_cluster_dashboard` for its cluster; a real Prometheus runs the scrape job the
+//! provider generated, verbatim, against the control plane's metrics endpoint with that
+//! token. Prometheus then holds A's series only (no label value of B's, no fleet-wide
+//! family), every query of the generated dashboard returns data, A's token cannot read
+//! B's cluster's dashboard, B's token sees nothing of A's, and the revoked read token is
+//! refused at once. A Slurm team's running and pending jobs reach its view.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
+use gpufleet_e2e::grpc::{bearer_auth, BearerAuth};
 use gpufleet_e2e::prom::{self, Prometheus};
 use gpufleet_e2e::{Backend, Terraform};
+use gpufleet_proto::v1::access_service_client::AccessServiceClient;
+use gpufleet_proto::v1::{CreateTokenRequest, RevokeTokenRequest};
 use serde_json::Value;
+use tonic::transport::Channel;
 
 const PLATFORM: &str = r#"
 resource "gpufleet_tenant" "a" {
@@ -162,12 +168,26 @@ async fn a_team_scrapes_its_own_clusters_only_and_every_dashboard_query_has_data
     let (a_id, a_token, a_cluster) = (s(a, "id"), s(a, "token"), s(a, "cluster"));
     let (b_id, b_token, b_cluster) = (s(b, "id"), s(b, "token"), s(b, "cluster"));
 
-    // Team A's workspace, with A's token: its cluster's dashboard and scrape job.
+    // Team A issues itself a read token for its dashboards (with its write token).
+    let mut a_access = access(&backend, &a_token).await;
+    let read_token = a_access
+        .create_token(CreateTokenRequest {
+            name: "prometheus".into(),
+            scope: "read".into(),
+            request_id: "team-a-prometheus".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("CreateToken: {e}"))
+        .into_inner()
+        .secret;
+
+    // Team A's workspace, with the read token: its cluster's dashboard and scrape job.
     let secrets = tempfile::tempdir().unwrap();
     let token_file = secrets.path().join("team-a.token");
-    std::fs::write(&token_file, format!("{a_token}\n")).unwrap();
+    std::fs::write(&token_file, format!("{read_token}\n")).unwrap();
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let team = Terraform::new(&backend, &a_token);
+    let team = Terraform::new(&backend, &read_token);
     let file = token_file.to_str().unwrap();
     team.write_main(&team_config(&a_cluster, &metrics, file));
     team.init();
@@ -278,6 +298,34 @@ async fn a_team_scrapes_its_own_clusters_only_and_every_dashboard_query_has_data
     let refused = prom::get(&metrics, "/metrics", Some("gft_not-a-token")).unwrap();
     assert_eq!(refused.status, 401, "{refused:?}");
     assert!(!refused.body.contains("gpufleet_"), "{refused:?}");
+
+    // Revoked, the read token scrapes nothing more: 401, and Prometheus sees it down.
+    a_access
+        .revoke_token(RevokeTokenRequest {
+            name: "prometheus".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("RevokeToken: {e}"));
+    let refused = prom::get(&metrics, "/metrics", Some(&read_token)).unwrap();
+    assert_eq!(refused.status, 401, "{refused:?}");
+    assert!(!refused.body.contains("gpufleet_"), "{refused:?}");
+    prometheus.wait_for_value("up", 0.0);
+    // The team's write token still sees its view.
+    assert!(prom::scrape_with(&metrics, &a_token).contains(&a_cluster));
+}
+
+/// A client of the token service with `token`.
+async fn access(
+    backend: &Backend,
+    token: &str,
+) -> AccessServiceClient<tonic::service::interceptor::InterceptedService<Channel, BearerAuth>> {
+    let channel = Channel::from_shared(backend.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect");
+    AccessServiceClient::with_interceptor(channel, bearer_auth(token))
 }
 
 /// Runs `command` on a Slurm cluster's login with the team's key, as the cluster's user

@@ -1,7 +1,8 @@
 //! Whose metrics a scrape gets, decided by its bearer token: the operator's metrics token
-//! (or the admin token) sees everything ([`super::control`]); a tenant's token, of any
-//! scope, sees its own tenant's view ([`super::team`]); any other token is refused (401,
-//! nothing rendered).
+//! (or an admin token, of either scope) sees everything ([`super::control`]); a tenant's
+//! token, of either scope, sees its own tenant's view ([`super::team`]); any other token
+//! (unknown, revoked, expired, rotated past its overlap) is refused (401, nothing
+//! rendered).
 
 use std::sync::Arc;
 
@@ -35,21 +36,16 @@ pub async fn render(
 }
 
 /// Who `token` is, the one place a scrape's token is resolved: as the API resolves it
-/// (`None`: not a token the API takes); a failure to read the store is an error.
+/// (`auth::resolve_bearer`: a revoked, expired or rotated-out token is refused like an
+/// unknown one; either scope may scrape). `None`: not a token the API takes; a failure to
+/// read the store is an error.
 fn caller_of(
     state: &AppState,
     conn: &Connection,
     token: &str,
 ) -> crate::error::Result<Option<Caller>> {
-    let mut request = tonic::Request::new(());
-    let Ok(value) = format!("Bearer {token}").parse() else {
-        return Ok(None);
-    };
-    request
-        .metadata_mut()
-        .insert(gpufleet_proto::AUTHORIZATION, value);
-    match crate::auth::authenticate(state, conn, &request) {
-        Ok(caller) => Ok(Some(caller)),
+    match crate::auth::resolve_bearer(state, conn, token) {
+        Ok(grant) => Ok(Some(grant.caller)),
         Err(s) if matches!(
             s.code(),
             tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
