@@ -338,7 +338,10 @@ async fn a_scrape_without_the_metrics_token_gets_401_and_no_data() {
         ("no token", None),
         ("a wrong token", Some("gfm_guess")),
         ("the token less its last character", Some(near_miss)),
-        ("a tenant token less its last character", Some(&tenant_token[..tenant_token.len() - 1])),
+        (
+            "a tenant token less its last character",
+            Some(&tenant_token[..tenant_token.len() - 1]),
+        ),
     ] {
         let answer = prom::get(&addr, "/metrics", given).unwrap();
         assert_eq!(answer.status, 401, "{what}: {answer:?}");
@@ -358,7 +361,11 @@ async fn a_scrape_without_the_metrics_token_gets_401_and_no_data() {
     // The tenant's token: its own view, never the fleet's.
     let own = prom::scrape_with(&addr, &tenant_token);
     assert!(own.contains(&tenant_id), "{own}");
-    for fleet_wide in ["gpufleet_gpus{", "gpufleet_nodes{", "gpufleet_api_requests_total"] {
+    for fleet_wide in [
+        "gpufleet_gpus{",
+        "gpufleet_nodes{",
+        "gpufleet_api_requests_total",
+    ] {
         assert!(!own.contains(fleet_wide), "{own}");
     }
     // The admin token sees what the operator's does.

@@ -284,7 +284,10 @@ async fn a_team_scrapes_its_own_clusters_only_and_every_dashboard_query_has_data
         families.insert(name);
     }
     for family in TEAM_FAMILIES {
-        assert!(families.contains(*family), "no {family} series: {families:?}");
+        assert!(
+            families.contains(*family),
+            "no {family} series: {families:?}"
+        );
     }
 
     // The same endpoint with B's token is B's view: nothing of A's.
@@ -468,7 +471,12 @@ output "queries" {
             async move { (got == (Some(want.0), Some(want.1))).then_some(()) }
         }
     };
-    gpufleet_e2e::eventually("no jobs counted", Duration::from_secs(60), counts((0.0, 0.0))).await;
+    gpufleet_e2e::eventually(
+        "no jobs counted",
+        Duration::from_secs(60),
+        counts((0.0, 0.0)),
+    )
+    .await;
 
     // One job that runs, one held: 1 running, 1 pending.
     for submit in [

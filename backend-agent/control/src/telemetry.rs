@@ -128,11 +128,7 @@ impl Telemetry {
     }
 
     /// Keeps the job counts of Slurm cluster `cluster_id` (`None`: not known now).
-    pub fn record_jobs(
-        &self,
-        cluster_id: &str,
-        counts: Option<gpufleet_slurm::status::JobCounts>,
-    ) {
+    pub fn record_jobs(&self, cluster_id: &str, counts: Option<gpufleet_slurm::status::JobCounts>) {
         let mut jobs = self.jobs_lock();
         match counts {
             Some(c) => {
@@ -194,7 +190,11 @@ mod tests {
             ("twice", vec![reading(0, "GPU-a"), reading(0, "GPU-a")]),
             (
                 "more than the node has",
-                vec![reading(0, "GPU-a"), reading(1, "GPU-b"), reading(1, "GPU-b")],
+                vec![
+                    reading(0, "GPU-a"),
+                    reading(1, "GPU-b"),
+                    reading(1, "GPU-b"),
+                ],
             ),
             (
                 "utilisation over 100",

@@ -93,7 +93,9 @@ where
     let renderer: Renderer = Arc::new(move |token: Option<String>| {
         let allowed = match &access {
             Access::Open => true,
-            Access::Bearer { token: expected, .. } => token
+            Access::Bearer {
+                token: expected, ..
+            } => token
                 .as_deref()
                 .is_some_and(|given| same(given.as_bytes(), expected.as_bytes())),
         };

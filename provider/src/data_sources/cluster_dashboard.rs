@@ -370,7 +370,9 @@ mod tests {
         assert!(!qs.iter().any(|q| q.contains("slurm")), "{qs:?}");
         let slurm = queries(&dashboard("c-1", "train", "t-1", "slurm"));
         assert_eq!(slurm.len(), qs.len() + 1);
-        assert!(slurm.iter().any(|q| q.contains("gpufleet_cluster_slurm_jobs")));
+        assert!(slurm
+            .iter()
+            .any(|q| q.contains("gpufleet_cluster_slurm_jobs")));
         for q in &qs {
             assert!(
                 q.contains(r#"cluster_id="c-1""#) || q.contains(r#"tenant_id="t-1""#),
@@ -378,7 +380,8 @@ mod tests {
             );
             // A query with two selectors filters both.
             let selectors = q.matches("gpufleet_").count();
-            let filters = q.matches(r#"cluster_id="c-1""#).count() + q.matches(r#"tenant_id="t-1""#).count();
+            let filters =
+                q.matches(r#"cluster_id="c-1""#).count() + q.matches(r#"tenant_id="t-1""#).count();
             assert_eq!(selectors, filters, "{q}");
         }
         assert_eq!(board["uid"], "gpufleet-c-1");
@@ -389,7 +392,10 @@ mod tests {
     fn the_scrape_job_quotes_what_it_is_given() {
         let yaml = scrape_config("t-1", "10.0.0.1:9464", "/etc/it's.token");
         assert!(yaml.contains("- job_name: 'gpufleet-t-1'"), "{yaml}");
-        assert!(yaml.contains("credentials_file: '/etc/it''s.token'"), "{yaml}");
+        assert!(
+            yaml.contains("credentials_file: '/etc/it''s.token'"),
+            "{yaml}"
+        );
         assert!(yaml.contains("- targets: ['10.0.0.1:9464']"), "{yaml}");
         assert!(check_address("10.0.0.1:9464").is_ok());
         for bad in ["10.0.0.1", "http://h:1", "h:0", ":80", "h:x"] {

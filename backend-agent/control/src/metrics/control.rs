@@ -144,7 +144,8 @@ pub(super) fn tenant_usage<'a>(
 }
 
 /// The `kind` label of each of [`tenant_usage`]'s values, in order.
-pub(super) const TENANT_GPU_KINDS: [&str; 4] = ["used", "reserved", "quota_guaranteed", "quota_burst"];
+pub(super) const TENANT_GPU_KINDS: [&str; 4] =
+    ["used", "reserved", "quota_guaranteed", "quota_burst"];
 
 /// GPUs per node of a model (the fleet's nodes of one model all have the same count).
 fn gpus_per_node(nodes: &[NodeRow], model: &str) -> i64 {
@@ -321,8 +322,7 @@ fn gauges(
         let Some(name) = names.get(tenant) else {
             continue;
         };
-        for (kind, value) in TENANT_GPU_KINDS.iter().zip(values)
-        {
+        for (kind, value) in TENANT_GPU_KINDS.iter().zip(values) {
             let series = if tenant_names {
                 tenant_gpus.with_label_values(&[tenant, name, model, kind])
             } else {

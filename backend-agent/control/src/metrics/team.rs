@@ -224,7 +224,9 @@ fn gauges(
             store::nodes::NODE_UNREACHABLE,
             store::nodes::NODE_QUARANTINED,
         ] {
-            cluster_nodes.with_label_values(&[tenant, &c.id, state]).set(0.0);
+            cluster_nodes
+                .with_label_values(&[tenant, &c.id, state])
+                .set(0.0);
         }
     }
 
@@ -306,7 +308,10 @@ fn gauges(
     );
 
     for n in &s.nodes {
-        let Some(cluster) = n.cluster_id.as_deref().filter(|c| by_cluster.contains_key(c))
+        let Some(cluster) = n
+            .cluster_id
+            .as_deref()
+            .filter(|c| by_cluster.contains_key(c))
         else {
             continue;
         };
@@ -366,9 +371,7 @@ fn gauges(
                 temperature.with_label_values(&labels).set(f64::from(c));
             }
             if let Some(mw) = g.power_mw {
-                power
-                    .with_label_values(&labels)
-                    .set(f64::from(mw) / 1000.0);
+                power.with_label_values(&labels).set(f64::from(mw) / 1000.0);
             }
             if let Some(e) = g.ecc_uncorrected {
                 ecc.with_label_values(&labels).set(e as f64);

@@ -27,10 +27,10 @@ pub async fn render(
         .await
         .map_err(|e| e.to_string())?;
     match caller {
-        Some(Caller::Admin) => super::control::render(state, tenant_names)
-            .await
-            .map(Some),
-        Some(Caller::Tenant(tenant_id)) => super::team::render(state, tenant_id, tenant_names).await,
+        Some(Caller::Admin) => super::control::render(state, tenant_names).await.map(Some),
+        Some(Caller::Tenant(tenant_id)) => {
+            super::team::render(state, tenant_id, tenant_names).await
+        }
         None => Ok(None),
     }
 }
@@ -46,10 +46,11 @@ fn caller_of(
 ) -> crate::error::Result<Option<Caller>> {
     match crate::auth::resolve_bearer(state, conn, token) {
         Ok(grant) => Ok(Some(grant.caller)),
-        Err(s) if matches!(
-            s.code(),
-            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
-        ) =>
+        Err(s)
+            if matches!(
+                s.code(),
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            ) =>
         {
             Ok(None)
         }
