@@ -151,9 +151,9 @@ fn gauges(
         let labels = [node, index.as_str(), g.uuid.as_str(), g.model.as_str()];
         mig.with_label_values(&labels).set(g.instances.len() as f64);
         if let Ok(u) = backend.usage(g.index) {
-            utilization
-                .with_label_values(&labels)
-                .set(f64::from(u.utilization_percent));
+            if let Some(p) = u.utilization_percent {
+                utilization.with_label_values(&labels).set(f64::from(p));
+            }
             memory_used
                 .with_label_values(&labels)
                 .set(u.memory_used_mib as f64 * 1024.0 * 1024.0);

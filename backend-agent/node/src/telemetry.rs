@@ -68,8 +68,9 @@ impl XidTap {
             ..Default::default()
         };
         if let Ok(u) = self.inner.usage(g.index) {
-            t.has_utilization = true;
-            t.utilization_percent = u.utilization_percent.min(100);
+            if let Some(p) = u.utilization_percent {
+                (t.has_utilization, t.utilization_percent) = (true, p.min(100));
+            }
             t.has_memory = true;
             t.memory_used_mib = u.memory_used_mib;
             t.memory_total_mib = u.memory_total_mib;

@@ -54,8 +54,9 @@ pub struct GpuInfo {
 /// How much of one GPU is in use now (what a team's dashboard shows).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GpuUsage {
-    /// Percent of the last sample period the GPU was busy (NVML's `utilization.gpu`).
-    pub utilization_percent: u32,
+    /// Percent of the last sample period the GPU was busy (NVML's `utilization.gpu`);
+    /// `None` where it cannot be read while the memory can (NVML under MIG).
+    pub utilization_percent: Option<u32>,
     pub memory_used_mib: u64,
     pub memory_total_mib: u64,
 }

@@ -655,7 +655,7 @@ impl GpuBackend for SimulatedNode {
             .sum();
         let used = if g.whole_busy { total } else { busy_slices };
         Ok(super::GpuUsage {
-            utilization_percent: if used > 0 { 100 } else { 0 },
+            utilization_percent: Some(if used > 0 { 100 } else { 0 }),
             memory_used_mib: used.min(total),
             memory_total_mib: total,
         })
