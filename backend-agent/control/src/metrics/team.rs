@@ -434,3 +434,152 @@ fn gauges(
     }
     registry.gather()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(id: &str) -> ClusterRow {
+        ClusterRow {
+            id: id.into(),
+            tenant_id: "t1".into(),
+            name: "train".into(),
+            orchestrator: "kubernetes".into(),
+            gpu_type: "H100-80GB".into(),
+            node_count: 1,
+            reservation_id: None,
+            storage_gib: 10,
+            status: "running".into(),
+            endpoint: String::new(),
+            credentials: String::new(),
+            storage_path: String::new(),
+            mig_layout: BTreeMap::new(),
+            status_reason: String::new(),
+            cuda_version: String::new(),
+            driver_version: String::new(),
+            max_unavailable: 1,
+        }
+    }
+
+    fn node(id: &str, cluster: &str) -> NodeRow {
+        NodeRow {
+            id: id.into(),
+            hostname: id.into(),
+            gpu_type: "H100-80GB".into(),
+            capacity: "pool".into(),
+            gpu_count: 1,
+            driver_version: "550.54.15".into(),
+            cuda_version: "12.4".into(),
+            cluster_id: Some(cluster.into()),
+            state: "ready".into(),
+            state_reason: String::new(),
+            state_since: 0,
+        }
+    }
+
+    fn checked(node: &str, cluster: &str) -> ResultRow {
+        ResultRow {
+            node_id: node.into(),
+            node: node.into(),
+            cluster_id: cluster.into(),
+            tenant_id: "t1".into(),
+            level: "quick".into(),
+            verdict: "passed".into(),
+            finished_at: 1_700_000_000,
+            ..Default::default()
+        }
+    }
+
+    fn text(s: &Snapshot, live: &HashMap<String, Live>) -> String {
+        gpufleet_process::metrics_endpoint::encode(gauges(s, live, false)).unwrap()
+    }
+
+    #[test]
+    fn gpus_show_only_live_readings_and_checks_only_nodes_still_in_the_cluster() {
+        let snapshot = Snapshot {
+            now: 0,
+            tenant_id: "t1".into(),
+            tenant_name: "team".into(),
+            clusters: vec![cluster("c1")],
+            // n1 is in the cluster with a live agent, n2 in it without; n3 was checked in
+            // the cluster and has left it (it may be another team's now).
+            nodes: vec![node("n1", "c1"), node("n2", "c1")],
+            slices: HashMap::new(),
+            checks: [(
+                "c1".to_string(),
+                vec![checked("n1", "c1"), checked("n3", "c1")],
+            )]
+            .into_iter()
+            .collect(),
+            quotas: Vec::new(),
+            holdings: BTreeMap::new(),
+            gpus_per_node: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+        };
+        let reading = GpuReading {
+            index: 0,
+            uuid: "GPU-1".into(),
+            utilization_percent: None,
+            memory_mib: Some((1, 2)),
+            temperature_c: Some(40),
+            power_mw: Some(70_000),
+            ecc_uncorrected: Some(0),
+            xids_total: 3,
+        };
+        let live: HashMap<String, Live> = [(
+            "n1".to_string(),
+            Live {
+                heartbeat_age: Some(1.0),
+                gpus: vec![reading],
+            },
+        )]
+        .into_iter()
+        .collect();
+        let t = text(&snapshot, &live);
+        let gpu =
+            r#"cluster_id="c1",gpu="0",gpu_type="H100-80GB",node="n1",tenant_id="t1",uuid="GPU-1""#;
+        assert!(
+            t.contains(&format!(
+                "gpufleet_cluster_gpu_temperature_celsius{{{gpu}}} 40"
+            )),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!("gpufleet_cluster_gpu_power_watts{{{gpu}}} 70")),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!("gpufleet_cluster_gpu_xids_total{{{gpu}}} 3")),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!(
+                "gpufleet_cluster_gpu_memory_used_bytes{{{gpu}}} 1048576"
+            )),
+            "{t}"
+        );
+        // Not read is absent, never 0; a node without a live agent has no GPU series.
+        assert!(
+            !t.contains("gpufleet_cluster_gpu_utilization_percent{"),
+            "{t}"
+        );
+        assert!(
+            !t.lines()
+                .any(|l| l.starts_with("gpufleet_cluster_gpu_") && l.contains(r#"node="n2""#)),
+            "{t}"
+        );
+        assert!(
+            t.contains(r#"gpufleet_cluster_nodes{cluster_id="c1",state="ready",tenant_id="t1"} 2"#),
+            "{t}"
+        );
+        assert!(t.contains(r#"gpufleet_cluster_node_check_passed{cluster_id="c1",level="quick",node="n1",tenant_id="t1"} 1"#), "{t}");
+        assert!(
+            !t.contains(r#"node="n3""#),
+            "a node that left shows nothing: {t}"
+        );
+        // Every series is the tenant's.
+        for line in t.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.contains(r#"tenant_id="t1""#), "{line}");
+        }
+    }
+}
