@@ -552,3 +552,99 @@ async fn the_audit_log_records_changes_and_refusals_and_each_team_sees_its_own()
         .events;
     assert!(admins.len() > events.len());
 }
+
+#[tokio::test]
+async fn another_teams_tokens_are_out_of_reach_and_look_like_no_tenant() {
+    let s = Clocked::start();
+    let mut admin = s.agent.admin().await;
+    let (a, a_token) = admin.tenant("team-a").await;
+    let (_, b_token) = admin.tenant("team-b").await;
+    let mut b = s.agent.clients(&b_token).await;
+    const NOWHERE: &str = "00000000-0000-4000-8000-000000000000";
+    // Each call on A's tokens answers as one naming a tenant that does not exist.
+    for tenant in [a.id.as_str(), "team-a"] {
+        let mut answers = Vec::new();
+        for id in [tenant, NOWHERE] {
+            let calls = [
+                b.access
+                    .get_token(GetTokenRequest {
+                        tenant_id: id.into(),
+                        name: "default".into(),
+                    })
+                    .await
+                    .map(|_| ()),
+                b.access
+                    .list_tokens(ListTokensRequest {
+                        tenant_id: id.into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .map(|_| ()),
+                b.access
+                    .create_token(CreateTokenRequest {
+                        tenant_id: id.into(),
+                        name: "mine-now".into(),
+                        scope: "write".into(),
+                        request_id: format!("c-{id}"),
+                        ..Default::default()
+                    })
+                    .await
+                    .map(|_| ()),
+                b.access
+                    .rotate_token(RotateTokenRequest {
+                        tenant_id: id.into(),
+                        name: "default".into(),
+                        overlap_seconds: Some(0),
+                        request_id: format!("r-{id}"),
+                    })
+                    .await
+                    .map(|_| ()),
+                b.access
+                    .revoke_token(RevokeTokenRequest {
+                        tenant_id: id.into(),
+                        name: "default".into(),
+                    })
+                    .await
+                    .map(|_| ()),
+                b.access
+                    .list_audit_entries(ListAuditEntriesRequest {
+                        tenant_id: id.into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .map(|_| ()),
+            ];
+            answers.push(
+                calls
+                    .into_iter()
+                    .map(|r| {
+                        let s = r.unwrap_err();
+                        (s.code(), s.message().replace(id, "<tenant>"))
+                    })
+                    .collect::<Vec<_>>(),
+            );
+        }
+        assert!(
+            answers[0].iter().all(|(c, _)| *c == Code::NotFound),
+            "{answers:?}"
+        );
+        assert_eq!(answers[0], answers[1]);
+    }
+    // A's token still works, and B made no token.
+    assert_eq!(works(&s.agent, &a_token).await.unwrap().id, a.id);
+    let a_tokens = admin
+        .access
+        .list_tokens(ListTokensRequest {
+            tenant_id: a.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .tokens;
+    assert_eq!(a_tokens.len(), 1);
+    assert_eq!(
+        (a_tokens[0].name.as_str(), a_tokens[0].state.as_str()),
+        ("default", "active")
+    );
+}

@@ -138,6 +138,14 @@ impl Client {
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
+    pub fn access(&self) -> gpufleet_proto::v1::access_service_client::AccessServiceClient<Authed> {
+        gpufleet_proto::v1::access_service_client::AccessServiceClient::with_interceptor(
+            self.channel.clone(),
+            self.auth.clone(),
+        )
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
     pub fn health(&self) -> gpufleet_proto::v1::health_service_client::HealthServiceClient<Authed> {
         gpufleet_proto::v1::health_service_client::HealthServiceClient::with_interceptor(
             self.channel.clone(),

@@ -1,5 +1,6 @@
 //! The data sources, one module each.
 
+mod audit_log;
 mod availability;
 mod cluster_dashboard;
 mod driver_versions;
@@ -30,6 +31,7 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn DataSourceType>> {
         Arc::new(lookups::Tenants::new(state.clone())),
         Arc::new(lookups::Clusters::new(state.clone())),
         Arc::new(lookups::Reservations::new(state.clone())),
+        Arc::new(audit_log::AuditLog::new(state.clone())),
     ]
 }
 

@@ -10,6 +10,7 @@ mod node_plan;
 mod reservation;
 mod tenant;
 mod tenant_cluster;
+mod tenant_token;
 pub(crate) mod waiting;
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use crate::provider::ProviderState;
 pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn ResourceType>> {
     vec![
         Arc::new(tenant::Tenant::new(state.clone())),
+        Arc::new(tenant_token::TenantToken::new(state.clone())),
         Arc::new(gpu_quota::GpuQuota::new(state.clone())),
         Arc::new(reservation::Reservation::new(state.clone())),
         Arc::new(tenant_cluster::TenantCluster::new(state.clone())),

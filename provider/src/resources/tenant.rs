@@ -7,8 +7,8 @@ use gpufleet_proto::v1 as api;
 
 use super::common::{answered, deleted, diag, found, imported, request_id, required_str};
 use crate::framework::{
-    default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute, Diagnostic,
-    Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
+    changed, default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
+    Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
 };
 use crate::provider::ProviderState;
 use crate::validation;
@@ -23,15 +23,50 @@ impl Tenant {
     }
 }
 
-/// The state of a tenant as the backend reports it; the token is never reported back.
-fn state(t: &api::Tenant, token: Value) -> Value {
+/// How long a rotated token keeps working when `token_overlap_seconds` is unset, and the
+/// most it may be (the backend's bounds).
+pub(crate) const DEFAULT_OVERLAP_SECONDS: i64 = 3600;
+pub(crate) const MAX_OVERLAP_SECONDS: i64 = 7 * 24 * 3600;
+
+/// The state of a tenant as the backend reports it; the token is never reported back, and
+/// the rotation settings are the configuration's own.
+fn state(t: &api::Tenant, token: Value, rotation: &Value) -> Value {
     Value::object([
         ("id", Value::string(&t.id)),
         ("name", Value::string(&t.name)),
         ("display_name", Value::string(&t.display_name)),
         ("labels", Value::string_map(&t.labels)),
         ("token", token),
+        ("token_rotation", rotation.get("token_rotation").clone()),
+        (
+            "token_overlap_seconds",
+            match rotation.get("token_overlap_seconds") {
+                Value::Null => Value::Number(DEFAULT_OVERLAP_SECONDS),
+                v => v.clone(),
+            },
+        ),
     ])
+}
+
+/// A token rotation of the tenant's "default" token with the planned overlap (by the
+/// admin or the team itself); the new secret.
+pub(crate) async fn rotate_default(
+    client: &crate::client::Client,
+    tenant_id: &str,
+    planned: &Value,
+) -> Result<String, Diagnostics> {
+    let overlap = planned
+        .i64_attr("token_overlap_seconds")
+        .map_err(diag)?
+        .unwrap_or(DEFAULT_OVERLAP_SECONDS);
+    let request = api::RotateTokenRequest {
+        tenant_id: tenant_id.to_string(),
+        name: "default".into(),
+        overlap_seconds: Some(overlap),
+        request_id: request_id(),
+    };
+    let issued = answered(client, client.access().rotate_token(request).await)?;
+    Ok(issued.secret)
 }
 
 /// Plans a tenant: defaults made concrete, computed values unknown only on create, and
@@ -51,6 +86,12 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedCh
         "labels",
         Value::Map(Default::default()),
     );
+    default_when_unset(
+        &mut planned,
+        config,
+        "token_overlap_seconds",
+        Value::Number(DEFAULT_OVERLAP_SECONDS),
+    );
     match prior {
         None => {
             mark_unknown(&mut planned, &["id", "token"]);
@@ -61,6 +102,10 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedCh
         }
         Some(prior) => {
             let requires_replace = requires_replace_if_changed(prior, &planned, &["name"]);
+            // A new `token_rotation` rotates the token in place: a new secret.
+            if requires_replace.is_empty() && changed(prior, &planned, "token_rotation") {
+                mark_unknown(&mut planned, &["token"]);
+            }
             PlannedChange {
                 state: planned,
                 requires_replace,
@@ -98,9 +143,19 @@ impl ResourceType for Tenant {
                 Attribute::computed(
                     "token",
                     Type::String,
-                    "The tenant's bearer token, issued at create and kept in state (the backend stores only its hash). Null after import.",
+                    "The tenant's bearer token (its token named `default`, scope `write`), issued at create and at each rotation and kept in state (the backend stores only its hash). Null after import.",
                 )
                 .sensitive(),
+                Attribute::optional(
+                    "token_rotation",
+                    Type::String,
+                    "Any value; changing it rotates `token` in place (quotas, reservations and clusters untouched): the new secret goes to `token`, the old one keeps working for `token_overlap_seconds`, then is refused as rotated.",
+                ),
+                Attribute::optional_computed(
+                    "token_overlap_seconds",
+                    Type::Number,
+                    "How long the old token keeps working after a rotation: 0 to 604800 (7 days). Defaults to 3600.",
+                ),
             ],
         )
     }
@@ -117,6 +172,7 @@ impl ResourceType for Tenant {
             Err(d) => diags.push(d),
         }
         check_display_name_and_labels(config, &mut diags);
+        check_overlap(config, &mut diags);
         diags.into_result()
     }
 
@@ -130,7 +186,7 @@ impl ResourceType for Tenant {
                 .get_tenant(api::GetTenantRequest { id })
                 .await,
         )?;
-        Ok(tenant.map(|t| state(&t, prior.get("token").clone())))
+        Ok(tenant.map(|t| state(&t, prior.get("token").clone(), prior)))
     }
 
     async fn plan(
@@ -155,7 +211,7 @@ impl ResourceType for Tenant {
         let request = create_request(planned)?;
         let created = answered(&client, client.tenants().create_tenant(request).await)?;
         let tenant = created.tenant.unwrap_or_default();
-        Ok(state(&tenant, Value::String(created.token)))
+        Ok(state(&tenant, Value::String(created.token), planned))
     }
 
     async fn update(
@@ -174,7 +230,12 @@ impl ResourceType for Tenant {
                 .unwrap_or_default(),
         };
         let updated = answered(&client, client.tenants().update_tenant(request).await)?;
-        Ok(state(&updated, prior.get("token").clone()))
+        let token = if changed(prior, planned, "token_rotation") {
+            Value::String(rotate_default(&client, &updated.id, planned).await?)
+        } else {
+            prior.get("token").clone()
+        };
+        Ok(state(&updated, token, planned))
     }
 
     /// Deletes the tenant. Terraform deletes a tenant and the quotas, reservations and
@@ -209,7 +270,7 @@ impl ResourceType for Tenant {
             found(&client, client.tenants().get_tenant(request).await)?,
         )?;
         // The backend keeps only the token's hash: an imported tenant has no token.
-        Ok(state(&tenant, Value::Null))
+        Ok(state(&tenant, Value::Null, &Value::Null))
     }
 }
 
@@ -274,6 +335,22 @@ impl Tenant {
             None => Err(client.diagnostic(&status).into()),
         }
     }
+}
+
+/// `token_overlap_seconds` within the backend's bounds, at plan time.
+pub(crate) fn check_overlap_attr(config: &Value, name: &str, diags: &mut Diagnostics) {
+    match config.i64_attr(name) {
+        Ok(Some(v)) if !(0..=MAX_OVERLAP_SECONDS).contains(&v) => diags.attr_error(
+            name,
+            format!("{v} is out of range: give 0 (no overlap) to {MAX_OVERLAP_SECONDS} (7 days)"),
+        ),
+        Ok(_) => {}
+        Err(d) => diags.push(d),
+    }
+}
+
+fn check_overlap(config: &Value, diags: &mut Diagnostics) {
+    check_overlap_attr(config, "token_overlap_seconds", diags);
 }
 
 /// The API's bounds on `display_name` and `labels`, at plan time.

@@ -143,6 +143,23 @@ fn message(t: TokenRow, now: i64) -> v1::Token {
     }
 }
 
+/// A retried request whose answer was lost: a fresh secret for the live token it made
+/// (only hashes are kept, so the first secret cannot be answered again).
+fn reissue(
+    tx: &Connection,
+    owner: &Owner,
+    id: &str,
+    name: &str,
+    secret: &str,
+) -> Result<TokenRow, Status> {
+    let row = store::tokens::by_id(tx, id)
+        .map_err(db_error)?
+        .filter(|r| r.revoked_at.is_none() && r.rotated_at.is_none())
+        .ok_or_else(|| unknown_token(owner, name))?;
+    store::tokens::set_hash(tx, &row.id, &auth::hash_token(secret)).map_err(db_error)?;
+    Ok(row)
+}
+
 fn unknown_token(owner: &Owner, name: &str) -> Status {
     Status::not_found(format!(
         "name: {} has no live token named '{}'",
@@ -212,20 +229,19 @@ impl Access {
         };
         let issued = match prior {
             Prior::Conflict => return Err(request_id_conflict(&req.request_id, "token")),
-            Prior::Same(id) => {
-                let row = store::tokens::by_id(&tx, &id)
-                    .map_err(db_error)?
-                    .filter(|r| r.revoked_at.is_none() && r.rotated_at.is_none())
-                    .ok_or_else(|| unknown_token(&owner, &req.name))?;
-                store::tokens::set_hash(&tx, &row.id, &auth::hash_token(&secret))
-                    .map_err(db_error)?;
-                row
-            }
+            Prior::Same(id) => reissue(&tx, &owner, &id, &req.name, &secret)?,
             Prior::New => {
-                if store::tokens::live(&tx, owner.tenant_id.as_deref(), &req.name)
-                    .map_err(db_error)?
-                    .is_some()
+                let existing = store::tokens::live(&tx, owner.tenant_id.as_deref(), &req.name)
+                    .map_err(db_error)?;
+                // An expired token's name is free again: it is revoked as it is reissued.
+                if existing
+                    .as_ref()
+                    .is_some_and(|t| state_of(t, now) == "expired")
+                    && !req.validate_only
                 {
+                    store::tokens::revoke(&tx, owner.tenant_id.as_deref(), &req.name, now)
+                        .map_err(db_error)?;
+                } else if existing.is_some_and(|t| state_of(&t, now) != "expired") {
                     return Err(Status::already_exists(format!(
                         "name: {} already has a token named '{}'; revoke it first or choose another name",
                         owner.label, req.name
@@ -353,15 +369,7 @@ impl Access {
             Prior::Conflict => return Err(request_id_conflict(&req.request_id, "token rotation")),
             // The rotation's answer was lost: the secret it issued is replaced, the token
             // it rotated keeps its overlap.
-            Prior::Same(id) => {
-                let row = store::tokens::by_id(&tx, &id)
-                    .map_err(db_error)?
-                    .filter(|r| r.revoked_at.is_none() && r.rotated_at.is_none())
-                    .ok_or_else(|| unknown_token(&owner, &req.name))?;
-                store::tokens::set_hash(&tx, &row.id, &auth::hash_token(&secret))
-                    .map_err(db_error)?;
-                row
-            }
+            Prior::Same(id) => reissue(&tx, &owner, &id, &req.name, &secret)?,
             Prior::New => {
                 make_room(&tx, &owner, now)?;
                 let old = store::tokens::live(&tx, owner.tenant_id.as_deref(), &req.name)
@@ -419,7 +427,7 @@ impl Access {
             // before the rotation commits.
             let file = self.state.admin_token_file.as_ref().ok_or_else(|| {
                 Status::failed_precondition(
-                    "name: the admin token was given to serve from outside its data dir (GPUFLEET_ADMIN_TOKEN); change it there and restart serve instead",
+                    "name: serve was given the admin token from outside its data dir (GPUFLEET_ADMIN_TOKEN or --admin-token); change it there and restart serve instead",
                 )
             })?;
             auth::replace_secret_file(file, &secret).map_err(|e| {

@@ -741,6 +741,24 @@ mod tests {
         .unwrap();
     }
 
+    /// A database with the first `version` migrations applied, as an older release left it.
+    fn at_version(path: &std::path::Path, version: usize) -> rusqlite::Connection {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+        )
+        .unwrap();
+        for (i, sql) in super::MIGRATIONS[..version].iter().enumerate() {
+            conn.execute_batch(sql).unwrap();
+            conn.execute(
+                "INSERT INTO schema_version (version, applied_at) VALUES (?1, 0)",
+                [i as i64 + 1],
+            )
+            .unwrap();
+        }
+        conn
+    }
+
     fn add_tenant(conn: &rusqlite::Connection, id: &str) {
         conn.execute(
             "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
@@ -807,19 +825,7 @@ mod tests {
         let path = dir.path().join("state.db");
         {
             // A database at schema version 6, holding rows, as a previous release left it.
-            let conn = rusqlite::Connection::open(&path).unwrap();
-            conn.execute_batch(
-                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
-            )
-            .unwrap();
-            for (i, sql) in super::MIGRATIONS[..6].iter().enumerate() {
-                conn.execute_batch(sql).unwrap();
-                conn.execute(
-                    "INSERT INTO schema_version (version, applied_at) VALUES (?1, 0)",
-                    [i as i64 + 1],
-                )
-                .unwrap();
-            }
+            let conn = at_version(&path, 6);
             add_tenant(&conn, "t1");
             add_node(&conn, "a", "H100-80GB", "pool");
             add_node(&conn, "b", "H100-80GB", "on-demand");
@@ -843,19 +849,7 @@ mod tests {
         let path = dir.path().join("state.db");
         {
             // A database at schema version 15, as the release before issue 30 left it.
-            let conn = rusqlite::Connection::open(&path).unwrap();
-            conn.execute_batch(
-                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
-            )
-            .unwrap();
-            for (i, sql) in super::MIGRATIONS[..15].iter().enumerate() {
-                conn.execute_batch(sql).unwrap();
-                conn.execute(
-                    "INSERT INTO schema_version (version, applied_at) VALUES (?1, 0)",
-                    [i as i64 + 1],
-                )
-                .unwrap();
-            }
+            let conn = at_version(&path, 15);
             add_tenant(&conn, "t1");
             add_tenant(&conn, "t2");
             for (tenant, object) in [("t1", "c1"), ("t2", "c2"), ("", "n1"), ("t1", "c1")] {

@@ -1,0 +1,18 @@
+# A read-only token for the team's pull-request pipeline: it plans (every read
+# and plan-time dry run), and its apply is refused naming the scope.
+resource "gpufleet_tenant_token" "ci_plan" {
+  tenant     = gpufleet_tenant.example.id
+  name       = "ci-plan"
+  scope      = "read"
+  expires_at = "2027-06-30T00:00:00Z"
+
+  # Give rotation a new value to rotate the secret in place; the old one keeps
+  # working for rotation_overlap_seconds (default 3600).
+  rotation                 = "2026-12"
+  rotation_overlap_seconds = 600
+}
+
+output "ci_plan_token" {
+  value     = gpufleet_tenant_token.ci_plan.token
+  sensitive = true
+}

@@ -1,0 +1,246 @@
+//! Tokens through Terraform (issue 30): a team's token rotated in place with a two-minute
+//! overlap on the backend's injected clock; a read token that plans the team's workspace
+//! and whose apply is refused naming its scope; revoking one of two tokens; the audit log
+//! as a data source, a team's own only; import of a token.
+
+use gpufleet_e2e::{hcl, Backend, Terraform};
+use gpufleet_proto::v1::GetTenantRequest;
+
+/// A backend whose clock is a file the test writes, and that clock's current value.
+fn clocked() -> (Backend, std::path::PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = dir.path().join("clock");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    std::fs::write(&clock, now.to_string()).unwrap();
+    let backend = Backend::start_with_args(&["--clock-file", clock.to_str().unwrap()]);
+    (backend, clock, dir)
+}
+
+fn advance(clock: &std::path::Path, seconds: i64) {
+    let t: i64 = std::fs::read_to_string(clock)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::fs::write(clock, (t + seconds).to_string()).unwrap();
+}
+
+/// The tenant a token acts for, or the backend's refusal.
+async fn whose(backend: &Backend, token: &str) -> Result<String, tonic::Status> {
+    let mut c = backend.clients(token).await;
+    c.tenants
+        .get_tenant(GetTenantRequest::default())
+        .await
+        .map(|t| t.into_inner().name)
+}
+
+fn platform(rotation: Option<&str>) -> String {
+    let mut tenant = hcl::tenant("speech", "speech");
+    if let Some(r) = rotation {
+        tenant = tenant
+            .string("token_rotation", r)
+            .number("token_overlap_seconds", 120);
+    }
+    hcl::config(&[
+        tenant,
+        hcl::quota("h100", "gpufleet_tenant.speech.id", "H100-80GB", 24),
+        hcl::pool_cluster(
+            "train",
+            "gpufleet_tenant.speech.id",
+            "train",
+            "H100-80GB",
+            1,
+        )
+        .depends_on(&["gpufleet_gpu_quota.h100"]),
+    ])
+}
+
+fn token_of(tf: &Terraform, address: &str) -> String {
+    tf.resource(address)["token"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teams_token_rotates_in_place_and_the_old_one_is_refused_after_the_overlap() {
+    let (backend, clock, _dir) = clocked();
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_main(&platform(None));
+    tf.init();
+    tf.apply();
+    let old = token_of(&tf, "gpufleet_tenant.speech");
+    let cluster_id = tf.resource("gpufleet_tenant_cluster.train")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    tf.write_main(&platform(Some("2026-12")));
+    assert_eq!(tf.planned_actions("gpufleet_tenant.speech"), vec!["update"]);
+    assert_eq!(
+        tf.planned_actions("gpufleet_tenant_cluster.train"),
+        vec!["no-op"]
+    );
+    tf.apply();
+    let new = token_of(&tf, "gpufleet_tenant.speech");
+    assert_ne!(new, old);
+    tf.assert_no_changes();
+
+    // Inside the overlap both work; after it the old one is refused, saying rotated.
+    advance(&clock, 60);
+    assert_eq!(whose(&backend, &old).await.unwrap(), "speech");
+    assert_eq!(whose(&backend, &new).await.unwrap(), "speech");
+    advance(&clock, 61);
+    let refused = whose(&backend, &old).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    assert!(refused.message().contains("was rotated at"), "{refused:?}");
+    // The team's pipeline with the new token finds its cluster as it was.
+    let team = Terraform::new(&backend, &new);
+    team.write_main(
+        r#"
+data "gpufleet_clusters" "mine" {}
+output "clusters" { value = data.gpufleet_clusters.mine.clusters }
+"#,
+    );
+    team.init();
+    team.apply();
+    let clusters = team.outputs()["clusters"].clone();
+    assert_eq!(clusters[0]["id"], cluster_id.as_str());
+    assert_eq!(clusters[0]["status"], "running");
+    tf.assert_no_changes();
+}
+
+fn tokens(extra: &str) -> String {
+    format!(
+        r#"
+{platform}
+resource "gpufleet_tenant_token" "ci" {{
+  tenant = gpufleet_tenant.speech.id
+  name   = "ci-plan"
+  scope  = "read"
+}}
+{extra}
+resource "gpufleet_tenant" "vision" {{
+  name = "vision"
+}}
+resource "gpufleet_gpu_quota" "vision" {{
+  tenant   = gpufleet_tenant.vision.id
+  gpu_type = "H100-80GB"
+  gpus     = 8
+}}
+resource "gpufleet_tenant_cluster" "vision" {{
+  tenant       = gpufleet_tenant.vision.id
+  name         = "vision-secret"
+  orchestrator = "kubernetes"
+  gpu_type     = "H100-80GB"
+  node_count   = 1
+  depends_on   = [gpufleet_gpu_quota.vision]
+}}
+"#,
+        platform = platform(None)
+    )
+}
+
+const DEPLOY: &str = r#"
+resource "gpufleet_tenant_token" "deploy" {
+  tenant = gpufleet_tenant.speech.id
+  name   = "deploy"
+  scope  = "write"
+}
+"#;
+
+fn team_workspace(node_count: i64) -> String {
+    format!(
+        r#"
+resource "gpufleet_tenant_cluster" "dev" {{
+  name         = "dev"
+  orchestrator = "kubernetes"
+  gpu_type     = "H100-80GB"
+  node_count   = {node_count}
+}}
+data "gpufleet_audit_log" "mine" {{}}
+output "audit" {{ value = data.gpufleet_audit_log.mine.entries }}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_token_plans_but_cannot_apply_and_revoking_one_token_leaves_the_other() {
+    let backend = Backend::start();
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_main(&tokens(DEPLOY));
+    tf.init();
+    tf.apply();
+    tf.assert_no_changes();
+    let read = token_of(&tf, "gpufleet_tenant_token.ci");
+    let write = token_of(&tf, "gpufleet_tenant_token.deploy");
+
+    // The team's deploy pipeline applies; its plan pipeline plans the next change ...
+    let mut team = Terraform::new(&backend, &write);
+    team.write_main(&team_workspace(1));
+    team.init();
+    team.apply();
+    team.write_main(&team_workspace(2));
+    team.set_token(&read);
+    assert_eq!(team.plan_detailed_exitcode(), 2);
+    // ... but cannot apply it: refused naming the scope, nothing changed.
+    team.apply_fails()
+        .assert_mentions(&["token 'ci-plan' has scope read"]);
+    let mut admin = backend.admin().await;
+    let inventory = admin.inventory().await;
+    let dev = inventory.clusters.iter().find(|c| c.name == "dev").unwrap();
+    assert_eq!(dev.node_count, 1);
+
+    // The audit log, read with the team's read token: its own changes and refusals with
+    // the token's name, nothing of vision's.
+    team.write_main(&team_workspace(1));
+    team.apply();
+    let audit = team.outputs()["audit"].clone();
+    let entries = audit.as_array().unwrap();
+    let has = |token: &str, method: &str, outcome: &str| {
+        entries.iter().any(|e| {
+            e["token_name"] == token
+                && e["method"].as_str().unwrap().ends_with(method)
+                && e["outcome"] == outcome
+        })
+    };
+    assert!(has("deploy", "/CreateTenantCluster", "OK"), "{audit:#}");
+    assert!(
+        has("ci-plan", "/UpdateTenantCluster", "PERMISSION_DENIED"),
+        "{audit:#}"
+    );
+    let text = audit.to_string();
+    assert!(!text.contains("vision") && !text.contains(&backend.admin_token()[..12]));
+    let seqs: Vec<i64> = entries.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, (1..=entries.len() as i64).collect::<Vec<_>>());
+
+    // Revoking the deploy token (removing it from the platform's configuration) leaves
+    // the read token working.
+    tf.write_main(&tokens(""));
+    assert_eq!(
+        tf.planned_actions("gpufleet_tenant_token.deploy"),
+        vec!["delete"]
+    );
+    tf.apply();
+    let revoked = whose(&backend, &write).await.unwrap_err();
+    assert!(revoked
+        .message()
+        .contains("token 'deploy' of tenant 'speech' was revoked"));
+    assert_eq!(whose(&backend, &read).await.unwrap(), "speech");
+    assert_eq!(team.plan_detailed_exitcode(), 0);
+
+    // A token is imported by TENANT/NAME; its secret is not read back, and the plan after
+    // is empty.
+    let id = tf.resource("gpufleet_tenant_token.ci")["tenant_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    tf.run_ok(&["state", "rm", "gpufleet_tenant_token.ci"]);
+    tf.import("gpufleet_tenant_token.ci", &format!("{id}/ci-plan"));
+    assert!(tf.resource("gpufleet_tenant_token.ci")["token"].is_null());
+    tf.assert_no_changes();
+    // A typo in a scope is refused at plan, naming the attribute.
+    tf.write_main(&tokens(&DEPLOY.replace("\"write\"", "\"wirte\"")));
+    tf.plan_fails()
+        .assert_mentions(&["scope: \"wirte\" is not a scope"]);
+}
