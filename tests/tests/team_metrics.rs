@@ -1,24 +1,20 @@
 //! A team's own observability, end to end: the platform creates two teams with real
-//! Terraform (each a quota and a health-checked cluster, A's on MIG slices); team A issues
-//! itself a `read` token; its own workspace, with that token, reads
+//! Terraform (each a quota and a health-checked cluster, A's on MIG slices, and a `read`
+//! `gpufleet_tenant_token` for A's dashboards); A's own workspace, with that token, reads
 //! `gpufleet_cluster_dashboard` for its cluster; a real Prometheus runs the scrape job the
 //! provider generated, verbatim, against the control plane's metrics endpoint with that
 //! token. Prometheus then holds A's series only (no label value of B's, no fleet-wide
 //! family), every query of the generated dashboard returns data, A's token cannot read
-//! B's cluster's dashboard, B's token sees nothing of A's, and the revoked read token is
-//! refused at once. A Slurm team's running and pending jobs reach its view.
+//! B's cluster's dashboard, B's token sees nothing of A's, and the read token, revoked by
+//! destroying its resource, is refused at once. A Slurm team's running and pending jobs reach its view.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
-use gpufleet_e2e::grpc::{bearer_auth, BearerAuth};
 use gpufleet_e2e::prom::{self, Prometheus};
 use gpufleet_e2e::{Backend, Terraform};
-use gpufleet_proto::v1::access_service_client::AccessServiceClient;
-use gpufleet_proto::v1::{CreateTokenRequest, RevokeTokenRequest};
 use serde_json::Value;
-use tonic::transport::Channel;
 
 const PLATFORM: &str = r#"
 resource "gpufleet_tenant" "a" {
@@ -64,8 +60,14 @@ resource "gpufleet_health_check" "b" {
   cluster_id = gpufleet_tenant_cluster.b.id
   level      = "quick"
 }
+# Team A's token for its dashboards: read only.
+resource "gpufleet_tenant_token" "a_prometheus" {
+  tenant = gpufleet_tenant.a.id
+  name   = "prometheus"
+  scope  = "read"
+}
 output "a" {
-  value     = { id = gpufleet_tenant.a.id, token = gpufleet_tenant.a.token, cluster = gpufleet_tenant_cluster.a.id }
+  value     = { id = gpufleet_tenant.a.id, token = gpufleet_tenant.a.token, read_token = gpufleet_tenant_token.a_prometheus.token, cluster = gpufleet_tenant_cluster.a.id }
   sensitive = true
 }
 output "b" {
@@ -168,19 +170,7 @@ async fn a_team_scrapes_its_own_clusters_only_and_every_dashboard_query_has_data
     let (a_id, a_token, a_cluster) = (s(a, "id"), s(a, "token"), s(a, "cluster"));
     let (b_id, b_token, b_cluster) = (s(b, "id"), s(b, "token"), s(b, "cluster"));
 
-    // Team A issues itself a read token for its dashboards (with its write token).
-    let mut a_access = access(&backend, &a_token).await;
-    let read_token = a_access
-        .create_token(CreateTokenRequest {
-            name: "prometheus".into(),
-            scope: "read".into(),
-            request_id: "team-a-prometheus".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("CreateToken: {e}"))
-        .into_inner()
-        .secret;
+    let read_token = s(a, "read_token");
 
     // Team A's workspace, with the read token: its cluster's dashboard and scrape job.
     let secrets = tempfile::tempdir().unwrap();
@@ -302,33 +292,30 @@ async fn a_team_scrapes_its_own_clusters_only_and_every_dashboard_query_has_data
     assert_eq!(refused.status, 401, "{refused:?}");
     assert!(!refused.body.contains("gpufleet_"), "{refused:?}");
 
-    // Revoked, the read token scrapes nothing more: 401, and Prometheus sees it down.
-    a_access
-        .revoke_token(RevokeTokenRequest {
-            name: "prometheus".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("RevokeToken: {e}"));
+    // Revoked (its gpufleet_tenant_token destroyed), the read token scrapes nothing
+    // more: 401, and Prometheus sees the target down.
+    let without_token = PLATFORM
+        .replace(
+            r#"resource "gpufleet_tenant_token" "a_prometheus" {
+  tenant = gpufleet_tenant.a.id
+  name   = "prometheus"
+  scope  = "read"
+}"#,
+            "",
+        )
+        .replace(
+            ", read_token = gpufleet_tenant_token.a_prometheus.token",
+            "",
+        );
+    assert!(!without_token.contains("a_prometheus"));
+    platform.write_main(&without_token);
+    platform.apply();
     let refused = prom::get(&metrics, "/metrics", Some(&read_token)).unwrap();
     assert_eq!(refused.status, 401, "{refused:?}");
     assert!(!refused.body.contains("gpufleet_"), "{refused:?}");
     prometheus.wait_for_value("up", 0.0);
     // The team's write token still sees its view.
     assert!(prom::scrape_with(&metrics, &a_token).contains(&a_cluster));
-}
-
-/// A client of the token service with `token`.
-async fn access(
-    backend: &Backend,
-    token: &str,
-) -> AccessServiceClient<tonic::service::interceptor::InterceptedService<Channel, BearerAuth>> {
-    let channel = Channel::from_shared(backend.endpoint())
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect");
-    AccessServiceClient::with_interceptor(channel, bearer_auth(token))
 }
 
 /// Runs `command` on a Slurm cluster's login with the team's key, as the cluster's user
