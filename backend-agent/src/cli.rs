@@ -129,6 +129,18 @@ pub fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
     parse_duration(text)
 }
 
+/// `token rotate --overlap`: a duration, or none at all (`0`, `0s`: the old secret is
+/// refused at once).
+pub fn parse_overlap(text: &str) -> Result<std::time::Duration, String> {
+    let digits = text
+        .trim()
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    if !digits.is_empty() && digits.chars().all(|c| c == '0') {
+        return Ok(std::time::Duration::ZERO);
+    }
+    parse_duration(text)
+}
+
 /// A duration of at least one second: a connection's time limits (shorter ones would close
 /// clients that are only slow to connect).
 pub fn parse_connection_time(text: &str) -> Result<std::time::Duration, String> {
@@ -293,8 +305,9 @@ pub struct TokenCreateArgs {
 pub struct TokenRotateArgs {
     #[command(flatten)]
     pub token: TokenNameArgs,
-    /// How long the old secret keeps working, e.g. 0s, 10m, 24h (at most 168h).
-    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    /// How long the old secret keeps working, e.g. 0s (refused at once), 10m, 24h (at
+    /// most 7 days).
+    #[arg(long, value_parser = parse_overlap, default_value = "1h")]
     pub overlap: std::time::Duration,
 }
 
@@ -758,6 +771,17 @@ mod tests {
         for bad in ["0.0.0.0", "::1", "gpu-host", "10.0.0.5:22"] {
             assert!(parse_advertise_address(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_overlap_may_be_none_but_not_over_seven_days() {
+        use super::parse_overlap;
+        use std::time::Duration;
+        assert_eq!(parse_overlap("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_overlap("0s").unwrap(), Duration::ZERO);
+        assert_eq!(parse_overlap("10m").unwrap(), Duration::from_secs(600));
+        assert!(parse_overlap("169h").is_err());
+        assert!(parse_overlap("s").is_err());
     }
 
     #[test]

@@ -648,3 +648,96 @@ async fn another_teams_tokens_are_out_of_reach_and_look_like_no_tenant() {
         ("default", "active")
     );
 }
+
+/// `gpufleet-agent ARGS` with the token in GPUFLEET_TOKEN (never on the command line):
+/// its stdout, or a failure with its stderr.
+fn cli(agent: &Agent, token: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
+        .args(args)
+        .env("GPUFLEET_ENDPOINT", &agent.endpoint)
+        .env("GPUFLEET_TOKEN", token)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gpufleet-agent {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn a_team_manages_its_tokens_and_reads_its_audit_log_from_the_cli() {
+    let s = Clocked::start();
+    let mut admin = s.agent.admin().await;
+    let (team, write) = admin.tenant("team-a").await;
+    // A new secret is alone on stdout, for a redirect into a file.
+    let read = cli(
+        &s.agent,
+        &write,
+        &[
+            "token",
+            "create",
+            "ci-plan",
+            "--scope",
+            "read",
+            "--expires-in",
+            "24h",
+        ],
+    );
+    let read = read.trim();
+    assert!(read.starts_with("gft_") && !read.contains(char::is_whitespace));
+    assert_eq!(works(&s.agent, read).await.unwrap().id, team.id);
+    let rotated = cli(
+        &s.agent,
+        &write,
+        &["token", "rotate", "default", "--overlap", "0s"],
+    );
+    let rotated = rotated.trim();
+    assert_eq!(works(&s.agent, rotated).await.unwrap().id, team.id);
+    assert!(works(&s.agent, &write).await.is_err());
+    let listed = cli(&s.agent, rotated, &["token", "list"]);
+    let rows: Vec<Vec<&str>> = listed
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().take(3).collect())
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            vec!["ci-plan", "read", "active"],
+            vec!["default", "write", "rotated"],
+            vec!["default", "write", "active"],
+        ],
+        "{listed}"
+    );
+    cli(&s.agent, rotated, &["token", "revoke", "ci-plan"]);
+    assert!(works(&s.agent, read).await.is_err());
+    // The audit log, oldest first, with each token's name.
+    let audit = |text: &str| -> Vec<String> {
+        text.lines()
+            .skip(1)
+            .map(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                format!("{} {} {}", cells[3], cells[5], cells[cells.len() - 2])
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let lines = audit(&cli(&s.agent, rotated, &["audit"]));
+        if lines.len() >= 3 {
+            assert_eq!(
+                lines,
+                vec![
+                    "default AccessService/CreateToken OK",
+                    "default AccessService/RotateToken OK",
+                    "default AccessService/RevokeToken OK",
+                ]
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "audit: {lines:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
