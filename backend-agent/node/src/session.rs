@@ -50,7 +50,7 @@ enum End {
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// How often heartbeats carry the GPUs' readings (`Heartbeat.gpus`).
+/// How often the agent reads its GPUs for its heartbeats (`Heartbeat.gpus`).
 const TELEMETRY_EVERY: Duration = Duration::from_secs(5);
 
 /// Serves the control plane until `stop` turns true. Returns an error only when the
@@ -286,26 +286,36 @@ async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
     let queued = Arc::new(AtomicU32::new(0));
     crate::metrics::watch_queue(&agent.name, &queued);
     let interval = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(50)));
+    // The GPUs are read every TELEMETRY_EVERY on a blocking thread of their own, so that
+    // a hardware call that hangs never holds a heartbeat back; each new reading rides on
+    // the next heartbeat.
+    let (readings_tx, mut readings) = watch::channel(Vec::<v1::GpuTelemetry>::new());
+    let sampler = {
+        let telemetry = agent.telemetry.clone();
+        tokio::spawn(async move {
+            loop {
+                let t = telemetry.clone();
+                let Ok(sample) = tokio::task::spawn_blocking(move || t.sample()).await else {
+                    break;
+                };
+                if readings_tx.send(sample).is_err() {
+                    break;
+                }
+                tokio::time::sleep(TELEMETRY_EVERY).await;
+            }
+        })
+    };
     let heartbeats = {
         let up = up.clone();
         let queued = queued.clone();
-        let telemetry = agent.telemetry.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             let mut seq = 0u64;
-            let mut sampled: Option<tokio::time::Instant> = None;
             loop {
                 tick.tick().await;
                 seq += 1;
-                // The GPUs' readings on the first heartbeat, then at most every
-                // TELEMETRY_EVERY; read on a blocking thread (hardware calls).
-                let due = sampled.is_none_or(|at| at.elapsed() >= TELEMETRY_EVERY);
-                let gpus = if due {
-                    sampled = Some(tokio::time::Instant::now());
-                    let t = telemetry.clone();
-                    tokio::task::spawn_blocking(move || t.sample())
-                        .await
-                        .unwrap_or_default()
+                let gpus = if readings.has_changed().unwrap_or(false) {
+                    readings.borrow_and_update().clone()
                 } else {
                     Vec::new()
                 };
@@ -371,6 +381,7 @@ async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
         }
     };
     heartbeats.abort();
+    sampler.abort();
     // An order running on its blocking thread finishes and is journaled; the control
     // plane re-sends it after the reconnect and gets the journaled answer.
     worker.abort();
