@@ -40,4 +40,5 @@ pub mod services;
 pub mod slurm_clusters;
 pub mod state;
 pub mod store;
+pub mod telemetry;
 pub mod volumes;

@@ -182,7 +182,7 @@ struct Metrics {
 }
 
 /// How to get the metrics token, at the end of a refused scrape's answer.
-const METRICS_TOKEN_HINT: &str = "scrape with the token of serve's --metrics-token-file (default <data-dir>/metrics.token), e.g. Prometheus' authorization.credentials_file";
+const METRICS_TOKEN_HINT: &str = "scrape with the token of serve's --metrics-token-file (default <data-dir>/metrics.token) for the whole fleet, or a tenant's token for its own clusters, e.g. Prometheus' authorization.credentials_file";
 
 /// The metrics token in `path` (the operator's): trimmed, and usable as a bearer token.
 fn metrics_token(path: &Path) -> anyhow::Result<String> {
@@ -416,16 +416,17 @@ impl ControlPlane {
             tokio::spawn(crate::mig::run_drift_sweeps(state.clone(), stop.clone())),
         ]);
         if let Some(m) = &self.metrics {
+            // The bearer token decides the view: the operator's everything, a tenant's
+            // its own (`metrics::view`).
             let (state, names) = (state.clone(), m.tenant_names);
-            let render = move || crate::metrics::control::render(state.clone(), names);
-            let access = gpufleet_process::metrics_endpoint::Access::Bearer {
-                token: m.token.clone(),
-                hint: METRICS_TOKEN_HINT,
+            let operator: Arc<str> = Arc::from(m.token.as_str());
+            let render = move |token: String| {
+                crate::metrics::view::render(state.clone(), names, operator.clone(), token)
             };
-            gpufleet_process::metrics_endpoint::listen(
+            gpufleet_process::metrics_endpoint::listen_by_token(
                 m.listen,
                 "control plane",
-                access,
+                METRICS_TOKEN_HINT,
                 render,
                 stop.clone(),
             )

@@ -18,6 +18,7 @@ mod order_tests;
 pub mod session;
 pub mod sim_disk;
 pub mod slurmd;
+pub mod telemetry;
 pub mod volumes;
 
 use std::path::{Path, PathBuf};
@@ -122,13 +123,17 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
         Some(sim) => Arc::new(gpufleet_gpu::load::SimRunner::new(sim.clone())),
         None => Arc::new(gpufleet_gpu::load::cuda::CudaRunner::new()),
     };
+    // Every reading of the GPUs goes through the tap, so the XIDs telemetry drains still
+    // reach the health checks.
+    let telemetry = telemetry::XidTap::wrap(parts.backend);
     Ok(Arc::new(Agent {
+        telemetry: telemetry.clone(),
         host: parts.host,
         bandwidth_addr,
         exec: Arc::new(Executor {
             name: parts.name.clone(),
             gpu_type: parts.gpu_type,
-            backend: parts.backend,
+            backend: telemetry,
             sim: parts.sim,
             faults_file: parts.faults_file,
             journal: Mutex::new(journal),
