@@ -458,6 +458,7 @@ mod tests {
             cuda_version: String::new(),
             driver_version: String::new(),
             max_unavailable: 1,
+            storage_retention: "delete".into(),
         }
     }
 
