@@ -617,7 +617,10 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
                 .is_ok_and(|env| String::from_utf8_lossy(&env).contains(&format!("/{name}/")))
         })
         .collect();
-    assert!(!stepds.is_empty(), "the running job has a slurmstepd of its cluster");
+    assert!(
+        !stepds.is_empty(),
+        "the running job has a slurmstepd of its cluster"
+    );
 
     // A team that drops its key from the configuration can no longer log in.
     tf.write_main(
