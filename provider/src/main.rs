@@ -7,6 +7,7 @@ mod framework;
 mod protocol;
 mod provider;
 mod resources;
+mod state;
 mod this_run;
 mod times;
 mod validation;
