@@ -152,18 +152,16 @@ pub fn server(client_cert_pem: &str) -> anyhow::Result<ServerTls> {
     name.push(rcgen::DnType::OrganizationName, "gpufleet");
     name.push(rcgen::DnType::CommonName, "localhost");
     params.distinguished_name = name;
-    // The client trusts this certificate as its own root for the connection.
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // The client trusts exactly this certificate (its only root for the connection). It
+    // is no CA: Go's client accepts a leaf that is itself in its roots, and webpki-based
+    // clients refuse a CA certificate used as the server's own.
+    params.is_ca = rcgen::IsCa::ExplicitNoCa;
     params.key_usages = vec![
         rcgen::KeyUsagePurpose::DigitalSignature,
         rcgen::KeyUsagePurpose::KeyEncipherment,
         rcgen::KeyUsagePurpose::KeyAgreement,
-        rcgen::KeyUsagePurpose::KeyCertSign,
     ];
-    params.extended_key_usages = vec![
-        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-    ];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384)?;
     let cert = params.self_signed(&key)?;
     let cert_der = cert.der().to_vec();
