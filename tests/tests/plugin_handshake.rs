@@ -68,10 +68,13 @@ fn run_to_refusal(env: &[(&str, &str)]) -> (i32, String, String) {
     )
 }
 
+/// What a refusal case is: its name, the environment, what stderr must say.
+type RefusalCase<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str);
+
 #[test]
 fn without_the_cookie_or_protocol_6_or_a_client_certificate_the_provider_refuses_to_run() {
     let cert = client_cert();
-    let cases: [(&str, Vec<(&str, &str)>, &str); 4] = [
+    let cases: [RefusalCase; 4] = [
         (
             "no cookie",
             vec![("PLUGIN_CLIENT_CERT", cert.cert_pem.as_str())],
