@@ -25,11 +25,18 @@ fn terraform_1_6() -> PathBuf {
 }
 
 /// A tenant, a quota on it (the tenant's id is unknown until apply, so the plan carries an
-/// unknown into another resource) and a data source.
+/// unknown into another resource), a tenant whose display name is a template over that id
+/// (a *refined* unknown: known not null, with a known prefix; Terraform 1.6+ sends it as
+/// MessagePack extension 12) and a data source.
 const MAIN: &str = r#"
 resource "gpufleet_tenant" "team" {
   name         = "versions"
   display_name = "Versions team"
+}
+
+resource "gpufleet_tenant" "sibling" {
+  name         = "versions-sibling"
+  display_name = "Sibling of ${gpufleet_tenant.team.id}"
 }
 
 resource "gpufleet_gpu_quota" "h100" {
@@ -65,7 +72,7 @@ async fn whole_life_with(terraform: PathBuf, version: &str) {
     tf.write_main(MAIN);
     tf.init();
     let plan = tf.plan();
-    plan.assert_mentions(&["2 to add, 0 to change, 0 to destroy"]);
+    plan.assert_mentions(&["3 to add, 0 to change, 0 to destroy"]);
     tf.apply();
     let tenant_id = str_of(&tf.outputs(), "tenant_id");
     assert!(!tenant_id.is_empty(), "{version}: the tenant has an id");
