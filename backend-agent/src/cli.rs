@@ -241,6 +241,12 @@ pub struct NodeArgs {
     /// host's).
     #[arg(long, env = "GPUFLEET_NODE_MEMORY_MIB", value_name = "MIB")]
     pub memory_mib: Option<u64>,
+    /// Where this host mounts the platform's shared storage (the same path as the control
+    /// plane's --shared-storage): the volumes of this node's cluster are bind-mounted from
+    /// it at their storage_path under /run/gpufleet/volumes. Without it this node mounts
+    /// no team volume.
+    #[arg(long, env = "GPUFLEET_SHARED_STORAGE", value_name = "DIR")]
+    pub shared_storage: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -382,6 +388,11 @@ pub struct ServeArgs {
     /// Directory holding the state database, the admin token and the volumes.
     #[arg(long, env = "GPUFLEET_DATA_DIR", default_value = "./.gpufleet")]
     pub data_dir: PathBuf,
+    /// The platform's shared storage: a btrfs file system every host mounts at this path.
+    /// Each tenant cluster's volume is a subvolume there with a quota of exactly its
+    /// storage_gib. Without it, volumes are unsized directories in the data dir.
+    #[arg(long, env = "GPUFLEET_SHARED_STORAGE", value_name = "DIR")]
+    pub shared_storage: Option<PathBuf>,
     /// Fleet file (TOML with [[pool]] and [[on_demand]] tables); built-in default when absent.
     /// Only with --hardware sim.
     #[arg(long, env = "GPUFLEET_FLEET")]
@@ -667,6 +678,7 @@ impl NodeArgs {
             address: self.address,
             cpus: self.cpus,
             memory_mib: self.memory_mib,
+            shared_storage: self.shared_storage,
         }
     }
 }
@@ -683,6 +695,7 @@ impl ServeArgs {
             tls_key: self.tls_key,
             agent_ca: self.agent_ca,
             data_dir: self.data_dir,
+            shared_storage: self.shared_storage,
             fleet,
             admin_token: self.admin_token,
             join_token: self.join_token,

@@ -108,6 +108,9 @@ fn agent(
     let declared = declared(&host, address)?;
     gpufleet_node::assemble(gpufleet_node::Parts {
         host: declared,
+        // Embedded nodes are the control plane's host, which has the shared storage
+        // itself: volumes are used in place there, never mounted per node.
+        shared_storage: None,
         bandwidth: Some(listener),
         bandwidth_advertise: None,
         installer,

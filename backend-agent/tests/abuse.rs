@@ -382,7 +382,11 @@ async fn a_heartbeat_flood_is_cut_and_heartbeats_out_of_sequence_or_bounds_end_t
     let mut admin = agent.admin().await;
 
     let beat = |seq: u64, orders_queued: u32| {
-        agent_message::Msg::Heartbeat(Heartbeat { seq, orders_queued })
+        agent_message::Msg::Heartbeat(Heartbeat {
+            seq,
+            orders_queued,
+            gpus: Vec::new(),
+        })
     };
 
     // 200,000 heartbeats as fast as the stream takes them: cut.

@@ -405,7 +405,7 @@ async fn storage_directories_are_created_grown_and_removed() {
     let k = c.create_cluster(req).await;
     let path = std::path::PathBuf::from(&k.storage_path);
     assert!(
-        path.is_absolute() && path.ends_with("volumes/team-a/k"),
+        path.is_absolute() && path.ends_with(format!("volumes/{}/k", t.id)),
         "{}",
         path.display()
     );
@@ -428,7 +428,10 @@ async fn storage_directories_are_created_grown_and_removed() {
         Code::FailedPrecondition,
         "quota",
     );
-    assert!(!agent.data_dir.join("volumes/team-a/refused").exists());
+    assert!(!agent
+        .data_dir
+        .join(format!("volumes/{}/refused", t.id))
+        .exists());
 
     c.delete_cluster(&k.id).await;
     assert!(!path.exists());

@@ -313,7 +313,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
 
     c.assert_unchanged(&before, "no failed request changed the store")
         .await;
-    let names: Vec<_> = std::fs::read_dir(agent.data_dir.join("volumes/team-a"))
+    let names: Vec<_> = std::fs::read_dir(agent.data_dir.join("volumes").join(&t.id))
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();

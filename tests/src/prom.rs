@@ -187,14 +187,7 @@ pub struct Prometheus {
 impl Prometheus {
     /// Starts prometheus scraping `jobs` every second and waits until it is ready.
     pub fn start(jobs: &[Job]) -> Prometheus {
-        let binary = tool("prometheus");
-        let root = tempfile::Builder::new()
-            .prefix("gpufleet-prometheus-")
-            .tempdir()
-            .expect("create prometheus' temp dir");
-        let mut config = String::from(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nscrape_configs:\n",
-        );
+        let mut config = String::new();
         for job in jobs {
             let list: Vec<String> = job.targets.iter().map(|t| format!("'{t}'")).collect();
             config.push_str(&format!(
@@ -209,6 +202,21 @@ impl Prometheus {
                 ));
             }
         }
+        Prometheus::start_with_scrape_configs(&config)
+    }
+
+    /// Starts prometheus with `scrape_configs` (YAML: the list's items, as written, e.g.
+    /// a job the provider generated), each job scraping every second unless it says
+    /// otherwise, and waits until it is ready.
+    pub fn start_with_scrape_configs(scrape_configs: &str) -> Prometheus {
+        let binary = tool("prometheus");
+        let root = tempfile::Builder::new()
+            .prefix("gpufleet-prometheus-")
+            .tempdir()
+            .expect("create prometheus' temp dir");
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{scrape_configs}"
+        );
         let config_file = root.path().join("prometheus.yml");
         std::fs::write(&config_file, config).expect("write prometheus.yml");
         let addr = format!("127.0.0.1:{}", free_port());

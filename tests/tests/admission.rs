@@ -477,7 +477,7 @@ async fn dry_runs_answer_like_the_real_call_and_change_nothing() {
         .await
         .expect("a dry run of a lower quota");
     assert_eq!(admin.inventory().await, before);
-    let volumes = backend.data_dir().join("volumes").join("team");
+    let volumes = backend.data_dir().join("volumes").join(&tenant.id);
     assert!(!volumes.join("train").exists(), "a dry run made storage");
 
     // The request id was not remembered: the real create with the same id but other

@@ -3,8 +3,9 @@
 //! `authorization: credentials_file:`) and two node agents, and the values come back through
 //! its HTTP API; `promtool check metrics` passes on both kinds of endpoint; every metric the
 //! Grafana dashboard (examples/grafana/gpufleet.json) queries exists. The control plane's
-//! endpoint answers a scrape without its token with 401 and no data, and names no tenant
-//! unless `--metrics-tenant-names` asks for it.
+//! endpoint answers a scrape without a token it takes with 401 and no data (a tenant's
+//! token gets its own view, tests/tests/team_metrics.rs), and names no tenant unless
+//! `--metrics-tenant-names` asks for it.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
@@ -330,14 +331,17 @@ async fn a_scrape_without_the_metrics_token_gets_401_and_no_data() {
     assert_eq!(mode, 0o600, "{}", path.display());
     let token = generated_token(&backend);
 
-    // No token, a wrong one, a near miss, the admin's and the tenant's: refused, no data.
+    // No token, a wrong one, a near miss: refused, no data. (A tenant's token is not
+    // refused: it sees its own tenant's view, tests/tests/team_metrics.rs.)
     let near_miss = &token[..token.len() - 1];
     for (what, given) in [
         ("no token", None),
         ("a wrong token", Some("gfm_guess")),
         ("the token less its last character", Some(near_miss)),
-        ("the admin token", Some(backend.admin_token())),
-        ("a tenant token", Some(tenant_token.as_str())),
+        (
+            "a tenant token less its last character",
+            Some(&tenant_token[..tenant_token.len() - 1]),
+        ),
     ] {
         let answer = prom::get(&addr, "/metrics", given).unwrap();
         assert_eq!(answer.status, 401, "{what}: {answer:?}");
@@ -353,6 +357,19 @@ async fn a_scrape_without_the_metrics_token_gets_401_and_no_data() {
             assert!(!answer.body.contains(secret), "{what}: {answer:?}");
         }
     }
+
+    // The tenant's token: its own view, never the fleet's.
+    let own = prom::scrape_with(&addr, &tenant_token);
+    assert!(own.contains(&tenant_id), "{own}");
+    for fleet_wide in [
+        "gpufleet_gpus{",
+        "gpufleet_nodes{",
+        "gpufleet_api_requests_total",
+    ] {
+        assert!(!own.contains(fleet_wide), "{own}");
+    }
+    // The admin token sees what the operator's does.
+    assert!(prom::scrape_with(&addr, backend.admin_token()).contains("gpufleet_gpus{"));
 
     // With the token: every tenant by its id only, no tenant's name anywhere.
     let text = prom::scrape_with(&addr, &token);

@@ -608,11 +608,16 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
         ],
     );
     client.wait_running(&[long.trim().to_string()]).await;
+    // This cluster's only: other tests' jobs run beside it, and need not end with it.
     let stepds: Vec<i32> = pids_naming(&["slurmstepd"])
         .into_iter()
         .map(|(pid, _)| pid)
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(&format!("/{name}/")))
+        })
         .collect();
-    assert!(!stepds.is_empty(), "the running job has a slurmstepd");
+    assert!(!stepds.is_empty(), "the running job has a slurmstepd of its cluster");
 
     // A team that drops its key from the configuration can no longer log in.
     tf.write_main(

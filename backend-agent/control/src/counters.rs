@@ -296,6 +296,9 @@ pub fn accept_error(exhausted: bool) {
 pub const AGENT_RATE: &str = "rate";
 /// `reason` of agents' sessions cut for a heartbeat out of bounds or out of sequence.
 pub const AGENT_PROTOCOL: &str = "protocol";
+/// `reason` of a heartbeat's GPU readings dropped (not the node's GPUs, or out of range);
+/// the heartbeat itself counts.
+pub const AGENT_TELEMETRY: &str = "telemetry";
 
 /// Counts an agent's message dropped unread.
 pub fn agent_message_dropped(reason: &str) {

@@ -85,6 +85,8 @@ impl OrderDeadlines {
             Some(work_order::Kind::StartSlurmd(_)) | Some(work_order::Kind::StopSlurmd(_)) => {
                 ("slurmd", self.slurmd)
             }
+            // A bind mount or two: as long as the node's daemons may take.
+            Some(work_order::Kind::SetVolumes(_)) => ("volumes", self.slurmd),
             None => ("unknown", self.check_quick),
         }
     }

@@ -461,6 +461,7 @@ impl Bounded for v1::CreateTenantClusterRequest {
         range("node_count", self.node_count, 1, MAX_NODE_COUNT)?;
         text("reservation_id", &self.reservation_id, MAX_ID_CHARS)?;
         optional("storage_gib", self.storage_gib, MAX_STORAGE_GIB)?;
+        keyword("storage_retention", &self.storage_retention)?;
         mig_layout("mig_layout", &self.mig_layout, 1)?;
         version("cuda_version", &self.cuda_version)?;
         version("driver_version", &self.driver_version)?;
@@ -497,6 +498,7 @@ impl Bounded for v1::UpdateTenantClusterRequest {
         id("tenant cluster", &self.id)?;
         optional("node_count", self.node_count, MAX_NODE_COUNT)?;
         optional("storage_gib", self.storage_gib, MAX_STORAGE_GIB)?;
+        keyword("storage_retention", &self.storage_retention)?;
         mig_layout("mig_layout", &self.mig_layout, 1)?;
         version("cuda_version", &self.cuda_version)?;
         version("driver_version", &self.driver_version)?;

@@ -350,6 +350,11 @@ pub async fn mark_reconciled(state: &AppState, node: NodeRow, reason: String) {
         tracing::info!(node = %node.hostname, %reason, "not marked ready or busy: its agent is not connected");
         return;
     }
+    // Its cluster's volume mounted, or none when it is free (it may have left while away).
+    let reason = match crate::node_volumes::sync(state, vec![node.id.clone()]).await {
+        Err(e) if reason.is_empty() => e.to_string(),
+        _ => reason,
+    };
     let (node_id, cluster, t) = (node.id.clone(), node.cluster_id.clone(), state.now());
     let recorded = state
         .apply(move |conn| {

@@ -83,6 +83,8 @@ pub struct Registry {
     pub deadlines: crate::deadlines::OrderDeadlines,
     /// The pace of registrations per node name.
     pub registrations: Registrations,
+    /// Each live node's latest GPU readings, as its agent reported them.
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 fn order_message(order: &v1::WorkOrder) -> Result<v1::ControlMessage, Status> {
@@ -107,6 +109,7 @@ impl Registry {
             replace_after,
             deadlines: Default::default(),
             registrations: Default::default(),
+            telemetry: Default::default(),
         }
     }
 

@@ -83,6 +83,21 @@ pub fn orchestrator(value: &str) -> Result<(), String> {
     }
 }
 
+/// What deleting a cluster does to its volume (`storage_retention`).
+pub const RETENTIONS: &[&str] = &["delete", "keep"];
+
+/// `storage_retention`: "delete" or "keep".
+pub fn storage_retention(value: &str) -> Result<(), String> {
+    if RETENTIONS.contains(&value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "storage_retention: must be one of {} (got '{value}')",
+            RETENTIONS.join(", ")
+        ))
+    }
+}
+
 /// A tenant's quota for one GPU model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limit {

@@ -64,6 +64,10 @@ pub struct Config {
     /// The CA whose certificates node agents must present (mutual TLS).
     pub agent_ca: Option<PathBuf>,
     pub data_dir: PathBuf,
+    /// The platform's shared storage (`--shared-storage`): a btrfs every host mounts at
+    /// this path, where tenant clusters' volumes live; None: unsized directories in the
+    /// data dir.
+    pub shared_storage: Option<PathBuf>,
     pub fleet: Fleet,
     /// Generated into `<data-dir>/admin.token` (and `join.token`) when `None`.
     pub admin_token: Option<String>,
@@ -111,6 +115,7 @@ impl Config {
             tls_key: None,
             agent_ca: None,
             data_dir,
+            shared_storage: None,
             fleet,
             admin_token: None,
             join_token: None,
@@ -177,7 +182,7 @@ struct Metrics {
 }
 
 /// How to get the metrics token, at the end of a refused scrape's answer.
-const METRICS_TOKEN_HINT: &str = "scrape with the token of serve's --metrics-token-file (default <data-dir>/metrics.token), e.g. Prometheus' authorization.credentials_file";
+const METRICS_TOKEN_HINT: &str = "scrape with the token of serve's --metrics-token-file (default <data-dir>/metrics.token) for the whole fleet, or a tenant's token for its own clusters, e.g. Prometheus' authorization.credentials_file";
 
 /// The metrics token in `path` (the operator's): trimmed, and usable as a bearer token.
 fn metrics_token(path: &Path) -> anyhow::Result<String> {
@@ -247,6 +252,9 @@ impl ControlPlane {
         let (mut conn, record) = store::open_checked(&data_dir.join("state.db"), config.store)?;
         let mut offered = config.drivers.clone();
         let mut delivers = fleet::Delivers::default();
+        // External agents mount each cluster's volume on its nodes; embedded ones are this
+        // host, which has the shared storage itself.
+        let external_nodes = matches!(config.fleet, Fleet::External);
         let embedded = match config.fleet {
             Fleet::External => Vec::new(),
             Fleet::ThisHost(backend) => {
@@ -293,7 +301,13 @@ impl ControlPlane {
                     .collect()
             }
         };
-        crate::scheduling::clusters::recover_interrupted(&mut conn)?;
+        let volumes = match &config.shared_storage {
+            Some(root) => crate::volumes::Volumes::shared(root)
+                .map_err(anyhow::Error::msg)?
+                .with_node_mounts(external_nodes),
+            None => crate::volumes::Volumes::in_data_dir(data_dir.join(crate::state::VOLUMES)),
+        };
+        crate::scheduling::clusters::recover_interrupted(&mut conn, &volumes)?;
         // Every agent registers anew with this process.
         store::nodes::await_agents(&conn, config.clock.now())?;
         let (admin_token, admin_token_file) = match config.admin_token.filter(|t| !t.is_empty()) {
@@ -347,7 +361,8 @@ impl ControlPlane {
             .with_delivers(delivers.overridden_by(&config.delivers))
             .with_breaker(config.breaker)
             .with_candidates(config.candidates)
-            .with_slurm_address(config.advertise_address),
+            .with_slurm_address(config.advertise_address)
+            .with_volumes(volumes),
         );
         Ok(Self {
             state,
@@ -401,16 +416,17 @@ impl ControlPlane {
             tokio::spawn(crate::mig::run_drift_sweeps(state.clone(), stop.clone())),
         ]);
         if let Some(m) = &self.metrics {
+            // The bearer token decides the view: the operator's everything, a tenant's
+            // its own (`metrics::view`).
             let (state, names) = (state.clone(), m.tenant_names);
-            let render = move || crate::metrics::control::render(state.clone(), names);
-            let access = gpufleet_process::metrics_endpoint::Access::Bearer {
-                token: m.token.clone(),
-                hint: METRICS_TOKEN_HINT,
+            let operator: Arc<str> = Arc::from(m.token.as_str());
+            let render = move |token: String| {
+                crate::metrics::view::render(state.clone(), names, operator.clone(), token)
             };
-            gpufleet_process::metrics_endpoint::listen(
+            gpufleet_process::metrics_endpoint::listen_by_token(
                 m.listen,
                 "control plane",
-                access,
+                METRICS_TOKEN_HINT,
                 render,
                 stop.clone(),
             )

@@ -682,6 +682,8 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
             )
         })
         .await?;
+    let watched: BTreeSet<String> = clusters.iter().map(|c| c.id.clone()).collect();
+    state.agents.telemetry.keep_jobs_of(&watched);
     for c in clusters {
         let name = gpufleet_slurm::cluster_name(&c.id);
         // Running, and with the nodes the store gives the cluster (a replaced node changes
@@ -703,6 +705,21 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
                 })
                 .await?
         };
+        // The team's jobs, for its metrics: only what the controller answers now.
+        let jobs = if running {
+            let conf = controller::conf_path(&state.data_dir, &name);
+            match tokio::task::spawn_blocking(move || status::jobs(&conf)).await {
+                Ok(Ok(counts)) => Some(counts),
+                Ok(Err(e)) => {
+                    tracing::debug!(cluster = %c.name, error = %e, "cannot count the Slurm jobs");
+                    None
+                }
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
+        state.agents.telemetry.record_jobs(&c.id, jobs);
         let slurm_says = if running {
             let conf = controller::conf_path(&state.data_dir, &name);
             let id = c.id.clone();

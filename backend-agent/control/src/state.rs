@@ -115,6 +115,9 @@ pub struct AppState {
     /// Where node agents and tenants reach this host's Slurm controllers and logins
     /// (serve's `--advertise-address`).
     pub slurm_address: std::net::IpAddr,
+    /// Tenant clusters' volumes: on the shared storage (serve's `--shared-storage`), else
+    /// unsized directories in the data dir's `volumes/`.
+    pub volumes: crate::volumes::Volumes,
 }
 
 impl AppState {
@@ -149,6 +152,7 @@ impl AppState {
             _checkpoints: checkpoints,
             db,
             readers,
+            volumes: crate::volumes::Volumes::in_data_dir(data_dir.join(VOLUMES)),
             data_dir,
             admin_token,
             admin_token_file: None,
@@ -168,6 +172,12 @@ impl AppState {
     /// Where Slurm controllers and logins are reached (serve's `--advertise-address`).
     pub fn with_slurm_address(mut self, addr: std::net::IpAddr) -> Self {
         self.slurm_address = addr;
+        self
+    }
+
+    /// Volumes on the platform's shared storage instead of the data dir's.
+    pub fn with_volumes(mut self, volumes: crate::volumes::Volumes) -> Self {
+        self.volumes = volumes;
         self
     }
 
@@ -264,10 +274,6 @@ impl AppState {
         })
         .await
         .map_err(|e| E::from(Error::Internal(format!("request worker failed: {e}"))))?
-    }
-
-    pub fn volumes_root(&self) -> PathBuf {
-        self.data_dir.join(VOLUMES)
     }
 }
 

@@ -262,6 +262,22 @@ fn profile_info_errors_are_not_read_as_no_instances() {
     assert_eq!(layout_of(&b, 0), (true, vec![(9, 0)]));
 }
 
+/// Utilisation and memory in use through NVML: whole-GPU utilisation where NVML has it,
+/// none (not 0) under MIG, where the memory is still read.
+#[test]
+fn usage_reads_utilisation_and_memory_and_none_under_mig() {
+    let fake =
+        Fake::new("count = 2\n[[gpu]]\nindex = 0\nbusy = true\n[[gpu]]\nindex = 1\nmig = true\n");
+    let b = fake.backend();
+    let busy = b.usage(0).unwrap();
+    assert_eq!(busy.utilization_percent, Some(100));
+    assert_eq!(busy.memory_total_mib, 81559);
+    assert!(busy.memory_used_mib > 0 && busy.memory_used_mib < busy.memory_total_mib);
+    let sliced = b.usage(1).unwrap();
+    assert_eq!(sliced.utilization_percent, None);
+    assert_eq!(sliced.memory_total_mib, 81559);
+}
+
 /// Defect 5: row remapping is part of health; "n/a under MIG" where NVML says so.
 #[test]
 fn remapped_rows_pending_or_failed_are_unhealthy() {

@@ -34,6 +34,9 @@ pub struct Executor {
     pub running: Mutex<()>,
     /// This node's Slurm daemons (a slurmd and munged per Slurm tenant cluster).
     pub slurmd: super::slurmd::Slurmd,
+    /// Where this host mounts the platform's shared storage (None: it mounts no team
+    /// volume).
+    pub shared_storage: Option<PathBuf>,
     /// This agent's bandwidth-test listener (None: it takes part in no bandwidth test).
     pub bandwidth: Option<Arc<super::bandwidth::Listener>>,
     /// Runs the medium and long levels' load tests (simulated GPUs, or CUDA).
@@ -119,6 +122,22 @@ impl Executor {
             // Idempotent by nature (started or stopped is checked each time): not journaled.
             Some(v1::work_order::Kind::StartSlurmd(_) | v1::work_order::Kind::StopSlurmd(_)) => {
                 return self.slurm_order(order);
+            }
+            // Declarative like the Slurm orders: not journaled.
+            Some(v1::work_order::Kind::SetVolumes(v)) => {
+                let outcome = super::volumes::apply(self.shared_storage.as_deref(), v);
+                if let Err(e) = &outcome {
+                    tracing::warn!(order = %order.id, error = %e, "volume order failed");
+                }
+                return v1::OrderResult {
+                    order_id: order.id.clone(),
+                    ok: outcome.is_ok(),
+                    error: outcome.err().unwrap_or_default(),
+                    error_kind: String::new(),
+                    inventory: self.inventory().ok(),
+                    replayed: false,
+                    health: None,
+                };
             }
             None => refuse("order has no kind this agent knows; upgrade the agent".into()),
         };

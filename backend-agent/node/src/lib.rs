@@ -18,6 +18,8 @@ mod order_tests;
 pub mod session;
 pub mod sim_disk;
 pub mod slurmd;
+pub mod telemetry;
+pub mod volumes;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -64,6 +66,9 @@ pub struct Config {
     /// the host's.
     pub cpus: Option<u32>,
     pub memory_mib: Option<u64>,
+    /// Where this host mounts the platform's shared storage (`--shared-storage`): team
+    /// volumes are bind-mounted from it on the nodes of their clusters.
+    pub shared_storage: Option<PathBuf>,
 }
 
 /// The pieces an agent is made of, whichever process it runs in.
@@ -83,6 +88,8 @@ pub struct Parts {
     pub bandwidth_advertise: Option<String>,
     /// The host as the node declares it to Slurm.
     pub host: host::Declared,
+    /// Where this host mounts the platform's shared storage (team volumes come from it).
+    pub shared_storage: Option<PathBuf>,
 }
 
 /// The slow-network fault of `name` read from `faults_file` at each stream (simulated
@@ -116,13 +123,17 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
         Some(sim) => Arc::new(gpufleet_gpu::load::SimRunner::new(sim.clone())),
         None => Arc::new(gpufleet_gpu::load::cuda::CudaRunner::new()),
     };
+    // Every reading of the GPUs goes through the tap, so the XIDs telemetry drains still
+    // reach the health checks.
+    let telemetry = telemetry::XidTap::wrap(parts.backend);
     Ok(Arc::new(Agent {
+        telemetry: telemetry.clone(),
         host: parts.host,
         bandwidth_addr,
         exec: Arc::new(Executor {
             name: parts.name.clone(),
             gpu_type: parts.gpu_type,
-            backend: parts.backend,
+            backend: telemetry,
             sim: parts.sim,
             faults_file: parts.faults_file,
             journal: Mutex::new(journal),
@@ -130,6 +141,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
             running: Mutex::new(()),
             slurmd: slurmd::Slurmd::new(&parts.data_dir, &parts.name, hardware == "sim"),
             bandwidth: parts.bandwidth,
+            shared_storage: parts.shared_storage,
             load,
         }),
         name: parts.name,
@@ -295,8 +307,18 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
         .unwrap_or_else(|| listener.addr().to_string());
     tell_offered(control_plane, &bandwidth_offered, host.address);
     tracing::info!(address = %host.address, hostname = %host.hostname, cpus = host.cpus, memory_mib = host.memory_mib, "the host as Slurm declares it");
+    let shared_storage = match &args.shared_storage {
+        Some(dir) => Some(std::fs::canonicalize(dir).with_context(|| {
+            format!(
+                "--shared-storage {}: not a directory on this host",
+                dir.display()
+            )
+        })?),
+        None => None,
+    };
     let agent = assemble(Parts {
         host,
+        shared_storage,
         bandwidth: Some(listener),
         bandwidth_advertise: args.bandwidth_advertise.clone(),
         installer,

@@ -1,8 +1,8 @@
 //! A node agent's metrics, read at each scrape: per GPU (labels `node`, `gpu` = index,
-//! `uuid`, `model`) what its backend reports — temperature, power, uncorrected ECC errors,
-//! remapped rows, whether it is healthy — and the agent's orders queued or running, plus
-//! the orders it has answered since it started. The backends report no utilisation, so
-//! there is no utilisation metric.
+//! `uuid`, `model`) what its backend reports — utilisation and memory in use (where it can
+//! read them), temperature, power, uncorrected ECC errors, remapped rows, whether it is
+//! healthy — and the agent's orders queued or running, plus the orders it has answered
+//! since it started.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -51,6 +51,7 @@ pub fn order_kind(order: &gpufleet_proto::v1::WorkOrder) -> &'static str {
         Some(Kind::RunHealthCheck(_)) => "health_check",
         Some(Kind::StartSlurmd(_)) => "start_slurmd",
         Some(Kind::StopSlurmd(_)) => "stop_slurmd",
+        Some(Kind::SetVolumes(_)) => "set_volumes",
         None => "none",
     }
 }
@@ -116,6 +117,18 @@ fn gauges(
         "MIG instances on the GPU (0 with MIG off).",
         gpu_labels,
     );
+    let utilization = gpufleet_process::metrics_endpoint::gauge_vec(
+        &registry,
+        "gpufleet_node_gpu_utilization_percent",
+        "Percent of the last sample period the GPU was busy (absent where the backend cannot read it, e.g. NVML under MIG).",
+        gpu_labels,
+    );
+    let memory_used = gpufleet_process::metrics_endpoint::gauge_vec(
+        &registry,
+        "gpufleet_node_gpu_memory_used_bytes",
+        "GPU memory in use.",
+        gpu_labels,
+    );
     let queue = gpufleet_process::metrics_endpoint::gauge_vec(
         &registry,
         "gpufleet_node_orders_queued",
@@ -138,6 +151,14 @@ fn gauges(
         let index = g.index.to_string();
         let labels = [node, index.as_str(), g.uuid.as_str(), g.model.as_str()];
         mig.with_label_values(&labels).set(g.instances.len() as f64);
+        if let Ok(u) = backend.usage(g.index) {
+            if let Some(p) = u.utilization_percent {
+                utilization.with_label_values(&labels).set(f64::from(p));
+            }
+            memory_used
+                .with_label_values(&labels)
+                .set(u.memory_used_mib as f64 * 1024.0 * 1024.0);
+        }
         let h = match backend.health(g.index) {
             Ok(h) => h,
             Err(e) => {

@@ -25,6 +25,7 @@ fn agent(dir: &Path, name: &str) -> Arc<Agent> {
     .unwrap();
     node::assemble(Parts {
         host: node::host::Declared::real(std::net::Ipv4Addr::LOCALHOST),
+        shared_storage: None,
         name: name.into(),
         capacity: "pool".into(),
         gpu_type: model.name.clone(),

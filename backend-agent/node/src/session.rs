@@ -38,6 +38,8 @@ pub struct Agent {
     pub bandwidth_addr: String,
     /// The host as Slurm declares the node.
     pub host: crate::host::Declared,
+    /// The agent's GPUs as its heartbeats report them (the executor's backend, tapped).
+    pub telemetry: Arc<crate::telemetry::XidTap>,
 }
 
 enum End {
@@ -48,6 +50,8 @@ enum End {
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How often the agent reads its GPUs for its heartbeats (`Heartbeat.gpus`).
+const TELEMETRY_EVERY: Duration = Duration::from_secs(5);
 
 /// Serves the control plane until `stop` turns true. Returns an error only when the
 /// control plane refuses the node (wrong join token, name in use, contradicting inventory).
@@ -282,6 +286,25 @@ async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
     let queued = Arc::new(AtomicU32::new(0));
     crate::metrics::watch_queue(&agent.name, &queued);
     let interval = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(50)));
+    // The GPUs are read every TELEMETRY_EVERY on a blocking thread of their own, so that
+    // a hardware call that hangs never holds a heartbeat back; each new reading rides on
+    // the next heartbeat.
+    let (readings_tx, mut readings) = watch::channel(Vec::<v1::GpuTelemetry>::new());
+    let sampler = {
+        let telemetry = agent.telemetry.clone();
+        tokio::spawn(async move {
+            loop {
+                let t = telemetry.clone();
+                let Ok(sample) = tokio::task::spawn_blocking(move || t.sample()).await else {
+                    break;
+                };
+                if readings_tx.send(sample).is_err() {
+                    break;
+                }
+                tokio::time::sleep(TELEMETRY_EVERY).await;
+            }
+        })
+    };
     let heartbeats = {
         let up = up.clone();
         let queued = queued.clone();
@@ -291,9 +314,15 @@ async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
             loop {
                 tick.tick().await;
                 seq += 1;
+                let gpus = if readings.has_changed().unwrap_or(false) {
+                    readings.borrow_and_update().clone()
+                } else {
+                    Vec::new()
+                };
                 let beat = v1::Heartbeat {
                     seq,
                     orders_queued: queued.load(Ordering::Relaxed),
+                    gpus,
                 };
                 if up
                     .send(v1::AgentMessage {
@@ -352,6 +381,7 @@ async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
         }
     };
     heartbeats.abort();
+    sampler.abort();
     // An order running on its blocking thread finishes and is journaled; the control
     // plane re-sends it after the reconnect and gets the journaled answer.
     worker.abort();

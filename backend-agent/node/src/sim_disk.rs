@@ -105,6 +105,9 @@ impl GpuBackend for DiskSim {
     fn readings(&self, gpu: u32) -> Result<gpufleet_gpu::hardware::GpuReadings, HwError> {
         self.node.readings(gpu)
     }
+    fn usage(&self, gpu: u32) -> Result<gpufleet_gpu::hardware::GpuUsage, HwError> {
+        self.node.usage(gpu)
+    }
     fn busy(&self, gpu: u32) -> Result<BusyState, HwError> {
         self.node.busy(gpu)
     }

@@ -1,7 +1,9 @@
 //! Prometheus metrics: `--metrics-listen ADDR` (`GPUFLEET_METRICS_LISTEN`) on `serve` and
 //! on `node` serves the text exposition format at `GET /metrics` (off by default). What is
 //! measured belongs to each program (the control plane's and the node agent's `metrics`);
-//! this is the endpoint and the encoding they share, and who may scrape it ([`Access`]).
+//! this is the endpoint and the encoding they share, and who may scrape it ([`Access`], or
+//! the program itself by the bearer token presented: [`listen_by_token`]). At most
+//! `MAX_SCRAPES_AT_ONCE` scrapes render at a time; one more is answered 503.
 //!
 //! Encoding is the `prometheus` crate's; the HTTP side is the axum/hyper that tonic brings.
 
@@ -36,14 +38,13 @@ impl std::fmt::Debug for Access {
 
 impl Access {
     /// Whether a request with these headers may scrape.
+    #[cfg(test)]
     fn allows(&self, headers: &http::HeaderMap) -> bool {
         match self {
             Access::Open => true,
-            Access::Bearer { token, .. } => headers
-                .get(http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .is_some_and(|given| same(given.as_bytes(), token.as_bytes())),
+            Access::Bearer { token, .. } => {
+                bearer(headers).is_some_and(|given| same(given.as_bytes(), token.as_bytes()))
+            }
         }
     }
 }
@@ -53,6 +54,20 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// What a scrape is answered: the text, `None` for a refused token (401, no data), or
+/// an error (500).
+pub type Rendered = Result<Option<String>, String>;
+
+type Renderer = Arc<
+    dyn Fn(Option<String>) -> std::pin::Pin<Box<dyn Future<Output = Rendered> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Scrapes rendered at once; one more is answered 503 at once (a scraper retries at its
+/// next interval), so no caller can pile up renders.
+const MAX_SCRAPES_AT_ONCE: usize = 8;
+
 /// Binds `addr` (port 0 picks a free port) and serves `GET /metrics` until `stop` turns
 /// true; every scrape that `access` allows calls `render`. Returns the address bound,
 /// logged on stderr (stdout stays the command's own).
@@ -61,46 +76,129 @@ pub async fn listen<F, Fut>(
     what: &'static str,
     access: Access,
     render: F,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<SocketAddr>
 where
     F: Fn() -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<String, String>> + Send + 'static,
 {
+    let needs = match access {
+        Access::Open => "",
+        Access::Bearer { .. } => " (bearer token required)",
+    };
+    let hint = match &access {
+        Access::Bearer { hint, .. } => *hint,
+        Access::Open => "",
+    };
+    let renderer: Renderer = Arc::new(move |token: Option<String>| {
+        let allowed = match &access {
+            Access::Open => true,
+            Access::Bearer {
+                token: expected, ..
+            } => token
+                .as_deref()
+                .is_some_and(|given| same(given.as_bytes(), expected.as_bytes())),
+        };
+        let render = render.clone();
+        Box::pin(async move {
+            if !allowed {
+                return Ok(None);
+            }
+            render().await.map(Some)
+        })
+    });
+    serve(addr, what, needs, hint, renderer, stop).await
+}
+
+/// Like [`listen`], but what a scrape sees is decided by its bearer token: `render` gets
+/// the token presented (a request without one is refused first) and answers `Ok(None)`
+/// for a token it does not take, which is a 401 with no data like any refusal.
+pub async fn listen_by_token<F, Fut>(
+    addr: SocketAddr,
+    what: &'static str,
+    hint: &'static str,
+    render: F,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<SocketAddr>
+where
+    F: Fn(String) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Rendered> + Send + 'static,
+{
+    let renderer: Renderer = Arc::new(move |token: Option<String>| {
+        let render = render.clone();
+        Box::pin(async move {
+            match token {
+                Some(t) => render(t).await,
+                None => Ok(None),
+            }
+        })
+    });
+    serve(
+        addr,
+        what,
+        " (bearer token required; it decides the view)",
+        hint,
+        renderer,
+        stop,
+    )
+    .await
+}
+
+/// The bearer token of a request, when it carries one of printable ASCII within the
+/// longest token any gpufleet program issues.
+fn bearer(headers: &http::HeaderMap) -> Option<String> {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .filter(|t| {
+            !t.is_empty() && t.len() <= MAX_TOKEN_CHARS && t.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .map(str::to_string)
+}
+
+/// The longest bearer token looked at (gpufleet's tokens are far shorter).
+const MAX_TOKEN_CHARS: usize = 512;
+
+async fn serve(
+    addr: SocketAddr,
+    what: &'static str,
+    needs: &'static str,
+    hint: &'static str,
+    render: Renderer,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<SocketAddr> {
     use axum::response::IntoResponse;
 
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("--metrics-listen: cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;
-    let needs = match access {
-        Access::Open => "",
-        Access::Bearer { .. } => " (bearer token required)",
-    };
-    let access = Arc::new(access);
+    let at_once = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES_AT_ONCE));
     let handler = move |headers: http::HeaderMap| {
         let render = render.clone();
-        let access = access.clone();
+        let at_once = at_once.clone();
         async move {
-            if !access.allows(&headers) {
-                let hint = match &*access {
-                    Access::Bearer { hint, .. } => *hint,
-                    Access::Open => "",
-                };
+            let Ok(_permit) = at_once.try_acquire_owned() else {
                 return (
+                    http::StatusCode::SERVICE_UNAVAILABLE,
+                    format!("more than {MAX_SCRAPES_AT_ONCE} scrapes at once; try again\n"),
+                )
+                    .into_response();
+            };
+            match render(bearer(&headers)).await {
+                Ok(Some(text)) => (
+                    [(http::header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+                    text,
+                )
+                    .into_response(),
+                Ok(None) => (
                     http::StatusCode::UNAUTHORIZED,
                     [(
                         http::header::WWW_AUTHENTICATE,
                         "Bearer realm=\"gpufleet metrics\"",
                     )],
                     format!("missing or invalid bearer token: {hint}\n"),
-                )
-                    .into_response();
-            }
-            match render().await {
-                Ok(text) => (
-                    [(http::header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
-                    text,
                 )
                     .into_response(),
                 Err(e) => {

@@ -1,5 +1,6 @@
-//! What a Slurm controller says about its nodes (`sinfo`), and the Slurm commands the
-//! control plane runs against it (`scontrol`), each bounded in time. Blocking.
+//! What a Slurm controller says about its nodes (`sinfo`) and its jobs (`squeue`), and the
+//! Slurm commands the control plane runs against it (`scontrol`), each bounded in time.
+//! Blocking.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -99,6 +100,77 @@ pub fn nodes(conf: &Path) -> Result<BTreeMap<String, NodeState>, String> {
     Ok(parse_sinfo(&text))
 }
 
+/// The jobs a controller holds that are running or waiting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobCounts {
+    pub running: u64,
+    pub pending: u64,
+}
+
+impl JobCounts {
+    /// Counts one `squeue -o %T` line (a job's state).
+    fn add(&mut self, line: &str) {
+        match line.trim() {
+            "RUNNING" => self.running += 1,
+            "PENDING" => self.pending += 1,
+            _ => {}
+        }
+    }
+}
+
+/// `squeue -h -o %T` output as counts.
+pub fn parse_squeue_states(text: &str) -> JobCounts {
+    let mut counts = JobCounts::default();
+    text.lines().for_each(|l| counts.add(l));
+    counts
+}
+
+/// The controller's running and pending jobs (every user's: the cluster is one team's),
+/// counted as `squeue` prints them, one line per job, read while it prints (a queue of
+/// any length), killed after 10 s.
+pub fn jobs(conf: &Path) -> Result<JobCounts, String> {
+    use std::io::BufRead;
+    let limit = Duration::from_secs(10);
+    let mut child = Command::new("squeue")
+        .args(["-h", "-a", "-t", "PENDING,RUNNING", "-o", "%T"])
+        .env("SLURM_CONF", conf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run squeue: {e}"))?;
+    let out = child.stdout.take().ok_or("squeue: no output pipe")?;
+    let counting = std::thread::spawn(move || {
+        let mut counts = JobCounts::default();
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            counts.add(&line);
+        }
+        counts
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = counting.join();
+                return Err(format!("squeue did not answer within {limit:?}"));
+            }
+            Err(e) => return Err(format!("squeue: {e}")),
+        }
+    };
+    let counts = counting
+        .join()
+        .map_err(|_| "squeue: the reader failed".to_string())?;
+    if !status.success() {
+        return Err(format!("squeue failed ({status})"));
+    }
+    Ok(counts)
+}
+
 /// Why the cluster is not ready, or None when every expected node is schedulable.
 pub fn not_ready(expected: &[String], seen: &BTreeMap<String, NodeState>) -> Option<String> {
     let mut why = Vec::new();
@@ -118,6 +190,18 @@ pub fn not_ready(expected: &[String], seen: &BTreeMap<String, NodeState>) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn squeue_states_count_running_and_pending_only() {
+        let c = parse_squeue_states("RUNNING\nPENDING\nPENDING\nCOMPLETING\n\n RUNNING \n");
+        assert_eq!(
+            c,
+            JobCounts {
+                running: 2,
+                pending: 2
+            }
+        );
+    }
 
     #[test]
     fn sinfo_lines_parse_and_unready_nodes_are_named() {

@@ -99,6 +99,7 @@ impl Rogue {
                     msg: Some(agent_message::Msg::Heartbeat(Heartbeat {
                         seq,
                         orders_queued: 0,
+                        gpus: Vec::new(),
                     })),
                 };
                 if beat.send(hb).is_err() {

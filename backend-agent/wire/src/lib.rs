@@ -9,3 +9,4 @@ pub mod names;
 pub mod order_kind;
 pub mod pki;
 pub mod tls;
+pub mod volumes;

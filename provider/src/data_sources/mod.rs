@@ -2,6 +2,7 @@
 
 mod audit_log;
 mod availability;
+mod cluster_dashboard;
 mod driver_versions;
 mod events;
 mod gpu_types;
@@ -26,6 +27,7 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn DataSourceType>> {
         Arc::new(driver_versions::DriverVersions::new(state.clone())),
         Arc::new(events::Events::new(state.clone())),
         Arc::new(health_report::HealthReport::new(state.clone())),
+        Arc::new(cluster_dashboard::ClusterDashboard::new(state.clone())),
         Arc::new(lookups::Tenants::new(state.clone())),
         Arc::new(lookups::Clusters::new(state.clone())),
         Arc::new(lookups::Reservations::new(state.clone())),

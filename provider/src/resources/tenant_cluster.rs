@@ -38,6 +38,9 @@ impl TenantCluster {
 pub const DEFAULT_STORAGE_GIB: i64 = 100;
 /// Nodes a rolling driver change takes out of service at once, when not set.
 pub const DEFAULT_MAX_UNAVAILABLE: i64 = 1;
+/// What deleting a cluster does to its volume when the configuration does not say.
+pub const DEFAULT_STORAGE_RETENTION: &str = "delete";
+const RETENTIONS: &[&str] = &["delete", "keep"];
 const ORCHESTRATORS: &[&str] = &["kubernetes", "slurm"];
 const REPLACE_ON: &[&str] = &[
     "tenant",
@@ -57,6 +60,7 @@ const COMPUTED: &[&str] = &[
     "endpoint",
     "credentials",
     "storage_path",
+    "storage_used_gib",
     "acceptance_status",
     "acceptance_nodes",
 ];
@@ -103,6 +107,15 @@ fn state(c: &api::TenantCluster, order: &Value) -> Value {
         ("endpoint", Value::string(&c.endpoint)),
         ("credentials", Value::string(&c.credentials)),
         ("storage_path", Value::string(&c.storage_path)),
+        ("storage_used_gib", Value::Number(c.storage_used_gib)),
+        (
+            "storage_retention",
+            Value::string(if c.storage_retention.is_empty() {
+                DEFAULT_STORAGE_RETENTION
+            } else {
+                &c.storage_retention
+            }),
+        ),
         ("cuda_version", optional_string(&c.cuda_version)),
         ("driver_version", optional_string(&c.driver_version)),
         // 0 is the API's "default", which is 1.
@@ -173,6 +186,12 @@ fn plan_inputs(prior: Option<&Value>, proposed: Value, config: &Value) -> Planne
         "max_unavailable",
         Value::Number(DEFAULT_MAX_UNAVAILABLE),
     );
+    default_when_unset(
+        &mut planned,
+        config,
+        "storage_retention",
+        Value::string(DEFAULT_STORAGE_RETENTION),
+    );
     default_when_unset(&mut planned, config, "preemptible", Value::Bool(false));
     default_when_unset(&mut planned, config, "allow_on_demand", Value::Bool(false));
     default_when_unset(
@@ -216,6 +235,10 @@ fn mark_effects(prior: Option<&Value>, planned: &mut Value) {
     let Some(prior) = prior else {
         return;
     };
+    // Any change is applied, and the answer reads the volume's use afresh.
+    if prior != planned {
+        mark_unknown(planned, &["storage_used_gib"]);
+    }
     // A state from before driver_version existed reads it back without changing a node.
     let new_driver =
         !prior.get("driver_version").is_null() && changed(prior, planned, "driver_version");
@@ -444,6 +467,7 @@ const ATTRIBUTES: &[&str] = &[
     "node_count",
     "reservation_id",
     "storage_gib",
+    "storage_retention",
     "mig_layout",
     "cuda_version",
     "driver_version",
@@ -463,6 +487,7 @@ const DRY_RUN_INPUTS: &[&str] = &[
     "node_count",
     "reservation_id",
     "storage_gib",
+    "storage_retention",
     "mig_layout",
     "cuda_version",
     "max_unavailable",
@@ -474,6 +499,7 @@ const DRY_RUN_INPUTS: &[&str] = &[
 const UPDATED: &[&str] = &[
     "node_count",
     "storage_gib",
+    "storage_retention",
     "mig_layout",
     "cuda_version",
     "driver_version",
@@ -498,6 +524,7 @@ fn create_request(
         node_count: required_i64(planned, "node_count")?,
         reservation_id: optional_str(planned, "reservation_id")?,
         storage_gib: required_i64(planned, "storage_gib")?,
+        storage_retention: optional_str(planned, "storage_retention")?,
         mig_layout: layout_i32(&layout),
         cuda_version: optional_str(planned, "cuda_version")?,
         driver_version: requested_driver(planned, config)?,
@@ -580,6 +607,11 @@ fn update_request(
         validate_only: false,
         set_ssh_public_keys: changed(prior, planned, "ssh_public_keys"),
         ssh_public_keys: string_list(planned, "ssh_public_keys"),
+        storage_retention: if changed(prior, planned, "storage_retention") {
+            optional_str(planned, "storage_retention")?
+        } else {
+            String::new()
+        },
         ..super::acceptance::update_fields(prior, planned)?
     })
 }
@@ -806,7 +838,12 @@ impl ResourceType for TenantCluster {
                 Attribute::optional_computed(
                     "storage_gib",
                     Type::Number,
-                    "Size of the dedicated volume in GiB. Defaults to `100`. Grows in place; shrinking is refused at plan time.",
+                    "Size of the cluster's volume in GiB: on the platform's shared storage, a quota of exactly this size (writing past it fails with \"Disk quota exceeded\" for this cluster only). Defaults to `100`. Grows in place, online; shrinking is refused at plan time.",
+                ),
+                Attribute::optional_computed(
+                    "storage_retention",
+                    Type::String,
+                    "What destroying the cluster does to its volume: `delete` (the default) removes it and its data; `keep` leaves it on the shared storage, and a later cluster of the same name in the same tenant attaches it, data included. Changes in place.",
                 ),
                 Attribute::optional_computed(
                     "mig_layout",
@@ -848,7 +885,8 @@ impl ResourceType for TenantCluster {
                 Attribute::optional_computed("ssh_public_keys", Type::list(Type::String), "Slurm only: the OpenSSH public keys (e.g. `file(\"~/.ssh/id_ed25519.pub\")`) that may log in to the cluster's login endpoint as the cluster's own unprivileged account; at most 32. Changes in place (the next login uses them). Default: none, so no one can log in."),
                 Attribute::computed("endpoint", Type::String, "Kubernetes API server URL, or the Slurm cluster's login endpoint (its sshd) as host:port."),
                 Attribute::computed("credentials", Type::String, "For this cluster alone: a kubeconfig (Kubernetes: the cluster's own CA and a client certificate signed by it), or for Slurm a JSON object saying how to log in: `user`, `host`, `port`, `login` (the ssh command), `known_hosts` (the line that checks the login's host key), `home` and `cluster` (Slurm's ClusterName). It holds no key of the platform.").sensitive(),
-                Attribute::computed("storage_path", Type::String, "Where the cluster's volume lives."),
+                Attribute::computed("storage_path", Type::String, "Where the cluster's nodes see its volume: `/run/gpufleet/volumes/<tenant id>/<cluster name>`, bind-mounted on every node of the cluster from the shared storage (with embedded node agents or without shared storage, the volume's own directory). Owned by the cluster's account (Slurm) or root, mode 0700."),
+                Attribute::computed("storage_used_gib", Type::Number, "GiB in use on the volume, rounded up, as of the last refresh; 0 without shared storage."),
             ]
             .into_iter()
             .chain(super::acceptance::attributes())
@@ -878,6 +916,14 @@ impl ResourceType for TenantCluster {
             Err(d) => diags.push(d),
         }
         check_min(config, "node_count", 1, &mut diags);
+        match config.str_attr("storage_retention") {
+            Ok(Some(r)) if !RETENTIONS.contains(&r) => diags.attr_error(
+                "storage_retention",
+                format!("must be \"delete\" or \"keep\" (got {r:?})"),
+            ),
+            Ok(_) => {}
+            Err(d) => diags.push(d),
+        }
         check_min(config, "storage_gib", 1, &mut diags);
         check_min(config, "max_unavailable", 1, &mut diags);
         check_version(config, "cuda_version", "12.4", &mut diags);
@@ -1061,6 +1107,8 @@ mod tests {
             ("endpoint", Value::string("https://k")),
             ("credentials", Value::string("kubeconfig")),
             ("storage_path", Value::string("/v")),
+            ("storage_used_gib", Value::Number(0)),
+            ("storage_retention", Value::string("delete")),
             ("cuda_version", Value::Null),
             ("driver_version", Value::string("550.54.15")),
             ("max_unavailable", Value::Number(1)),
@@ -1219,6 +1267,31 @@ mod tests {
         proposed.set("storage_gib", Value::Number(500));
         let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed));
         assert_eq!(planned.state.get("nodes"), &Value::List(vec![]));
+    }
+
+    #[test]
+    fn storage_retention_changes_in_place_and_any_change_reads_the_use_afresh() {
+        let p = prior();
+        let mut proposed = p.clone();
+        proposed.set("storage_retention", Value::string("keep"));
+        let planned = plan(Some(&p), proposed.clone(), &config_of(&proposed));
+        assert!(planned.requires_replace.is_empty());
+        assert_eq!(planned.state.get("storage_used_gib"), &Value::Unknown);
+        // Nothing changed: the use stays as read, and the plan is empty.
+        let same = plan(Some(&p), p.clone(), &config_of(&p));
+        assert_eq!(same.state, p);
+    }
+
+    #[tokio::test]
+    async fn storage_retention_is_delete_or_keep() {
+        let c = TenantCluster::new(Arc::new(ProviderState::default()));
+        let mut cfg = config_of(&prior());
+        cfg.set("storage_retention", Value::string("forever"));
+        let err = c.validate(&cfg).await.unwrap_err();
+        assert_eq!(
+            err.0[0].summary,
+            "storage_retention: must be \"delete\" or \"keep\" (got \"forever\")"
+        );
     }
 
     #[test]

@@ -106,7 +106,11 @@ mod tests {
     use super::*;
 
     fn beat(seq: u64, orders_queued: u32) -> v1::Heartbeat {
-        v1::Heartbeat { seq, orders_queued }
+        v1::Heartbeat {
+            seq,
+            orders_queued,
+            gpus: Vec::new(),
+        }
     }
 
     #[test]

@@ -155,6 +155,17 @@ impl NodeAgentService for Agents {
             kept_clusters,
         ));
 
+        // The GPUs this node registered with: its heartbeats' readings are only of these.
+        let registered_gpus: Vec<(u32, String)> = reg
+            .inventory
+            .as_ref()
+            .map(|inv| {
+                inv.gpus
+                    .iter()
+                    .map(|g| (g.index.max(0) as u32, g.uuid.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
         let state = self.state.clone();
         tokio::spawn(async move {
             let mut pacing = Pacing::new(std::time::Instant::now());
@@ -183,7 +194,20 @@ impl NodeAgentService for Agents {
                                 cut(&ending, &node_id, verdict);
                                 break;
                             }
-                            state.agents.heartbeat(&node_id, session)
+                            state.agents.heartbeat(&node_id, session);
+                            if !beat.gpus.is_empty() {
+                                match crate::telemetry::check(&beat.gpus, &registered_gpus) {
+                                    Ok(gpus) => {
+                                        state.agents.telemetry.record(&node_id, session, gpus)
+                                    }
+                                    Err(why) => {
+                                        tracing::debug!(node = %node_id, %why, "dropping a heartbeat's GPU readings");
+                                        crate::counters::agent_message_dropped(
+                                            crate::counters::AGENT_TELEMETRY,
+                                        );
+                                    }
+                                }
+                            }
                         }
                         agent_message::Msg::Result(result) => {
                             state.agents.heartbeat(&node_id, session);
@@ -237,6 +261,7 @@ impl NodeAgentService for Agents {
                     }
                 }
             }
+            state.agents.telemetry.forget(&node_id, session);
             match left {
                 // A planned stop: unreachable now, not after the node timeout.
                 Some(why) => {

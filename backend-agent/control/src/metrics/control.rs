@@ -99,6 +99,54 @@ pub async fn render(state: Arc<AppState>, tenant_names: bool) -> Result<String, 
     gpufleet_process::metrics_endpoint::encode(families)
 }
 
+/// Per (tenant, model): GPUs used by its clusters outside reservations, reserved (the
+/// peak of its reservations from `now` on), its guaranteed and its burst quota, as
+/// GetQuotaUsage computes them. `holdings` may hold other tenants' too (each is its own);
+/// `gpus_per_node` is by model.
+pub(super) fn tenant_usage<'a>(
+    quotas: &'a [QuotaRow],
+    holdings: &'a BTreeMap<String, Vec<Holding>>,
+    gpus_per_node: &BTreeMap<String, i64>,
+    now: i64,
+) -> BTreeMap<(&'a str, &'a str), [i64; 4]> {
+    let mut per_tenant: BTreeMap<(&str, &str), [i64; 4]> = BTreeMap::new();
+    for q in quotas {
+        let e = per_tenant
+            .entry((q.tenant_id.as_str(), q.gpu_type.as_str()))
+            .or_default();
+        e[2] = q.gpus;
+        e[3] = q.burst_gpus;
+    }
+    for (model, held) in holdings {
+        let gpn = gpus_per_node.get(model).copied().unwrap_or(0);
+        let tenants: BTreeSet<&str> = held.iter().map(|h| h.tenant_id.as_str()).collect();
+        for tenant in tenants {
+            let mine = held.iter().filter(|h| h.tenant_id == tenant);
+            let used: i64 = mine
+                .clone()
+                .filter(|h| h.unreserved_cluster)
+                .map(|h| (h.pool + h.on_demand) * gpn)
+                .sum();
+            let spans: Vec<Span> = mine
+                .filter(|h| h.is_reservation)
+                .map(|h| Span {
+                    start: h.start,
+                    end: h.end,
+                    amount: (h.pool + h.on_demand) * gpn,
+                })
+                .collect();
+            let e = per_tenant.entry((tenant, model.as_str())).or_default();
+            e[0] = used;
+            e[1] = peak(&spans, now, None);
+        }
+    }
+    per_tenant
+}
+
+/// The `kind` label of each of [`tenant_usage`]'s values, in order.
+pub(super) const TENANT_GPU_KINDS: [&str; 4] =
+    ["used", "reserved", "quota_guaranteed", "quota_burst"];
+
 /// GPUs per node of a model (the fleet's nodes of one model all have the same count).
 fn gpus_per_node(nodes: &[NodeRow], model: &str) -> i64 {
     nodes
@@ -263,46 +311,18 @@ fn gauges(
         .iter()
         .map(|t| (t.id.as_str(), t.name.as_str()))
         .collect();
-    let mut per_tenant: BTreeMap<(&str, &str), [i64; 4]> = BTreeMap::new();
-    for q in &s.quotas {
-        let e = per_tenant
-            .entry((q.tenant_id.as_str(), q.gpu_type.as_str()))
-            .or_default();
-        e[2] = q.gpus;
-        e[3] = q.burst_gpus;
-    }
-    for (model, held) in &s.holdings {
-        let gpn = gpus_per_node(&s.nodes, model);
-        let tenants: BTreeSet<&str> = held.iter().map(|h| h.tenant_id.as_str()).collect();
-        for tenant in tenants {
-            let mine = held.iter().filter(|h| h.tenant_id == tenant);
-            let used: i64 = mine
-                .clone()
-                .filter(|h| h.unreserved_cluster)
-                .map(|h| (h.pool + h.on_demand) * gpn)
-                .sum();
-            let spans: Vec<Span> = mine
-                .filter(|h| h.is_reservation)
-                .map(|h| Span {
-                    start: h.start,
-                    end: h.end,
-                    amount: (h.pool + h.on_demand) * gpn,
-                })
-                .collect();
-            let e = per_tenant.entry((tenant, model.as_str())).or_default();
-            e[0] = used;
-            e[1] = peak(&spans, s.now, None);
-        }
-    }
+    let gpn: BTreeMap<String, i64> = s
+        .holdings
+        .keys()
+        .map(|m| (m.clone(), gpus_per_node(&s.nodes, m)))
+        .collect();
+    let per_tenant = tenant_usage(&s.quotas, &s.holdings, &gpn, s.now);
     for ((tenant, model), values) in &per_tenant {
         // Only tenants that exist (a deleted one's holdings are not its any more).
         let Some(name) = names.get(tenant) else {
             continue;
         };
-        for (kind, value) in ["used", "reserved", "quota_guaranteed", "quota_burst"]
-            .iter()
-            .zip(values)
-        {
+        for (kind, value) in TENANT_GPU_KINDS.iter().zip(values) {
             let series = if tenant_names {
                 tenant_gpus.with_label_values(&[tenant, name, model, kind])
             } else {

@@ -6,9 +6,13 @@
 //!   heartbeat ages) are computed from the store at scrape time, with one short read on a
 //!   blocking thread.
 //! - [`breaker`]: the automatic-quarantine breakers, per GPU model.
+//! - [`team`]: a tenant's own view (its clusters, GPUs, MIG slices, checks, quota use).
+//! - [`view`]: which of the two a scrape gets, by its bearer token.
 //! - [`api`]: the tower layer around the gRPC server that counts requests by method and
 //!   gRPC status code and times them.
 
 pub mod api;
 pub mod breaker;
 pub mod control;
+pub mod team;
+pub mod view;

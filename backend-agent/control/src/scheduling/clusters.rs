@@ -13,7 +13,7 @@ use crate::store::{
     clusters::ClusterRow,
     nodes::{NodeRow, NODE_UNREACHABLE},
 };
-use crate::volumes;
+use crate::volumes::Volumes;
 
 /// What scaling to `cluster.node_count` does: nodes assigned now (scale up, inside the
 /// caller's transaction), or the highest-numbered nodes to release once their GPUs are
@@ -77,15 +77,31 @@ pub fn layout_changes(
 }
 
 /// Takes back a create whose nodes could not be partitioned: nodes released, the
-/// cluster, its request id and its storage gone.
-pub fn undo_create(conn: &Connection, cluster: &ClusterRow) -> rusqlite::Result<()> {
+/// cluster, its request id and its storage gone. A volume that holds data (a kept
+/// volume the create attached) stays: nothing the team wrote is deleted by a create.
+pub fn undo_create(
+    conn: &Connection,
+    volumes: &Volumes,
+    cluster: &ClusterRow,
+) -> rusqlite::Result<()> {
     for n in store::nodes::list(conn, None, Some(&cluster.id))? {
         store::nodes::release(conn, &n.id)?;
     }
     store::idempotency::forget(conn, &cluster.id)?;
     store::clusters::delete(conn, &cluster.id)?;
-    if let Err(e) = volumes::remove(std::path::Path::new(&cluster.storage_path)) {
-        tracing::warn!(path = %cluster.storage_path, error = %e, "cannot remove the storage of an undone create");
+    let dir = std::path::Path::new(&cluster.storage_path);
+    match volumes.holds_data(dir) {
+        Ok(false) => {
+            if let Err(e) = volumes.remove(dir) {
+                tracing::warn!(path = %cluster.storage_path, error = %e, "cannot remove the storage of an undone create");
+            }
+        }
+        Ok(true) => {
+            tracing::warn!(path = %cluster.storage_path, "an undone create leaves its volume, which holds data")
+        }
+        Err(e) => {
+            tracing::warn!(path = %cluster.storage_path, error = %e, "an undone create leaves its volume, which cannot be read")
+        }
     }
     Ok(())
 }
@@ -93,12 +109,12 @@ pub fn undo_create(conn: &Connection, cluster: &ClusterRow) -> rusqlite::Result<
 /// After a restart: settles the changes a stopped control plane left half-way. A create
 /// is taken back (its client never got an answer), an update is carried forward (its
 /// layout is in the store; agents converge when they register), a delete is finished.
-pub fn recover_interrupted(conn: &mut Connection) -> rusqlite::Result<()> {
+pub fn recover_interrupted(conn: &mut Connection, volumes: &Volumes) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     for c in store::clusters::with_status(&tx, &CHANGING)? {
         tracing::warn!(cluster = %c.name, status = %c.status, "settling a change interrupted by a restart");
         match c.status.as_str() {
-            "creating" => undo_create(&tx, &c)?,
+            "creating" => undo_create(&tx, volumes, &c)?,
             "updating" => {
                 let mut held = store::nodes::list(&tx, None, Some(&c.id))?;
                 held.sort_by(|a, b| b.hostname.cmp(&a.hostname));
@@ -114,7 +130,9 @@ pub fn recover_interrupted(conn: &mut Connection) -> rusqlite::Result<()> {
                 }
                 store::idempotency::forget(&tx, &c.id)?;
                 store::clusters::delete(&tx, &c.id)?;
-                let _ = volumes::remove(std::path::Path::new(&c.storage_path));
+                if c.storage_retention != "keep" {
+                    let _ = volumes.remove(std::path::Path::new(&c.storage_path));
+                }
             }
         }
     }
@@ -211,6 +229,13 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
         )))
     } else {
         crate::mig::converge(state, &changes).await
+    };
+    // The replacement mounts the cluster's volume like every node of the cluster.
+    let converged = match converged {
+        Ok(()) => {
+            crate::node_volumes::sync(state, added.iter().map(|n| n.id.clone()).collect()).await
+        }
+        failed => failed,
     };
     let (clock_now, replace_after) = (state.now(), state.agents.replace_after);
     state

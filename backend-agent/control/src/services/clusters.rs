@@ -16,7 +16,8 @@ use crate::rules;
 use crate::scheduling::clusters::{layout_changes, scale, undo_create};
 use crate::state::{db_error, AppState};
 use crate::store::{self, clusters::ClusterRow, idempotency::Prior, nodes::NodeRow};
-use crate::{access, catalog, volumes};
+use crate::volumes::Volumes;
+use crate::{access, catalog};
 
 /// storage_gib when the request leaves it 0.
 pub const DEFAULT_STORAGE_GIB: i64 = 100;
@@ -78,7 +79,49 @@ fn message(conn: &Connection, caller: &Caller, c: ClusterRow) -> Result<v1::Tena
         endpoint: c.endpoint,
         credentials: c.credentials,
         storage_path: c.storage_path,
+        storage_retention: c.storage_retention,
+        // Filled in from the storage by Get and List (see `with_used`), off this thread.
+        storage_used_gib: 0,
     })
+}
+
+/// [`with_used`] of one cluster.
+async fn with_used_one(
+    state: &AppState,
+    c: v1::TenantCluster,
+) -> Result<v1::TenantCluster, Status> {
+    let mut filled = with_used(state, vec![c]).await?;
+    filled
+        .pop()
+        .ok_or_else(|| Status::internal("a read cluster went missing"))
+}
+
+/// The clusters' `storage_used_gib`, read from the storage off the async workers. A
+/// volume that cannot be read answers 0 and is logged: the rest of the answer stands.
+async fn with_used(
+    state: &AppState,
+    mut clusters: Vec<v1::TenantCluster>,
+) -> Result<Vec<v1::TenantCluster>, Status> {
+    if !state.volumes.is_shared() {
+        return Ok(clusters);
+    }
+    let volumes = state.volumes.clone();
+    super::blocking(move || {
+        let dirs: Vec<_> = clusters
+            .iter()
+            .map(|c| volumes.dir_of(&c.tenant_id, &c.name, &c.storage_path))
+            .collect();
+        for (c, used) in clusters.iter_mut().zip(volumes.used_gib_all(&dirs)) {
+            match used {
+                Ok(used) => c.storage_used_gib = used,
+                Err(e) => {
+                    tracing::warn!(path = %c.storage_path, error = %e, "cannot read a volume's use")
+                }
+            }
+        }
+        Ok(clusters)
+    })
+    .await
 }
 
 fn positive_or_unset(field: &str, value: i64) -> Result<(), Status> {
@@ -88,6 +131,24 @@ fn positive_or_unset(field: &str, value: i64) -> Result<(), Status> {
         )));
     }
     Ok(())
+}
+
+/// Whether a volume of `gib` GiB can be at `dir`: a volume a deleted cluster kept there
+/// (which the cluster attaches) is never shrunk, and the shared storage has room.
+fn admit_volume(volumes: &Volumes, dir: &std::path::Path, gib: i64) -> Result<(), Status> {
+    let refuse = |m: String| {
+        super::error_details::refusal_on(tonic::Code::FailedPrecondition, "storage_gib", m)
+    };
+    let kept = volumes.kept_size_gib(dir).map_err(|e| {
+        Status::internal(format!("cannot read the volume at {}: {e}", dir.display()))
+    })?;
+    if let Some(size) = kept.filter(|size| *size > gib) {
+        return Err(refuse(format!(
+            "storage_gib: volumes only grow: the volume kept at {} holds {size} GiB, which a cluster attaching it cannot shrink to {gib} GiB",
+            dir.display()
+        )));
+    }
+    volumes.check_room(dir, gib).map_err(refuse)
 }
 
 /// A validate_only answer: the cluster as the request would make it (nodes included), no
@@ -350,6 +411,13 @@ impl Clusters {
             req.storage_gib
         };
         let max_unavailable = max_unavailable_or_default(req.max_unavailable)?;
+        let storage_retention = match req.storage_retention.as_str() {
+            "" => "delete".to_string(),
+            r => {
+                rules::storage_retention(r).map_err(invalid)?;
+                r.to_string()
+            }
+        };
         let layout: BTreeMap<String, i32> = req.mig_layout.clone().into_iter().collect();
         let print = Fingerprint::of(&[
             &tenant.id,
@@ -365,6 +433,7 @@ impl Clusters {
             &max_unavailable,
             &req.preemptible,
             &req.allow_on_demand,
+            &storage_retention,
         ]);
         match store::idempotency::lookup(&tx, "cluster", &tenant.id, &req.request_id, &print)
             .map_err(db_error)?
@@ -414,7 +483,9 @@ impl Clusters {
             !mig_layout.is_empty(),
         )?;
         let acceptance = super::health::create_settings(&self.state, &req)?;
-        let dir = volumes::path(&self.state.volumes_root(), &tenant.name, &req.name);
+        let dir = self.state.volumes.path(&tenant.id, &req.name);
+        let storage_path = self.state.volumes.storage_path(&tenant.id, &req.name);
+        admit_volume(&self.state.volumes, &dir, storage_gib)?;
         let mut cluster = ClusterRow {
             id: uuid::Uuid::new_v4().to_string(),
             tenant_id: tenant.id.clone(),
@@ -429,12 +500,13 @@ impl Clusters {
             reservation_id: Some(req.reservation_id).filter(|r| !r.is_empty()),
             storage_gib,
             status: "creating".into(),
-            storage_path: dir.display().to_string(),
+            storage_path,
             mig_layout,
             status_reason: String::new(),
             cuda_version: req.cuda_version,
             driver_version: driver.unwrap_or_default(),
             max_unavailable,
+            storage_retention,
         };
         // A Slurm cluster's own controller and login ports, munge key and account.
         crate::slurm_clusters::check_ssh_public_keys(&cluster.orchestrator, &req.ssh_public_keys)?;
@@ -461,22 +533,29 @@ impl Clusters {
         )
         .map_err(db_error)?;
         let changes = layout_changes(&tx, &cluster, &[])?;
+        // The volume belongs to the cluster's account (a Slurm cluster's), else to root.
+        let owner = store::slurm_access::get(&tx, &cluster.id)
+            .map_err(db_error)?
+            .map(|a| a.uid);
         // Every check passed: now the side effects outside the database.
-        volumes::create(
-            &self.state.volumes_root(),
-            &tenant.name,
-            &cluster.name,
-            storage_gib,
-        )
-        .map_err(|e| {
-            Status::internal(format!(
-                "cannot create the storage directory {}: {e}",
-                dir.display()
-            ))
-        })?;
+        let kept = dir.exists();
+        self.state
+            .volumes
+            .create(&dir, storage_gib, owner)
+            .map_err(|e| {
+                Status::internal(format!(
+                    "cannot create the cluster's volume {}: {e}",
+                    dir.display()
+                ))
+            })?;
         if let Err(e) = tx.commit() {
-            let _ = volumes::remove(&dir);
+            if !kept {
+                let _ = self.state.volumes.remove(&dir);
+            }
             return Err(db_error(e));
+        }
+        if kept {
+            tracing::info!(cluster = %cluster.name, path = %dir.display(), "attached a kept volume");
         }
         Ok(Prepared::New {
             caller,
@@ -525,6 +604,12 @@ impl Clusters {
         // is held while they work.
         let joining: Vec<NodeRow> = changes.iter().map(|c| c.node.clone()).collect();
         if let Err(e) = self.bring_up(&cluster, &joining, &changes).await {
+            self.undo_create(cluster).await;
+            return Err(e.into());
+        }
+        // Every node mounts the cluster's volume before anything runs on it.
+        let ids = joining.iter().map(|n| n.id.clone()).collect();
+        if let Err(e) = crate::node_volumes::sync(&self.state, ids).await {
             self.undo_create(cluster).await;
             return Err(e.into());
         }
@@ -579,11 +664,12 @@ impl Clusters {
     /// may have finished the create's change after it failed).
     async fn undo_create(&self, cluster: ClusterRow) {
         let name = cluster.name.clone();
+        let this_volumes = self.state.volumes.clone();
         let undone = self
             .state
             .write(move |sp| -> Result<_, Status> {
                 let held = members(&sp, &cluster.id)?;
-                undo_create(&sp, &cluster).map_err(db_error)?;
+                undo_create(&sp, &this_volumes, &cluster).map_err(db_error)?;
                 sp.commit().map_err(db_error)?;
                 Ok(held)
             })
@@ -664,6 +750,10 @@ impl Clusters {
         if req.max_unavailable != 0 {
             c.max_unavailable = max_unavailable_or_default(req.max_unavailable)?;
         }
+        if !req.storage_retention.is_empty() {
+            rules::storage_retention(&req.storage_retention).map_err(invalid)?;
+            c.storage_retention = req.storage_retention.clone();
+        }
         let mut new_driver = false;
         if req.set_driver {
             c.cuda_version = req.cuda_version.clone();
@@ -703,6 +793,24 @@ impl Clusters {
             store::slurm_access::set_ssh_public_keys(&tx, &c.id, &req.ssh_public_keys)
                 .map_err(db_error)?;
         }
+        if c.storage_gib > old.storage_gib {
+            self.state
+                .volumes
+                .check_room(
+                    &self
+                        .state
+                        .volumes
+                        .dir_of(&c.tenant_id, &c.name, &c.storage_path),
+                    c.storage_gib,
+                )
+                .map_err(|m| {
+                    super::error_details::refusal_on(
+                        tonic::Code::FailedPrecondition,
+                        "storage_gib",
+                        m,
+                    )
+                })?;
+        }
         let scaling = scale(&tx, &tenant.name, &c, self.state.now())?;
         if req.validate_only {
             // Admission passed; dropping `tx` rolls back the nodes it took.
@@ -711,13 +819,22 @@ impl Clusters {
         let changes = layout_changes(&tx, &c, &scaling.to_release)?;
         c.status = "updating".into();
         store::clusters::update(&tx, &c).map_err(db_error)?;
-        let dir = std::path::PathBuf::from(&c.storage_path);
-        volumes::resize(&dir, c.storage_gib).map_err(|e| {
-            Status::internal(format!(
-                "cannot resize the storage directory {}: {e}",
-                dir.display()
-            ))
-        })?;
+        let dir = self
+            .state
+            .volumes
+            .dir_of(&c.tenant_id, &c.name, &c.storage_path);
+        if c.storage_gib != old.storage_gib {
+            // Online: the volume's limit rises; nothing is unmounted or copied.
+            self.state
+                .volumes
+                .resize(&dir, c.storage_gib)
+                .map_err(|e| {
+                    Status::internal(format!(
+                        "cannot grow the cluster's volume {}: {e}",
+                        dir.display()
+                    ))
+                })?;
+        }
         tx.commit().map_err(db_error)?;
         Ok(PreparedUpdate::Change(Box::new(UpdateChange {
             caller,
@@ -832,10 +949,16 @@ impl Clusters {
                     ch.node.id.clone(),
                 ));
             }
-            let (path, gib) = (old.storage_path.clone(), old.storage_gib);
+            let (path, gib) = (
+                self.state
+                    .volumes
+                    .dir_of(&old.tenant_id, &old.name, &old.storage_path),
+                old.storage_gib,
+            );
+            let volumes = self.state.volumes.clone();
             super::blocking(move || {
-                if let Err(io) = volumes::resize(std::path::Path::new(&path), gib) {
-                    tracing::warn!(path = %path, error = %io, "cannot restore the storage size of a failed update");
+                if let Err(io) = volumes.resize(&path, gib) {
+                    tracing::warn!(path = %path.display(), error = %io, "cannot restore the storage size of a failed update");
                 }
                 Ok(())
             })
@@ -851,6 +974,16 @@ impl Clusters {
                 sp.commit().map_err(db_error)
             })
             .await?;
+        // Joining nodes mount the cluster's volume, leaving ones unmount it.
+        let moved = scaling
+            .added
+            .iter()
+            .chain(&scaling.to_release)
+            .map(|n| n.id.clone())
+            .collect();
+        if let Err(e) = crate::node_volumes::sync(&self.state, moved).await {
+            tracing::warn!(cluster = %c.name, error = %e, "an update's nodes did not all get their volumes");
+        }
         // A Slurm cluster's controller and slurmd follow its new nodes and layout.
         let slurm = crate::slurm_clusters::apply_resuming(
             &self.state,
@@ -1032,6 +1165,7 @@ impl Clusters {
             return Err(e.into());
         }
         // Nodes released, the cluster gone, and its events, in one transaction.
+        let freed: Vec<String> = nodes.iter().map(|n| n.id.clone()).collect();
         let deleted = c.clone();
         let clock_now = self.state.now();
         self.state
@@ -1050,16 +1184,35 @@ impl Clusters {
                     &deleted.tenant_id,
                     "deleted",
                     "",
-                    "the cluster was deleted; its nodes went back to whole GPUs",
+                    &match deleted.storage_retention.as_str() {
+                        "keep" => format!(
+                            "the cluster was deleted; its nodes went back to whole GPUs; its volume is kept at {} for a later cluster named {}",
+                            deleted.storage_path, deleted.name
+                        ),
+                        _ => "the cluster was deleted; its nodes went back to whole GPUs".to_string(),
+                    },
                 )
                 .map_err(db_error)?;
                 sp.commit().map_err(db_error)
             })
             .await?;
-        let path = c.storage_path.clone();
+        // The freed nodes unmount the volume before it goes (or is kept).
+        if let Err(e) = crate::node_volumes::sync(&self.state, freed).await {
+            tracing::warn!(cluster = %c.name, error = %e, "a deleted cluster's nodes did not all unmount its volume");
+        }
+        let (path, keep) = (
+            self.state
+                .volumes
+                .dir_of(&c.tenant_id, &c.name, &c.storage_path),
+            c.storage_retention == "keep",
+        );
+        let volumes = self.state.volumes.clone();
         super::blocking(move || {
-            if let Err(e) = volumes::remove(std::path::Path::new(&path)) {
-                tracing::warn!(path = %path, error = %e, "cluster deleted but its storage directory could not be removed");
+            if keep {
+                // storage_retention = "keep": the team's data stays for a later cluster.
+                tracing::info!(path = %path.display(), "cluster deleted; its volume is kept");
+            } else if let Err(e) = volumes.remove(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "cluster deleted but its volume could not be removed");
             }
             Ok(())
         })
@@ -1189,28 +1342,37 @@ impl TenantClusterService for Clusters {
         &self,
         r: Request<v1::CreateTenantClusterRequest>,
     ) -> Result<Response<v1::TenantCluster>, Status> {
-        self.create(r).await.map(Response::new)
+        let created = self.create(r).await?;
+        with_used_one(&self.state, created).await.map(Response::new)
     }
     async fn get_tenant_cluster(
         &self,
         r: Request<v1::GetTenantClusterRequest>,
     ) -> Result<Response<v1::TenantCluster>, Status> {
-        super::reading(&self.state, self, r, Self::get).await
+        let answer = super::reading(&self.state, self, r, Self::get).await?;
+        with_used_one(&self.state, answer.into_inner())
+            .await
+            .map(Response::new)
     }
     async fn list_tenant_clusters(
         &self,
         r: Request<v1::ListTenantClustersRequest>,
     ) -> Result<Response<v1::ListTenantClustersResponse>, Status> {
-        super::reading(&self.state, self, r, Self::list).await
+        let mut answer = super::reading(&self.state, self, r, Self::list)
+            .await?
+            .into_inner();
+        answer.clusters = with_used(&self.state, std::mem::take(&mut answer.clusters)).await?;
+        Ok(Response::new(answer))
     }
     async fn update_tenant_cluster(
         &self,
         r: Request<v1::UpdateTenantClusterRequest>,
     ) -> Result<Response<v1::TenantCluster>, Status> {
-        if let Some(settled) = self.join_update(&r).await? {
-            return Ok(Response::new(settled));
-        }
-        self.update(r).await.map(Response::new)
+        let updated = match self.join_update(&r).await? {
+            Some(settled) => settled,
+            None => self.update(r).await?,
+        };
+        with_used_one(&self.state, updated).await.map(Response::new)
     }
     async fn delete_tenant_cluster(
         &self,

@@ -111,6 +111,7 @@ mod tests {
             cuda_version: String::new(),
             driver_version: "570.133.20".into(),
             max_unavailable: 1,
+            storage_retention: "delete".into(),
         }
     }
 

@@ -202,11 +202,27 @@ impl Tenants {
                 t.name
             )));
         }
+        // Volumes kept by deleted clusters (storage_retention = "keep") are the team's data:
+        // never deleted with the tenant, and never handed to a later tenant of its name.
+        let kept = self
+            .state
+            .volumes
+            .kept_in(&t.id)
+            .map_err(|e| Status::internal(format!("cannot read the tenant's volumes: {e}")))?;
+        if !kept.is_empty() {
+            return Err(precondition(format!(
+                "tenant '{}' keeps the volumes of deleted clusters {}; attach each to a cluster of that name with storage_retention = \"delete\" and delete it, first",
+                t.name,
+                kept.join(", ")
+            )));
+        }
         reservations::remove_ended(&tx, &ended)?;
         store::tenants::delete(&tx, &t.id).map_err(db_error)?;
         store::idempotency::forget(&tx, &t.id).map_err(db_error)?;
         tx.commit().map_err(db_error)?;
-        crate::volumes::remove_tenant(&self.state.volumes_root(), &t.name);
+        self.state.volumes.remove_tenant(&t.id);
+        // Volumes made before they were kept by tenant id.
+        self.state.volumes.remove_tenant(&t.name);
         tracing::info!(tenant = %t.name, "deleted tenant");
         Ok(v1::DeleteResponse {})
     }

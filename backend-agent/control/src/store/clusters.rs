@@ -29,9 +29,11 @@ pub struct ClusterRow {
     pub driver_version: String,
     /// Nodes a rolling driver change takes out of service at once.
     pub max_unavailable: i64,
+    /// What deleting the cluster does to its volume: "delete" or "keep".
+    pub storage_retention: String,
 }
 
-const COLUMNS: &str = "id, tenant_id, name, orchestrator, gpu_type, node_count, reservation_id, storage_gib, status, endpoint, credentials, storage_path, mig_layout, status_reason, cuda_version, driver_version, max_unavailable";
+const COLUMNS: &str = "id, tenant_id, name, orchestrator, gpu_type, node_count, reservation_id, storage_gib, status, endpoint, credentials, storage_path, mig_layout, status_reason, cuda_version, driver_version, max_unavailable, storage_retention";
 
 fn from_row(r: &Row) -> rusqlite::Result<ClusterRow> {
     Ok(ClusterRow {
@@ -52,13 +54,14 @@ fn from_row(r: &Row) -> rusqlite::Result<ClusterRow> {
         cuda_version: r.get(14)?,
         driver_version: r.get(15)?,
         max_unavailable: r.get(16)?,
+        storage_retention: r.get(17)?,
     })
 }
 
 pub fn insert(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
     conn.execute(
         &format!(
-            "INSERT INTO clusters ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+            "INSERT INTO clusters ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
         ),
         rusqlite::params![
             c.id,
@@ -77,7 +80,8 @@ pub fn insert(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
             c.status_reason,
             c.cuda_version,
             c.driver_version,
-            c.max_unavailable
+            c.max_unavailable,
+            c.storage_retention
         ],
     )?;
     Ok(())
@@ -139,7 +143,7 @@ pub fn list(
 pub fn update(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
     conn.execute(
         "UPDATE clusters SET node_count = ?2, storage_gib = ?3, status = ?4, mig_layout = ?5, status_reason = ?6,
-         cuda_version = ?7, driver_version = ?8, max_unavailable = ?9 WHERE id = ?1",
+         cuda_version = ?7, driver_version = ?8, max_unavailable = ?9, storage_retention = ?10 WHERE id = ?1",
         rusqlite::params![
             &c.id,
             c.node_count,
@@ -149,7 +153,8 @@ pub fn update(conn: &Connection, c: &ClusterRow) -> rusqlite::Result<()> {
             &c.status_reason,
             &c.cuda_version,
             &c.driver_version,
-            c.max_unavailable
+            c.max_unavailable,
+            &c.storage_retention
         ],
     )?;
     Ok(())

@@ -463,6 +463,11 @@ const MIGRATIONS: &[&str] = &[
     ) AS r WHERE events.seq = r.s;
     CREATE INDEX events_tenant_seq ON events (tenant_id, tenant_seq);
     "#,
+    // What deleting a cluster does to its volume.
+    r#"
+    ALTER TABLE clusters ADD COLUMN storage_retention TEXT NOT NULL DEFAULT 'delete'
+        CHECK (storage_retention IN ('delete', 'keep'));
+    "#,
 ];
 
 /// Prepared statements kept per connection.

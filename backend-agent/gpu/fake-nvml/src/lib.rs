@@ -454,6 +454,38 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: Handle, memory: *mut Me
     })
 }
 
+/// `nvmlUtilization_t`.
+#[repr(C)]
+pub struct Utilization {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+/// Whole-GPU utilisation: 100 while the GPU is busy, else 0. Under MIG NVML answers
+/// NOT_SUPPORTED (per-instance activity takes DCGM).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    dev: Handle,
+    rates: *mut Utilization,
+) -> u32 {
+    with_host("nvmlDeviceGetUtilizationRates", |h| {
+        let gpu = device(h, dev)?;
+        if h.gpus[gpu].mig_current {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
+        let busy = if h.gpus[gpu].busy { 100 } else { 0 };
+        unsafe {
+            put(
+                rates,
+                Utilization {
+                    gpu: busy,
+                    memory: busy,
+                },
+            )
+        }
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(dev: Handle, mode: *mut c_uint) -> u32 {
     with_host("nvmlDeviceGetPersistenceMode", |h| {

@@ -51,6 +51,16 @@ pub struct GpuInfo {
     pub instances: Vec<MigInstance>,
 }
 
+/// How much of one GPU is in use now (what a team's dashboard shows).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuUsage {
+    /// Percent of the last sample period the GPU was busy (NVML's `utilization.gpu`);
+    /// `None` where it cannot be read while the memory can (NVML under MIG).
+    pub utilization_percent: Option<u32>,
+    pub memory_used_mib: u64,
+    pub memory_total_mib: u64,
+}
+
 /// Health counters of one GPU; `None` where the GPU does not report the counter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuHealth {
@@ -190,6 +200,13 @@ pub trait GpuBackend: Send + Sync {
     fn readings(&self, gpu: u32) -> Result<GpuReadings, HwError> {
         let uuid = self.gpu(gpu)?.uuid;
         Ok(GpuReadings::from_health(&uuid, &self.health(gpu)?))
+    }
+    /// Utilisation and memory in use now; backends that cannot read them say so.
+    fn usage(&self, gpu: u32) -> Result<GpuUsage, HwError> {
+        let _ = gpu;
+        Err(HwError::Unsupported(
+            "this backend reads no utilisation or memory use".into(),
+        ))
     }
     /// What runs on the GPU now; backends that cannot tell report nothing running.
     fn busy(&self, gpu: u32) -> Result<BusyState, HwError> {

@@ -937,6 +937,22 @@ impl GpuBackend for NvmlBackend {
         self.read_readings(gpu)
     }
 
+    fn usage(&self, gpu: u32) -> Result<super::GpuUsage, HwError> {
+        let device = self.device(gpu)?;
+        // Under MIG, NVML reports no whole-GPU utilisation (NOT_SUPPORTED): none is sent,
+        // never a 0; the memory is still read.
+        let utilization_percent = device.utilization_rates().ok().map(|r| r.gpu.min(100));
+        let memory = device
+            .memory_info()
+            .map_err(|e| HwError::Unsupported(format!("gpu {gpu}: memory in use: {e}")))?;
+        const MIB: u64 = 1024 * 1024;
+        Ok(super::GpuUsage {
+            utilization_percent,
+            memory_used_mib: memory.used / MIB,
+            memory_total_mib: memory.total / MIB,
+        })
+    }
+
     fn busy(&self, gpu: u32) -> Result<BusyState, HwError> {
         let device = self.device(gpu)?;
         let mig_enabled = device.mig_mode().map(|m| m.current == 1).unwrap_or(false);

@@ -639,6 +639,28 @@ impl GpuBackend for SimulatedNode {
         })
     }
 
+    /// A simulated GPU is fully busy while work runs on it (as a whole or on any of its
+    /// MIG instances), else idle; its memory in use is that of its busy MIG instances, or
+    /// all of it while it is busy as a whole.
+    fn usage(&self, gpu: u32) -> Result<super::GpuUsage, HwError> {
+        let mut state = self.lock();
+        let g = state.gpu(gpu)?;
+        let total = g.info.memory_mib;
+        let busy_slices: u64 = g
+            .info
+            .instances
+            .iter()
+            .filter(|i| g.busy_starts.contains(&i.start))
+            .map(|i| i.memory_mib)
+            .sum();
+        let used = if g.whole_busy { total } else { busy_slices };
+        Ok(super::GpuUsage {
+            utilization_percent: Some(if used > 0 { 100 } else { 0 }),
+            memory_used_mib: used.min(total),
+            memory_total_mib: total,
+        })
+    }
+
     fn busy(&self, gpu: u32) -> Result<BusyState, HwError> {
         let mut state = self.lock();
         let g = state.gpu(gpu)?;

@@ -1,0 +1,225 @@
+//! Team volumes on this node: a `SetVolumes` order lists every volume the node should
+//! have (its cluster's, or none), and the agent bind-mounts each from the shared storage
+//! (`node --shared-storage`, the path every host mounts it at) at its target under
+//! [`VOLUME_MOUNTS`], and unmounts every mount there that is not listed: a node that leaves
+//! its cluster keeps nothing of the team's storage. Declarative and idempotent.
+//!
+//! Runs mount(2) and umount(2): call it off the async workers (the executor's thread). In
+//! the multi-host tier each namespace host's agent mounts in that host's own mount
+//! namespace.
+
+use std::ffi::CString;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use gpufleet_proto::v1;
+use gpufleet_wire::volumes::VOLUME_MOUNTS;
+
+/// Brings this node's volume mounts to `order`; answers what it did.
+pub fn apply(shared: Option<&Path>, order: &v1::SetVolumes) -> Result<String, String> {
+    let wanted = order
+        .volumes
+        .iter()
+        .map(|v| checked(shared, v))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut said = Vec::new();
+    for target in mounted()? {
+        if !wanted.iter().any(|(_, t)| *t == target) {
+            unmount(&target)?;
+            said.push(format!("unmounted {}", target.display()));
+        }
+    }
+    let now = mounted()?;
+    for (source, target) in &wanted {
+        if now.contains(target) {
+            continue;
+        }
+        mount(source, target)?;
+        said.push(format!(
+            "mounted {} at {}",
+            source.display(),
+            target.display()
+        ));
+    }
+    Ok(said.join("; "))
+}
+
+/// A volume's source and target, refused unless the source is a directory under this
+/// node's shared storage and the target a plain path under [`VOLUME_MOUNTS`].
+fn checked(shared: Option<&Path>, v: &v1::VolumeMount) -> Result<(PathBuf, PathBuf), String> {
+    let Some(shared) = shared else {
+        return Err(format!(
+            "volume {}: this node has no shared storage (node --shared-storage), so it cannot mount team volumes",
+            v.target
+        ));
+    };
+    let plain = |p: &Path| {
+        p.is_absolute()
+            && p.components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+    };
+    let (source, target) = (PathBuf::from(&v.source), PathBuf::from(&v.target));
+    if !plain(&target) || !target.starts_with(VOLUME_MOUNTS) || target == Path::new(VOLUME_MOUNTS) {
+        return Err(format!(
+            "volume target {}: not a path under {VOLUME_MOUNTS}",
+            v.target
+        ));
+    }
+    if !plain(&source) || !source.starts_with(shared) || source == shared {
+        return Err(format!(
+            "volume source {}: not under this node's shared storage {}",
+            v.source,
+            shared.display()
+        ));
+    }
+    if !source.is_dir() {
+        return Err(format!(
+            "volume source {}: not a directory on this node (is the shared storage mounted at {}?)",
+            v.source,
+            shared.display()
+        ));
+    }
+    Ok((source, target))
+}
+
+/// The mount points under [`VOLUME_MOUNTS`] in this mount namespace.
+fn mounted() -> Result<Vec<PathBuf>, String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
+    let mut out: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape)
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(VOLUME_MOUNTS) && p != Path::new(VOLUME_MOUNTS))
+        .collect();
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// mountinfo's octal escapes (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        match u8::from_str_radix(rest.get(i + 1..i + 4).unwrap_or(""), 8) {
+            Ok(b) => {
+                out.push(b as char);
+                rest = &rest[i + 4..];
+            }
+            Err(_) => {
+                out.push('\\');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn c_path(p: &Path) -> Result<CString, String> {
+    CString::new(p.as_os_str().as_encoded_bytes()).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+fn mount(source: &Path, target: &Path) -> Result<(), String> {
+    // The folders above a mount are 0711: no one lists the volumes of this node.
+    let mut dir = PathBuf::from("/");
+    for c in target.components().skip(1) {
+        dir.push(c);
+        if !dir.exists() {
+            std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711));
+        }
+    }
+    let (s, t) = (c_path(source)?, c_path(target)?);
+    // SAFETY: both are NUL-terminated paths; a bind mount takes no type and no data.
+    let rc = unsafe {
+        libc::mount(
+            s.as_ptr(),
+            t.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "mounting {} at {}: {}",
+            source.display(),
+            target.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    tracing::info!(source = %source.display(), target = %target.display(), "mounted a team volume");
+    Ok(())
+}
+
+/// Unmounts `target` (detached at once even while a process still uses it: the node has
+/// left the cluster) and removes the empty folders it leaves.
+fn unmount(target: &Path) -> Result<(), String> {
+    let t = c_path(target)?;
+    // SAFETY: a NUL-terminated path.
+    if unsafe { libc::umount2(t.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINVAL) {
+            return Err(format!("unmounting {}: {e}", target.display()));
+        }
+    }
+    let mut dir = target.to_path_buf();
+    while dir.starts_with(VOLUME_MOUNTS) && dir != Path::new(VOLUME_MOUNTS) {
+        if std::fs::remove_dir(&dir).is_err() {
+            break;
+        }
+        dir.pop();
+    }
+    tracing::info!(target = %target.display(), "unmounted a team volume");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(source: &str, target: &str) -> v1::VolumeMount {
+        v1::VolumeMount {
+            source: source.into(),
+            target: target.into(),
+        }
+    }
+
+    #[test]
+    fn only_volumes_under_the_shared_storage_and_the_mount_root_are_taken() {
+        let shared = tempfile::tempdir().unwrap();
+        let vol = shared.path().join("t").join("c");
+        std::fs::create_dir_all(&vol).unwrap();
+        let good = order(vol.to_str().unwrap(), &format!("{VOLUME_MOUNTS}/t/c"));
+        assert!(checked(Some(shared.path()), &good).is_ok());
+        let e = checked(None, &good).unwrap_err();
+        assert!(e.contains("no shared storage"), "{e}");
+        for (source, target, says) in [
+            (
+                "/etc",
+                &format!("{VOLUME_MOUNTS}/t/c") as &str,
+                "not under this node's shared storage",
+            ),
+            (vol.to_str().unwrap(), "/etc/x", "not a path under"),
+            (
+                vol.to_str().unwrap(),
+                &format!("{VOLUME_MOUNTS}/../../etc"),
+                "not a path under",
+            ),
+            (vol.to_str().unwrap(), VOLUME_MOUNTS, "not a path under"),
+        ] {
+            let e = checked(Some(shared.path()), &order(source, target)).unwrap_err();
+            assert!(e.contains(says), "{source} -> {target}: {e}");
+        }
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_read_back() {
+        assert_eq!(unescape("/run/a\\040b"), "/run/a b");
+        assert_eq!(unescape("/plain"), "/plain");
+    }
+}
