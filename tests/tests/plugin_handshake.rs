@@ -268,7 +268,8 @@ async fn health(running: &Running, identity: Option<&ClientCert>) -> Result<i32,
 }
 
 #[tokio::test]
-async fn only_the_client_certificate_terraform_gave_is_served_and_shutdown_ends_the_provider() {
+async fn only_the_client_certificate_terraform_gave_is_served_sigint_is_ignored_and_shutdown_ends_it(
+) {
     let terraform = client_cert();
     let mut running = start(&terraform);
 
@@ -289,6 +290,18 @@ async fn only_the_client_certificate_terraform_gave_is_served_and_shutdown_ends_
         "a client with another certificate was served: {other:?}"
     );
     // The refusals did not take the server down for its real client.
+    assert_eq!(health(&running, Some(&terraform)).await, Ok(1));
+
+    // Ctrl-C reaches the whole process group: the provider lives on (Terraform stops it
+    // through the protocol), as go-plugin's servers do.
+    let pid = running.child.id() as libc::pid_t;
+    // SAFETY: kill sends a signal to our own child; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        running.child.try_wait().expect("wait").is_none(),
+        "the provider died of SIGINT"
+    );
     assert_eq!(health(&running, Some(&terraform)).await, Ok(1));
 
     // Terraform's goodbye: GRPCController.Shutdown, then the process exits on its own and
