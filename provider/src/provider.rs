@@ -1,63 +1,19 @@
-//! The provider block: where the backend is and which token to use.
+//! The provider block: where the backend is and which token to use; and the registration
+//! of every resource and data source, which share the state `configure` makes
+//! (`state::ProviderState`). Nothing below imports this module.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
 use crate::client::Client;
 use crate::framework::{
-    Attribute, DataSourceType, Diagnostic, Diagnostics, ProviderType, ResourceType, Schema, Type,
-    Value,
+    Attribute, DataSourceType, Diagnostics, ProviderType, ResourceType, Schema, Type, Value,
 };
+use crate::state::ProviderState;
 use crate::{data_sources, resources};
 
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7700";
-
-/// What resources share: the client made by `configure`.
-#[derive(Default)]
-pub struct ProviderState {
-    client: RwLock<Option<Arc<Client>>>,
-    /// False when the provider block had values unknown until apply.
-    config_known: RwLock<bool>,
-    /// What this run's other resources plan and do.
-    pub run: crate::this_run::ThisRun,
-}
-
-impl ProviderState {
-    /// The configured client, or an error saying the provider was not configured.
-    pub fn client(&self) -> Result<Arc<Client>, Diagnostics> {
-        self.client
-            .read()
-            .ok()
-            .and_then(|c| c.clone())
-            .ok_or_else(|| {
-                Diagnostic::error(
-                    "the gpufleet provider is not configured yet",
-                    "Its configuration depends on values known only after apply.",
-                )
-                .into()
-            })
-    }
-
-    /// The client for plan-time checks: `None` when the provider configuration is not
-    /// fully known yet (the checks then happen at apply, in the backend).
-    pub fn plan_client(&self) -> Option<Arc<Client>> {
-        if *self.config_known.read().ok()? {
-            self.client().ok()
-        } else {
-            None
-        }
-    }
-
-    fn set(&self, client: Client, known: bool) {
-        if let Ok(mut slot) = self.client.write() {
-            *slot = Some(Arc::new(client));
-        }
-        if let Ok(mut slot) = self.config_known.write() {
-            *slot = known;
-        }
-    }
-}
 
 pub struct GpufleetProvider {
     state: Arc<ProviderState>,

@@ -11,8 +11,8 @@ use super::required_arg;
 use crate::framework::{
     AttrPath, Attribute, DataSourceType, Diagnostic, Diagnostics, Schema, Type, Value,
 };
-use crate::provider::ProviderState;
 use crate::resources::common::{answered, check_window, known_gpu_type};
+use crate::state::ProviderState;
 use crate::times;
 
 pub struct Availability {

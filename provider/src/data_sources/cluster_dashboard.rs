@@ -16,7 +16,7 @@ use super::required_arg;
 use crate::framework::{
     AttrPath, Attribute, DataSourceType, Diagnostic, Diagnostics, Schema, Type, Value,
 };
-use crate::provider::ProviderState;
+use crate::state::ProviderState;
 
 pub struct ClusterDashboard {
     provider: Arc<ProviderState>,

@@ -11,7 +11,7 @@ use tonic::{Code, Status};
 use crate::framework::{
     AttrPath, Attribute, DataSourceType, Diagnostic, Diagnostics, Schema, Type, Value,
 };
-use crate::provider::ProviderState;
+use crate::state::ProviderState;
 
 pub struct DriverVersions {
     provider: Arc<ProviderState>,

@@ -8,7 +8,7 @@ use gpufleet_proto::v1 as api;
 
 use super::required_arg;
 use crate::framework::{Attribute, DataSourceType, Diagnostics, Schema, Type, Value};
-use crate::provider::ProviderState;
+use crate::state::ProviderState;
 use crate::times;
 
 pub struct Events {

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
 use crate::framework::{Attribute, DataSourceType, Diagnostics, Schema, Type, Value};
-use crate::provider::ProviderState;
+use crate::state::ProviderState;
 
 pub struct GpuTypes {
     provider: Arc<ProviderState>,

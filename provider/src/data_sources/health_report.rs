@@ -8,8 +8,8 @@ use gpufleet_proto::v1 as api;
 
 use super::required_arg;
 use crate::framework::{Attribute, DataSourceType, Diagnostics, Schema, Type, Value};
-use crate::provider::ProviderState;
 use crate::resources::acceptance::{result_type, results, summary_type, summary_value, whole_gbps};
+use crate::state::ProviderState;
 use crate::times;
 
 pub struct HealthReport {

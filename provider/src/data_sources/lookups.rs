@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
 use crate::framework::{Attribute, DataSourceType, Diagnostics, Schema, Type, Value};
-use crate::provider::ProviderState;
 use crate::resources::common::answered;
+use crate::state::ProviderState;
 use crate::times;
 
 /// An optional string argument ("" when left out).

@@ -17,7 +17,7 @@ use super::required_arg;
 use crate::framework::{
     AttrPath, Attribute, DataSourceType, Diagnostic, Diagnostics, Schema, Type, Value,
 };
-use crate::provider::ProviderState;
+use crate::state::ProviderState;
 
 pub struct MigLayout {
     provider: Arc<ProviderState>,

@@ -15,7 +15,7 @@ mod quota_usage;
 use std::sync::Arc;
 
 use crate::framework::{AttrPath, DataSourceType, Diagnostic, Diagnostics, Value};
-use crate::provider::ProviderState;
+use crate::state::ProviderState;
 
 pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn DataSourceType>> {
     vec![

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use crate::convert::{node_type, node_value};
 use crate::framework::{Attribute, DataSourceType, Diagnostics, Schema, Type, Value};
-use crate::provider::ProviderState;
+use crate::state::ProviderState;
 
 pub struct Nodes {
     provider: Arc<ProviderState>,

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use super::required_arg;
 use crate::framework::{Attribute, DataSourceType, Diagnostics, Schema, Type, Value};
-use crate::provider::ProviderState;
+use crate::state::ProviderState;
 
 pub struct QuotaUsage {
     provider: Arc<ProviderState>,

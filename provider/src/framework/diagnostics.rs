@@ -1,7 +1,7 @@
 //! Errors and warnings for the person running Terraform: a summary, a detail and, where
 //! one input is to blame, the attribute path Terraform underlines.
 
-use super::value::AttrPath;
+use super::path::AttrPath;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Severity {

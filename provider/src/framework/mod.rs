@@ -2,13 +2,15 @@
 //! source contracts. Nothing here knows the Terraform plugin protocol (see `protocol`).
 
 pub mod diagnostics;
+pub mod path;
 pub mod plan;
 pub mod schema;
 pub mod traits;
 pub mod value;
 
 pub use diagnostics::{Diagnostic, Diagnostics, Severity};
+pub use path::{AttrPath, PathStep};
 pub use plan::{changed, default_when_unset, mark_unknown, requires_replace_if_changed};
 pub use schema::{Attribute, Block, Mode, Schema, Type};
 pub use traits::{DataSourceType, PlannedChange, ProviderType, ResourceType};
-pub use value::{AttrPath, PathStep, Value};
+pub use value::Value;

@@ -1,7 +1,8 @@
 //! Building blocks for plans: which attributes become unknown, which force replacement,
 //! and which optional attributes get a concrete default.
 
-use super::value::{AttrPath, Value};
+use super::path::AttrPath;
+use super::value::Value;
 
 /// Sets each named attribute of `state` to unknown: the apply will compute it.
 pub fn mark_unknown(state: &mut Value, attrs: &[&str]) {

@@ -3,8 +3,9 @@
 use async_trait::async_trait;
 
 use super::diagnostics::Diagnostics;
+use super::path::AttrPath;
 use super::schema::Schema;
-use super::value::{AttrPath, Value};
+use super::value::Value;
 
 /// What a plan for one resource instance says.
 #[derive(Clone, Debug, PartialEq)]

@@ -16,7 +16,7 @@ pub(crate) mod waiting;
 use std::sync::Arc;
 
 use crate::framework::ResourceType;
-use crate::provider::ProviderState;
+use crate::state::ProviderState;
 
 pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn ResourceType>> {
     vec![

@@ -15,7 +15,7 @@ use crate::framework::{
     changed, default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
     Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
 };
-use crate::provider::ProviderState;
+use crate::state::ProviderState;
 use crate::times;
 
 pub struct Reservation {
