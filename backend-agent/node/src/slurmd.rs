@@ -8,10 +8,20 @@
 //! (whole GPUs as `gpu:<model>`, MIG slices as `gpu:<profile>`), so Slurm schedules what
 //! the node really has.
 //!
-//! Devices: with simulated GPUs each GPU and MIG slice is a character device the agent
-//! creates in its data dir (the numbers of /dev/null, so a job that opens one harms
-//! nothing); with NVML, Slurm finds the real /dev/nvidia* and MIG devices itself
-//! (`AutoDetect=nvml`, which needs a Slurm built with NVML).
+//! Devices: with simulated GPUs each GPU and MIG slice is a character device of its own
+//! the agent creates in the node's runtime directory (`dev/`, which the cluster's jobs can
+//! reach), numbered in the kernel's range for local use (major 120, no driver: opening
+//! one that the job's device cgroup allows fails with "No such device or address", one it
+//! does not with "Operation not permitted"), so `ConstrainDevices` can tell them apart as
+//! it tells real GPUs apart; with NVML, Slurm finds the real /dev/nvidia* and MIG devices
+//! itself (`AutoDetect=nvml`, which needs a Slurm built with NVML).
+//!
+//! Confinement: slurmd runs in its cluster's node [`Sandbox`] (a `/proc` that shows a job
+//! its own account's processes only, and a user database without other clusters'
+//! accounts); each job gets a private `/tmp` and `/dev/shm` from `job_container/tmpfs`
+//! (under `<data-dir>/slurm/<cluster>/jobs/`) and a cgroup holding it to its cores,
+//! memory and devices (cgroup.conf, written here: cores are left unconfined on a
+//! simulated node that declares more CPUs than its host has).
 //!
 //! Starting is idempotent (a slurmd running the same configuration is verified and left
 //! alone) and the last order per cluster is kept on disk: an agent that restarts reports
@@ -34,6 +44,7 @@ use gpufleet_slurm::account::{self, Account};
 use gpufleet_slurm::conf::{self, Device};
 use gpufleet_slurm::daemon::{Daemon, Spec};
 use gpufleet_slurm::munge;
+use gpufleet_slurm::sandbox::{self, Sandbox};
 
 struct Running {
     munged: Daemon,
@@ -153,7 +164,7 @@ impl Slurmd {
             conf::slurmd_lines(&spool, dir, &paths.socket)
         );
         let gres_conf = if self.simulated {
-            conf::gres(&self.node, &self.sim_devices(dir, gpus)?)
+            conf::gres(&self.node, &self.sim_devices(&shared, gpus)?)
         } else {
             "AutoDetect=nvml\n".to_string()
         };
@@ -189,9 +200,23 @@ impl Slurmd {
         let conf_path = shared.join("slurm.conf");
         let gid = account.uid;
         account::write_shared(&conf_path, &full, gid, 0o640)?;
-        account::write_shared(&shared.join("cgroup.conf"), &kept.cgroup_conf, gid, 0o640)?;
+        account::write_shared(
+            &shared.join("cgroup.conf"),
+            &self.cgroup_conf(kept),
+            gid,
+            0o640,
+        )?;
+        let jobs = jobs_base(dir, &shared);
+        account::own_dir(&jobs, 0, 0, 0o700)?;
+        account::write_shared(
+            &shared.join("job_container.conf"),
+            &conf::job_container(&jobs),
+            gid,
+            0o640,
+        )?;
+        let etc_layer = sandbox::user_databases(dir, cluster)?;
         account::write_shared(&shared.join("gres.conf"), &gres_conf, gid, 0o640)?;
-        let slurmd = Daemon::start(
+        let slurmd = Daemon::start_sandboxed(
             &format!("slurmd/{cluster}/{}", self.node),
             Spec {
                 program: "slurmd".into(),
@@ -205,6 +230,7 @@ impl Slurmd {
                 env: vec![("SLURM_CONF".into(), conf_path.display().to_string())],
                 log: dir.join("slurmd.out"),
             },
+            Sandbox::slurmd(etc_layer),
         )
         .map_err(|e| format!("cannot start slurmd: {e}"))?;
         // Verified: slurmd listens on its port (it has read its configuration and GRES).
@@ -239,16 +265,29 @@ impl Slurmd {
         Ok(gres)
     }
 
-    /// One character device per GPU and MIG slice, in `<dir>/dev`.
-    fn sim_devices(&self, dir: &Path, gpus: &[GpuInfo]) -> Result<Vec<Device>, String> {
-        let dev = dir.join("dev");
-        std::fs::create_dir_all(&dev)
-            .map_err(|e| format!("cannot create {}: {e}", dev.display()))?;
+    /// cgroup.conf for this node: the control plane's confinement, with cores left
+    /// unconfined where the node declares more CPUs than its host has (a simulated node).
+    fn cgroup_conf(&self, kept: &Kept) -> String {
+        let declared = conf::node_cpus(&kept.slurm_conf, &self.node).unwrap_or(1);
+        let host = crate::host::cpus();
+        if declared > host {
+            tracing::info!(node = %self.node, declared, host, "the node declares more CPUs than its host has: jobs are not pinned to cores");
+        }
+        conf::node_cgroup(declared <= host)
+    }
+
+    /// One character device per GPU and MIG slice, in the node's runtime `dev/`: major
+    /// [`SIM_MAJOR`], minors from 0 in the order of the GPUs and their slices.
+    fn sim_devices(&self, shared: &Path, gpus: &[GpuInfo]) -> Result<Vec<Device>, String> {
+        let dev = shared.join("dev");
+        account::own_dir(&dev, 0, 0, 0o755)?;
         let mut out = Vec::new();
+        let mut minor = 0u32;
         for g in gpus {
             let mut add = |file: String, gres_type: String| -> Result<(), String> {
                 let path = dev.join(&file);
-                mknod(&path)?;
+                mknod(&path, minor)?;
+                minor += 1;
                 out.push(Device {
                     gres_type,
                     file: path.display().to_string(),
@@ -288,6 +327,7 @@ impl Slurmd {
         // The slurmstepd of every job still running here, and the job's processes: they
         // outlive slurmd, and nothing of the cluster may stay on a node it gives back.
         self.end_steps(cluster);
+        remove_cgroups(&self.node);
         let removed = match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -339,6 +379,19 @@ impl Slurmd {
     }
 }
 
+/// Where `job_container/tmpfs` makes each job's private `/tmp` and `/dev/shm` (root's,
+/// 0700): the node's private dir, `<data-dir>/slurm/<cluster>/jobs`, unless that is under
+/// `/tmp` or `/dev/shm`, which the plugin refuses (a data dir in `/tmp`, as tests have);
+/// then the node's runtime directory, `/run/gpufleet/<cluster>/n<hash>/jobs`.
+fn jobs_base(dir: &Path, shared: &Path) -> PathBuf {
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    if ["/tmp", "/dev/shm"].iter().any(|t| dir.starts_with(t)) {
+        shared.join("jobs")
+    } else {
+        dir.join("jobs")
+    }
+}
+
 /// `n` and 8 hex digits of an FNV-1a hash of the node's name.
 fn node_part(node: &str) -> String {
     let hash = node.bytes().fold(0x811c_9dc5u32, |h, b| {
@@ -354,17 +407,23 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-/// A character device with /dev/null's numbers (1, 3), unless one is there already.
-fn mknod(path: &Path) -> Result<(), String> {
-    use std::os::unix::fs::FileTypeExt;
-    if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device()) {
+/// The major number of simulated GPU devices: one of the kernel's "local/experimental
+/// use" majors (Documentation/admin-guide/devices.txt), which no driver registers.
+pub const SIM_MAJOR: u32 = 120;
+
+/// A character device `SIM_MAJOR:minor` (mode 0666: the device cgroup decides who opens
+/// it), unless one is there already.
+fn mknod(path: &Path, minor: u32) -> Result<(), String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let rdev = libc::makedev(SIM_MAJOR, minor);
+    if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == rdev) {
         return Ok(());
     }
     let _ = std::fs::remove_file(path);
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| format!("{}: not a valid path", path.display()))?;
     // SAFETY: c is a valid NUL-terminated path; mknod only creates the file.
-    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, rdev) };
     if rc != 0 {
         return Err(format!(
             "cannot create the device file {} for Slurm's GRES: {} (creating device files needs root)",
@@ -372,5 +431,58 @@ fn mknod(path: &Path) -> Result<(), String> {
             std::io::Error::last_os_error()
         ));
     }
-    Ok(())
+    // mknod's mode is masked by the umask.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))
+}
+
+/// Ends every process still in `node`'s cgroups and removes them: what Slurm's cgroup
+/// v1 plugin keeps of the node, `/sys/fs/cgroup/<controller>/slurm_<node>/` (a killed
+/// slurmstepd leaves its job's cgroups, and a job process that dropped its environment
+/// is found there and nowhere else), deepest first, for a few seconds while the killed
+/// processes leave them.
+fn remove_cgroups(node: &str) {
+    let roots: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|c| c.path().join(format!("slurm_{node}")))
+        .filter(|p| p.is_dir())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for root in roots {
+        loop {
+            let mut dirs = Vec::new();
+            let mut stack = vec![root.clone()];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        stack.push(e.path());
+                    }
+                }
+                dirs.push(d);
+            }
+            for d in &dirs {
+                let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+                for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+                    // SAFETY: kill only sends a signal.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+            // Children come after their parents: remove from the end.
+            let failed = dirs
+                .iter()
+                .rev()
+                .filter(|d| std::fs::remove_dir(d).is_err())
+                .count();
+            if failed == 0 || Instant::now() > deadline {
+                if failed > 0 {
+                    tracing::warn!(cgroup = %root.display(), "cannot remove a node's cgroups");
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }

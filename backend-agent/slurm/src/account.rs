@@ -8,7 +8,15 @@
 //! only root and the cluster's group can enter (0750): what the cluster's user must reach
 //! lives there (munge sockets, client and slurmd configuration, slurmd's spool, the login
 //! home); keys and logs stay in the private data dirs. Another cluster's user, or any
-//! other local user, cannot open it, so cannot reach its munged.
+//! other local user, cannot open it, so cannot reach its munged. `/run/gpufleet` itself
+//! is 0711: anyone may pass through it to the directory it belongs to, no one but root
+//! may list it (the names of the clusters a host serves are no one else's business).
+//!
+//! Removing an account ends its processes and removes what it owned in the host's shared
+//! temporary directories (`/tmp`, `/var/tmp`, `/dev/shm`), then the user and group. Its
+//! sessions and jobs have private ones (see `sandbox`, and `job_container/tmpfs`), so
+//! that finds nothing unless something escaped them; it is there so that nothing owned
+//! by a deleted uid outlives the cluster whatever happened.
 //!
 //! Blocking (useradd, getent): async callers go through spawn_blocking.
 
@@ -136,9 +144,13 @@ impl Account {
         Ok(())
     }
 
-    /// Ends every process of the account on this host, then removes the user and group.
+    /// Ends every process of the account on this host, removes its files from the
+    /// host's temporary directories, then removes the user and group.
     pub fn remove(&self) -> Result<(), String> {
         kill_processes_of(self.uid);
+        for dir in SHARED_TEMP {
+            remove_owned_by(Path::new(dir), self.uid);
+        }
         let deadline = Instant::now() + RETRY_FOR;
         loop {
             let mut failed = Vec::new();
@@ -160,6 +172,45 @@ impl Account {
             }
             kill_processes_of(self.uid);
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// The host's temporary directories every local user may write to.
+pub const SHARED_TEMP: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
+
+/// Removes every entry under `dir` (not `dir` itself) owned by `uid`, whole trees
+/// included, staying on `dir`'s filesystem and following no symbolic link.
+pub fn remove_owned_by(dir: &Path, uid: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(top) = std::fs::symlink_metadata(dir) else {
+        return;
+    };
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.dev() != top.dev() {
+                continue;
+            }
+            if meta.uid() == uid {
+                let removed = if meta.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+                if let Err(e) = removed {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove a removed account's file");
+                }
+            } else if meta.is_dir() {
+                stack.push(path);
+            }
         }
     }
 }
@@ -326,7 +377,7 @@ fn chown(path: &Path, uid: u32, gid: u32) -> Result<(), String> {
 /// The cluster's runtime directory with the account's group (made if missing).
 pub fn prepare_runtime(account: &Account) -> Result<PathBuf, String> {
     let root = Path::new(RUNTIME_ROOT);
-    own_dir(root, 0, 0, 0o755)?;
+    own_dir(root, 0, 0, 0o711)?;
     let dir = runtime_dir(&account.name);
     own_dir(&dir, 0, account.uid, 0o750)?;
     Ok(dir)
@@ -456,6 +507,37 @@ mod tests {
         );
         // The shell reaped its killed child before it ended.
         assert!(!std::path::Path::new(&format!("/proc/{child}")).exists());
+    }
+
+    #[test]
+    fn files_of_a_uid_are_removed_from_a_directory_tree_and_others_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let mine = dir.path().join("mine");
+        std::fs::create_dir_all(mine.join("deep")).unwrap();
+        std::fs::write(mine.join("deep/file"), "x").unwrap();
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::write(theirs.join("kept"), "x").unwrap();
+        std::fs::write(theirs.join("gone"), "x").unwrap();
+        let uid = FIRST_UID + 1;
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(
+            root,
+            "this test gives files to another uid: it needs root, as CI runs"
+        );
+        for p in [
+            &mine,
+            &mine.join("deep"),
+            &mine.join("deep/file"),
+            &theirs.join("gone"),
+        ] {
+            chown(p, uid, uid).unwrap();
+        }
+        remove_owned_by(dir.path(), uid);
+        assert!(!mine.exists());
+        assert!(!theirs.join("gone").exists());
+        assert!(theirs.join("kept").exists());
     }
 
     #[test]

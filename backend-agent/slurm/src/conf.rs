@@ -3,8 +3,13 @@
 //! clients, plus each side's own paths and munge socket), cgroup.conf and gres.conf.
 //!
 //! Every node's slurmd runs on its own port with `NodeHostname` its host, so several
-//! nodes (simulated ones) can share one machine. Process tracking is by Linux process
-//! tree and tasks are not confined: the simulated GPUs have no devices to confine.
+//! nodes (simulated ones) can share one machine.
+//!
+//! Jobs are confined: their processes are tracked in cgroups (`proctrack/cgroup`), each
+//! job's tasks are held to the cores, memory and GPU or MIG devices Slurm gave it
+//! (`task/cgroup` with cgroup.conf's `Constrain*`), and each job has a private `/tmp`
+//! and `/dev/shm` (`job_container/tmpfs`, job_container.conf, `PrologFlags=Contain`)
+//! that go when it ends.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -111,8 +116,11 @@ pub fn shared(ctl: &Controller, nodes: &[Node], slurm_user: &str) -> String {
     for line in [
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
+        "ProctrackType=proctrack/cgroup",
+        "TaskPlugin=task/cgroup",
+        // A private /tmp and /dev/shm per job (job_container.conf), made at allocation.
+        "JobContainerType=job_container/tmpfs",
+        "PrologFlags=Contain",
         "SelectType=select/cons_tres",
         // CPUs and memory are consumed per job, so jobs on different GRES share a node.
         "SelectTypeParameters=CR_Core_Memory",
@@ -189,10 +197,43 @@ pub fn slurmd_lines(spool: &Path, dir: &Path, socket: &Path) -> String {
     )
 }
 
-/// cgroup.conf: Slurm 22.05 will not run without a cgroup plugin, but with process
-/// tracking by process tree and no task plugin nothing is confined by it.
+/// cgroup.conf as the control plane gives it to every node: every job confined to its
+/// cores, memory (no swap) and GRES devices. A node may hold its cores unconfined (see
+/// [`node_cgroup`]).
 pub fn cgroup() -> String {
-    "CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\n".to_string()
+    node_cgroup(true)
+}
+
+/// cgroup.conf of a node: cgroup v1 (what Debian's Slurm 22.05 and these hosts mount),
+/// memory limited to what the job was given with no swap beyond it, only the job's own
+/// GPU or MIG devices openable, and, with `constrain_cores`, only its own cores. A
+/// simulated node that declares more CPUs than its host has cannot pin a job to CPUs the
+/// host lacks: it keeps cores unconfined (and says so in its log).
+pub fn node_cgroup(constrain_cores: bool) -> String {
+    let cores = if constrain_cores { "yes" } else { "no" };
+    format!(
+        "CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\nConstrainCores={cores}\n\
+         ConstrainRAMSpace=yes\nAllowedRAMSpace=100\nConstrainSwapSpace=yes\n\
+         AllowedSwapSpace=0\nConstrainDevices=yes\n"
+    )
+}
+
+/// job_container.conf of a node: each job's private `/tmp` and `/dev/shm` are made under
+/// `base` (root's, private to the node), and removed when the job ends.
+pub fn job_container(base: &Path) -> String {
+    format!("AutoBasePath=true\nBasePath={}\n", base.display())
+}
+
+/// The CPUs `node` is declared with in a rendered slurm.conf.
+pub fn node_cpus(conf: &str, node: &str) -> Option<u32> {
+    conf.lines()
+        .filter_map(|l| l.strip_prefix("NodeName="))
+        .find(|rest| rest.split_whitespace().next() == Some(node))
+        .and_then(|rest| {
+            rest.split_whitespace()
+                .find_map(|w| w.strip_prefix("CPUs="))
+                .and_then(|c| c.parse().ok())
+        })
 }
 
 /// One GRES device: its type and the character device that stands for it.
@@ -279,6 +320,25 @@ mod tests {
         assert!(shared(&ctl, &nodes, "root").contains("SlurmdParameters=config_overrides\n"));
         assert!(!s.contains("AuthInfo"));
         assert!(s.contains("DisableRootJobs=YES\n"));
+        for confined in [
+            "TaskPlugin=task/cgroup\n",
+            "ProctrackType=proctrack/cgroup\n",
+            "JobContainerType=job_container/tmpfs\n",
+            "PrologFlags=Contain\n",
+        ] {
+            assert!(s.contains(confined), "no {confined} in {s}");
+        }
+        assert_eq!(node_cpus(&s, "b"), Some(64));
+        assert_eq!(node_cpus(&s, "c"), None);
+        assert!(cgroup().contains("ConstrainCores=yes\n"));
+        assert!(node_cgroup(false).contains("ConstrainCores=no\n"));
+        for c in [
+            "ConstrainRAMSpace=yes",
+            "ConstrainDevices=yes",
+            "AllowedSwapSpace=0",
+        ] {
+            assert!(cgroup().contains(c), "{c}");
+        }
         assert!(s.contains("SlurmctldPort=7000\n"));
         assert!(s.contains("PartitionName=gpu Nodes=a,b "));
         assert_eq!(

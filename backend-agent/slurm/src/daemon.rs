@@ -4,6 +4,9 @@
 //! The daemon gets SIGTERM when its supervising thread ends (PR_SET_PDEATHSIG), so a
 //! control plane or node agent that dies leaves no Slurm or munge process behind; that
 //! is why each daemon has a dedicated thread that lives exactly as long as it should.
+//! A daemon that serves a tenant (a login's sshd, a node's slurmd) runs in a
+//! [`Sandbox`]: a mount namespace of its own, entered between fork and exec.
+//!
 //! Everything here blocks: async callers go through spawn_blocking.
 
 use std::os::unix::process::CommandExt;
@@ -12,6 +15,8 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use super::sandbox::Sandbox;
 
 /// How long a stopped daemon gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -40,7 +45,8 @@ pub struct Daemon {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-fn spawn(spec: &Spec) -> std::io::Result<std::process::Child> {
+fn spawn(spec: &Spec, sandbox: Option<&Sandbox>) -> std::io::Result<std::process::Child> {
+    let prepared = sandbox.map(Sandbox::prepare).transpose()?;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -53,14 +59,17 @@ fn spawn(spec: &Spec) -> std::io::Result<std::process::Child> {
         .stderr(log);
     // SAFETY: prctl and setpgid are async-signal-safe and touch only the child's own state.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             // Its own process group: a signal to the parent's group (Ctrl-C) does not reach it
             // before the supervisor stops it in order.
             libc::setpgid(0, 0);
-            Ok(())
+            match &prepared {
+                Some(p) => p.enter(),
+                None => Ok(()),
+            }
         });
     }
     cmd.spawn()
@@ -72,6 +81,15 @@ impl Daemon {
     /// life (PR_SET_PDEATHSIG fires when the *thread* that forked the child ends), not the
     /// caller's, which may be a pooled thread that ends when idle.
     pub fn start(name: &str, spec: Spec) -> std::io::Result<Daemon> {
+        Daemon::start_in(name, spec, None)
+    }
+
+    /// [`Daemon::start`] in `sandbox` (each restart too).
+    pub fn start_sandboxed(name: &str, spec: Spec, sandbox: Sandbox) -> std::io::Result<Daemon> {
+        Daemon::start_in(name, spec, Some(sandbox))
+    }
+
+    fn start_in(name: &str, spec: Spec, sandbox: Option<Sandbox>) -> std::io::Result<Daemon> {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             pid: AtomicI32::new(0),
@@ -84,11 +102,11 @@ impl Daemon {
             let name = name.to_string();
             std::thread::Builder::new()
                 .name(format!("supervise-{}", spec.program))
-                .spawn(move || match spawn(&spec) {
+                .spawn(move || match spawn(&spec, sandbox.as_ref()) {
                     Ok(first) => {
                         shared.pid.store(first.id() as i32, Ordering::SeqCst);
                         let _ = started_tx.send(Ok(()));
-                        supervise(&name, &spec, first, &shared);
+                        supervise(&name, &spec, sandbox.as_ref(), first, &shared);
                     }
                     Err(e) => {
                         let _ = started_tx.send(Err(e));
@@ -174,7 +192,13 @@ fn is_zombie(pid: i32) -> bool {
         .unwrap_or(true)
 }
 
-fn supervise(name: &str, spec: &Spec, mut child: std::process::Child, shared: &Shared) {
+fn supervise(
+    name: &str,
+    spec: &Spec,
+    sandbox: Option<&Sandbox>,
+    mut child: std::process::Child,
+    shared: &Shared,
+) {
     loop {
         let status = child.wait();
         shared.pid.store(0, Ordering::SeqCst);
@@ -187,7 +211,7 @@ fn supervise(name: &str, spec: &Spec, mut child: std::process::Child, shared: &S
             if shared.stop.load(Ordering::SeqCst) {
                 return;
             }
-            match spawn(spec) {
+            match spawn(spec, sandbox) {
                 Ok(c) => {
                     shared.pid.store(c.id() as i32, Ordering::SeqCst);
                     shared.starts.fetch_add(1, Ordering::SeqCst);

@@ -3,7 +3,8 @@
 //! renders for the controller, the nodes and the tenant (`conf`), munge keys and daemons
 //! (`munge`), the supervised processes (`daemon`), the controller's view of its nodes
 //! (`status`), each cluster's own unprivileged account and runtime directory on a host
-//! (`account`) and its login endpoint (`login`). It knows no store and no agent: the control plane's `slurm_clusters` ties a
+//! (`account`), its login endpoint (`login`), and the mount namespace the daemons that
+//! serve a tenant run in (`sandbox`). It knows no store and no agent: the control plane's `slurm_clusters` ties a
 //! cluster's lifecycle to these, and the node agent's `slurmd` runs a node's daemon.
 
 pub mod account;
@@ -12,6 +13,7 @@ pub mod controller;
 pub mod daemon;
 pub mod login;
 pub mod munge;
+pub mod sandbox;
 pub mod status;
 
 /// The programs a Slurm cluster needs on this host: the daemons, the controller's tools,

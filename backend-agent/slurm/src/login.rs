@@ -5,6 +5,14 @@
 //! team gets a shell as its own unprivileged user, from which `sinfo`, `srun` and `sbatch`
 //! work, and nothing that grants more (no munge key leaves the platform).
 //!
+//! The sshd, and so every session, runs in the cluster's login [`Sandbox`]: a mount
+//! namespace with its own `/tmp`, `/var/tmp` and `/dev/shm` (tmpfs, shared by the
+//! cluster's sessions and gone when the login stops), a `/proc` that shows the account
+//! its own processes only (`hidepid=invisible`), and a user database without the other
+//! clusters' accounts. One namespace per login rather than per session (a ForceCommand
+//! or PAM wrapper): a login lets in one account only, so its sessions are one team's,
+//! and a namespace made by sshd's parent covers every way in (shell, exec, sftp) alike.
+//!
 //! Blocking (ssh-keygen, the daemon): async callers go through spawn_blocking.
 
 use std::path::{Path, PathBuf};
@@ -14,6 +22,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 
 use super::daemon::{Daemon, Spec};
+use super::sandbox::{self, Sandbox};
 
 /// At most this many public keys per cluster, each at most this long.
 pub const MAX_KEYS: usize = 32;
@@ -234,7 +243,12 @@ pub fn start(name: &str, login: &Login, files: &Files) -> Result<Daemon, String>
             String::from_utf8_lossy(&check.stderr).trim()
         ));
     }
-    let daemon = Daemon::start(
+    let own_dir = files
+        .config
+        .parent()
+        .ok_or("the login's files have no directory")?;
+    let etc_layer = sandbox::user_databases(own_dir, &login.user)?;
+    let daemon = Daemon::start_sandboxed(
         name,
         Spec {
             program: program.display().to_string(),
@@ -247,6 +261,7 @@ pub fn start(name: &str, login: &Login, files: &Files) -> Result<Daemon, String>
             env: Vec::new(),
             log: files.log.clone(),
         },
+        Sandbox::login(etc_layer, own_dir),
     )
     .map_err(|e| format!("cannot start sshd: {e}"))?;
     let deadline = Instant::now() + Duration::from_secs(15);

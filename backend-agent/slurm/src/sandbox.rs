@@ -1,0 +1,469 @@
+//! The mount namespace a tenant-facing daemon runs in: a cluster's login `sshd` (and so
+//! every session of its account) and each node's `slurmd` (and so every job step it
+//! starts, whose own per-job namespace `job_container/tmpfs` makes inside this one).
+//!
+//! What it separates, on a host shared by several clusters (embedded nodes, or one
+//! control plane's host running every team's login):
+//! - `/proc` is a procfs instance of its own mounted `hidepid=invisible`: the account
+//!   sees its own processes only, not another team's, not root's (daemons' command lines
+//!   and environments included);
+//! - `/etc` is a read-only overlay whose top layer holds copies of `passwd` and `group`
+//!   (and their `-` backups) that list the host's own users and groups and this cluster's
+//!   account, and no other cluster's (whose names would tell which teams the host
+//!   serves). An overlay on the directory rather than bind mounts on the files: useradd
+//!   and userdel replace those files by rename, which detaches a file's bind mounts in
+//!   every other namespace;
+//! - optionally, a private tmpfs on `/tmp`, `/var/tmp` and `/dev/shm` (the login's: the
+//!   cluster's sessions share it, no one else sees it, and it goes when the login stops).
+//!
+//! The daemon enters the namespace between fork and exec (`unshare(CLONE_NEWNS)`, then
+//! the mounts), so its pid is the supervisor's child as before, and everything it starts
+//! inherits it. Nothing is mounted on the host: when the last process of the namespace
+//! ends, its mounts and tmpfs contents go with it. Needs root (as the daemons do).
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+
+use super::account::{FIRST_UID, UIDS};
+
+/// What a daemon's namespace holds; see the module's doc.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sandbox {
+    /// A fresh procfs with `hidepid=invisible` on `/proc`.
+    pub hide_processes: bool,
+    /// A private tmpfs (mode 1777, of at most `tmp_size`) on each of these.
+    pub private_dirs: Vec<PathBuf>,
+    /// The tmpfs size (`mount -o size=`), e.g. "1g".
+    pub tmp_size: String,
+    /// A directory laid read-only over `/etc` (see [`user_databases`]).
+    pub etc_layer: Option<PathBuf>,
+    /// Directories the daemon itself needs that stay at their paths when they are under
+    /// one of `private_dirs` (a data dir in `/tmp`, as the tests have): bound back in.
+    pub keep: Vec<PathBuf>,
+}
+
+/// The user databases a sandbox shows instead of the host's.
+pub const USER_DATABASES: &[&str] = &["/etc/passwd", "/etc/group", "/etc/passwd-", "/etc/group-"];
+
+impl Sandbox {
+    /// The login's: processes hidden, a user database without other clusters, and its
+    /// own `/tmp`, `/var/tmp` and `/dev/shm`; `own_dir` (sshd's host key and
+    /// configuration, which it reads again for each connection) stays where it is.
+    pub fn login(etc_layer: PathBuf, own_dir: &Path) -> Sandbox {
+        Sandbox {
+            hide_processes: true,
+            private_dirs: ["/tmp", "/var/tmp", "/dev/shm"]
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
+            tmp_size: "1g".into(),
+            etc_layer: Some(etc_layer),
+            keep: vec![own_dir.to_path_buf()],
+        }
+    }
+
+    /// A node's slurmd: processes hidden and a user database without other clusters.
+    /// Each job gets its own `/tmp` and `/dev/shm` from `job_container/tmpfs`, made in
+    /// this namespace.
+    pub fn slurmd(etc_layer: PathBuf) -> Sandbox {
+        Sandbox {
+            hide_processes: true,
+            etc_layer: Some(etc_layer),
+            ..Sandbox::default()
+        }
+    }
+}
+
+/// Writes `<dir>/etc/`, the layer [`Sandbox::etc_layer`] lays over `/etc`: the host's
+/// user databases without other clusters' accounts (those of the cluster accounts' uid
+/// range but `keep`). Written again at each start: a new copy for a new account.
+pub fn user_databases(dir: &Path, keep: &str) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let layer = dir.join("etc");
+    std::fs::create_dir_all(&layer)
+        .map_err(|e| format!("cannot create {}: {e}", layer.display()))?;
+    std::fs::set_permissions(&layer, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("cannot set the mode of {}: {e}", layer.display()))?;
+    for original in USER_DATABASES {
+        let original = Path::new(original);
+        let Some(name) = original.file_name() else {
+            continue;
+        };
+        let copy = layer.join(name);
+        let Ok(text) = std::fs::read_to_string(original) else {
+            let _ = std::fs::remove_file(&copy);
+            continue;
+        };
+        let tmp = layer.join(format!(".{}.tmp", name.to_string_lossy()));
+        std::fs::write(&tmp, without_other_clusters(&text, keep))
+            .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+        std::os::unix::fs::chown(&tmp, Some(0), Some(0))
+            .map_err(|e| format!("cannot give {} to root: {e}", tmp.display()))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| format!("cannot set the mode of {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &copy)
+            .map_err(|e| format!("cannot write {}: {e}", copy.display()))?;
+    }
+    Ok(layer)
+}
+
+/// `passwd` or `group` lines (NAME:x:ID:...) but those of cluster accounts (ids of the
+/// cluster range) other than `keep`.
+pub fn without_other_clusters(text: &str, keep: &str) -> String {
+    text.lines()
+        .filter(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next().unwrap_or_default();
+            let id = fields.nth(1).and_then(|i| i.parse::<u32>().ok());
+            let cluster =
+                id.is_some_and(|id| (FIRST_UID..FIRST_UID.saturating_add(UIDS)).contains(&id));
+            !cluster || name == keep
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// One mount(2) call, prepared before fork (no allocation between fork and exec).
+struct Mount {
+    source: CString,
+    target: CString,
+    fstype: Option<CString>,
+    flags: libc::c_ulong,
+    data: Option<CString>,
+}
+
+/// A directory bound back in over a private tmpfs: its mount tree is cloned (open_tree)
+/// before the tmpfs covers it, the directories to hold it are made in the tmpfs (each
+/// ancestor below the tmpfs, 0700), and the clone is moved there (move_mount).
+struct Keep {
+    make: Vec<CString>,
+    target: CString,
+}
+
+/// A private tmpfs and the directories bound back in over it.
+struct Private {
+    tmpfs: Mount,
+    keep: Vec<Keep>,
+}
+
+// open_tree(2) and move_mount(2) flags (linux/mount.h).
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+/// At most this many kept directories under one private directory.
+const MAX_KEEP: usize = 4;
+
+/// The namespace's setup, ready to run in the child between fork and exec.
+pub(crate) struct Prepared {
+    /// The CPUs this process may run on (sched_getaffinity), and that mask.
+    cpus: Vec<usize>,
+    mask: libc::cpu_set_t,
+    private: Vec<Private>,
+    /// The bind mounts and /proc, after them.
+    mounts: Vec<Mount>,
+}
+
+fn cstring(s: &str) -> std::io::Result<CString> {
+    CString::new(s).map_err(|_| std::io::Error::other(format!("{s:?}: a NUL in a path")))
+}
+
+fn cpath(p: &Path) -> std::io::Result<CString> {
+    CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::other(format!("{}: a NUL in a path", p.display())))
+}
+
+impl Sandbox {
+    /// The mounts, in order, with every string made now.
+    pub(crate) fn prepare(&self) -> std::io::Result<Prepared> {
+        let mut private = Vec::new();
+        let mut mounts = Vec::new();
+        for dir in self.private_dirs.iter().filter(|d| d.is_dir()) {
+            let mut keep = Vec::new();
+            for kept in self.keep.iter().filter(|k| k.starts_with(dir) && *k != dir) {
+                let below = kept.strip_prefix(dir).unwrap_or(kept);
+                let mut at = dir.clone();
+                let mut make = Vec::new();
+                for part in below.components() {
+                    at.push(part);
+                    make.push(cpath(&at)?);
+                }
+                keep.push(Keep {
+                    make,
+                    target: cpath(kept)?,
+                });
+            }
+            if keep.len() > MAX_KEEP {
+                return Err(std::io::Error::other(format!(
+                    "at most {MAX_KEEP} directories kept under {}",
+                    dir.display()
+                )));
+            }
+            private.push(Private {
+                tmpfs: Mount {
+                    source: cstring("tmpfs")?,
+                    target: cpath(dir)?,
+                    fstype: Some(cstring("tmpfs")?),
+                    flags: libc::MS_NOSUID | libc::MS_NODEV,
+                    data: Some(cstring(&format!("mode=1777,size={}", self.tmp_size))?),
+                },
+                keep,
+            });
+        }
+        if self.hide_processes {
+            mounts.push(Mount {
+                source: cstring("proc")?,
+                target: cstring("/proc")?,
+                fstype: Some(cstring("proc")?),
+                flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                data: Some(cstring("hidepid=invisible")?),
+            });
+        }
+        if let Some(layer) = &self.etc_layer {
+            let shown = layer.display().to_string();
+            if shown.contains([':', ',', '\\']) {
+                return Err(std::io::Error::other(format!(
+                    "{shown}: an overlay layer's path may hold no ':', ',' or '\\'"
+                )));
+            }
+            mounts.push(Mount {
+                source: cstring("overlay")?,
+                target: cstring("/etc")?,
+                fstype: Some(cstring("overlay")?),
+                flags: libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+                data: Some(cstring(&format!("lowerdir={}:/etc", layer.display()))?),
+            });
+        }
+        // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it for this process.
+        let mask = unsafe {
+            let mut mask: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut mask) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            mask
+        };
+        let cpus = (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: CPU_ISSET reads the mask within its size.
+            .filter(|c| unsafe { libc::CPU_ISSET(*c, &mask) })
+            .take(MAX_CPUS)
+            .collect();
+        Ok(Prepared {
+            cpus,
+            mask,
+            private,
+            mounts,
+        })
+    }
+}
+
+impl Prepared {
+    /// In the child, between fork and exec: a mount namespace of its own whose mounts
+    /// propagate nowhere, then the mounts. Only system calls (async-signal-safe).
+    pub(crate) fn enter(&self) -> std::io::Result<()> {
+        // SAFETY: unshare and mount are system calls on this process only; every pointer
+        // is a NUL-terminated string owned by `self`, or null where mount(2) allows it.
+        unsafe {
+            self.new_mount_namespace()?;
+            let root = c"/";
+            if libc::mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            for p in &self.private {
+                let mut trees = [-1 as libc::c_int; MAX_KEEP];
+                for (k, tree) in p.keep.iter().zip(trees.iter_mut()) {
+                    *tree = libc::syscall(
+                        libc::SYS_open_tree,
+                        libc::AT_FDCWD,
+                        k.target.as_ptr(),
+                        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE,
+                    ) as libc::c_int;
+                    if *tree < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                p.tmpfs.run()?;
+                for (k, tree) in p.keep.iter().zip(trees) {
+                    for dir in &k.make {
+                        if libc::mkdir(dir.as_ptr(), 0o700) != 0
+                            && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
+                        {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    if libc::syscall(
+                        libc::SYS_move_mount,
+                        tree,
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        k.target.as_ptr(),
+                        MOVE_MOUNT_F_EMPTY_PATH,
+                    ) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(tree);
+                }
+            }
+            for m in &self.mounts {
+                m.run()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Prepared {
+    /// `unshare(CLONE_NEWNS)`, in a namespace whose id is below that of any mount
+    /// namespace made later on any CPU of this process.
+    ///
+    /// Why: `job_container/tmpfs` keeps each job's namespace by bind-mounting its nsfs file
+    /// inside slurmd's namespace, and the kernel refuses that (EINVAL, "ns base mount
+    /// failed") unless the job's namespace has a higher id than the caller's (a guard
+    /// against namespace loops). Linux 6.18 hands out namespace ids from per-CPU batches,
+    /// so a namespace made later on another CPU may have a lower id: slurmd's namespace,
+    /// made on the CPU whose batch is highest, would fail every job whose namespace is
+    /// made on another. The host's first namespace is older than all, which is why plain
+    /// Slurm does not meet this. So: sample each CPU's next id (a namespace made there),
+    /// then make ours on the CPU of the lowest, and check it is below every sample (each
+    /// CPU's ids only grow); the affinity is put back. Where the kernel cannot tell a
+    /// namespace's id (NS_GET_MNTNS_ID, before 6.8), ids were a global sequence and one
+    /// unshare is all it takes.
+    ///
+    /// # Safety
+    /// Between fork and exec, in a single-threaded process.
+    unsafe fn new_mount_namespace(&self) -> std::io::Result<()> {
+        // SAFETY: system calls on this process; the arrays are on this stack.
+        unsafe {
+            let unshare = || {
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            };
+            let pin = |cpu: usize| {
+                let mut one: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut one);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one)
+            };
+            unshare()?;
+            let Some(_) = mount_namespace_id() else {
+                return Ok(());
+            };
+            let mut next = [u64::MAX; MAX_CPUS];
+            for (i, cpu) in self.cpus.iter().enumerate() {
+                if pin(*cpu) == 0 {
+                    unshare()?;
+                    next[i] = mount_namespace_id().unwrap_or(u64::MAX);
+                }
+            }
+            let n = self.cpus.len();
+            for _ in 0..8 {
+                let (lowest, _) = next[..n]
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, id)| **id)
+                    .unwrap_or((0, &0));
+                pin(self.cpus[lowest]);
+                unshare()?;
+                let ours = mount_namespace_id().unwrap_or(0);
+                let below_all = next[..n]
+                    .iter()
+                    .enumerate()
+                    .all(|(i, id)| i == lowest || ours < *id);
+                if below_all {
+                    break;
+                }
+                next[lowest] = ours;
+            }
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.mask);
+        }
+        Ok(())
+    }
+}
+
+/// At most this many CPUs are sampled.
+const MAX_CPUS: usize = 1024;
+
+/// ioctl(2) on an nsfs file: the mount namespace's id (linux/nsfs.h, Linux 6.8).
+const NS_GET_MNTNS_ID: libc::c_ulong = 0x8008_b705;
+
+/// This process's mount namespace's id; None where the kernel cannot tell.
+///
+/// # Safety
+/// Between fork and exec is fine: open, ioctl and close only.
+unsafe fn mount_namespace_id() -> Option<u64> {
+    // SAFETY: a NUL-terminated path; the id is written into a local u64.
+    unsafe {
+        let fd = libc::open(
+            c"/proc/self/ns/mnt".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return None;
+        }
+        let mut id = 0u64;
+        let rc = libc::ioctl(fd, NS_GET_MNTNS_ID as _, &mut id as *mut u64);
+        libc::close(fd);
+        (rc == 0).then_some(id)
+    }
+}
+
+impl Mount {
+    /// mount(2) with this mount's arguments.
+    ///
+    /// # Safety
+    /// Between fork and exec, as [`Prepared::enter`].
+    unsafe fn run(&self) -> std::io::Result<()> {
+        // SAFETY: NUL-terminated strings owned by self, or null where mount(2) allows it.
+        let rc = unsafe {
+            libc::mount(
+                self.source.as_ptr(),
+                self.target.as_ptr(),
+                self.fstype
+                    .as_ref()
+                    .map_or(std::ptr::null(), |f| f.as_ptr()),
+                self.flags,
+                self.data
+                    .as_ref()
+                    .map_or(std::ptr::null(), |d| d.as_ptr().cast()),
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandboxed_user_database_keeps_the_host_and_its_own_cluster_only() {
+        let own = FIRST_UID + 5;
+        let other = FIRST_UID + 9;
+        let passwd = format!(
+            "root:x:0:0:root:/root:/bin/bash\nsshd:x:101:65534::/run/sshd:/usr/sbin/nologin\n\
+             gfaaaaaaaaaaaa:x:{own}:{own}::/run/gpufleet/gfaaaaaaaaaaaa/home:/bin/sh\n\
+             gfbbbbbbbbbbbb:x:{other}:{other}::/run/gpufleet/gfbbbbbbbbbbbb/home:/bin/sh\n"
+        );
+        let kept = without_other_clusters(&passwd, "gfaaaaaaaaaaaa");
+        assert!(kept.contains("root:x:0:") && kept.contains("sshd:x:101:"));
+        assert!(kept.contains("gfaaaaaaaaaaaa"), "{kept}");
+        assert!(!kept.contains("gfbbbbbbbbbbbb"), "{kept}");
+        let group = format!("root:x:0:\ngfbbbbbbbbbbbb:x:{other}:\n");
+        assert_eq!(
+            without_other_clusters(&group, "gfaaaaaaaaaaaa"),
+            "root:x:0:\n"
+        );
+    }
+}

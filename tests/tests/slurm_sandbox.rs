@@ -1,0 +1,528 @@
+//! Two teams' Slurm clusters on one machine (the single-host tier: both logins on the
+//! control plane's host, both nodes' slurmd on this host), each team with only its own key:
+//! from team B's login and from its jobs, nothing of team A is in sight.
+//!
+//! - `ps` shows no process of A (A has a job running and a process left on its login):
+//!   `/proc` is a `hidepid=invisible` instance in the login's and slurmd's namespaces;
+//! - A's files in its login's and its job's `/tmp` and `/dev/shm` are not in B's, nor in
+//!   the host's (each login has its own tmpfs, each job its own from `job_container/tmpfs`);
+//! - no account of A in B's `/etc/passwd` or `/etc/group`, `id A` says no such user, and
+//!   `/run/gpufleet` cannot be listed;
+//! - a job that asks for one MIG slice has `CUDA_VISIBLE_DEVICES=0` and can open that
+//!   slice's device alone: the node's other slices are refused by its device cgroup;
+//! - a job gets the memory it asked for and no more (killed by the OOM killer past it), and
+//!   its one CPU alone;
+//! - destroying A's cluster leaves nothing of A on the host: no process, no file of its
+//!   uid in `/tmp`, `/var/tmp`, `/dev/shm` or the agents' data dirs, no mount naming it, no
+//!   cgroup of its node, no account, no runtime directory.
+//!
+//! Runs as root with namespaces and cgroup v1 (as CI does); what is missing fails the
+//! test naming it.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use gpufleet_e2e::{eventually, Backend, NodeAgent, Terraform};
+use serde_json::Value;
+
+/// A safety net against hangs, never a timing assertion: conditions are waited on.
+const LIMIT: Duration = Duration::from_secs(60);
+const A: &str = "gpufleet_tenant_cluster.a";
+const B: &str = "gpufleet_tenant_cluster.b";
+
+/// Team `team`'s tenant, quota and one-node cluster split in four 1g.10gb slices.
+fn team(team: &str) -> String {
+    format!(
+        r#"
+resource "gpufleet_tenant" "{team}" {{
+  name = "team-{team}"
+}}
+resource "gpufleet_gpu_quota" "{team}" {{
+  tenant   = gpufleet_tenant.{team}.name
+  gpu_type = "H100-80GB"
+  gpus     = 1
+}}
+resource "gpufleet_tenant_cluster" "{team}" {{
+  tenant          = gpufleet_tenant.{team}.name
+  name            = "{team}"
+  orchestrator    = "slurm"
+  gpu_type        = "H100-80GB"
+  node_count      = 1
+  mig_layout      = {{ "1g.10gb" = 4 }}
+  ssh_public_keys = [file("${{path.module}}/{team}.pub")]
+  depends_on      = [gpufleet_gpu_quota.{team}]
+}}
+"#
+    )
+}
+
+struct TeamKey {
+    dir: tempfile::TempDir,
+    public: String,
+}
+
+impl TeamKey {
+    fn new(comment: &str) -> TeamKey {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("id_ed25519");
+        let made = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
+            .arg(&key)
+            .status()
+            .expect("ssh-keygen (Debian's openssh-client)");
+        assert!(made.success());
+        let public = fs::read_to_string(key.with_extension("pub")).unwrap();
+        TeamKey { dir, public }
+    }
+}
+
+/// A team's login session from its credentials and its own key (docs/guides/slurm.md).
+struct Login {
+    known_hosts: PathBuf,
+    key: PathBuf,
+    user: String,
+    host: String,
+    port: u16,
+}
+
+impl Login {
+    fn new(credentials: &Value, key: &TeamKey) -> Login {
+        let known_hosts = key.dir.path().join("known_hosts");
+        fs::write(
+            &known_hosts,
+            format!("{}\n", credentials["known_hosts"].as_str().unwrap()),
+        )
+        .unwrap();
+        Login {
+            known_hosts,
+            key: key.dir.path().join("id_ed25519"),
+            user: credentials["user"].as_str().unwrap().to_string(),
+            host: credentials["host"].as_str().unwrap().to_string(),
+            port: credentials["port"].as_u64().unwrap() as u16,
+        }
+    }
+
+    /// Runs `script` in the login's shell: (success, stdout + stderr).
+    fn run(&self, script: &str) -> (bool, String) {
+        let mut ssh = Command::new("ssh");
+        ssh.args(["-i", &self.key.display().to_string()])
+            .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
+            .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
+            .arg("-o")
+            .arg(format!("UserKnownHostsFile={}", self.known_hosts.display()))
+            .args(["-p", &self.port.to_string()])
+            .arg(format!("{}@{}", self.user, self.host))
+            .arg("--")
+            .arg(script);
+        gpufleet_e2e::commands::output_within(&mut ssh, script, LIMIT)
+    }
+
+    fn ok(&self, script: &str) -> String {
+        let (ok, out) = self.run(script);
+        assert!(ok, "{script}: {out}");
+        out
+    }
+
+    /// Runs `script` as a one-task job step on the cluster's node.
+    fn job(&self, args: &str, script: &str) -> (bool, String) {
+        self.run(&format!("srun -N1 -n1 {args} sh -c {}", shell_word(script)))
+    }
+
+    fn job_ok(&self, args: &str, script: &str) -> String {
+        let (ok, out) = self.job(args, script);
+        assert!(ok, "srun {args} {script}: {out}");
+        out
+    }
+}
+
+fn shell_word(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+fn credentials(tf: &Terraform, address: &str) -> Value {
+    serde_json::from_str(tf.resource(address)["credentials"].as_str().unwrap()).unwrap()
+}
+
+/// The real uid of a process, from /proc (this machine's view: every process).
+fn uid_of(pid: &str) -> Option<u32> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Every process of this machine: (pid, uid, command line).
+fn processes() -> Vec<(String, Option<u32>, String)> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|p| p.chars().all(|c| c.is_ascii_digit()))
+        .map(|p| {
+            let cmd = fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .unwrap_or_default();
+            let uid = uid_of(&p);
+            (p, uid, cmd)
+        })
+        .collect()
+}
+
+/// Files (and directories) owned by `uid` under `root`, on any filesystem.
+fn owned_by(root: &Path, uid: u32) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let Ok(meta) = fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if meta.uid() == uid {
+                found.push(e.path());
+            }
+            if meta.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    found
+}
+
+/// What of cluster `name` (account `uid`, node `node`) this machine still holds.
+fn leftovers(name: &str, uid: u32, node: &str, dirs: &[PathBuf]) -> Vec<String> {
+    let mut left: Vec<String> = processes()
+        .into_iter()
+        .filter(|(_, u, cmd)| *u == Some(uid) || cmd.contains(name))
+        .map(|(p, u, cmd)| format!("process {p} (uid {u:?}): {cmd}"))
+        .collect();
+    let mut roots: Vec<PathBuf> = ["/tmp", "/var/tmp", "/dev/shm", "/run/gpufleet"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    roots.extend(dirs.iter().cloned());
+    for root in &roots {
+        left.extend(
+            owned_by(root, uid)
+                .into_iter()
+                .map(|p| format!("file of uid {uid}: {}", p.display())),
+        );
+    }
+    // Mounts of any process's namespace that name the cluster (a job's private /tmp is
+    // under its node's data dir, named by the cluster).
+    for (p, _, _) in processes() {
+        let mounts = fs::read_to_string(format!("/proc/{p}/mountinfo")).unwrap_or_default();
+        left.extend(
+            mounts
+                .lines()
+                .filter(|l| l.contains(name))
+                .map(|l| format!("mount in process {p}'s namespace: {l}")),
+        );
+    }
+    for controller in fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        let cg = controller.path().join(format!("slurm_{node}"));
+        if cg.exists() {
+            left.push(format!("cgroup {}", cg.display()));
+        }
+    }
+    if Path::new("/run/gpufleet").join(name).exists() {
+        left.push(format!("/run/gpufleet/{name}"));
+    }
+    let account = Command::new("getent")
+        .args(["passwd", &uid.to_string()])
+        .output()
+        .unwrap();
+    if account.status.success() {
+        left.push(format!(
+            "account {}",
+            String::from_utf8_lossy(&account.stdout).trim()
+        ));
+    }
+    left
+}
+
+/// Waits (at most LIMIT) until `probe` finds nothing; fails naming what it still finds.
+fn nothing_left(team: &str, probe: impl Fn() -> Vec<String>) {
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let left = probe();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left of team {team} after its cluster was destroyed: {left:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Fails naming what this machine lacks for the sandbox (rather than skipping).
+fn require_the_platform() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the sandbox needs root (mount namespaces, device files, cgroups), as CI runs"
+    );
+    for controller in ["memory", "cpuset", "devices", "freezer"] {
+        let at = Path::new("/sys/fs/cgroup").join(controller);
+        assert!(
+            at.join("cgroup.procs").exists(),
+            "cgroup v1 controller {controller} is not mounted at {} (Slurm's task/cgroup needs it)",
+            at.display()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_nothing() {
+    require_the_platform();
+    let backend = Backend::start_external("30s", "5m");
+    // Each node declares the host's own CPUs (no --cpus): jobs are pinned to cores.
+    let agents: Vec<NodeAgent> = ["sba", "sbb"]
+        .iter()
+        .map(|n| NodeAgent::start(&backend, n, &["--gpus", "1"]))
+        .collect();
+    let _logs = SlurmLogs(
+        agents
+            .iter()
+            .map(|a| a.data_dir())
+            .chain([backend.data_dir()])
+            .collect(),
+    );
+    let admin = backend.admin().await;
+    eventually("2 nodes ready", LIMIT, || {
+        let mut admin = admin.clone();
+        async move {
+            let nodes = admin.nodes().await;
+            (nodes.len() == 2 && nodes.iter().all(|n| n.state == "ready")).then_some(())
+        }
+    })
+    .await;
+    let (a_key, b_key) = (TeamKey::new("alice@a"), TeamKey::new("bob@b"));
+    let tf = Terraform::new(&backend, backend.admin_token());
+    tf.write_file("a.pub", &a_key.public);
+    tf.write_file("b.pub", &b_key.public);
+    tf.write_main(&format!("{}{}", team("a"), team("b")));
+    tf.init();
+    tf.apply();
+    let (a_creds, b_creds) = (credentials(&tf, A), credentials(&tf, B));
+    let (a, b) = (Login::new(&a_creds, &a_key), Login::new(&b_creds, &b_key));
+    let a_name = a_creds["user"].as_str().unwrap().to_string();
+    let b_name = b_creds["user"].as_str().unwrap().to_string();
+    let a_uid: u32 = a.ok("id -u").trim().parse().unwrap();
+    let b_uid: u32 = b.ok("id -u").trim().parse().unwrap();
+    let a_node = tf.resource(A)["nodes"][0]["hostname"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b_node = tf.resource(B)["nodes"][0]["hostname"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let marker = format!("secret-of-a-{}", std::process::id());
+
+    // A leaves files in its login's /tmp and /dev/shm and a process on its login, and
+    // runs a job that writes to its own /tmp and /dev/shm and waits.
+    a.ok(&format!(
+        "echo {marker} > /tmp/{marker} && echo {marker} > /dev/shm/{marker} && cat /tmp/{marker}"
+    ));
+    a.ok(&format!(
+        "setsid sh -c 'exec sleep 3001' </dev/null >/dev/null 2>&1 &"
+    ));
+    let job = a
+        .ok(&format!(
+            "sbatch --parsable -N1 --output=/dev/null --wrap {}",
+            shell_word(&format!(
+                "echo {marker} > /tmp/{marker}-job; echo {marker} > /dev/shm/{marker}-job; exec sleep 3002"
+            ))
+        ))
+        .trim()
+        .to_string();
+    eventually("A's job running with its files written", LIMIT, || {
+        let running = a
+            .run(&format!("squeue -h -j {job} -o %T"))
+            .1
+            .trim()
+            .to_string();
+        let procs = processes();
+        let both = ["sleep 3001", "sleep 3002"].iter().all(|s| {
+            procs
+                .iter()
+                .any(|(_, u, c)| *u == Some(a_uid) && c.contains(s))
+        });
+        async move { (running == "RUNNING" && both).then_some(()) }
+    })
+    .await;
+    // A's files are private to A: not in this machine's /tmp or /dev/shm.
+    for shared in ["/tmp", "/dev/shm"] {
+        let at = Path::new(shared).join(&marker);
+        assert!(!at.exists(), "A's login file is in the host's {shared}");
+    }
+    // A sees its own processes and files (what B must not see is there to be seen).
+    let own = a.ok("ps -eo user:32,args");
+    assert!(own.contains("sleep 3001"), "A's own ps: {own}");
+
+    // B's login and B's jobs see none of it.
+    for (place, (ok, out)) in [
+        ("login", b.run("ps -eo uid,user:32,args")),
+        ("job", b.job("", "ps -eo uid,user:32,args")),
+    ] {
+        assert!(ok, "ps on B's {place}: {out}");
+        assert!(
+            out.contains("ps -eo"),
+            "B's {place} does not see its own ps: {out}"
+        );
+        for never in [
+            a_name.as_str(),
+            &a_uid.to_string(),
+            "sleep 300",
+            "slurmd",
+            "sshd",
+            "gpufleet-agent",
+        ] {
+            assert!(
+                !out.contains(never),
+                "B's {place} sees a process it should not ({never}): {out}"
+            );
+        }
+    }
+    let probe = format!(
+        "ls -a /tmp /dev/shm; cat /tmp/{marker}* /dev/shm/{marker}* 2>&1; \
+         grep -c {a_name} /etc/passwd /etc/group; getent passwd {a_name} {a_uid} || echo no-such-user; \
+         grep ^gf /etc/passwd | cut -d: -f1; ls /run/gpufleet 2>&1 || true"
+    );
+    for (place, out) in [("login", b.ok(&probe)), ("job", b.job_ok("", &probe))] {
+        assert!(
+            !out.contains(&format!("{marker}\n")),
+            "B's {place} reads A's file: {out}"
+        );
+        assert!(
+            !out.lines().any(|l| l.trim().starts_with(&marker)),
+            "B's {place} lists A's file: {out}"
+        );
+        assert!(
+            out.contains("/etc/passwd:0") && out.contains("/etc/group:0"),
+            "B's {place} lists A's account: {out}"
+        );
+        assert!(
+            out.contains("no-such-user"),
+            "B's {place} resolves A's account: {out}"
+        );
+        assert!(
+            !out.contains(&a_name) && out.contains(&b_name),
+            "B's {place} lists these cluster accounts: {out}"
+        );
+        assert!(
+            out.contains("Permission denied"),
+            "B's {place} lists /run/gpufleet: {out}"
+        );
+    }
+
+    // One MIG slice: the job's CUDA_VISIBLE_DEVICES names it as CUDA counts the devices it
+    // can open (0), and of the node's four slice devices it opens that one only.
+    let gres_conf = fs::read_dir(Path::new("/run/gpufleet").join(&b_name))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("gres.conf"))
+        .find(|p| p.exists())
+        .expect("B's node's gres.conf");
+    let devices: Vec<String> = fs::read_to_string(&gres_conf)
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("File="))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(devices.len(), 4, "{gres_conf:?}: {devices:?}");
+    let opens = format!(
+        "echo CVD=$CUDA_VISIBLE_DEVICES; for d in {}; do cat $d >/dev/null 2>&1 && echo $d opened || echo $d $(cat $d 2>&1 >/dev/null | sed 's/.*: //'); done",
+        devices.join(" ")
+    );
+    let out = b.job_ok("--gres=gpu:1g.10gb:1", &opens);
+    assert!(out.contains("CVD=0\n"), "{out}");
+    let refused = out.matches("Operation not permitted").count();
+    let reachable = out.matches("No such device or address").count();
+    assert_eq!(
+        (reachable, refused),
+        (1, 3),
+        "a one-slice job reaches its own slice's device alone (the device has no driver: \
+         ENXIO) and its cgroup refuses the three others (EPERM): {out}"
+    );
+    // Two slices: two devices.
+    let out = b.job_ok("--gres=gpu:1g.10gb:2", &opens);
+    assert!(out.contains("CVD=0,1\n"), "{out}");
+    assert_eq!(out.matches("No such device or address").count(), 2, "{out}");
+
+    // Memory: a job given 64 MiB is killed when it touches 256 MiB, and runs with 512.
+    let touch = "dd if=/dev/zero of=/dev/null bs=256M count=1";
+    let (ok, out) = b.job("--mem=64M", touch);
+    assert!(
+        !ok && out.to_lowercase().contains("oom"),
+        "a job used more memory than it was given: {out}"
+    );
+    let out = b.job_ok("--mem=512M", &format!("{touch} && echo touched"));
+    assert!(out.contains("touched"), "{out}");
+    // CPUs: a one-CPU job may run on one CPU only (the host has more).
+    let host_cpus = std::thread::available_parallelism().unwrap().get();
+    assert!(host_cpus >= 2, "this test needs a host of 2 CPUs or more");
+    let out = b.job_ok("-c1", "nproc; grep Cpus_allowed_list /proc/self/status");
+    assert_eq!(out.lines().next().map(str::trim), Some("1"), "{out}");
+
+    // Destroy A: nothing of A is left on this machine; B works on.
+    let dirs: Vec<PathBuf> = agents
+        .iter()
+        .map(|a| a.data_dir())
+        .chain([backend.data_dir()])
+        .collect();
+    let before = leftovers(&a_name, a_uid, &a_node, &dirs);
+    for seen in ["process", "file of uid", "mount", "cgroup", "account"] {
+        assert!(
+            before.iter().any(|l| l.starts_with(seen)),
+            "the probe does not see A's {seen} while A runs: {before:#?}"
+        );
+    }
+    tf.write_main(&team("b"));
+    tf.apply();
+    nothing_left("A", || leftovers(&a_name, a_uid, &a_node, &dirs));
+    let out = b.job_ok("", "id -un; ls -a /tmp");
+    assert!(out.contains(&b_name), "{out}");
+    tf.destroy();
+    nothing_left("B", || leftovers(&b_name, b_uid, &b_node, &dirs));
+}
+
+/// On a failure, the Slurm daemons' logs under these data dirs go to the test's output.
+struct SlurmLogs(Vec<PathBuf>);
+
+impl Drop for SlurmLogs {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for f in self.0.iter().flat_map(|d| walk_logs(d)) {
+            let text = fs::read_to_string(&f).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            eprintln!("==== {} (last lines)", f.display());
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+fn walk_logs(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk_logs(&p));
+        } else if p.extension().is_some_and(|x| x == "log") {
+            out.push(p);
+        }
+    }
+    out
+}
