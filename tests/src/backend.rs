@@ -287,7 +287,7 @@ impl Backend {
             .open(self.log_path())
             .expect("open agent log");
         let mut command = match &self.host {
-            Some(host) => host.command(binaries::agent()),
+            Some(host) => host.daemon(binaries::agent()),
             None => Command::new(binaries::agent()),
         };
         command.arg("serve");
@@ -305,7 +305,7 @@ impl Backend {
                 .arg("--tls-key")
                 .arg(key);
         }
-        let mut child = command
+        command
             .arg("--listen")
             .arg(&self.address)
             .arg("--data-dir")
@@ -324,9 +324,12 @@ impl Backend {
             .env("GPUFLEET_BANDWIDTH_DURATION", "200ms")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("spawn gpufleet-agent serve");
+            .stderr(log);
+        let mut child = match &self.host {
+            Some(host) => host.spawn(&mut command),
+            None => command.spawn(),
+        }
+        .expect("spawn gpufleet-agent serve");
         let stdout = child.stdout.take().expect("piped stdout");
         self.child = Some(child);
         let address = self.wait_for_listening_line(stdout);

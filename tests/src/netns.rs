@@ -1,10 +1,18 @@
 //! A small network of hosts on this one machine, for the multi-host tier (issue 20).
 //!
 //! Each [`Host`] is its own network namespace with one address on a shared bridge, plus
-//! its own mount and UTS namespaces: its own hostname, its own `/run` (a tmpfs) and its own
-//! `/etc` (an overlay on the machine's: its own user database). A
-//! long-lived holder process (`sleep infinity`) keeps those namespaces; every process of
-//! the host runs through `nsenter` into the holder's namespaces ([`Host::command`]). The
+//! its own mount, UTS and PID namespaces, as a machine apart has: its own hostname, its
+//! own process table and `/proc` (a host's processes see no other host's), its own `/run`,
+//! `/tmp`, `/var/tmp` and `/dev/shm` (tmpfs), its own `/etc` (an overlay on the machine's:
+//! its own user database), its own mounts, and the machine's cgroup v1 hierarchies
+//! mounted again (Slurm's task/cgroup needs them; `ip netns exec` gives the host a fresh
+//! `/sys`). The harness's own files stay reachable: the network's directory (every host's
+//! [`Host::dir`], where the harness puts data dirs, keys and Terraform's working
+//! directory) is bound back at its path over the host's `/tmp`. A long-lived holder
+//! (`sleep infinity`, the PID namespace's init) keeps those namespaces; every process of
+//! the host runs through `nsenter` into them ([`Host::command`]; a long-lived process
+//! with [`Launcher::daemon`] and [`Launcher::spawn`], so that its pid is the harness's
+//! child and signals reach it). The
 //! bridge lives in a "switch" namespace of its own, so the root namespace gets no link,
 //! address or route: traffic between hosts never touches the machine's own network.
 //!
@@ -133,13 +141,31 @@ pub fn sweep_stale() {
 /// valid while its [`Network`] lives.
 #[derive(Clone, Debug)]
 pub struct Launcher {
+    /// The host's init (pid 1 of its PID namespace), as this machine numbers it.
     holder: u32,
     ns: String,
 }
 
 impl Launcher {
-    /// `program` to run on this host: its network, its mounts (its `/run`), its hostname.
+    /// `program` to run on this host: its network, its mounts (its `/run`, `/tmp`), its
+    /// hostname and its PID namespace. `nsenter` forks into the PID namespace and waits
+    /// for the program, passing on its exit status: for commands that run to their end
+    /// (a signal to the returned child reaches `nsenter`, not the program; see
+    /// [`Launcher::daemon`]).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new("nsenter");
+        command
+            .arg("-t")
+            .arg(self.holder.to_string())
+            .args(["-n", "-m", "-u", "-p", "--"])
+            .arg(program);
+        command
+    }
+
+    /// `program` to run on this host as a long-lived process that the harness signals
+    /// (an agent, a control plane): spawned with [`Launcher::spawn`], it is the harness's
+    /// own child (nsenter execs it without a fork), in the host's PID namespace.
+    pub fn daemon(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut command = Command::new("nsenter");
         command
             .arg("-t")
@@ -149,6 +175,25 @@ impl Launcher {
         command
     }
 
+    /// Spawns `command` (from [`Launcher::daemon`]) into this host's PID namespace: from a
+    /// thread of its own whose children are born there (setns of the PID namespace holds
+    /// for the caller's children only), which ends after.
+    pub fn spawn(&self, command: &mut Command) -> std::io::Result<Child> {
+        let path = PathBuf::from(format!("/proc/{}/ns/pid", self.holder));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let ns = fs::File::open(&path)?;
+                // SAFETY: setns on this thread only, with an fd this closure owns.
+                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWPID) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                command.spawn()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the spawning thread panicked")))
+        })
+    }
+
     /// Like [`Launcher::command`], run in directory `dir` (entering a mount namespace
     /// leaves the caller's working directory behind; set it there instead).
     pub fn command_in(&self, dir: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
@@ -156,7 +201,7 @@ impl Launcher {
         command
             .arg("-t")
             .arg(self.holder.to_string())
-            .args(["-n", "-m", "-u"])
+            .args(["-n", "-m", "-u", "-p"])
             .arg(format!("--wd={}", dir.display()))
             .arg("--")
             .arg(program)
@@ -217,7 +262,10 @@ pub struct Host {
     /// This host's switch port (the bridge's end of its veth pair).
     port: String,
     addr: Ipv4Addr,
+    /// `unshare`, which made the namespaces and waits for their init.
     holder: Child,
+    /// The init of the host's PID namespace (`sleep infinity`), as this machine numbers it.
+    init: u32,
     dir: PathBuf,
 }
 
@@ -243,9 +291,14 @@ impl Host {
 
     pub fn launcher(&self) -> Launcher {
         Launcher {
-            holder: self.holder.id(),
+            holder: self.init,
             ns: self.ns.clone(),
         }
+    }
+
+    /// The pid (this machine's number) of the host's init, pid 1 of its PID namespace.
+    pub fn init_pid(&self) -> u32 {
+        self.init
     }
 
     /// See [`Launcher::command`].
@@ -283,11 +336,11 @@ impl Host {
         pids_in(&self.ns)
     }
 
-    /// The command names of this host's processes but the holder's.
+    /// The command names of this host's processes but the holder's and its init's.
     pub fn processes(&self) -> Vec<(u32, String)> {
         self.pids()
             .into_iter()
-            .filter(|&p| p != self.holder.id())
+            .filter(|&p| p != self.holder.id() && p != self.init)
             .filter_map(|p| {
                 let comm = fs::read_to_string(format!("/proc/{p}/comm")).ok()?;
                 Some((p, comm.trim().to_string()))
@@ -422,7 +475,8 @@ impl Network {
         must("ip", &["-n", &ns, "link", "set", "lo", "up"]);
         let dir = self.root.as_ref().expect("root").path().join(name);
         fs::create_dir_all(&dir).expect("create the host's dir");
-        let holder = start_holder(&ns, name, &dir);
+        let root = self.root.as_ref().expect("root").path().to_path_buf();
+        let (holder, init) = start_holder(&ns, name, &dir, &root);
         Host {
             name: name.to_string(),
             ns,
@@ -430,6 +484,7 @@ impl Network {
             port,
             addr,
             holder,
+            init,
             dir,
         }
     }
@@ -458,24 +513,43 @@ impl Network {
     }
 }
 
-/// The process that holds a host's mount and UTS namespaces (inside its network
-/// namespace): sets the hostname, mounts a tmpfs on `/run`, gives the host an `/etc` of
-/// its own (an overlay on this machine's, its changes in a tmpfs under the host's `dir`:
-/// each host has its own user database, as hosts apart do, so one host adding or removing
-/// a cluster's account changes no other), says `ready`, then sleeps.
-fn start_holder(ns: &str, name: &str, dir: &Path) -> Child {
+/// The process that holds a host's mount, UTS and PID namespaces (inside its network
+/// namespace): `unshare --pid --fork --mount-proc`, whose child, the PID namespace's init,
+/// sets the hostname, mounts a tmpfs on `/run`, gives the host an `/etc` of its own (an
+/// overlay on this machine's, its changes in a tmpfs under the host's `dir`: each host has
+/// its own user database, as hosts apart do, so one host adding or removing a cluster's
+/// account changes no other), mounts the machine's cgroup hierarchies again, private
+/// tmpfs on `/tmp`, `/var/tmp` and `/dev/shm` with the network's directory `root` bound
+/// back at its path, says `ready`, then sleeps. Returns (unshare, init).
+fn start_holder(ns: &str, name: &str, dir: &Path, root: &Path) -> (Child, u32) {
     let layer = dir.join("etc-layer");
     let layer = layer.display();
+    let root = root.display();
     let script = format!(
         "hostname {name} && mount -t tmpfs -o mode=755 tmpfs /run \
          && mkdir -p {layer} && mount -t tmpfs -o mode=700 tmpfs {layer} \
          && mkdir {layer}/upper {layer}/work \
          && mount -t overlay overlay -o lowerdir=/etc,upperdir={layer}/upper,workdir={layer}/work /etc \
-         && echo ready && exec sleep infinity"
+         && {cgroups} \
+         && mkdir /run/gfmh-root && mount --bind {root} /run/gfmh-root \
+         && mount -t tmpfs -o mode=1777 tmpfs /tmp && mount -t tmpfs -o mode=1777 tmpfs /var/tmp \
+         && mount -t tmpfs -o mode=1777 tmpfs /dev/shm \
+         && mkdir -p {root} && mount --move /run/gfmh-root {root} && rmdir /run/gfmh-root \
+         && echo ready && exec sleep infinity",
+        cgroups = cgroup_mounts(),
     );
     let mut child = Command::new("ip")
-        .args(["netns", "exec", ns, "unshare", "--mount", "--uts"])
-        .args(["--propagation", "private", "sh", "-c", &script])
+        .args([
+            "netns", "exec", ns, "unshare", "--mount", "--uts", "--pid", "--fork",
+        ])
+        .args([
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -488,14 +562,40 @@ fn start_holder(ns: &str, name: &str, dir: &Path) -> Child {
         let _ = BufReader::new(stdout).read_line(&mut line);
         let _ = tx.send(line);
     });
-    match rx.recv_timeout(HOLDER_LIMIT) {
-        Ok(line) if line.trim() == "ready" => child,
-        other => {
+    let ready = rx.recv_timeout(HOLDER_LIMIT);
+    // `ip netns exec` execs unshare, whose one child is the namespace's init.
+    let pid = child.id();
+    let init = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()
+        .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()));
+    match (ready, init) {
+        (Ok(line), Some(init)) if line.trim() == "ready" => (child, init),
+        (other, init) => {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{name}: the namespace holder did not get ready: {other:?}");
+            panic!("{name}: the namespace holder did not get ready: {other:?} (init {init:?})");
         }
     }
+}
+
+/// Shell commands that mount this machine's cgroup hierarchies (v1 and v2, as
+/// /proc/self/mounts lists them under /sys/fs/cgroup) again on a host's fresh `/sys`.
+fn cgroup_mounts() -> String {
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut commands = vec!["mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup".to_string()];
+    for line in mounts.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [_, at, kind, options, ..] = fields[..] else {
+            continue;
+        };
+        if !at.starts_with("/sys/fs/cgroup/") || !["cgroup", "cgroup2"].contains(&kind) {
+            continue;
+        }
+        commands.push(format!(
+            "mkdir -p {at} && mount -t {kind} -o {options} {kind} {at}"
+        ));
+    }
+    commands.join(" && ")
 }
 
 impl Drop for Network {

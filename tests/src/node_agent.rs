@@ -93,18 +93,21 @@ impl NodeAgent {
             .open(self.log_path())
             .expect("open the node agent's log");
         let mut command = match &self.host {
-            Some(host) => host.command(binaries::agent()),
+            Some(host) => host.daemon(binaries::agent()),
             None => Command::new(binaries::agent()),
         };
-        let child = command
+        command
             .args(&self.args)
             .env("GPUFLEET_JOIN_TOKEN", &self.join_token)
             .env_remove("GPUFLEET_HARDWARE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn gpufleet-agent node");
+            .stderr(log);
+        let child = match &self.host {
+            Some(host) => host.spawn(&mut command),
+            None => command.spawn(),
+        }
+        .expect("spawn gpufleet-agent node");
         self.child = Some(child);
     }
 

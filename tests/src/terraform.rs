@@ -100,6 +100,17 @@ impl Terraform {
     /// that reaches `backend` only through its address.
     pub fn on_host(host: &Host, backend: &Backend, token: &str) -> Terraform {
         let mut tf = Terraform::new(backend, token);
+        // The host has a /tmp of its own: the working directory lives in the host's dir.
+        let dir = tempfile::Builder::new()
+            .prefix("gpufleet-tf-")
+            .tempdir_in(host.dir())
+            .expect("create Terraform working dir on the host");
+        for name in ["cli.tfrc", "providers.tf"] {
+            fs::copy(tf.dir.path().join(name), dir.path().join(name))
+                .unwrap_or_else(|e| panic!("copy {name} to the host's working dir: {e}"));
+        }
+        tf.cli_config = dir.path().join("cli.tfrc");
+        tf.dir = dir;
         tf.host = Some(host.launcher());
         tf
     }
