@@ -332,9 +332,7 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
     a.ok(&format!(
         "echo {marker} > /tmp/{marker} && echo {marker} > /dev/shm/{marker} && cat /tmp/{marker}"
     ));
-    a.ok(&format!(
-        "setsid sh -c 'exec sleep 3001' </dev/null >/dev/null 2>&1 &"
-    ));
+    a.ok("setsid sh -c 'exec sleep 3001' </dev/null >/dev/null 2>&1 &");
     let job = a
         .ok(&format!(
             "sbatch --parsable -N1 --output=/dev/null --wrap {}",
