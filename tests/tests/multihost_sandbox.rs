@@ -261,7 +261,15 @@ async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_noth
             .filter(|(p, _)| uid_of(*p) == Some(a_uid))
             .count()
     };
-    assert!(running_of_a(cp) > 0 && running_of_a(a_host) > 0);
+    eventually(
+        "A's processes on its login's host and its node's",
+        LIMIT,
+        || {
+            let both = running_of_a(cp) > 0 && running_of_a(a_host) > 0;
+            async move { both.then_some(()) }
+        },
+    )
+    .await;
     // B's node's host, a machine apart, has none of A's processes in its process table.
     let on_b_host = b_host.run("ps", &["-eo", "uid,args"]);
     let on_b_host = String::from_utf8_lossy(&on_b_host.stdout).to_string();

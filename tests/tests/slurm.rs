@@ -1222,11 +1222,12 @@ async fn a_shut_down_control_plane_leaves_no_process_of_its_slurm_clusters() {
     );
     client.wait_running(&[job.trim().to_string()]).await;
     drop(client);
-    assert!(
-        processes_of(uid).iter().any(|p| p.contains("sleep 600")),
-        "the job runs as the account: {:?}",
-        processes_of(uid)
-    );
+    // RUNNING comes before the script starts (its job container is made first).
+    eventually("the job's process running as the account", LIMIT, || {
+        let running = processes_of(uid).iter().any(|p| p.contains("sleep 600"));
+        async move { running.then_some(()) }
+    })
+    .await;
     let stepds: Vec<i32> = pids_naming(&["slurmstepd"])
         .into_iter()
         .map(|(pid, _)| pid)

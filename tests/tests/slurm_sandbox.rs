@@ -393,7 +393,7 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
     let probe = format!(
         "ls -a /tmp /dev/shm; cat /tmp/{marker}* /dev/shm/{marker}* 2>&1; \
          grep -c {a_name} /etc/passwd /etc/group; getent passwd {a_name} {a_uid} || echo no-such-user; \
-         grep ^gf /etc/passwd | cut -d: -f1; ls /run/gpufleet 2>&1 || true"
+         grep ^gf /etc/passwd | cut -d: -f1; ls /run/gpufleet 2>&1 || true; cat /proc/self/mountinfo"
     );
     for (place, out) in [("login", b.ok(&probe)), ("job", b.job_ok("", &probe))] {
         assert!(
