@@ -8,7 +8,9 @@
 //! mounted again (Slurm's task/cgroup needs them; `ip netns exec` gives the host a fresh
 //! `/sys`). The harness's own files stay reachable: the network's directory (every host's
 //! [`Host::dir`], where the harness puts data dirs, keys and Terraform's working
-//! directory) is bound back at its path over the host's `/tmp`. A long-lived holder
+//! directory) is bound back at its path over the host's `/tmp`, and so is every mount
+//! under the machine's `/tmp` when the network is made (the platform's shared storage in
+//! the tests, standing for a file system every host mounts). A long-lived holder
 //! (`sleep infinity`, the PID namespace's init) keeps those namespaces; every process of
 //! the host runs through `nsenter` into them ([`Host::command`]; a long-lived process
 //! with [`Launcher::daemon`] and [`Launcher::spawn`], so that its pid is the harness's
@@ -524,17 +526,43 @@ impl Network {
 fn start_holder(ns: &str, name: &str, dir: &Path, root: &Path) -> (Child, u32) {
     let layer = dir.join("etc-layer");
     let layer = layer.display();
-    let root = root.display();
+    // What stays at its path over the host's own /tmp and /var/tmp: the network's
+    // directory, and the mounts there now (the platform's shared storage in the tests,
+    // standing for a file system every host mounts).
+    let mut kept = vec![root.to_path_buf()];
+    kept.extend(mounts_under(&["/tmp", "/var/tmp"]));
+    let keep = kept
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            format!(
+                "mkdir /run/gfmh-keep/{i} && mount --rbind {} /run/gfmh-keep/{i}",
+                p.display()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" && ");
+    let restore = kept
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            format!(
+                "mkdir -p {p} && mount --move /run/gfmh-keep/{i} {p} && rmdir /run/gfmh-keep/{i}",
+                p = p.display()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" && ");
     let script = format!(
         "hostname {name} && mount -t tmpfs -o mode=755 tmpfs /run \
          && mkdir -p {layer} && mount -t tmpfs -o mode=700 tmpfs {layer} \
          && mkdir {layer}/upper {layer}/work \
          && mount -t overlay overlay -o lowerdir=/etc,upperdir={layer}/upper,workdir={layer}/work /etc \
          && {cgroups} \
-         && mkdir /run/gfmh-root && mount --bind {root} /run/gfmh-root \
+         && mkdir /run/gfmh-keep && {keep} \
          && mount -t tmpfs -o mode=1777 tmpfs /tmp && mount -t tmpfs -o mode=1777 tmpfs /var/tmp \
          && mount -t tmpfs -o mode=1777 tmpfs /dev/shm \
-         && mkdir -p {root} && mount --move /run/gfmh-root {root} && rmdir /run/gfmh-root \
+         && {restore} && rmdir /run/gfmh-keep \
          && echo ready && exec sleep infinity",
         cgroups = cgroup_mounts(),
     );
@@ -576,6 +604,25 @@ fn start_holder(ns: &str, name: &str, dir: &Path, root: &Path) -> (Child, u32) {
             panic!("{name}: the namespace holder did not get ready: {other:?} (init {init:?})");
         }
     }
+}
+
+/// The mount points of this machine under `dirs` (outermost first), but those whose path
+/// mountinfo escapes (a space or a backslash: not for a shell line).
+fn mounts_under(dirs: &[&str]) -> Vec<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found: Vec<PathBuf> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| !p.contains('\\'))
+        .map(PathBuf::from)
+        .filter(|p| dirs.iter().any(|d| p.starts_with(d) && p != Path::new(d)))
+        .collect();
+    found.sort();
+    found.dedup();
+    // A mount under another is carried with it (and would not be found once it moved).
+    let all = found.clone();
+    found.retain(|p| !all.iter().any(|o| o != p && p.starts_with(o)));
+    found
 }
 
 /// Shell commands that mount this machine's cgroup hierarchies (v1 and v2, as

@@ -45,6 +45,7 @@ use gpufleet_slurm::conf::{self, Device};
 use gpufleet_slurm::daemon::{Daemon, Spec};
 use gpufleet_slurm::munge;
 use gpufleet_slurm::sandbox::{self, Sandbox};
+use gpufleet_wire::volumes::VOLUME_MOUNTS;
 
 struct Running {
     munged: Daemon,
@@ -76,6 +77,11 @@ struct Kept {
 
 impl Slurmd {
     pub fn new(data_dir: &Path, node: &str, simulated: bool) -> Slurmd {
+        // Team volumes mounted later must reach the sandboxes of the slurmd started
+        // later (see `start`).
+        if let Err(e) = sandbox::share_with_sandboxes(Path::new(VOLUME_MOUNTS)) {
+            tracing::warn!(error = %e, "team volumes will not reach the jobs' namespaces");
+        }
         Slurmd {
             root: data_dir.join("slurm"),
             node: node.to_string(),
@@ -215,6 +221,9 @@ impl Slurmd {
             0o640,
         )?;
         let etc_layer = sandbox::user_databases(dir, cluster)?;
+        // Team volumes are mounted on the node after slurmd starts (and unmounted when it
+        // leaves): they reach slurmd's namespace, and its jobs', from a shared mount.
+        sandbox::share_with_sandboxes(Path::new(VOLUME_MOUNTS))?;
         account::write_shared(&shared.join("gres.conf"), &gres_conf, gid, 0o640)?;
         let slurmd = Daemon::start_sandboxed(
             &format!("slurmd/{cluster}/{}", self.node),

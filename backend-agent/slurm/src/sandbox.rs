@@ -107,6 +107,47 @@ pub fn user_databases(dir: &Path, keep: &str) -> Result<PathBuf, String> {
     Ok(layer)
 }
 
+/// Makes the mount that holds `dir` (created 0711 if missing) shared, so that what is
+/// mounted under `dir` later (a team volume, mounted when a node joins its cluster) also
+/// appears in the sandboxes made from this namespace, which receive the host's shared
+/// mounts as slaves. Only that mount's propagation changes (systemd hosts have it shared
+/// already); nothing is mounted. Idempotent; call it before starting a sandboxed daemon.
+pub fn share_with_sandboxes(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    if !dir.exists() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711));
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let holder = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(Path::new)
+        .filter(|p| dir.starts_with(p))
+        .max_by_key(|p| p.as_os_str().len())
+        .unwrap_or(Path::new("/"));
+    let c = cpath(holder).map_err(|e| e.to_string())?;
+    // SAFETY: a NUL-terminated path; only the mount's propagation changes.
+    let rc = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c.as_ptr(),
+            std::ptr::null(),
+            libc::MS_SHARED,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "cannot make the mount at {} shared: {}",
+            holder.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
 /// `passwd` or `group` lines (NAME:x:ID:...) but those of cluster accounts (ids of the
 /// cluster range) other than `keep`.
 pub fn without_other_clusters(text: &str, keep: &str) -> String {
@@ -265,12 +306,15 @@ impl Prepared {
         // is a NUL-terminated string owned by `self`, or null where mount(2) allows it.
         unsafe {
             self.new_mount_namespace()?;
+            // Slave, not private: mounts the host shares (see [`share_with_sandboxes`]: a
+            // team volume mounted on the node after slurmd started) reach the namespace,
+            // and nothing mounted in it reaches the host.
             let root = c"/";
             if libc::mount(
                 std::ptr::null(),
                 root.as_ptr(),
                 std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
+                libc::MS_REC | libc::MS_SLAVE,
                 std::ptr::null(),
             ) != 0
             {
