@@ -393,17 +393,24 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
     .await;
     // The probe sees the cluster while it is there: the job's processes and the node's
     // runtime files on its host.
+    // (RUNNING comes before the job's script starts: its job container is made first.)
     let busy = GPU_HOSTS.iter().position(|h| *h == nodes[1]).unwrap();
-    let before = leftovers(
-        net.host(&nodes[1]),
-        uid,
-        &vision_name,
-        &[agents[busy].data_dir()],
-    );
-    assert!(
-        before.iter().any(|l| l.contains("process")) && before.iter().any(|l| l.contains("/run/")),
-        "{before:#?}"
-    );
+    eventually(
+        "the probe seeing the running job on its host",
+        LIMIT,
+        || {
+            let before = leftovers(
+                net.host(&nodes[1]),
+                uid,
+                &vision_name,
+                &[agents[busy].data_dir()],
+            );
+            let seen = before.iter().any(|l| l.contains("process"))
+                && before.iter().any(|l| l.contains("/run/"));
+            async move { seen.then_some(()) }
+        },
+    )
+    .await;
     tf.destroy();
     let mut held = Vec::new();
     for (h, agent) in GPU_HOSTS.iter().zip(&agents) {
