@@ -220,7 +220,7 @@ impl Slurmd {
             gid,
             0o640,
         )?;
-        let etc_layer = sandbox::user_databases(dir, cluster)?;
+        let etc_layer = sandbox::user_databases(&shared, cluster)?;
         // Team volumes are mounted on the node after slurmd starts (and unmounted when it
         // leaves): they reach slurmd's namespace, and its jobs', from a shared mount.
         sandbox::share_with_sandboxes(Path::new(VOLUME_MOUNTS))?;

@@ -247,7 +247,13 @@ pub fn start(name: &str, login: &Login, files: &Files) -> Result<Daemon, String>
         .config
         .parent()
         .ok_or("the login's files have no directory")?;
-    let etc_layer = sandbox::user_databases(own_dir, &login.user)?;
+    // The user databases the sessions see live with the login's other runtime files (not
+    // secrets: a subset of the host's world-readable ones).
+    let runtime = login
+        .slurm_conf
+        .parent()
+        .ok_or("the login's client configuration has no directory")?;
+    let etc_layer = sandbox::user_databases(runtime, &login.user)?;
     let daemon = Daemon::start_sandboxed(
         name,
         Spec {

@@ -74,7 +74,8 @@ impl Sandbox {
     }
 }
 
-/// Writes `<dir>/etc/`, the layer [`Sandbox::etc_layer`] lays over `/etc`: the host's
+/// Writes `<dir>/etc/` (in the cluster's runtime directory: its files are 0644, as the
+/// host's are), the layer [`Sandbox::etc_layer`] lays over `/etc`: the host's
 /// user databases without other clusters' accounts (those of the cluster accounts' uid
 /// range but `keep`). Written again at each start: a new copy for a new account.
 pub fn user_databases(dir: &Path, keep: &str) -> Result<PathBuf, String> {
