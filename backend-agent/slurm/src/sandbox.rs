@@ -115,10 +115,14 @@ pub fn user_databases(dir: &Path, keep: &str) -> Result<PathBuf, String> {
 /// already); nothing is mounted. Idempotent; call it before starting a sandboxed daemon.
 pub fn share_with_sandboxes(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
-    if !dir.exists() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711));
+    // Each folder made on the way is 0711 (as /run/gpufleet is): no one lists them.
+    let mut at = PathBuf::from("/");
+    for part in dir.components().skip(1) {
+        at.push(part);
+        if !at.exists() {
+            std::fs::create_dir(&at).map_err(|e| format!("cannot create {}: {e}", at.display()))?;
+            let _ = std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o711));
+        }
     }
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let holder = mountinfo
