@@ -50,7 +50,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     // The embedded agents stop their Slurm daemons and end their job steps before the
-    // process exits (which would leave the job steps running).
+    // process exits (which would leave the job steps running). A serve that failed (its
+    // port taken, say) stops them too: they would otherwise wait for a signal, and the
+    // process would hang without saying why.
+    if let Err(e) = &served {
+        tracing::error!(error = %format!("{e:#}"), "serve failed; stopping the embedded node agents");
+    }
+    let _ = stop_tx.send(true);
     for a in agents {
         if tokio::time::timeout(AGENTS_STOP_WITHIN, a).await.is_err() {
             tracing::warn!("an embedded node agent did not stop within {AGENTS_STOP_WITHIN:?}");

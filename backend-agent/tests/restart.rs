@@ -275,3 +275,50 @@ async fn a_restart_right_after_a_stop_waits_for_the_data_dir() {
     let status = second.signal_and_wait(libc::SIGTERM, HANG);
     assert!(status.success(), "{status:?}");
 }
+
+/// A port in use (another process took it while this one was down): serve fails at once
+/// saying so, with its embedded node agents stopped, instead of hanging on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_in_use_fails_the_start_at_once_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let err_path = dir.path().join("serve.err");
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin-token",
+            ADMIN,
+            "--data-dir",
+        ])
+        .arg(dir.path().join("data"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + HANG;
+    let status = loop {
+        if let Some(status) = serve.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = serve.kill();
+            let _ = serve.wait();
+            panic!(
+                "serve kept running on a port in use:\n{}",
+                std::fs::read_to_string(&err_path).unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let stderr = std::fs::read_to_string(&err_path).unwrap();
+    assert!(
+        stderr.contains(&format!("cannot listen on 127.0.0.1:{port}"))
+            && !stderr.contains("did not stop within"),
+        "{stderr}"
+    );
+}

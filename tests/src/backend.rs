@@ -14,6 +14,8 @@ use crate::pki::ServerTls;
 
 /// What `serve` prints on stdout once it accepts connections.
 const LISTENING_PREFIX: &str = "gpufleet-agent listening on ";
+/// How long a restart waits for its port to be free again.
+const PORT_REUSE_LIMIT: Duration = Duration::from_secs(30);
 
 /// A safety net for a backend that never gets to listen (a hang, not a slow start):
 /// startup takes well under a second.
@@ -280,7 +282,35 @@ impl Backend {
         }
     }
 
+    /// Starts `serve`. A restart keeps the address, and while the process was down another
+    /// connection may have taken its port as an ephemeral one: a start refused for a port
+    /// in use is tried again until the port is free (at most [`PORT_REUSE_LIMIT`]).
     fn spawn(&mut self) {
+        let deadline = Instant::now() + PORT_REUSE_LIMIT;
+        loop {
+            let log_before = self.log().len();
+            match self.spawn_once() {
+                Ok(address) => {
+                    self.address = address;
+                    return;
+                }
+                Err(status) => {
+                    let log = self.log();
+                    let this_start = &log[log_before.min(log.len())..];
+                    let port_taken = this_start.contains("Address already in use")
+                        || this_start.contains("address already in use");
+                    if !(port_taken && Instant::now() < deadline) {
+                        panic!(
+                            "gpufleet-agent exited ({status:?}) before printing {LISTENING_PREFIX:?}\n--- agent log ---\n{log}"
+                        );
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    fn spawn_once(&mut self) -> Result<String, Option<std::process::ExitStatus>> {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -332,13 +362,16 @@ impl Backend {
         .expect("spawn gpufleet-agent serve");
         let stdout = child.stdout.take().expect("piped stdout");
         self.child = Some(child);
-        let address = self.wait_for_listening_line(stdout);
-        self.address = address;
+        self.wait_for_listening_line(stdout)
     }
 
-    /// Reads stdout until the listening line and returns its `host:port`. A thread keeps
-    /// draining stdout afterwards so the agent never blocks on a full pipe.
-    fn wait_for_listening_line(&mut self, stdout: std::process::ChildStdout) -> String {
+    /// Reads stdout until the listening line and returns its `host:port`, or the exit
+    /// status of a process that ended first. A thread keeps draining stdout afterwards so
+    /// the agent never blocks on a full pipe.
+    fn wait_for_listening_line(
+        &mut self,
+        stdout: std::process::ChildStdout,
+    ) -> Result<String, Option<std::process::ExitStatus>> {
         let (lines_tx, lines_rx) = mpsc::channel::<String>();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
@@ -353,15 +386,12 @@ impl Backend {
                     if let Some(url) = line.trim().strip_prefix(LISTENING_PREFIX) {
                         let url = url.trim();
                         let address = url.split_once("://").map_or(url, |(_, rest)| rest);
-                        return address.trim_end_matches('/').to_string();
+                        return Ok(address.trim_end_matches('/').to_string());
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let status = self.child.as_mut().and_then(|c| c.wait().ok());
-                    panic!(
-                        "gpufleet-agent exited ({status:?}) before printing {LISTENING_PREFIX:?}\n--- agent log ---\n{}",
-                        self.log()
-                    );
+                    let status = self.child.take().and_then(|mut c| c.wait().ok());
+                    return Err(status);
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     self.kill();
