@@ -22,8 +22,11 @@ use crate::store;
 pub const QUEUE: usize = 4096;
 /// Entries written per transaction at most.
 const BATCH: usize = 256;
-/// A refusal's message is kept to this many characters.
+/// A refusal's message is kept to this many characters ...
 const MAX_MESSAGE_CHARS: usize = 512;
+/// ... and the object a call named to this many: it is noted before the message's bounds
+/// are checked, and an unauthenticated caller must not queue megabytes per call.
+const MAX_OBJECT_CHARS: usize = 256;
 
 /// What authentication learned about a call.
 #[derive(Debug, Clone, Default)]
@@ -41,7 +44,10 @@ pub struct Caller {
 pub struct Note(Arc<Mutex<Option<Caller>>>);
 
 impl Note {
-    pub fn fill(&self, caller: Caller) {
+    pub fn fill(&self, mut caller: Caller) {
+        if caller.object.chars().count() > MAX_OBJECT_CHARS {
+            caller.object = caller.object.chars().take(MAX_OBJECT_CHARS).collect();
+        }
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(caller);
     }
 
@@ -202,6 +208,16 @@ mod tests {
         );
         assert_eq!(code_name(tonic::Code::Ok), "OK");
         assert_eq!(code_name(tonic::Code::Unauthenticated), "UNAUTHENTICATED");
+    }
+
+    #[test]
+    fn a_huge_object_is_noted_cut() {
+        let note = Note::default();
+        note.fill(Caller {
+            object: "x".repeat(4 << 20),
+            ..Caller::default()
+        });
+        assert_eq!(note.take().unwrap().object.len(), MAX_OBJECT_CHARS);
     }
 
     #[test]
