@@ -243,4 +243,19 @@ async fn a_read_token_plans_but_cannot_apply_and_revoking_one_token_leaves_the_o
     tf.write_main(&tokens(&DEPLOY.replace("\"write\"", "\"wirte\"")));
     tf.plan_fails()
         .assert_mentions(&["scope: \"wirte\" is not a scope"]);
+    // A new scope replaces the token: the plan knows the name in use is its own.
+    tf.write_main(&tokens("").replace(
+        "name   = \"ci-plan\"\n  scope  = \"read\"",
+        "name   = \"ci-plan\"\n  scope  = \"write\"",
+    ));
+    assert_eq!(
+        tf.planned_actions("gpufleet_tenant_token.ci"),
+        vec!["delete", "create"]
+    );
+    // A tenant named by a literal that no one creates is refused at plan, on `tenant`.
+    tf.write_main(&tokens(
+        &DEPLOY.replace("gpufleet_tenant.speech.id", "\"speeh\""),
+    ));
+    tf.plan_fails()
+        .assert_mentions(&["tenant: tenant 'speeh' not found"]);
 }

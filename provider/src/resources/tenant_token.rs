@@ -7,6 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
+use super::checks::{verdict, Asked};
 use super::common::{
     answered, deleted, diag, found, import_id, imported, optional_tenant, request_id, required_str,
     ImportId,
@@ -221,23 +222,32 @@ impl ResourceType for TenantToken {
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
         let planned = plan(prior, proposed, config);
+        super::common::note_prior(&self.provider.run, prior);
         let new = prior.is_none() || !planned.requires_replace.is_empty();
         let known = REPLACED_BY
             .iter()
             .all(|a| planned.state.get(a).is_fully_known());
         if let (true, true, Some(client)) = (new, known, self.provider.plan_client()) {
-            // The backend's dry run: the scope, the expiry, a name in use, the permission.
-            match client
+            // The backend's dry run: the scope, the expiry, a name in use, the permission,
+            // and the tenant (one this run creates is no refusal).
+            let answer = client
                 .access()
                 .create_token(create_request(&planned.state, true)?)
-                .await
-            {
-                Ok(_) => {}
-                // A tenant the same apply creates: checked at apply.
-                Err(s) if super::common::tenant_not_found(&s) => {}
-                Err(s) if s.code() == tonic::Code::AlreadyExists && prior.is_some() => {}
-                Err(s) => return Err(client.diagnostic(&s).into()),
-            }
+                .await;
+            let tenant = optional_tenant(&planned.state)?;
+            let asked = Asked {
+                tenant: &tenant,
+                gpu_type: None,
+            };
+            verdict(
+                &client,
+                &self.provider.run,
+                asked,
+                answer,
+                REPLACED_BY,
+                "name",
+            )
+            .await?;
         }
         Ok(planned)
     }

@@ -242,10 +242,16 @@ impl Access {
                     store::tokens::revoke(&tx, owner.tenant_id.as_deref(), &req.name, now)
                         .map_err(db_error)?;
                 } else if existing.is_some_and(|t| state_of(&t, now) != "expired") {
-                    return Err(Status::already_exists(format!(
-                        "name: {} already has a token named '{}'; revoke it first or choose another name",
-                        owner.label, req.name
-                    )));
+                    // The id as the provider names a token, so that a plan replacing it
+                    // knows the name is its own.
+                    return Err(super::error_details::already_exists(
+                        "name",
+                        format!(
+                            "name: {} already has a token named '{}'; revoke it first or choose another name",
+                            owner.label, req.name
+                        ),
+                        &format!("{}/{}", owner.tenant_id.as_deref().unwrap_or_default(), req.name),
+                    ));
                 }
                 make_room(&tx, &owner, now)?;
                 let live = store::tokens::list(&tx, owner.tenant_id.as_deref())
