@@ -242,9 +242,11 @@ impl NodeAgent {
 
 impl Drop for NodeAgent {
     fn drop(&mut self) {
-        // (The accounts of Slurm clusters a test leaves go with its Backend, which ran
-        // their controllers: an agent dropped mid-test leaves its peers' cluster alone.)
         self.kill9();
+        // The accounts and runtime dirs of Slurm clusters the test did not destroy: the
+        // agent ran their daemons (an agent of a namespace host made them in that host's
+        // own /etc and /run, which go with the host).
+        gpufleet_slurm::account::forget_all_under(&self.data_dir());
     }
 }
 

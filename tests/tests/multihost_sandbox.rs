@@ -1,11 +1,11 @@
-//! Two teams' Slurm clusters on the multi-host tier (issue 28, items 3 and 4): each team's
-//! node on a GPU host of its own, both logins on the control plane's host (until the
-//! login moves to the cluster's nodes), each team with only its own key, working from the
-//! client host. From team B's login and job, nothing of team A is in sight: no process
-//! (B's login shares a host with A's; B's job runs on a host apart, whose process table
-//! has none of A's), no file of A's login's or job's `/tmp` and `/dev/shm`, no account of
-//! A; a one-slice job opens its own slice's device only. Destroying A's cluster leaves
-//! nothing of A on any host: no process, no file of its uid in any host's `/tmp`,
+//! Two teams' Slurm clusters on the multi-host tier (issue 28, items 2 to 4): each team's
+//! node on a GPU host of its own, which also runs the team's controller and login (the
+//! cluster's head), each team with only its own key, working from the client host. From
+//! team B's login and job, nothing of team A is in sight: no process (B's login and job
+//! run on a host apart, whose process table has none of A's, and the control plane's host
+//! runs nothing of either), no file of A's login's or job's `/tmp` and `/dev/shm`, no
+//! account of A; a one-slice job opens its own slice's device only. Destroying A's cluster
+//! leaves nothing of A on any host: no process, no file of its uid in any host's `/tmp`,
 //! `/var/tmp`, `/dev/shm` or `/run`, no mount naming it, no cgroup of its node, no
 //! account.
 //!
@@ -261,15 +261,20 @@ async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_noth
             .filter(|(p, _)| uid_of(*p) == Some(a_uid))
             .count()
     };
-    eventually(
-        "A's processes on its login's host and its node's",
-        LIMIT,
-        || {
-            let both = running_of_a(cp) > 0 && running_of_a(a_host) > 0;
-            async move { both.then_some(()) }
-        },
-    )
+    // A's login is on A's node: its session's process and its job's run there.
+    assert_eq!(a_creds["login_node"].as_str(), Some(a_node.as_str()));
+    eventually("A's processes on its node's host", LIMIT, || {
+        let there = running_of_a(a_host) >= 2;
+        async move { there.then_some(()) }
+    })
     .await;
+    // The control plane's host has none of A's processes, nor any team's daemon.
+    assert_eq!(running_of_a(cp), 0);
+    let on_cp = cp.run("ps", &["-eo", "comm"]);
+    let on_cp = String::from_utf8_lossy(&on_cp.stdout).to_string();
+    for d in ["slurmctld", "slurmd", "sshd", "munged"] {
+        assert!(!on_cp.lines().any(|l| l.trim() == d), "{on_cp}");
+    }
     // B's node's host, a machine apart, has none of A's processes in its process table.
     let on_b_host = b_host.run("ps", &["-eo", "uid,args"]);
     let on_b_host = String::from_utf8_lossy(&on_b_host.stdout).to_string();

@@ -1,8 +1,12 @@
-//! Slurm across hosts apart (issue 20), on the multi-host tier (`gpufleet_e2e::netns`): a
-//! control-plane host running the tenants' controllers and logins, four GPU hosts each
-//! running a node agent (and, for its cluster, munged and slurmd), and a client host where
-//! the team works with only what it is given: its ssh key and the cluster's `credentials`.
+//! Slurm across hosts apart (issues 20 and 28), on the multi-host tier
+//! (`gpufleet_e2e::netns`): a control-plane host that runs nothing of any team, four GPU
+//! hosts each running a node agent (and, for its cluster, munged and slurmd; on a
+//! cluster's head node also its controller and login), and a client host where the team
+//! works with only what it is given: its ssh key and the cluster's `credentials`.
 //!
+//! - The login is on one of the cluster's own nodes (its head), at that host's address;
+//!   the control plane's host runs no slurmctld, sshd or munged and has no account of the
+//!   cluster.
 //! - `srun -N3 hostname` from the client host, through the login, answers from the three
 //!   GPU hosts by their own hostnames; `sinfo` shows each node's MIG slices as GRES, and
 //!   four one-slice batch jobs on one node run at once (each waits for the other three).
@@ -22,7 +26,7 @@ use std::time::Duration;
 
 use gpufleet_e2e::multihost::Fleet;
 use gpufleet_e2e::netns::{self, Host};
-use gpufleet_e2e::{eventually, Backend, Terraform};
+use gpufleet_e2e::{eventually, Terraform};
 use serde_json::Value;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
@@ -225,11 +229,6 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
     tf.apply();
     let vision = credentials(&tf, VISION);
     let speech = credentials(&tf, SPEECH);
-    assert_eq!(
-        vision["host"].as_str(),
-        Some(cp.addr().to_string().as_str()),
-        "the login is on the control plane's host, by its address: {vision}"
-    );
     let nodes: Vec<String> = tf.resource(VISION)["nodes"]
         .as_array()
         .unwrap()
@@ -237,6 +236,38 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
         .map(|n| n["hostname"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(nodes.len(), 3);
+    // The login is on the cluster's head node, by that host's address, and the head is
+    // one of the cluster's own nodes: the first by name.
+    let head = vision["login_node"].as_str().unwrap().to_string();
+    assert_eq!(Some(&head), nodes.iter().min(), "{vision}");
+    assert_eq!(
+        vision["host"].as_str(),
+        Some(net.host(&head).addr().to_string().as_str()),
+        "the login is at its head node's address: {vision}"
+    );
+    // The control plane's host runs nothing of any team: no Slurm, munge or ssh daemon.
+    let on_cp: Vec<String> = cp
+        .processes()
+        .into_iter()
+        .map(|(_, comm)| comm)
+        .filter(|c| c != "gpufleet-agent")
+        .collect();
+    assert!(on_cp.is_empty(), "the control plane's host runs {on_cp:?}");
+    for (team, creds) in [("vision", &vision), ("speech", &speech)] {
+        let at = creds["login_node"].as_str().unwrap();
+        let daemons: Vec<String> = net
+            .host(at)
+            .processes()
+            .into_iter()
+            .map(|(_, comm)| comm)
+            .collect();
+        for d in ["slurmctld", "sshd", "slurmd", "munged"] {
+            assert!(
+                daemons.iter().any(|c| c == d),
+                "{team}'s head {at} runs no {d}: {daemons:?}"
+            );
+        }
+    }
     let team = Session::new(
         client,
         &vision,
@@ -302,9 +333,23 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
     assert_ne!(theirs.ok("id -u").trim(), "0");
     let (ok, out) = Session::new(client, &speech, &vision_key, speech_user).run("id");
     assert!(!ok, "vision's key logged in to speech's login: {out}");
-    let speech_port = controller_port(&backend, speech["cluster"].as_str().unwrap());
+    // Speech's controller, where its own configuration says it is (what an attacker
+    // would find by scanning the hosts' ports).
+    let theirs_conf = theirs.ok("cat \"$SLURM_CONF\"");
+    let speech_port = theirs_conf
+        .lines()
+        .find_map(|l| l.strip_prefix("SlurmctldPort="))
+        .expect("SlurmctldPort")
+        .trim()
+        .to_string();
+    let speech_host = theirs_conf
+        .lines()
+        .find(|l| l.starts_with("SlurmctldHost="))
+        .expect("SlurmctldHost")
+        .trim()
+        .to_string();
     let (ok, out) = team.run(&format!(
-        "sed -e 's/^ClusterName=.*/ClusterName={}/' -e 's/^SlurmctldPort=.*/SlurmctldPort={speech_port}/' \"$SLURM_CONF\" > $HOME/theirs.conf && SLURM_CONF=$HOME/theirs.conf sinfo",
+        "sed -e 's/^ClusterName=.*/ClusterName={}/' -e 's/^SlurmctldPort=.*/SlurmctldPort={speech_port}/' -e 's/^SlurmctldHost=.*/{speech_host}/' \"$SLURM_CONF\" > $HOME/theirs.conf && SLURM_CONF=$HOME/theirs.conf sinfo",
         speech["cluster"].as_str().unwrap()
     ));
     assert!(
@@ -378,10 +423,15 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
     // Destroy with a job running: nothing of the cluster stays on any host.
     let vision_name = vision["cluster"].as_str().unwrap().to_string();
     let uid: u32 = team.ok("id -u").trim().parse().unwrap();
-    for h in [&nodes[0], &"cp".to_string()] {
+    for h in &nodes {
         let account = net.host(h).run("getent", &["passwd", &uid.to_string()]);
         assert!(account.status.success(), "{h} has no account {uid}");
     }
+    let account = cp.run("getent", &["passwd", &uid.to_string()]);
+    assert!(
+        !account.status.success(),
+        "the control plane's host has the team's account"
+    );
     let long = team.ok(&format!(
         "sbatch --parsable -N1 --nodelist={} --output=/dev/null --wrap 'sleep 600'",
         nodes[1]
@@ -456,36 +506,8 @@ fn shell_word(word: &str) -> String {
     format!("'{}'", word.replace('\'', "'\\''"))
 }
 
-/// The port cluster `name`'s controller listens on, from its slurm.conf in the control
-/// plane's data dir (what an attacker would find by scanning the host's ports).
-fn controller_port(backend: &Backend, name: &str) -> u16 {
-    let dir = backend.data_dir().join("slurm").join(name);
-    let conf = walk(&dir)
-        .into_iter()
-        .filter(|p| p.file_name().is_some_and(|n| n == "slurm.conf"))
-        .find_map(|p| fs::read_to_string(p).ok())
-        .unwrap_or_else(|| panic!("no slurm.conf under {}", dir.display()));
-    conf.lines()
-        .find_map(|l| l.strip_prefix("SlurmctldPort="))
-        .and_then(|p| p.trim().parse().ok())
-        .expect("SlurmctldPort")
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
-}
-
-/// A Slurm node's host cut off: the node is replaced on another host and the cluster runs
-/// again; healed, the old host's agent learns from the control plane that its node left
+/// A Slurm node's host cut off (not the head's): the node is replaced on another host and
+/// the cluster runs again; healed, the old host's agent learns from the control plane that its node left
 /// the cluster and ends everything of it there (slurmd, munged, the cluster's key, config
 /// and home), and the team's next `srun` runs on the nodes the cluster has now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -524,7 +546,10 @@ async fn a_partitioned_slurm_node_is_replaced_and_once_healed_keeps_nothing_of_t
     let team = Session::new(client, &creds, &key, creds["user"].as_str().unwrap());
     let uid: u32 = team.ok("id -u").trim().parse().unwrap();
     let held: Vec<String> = sorted_lines(&team.ok("srun -N2 hostname"));
-    let cut = held[0].clone();
+    // A node that is not the cluster's head (which runs its controller and login: see
+    // multihost_slurm_head.rs for a lost head).
+    let head = creds["login_node"].as_str().unwrap();
+    let cut = held.iter().find(|h| *h != head).unwrap().clone();
     let at = gpu_hosts.iter().position(|h| *h == cut).unwrap();
     let cut_host = net.host(&cut);
     assert!(

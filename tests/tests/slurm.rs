@@ -3,7 +3,9 @@
 //! (user, host, port, known_hosts line), as the cluster's own unprivileged account, and
 //! runs jobs across the cluster's nodes on their MIG slices; the account reaches no token,
 //! key or other cluster; another team's key is refused; scaling and a layout change reach
-//! Slurm in place; destroy leaves no daemon, account or runtime file behind.
+//! Slurm in place; destroy leaves no daemon, account or runtime file behind. The
+//! controller and login run on the cluster's head node (its first by name), by its
+//! agent, and are reached at that node's address.
 
 use std::fs;
 use std::io::Write;
@@ -357,15 +359,22 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     );
     let name = cluster_name(&creds);
     assert_eq!(creds["user"], name.as_str(), "{creds:#}");
-    // Nothing the team is given is a key of the platform.
+    // The controller and login run on the head node, by its agent: the munge key is in
+    // that agent's private dir, and nothing of the cluster is in the control plane's.
+    let head = creds["login_node"].as_str().unwrap().to_string();
+    let head_agent = agents
+        .iter()
+        .find(|a| a.name == head)
+        .expect("the head's agent");
     let munge_key = fs::read(
-        backend
+        head_agent
             .data_dir()
             .join("slurm")
             .join(&name)
             .join("munge.key"),
     )
-    .expect("the controller's munge key stays in its private dir");
+    .expect("the head's munge key stays in its agent's private dir");
+    assert!(!backend.data_dir().join("slurm").exists());
     let given = train["credentials"].as_str().unwrap();
     assert!(
         !given.contains("munge") && !given.contains(&base64(&munge_key)),
@@ -424,7 +433,7 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     // The controller is supervised: when it dies it is started again from its state.
     // (SIGTERM: it saves its state on the way out. After a SIGKILL Slurm's own recovery
     // of jobs it last saved running takes minutes, longer than this test should.)
-    let ctld = |name: &str| pids_naming(&["slurmctld", &format!("/{name}/slurm.conf")]);
+    let ctld = |name: &str| pids_naming(&["slurmctld", &format!("/{name}/ctld/slurm.conf")]);
     let (killed, _) = ctld(&name).pop().expect("the cluster's slurmctld runs");
     assert!(Command::new("kill")
         .args(["-TERM", &killed.to_string()])
@@ -438,9 +447,12 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     })
     .await;
 
-    // An agent that restarts (its slurmd dies with it) starts its slurmd again.
+    // An agent that restarts (its slurmd dies with it, and, on the head, the controller
+    // and the login) runs them again once the control plane orders it: the head's here,
+    // whose login comes back on the same address, port and host key.
     let slurmd_of = |node: &str| pids_naming(&["slurmd", &format!("-N {node} "), &name]);
     let restarted = &nodes[0];
+    assert_eq!(restarted, &head, "the head is the first node by name");
     let (before, _) = slurmd_of(restarted).pop().expect("slurmd runs on the node");
     let agent = agents.iter_mut().find(|a| &a.name == restarted).unwrap();
     agent.kill9();
@@ -482,8 +494,9 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     })
     .await;
 
-    // A control plane restart stops the controller and login with it and starts them again
-    // from their state, on the same ports and host key: the team's session works as before.
+    // A control plane restart stops nothing of the cluster (its daemons are its nodes'
+    // agents'), and brings it to its nodes again without restarting them: the team's
+    // session works as before.
     backend.restart();
     eventually(
         "the controller back after a control plane restart",
@@ -760,8 +773,19 @@ fn attacker_probes(
         &["-c", &format!("SLURM_CONF={theirs}/login/slurm.conf sinfo")],
     );
     assert!(!ok, "the other cluster answered: {out}");
-    // Its own munged serves it only as itself: a credential names its own uid.
-    let mine = format!("/run/gpufleet/{}/login/munge.sock", cluster_name(creds));
+    // Its own munged (the head node's, which its login's configuration names) serves it
+    // only as itself: a credential names its own uid.
+    let mine = client
+        .ok(
+            "sh",
+            &["-c", "sed -n 's/^AuthInfo=socket=//p' \"$SLURM_CONF\""],
+        )
+        .trim()
+        .to_string();
+    assert!(
+        mine.starts_with(&format!("/run/gpufleet/{}/n", cluster_name(creds))),
+        "{mine}"
+    );
     let decoded = client.ok(
         "sh",
         &["-c", &format!("munge -n -S {mine} | unmunge -S {mine}")],
@@ -827,15 +851,16 @@ fn one_node_team(backend: &Backend, layout: &str) -> (TeamKey, Terraform) {
     (key, tf)
 }
 
-/// `serve --advertise-address` is where the cluster's login and controller are reached:
-/// the endpoint and credentials name it, the nodes' slurmd reach the controller there, and
-/// a control plane restarted with another address moves the cluster's endpoint with it.
+/// With embedded node agents (the nodes are the control plane's host), `serve
+/// --advertise-address` is the address the nodes declare, so it is where the cluster's
+/// head node runs its login and controller: the endpoint and credentials name it, the
+/// nodes' slurmd reach the controller there, and a control plane restarted with another
+/// address moves the cluster's endpoint with it, with the same host key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slurm_cluster_is_reached_at_the_advertised_address() {
-    let serve = |addr: &'static str| ["--node-agents", "external", "--advertise-address", addr];
-    let mut backend = Backend::start_with_args(&serve("127.0.0.2"));
-    let _agent = NodeAgent::start(&backend, "adv1", &["--gpus", "1"]);
-    nodes_ready(&backend, 1).await;
+async fn an_embedded_slurm_cluster_is_reached_at_the_advertised_address() {
+    let fleet = "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\ngpus_per_node = 1\n";
+    let serve = |addr: &'static str| ["--advertise-address", addr];
+    let mut backend = Backend::start_with_fleet_and_args(fleet, &serve("127.0.0.2"));
     let (key, tf) = one_node_team(&backend, "{}");
     tf.apply();
     let creds = credentials(&tf, TRAIN);
@@ -860,7 +885,8 @@ async fn a_slurm_cluster_is_reached_at_the_advertised_address() {
     drop(client);
 
     // Restarted with another address: the endpoint and credentials follow it, the login
-    // listens there (and no longer on the old one), and jobs run again.
+    // listens there (and no longer on the old one) with the same host key, and jobs run
+    // again.
     backend.restart_with_args(&serve("127.0.0.3"));
     let moved = eventually("the endpoint on the new address", LIMIT, || {
         tf.refresh();
@@ -870,6 +896,20 @@ async fn a_slurm_cluster_is_reached_at_the_advertised_address() {
     })
     .await;
     assert_eq!(tf.resource(TRAIN)["endpoint"], format!("127.0.0.3:{port}"));
+    let key_of = |c: &Value| {
+        c["known_hosts"]
+            .as_str()
+            .unwrap()
+            .split_once(' ')
+            .unwrap()
+            .1
+            .to_string()
+    };
+    assert_eq!(
+        key_of(&moved),
+        key_of(&creds),
+        "the login's host key is the cluster's"
+    );
     let client = Client::connect(&moved, &key);
     eventually("a job through the moved login", LIMIT, || {
         let (ok, out) = client.run("srun", &["-N1", "hostname"]);
@@ -983,7 +1023,9 @@ async fn jobs_share_a_node_that_declares_its_address_cpus_and_memory() {
     })
     .await;
 
-    // The agent comes back declaring another host: Slurm follows.
+    // The agent comes back declaring another host: Slurm follows, and so does the login
+    // (the node is the cluster's head).
+    drop(client);
     agent.restart_with(&[
         "--gpus",
         "1",
@@ -994,6 +1036,14 @@ async fn jobs_share_a_node_that_declares_its_address_cpus_and_memory() {
         "--memory-mib",
         "8192",
     ]);
+    let moved = eventually("the login on the node's new address", LIMIT, || {
+        tf.refresh();
+        let creds = credentials(&tf, TRAIN);
+        let moved = (creds["host"] == "127.0.0.4").then_some(creds);
+        async move { moved }
+    })
+    .await;
+    let client = Client::connect(&moved, &key);
     eventually("the node as it declares itself now", LIMIT, || {
         let out = client.poll("scontrol", &["show", "node", "decl1"]);
         let now = out.is_some_and(|o| {

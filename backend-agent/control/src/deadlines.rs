@@ -85,6 +85,9 @@ impl OrderDeadlines {
             Some(work_order::Kind::StartSlurmd(_)) | Some(work_order::Kind::StopSlurmd(_)) => {
                 ("slurmd", self.slurmd)
             }
+            // A question to a controller: a node that does not answer it is not broken
+            // for it (the controller may be what is down), so it has a kind of its own.
+            Some(work_order::Kind::SlurmQuery(_)) => ("slurm_query", self.slurmd),
             // A bind mount or two: as long as the node's daemons may take.
             Some(work_order::Kind::SetVolumes(_)) => ("volumes", self.slurmd),
             None => ("unknown", self.check_quick),

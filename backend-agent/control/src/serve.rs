@@ -362,6 +362,7 @@ impl ControlPlane {
             .with_breaker(config.breaker)
             .with_candidates(config.candidates)
             .with_slurm_address(config.advertise_address)
+            .with_external_nodes(external_nodes)
             .with_volumes(volumes),
         );
         Ok(Self {

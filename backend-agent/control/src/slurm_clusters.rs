@@ -1,28 +1,52 @@
-//! The lifecycle of a Slurm tenant cluster, between the store, the controller this process
-//! runs and the node agents' slurmd: bring it up (or to its new nodes and layout) after
-//! the MIG changes converged, take it down on delete, watch what Slurm says about its
-//! nodes for the cluster's status, and restart controllers after a control plane restart.
+//! The lifecycle of a Slurm tenant cluster, between the store and the node agents, which
+//! run every daemon of the cluster on the cluster's own nodes: bring it up (or to its new
+//! nodes and layout) after the MIG changes converged, take it down on delete, watch what
+//! Slurm says about its nodes for the cluster's status, and bring its nodes back to it
+//! after a restart of the control plane or of an agent. The control plane runs no
+//! process of any team: no controller, no login, no munged.
 //!
-//! The controllers and logins are reached at the control plane's advertised address
-//! (`serve --advertise-address`, [`AppState::slurm_address`]): slurm.conf's
-//! `SlurmctldHost=localhost(ADDR)`, the login's `ListenAddress`, the cluster's `endpoint`
-//! and `credentials`. Every bring-up writes the endpoint and credentials again, so they
-//! follow a control plane restarted with another address. Each node is declared as its
-//! agent last registered its host (`store::nodes::host`: NodeAddr, NodeHostname, CPUs,
-//! RealMemory).
+//! **Where things run.** Each node's agent runs the node's slurmd; the cluster's head node
+//! also runs the primary `slurmctld` and the login `sshd`, and, when the controllers can
+//! share a state directory, a second node runs a backup `slurmctld` (slurm.conf's
+//! `SlurmctldHost` twice: Slurm's own failover). Which nodes, and why they stay or move:
+//! [`placement`]. One `StartSlurmd` order per node says all a node runs for the cluster.
+//!
+//! **State.** With the platform's shared storage and external agents (team volumes
+//! mounted on the nodes), the controllers' `StateSaveLocation` is
+//! `<shared storage>/.slurm/<cluster>/` (root's, 0700): beside the team volumes, not in
+//! one, because the volume's root belongs to the team, which could swap a directory there
+//! for one of its own, and slurmctld trusts its state (a job's record names the uid its
+//! job runs as). Both controllers and any later head read the same state, so queued and
+//! running jobs survive a head that moves. The team's home is its volume (each node's
+//! `/run/gpufleet/<cluster>/home` links to `storage_path`). Without shared storage the
+//! state is under the head agent's data dir: it survives the agent's and the control
+//! plane's restarts, not a move of the head (the new head starts with an empty queue), and
+//! there is no backup.
+//!
+//! **Endpoint.** The login is reached at the head node's declared address (its agent's
+//! `--address`, as slurmd is): `endpoint` and `credentials` (`host`, `login`,
+//! `known_hosts`) name it and follow the head when it moves (written again at every
+//! bring-up). The login's host key is the cluster's, kept in the store and handed to
+//! whichever node runs the login, so the key a team's `known_hosts` holds stays the same.
+//! Each node is declared as its agent last registered its host (`store::nodes::host`:
+//! NodeAddr, NodeHostname, CPUs, RealMemory).
+//!
+//! **Watching.** The controller is asked through the cluster's agents ([`queries`]): a
+//! status every few seconds, drains and resumes. A control plane that stops (even
+//! `kill -9`) stops nothing of a cluster: its daemons are the agents'. When it starts
+//! again, each cluster is brought to its nodes once (idempotent: daemons that run the same
+//! configuration are left alone).
 //!
 //! Changes that would end running jobs drain the nodes in Slurm first and wait for their
 //! jobs: a driver roll (`scheduling::drivers`), a scale-down and a layout change
 //! (`services::clusters`, through [`drain_nodes`] and [`apply_resuming`]).
-//!
-//! On shutdown the supervisor stops the controllers and logins (a login's sessions end
-//! with it); the node agents end their slurmd and the job steps they started, so a stopped
-//! control plane with embedded agents leaves no process of a cluster's account.
-//!
-//! Slurm is real: a host without slurmctld, slurmd or munged refuses Slurm clusters.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+mod placement;
+mod queries;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpufleet_proto::v1;
@@ -34,30 +58,86 @@ use crate::registry::Outcome;
 use crate::state::AppState;
 use crate::store::slurm_access::SlurmAccess;
 use crate::store::{self, clusters::ClusterRow, nodes::NodeRow};
-use gpufleet_slurm::account::Account;
-use gpufleet_slurm::{conf, controller, login, munge, status};
+use gpufleet_slurm::account::{self, Account};
+use gpufleet_slurm::{conf, login, munge, status};
 
 /// How long a bring-up waits for every node to be schedulable before it reports the
 /// cluster degraded (with the Slurm states) instead of running.
 const READY_WITHIN: Duration = Duration::from_secs(30);
-/// How often the supervisor looks at the controllers and their nodes.
+/// How often the supervisor looks at the clusters and their nodes.
 const WATCH_EVERY: Duration = Duration::from_secs(2);
+/// How often a wait asks the controller again.
+const ASK_EVERY: Duration = Duration::from_millis(250);
+/// Where the controllers' state lives on the shared storage, per cluster.
+const STATE_DIRS: &str = ".slurm";
+
+/// What the control plane knows of its Slurm clusters between requests: what each was
+/// last brought to (so the supervisor brings a cluster to its nodes once after a start,
+/// and again only when what it should run changes), one bring-up at a time per cluster,
+/// and whether node agents are external (the nodes are other hosts).
+#[derive(Default)]
+pub struct Tracker {
+    external_nodes: bool,
+    clusters: Mutex<HashMap<String, Arc<Tracked>>>,
+}
+
+#[derive(Default)]
+struct Tracked {
+    bring_up: tokio::sync::Mutex<()>,
+    /// The bring-up's fingerprint ([`Plan::fingerprint`]) once it succeeded.
+    applied: Mutex<Option<String>>,
+}
+
+impl Tracker {
+    /// For a control plane whose node agents are external (`serve --node-agents external`).
+    pub fn new(external_nodes: bool) -> Tracker {
+        Tracker {
+            external_nodes,
+            ..Tracker::default()
+        }
+    }
+
+    fn of(&self, cluster_id: &str) -> Arc<Tracked> {
+        let mut all = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
+        all.entry(cluster_id.to_string()).or_default().clone()
+    }
+
+    fn forget(&self, cluster_id: &str) {
+        let mut all = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
+        all.remove(cluster_id);
+    }
+}
+
+impl Tracked {
+    fn applied(&self) -> Option<String> {
+        self.applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_applied(&self, fingerprint: Option<String>) {
+        *self.applied.lock().unwrap_or_else(|p| p.into_inner()) = fingerprint;
+    }
+}
 
 pub fn is_slurm(c: &ClusterRow) -> bool {
     c.orchestrator == "slurm"
 }
 
-/// Refuses a Slurm cluster on a host without Slurm, munge and sshd, or where the control
-/// plane cannot make the cluster's account, rather than pretending.
-pub fn require(orchestrator: &str) -> Result<()> {
-    if orchestrator != "slurm" {
+/// Refuses a Slurm cluster, rather than pretending, where this host runs the nodes
+/// (embedded node agents) and lacks Slurm, munge or sshd, or cannot make the cluster's
+/// account. External agents check their own hosts when they start the daemons (the apply
+/// fails naming the node and what it lacks).
+pub fn require(state: &AppState, orchestrator: &str) -> Result<()> {
+    if orchestrator != "slurm" || state.slurm.external_nodes {
         return Ok(());
     }
     refuse_without(&gpufleet_slurm::missing())?;
     // SAFETY: geteuid only reads the process's credentials.
     if unsafe { libc::geteuid() } != 0 {
         return Err(Error::Precondition(
-            "orchestrator: \"slurm\" gives each cluster an account of its own and a login sshd on the control plane's host, which needs the control plane to run as root".into(),
+            "orchestrator: \"slurm\" gives each cluster an account of its own on its nodes' hosts, and with embedded node agents that is this host, which needs the control plane to run as root".into(),
         ));
     }
     Ok(())
@@ -83,67 +163,76 @@ fn refuse_without(missing: &[&str]) -> Result<()> {
         return Ok(());
     }
     Err(Error::Precondition(format!(
-        "orchestrator: \"slurm\" runs a real Slurm controller on the control plane's host, and {} {} missing there; install Debian's slurm-wlm, munge and openssh-server (scripts/bootstrap.sh does)",
+        "orchestrator: \"slurm\" runs real Slurm daemons on the cluster's nodes, which with embedded node agents are this host, and {} {} missing here; install Debian's slurm-wlm, munge and openssh-server (scripts/bootstrap.sh does)",
         missing.join(", "),
         if missing.len() == 1 { "is" } else { "are" }
     )))
 }
 
+/// The account's home on every host of the cluster (its user database's).
+fn home_of(cluster: &str) -> PathBuf {
+    account::runtime_dir(cluster).join(account::HOME)
+}
+
 /// What the team is given: how to log in, and how to check the login's host key. Nothing
 /// in it grants more than a session as the cluster's own account.
-fn credentials(desired: &controller::Desired, access: &controller::Access) -> String {
-    let (host, port, user) = (
-        &desired.controller.addr,
-        desired.login_port,
-        &desired.account.name,
-    );
+fn credentials(p: &Plan, head: &Head) -> String {
+    let (host, port, user) = (&head.host.address, p.access.login_port, &p.account.name);
     serde_json::json!({
-        "cluster": desired.controller.cluster,
+        "cluster": p.name,
         "user": user,
         "host": host,
         "port": port,
         "login": format!("ssh -p {port} {user}@{host}"),
-        "known_hosts": login::known_hosts_line(host, port, &access.host_key),
-        "home": access.home.display().to_string(),
+        "known_hosts": login::known_hosts_line(host, port, &p.host_key.public),
+        "home": home_of(&p.name).display().to_string(),
+        "login_node": head.node.hostname,
     })
     .to_string()
 }
 
-/// A new Slurm cluster's access: a munge key of its own and free ports for its controller
-/// and its login (the endpoint). Record it with [`record`] once the cluster is stored.
+/// A new Slurm cluster's access: a munge key and a login host key of its own, and free
+/// ports for its controllers and its login. Record it with [`record`] once the cluster is
+/// stored.
 pub struct NewAccess {
     munge_key: String,
-    controller_port: u16,
-    login_port: u16,
+    host_key: login::HostKey,
 }
 
-pub fn prepare(c: &mut ClusterRow, addr: std::net::IpAddr) -> Result<Option<NewAccess>> {
+/// A new Slurm cluster's access; its `endpoint` is its login's once its head node runs it.
+pub fn prepare(c: &mut ClusterRow) -> Result<Option<NewAccess>> {
     if !is_slurm(c) {
         return Ok(None);
     }
-    let controller_port = controller::free_port().map_err(Error::Internal)?;
-    let login_port = loop {
-        let p = controller::free_port().map_err(Error::Internal)?;
-        if p != controller_port {
-            break p;
-        }
-    };
-    c.endpoint = endpoint(addr, login_port);
+    c.endpoint = String::new();
     c.credentials = String::new();
     Ok(Some(NewAccess {
         munge_key: munge::encode(&munge::new_key()),
-        controller_port,
-        login_port,
+        host_key: login::new_host_key().map_err(Error::Internal)?,
     }))
 }
 
 /// How many candidate uids a new cluster tries before it is refused.
 const UID_ATTEMPTS: u32 = 64;
 
-/// Stores a new cluster's access with the team's keys, and its account's uid: the first
-/// candidate no other cluster has. (A host where a user or group already has it refuses
-/// the bring-up naming both; the candidates are spread over 100 million uids, so two
-/// control planes sharing a host rarely meet. No host lookup runs here, on the writer.)
+/// A free port none of the platform's Slurm clusters has: the daemons of several clusters
+/// may share a host (embedded nodes).
+fn new_port(taken: &mut BTreeSet<u16>) -> Result<u16> {
+    for _ in 0..64 {
+        let p = gpufleet_slurm::free_port().map_err(Error::Internal)?;
+        if taken.insert(p) {
+            return Ok(p);
+        }
+    }
+    Err(Error::Internal(
+        "no free port that no Slurm cluster has after 64 tries".into(),
+    ))
+}
+
+/// Stores a new cluster's access with the team's keys, its ports and its account's uid:
+/// the first candidate no other cluster has. (A host where a user or group already has it
+/// refuses the bring-up naming both; the candidates are spread over 100 million uids, so
+/// two control planes sharing a host rarely meet. No host lookup runs here, on the writer.)
 pub fn record(
     conn: &Connection,
     cluster_id: &str,
@@ -163,15 +252,21 @@ pub fn record(
             "orchestrator: no free uid for the cluster's account after {UID_ATTEMPTS} tries"
         ))
     })?;
+    let mut taken = store::slurm_access::ports_taken(conn)?;
+    let controller_port = new_port(&mut taken)?;
+    let login_port = new_port(&mut taken)?;
     store::slurm_access::insert(
         conn,
         &SlurmAccess {
             cluster_id: cluster_id.to_string(),
             munge_key: new.munge_key,
             uid,
-            controller_port: new.controller_port,
-            login_port: new.login_port,
+            controller_port,
+            login_port,
             ssh_public_keys: ssh_public_keys.to_vec(),
+            login_host_key: new.host_key.private,
+            login_host_public: new.host_key.public,
+            ..SlurmAccess::default()
         },
     )?;
     Ok(())
@@ -187,23 +282,145 @@ fn access_of(conn: &Connection, c: &ClusterRow) -> Result<SlurmAccess> {
 }
 
 /// The login's `host:port` as the cluster's `endpoint` gives it.
-fn endpoint(addr: std::net::IpAddr, login_port: u16) -> String {
-    format!("{addr}:{login_port}")
+fn endpoint(host: &str, login_port: u16) -> String {
+    format!("{host}:{login_port}")
 }
 
-fn controller_of(state: &AppState, c: &ClusterRow, access: &SlurmAccess) -> conf::Controller {
-    conf::Controller {
-        cluster: gpufleet_slurm::cluster_name(&c.id),
-        addr: state.slurm_address.to_string(),
-        port: access.controller_port,
-    }
+/// A node of the cluster with its host as its agent declared it.
+#[derive(Clone, Debug)]
+struct Head {
+    node: NodeRow,
+    host: store::nodes::NodeHost,
 }
 
 /// What the cluster's Slurm should be now, from the store.
 struct Plan {
     cluster: ClusterRow,
-    desired: controller::Desired,
+    access: SlurmAccess,
+    /// Slurm's ClusterName, the account's name.
+    name: String,
+    account: Account,
+    key: Vec<u8>,
+    /// Its nodes, by name.
     nodes: Vec<NodeRow>,
+    /// Each node's slurmd port.
+    ports: BTreeMap<String, u16>,
+    head: Option<Head>,
+    backup: Option<Head>,
+    /// slurm.conf as every party shares it.
+    shared_conf: String,
+    /// The controllers' state directory on the shared storage; '' under the head's agent.
+    state_dir: String,
+    /// The team volume's mount path on the nodes, which the home links to; '' none.
+    home: String,
+    host_key: login::HostKey,
+    /// Made now (a cluster from before host keys were kept): to record.
+    new_host_key: bool,
+    /// Nodes that ran something of the cluster and are not in it any more.
+    gone: Vec<NodeRow>,
+}
+
+impl Plan {
+    /// Everything the nodes are ordered to run, in one string: equal when nothing changed.
+    fn fingerprint(&self) -> String {
+        let id = |h: &Option<Head>| h.as_ref().map(|h| h.node.id.clone()).unwrap_or_default();
+        format!(
+            "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{}\u{0}{}\u{0}{}",
+            self.shared_conf,
+            id(&self.head),
+            id(&self.backup),
+            self.state_dir,
+            self.home,
+            self.access.login_port,
+            self.access.uid,
+            self.access.ssh_public_keys,
+            self.host_key.public,
+            self.access.munge_key,
+            self.nodes
+                .iter()
+                .map(|n| n.id.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+    }
+
+    /// The node's order: its slurmd, and its controller and login if it is the head or
+    /// the backup.
+    fn order(&self, node: &NodeRow) -> v1::WorkOrder {
+        let head = self.head.as_ref().is_some_and(|h| h.node.id == node.id);
+        let backup = self.backup.as_ref().is_some_and(|b| b.node.id == node.id);
+        v1::WorkOrder {
+            id: uuid::Uuid::new_v4().to_string(),
+            kind: Some(v1::work_order::Kind::StartSlurmd(v1::StartSlurmd {
+                cluster: self.name.clone(),
+                slurm_conf: self.shared_conf.clone(),
+                cgroup_conf: conf::cgroup(),
+                munge_key: self.key.clone(),
+                uid: self.account.uid,
+                home: self.home.clone(),
+                controller: (head || backup).then(|| v1::SlurmController {
+                    backup,
+                    state_dir: self.state_dir.clone(),
+                }),
+                login: head.then(|| v1::SlurmLogin {
+                    port: u32::from(self.access.login_port),
+                    ssh_public_keys: self.access.ssh_public_keys.clone(),
+                    host_key: self.host_key.private.clone(),
+                }),
+            })),
+        }
+    }
+
+    /// The nodes to ask the controller through: the head, the backup, then the others.
+    fn askable(&self) -> Vec<NodeRow> {
+        let mut out: Vec<NodeRow> = self
+            .head
+            .iter()
+            .chain(&self.backup)
+            .map(|h| h.node.clone())
+            .collect();
+        for n in &self.nodes {
+            if !out.iter().any(|o| o.id == n.id) {
+                out.push(n.clone());
+            }
+        }
+        out
+    }
+}
+
+/// The host a node declared, or (a node that has not registered since hosts were
+/// recorded) this host's loopback with 1 CPU.
+fn host_of(conn: &Connection, node: &NodeRow) -> Result<store::nodes::NodeHost> {
+    Ok(
+        store::nodes::host(conn, &node.id)?.unwrap_or_else(|| store::nodes::NodeHost {
+            address: "127.0.0.1".into(),
+            hostname: "localhost".into(),
+            cpus: 1,
+            memory_mib: 0,
+            simulated: false,
+        }),
+    )
+}
+
+/// The controllers' state directory of cluster `name` on the shared storage.
+fn shared_state_dir(state: &AppState, name: &str) -> PathBuf {
+    state.volumes.root().join(STATE_DIRS).join(name)
+}
+
+/// The login host key a cluster from before kept keys had on the control plane's host
+/// (`<data-dir>/slurm/<cluster>/`), so that its team's known_hosts stays valid.
+fn legacy_host_key(state: &AppState, name: &str) -> Option<login::HostKey> {
+    let files = login::Files::in_dir(&state.data_dir.join("slurm").join(name));
+    let private = std::fs::read_to_string(&files.host_key).ok()?;
+    let public = std::fs::read_to_string(files.host_key.with_extension("pub")).ok()?;
+    Some(login::HostKey {
+        private,
+        public: public
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" "),
+    })
 }
 
 fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<Plan>> {
@@ -214,61 +431,136 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
         return Ok(None);
     }
     let access = access_of(conn, &c)?;
-    let ctl = controller_of(state, &c, &access);
+    let name = gpufleet_slurm::cluster_name(&c.id);
     let mut nodes = store::nodes::list(conn, None, Some(&c.id))?;
     nodes.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+    let hosts = nodes
+        .iter()
+        .map(|n| host_of(conn, n))
+        .collect::<Result<Vec<_>>>()?;
     // A node keeps its slurmd port across changes; new nodes get free ones.
-    let known = controller::node_ports(&state.data_dir, &ctl.cluster);
-    let mut taken: BTreeSet<u16> = known.values().copied().collect();
-    taken.insert(ctl.port);
-    taken.insert(access.login_port);
-    let mut out = Vec::new();
+    let mut taken = store::slurm_access::ports_taken(conn)?;
+    let mut ports = BTreeMap::new();
     for n in &nodes {
-        let gpus = crate::recorded::recorded_gpus(conn, &n.id)?.len() as u32;
-        let port = match known.get(&n.hostname) {
+        let port = match access.node_ports.get(&n.hostname) {
             Some(p) => *p,
-            None => loop {
-                let p = controller::free_port().map_err(Error::Internal)?;
-                if taken.insert(p) {
-                    break p;
-                }
-            },
+            None => new_port(&mut taken)?,
         };
-        // As its agent last declared its host (a node that has not registered since hosts
-        // were recorded: this host, 1 CPU).
-        let host = store::nodes::host(conn, &n.id)?.unwrap_or_else(|| store::nodes::NodeHost {
-            address: "127.0.0.1".into(),
-            hostname: "localhost".into(),
-            cpus: 1,
-            memory_mib: 0,
-            simulated: false,
-        });
-        out.push(conf::Node {
+        ports.insert(n.hostname.clone(), port);
+    }
+    let shared_state = state.volumes.mounts_on_nodes();
+    let candidates: Vec<placement::Candidate> = nodes
+        .iter()
+        .zip(&hosts)
+        .map(|(n, h)| placement::Candidate {
+            id: &n.id,
+            name: &n.hostname,
+            host: &h.hostname,
+        })
+        .collect();
+    let placed = placement::place(
+        &candidates,
+        &access.head_node,
+        &access.backup_node,
+        shared_state,
+    );
+    let at = |i: usize| Head {
+        node: nodes[i].clone(),
+        host: hosts[i].clone(),
+    };
+    let head = placed.map(|p| at(p.head));
+    let backup = placed.and_then(|p| p.backup).map(at);
+    let mut conf_nodes = Vec::new();
+    for (n, host) in nodes.iter().zip(&hosts) {
+        let gpus = crate::recorded::recorded_gpus(conn, &n.id)?.len() as u32;
+        conf_nodes.push(conf::Node {
             name: n.hostname.clone(),
-            host: host.hostname,
-            addr: host.address,
-            port,
+            host: host.hostname.clone(),
+            addr: host.address.clone(),
+            port: ports[&n.hostname],
             cpus: host.cpus,
             memory_mib: host.memory_mib,
             gres: conf::node_gres(&c.gpu_type, gpus, &c.mig_layout),
             simulated: host.simulated,
         });
     }
+    let controller = conf::Controller {
+        cluster: name.clone(),
+        port: access.controller_port,
+        hosts: head
+            .iter()
+            .chain(&backup)
+            .map(|h| conf::ControllerHost {
+                hostname: h.host.hostname.clone(),
+                addr: h.host.address.clone(),
+            })
+            .collect(),
+    };
+    let shared_conf = conf::shared(&controller, &conf_nodes, &gpufleet_slurm::current_user());
+    let (host_key, new_host_key) = match access.login_host_key.is_empty() {
+        false => (
+            login::HostKey {
+                private: access.login_host_key.clone(),
+                public: access.login_host_public.clone(),
+            },
+            false,
+        ),
+        true => match legacy_host_key(state, &name) {
+            Some(k) => (k, true),
+            None => (login::new_host_key().map_err(Error::Internal)?, true),
+        },
+    };
+    // What ran something of the cluster before and is not in it now: the recorded head
+    // and backup, and every node its slurm.conf declared.
+    let mut gone: Vec<NodeRow> = Vec::new();
+    let member = |id: &str| nodes.iter().any(|n| n.id == id);
+    for id in [&access.head_node, &access.backup_node] {
+        if !id.is_empty() && !member(id) {
+            if let Some(n) = store::nodes::get(conn, id)? {
+                gone.push(n);
+            }
+        }
+    }
+    for name in access.node_ports.keys() {
+        if nodes.iter().any(|n| &n.hostname == name) {
+            continue;
+        }
+        if let Some(n) = store::nodes::by_hostname(conn, name)? {
+            if !gone.iter().any(|g| g.id == n.id) && n.cluster_id.as_deref() != Some(&c.id) {
+                gone.push(n);
+            }
+        }
+    }
     let key = munge::decode(&access.munge_key)
         .map_err(|e| Error::Internal(format!("cluster {}: {e}", c.name)))?;
     Ok(Some(Plan {
-        desired: controller::Desired {
-            account: Account::new(&ctl.cluster, access.uid).map_err(Error::Internal)?,
-            controller: ctl,
-            nodes: out,
-            key,
-            slurm_user: gpufleet_slurm::current_user(),
-            login_port: access.login_port,
-            ssh_public_keys: access.ssh_public_keys,
+        account: Account::new(&name, access.uid).map_err(Error::Internal)?,
+        state_dir: match shared_state {
+            true => shared_state_dir(state, &name).display().to_string(),
+            false => String::new(),
         },
-        cluster: c,
+        home: match state.volumes.mounts_on_nodes() {
+            true => c.storage_path.clone(),
+            false => String::new(),
+        },
+        key,
+        name,
         nodes,
+        ports,
+        head,
+        backup,
+        shared_conf,
+        host_key,
+        new_host_key,
+        gone,
+        access,
+        cluster: c,
     }))
+}
+
+async fn read_plan(state: &Arc<AppState>, cluster_id: &str) -> Result<Option<Plan>> {
+    let (planner, id) = (state.clone(), cluster_id.to_string());
+    state.read(move |conn| plan(&planner, conn, &id)).await
 }
 
 async fn blocking<T: Send + 'static>(
@@ -277,19 +569,6 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| Error::Internal(format!("a Slurm worker failed: {e}")))?
-}
-
-fn start_order(p: &Plan, shared: &str) -> v1::WorkOrder {
-    v1::WorkOrder {
-        id: uuid::Uuid::new_v4().to_string(),
-        kind: Some(v1::work_order::Kind::StartSlurmd(v1::StartSlurmd {
-            cluster: p.desired.controller.cluster.clone(),
-            slurm_conf: shared.to_string(),
-            cgroup_conf: conf::cgroup(),
-            munge_key: p.desired.key.clone(),
-            uid: p.desired.account.uid,
-        })),
-    }
 }
 
 fn stop_order(cluster: &str) -> v1::WorkOrder {
@@ -301,15 +580,15 @@ fn stop_order(cluster: &str) -> v1::WorkOrder {
     }
 }
 
-/// Sends `order` (a fresh copy per node) to every node and gathers the failures.
+/// Sends `order` (a fresh one per node) to every node and gathers the failures.
 async fn order_all(
     state: &AppState,
     nodes: &[NodeRow],
-    order: impl Fn() -> v1::WorkOrder,
+    order: impl Fn(&NodeRow) -> v1::WorkOrder,
 ) -> Vec<String> {
     let waits: Vec<_> = nodes
         .iter()
-        .map(|n| (n, state.agents.dispatch(&n.id, order())))
+        .map(|n| (n, state.agents.dispatch(&n.id, order(n))))
         .collect();
     let mut failed = Vec::new();
     for (n, wait) in waits {
@@ -324,10 +603,12 @@ async fn order_all(
 }
 
 /// Brings a Slurm cluster to its nodes and layout in the store (after the MIG changes
-/// converged): the controller (re)started with the new slurm.conf, slurmd ordered on every
-/// node, slurmd stopped on `released` nodes, the tenant's credentials updated. Returns why
-/// the cluster is not ready yet (the Slurm state of each node that is not), if it is not
-/// within a bounded wait. Nothing for a Kubernetes cluster.
+/// converged): every node's daemons as its order says (the controller and login on the
+/// head, the backup controller on its node, slurmd on every node), everything of the
+/// cluster stopped on `released` nodes and on nodes that left it, the team's endpoint and
+/// credentials written. Returns why the cluster is not ready yet (the Slurm state of each
+/// node that is not), if it is not within a bounded wait. Nothing for a Kubernetes
+/// cluster.
 pub async fn apply(
     state: &Arc<AppState>,
     cluster_id: &str,
@@ -345,104 +626,144 @@ pub async fn apply_resuming(
     released: &[NodeRow],
     drained: &[NodeRow],
 ) -> Result<Option<String>> {
-    let plan = {
-        let (state, id) = (state.clone(), cluster_id.to_string());
-        let planner = state.clone();
-        state.read(move |conn| plan(&planner, conn, &id)).await?
-    };
-    let Some(mut plan) = plan else {
+    let tracked = state.slurm.of(cluster_id);
+    let _one = tracked.bring_up.lock().await;
+    bring_up(state, &tracked, cluster_id, released, drained).await
+}
+
+/// [`apply_resuming`] with the cluster's bring-up lock held.
+async fn bring_up(
+    state: &Arc<AppState>,
+    tracked: &Tracked,
+    cluster_id: &str,
+    released: &[NodeRow],
+    drained: &[NodeRow],
+) -> Result<Option<String>> {
+    tracked.set_applied(None);
+    let Some(mut plan) = read_plan(state, cluster_id).await? else {
         return Ok(None);
     };
-    if plan.desired.login_port == 0 {
-        plan.desired.login_port = give_login_port(state, &plan.cluster.id).await?;
+    if plan.access.login_port == 0 {
+        plan.access.login_port = give_login_port(state, &plan.cluster.id).await?;
     }
-    let name = plan.desired.controller.cluster.clone();
-    let access = {
-        let (data_dir, desired) = (state.data_dir.clone(), plan.desired.clone());
-        blocking(move || {
-            controller::ensure(&data_dir, &desired).map_err(|e| {
-                Error::Aborted(format!(
-                    "orchestrator: the cluster's Slurm controller did not start: {e}"
-                ))
+    if plan.new_host_key {
+        let (id, key) = (plan.cluster.id.clone(), plan.host_key.clone());
+        state
+            .apply(move |conn| -> Result<()> {
+                Ok(store::slurm_access::set_login_host_key(
+                    conn,
+                    &id,
+                    &key.private,
+                    &key.public,
+                )?)
             })
-        })
-        .await?
-    };
-    let shared = conf::shared(
-        &plan.desired.controller,
-        &plan.desired.nodes,
-        &plan.desired.slurm_user,
-    );
-    let failed = order_all(state, &plan.nodes, || start_order(&plan, &shared)).await;
-    if !released.is_empty() {
-        for f in order_all(state, released, || stop_order(&name)).await {
-            tracing::warn!(cluster = %plan.cluster.name, failure = %f, "cannot stop slurmd on a released node");
+            .await?;
+    }
+    let name = plan.name.clone();
+    // Everything of the cluster stops first on nodes that left it (a head that was
+    // quarantined or replaced included), so that no controller of the old placement
+    // runs beside the new one.
+    let mut leaving: Vec<NodeRow> = released.to_vec();
+    for g in &plan.gone {
+        if !leaving.iter().any(|l| l.id == g.id) {
+            leaving.push(g.clone());
         }
+    }
+    for f in order_all(state, &leaving, |_| stop_order(&name)).await {
+        tracing::warn!(cluster = %plan.cluster.name, failure = %f, "cannot stop the cluster's daemons on a node that left it");
+    }
+    let Some(head) = plan.head.clone() else {
+        return Ok(Some("Slurm: the cluster has no node".into()));
+    };
+    // Then the nodes that lose a controller or the login, then the head (the primary and
+    // the login: the others' slurmd register with it), then every other node.
+    let placed =
+        |id: &str| head.node.id == id || plan.backup.as_ref().is_some_and(|b| b.node.id == id);
+    let demoted: Vec<NodeRow> = plan
+        .nodes
+        .iter()
+        .filter(|n| {
+            (n.id == plan.access.head_node || n.id == plan.access.backup_node) && !placed(&n.id)
+        })
+        .cloned()
+        .collect();
+    let mut failed = order_all(state, &demoted, |n| plan.order(n)).await;
+    if failed.is_empty() {
+        failed = order_all(state, std::slice::from_ref(&head.node), |n| plan.order(n)).await;
+    }
+    if failed.is_empty() {
+        let rest: Vec<NodeRow> = plan
+            .nodes
+            .iter()
+            .filter(|n| n.id != head.node.id)
+            .cloned()
+            .collect();
+        failed = order_all(state, &rest, |n| plan.order(n)).await;
     }
     if !failed.is_empty() {
         return Err(Error::Aborted(format!(
-            "orchestrator: slurmd did not start on {}",
+            "orchestrator: the cluster's Slurm daemons did not start on {}",
             failed.join("; ")
         )));
     }
+    let moved = !plan.access.head_node.is_empty() && plan.access.head_node != head.node.id;
     {
-        // The endpoint follows --advertise-address (a control plane restarted with another
-        // one moves its clusters' logins there).
-        let (state, id) = (state.clone(), plan.cluster.id.clone());
-        let creds = credentials(&plan.desired, &access);
-        let endpoint = endpoint(state.slurm_address, plan.desired.login_port);
-        state
+        // Where the daemons run now, and the endpoint and credentials that follow the head.
+        let (state2, id) = (state.clone(), plan.cluster.id.clone());
+        let creds = credentials(&plan, &head);
+        let endpoint = endpoint(&head.host.address, plan.access.login_port);
+        let (head_id, backup_id) = (
+            head.node.id.clone(),
+            plan.backup
+                .as_ref()
+                .map(|b| b.node.id.clone())
+                .unwrap_or_default(),
+        );
+        let ports = plan.ports.clone();
+        state2
             .apply(move |conn| -> Result<()> {
+                store::slurm_access::set_placement(conn, &id, &head_id, &backup_id, &ports)?;
                 store::clusters::set_credentials(conn, &id, &creds)?;
                 store::clusters::set_endpoint(conn, &id, &endpoint)?;
                 Ok(())
             })
             .await?;
+        plan.access.head_node = head.node.id.clone();
+        plan.access.backup_node = plan
+            .backup
+            .as_ref()
+            .map(|b| b.node.id.clone())
+            .unwrap_or_default();
+        plan.access.node_ports = plan.ports.clone();
     }
-    for n in drained {
+    if moved {
+        tracing::info!(cluster = %plan.cluster.name, head = %head.node.hostname, address = %head.host.address, "the cluster's controller and login moved to another node");
+    }
+    tracked.set_applied(Some(plan.fingerprint()));
+    let askable = plan.askable();
+    let names: Vec<String> = drained.iter().map(|n| n.hostname.clone()).collect();
+    if !names.is_empty() {
         // The controller kept their drain across its restart.
-        if let Err(e) = set_state(state, &name, &n.hostname, &["state=resume"]).await {
-            tracing::warn!(cluster = %plan.cluster.name, node = %n.hostname, error = %e, "cannot resume a drained Slurm node");
+        if let Err(e) = queries::ask(state, &name, &askable, "resume", &names, "").await {
+            tracing::warn!(cluster = %plan.cluster.name, error = %e, "cannot resume the drained Slurm nodes");
         }
     }
     let expected: Vec<String> = plan.nodes.iter().map(|n| n.hostname.clone()).collect();
-    Ok(wait_ready(state, &name, expected).await)
-}
-
-/// `scontrol update nodename=<node> <args>` on the cluster's controller.
-async fn set_state(state: &AppState, cluster: &str, node: &str, args: &[&str]) -> Result<()> {
-    let conf = controller::conf_path(&state.data_dir, cluster);
-    let mut all = vec![format!("nodename={node}")];
-    all.extend(args.iter().map(|a| a.to_string()));
-    blocking(move || {
-        let args: Vec<&str> = all.iter().map(String::as_str).collect();
-        status::run(
-            "scontrol",
-            &["update"].iter().copied().chain(args).collect::<Vec<_>>(),
-            &conf,
-            Duration::from_secs(10),
-        )
-        .map(|_| ())
-        .map_err(Error::Aborted)
-    })
-    .await
+    Ok(wait_ready(state, &name, &askable, expected).await)
 }
 
 /// A node of a Slurm cluster whose agent registered again (it restarted, or was cut off
-/// and came back): its slurmd gets the cluster's configuration as it is now, not the one
-/// its agent kept from before (a gres.conf of an old layout, a controller that moved), and
-/// the controller the node's host as it declared it now.
+/// and came back): its daemons get the cluster's configuration as it is now, not the one
+/// its agent kept from before (a gres.conf of an old layout, a controller that moved).
+/// When the node's host changed what the cluster runs (another address, CPUs or memory),
+/// the whole cluster is brought to it; else only the node is.
 pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
     let Some(cluster_id) = node.cluster_id.clone() else {
         return;
     };
-    let plan = {
-        let planner = state.clone();
-        state
-            .read(move |conn| plan(&planner, conn, &cluster_id))
-            .await
-    };
-    let plan = match plan {
+    let tracked = state.slurm.of(&cluster_id);
+    let _one = tracked.bring_up.lock().await;
+    let plan = match read_plan(state, &cluster_id).await {
         Ok(Some(p)) if p.nodes.iter().any(|n| n.id == node.id) => p,
         Ok(_) => return,
         Err(e) => {
@@ -450,31 +771,14 @@ pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
             return;
         }
     };
-    // The controller takes the node as it declared its host now (another address, CPUs or
-    // memory); it is restarted only when its slurm.conf changes.
-    {
-        let (data_dir, desired) = (state.data_dir.clone(), plan.desired.clone());
-        let ensured = blocking(move || {
-            controller::ensure(&data_dir, &desired)
-                .map(|_| ())
-                .map_err(Error::Aborted)
-        })
-        .await;
-        if let Err(e) = ensured {
-            tracing::warn!(cluster = %plan.cluster.name, error = %e, "the controller did not take the configuration of a node that came back");
+    if tracked.applied() != Some(plan.fingerprint()) {
+        if let Err(e) = bring_up(state, &tracked, &cluster_id, &[], &[]).await {
+            tracing::warn!(cluster = %plan.cluster.name, error = %e, "the cluster did not take the configuration of a node that came back");
         }
+        return;
     }
-    let shared = conf::shared(
-        &plan.desired.controller,
-        &plan.desired.nodes,
-        &plan.desired.slurm_user,
-    );
-    for f in order_all(state, std::slice::from_ref(node), || {
-        start_order(&plan, &shared)
-    })
-    .await
-    {
-        tracing::warn!(cluster = %plan.cluster.name, failure = %f, "slurmd did not take the current config on a node that came back");
+    for f in order_all(state, std::slice::from_ref(node), |n| plan.order(n)).await {
+        tracing::warn!(cluster = %plan.cluster.name, failure = %f, "a node that came back did not take the cluster's current config");
     }
 }
 
@@ -483,40 +787,60 @@ pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
 pub async fn stop_kept(state: &AppState, node: &NodeRow, clusters: &[String]) {
     for cluster in clusters {
         tracing::info!(node = %node.hostname, %cluster, "stopping the daemons of a Slurm cluster the node no longer belongs to");
-        for f in order_all(state, std::slice::from_ref(node), || stop_order(cluster)).await {
+        for f in order_all(state, std::slice::from_ref(node), |_| stop_order(cluster)).await {
             tracing::warn!(%cluster, failure = %f, "cannot stop a kept slurmd");
         }
     }
 }
 
-/// A login port for a cluster made before logins: allocated, recorded, and the endpoint.
+/// A login port for a cluster made before logins: allocated and recorded.
 async fn give_login_port(state: &AppState, cluster_id: &str) -> Result<u16> {
-    let port = controller::free_port().map_err(Error::Internal)?;
-    let (id, addr) = (cluster_id.to_string(), state.slurm_address);
+    let id = cluster_id.to_string();
     state
-        .apply(move |conn| -> Result<()> {
+        .apply(move |conn| -> Result<u16> {
+            let mut taken = store::slurm_access::ports_taken(conn)?;
+            let port = new_port(&mut taken)?;
             store::slurm_access::set_login_port(conn, &id, port)?;
-            store::clusters::set_endpoint(conn, &id, &endpoint(addr, port))?;
-            Ok(())
+            Ok(port)
         })
-        .await?;
-    Ok(port)
+        .await
+}
+
+/// The cluster's nodes to ask its controller through (head, backup, others), from the
+/// store as it is now.
+async fn askable(state: &AppState, c: &ClusterRow) -> Result<Vec<NodeRow>> {
+    let id = c.id.clone();
+    state
+        .read(move |conn| -> Result<Vec<NodeRow>> {
+            let access = store::slurm_access::get(conn, &id)?.unwrap_or_default();
+            let mut nodes = store::nodes::list(conn, None, Some(&id))?;
+            nodes.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+            let rank = |n: &NodeRow| match () {
+                _ if n.id == access.head_node => 0,
+                _ if n.id == access.backup_node => 1,
+                _ => 2,
+            };
+            nodes.sort_by_key(rank);
+            Ok(nodes)
+        })
+        .await
 }
 
 /// Waits (bounded) until every expected node is schedulable; Some(why not) if never.
-async fn wait_ready(state: &AppState, cluster: &str, expected: Vec<String>) -> Option<String> {
-    let conf = controller::conf_path(&state.data_dir, cluster);
+async fn wait_ready(
+    state: &AppState,
+    cluster: &str,
+    askable: &[NodeRow],
+    expected: Vec<String>,
+) -> Option<String> {
     let started = Instant::now();
     let deadline = started + READY_WITHIN;
     let mut nudged = false;
     loop {
-        let (conf2, expected) = (conf.clone(), expected.clone());
-        let why = tokio::task::spawn_blocking(move || match status::nodes(&conf2) {
-            Ok(seen) => status::not_ready(&expected, &seen),
+        let why = match queries::ask(state, cluster, askable, "status", &[], "").await {
+            Ok(said) => status::not_ready(&expected, &said.nodes),
             Err(e) => Some(format!("Slurm: the controller does not answer: {e}")),
-        })
-        .await
-        .unwrap_or_else(|e| Some(format!("Slurm: {e}")));
+        };
         match why {
             None => return None,
             Some(why) if Instant::now() > deadline => return Some(why),
@@ -528,16 +852,12 @@ async fn wait_ready(state: &AppState, cluster: &str, expected: Vec<String>) -> O
                     && started.elapsed() > Duration::from_secs(1) =>
             {
                 nudged = true;
-                let conf = conf.clone();
-                let done = tokio::task::spawn_blocking(move || {
-                    status::run("scontrol", &["reconfigure"], &conf, Duration::from_secs(10))
-                })
-                .await;
-                if let Ok(Err(e)) = done {
+                if let Err(e) = queries::ask(state, cluster, askable, "reconfigure", &[], "").await
+                {
                     tracing::warn!(%cluster, error = %e, "scontrol reconfigure failed");
                 }
             }
-            Some(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Some(_) => tokio::time::sleep(ASK_EVERY).await,
         }
     }
 }
@@ -552,22 +872,52 @@ pub fn overlay(base: (String, String), slurm: Option<String>) -> (String, String
     }
 }
 
-/// Stops the cluster's slurmd on `nodes` and its controller, and removes their state
-/// (best effort: a node that cannot be reached is logged, its agent cleans up when told
-/// again). Nothing for a Kubernetes cluster.
+/// Stops everything of the cluster on `nodes` (and on nodes that left it but may still
+/// run something of it), and removes the controllers' state (best effort: a node that
+/// cannot be reached is logged, its agent cleans up when it registers again). Nothing for
+/// a Kubernetes cluster.
 pub async fn remove(state: &Arc<AppState>, c: &ClusterRow, nodes: &[NodeRow]) {
     if !is_slurm(c) {
         return;
     }
     let name = gpufleet_slurm::cluster_name(&c.id);
-    for f in order_all(state, nodes, || stop_order(&name)).await {
-        tracing::warn!(cluster = %c.name, failure = %f, "cannot stop slurmd on a node");
+    let mut all = nodes.to_vec();
+    if let Ok(Some(p)) = read_plan(state, &c.id).await {
+        for g in p.gone {
+            if !all.iter().any(|n| n.id == g.id) {
+                all.push(g);
+            }
+        }
     }
-    let data_dir = state.data_dir.clone();
-    let removed =
-        blocking(move || controller::remove(&data_dir, &name).map_err(Error::Internal)).await;
+    for f in order_all(state, &all, |_| stop_order(&name)).await {
+        tracing::warn!(cluster = %c.name, failure = %f, "cannot stop the cluster's daemons on a node");
+    }
+    state.slurm.forget(&c.id);
+    let (shared, legacy) = (
+        state
+            .volumes
+            .is_shared()
+            .then(|| shared_state_dir(state, &name)),
+        state.data_dir.join("slurm").join(&name),
+    );
+    let removed = blocking(move || {
+        for dir in shared.iter().chain([&legacy]) {
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Error::Internal(format!(
+                        "cannot remove {}: {e}",
+                        dir.display()
+                    )))
+                }
+            }
+        }
+        Ok(())
+    })
+    .await;
     if let Err(e) = removed {
-        tracing::warn!(cluster = %c.name, error = %e, "cannot remove the Slurm controller's state");
+        tracing::warn!(cluster = %c.name, error = %e, "cannot remove the Slurm controllers' state");
     }
 }
 
@@ -611,20 +961,18 @@ async fn drain_names(
         return Ok(());
     }
     let name = gpufleet_slurm::cluster_name(&c.id);
-    let conf = controller::conf_path(&state.data_dir, &name);
-    let reason = format!("reason=gpufleet: {reason}");
+    let through = askable(state, c).await?;
     let deadline = Instant::now() + limit;
-    for node in nodes {
-        set_state(state, &name, node, &["state=drain", &reason]).await?;
-    }
+    let reason = format!("gpufleet: {reason}");
+    let mut seen = queries::ask(state, &name, &through, "drain", nodes, &reason)
+        .await
+        .map_err(|e| Error::Aborted(format!("Slurm: cannot drain {}: {e}", nodes.join(", "))))?;
     loop {
-        let conf2 = conf.clone();
-        let seen = blocking(move || status::nodes(&conf2).map_err(Error::Aborted)).await?;
         // "drained": no job left; "draining": jobs still run. A node Slurm does not know
         // runs nothing.
         let busy: Vec<String> = nodes
             .iter()
-            .filter_map(|n| match seen.get(n).map(|s| s.state.as_str()) {
+            .filter_map(|n| match seen.nodes.get(n).map(|s| s.state.as_str()) {
                 Some("drained") | None => None,
                 Some(s) => Some(format!("{n} is still {s}")),
             })
@@ -639,6 +987,9 @@ async fn drain_names(
             )));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+        seen = queries::ask(state, &name, &through, "status", &[], "")
+            .await
+            .map_err(Error::Aborted)?;
     }
 }
 
@@ -659,18 +1010,26 @@ pub async fn resume(state: &AppState, c: &ClusterRow, node: &str) {
         return;
     }
     let name = gpufleet_slurm::cluster_name(&c.id);
-    if let Err(e) = set_state(state, &name, node, &["state=resume"]).await {
+    let through = match askable(state, c).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(cluster = %c.name, error = %e, "cannot resume a drained Slurm node");
+            return;
+        }
+    };
+    let names = [node.to_string()];
+    if let Err(e) = queries::ask(state, &name, &through, "resume", &names, "").await {
         tracing::warn!(cluster = %c.name, error = %e, "cannot resume a drained Slurm node");
         return;
     }
-    if let Some(why) = wait_ready(state, &name, vec![node.to_string()]).await {
+    if let Some(why) = wait_ready(state, &name, &through, names.to_vec()).await {
         tracing::warn!(cluster = %c.name, %why, "a resumed Slurm node is not schedulable yet");
     }
 }
 
-/// One pass of the supervisor over the settled Slurm clusters: their controllers running
-/// (started again after a control plane restart, from the state they kept), and their
-/// status following what Slurm says about their nodes.
+/// One pass of the supervisor over the settled Slurm clusters: each brought to its nodes
+/// when what it should run changed (or after a start of this control plane), and its
+/// status following what Slurm says about its nodes.
 async fn watch_once(state: &Arc<AppState>) -> Result<()> {
     let clusters = state
         .read(|conn| -> Result<Vec<ClusterRow>> {
@@ -685,63 +1044,33 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
     let watched: BTreeSet<String> = clusters.iter().map(|c| c.id.clone()).collect();
     state.agents.telemetry.keep_jobs_of(&watched);
     for c in clusters {
-        let name = gpufleet_slurm::cluster_name(&c.id);
-        // Running, and with the nodes the store gives the cluster (a replaced node changes
-        // them outside any request).
-        let running = {
-            let (st, name, id) = (state.clone(), name.clone(), c.id.clone());
-            state
-                .read(move |conn| -> Result<bool> {
-                    let state = st;
-                    let held: BTreeSet<String> = store::nodes::list(conn, None, Some(&id))?
-                        .into_iter()
-                        .map(|n| n.hostname)
-                        .collect();
-                    let configured: BTreeSet<String> =
-                        controller::node_ports(&state.data_dir, &name)
-                            .into_keys()
-                            .collect();
-                    Ok(controller::is_running(&state.data_dir, &name) && held == configured)
-                })
-                .await?
+        let tracked = state.slurm.of(&c.id);
+        // As it should be (a replaced node changes it outside any request)?
+        let current = match read_plan(state, &c.id).await? {
+            Some(p) => tracked.applied() == Some(p.fingerprint()),
+            None => continue,
         };
-        // The team's jobs, for its metrics: only what the controller answers now.
-        let jobs = if running {
-            let conf = controller::conf_path(&state.data_dir, &name);
-            match tokio::task::spawn_blocking(move || status::jobs(&conf)).await {
-                Ok(Ok(counts)) => Some(counts),
-                Ok(Err(e)) => {
-                    tracing::debug!(cluster = %c.name, error = %e, "cannot count the Slurm jobs");
-                    None
-                }
-                Err(_) => None,
+        let (slurm_says, jobs) = if current {
+            let name = gpufleet_slurm::cluster_name(&c.id);
+            let through = askable(state, &c).await?;
+            let expected: Vec<String> = through.iter().map(|n| n.hostname.clone()).collect();
+            match queries::ask(state, &name, &through, "status", &[], "").await {
+                Ok(said) => (status::not_ready(&expected, &said.nodes), said.jobs),
+                Err(e) => (
+                    Some(format!("Slurm: the controller does not answer: {e}")),
+                    None,
+                ),
             }
         } else {
-            None
-        };
-        state.agents.telemetry.record_jobs(&c.id, jobs);
-        let slurm_says = if running {
-            let conf = controller::conf_path(&state.data_dir, &name);
-            let id = c.id.clone();
-            state
-                .read(move |conn| -> Result<Option<String>> {
-                    let expected: Vec<String> = store::nodes::list(conn, None, Some(&id))?
-                        .into_iter()
-                        .map(|n| n.hostname)
-                        .collect();
-                    Ok(match status::nodes(&conf) {
-                        Ok(seen) => status::not_ready(&expected, &seen),
-                        Err(e) => Some(format!("Slurm: the controller does not answer: {e}")),
-                    })
-                })
-                .await?
-        } else {
-            // After a restart or a replacement: the controller and slurmd as they should be.
-            match apply(state, &c.id, &[]).await {
+            // After a start of this control plane, a replacement, a node that left.
+            let why = match apply(state, &c.id, &[]).await {
                 Ok(why) => why,
                 Err(e) => Some(format!("Slurm: {e}")),
-            }
+            };
+            (why, None)
         };
+        // The team's jobs, for its metrics: only what the controller answers now.
+        state.agents.telemetry.record_jobs(&c.id, jobs);
         let replace_after = state.agents.replace_after;
         state
             .apply(move |conn| -> Result<()> {
@@ -757,48 +1086,62 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
     Ok(())
 }
 
-/// Removes controller state left by clusters that no longer exist (e.g. a create a
-/// restart took back).
-fn remove_orphans(state: &AppState, conn: &Connection) -> Result<()> {
-    let names: BTreeSet<String> = store::clusters::list(conn, None, None, None)?
-        .iter()
-        .filter(|c| is_slurm(c))
-        .map(|c| gpufleet_slurm::cluster_name(&c.id))
-        .collect();
+/// Retires what a control plane from before kept of its clusters' controllers and logins
+/// on its own host (`<data-dir>/slurm/<cluster>/`, and the login's part of the runtime
+/// directory): the login's host key moves to the store (so known_hosts stays valid), the
+/// rest goes, and so does the account when no node of the cluster runs here. Their
+/// daemons stopped with that control plane; the cluster's head node runs them now.
+fn retire_legacy(state: &AppState, conn: &Connection) -> Result<()> {
     let root = state.data_dir.join("slurm");
     let Ok(entries) = std::fs::read_dir(&root) else {
         return Ok(());
     };
+    let clusters: HashMap<String, ClusterRow> = store::clusters::list(conn, None, None, None)?
+        .into_iter()
+        .filter(is_slurm)
+        .map(|c| (gpufleet_slurm::cluster_name(&c.id), c))
+        .collect();
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        if gpufleet_slurm::valid_cluster_name(&name) && !names.contains(&name) {
+        if !gpufleet_slurm::valid_cluster_name(&name) {
+            continue;
+        }
+        if let Some(c) = clusters.get(&name) {
+            let kept = store::slurm_access::get(conn, &c.id)?.unwrap_or_default();
+            if !kept.login_host_key.is_empty() {
+                tracing::info!(cluster = %name, "retiring the control plane's old controller and login files");
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+            // Else kept until the next bring-up has taken the host key.
+        } else {
             tracing::info!(cluster = %name, "removing the state of a Slurm controller whose cluster is gone");
-            let _ = controller::remove(&state.data_dir, &name);
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+        if let Err(e) = account::release_node(&name, "login") {
+            tracing::warn!(cluster = %name, error = %e, "cannot remove an old login's runtime files");
         }
     }
     Ok(())
 }
 
-/// The control plane's watch over its Slurm controllers, until `stop`; then it stops them
-/// (their state stays for the next start).
+/// The control plane's watch over its Slurm clusters, until `stop`. It stops nothing when
+/// it ends: every daemon of a cluster is its nodes' agents'.
 pub async fn supervise(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
-    {
-        let st = state.clone();
-        if let Err(e) = state.read(move |conn| remove_orphans(&st, conn)).await {
-            tracing::warn!(error = %e, "cannot look for leftover Slurm state");
-        }
-    }
     loop {
         if let Err(e) = watch_once(&state).await {
             tracing::warn!(error = %e, "cannot check the Slurm clusters");
+        }
+        {
+            let st = state.clone();
+            if let Err(e) = state.read(move |conn| retire_legacy(&st, conn)).await {
+                tracing::warn!(error = %e, "cannot retire old Slurm state");
+            }
         }
         tokio::select! {
             _ = gpufleet_process::signals::stopped(&mut stop) => break,
             _ = tokio::time::sleep(WATCH_EVERY) => {}
         }
     }
-    let data_dir = state.data_dir.clone();
-    let _ = tokio::task::spawn_blocking(move || controller::stop_all(&data_dir)).await;
 }
 
 #[cfg(test)]
@@ -813,7 +1156,6 @@ mod tests {
             "{text}"
         );
         assert!(super::refuse_without(&[]).is_ok());
-        assert!(super::require("kubernetes").is_ok());
     }
 
     #[test]

@@ -112,9 +112,12 @@ pub struct AppState {
     /// How many automatic quarantines per model and window (serve's `--breaker-*`).
     pub breaker: BreakerSettings,
     pub candidates: CandidateSettings,
-    /// Where node agents and tenants reach this host's Slurm controllers and logins
+    /// The address this host's embedded node agents declare to Slurm, where their
+    /// clusters' daemons (a head node's controller and login among them) are reached
     /// (serve's `--advertise-address`).
     pub slurm_address: std::net::IpAddr,
+    /// What the control plane knows of its Slurm clusters between requests.
+    pub slurm: crate::slurm_clusters::Tracker,
     /// Tenant clusters' volumes: on the shared storage (serve's `--shared-storage`), else
     /// unsized directories in the data dir's `volumes/`.
     pub volumes: crate::volumes::Volumes,
@@ -166,12 +169,20 @@ impl AppState {
             breaker: Default::default(),
             candidates: Default::default(),
             slurm_address: std::net::IpAddr::from([127, 0, 0, 1]),
+            slurm: Default::default(),
         }
     }
 
-    /// Where Slurm controllers and logins are reached (serve's `--advertise-address`).
+    /// Where embedded nodes' Slurm daemons are reached (serve's `--advertise-address`).
     pub fn with_slurm_address(mut self, addr: std::net::IpAddr) -> Self {
         self.slurm_address = addr;
+        self
+    }
+
+    /// Node agents are external (`--node-agents external`): the Slurm clusters' nodes are
+    /// other hosts, which check their own Slurm when they start its daemons.
+    pub fn with_external_nodes(mut self, external: bool) -> Self {
+        self.slurm = crate::slurm_clusters::Tracker::new(external);
         self
     }
 

@@ -32,8 +32,9 @@ pub struct Executor {
     /// Held while an order runs: one order at a time per node, even when an order from a
     /// lost connection is still finishing as the next one arrives.
     pub running: Mutex<()>,
-    /// This node's Slurm daemons (a slurmd and munged per Slurm tenant cluster).
-    pub slurmd: super::slurmd::Slurmd,
+    /// This node's Slurm daemons (per Slurm tenant cluster its node is in: munged and
+    /// slurmd, and on the cluster's head or backup node its controller and login).
+    pub slurm: super::slurm::Slurm,
     /// Where this host mounts the platform's shared storage (None: it mounts no team
     /// volume).
     pub shared_storage: Option<PathBuf>,
@@ -100,6 +101,7 @@ impl Executor {
             inventory: self.inventory().ok(),
             replayed,
             health: a.health.as_ref().map(|h| h.to_report()),
+            slurm: None,
         }
     }
 
@@ -123,6 +125,8 @@ impl Executor {
             Some(v1::work_order::Kind::StartSlurmd(_) | v1::work_order::Kind::StopSlurmd(_)) => {
                 return self.slurm_order(order);
             }
+            // A question that changes no hardware: see `runs_apart`.
+            Some(v1::work_order::Kind::SlurmQuery(_)) => return self.run_apart(order),
             // Declarative like the Slurm orders: not journaled.
             Some(v1::work_order::Kind::SetVolumes(v)) => {
                 let outcome = super::volumes::apply(self.shared_storage.as_deref(), v);
@@ -137,6 +141,7 @@ impl Executor {
                     inventory: self.inventory().ok(),
                     replayed: false,
                     health: None,
+                    slurm: None,
                 };
             }
             None => refuse("order has no kind this agent knows; upgrade the agent".into()),
@@ -550,9 +555,9 @@ impl Executor {
                 .backend
                 .gpus()
                 .map_err(|e| format!("reading the GPUs: {e}"))
-                .and_then(|gpus| self.slurmd.start(s, &gpus)),
+                .and_then(|gpus| self.slurm.start(s, &gpus)),
             Some(v1::work_order::Kind::StopSlurmd(s)) => {
-                self.slurmd.stop(&s.cluster).map(|()| String::new())
+                self.slurm.stop(&s.cluster).map(|()| String::new())
             }
             _ => Err("not a Slurm order".into()),
         };
@@ -571,6 +576,41 @@ impl Executor {
             inventory: self.inventory().ok(),
             replayed: false,
             health: None,
+            slurm: None,
+        }
+    }
+
+    /// Whether `order` runs at once, beside whatever order is in progress, rather than in
+    /// turn: a question to a Slurm controller (it changes nothing on this node, and the
+    /// control plane asks one every few seconds, which must not wait behind an hour-long
+    /// health check).
+    pub fn runs_apart(order: &v1::WorkOrder) -> bool {
+        matches!(order.kind, Some(v1::work_order::Kind::SlurmQuery(_)))
+    }
+
+    /// Runs an order of [`Executor::runs_apart`] and answers it (not journaled: it is
+    /// asked again rather than replayed).
+    pub fn run_apart(&self, order: &v1::WorkOrder) -> v1::OrderResult {
+        let outcome = match &order.kind {
+            Some(v1::work_order::Kind::SlurmQuery(q)) => self.slurm.query(q),
+            _ => Err("not an order that runs apart".into()),
+        };
+        if let Err(e) = &outcome {
+            tracing::debug!(order = %order.id, error = %e, "Slurm query failed");
+        }
+        let (slurm, error) = match outcome {
+            Ok(answer) => (Some(answer), String::new()),
+            Err(e) => (None, e),
+        };
+        v1::OrderResult {
+            order_id: order.id.clone(),
+            ok: error.is_empty(),
+            error_kind: if error.is_empty() { "" } else { "slurm" }.into(),
+            error,
+            inventory: None,
+            replayed: false,
+            health: None,
+            slurm,
         }
     }
 }

@@ -17,7 +17,7 @@ pub mod metrics;
 mod order_tests;
 pub mod session;
 pub mod sim_disk;
-pub mod slurmd;
+pub mod slurm;
 pub mod telemetry;
 pub mod volumes;
 
@@ -126,6 +126,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
     // Every reading of the GPUs goes through the tap, so the XIDs telemetry drains still
     // reach the health checks.
     let telemetry = telemetry::XidTap::wrap(parts.backend);
+    let address = parts.host.address;
     Ok(Arc::new(Agent {
         telemetry: telemetry.clone(),
         host: parts.host,
@@ -139,7 +140,13 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
             journal: Mutex::new(journal),
             installer: parts.installer,
             running: Mutex::new(()),
-            slurmd: slurmd::Slurmd::new(&parts.data_dir, &parts.name, hardware == "sim"),
+            slurm: slurm::Slurm::new(
+                &parts.data_dir,
+                &parts.name,
+                hardware == "sim",
+                address,
+                parts.shared_storage.clone(),
+            ),
             bandwidth: parts.bandwidth,
             shared_storage: parts.shared_storage,
             load,

@@ -51,6 +51,7 @@ pub fn order_kind(order: &gpufleet_proto::v1::WorkOrder) -> &'static str {
         Some(Kind::RunHealthCheck(_)) => "health_check",
         Some(Kind::StartSlurmd(_)) => "start_slurmd",
         Some(Kind::StopSlurmd(_)) => "stop_slurmd",
+        Some(Kind::SlurmQuery(_)) => "slurm_query",
         Some(Kind::SetVolumes(_)) => "set_volumes",
         None => "none",
     }

@@ -60,7 +60,7 @@ pub async fn run(agent: Arc<Agent>, stop: watch::Receiver<bool>) -> anyhow::Resu
     // Stopping (or refused): the Slurm daemons and every job step they started end here,
     // not with the process, which would leave the job steps running.
     let exec = agent.exec.clone();
-    tokio::task::spawn_blocking(move || exec.slurmd.stop_all()).await?;
+    tokio::task::spawn_blocking(move || exec.slurm.stop_all()).await?;
     served
 }
 
@@ -207,7 +207,7 @@ async fn open(agent: &Arc<Agent>) -> Result<Opened, End> {
             hardware: agent.hardware.to_string(),
             bandwidth_addr: agent.bandwidth_addr.clone(),
             node_secret: read_secret(&agent.secret_file),
-            slurm_clusters: agent.exec.slurmd.kept(),
+            slurm_clusters: agent.exec.slurm.kept(),
             slurm_address: agent.host.address.to_string(),
             slurm_hostname: agent.host.hostname.clone(),
             cpus: agent.host.cpus,
@@ -367,6 +367,22 @@ async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
             message = down.message() => message,
         };
         match message {
+            Ok(Some(v1::ControlMessage {
+                msg: Some(control_message::Msg::Order(order)),
+            })) if Executor::runs_apart(&order) => {
+                // A question that changes nothing here: answered at once, not in turn.
+                tracing::debug!(node = %agent.name, order = %order.id, "query received");
+                let (exec, up) = (agent.exec.clone(), up.clone());
+                tokio::spawn(async move {
+                    if let Ok(result) =
+                        tokio::task::spawn_blocking(move || exec.run_apart(&order)).await
+                    {
+                        let _ = up.send(v1::AgentMessage {
+                            msg: Some(agent_message::Msg::Result(result)),
+                        });
+                    }
+                });
+            }
             Ok(Some(v1::ControlMessage {
                 msg: Some(control_message::Msg::Order(order)),
             })) => {

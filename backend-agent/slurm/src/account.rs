@@ -6,8 +6,9 @@
 //!
 //! Each host also has the cluster's runtime directory, `/run/gpufleet/<cluster>/`, which
 //! only root and the cluster's group can enter (0750): what the cluster's user must reach
-//! lives there (munge sockets, client and slurmd configuration, slurmd's spool, the login
-//! home); keys and logs stay in the private data dirs. Another cluster's user, or any
+//! lives there (each node's part: munge socket, slurmd and login configuration, slurmd's
+//! spool; and the account's home); keys, logs and the controller's state stay in the
+//! private data dirs (or, for the state, on the shared storage). Another cluster's user, or any
 //! other local user, cannot open it, so cannot reach its munged. `/run/gpufleet` itself
 //! is 0711: anyone may pass through it to the directory it belongs to, no one but root
 //! may list it (the names of the clusters a host serves are no one else's business).
@@ -383,52 +384,66 @@ pub fn prepare_runtime(account: &Account) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// The login's part of a cluster's runtime directory, and the account's home.
-pub const LOGIN: &str = "login";
+/// The account's home in a cluster's runtime directory.
 pub const HOME: &str = "home";
 
-/// The account's home on a node's host: where the cluster's login is on this host too,
-/// the login's (made by it); otherwise made here, as the login's home is the directory
-/// jobs start in (the submitting directory) and each host has its own `/run`.
-pub fn node_home(account: &Account) -> Result<PathBuf, String> {
-    let dir = runtime_dir(&account.name);
-    let home = dir.join(HOME);
-    if !dir.join(LOGIN).exists() && !home.exists() {
-        own_dir(&home, account.uid, account.uid, 0o700)?;
+/// The account's home on this host, `/run/gpufleet/<cluster>/home` (the account's home in
+/// its user database, where sessions start and jobs find `$HOME`): with `volume`, a link
+/// to the team volume's mount path, which is the same on every node of the cluster, so
+/// the home is too; without, a directory of this host's own (0700, the account's). A
+/// directory that already holds files is kept rather than replaced by the link (and
+/// said so in the log): nothing of the team's is deleted here.
+pub fn node_home(account: &Account, volume: Option<&Path>) -> Result<PathBuf, String> {
+    let home = runtime_dir(&account.name).join(HOME);
+    let now = std::fs::symlink_metadata(&home).ok();
+    match (volume, now) {
+        (Some(target), Some(m)) if m.file_type().is_symlink() => {
+            if std::fs::read_link(&home).is_ok_and(|t| t == target) {
+                return Ok(home);
+            }
+            std::fs::remove_file(&home)
+                .map_err(|e| format!("cannot replace {}: {e}", home.display()))?;
+            link_home(&home, target)?;
+        }
+        (Some(target), Some(m)) if m.is_dir() => {
+            if std::fs::remove_dir(&home).is_err() {
+                tracing::warn!(home = %home.display(), volume = %target.display(), "the account's home holds files from before its team volume: it stays a directory of this host");
+                return Ok(home);
+            }
+            link_home(&home, target)?;
+        }
+        (Some(target), _) => {
+            let _ = std::fs::remove_file(&home);
+            link_home(&home, target)?;
+        }
+        (None, Some(m)) if m.file_type().is_symlink() => {
+            std::fs::remove_file(&home)
+                .map_err(|e| format!("cannot replace {}: {e}", home.display()))?;
+            own_dir(&home, account.uid, account.uid, 0o700)?;
+        }
+        (None, _) => own_dir(&home, account.uid, account.uid, 0o700)?,
     }
     Ok(home)
 }
 
-/// Removes node `part` of the cluster's runtime directory (see [`release`]). On a host
-/// without the cluster's login the home is the nodes' (see [`node_home`]): it keeps
-/// nothing of the cluster here once no node of it is left.
+fn link_home(home: &Path, target: &Path) -> Result<(), String> {
+    std::os::unix::fs::symlink(target, home).map_err(|e| {
+        format!(
+            "cannot link {} to the team volume {}: {e}",
+            home.display(),
+            target.display()
+        )
+    })
+}
+
+/// Removes node `part` of the cluster's runtime directory; when no other node of the
+/// cluster is left on this host (only the home, which is the nodes' and goes with the
+/// last of them), also the directory and the account (its processes ended first).
 pub fn release_node(cluster: &str, part: &str) -> Result<(), String> {
-    let nodes_home: &[&str] = match runtime_dir(cluster).join(LOGIN).exists() {
-        true => &[],
-        false => &[HOME],
-    };
-    release_unless_kept(cluster, &[part], nodes_home)
-}
-
-/// Removes `parts` of the cluster's runtime directory; when nothing else of the cluster
-/// is left on this host (no login, no other node), also the directory and the account
-/// (its processes ended first).
-pub fn release(cluster: &str, parts: &[&str]) -> Result<(), String> {
-    release_unless_kept(cluster, parts, &[])
-}
-
-/// [`release`], where the entries named `not_keeping` do not keep the cluster here.
-fn release_unless_kept(cluster: &str, parts: &[&str], not_keeping: &[&str]) -> Result<(), String> {
     let dir = runtime_dir(cluster);
-    for part in parts {
-        remove_all(&dir.join(part))?;
-    }
+    remove_all(&dir.join(part))?;
     let others = std::fs::read_dir(&dir)
-        .map(|d| {
-            d.flatten()
-                .filter(|e| !not_keeping.iter().any(|n| e.file_name() == *n))
-                .count()
-        })
+        .map(|d| d.flatten().filter(|e| e.file_name() != HOME).count())
         .unwrap_or(0);
     if others > 0 {
         return Ok(());
@@ -447,8 +462,8 @@ pub fn forget(cluster: &str) -> Result<(), String> {
     Account::new(cluster, uid)?.remove()
 }
 
-/// Forgets every cluster a stopped control plane or agent ran Slurm daemons for
-/// (`<data_dir>/slurm/<cluster>/`, and its embedded agents' `agents/*/slurm/<cluster>/`):
+/// Forgets every cluster a stopped agent ran Slurm daemons for (`<data_dir>/slurm/<cluster>/`,
+/// and, for a control plane's data dir, its embedded agents' `agents/*/slurm/<cluster>/`):
 /// what a test that stops one without destroying its clusters would otherwise leave on the
 /// host.
 pub fn forget_all_under(data_dir: &Path) {

@@ -5,6 +5,11 @@
 //! Every node's slurmd runs on its own port with `NodeHostname` its host, so several
 //! nodes (simulated ones) can share one machine.
 //!
+//! The controller runs on one of the cluster's own nodes (its head), and, with a second
+//! node and a state directory both can reach, a backup on another: `SlurmctldHost` twice,
+//! each by the host name its slurmctld finds for itself, and Slurm's own failover (the
+//! backup takes over when the primary has not answered for `SlurmctldTimeout`).
+//!
 //! Jobs are confined: their processes are tracked in cgroups (`proctrack/cgroup`), each
 //! job's tasks are held to the cores, memory and GPU or MIG devices Slurm gave it
 //! (`task/cgroup` with cgroup.conf's `Constrain*`), and each job has a private `/tmp`
@@ -17,14 +22,32 @@ use std::path::Path;
 
 use gpufleet_gpu::hardware::GpuInfo;
 
-/// Where the controller listens, as the nodes and clients reach it.
+/// Where the cluster's controllers listen, as the nodes and clients reach them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Controller {
     /// Slurm's ClusterName (lower case, short).
     pub cluster: String,
-    /// Address clients and slurmd connect to.
-    pub addr: String,
+    /// SlurmctldPort, the same on every controller's host.
     pub port: u16,
+    /// The primary first, then the backup if there is one.
+    pub hosts: Vec<ControllerHost>,
+}
+
+/// One host a controller of the cluster runs on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ControllerHost {
+    /// Its host name, as slurmctld finds it there (gethostname): how a controller tells
+    /// whether it is the primary or the backup.
+    pub hostname: String,
+    /// Where slurmd and clients reach it.
+    pub addr: String,
+}
+
+impl Controller {
+    /// The primary's address (where the cluster is reached; empty without one).
+    pub fn addr(&self) -> &str {
+        self.hosts.first().map_or("", |h| h.addr.as_str())
+    }
 }
 
 /// One node of the cluster as slurm.conf declares it.
@@ -109,9 +132,20 @@ pub fn shared(ctl: &Controller, nodes: &[Node], slurm_user: &str) -> String {
         ctl.cluster
     );
     let _ = writeln!(s, "ClusterName={}", ctl.cluster);
-    // The controller checks that its SlurmctldHost names it: "localhost" always does, and
-    // the address in parentheses is where everyone else reaches it.
-    let _ = writeln!(s, "SlurmctldHost=localhost({})", ctl.addr);
+    // A controller looks for its own host name among the SlurmctldHost lines (the first
+    // is the primary): one alone may be "localhost", which names any host; a primary and
+    // a backup are named by their hosts. The address in parentheses is where everyone
+    // else reaches them.
+    match ctl.hosts.as_slice() {
+        [only] => {
+            let _ = writeln!(s, "SlurmctldHost=localhost({})", only.addr);
+        }
+        hosts => {
+            for h in hosts {
+                let _ = writeln!(s, "SlurmctldHost={}({})", h.hostname, h.addr);
+            }
+        }
+    }
     let _ = writeln!(s, "SlurmctldPort={}", ctl.port);
     for line in [
         "AuthType=auth/munge",
@@ -128,7 +162,8 @@ pub fn shared(ctl: &Controller, nodes: &[Node], slurm_user: &str) -> String {
         "ReturnToService=2",
         "MpiDefault=none",
         "SchedulerType=sched/backfill",
-        "SlurmctldTimeout=30",
+        // How long a backup controller waits for the primary before it takes over.
+        "SlurmctldTimeout=10",
         // Short: the controller pings its nodes every third of it, which is how it learns
         // of nodes again after a restart.
         "SlurmdTimeout=10",
@@ -174,15 +209,24 @@ pub fn auth_info(socket: &Path) -> String {
     format!("AuthInfo=socket={}\n", socket.display())
 }
 
-/// The controller's own lines: its state, pid and log, in `dir`.
-pub fn controller_lines(dir: &Path, socket: &Path) -> String {
+/// The controller's own lines: its munged, its state directory (`StateSaveLocation`,
+/// shared with the other controller of the cluster when there is one), and its pid and log
+/// in its private `dir`.
+pub fn controller_lines(dir: &Path, state: &Path, socket: &Path) -> String {
     format!(
         "{}StateSaveLocation={}\nSlurmctldPidFile={}\nSlurmctldLogFile={}\n",
         auth_info(socket),
-        dir.join("state").display(),
+        state.display(),
         dir.join("slurmctld.pid").display(),
         dir.join("slurmctld.log").display(),
     )
+}
+
+/// The port of the controllers in a rendered slurm.conf.
+pub fn controller_port(conf: &str) -> Option<u16> {
+    conf.lines()
+        .find_map(|l| l.strip_prefix("SlurmctldPort="))
+        .and_then(|p| p.trim().parse().ok())
 }
 
 /// A node's own lines: its spool (which the cluster's account must reach: its batch
@@ -295,8 +339,11 @@ mod tests {
     fn shared_conf_has_no_auth_info_and_names_every_node() {
         let ctl = Controller {
             cluster: "c1".into(),
-            addr: "127.0.0.1".into(),
             port: 7000,
+            hosts: vec![ControllerHost {
+                hostname: "gpu-a".into(),
+                addr: "127.0.0.1".into(),
+            }],
         };
         let node = |name: &str, port: u16, cpus: u32, memory_mib: u64| Node {
             name: name.into(),
@@ -340,6 +387,26 @@ mod tests {
             assert!(cgroup().contains(c), "{c}");
         }
         assert!(s.contains("SlurmctldPort=7000\n"));
+        assert_eq!(controller_port(&s), Some(7000));
+        assert!(s.contains("SlurmctldHost=localhost(127.0.0.1)\n"), "{s}");
+        // With a backup, each controller is named by its host, the primary first.
+        let mut two = ctl.clone();
+        two.hosts.push(ControllerHost {
+            hostname: "gpu-b".into(),
+            addr: "10.0.0.8".into(),
+        });
+        let s2 = shared(&two, &nodes, "root");
+        let hosts: Vec<&str> = s2
+            .lines()
+            .filter(|l| l.starts_with("SlurmctldHost="))
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                "SlurmctldHost=gpu-a(127.0.0.1)",
+                "SlurmctldHost=gpu-b(10.0.0.8)"
+            ]
+        );
         assert!(s.contains("PartitionName=gpu Nodes=a,b "));
         assert_eq!(
             node_ports(&s),

@@ -1,15 +1,17 @@
 //! Real Slurm for tenant clusters with `orchestrator = "slurm"`, as processes on a host: the
-//! controller per cluster that the control plane runs (`controller`), the configuration it
-//! renders for the controller, the nodes and the tenant (`conf`), munge keys and daemons
-//! (`munge`), the supervised processes (`daemon`), the controller's view of its nodes
-//! (`status`), each cluster's own unprivileged account and runtime directory on a host
-//! (`account`), its login endpoint (`login`), and the mount namespace the daemons that
-//! serve a tenant run in (`sandbox`). It knows no store and no agent: the control plane's `slurm_clusters` ties a
-//! cluster's lifecycle to these, and the node agent's `slurmd` runs a node's daemon.
+//! configuration every party of a cluster shares and each daemon's own lines (`conf`),
+//! munge keys and daemons (`munge`), the supervised processes (`daemon`), the
+//! controller's view of its nodes (`status`), each cluster's own unprivileged account and
+//! runtime directory on a host (`account`), its login endpoint and host key (`login`),
+//! and the mount namespace the daemons that serve a tenant run in (`sandbox`).
+//!
+//! It knows no store and no agent: the control plane's `slurm_clusters` decides what each
+//! node of a cluster runs (its slurmd, and on the head node the controller and the login)
+//! and renders the shared configuration with these; the node agent's `slurm` modules run
+//! the daemons with them, on the cluster's own nodes.
 
 pub mod account;
 pub mod conf;
-pub mod controller;
 pub mod daemon;
 pub mod login;
 pub mod munge;
@@ -96,6 +98,15 @@ pub fn cluster_name(cluster_id: &str) -> String {
         .collect::<String>()
         .to_ascii_lowercase();
     format!("gf{hex}")
+}
+
+/// A TCP port free on this host now (the caller records it; nothing holds it meanwhile).
+pub fn free_port() -> Result<u16, String> {
+    // Every address: slurmctld and slurmd listen on all of them.
+    std::net::TcpListener::bind("0.0.0.0:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("cannot find a free port: {e}"))
 }
 
 /// Whether `name` is a cluster name this module could have made (a path component).

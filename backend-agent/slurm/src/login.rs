@@ -1,5 +1,5 @@
-//! A Slurm tenant cluster's login endpoint: an `sshd` of its own on the controller's host
-//! that lets in the cluster's account only, with the team's public keys only, and gives
+//! A Slurm tenant cluster's login endpoint: an `sshd` of its own on the cluster's head node
+//! (where its primary controller runs) that lets in the cluster's account only, with the team's public keys only, and gives
 //! each session `SLURM_CONF` (the cluster's client configuration, whose munge socket only
 //! that account can reach). No password, no root, no forwarding, no user environment: a
 //! team gets a shell as its own unprivileged user, from which `sinfo`, `srun` and `sbatch`
@@ -13,7 +13,11 @@
 //! or PAM wrapper): a login lets in one account only, so its sessions are one team's,
 //! and a namespace made by sshd's parent covers every way in (shell, exec, sftp) alike.
 //!
-//! Blocking (ssh-keygen, the daemon): async callers go through spawn_blocking.
+//! The host key is the cluster's, not the host's: the control plane makes it once
+//! ([`new_host_key`]) and hands it to whichever node runs the login, so a team's
+//! `known_hosts` keeps trusting the same key when the login moves to another node.
+//!
+//! Blocking (the daemon): async callers go through spawn_blocking.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -105,7 +109,7 @@ pub fn authorized_keys(keys: &[String]) -> String {
         .collect()
 }
 
-/// The login's files in the controller's private directory.
+/// The login's files in its private directory.
 pub struct Files {
     pub host_key: PathBuf,
     pub config: PathBuf,
@@ -124,42 +128,109 @@ impl Files {
     }
 }
 
-/// The host key's public half (made once per cluster, kept across restarts, so a team's
-/// known_hosts stays valid).
-pub fn host_key(files: &Files) -> Result<String, String> {
-    let public = files.host_key.with_extension("pub");
-    if !files.host_key.exists() || !public.exists() {
-        let _ = std::fs::remove_file(&files.host_key);
-        let _ = std::fs::remove_file(&public);
-        let out = Command::new("ssh-keygen")
-            .args([
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                "gpufleet-login",
-                "-f",
-            ])
-            .arg(&files.host_key)
-            .output()
-            .map_err(|e| format!("cannot run ssh-keygen: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "ssh-keygen failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+/// A login host key: an OpenSSH private key, and the public key as `TYPE BASE64`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostKey {
+    pub private: String,
+    pub public: String,
+}
+
+/// A new ed25519 host key, in the format ssh-keygen writes (unencrypted), made here from
+/// the system's random source: the control plane makes each cluster's once.
+pub fn new_host_key() -> Result<HostKey, String> {
+    use ring::rand::SecureRandom;
+    let mut seed = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut seed)
+        .map_err(|_| "cannot read the system's random source".to_string())?;
+    let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed)
+        .map_err(|e| format!("cannot make an ed25519 key: {e}"))?;
+    use ring::signature::KeyPair;
+    let public: [u8; 32] = pair
+        .public_key()
+        .as_ref()
+        .try_into()
+        .map_err(|_| "an ed25519 public key is 32 bytes".to_string())?;
+    let mut check = [0u8; 4];
+    ring::rand::SystemRandom::new()
+        .fill(&mut check)
+        .map_err(|_| "cannot read the system's random source".to_string())?;
+    Ok(openssh_ed25519(&seed, &public, u32::from_be_bytes(check)))
+}
+
+/// An SSH wire string: its length (4 bytes, big endian), then its bytes.
+fn put_string(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// The public key blob of an ed25519 key (RFC 8709).
+fn ed25519_blob(public: &[u8; 32]) -> Vec<u8> {
+    let mut blob = Vec::new();
+    put_string(&mut blob, b"ssh-ed25519");
+    put_string(&mut blob, public);
+    blob
+}
+
+/// The key in OpenSSH's private key format (PROTOCOL.key: no cipher, no KDF, one key).
+fn openssh_ed25519(seed: &[u8; 32], public: &[u8; 32], check: u32) -> HostKey {
+    let blob = ed25519_blob(public);
+    let mut private = Vec::new();
+    private.extend_from_slice(&check.to_be_bytes());
+    private.extend_from_slice(&check.to_be_bytes());
+    put_string(&mut private, b"ssh-ed25519");
+    put_string(&mut private, public);
+    let mut secret = seed.to_vec();
+    secret.extend_from_slice(public);
+    put_string(&mut private, &secret);
+    put_string(&mut private, b"gpufleet-login");
+    // Padded to the (absent) cipher's block size, 8, with 1, 2, 3, ...
+    let mut pad = 1u8;
+    while private.len() % 8 != 0 {
+        private.push(pad);
+        pad += 1;
     }
-    let text = std::fs::read_to_string(&public)
-        .map_err(|e| format!("cannot read {}: {e}", public.display()))?;
-    // "TYPE BASE64 COMMENT": what known_hosts needs is the type and the key.
-    Ok(text
-        .split_whitespace()
-        .take(2)
-        .collect::<Vec<_>>()
-        .join(" "))
+    let mut body = b"openssh-key-v1\0".to_vec();
+    put_string(&mut body, b"none");
+    put_string(&mut body, b"none");
+    put_string(&mut body, b"");
+    body.extend_from_slice(&1u32.to_be_bytes());
+    put_string(&mut body, &blob);
+    put_string(&mut body, &private);
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&body);
+    let mut pem = String::from("-----BEGIN OPENSSH PRIVATE KEY-----\n");
+    for line in b64.as_bytes().chunks(70) {
+        pem.push_str(&String::from_utf8_lossy(line));
+        pem.push('\n');
+    }
+    pem.push_str("-----END OPENSSH PRIVATE KEY-----\n");
+    HostKey {
+        private: pem,
+        public: format!(
+            "ssh-ed25519 {}",
+            base64::engine::general_purpose::STANDARD.encode(&blob)
+        ),
+    }
+}
+
+/// Writes the login's host key (0600, as sshd requires) unless the same one is there.
+pub fn write_host_key(files: &Files, private: &str) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if std::fs::read_to_string(&files.host_key).is_ok_and(|k| k == private) {
+        return Ok(());
+    }
+    if !private.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----\n") || private.len() > 16 * 1024 {
+        return Err("login.host_key: not an OpenSSH private key".into());
+    }
+    let _ = std::fs::remove_file(&files.host_key);
+    std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(&files.host_key)
+        .and_then(|mut f| f.write_all(private.as_bytes()))
+        .map_err(|e| format!("cannot write {}: {e}", files.host_key.display()))
 }
 
 /// The line a team puts in its known_hosts to check the login's host key.
@@ -291,6 +362,39 @@ pub fn start(name: &str, login: &Login, files: &Files) -> Result<Daemon, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_host_key_is_one_ssh_keygen_reads_and_each_is_new() {
+        let key = new_host_key().unwrap();
+        assert!(key.public.starts_with("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5"));
+        check_public_keys(std::slice::from_ref(&key.public)).unwrap();
+        assert_ne!(new_host_key().unwrap().public, key.public);
+        // The same format ssh-keygen writes: it derives the same public key from it.
+        let dir = tempfile::tempdir().unwrap();
+        let files = Files::in_dir(dir.path());
+        write_host_key(&files, &key.private).unwrap();
+        let out = Command::new("ssh-keygen")
+            .arg("-y")
+            .arg("-f")
+            .arg(&files.host_key)
+            .output()
+            .expect("ssh-keygen (Debian's openssh-client)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let derived = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            derived
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" "),
+            key.public
+        );
+        assert!(write_host_key(&files, "not a key").is_err());
+    }
 
     const ED25519: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIUbCEB1wtwHnPpUtmvbvCP/oP71XRKXWqho1010j2Sr alice@laptop";
 

@@ -401,7 +401,7 @@ impl Clusters {
     ) -> Result<Prepared, Status> {
         gpufleet_wire::names::dns_label("name", &req.name).map_err(invalid)?;
         rules::orchestrator(&req.orchestrator).map_err(invalid)?;
-        crate::slurm_clusters::require(&req.orchestrator)?;
+        crate::slurm_clusters::require(&self.state, &req.orchestrator)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         rules::at_least("node_count", req.node_count, 1).map_err(invalid)?;
         positive_or_unset("storage_gib", req.storage_gib)?;
@@ -510,7 +510,7 @@ impl Clusters {
         };
         // A Slurm cluster's own controller and login ports, munge key and account.
         crate::slurm_clusters::check_ssh_public_keys(&cluster.orchestrator, &req.ssh_public_keys)?;
-        let slurm = crate::slurm_clusters::prepare(&mut cluster, self.state.slurm_address)?;
+        let slurm = crate::slurm_clusters::prepare(&mut cluster)?;
         store::clusters::insert(&tx, &cluster).map_err(db_error)?;
         if let Some(new) = slurm {
             crate::slurm_clusters::record(&tx, &cluster.id, new, &req.ssh_public_keys)?;

@@ -468,6 +468,19 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE clusters ADD COLUMN storage_retention TEXT NOT NULL DEFAULT 'delete'
         CHECK (storage_retention IN ('delete', 'keep'));
     "#,
+    // A Slurm cluster's controller and login run on its own nodes (issue 28): which node
+    // runs the primary controller and the login (its head) and which the backup (node ids;
+    // '' none yet), each node's slurmd port as its slurm.conf declares it (node name ->
+    // port), and the login's host key (an OpenSSH private key and its public half), the
+    // cluster's whichever node runs the login. Clusters from before get them at their next
+    // bring-up (the host key from the control plane's old login files when it has them).
+    r#"
+    ALTER TABLE slurm_access ADD COLUMN head_node TEXT NOT NULL DEFAULT '';
+    ALTER TABLE slurm_access ADD COLUMN backup_node TEXT NOT NULL DEFAULT '';
+    ALTER TABLE slurm_access ADD COLUMN node_ports TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE slurm_access ADD COLUMN login_host_key TEXT NOT NULL DEFAULT '';
+    ALTER TABLE slurm_access ADD COLUMN login_host_public TEXT NOT NULL DEFAULT '';
+    "#,
 ];
 
 /// Prepared statements kept per connection.

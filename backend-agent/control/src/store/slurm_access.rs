@@ -1,10 +1,14 @@
 //! Each Slurm cluster's platform-side access: its munge key (never given to the team), the
-//! uid of its account, the ports of its controller and login, and the team's ssh public
-//! keys.
+//! uid of its account, the ports of its controllers and login, the team's ssh public keys,
+//! the login's host key, and where its daemons run (the head node, with the primary
+//! controller and the login, and the backup controller's node) with each node's slurmd
+//! port.
+
+use std::collections::BTreeMap;
 
 use rusqlite::{Connection, OptionalExtension, Row};
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SlurmAccess {
     pub cluster_id: String,
     /// base64.
@@ -15,12 +19,24 @@ pub struct SlurmAccess {
     /// 0: not allocated yet (a cluster from before logins).
     pub login_port: u16,
     pub ssh_public_keys: Vec<String>,
+    /// The node (id) that runs the primary controller and the login; '' none yet.
+    pub head_node: String,
+    /// The node (id) that runs the backup controller; '' none.
+    pub backup_node: String,
+    /// Each node's slurmd port, by node name, as the cluster's slurm.conf declares it.
+    pub node_ports: BTreeMap<String, u16>,
+    /// The login's host key: an OpenSSH private key ('' not made yet), and its public
+    /// half as `TYPE BASE64`.
+    pub login_host_key: String,
+    pub login_host_public: String,
 }
 
-const COLUMNS: &str = "uid, cluster_id, munge_key, controller_port, login_port, ssh_public_keys";
+const COLUMNS: &str = "uid, cluster_id, munge_key, controller_port, login_port, ssh_public_keys, \
+     head_node, backup_node, node_ports, login_host_key, login_host_public";
 
 fn from_row(r: &Row) -> rusqlite::Result<SlurmAccess> {
     let keys: String = r.get(5)?;
+    let ports: String = r.get(8)?;
     Ok(SlurmAccess {
         uid: r.get(0)?,
         cluster_id: r.get(1)?,
@@ -28,6 +44,11 @@ fn from_row(r: &Row) -> rusqlite::Result<SlurmAccess> {
         controller_port: r.get(3)?,
         login_port: r.get(4)?,
         ssh_public_keys: serde_json::from_str(&keys).unwrap_or_default(),
+        head_node: r.get(6)?,
+        backup_node: r.get(7)?,
+        node_ports: serde_json::from_str(&ports).unwrap_or_default(),
+        login_host_key: r.get(9)?,
+        login_host_public: r.get(10)?,
     })
 }
 
@@ -35,19 +56,30 @@ fn keys_json(keys: &[String]) -> String {
     serde_json::to_string(keys).unwrap_or_else(|_| "[]".into())
 }
 
+fn ports_json(ports: &BTreeMap<String, u16>) -> String {
+    serde_json::to_string(ports).unwrap_or_else(|_| "{}".into())
+}
+
 /// Records a new cluster's access.
 pub fn insert(conn: &Connection, a: &SlurmAccess) -> rusqlite::Result<()> {
     conn.execute(
-        "INSERT INTO slurm_access (uid, cluster_id, munge_key, controller_port, login_port, ssh_public_keys)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        (
+        &format!(
+            "INSERT INTO slurm_access ({COLUMNS})
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+        ),
+        rusqlite::params![
             a.uid,
             &a.cluster_id,
             &a.munge_key,
             a.controller_port,
             a.login_port,
             keys_json(&a.ssh_public_keys),
-        ),
+            &a.head_node,
+            &a.backup_node,
+            ports_json(&a.node_ports),
+            &a.login_host_key,
+            &a.login_host_public,
+        ],
     )?;
     Ok(())
 }
@@ -58,6 +90,30 @@ pub fn uid_taken(conn: &Connection, uid: u32) -> rusqlite::Result<bool> {
         .query_row([uid], |_| Ok(()))
         .optional()
         .map(|found| found.is_some())
+}
+
+/// Every port some Slurm cluster's controller, login or slurmd has: a new one is none of
+/// them (on a host that runs several clusters' daemons, embedded nodes, they would meet).
+pub fn ports_taken(conn: &Connection) -> rusqlite::Result<std::collections::BTreeSet<u16>> {
+    let mut stmt =
+        conn.prepare_cached("SELECT controller_port, login_port, node_ports FROM slurm_access")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, u16>(0)?,
+            r.get::<_, u16>(1)?,
+            r.get::<_, String>(2)?,
+        ))
+    })?;
+    let mut taken = std::collections::BTreeSet::new();
+    for row in rows {
+        let (ctl, login, nodes) = row?;
+        taken.insert(ctl);
+        taken.insert(login);
+        let nodes: BTreeMap<String, u16> = serde_json::from_str(&nodes).unwrap_or_default();
+        taken.extend(nodes.into_values());
+    }
+    taken.remove(&0);
+    Ok(taken)
 }
 
 pub fn get(conn: &Connection, cluster_id: &str) -> rusqlite::Result<Option<SlurmAccess>> {
@@ -84,6 +140,35 @@ pub fn set_login_port(conn: &Connection, cluster_id: &str, port: u16) -> rusqlit
     conn.execute(
         "UPDATE slurm_access SET login_port = ?2 WHERE cluster_id = ?1",
         (cluster_id, port),
+    )?;
+    Ok(())
+}
+
+/// Records the login's host key (once per cluster).
+pub fn set_login_host_key(
+    conn: &Connection,
+    cluster_id: &str,
+    private: &str,
+    public: &str,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE slurm_access SET login_host_key = ?2, login_host_public = ?3 WHERE cluster_id = ?1",
+        (cluster_id, private, public),
+    )?;
+    Ok(())
+}
+
+/// Records where the cluster's daemons run now, and its nodes' slurmd ports.
+pub fn set_placement(
+    conn: &Connection,
+    cluster_id: &str,
+    head_node: &str,
+    backup_node: &str,
+    node_ports: &BTreeMap<String, u16>,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE slurm_access SET head_node = ?2, backup_node = ?3, node_ports = ?4 WHERE cluster_id = ?1",
+        (cluster_id, head_node, backup_node, ports_json(node_ports)),
     )?;
     Ok(())
 }
@@ -116,6 +201,9 @@ mod tests {
             controller_port: 7000,
             login_port: 7001,
             ssh_public_keys: vec!["ssh-ed25519 AAAA".into()],
+            login_host_key: "-----BEGIN OPENSSH PRIVATE KEY-----\n".into(),
+            login_host_public: "ssh-ed25519 AAAA".into(),
+            ..Default::default()
         };
         insert(&conn, &a).unwrap();
         assert_eq!(get(&conn, "c1").unwrap(), Some(a.clone()));
@@ -123,8 +211,24 @@ mod tests {
         assert!(!uid_taken(&conn, a.uid + 1).unwrap());
         set_ssh_public_keys(&conn, "c1", &[]).unwrap();
         set_login_port(&conn, "c1", 7002).unwrap();
+        let ports = BTreeMap::from([("n1".to_string(), 7003), ("n2".to_string(), 7004)]);
+        set_placement(&conn, "c1", "node-1", "node-2", &ports).unwrap();
+        set_login_host_key(&conn, "c1", "private", "public").unwrap();
         let b = get(&conn, "c1").unwrap().unwrap();
         assert_eq!((b.login_port, b.ssh_public_keys.len()), (7002, 0));
+        assert_eq!(
+            (b.head_node.as_str(), b.backup_node.as_str()),
+            ("node-1", "node-2")
+        );
+        assert_eq!(b.node_ports, ports);
+        assert_eq!(
+            (b.login_host_key.as_str(), b.login_host_public.as_str()),
+            ("private", "public")
+        );
+        assert_eq!(
+            ports_taken(&conn).unwrap().into_iter().collect::<Vec<_>>(),
+            vec![7000, 7002, 7003, 7004]
+        );
         conn.execute("DELETE FROM clusters WHERE id = 'c1'", [])
             .unwrap();
         assert_eq!(get(&conn, "c1").unwrap(), None, "gone with its cluster");

@@ -1,0 +1,121 @@
+//! What the control plane asks a Slurm cluster's controller, and how: through an agent of
+//! one of the cluster's own nodes (`SlurmQuery`), which asks with its own Slurm commands
+//! and munged. The control plane holds the cluster's munge key only to hand it to the
+//! cluster's nodes; it runs no munged and no Slurm command of a team, and reaches no
+//! controller itself.
+//!
+//! Why not a munged on the control plane's host, talking to the controller over the
+//! network: a munged serving a cluster's key mints credentials for any uid of that
+//! cluster, root included (its Slurm administrator), to whoever reaches its socket. Kept
+//! on the cluster's own nodes, the key is where the cluster's daemons already need it and
+//! nowhere else, and nothing of a team runs on the control plane's host.
+//!
+//! The agents asked are the head's (primary controller), then the backup's, then the
+//! other nodes': each node's slurm.conf names both controllers, so a node still answers
+//! when the head is lost and the backup has taken over. What comes back is bounded (an
+//! agent's answer is not trusted further than that).
+
+use std::collections::BTreeMap;
+
+use gpufleet_proto::v1;
+use gpufleet_slurm::status::{JobCounts, NodeState};
+
+use crate::registry::Outcome;
+use crate::state::AppState;
+use crate::store::nodes::NodeRow;
+
+/// What the controller said.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Said {
+    pub nodes: BTreeMap<String, NodeState>,
+    /// None when `squeue` did not answer.
+    pub jobs: Option<JobCounts>,
+}
+
+/// At most this many live nodes are asked in turn (each ask may take Slurm's own limits,
+/// some 20 s, when the controllers do not answer).
+const MAX_ASKED: usize = 3;
+
+/// How long one node's agent is waited for (its Slurm commands are bounded to 10 s each).
+const ASK_WITHIN: std::time::Duration = std::time::Duration::from_secs(25);
+
+/// At most this many nodes of an answer are read, each text at most this long.
+const MAX_NODES: usize = 8192;
+const MAX_TEXT: usize = 256;
+
+fn cut(s: &str) -> String {
+    crate::message_cut::cut(s, MAX_TEXT)
+}
+
+fn said(a: v1::SlurmAnswer) -> Said {
+    Said {
+        nodes: a
+            .nodes
+            .into_iter()
+            .take(MAX_NODES)
+            .map(|n| {
+                (
+                    cut(&n.name),
+                    NodeState {
+                        state: cut(&n.state),
+                        gres: cut(&n.gres),
+                        reason: cut(&n.reason),
+                    },
+                )
+            })
+            .collect(),
+        jobs: a.jobs_known.then_some(JobCounts {
+            running: a.jobs_running,
+            pending: a.jobs_pending,
+        }),
+    }
+}
+
+/// Asks `action` of cluster `cluster` (its Slurm name) through the first of `nodes` (in
+/// the order to try them, at most [`MAX_ASKED`] of them live) whose agent answers; Err
+/// says what each said.
+pub async fn ask(
+    state: &AppState,
+    cluster: &str,
+    nodes: &[NodeRow],
+    action: &str,
+    names: &[String],
+    reason: &str,
+) -> Result<Said, String> {
+    let mut why = Vec::new();
+    let mut asked = 0;
+    for n in nodes {
+        if !state.agents.is_live(&n.id) {
+            why.push(format!("{}: unreachable", n.hostname));
+            continue;
+        }
+        let order = v1::WorkOrder {
+            id: uuid::Uuid::new_v4().to_string(),
+            kind: Some(v1::work_order::Kind::SlurmQuery(v1::SlurmQuery {
+                cluster: cluster.to_string(),
+                action: action.to_string(),
+                nodes: names.to_vec(),
+                reason: reason.to_string(),
+            })),
+        };
+        asked += 1;
+        let answer = tokio::time::timeout(ASK_WITHIN, state.agents.dispatch(&n.id, order)).await;
+        match answer {
+            Err(_) => why.push(format!("{}: no answer within {ASK_WITHIN:?}", n.hostname)),
+            Ok(Ok(Outcome::Answered(r))) if r.ok => match r.slurm {
+                Some(a) => return Ok(said(a)),
+                None => why.push(format!("{}: no answer", n.hostname)),
+            },
+            Ok(Ok(Outcome::Answered(r))) => why.push(format!("{}: {}", n.hostname, cut(&r.error))),
+            Ok(Ok(Outcome::Unreachable(w))) => why.push(format!("{}: {w}", n.hostname)),
+            Ok(Err(_)) => return Err("the control plane is stopping".into()),
+        }
+        if asked == MAX_ASKED {
+            break;
+        }
+    }
+    if why.is_empty() {
+        why.push("the cluster has no node".into());
+    }
+    Err(why.join("; "))
+}

@@ -1,0 +1,82 @@
+//! A cluster's login on this node (its head): an sshd at the node's address on the
+//! cluster's login port, in the cluster's login sandbox (see `gpufleet_slurm::login`),
+//! with the cluster's own host key. Its configuration and host key are in the agent's
+//! private `<data-dir>/slurm/<cluster>/login/`; what the sessions read (the client
+//! slurm.conf, whose munged is this node's, and the team's authorized keys, root's and
+//! readable by the cluster's group) in the node's part of the runtime directory,
+//! `/run/gpufleet/<cluster>/n<hash>/login/`. The team's keys and the client configuration
+//! are rewritten in place (sshd and Slurm's commands read them at each use); a changed
+//! address, port or host key restarts sshd, and its sessions end with it.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use gpufleet_slurm::account::{self, Account};
+use gpufleet_slurm::daemon::Daemon;
+use gpufleet_slurm::login::{self, Files, Login};
+
+pub struct Running {
+    sshd: Daemon,
+    config: String,
+    host_key: String,
+}
+
+impl Running {
+    /// Stops sshd; the team's sessions (they run as the cluster's account) end with it.
+    pub fn stop(self) {
+        account::kill_descendants(self.sshd.pid());
+        self.sshd.stop();
+    }
+}
+
+/// What this node's login of one cluster should run.
+pub struct Spec<'a> {
+    pub cluster: &'a str,
+    /// Its private dir (sshd_config, host key, pid, log).
+    pub dir: &'a Path,
+    /// Its part of the node's runtime directory.
+    pub runtime: &'a Path,
+    pub account: &'a Account,
+    pub address: Ipv4Addr,
+    pub port: u16,
+    pub keys: &'a [String],
+    /// The cluster's host key (an OpenSSH private key).
+    pub host_key: &'a str,
+    /// The sessions' slurm.conf (the shared one with this node's munged socket).
+    pub client_conf: String,
+}
+
+/// Runs (or verifies) the login as `want` says.
+pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> {
+    let uid = want.account.uid;
+    account::own_dir(want.dir, 0, 0, 0o700)?;
+    account::own_dir(want.runtime, 0, uid, 0o750)?;
+    let client_conf = want.runtime.join("slurm.conf");
+    account::write_shared(&client_conf, &want.client_conf, uid, 0o640)?;
+    let keys_file = want.runtime.join("authorized_keys");
+    account::write_shared(&keys_file, &login::authorized_keys(want.keys), uid, 0o640)?;
+    let files = Files::in_dir(want.dir);
+    let spec = Login {
+        addr: want.address.to_string(),
+        port: want.port,
+        user: want.account.name.clone(),
+        slurm_conf: client_conf,
+        authorized_keys: keys_file,
+    };
+    let config = login::sshd_config(&spec, &files);
+    match current {
+        Some(r) if r.config == config && r.host_key == want.host_key && r.sshd.alive() => {
+            return Ok(r)
+        }
+        Some(r) => r.stop(),
+        None => {}
+    }
+    login::write_host_key(&files, want.host_key)?;
+    super::write(&files.config, &config)?;
+    let sshd = login::start(&format!("sshd/{}", want.cluster), &spec, &files)?;
+    Ok(Running {
+        sshd,
+        config,
+        host_key: want.host_key.to_string(),
+    })
+}

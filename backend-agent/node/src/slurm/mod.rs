@@ -1,0 +1,437 @@
+//! The node agent's part in Slurm tenant clusters. For each cluster its node is in, the
+//! control plane's `StartSlurmd` order says everything this node runs for the cluster,
+//! and the agent brings the node to exactly that, one module per daemon kind:
+//!
+//! - [`munge`]: a munged holding the cluster's key, on a socket in the node's part of the
+//!   cluster's runtime directory; every daemon of the cluster here, the login's sessions
+//!   and the jobs authenticate through it;
+//! - [`slurmd`]: `slurmd -N <node>`, with gres.conf from the GPUs as they are now;
+//! - [`slurmctld`]: on the cluster's head node the primary controller, and on a second
+//!   node the backup, their state in the directory the order names (on the shared storage,
+//!   which both controllers reach and which outlives a node, or under this agent's data
+//!   dir);
+//! - [`login`]: on the head node, the cluster's login sshd, with the cluster's own host
+//!   key;
+//!
+//! and [`query`]: what the control plane asks the cluster's controller, asked here with
+//! this node's Slurm commands and munged, so that the control plane keeps no munged and
+//! runs nothing of any team.
+//!
+//! A controller or login this node ran that the order no longer names is stopped
+//! (another node took it over); `StopSlurmd` stops everything of the cluster here.
+//!
+//! Files: the key, logs, the kept order, the controller's local state and the login's
+//! configuration under `<data-dir>/slurm/<cluster>/` (private); what the cluster's account
+//! must reach (the munged socket, slurm.conf, gres.conf, slurmd's spool, the login's client
+//! configuration and authorized keys) in the node's part of the cluster's runtime
+//! directory, `/run/gpufleet/<cluster>/n<hash>/`, which only root and the cluster's account
+//! can enter. Jobs and sessions run as that account (created here with the uid the control
+//! plane gives), never as root (`DisableRootJobs`). The account's home is
+//! `/run/gpufleet/<cluster>/home`: a link to the team volume when the cluster's volume is
+//! mounted on its nodes (the same home on every node), else a directory of this host.
+//!
+//! Starting is idempotent (a daemon running the same configuration is verified and left
+//! alone) and the last order per cluster is kept on disk: an agent that restarts reports
+//! those clusters at registration, and the control plane orders each started again or
+//! stopped. Blocking: the executor runs on a blocking thread.
+//!
+//! Whenever the agent stops a cluster's daemons for good (the cluster leaves the node, or
+//! the agent stops), the slurmstepd of the cluster's jobs on the node and their processes
+//! end too: they hold the node's `SLURM_CONF` and would outlive slurmd; and the login's
+//! sessions end with the login.
+
+mod login;
+mod munge;
+mod query;
+mod slurmctld;
+mod slurmd;
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use gpufleet_gpu::hardware::GpuInfo;
+use gpufleet_proto::v1;
+
+use gpufleet_slurm::account::{self, Account};
+use gpufleet_slurm::conf;
+use gpufleet_slurm::sandbox;
+use gpufleet_wire::volumes::VOLUME_MOUNTS;
+
+/// What this node runs for one cluster now.
+#[derive(Default)]
+struct Running {
+    munged: Option<munge::Munged>,
+    slurmd: Option<slurmd::Running>,
+    slurmctld: Option<slurmctld::Running>,
+    login: Option<login::Running>,
+}
+
+impl Running {
+    /// Stops everything, the login first (its sessions end with it), munged last.
+    fn stop(self) {
+        if let Some(l) = self.login {
+            l.stop();
+        }
+        if let Some(c) = self.slurmctld {
+            c.stop();
+        }
+        if let Some(d) = self.slurmd {
+            d.stop();
+        }
+        if let Some(m) = self.munged {
+            m.stop();
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Slurm {
+    /// `<data-dir>/slurm`.
+    root: PathBuf,
+    node: String,
+    /// Simulated GPUs: device files made here; otherwise NVML's real devices.
+    simulated: bool,
+    /// Where this node's controller and login listen (the address it declares to Slurm).
+    address: Ipv4Addr,
+    /// Where this host mounts the platform's shared storage: a controller's state
+    /// directory must be under it.
+    shared_storage: Option<PathBuf>,
+    running: Arc<Mutex<HashMap<String, Running>>>,
+}
+
+/// The order as kept on disk, to report the cluster again after a restart.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Kept {
+    slurm_conf: String,
+    cgroup_conf: String,
+    /// The cluster account's uid (0 in orders kept before accounts: not started again).
+    #[serde(default)]
+    uid: u32,
+}
+
+impl Slurm {
+    pub fn new(
+        data_dir: &Path,
+        node: &str,
+        simulated: bool,
+        address: Ipv4Addr,
+        shared_storage: Option<PathBuf>,
+    ) -> Slurm {
+        // Team volumes mounted later must reach the sandboxes of the daemons started
+        // later (see `slurmd`).
+        if let Err(e) = sandbox::share_with_sandboxes(Path::new(VOLUME_MOUNTS)) {
+            tracing::warn!(error = %e, "team volumes will not reach the jobs' namespaces");
+        }
+        Slurm {
+            root: data_dir.join("slurm"),
+            node: node.to_string(),
+            simulated,
+            address,
+            shared_storage,
+            running: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn dir(&self, cluster: &str) -> Result<PathBuf, String> {
+        if !gpufleet_slurm::valid_cluster_name(cluster) {
+            return Err(format!(
+                "cluster: {cluster:?} is not a Slurm cluster name (lower-case letters, digits and '-', at most 40)"
+            ));
+        }
+        Ok(self.root.join(cluster))
+    }
+
+    /// This node's part of the cluster's runtime directory: named by a short hash of the
+    /// node's name, as slurmd's spool holds sockets named `<node>_<job>.<step>` and a Unix
+    /// socket's path has at most 108 bytes.
+    fn shared_dir(&self, cluster: &str) -> PathBuf {
+        account::runtime_dir(cluster).join(node_part(&self.node))
+    }
+
+    /// Brings this node's part in the order's cluster to the order (its slurmd always; the
+    /// controller and login when named, else none) with the GPUs as they are now; returns
+    /// the GRES its slurmd declared.
+    pub fn start(&self, order: &v1::StartSlurmd, gpus: &[GpuInfo]) -> Result<String, String> {
+        gpufleet_slurm::munge::check_key(&order.munge_key)?;
+        let missing = gpufleet_slurm::missing();
+        if !missing.is_empty() {
+            return Err(format!(
+                "this host lacks {} (install slurm-wlm, munge and openssh-server)",
+                missing.join(", ")
+            ));
+        }
+        let cluster = order.cluster.as_str();
+        let dir = self.dir(cluster)?;
+        let account = Account::new(cluster, order.uid)?;
+        let port = *conf::node_ports(&order.slurm_conf)
+            .get(&self.node)
+            .ok_or_else(|| {
+                format!(
+                    "slurm_conf: node {} is not in cluster {cluster}'s slurm.conf",
+                    self.node
+                )
+            })?;
+        let volume = match order.home.as_str() {
+            "" => None,
+            home => Some(under("home", home, Path::new(VOLUME_MOUNTS))?),
+        };
+        let state_dir = match &order.controller {
+            Some(c) if !c.state_dir.is_empty() => {
+                let Some(shared) = &self.shared_storage else {
+                    return Err(format!(
+                        "controller.state_dir {}: this node has no shared storage (node --shared-storage)",
+                        c.state_dir
+                    ));
+                };
+                Some(under("controller.state_dir", &c.state_dir, shared)?)
+            }
+            _ => None,
+        };
+        let ctl_port =
+            conf::controller_port(&order.slurm_conf).ok_or("slurm_conf: no SlurmctldPort")?;
+        if let Some(l) = &order.login {
+            gpufleet_slurm::login::check_public_keys(&l.ssh_public_keys)?;
+            if l.port == 0 || l.port > u32::from(u16::MAX) {
+                return Err(format!("login.port: {} is not a TCP port", l.port));
+            }
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let kept = Kept {
+            slurm_conf: order.slurm_conf.clone(),
+            cgroup_conf: order.cgroup_conf.clone(),
+            uid: order.uid,
+        };
+        write(
+            &dir.join("order.json"),
+            &serde_json::to_string(&kept).unwrap_or_default(),
+        )?;
+        account.ensure(&account::runtime_dir(cluster).join(account::HOME))?;
+        account::prepare_runtime(&account)?;
+        account::node_home(&account, volume.as_deref())?;
+        let shared = self.shared_dir(cluster);
+        account::own_dir(&shared, 0, account.uid, 0o750)?;
+
+        let mut all = self.lock();
+        let running = all.entry(cluster.to_string()).or_default();
+        let munged = munge::ensure(
+            running.munged.take(),
+            cluster,
+            &dir,
+            &shared,
+            &order.munge_key,
+        );
+        let socket = match munged {
+            Ok(m) => {
+                let socket = m.socket().to_path_buf();
+                running.munged = Some(m);
+                socket
+            }
+            Err(e) => return Err(e),
+        };
+        // The controller first: the node's slurmd registers with it at once.
+        running.slurmctld = match &order.controller {
+            Some(c) => Some(slurmctld::ensure(
+                running.slurmctld.take(),
+                &slurmctld::Spec {
+                    cluster,
+                    dir: &dir.join("ctld"),
+                    state: state_dir.unwrap_or_else(|| dir.join("ctld").join("state")),
+                    shared_conf: &order.slurm_conf,
+                    socket: &socket,
+                    backup: c.backup,
+                    address: self.address,
+                    port: ctl_port,
+                },
+            )?),
+            None => {
+                if let Some(old) = running.slurmctld.take() {
+                    tracing::info!(%cluster, "this node runs the cluster's controller no more");
+                    old.stop();
+                }
+                None
+            }
+        };
+        let (slurmd, gres) = slurmd::ensure(
+            running.slurmd.take(),
+            &slurmd::Spec {
+                cluster,
+                node: &self.node,
+                simulated: self.simulated,
+                dir: &dir,
+                shared: &shared,
+                socket: &socket,
+                slurm_conf: &kept.slurm_conf,
+                cgroup_conf: &kept.cgroup_conf,
+                account: &account,
+                port,
+            },
+            gpus,
+        )?;
+        running.slurmd = Some(slurmd);
+        running.login = match &order.login {
+            Some(l) => Some(login::ensure(
+                running.login.take(),
+                &login::Spec {
+                    cluster,
+                    dir: &dir.join("login"),
+                    runtime: &shared.join("login"),
+                    account: &account,
+                    address: self.address,
+                    port: l.port as u16,
+                    keys: &l.ssh_public_keys,
+                    host_key: &l.host_key,
+                    client_conf: format!("{}{}", order.slurm_conf, conf::auth_info(&socket)),
+                },
+            )?),
+            None => {
+                if let Some(old) = running.login.take() {
+                    tracing::info!(%cluster, "this node runs the cluster's login no more");
+                    old.stop();
+                }
+                None
+            }
+        };
+        Ok(gres)
+    }
+
+    /// Stops the cluster's daemons on this node and removes their files (and the cluster's
+    /// account, when nothing else of the cluster is left on this host).
+    pub fn stop(&self, cluster: &str) -> Result<(), String> {
+        let dir = self.dir(cluster)?;
+        let r = self.lock().remove(cluster);
+        if let Some(r) = r {
+            r.stop();
+        }
+        // The slurmstepd of every job still running here, and the job's processes: they
+        // outlive slurmd, and nothing of the cluster may stay on a node it gives back.
+        self.end_steps(cluster);
+        slurmd::remove_cgroups(&self.node);
+        let removed = match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
+        };
+        account::release_node(cluster, &node_part(&self.node)).and(removed)
+    }
+
+    /// The clusters whose daemons this node kept from before (an order and key in its
+    /// data dir), for its registration: the control plane orders each started again or
+    /// stopped.
+    pub fn kept(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut kept: Vec<String> = entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|c| gpufleet_slurm::valid_cluster_name(c))
+            .filter(|c| self.root.join(c).join("order.json").exists())
+            .collect();
+        kept.sort();
+        kept
+    }
+
+    /// Stops every cluster's daemons on this node (the agent is stopping), and the
+    /// slurmstepd of every job still running here with their jobs' processes: nothing of a
+    /// cluster outlives the agent that ran it. Their order and key stay for the next start.
+    pub fn stop_all(&self) {
+        let all: Vec<(String, Running)> = self.lock().drain().collect();
+        let mut clusters = self.kept();
+        for (cluster, r) in all {
+            r.stop();
+            clusters.push(cluster);
+        }
+        clusters.sort();
+        clusters.dedup();
+        for cluster in clusters {
+            self.end_steps(&cluster);
+        }
+    }
+
+    /// Asks the cluster's controller, through this node's slurm.conf and munged.
+    pub fn query(&self, q: &v1::SlurmQuery) -> Result<v1::SlurmAnswer, String> {
+        self.dir(&q.cluster)?;
+        let conf = self.shared_dir(&q.cluster).join("slurm.conf");
+        if !conf.exists() {
+            return Err(format!(
+                "node {} runs no slurmd of cluster {}",
+                self.node, q.cluster
+            ));
+        }
+        query::run(&conf, q)
+    }
+
+    /// SIGKILL to the slurmstepd of every job of `cluster` still running on this node, and
+    /// to the job's processes: they outlive slurmd.
+    fn end_steps(&self, cluster: &str) {
+        let conf = self.shared_dir(cluster).join("slurm.conf");
+        account::kill_environ_holders(&format!("SLURM_CONF={}", conf.display()));
+    }
+}
+
+/// `path` (the order's `field`) as a plain absolute path under `root`, or why not.
+fn under(field: &str, path: &str, root: &Path) -> Result<PathBuf, String> {
+    let p = PathBuf::from(path);
+    let plain = p.is_absolute()
+        && p.components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    if !plain || !p.starts_with(root) || p == root {
+        return Err(format!(
+            "{field} {path}: not a path under {}",
+            root.display()
+        ));
+    }
+    Ok(p)
+}
+
+/// `n` and 8 hex digits of an FNV-1a hash of the node's name.
+fn node_part(node: &str) -> String {
+    let hash = node.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    format!("n{hash:08x}")
+}
+
+/// Writes `text` to `path` unless it holds it already.
+fn write(path: &Path, text: &str) -> Result<(), String> {
+    if std::fs::read_to_string(path).is_ok_and(|t| t == text) {
+        return Ok(());
+    }
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_an_order_names_must_be_plain_and_under_their_root() {
+        let root = Path::new("/srv/shared");
+        assert_eq!(
+            under("state_dir", "/srv/shared/.slurm/gf1", root).unwrap(),
+            PathBuf::from("/srv/shared/.slurm/gf1")
+        );
+        for bad in [
+            "/srv/shared",
+            "/srv/shared/../etc",
+            "srv/shared/x",
+            "/srv/other/x",
+            "/srv/shared/./x",
+        ] {
+            let e = under("state_dir", bad, root).unwrap_err();
+            assert!(
+                e.starts_with(&format!("state_dir {bad}: not a path under /srv/shared")),
+                "{e}"
+            );
+        }
+        assert_eq!(node_part("n1"), node_part("n1"));
+        assert_ne!(node_part("n1"), node_part("n2"));
+    }
+}
