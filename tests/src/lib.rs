@@ -12,7 +12,8 @@
 //!
 //! - [`netns`] is the multi-host tier's network: hosts as network namespaces on one
 //!   bridge; [`Backend::start_on`], [`NodeAgent::start_on`] and [`Terraform::on_host`]
-//!   run the same parts on those hosts, reaching each other only by address.
+//!   run the same parts on those hosts, reaching each other only by address;
+//!   [`slurm_login`] is a team's ssh session to its Slurm cluster's login there.
 //!
 //! Binaries are found by env var (`GPUFLEET_AGENT_BIN`, `GPUFLEET_PROVIDER_BIN`,
 //! `TERRAFORM_BIN`), else in the workspace's build output (see [`binaries`]).
@@ -34,6 +35,7 @@ pub mod node_agent;
 pub mod pki;
 pub mod prom;
 pub mod shared_storage;
+pub mod slurm_login;
 pub mod terraform;
 pub mod times;
 

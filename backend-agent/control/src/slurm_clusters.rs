@@ -672,6 +672,18 @@ async fn bring_up(
     for f in order_all(state, &leaving, |_| stop_order(&name)).await {
         tracing::warn!(cluster = %plan.cluster.name, failure = %f, "cannot stop the cluster's daemons on a node that left it");
     }
+    // The team volume on every node of the cluster (and on none that left it) before
+    // anything runs there: the account's home is the volume. Declarative; most changes of
+    // membership have done it already, a replacement after a failed check has not.
+    let volumes: Vec<String> = plan
+        .nodes
+        .iter()
+        .chain(&leaving)
+        .map(|n| n.id.clone())
+        .collect();
+    if let Err(e) = crate::node_volumes::sync(state, volumes).await {
+        tracing::warn!(cluster = %plan.cluster.name, error = %e, "the cluster's volume is not on all its nodes");
+    }
     let Some(head) = plan.head.clone() else {
         return Ok(Some("Slurm: the cluster has no node".into()));
     };

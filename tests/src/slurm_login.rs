@@ -1,0 +1,120 @@
+//! A team's way into its Slurm cluster on the multi-host tier: its key pair, made on the
+//! client host as a user makes one, and sessions to the login its cluster's `credentials`
+//! name, run from that host as docs/guides/slurm.md shows (ssh as the cluster's user, the
+//! login's host key checked against the credentials' known_hosts line).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::netns::{Host, Launcher};
+use crate::Terraform;
+
+/// A safety net for one session's command (a hang, never a timing assertion).
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// A team's key pair in the client host's directory: (private key, public key text).
+pub fn team_key(client: &Host, team: &str) -> (PathBuf, String) {
+    let key = client.dir().join(format!("{team}_ed25519"));
+    let made = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", team, "-f"])
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen (Debian's openssh-client)");
+    assert!(made.success());
+    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    (key, public)
+}
+
+/// The Slurm cluster `address`'s credentials, as Terraform's state has them.
+pub fn credentials(tf: &Terraform, address: &str) -> Value {
+    serde_json::from_str(
+        tf.resource(address)["credentials"]
+            .as_str()
+            .expect("credentials"),
+    )
+    .expect("Slurm credentials are JSON")
+}
+
+/// One word for the login's shell, whatever it holds.
+pub fn shell_word(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+/// A team's ssh session to the login its credentials name.
+pub struct Session {
+    from: Launcher,
+    key: PathBuf,
+    known_hosts: PathBuf,
+    pub user: String,
+    pub host: String,
+    pub port: u16,
+}
+
+impl Session {
+    /// From host `from` with the team's private `key`, as the credentials' user.
+    pub fn new(from: &Host, credentials: &Value, key: &Path) -> Session {
+        let port = credentials["port"].as_u64().expect("port") as u16;
+        let user = credentials["user"].as_str().expect("user").to_string();
+        let host = credentials["host"].as_str().expect("host").to_string();
+        let known_hosts = from.dir().join(format!("known_hosts-{user}-{host}-{port}"));
+        std::fs::write(
+            &known_hosts,
+            format!(
+                "{}\n",
+                credentials["known_hosts"].as_str().expect("known_hosts")
+            ),
+        )
+        .unwrap();
+        Session {
+            from: from.launcher(),
+            key: key.to_path_buf(),
+            known_hosts,
+            user,
+            host,
+            port,
+        }
+    }
+
+    /// Runs `script` in the login's shell (killed after a limit): (success, stdout +
+    /// stderr). A login that does not answer fails within seconds.
+    pub fn run(&self, script: &str) -> (bool, String) {
+        let mut ssh = self.from.command("ssh");
+        ssh.args(["-i", &self.key.display().to_string()])
+            .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
+            .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
+            .args(["-o", "ConnectTimeout=5"])
+            .arg("-o")
+            .arg(format!("UserKnownHostsFile={}", self.known_hosts.display()))
+            .args(["-p", &self.port.to_string()])
+            .arg(format!("{}@{}", self.user, self.host))
+            .arg("--")
+            .arg(script);
+        crate::commands::output_within(&mut ssh, script, LIMIT)
+    }
+
+    /// `script`'s output; fails the test when it fails.
+    pub fn ok(&self, script: &str) -> String {
+        let (ok, out) = self.run(script);
+        assert!(ok, "{script} on {}:{}: {out}", self.host, self.port);
+        out
+    }
+
+    /// For a wait: the output while the command succeeds.
+    pub fn poll(&self, script: &str) -> Option<String> {
+        let (ok, out) = self.run(script);
+        ok.then_some(out)
+    }
+
+    /// The controllers as the session's slurm.conf names them (`SlurmctldHost[i]`), in
+    /// order: the primary first.
+    pub fn controllers(&self) -> Vec<String> {
+        self.ok("scontrol show config")
+            .lines()
+            .filter(|l| l.starts_with("SlurmctldHost["))
+            .filter_map(|l| l.split_once('=').map(|(_, v)| v.trim().to_string()))
+            .collect()
+    }
+}
