@@ -38,6 +38,7 @@ pub mod scheduling;
 pub mod serve;
 pub mod services;
 pub mod slurm_clusters;
+pub mod slurm_tracker;
 pub mod state;
 pub mod store;
 pub mod telemetry;

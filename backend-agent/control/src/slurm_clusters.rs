@@ -46,7 +46,7 @@ mod queries;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpufleet_proto::v1;
@@ -55,6 +55,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::registry::Outcome;
+use crate::slurm_tracker::Tracked;
 use crate::state::AppState;
 use crate::store::slurm_access::SlurmAccess;
 use crate::store::{self, clusters::ClusterRow, nodes::NodeRow};
@@ -71,56 +72,6 @@ const ASK_EVERY: Duration = Duration::from_millis(250);
 /// Where the controllers' state lives on the shared storage, per cluster.
 const STATE_DIRS: &str = ".slurm";
 
-/// What the control plane knows of its Slurm clusters between requests: what each was
-/// last brought to (so the supervisor brings a cluster to its nodes once after a start,
-/// and again only when what it should run changes), one bring-up at a time per cluster,
-/// and whether node agents are external (the nodes are other hosts).
-#[derive(Default)]
-pub struct Tracker {
-    external_nodes: bool,
-    clusters: Mutex<HashMap<String, Arc<Tracked>>>,
-}
-
-#[derive(Default)]
-struct Tracked {
-    bring_up: tokio::sync::Mutex<()>,
-    /// The bring-up's fingerprint ([`Plan::fingerprint`]) once it succeeded.
-    applied: Mutex<Option<String>>,
-}
-
-impl Tracker {
-    /// For a control plane whose node agents are external (`serve --node-agents external`).
-    pub fn new(external_nodes: bool) -> Tracker {
-        Tracker {
-            external_nodes,
-            ..Tracker::default()
-        }
-    }
-
-    fn of(&self, cluster_id: &str) -> Arc<Tracked> {
-        let mut all = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
-        all.entry(cluster_id.to_string()).or_default().clone()
-    }
-
-    fn forget(&self, cluster_id: &str) {
-        let mut all = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
-        all.remove(cluster_id);
-    }
-}
-
-impl Tracked {
-    fn applied(&self) -> Option<String> {
-        self.applied
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn set_applied(&self, fingerprint: Option<String>) {
-        *self.applied.lock().unwrap_or_else(|p| p.into_inner()) = fingerprint;
-    }
-}
-
 pub fn is_slurm(c: &ClusterRow) -> bool {
     c.orchestrator == "slurm"
 }
@@ -130,7 +81,7 @@ pub fn is_slurm(c: &ClusterRow) -> bool {
 /// account. External agents check their own hosts when they start the daemons (the apply
 /// fails naming the node and what it lacks).
 pub fn require(state: &AppState, orchestrator: &str) -> Result<()> {
-    if orchestrator != "slurm" || state.slurm.external_nodes {
+    if orchestrator != "slurm" || state.slurm.external_nodes() {
         return Ok(());
     }
     refuse_without(&gpufleet_slurm::missing())?;

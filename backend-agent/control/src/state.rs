@@ -117,7 +117,7 @@ pub struct AppState {
     /// (serve's `--advertise-address`).
     pub slurm_address: std::net::IpAddr,
     /// What the control plane knows of its Slurm clusters between requests.
-    pub slurm: crate::slurm_clusters::Tracker,
+    pub slurm: crate::slurm_tracker::Tracker,
     /// Tenant clusters' volumes: on the shared storage (serve's `--shared-storage`), else
     /// unsized directories in the data dir's `volumes/`.
     pub volumes: crate::volumes::Volumes,
@@ -182,7 +182,7 @@ impl AppState {
     /// Node agents are external (`--node-agents external`): the Slurm clusters' nodes are
     /// other hosts, which check their own Slurm when they start its daemons.
     pub fn with_external_nodes(mut self, external: bool) -> Self {
-        self.slurm = crate::slurm_clusters::Tracker::new(external);
+        self.slurm = crate::slurm_tracker::Tracker::new(external);
         self
     }
 
