@@ -1,6 +1,6 @@
-//! Two teams' Slurm clusters on one machine (the single-host tier: both logins on the
-//! control plane's host, both nodes' slurmd on this host), each team with only its own key:
-//! from team B's login and from its jobs, nothing of team A is in sight.
+//! Two teams' Slurm clusters on one machine (the single-host tier: both nodes on this host,
+//! each running its cluster's slurmd, controller and login), each team with only its own
+//! key: from team B's login and from its jobs, nothing of team A is in sight.
 //!
 //! - `ps` shows no process of A (A has a job running and a process left on its login):
 //!   `/proc` is a `hidepid=invisible` instance in the login's and slurmd's namespaces;
