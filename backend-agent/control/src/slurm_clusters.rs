@@ -67,6 +67,8 @@ use gpufleet_slurm::{conf, login, munge, status};
 const READY_WITHIN: Duration = Duration::from_secs(30);
 /// How often the supervisor looks at the clusters and their nodes.
 const WATCH_EVERY: Duration = Duration::from_secs(2);
+/// How long a cluster whose acceptance probe failed waits before it is probed again.
+const PROBE_AGAIN: Duration = Duration::from_secs(30);
 /// How often a wait asks the controller again.
 const ASK_EVERY: Duration = Duration::from_millis(250);
 /// Where the controllers' state lives on the shared storage, per cluster.
@@ -579,7 +581,55 @@ pub async fn apply_resuming(
 ) -> Result<Option<String>> {
     let tracked = state.slurm.of(cluster_id);
     let _one = tracked.bring_up.lock().await;
-    bring_up(state, &tracked, cluster_id, released, drained).await
+    if let Some(why) = bring_up(state, &tracked, cluster_id, released, drained).await? {
+        return Ok(Some(why));
+    }
+    let why = accept(state, cluster_id).await;
+    tracked.set_unaccepted(why.clone());
+    Ok(why)
+}
+
+/// What makes a Slurm cluster usable, checked before a create or an update calls it
+/// `running` (its acceptance, with the health checks of its `acceptance` block): the
+/// controller answers through every node (each reaches it), a job step runs on every node
+/// at once as the cluster's account (the controller reaches each slurmd, and each starts
+/// it), and the login answers. Some(why not). A node whose every core runs the team's own
+/// jobs is not probed (it works).
+async fn accept(state: &Arc<AppState>, cluster_id: &str) -> Option<String> {
+    let id = cluster_id.to_string();
+    let c = match state
+        .read(move |conn| Ok::<_, Error>(store::clusters::get(conn, &id)?))
+        .await
+    {
+        Ok(Some(c)) if is_slurm(&c) => c,
+        Ok(_) => return None,
+        Err(e) => return Some(format!("Slurm: {e}")),
+    };
+    let nodes = match askable(state, &c).await {
+        Ok(n) if !n.is_empty() => n,
+        Ok(_) => return Some("Slurm: the cluster has no node".into()),
+        Err(e) => return Some(format!("Slurm: {e}")),
+    };
+    let name = gpufleet_slurm::cluster_name(&c.id);
+    for n in &nodes {
+        let one = std::slice::from_ref(n);
+        if let Err(e) = queries::ask(state, &name, one, "status", &[], "").await {
+            return Some(format!(
+                "Slurm: the controller does not answer from node {}: {e}",
+                n.hostname
+            ));
+        }
+    }
+    let names: Vec<String> = nodes.iter().map(|n| n.hostname.clone()).collect();
+    match queries::ask(state, &name, &nodes[..1], "probe", &names, "").await {
+        Ok(said) => {
+            if said.probe != "ran" {
+                tracing::info!(cluster = %c.name, probe = %said.probe, "the Slurm cluster's probe did not run on every node");
+            }
+            None
+        }
+        Err(e) => Some(format!("Slurm: not usable: {e}")),
+    }
 }
 
 /// [`apply_resuming`] with the cluster's bring-up lock held.
@@ -1013,7 +1063,7 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
             Some(p) => tracked.applied() == Some(p.fingerprint()),
             None => continue,
         };
-        let (slurm_says, jobs) = if current {
+        let (mut slurm_says, jobs) = if current {
             let name = gpufleet_slurm::cluster_name(&c.id);
             let through = askable(state, &c).await?;
             let expected: Vec<String> = through.iter().map(|n| n.hostname.clone()).collect();
@@ -1026,12 +1076,27 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
             }
         } else {
             // After a start of this control plane, a replacement, a node that left.
-            let why = match apply(state, &c.id, &[]).await {
+            let _one = tracked.bring_up.lock().await;
+            let why = match bring_up(state, &tracked, &c.id, &[], &[]).await {
                 Ok(why) => why,
                 Err(e) => Some(format!("Slurm: {e}")),
             };
             (why, None)
         };
+        // A cluster its last acceptance probe found unusable stays so until a probe
+        // passes (tried again every PROBE_AGAIN).
+        if slurm_says.is_none() {
+            if let Some((why, at)) = tracked.unaccepted() {
+                slurm_says = match at.elapsed() > PROBE_AGAIN {
+                    false => Some(why),
+                    true => {
+                        let why = accept(state, &c.id).await;
+                        tracked.set_unaccepted(why.clone());
+                        why
+                    }
+                };
+            }
+        }
         // The team's jobs, for its metrics: only what the controller answers now.
         state.agents.telemetry.record_jobs(&c.id, jobs);
         let replace_after = state.agents.replace_after;

@@ -30,6 +30,8 @@ pub struct Said {
     pub nodes: BTreeMap<String, NodeState>,
     /// None when `squeue` did not answer.
     pub jobs: Option<JobCounts>,
+    /// A probe's outcome ("ran", "busy: ...").
+    pub probe: String,
 }
 
 /// At most this many live nodes are asked in turn (each ask may take Slurm's own limits,
@@ -68,6 +70,7 @@ fn said(a: v1::SlurmAnswer) -> Said {
             running: a.jobs_running,
             pending: a.jobs_pending,
         }),
+        probe: cut(&a.probe),
     }
 }
 

@@ -19,9 +19,15 @@ pub struct Running {
     sshd: Daemon,
     config: String,
     host_key: String,
+    at: std::net::SocketAddr,
 }
 
 impl Running {
+    /// Where it listens.
+    pub fn at(&self) -> std::net::SocketAddr {
+        self.at
+    }
+
     /// Stops sshd; the team's sessions (they run as the cluster's account) end with it.
     pub fn stop(self) {
         account::kill_descendants(self.sshd.pid());
@@ -78,5 +84,6 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
         sshd,
         config,
         host_key: want.host_key.to_string(),
+        at: std::net::SocketAddr::from((want.address, want.port)),
     })
 }

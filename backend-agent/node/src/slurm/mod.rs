@@ -365,7 +365,28 @@ impl Slurm {
                 self.node, q.cluster
             ));
         }
-        query::run(&conf, q)
+        let probe = match q.action.as_str() {
+            "probe" => {
+                // The account as the node's kept order names it; the login if it runs here.
+                let kept: Kept =
+                    std::fs::read_to_string(self.root.join(&q.cluster).join("order.json"))
+                        .ok()
+                        .and_then(|t| serde_json::from_str(&t).ok())
+                        .ok_or_else(|| {
+                            format!("node {} keeps no order of cluster {}", self.node, q.cluster)
+                        })?;
+                let login = self
+                    .lock()
+                    .get(&q.cluster)
+                    .and_then(|r| r.login.as_ref().map(|l| l.at()));
+                Some(query::ProbeWith {
+                    uid: Account::new(&q.cluster, kept.uid)?.uid,
+                    login,
+                })
+            }
+            _ => None,
+        };
+        query::run(&conf, q, probe)
     }
 
     /// SIGKILL to the slurmstepd of every job of `cluster` still running on this node, and

@@ -65,11 +65,11 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
         None => {}
     }
     account::own_dir(want.dir, 0, 0, 0o700)?;
-    // The state is root's alone: slurmctld trusts what it reads there (a job's record
-    // names the uid its job runs as).
+    // The state is root's alone, and so is the folder holding every cluster's on the
+    // shared storage (no one lists which clusters there are): slurmctld trusts what it
+    // reads there (a job's record names the uid its job runs as).
     if let Some(parent) = want.state.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        account::own_dir(parent, 0, 0, 0o700)?;
     }
     account::own_dir(&want.state, 0, 0, 0o700)?;
     let conf_path = want.dir.join("slurm.conf");
