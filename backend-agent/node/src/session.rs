@@ -372,11 +372,14 @@ async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
             })) if Executor::runs_apart(&order) => {
                 // A question that changes nothing here: answered at once, not in turn.
                 tracing::debug!(node = %agent.name, order = %order.id, "query received");
-                let (exec, up) = (agent.exec.clone(), up.clone());
+                let (agent, up) = (agent.clone(), up.clone());
                 tokio::spawn(async move {
+                    let kind = crate::metrics::order_kind(&order);
+                    let exec = agent.exec.clone();
                     if let Ok(result) =
                         tokio::task::spawn_blocking(move || exec.run_apart(&order)).await
                     {
+                        crate::metrics::order_answered(&agent.name, kind, result.ok);
                         let _ = up.send(v1::AgentMessage {
                             msg: Some(agent_message::Msg::Result(result)),
                         });
