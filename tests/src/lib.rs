@@ -33,6 +33,7 @@ pub mod netns;
 pub mod node_agent;
 pub mod pki;
 pub mod prom;
+pub mod recipe;
 pub mod shared_storage;
 pub mod terraform;
 pub mod times;
