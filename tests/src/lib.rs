@@ -28,6 +28,7 @@ pub mod fixtures;
 pub mod grpc;
 pub mod hcl;
 pub mod json;
+pub mod mirror;
 pub mod multihost;
 pub mod netns;
 pub mod node_agent;
