@@ -24,6 +24,31 @@ pub fn cli_config(mirror: &Path) -> String {
     )
 }
 
+/// Runs scripts/release.sh on the binaries under test (linked or copied into
+/// `out/binaries`) into `out`, as an operator's release build would package them.
+pub fn release(out: &Path) {
+    let binaries = out.join("binaries");
+    std::fs::create_dir_all(&binaries).unwrap();
+    for b in [agent(), provider()] {
+        let to = binaries.join(b.file_name().unwrap());
+        if std::fs::hard_link(&b, &to).is_err() {
+            std::fs::copy(&b, &to).unwrap_or_else(|e| panic!("copy {}: {e}", b.display()));
+        }
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/release.sh");
+    let run = Command::new(&script)
+        .arg(out)
+        .env("GPUFLEET_RELEASE_BINARIES", &binaries)
+        .output()
+        .expect("run scripts/release.sh");
+    assert!(
+        run.status.success(),
+        "scripts/release.sh failed:\n{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
 fn make() -> PathBuf {
     let provider = provider();
     let meta = std::fs::metadata(&provider)
@@ -41,27 +66,8 @@ fn make() -> PathBuf {
     }
     // Built beside, then renamed into place: another test process may be at it too.
     let work = base.join(format!(".{}-{modified}-{}", meta.len(), std::process::id()));
-    let binaries = work.join("binaries");
-    std::fs::create_dir_all(&binaries).unwrap();
-    for b in [agent(), provider.clone()] {
-        let to = binaries.join(b.file_name().unwrap());
-        if std::fs::hard_link(&b, &to).is_err() {
-            std::fs::copy(&b, &to).unwrap_or_else(|e| panic!("copy {}: {e}", b.display()));
-        }
-    }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/release.sh");
     let out = work.join("out");
-    let run = Command::new(&script)
-        .arg(&out)
-        .env("GPUFLEET_RELEASE_BINARIES", &binaries)
-        .output()
-        .expect("run scripts/release.sh");
-    assert!(
-        run.status.success(),
-        "scripts/release.sh failed:\n{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
+    release(&out);
     std::fs::create_dir_all(&done).unwrap();
     if std::fs::rename(out.join("mirror"), done.join("mirror")).is_err()
         && !done.join("mirror").is_dir()

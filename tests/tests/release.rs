@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use gpufleet_e2e::binaries::{agent, provider, terraform, workspace_root};
+use gpufleet_e2e::binaries::{agent, terraform, workspace_root};
+use gpufleet_e2e::mirror::release;
 use gpufleet_e2e::Backend;
 
 /// The workspace's version, as the release names its files.
@@ -23,26 +24,6 @@ fn version() -> String {
         .and_then(|v| v.strip_suffix('"'))
         .expect("a version in [workspace.package]")
         .to_string()
-}
-
-/// Runs scripts/release.sh on the binaries under test into `out`.
-fn release(out: &Path) {
-    let binaries = out.join("binaries");
-    std::fs::create_dir_all(&binaries).unwrap();
-    for b in [agent(), provider()] {
-        std::fs::copy(&b, binaries.join(b.file_name().unwrap())).unwrap();
-    }
-    let run = Command::new(workspace_root().join("scripts/release.sh"))
-        .arg(out)
-        .env("GPUFLEET_RELEASE_BINARIES", &binaries)
-        .output()
-        .expect("run scripts/release.sh");
-    assert!(
-        run.status.success(),
-        "release.sh failed:\n{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
 }
 
 /// `terraform ARGS` in `dir` with the CLI configuration `cli` (and more environment);
