@@ -88,4 +88,14 @@ pub trait ProviderType: Send + Sync + 'static {
     fn resources(&self) -> Vec<std::sync::Arc<dyn ResourceType>>;
 
     fn data_sources(&self) -> Vec<std::sync::Arc<dyn DataSourceType>>;
+
+    /// Ephemeral resources (Terraform 1.10+; older clients never see them).
+    fn ephemeral_resources(&self) -> Vec<std::sync::Arc<dyn super::EphemeralResourceType>> {
+        Vec::new()
+    }
+
+    /// The identities of the managed resources (Terraform 1.12+), by resource name.
+    fn identities(&self) -> Vec<std::sync::Arc<dyn super::ResourceIdentity>> {
+        Vec::new()
+    }
 }
