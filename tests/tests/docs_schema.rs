@@ -1,6 +1,7 @@
 //! The registry pages in `docs/` against the provider's real schema (`terraform providers
 //! schema -json` with the built provider): every resource and data source has its page,
 //! every attribute is documented, and no page documents an attribute that does not exist.
+//! Ephemeral resources' pages are in `docs/ephemeral-resources/`.
 
 use std::collections::BTreeSet;
 
@@ -136,6 +137,7 @@ fn every_resource_and_data_source_page_matches_the_schema() {
     for (kind, folder) in [
         ("resource_schemas", "resources"),
         ("data_source_schemas", "data-sources"),
+        ("ephemeral_resource_schemas", "ephemeral-resources"),
     ] {
         let entries = provider[kind].as_object().expect("schemas");
         assert!(!entries.is_empty(), "no {kind} in the schema");
