@@ -101,3 +101,78 @@ fn timestamp(unix: i64) -> tf::Timestamp {
         nanos: 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tonic::Request;
+
+    use super::super::fakes::service;
+    use super::super::service::{decode, encode};
+    use super::super::tfplugin6 as tf;
+    use crate::framework::{Type, Value};
+    use tf::provider_server::Provider;
+
+    fn ticket_ty() -> Type {
+        Type::object([("for", Type::String), ("secret", Type::String)])
+    }
+
+    #[tokio::test]
+    async fn ephemeral_schemas_are_offered_in_their_own_field_and_metadata() {
+        let (svc, _calls) = service();
+        let schema = svc
+            .get_provider_schema(Request::new(Default::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(schema
+            .ephemeral_resource_schemas
+            .contains_key("test_ticket"));
+        assert!(!schema.resource_schemas.contains_key("test_ticket"));
+        let metadata = svc
+            .get_metadata(Request::new(Default::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(metadata.ephemeral_resources[0].type_name, "test_ticket");
+    }
+
+    #[tokio::test]
+    async fn open_answers_the_result_and_close_gets_back_what_open_kept() {
+        let (svc, calls) = service();
+        let config = Value::object([("for", Value::string("ci")), ("secret", Value::Null)]);
+        let opened = svc
+            .open_ephemeral_resource(Request::new(tf::open_ephemeral_resource::Request {
+                type_name: "test_ticket".into(),
+                config: encode(&config, &ticket_ty()),
+                client_capabilities: None,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(opened.diagnostics.is_empty(), "{:?}", opened.diagnostics);
+        let result = decode(opened.result.as_ref(), &ticket_ty()).unwrap();
+        assert_eq!(result.get("secret"), &Value::string("s3cret"));
+        assert_eq!(opened.renew_at.unwrap().seconds, 1_900_000_000);
+
+        let closed = svc
+            .close_ephemeral_resource(Request::new(tf::close_ephemeral_resource::Request {
+                type_name: "test_ticket".into(),
+                private: opened.private.clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(closed.diagnostics.is_empty());
+        assert_eq!(*calls.closed.lock().unwrap(), vec![Some(b"ci".to_vec())]);
+
+        let unknown = svc
+            .open_ephemeral_resource(Request::new(tf::open_ephemeral_resource::Request {
+                type_name: "test_nothing".into(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(unknown.diagnostics[0].summary.contains("test_nothing"));
+    }
+}

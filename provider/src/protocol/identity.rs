@@ -169,3 +169,178 @@ fn schema(s: &IdentitySchema) -> tf::ResourceIdentitySchema {
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tonic::Request;
+
+    use super::super::fakes::service;
+    use super::super::service::{decode, encode};
+    use super::super::tfplugin6 as tf;
+    use crate::framework::{Type, Value};
+    use tf::provider_server::Provider;
+
+    fn thing_ty() -> Type {
+        Type::object([("name", Type::String), ("size", Type::Number)])
+    }
+
+    fn identity_ty() -> Type {
+        Type::object([("name", Type::String)])
+    }
+
+    fn thing(name: &str) -> Option<tf::DynamicValue> {
+        encode(
+            &Value::object([("name", Value::string(name)), ("size", Value::Number(1))]),
+            &thing_ty(),
+        )
+    }
+
+    fn identity_named(name: &str) -> tf::ResourceIdentityData {
+        tf::ResourceIdentityData {
+            identity_data: encode(
+                &Value::object([("name", Value::string(name))]),
+                &identity_ty(),
+            ),
+        }
+    }
+
+    fn name_in(identity: &Option<tf::ResourceIdentityData>) -> Value {
+        let data = identity.as_ref().expect("an identity");
+        decode(data.identity_data.as_ref(), &identity_ty())
+            .unwrap()
+            .get("name")
+            .clone()
+    }
+
+    async fn read(
+        svc: &super::super::service::ProviderService,
+        held: Option<tf::ResourceIdentityData>,
+    ) -> tf::read_resource::Response {
+        svc.read_resource(Request::new(tf::read_resource::Request {
+            type_name: "test_thing".into(),
+            current_state: thing("a"),
+            current_identity: held,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_asked_for_identity_schemas_gets_none_and_costs_nothing() {
+        let (svc, calls) = service();
+        let answer = read(&svc, None).await;
+        assert!(answer.new_identity.is_none());
+        assert_eq!(calls.made(), 0, "no identity made for an old client");
+    }
+
+    #[tokio::test]
+    async fn an_identity_is_made_once_then_the_held_one_is_answered_unchanged() {
+        let (svc, calls) = service();
+        let schemas = svc
+            .get_resource_identity_schemas(Request::new(Default::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        let schema = &schemas.identity_schemas["test_thing"];
+        assert!(schema.identity_attributes[0].required_for_import);
+
+        let first = read(&svc, None).await;
+        assert_eq!(name_in(&first.new_identity), Value::string("a"));
+        assert_eq!(calls.made(), 1);
+        let again = read(&svc, Some(identity_named("held"))).await;
+        assert_eq!(name_in(&again.new_identity), Value::string("held"));
+        assert_eq!(calls.made(), 1, "a held identity is not made again");
+
+        let update = svc
+            .plan_resource_change(Request::new(tf::plan_resource_change::Request {
+                type_name: "test_thing".into(),
+                prior_state: thing("a"),
+                proposed_new_state: thing("a"),
+                config: thing("a"),
+                prior_identity: Some(identity_named("held")),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(name_in(&update.planned_identity), Value::string("held"));
+        let create = svc
+            .plan_resource_change(Request::new(tf::plan_resource_change::Request {
+                type_name: "test_thing".into(),
+                prior_state: encode(&Value::Null, &thing_ty()),
+                proposed_new_state: thing("b"),
+                config: thing("b"),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            create.planned_identity.is_none(),
+            "a create has none until apply"
+        );
+        let created = svc
+            .apply_resource_change(Request::new(tf::apply_resource_change::Request {
+                type_name: "test_thing".into(),
+                prior_state: encode(&Value::Null, &thing_ty()),
+                planned_state: thing("b"),
+                config: thing("b"),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(name_in(&created.new_identity), Value::string("b"));
+    }
+
+    #[tokio::test]
+    async fn an_import_by_identity_imports_the_id_it_names_and_answers_its_identity() {
+        let (svc, calls) = service();
+        svc.get_resource_identity_schemas(Request::new(Default::default()))
+            .await
+            .unwrap();
+        let answer = svc
+            .import_resource_state(Request::new(tf::import_resource_state::Request {
+                type_name: "test_thing".into(),
+                id: String::new(),
+                identity: Some(identity_named("by-name")),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(answer.diagnostics.is_empty(), "{:?}", answer.diagnostics);
+        let imported = &answer.imported_resources[0];
+        let state = decode(imported.state.as_ref(), &thing_ty()).unwrap();
+        assert_eq!(state.get("name"), &Value::string("by-name"));
+        assert_eq!(name_in(&imported.identity), Value::string("by-name"));
+        assert_eq!(calls.made(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_stored_json_identity_upgrades_and_a_newer_version_is_refused() {
+        let (svc, _calls) = service();
+        let upgrade = |version| tf::upgrade_resource_identity::Request {
+            type_name: "test_thing".into(),
+            version,
+            raw_identity: Some(tf::RawState {
+                json: br#"{"name":"a"}"#.to_vec(),
+                flatmap: Default::default(),
+            }),
+        };
+        let ok = svc
+            .upgrade_resource_identity(Request::new(upgrade(0)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(name_in(&ok.upgraded_identity), Value::string("a"));
+        let newer = svc
+            .upgrade_resource_identity(Request::new(upgrade(1)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(newer.diagnostics[0].summary.contains("newer provider"));
+    }
+}

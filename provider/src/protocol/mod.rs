@@ -16,6 +16,8 @@
 
 mod convert;
 mod ephemeral;
+#[cfg(test)]
+mod fakes;
 mod handshake;
 mod identity;
 mod plugin;

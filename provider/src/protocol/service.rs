@@ -535,21 +535,24 @@ impl tf::provider_server::Provider for ProviderService {
                 _ => req.id.clone(),
             };
             let state = write_only::nulled(&r.schema, r.inner.import(&id).await?);
-            let mut identity_errors = Diagnostics::default();
+            // Made afresh: the identity of the object found, whichever way the import
+            // spelled it (a tenant's id becomes its name).
+            let mut warnings = Diagnostics::default();
             let identity = self
                 .identities
-                .kept_or_made(&req.type_name, None, &state, &mut identity_errors)
+                .kept_or_made(&req.type_name, None, &state, &mut warnings)
                 .await;
-            Ok(tf::import_resource_state::ImportedResource {
+            let imported = tf::import_resource_state::ImportedResource {
                 type_name: req.type_name.clone(),
                 state: encode(&state, &r.ty),
                 private: Vec::new(),
                 identity,
-            })
+            };
+            Ok((imported, warnings))
         }
         .await;
         let (imported_resources, diagnostics) = match result {
-            Ok(imported) => (vec![imported], Vec::new()),
+            Ok((imported, warnings)) => (vec![imported], convert::diagnostics(warnings)),
             Err(d) => (Vec::new(), convert::diagnostics(d)),
         };
         Ok(Response::new(tf::import_resource_state::Response {
