@@ -1,8 +1,9 @@
 //! Credentials out of Terraform state (issue 31), with Terraform 1.15.5: a configuration
 //! with `store_credentials_in_state = false` that mints a tenant token with the ephemeral
 //! `gpufleet_tenant_token`, configures a second `gpufleet` provider with it, and reads a
-//! cluster's kubeconfig with the ephemeral `gpufleet_cluster_credentials` (a provisioner
-//! writes it to a 0600 file: proof that the value reached the configuration). After every
+//! Kubernetes cluster's kubeconfig and a Slurm cluster's login details with the ephemeral
+//! `gpufleet_cluster_credentials` (provisioners write them to 0600 files: proof that the
+//! values reached the configuration). After every
 //! apply, the state file and a saved plan (`terraform show -json`) hold no token secret,
 //! no private key and no munge key; the minted tokens are revoked once each run closes
 //! them. A state written with the default (credentials kept) is emptied by one refresh
@@ -32,13 +33,22 @@ resource "gpufleet_tenant" "team" {{
 resource "gpufleet_gpu_quota" "h100" {{
   tenant   = gpufleet_tenant.team.id
   gpu_type = "H100-80GB"
-  gpus     = 8
+  gpus     = 16
 }}
 
 resource "gpufleet_tenant_cluster" "train" {{
   tenant       = gpufleet_tenant.team.id
   name         = "train"
   orchestrator = "kubernetes"
+  gpu_type     = "H100-80GB"
+  node_count   = 1
+  depends_on   = [gpufleet_gpu_quota.h100]
+}}
+
+resource "gpufleet_tenant_cluster" "login" {{
+  tenant       = gpufleet_tenant.team.id
+  name         = "login"
+  orchestrator = "slurm"
   gpu_type     = "H100-80GB"
   node_count   = 1
   depends_on   = [gpufleet_gpu_quota.h100]
@@ -63,7 +73,7 @@ provider "gpufleet" {{
 
 data "gpufleet_clusters" "seen_by_team" {{
   provider   = gpufleet.team
-  depends_on = [gpufleet_tenant_cluster.train]
+  depends_on = [gpufleet_tenant_cluster.train, gpufleet_tenant_cluster.login]
 }}
 
 ephemeral "gpufleet_cluster_credentials" "train" {{
@@ -78,8 +88,20 @@ resource "terraform_data" "kubeconfig" {{
   }}
 }}
 
+ephemeral "gpufleet_cluster_credentials" "login" {{
+  cluster_id = gpufleet_tenant_cluster.login.id
+}}
+
+resource "terraform_data" "slurm_login" {{
+  triggers_replace = [gpufleet_tenant_cluster.login.id]
+  provisioner "local-exec" {{
+    command     = "umask 077 && printf '%s' \"$SLURM_LOGIN\" > slurm-login.json"
+    environment = {{ SLURM_LOGIN = ephemeral.gpufleet_cluster_credentials.login.credentials }}
+  }}
+}}
+
 output "clusters_seen_by_team" {{
-  value = [for c in data.gpufleet_clusters.seen_by_team.clusters : c.name]
+  value = sort([for c in data.gpufleet_clusters.seen_by_team.clusters : c.name])
 }}
 "#
     )
@@ -154,6 +176,28 @@ async fn tokens(backend: &Backend, tenant: &str) -> Vec<Token> {
         .tokens
 }
 
+/// The Slurm cluster's munge key (base64, as a JSON state would carry it), from the
+/// controller's private directory; the cluster's name comes from the login details the
+/// provisioner wrote from the ephemeral value.
+fn munge_key(tf: &Terraform, backend: &Backend) -> String {
+    use base64::Engine;
+    let login = fs::read_to_string(tf.dir().join("slurm-login.json"))
+        .expect("the provisioner wrote the Slurm login details");
+    let login: Value = serde_json::from_str(&login).expect("Slurm login JSON");
+    let cluster = login["cluster"]
+        .as_str()
+        .expect("cluster in the login details");
+    let key = fs::read(
+        backend
+            .data_dir()
+            .join("slurm")
+            .join(cluster)
+            .join("munge.key"),
+    )
+    .expect("the controller's munge key");
+    base64::engine::general_purpose::STANDARD.encode(key)
+}
+
 /// The kubeconfig's client key, as the provisioner wrote it from the ephemeral value.
 fn kubeconfig_key(tf: &Terraform) -> String {
     let path = tf.dir().join("kubeconfig.out");
@@ -190,10 +234,11 @@ fn ephemeral_credentials_leave_no_secret_in_state_or_saved_plan() {
     let seen = tf.outputs()["clusters_seen_by_team"].clone();
     assert_eq!(
         seen,
-        Value::from(vec!["train"]),
+        Value::from(vec!["login", "train"]),
         "the team's provider read its clusters"
     );
-    let known = [key.as_str(), backend.admin_token()];
+    let munge = munge_key(&tf, &backend);
+    let known = [key.as_str(), munge.as_str(), backend.admin_token()];
     assert_no_secret(&tf, "after the first apply", &known);
 
     // Every token the ephemeral resource minted (this apply's and each plan's) is revoked.
