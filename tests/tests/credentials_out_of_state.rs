@@ -272,7 +272,12 @@ fn ephemeral_credentials_leave_no_secret_in_state_or_saved_plan() {
 
     // With the default, the deprecated attributes keep the secrets; turning the setting
     // off and refreshing empties the state.
+    // A reference to a deprecated attribute is warned about.
     tf.write_main(&main_tf(true));
+    tf.write_file(
+        "outputs.tf",
+        "output \"ci_token\" {\n  value     = gpufleet_tenant_token.ci.token\n  sensitive = true\n}\n",
+    );
     tf.run_ok(&["apply", "-refresh-only", "-auto-approve", "-no-color"]);
     tf.run_ok(&[
         "apply",
@@ -280,7 +285,9 @@ fn ephemeral_credentials_leave_no_secret_in_state_or_saved_plan() {
         "-no-color",
         "-input=false",
         "-replace=gpufleet_tenant_token.ci",
-    ]);
+    ])
+    .assert_mentions(&["Deprecated", "\"token\""]);
+    tf.remove_file("outputs.tf");
     let kept = tf.resource("gpufleet_tenant_token.ci");
     assert!(
         str_of(&kept, "token").starts_with("gft_"),
