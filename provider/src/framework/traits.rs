@@ -16,6 +16,9 @@ pub struct PlannedChange {
     pub requires_replace: Vec<AttrPath>,
 }
 
+/// A managed resource. A wrapper implements it too (`resources::credentials::Withheld`):
+/// a method added here with a default body must be forwarded there, or the wrapped
+/// resources silently get the default.
 #[async_trait]
 pub trait ResourceType: Send + Sync {
     /// The type name without the provider prefix, e.g. `tenant`.
