@@ -1,15 +1,17 @@
 //! Resource identity (Terraform 1.12+; here 1.15.5): objects made outside Terraform are
 //! imported with `import { identity = {...} }` (the tenant's name and the object's name,
-//! not an id), the state keeps each resource's identity beside its attributes (for a
+//! not an id; a reservation, which has no name, by its id), the state keeps each resource's identity beside its attributes (for a
 //! resource Terraform created too), and the plan after the import is empty.
 
 use std::fs;
 
-use gpufleet_e2e::fixtures::{create_pool_cluster, create_quota, create_tenant, request_id};
+use gpufleet_e2e::fixtures::{
+    create_pool_cluster, create_quota, create_reservation, create_tenant, request_id,
+};
 use gpufleet_e2e::grpc::bearer_auth;
 use gpufleet_e2e::{Backend, Terraform};
 use gpufleet_proto::v1::access_service_client::AccessServiceClient;
-use gpufleet_proto::v1::CreateTokenRequest;
+use gpufleet_proto::v1::{CreateTokenRequest, Reservation};
 use serde_json::{json, Value};
 
 const CONFIG: &str = r#"
@@ -66,6 +68,37 @@ import {
 }
 "#;
 
+/// The reservation's block and its import by identity (reservations have no name: their
+/// identity is their id).
+fn reservation_config(r: &Reservation) -> String {
+    let rfc3339 = |ts: &Option<prost_types::Timestamp>| {
+        let seconds = ts.as_ref().expect("reservation has its window").seconds;
+        time::OffsetDateTime::from_unix_timestamp(seconds)
+            .unwrap()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    format!(
+        r#"
+resource "gpufleet_reservation" "r" {{
+  tenant     = gpufleet_tenant.t.id
+  gpu_type   = "H100-80GB"
+  node_count = 1
+  start_time = "{start}"
+  end_time   = "{end}"
+}}
+
+import {{
+  to       = gpufleet_reservation.r
+  identity = {{ id = "{id}" }}
+}}
+"#,
+        start = rfc3339(&r.start_time),
+        end = rfc3339(&r.end_time),
+        id = r.id,
+    )
+}
+
 /// Each resource's identity as the state file keeps it, by address.
 fn identities(tf: &Terraform) -> Value {
     let text = fs::read_to_string(tf.dir().join("terraform.tfstate")).expect("read state");
@@ -89,6 +122,7 @@ async fn import_by_identity_then_an_empty_plan_and_identities_in_state() {
     let (tenant, _token) = create_tenant(&mut admin, "ident").await;
     create_quota(&mut admin, &tenant.id, "H100-80GB", 16, 0).await;
     create_pool_cluster(&mut admin, &tenant.id, "train", "H100-80GB", 1).await;
+    let reservation = create_reservation(&mut admin, &tenant.id, "H100-80GB", 1, -1, 48).await;
     let channel = tonic::transport::Channel::from_shared(backend.endpoint())
         .expect("endpoint")
         .connect()
@@ -108,9 +142,10 @@ async fn import_by_identity_then_an_empty_plan_and_identities_in_state() {
     let tf = Terraform::new(&backend, backend.admin_token());
     tf.write_main(CONFIG);
     tf.write_file("imports.tf", IMPORTS);
+    tf.write_file("reservation.tf", &reservation_config(&reservation));
     tf.init();
     tf.plan()
-        .assert_mentions(&["4 to import, 1 to add, 0 to change, 0 to destroy"]);
+        .assert_mentions(&["5 to import, 1 to add, 0 to change, 0 to destroy"]);
     tf.apply();
 
     let got = identities(&tf);
@@ -120,6 +155,7 @@ async fn import_by_identity_then_an_empty_plan_and_identities_in_state() {
         "gpufleet_tenant_cluster.c": { "tenant": "ident", "name": "train" },
         "gpufleet_tenant_token.ci": { "tenant": "ident", "name": "ci" },
         "gpufleet_tenant_token.made": { "tenant": "ident", "name": "made" },
+        "gpufleet_reservation.r": { "id": reservation.id },
     });
     assert_eq!(got, want, "identities in state");
     tf.assert_no_changes();
