@@ -1,7 +1,8 @@
 //! Resource identity (Terraform 1.12+; here 1.15.5): objects made outside Terraform are
 //! imported with `import { identity = {...} }` (the tenant's name and the object's name,
-//! not an id; a reservation, which has no name, by its id), the state keeps each resource's identity beside its attributes (for a
-//! resource Terraform created too), and the plan after the import is empty.
+//! not an id; a reservation, which has no name, by its id), the state keeps each
+//! resource's identity beside its attributes (for a resource Terraform created too), and
+//! the plan after the import is empty.
 
 use std::fs;
 
