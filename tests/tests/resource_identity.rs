@@ -190,3 +190,55 @@ import {
     tf.plan_fails()
         .assert_mentions(&["no tenant cluster \"ident/ghost\": not found"]);
 }
+
+/// A team's own configuration (its tenant token, `tenant` left out): the identities name
+/// its tenant, and an import by identity may leave the tenant out too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teams_token_makes_identities_and_imports_without_naming_its_tenant() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let (tenant, team_token) = create_tenant(&mut admin, "own").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 8, 0).await;
+
+    let tf = Terraform::new(&backend, &team_token);
+    tf.write_main(
+        r#"
+resource "gpufleet_tenant_cluster" "c" {
+  name         = "train"
+  orchestrator = "kubernetes"
+  gpu_type     = "H100-80GB"
+  node_count   = 1
+}
+
+resource "gpufleet_tenant_token" "ci" {
+  name  = "ci"
+  scope = "read"
+}
+"#,
+    );
+    tf.init();
+    let applied = tf.apply();
+    assert!(
+        !applied.output().contains("no resource identity"),
+        "every identity was made\n{applied}"
+    );
+    let want = json!({
+        "gpufleet_tenant_cluster.c": { "tenant": "own", "name": "train" },
+        "gpufleet_tenant_token.ci": { "tenant": "own", "name": "ci" },
+    });
+    assert_eq!(identities(&tf), want);
+
+    tf.run_ok(&["state", "rm", "gpufleet_tenant_cluster.c"]);
+    tf.write_file(
+        "imports.tf",
+        r#"
+import {
+  to       = gpufleet_tenant_cluster.c
+  identity = { name = "train" }
+}
+"#,
+    );
+    tf.apply();
+    assert_eq!(identities(&tf), want, "imported by name alone");
+    tf.assert_no_changes();
+}
