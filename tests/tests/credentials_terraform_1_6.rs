@@ -3,7 +3,8 @@
 //! resource (GetProviderSchema's field for them is one it does not know), an `ephemeral`
 //! block is refused by Terraform itself naming the block, the deprecated attributes still
 //! keep their secrets by default, and `store_credentials_in_state = false` (a plain
-//! provider setting) keeps them out of its state too.
+//! provider setting) keeps them out of its state too. The state it wrote, which holds no
+//! resource identity, gets one at its first refresh under Terraform 1.15.5.
 
 use std::path::PathBuf;
 
@@ -97,6 +98,34 @@ ephemeral "gpufleet_tenant_token" "run" {
     );
     tf.plan_fails().assert_mentions(&["\"ephemeral\""]);
     tf.remove_file("ephemeral.tf");
-    tf.destroy();
-    assert!(tf.state_list().is_empty());
+
+    // 1.6 keeps no identity; the same state under Terraform 1.15.5 gets one at its first
+    // refresh (the upgrade path of a state written before identities).
+    let state = std::fs::read_to_string(tf.dir().join("terraform.tfstate")).expect("state");
+    assert!(!state.contains("\"identity\""), "1.6 keeps no identity");
+    std::env::set_var(
+        TERRAFORM_ENV,
+        binaries::workspace_root().join(".tools/bin/terraform"),
+    );
+    let upgraded = Terraform::new(&backend, backend.admin_token());
+    upgraded.write_main(&main_tf(false));
+    upgraded.write_file("terraform.tfstate", &state);
+    upgraded.init();
+    upgraded.refresh();
+    let state = std::fs::read_to_string(upgraded.dir().join("terraform.tfstate")).expect("state");
+    let state: Value = serde_json::from_str(&state).expect("state JSON");
+    let identity_of = |ty: &str| {
+        state["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .find(|r| r["type"] == ty)
+            .map(|r| r["instances"][0]["identity"].clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(identity_of("gpufleet_tenant")["name"], "old-client");
+    assert_eq!(identity_of("gpufleet_tenant_token")["tenant"], "old-client");
+    upgraded.assert_no_changes();
+    upgraded.destroy();
+    assert!(upgraded.state_list().is_empty());
 }
