@@ -3,6 +3,7 @@
 mod client;
 mod convert;
 mod data_sources;
+mod ephemeral;
 mod framework;
 mod protocol;
 mod provider;

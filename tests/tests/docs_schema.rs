@@ -1,6 +1,8 @@
 //! The registry pages in `docs/` against the provider's real schema (`terraform providers
 //! schema -json` with the built provider): every resource and data source has its page,
 //! every attribute is documented, and no page documents an attribute that does not exist.
+//! Ephemeral resources' pages are in `docs/ephemeral-resources/`; the provider's own
+//! settings are in `docs/index.md`.
 
 use std::collections::BTreeSet;
 
@@ -136,6 +138,7 @@ fn every_resource_and_data_source_page_matches_the_schema() {
     for (kind, folder) in [
         ("resource_schemas", "resources"),
         ("data_source_schemas", "data-sources"),
+        ("ephemeral_resource_schemas", "ephemeral-resources"),
     ] {
         let entries = provider[kind].as_object().expect("schemas");
         assert!(!entries.is_empty(), "no {kind} in the schema");
@@ -177,6 +180,19 @@ fn every_resource_and_data_source_page_matches_the_schema() {
             }
             checked += 1;
         }
+    }
+    let index = std::fs::read_to_string(docs.join("index.md")).expect("docs/index.md");
+    let settings = attributes(&provider["provider"]["block"]);
+    let written = documented(&index);
+    for missing in settings.difference(&written) {
+        problems.push(format!(
+            "provider: `{missing}` is not documented in index.md"
+        ));
+    }
+    for extra in written.difference(&settings) {
+        problems.push(format!(
+            "provider: index.md documents `{extra}`, which the schema lacks"
+        ));
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     // Four resources and seven data sources today; a new one must come with its page.

@@ -2,6 +2,8 @@
 //! source contracts. Nothing here knows the Terraform plugin protocol (see `protocol`).
 
 pub mod diagnostics;
+pub mod ephemeral;
+pub mod identity;
 pub mod path;
 pub mod plan;
 pub mod schema;
@@ -9,6 +11,8 @@ pub mod traits;
 pub mod value;
 
 pub use diagnostics::{Diagnostic, Diagnostics, Severity};
+pub use ephemeral::{EphemeralResourceType, Opened};
+pub use identity::{IdentityAttribute, IdentitySchema, ResourceIdentity};
 pub use path::{AttrPath, PathStep};
 pub use plan::{changed, default_when_unset, mark_unknown, requires_replace_if_changed};
 pub use schema::{Attribute, Block, Mode, Schema, Type};

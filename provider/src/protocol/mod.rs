@@ -7,19 +7,25 @@
 //! - `socket`, `tls`: a private unix socket, and mutual TLS with the client certificate
 //!   required;
 //! - `service`: `tfplugin6.Provider`, with `values` (DynamicValue) and `convert` (schemas,
-//!   diagnostics);
+//!   diagnostics); `ephemeral` (ephemeral resources, 6.7), `write_only` (6.8) and
+//!   `identity` (resource identity, 6.9) beside it;
 //! - `plugin`: go-plugin's controller and stdio services and gRPC health.
 //!
 //! The definitions are the project's own (`provider/proto/`, compiled by `build.rs`):
 //! protocol 6.10 as Terraform v1.15.x's release tags define it.
 
 mod convert;
+mod ephemeral;
+#[cfg(test)]
+mod fakes;
 mod handshake;
+mod identity;
 mod plugin;
 mod service;
 mod socket;
 mod tls;
 mod values;
+mod write_only;
 
 use std::io::Write;
 use std::sync::Arc;

@@ -10,19 +10,21 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use super::identity::Identities;
 use super::tfplugin6 as tf;
 use super::values::{from_json, from_msgpack, to_msgpack};
+use super::write_only;
 use crate::framework::{
-    AttrPath, DataSourceType, Diagnostic, Diagnostics, ProviderType, ResourceType, Schema, Type,
-    Value,
+    AttrPath, DataSourceType, Diagnostic, Diagnostics, EphemeralResourceType, ProviderType,
+    ResourceType, Schema, Type, Value,
 };
 
 type Reply<T> = Result<Response<T>, Status>;
 
-struct Registered<T: ?Sized> {
-    inner: Arc<T>,
-    schema: Schema,
-    ty: Type,
+pub(super) struct Registered<T: ?Sized> {
+    pub(super) inner: Arc<T>,
+    pub(super) schema: Schema,
+    pub(super) ty: Type,
 }
 
 impl<T: ?Sized> Registered<T> {
@@ -32,12 +34,14 @@ impl<T: ?Sized> Registered<T> {
     }
 }
 
-/// The provider as Terraform sees it: its schema, and its resources and data sources by
-/// full type name (`<provider>_<name>`), built once.
+/// The provider as Terraform sees it: its schema, and its resources, data sources and
+/// ephemeral resources by full type name (`<provider>_<name>`), built once.
 pub struct ProviderService {
     provider: Registered<dyn ProviderType>,
     resources: BTreeMap<String, Registered<dyn ResourceType>>,
     data_sources: BTreeMap<String, Registered<dyn DataSourceType>>,
+    pub(super) ephemeral: BTreeMap<String, Registered<dyn EphemeralResourceType>>,
+    identities: Identities,
 }
 
 impl ProviderService {
@@ -58,11 +62,22 @@ impl ProviderService {
                 (format!("{name}_{}", d.name()), Registered::new(d, schema))
             })
             .collect();
+        let ephemeral = provider
+            .ephemeral_resources()
+            .into_iter()
+            .map(|e| {
+                let schema = e.schema();
+                (format!("{name}_{}", e.name()), Registered::new(e, schema))
+            })
+            .collect();
+        let identities = Identities::new(name, provider.identities());
         let schema = provider.schema();
         Self {
             provider: Registered::new(provider, schema),
             resources,
             data_sources,
+            ephemeral,
+            identities,
         }
     }
 
@@ -79,7 +94,7 @@ impl ProviderService {
     }
 }
 
-fn unknown_type(kind: &str, type_name: &str) -> Diagnostics {
+pub(super) fn unknown_type(kind: &str, type_name: &str) -> Diagnostics {
     Diagnostic::error(
         format!("this provider has no {kind} type {type_name:?}"),
         "",
@@ -100,7 +115,7 @@ fn capabilities() -> tf::ServerCapabilities {
 }
 
 /// Decodes a DynamicValue (absent reads as null).
-fn decode(value: Option<&tf::DynamicValue>, ty: &Type) -> Result<Value, Diagnostics> {
+pub(super) fn decode(value: Option<&tf::DynamicValue>, ty: &Type) -> Result<Value, Diagnostics> {
     let Some(value) = value else {
         return Ok(Value::Null);
     };
@@ -114,7 +129,7 @@ fn decode(value: Option<&tf::DynamicValue>, ty: &Type) -> Result<Value, Diagnost
     decoded.map_err(Diagnostics::from)
 }
 
-fn encode(value: &Value, ty: &Type) -> Option<tf::DynamicValue> {
+pub(super) fn encode(value: &Value, ty: &Type) -> Option<tf::DynamicValue> {
     Some(tf::DynamicValue {
         msgpack: to_msgpack(value, ty),
         json: Vec::new(),
@@ -129,8 +144,9 @@ fn diags_of<T>(result: Result<T, Diagnostics>) -> Vec<tf::Diagnostic> {
     }
 }
 
-/// A planned change: the planned state and the attributes that force replacement.
-type Planned = (Value, Vec<AttrPath>);
+/// A planned change: the planned state, the attributes that force replacement, and for
+/// an update in place the prior state (whose identity the plan keeps).
+type Planned = (Value, Vec<AttrPath>, Option<Value>);
 
 impl ProviderService {
     async fn plan(&self, req: &tf::plan_resource_change::Request) -> Result<Planned, Diagnostics> {
@@ -142,17 +158,26 @@ impl ProviderService {
             // Destroy: planned as null, unless the provider refuses it.
             (false, true) => {
                 r.inner.plan_delete(&prior).await?;
-                Ok((Value::Null, Vec::new()))
+                Ok((Value::Null, Vec::new(), None))
             }
             (true, false) => {
                 let planned = r.inner.plan(None, proposed, &config).await?;
-                Ok((planned.state, Vec::new()))
+                Ok((
+                    write_only::nulled(&r.schema, planned.state),
+                    Vec::new(),
+                    None,
+                ))
             }
             (false, false) => {
                 let planned = r.inner.plan(Some(&prior), proposed, &config).await?;
-                Ok((planned.state, planned.requires_replace))
+                let in_place = planned.requires_replace.is_empty().then_some(prior);
+                Ok((
+                    write_only::nulled(&r.schema, planned.state),
+                    planned.requires_replace,
+                    in_place,
+                ))
             }
-            (true, true) => Ok((Value::Null, Vec::new())),
+            (true, true) => Ok((Value::Null, Vec::new(), None)),
         }
     }
 
@@ -162,10 +187,14 @@ impl ProviderService {
     async fn apply(
         &self,
         req: &tf::apply_resource_change::Request,
-    ) -> (Option<tf::DynamicValue>, Diagnostics) {
+    ) -> (
+        Option<tf::DynamicValue>,
+        Diagnostics,
+        Option<tf::ResourceIdentityData>,
+    ) {
         let r = match self.resource(&req.type_name) {
             Ok(r) => r,
-            Err(d) => return (req.prior_state.clone(), d),
+            Err(d) => return (req.prior_state.clone(), d, None),
         };
         let decoded = (|| {
             Ok::<_, Diagnostics>((
@@ -176,7 +205,7 @@ impl ProviderService {
         })();
         let (prior, planned, config) = match decoded {
             Ok(values) => values,
-            Err(d) => return (req.prior_state.clone(), d),
+            Err(d) => return (req.prior_state.clone(), d, None),
         };
         let outcome = match (prior.is_null(), planned.is_null()) {
             (true, false) => r.inner.create(&planned, &config).await.map(Some),
@@ -185,10 +214,20 @@ impl ProviderService {
             (true, true) => Ok(None),
         };
         match outcome {
-            Ok(Some(state)) => (encode(&state, &r.ty), Diagnostics::default()),
-            Ok(None) => (encode(&Value::Null, &r.ty), Diagnostics::default()),
-            Err(d) if prior.is_null() => (encode(&Value::Null, &r.ty), d),
-            Err(d) => (req.prior_state.clone(), d),
+            Ok(Some(state)) => {
+                let state = write_only::nulled(&r.schema, state);
+                let mut diagnostics = Diagnostics::default();
+                // A create (or the create of a replacement) has no identity yet.
+                let held = req.planned_identity.as_ref().filter(|_| !prior.is_null());
+                let identity = self
+                    .identities
+                    .kept_or_made(&req.type_name, held, &state, &mut diagnostics)
+                    .await;
+                (encode(&state, &r.ty), diagnostics, identity)
+            }
+            Ok(None) => (encode(&Value::Null, &r.ty), Diagnostics::default(), None),
+            Err(d) if prior.is_null() => (encode(&Value::Null, &r.ty), d, None),
+            Err(d) => (req.prior_state.clone(), d, req.planned_identity.clone()),
         }
     }
 }
@@ -213,6 +252,13 @@ impl tf::provider_server::Provider for ProviderService {
                 .resources
                 .keys()
                 .map(|n| tf::get_metadata::ResourceMetadata {
+                    type_name: n.clone(),
+                })
+                .collect(),
+            ephemeral_resources: self
+                .ephemeral
+                .keys()
+                .map(|n| tf::get_metadata::EphemeralMetadata {
                     type_name: n.clone(),
                 })
                 .collect(),
@@ -241,6 +287,9 @@ impl tf::provider_server::Provider for ProviderService {
             diagnostics: Vec::new(),
             provider_meta: None,
             server_capabilities: Some(capabilities()),
+            ephemeral_resource_schemas: schemas(
+                self.ephemeral.iter().map(|(n, e)| (n, &e.schema)).collect(),
+            ),
         }))
     }
 
@@ -263,6 +312,11 @@ impl tf::provider_server::Provider for ProviderService {
         let result = async {
             let r = self.resource(&req.type_name)?;
             let config = decode(req.config.as_ref(), &r.ty)?;
+            write_only::refuse_without_support(
+                &r.schema,
+                &config,
+                req.client_capabilities.as_ref(),
+            )?;
             r.inner.validate(&config).await
         }
         .await;
@@ -336,8 +390,22 @@ impl tf::provider_server::Provider for ProviderService {
         _req: Request<tf::get_resource_identity_schemas::Request>,
     ) -> Reply<tf::get_resource_identity_schemas::Response> {
         Ok(Response::new(tf::get_resource_identity_schemas::Response {
-            identity_schemas: HashMap::new(),
+            identity_schemas: self.identities.schemas(),
             diagnostics: Vec::new(),
+        }))
+    }
+
+    async fn upgrade_resource_identity(
+        &self,
+        req: Request<tf::upgrade_resource_identity::Request>,
+    ) -> Reply<tf::upgrade_resource_identity::Response> {
+        let (upgraded_identity, diagnostics) = match self.identities.upgrade(&req.into_inner()) {
+            Ok(identity) => (Some(identity), Vec::new()),
+            Err(d) => (None, convert::diagnostics(d)),
+        };
+        Ok(Response::new(tf::upgrade_resource_identity::Response {
+            upgraded_identity,
+            diagnostics,
         }))
     }
 
@@ -367,18 +435,33 @@ impl tf::provider_server::Provider for ProviderService {
             let r = self.resource(&req.type_name)?;
             let prior = decode(req.current_state.as_ref(), &r.ty)?;
             let current = r.inner.read(&prior).await?;
-            Ok(encode(&current.unwrap_or(Value::Null), &r.ty))
+            let current = write_only::nulled(&r.schema, current.unwrap_or(Value::Null));
+            let mut warnings = Diagnostics::default();
+            let identity = self
+                .identities
+                .kept_or_made(
+                    &req.type_name,
+                    req.current_identity.as_ref(),
+                    &current,
+                    &mut warnings,
+                )
+                .await;
+            Ok((encode(&current, &r.ty), identity, warnings))
         }
         .await;
-        let (new_state, diagnostics) = match result {
-            Ok(state) => (state, Vec::new()),
-            Err(d) => (req.current_state, convert::diagnostics(d)),
+        let (new_state, new_identity, diagnostics) = match result {
+            Ok((state, identity, warnings)) => (state, identity, convert::diagnostics(warnings)),
+            Err(d) => (
+                req.current_state,
+                req.current_identity,
+                convert::diagnostics(d),
+            ),
         };
         Ok(Response::new(tf::read_resource::Response {
             new_state,
             diagnostics,
             private: req.private,
-            new_identity: None,
+            new_identity,
         }))
     }
 
@@ -387,23 +470,41 @@ impl tf::provider_server::Provider for ProviderService {
         req: Request<tf::plan_resource_change::Request>,
     ) -> Reply<tf::plan_resource_change::Response> {
         let req = req.into_inner();
-        let (planned_state, requires_replace, diagnostics) = match self.plan(&req).await {
-            Ok((state, replace)) => {
-                let ty = &self.resources[&req.type_name].ty;
-                (
-                    encode(&state, ty),
-                    replace.iter().map(convert::attribute_path).collect(),
-                    Vec::new(),
-                )
-            }
-            Err(d) => (None, Vec::new(), convert::diagnostics(d)),
-        };
+        let (planned_state, requires_replace, planned_identity, diagnostics) =
+            match self.plan(&req).await {
+                Ok((state, replace, in_place)) => {
+                    let ty = &self.resources[&req.type_name].ty;
+                    // An update in place keeps the object's identity; a create or a
+                    // replacement has none until apply.
+                    let mut warnings = Diagnostics::default();
+                    let identity = match &in_place {
+                        Some(prior) => {
+                            self.identities
+                                .kept_or_made(
+                                    &req.type_name,
+                                    req.prior_identity.as_ref(),
+                                    prior,
+                                    &mut warnings,
+                                )
+                                .await
+                        }
+                        None => None,
+                    };
+                    (
+                        encode(&state, ty),
+                        replace.iter().map(convert::attribute_path).collect(),
+                        identity,
+                        convert::diagnostics(warnings),
+                    )
+                }
+                Err(d) => (None, Vec::new(), None, convert::diagnostics(d)),
+            };
         Ok(Response::new(tf::plan_resource_change::Response {
             planned_state,
             requires_replace,
             planned_private: req.prior_private,
             diagnostics,
-            planned_identity: None,
+            planned_identity,
         }))
     }
 
@@ -412,12 +513,12 @@ impl tf::provider_server::Provider for ProviderService {
         req: Request<tf::apply_resource_change::Request>,
     ) -> Reply<tf::apply_resource_change::Response> {
         let req = req.into_inner();
-        let (new_state, diagnostics) = self.apply(&req).await;
+        let (new_state, diagnostics, new_identity) = self.apply(&req).await;
         Ok(Response::new(tf::apply_resource_change::Response {
             new_state,
             private: Vec::new(),
             diagnostics: convert::diagnostics(diagnostics),
-            new_identity: None,
+            new_identity,
         }))
     }
 
@@ -428,17 +529,30 @@ impl tf::provider_server::Provider for ProviderService {
         let req = req.into_inner();
         let result = async {
             let r = self.resource(&req.type_name)?;
-            let state = r.inner.import(&req.id).await?;
-            Ok(tf::import_resource_state::ImportedResource {
+            // `import { identity = {...} }` sends the identity and no id.
+            let id = match (&req.identity, req.id.is_empty()) {
+                (Some(identity), true) => self.identities.import_id(&req.type_name, identity)?,
+                _ => req.id.clone(),
+            };
+            let state = write_only::nulled(&r.schema, r.inner.import(&id).await?);
+            // Made afresh: the identity of the object found, whichever way the import
+            // spelled it (a tenant's id becomes its name).
+            let mut warnings = Diagnostics::default();
+            let identity = self
+                .identities
+                .kept_or_made(&req.type_name, None, &state, &mut warnings)
+                .await;
+            let imported = tf::import_resource_state::ImportedResource {
                 type_name: req.type_name.clone(),
                 state: encode(&state, &r.ty),
                 private: Vec::new(),
-                identity: None,
-            })
+                identity,
+            };
+            Ok((imported, warnings))
         }
         .await;
         let (imported_resources, diagnostics) = match result {
-            Ok(imported) => (vec![imported], Vec::new()),
+            Ok((imported, warnings)) => (vec![imported], convert::diagnostics(warnings)),
             Err(d) => (Vec::new(), convert::diagnostics(d)),
         };
         Ok(Response::new(tf::import_resource_state::Response {
@@ -467,6 +581,36 @@ impl tf::provider_server::Provider for ProviderService {
             state,
             diagnostics,
         }))
+    }
+
+    async fn validate_ephemeral_resource_config(
+        &self,
+        req: Request<tf::validate_ephemeral_resource_config::Request>,
+    ) -> Reply<tf::validate_ephemeral_resource_config::Response> {
+        Ok(Response::new(
+            self.validate_ephemeral(req.into_inner()).await,
+        ))
+    }
+
+    async fn open_ephemeral_resource(
+        &self,
+        req: Request<tf::open_ephemeral_resource::Request>,
+    ) -> Reply<tf::open_ephemeral_resource::Response> {
+        Ok(Response::new(self.open_ephemeral(req.into_inner()).await))
+    }
+
+    async fn renew_ephemeral_resource(
+        &self,
+        req: Request<tf::renew_ephemeral_resource::Request>,
+    ) -> Reply<tf::renew_ephemeral_resource::Response> {
+        Ok(Response::new(self.renew_ephemeral(req.into_inner()).await))
+    }
+
+    async fn close_ephemeral_resource(
+        &self,
+        req: Request<tf::close_ephemeral_resource::Request>,
+    ) -> Reply<tf::close_ephemeral_resource::Response> {
+        Ok(Response::new(self.close_ephemeral(req.into_inner()).await))
     }
 
     async fn get_functions(
