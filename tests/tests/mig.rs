@@ -265,3 +265,43 @@ async fn mig_layout_on_a_model_without_mig_is_refused_at_plan_time() {
     }
     tf.assert_no_changes();
 }
+
+/// Four A100 nodes of eight GPUs each.
+const FOUR_NODES_OF_EIGHT: &str = r#"
+[[pool]]
+gpu_type = "A100-80GB"
+nodes = 4
+gpus_per_node = 8
+"#;
+
+/// The most lines `terraform plan` may print for a MIG change of 4 nodes x 8 GPUs.
+const MAX_PLAN_LINES: usize = 150;
+
+/// A MIG change on 4 nodes of 8 GPUs plans what happens per node, in a size that does
+/// not grow with the GPUs: the plan's text stays within [`MAX_PLAN_LINES`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mig_change_on_four_nodes_of_eight_gpus_plans_in_few_lines() {
+    let backend = Backend::start_with_fleet(FOUR_NODES_OF_EIGHT);
+    let tf = Terraform::new(&backend, backend.admin_token());
+    let four = |layout: &[(&str, i64)]| {
+        config(layout)
+            .replace("gpus     = 8", "gpus     = 32")
+            .replace("node_count   = 1", "node_count   = 4")
+    };
+    tf.write_main(&four(MIXED));
+    tf.init();
+    tf.apply();
+
+    tf.write_main(&four(HALVES));
+    let plan = tf.run_ok(&["plan", "-no-color", "-input=false"]);
+    let lines = plan.stdout.lines().count();
+    println!(
+        "plan of a MIG change on 4 nodes x 8 GPUs: {lines} lines\n{}",
+        plan.stdout
+    );
+    plan.assert_mentions(&["updated in-place", "mig_layout"]);
+    assert!(
+        lines <= MAX_PLAN_LINES,
+        "the plan has {lines} lines (at most {MAX_PLAN_LINES})\n{plan}"
+    );
+}

@@ -210,7 +210,8 @@ async fn pool_cluster_larger_than_the_free_pool_is_refused_at_plan_time() {
 
 /// A team pipeline holding only its token (its tenant left out, as the docs recommend)
 /// gives its cluster ssh keys the login cannot take: each is refused at plan, naming
-/// `ssh_public_keys` and why, and nothing is created.
+/// `ssh_public_keys` and why, on that attribute (Terraform quotes its line of the HCL,
+/// not `node_count`'s), and nothing is created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_pipelines_unusable_ssh_keys_are_refused_at_plan() {
     let backend = Backend::start();
@@ -258,7 +259,15 @@ resource "gpufleet_tenant_cluster" "train" {{
             vec!["ssh_public_keys[0]", "not a ssh-ed25519 key"],
         ),
     ] {
+        let mut needles = needles;
+        // The diagnostic's source line: the attribute's own.
+        needles.push("ssh_public_keys = [");
         assert_refused_at_plan(&backend, &tf, &hcl, &needles).await;
+        let plan = tf.plan_fails();
+        assert!(
+            !plan.output().contains("node_count      = 1"),
+            "the refusal points at node_count\n{plan}"
+        );
     }
 }
 

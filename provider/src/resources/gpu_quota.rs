@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::{verdict, Asked};
+use super::checks::{verdict, written, Asked};
 use super::common::{
     answered, check_min, deleted, diag, found, import_id, imported, imported_tenant,
     known_gpu_type, note_prior, optional_tenant, request_id, required_i64, required_str,
@@ -55,9 +55,6 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedCh
         requires_replace,
     }
 }
-
-/// Attributes a backend refusal of a quota may name.
-const ATTRIBUTES: &[&str] = &["tenant", "gpu_type", "gpus", "burst_gpus"];
 
 /// The create call for a planned quota (a dry run at plan time, the real one at apply).
 fn create_request(planned: &Value) -> Result<api::CreateGpuQuotaRequest, Diagnostics> {
@@ -141,7 +138,7 @@ impl GpuQuota {
             &self.provider.run,
             asked,
             answer,
-            ATTRIBUTES,
+            &written(&self.schema()),
             "gpus",
         )
         .await

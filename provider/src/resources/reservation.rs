@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::{verdict, Asked};
+use super::checks::{verdict, written, Asked};
 use super::common::{
     answered, check_min, check_window, deleted, diag, found, imported, known_gpu_type,
     optional_tenant, request_id, required_i64, required_str, respelled_prior, with_tenant_spelling,
@@ -109,16 +109,6 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value, now: i64) ->
         requires_replace,
     }
 }
-
-/// Attributes a backend refusal of a reservation may name.
-const ATTRIBUTES: &[&str] = &[
-    "tenant",
-    "gpu_type",
-    "node_count",
-    "start_time",
-    "end_time",
-    "allow_on_demand",
-];
 
 /// The create call for a planned reservation (a dry run at plan time, the real one at apply).
 fn create_request(planned: &Value) -> Result<api::CreateReservationRequest, Diagnostics> {
@@ -240,7 +230,7 @@ impl Reservation {
             &self.provider.run,
             asked,
             answer,
-            ATTRIBUTES,
+            &written(&self.schema()),
             "node_count",
         )
         .await

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 use tonic::{Code, Status};
 
-use super::checks::{verdict, Asked};
+use super::checks::{verdict, written, Asked};
 use super::cluster_waits;
 use super::common::{
     check_min, compared_prior, diag, found, import_id, imported, imported_tenant, known_gpu_type,
@@ -458,25 +458,6 @@ async fn check_layout(
     Ok(())
 }
 
-/// Attributes a backend refusal of a cluster may name.
-const ATTRIBUTES: &[&str] = &[
-    "tenant",
-    "name",
-    "orchestrator",
-    "gpu_type",
-    "node_count",
-    "reservation_id",
-    "storage_gib",
-    "storage_retention",
-    "mig_layout",
-    "cuda_version",
-    "driver_version",
-    "max_unavailable",
-    "preemptible",
-    "allow_on_demand",
-    "acceptance",
-];
-
 /// Inputs of a create or update that must be known for a dry run (a tenant or a
 /// reservation made by the same apply is not, and the backend decides at apply).
 const DRY_RUN_INPUTS: &[&str] = &[
@@ -716,7 +697,7 @@ impl TenantCluster {
             &self.provider.run,
             asked,
             answer,
-            ATTRIBUTES,
+            &written(&self.schema()),
             "node_count",
         )
         .await
