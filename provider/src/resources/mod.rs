@@ -2,6 +2,7 @@
 
 pub(crate) mod acceptance;
 pub(crate) mod checks;
+mod cluster_node;
 mod cluster_waits;
 pub(crate) mod common;
 mod credentials;

@@ -9,6 +9,7 @@ use gpufleet_proto::v1 as api;
 use tonic::{Code, Status};
 
 use super::checks::{verdict, written, Asked};
+use super::cluster_node::{cluster_node_type, cluster_node_value};
 use super::cluster_waits;
 use super::common::{
     check_min, compared_prior, diag, found, import_id, imported, imported_tenant, known_gpu_type,
@@ -17,7 +18,6 @@ use super::common::{
 use super::node_plan::Count;
 use super::waiting::{self, Deadline};
 use crate::client::Client;
-use crate::convert::{node_type, node_value};
 use crate::framework::{
     changed, default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
     Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
@@ -100,7 +100,7 @@ fn state(c: &api::TenantCluster, order: &Value) -> Value {
         (
             "nodes",
             Value::List(super::node_plan::in_prior_order(
-                c.nodes.iter().map(node_value).collect(),
+                c.nodes.iter().map(cluster_node_value).collect(),
                 order,
             )),
         ),
@@ -252,10 +252,11 @@ fn mark_effects(prior: Option<&Value>, planned: &mut Value) {
         _ if !changed(prior, planned, "node_count") => Count::Same,
         _ => Count::Other,
     };
+    let layout = planned.get("mig_layout").clone();
     let change = super::node_plan::NodeChange {
         count,
         driver: new_driver.then_some(&driver),
-        layout: changed(prior, planned, "mig_layout"),
+        layout: changed(prior, planned, "mig_layout").then_some(&layout),
     };
     if change.any() {
         let nodes = super::node_plan::planned_nodes(prior.get("nodes"), change);
@@ -860,8 +861,8 @@ impl ResourceType for TenantCluster {
                 Attribute::computed("status_reason", Type::String, "Why the status is not simply `running` (e.g. which node is unreachable, and whether a replacement is possible); empty otherwise."),
                 Attribute::computed(
                     "nodes",
-                    Type::list(node_type()),
-                    "The cluster's nodes, their GPUs and each GPU's MIG devices. A node keeps its place in the list while it stays in the cluster; nodes that join are added at the end.",
+                    Type::list(cluster_node_type()),
+                    "The cluster's nodes, their GPUs and each node's MIG instances by profile (`mig_instances`; each GPU's devices are in the `gpufleet_nodes` data source). A node keeps its place in the list while it stays in the cluster; nodes that join are added at the end.",
                 ),
                 Attribute::optional_computed("ssh_public_keys", Type::list(Type::String), "Slurm only: the OpenSSH public keys (e.g. `file(\"~/.ssh/id_ed25519.pub\")`) that may log in to the cluster's login endpoint as the cluster's own unprivileged account; at most 32. Changes in place (the next login uses them). Default: none, so no one can log in."),
                 Attribute::computed("endpoint", Type::String, "Kubernetes API server URL, or the Slurm cluster's login endpoint (its sshd) as host:port."),
@@ -1197,7 +1198,7 @@ mod tests {
     }
 
     #[test]
-    fn layout_change_is_in_place_and_leaves_only_the_slices_unknown() {
+    fn layout_change_is_in_place_and_plans_each_nodes_instances() {
         let mut p = prior();
         p.set("nodes", Value::List(vec![one_node()]));
         let mut proposed = p.clone();
@@ -1215,7 +1216,12 @@ mod tests {
             panic!("its GPUs stay")
         };
         assert_eq!(gpus[0].get("uuid"), &Value::string("GPU-1"));
-        assert!(gpus[0].get("mig_devices").is_unknown());
+        assert_eq!(
+            nodes[0].get("mig_instances"),
+            &Value::Map(BTreeMap::from([("3g.40gb".to_string(), Value::Number(2))]))
+        );
+        // Only a node count, a driver or the block itself runs checks: the last results stay.
+        assert_eq!(planned.state.get("acceptance_nodes"), &Value::List(vec![]));
         assert_eq!(planned.state.get("endpoint"), &Value::string("https://k"));
         assert_eq!(
             planned.state.get("credentials"),
@@ -1228,11 +1234,10 @@ mod tests {
         let gpu = Value::object([
             ("index", Value::Number(0)),
             ("uuid", Value::string("GPU-1")),
-            ("mig_enabled", Value::Bool(false)),
-            ("mig_devices", Value::List(vec![])),
         ]);
         Value::object([
             ("hostname", Value::string("node-1")),
+            ("mig_instances", Value::Map(BTreeMap::new())),
             ("driver_version", Value::string("550.54.15")),
             ("cuda_version", Value::string("12.4")),
             ("state", Value::string("allocated")),
