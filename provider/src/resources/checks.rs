@@ -63,6 +63,27 @@ pub(crate) async fn verdict<T>(
     }
 }
 
+/// The ids of the objects a delete was refused for, from its `ErrorInfo` (`used_by`):
+/// the clusters and reservations that use a quota, the quotas, reservations and clusters
+/// a tenant still has. None for any other refusal.
+pub(crate) fn used_by(status: &Status) -> Vec<String> {
+    ids_in(status, gpufleet_proto::error_info::USED_BY)
+}
+
+/// The ids a refusal's `ErrorInfo` metadata lists under `key`, comma-separated.
+pub(crate) fn ids_in(status: &Status, key: &str) -> Vec<String> {
+    status
+        .get_details_error_info()
+        .and_then(|i| i.metadata.get(key).cloned())
+        .map(|ids| {
+            ids.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A tenant the backend does not know (or this token may not see), said on `tenant`.
 pub(crate) fn unknown_tenant(status: &Status) -> Diagnostic {
     Diagnostic::error_at(

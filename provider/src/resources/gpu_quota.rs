@@ -149,22 +149,6 @@ impl GpuQuota {
 /// beside it.
 const USERS_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The ids of the clusters and reservations a delete was refused for (none for any other
-/// refusal).
-fn users(status: &tonic::Status) -> Vec<String> {
-    use tonic_types::StatusExt;
-    status
-        .get_details_error_info()
-        .and_then(|i| i.metadata.get(gpufleet_proto::error_info::USED_BY).cloned())
-        .map(|ids| {
-            ids.split(',')
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The quota of `gpu_type` of the tenant spelled `tenant` (a tenant this token may not
 /// see is an error that lists those it may).
 async fn of_model(
@@ -315,8 +299,8 @@ impl ResourceType for GpuQuota {
                 validate_only: false,
             };
             match client.quotas().delete_gpu_quota(request).await {
-                Err(s) if !users(&s).is_empty() => {
-                    let users = users(&s);
+                Err(s) if !super::checks::used_by(&s).is_empty() => {
+                    let users = super::checks::used_by(&s);
                     let keys: Vec<&str> = users.iter().map(String::as_str).collect();
                     if !run.dependents_deleted(&keys, USERS_GRACE).await {
                         return Err(client.diagnostic(&s).into());
@@ -331,6 +315,8 @@ impl ResourceType for GpuQuota {
     /// the same plan deletes them too: the apply would delete some of a team's quotas and
     /// then fail on the next.
     async fn plan_delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        // Its tenant may be deleted by the same plan.
+        self.provider.run.plans_delete(&required_str(prior, "id")?);
         let Some(client) = self.provider.plan_client() else {
             return Ok(());
         };
@@ -343,7 +329,7 @@ impl ResourceType for GpuQuota {
             Err(s) if s.code() == tonic::Code::NotFound => return Ok(()),
             Err(s) => s,
         };
-        let users = users(&status);
+        let users = super::checks::used_by(&status);
         if users.is_empty() {
             return Err(client.diagnostic(&status).into());
         }

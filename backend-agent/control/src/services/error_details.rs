@@ -108,8 +108,14 @@ pub fn already_exists(field: &str, message: impl Into<String>, existing_id: &str
 /// FAILED_PRECONDITION for a delete of what `ids` still use (in its `ErrorInfo`, so a
 /// client deleting those too in the same run may go on).
 pub fn used_by(message: impl Into<String>, ids: &[&str]) -> Status {
+    used_by_with(message, ids, &[])
+}
+
+/// [`used_by`] with more `ErrorInfo` metadata (e.g. which of the ids are quotas).
+pub fn used_by_with(message: impl Into<String>, ids: &[&str], more: &[(&str, String)]) -> Status {
     let message = message.into();
-    let metadata = HashMap::from([(USED_BY.to_string(), ids.join(","))]);
+    let mut metadata = HashMap::from([(USED_BY.to_string(), ids.join(","))]);
+    metadata.extend(more.iter().map(|(k, v)| (k.to_string(), v.clone())));
     let details = ErrorDetails::with_error_info("FAILED_PRECONDITION", DOMAIN, metadata);
     Status::with_error_details(Code::FailedPrecondition, message, details)
 }
