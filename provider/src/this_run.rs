@@ -12,7 +12,9 @@
 //!   the same plan deletes that cluster too;
 //! * deletes under way: a tenant delete waits for the deletes of its quotas, clusters and
 //!   reservations that run beside it (Terraform runs deletes without a dependency in
-//!   parallel) instead of failing for dependents that are about to be gone.
+//!   parallel) instead of failing for dependents that are about to be gone;
+//! * reservations this plan creates: each create's dry run is sent with those admitted
+//!   before it, so siblings that cannot all fit are refused at plan, not half-applied.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +34,8 @@ pub struct ThisRun {
     changed: Notify,
     /// Told when a delete is planned.
     planned: Notify,
+    /// Reservation creates whose dry runs admitted them, in that order.
+    reservations: Mutex<Vec<gpufleet_proto::v1::PlannedReservation>>,
 }
 
 #[derive(Default)]
@@ -114,6 +118,38 @@ impl ThisRun {
                 return left;
             }
         }
+    }
+
+    /// The reservation creates admitted so far in this plan: how many, and those of
+    /// `gpu_type` (at most `max`, the first admitted).
+    pub fn planned_reservations(
+        &self,
+        gpu_type: &str,
+        max: usize,
+    ) -> (usize, Vec<gpufleet_proto::v1::PlannedReservation>) {
+        let all = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
+        let same = all
+            .iter()
+            .filter(|r| r.gpu_type == gpu_type)
+            .take(max)
+            .cloned()
+            .collect();
+        (all.len(), same)
+    }
+
+    /// Records an admitted reservation create, unless others were admitted since the
+    /// dry run saw `seen` of them (false: ask again, with them).
+    pub fn admits_reservation(
+        &self,
+        seen: usize,
+        planned: gpufleet_proto::v1::PlannedReservation,
+    ) -> bool {
+        let mut all = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() != seen {
+            return false;
+        }
+        all.push(planned);
+        true
     }
 
     /// Marks a delete as under way until the guard is dropped, under `keys`: the object's
@@ -238,6 +274,26 @@ mod tests {
         tokio::task::yield_now().await;
         run.plans_delete("c-1");
         assert_eq!(waiter.await.unwrap(), vec!["c-2".to_string()]);
+    }
+
+    #[test]
+    fn a_reservation_admitted_meanwhile_sends_the_dry_run_again() {
+        let run = ThisRun::default();
+        let planned = |gpu: &str| gpufleet_proto::v1::PlannedReservation {
+            gpu_type: gpu.into(),
+            node_count: 2,
+            ..Default::default()
+        };
+        // Two dry runs at once, both before either was recorded.
+        let (seen_a, _) = run.planned_reservations("H100-80GB", 100);
+        let (seen_b, _) = run.planned_reservations("H100-80GB", 100);
+        assert!(run.admits_reservation(seen_a, planned("H100-80GB")));
+        assert!(!run.admits_reservation(seen_b, planned("H100-80GB")));
+        let (seen, same) = run.planned_reservations("H100-80GB", 100);
+        assert_eq!((seen, same.len()), (1, 1));
+        assert!(run.admits_reservation(seen, planned("A100-80GB")));
+        assert_eq!(run.planned_reservations("A100-80GB", 100).1.len(), 1);
+        assert!(run.planned_reservations("H100-80GB", 0).1.is_empty());
     }
 
     #[test]

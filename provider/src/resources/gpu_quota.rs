@@ -93,6 +93,10 @@ impl GpuQuota {
         planned: &PlannedChange,
     ) -> Result<(), Diagnostics> {
         let state = &planned.state;
+        // A destroy creates nothing (see `destroy_run`).
+        if prior.is_none() && super::destroy_run::destroying() {
+            return Ok(());
+        }
         if let Some(prior) = prior {
             let limits_change =
                 changed(prior, state, "gpus") || changed(prior, state, "burst_gpus");

@@ -6,6 +6,7 @@ mod cluster_node;
 mod cluster_waits;
 pub(crate) mod common;
 mod credentials;
+mod destroy_run;
 mod gpu_quota;
 mod health_check;
 pub(crate) mod identity;

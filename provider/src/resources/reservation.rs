@@ -110,6 +110,18 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value, now: i64) ->
     }
 }
 
+/// A create as a sibling's dry run takes it.
+fn planned(r: &api::CreateReservationRequest) -> api::PlannedReservation {
+    api::PlannedReservation {
+        tenant_id: r.tenant_id.clone(),
+        gpu_type: r.gpu_type.clone(),
+        node_count: r.node_count,
+        start_time: r.start_time,
+        end_time: r.end_time,
+        allow_on_demand: r.allow_on_demand,
+    }
+}
+
 /// The create call for a planned reservation (a dry run at plan time, the real one at apply).
 fn create_request(planned: &Value) -> Result<api::CreateReservationRequest, Diagnostics> {
     let start = times::unix(&required_str(planned, "start_time")?)
@@ -128,6 +140,7 @@ fn create_request(planned: &Value) -> Result<api::CreateReservationRequest, Diag
             .map_err(diag)?
             .unwrap_or(false),
         validate_only: false,
+        also_planned: Vec::new(),
     })
 }
 
@@ -201,13 +214,9 @@ impl Reservation {
             return Ok(());
         }
         let answer = match prior {
-            None => {
-                let request = api::CreateReservationRequest {
-                    validate_only: true,
-                    ..create_request(state)?
-                };
-                client.reservations().create_reservation(request).await
-            }
+            // A destroy creates nothing (see `destroy_run`).
+            None if super::destroy_run::destroying() => return Ok(()),
+            None => self.create_dry_run(&client, create_request(state)?).await,
             Some(prior) => {
                 let Some(request) = update_request(prior, state)? else {
                     return Ok(());
@@ -234,6 +243,31 @@ impl Reservation {
             "node_count",
         )
         .await
+    }
+
+    /// The dry run of a create, sent with the reservations this plan's earlier dry runs
+    /// admitted (its siblings: Terraform plans them side by side), and recorded among
+    /// them when admitted. One admitted meanwhile makes it ask again with that one too,
+    /// so of two that cannot both fit the later is refused, naming the other.
+    async fn create_dry_run(
+        &self,
+        client: &Client,
+        request: api::CreateReservationRequest,
+    ) -> Result<tonic::Response<api::Reservation>, tonic::Status> {
+        let run = &self.provider.run;
+        let max = gpufleet_proto::limits::MAX_ALSO_PLANNED;
+        loop {
+            let (seen, also_planned) = run.planned_reservations(&request.gpu_type, max);
+            let asked = api::CreateReservationRequest {
+                validate_only: true,
+                also_planned,
+                ..request.clone()
+            };
+            let answer = client.reservations().create_reservation(asked).await;
+            if answer.is_err() || run.admits_reservation(seen, planned(&request)) {
+                return answer;
+            }
+        }
     }
 
     async fn get(

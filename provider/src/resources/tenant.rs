@@ -353,6 +353,10 @@ impl Tenant {
     /// rules, a name no tenant has), when every input is known. A token that may not
     /// create tenants is said on `name`, the attribute that asks for one.
     async fn check_with_backend(&self, planned: &Value) -> Result<(), Diagnostics> {
+        // A destroy creates nothing (see `destroy_run`).
+        if super::destroy_run::destroying() {
+            return Ok(());
+        }
         let Some(client) = self.provider.plan_client() else {
             return Ok(());
         };

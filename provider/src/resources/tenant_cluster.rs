@@ -645,6 +645,10 @@ impl TenantCluster {
         planned: &PlannedChange,
         config: &Value,
     ) -> Result<(), Diagnostics> {
+        // A destroy creates nothing (see `destroy_run`).
+        if prior.is_none() && super::destroy_run::destroying() {
+            return Ok(());
+        }
         let replacing = !planned.requires_replace.is_empty();
         let compared = compared_prior(prior, planned);
         let state = &planned.state;
