@@ -34,8 +34,16 @@ pub struct ThisRun {
     changed: Notify,
     /// Told when a delete is planned.
     planned: Notify,
-    /// Reservation creates whose dry runs admitted them, in that order.
-    reservations: Mutex<Vec<gpufleet_proto::v1::PlannedReservation>>,
+    /// Reservation creates whose dry runs admitted them and that are not created yet.
+    reservations: Mutex<PlannedReservations>,
+}
+
+/// Reservation creates a plan admitted, in that order, and a count of the changes to
+/// them (a dry run that saw another count asks again).
+#[derive(Default)]
+struct PlannedReservations {
+    changes: u64,
+    admitted: Vec<gpufleet_proto::v1::PlannedReservation>,
 }
 
 #[derive(Default)]
@@ -120,36 +128,59 @@ impl ThisRun {
         }
     }
 
-    /// The reservation creates admitted so far in this plan: how many, and those of
-    /// `gpu_type` (at most `max`, the first admitted).
+    fn reservations(&self) -> std::sync::MutexGuard<'_, PlannedReservations> {
+        self.reservations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The reservation creates admitted in this run and not created yet, those of
+    /// `gpu_type` (at most `max`, the first admitted), and the count of changes to them
+    /// so far.
     pub fn planned_reservations(
         &self,
         gpu_type: &str,
         max: usize,
-    ) -> (usize, Vec<gpufleet_proto::v1::PlannedReservation>) {
-        let all = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
-        let same = all
+    ) -> (u64, Vec<gpufleet_proto::v1::PlannedReservation>) {
+        let planned = self.reservations();
+        let same = planned
+            .admitted
             .iter()
             .filter(|r| r.gpu_type == gpu_type)
             .take(max)
             .cloned()
             .collect();
-        (all.len(), same)
+        (planned.changes, same)
     }
 
-    /// Records an admitted reservation create, unless others were admitted since the
-    /// dry run saw `seen` of them (false: ask again, with them).
+    /// Records an admitted reservation create, unless they changed since the dry run
+    /// saw `seen` (false: ask again, with them).
     pub fn admits_reservation(
         &self,
-        seen: usize,
-        planned: gpufleet_proto::v1::PlannedReservation,
+        seen: u64,
+        reservation: gpufleet_proto::v1::PlannedReservation,
     ) -> bool {
-        let mut all = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
-        if all.len() != seen {
+        let mut planned = self.reservations();
+        if planned.changes != seen {
             return false;
         }
-        all.push(planned);
+        planned.changes += 1;
+        planned.admitted.push(reservation);
         true
+    }
+
+    /// Whether the admitted reservation creates changed since a dry run saw `seen`.
+    pub fn reservations_changed_since(&self, seen: u64) -> bool {
+        self.reservations().changes != seen
+    }
+
+    /// A reservation create is about to be sent: from now on the backend counts it, so
+    /// the dry runs after it (Terraform plans each resource again during the apply) must
+    /// not count it twice.
+    pub fn creating_reservation(&self, reservation: &gpufleet_proto::v1::PlannedReservation) {
+        let mut planned = self.reservations();
+        if let Some(at) = planned.admitted.iter().position(|r| r == reservation) {
+            planned.admitted.remove(at);
+            planned.changes += 1;
+        }
     }
 
     /// Marks a delete as under way until the guard is dropped, under `keys`: the object's
@@ -294,6 +325,12 @@ mod tests {
         assert!(run.admits_reservation(seen, planned("A100-80GB")));
         assert_eq!(run.planned_reservations("A100-80GB", 100).1.len(), 1);
         assert!(run.planned_reservations("H100-80GB", 0).1.is_empty());
+        // Once its create is sent, the backend counts it: it is no sibling any more, and
+        // a dry run that saw it asks again.
+        let (seen, _) = run.planned_reservations("H100-80GB", 100);
+        run.creating_reservation(&planned("H100-80GB"));
+        assert!(run.planned_reservations("H100-80GB", 100).1.is_empty());
+        assert!(!run.admits_reservation(seen, planned("H100-80GB")));
     }
 
     #[test]

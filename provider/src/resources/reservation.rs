@@ -246,9 +246,10 @@ impl Reservation {
     }
 
     /// The dry run of a create, sent with the reservations this plan's earlier dry runs
-    /// admitted (its siblings: Terraform plans them side by side), and recorded among
-    /// them when admitted. One admitted meanwhile makes it ask again with that one too,
-    /// so of two that cannot both fit the later is refused, naming the other.
+    /// admitted and not yet created (its siblings: Terraform plans them side by side), and
+    /// recorded among them when admitted. One admitted (or created) meanwhile makes it ask
+    /// again, so of two that cannot both fit the later is refused, naming the other, and
+    /// none is counted twice.
     async fn create_dry_run(
         &self,
         client: &Client,
@@ -256,6 +257,9 @@ impl Reservation {
     ) -> Result<tonic::Response<api::Reservation>, tonic::Status> {
         let run = &self.provider.run;
         let max = gpufleet_proto::limits::MAX_ALSO_PLANNED;
+        // Each round follows a change of the siblings (at most two per reservation of the
+        // run); a bound all the same.
+        let mut rounds = 0;
         loop {
             let (seen, also_planned) = run.planned_reservations(&request.gpu_type, max);
             let asked = api::CreateReservationRequest {
@@ -264,7 +268,14 @@ impl Reservation {
                 ..request.clone()
             };
             let answer = client.reservations().create_reservation(asked).await;
-            if answer.is_err() || run.admits_reservation(seen, planned(&request)) {
+            rounds += 1;
+            // A sibling created meanwhile (the apply plans each resource again) may have
+            // been counted twice: a refusal then asks again too.
+            let settled = match &answer {
+                Ok(_) => run.admits_reservation(seen, planned(&request)),
+                Err(_) => !run.reservations_changed_since(seen),
+            };
+            if settled || rounds > 2 * max {
                 return answer;
             }
         }
@@ -345,6 +356,9 @@ impl ResourceType for Reservation {
     async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let request = create_request(planned)?;
+        self.provider
+            .run
+            .creating_reservation(&self::planned(&request));
         let created = answered(
             &client,
             client.reservations().create_reservation(request).await,
