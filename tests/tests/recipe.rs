@@ -332,6 +332,13 @@ fn the_multi_host_guide_runs_as_written_and_a_team_runs_a_job_across_hosts() {
         "the guide ends with the team's job answering from both hosts"
     );
 
+    // The state holds no credential: no token, no login details, no key.
+    let (ok, state) = site.shell("workstation", "cat /root/fleet/terraform.tfstate");
+    assert!(ok, "{state}");
+    for secret in ["gft_", "gfa_", "known_hosts", "PRIVATE KEY"] {
+        assert!(!state.contains(secret), "the state holds {secret:?}");
+    }
+
     // Not the guide's: the team's cluster destroyed, so its Slurm goes before the hosts.
     let (ok, out) = site.shell(
         "workstation",
