@@ -157,15 +157,17 @@ LAUNCHER
 # PATH, so every machine and CI test against the same version; env.sh puts .tools/bin first.
 # Debian's procps (ps) and util-linux (unshare, nsenter): the sandbox tests run `ps` in a
 # team's login and jobs, and the multi-host tier makes its hosts with unshare and nsenter;
-# jq: the multi-host guide's commands read Terraform's outputs with it (tests/tests/recipe.rs).
+# jq: the multi-host guide's commands read the team's login details with it
+# (tests/tests/recipe.rs); gpg: a release's signed SHA256SUMS (tests/tests/release.rs).
 install_host_tools() {
   if command -v ps >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 \
-    && command -v nsenter >/dev/null 2>&1 && command -v jq >/dev/null 2>&1; then
-    say "ps, unshare, nsenter and jq present"
+    && command -v nsenter >/dev/null 2>&1 && command -v jq >/dev/null 2>&1 \
+    && command -v gpg >/dev/null 2>&1; then
+    say "ps, unshare, nsenter, jq and gpg present"
     return
   fi
-  say "installing ps, unshare, nsenter and jq (Debian procps, util-linux, jq)"
-  local install=(apt-get install -y -qq --no-install-recommends procps util-linux jq)
+  say "installing ps, unshare, nsenter, jq and gpg (Debian procps, util-linux, jq, gnupg)"
+  local install=(apt-get install -y -qq --no-install-recommends procps util-linux jq gnupg)
   if ! DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null; then
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null

@@ -27,6 +27,11 @@ pub fn cli_config(mirror: &Path) -> String {
 /// Runs scripts/release.sh on the binaries under test (linked or copied into
 /// `out/binaries`) into `out`, as an operator's release build would package them.
 pub fn release(out: &Path) {
+    release_with(out, &[]);
+}
+
+/// [`release`] with more environment (e.g. a signing key).
+pub fn release_with(out: &Path, env: &[(&str, &str)]) {
     let binaries = out.join("binaries");
     std::fs::create_dir_all(&binaries).unwrap();
     for b in [agent(), provider()] {
@@ -39,6 +44,7 @@ pub fn release(out: &Path) {
     let run = Command::new(&script)
         .arg(out)
         .env("GPUFLEET_RELEASE_BINARIES", &binaries)
+        .envs(env.iter().copied())
         .output()
         .expect("run scripts/release.sh");
     assert!(
