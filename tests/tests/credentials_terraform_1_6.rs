@@ -55,6 +55,7 @@ fn terraform_1_6_keeps_the_old_attributes_and_is_offered_no_ephemeral_resource()
     tf.run_ok(&["version"])
         .assert_mentions(&["Terraform v1.6.6"]);
 
+    tf.init();
     let schema = tf.run_ok(&["providers", "schema", "-json"]);
     let schema: Value = serde_json::from_str(&schema.stdout).expect("schema JSON");
     let provider = &schema["provider_schemas"]["registry.terraform.io/gpufleet/gpufleet"];

@@ -129,6 +129,7 @@ fn attributes(block: &Value) -> BTreeSet<String> {
 #[test]
 fn every_resource_and_data_source_page_matches_the_schema() {
     let tf = Terraform::detached("http://127.0.0.1:9", "unused");
+    tf.init();
     let run = tf.run_ok(&["providers", "schema", "-json"]);
     let schema: Value = serde_json::from_str(&run.stdout).expect("schema JSON");
     let provider = &schema["provider_schemas"]["registry.terraform.io/gpufleet/gpufleet"];
