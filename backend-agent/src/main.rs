@@ -89,7 +89,9 @@ fn main() -> std::process::ExitCode {
 /// `pki`: issues the certificates and prints one line per file written.
 fn print_issued(args: &cli::PkiArgs) -> anyhow::Result<()> {
     let written = if args.revoke.is_empty() {
-        gpufleet_wire::pki::issue(&args.dir, &args.server_names, &args.agents)?
+        let mut written = gpufleet_wire::pki::issue(&args.dir, &args.server_names, &args.agents)?;
+        written.extend(gpufleet_wire::revocation::ensure_list(&args.dir)?);
+        written
     } else {
         gpufleet_wire::revocation::revoke(&args.dir, &args.revoke)?
     };

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::sync::RwLock;
 
-use crate::auth::{hash_token, new_token, same_token};
+use crate::secrets::{hash_token, new_token, same_token};
 
 /// The admin-owned token name that means the join token in the token RPCs.
 pub const JOIN_TOKEN_NAME: &str = "join";
@@ -110,9 +110,9 @@ impl JoinTokens {
             .map(|(h, at)| format!("{h} {at}\n"))
             .collect();
         let retiring_file = file.with_file_name(RETIRING_FILE);
-        crate::auth::replace_secret_file(&retiring_file, text.trim_end())
+        crate::secrets::replace_secret_file(&retiring_file, text.trim_end())
             .map_err(|e| format!("could not write {}: {e}", retiring_file.display()))?;
-        crate::auth::replace_secret_file(file, &secret).map_err(|e| {
+        crate::secrets::replace_secret_file(file, &secret).map_err(|e| {
             format!(
                 "could not write the new join token to {}: {e}",
                 file.display()

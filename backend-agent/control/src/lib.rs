@@ -36,6 +36,7 @@ pub mod recorded;
 pub mod registry;
 pub mod rules;
 pub mod scheduling;
+pub mod secrets;
 pub mod serve;
 pub mod services;
 pub mod slurm_clusters;

@@ -121,6 +121,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let agents = vec!["gpu-a".to_string()];
         gpufleet_wire::pki::issue(dir.path(), &[], &agents).unwrap();
+        gpufleet_wire::revocation::ensure_list(dir.path()).unwrap();
         let tls = ReloadableTls::open(files(dir.path())).unwrap();
         assert!(!tls.reload_if_changed().unwrap(), "nothing changed");
         let first = tls.config();

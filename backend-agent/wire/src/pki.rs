@@ -65,8 +65,6 @@ pub fn issue(
     let mut written = Vec::new();
     let now = OffsetDateTime::now_utc();
     let (ca, ca_key) = load_or_create_ca(dir, now, &mut written)?;
-    // Serve's --agent-crl always has a list to read, empty until an agent is revoked.
-    crate::revocation::ensure_list(dir, &ca, &ca_key, now, &mut written)?;
 
     // The server: its first name is also its common name.
     let common_name = match &server_sans[0] {
@@ -532,7 +530,6 @@ mod tests {
         let expected = [
             "ca.key",
             "ca.pem",
-            "agents.crl",
             "server.key",
             "server.pem",
             "agent-node-1.key",
@@ -553,9 +550,6 @@ mod tests {
             if path.extension().unwrap() == "key" {
                 assert_eq!(mode(path), 0o600, "{}", path.display());
                 KeyPair::from_pem(&text).expect("a PEM private key");
-            } else if path.extension().unwrap() == "crl" {
-                assert_eq!(mode(path), 0o644, "{}", path.display());
-                assert!(text.starts_with("-----BEGIN X509 CRL-----"), "{text}");
             } else {
                 assert_eq!(mode(path), 0o644, "{}", path.display());
                 let der = pem_block(&text, "CERTIFICATE").expect("a PEM certificate");

@@ -80,19 +80,18 @@ pub fn revoke(dir: &Path, agents: &[String]) -> anyhow::Result<Vec<PathBuf>> {
     Ok(written)
 }
 
-/// Writes an empty list when the CA has none yet.
-pub(crate) fn ensure_list(
-    dir: &Path,
-    ca: &Certificate,
-    ca_key: &KeyPair,
-    now: OffsetDateTime,
-    written: &mut Vec<PathBuf>,
-) -> anyhow::Result<()> {
+/// Writes the CA's list, empty, when it has none yet (`pki` runs this after issuing, so
+/// serve's --agent-crl always has a list to read): the paths written.
+pub fn ensure_list(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
     if dir.join(CRL_FILE).exists() {
-        return Ok(());
+        return Ok(written);
     }
+    let now = OffsetDateTime::now_utc();
+    let (ca, ca_key) = pki::load_or_create_ca(dir, now, &mut written)?;
     let entries = read_list(dir)?;
-    sign(dir, &entries, ca, ca_key, now, written)
+    sign(dir, &entries, &ca, &ca_key, now, &mut written)?;
+    Ok(written)
 }
 
 fn sign(

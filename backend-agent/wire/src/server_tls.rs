@@ -280,6 +280,7 @@ mod tests {
     fn a_revocation_names_the_revoked_certificate_only_and_changes_the_fingerprint() {
         let dir = tempfile::tempdir().unwrap();
         crate::pki::issue_for_tests(dir.path(), &["gpu-a", "gpu-b"]).unwrap();
+        crate::revocation::ensure_list(dir.path()).unwrap();
         let files = files(dir.path(), true);
         let before = files.fingerprint().unwrap();
         let der = |name: &str| {

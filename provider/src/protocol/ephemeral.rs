@@ -3,7 +3,8 @@
 //! keeps them in memory for the run and writes them to no state and no plan.
 
 use super::convert;
-use super::service::{decode, encode, unknown_type, ProviderService, Registered};
+use super::dynamic::{decode, encode};
+use super::service::{unknown_type, ProviderService, Registered};
 use super::tfplugin6 as tf;
 use crate::framework::{Diagnostics, EphemeralResourceType};
 
@@ -106,8 +107,8 @@ fn timestamp(unix: i64) -> tf::Timestamp {
 mod tests {
     use tonic::Request;
 
+    use super::super::dynamic::{decode, encode};
     use super::super::fakes::service;
-    use super::super::service::{decode, encode};
     use super::super::tfplugin6 as tf;
     use crate::framework::{Type, Value};
     use tf::provider_server::Provider;

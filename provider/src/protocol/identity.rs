@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::service::{decode, encode};
+use super::dynamic::{decode, encode};
 use super::tfplugin6 as tf;
 use super::values::{from_json, type_json};
 use crate::framework::{
@@ -174,8 +174,8 @@ fn schema(s: &IdentitySchema) -> tf::ResourceIdentitySchema {
 mod tests {
     use tonic::Request;
 
+    use super::super::dynamic::{decode, encode};
     use super::super::fakes::service;
-    use super::super::service::{decode, encode};
     use super::super::tfplugin6 as tf;
     use crate::framework::{Type, Value};
     use tf::provider_server::Provider;

@@ -6,8 +6,8 @@
 //!   and the line that answers it;
 //! - `socket`, `tls`: a private unix socket, and mutual TLS with the client certificate
 //!   required;
-//! - `service`: `tfplugin6.Provider`, with `values` (DynamicValue) and `convert` (schemas,
-//!   diagnostics); `ephemeral` (ephemeral resources, 6.7), `write_only` (6.8) and
+//! - `service`: `tfplugin6.Provider`, with `dynamic` (DynamicValue to and from values,
+//!   by `values`' msgpack and JSON) and `convert` (schemas, diagnostics); `ephemeral` (ephemeral resources, 6.7), `write_only` (6.8) and
 //!   `identity` (resource identity, 6.9) beside it;
 //! - `plugin`: go-plugin's controller and stdio services and gRPC health.
 //!
@@ -15,6 +15,7 @@
 //! protocol 6.10 as Terraform v1.15.x's release tags define it.
 
 mod convert;
+mod dynamic;
 mod ephemeral;
 #[cfg(test)]
 mod fakes;

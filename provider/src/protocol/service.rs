@@ -10,9 +10,10 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use super::dynamic::{decode, encode};
 use super::identity::Identities;
 use super::tfplugin6 as tf;
-use super::values::{from_json, from_msgpack, to_msgpack};
+use super::values::from_json;
 use super::write_only;
 use crate::framework::{
     AttrPath, DataSourceType, Diagnostic, Diagnostics, EphemeralResourceType, ProviderType,
@@ -112,28 +113,6 @@ fn capabilities() -> tf::ServerCapabilities {
         move_resource_state: false,
         generate_resource_config: false,
     }
-}
-
-/// Decodes a DynamicValue (absent reads as null).
-pub(super) fn decode(value: Option<&tf::DynamicValue>, ty: &Type) -> Result<Value, Diagnostics> {
-    let Some(value) = value else {
-        return Ok(Value::Null);
-    };
-    let decoded = if !value.msgpack.is_empty() {
-        from_msgpack(&value.msgpack, ty)
-    } else if !value.json.is_empty() {
-        from_json(&value.json, ty)
-    } else {
-        Ok(Value::Null)
-    };
-    decoded.map_err(Diagnostics::from)
-}
-
-pub(super) fn encode(value: &Value, ty: &Type) -> Option<tf::DynamicValue> {
-    Some(tf::DynamicValue {
-        msgpack: to_msgpack(value, ty),
-        json: Vec::new(),
-    })
 }
 
 /// The diagnostics of a result that has no value to return.
