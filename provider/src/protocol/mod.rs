@@ -8,18 +8,21 @@
 //!   required;
 //! - `service`: `tfplugin6.Provider`, with `values` (DynamicValue) and `convert` (schemas,
 //!   diagnostics); `ephemeral` (ephemeral resources, 6.7), `write_only` (6.8) and
-//!   `identity` (resource identity, 6.9) beside it;
+//!   `identity` (resource identity, 6.9), `list` (list resources for `terraform query`)
+//!   and `actions` (Terraform 1.14+) beside it;
 //! - `plugin`: go-plugin's controller and stdio services and gRPC health.
 //!
 //! The definitions are the project's own (`provider/proto/`, compiled by `build.rs`):
 //! protocol 6.10 as Terraform v1.15.x's release tags define it.
 
+mod actions;
 mod convert;
 mod ephemeral;
 #[cfg(test)]
 mod fakes;
 mod handshake;
 mod identity;
+mod list;
 mod plugin;
 mod service;
 mod socket;

@@ -1,0 +1,63 @@
+//! The actions (Terraform 1.14+): day-2 operations an `action` block names and
+//! `terraform apply -invoke=action.gpufleet_<name>.<label>` runs, with progress lines in
+//! Terraform's UI while the backend works.
+//!
+//! - `run_health_check`: health checks of a cluster's nodes at a level, now;
+//! - `return_node`: a quarantined node back to service (the admin token).
+//!
+//! There is no drain action: the backend has no call that takes a node out of service
+//! on an operator's word (nodes leave service by failing checks; see the guide).
+
+mod health_check;
+mod return_node;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::framework::{ActionType, AttrPath, Diagnostics, Progress};
+use crate::state::ProviderState;
+
+pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn ActionType>> {
+    vec![
+        Arc::new(health_check::RunHealthCheck::new(state.clone())),
+        Arc::new(return_node::ReturnNode::new(state.clone())),
+    ]
+}
+
+/// How often a long call says it is still running.
+const STILL_RUNNING_EVERY: Duration = Duration::from_secs(10);
+
+/// Awaits `call`, saying "still <what> (Ns)" while it runs, so Terraform's UI shows the
+/// action alive through a long backend call.
+async fn saying_while<T>(progress: &Progress, what: &str, call: impl Future<Output = T>) -> T {
+    tokio::pin!(call);
+    let started = tokio::time::Instant::now();
+    let mut ticks = tokio::time::interval_at(started + STILL_RUNNING_EVERY, STILL_RUNNING_EVERY);
+    loop {
+        tokio::select! {
+            done = &mut call => return done,
+            _ = ticks.tick() => {
+                progress
+                    .say(format!("still {what} ({}s)", started.elapsed().as_secs()))
+                    .await;
+            }
+        }
+    }
+}
+
+/// Puts errors that name no attribute on `attribute` (the backend's refusals of the one
+/// object an action names), and the backend's field name `backend_field` at the start of
+/// a message becomes the attribute's.
+fn on_attribute(mut d: Diagnostics, attribute: &str, backend_field: &str) -> Diagnostics {
+    let prefix = format!("{backend_field}: ");
+    for e in d.0.iter_mut() {
+        if e.path.is_none() {
+            e.path = Some(AttrPath::attr(attribute));
+        }
+        if let Some(rest) = e.summary.strip_prefix(&prefix) {
+            e.summary = format!("{attribute}: {rest}");
+        }
+    }
+    d
+}
