@@ -130,10 +130,12 @@ impl ActionType for RunHealthCheck {
     }
 }
 
-/// A failed run is one error per failing node, naming its failing checks with value and
-/// threshold.
+/// A run in which any node failed is one error per failing node, naming its failing checks
+/// with value and threshold, and what the backend did (a replaced node leaves the cluster
+/// whole, but the check still failed: whoever invoked it must hear of the node).
 fn verdict(report: &api::ClusterHealthReport) -> Result<(), Diagnostics> {
-    if report.status != "failed" {
+    let any_failed = report.nodes.iter().any(|n| n.verdict == "failed");
+    if report.status != "failed" && !any_failed {
         return Ok(());
     }
     let mut diags = Diagnostics::default();
@@ -219,8 +221,15 @@ mod tests {
             err.0[0].summary,
             "health check failed on node n2 of cluster c1 (quick level): ecc_uncorrected_volatile = 2 (threshold 0); quarantined; replaced by n3"
         );
+        // Replaced, the cluster passes again; the node's failure is still an error.
+        let healed = api::ClusterHealthReport {
+            status: "passed".into(),
+            ..report.clone()
+        };
+        assert_eq!(verdict(&healed).unwrap_err().0.len(), 1);
         let passed = api::ClusterHealthReport {
             status: "passed".into(),
+            nodes: vec![report.nodes[0].clone()],
             ..report
         };
         assert!(verdict(&passed).is_ok());

@@ -47,17 +47,19 @@ async fn saying_while<T>(progress: &Progress, what: &str, call: impl Future<Outp
 }
 
 /// Puts errors that name no attribute on `attribute` (the backend's refusals of the one
-/// object an action names), and the backend's field name `backend_field` at the start of
-/// a message becomes the attribute's.
+/// object an action names): the backend's field name `backend_field` at the start of a
+/// message becomes the attribute's, and a message naming no field starts with it.
 fn on_attribute(mut d: Diagnostics, attribute: &str, backend_field: &str) -> Diagnostics {
     let prefix = format!("{backend_field}: ");
     for e in d.0.iter_mut() {
         if e.path.is_none() {
             e.path = Some(AttrPath::attr(attribute));
         }
-        if let Some(rest) = e.summary.strip_prefix(&prefix) {
-            e.summary = format!("{attribute}: {rest}");
-        }
+        e.summary = match e.summary.strip_prefix(&prefix) {
+            Some(rest) => format!("{attribute}: {rest}"),
+            None if e.summary.starts_with(&format!("{attribute}: ")) => e.summary.clone(),
+            None => format!("{attribute}: {}", e.summary),
+        };
     }
     d
 }

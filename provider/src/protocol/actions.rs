@@ -122,3 +122,125 @@ fn completed(outcome: Result<(), Diagnostics>) -> tf::invoke_action::Event {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+    use tonic::Request;
+
+    use super::super::fakes::service;
+    use super::super::service::encode;
+    use super::super::tfplugin6 as tf;
+    use crate::framework::{Type, Value};
+    use tf::invoke_action::event::Type as Kind;
+    use tf::provider_server::Provider;
+
+    fn config(target: &str, fail: bool) -> Option<tf::DynamicValue> {
+        let ty = Type::object([("target", Type::String), ("fail", Type::Bool)]);
+        encode(
+            &Value::object([
+                ("target", Value::string(target)),
+                ("fail", Value::Bool(fail)),
+            ]),
+            &ty,
+        )
+    }
+
+    async fn invoked(fail: bool) -> Vec<Kind> {
+        let (svc, _calls) = service();
+        let stream = svc
+            .invoke_action(Request::new(tf::invoke_action::Request {
+                action_type: "test_ping".into(),
+                config: config("db", fail),
+                client_capabilities: None,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        stream.map(|e| e.unwrap().r#type.unwrap()).collect().await
+    }
+
+    fn progress_of(events: &[Kind]) -> Vec<String> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Kind::Progress(p) => Some(p.message.clone()),
+                Kind::Completed(_) => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_invocation_streams_its_progress_then_one_completed_event() {
+        let events = invoked(false).await;
+        assert_eq!(progress_of(&events), ["pinging db", "db answered"]);
+        match events.last() {
+            Some(Kind::Completed(c)) => assert!(c.diagnostics.is_empty()),
+            other => panic!("ends with Completed, not {other:?}"),
+        }
+        let failed = invoked(true).await;
+        assert_eq!(progress_of(&failed).len(), 2, "progress before the failure");
+        match failed.last() {
+            Some(Kind::Completed(c)) => {
+                assert_eq!(c.diagnostics[0].summary, "target: answered too late");
+                assert!(c.diagnostics[0].attribute.is_some());
+            }
+            other => panic!("ends with Completed, not {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn schemas_validation_plan_and_an_unknown_action() {
+        let (svc, _calls) = service();
+        let schema = svc
+            .get_provider_schema(Request::new(Default::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        let ping = schema.action_schemas["test_ping"].schema.as_ref().unwrap();
+        assert_eq!(ping.block.as_ref().unwrap().attributes.len(), 2);
+        let metadata = svc
+            .get_metadata(Request::new(Default::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(metadata.actions[0].type_name, "test_ping");
+
+        let validated = svc
+            .validate_action_config(Request::new(tf::validate_action_config::Request {
+                type_name: "test_ping".into(),
+                config: config("", false),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            validated.diagnostics[0].summary,
+            "target: must not be empty"
+        );
+        let planned = svc
+            .plan_action(Request::new(tf::plan_action::Request {
+                action_type: "test_ping".into(),
+                config: config("", false),
+                client_capabilities: None,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(planned.diagnostics.len(), 1, "plan checks again");
+
+        let unknown = svc
+            .invoke_action(Request::new(tf::invoke_action::Request {
+                action_type: "test_nothing".into(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        let events: Vec<_> = unknown.map(|e| e.unwrap().r#type.unwrap()).collect().await;
+        match &events[..] {
+            [Kind::Completed(c)] => assert!(c.diagnostics[0].summary.contains("test_nothing")),
+            other => panic!("one Completed with the error, not {other:?}"),
+        }
+    }
+}

@@ -20,10 +20,7 @@ pub const MAX_RESULTS: usize = 1000;
 pub type Events = Pin<Box<dyn Stream<Item = Result<tf::list_resource::Event, Status>> + Send>>;
 
 impl ProviderService {
-    fn list_resource(
-        &self,
-        type_name: &str,
-    ) -> Result<&Registered<dyn ListResourceType>, Diagnostics> {
+    fn list_type(&self, type_name: &str) -> Result<&Registered<dyn ListResourceType>, Diagnostics> {
         self.lists
             .get(type_name)
             .ok_or_else(|| unknown_type("list resource", type_name))
@@ -34,7 +31,7 @@ impl ProviderService {
         req: tf::validate_list_resource_config::Request,
     ) -> tf::validate_list_resource_config::Response {
         let result = async {
-            let l = self.list_resource(&req.type_name)?;
+            let l = self.list_type(&req.type_name)?;
             let config = decode(req.config.as_ref(), &l.ty)?;
             l.inner.validate(&config).await
         }
@@ -64,7 +61,7 @@ impl ProviderService {
         req: &tf::list_resource::Request,
         limit: usize,
     ) -> Result<Vec<tf::list_resource::Event>, Diagnostics> {
-        let l = self.list_resource(&req.type_name)?;
+        let l = self.list_type(&req.type_name)?;
         let r = self.resources.get(&req.type_name).ok_or_else(|| {
             Diagnostics::from(Diagnostic::error(
                 format!(
@@ -97,5 +94,118 @@ impl ProviderService {
                 },
             )
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+    use tonic::Request;
+
+    use super::super::fakes::service;
+    use super::super::service::{decode, encode};
+    use super::super::tfplugin6 as tf;
+    use crate::framework::{Type, Value};
+    use tf::provider_server::Provider;
+
+    fn config(prefix: Option<&str>) -> Option<tf::DynamicValue> {
+        let ty = Type::object([("prefix", Type::String)]);
+        encode(
+            &Value::object([("prefix", prefix.map_or(Value::Null, Value::string))]),
+            &ty,
+        )
+    }
+
+    async fn events(req: tf::list_resource::Request) -> Vec<tf::list_resource::Event> {
+        let (svc, _calls) = service();
+        let stream = svc
+            .list_resource(Request::new(req))
+            .await
+            .unwrap()
+            .into_inner();
+        stream.map(|e| e.unwrap()).collect().await
+    }
+
+    #[tokio::test]
+    async fn list_schemas_are_offered_by_the_managed_type_they_list() {
+        let (svc, _calls) = service();
+        let schema = svc
+            .get_provider_schema(Request::new(Default::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        let list = &schema.list_resource_schemas["test_thing"];
+        assert_eq!(list.block.as_ref().unwrap().attributes[0].name, "prefix");
+        assert!(schema.resource_schemas.contains_key("test_thing"));
+        let metadata = svc
+            .get_metadata(Request::new(Default::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(metadata.list_resources[0].type_name, "test_thing");
+    }
+
+    #[tokio::test]
+    async fn results_carry_identity_and_name_and_the_limit_cuts_them() {
+        let found = events(tf::list_resource::Request {
+            type_name: "test_thing".into(),
+            config: config(Some("x")),
+            include_resource_object: false,
+            limit: 2,
+        })
+        .await;
+        assert_eq!(found.len(), 2, "the limit holds whatever the list gives");
+        assert_eq!(found[0].display_name, "thing x0");
+        let identity_ty = Type::object([("name", Type::String)]);
+        let identity = found[1].identity.as_ref().unwrap();
+        let identity = decode(identity.identity_data.as_ref(), &identity_ty).unwrap();
+        assert_eq!(identity.get("name"), &Value::string("x1"));
+        assert!(found[0].resource_object.is_none(), "not asked for");
+    }
+
+    #[tokio::test]
+    async fn states_come_when_asked_and_a_huge_limit_is_bounded() {
+        let found = events(tf::list_resource::Request {
+            type_name: "test_thing".into(),
+            config: config(None),
+            include_resource_object: true,
+            limit: i64::MAX,
+        })
+        .await;
+        assert_eq!(found.len(), 5);
+        let thing_ty = Type::object([("name", Type::String), ("size", Type::Number)]);
+        let state = decode(found[3].resource_object.as_ref(), &thing_ty).unwrap();
+        assert_eq!(state.get("size"), &Value::Number(3));
+        assert_eq!(super::MAX_RESULTS, 1000);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_list_is_one_event_with_an_error_and_bad_config_names_its_attribute() {
+        let found = events(tf::list_resource::Request {
+            type_name: "test_nothing".into(),
+            limit: 10,
+            ..Default::default()
+        })
+        .await;
+        assert_eq!(found.len(), 1);
+        assert!(found[0].identity.is_none());
+        assert!(found[0].diagnostic[0].summary.contains("test_nothing"));
+
+        let (svc, _calls) = service();
+        let validated = svc
+            .validate_list_resource_config(Request::new(
+                tf::validate_list_resource_config::Request {
+                    type_name: "test_thing".into(),
+                    config: config(Some("")),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            validated.diagnostics[0].summary,
+            "prefix: must not be empty"
+        );
     }
 }
