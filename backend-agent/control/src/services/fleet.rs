@@ -176,7 +176,7 @@ fn driver_message(r: &crate::drivers::Release) -> v1::DriverVersion {
 }
 
 /// The node named `name` (its hostname), or NOT_FOUND.
-fn node_named(conn: &Connection, name: &str) -> Result<store::nodes::NodeRow, Status> {
+pub(super) fn node_named(conn: &Connection, name: &str) -> Result<store::nodes::NodeRow, Status> {
     store::nodes::by_hostname(conn, name)
         .map_err(db_error)?
         .ok_or_else(|| super::not_found("node", name))
@@ -213,7 +213,7 @@ impl Fleet {
     }
 
     /// The node's answer, once the change to it is committed.
-    fn answer_committed(
+    pub(super) fn answer_committed(
         &self,
         conn: Savepoint<'_>,
         caller: &crate::auth::Caller,
@@ -383,6 +383,15 @@ impl FleetService for Fleet {
         // The medium health checks first: it stays quarantined when it fails them.
         crate::scheduling::health::return_checked(self.state.clone(), &node.id).await?;
         Ok(Response::new(node))
+    }
+    async fn drain_node(
+        &self,
+        r: Request<v1::DrainNodeRequest>,
+    ) -> Result<Response<v1::Node>, Status> {
+        let this = self.clone();
+        let drained = self.state.write(move |sp| this.drain_node(sp, r)).await?;
+        super::drain::replace_drained(self, &drained).await;
+        Ok(Response::new(drained.node))
     }
     async fn forget_node_secret(
         &self,
