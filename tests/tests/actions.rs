@@ -3,8 +3,9 @@
 //! a level shows its progress and passes, then fails naming the node, the check and its
 //! value once the simulated hardware has an ECC fault (the node is quarantined); returning
 //! that node fails while the fault lasts and succeeds once it is gone (the admin token; a
-//! team's token is refused). Bad configuration is refused before anything runs, naming
-//! the attribute.
+//! team's token is refused). The admin drains a cluster's node: it is quarantined with the
+//! reason and the cluster gets another; drained again it stays as it is; returned, it is
+//! ready. Bad configuration is refused before anything runs, naming the attribute.
 
 use std::time::Duration;
 
@@ -26,6 +27,13 @@ action "gpufleet_run_health_check" "now" {{
 action "gpufleet_return_node" "back" {{
   config {{
     node = "{node}"
+  }}
+}}
+
+action "gpufleet_drain_node" "out" {{
+  config {{
+    node   = "{node}"
+    reason = "disk swap"
   }}
 }}
 "#
@@ -113,6 +121,79 @@ async fn a_health_check_passes_then_fails_naming_the_check_and_the_node_is_retur
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_leaves_its_cluster_which_gets_another_and_it_comes_back() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let (tenant, team_token) = create_tenant(&mut admin, "drain").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 8, 0).await;
+    let cluster = create_pool_cluster(&mut admin, &tenant.id, "train", "H100-80GB", 1).await;
+    let node = cluster.nodes[0].hostname.clone();
+
+    let mut tf = Terraform::new(&backend, &team_token);
+    tf.write_main(&actions(&cluster.id, "quick", &node));
+    tf.init();
+    let refused = invoke(&tf, "gpufleet_drain_node.out");
+    assert_ne!(refused.code, 0, "{refused}");
+    refused.assert_mentions(&["the token does not allow this"]);
+
+    tf.set_token(backend.admin_token());
+    let drained = invoke(&tf, "gpufleet_drain_node.out");
+    assert_eq!(drained.code, 0, "{drained}");
+    drained.assert_mentions(&[
+        &format!("draining node {node}"),
+        &format!("node {node} is out of service: quarantined (drained by an operator: disk swap)"),
+    ]);
+    let out = admin
+        .nodes()
+        .await
+        .into_iter()
+        .find(|n| n.hostname == node)
+        .expect("the node");
+    assert_eq!(
+        (out.state.as_str(), out.cluster_id.as_str()),
+        ("quarantined", ""),
+        "{out:?}"
+    );
+    // The cluster has another node, in service.
+    let clusters = admin.clusters.clone();
+    let id = cluster.id.clone();
+    let replaced = eventually("the cluster's replacement", LIMIT, || {
+        let mut clusters = clusters.clone();
+        let (id, node) = (id.clone(), node.clone());
+        async move {
+            let c = clusters
+                .get_tenant_cluster(gpufleet_proto::v1::GetTenantClusterRequest { id })
+                .await
+                .ok()?
+                .into_inner();
+            (c.status == "running" && c.nodes.len() == 1 && c.nodes[0].hostname != node)
+                .then_some(c)
+        }
+    })
+    .await;
+    assert_ne!(replaced.nodes[0].hostname, node);
+
+    // Drained again: left as it is. Returned: it passes its checks and is ready.
+    let again = invoke(&tf, "gpufleet_drain_node.out");
+    assert_eq!(again.code, 0, "{again}");
+    again.assert_mentions(&[&format!("node {node} is out of service: quarantined")]);
+    let returned = invoke(&tf, "gpufleet_return_node.back");
+    assert_eq!(returned.code, 0, "{returned}");
+    eventually(&format!("{node} ready"), LIMIT, || {
+        let mut admin = admin.clone();
+        let node = node.clone();
+        async move {
+            admin
+                .nodes()
+                .await
+                .into_iter()
+                .find(|n| n.hostname == node && n.state == "ready")
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_configuration_is_refused_before_anything_runs_naming_the_attribute() {
     let backend = Backend::start();
     let mut admin = backend.admin().await;
@@ -129,6 +210,12 @@ async fn bad_configuration_is_refused_before_anything_runs_naming_the_attribute(
     tf.write_main(&actions("no-such-cluster", "quick", ""));
     let validated = tf.run_fails(&["validate", "-no-color"]);
     validated.assert_mentions(&["node: must not be empty"]);
+
+    tf.write_main(
+        &actions("no-such-cluster", "quick", "n1").replace("disk swap", &"x".repeat(300)),
+    );
+    let validated = tf.run_fails(&["validate", "-no-color"]);
+    validated.assert_mentions(&["reason: is 300 characters long; at most 256"]);
 
     tf.write_main(&actions("no-such-cluster", "quick", "h100-80gb-pool-01"));
     let planned = invoke(&tf, "gpufleet_run_health_check.now");

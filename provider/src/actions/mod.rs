@@ -3,11 +3,10 @@
 //! Terraform's UI while the backend works.
 //!
 //! - `run_health_check`: health checks of a cluster's nodes at a level, now;
+//! - `drain_node`: a node out of service on the admin's word (its cluster gets another);
 //! - `return_node`: a quarantined node back to service (the admin token).
-//!
-//! There is no drain action: the backend has no call that takes a node out of service
-//! on an operator's word (nodes leave service by failing checks; see the guide).
 
+mod drain_node;
 mod health_check;
 mod return_node;
 
@@ -21,6 +20,7 @@ use crate::state::ProviderState;
 pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn ActionType>> {
     vec![
         Arc::new(health_check::RunHealthCheck::new(state.clone())),
+        Arc::new(drain_node::DrainNode::new(state.clone())),
         Arc::new(return_node::ReturnNode::new(state.clone())),
     ]
 }
