@@ -142,16 +142,27 @@ list "gpufleet_tenant" "one" {
     assert_eq!(displays(&narrowed, "list.gpufleet_tenant.one").len(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn generated_configuration_imports_with_no_change_and_then_plans_empty() {
+/// Generates configuration for what `token` finds (a tenant with a quota, a cluster, a
+/// reservation running now and one to come), then imports it: the plan only imports, and
+/// after the apply it is empty.
+async fn generate_import_and_plan_empty(as_team: bool) {
     let backend = Backend::start();
     let mut admin = backend.admin().await;
-    let (tenant, _token) = create_tenant(&mut admin, "gen").await;
-    create_quota(&mut admin, &tenant.id, "H100-80GB", 16, 2).await;
+    let (tenant, team_token) = create_tenant(&mut admin, "gen").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 24, 2).await;
     create_pool_cluster(&mut admin, &tenant.id, "train", "H100-80GB", 1).await;
+    create_reservation(&mut admin, &tenant.id, "H100-80GB", 1, -1, 48).await;
     create_reservation(&mut admin, &tenant.id, "H100-80GB", 1, 24, 48).await;
+    // Another team's objects, which the team's own token must not find.
+    let (other, _) = create_tenant(&mut admin, "other").await;
+    create_quota(&mut admin, &other.id, "H100-80GB", 8, 0).await;
 
-    let tf = Terraform::new(&backend, backend.admin_token());
+    let token = if as_team {
+        team_token.as_str()
+    } else {
+        backend.admin_token()
+    };
+    let tf = Terraform::new(&backend, token);
     tf.write_file("find.tfquery.hcl", QUERY);
     tf.init();
     tf.run_ok(&["query", "-no-color", "-generate-config-out=generated.tf"]);
@@ -166,9 +177,28 @@ async fn generated_configuration_imports_with_no_change_and_then_plans_empty() {
     ] {
         assert!(generated.contains(block), "{block} in\n{generated}");
     }
+    // The admin finds the other team and its quota too.
+    let imports = if as_team { 5 } else { 7 };
+    assert_eq!(
+        generated.matches("import {").count(),
+        imports,
+        "{generated}"
+    );
+    assert_eq!(generated.contains("\"other\""), !as_team, "{generated}");
     // The query file is for `terraform query` only; plan reads the generated blocks.
-    tf.plan()
-        .assert_mentions(&["4 to import, 0 to add, 0 to change, 0 to destroy"]);
+    tf.plan().assert_mentions(&[&format!(
+        "{imports} to import, 0 to add, 0 to change, 0 to destroy"
+    )]);
     tf.apply();
     tf.assert_no_changes();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_configuration_imports_with_no_change_and_then_plans_empty() {
+    generate_import_and_plan_empty(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_generates_the_configuration_of_its_own_objects_only() {
+    generate_import_and_plan_empty(true).await;
 }
