@@ -12,7 +12,7 @@ use super::convert;
 use super::service::{decode, encode, unknown_type, ProviderService, Registered};
 use super::tfplugin6 as tf;
 use super::write_only;
-use crate::framework::{Diagnostic, Diagnostics, ListResourceType, Listed};
+use crate::framework::{Diagnostic, Diagnostics, ListResourceType, Listed, Severity};
 
 /// The most results one list answers, whatever its limit (Terraform's default is 100).
 pub const MAX_RESULTS: usize = 1000;
@@ -41,13 +41,19 @@ impl ProviderService {
         }
     }
 
-    /// The events of one list, or one event holding why there are none.
+    /// The events of one list, or one event holding why there are none. A list cut at
+    /// [`MAX_RESULTS`] below the limit asked ends with a warning saying so (Terraform shows
+    /// an event's warning and skips the event when it has no identity).
     pub(super) async fn list(&self, req: tf::list_resource::Request) -> Events {
-        let limit = usize::try_from(req.limit.max(0))
-            .unwrap_or(MAX_RESULTS)
-            .min(MAX_RESULTS);
+        let asked = usize::try_from(req.limit.max(0)).unwrap_or(usize::MAX);
+        let limit = asked.min(MAX_RESULTS);
         let events = match self.listed(&req, limit).await {
-            Ok(events) => events,
+            Ok(mut events) => {
+                if asked > MAX_RESULTS && events.len() == MAX_RESULTS {
+                    events.push(cut_short(&req.type_name));
+                }
+                events
+            }
             Err(d) => vec![tf::list_resource::Event {
                 diagnostic: convert::diagnostics(d),
                 ..Default::default()
@@ -94,6 +100,20 @@ impl ProviderService {
                 },
             )
             .collect())
+    }
+}
+
+fn cut_short(type_name: &str) -> tf::list_resource::Event {
+    let warning = Diagnostic {
+        severity: Severity::Warning,
+        ..Diagnostic::error(
+            format!("limit: {type_name} answers at most {MAX_RESULTS} results; there may be more"),
+            "Narrow the list (e.g. `config { tenant = \"...\" }`) to find the rest.",
+        )
+    };
+    tf::list_resource::Event {
+        diagnostic: convert::diagnostics(warning.into()),
+        ..Default::default()
     }
 }
 
@@ -172,7 +192,7 @@ mod tests {
             limit: i64::MAX,
         })
         .await;
-        assert_eq!(found.len(), 5);
+        assert_eq!(found.len(), 5, "fewer than the bound: no warning");
         let thing_ty = Type::object([("name", Type::String), ("size", Type::Number)]);
         let state = decode(found[3].resource_object.as_ref(), &thing_ty).unwrap();
         assert_eq!(state.get("size"), &Value::Number(3));
@@ -207,5 +227,18 @@ mod tests {
             validated.diagnostics[0].summary,
             "prefix: must not be empty"
         );
+    }
+
+    #[test]
+    fn a_list_cut_at_the_bound_ends_with_a_warning_naming_the_limit() {
+        let event = super::cut_short("test_thing");
+        assert!(event.identity.is_none());
+        assert_eq!(
+            event.diagnostic[0].severity,
+            tf::diagnostic::Severity::Warning as i32
+        );
+        assert!(event.diagnostic[0]
+            .summary
+            .starts_with("limit: test_thing answers at most 1000 results"));
     }
 }
