@@ -5,7 +5,8 @@
 //! that node fails while the fault lasts and succeeds once it is gone (the admin token; a
 //! team's token is refused). The admin drains a cluster's node: it is quarantined with the
 //! reason and the cluster gets another; drained again it stays as it is; returned, it is
-//! ready. Bad configuration is refused before anything runs, naming the attribute.
+//! ready. A cluster's `action_trigger` runs the check after its create. Bad configuration
+//! is refused before anything runs, naming the attribute.
 
 use std::time::Duration;
 
@@ -191,6 +192,50 @@ async fn a_drained_node_leaves_its_cluster_which_gets_another_and_it_comes_back(
         }
     })
     .await;
+}
+
+/// A team's configuration checks the cluster it creates once it exists: an
+/// `action_trigger` after create runs the health-check action in the same apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_triggers_its_health_check_after_create() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let (tenant, team_token) = create_tenant(&mut admin, "trig").await;
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 8, 0).await;
+    let tf = Terraform::new(&backend, &team_token);
+    tf.write_main(
+        r#"
+resource "gpufleet_tenant_cluster" "train" {
+  name         = "train"
+  orchestrator = "kubernetes"
+  gpu_type     = "H100-80GB"
+  node_count   = 1
+
+  lifecycle {
+    action_trigger {
+      events  = [after_create]
+      actions = [action.gpufleet_run_health_check.after_create]
+    }
+  }
+}
+
+action "gpufleet_run_health_check" "after_create" {
+  config {
+    cluster_id = gpufleet_tenant_cluster.train.id
+    level      = "quick"
+  }
+}
+"#,
+    );
+    tf.init();
+    let applied = tf.apply();
+    let cluster = tf.resource("gpufleet_tenant_cluster.train");
+    let id = cluster["id"].as_str().expect("cluster id");
+    applied.assert_mentions(&[
+        &format!("running quick health checks on cluster {id}"),
+        ": passed (",
+    ]);
+    tf.assert_no_changes();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
