@@ -4,13 +4,14 @@
 //! failed driver install does), or is degraded, saying why, when none is free. An operator's
 //! drain is not counted by the quarantine breaker: it is no failure of the model.
 
+use std::sync::Arc;
+
 use gpufleet_proto::v1;
-use rusqlite::Savepoint;
+use rusqlite::{Connection, Savepoint};
 use tonic::{Request, Status};
 
-use super::fleet::Fleet;
 use crate::scheduling::drivers;
-use crate::state::db_error;
+use crate::state::{db_error, AppState};
 use crate::store::{self, clusters::ClusterRow, nodes::NODE_QUARANTINED};
 
 /// `cause` of a quarantine on an operator's word (the quarantines counter's label).
@@ -24,51 +25,72 @@ pub(super) struct Drained {
     reason: String,
 }
 
-impl Fleet {
-    pub(super) fn drain_node(
-        &self,
-        tx: Savepoint<'_>,
-        request: Request<v1::DrainNodeRequest>,
-    ) -> Result<Drained, Status> {
-        let (caller, req) = super::enter(&self.state, &tx, request)?;
-        caller.require_admin("draining a node")?;
-        let node = super::fleet::node_named(&tx, &req.name)?;
-        let said = if req.reason.is_empty() {
-            "maintenance"
-        } else {
-            req.reason.as_str()
-        };
-        let reason = format!("drained by an operator: {said}");
-        if node.state == NODE_QUARANTINED {
-            let node = self.answer_committed(tx, &caller, node)?;
-            return Ok(Drained {
-                node,
-                left: None,
-                reason,
-            });
-        }
-        let left = match &node.cluster_id {
-            Some(id) => store::clusters::get(&tx, id).map_err(db_error)?,
-            None => None,
-        };
-        store::nodes::set_state(&tx, &node.id, NODE_QUARANTINED, &reason, self.state.now())
-            .map_err(db_error)?;
-        store::nodes::release(&tx, &node.id).map_err(db_error)?;
-        tracing::warn!(node = %node.hostname, %reason, "node drained by an operator");
-        crate::counters::quarantine(&node.gpu_type, CAUSE_OPERATOR);
-        let row = super::fleet::node_named(&tx, &req.name)?;
-        let node = self.answer_committed(tx, &caller, row)?;
-        Ok(Drained { node, left, reason })
+/// The node's answer, once the transaction is committed.
+fn committed(
+    state: &AppState,
+    tx: Savepoint<'_>,
+    caller: &crate::auth::Caller,
+    name: &str,
+) -> Result<v1::Node, Status> {
+    let row = node_named(&tx, name)?;
+    let answer = super::node_messages(&tx, Some(&state.agents), caller, vec![row])?
+        .pop()
+        .ok_or_else(|| Status::internal("node vanished"))?;
+    tx.commit().map_err(db_error)?;
+    Ok(answer)
+}
+
+fn node_named(conn: &Connection, name: &str) -> Result<store::nodes::NodeRow, Status> {
+    store::nodes::by_hostname(conn, name)
+        .map_err(db_error)?
+        .ok_or_else(|| super::not_found("node", name))
+}
+
+/// The transaction of a drain: the node quarantined on the operator's word.
+pub(super) fn drain_node(
+    state: &Arc<AppState>,
+    tx: Savepoint<'_>,
+    request: Request<v1::DrainNodeRequest>,
+) -> Result<Drained, Status> {
+    let (caller, req) = super::enter(state, &tx, request)?;
+    caller.require_admin("draining a node")?;
+    let node = node_named(&tx, &req.name)?;
+    let said = if req.reason.is_empty() {
+        "maintenance"
+    } else {
+        req.reason.as_str()
+    };
+    let reason = format!("drained by an operator: {said}");
+    if node.state == NODE_QUARANTINED {
+        return Ok(Drained {
+            node: committed(state, tx, &caller, &req.name)?,
+            left: None,
+            reason,
+        });
     }
+    let left = match &node.cluster_id {
+        Some(id) => store::clusters::get(&tx, id).map_err(db_error)?,
+        None => None,
+    };
+    store::nodes::set_state(&tx, &node.id, NODE_QUARANTINED, &reason, state.now())
+        .map_err(db_error)?;
+    store::nodes::release(&tx, &node.id).map_err(db_error)?;
+    let answer = committed(state, tx, &caller, &req.name)?;
+    tracing::warn!(node = %node.hostname, %reason, "node drained by an operator");
+    crate::counters::quarantine(&node.gpu_type, CAUSE_OPERATOR);
+    Ok(Drained {
+        node: answer,
+        left,
+        reason,
+    })
 }
 
 /// After the commit: the cluster the node left is told, and made whole again if a node is
 /// free (else degraded with why). The drain itself stands either way.
-pub(super) async fn replace_drained(fleet: &Fleet, drained: &Drained) {
+pub(super) async fn replace_drained(state: &AppState, drained: &Drained) {
     let Some(cluster) = &drained.left else {
         return;
     };
-    let state = &fleet.state;
     let hostname = &drained.node.hostname;
     drivers::event(state, cluster, "node_drained", hostname, &drained.reason).await;
     if let Err(e) = drivers::replace(state, cluster, hostname).await {

@@ -176,7 +176,7 @@ fn driver_message(r: &crate::drivers::Release) -> v1::DriverVersion {
 }
 
 /// The node named `name` (its hostname), or NOT_FOUND.
-pub(super) fn node_named(conn: &Connection, name: &str) -> Result<store::nodes::NodeRow, Status> {
+fn node_named(conn: &Connection, name: &str) -> Result<store::nodes::NodeRow, Status> {
     store::nodes::by_hostname(conn, name)
         .map_err(db_error)?
         .ok_or_else(|| super::not_found("node", name))
@@ -213,7 +213,7 @@ impl Fleet {
     }
 
     /// The node's answer, once the change to it is committed.
-    pub(super) fn answer_committed(
+    fn answer_committed(
         &self,
         conn: Savepoint<'_>,
         caller: &crate::auth::Caller,
@@ -388,9 +388,12 @@ impl FleetService for Fleet {
         &self,
         r: Request<v1::DrainNodeRequest>,
     ) -> Result<Response<v1::Node>, Status> {
-        let this = self.clone();
-        let drained = self.state.write(move |sp| this.drain_node(sp, r)).await?;
-        super::drain::replace_drained(self, &drained).await;
+        let state = self.state.clone();
+        let drained = self
+            .state
+            .write(move |sp| super::drain::drain_node(&state, sp, r))
+            .await?;
+        super::drain::replace_drained(&self.state, &drained).await;
         Ok(Response::new(drained.node))
     }
     async fn forget_node_secret(
