@@ -2,20 +2,16 @@
 //! plan, and an invocation streamed as progress lines then one `Completed` event with the
 //! outcome's diagnostics. If Terraform goes away mid-way, the action's future is dropped.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::Stream;
 use tonic::Status;
 
 use super::convert;
-use super::service::{decode, unknown_type, ProviderService, Registered};
+use super::service::{decode, unknown_type, ActionEvents, ProviderService, Registered};
 use super::tfplugin6 as tf;
 use crate::framework::{ActionType, Diagnostics, Progress, Type};
-
-pub type Events = Pin<Box<dyn Stream<Item = Result<tf::invoke_action::Event, Status>> + Send>>;
 
 /// Progress lines waiting for Terraform: a slow reader holds the action back, never
 /// memory.
@@ -58,7 +54,7 @@ impl ProviderService {
         }
     }
 
-    pub(super) fn invoke(&self, req: tf::invoke_action::Request) -> Events {
+    pub(super) fn invoke(&self, req: tf::invoke_action::Request) -> ActionEvents {
         let found = self
             .action(&req.action_type)
             .map(|a| (a.inner.clone(), a.ty.clone()));

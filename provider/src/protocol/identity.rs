@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::service::{decode, encode};
+use super::dynamic::{decode, encode};
 use super::tfplugin6 as tf;
 use super::values::{from_json, type_json};
 use crate::framework::{

@@ -3,21 +3,14 @@
 //! with its identity, a display name and, when asked, its state. The request's `limit` is
 //! honoured and bounded here ([`MAX_RESULTS`]), whatever the list resource does.
 
-use std::pin::Pin;
-
-use tokio_stream::Stream;
-use tonic::Status;
-
 use super::convert;
-use super::service::{decode, encode, unknown_type, ProviderService, Registered};
+use super::service::{decode, encode, unknown_type, ListEvents, ProviderService, Registered};
 use super::tfplugin6 as tf;
 use super::write_only;
 use crate::framework::{Diagnostic, Diagnostics, ListResourceType, Listed, Severity};
 
 /// The most results one list answers, whatever its limit (Terraform's default is 100).
 pub const MAX_RESULTS: usize = 1000;
-
-pub type Events = Pin<Box<dyn Stream<Item = Result<tf::list_resource::Event, Status>> + Send>>;
 
 impl ProviderService {
     fn list_type(&self, type_name: &str) -> Result<&Registered<dyn ListResourceType>, Diagnostics> {
@@ -44,7 +37,7 @@ impl ProviderService {
     /// The events of one list, or one event holding why there are none. A list cut at
     /// [`MAX_RESULTS`] below the limit asked ends with a warning saying so (Terraform shows
     /// an event's warning and skips the event when it has no identity).
-    pub(super) async fn list(&self, req: tf::list_resource::Request) -> Events {
+    pub(super) async fn list(&self, req: tf::list_resource::Request) -> ListEvents {
         let asked = usize::try_from(req.limit.max(0)).unwrap_or(usize::MAX);
         let limit = asked.min(MAX_RESULTS);
         let events = match self.listed(&req, limit).await {

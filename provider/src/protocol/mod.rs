@@ -6,8 +6,8 @@
 //!   and the line that answers it;
 //! - `socket`, `tls`: a private unix socket, and mutual TLS with the client certificate
 //!   required;
-//! - `service`: `tfplugin6.Provider`, with `values` (DynamicValue) and `convert` (schemas,
-//!   diagnostics); `ephemeral` (ephemeral resources, 6.7), `write_only` (6.8) and
+//! - `service`: `tfplugin6.Provider`, with `values` and `dynamic` (DynamicValue) and
+//!   `convert` (schemas, diagnostics); `ephemeral` (ephemeral resources, 6.7), `write_only` (6.8) and
 //!   `identity` (resource identity, 6.9), `list` (list resources for `terraform query`)
 //!   and `actions` (Terraform 1.14+) beside it;
 //! - `plugin`: go-plugin's controller and stdio services and gRPC health.
@@ -17,6 +17,7 @@
 
 mod actions;
 mod convert;
+mod dynamic;
 mod ephemeral;
 #[cfg(test)]
 mod fakes;

@@ -5,14 +5,18 @@
 //! diagnostics to the person running it, and treats a gRPC error as a crashed provider.
 
 use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
 use std::sync::Arc;
+
+use tokio_stream::Stream;
 
 use tonic::{Request, Response, Status};
 
 use super::convert;
+pub(super) use super::dynamic::{decode, encode};
 use super::identity::Identities;
 use super::tfplugin6 as tf;
-use super::values::{from_json, from_msgpack, to_msgpack};
+use super::values::from_json;
 use super::write_only;
 use crate::framework::{
     ActionType, AttrPath, DataSourceType, Diagnostic, Diagnostics, EphemeralResourceType,
@@ -20,6 +24,13 @@ use crate::framework::{
 };
 
 type Reply<T> = Result<Response<T>, Status>;
+
+/// A list's results (`list.rs` makes them).
+pub(super) type ListEvents =
+    Pin<Box<dyn Stream<Item = Result<tf::list_resource::Event, Status>> + Send>>;
+/// An action's progress and outcome (`actions.rs` makes them).
+pub(super) type ActionEvents =
+    Pin<Box<dyn Stream<Item = Result<tf::invoke_action::Event, Status>> + Send>>;
 
 pub(super) struct Registered<T: ?Sized> {
     pub(super) inner: Arc<T>,
@@ -127,28 +138,6 @@ fn capabilities() -> tf::ServerCapabilities {
         move_resource_state: false,
         generate_resource_config: false,
     }
-}
-
-/// Decodes a DynamicValue (absent reads as null).
-pub(super) fn decode(value: Option<&tf::DynamicValue>, ty: &Type) -> Result<Value, Diagnostics> {
-    let Some(value) = value else {
-        return Ok(Value::Null);
-    };
-    let decoded = if !value.msgpack.is_empty() {
-        from_msgpack(&value.msgpack, ty)
-    } else if !value.json.is_empty() {
-        from_json(&value.json, ty)
-    } else {
-        Ok(Value::Null)
-    };
-    decoded.map_err(Diagnostics::from)
-}
-
-pub(super) fn encode(value: &Value, ty: &Type) -> Option<tf::DynamicValue> {
-    Some(tf::DynamicValue {
-        msgpack: to_msgpack(value, ty),
-        json: Vec::new(),
-    })
 }
 
 /// The diagnostics of a result that has no value to return.
@@ -663,7 +652,7 @@ impl tf::provider_server::Provider for ProviderService {
         }))
     }
 
-    type ListResourceStream = super::list::Events;
+    type ListResourceStream = ListEvents;
 
     async fn list_resource(
         &self,
@@ -695,7 +684,7 @@ impl tf::provider_server::Provider for ProviderService {
         ))
     }
 
-    type InvokeActionStream = super::actions::Events;
+    type InvokeActionStream = ActionEvents;
 
     async fn invoke_action(
         &self,
