@@ -2,7 +2,8 @@
 //! `list` blocks find the tenants, GPU quotas, tenant clusters and reservations that the
 //! provider's token may see (the admin: every tenant's; a team's token: its own), each with
 //! its resource identity; `-generate-config-out` writes resources and `import` blocks that
-//! then plan as imports alone, and after their apply the plan is empty.
+//! then plan as imports alone, and after their apply the plan is empty. A bad filter is
+//! refused before anything is listed.
 
 use gpufleet_e2e::fixtures::{
     create_pool_cluster, create_quota, create_reservation, create_tenant,
@@ -140,6 +141,21 @@ list "gpufleet_tenant" "one" {
         ["qb/train (kubernetes, 1 x H100-80GB, running)"]
     );
     assert_eq!(displays(&narrowed, "list.gpufleet_tenant.one").len(), 1);
+
+    // An empty filter is refused before anything is listed, naming the attribute.
+    tf.write_file(
+        "find.tfquery.hcl",
+        r#"
+list "gpufleet_gpu_quota" "none" {
+  provider = gpufleet
+  config {
+    tenant = ""
+  }
+}
+"#,
+    );
+    tf.run_fails(&["query", "-no-color"])
+        .assert_mentions(&["tenant: must not be empty"]);
 }
 
 /// Generates configuration for what `token` finds (a tenant with a quota, a cluster, a

@@ -75,6 +75,17 @@ impl ListResourceType for List {
         Schema::new(description, attributes)
     }
 
+    async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
+        let mut diags = Diagnostics::default();
+        if let Ok(Some("")) = config.str_attr("tenant") {
+            diags.attr_error(
+                "tenant",
+                "must not be empty (leave it out to find every tenant's the token may see)",
+            );
+        }
+        diags.into_result()
+    }
+
     async fn list(
         &self,
         config: &Value,
@@ -106,5 +117,43 @@ impl ListResourceType for List {
             });
         }
         Ok(listed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(resource: &str) -> Arc<dyn ListResourceType> {
+        all(&Arc::new(ProviderState::default()))
+            .into_iter()
+            .find(|l| l.name() == resource)
+            .unwrap()
+    }
+
+    #[test]
+    fn tenants_quotas_clusters_and_reservations_are_listed_by_their_resource_type() {
+        let names: Vec<&str> = all(&Arc::new(ProviderState::default()))
+            .iter()
+            .map(|l| l.name())
+            .collect();
+        assert_eq!(
+            names,
+            ["tenant", "tenant_cluster", "reservation", "gpu_quota"]
+        );
+        assert!(list("tenant").schema().attributes.is_empty());
+        assert_eq!(list("gpu_quota").schema().attributes[0].name, "tenant");
+    }
+
+    #[tokio::test]
+    async fn an_empty_tenant_filter_is_refused_on_its_attribute() {
+        let config = Value::object([("tenant", Value::string(""))]);
+        let err = list("tenant_cluster").validate(&config).await.unwrap_err();
+        assert!(
+            err.0[0].summary.starts_with("tenant: must not be empty"),
+            "{err:?}"
+        );
+        let unknown = Value::object([("tenant", Value::Unknown)]);
+        assert!(list("reservation").validate(&unknown).await.is_ok());
     }
 }
