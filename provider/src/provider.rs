@@ -1,5 +1,5 @@
 //! The provider block: where the backend is and which token to use; and the registration
-//! of every resource and data source, which share the state `configure` makes
+//! of every resource, data source, list resource and action, which share the state `configure` makes
 //! (`state::ProviderState`). Nothing below imports this module.
 
 use std::sync::Arc;
@@ -8,11 +8,11 @@ use async_trait::async_trait;
 
 use crate::client::Client;
 use crate::framework::{
-    Attribute, DataSourceType, Diagnostics, EphemeralResourceType, ProviderType, ResourceIdentity,
-    ResourceType, Schema, Type, Value,
+    ActionType, Attribute, DataSourceType, Diagnostics, EphemeralResourceType, ListResourceType,
+    ProviderType, ResourceIdentity, ResourceType, Schema, Type, Value,
 };
 use crate::state::ProviderState;
-use crate::{data_sources, ephemeral, resources};
+use crate::{actions, data_sources, ephemeral, lists, resources};
 
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7700";
 
@@ -106,5 +106,13 @@ impl ProviderType for GpufleetProvider {
 
     fn identities(&self) -> Vec<Arc<dyn ResourceIdentity>> {
         resources::identity::all(&self.state)
+    }
+
+    fn list_resources(&self) -> Vec<Arc<dyn ListResourceType>> {
+        lists::all(&self.state)
+    }
+
+    fn actions(&self) -> Vec<Arc<dyn ActionType>> {
+        actions::all(&self.state)
     }
 }

@@ -1,8 +1,9 @@
 //! The registry pages in `docs/` against the provider's real schema (`terraform providers
 //! schema -json` with the built provider): every resource and data source has its page,
 //! every attribute is documented, and no page documents an attribute that does not exist.
-//! Ephemeral resources' pages are in `docs/ephemeral-resources/`; the provider's own
-//! settings are in `docs/index.md`.
+//! Ephemeral resources' pages are in `docs/ephemeral-resources/`, list resources' (their
+//! `config` block) in `docs/list-resources/`, actions' in `docs/actions/`; the provider's
+//! own settings are in `docs/index.md`.
 
 use std::collections::BTreeSet;
 
@@ -140,6 +141,8 @@ fn every_resource_and_data_source_page_matches_the_schema() {
         ("resource_schemas", "resources"),
         ("data_source_schemas", "data-sources"),
         ("ephemeral_resource_schemas", "ephemeral-resources"),
+        ("list_resource_schemas", "list-resources"),
+        ("action_schemas", "actions"),
     ] {
         let entries = provider[kind].as_object().expect("schemas");
         assert!(!entries.is_empty(), "no {kind} in the schema");
@@ -196,8 +199,9 @@ fn every_resource_and_data_source_page_matches_the_schema() {
         ));
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
-    // Four resources and seven data sources today; a new one must come with its page.
-    assert!(checked >= 11, "only {checked} pages checked");
+    // Four resources and seven data sources, four lists and three actions at least; a new
+    // one must come with its page.
+    assert!(checked >= 18, "only {checked} pages checked");
 }
 
 #[test]

@@ -553,6 +553,13 @@ impl Bounded for v1::ReturnNodeRequest {
     }
 }
 
+impl Bounded for v1::DrainNodeRequest {
+    fn check_bounds(&self) -> Result {
+        id("node", &self.name)?;
+        text("reason", &self.reason, MAX_DISPLAY_NAME_CHARS)
+    }
+}
+
 impl Bounded for v1::ForgetNodeSecretRequest {
     fn check_bounds(&self) -> Result {
         id("node", &self.name)

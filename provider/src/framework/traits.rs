@@ -101,4 +101,15 @@ pub trait ProviderType: Send + Sync + 'static {
     fn identities(&self) -> Vec<std::sync::Arc<dyn super::ResourceIdentity>> {
         Vec::new()
     }
+
+    /// List resources for `terraform query` (Terraform 1.14+), each of a managed resource
+    /// type that has an identity.
+    fn list_resources(&self) -> Vec<std::sync::Arc<dyn super::ListResourceType>> {
+        Vec::new()
+    }
+
+    /// Actions (Terraform 1.14+).
+    fn actions(&self) -> Vec<std::sync::Arc<dyn super::ActionType>> {
+        Vec::new()
+    }
 }

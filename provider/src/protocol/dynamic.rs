@@ -1,5 +1,5 @@
-//! Terraform's `DynamicValue` (msgpack, or JSON in older states) decoded to the
-//! framework's values by their type, and encoded back as msgpack.
+//! DynamicValue, the wire form of every value: decoded with the schema's type (MessagePack
+//! or JSON, absent as null) and encoded as MessagePack.
 
 use super::tfplugin6 as tf;
 use super::values::{from_json, from_msgpack, to_msgpack};

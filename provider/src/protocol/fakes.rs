@@ -1,6 +1,7 @@
 //! Test doubles for the protocol layer's tests: a provider with one resource (`thing`,
-//! identified by its name), one ephemeral resource (`ticket`) and counters of what the
-//! service asked of them.
+//! identified by its name), one ephemeral resource (`ticket`), a list of things (five,
+//! whatever the limit asks: the service must cut), an action (`ping`) and counters of what
+//! the service asked of them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -8,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use crate::framework::{
-    Attribute, DataSourceType, Diagnostics, EphemeralResourceType, IdentityAttribute,
-    IdentitySchema, Opened, PlannedChange, ProviderType, ResourceIdentity, ResourceType, Schema,
-    Type, Value,
+    ActionType, Attribute, DataSourceType, Diagnostics, EphemeralResourceType, IdentityAttribute,
+    IdentitySchema, ListResourceType, Listed, Opened, PlannedChange, Progress, ProviderType,
+    ResourceIdentity, ResourceType, Schema, Type, Value,
 };
 
 #[derive(Default)]
@@ -130,6 +131,82 @@ impl EphemeralResourceType for Ticket {
     }
 }
 
+struct Things;
+
+#[async_trait]
+impl ListResourceType for Things {
+    fn name(&self) -> &'static str {
+        "thing"
+    }
+    fn schema(&self) -> Schema {
+        Schema::new("l", vec![Attribute::optional("prefix", Type::String, "p")])
+    }
+    async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
+        let mut d = Diagnostics::default();
+        if config.str_attr("prefix")? == Some("") {
+            d.attr_error("prefix", "must not be empty");
+        }
+        d.into_result()
+    }
+    async fn list(
+        &self,
+        config: &Value,
+        include_state: bool,
+        _limit: usize,
+    ) -> Result<Vec<Listed>, Diagnostics> {
+        let prefix = config.str_attr("prefix")?.unwrap_or("t").to_string();
+        Ok((0..5)
+            .map(|i| {
+                let name = format!("{prefix}{i}");
+                Listed {
+                    identity: Value::object([("name", Value::string(&name))]),
+                    display_name: format!("thing {name}"),
+                    state: include_state.then(|| {
+                        Value::object([("name", Value::string(&name)), ("size", Value::Number(i))])
+                    }),
+                }
+            })
+            .collect())
+    }
+}
+
+/// Says two progress lines, then fails when `fail` is true.
+struct Ping;
+
+#[async_trait]
+impl ActionType for Ping {
+    fn name(&self) -> &'static str {
+        "ping"
+    }
+    fn schema(&self) -> Schema {
+        Schema::new(
+            "a",
+            vec![
+                Attribute::required("target", Type::String, "t"),
+                Attribute::optional("fail", Type::Bool, "f"),
+            ],
+        )
+    }
+    async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
+        let mut d = Diagnostics::default();
+        if config.str_attr("target")? == Some("") {
+            d.attr_error("target", "must not be empty");
+        }
+        d.into_result()
+    }
+    async fn invoke(&self, config: &Value, progress: &Progress) -> Result<(), Diagnostics> {
+        let target = config.str_attr("target")?.unwrap_or_default().to_string();
+        progress.say(format!("pinging {target}")).await;
+        progress.say(format!("{target} answered")).await;
+        if config.bool_attr("fail")? == Some(true) {
+            let mut d = Diagnostics::default();
+            d.attr_error("target", "answered too late");
+            return Err(d);
+        }
+        Ok(())
+    }
+}
+
 pub struct Fake(pub Arc<Calls>);
 
 #[async_trait]
@@ -151,6 +228,12 @@ impl ProviderType for Fake {
     }
     fn identities(&self) -> Vec<Arc<dyn ResourceIdentity>> {
         vec![Arc::new(ThingIdentity(self.0.clone()))]
+    }
+    fn list_resources(&self) -> Vec<Arc<dyn ListResourceType>> {
+        vec![Arc::new(Things)]
+    }
+    fn actions(&self) -> Vec<Arc<dyn ActionType>> {
+        vec![Arc::new(Ping)]
     }
 }
 

@@ -96,6 +96,13 @@ impl Identities {
         }
     }
 
+    /// `identity` on the wire, of `type_name`'s identity type: for a list's results, which
+    /// only clients that know identities ask for.
+    pub fn encoded(&self, type_name: &str, identity: &Value) -> Option<tf::ResourceIdentityData> {
+        let r = self.by_type.get(type_name)?;
+        Some(data(identity, &r.ty))
+    }
+
     /// The import id that the identity of an `import { identity = {...} }` names.
     pub fn import_id(
         &self,

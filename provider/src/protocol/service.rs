@@ -5,22 +5,32 @@
 //! diagnostics to the person running it, and treats a gRPC error as a crashed provider.
 
 use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
 use std::sync::Arc;
+
+use tokio_stream::Stream;
 
 use tonic::{Request, Response, Status};
 
 use super::convert;
-use super::dynamic::{decode, encode};
+pub(super) use super::dynamic::{decode, encode};
 use super::identity::Identities;
 use super::tfplugin6 as tf;
 use super::values::from_json;
 use super::write_only;
 use crate::framework::{
-    AttrPath, DataSourceType, Diagnostic, Diagnostics, EphemeralResourceType, ProviderType,
-    ResourceType, Schema, Type, Value,
+    ActionType, AttrPath, DataSourceType, Diagnostic, Diagnostics, EphemeralResourceType,
+    ListResourceType, ProviderType, ResourceType, Schema, Type, Value,
 };
 
 type Reply<T> = Result<Response<T>, Status>;
+
+/// A list's results (`list.rs` makes them).
+pub(super) type ListEvents =
+    Pin<Box<dyn Stream<Item = Result<tf::list_resource::Event, Status>> + Send>>;
+/// An action's progress and outcome (`actions.rs` makes them).
+pub(super) type ActionEvents =
+    Pin<Box<dyn Stream<Item = Result<tf::invoke_action::Event, Status>> + Send>>;
 
 pub(super) struct Registered<T: ?Sized> {
     pub(super) inner: Arc<T>,
@@ -35,42 +45,55 @@ impl<T: ?Sized> Registered<T> {
     }
 }
 
-/// The provider as Terraform sees it: its schema, and its resources, data sources and
-/// ephemeral resources by full type name (`<provider>_<name>`), built once.
+/// The provider as Terraform sees it: its schema, and its resources, data sources,
+/// ephemeral resources, list resources and actions by full type name
+/// (`<provider>_<name>`), built once.
 pub struct ProviderService {
     provider: Registered<dyn ProviderType>,
-    resources: BTreeMap<String, Registered<dyn ResourceType>>,
+    pub(super) resources: BTreeMap<String, Registered<dyn ResourceType>>,
     data_sources: BTreeMap<String, Registered<dyn DataSourceType>>,
     pub(super) ephemeral: BTreeMap<String, Registered<dyn EphemeralResourceType>>,
-    identities: Identities,
+    pub(super) lists: BTreeMap<String, Registered<dyn ListResourceType>>,
+    pub(super) actions: BTreeMap<String, Registered<dyn ActionType>>,
+    pub(super) identities: Identities,
+}
+
+/// `<prefix>_<name>` for each, with its schema.
+fn registered<T: ?Sized>(
+    prefix: &str,
+    items: Vec<Arc<T>>,
+    name: impl Fn(&T) -> &'static str,
+    schema: impl Fn(&T) -> Schema,
+) -> BTreeMap<String, Registered<T>> {
+    items
+        .into_iter()
+        .map(|item| {
+            let s = schema(&item);
+            (
+                format!("{prefix}_{}", name(&item)),
+                Registered::new(item, s),
+            )
+        })
+        .collect()
 }
 
 impl ProviderService {
     pub fn new(name: &str, provider: Arc<dyn ProviderType>) -> Self {
-        let resources = provider
-            .resources()
-            .into_iter()
-            .map(|r| {
-                let schema = r.schema();
-                (format!("{name}_{}", r.name()), Registered::new(r, schema))
-            })
-            .collect();
-        let data_sources = provider
-            .data_sources()
-            .into_iter()
-            .map(|d| {
-                let schema = d.schema();
-                (format!("{name}_{}", d.name()), Registered::new(d, schema))
-            })
-            .collect();
-        let ephemeral = provider
-            .ephemeral_resources()
-            .into_iter()
-            .map(|e| {
-                let schema = e.schema();
-                (format!("{name}_{}", e.name()), Registered::new(e, schema))
-            })
-            .collect();
+        let resources = registered(name, provider.resources(), |r| r.name(), |r| r.schema());
+        let data_sources = registered(name, provider.data_sources(), |d| d.name(), |d| d.schema());
+        let ephemeral = registered(
+            name,
+            provider.ephemeral_resources(),
+            |e| e.name(),
+            |e| e.schema(),
+        );
+        let lists = registered(
+            name,
+            provider.list_resources(),
+            |l| l.name(),
+            |l| l.schema(),
+        );
+        let actions = registered(name, provider.actions(), |a| a.name(), |a| a.schema());
         let identities = Identities::new(name, provider.identities());
         let schema = provider.schema();
         Self {
@@ -78,6 +101,8 @@ impl ProviderService {
             resources,
             data_sources,
             ephemeral,
+            lists,
+            actions,
             identities,
         }
     }
@@ -241,6 +266,20 @@ impl tf::provider_server::Provider for ProviderService {
                     type_name: n.clone(),
                 })
                 .collect(),
+            list_resources: self
+                .lists
+                .keys()
+                .map(|n| tf::get_metadata::ListResourceMetadata {
+                    type_name: n.clone(),
+                })
+                .collect(),
+            actions: self
+                .actions
+                .keys()
+                .map(|n| tf::get_metadata::ActionMetadata {
+                    type_name: n.clone(),
+                })
+                .collect(),
         }))
     }
 
@@ -269,6 +308,17 @@ impl tf::provider_server::Provider for ProviderService {
             ephemeral_resource_schemas: schemas(
                 self.ephemeral.iter().map(|(n, e)| (n, &e.schema)).collect(),
             ),
+            list_resource_schemas: schemas(
+                self.lists.iter().map(|(n, l)| (n, &l.schema)).collect(),
+            ),
+            action_schemas: self
+                .actions
+                .iter()
+                .map(|(n, a)| {
+                    let schema = Some(convert::schema(&a.schema));
+                    (n.clone(), tf::ActionSchema { schema })
+                })
+                .collect(),
         }))
     }
 
@@ -600,6 +650,47 @@ impl tf::provider_server::Provider for ProviderService {
             functions: HashMap::new(),
             diagnostics: Vec::new(),
         }))
+    }
+
+    type ListResourceStream = ListEvents;
+
+    async fn list_resource(
+        &self,
+        req: Request<tf::list_resource::Request>,
+    ) -> Reply<Self::ListResourceStream> {
+        Ok(Response::new(self.list(req.into_inner()).await))
+    }
+
+    async fn validate_list_resource_config(
+        &self,
+        req: Request<tf::validate_list_resource_config::Request>,
+    ) -> Reply<tf::validate_list_resource_config::Response> {
+        Ok(Response::new(self.validate_list(req.into_inner()).await))
+    }
+
+    async fn validate_action_config(
+        &self,
+        req: Request<tf::validate_action_config::Request>,
+    ) -> Reply<tf::validate_action_config::Response> {
+        Ok(Response::new(self.validate_action(req.into_inner()).await))
+    }
+
+    async fn plan_action(
+        &self,
+        req: Request<tf::plan_action::Request>,
+    ) -> Reply<tf::plan_action::Response> {
+        Ok(Response::new(
+            self.plan_action_config(req.into_inner()).await,
+        ))
+    }
+
+    type InvokeActionStream = ActionEvents;
+
+    async fn invoke_action(
+        &self,
+        req: Request<tf::invoke_action::Request>,
+    ) -> Reply<Self::InvokeActionStream> {
+        Ok(Response::new(self.invoke(req.into_inner())))
     }
 
     /// Terraform asks in-flight work to stop (an interrupted run). Each call already ends
