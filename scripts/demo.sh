@@ -32,13 +32,13 @@ step "The fleet (gpufleet-agent fleet)"
 step "Onboarding two teams with Terraform (examples/onboarding)"
 cp -r examples/onboarding "$work/onboarding"
 rm -rf "$work/onboarding/.terraform" "$work/onboarding"/terraform.tfstate*
-# dev_overrides: Terraform uses the provider just built instead of a registry.
-write_dev_overrides "$work/terraform.rc" "$target_dir"
+# The provider as an operator installs it: packaged by scripts/release.sh (from the
+# binaries just built) and installed by `terraform init` from the release's mirror.
+GPUFLEET_RELEASE_BINARIES="$target_dir" scripts/release.sh "$work/release" >/dev/null
+write_mirror_config "$work/terraform.rc" "$work/release/mirror"
 export TF_CLI_CONFIG_FILE="$work/terraform.rc" TF_IN_AUTOMATION=1
 tf() { terraform -chdir="$work/onboarding" "$@"; }
-# No `terraform init`: dev_overrides need no provider installation (and Terraform before
-# 1.15 fails init trying the registry for it); `get` installs the local modules.
-tf get -no-color
+tf init -input=false -no-color
 tf apply -auto-approve -input=false -no-color
 
 step "The speech team's GPUs, each cut into MIG slices (terraform output speech_gpu_partitions)"

@@ -2,7 +2,7 @@
 # Packages a release of gpufleet for this platform (linux_amd64 on an x86_64 host):
 #
 #   OUT/terraform-provider-gpufleet_VERSION_linux_amd64.zip   the provider, as registries ship it
-#   OUT/terraform-provider-gpufleet_VERSION_SHA256SUMS
+#   OUT/terraform-provider-gpufleet_VERSION_SHA256SUMS(.sig with a signing key)
 #   OUT/mirror/registry.terraform.io/gpufleet/gpufleet/...    a provider mirror, both layouts:
 #       terraform-provider-gpufleet_VERSION_linux_amd64.zip    (filesystem_mirror, packed)
 #       index.json, VERSION.json                                (network_mirror: any static web server)
@@ -24,6 +24,8 @@
 # Usage: scripts/release.sh [OUT]          (default OUT: target/release-packages)
 #   GPUFLEET_RELEASE_BINARIES=DIR  package the binaries already in DIR instead of building
 #                                  them with `cargo build --release` (the tests use target/debug)
+#   GPUFLEET_RELEASE_SIGNING_KEY=ID  sign the provider's SHA256SUMS with this gpg key
+#                                  (SHA256SUMS.sig, as a registry wants it); unsigned without
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,6 +77,13 @@ with open(src, "rb") as f, zipfile.ZipFile(dst, "w") as z:
 EOF
 zip_sha="$(sha256sum "$out/$zip_name" | cut -d' ' -f1)"
 echo "$zip_sha  $zip_name" > "$out/terraform-provider-gpufleet_${version}_SHA256SUMS"
+# Signed where a key is configured (a registry checks this signature against the key it
+# holds for the namespace): a detached binary signature, SHA256SUMS.sig.
+if [[ -n "${GPUFLEET_RELEASE_SIGNING_KEY:-}" ]]; then
+  gpg --batch --yes --local-user "$GPUFLEET_RELEASE_SIGNING_KEY" --detach-sign \
+    --output "$out/terraform-provider-gpufleet_${version}_SHA256SUMS.sig" \
+    "$out/terraform-provider-gpufleet_${version}_SHA256SUMS"
+fi
 
 # The mirror: the packed filesystem layout and the network mirror protocol's JSON in one
 # tree, so it can be used as a directory or served as is.

@@ -20,7 +20,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the control plane (gRPC API over the simulated or real fleet).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Show the GPU types of the fleet with pool, on-demand and free node counts (the same
     /// counts for every token).
     Fleet(ClientArgs),
@@ -31,7 +31,7 @@ pub enum Command {
     HwCheck(HwCheckArgs),
     /// Run the node agent of this GPU host: register with the control plane, carry out its
     /// work orders on this host's GPUs.
-    Node(NodeArgs),
+    Node(Box<NodeArgs>),
     /// Print a node agent's own view of its node (from its data dir).
     NodeStatus(NodeStatusArgs),
     /// Return a quarantined node to service (admin): its agent resets it, then it is ready.
@@ -168,6 +168,12 @@ pub struct NodeArgs {
         default_value = ""
     )]
     pub join_token: String,
+    /// A file holding the join token (0600; e.g. a copy of the control plane's
+    /// join.token), read at every connection: after `token rotate join` write the new one
+    /// here within the overlap, and the agent uses it at its next session, no restart.
+    /// Instead of GPUFLEET_JOIN_TOKEN.
+    #[arg(long, env = "GPUFLEET_JOIN_TOKEN_FILE", value_name = "FILE")]
+    pub join_token_file: Option<PathBuf>,
     /// This node's name (a DNS label); default: the host name's first label, lower case.
     #[arg(long, env = "GPUFLEET_NODE_NAME")]
     pub name: Option<String>,
@@ -277,7 +283,8 @@ pub enum TokenCommand {
     /// Issue a named token.
     Create(TokenCreateArgs),
     /// A new secret for a token ("default": the tenant's own; "admin" without --tenant:
-    /// the admin token, written to the data dir's admin.token); the old one keeps working
+    /// the admin token, written to the data dir's admin.token; "join" without --tenant:
+    /// the node agents' join token, written to join.token); the old one keeps working
     /// for the overlap.
     Rotate(TokenRotateArgs),
     /// Refuse a token at once (every secret of that name).
@@ -444,6 +451,16 @@ pub struct ServeArgs {
     /// TLS with a certificate it signed. Needs --tls-cert/--tls-key.
     #[arg(long, env = "GPUFLEET_AGENT_CA", value_name = "FILE")]
     pub agent_ca: Option<PathBuf>,
+    /// The agent CA's revocation list (PEM, `agents.crl` in the pki directory; `pki
+    /// --revoke NAME` adds to it): a revoked certificate is refused, and its open session
+    /// ended, once the list is reloaded. Needs --agent-ca.
+    #[arg(long, env = "GPUFLEET_AGENT_CRL", value_name = "FILE")]
+    pub agent_crl: Option<PathBuf>,
+    /// How often the TLS files (--tls-cert, --tls-key, --agent-ca, --agent-crl) are looked
+    /// at: when their contents changed they are loaded for the next connections, without
+    /// a restart. SIGHUP looks at once.
+    #[arg(long, env = "GPUFLEET_TLS_RELOAD_EVERY", default_value = "30s", value_parser = parse_duration)]
+    pub tls_reload_every: std::time::Duration,
     /// The driver versions clusters may choose, comma-separated (default: the fleet file's
     /// `drivers`, else every data-center release gpufleet knows).
     #[arg(long, env = "GPUFLEET_DRIVERS", value_delimiter = ',')]
@@ -642,6 +659,11 @@ pub struct PkiArgs {
     /// Issue a client certificate for this node agent name; repeatable.
     #[arg(long = "agent")]
     pub agents: Vec<String>,
+    /// Revoke this node agent's current certificate (`agent-NAME.pem`): it is added to the
+    /// CA's revocation list `agents.crl`, which serve reads with --agent-crl; repeatable.
+    /// Nothing else is issued.
+    #[arg(long = "revoke", value_name = "NAME", conflicts_with_all = ["agents", "server_names"])]
+    pub revoke: Vec<String>,
 }
 
 impl From<Hardware> for gpufleet_node::hardware::Hardware {
@@ -659,6 +681,7 @@ impl NodeArgs {
         gpufleet_node::Config {
             control_plane: self.control_plane,
             join_token: self.join_token,
+            join_token_file: self.join_token_file,
             name: self.name,
             data_dir: self.data_dir,
             hardware: self.hardware.into(),
@@ -694,6 +717,8 @@ impl ServeArgs {
             tls_cert: self.tls_cert,
             tls_key: self.tls_key,
             agent_ca: self.agent_ca,
+            agent_crl: self.agent_crl,
+            tls_reload_every: self.tls_reload_every,
             data_dir: self.data_dir,
             shared_storage: self.shared_storage,
             fleet,

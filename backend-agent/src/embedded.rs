@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use gpufleet_control::connections::{accept::accept, activity::ActivityLayer, Limits, Table};
 use gpufleet_control::serve::{ControlPlane, EmbeddedHost};
-use gpufleet_node::session::Link;
+use gpufleet_node::link::Link;
 use tokio::sync::watch;
 
 /// How long the embedded agents may take to register and settle at start.
@@ -69,7 +69,11 @@ pub async fn start(
         std::net::IpAddr::V6(_) => std::net::Ipv4Addr::LOCALHOST,
     };
     for host in hosts {
-        let agent = agent(host, address, &state.data_dir, &url, &state.join_token)?;
+        let join_token = {
+            let state = state.clone();
+            std::sync::Arc::new(move || state.join_tokens.current())
+        };
+        let agent = agent(host, address, &state.data_dir, &url, join_token)?;
         let stop = stop.clone();
         agents.push(tokio::spawn(async move {
             let name = agent.name.clone();
@@ -87,7 +91,7 @@ fn agent(
     address: std::net::Ipv4Addr,
     data_dir: &Path,
     url: &str,
-    join_token: &str,
+    join_token: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
 ) -> anyhow::Result<std::sync::Arc<gpufleet_node::session::Agent>> {
     use gpufleet_node::{bandwidth, driver};
     let faults_file = host.sim.as_ref().map(|_| data_dir.join("sim-faults.toml"));
@@ -121,10 +125,10 @@ fn agent(
         backend: host.backend,
         sim: host.sim,
         faults_file,
-        link: Link {
-            endpoint: tonic::transport::Endpoint::from_shared(url.to_string())?.tcp_nodelay(true),
-            join_token: join_token.to_string(),
-        },
+        link: Link::following(
+            tonic::transport::Endpoint::from_shared(url.to_string())?.tcp_nodelay(true),
+            join_token,
+        ),
     })
 }
 

@@ -44,7 +44,7 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            cli::Command::Serve(args) => serve::run(args).await,
+            cli::Command::Serve(args) => serve::run(*args).await,
             cli::Command::Fleet(args) => client::print_fleet(args).await,
             cli::Command::Nodes(args) => lists::print_nodes(args).await,
             cli::Command::HwCheck(args) => client::hw_check(args),
@@ -88,7 +88,14 @@ fn main() -> std::process::ExitCode {
 
 /// `pki`: issues the certificates and prints one line per file written.
 fn print_issued(args: &cli::PkiArgs) -> anyhow::Result<()> {
-    for path in gpufleet_wire::pki::issue(&args.dir, &args.server_names, &args.agents)? {
+    let written = if args.revoke.is_empty() {
+        let mut written = gpufleet_wire::pki::issue(&args.dir, &args.server_names, &args.agents)?;
+        written.extend(gpufleet_wire::revocation::ensure_list(&args.dir)?);
+        written
+    } else {
+        gpufleet_wire::revocation::revoke(&args.dir, &args.revoke)?
+    };
+    for path in written {
         println!("wrote {}", path.display());
     }
     Ok(())

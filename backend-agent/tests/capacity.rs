@@ -363,7 +363,10 @@ async fn dependents_block_deletes() {
 
     assert_status(
         c.tenants
-            .delete_tenant(DeleteTenantRequest { id: t.id.clone() })
+            .delete_tenant(DeleteTenantRequest {
+                id: t.id.clone(),
+                ..Default::default()
+            })
             .await,
         Code::FailedPrecondition,
         "still has 1 gpu quota(s), 0 reservation(s) and 1 cluster(s)",
@@ -387,7 +390,10 @@ async fn dependents_block_deletes() {
         .await
         .unwrap();
     c.tenants
-        .delete_tenant(DeleteTenantRequest { id: t.id })
+        .delete_tenant(DeleteTenantRequest {
+            id: t.id,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(c.tenant_count().await, 0);

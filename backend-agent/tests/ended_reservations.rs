@@ -67,7 +67,10 @@ async fn ended_reservations_go_with_their_quota_and_tenant() {
     );
     assert_status(
         c.tenants
-            .delete_tenant(DeleteTenantRequest { id: t.id.clone() })
+            .delete_tenant(DeleteTenantRequest {
+                id: t.id.clone(),
+                ..Default::default()
+            })
             .await,
         Code::FailedPrecondition,
         "still has 1 gpu quota(s), 1 reservation(s) and 1 cluster(s)",
@@ -87,7 +90,10 @@ async fn ended_reservations_go_with_their_quota_and_tenant() {
         &short.id,
     );
     c.tenants
-        .delete_tenant(DeleteTenantRequest { id: t.id })
+        .delete_tenant(DeleteTenantRequest {
+            id: t.id,
+            ..Default::default()
+        })
         .await
         .unwrap();
     let left = c

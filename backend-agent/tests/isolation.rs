@@ -277,7 +277,10 @@ async fn tenant_tokens_cannot_see_change_or_detect_other_tenants() {
     );
     assert_status(
         c.tenants
-            .delete_tenant(DeleteTenantRequest { id: b.id.clone() })
+            .delete_tenant(DeleteTenantRequest {
+                id: b.id.clone(),
+                ..Default::default()
+            })
             .await,
         Code::PermissionDenied,
         "admin token",

@@ -217,7 +217,10 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
         .await
         .unwrap();
     c.tenants
-        .delete_tenant(DeleteTenantRequest { id: tenant.id })
+        .delete_tenant(DeleteTenantRequest {
+            id: tenant.id,
+            ..Default::default()
+        })
         .await
         .unwrap();
     let nodes = c.nodes().await;

@@ -467,7 +467,10 @@ async fn the_audit_log_records_changes_and_refusals_and_each_team_sees_its_own()
         .await
         .unwrap();
     ca.tenants
-        .delete_tenant(DeleteTenantRequest { id: a.id.clone() })
+        .delete_tenant(DeleteTenantRequest {
+            id: a.id.clone(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     let mut stranger = s.agent.clients("gft_not-a-token").await;

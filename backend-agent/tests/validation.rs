@@ -241,7 +241,10 @@ async fn bad_input_is_refused_and_changes_nothing() {
     );
     assert_status(
         c.tenants
-            .delete_tenant(DeleteTenantRequest { id: UNKNOWN.into() })
+            .delete_tenant(DeleteTenantRequest {
+                id: UNKNOWN.into(),
+                ..Default::default()
+            })
             .await,
         Code::NotFound,
         "tenant",

@@ -7,3 +7,6 @@ pub const EXISTING_ID: &str = "existing_id";
 pub const EXISTING_FIELD: &str = "existing_field";
 /// A delete refused for what still uses the object: their ids, comma-separated.
 pub const USED_BY: &str = "used_by";
+/// A tenant delete refused for what the tenant still has: which of the `USED_BY` ids are
+/// gpu quotas (the rest are reservations and clusters), comma-separated.
+pub const QUOTA_IDS: &str = "quota_ids";

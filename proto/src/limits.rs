@@ -28,6 +28,8 @@ pub const MAX_TOKEN_CHARS: usize = 512;
 pub const MAX_GPUS: i64 = 1_000_000;
 /// A reservation's or a cluster's `node_count`.
 pub const MAX_NODE_COUNT: i64 = 10_000;
+/// Reservations a dry run places first (`also_planned`: the plan's siblings).
+pub const MAX_ALSO_PLANNED: usize = 100;
 /// A cluster's `storage_gib` (1 PiB).
 pub const MAX_STORAGE_GIB: i64 = 1 << 20;
 /// A cluster's `max_unavailable`.

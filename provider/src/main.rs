@@ -1,9 +1,12 @@
 //! terraform-provider-gpufleet: the Terraform provider for gpufleet.
 
+mod actions;
 mod client;
 mod convert;
 mod data_sources;
+mod ephemeral;
 mod framework;
+mod lists;
 mod protocol;
 mod provider;
 mod resources;

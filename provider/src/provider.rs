@@ -1,5 +1,5 @@
 //! The provider block: where the backend is and which token to use; and the registration
-//! of every resource and data source, which share the state `configure` makes
+//! of every resource, data source, list resource and action, which share the state `configure` makes
 //! (`state::ProviderState`). Nothing below imports this module.
 
 use std::sync::Arc;
@@ -8,10 +8,11 @@ use async_trait::async_trait;
 
 use crate::client::Client;
 use crate::framework::{
-    Attribute, DataSourceType, Diagnostics, ProviderType, ResourceType, Schema, Type, Value,
+    ActionType, Attribute, DataSourceType, Diagnostics, EphemeralResourceType, ListResourceType,
+    ProviderType, ResourceIdentity, ResourceType, Schema, Type, Value,
 };
 use crate::state::ProviderState;
-use crate::{data_sources, resources};
+use crate::{actions, data_sources, ephemeral, lists, resources};
 
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7700";
 
@@ -65,6 +66,11 @@ impl ProviderType for GpufleetProvider {
                     Type::String,
                     "PEM of the CA that signed the backend's TLS certificate, for `https` endpoints (e.g. `file(\"ca.pem\")`). The certificate must name the endpoint's host. Defaults to the `GPUFLEET_CA_CERT_PEM` environment variable.",
                 ),
+                Attribute::optional(
+                    "store_credentials_in_state",
+                    Type::Bool,
+                    "Whether resources keep credentials in state: `gpufleet_tenant.token`, `gpufleet_tenant_token.token` and `gpufleet_tenant_cluster.credentials` (all deprecated). `false`: they are null in every state and plan (a refresh empties a state that holds them); use the ephemeral resources `gpufleet_tenant_token` and `gpufleet_cluster_credentials` instead. Defaults to `true`; the default becomes `false` when the attributes are removed.",
+                ),
             ],
         )
     }
@@ -77,6 +83,12 @@ impl ProviderType for GpufleetProvider {
         let ca = setting(config, "ca_cert_pem", Some("GPUFLEET_CA_CERT_PEM"))?;
         let client = Client::new(&endpoint, token.as_deref(), ca.as_deref())?;
         self.state.set(client, known);
+        // Unknown until apply: kept, as by default (the ephemeral resources need no state).
+        let keep = config
+            .bool_attr("store_credentials_in_state")
+            .map_err(Diagnostics::from)?
+            .unwrap_or(true);
+        self.state.set_keeps_credentials(keep);
         Ok(())
     }
 
@@ -86,5 +98,21 @@ impl ProviderType for GpufleetProvider {
 
     fn data_sources(&self) -> Vec<Arc<dyn DataSourceType>> {
         data_sources::all(&self.state)
+    }
+
+    fn ephemeral_resources(&self) -> Vec<Arc<dyn EphemeralResourceType>> {
+        ephemeral::all(&self.state)
+    }
+
+    fn identities(&self) -> Vec<Arc<dyn ResourceIdentity>> {
+        resources::identity::all(&self.state)
+    }
+
+    fn list_resources(&self) -> Vec<Arc<dyn ListResourceType>> {
+        lists::all(&self.state)
+    }
+
+    fn actions(&self) -> Vec<Arc<dyn ActionType>> {
+        actions::all(&self.state)
     }
 }

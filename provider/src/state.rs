@@ -2,6 +2,7 @@
 //! `configure` makes, and what this run plans and does. It knows no resource, no data
 //! source and not the provider block (`provider.rs` registers them all above it).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::client::Client;
@@ -15,6 +16,9 @@ pub struct ProviderState {
     config_known: RwLock<bool>,
     /// What this run's other resources plan and do.
     pub run: crate::this_run::ThisRun,
+    /// The provider's `store_credentials_in_state = false`: credential attributes are
+    /// answered null (`resources::credentials`). Kept (false) by default.
+    withhold_credentials: AtomicBool,
 }
 
 impl ProviderState {
@@ -41,6 +45,15 @@ impl ProviderState {
         } else {
             None
         }
+    }
+
+    /// Whether resources keep credentials (tokens, kubeconfigs) in state.
+    pub fn keeps_credentials(&self) -> bool {
+        !self.withhold_credentials.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_keeps_credentials(&self, keep: bool) {
+        self.withhold_credentials.store(!keep, Ordering::Relaxed);
     }
 
     pub(crate) fn set(&self, client: Client, known: bool) {

@@ -12,7 +12,9 @@
 //!   the same plan deletes that cluster too;
 //! * deletes under way: a tenant delete waits for the deletes of its quotas, clusters and
 //!   reservations that run beside it (Terraform runs deletes without a dependency in
-//!   parallel) instead of failing for dependents that are about to be gone.
+//!   parallel) instead of failing for dependents that are about to be gone;
+//! * reservations this plan creates: each create's dry run is sent with those admitted
+//!   before it, so siblings that cannot all fit are refused at plan, not half-applied.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +34,16 @@ pub struct ThisRun {
     changed: Notify,
     /// Told when a delete is planned.
     planned: Notify,
+    /// Reservation creates whose dry runs admitted them and that are not created yet.
+    reservations: Mutex<PlannedReservations>,
+}
+
+/// Reservation creates a plan admitted, in that order, and a count of the changes to
+/// them (a dry run that saw another count asks again).
+#[derive(Default)]
+struct PlannedReservations {
+    changes: u64,
+    admitted: Vec<gpufleet_proto::v1::PlannedReservation>,
 }
 
 #[derive(Default)]
@@ -113,6 +125,61 @@ impl ThisRun {
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return left;
             }
+        }
+    }
+
+    fn reservations(&self) -> std::sync::MutexGuard<'_, PlannedReservations> {
+        self.reservations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The reservation creates admitted in this run and not created yet, those of
+    /// `gpu_type` (at most `max`, the first admitted), and the count of changes to them
+    /// so far.
+    pub fn planned_reservations(
+        &self,
+        gpu_type: &str,
+        max: usize,
+    ) -> (u64, Vec<gpufleet_proto::v1::PlannedReservation>) {
+        let planned = self.reservations();
+        let same = planned
+            .admitted
+            .iter()
+            .filter(|r| r.gpu_type == gpu_type)
+            .take(max)
+            .cloned()
+            .collect();
+        (planned.changes, same)
+    }
+
+    /// Records an admitted reservation create, unless they changed since the dry run
+    /// saw `seen` (false: ask again, with them).
+    pub fn admits_reservation(
+        &self,
+        seen: u64,
+        reservation: gpufleet_proto::v1::PlannedReservation,
+    ) -> bool {
+        let mut planned = self.reservations();
+        if planned.changes != seen {
+            return false;
+        }
+        planned.changes += 1;
+        planned.admitted.push(reservation);
+        true
+    }
+
+    /// Whether the admitted reservation creates changed since a dry run saw `seen`.
+    pub fn reservations_changed_since(&self, seen: u64) -> bool {
+        self.reservations().changes != seen
+    }
+
+    /// A reservation create is about to be sent: from now on the backend counts it, so
+    /// the dry runs after it (Terraform plans each resource again during the apply) must
+    /// not count it twice.
+    pub fn creating_reservation(&self, reservation: &gpufleet_proto::v1::PlannedReservation) {
+        let mut planned = self.reservations();
+        if let Some(at) = planned.admitted.iter().position(|r| r == reservation) {
+            planned.admitted.remove(at);
+            planned.changes += 1;
         }
     }
 
@@ -238,6 +305,32 @@ mod tests {
         tokio::task::yield_now().await;
         run.plans_delete("c-1");
         assert_eq!(waiter.await.unwrap(), vec!["c-2".to_string()]);
+    }
+
+    #[test]
+    fn a_reservation_admitted_meanwhile_sends_the_dry_run_again() {
+        let run = ThisRun::default();
+        let planned = |gpu: &str| gpufleet_proto::v1::PlannedReservation {
+            gpu_type: gpu.into(),
+            node_count: 2,
+            ..Default::default()
+        };
+        // Two dry runs at once, both before either was recorded.
+        let (seen_a, _) = run.planned_reservations("H100-80GB", 100);
+        let (seen_b, _) = run.planned_reservations("H100-80GB", 100);
+        assert!(run.admits_reservation(seen_a, planned("H100-80GB")));
+        assert!(!run.admits_reservation(seen_b, planned("H100-80GB")));
+        let (seen, same) = run.planned_reservations("H100-80GB", 100);
+        assert_eq!((seen, same.len()), (1, 1));
+        assert!(run.admits_reservation(seen, planned("A100-80GB")));
+        assert_eq!(run.planned_reservations("A100-80GB", 100).1.len(), 1);
+        assert!(run.planned_reservations("H100-80GB", 0).1.is_empty());
+        // Once its create is sent, the backend counts it: it is no sibling any more, and
+        // a dry run that saw it asks again.
+        let (seen, _) = run.planned_reservations("H100-80GB", 100);
+        run.creating_reservation(&planned("H100-80GB"));
+        assert!(run.planned_reservations("H100-80GB", 100).1.is_empty());
+        assert!(!run.admits_reservation(seen, planned("H100-80GB")));
     }
 
     #[test]

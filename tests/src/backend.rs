@@ -38,7 +38,8 @@ pub struct Backend {
     fleet_file: Option<PathBuf>,
     /// Served over TLS with this certificate (written to `--tls-cert`/`--tls-key` files).
     tls: Option<ServerTls>,
-    /// What node agents present to join (`--join-token`).
+    /// What node agents present to join (GPUFLEET_JOIN_TOKEN); empty: serve generates
+    /// `<data-dir>/join.token` and may rotate it.
     join_token: String,
     /// More `serve` flags (e.g. `--node-agents external`).
     extra_args: Vec<String>,
@@ -83,6 +84,38 @@ impl Backend {
     /// Like [`Backend::start_with_tls`], with more `serve` flags (e.g. `--agent-ca`).
     pub fn start_with_tls_and_args(tls: &ServerTls, args: &[&str]) -> Backend {
         Backend::launch_with(None, Some(tls.clone()), args)
+    }
+
+    /// Like [`Backend::start_with_args`], with no join token given: serve generates its
+    /// `<data-dir>/join.token` (then the admin can rotate it; read it with
+    /// [`Backend::generated_join_token`]).
+    pub fn start_generating_join_token(args: &[&str]) -> Backend {
+        Backend::launch_in_with_join_token(None, None, args, None, String::new())
+    }
+
+    /// The join token serve generated (see [`Backend::start_generating_join_token`]), as
+    /// its data dir holds it now.
+    pub fn generated_join_token(&self) -> String {
+        fs::read_to_string(self.data_file("join.token"))
+            .expect("the control plane's join.token")
+            .trim()
+            .to_string()
+    }
+
+    /// Replaces the certificate and key serve was started with, in place, as an operator
+    /// renewing them would (serve reloads them; a restart keeps them).
+    pub fn renew_tls(&mut self, tls: ServerTls) {
+        let (cert, key) = self.tls_paths();
+        fs::write(&cert, &tls.cert_pem).expect("write the TLS certificate");
+        fs::write(&key, &tls.key_pem).expect("write the TLS key");
+        self.tls = Some(tls);
+    }
+
+    fn tls_paths(&self) -> (PathBuf, PathBuf) {
+        (
+            self.root.path().join("tls-cert.pem"),
+            self.root.path().join("tls-key.pem"),
+        )
     }
 
     /// A control plane whose fleet is the node agents that register (`--node-agents
@@ -146,6 +179,16 @@ impl Backend {
         extra: &[&str],
         long: Option<usize>,
     ) -> Backend {
+        Backend::launch_in_with_join_token(fleet_toml, tls, extra, long, generate_token("join"))
+    }
+
+    fn launch_in_with_join_token(
+        fleet_toml: Option<&str>,
+        tls: Option<ServerTls>,
+        extra: &[&str],
+        long: Option<usize>,
+        join_token: String,
+    ) -> Backend {
         let root = tempfile::Builder::new()
             .prefix("gpufleet-backend-")
             .tempdir()
@@ -171,7 +214,7 @@ impl Backend {
             address: "127.0.0.1:0".to_string(),
             fleet_file,
             tls,
-            join_token: generate_token("join"),
+            join_token,
             extra_args: extra.iter().map(|a| a.to_string()).collect(),
             host: None,
             dial_from: None,
@@ -325,8 +368,7 @@ impl Backend {
             command.arg("--fleet").arg(fleet);
         }
         if let Some(tls) = &self.tls {
-            let cert = self.root.path().join("tls-cert.pem");
-            let key = self.root.path().join("tls-key.pem");
+            let (cert, key) = self.tls_paths();
             fs::write(&cert, &tls.cert_pem).expect("write the TLS certificate");
             fs::write(&key, &tls.key_pem).expect("write the TLS key");
             command
@@ -343,7 +385,6 @@ impl Backend {
             // Tokens in the environment, never on the command line: any local user (a
             // tenant's job on a node of this host) reads every process's command line.
             .env("GPUFLEET_ADMIN_TOKEN", &self.admin_token)
-            .env("GPUFLEET_JOIN_TOKEN", &self.join_token)
             .args(&self.extra_args)
             .env_remove("GPUFLEET_NODE_AGENTS")
             .env_remove("GPUFLEET_FLEET")
@@ -355,6 +396,11 @@ impl Backend {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);
+        if self.join_token.is_empty() {
+            command.env_remove("GPUFLEET_JOIN_TOKEN");
+        } else {
+            command.env("GPUFLEET_JOIN_TOKEN", &self.join_token);
+        }
         let mut child = match &self.host {
             Some(host) => host.spawn(&mut command),
             None => command.spawn(),

@@ -1,8 +1,9 @@
 //! One Terraform working directory, wired to the provider under test.
 //!
 //! The directory holds `providers.tf` (the `gpufleet/gpufleet` requirement), the test's
-//! `main.tf` and a CLI config whose `dev_overrides` point Terraform at the provider binary's
-//! directory, so no registry is involved. The provider is configured through
+//! `main.tf` and a CLI config that installs the provider under test as an operator does:
+//! `terraform init` from the release's filesystem mirror (`scripts/release.sh`, made once
+//! per provider build: [`crate::mirror`]), so no registry is involved. The provider is configured through
 //! `GPUFLEET_ENDPOINT` / `GPUFLEET_TOKEN`, and `GPUFLEET_CA_CERT_PEM` for a TLS backend.
 //!
 //! Methods named after a command assert that it succeeded and return its output; the
@@ -130,18 +131,10 @@ impl Terraform {
             .prefix("gpufleet-tf-")
             .tempdir()
             .expect("create Terraform working dir");
-        let provider = binaries::provider();
-        let provider_dir = provider
-            .parent()
-            .expect("the provider binary has a directory")
-            .to_path_buf();
         let cli_config = dir.path().join("cli.tfrc");
         fs::write(
             &cli_config,
-            format!(
-                "provider_installation {{\n  dev_overrides {{\n    \"gpufleet/gpufleet\" = {}\n  }}\n  direct {{}}\n}}\n",
-                hcl_string(&provider_dir.to_string_lossy())
-            ),
+            crate::mirror::cli_config(crate::mirror::release_mirror()),
         )
         .expect("write CLI config");
         fs::write(dir.path().join("providers.tf"), PROVIDERS_TF).expect("write providers.tf");
@@ -240,11 +233,10 @@ impl Terraform {
         run
     }
 
-    /// Prepares the working directory. The provider comes from `dev_overrides`, which need
-    /// no provider installation (and Terraform before 1.15 fails `init` trying the registry
-    /// for it), so this installs modules only: `terraform get`.
+    /// Prepares the working directory: `terraform init` installs the provider from the
+    /// release's mirror (and the modules), and locks it.
     pub fn init(&self) -> TfRun {
-        self.run_ok(&["get", "-no-color"])
+        self.run_ok(&["init", "-input=false", "-no-color"])
     }
 
     pub fn plan(&self) -> TfRun {

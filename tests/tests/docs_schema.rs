@@ -1,6 +1,9 @@
 //! The registry pages in `docs/` against the provider's real schema (`terraform providers
 //! schema -json` with the built provider): every resource and data source has its page,
 //! every attribute is documented, and no page documents an attribute that does not exist.
+//! Ephemeral resources' pages are in `docs/ephemeral-resources/`, list resources' (their
+//! `config` block) in `docs/list-resources/`, actions' in `docs/actions/`; the provider's
+//! own settings are in `docs/index.md`.
 
 use std::collections::BTreeSet;
 
@@ -127,6 +130,7 @@ fn attributes(block: &Value) -> BTreeSet<String> {
 #[test]
 fn every_resource_and_data_source_page_matches_the_schema() {
     let tf = Terraform::detached("http://127.0.0.1:9", "unused");
+    tf.init();
     let run = tf.run_ok(&["providers", "schema", "-json"]);
     let schema: Value = serde_json::from_str(&run.stdout).expect("schema JSON");
     let provider = &schema["provider_schemas"]["registry.terraform.io/gpufleet/gpufleet"];
@@ -136,6 +140,9 @@ fn every_resource_and_data_source_page_matches_the_schema() {
     for (kind, folder) in [
         ("resource_schemas", "resources"),
         ("data_source_schemas", "data-sources"),
+        ("ephemeral_resource_schemas", "ephemeral-resources"),
+        ("list_resource_schemas", "list-resources"),
+        ("action_schemas", "actions"),
     ] {
         let entries = provider[kind].as_object().expect("schemas");
         assert!(!entries.is_empty(), "no {kind} in the schema");
@@ -178,9 +185,23 @@ fn every_resource_and_data_source_page_matches_the_schema() {
             checked += 1;
         }
     }
+    let index = std::fs::read_to_string(docs.join("index.md")).expect("docs/index.md");
+    let settings = attributes(&provider["provider"]["block"]);
+    let written = documented(&index);
+    for missing in settings.difference(&written) {
+        problems.push(format!(
+            "provider: `{missing}` is not documented in index.md"
+        ));
+    }
+    for extra in written.difference(&settings) {
+        problems.push(format!(
+            "provider: index.md documents `{extra}`, which the schema lacks"
+        ));
+    }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
-    // Four resources and seven data sources today; a new one must come with its page.
-    assert!(checked >= 11, "only {checked} pages checked");
+    // Four resources and seven data sources, four lists and three actions at least; a new
+    // one must come with its page.
+    assert!(checked >= 18, "only {checked} pages checked");
 }
 
 #[test]

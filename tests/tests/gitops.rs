@@ -10,17 +10,16 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gpufleet_e2e::binaries::{provider, terraform, workspace_root};
+use gpufleet_e2e::binaries::{terraform, workspace_root};
 use gpufleet_e2e::grpc::Inventory;
-use gpufleet_e2e::terraform::hcl_string;
 use gpufleet_e2e::Backend;
 use gpufleet_proto::v1::{GpuQuota, TenantCluster};
 
 /// What the example's files are copied without: the results of a run in the checkout.
 const NOT_COPIED: &[&str] = &[".terraform", "tfplan", ".terraform.lock.hcl"];
 
-/// A copy of `examples/gitops` in a temp dir, with a CLI config whose `dev_overrides` point
-/// Terraform at the provider under test.
+/// A copy of `examples/gitops` in a temp dir, with a CLI config that installs the provider
+/// under test from its release mirror (`terraform init`, as a pipeline does).
 struct Gitops {
     root: tempfile::TempDir,
     cli_config: PathBuf,
@@ -74,17 +73,12 @@ impl Gitops {
         for dir in ["examples/gitops", "examples/onboarding/modules"] {
             copy_dir(&workspace_root().join(dir), &root.path().join(dir));
         }
-        let provider_dir = provider()
-            .parent()
-            .expect("the provider binary has a directory")
-            .to_path_buf();
+        // The provider as a pipeline installs it: `terraform init` from the release's
+        // mirror (scripts/release.sh), not dev_overrides.
         let cli_config = root.path().join("cli.tfrc");
         fs::write(
             &cli_config,
-            format!(
-                "provider_installation {{\n  dev_overrides {{\n    \"gpufleet/gpufleet\" = {}\n  }}\n  direct {{}}\n}}\n",
-                hcl_string(&provider_dir.to_string_lossy())
-            ),
+            gpufleet_e2e::mirror::cli_config(gpufleet_e2e::mirror::release_mirror()),
         )
         .expect("write CLI config");
         Gitops {
@@ -221,6 +215,12 @@ async fn pipeline_applies_the_teams_then_plans_nothing_and_stops_at_the_first_fa
     for step in ["fmt", "init", "validate", "plan", "apply"] {
         assert!(first.ran_step(step), "step {step} did not run\n{first}");
     }
+    // `terraform init` installed the provider from the release's mirror and locked it.
+    assert!(
+        first.output().contains("Installed gpufleet/gpufleet v"),
+        "{first}"
+    );
+    assert!(gitops.teams_dir().join(".terraform.lock.hcl").exists());
     assert_eq!(
         first.pipeline_lines().last().map(String::as_str),
         Some("pipeline: applied"),

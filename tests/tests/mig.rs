@@ -11,6 +11,8 @@ use gpufleet_proto::v1::{GetTenantClusterRequest, ListNodesRequest};
 use serde_json::Value;
 
 const CLUSTER: &str = "gpufleet_tenant_cluster.inference";
+/// The cluster's nodes as `gpufleet_nodes` lists them, GPU by GPU.
+const LISTED: &str = "data.gpufleet_nodes.inference";
 
 /// `layout` rendered as an HCL map, e.g. `{ "3g.40gb" = 1 }`.
 fn hcl_layout(layout: &[(&str, i64)]) -> String {
@@ -42,6 +44,10 @@ resource "gpufleet_tenant_cluster" "inference" {{
   mig_layout   = {layout}
   depends_on   = [gpufleet_gpu_quota.a100]
 }}
+data "gpufleet_nodes" "inference" {{
+  cluster_id = gpufleet_tenant_cluster.inference.id
+  depends_on = [gpufleet_tenant_cluster.inference]
+}}
 "#,
         layout = hcl_layout(layout)
     )
@@ -51,8 +57,9 @@ fn as_map(layout: &[(&str, i64)]) -> BTreeMap<String, i64> {
     layout.iter().map(|(p, c)| (p.to_string(), *c)).collect()
 }
 
-/// Profile -> count over one GPU's devices in state, and checks the devices do not overlap.
-fn state_gpu_layout(gpu: &Value) -> BTreeMap<String, i64> {
+/// Profile -> count over one GPU's devices as `gpufleet_nodes` lists them, and checks the
+/// devices do not overlap.
+fn listed_gpu_layout(gpu: &Value) -> BTreeMap<String, i64> {
     assert_eq!(gpu["mig_enabled"], true, "MIG mode on: {gpu:#}");
     let mut counts = BTreeMap::new();
     let mut used = [false; 8];
@@ -70,7 +77,18 @@ fn state_gpu_layout(gpu: &Value) -> BTreeMap<String, i64> {
     counts
 }
 
-/// Asserts that every GPU of the cluster in state carries `layout`.
+/// Profile -> count of a node's `mig_instances` in state.
+fn instances(node: &Value) -> BTreeMap<String, i64> {
+    node["mig_instances"]
+        .as_object()
+        .unwrap_or_else(|| panic!("mig_instances is not a map: {node:#}"))
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_i64().unwrap_or_default()))
+        .collect()
+}
+
+/// Asserts that the cluster in state carries `layout` and each node its instances on 8
+/// GPUs.
 fn assert_state_layout(tf: &Terraform, layout: &[(&str, i64)]) {
     let cluster = tf.resource(CLUSTER);
     let expected = as_map(layout);
@@ -83,10 +101,22 @@ fn assert_state_layout(tf: &Terraform, layout: &[(&str, i64)]) {
     assert_eq!(in_state, expected, "mig_layout in state");
     let nodes = array_of(&cluster, "nodes");
     assert_eq!(nodes.len(), 1);
-    let gpus = array_of(&nodes[0], "gpus");
+    assert_eq!(array_of(&nodes[0], "gpus").len(), 8, "every GPU is listed");
+    let on_eight: BTreeMap<String, i64> =
+        expected.iter().map(|(p, c)| (p.clone(), c * 8)).collect();
+    assert_eq!(instances(&nodes[0]), on_eight, "the node's instances");
+}
+
+/// Asserts that `gpufleet_nodes` lists `layout` on every GPU, device by device.
+fn assert_listed_layout(tf: &Terraform, layout: &[(&str, i64)]) {
+    let expected = as_map(layout);
+    let listed = tf.resource(LISTED);
+    let listed_nodes = array_of(&listed, "nodes");
+    assert_eq!(listed_nodes.len(), 1, "{listed:#}");
+    let gpus = array_of(&listed_nodes[0], "gpus");
     assert_eq!(gpus.len(), 8, "every GPU of the node is listed");
     for gpu in gpus {
-        assert_eq!(state_gpu_layout(gpu), expected, "GPU in state: {gpu:#}");
+        assert_eq!(listed_gpu_layout(gpu), expected, "GPU listed: {gpu:#}");
     }
 }
 
@@ -140,6 +170,7 @@ async fn valid_layout_is_applied_and_visible_per_gpu() {
     tf.apply();
 
     assert_state_layout(&tf, MIXED);
+    assert_listed_layout(&tf, MIXED);
     let cluster_id = str_of(&tf.resource(CLUSTER), "id");
     assert_backend_layout(&mut backend.admin().await, &cluster_id, MIXED).await;
     tf.assert_no_changes();
@@ -186,6 +217,7 @@ async fn layout_change_repartitions_in_place() {
 
     assert_eq!(str_of(&tf.resource(CLUSTER), "id"), cluster_id);
     assert_state_layout(&tf, HALVES);
+    assert_listed_layout(&tf, HALVES);
     assert_backend_layout(&mut backend.admin().await, &cluster_id, HALVES).await;
     tf.assert_no_changes();
 }
@@ -211,6 +243,7 @@ async fn failure_mid_change_rolls_back_and_next_apply_converges() {
     backend.clear_sim_faults();
     tf.apply();
     assert_state_layout(&tf, HALVES);
+    assert_listed_layout(&tf, HALVES);
     assert_backend_layout(&mut admin, &cluster_id, HALVES).await;
     tf.assert_no_changes();
 }
@@ -259,9 +292,65 @@ async fn mig_layout_on_a_model_without_mig_is_refused_at_plan_time() {
     assert_eq!(nodes.len(), 1);
     let gpus = array_of(&nodes[0], "gpus");
     assert_eq!(gpus.len(), 8, "{cluster:#}");
-    for gpu in gpus {
-        assert_eq!(gpu["mig_enabled"], false, "{gpu:#}");
-        assert!(array_of(gpu, "mig_devices").is_empty(), "{gpu:#}");
+    assert!(instances(&nodes[0]).is_empty(), "whole GPUs: {cluster:#}");
+    tf.assert_no_changes();
+}
+
+/// Four A100 nodes of eight GPUs each.
+const FOUR_NODES_OF_EIGHT: &str = r#"
+[[pool]]
+gpu_type = "A100-80GB"
+nodes = 4
+gpus_per_node = 8
+"#;
+
+/// The most lines `terraform plan` may print for a MIG change of 4 nodes x 8 GPUs.
+const MAX_PLAN_LINES: usize = 150;
+/// What the same plan printed while the cluster's nodes listed every GPU's MIG devices
+/// (measured with this test on the provider before the change).
+const LINES_BEFORE: usize = 1324;
+
+/// A MIG change on 4 nodes of 8 GPUs plans what happens per node, in a size that does
+/// not grow with the GPUs: the plan's text stays within [`MAX_PLAN_LINES`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mig_change_on_four_nodes_of_eight_gpus_plans_in_few_lines() {
+    let backend = Backend::start_with_fleet(FOUR_NODES_OF_EIGHT);
+    let tf = Terraform::new(&backend, backend.admin_token());
+    let four = |layout: &[(&str, i64)]| {
+        config(layout)
+            .replace("gpus     = 8", "gpus     = 32")
+            .replace("node_count   = 1", "node_count   = 4")
+    };
+    tf.write_main(&four(MIXED));
+    tf.init();
+    tf.apply();
+
+    tf.write_main(&four(HALVES));
+    let plan = tf.run_ok(&["plan", "-no-color", "-input=false"]);
+    let lines = plan.stdout.lines().count();
+    println!(
+        "plan of a MIG change on 4 nodes x 8 GPUs: {lines} lines (before per-node planning: {LINES_BEFORE})\n{}",
+        plan.stdout
+    );
+    // Per node, what it will hold: 8 of each profile of the new layout.
+    plan.assert_mentions(&["updated in-place", "mig_layout", "+ \"4g.40gb\" = 8"]);
+    assert!(
+        lines <= MAX_PLAN_LINES,
+        "the plan has {lines} lines (at most {MAX_PLAN_LINES})\n{plan}"
+    );
+
+    // The apply gives what was planned (Terraform checks every known value), and then
+    // there is nothing left to change.
+    tf.apply();
+    let cluster = tf.resource(CLUSTER);
+    let nodes = array_of(&cluster, "nodes");
+    assert_eq!(nodes.len(), 4);
+    let on_eight: BTreeMap<String, i64> = as_map(HALVES)
+        .into_iter()
+        .map(|(p, c)| (p, c * 8))
+        .collect();
+    for node in nodes {
+        assert_eq!(instances(node), on_eight, "{node:#}");
     }
     tf.assert_no_changes();
 }

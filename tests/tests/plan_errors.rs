@@ -210,7 +210,8 @@ async fn pool_cluster_larger_than_the_free_pool_is_refused_at_plan_time() {
 
 /// A team pipeline holding only its token (its tenant left out, as the docs recommend)
 /// gives its cluster ssh keys the login cannot take: each is refused at plan, naming
-/// `ssh_public_keys` and why, and nothing is created.
+/// `ssh_public_keys` and why, on that attribute (Terraform quotes its line of the HCL,
+/// not `node_count`'s), and nothing is created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_pipelines_unusable_ssh_keys_are_refused_at_plan() {
     let backend = Backend::start();
@@ -258,7 +259,15 @@ resource "gpufleet_tenant_cluster" "train" {{
             vec!["ssh_public_keys[0]", "not a ssh-ed25519 key"],
         ),
     ] {
+        let mut needles = needles;
+        // The diagnostic's source line: the attribute's own.
+        needles.push("ssh_public_keys = [");
         assert_refused_at_plan(&backend, &tf, &hcl, &needles).await;
+        let plan = tf.plan_fails();
+        assert!(
+            !plan.output().contains("node_count      = 1"),
+            "the refusal points at node_count\n{plan}"
+        );
     }
 }
 
@@ -425,12 +434,16 @@ resource "gpufleet_tenant_cluster" "speech" {
     let mut admin = backend.admin().await;
     create_pool_cluster(&mut admin, &vision.id, "cv", "H100-80GB", 1).await;
 
+    // The tenant is planned first (its quotas refer to it): its check names the cluster.
     let hcl = platform(&["speech"], true);
     assert_refused_at_plan(
         &backend,
         &tf,
         &hcl,
-        &["the H100-80GB quota is still used by cluster 'cv'; delete them first"],
+        &[
+            "tenant 'vision' still has 2 gpu quota(s), 0 reservation(s) and 1 cluster(s)",
+            "cluster 'cv'",
+        ],
     )
     .await;
 
@@ -440,4 +453,37 @@ resource "gpufleet_tenant_cluster" "speech" {
     let inventory = backend.admin().await.inventory().await;
     assert!(inventory.tenants.iter().all(|t| t.name != "speech"));
     assert!(inventory.clusters.iter().all(|c| c.name != "asr"));
+}
+
+/// Dropping a tenant whose team still has a quota and a cluster that the plan does not
+/// delete (the team's own pipeline made them) is refused at plan, naming them, for
+/// `terraform destroy` too; the apply deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_delete_with_dependents_is_refused_at_plan_naming_them() {
+    let (backend, tf) = admin_workdir();
+    tf.write_main(&with_tenant(&[]));
+    tf.apply();
+    let mut admin = backend.admin().await;
+    let tenant = admin
+        .inventory()
+        .await
+        .tenants
+        .into_iter()
+        .find(|t| t.name == "team")
+        .expect("the tenant");
+    create_quota(&mut admin, &tenant.id, "H100-80GB", 8, 0).await;
+    create_pool_cluster(&mut admin, &tenant.id, "cv", "H100-80GB", 1).await;
+
+    let needles = [
+        "tenant 'team' still has 1 gpu quota(s), 0 reservation(s) and 1 cluster(s)",
+        "the H100-80GB quota",
+        "cluster 'cv'",
+        "Not deleted beside the tenant by this plan: 2 of them",
+    ];
+    assert_refused_at_plan(&backend, &tf, "", &needles).await;
+    tf.run_fails(&["destroy", "-auto-approve", "-input=false", "-no-color"])
+        .assert_mentions(&needles);
+    let inventory = backend.admin().await.inventory().await;
+    assert!(inventory.tenants.iter().any(|t| t.name == "team"));
+    assert!(inventory.clusters.iter().any(|c| c.name == "cv"));
 }

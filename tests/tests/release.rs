@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use gpufleet_e2e::binaries::{agent, provider, terraform, workspace_root};
+use gpufleet_e2e::binaries::{agent, terraform, workspace_root};
+use gpufleet_e2e::mirror::{release, release_with};
 use gpufleet_e2e::Backend;
 
 /// The workspace's version, as the release names its files.
@@ -23,26 +24,6 @@ fn version() -> String {
         .and_then(|v| v.strip_suffix('"'))
         .expect("a version in [workspace.package]")
         .to_string()
-}
-
-/// Runs scripts/release.sh on the binaries under test into `out`.
-fn release(out: &Path) {
-    let binaries = out.join("binaries");
-    std::fs::create_dir_all(&binaries).unwrap();
-    for b in [agent(), provider()] {
-        std::fs::copy(&b, binaries.join(b.file_name().unwrap())).unwrap();
-    }
-    let run = Command::new(workspace_root().join("scripts/release.sh"))
-        .arg(out)
-        .env("GPUFLEET_RELEASE_BINARIES", &binaries)
-        .output()
-        .expect("run scripts/release.sh");
-    assert!(
-        run.status.success(),
-        "release.sh failed:\n{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
 }
 
 /// `terraform ARGS` in `dir` with the CLI configuration `cli` (and more environment);
@@ -310,4 +291,83 @@ fn the_agent_tarball_holds_a_binary_that_runs_its_units_and_environment_files() 
         })
         .unwrap();
     assert!(check.status.success(), "{sums}");
+}
+
+/// `gpg ARGS` with the keyring in `home`: whether it succeeded, and what it said.
+fn gpg(home: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new("gpg")
+        .args(["--batch", "--quiet", "--homedir"])
+        .arg(home)
+        .args(args)
+        .output()
+        .expect("gpg (Debian's gnupg)");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn a_configured_signing_key_signs_the_providers_sums_and_the_signature_checks() {
+    use std::os::unix::fs::PermissionsExt;
+    let version = version();
+    let work = tempfile::tempdir().unwrap();
+    let home = work.path().join("gnupg");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let uid = "gpufleet release test <release@example.invalid>";
+    let (made, text) = gpg(
+        &home,
+        &[
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            uid,
+            "ed25519",
+            "sign",
+            "never",
+        ],
+    );
+    assert!(made, "a throwaway signing key: {text}");
+
+    let out = work.path().join("release");
+    let home_text = home.display().to_string();
+    release_with(
+        &out,
+        &[
+            ("GPUFLEET_RELEASE_SIGNING_KEY", "release@example.invalid"),
+            ("GNUPGHOME", &home_text),
+        ],
+    );
+    let sums = out.join(format!("terraform-provider-gpufleet_{version}_SHA256SUMS"));
+    let sig = out.join(format!(
+        "terraform-provider-gpufleet_{version}_SHA256SUMS.sig"
+    ));
+    let (verified, text) = gpg(
+        &home,
+        &["--verify", sig.to_str().unwrap(), sums.to_str().unwrap()],
+    );
+    assert!(verified, "the signature checks: {text}");
+    // A changed SHA256SUMS no longer matches it.
+    let mut tampered = std::fs::read_to_string(&sums).unwrap();
+    tampered.replace_range(0..1, if tampered.starts_with('0') { "1" } else { "0" });
+    std::fs::write(&sums, tampered).unwrap();
+    let (verified, _) = gpg(
+        &home,
+        &["--verify", sig.to_str().unwrap(), sums.to_str().unwrap()],
+    );
+    assert!(!verified, "a changed SHA256SUMS fails the check");
+
+    // Without a key nothing is signed.
+    let unsigned = work.path().join("unsigned");
+    release(&unsigned);
+    assert!(!unsigned
+        .join(format!(
+            "terraform-provider-gpufleet_{version}_SHA256SUMS.sig"
+        ))
+        .exists());
 }

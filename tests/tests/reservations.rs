@@ -147,3 +147,81 @@ async fn a_cluster_larger_than_what_its_reservation_has_left_is_refused_at_plan_
     tf.assert_no_changes();
     assert_eq!(backend.admin().await.inventory().await.clusters.len(), 2);
 }
+
+/// A tenant with room in its quota for 8 H100 nodes (the pool has 4: 32 GPUs guaranteed,
+/// 32 burst), and `reservations`.
+fn roomy_tenant(reservations: &[Block]) -> String {
+    let mut blocks = vec![
+        hcl::tenant("t", "team"),
+        hcl::quota("q", TENANT, "H100-80GB", 32).number("burst_gpus", 32),
+    ];
+    blocks.extend_from_slice(reservations);
+    hcl::config(&blocks)
+}
+
+/// A pool-only H100 reservation `label` of `node_count` nodes over `[start, end)`.
+fn sibling(label: &str, node_count: i64, start: &str, end: &str) -> Block {
+    hcl::reservation(label, TENANT, "H100-80GB", node_count, start, end)
+        .depends_on(&["gpufleet_gpu_quota.q"])
+}
+
+/// Two reservations of one plan that each fit the 4-node pool alone but not together:
+/// the plan is refused, the refusal on one naming the other (nothing is half-applied);
+/// two that fit together pass. And a configuration whose reservation no longer fits (an
+/// apply that created only its sibling) still destroys: a destroy runs no create's dry run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_of_one_plan_are_admitted_together() {
+    let backend = Backend::start();
+    let tf = Terraform::new(&backend, backend.admin_token());
+    let (start, end) = (rfc3339_in_hours(1), rfc3339_in_hours(24));
+    tf.write_main(&roomy_tenant(&[]));
+    tf.init();
+    tf.apply();
+    let before = backend.admin().await.inventory().await;
+
+    let both = roomy_tenant(&[sibling("a", 3, &start, &end), sibling("b", 3, &start, &end)]);
+    tf.write_main(&both);
+    let needles = [
+        "node_count:",
+        "with the reservation(s) this plan creates beside it (3 H100-80GB node(s) for tenant 'team' from ",
+        "they do not all fit",
+        "with gpufleet_reservation.",
+    ];
+    let plan = tf.plan_fails();
+    plan.assert_mentions(&needles);
+    assert_eq!(
+        plan.output().matches("they do not all fit").count(),
+        1,
+        "one of the two is refused, naming the other\n{plan}"
+    );
+    tf.apply_fails().assert_mentions(&needles);
+    assert_eq!(backend.admin().await.inventory().await, before);
+
+    // Two that fit together (2 + 2 of 4) plan and apply.
+    tf.write_main(&roomy_tenant(&[
+        sibling("a", 2, &start, &end),
+        sibling("b", 2, &start, &end),
+    ]));
+    tf.apply();
+    tf.assert_no_changes();
+    assert_eq!(
+        backend.admin().await.inventory().await.reservations.len(),
+        2
+    );
+
+    // State holds a and b, which fill the pool; a third, c, cannot be created: a plan
+    // refuses it, yet destroy (whose refresh plans c's create) is not refused.
+    tf.write_main(&roomy_tenant(&[
+        sibling("a", 2, &start, &end),
+        sibling("b", 2, &start, &end),
+        sibling("c", 1, &start, &end),
+    ]));
+    tf.plan_fails()
+        .assert_mentions(&["node_count:", "with gpufleet_reservation.c"]);
+    tf.destroy();
+    let after = backend.admin().await.inventory().await;
+    assert!(
+        after.reservations.is_empty() && after.tenants.is_empty(),
+        "{after:?}"
+    );
+}

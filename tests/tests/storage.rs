@@ -230,7 +230,10 @@ mod shared {
             .admin()
             .await
             .tenants
-            .delete_tenant(gpufleet_proto::v1::DeleteTenantRequest { id: tenant_a })
+            .delete_tenant(gpufleet_proto::v1::DeleteTenantRequest {
+                id: tenant_a,
+                ..Default::default()
+            })
             .await
             .expect_err("a tenant that keeps a volume is not deleted");
         assert_eq!(refused.code(), tonic::Code::FailedPrecondition);

@@ -85,6 +85,7 @@ changes! {
     v1::DeleteTenantRequest => |r| r.id;
     v1::DeleteReservationRequest => |r| r.id;
     v1::ReturnNodeRequest => |r| r.name;
+    v1::DrainNodeRequest => |r| r.name;
     v1::ForgetNodeSecretRequest => |r| r.name;
     v1::ResetQuarantineBreakerRequest => |r| r.gpu_type;
     v1::DeleteTenantClusterRequest => |r| r.id;

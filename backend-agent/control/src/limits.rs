@@ -420,7 +420,23 @@ impl Bounded for v1::CreateReservationRequest {
         keyword("gpu_type", &self.gpu_type)?;
         range("node_count", self.node_count, 1, MAX_NODE_COUNT)?;
         timestamp("start_time", self.start_time.as_ref())?;
-        timestamp("end_time", self.end_time.as_ref())
+        timestamp("end_time", self.end_time.as_ref())?;
+        if self.also_planned.len() > MAX_ALSO_PLANNED {
+            return Err(Bound::TooMany {
+                field: "also_planned".into(),
+                max: MAX_ALSO_PLANNED,
+                count: self.also_planned.len(),
+            });
+        }
+        for (i, p) in self.also_planned.iter().enumerate() {
+            let field = |name: &str| format!("also_planned[{i}].{name}");
+            tenant(&p.tenant_id)?;
+            keyword(&field("gpu_type"), &p.gpu_type)?;
+            range(&field("node_count"), p.node_count, 1, MAX_NODE_COUNT)?;
+            timestamp(&field("start_time"), p.start_time.as_ref())?;
+            timestamp(&field("end_time"), p.end_time.as_ref())?;
+        }
+        Ok(())
     }
 }
 
@@ -534,6 +550,13 @@ impl Bounded for v1::ListNodesRequest {
 impl Bounded for v1::ReturnNodeRequest {
     fn check_bounds(&self) -> Result {
         id("node", &self.name)
+    }
+}
+
+impl Bounded for v1::DrainNodeRequest {
+    fn check_bounds(&self) -> Result {
+        id("node", &self.name)?;
+        text("reason", &self.reason, MAX_DISPLAY_NAME_CHARS)
     }
 }
 
@@ -661,6 +684,43 @@ mod tests {
         assert!(err.to_string().starts_with("tenant cluster 'aaaa"));
         assert!(err.to_string().ends_with("…' not found"));
         assert!(id("tenant", &"a".repeat(MAX_ID_CHARS)).is_ok());
+    }
+
+    #[test]
+    fn a_dry_runs_planned_siblings_are_bounded_like_creates() {
+        let sibling = v1::PlannedReservation {
+            gpu_type: "H100-80GB".into(),
+            node_count: 1,
+            ..Default::default()
+        };
+        let request = |siblings: Vec<v1::PlannedReservation>| v1::CreateReservationRequest {
+            gpu_type: "H100-80GB".into(),
+            node_count: 1,
+            validate_only: true,
+            also_planned: siblings,
+            ..Default::default()
+        };
+        assert!(request(vec![sibling.clone(); MAX_ALSO_PLANNED])
+            .check_bounds()
+            .is_ok());
+        assert_eq!(
+            request(vec![sibling.clone(); MAX_ALSO_PLANNED + 1])
+                .check_bounds()
+                .unwrap_err()
+                .to_string(),
+            format!(
+                "also_planned: at most {MAX_ALSO_PLANNED} entries (got {})",
+                MAX_ALSO_PLANNED + 1
+            )
+        );
+        let zero = v1::PlannedReservation {
+            node_count: 0,
+            ..sibling
+        };
+        assert_eq!(
+            request(vec![zero]).check_bounds().unwrap_err().to_string(),
+            "also_planned[0].node_count: must be at least 1 (got 0)"
+        );
     }
 
     #[test]

@@ -63,6 +63,10 @@ pub struct Config {
     pub tls_key: Option<PathBuf>,
     /// The CA whose certificates node agents must present (mutual TLS).
     pub agent_ca: Option<PathBuf>,
+    /// That CA's revocation list of agent certificates (`pki --revoke`).
+    pub agent_crl: Option<PathBuf>,
+    /// How often the TLS files are looked at for a renewal (SIGHUP: at once).
+    pub tls_reload_every: Duration,
     pub data_dir: PathBuf,
     /// The platform's shared storage (`--shared-storage`): a btrfs every host mounts at
     /// this path, where tenant clusters' volumes live; None: unsized directories in the
@@ -114,6 +118,8 @@ impl Config {
             tls_cert: None,
             tls_key: None,
             agent_ca: None,
+            agent_crl: None,
+            tls_reload_every: Duration::from_secs(30),
             data_dir,
             shared_storage: None,
             fleet,
@@ -212,7 +218,8 @@ fn metrics_token(path: &Path) -> anyhow::Result<String> {
 /// An opened control plane: its state, and what serving it needs.
 pub struct ControlPlane {
     pub state: Arc<AppState>,
-    tls_server: Option<tonic::transport::Server>,
+    tls: Option<Arc<crate::tls_reload::ReloadableTls>>,
+    tls_reload_every: Duration,
     listen: SocketAddr,
     metrics: Option<Metrics>,
     require_client_cert: bool,
@@ -229,12 +236,15 @@ impl ControlPlane {
     /// the fleet and recovers interrupted work. Blocking: call it off the async workers.
     pub fn open(config: Config) -> anyhow::Result<Self> {
         // A bad certificate or key fails before the data dir is touched.
-        let tls_server = gpufleet_wire::tls::server_config(
+        let tls = gpufleet_wire::server_tls::ServerTlsFiles::from_flags(
             config.tls_cert.as_deref(),
             config.tls_key.as_deref(),
             config.agent_ca.as_deref(),
-        )?;
-        if tls_server.is_none() && !config.listen.ip().is_loopback() && !config.insecure {
+            config.agent_crl.as_deref(),
+        )?
+        .map(crate::tls_reload::ReloadableTls::open)
+        .transpose()?;
+        if tls.is_none() && !config.listen.ip().is_loopback() && !config.insecure {
             anyhow::bail!(
                 "--listen: {} is not a loopback address and TLS is off, so tokens would cross the network in clear text; give --tls-cert/--tls-key (and --agent-ca for node agents), or --insecure to accept that",
                 config.listen
@@ -317,14 +327,19 @@ impl ControlPlane {
                 Some(data_dir.join("admin.token")),
             ),
         };
-        let join_token = match config
+        let join_tokens = match config
             .join_token
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty())
         {
-            Some(t) => t,
-            None => token_file(&data_dir, "join.token", "gfj_")?,
+            Some(t) => crate::join_tokens::JoinTokens::fixed(t),
+            None => crate::join_tokens::JoinTokens::new(
+                token_file(&data_dir, "join.token", "gfj_")?,
+                Some(data_dir.join("join.token")),
+            )
+            .context("cannot read the retiring join tokens beside join.token")?,
         };
+        let join_token = join_tokens.current();
         let metrics = match config.metrics_listen {
             None => None,
             Some(listen) => Some(Metrics {
@@ -355,6 +370,7 @@ impl ControlPlane {
                 drivers,
             )
             .with_admin_token_file(admin_token_file)
+            .with_join_tokens(join_tokens)
             .with_health(config.health)
             .with_max_open_reservations(config.max_open_reservations)
             .with_clock(config.clock)
@@ -367,7 +383,8 @@ impl ControlPlane {
         );
         Ok(Self {
             state,
-            tls_server,
+            tls,
+            tls_reload_every: config.tls_reload_every,
             listen: config.listen,
             metrics,
             require_client_cert: config.agent_ca.is_some(),
@@ -389,6 +406,7 @@ impl ControlPlane {
         NodeAgentServiceServer::new(Agents {
             state: self.state.clone(),
             require_client_cert: false,
+            revocations: None,
         })
     }
 
@@ -477,16 +495,12 @@ impl ControlPlane {
 
     /// Binds the API's address, prints the one line on stdout that says where it listens,
     /// and serves until `stop` turns true; then joins the background tasks.
-    pub async fn serve(self, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    pub async fn serve(mut self, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(self.listen)
             .await
             .with_context(|| format!("cannot listen on {}", self.listen))?;
         let addr = listener.local_addr()?;
-        let scheme = if self.tls_server.is_some() {
-            "https"
-        } else {
-            "http"
-        };
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         // The one line on stdout: tests and scripts read the real port from it.
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "gpufleet-agent listening on {scheme}://{addr}")?;
@@ -527,9 +541,13 @@ impl ControlPlane {
         // writing what was queued.
         let (audit, audit_writer) = crate::audit::AuditLayer::new(self.state.clone());
         let audit_writer = tokio::spawn(audit_writer);
-        let server = self
-            .tls_server
-            .unwrap_or_else(tonic::transport::Server::builder)
+        if let Some(tls) = &self.tls {
+            self.tasks.push(tokio::spawn(
+                tls.clone().watch(self.tls_reload_every, stop.clone()),
+            ));
+        }
+        let revocations = self.tls.as_ref().map(|t| t.revocations());
+        let router = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(keepalive))
             .http2_keepalive_timeout(Some(keepalive))
             .layer(crate::metrics::api::ApiMetricsLayer)
@@ -586,8 +604,17 @@ impl ControlPlane {
             .add_service(NodeAgentServiceServer::new(Agents {
                 state: self.state.clone(),
                 require_client_cert: self.require_client_cert,
-            }))
-            .serve_with_incoming_shutdown(incoming, shutdown);
+                revocations,
+            }));
+        let server: std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>,
+        > = match &self.tls {
+            Some(tls) => Box::pin(router.serve_with_incoming_shutdown(
+                crate::connections::tls::handshakes(incoming, tls.clone()),
+                shutdown,
+            )),
+            None => Box::pin(router.serve_with_incoming_shutdown(incoming, shutdown)),
+        };
         // The accept loop ends only on the stop flag: if it ends otherwise the API is
         // gone while the process lives, so serve fails and a supervisor restarts it.
         let listener_died = {

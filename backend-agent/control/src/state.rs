@@ -95,8 +95,8 @@ pub struct AppState {
     /// The file the admin token was read from (the data dir's `admin.token`); None when it
     /// came from outside (GPUFLEET_ADMIN_TOKEN): then only a restart changes it.
     pub admin_token_file: Option<PathBuf>,
-    /// What node agents present to join.
-    pub join_token: String,
+    /// What node agents present to join (rotated by the admin).
+    pub join_tokens: crate::join_tokens::JoinTokens,
     /// Connected node agents and the work orders waiting for their answers.
     pub agents: crate::registry::Registry,
     /// The drivers clusters may choose.
@@ -159,7 +159,7 @@ impl AppState {
             data_dir,
             admin_token,
             admin_token_file: None,
-            join_token,
+            join_tokens: crate::join_tokens::JoinTokens::fixed(join_token),
             agents,
             drivers,
             max_open_reservations: DEFAULT_MAX_OPEN_RESERVATIONS,
@@ -218,6 +218,13 @@ impl AppState {
     /// Seconds since the Unix epoch, by this control plane's clock.
     pub fn now(&self) -> i64 {
         self.clock.now()
+    }
+
+    /// The join token and the data dir's `join.token` it was read from, with the
+    /// secrets still retiring beside it.
+    pub fn with_join_tokens(mut self, tokens: crate::join_tokens::JoinTokens) -> Self {
+        self.join_tokens = tokens;
+        self
     }
 
     /// Where the admin token was read from (see [`AppState::admin_token_file`]).

@@ -12,6 +12,7 @@ pub mod hardware;
 pub mod health;
 pub mod host;
 pub mod journal;
+pub mod link;
 pub mod metrics;
 #[cfg(test)]
 mod order_tests;
@@ -30,13 +31,16 @@ use gpufleet_gpu::hardware::{GpuBackend, SimulatedNode};
 use executor::Executor;
 use hardware::Hardware;
 use journal::Journal;
-use session::{Agent, Link};
+use link::Link;
+use session::Agent;
 
 /// `gpufleet-agent node`'s settings (its flags, checked by [`run`]).
 #[derive(Debug, Clone)]
 pub struct Config {
     pub control_plane: String,
     pub join_token: String,
+    /// Where the join token is read at every connection (instead of `join_token`).
+    pub join_token_file: Option<PathBuf>,
     /// The node's name; the host's name when `None`.
     pub name: Option<String>,
     pub data_dir: PathBuf,
@@ -180,7 +184,7 @@ fn default_name() -> String {
 /// The control plane's endpoint with TLS as the flags say (mutual TLS with --cert/--key).
 fn link(args: &Config) -> anyhow::Result<Link> {
     let url = args.control_plane.trim_end_matches('/').to_string();
-    let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
         .with_context(|| format!("--control-plane: not a URL: {url}"))?
         .connect_timeout(std::time::Duration::from_secs(5))
         .tcp_nodelay(true)
@@ -190,45 +194,15 @@ fn link(args: &Config) -> anyhow::Result<Link> {
         .http2_keep_alive_interval(args.keepalive)
         .keep_alive_timeout(args.keepalive)
         .keep_alive_while_idle(true);
-    if url.starts_with("https://") {
-        let host = url
-            .trim_start_matches("https://")
-            .split([':', '/'])
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        let mut tls = gpufleet_wire::tls::client_config(&url, &host, args.ca_cert.as_deref())?
-            .expect("https endpoint");
-        match (&args.cert, &args.key) {
-            (Some(cert), Some(key)) => {
-                let read = |flag: &str, p: &Path| {
-                    std::fs::read_to_string(p)
-                        .with_context(|| format!("{flag}: cannot read {}", p.display()))
-                };
-                tls = tls.identity(tonic::transport::Identity::from_pem(
-                    read("--cert", cert)?,
-                    read("--key", key)?,
-                ));
-            }
-            (None, None) => {}
-            _ => anyhow::bail!(
-                "--cert and --key: give both (the agent's certificate and its key) or neither"
-            ),
-        }
-        endpoint = endpoint.tls_config(tls).map_err(|e| {
-            anyhow::anyhow!("--ca-cert/--cert/--key: {}", gpufleet_wire::tls::causes(&e))
-        })?;
-    } else if args.cert.is_some() || args.key.is_some() {
-        anyhow::bail!("--cert/--key: the control plane {url} is plain http; use an https:// --control-plane for mutual TLS");
-    }
-    let join_token = args.join_token.trim().to_string();
-    if join_token.is_empty() {
-        anyhow::bail!("--join-token: missing (or GPUFLEET_JOIN_TOKEN); the control plane's <data-dir>/join.token holds it");
-    }
-    Ok(Link {
+    Link::from_flags(
         endpoint,
-        join_token,
-    })
+        &url,
+        args.ca_cert.as_deref(),
+        args.cert.as_deref(),
+        args.key.as_deref(),
+        &args.join_token,
+        args.join_token_file.as_deref(),
+    )
 }
 
 /// `gpufleet-agent node`: runs until SIGINT/SIGTERM, or until the control plane refuses it.

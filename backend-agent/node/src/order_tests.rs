@@ -9,7 +9,8 @@ use gpufleet_gpu::hardware::SimulatedNode;
 use gpufleet_proto::v1;
 
 use crate as node;
-use crate::session::{Agent, Link};
+use crate::link::Link;
+use crate::session::Agent;
 use crate::{bandwidth, driver, Parts};
 
 const TOKEN: &str = "test-token-0123456789";
@@ -33,10 +34,10 @@ fn agent(dir: &Path, name: &str) -> Arc<Agent> {
         sim: Some(sim),
         faults_file: Some(faults_file),
         data_dir: dir.join(name),
-        link: Link {
-            endpoint: tonic::transport::Endpoint::from_static("http://127.0.0.1:9"),
-            join_token: "t".into(),
-        },
+        link: Link::plain(
+            tonic::transport::Endpoint::from_static("http://127.0.0.1:9"),
+            "t",
+        ),
         installer: driver::Installer::Sim(driver::SimDriver::new(
             "550.54.15",
             None,

@@ -15,12 +15,6 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use super::executor::Executor;
 use gpufleet_process::signals::stopped;
 
-/// How to reach the control plane.
-pub struct Link {
-    pub endpoint: tonic::transport::Endpoint,
-    pub join_token: String,
-}
-
 pub struct Agent {
     pub name: String,
     /// "pool" or "on-demand".
@@ -28,7 +22,7 @@ pub struct Agent {
     /// "sim" or "nvml".
     pub hardware: &'static str,
     pub exec: Arc<Executor>,
-    pub link: Link,
+    pub link: crate::link::Link,
     /// `<data-dir>/status.json`: what the agent last registered and reported (its own view).
     pub status_file: PathBuf,
     /// `<data-dir>/node.secret` (0600): what binds this node's name to this host; issued
@@ -104,7 +98,16 @@ fn classify(status: tonic::Status) -> End {
         // this agent's own old session, which the control plane drops once its heartbeats
         // are overdue. Keep trying.
         Code::AlreadyExists => End::Lost(status.message().to_string()),
-        _ => End::Lost(format!("{}: {}", status.code(), status.message())),
+        // The message alone is often "transport error": the reason (a TLS alert such as
+        // a revoked certificate) is in its sources.
+        _ => End::Lost(format!(
+            "{}: {}",
+            status.code(),
+            match std::error::Error::source(&status) {
+                Some(source) => gpufleet_wire::tls::causes(source),
+                None => status.message().to_string(),
+            }
+        )),
     }
 }
 
@@ -189,7 +192,14 @@ struct Opened {
 
 /// Connects, registers and keeps what the registration issued.
 async fn open(agent: &Arc<Agent>) -> Result<Opened, End> {
-    let channel = match agent.link.endpoint.connect().await {
+    // The files as they are now: a renewed certificate or rotated join token is used.
+    let link = agent.link.clone();
+    let resolved = match tokio::task::spawn_blocking(move || link.resolve()).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(End::Lost(format!("{e:#}"))),
+        Err(e) => return Err(End::Lost(e.to_string())),
+    };
+    let channel = match resolved.endpoint.connect().await {
         Ok(c) => c,
         Err(e) => return Err(End::Lost(gpufleet_wire::tls::causes(&e))),
     };
@@ -215,7 +225,7 @@ async fn open(agent: &Arc<Agent>) -> Result<Opened, End> {
         })),
     });
     let mut request = tonic::Request::new(UnboundedReceiverStream::new(up_rx));
-    match gpufleet_proto::bearer(&agent.link.join_token).parse() {
+    match gpufleet_proto::bearer(&resolved.join_token).parse() {
         Ok(v) => {
             request
                 .metadata_mut()
@@ -227,11 +237,11 @@ async fn open(agent: &Arc<Agent>) -> Result<Opened, End> {
             )))
         }
     }
-    let tls = agent.link.endpoint.uri().scheme_str() == Some("https");
+    let tls = agent.link.is_tls();
     let unregistered = |end: End| {
         match end {
         End::Lost(why) if tls => End::Lost(format!(
-            "could not register: {why} (over TLS, check that --ca-cert signed the control plane's certificate and that --cert/--key come from its --agent-ca)"
+            "could not register: {why} (over TLS, check that --ca-cert signed the control plane's certificate, and that --cert/--key come from its --agent-ca and were not revoked)"
         )),
         End::Lost(why) => End::Lost(format!("could not register: {why}")),
         refused => refused,

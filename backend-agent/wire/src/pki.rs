@@ -31,7 +31,7 @@ const CLOCK_SKEW: Duration = Duration::hours(1);
 const DEFAULT_SERVER_NAMES: [&str; 2] = ["localhost", "127.0.0.1"];
 
 const KEY_MODE: u32 = 0o600;
-const CERT_MODE: u32 = 0o644;
+pub(crate) const CERT_MODE: u32 = 0o644;
 /// The mode of `--dir` when this creates it.
 const DIR_MODE: u32 = 0o700;
 
@@ -120,7 +120,7 @@ fn ca_params(now: OffsetDateTime) -> CertificateParams {
 
 /// The CA in `dir`: loaded from `ca.pem` and `ca.key` when both are there, created (and
 /// both written) when neither is; one without the other is an error.
-fn load_or_create_ca(
+pub(crate) fn load_or_create_ca(
     dir: &Path,
     now: OffsetDateTime,
     written: &mut Vec<PathBuf>,
@@ -280,7 +280,7 @@ fn server_sans(names: &[String]) -> anyhow::Result<Vec<SanType>> {
 }
 
 /// The `--agent` names, each checked to be a DNS label; duplicates are dropped.
-fn agent_names(agents: &[String]) -> anyhow::Result<Vec<&str>> {
+pub(crate) fn agent_names(agents: &[String]) -> anyhow::Result<Vec<&str>> {
     let mut names = Vec::new();
     for agent in agents {
         if !is_agent_name(agent) {
@@ -322,7 +322,7 @@ fn is_dns_name(name: &str) -> bool {
 
 /// Writes `contents` to `path` with `mode`, through a temporary file renamed over `path`,
 /// so that `path` is never half-written and a key is never readable by others.
-fn write_file(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
+pub(crate) fn write_file(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
     let name = path
         .file_name()
         .with_context(|| format!("{}: not a file name", path.display()))?;
@@ -350,8 +350,13 @@ fn write_file(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The DER bytes of the first PEM certificate in `text`.
+pub fn pem_der(text: &str) -> Option<Vec<u8>> {
+    pem_block(text, "CERTIFICATE")
+}
+
 /// The DER bytes of the first `-----BEGIN <label>-----` block of `text`.
-fn pem_block(text: &str, label: &str) -> Option<Vec<u8>> {
+pub(crate) fn pem_block(text: &str, label: &str) -> Option<Vec<u8>> {
     let begin = format!("-----BEGIN {label}-----");
     let end = format!("-----END {label}-----");
     let start = text.find(&begin)? + begin.len();
@@ -442,10 +447,32 @@ pub fn common_name(der: &[u8]) -> Option<String> {
     String::from_utf8(value.contents.to_vec()).ok()
 }
 
+/// The serial number of the X.509 certificate `der`: the INTEGER's contents, as a CRL
+/// names the certificates it revokes.
+pub fn serial(der: &[u8]) -> Option<Vec<u8>> {
+    let fields = tbs_fields(der)?;
+    match fields.first()? {
+        (INTEGER, whole) => Some(der_element(whole)?.contents.to_vec()),
+        _ => None,
+    }
+}
+
+const SEQUENCE: u8 = 0x30;
+const INTEGER: u8 = 0x02;
+
 /// The subject name and the subject public key info (each a whole DER element) of the
 /// X.509 certificate `der`.
 fn subject_and_public_key(der: &[u8]) -> Option<(&[u8], &[u8])> {
-    const SEQUENCE: u8 = 0x30;
+    // serialNumber, signature, issuer, validity, subject, subjectPublicKeyInfo
+    match tbs_fields(der)?.get(4..6)? {
+        [(SEQUENCE, subject), (SEQUENCE, public_key)] => Some((subject, public_key)),
+        _ => None,
+    }
+}
+
+/// The fields of the certificate's to-be-signed part after the version (tag and whole
+/// element each), from serialNumber on.
+fn tbs_fields(der: &[u8]) -> Option<Vec<(u8, &[u8])>> {
     const VERSION: u8 = 0xa0;
     let certificate = der_element(der)?;
     let tbs = der_element(certificate.contents)?;
@@ -462,11 +489,7 @@ fn subject_and_public_key(der: &[u8]) -> Option<(&[u8], &[u8])> {
     if fields.first()?.0 == VERSION {
         fields.remove(0);
     }
-    // serialNumber, signature, issuer, validity, subject, subjectPublicKeyInfo
-    match fields.get(4..6)? {
-        [(SEQUENCE, subject), (SEQUENCE, public_key)] => Some((subject, public_key)),
-        _ => None,
-    }
+    Some(fields)
 }
 
 #[cfg(test)]

@@ -7,12 +7,8 @@ resource "gpufleet_tenant" "example" {
   }
 }
 
-# The tenant's bearer token is issued at create and kept in state. To rotate
-# it in place, give the tenant a new token_rotation (e.g. "2026-12"): the old
-# token then works for token_overlap_seconds (default 3600) more.
-# Hand it to the team (e.g. through a secret store): with it they see and change
-# only their own reservations and clusters.
-output "ml_research_token" {
-  value     = gpufleet_tenant.example.token
-  sensitive = true
-}
+# The team's token stays out of state: hand the team one with
+# `gpufleet-agent token create --tenant ml-research` (or rotate "default"), or mint
+# one for a run with the ephemeral gpufleet_tenant_token. With it they see and change
+# only their own reservations and clusters. (The `token` attribute that kept it in
+# state is deprecated: docs/guides/credentials.md.)

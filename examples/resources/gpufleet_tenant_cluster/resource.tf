@@ -80,8 +80,16 @@ output "training_gpu_uuids" {
   value = flatten(gpufleet_tenant_cluster.example.nodes[*].gpu_uuids)
 }
 
-# A kubeconfig for this cluster alone.
-output "training_kubeconfig" {
-  value     = gpufleet_tenant_cluster.example.credentials
-  sensitive = true
+# A kubeconfig for this cluster alone, for this run only (never in state), handed
+# to a tool through a provisioner's environment.
+ephemeral "gpufleet_cluster_credentials" "training" {
+  cluster_id = gpufleet_tenant_cluster.example.id
+}
+
+resource "terraform_data" "kubeconfig" {
+  triggers_replace = [gpufleet_tenant_cluster.example.id]
+  provisioner "local-exec" {
+    command     = "umask 077 && printf '%s' \"$KUBECONFIG_DATA\" > training.kubeconfig"
+    environment = { KUBECONFIG_DATA = ephemeral.gpufleet_cluster_credentials.training.credentials }
+  }
 }

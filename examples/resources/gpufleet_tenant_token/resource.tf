@@ -12,7 +12,6 @@ resource "gpufleet_tenant_token" "ci_plan" {
   rotation_overlap_seconds = 600
 }
 
-output "ci_plan_token" {
-  value     = gpufleet_tenant_token.ci_plan.token
-  sensitive = true
-}
+# The secret is not kept in state (the `token` attribute is deprecated): the pipeline's
+# holder takes it from `gpufleet-agent token rotate ci-plan --tenant ml-research`, or a
+# run mints its own with the ephemeral gpufleet_tenant_token.

@@ -6,8 +6,7 @@ use super::path::AttrPath;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Severity {
     Error,
-    // Part of the model the protocol layer forwards; no resource emits one yet.
-    #[allow(dead_code)]
+    /// Shown, and the run goes on (e.g. an identity that could not be made yet).
     Warning,
 }
 

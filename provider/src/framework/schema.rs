@@ -49,6 +49,13 @@ pub struct Attribute {
     pub ty: Type,
     pub mode: Mode,
     pub sensitive: bool,
+    /// Terraform warns where a configuration refers to it; the description says what to
+    /// use instead.
+    pub deprecated: bool,
+    /// Sent by the configuration to plan and apply, never kept in state or plan (protocol
+    /// 6.8, Terraform 1.11+). The protocol layer refuses a value for one from an older
+    /// client, which would keep it.
+    pub write_only: bool,
     /// Markdown.
     pub description: &'static str,
 }
@@ -60,6 +67,8 @@ impl Attribute {
             ty,
             mode,
             sensitive: false,
+            deprecated: false,
+            write_only: false,
             description,
         }
     }
@@ -82,6 +91,14 @@ impl Attribute {
 
     pub fn sensitive(mut self) -> Self {
         self.sensitive = true;
+        self
+    }
+
+    // No attribute is write-only yet: no input of this provider is a secret the user
+    // supplies (docs/guides/credentials.md says why); the protocol layer supports them.
+    #[allow(dead_code)]
+    pub fn write_only(mut self) -> Self {
+        self.write_only = true;
         self
     }
 }

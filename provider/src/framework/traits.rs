@@ -16,6 +16,9 @@ pub struct PlannedChange {
     pub requires_replace: Vec<AttrPath>,
 }
 
+/// A managed resource. A wrapper implements it too (`resources::credentials::Withheld`):
+/// a method added here with a default body must be forwarded there, or the wrapped
+/// resources silently get the default.
 #[async_trait]
 pub trait ResourceType: Send + Sync {
     /// The type name without the provider prefix, e.g. `tenant`.
@@ -88,4 +91,25 @@ pub trait ProviderType: Send + Sync + 'static {
     fn resources(&self) -> Vec<std::sync::Arc<dyn ResourceType>>;
 
     fn data_sources(&self) -> Vec<std::sync::Arc<dyn DataSourceType>>;
+
+    /// Ephemeral resources (Terraform 1.10+; older clients never see them).
+    fn ephemeral_resources(&self) -> Vec<std::sync::Arc<dyn super::EphemeralResourceType>> {
+        Vec::new()
+    }
+
+    /// The identities of the managed resources (Terraform 1.12+), by resource name.
+    fn identities(&self) -> Vec<std::sync::Arc<dyn super::ResourceIdentity>> {
+        Vec::new()
+    }
+
+    /// List resources for `terraform query` (Terraform 1.14+), each of a managed resource
+    /// type that has an identity.
+    fn list_resources(&self) -> Vec<std::sync::Arc<dyn super::ListResourceType>> {
+        Vec::new()
+    }
+
+    /// Actions (Terraform 1.14+).
+    fn actions(&self) -> Vec<std::sync::Arc<dyn super::ActionType>> {
+        Vec::new()
+    }
 }

@@ -15,8 +15,8 @@ fn attribute(a: &Attribute) -> tf::schema::Attribute {
         computed: matches!(a.mode, Mode::Computed | Mode::OptionalComputed),
         sensitive: a.sensitive,
         description_kind: tf::StringKind::Markdown as i32,
-        deprecated: false,
-        write_only: false,
+        deprecated: a.deprecated,
+        write_only: a.write_only,
     }
 }
 

@@ -6,20 +6,30 @@
 //!   and the line that answers it;
 //! - `socket`, `tls`: a private unix socket, and mutual TLS with the client certificate
 //!   required;
-//! - `service`: `tfplugin6.Provider`, with `values` (DynamicValue) and `convert` (schemas,
-//!   diagnostics);
+//! - `service`: `tfplugin6.Provider`, with `values` and `dynamic` (DynamicValue) and
+//!   `convert` (schemas, diagnostics); `ephemeral` (ephemeral resources, 6.7), `write_only` (6.8) and
+//!   `identity` (resource identity, 6.9), `list` (list resources for `terraform query`)
+//!   and `actions` (Terraform 1.14+) beside it;
 //! - `plugin`: go-plugin's controller and stdio services and gRPC health.
 //!
 //! The definitions are the project's own (`provider/proto/`, compiled by `build.rs`):
 //! protocol 6.10 as Terraform v1.15.x's release tags define it.
 
+mod actions;
 mod convert;
+mod dynamic;
+mod ephemeral;
+#[cfg(test)]
+mod fakes;
 mod handshake;
+mod identity;
+mod list;
 mod plugin;
 mod service;
 mod socket;
 mod tls;
 mod values;
+mod write_only;
 
 use std::io::Write;
 use std::sync::Arc;

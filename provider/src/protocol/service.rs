@@ -5,24 +5,37 @@
 //! diagnostics to the person running it, and treats a gRPC error as a crashed provider.
 
 use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
 use std::sync::Arc;
+
+use tokio_stream::Stream;
 
 use tonic::{Request, Response, Status};
 
 use super::convert;
+pub(super) use super::dynamic::{decode, encode};
+use super::identity::Identities;
 use super::tfplugin6 as tf;
-use super::values::{from_json, from_msgpack, to_msgpack};
+use super::values::from_json;
+use super::write_only;
 use crate::framework::{
-    AttrPath, DataSourceType, Diagnostic, Diagnostics, ProviderType, ResourceType, Schema, Type,
-    Value,
+    ActionType, AttrPath, DataSourceType, Diagnostic, Diagnostics, EphemeralResourceType,
+    ListResourceType, ProviderType, ResourceType, Schema, Type, Value,
 };
 
 type Reply<T> = Result<Response<T>, Status>;
 
-struct Registered<T: ?Sized> {
-    inner: Arc<T>,
-    schema: Schema,
-    ty: Type,
+/// A list's results (`list.rs` makes them).
+pub(super) type ListEvents =
+    Pin<Box<dyn Stream<Item = Result<tf::list_resource::Event, Status>> + Send>>;
+/// An action's progress and outcome (`actions.rs` makes them).
+pub(super) type ActionEvents =
+    Pin<Box<dyn Stream<Item = Result<tf::invoke_action::Event, Status>> + Send>>;
+
+pub(super) struct Registered<T: ?Sized> {
+    pub(super) inner: Arc<T>,
+    pub(super) schema: Schema,
+    pub(super) ty: Type,
 }
 
 impl<T: ?Sized> Registered<T> {
@@ -32,37 +45,65 @@ impl<T: ?Sized> Registered<T> {
     }
 }
 
-/// The provider as Terraform sees it: its schema, and its resources and data sources by
-/// full type name (`<provider>_<name>`), built once.
+/// The provider as Terraform sees it: its schema, and its resources, data sources,
+/// ephemeral resources, list resources and actions by full type name
+/// (`<provider>_<name>`), built once.
 pub struct ProviderService {
     provider: Registered<dyn ProviderType>,
-    resources: BTreeMap<String, Registered<dyn ResourceType>>,
+    pub(super) resources: BTreeMap<String, Registered<dyn ResourceType>>,
     data_sources: BTreeMap<String, Registered<dyn DataSourceType>>,
+    pub(super) ephemeral: BTreeMap<String, Registered<dyn EphemeralResourceType>>,
+    pub(super) lists: BTreeMap<String, Registered<dyn ListResourceType>>,
+    pub(super) actions: BTreeMap<String, Registered<dyn ActionType>>,
+    pub(super) identities: Identities,
+}
+
+/// `<prefix>_<name>` for each, with its schema.
+fn registered<T: ?Sized>(
+    prefix: &str,
+    items: Vec<Arc<T>>,
+    name: impl Fn(&T) -> &'static str,
+    schema: impl Fn(&T) -> Schema,
+) -> BTreeMap<String, Registered<T>> {
+    items
+        .into_iter()
+        .map(|item| {
+            let s = schema(&item);
+            (
+                format!("{prefix}_{}", name(&item)),
+                Registered::new(item, s),
+            )
+        })
+        .collect()
 }
 
 impl ProviderService {
     pub fn new(name: &str, provider: Arc<dyn ProviderType>) -> Self {
-        let resources = provider
-            .resources()
-            .into_iter()
-            .map(|r| {
-                let schema = r.schema();
-                (format!("{name}_{}", r.name()), Registered::new(r, schema))
-            })
-            .collect();
-        let data_sources = provider
-            .data_sources()
-            .into_iter()
-            .map(|d| {
-                let schema = d.schema();
-                (format!("{name}_{}", d.name()), Registered::new(d, schema))
-            })
-            .collect();
+        let resources = registered(name, provider.resources(), |r| r.name(), |r| r.schema());
+        let data_sources = registered(name, provider.data_sources(), |d| d.name(), |d| d.schema());
+        let ephemeral = registered(
+            name,
+            provider.ephemeral_resources(),
+            |e| e.name(),
+            |e| e.schema(),
+        );
+        let lists = registered(
+            name,
+            provider.list_resources(),
+            |l| l.name(),
+            |l| l.schema(),
+        );
+        let actions = registered(name, provider.actions(), |a| a.name(), |a| a.schema());
+        let identities = Identities::new(name, provider.identities());
         let schema = provider.schema();
         Self {
             provider: Registered::new(provider, schema),
             resources,
             data_sources,
+            ephemeral,
+            lists,
+            actions,
+            identities,
         }
     }
 
@@ -79,7 +120,7 @@ impl ProviderService {
     }
 }
 
-fn unknown_type(kind: &str, type_name: &str) -> Diagnostics {
+pub(super) fn unknown_type(kind: &str, type_name: &str) -> Diagnostics {
     Diagnostic::error(
         format!("this provider has no {kind} type {type_name:?}"),
         "",
@@ -99,28 +140,6 @@ fn capabilities() -> tf::ServerCapabilities {
     }
 }
 
-/// Decodes a DynamicValue (absent reads as null).
-fn decode(value: Option<&tf::DynamicValue>, ty: &Type) -> Result<Value, Diagnostics> {
-    let Some(value) = value else {
-        return Ok(Value::Null);
-    };
-    let decoded = if !value.msgpack.is_empty() {
-        from_msgpack(&value.msgpack, ty)
-    } else if !value.json.is_empty() {
-        from_json(&value.json, ty)
-    } else {
-        Ok(Value::Null)
-    };
-    decoded.map_err(Diagnostics::from)
-}
-
-fn encode(value: &Value, ty: &Type) -> Option<tf::DynamicValue> {
-    Some(tf::DynamicValue {
-        msgpack: to_msgpack(value, ty),
-        json: Vec::new(),
-    })
-}
-
 /// The diagnostics of a result that has no value to return.
 fn diags_of<T>(result: Result<T, Diagnostics>) -> Vec<tf::Diagnostic> {
     match result {
@@ -129,8 +148,9 @@ fn diags_of<T>(result: Result<T, Diagnostics>) -> Vec<tf::Diagnostic> {
     }
 }
 
-/// A planned change: the planned state and the attributes that force replacement.
-type Planned = (Value, Vec<AttrPath>);
+/// A planned change: the planned state, the attributes that force replacement, and for
+/// an update in place the prior state (whose identity the plan keeps).
+type Planned = (Value, Vec<AttrPath>, Option<Value>);
 
 impl ProviderService {
     async fn plan(&self, req: &tf::plan_resource_change::Request) -> Result<Planned, Diagnostics> {
@@ -142,17 +162,26 @@ impl ProviderService {
             // Destroy: planned as null, unless the provider refuses it.
             (false, true) => {
                 r.inner.plan_delete(&prior).await?;
-                Ok((Value::Null, Vec::new()))
+                Ok((Value::Null, Vec::new(), None))
             }
             (true, false) => {
                 let planned = r.inner.plan(None, proposed, &config).await?;
-                Ok((planned.state, Vec::new()))
+                Ok((
+                    write_only::nulled(&r.schema, planned.state),
+                    Vec::new(),
+                    None,
+                ))
             }
             (false, false) => {
                 let planned = r.inner.plan(Some(&prior), proposed, &config).await?;
-                Ok((planned.state, planned.requires_replace))
+                let in_place = planned.requires_replace.is_empty().then_some(prior);
+                Ok((
+                    write_only::nulled(&r.schema, planned.state),
+                    planned.requires_replace,
+                    in_place,
+                ))
             }
-            (true, true) => Ok((Value::Null, Vec::new())),
+            (true, true) => Ok((Value::Null, Vec::new(), None)),
         }
     }
 
@@ -162,10 +191,14 @@ impl ProviderService {
     async fn apply(
         &self,
         req: &tf::apply_resource_change::Request,
-    ) -> (Option<tf::DynamicValue>, Diagnostics) {
+    ) -> (
+        Option<tf::DynamicValue>,
+        Diagnostics,
+        Option<tf::ResourceIdentityData>,
+    ) {
         let r = match self.resource(&req.type_name) {
             Ok(r) => r,
-            Err(d) => return (req.prior_state.clone(), d),
+            Err(d) => return (req.prior_state.clone(), d, None),
         };
         let decoded = (|| {
             Ok::<_, Diagnostics>((
@@ -176,7 +209,7 @@ impl ProviderService {
         })();
         let (prior, planned, config) = match decoded {
             Ok(values) => values,
-            Err(d) => return (req.prior_state.clone(), d),
+            Err(d) => return (req.prior_state.clone(), d, None),
         };
         let outcome = match (prior.is_null(), planned.is_null()) {
             (true, false) => r.inner.create(&planned, &config).await.map(Some),
@@ -185,10 +218,20 @@ impl ProviderService {
             (true, true) => Ok(None),
         };
         match outcome {
-            Ok(Some(state)) => (encode(&state, &r.ty), Diagnostics::default()),
-            Ok(None) => (encode(&Value::Null, &r.ty), Diagnostics::default()),
-            Err(d) if prior.is_null() => (encode(&Value::Null, &r.ty), d),
-            Err(d) => (req.prior_state.clone(), d),
+            Ok(Some(state)) => {
+                let state = write_only::nulled(&r.schema, state);
+                let mut diagnostics = Diagnostics::default();
+                // A create (or the create of a replacement) has no identity yet.
+                let held = req.planned_identity.as_ref().filter(|_| !prior.is_null());
+                let identity = self
+                    .identities
+                    .kept_or_made(&req.type_name, held, &state, &mut diagnostics)
+                    .await;
+                (encode(&state, &r.ty), diagnostics, identity)
+            }
+            Ok(None) => (encode(&Value::Null, &r.ty), Diagnostics::default(), None),
+            Err(d) if prior.is_null() => (encode(&Value::Null, &r.ty), d, None),
+            Err(d) => (req.prior_state.clone(), d, req.planned_identity.clone()),
         }
     }
 }
@@ -213,6 +256,27 @@ impl tf::provider_server::Provider for ProviderService {
                 .resources
                 .keys()
                 .map(|n| tf::get_metadata::ResourceMetadata {
+                    type_name: n.clone(),
+                })
+                .collect(),
+            ephemeral_resources: self
+                .ephemeral
+                .keys()
+                .map(|n| tf::get_metadata::EphemeralMetadata {
+                    type_name: n.clone(),
+                })
+                .collect(),
+            list_resources: self
+                .lists
+                .keys()
+                .map(|n| tf::get_metadata::ListResourceMetadata {
+                    type_name: n.clone(),
+                })
+                .collect(),
+            actions: self
+                .actions
+                .keys()
+                .map(|n| tf::get_metadata::ActionMetadata {
                     type_name: n.clone(),
                 })
                 .collect(),
@@ -241,6 +305,20 @@ impl tf::provider_server::Provider for ProviderService {
             diagnostics: Vec::new(),
             provider_meta: None,
             server_capabilities: Some(capabilities()),
+            ephemeral_resource_schemas: schemas(
+                self.ephemeral.iter().map(|(n, e)| (n, &e.schema)).collect(),
+            ),
+            list_resource_schemas: schemas(
+                self.lists.iter().map(|(n, l)| (n, &l.schema)).collect(),
+            ),
+            action_schemas: self
+                .actions
+                .iter()
+                .map(|(n, a)| {
+                    let schema = Some(convert::schema(&a.schema));
+                    (n.clone(), tf::ActionSchema { schema })
+                })
+                .collect(),
         }))
     }
 
@@ -263,6 +341,11 @@ impl tf::provider_server::Provider for ProviderService {
         let result = async {
             let r = self.resource(&req.type_name)?;
             let config = decode(req.config.as_ref(), &r.ty)?;
+            write_only::refuse_without_support(
+                &r.schema,
+                &config,
+                req.client_capabilities.as_ref(),
+            )?;
             r.inner.validate(&config).await
         }
         .await;
@@ -336,8 +419,22 @@ impl tf::provider_server::Provider for ProviderService {
         _req: Request<tf::get_resource_identity_schemas::Request>,
     ) -> Reply<tf::get_resource_identity_schemas::Response> {
         Ok(Response::new(tf::get_resource_identity_schemas::Response {
-            identity_schemas: HashMap::new(),
+            identity_schemas: self.identities.schemas(),
             diagnostics: Vec::new(),
+        }))
+    }
+
+    async fn upgrade_resource_identity(
+        &self,
+        req: Request<tf::upgrade_resource_identity::Request>,
+    ) -> Reply<tf::upgrade_resource_identity::Response> {
+        let (upgraded_identity, diagnostics) = match self.identities.upgrade(&req.into_inner()) {
+            Ok(identity) => (Some(identity), Vec::new()),
+            Err(d) => (None, convert::diagnostics(d)),
+        };
+        Ok(Response::new(tf::upgrade_resource_identity::Response {
+            upgraded_identity,
+            diagnostics,
         }))
     }
 
@@ -367,18 +464,33 @@ impl tf::provider_server::Provider for ProviderService {
             let r = self.resource(&req.type_name)?;
             let prior = decode(req.current_state.as_ref(), &r.ty)?;
             let current = r.inner.read(&prior).await?;
-            Ok(encode(&current.unwrap_or(Value::Null), &r.ty))
+            let current = write_only::nulled(&r.schema, current.unwrap_or(Value::Null));
+            let mut warnings = Diagnostics::default();
+            let identity = self
+                .identities
+                .kept_or_made(
+                    &req.type_name,
+                    req.current_identity.as_ref(),
+                    &current,
+                    &mut warnings,
+                )
+                .await;
+            Ok((encode(&current, &r.ty), identity, warnings))
         }
         .await;
-        let (new_state, diagnostics) = match result {
-            Ok(state) => (state, Vec::new()),
-            Err(d) => (req.current_state, convert::diagnostics(d)),
+        let (new_state, new_identity, diagnostics) = match result {
+            Ok((state, identity, warnings)) => (state, identity, convert::diagnostics(warnings)),
+            Err(d) => (
+                req.current_state,
+                req.current_identity,
+                convert::diagnostics(d),
+            ),
         };
         Ok(Response::new(tf::read_resource::Response {
             new_state,
             diagnostics,
             private: req.private,
-            new_identity: None,
+            new_identity,
         }))
     }
 
@@ -387,23 +499,41 @@ impl tf::provider_server::Provider for ProviderService {
         req: Request<tf::plan_resource_change::Request>,
     ) -> Reply<tf::plan_resource_change::Response> {
         let req = req.into_inner();
-        let (planned_state, requires_replace, diagnostics) = match self.plan(&req).await {
-            Ok((state, replace)) => {
-                let ty = &self.resources[&req.type_name].ty;
-                (
-                    encode(&state, ty),
-                    replace.iter().map(convert::attribute_path).collect(),
-                    Vec::new(),
-                )
-            }
-            Err(d) => (None, Vec::new(), convert::diagnostics(d)),
-        };
+        let (planned_state, requires_replace, planned_identity, diagnostics) =
+            match self.plan(&req).await {
+                Ok((state, replace, in_place)) => {
+                    let ty = &self.resources[&req.type_name].ty;
+                    // An update in place keeps the object's identity; a create or a
+                    // replacement has none until apply.
+                    let mut warnings = Diagnostics::default();
+                    let identity = match &in_place {
+                        Some(prior) => {
+                            self.identities
+                                .kept_or_made(
+                                    &req.type_name,
+                                    req.prior_identity.as_ref(),
+                                    prior,
+                                    &mut warnings,
+                                )
+                                .await
+                        }
+                        None => None,
+                    };
+                    (
+                        encode(&state, ty),
+                        replace.iter().map(convert::attribute_path).collect(),
+                        identity,
+                        convert::diagnostics(warnings),
+                    )
+                }
+                Err(d) => (None, Vec::new(), None, convert::diagnostics(d)),
+            };
         Ok(Response::new(tf::plan_resource_change::Response {
             planned_state,
             requires_replace,
             planned_private: req.prior_private,
             diagnostics,
-            planned_identity: None,
+            planned_identity,
         }))
     }
 
@@ -412,12 +542,12 @@ impl tf::provider_server::Provider for ProviderService {
         req: Request<tf::apply_resource_change::Request>,
     ) -> Reply<tf::apply_resource_change::Response> {
         let req = req.into_inner();
-        let (new_state, diagnostics) = self.apply(&req).await;
+        let (new_state, diagnostics, new_identity) = self.apply(&req).await;
         Ok(Response::new(tf::apply_resource_change::Response {
             new_state,
             private: Vec::new(),
             diagnostics: convert::diagnostics(diagnostics),
-            new_identity: None,
+            new_identity,
         }))
     }
 
@@ -428,17 +558,30 @@ impl tf::provider_server::Provider for ProviderService {
         let req = req.into_inner();
         let result = async {
             let r = self.resource(&req.type_name)?;
-            let state = r.inner.import(&req.id).await?;
-            Ok(tf::import_resource_state::ImportedResource {
+            // `import { identity = {...} }` sends the identity and no id.
+            let id = match (&req.identity, req.id.is_empty()) {
+                (Some(identity), true) => self.identities.import_id(&req.type_name, identity)?,
+                _ => req.id.clone(),
+            };
+            let state = write_only::nulled(&r.schema, r.inner.import(&id).await?);
+            // Made afresh: the identity of the object found, whichever way the import
+            // spelled it (a tenant's id becomes its name).
+            let mut warnings = Diagnostics::default();
+            let identity = self
+                .identities
+                .kept_or_made(&req.type_name, None, &state, &mut warnings)
+                .await;
+            let imported = tf::import_resource_state::ImportedResource {
                 type_name: req.type_name.clone(),
                 state: encode(&state, &r.ty),
                 private: Vec::new(),
-                identity: None,
-            })
+                identity,
+            };
+            Ok((imported, warnings))
         }
         .await;
         let (imported_resources, diagnostics) = match result {
-            Ok(imported) => (vec![imported], Vec::new()),
+            Ok((imported, warnings)) => (vec![imported], convert::diagnostics(warnings)),
             Err(d) => (Vec::new(), convert::diagnostics(d)),
         };
         Ok(Response::new(tf::import_resource_state::Response {
@@ -469,6 +612,36 @@ impl tf::provider_server::Provider for ProviderService {
         }))
     }
 
+    async fn validate_ephemeral_resource_config(
+        &self,
+        req: Request<tf::validate_ephemeral_resource_config::Request>,
+    ) -> Reply<tf::validate_ephemeral_resource_config::Response> {
+        Ok(Response::new(
+            self.validate_ephemeral(req.into_inner()).await,
+        ))
+    }
+
+    async fn open_ephemeral_resource(
+        &self,
+        req: Request<tf::open_ephemeral_resource::Request>,
+    ) -> Reply<tf::open_ephemeral_resource::Response> {
+        Ok(Response::new(self.open_ephemeral(req.into_inner()).await))
+    }
+
+    async fn renew_ephemeral_resource(
+        &self,
+        req: Request<tf::renew_ephemeral_resource::Request>,
+    ) -> Reply<tf::renew_ephemeral_resource::Response> {
+        Ok(Response::new(self.renew_ephemeral(req.into_inner()).await))
+    }
+
+    async fn close_ephemeral_resource(
+        &self,
+        req: Request<tf::close_ephemeral_resource::Request>,
+    ) -> Reply<tf::close_ephemeral_resource::Response> {
+        Ok(Response::new(self.close_ephemeral(req.into_inner()).await))
+    }
+
     async fn get_functions(
         &self,
         _req: Request<tf::get_functions::Request>,
@@ -477,6 +650,47 @@ impl tf::provider_server::Provider for ProviderService {
             functions: HashMap::new(),
             diagnostics: Vec::new(),
         }))
+    }
+
+    type ListResourceStream = ListEvents;
+
+    async fn list_resource(
+        &self,
+        req: Request<tf::list_resource::Request>,
+    ) -> Reply<Self::ListResourceStream> {
+        Ok(Response::new(self.list(req.into_inner()).await))
+    }
+
+    async fn validate_list_resource_config(
+        &self,
+        req: Request<tf::validate_list_resource_config::Request>,
+    ) -> Reply<tf::validate_list_resource_config::Response> {
+        Ok(Response::new(self.validate_list(req.into_inner()).await))
+    }
+
+    async fn validate_action_config(
+        &self,
+        req: Request<tf::validate_action_config::Request>,
+    ) -> Reply<tf::validate_action_config::Response> {
+        Ok(Response::new(self.validate_action(req.into_inner()).await))
+    }
+
+    async fn plan_action(
+        &self,
+        req: Request<tf::plan_action::Request>,
+    ) -> Reply<tf::plan_action::Response> {
+        Ok(Response::new(
+            self.plan_action_config(req.into_inner()).await,
+        ))
+    }
+
+    type InvokeActionStream = ActionEvents;
+
+    async fn invoke_action(
+        &self,
+        req: Request<tf::invoke_action::Request>,
+    ) -> Reply<Self::InvokeActionStream> {
+        Ok(Response::new(self.invoke(req.into_inner())))
     }
 
     /// Terraform asks in-flight work to stop (an interrupted run). Each call already ends

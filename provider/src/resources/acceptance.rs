@@ -222,9 +222,19 @@ pub fn update_fields(
     })
 }
 
-/// An update may check nodes (new ones, replacements): what it leaves is known after it.
+/// Inputs whose change may run checks: nodes that join (a new count), a driver roll, the
+/// block itself. A MIG, storage or key change runs none, so its plan keeps the last
+/// results instead of listing every node's as removed.
+const CHECKED_ON: [&str; 4] = ["node_count", "driver_version", "cuda_version", "acceptance"];
+
+/// An update that may check nodes (new ones, replacements): what it leaves is known after
+/// it; so is what an update still under way (an apply that timed out) leaves.
 pub fn mark_plan(prior: Option<&Value>, planned: &mut Value) {
-    if prior.is_some_and(|p| p != planned) {
+    let Some(prior) = prior else {
+        return;
+    };
+    let unsettled = matches!(prior.str_attr("status"), Ok(Some("creating" | "updating")));
+    if unsettled || CHECKED_ON.iter().any(|a| changed(prior, planned, a)) {
         crate::framework::mark_unknown(planned, &COMPUTED);
     }
 }

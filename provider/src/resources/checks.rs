@@ -11,7 +11,7 @@ use gpufleet_proto::error_info::{EXISTING_FIELD, EXISTING_ID};
 
 use super::common::tenant_not_found;
 use crate::client::Client;
-use crate::framework::{AttrPath, Diagnostic, Diagnostics};
+use crate::framework::{AttrPath, Diagnostic, Diagnostics, Mode, Schema};
 use crate::this_run::ThisRun;
 
 /// Wire fields that a resource spells differently.
@@ -61,6 +61,27 @@ pub(crate) async fn verdict<T>(
         Some(found) => Err(Diagnostics(found)),
         None => Err(client.diagnostic(&status).into()),
     }
+}
+
+/// The ids of the objects a delete was refused for, from its `ErrorInfo` (`used_by`):
+/// the clusters and reservations that use a quota, the quotas, reservations and clusters
+/// a tenant still has. None for any other refusal.
+pub(crate) fn used_by(status: &Status) -> Vec<String> {
+    ids_in(status, gpufleet_proto::error_info::USED_BY)
+}
+
+/// The ids a refusal's `ErrorInfo` metadata lists under `key`, comma-separated.
+pub(crate) fn ids_in(status: &Status, key: &str) -> Vec<String> {
+    status
+        .get_details_error_info()
+        .and_then(|i| i.metadata.get(key).cloned())
+        .map(|ids| {
+            ids.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A tenant the backend does not know (or this token may not see), said on `tenant`.
@@ -189,20 +210,47 @@ pub(crate) fn refused_field(status: &Status) -> Option<(String, String)> {
         .map(|v| (v.field, v.description))
 }
 
-/// The attribute a wire field path is: its first step renamed where the resource spells
-/// it differently, the rest nested below it (`acceptance.min_bus_bandwidth_gbps`); None
-/// when the first step is not one of `attributes`.
+/// The attribute a wire field path is (AIP-193's form: `acceptance.level`,
+/// `ssh_public_keys[2]`): its first name renamed where the resource spells it
+/// differently, the rest nested below it; None when the first name is not one of
+/// `attributes` or the path is malformed.
 fn attribute_of(field: &str, attributes: &[&str]) -> Option<AttrPath> {
-    let mut steps = field.split('.');
-    let first = steps.next()?;
-    let first = RENAMED
-        .iter()
-        .find(|(wire, _)| *wire == first)
-        .map_or(first, |(_, attr)| attr);
-    if !attributes.contains(&first) || field.split('.').any(str::is_empty) {
-        return None;
+    let mut path: Option<AttrPath> = None;
+    for segment in field.split('.') {
+        let mut parts = segment.split('[');
+        let name = parts.next().filter(|n| !n.is_empty())?;
+        path = Some(match path {
+            None => {
+                let name = RENAMED
+                    .iter()
+                    .find(|(wire, _)| *wire == name)
+                    .map_or(name, |(_, attr)| attr);
+                if !attributes.contains(&name) {
+                    return None;
+                }
+                AttrPath::attr(name)
+            }
+            Some(path) => path.child(name),
+        });
+        for index in parts {
+            let index: usize = index.strip_suffix(']')?.parse().ok()?;
+            path = path.map(|p| p.index(index));
+        }
     }
-    Some(steps.fold(AttrPath::attr(first), |path, step| path.child(step)))
+    path
+}
+
+/// What a refusal of a resource's values may name: the attributes and blocks its
+/// configuration writes (all of them, from the schema, so a new attribute is never
+/// missing from a hand-kept list and its refusals never land on another attribute).
+pub(crate) fn written(schema: &Schema) -> Vec<&'static str> {
+    schema
+        .attributes
+        .iter()
+        .filter(|a| a.mode != Mode::Computed)
+        .map(|a| a.name)
+        .chain(schema.blocks.iter().map(|b| b.name))
+        .collect()
 }
 
 /// A refusal as the backend's API edge sends it (tests): the field its message starts with
@@ -220,7 +268,15 @@ pub(crate) fn as_sent(code: Code, message: &str) -> Status {
                 && s.bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         };
-        if field.split('.').all(path) {
+        let segment = |s: &str| {
+            let mut parts = s.split('[');
+            parts.next().is_some_and(path)
+                && parts.all(|i| {
+                    i.strip_suffix(']')
+                        .is_some_and(|n| n.parse::<usize>().is_ok())
+                })
+        };
+        if field.split('.').all(segment) {
             details.add_bad_request_violation(field, rest.trim_start());
         }
     }
@@ -338,6 +394,47 @@ mod tests {
         let d = refusal(&s, ATTRS, "node_count").unwrap();
         assert_eq!(d.path, Some(AttrPath::attr("node_count")));
         assert_eq!(d.summary, "node_count: inventory.gpus: empty");
+    }
+
+    #[test]
+    fn list_indexes_are_elements_of_the_attribute() {
+        let attrs = &["ssh_public_keys", "node_count"];
+        let message = "ssh_public_keys[1]: not an OpenSSH public key";
+        let s = refused(Code::InvalidArgument, message, Some("ssh_public_keys[1]"));
+        let d = refusal(&s, attrs, "node_count").unwrap();
+        assert_eq!(d.path, Some(AttrPath::attr("ssh_public_keys").index(1)));
+        assert_eq!(d.summary, message);
+        for malformed in ["ssh_public_keys[x]", "ssh_public_keys[1", "[1]", "a..b"] {
+            assert_eq!(attribute_of(malformed, attrs), None, "{malformed}");
+        }
+        assert_eq!(
+            attribute_of("acceptance.nodes[2].level", &["acceptance"]),
+            Some(
+                AttrPath::attr("acceptance")
+                    .child("nodes")
+                    .index(2)
+                    .child("level")
+            )
+        );
+    }
+
+    #[test]
+    fn every_written_attribute_and_block_may_be_refused_and_no_computed_one() {
+        use crate::framework::{Attribute, Block, Type};
+        let schema = Schema::new(
+            "",
+            vec![
+                Attribute::computed("id", Type::String, ""),
+                Attribute::required("name", Type::String, ""),
+                Attribute::optional_computed("ssh_public_keys", Type::list(Type::String), ""),
+            ],
+        )
+        .with_block(Block {
+            name: "acceptance",
+            description: "",
+            attributes: vec![],
+        });
+        assert_eq!(written(&schema), ["name", "ssh_public_keys", "acceptance"]);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::{verdict, Asked};
+use super::checks::{verdict, written, Asked};
 use super::common::{
     answered, check_min, deleted, diag, found, import_id, imported, imported_tenant,
     known_gpu_type, note_prior, optional_tenant, request_id, required_i64, required_str,
@@ -56,9 +56,6 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedCh
     }
 }
 
-/// Attributes a backend refusal of a quota may name.
-const ATTRIBUTES: &[&str] = &["tenant", "gpu_type", "gpus", "burst_gpus"];
-
 /// The create call for a planned quota (a dry run at plan time, the real one at apply).
 fn create_request(planned: &Value) -> Result<api::CreateGpuQuotaRequest, Diagnostics> {
     Ok(api::CreateGpuQuotaRequest {
@@ -96,6 +93,10 @@ impl GpuQuota {
         planned: &PlannedChange,
     ) -> Result<(), Diagnostics> {
         let state = &planned.state;
+        // A destroy creates nothing (see `destroy_run`).
+        if prior.is_none() && super::destroy_run::destroying() {
+            return Ok(());
+        }
         if let Some(prior) = prior {
             let limits_change =
                 changed(prior, state, "gpus") || changed(prior, state, "burst_gpus");
@@ -141,7 +142,7 @@ impl GpuQuota {
             &self.provider.run,
             asked,
             answer,
-            ATTRIBUTES,
+            &written(&self.schema()),
             "gpus",
         )
         .await
@@ -151,22 +152,6 @@ impl GpuQuota {
 /// How long a quota's delete waits for the deletes of its users to begin or be planned
 /// beside it.
 const USERS_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// The ids of the clusters and reservations a delete was refused for (none for any other
-/// refusal).
-fn users(status: &tonic::Status) -> Vec<String> {
-    use tonic_types::StatusExt;
-    status
-        .get_details_error_info()
-        .and_then(|i| i.metadata.get(gpufleet_proto::error_info::USED_BY).cloned())
-        .map(|ids| {
-            ids.split(',')
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// The quota of `gpu_type` of the tenant spelled `tenant` (a tenant this token may not
 /// see is an error that lists those it may).
@@ -318,8 +303,8 @@ impl ResourceType for GpuQuota {
                 validate_only: false,
             };
             match client.quotas().delete_gpu_quota(request).await {
-                Err(s) if !users(&s).is_empty() => {
-                    let users = users(&s);
+                Err(s) if !super::checks::used_by(&s).is_empty() => {
+                    let users = super::checks::used_by(&s);
                     let keys: Vec<&str> = users.iter().map(String::as_str).collect();
                     if !run.dependents_deleted(&keys, USERS_GRACE).await {
                         return Err(client.diagnostic(&s).into());
@@ -334,6 +319,8 @@ impl ResourceType for GpuQuota {
     /// the same plan deletes them too: the apply would delete some of a team's quotas and
     /// then fail on the next.
     async fn plan_delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        // Its tenant may be deleted by the same plan.
+        self.provider.run.plans_delete(&required_str(prior, "id")?);
         let Some(client) = self.provider.plan_client() else {
             return Ok(());
         };
@@ -346,7 +333,7 @@ impl ResourceType for GpuQuota {
             Err(s) if s.code() == tonic::Code::NotFound => return Ok(()),
             Err(s) => s,
         };
-        let users = users(&status);
+        let users = super::checks::used_by(&status);
         if users.is_empty() {
             return Err(client.diagnostic(&status).into());
         }

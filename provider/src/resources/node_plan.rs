@@ -2,7 +2,8 @@
 //! reads only what changes: a driver change or a MIG re-partition keeps every node (the
 //! backend changes them in place, in the same order, and a node that fails fails the
 //! apply), so each node keeps its planned values and only the fields the change rewrites
-//! are unknown. Shrinking releases the nodes with the highest hostnames, so the others
+//! change: a MIG change plans each node's `mig_instances` exactly (see
+//! [`super::cluster_node`]), a driver change its `driver_version`. Shrinking releases the nodes with the highest hostnames, so the others
 //! stay, planned. Growing adds nodes the backend picks at apply: the staying nodes stay
 //! planned, and the new ones are unknown at the end of the list.
 //!
@@ -20,8 +21,8 @@ pub struct NodeChange<'a> {
     pub count: Count,
     /// The driver changes: the planned `driver_version` (Unknown when not known yet).
     pub driver: Option<&'a Value>,
-    /// `mig_layout` changes.
-    pub layout: bool,
+    /// `mig_layout` changes: the planned layout (per GPU; Unknown when not known yet).
+    pub layout: Option<&'a Value>,
 }
 
 /// A change of `node_count`.
@@ -39,7 +40,7 @@ pub enum Count {
 
 impl NodeChange<'_> {
     pub fn any(&self) -> bool {
-        self.count != Count::Same || self.driver.is_some() || self.layout
+        self.count != Count::Same || self.driver.is_some() || self.layout.is_some()
     }
 }
 
@@ -110,7 +111,7 @@ pub fn in_prior_order(nodes: Vec<Value>, prior: &Value) -> Vec<Value> {
 
 fn planned_node(prior: &Value, change: NodeChange<'_>) -> Value {
     let mut node = prior.clone();
-    if change.driver.is_none() && !change.layout {
+    if change.driver.is_none() && change.layout.is_none() {
         // A node that stays through a shrink is not touched.
         return node;
     }
@@ -125,18 +126,16 @@ fn planned_node(prior: &Value, change: NodeChange<'_>) -> Value {
         node.set("driver_version", driver);
         node.set("cuda_version", Value::Unknown);
     }
-    if change.layout {
-        if let Value::List(gpus) = node.get("gpus").clone() {
-            let gpus = gpus
-                .into_iter()
-                .map(|mut g| {
-                    g.set("mig_enabled", Value::Unknown);
-                    g.set("mig_devices", Value::Unknown);
-                    g
-                })
-                .collect();
-            node.set("gpus", Value::List(gpus));
-        }
+    if let Some(layout) = change.layout {
+        // Every GPU of the node gets the layout (the planner placed it at plan time).
+        let gpus = match node.get("gpus") {
+            Value::List(gpus) => Some(gpus.len()),
+            _ => None,
+        };
+        node.set(
+            "mig_instances",
+            super::cluster_node::planned_instances(layout, gpus),
+        );
     }
     node
 }
@@ -149,11 +148,10 @@ mod tests {
         let gpu = Value::object([
             ("index", Value::Number(0)),
             ("uuid", Value::string(format!("GPU-{host}"))),
-            ("mig_enabled", Value::Bool(false)),
-            ("mig_devices", Value::List(vec![])),
         ]);
         Value::object([
             ("hostname", Value::string(host)),
+            ("mig_instances", Value::Map(Default::default())),
             ("driver_version", Value::string("550.54.15")),
             ("cuda_version", Value::string("12.4")),
             ("state", Value::string("allocated")),
@@ -181,10 +179,15 @@ mod tests {
     }
 
     #[test]
-    fn a_layout_change_keeps_the_gpus_and_leaves_their_slices_unknown() {
+    fn a_layout_change_keeps_the_gpus_and_plans_each_nodes_instances() {
         let prior = Value::List(vec![node("a")]);
+        let layout = Value::Map(
+            [("3g.40gb".to_string(), Value::Number(2))]
+                .into_iter()
+                .collect(),
+        );
         let change = NodeChange {
-            layout: true,
+            layout: Some(&layout),
             ..Default::default()
         };
         let Value::List(planned) = planned_nodes(&prior, change) else {
@@ -194,11 +197,10 @@ mod tests {
             planned[0].get("driver_version"),
             &Value::string("550.54.15")
         );
-        let Value::List(gpus) = planned[0].get("gpus") else {
-            panic!("known gpus")
-        };
-        assert_eq!(gpus[0].get("uuid"), &Value::string("GPU-a"));
-        assert!(gpus[0].get("mig_devices").is_unknown());
+        assert_eq!(planned[0].get("gpus"), node("a").get("gpus"));
+        // One GPU: the layout once.
+        assert_eq!(planned[0].get("mig_instances"), &layout);
+        assert!(planned[0].get("state").is_unknown());
     }
 
     #[test]

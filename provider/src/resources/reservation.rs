@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::{verdict, Asked};
+use super::checks::{verdict, written, Asked};
 use super::common::{
     answered, check_min, check_window, deleted, diag, found, imported, known_gpu_type,
     optional_tenant, request_id, required_i64, required_str, respelled_prior, with_tenant_spelling,
@@ -110,15 +110,17 @@ pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value, now: i64) ->
     }
 }
 
-/// Attributes a backend refusal of a reservation may name.
-const ATTRIBUTES: &[&str] = &[
-    "tenant",
-    "gpu_type",
-    "node_count",
-    "start_time",
-    "end_time",
-    "allow_on_demand",
-];
+/// A create as a sibling's dry run takes it.
+fn planned(r: &api::CreateReservationRequest) -> api::PlannedReservation {
+    api::PlannedReservation {
+        tenant_id: r.tenant_id.clone(),
+        gpu_type: r.gpu_type.clone(),
+        node_count: r.node_count,
+        start_time: r.start_time,
+        end_time: r.end_time,
+        allow_on_demand: r.allow_on_demand,
+    }
+}
 
 /// The create call for a planned reservation (a dry run at plan time, the real one at apply).
 fn create_request(planned: &Value) -> Result<api::CreateReservationRequest, Diagnostics> {
@@ -138,6 +140,7 @@ fn create_request(planned: &Value) -> Result<api::CreateReservationRequest, Diag
             .map_err(diag)?
             .unwrap_or(false),
         validate_only: false,
+        also_planned: Vec::new(),
     })
 }
 
@@ -211,13 +214,9 @@ impl Reservation {
             return Ok(());
         }
         let answer = match prior {
-            None => {
-                let request = api::CreateReservationRequest {
-                    validate_only: true,
-                    ..create_request(state)?
-                };
-                client.reservations().create_reservation(request).await
-            }
+            // A destroy creates nothing (see `destroy_run`).
+            None if super::destroy_run::destroying() => return Ok(()),
+            None => self.create_dry_run(&client, create_request(state)?).await,
             Some(prior) => {
                 let Some(request) = update_request(prior, state)? else {
                     return Ok(());
@@ -240,10 +239,46 @@ impl Reservation {
             &self.provider.run,
             asked,
             answer,
-            ATTRIBUTES,
+            &written(&self.schema()),
             "node_count",
         )
         .await
+    }
+
+    /// The dry run of a create, sent with the reservations this plan's earlier dry runs
+    /// admitted and not yet created (its siblings: Terraform plans them side by side), and
+    /// recorded among them when admitted. One admitted (or created) meanwhile makes it ask
+    /// again, so of two that cannot both fit the later is refused, naming the other, and
+    /// none is counted twice.
+    async fn create_dry_run(
+        &self,
+        client: &Client,
+        request: api::CreateReservationRequest,
+    ) -> Result<tonic::Response<api::Reservation>, tonic::Status> {
+        let run = &self.provider.run;
+        let max = gpufleet_proto::limits::MAX_ALSO_PLANNED;
+        // Each round follows a change of the siblings (at most two per reservation of the
+        // run); a bound all the same.
+        let mut rounds = 0;
+        loop {
+            let (seen, also_planned) = run.planned_reservations(&request.gpu_type, max);
+            let asked = api::CreateReservationRequest {
+                validate_only: true,
+                also_planned,
+                ..request.clone()
+            };
+            let answer = client.reservations().create_reservation(asked).await;
+            rounds += 1;
+            // A sibling created meanwhile (the apply plans each resource again) may have
+            // been counted twice: a refusal then asks again too.
+            let settled = match &answer {
+                Ok(_) => run.admits_reservation(seen, planned(&request)),
+                Err(_) => !run.reservations_changed_since(seen),
+            };
+            if settled || rounds > 2 * max {
+                return answer;
+            }
+        }
     }
 
     async fn get(
@@ -321,6 +356,9 @@ impl ResourceType for Reservation {
     async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let request = create_request(planned)?;
+        self.provider
+            .run
+            .creating_reservation(&self::planned(&request));
         let created = answered(
             &client,
             client.reservations().create_reservation(request).await,

@@ -247,7 +247,10 @@ impl ResourceType for Tenant {
         let id = required_str(prior, "id")?;
         let name = required_str(prior, "name")?;
         loop {
-            let request = api::DeleteTenantRequest { id: id.clone() };
+            let request = api::DeleteTenantRequest {
+                id: id.clone(),
+                validate_only: false,
+            };
             match client.tenants().delete_tenant(request).await {
                 Err(s) if has_dependents(&s) => {
                     let run = &self.provider.run;
@@ -258,6 +261,50 @@ impl ResourceType for Tenant {
                 answer => return deleted(&client, answer),
             }
         }
+    }
+
+    /// A tenant that still has clusters or reservations this plan does not delete beside
+    /// it is refused here, naming everything it still has (the backend's dry run of the
+    /// delete), rather than at apply after the deletes beside it ran. Quotas left are let
+    /// through: those of a `for_each` of teams are instances of a resource that refers to
+    /// the tenant, which Terraform plans only after the tenant, and their own plans refuse
+    /// a delete that clusters or reservations block.
+    async fn plan_delete(&self, prior: &Value) -> Result<(), Diagnostics> {
+        let id = required_str(prior, "id")?;
+        let Some(client) = self.provider.plan_client() else {
+            return Ok(());
+        };
+        let request = api::DeleteTenantRequest {
+            id,
+            validate_only: true,
+        };
+        let status = match client.tenants().delete_tenant(request).await {
+            Ok(_) => return Ok(()),
+            Err(s) if s.code() == tonic::Code::NotFound => return Ok(()),
+            Err(s) => s,
+        };
+        let dependents = super::checks::used_by(&status);
+        if dependents.is_empty() {
+            return Err(client.diagnostic(&status).into());
+        }
+        let quotas = super::checks::ids_in(&status, gpufleet_proto::error_info::QUOTA_IDS);
+        let left = self
+            .provider
+            .run
+            .unplanned_deletes(&dependents, DELETE_GRACE)
+            .await;
+        if left.iter().all(|id| quotas.contains(id)) {
+            return Ok(());
+        }
+        Err(Diagnostic::error(
+            status.message().to_string(),
+            format!(
+                "Not deleted beside the tenant by this plan: {} of them (ids: {}). Delete them in the same change, or keep the tenant until they are gone: the apply would otherwise delete what it can and then fail on the tenant.",
+                left.len(),
+                left.join(", ")
+            ),
+        )
+        .into())
     }
 
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
@@ -306,6 +353,10 @@ impl Tenant {
     /// rules, a name no tenant has), when every input is known. A token that may not
     /// create tenants is said on `name`, the attribute that asks for one.
     async fn check_with_backend(&self, planned: &Value) -> Result<(), Diagnostics> {
+        // A destroy creates nothing (see `destroy_run`).
+        if super::destroy_run::destroying() {
+            return Ok(());
+        }
         let Some(client) = self.provider.plan_client() else {
             return Ok(());
         };

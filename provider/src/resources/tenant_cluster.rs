@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 use tonic::{Code, Status};
 
-use super::checks::{verdict, Asked};
+use super::checks::{verdict, written, Asked};
+use super::cluster_node::{cluster_node_type, cluster_node_value};
 use super::cluster_waits;
 use super::common::{
     check_min, compared_prior, diag, found, import_id, imported, imported_tenant, known_gpu_type,
@@ -17,7 +18,6 @@ use super::common::{
 use super::node_plan::Count;
 use super::waiting::{self, Deadline};
 use crate::client::Client;
-use crate::convert::{node_type, node_value};
 use crate::framework::{
     changed, default_when_unset, mark_unknown, requires_replace_if_changed, AttrPath, Attribute,
     Diagnostic, Diagnostics, PlannedChange, ResourceType, Schema, Type, Value,
@@ -100,7 +100,7 @@ fn state(c: &api::TenantCluster, order: &Value) -> Value {
         (
             "nodes",
             Value::List(super::node_plan::in_prior_order(
-                c.nodes.iter().map(node_value).collect(),
+                c.nodes.iter().map(cluster_node_value).collect(),
                 order,
             )),
         ),
@@ -252,10 +252,11 @@ fn mark_effects(prior: Option<&Value>, planned: &mut Value) {
         _ if !changed(prior, planned, "node_count") => Count::Same,
         _ => Count::Other,
     };
+    let layout = planned.get("mig_layout").clone();
     let change = super::node_plan::NodeChange {
         count,
         driver: new_driver.then_some(&driver),
-        layout: changed(prior, planned, "mig_layout"),
+        layout: changed(prior, planned, "mig_layout").then_some(&layout),
     };
     if change.any() {
         let nodes = super::node_plan::planned_nodes(prior.get("nodes"), change);
@@ -458,25 +459,6 @@ async fn check_layout(
     Ok(())
 }
 
-/// Attributes a backend refusal of a cluster may name.
-const ATTRIBUTES: &[&str] = &[
-    "tenant",
-    "name",
-    "orchestrator",
-    "gpu_type",
-    "node_count",
-    "reservation_id",
-    "storage_gib",
-    "storage_retention",
-    "mig_layout",
-    "cuda_version",
-    "driver_version",
-    "max_unavailable",
-    "preemptible",
-    "allow_on_demand",
-    "acceptance",
-];
-
 /// Inputs of a create or update that must be known for a dry run (a tenant or a
 /// reservation made by the same apply is not, and the backend decides at apply).
 const DRY_RUN_INPUTS: &[&str] = &[
@@ -663,6 +645,10 @@ impl TenantCluster {
         planned: &PlannedChange,
         config: &Value,
     ) -> Result<(), Diagnostics> {
+        // A destroy creates nothing (see `destroy_run`).
+        if prior.is_none() && super::destroy_run::destroying() {
+            return Ok(());
+        }
         let replacing = !planned.requires_replace.is_empty();
         let compared = compared_prior(prior, planned);
         let state = &planned.state;
@@ -716,7 +702,7 @@ impl TenantCluster {
             &self.provider.run,
             asked,
             answer,
-            ATTRIBUTES,
+            &written(&self.schema()),
             "node_count",
         )
         .await
@@ -879,8 +865,8 @@ impl ResourceType for TenantCluster {
                 Attribute::computed("status_reason", Type::String, "Why the status is not simply `running` (e.g. which node is unreachable, and whether a replacement is possible); empty otherwise."),
                 Attribute::computed(
                     "nodes",
-                    Type::list(node_type()),
-                    "The cluster's nodes, their GPUs and each GPU's MIG devices. A node keeps its place in the list while it stays in the cluster; nodes that join are added at the end.",
+                    Type::list(cluster_node_type()),
+                    "The cluster's nodes, their GPUs and each node's MIG instances by profile (`mig_instances`; each GPU's devices are in the `gpufleet_nodes` data source). A node keeps its place in the list while it stays in the cluster; nodes that join are added at the end.",
                 ),
                 Attribute::optional_computed("ssh_public_keys", Type::list(Type::String), "Slurm only: the OpenSSH public keys (e.g. `file(\"~/.ssh/id_ed25519.pub\")`) that may log in to the cluster's login endpoint as the cluster's own unprivileged account; at most 32. Changes in place (the next login uses them). Default: none, so no one can log in."),
                 Attribute::computed("endpoint", Type::String, "Kubernetes API server URL, or the Slurm cluster's login endpoint (its sshd) as host:port."),
@@ -1216,7 +1202,7 @@ mod tests {
     }
 
     #[test]
-    fn layout_change_is_in_place_and_leaves_only_the_slices_unknown() {
+    fn layout_change_is_in_place_and_plans_each_nodes_instances() {
         let mut p = prior();
         p.set("nodes", Value::List(vec![one_node()]));
         let mut proposed = p.clone();
@@ -1234,7 +1220,12 @@ mod tests {
             panic!("its GPUs stay")
         };
         assert_eq!(gpus[0].get("uuid"), &Value::string("GPU-1"));
-        assert!(gpus[0].get("mig_devices").is_unknown());
+        assert_eq!(
+            nodes[0].get("mig_instances"),
+            &Value::Map(BTreeMap::from([("3g.40gb".to_string(), Value::Number(2))]))
+        );
+        // Only a node count, a driver or the block itself runs checks: the last results stay.
+        assert_eq!(planned.state.get("acceptance_nodes"), &Value::List(vec![]));
         assert_eq!(planned.state.get("endpoint"), &Value::string("https://k"));
         assert_eq!(
             planned.state.get("credentials"),
@@ -1247,11 +1238,10 @@ mod tests {
         let gpu = Value::object([
             ("index", Value::Number(0)),
             ("uuid", Value::string("GPU-1")),
-            ("mig_enabled", Value::Bool(false)),
-            ("mig_devices", Value::List(vec![])),
         ]);
         Value::object([
             ("hostname", Value::string("node-1")),
+            ("mig_instances", Value::Map(BTreeMap::new())),
             ("driver_version", Value::string("550.54.15")),
             ("cuda_version", Value::string("12.4")),
             ("state", Value::string("allocated")),

@@ -223,7 +223,9 @@ impl ResourceType for TenantToken {
     ) -> Result<PlannedChange, Diagnostics> {
         let planned = plan(prior, proposed, config);
         super::common::note_prior(&self.provider.run, prior);
-        let new = prior.is_none() || !planned.requires_replace.is_empty();
+        // A destroy creates nothing (see `destroy_run`).
+        let new = (prior.is_none() || !planned.requires_replace.is_empty())
+            && !super::destroy_run::destroying();
         let known = REPLACED_BY
             .iter()
             .all(|a| planned.state.get(a).is_fully_known());

@@ -23,6 +23,9 @@ pub struct Agents {
     pub state: Arc<AppState>,
     /// Agents must present a client certificate (mutual TLS with --agent-ca).
     pub require_client_cert: bool,
+    /// The agent CA's revocation list in force (`--agent-crl`): a session whose
+    /// certificate it comes to name is ended.
+    pub revocations: Option<crate::tls_reload::Revocations>,
 }
 
 pub use crate::auth::same_token;
@@ -47,23 +50,37 @@ impl NodeAgentService for Agents {
         request: Request<Streaming<v1::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
         // With mutual TLS, the certificate names the one node it may register.
-        let certified_name = if self.require_client_cert {
+        let (certified_name, certificate) = if self.require_client_cert {
             let certs = request.peer_certs().unwrap_or_default();
             let Some(first) = certs.first() else {
                 return Err(Status::unauthenticated(
                     "node agents must connect with a client certificate signed by the control plane's --agent-ca (gpufleet-agent node --cert/--key)",
                 ));
             };
-            Some(
-                gpufleet_wire::pki::common_name(first.as_ref()).ok_or_else(|| {
-                    Status::unauthenticated("the client certificate names no node (no common name)")
-                })?,
-            )
+            let name = gpufleet_wire::pki::common_name(first.as_ref()).ok_or_else(|| {
+                Status::unauthenticated("the client certificate names no node (no common name)")
+            })?;
+            (Some(name), Some(first.as_ref().to_vec()))
         } else {
-            None
+            (None, None)
         };
-        match join_token_of(&request) {
-            Some(t) if same_token(t, &self.state.join_token) => {}
+        // Revoked while this session is open: the session ends (the handshake refuses the
+        // certificate from then on).
+        let mut revoked = match (&self.revocations, certificate) {
+            (Some(list), Some(der)) => Some((list.clone(), der)),
+            _ => None,
+        };
+        let checked =
+            join_token_of(&request).map(|t| self.state.join_tokens.check(t, self.state.now()));
+        match checked {
+            Some(Ok(())) => {}
+            Some(Err(crate::join_tokens::Refused::Retired(at))) => {
+                tracing::warn!(peer = ?request.remote_addr(), "a node agent presented a rotated join token");
+                return Err(Status::unauthenticated(format!(
+                    "join token: rotated, and its overlap ended at {}; give the agent the new one (the control plane's <data-dir>/join.token)",
+                    crate::clock::rfc3339(at)
+                )));
+            }
             _ => {
                 tracing::warn!(peer = ?request.remote_addr(), "a node agent presented a wrong join token");
                 return Err(Status::unauthenticated(
@@ -172,7 +189,16 @@ impl NodeAgentService for Agents {
             // Why the agent said it is stopping, when it did.
             let mut left = None;
             loop {
-                let message = inbound.message().await;
+                let message = tokio::select! {
+                    m = inbound.message() => m,
+                    _ = revocation(&mut revoked) => {
+                        tracing::warn!(node = %node_id, "ending the session of a node agent whose certificate was revoked");
+                        let _ = ending.send(Err(Status::unauthenticated(
+                            "the client certificate was revoked (the control plane's --agent-crl names it); issue a new one with gpufleet-agent pki --agent NAME",
+                        )));
+                        break;
+                    }
+                };
                 if let Ok(Some(_)) = &message {
                     match pacing.admit(std::time::Instant::now()) {
                         Verdict::Take => {}
@@ -280,6 +306,22 @@ impl NodeAgentService for Agents {
         Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
             out_rx,
         ))))
+    }
+}
+
+/// Resolves when the revocation list comes to name the session's certificate; never
+/// without a list or a certificate.
+async fn revocation(revoked: &mut Option<(crate::tls_reload::Revocations, Vec<u8>)>) {
+    let Some((list, der)) = revoked.as_mut() else {
+        return std::future::pending().await;
+    };
+    let named = |l: &Option<std::sync::Arc<gpufleet_wire::server_tls::RevokedCerts>>| {
+        l.as_ref().is_some_and(|l| l.names(der))
+    };
+    if list.wait_for(named).await.is_err() {
+        // The list's sender is gone (the server is stopping): nothing more to watch.
+        *revoked = None;
+        std::future::pending::<()>().await;
     }
 }
 

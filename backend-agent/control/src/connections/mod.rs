@@ -19,6 +19,7 @@ pub mod accept;
 pub mod activity;
 pub mod file_limit;
 pub mod guarded;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

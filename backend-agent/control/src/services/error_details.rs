@@ -40,14 +40,23 @@ pub fn reason(code: Code) -> Option<&'static str> {
 }
 
 /// The request field a message is about and the rest of it, when the message starts with
-/// a plausible field path and a colon (`[a-z0-9_]+(\.[a-z0-9_]+)*:`, at most
-/// [`MAX_FIELD_BYTES`]); None for a message that names no field that way.
+/// a plausible field path and a colon (`[a-z0-9_]+` segments joined by dots, each
+/// followed by any `[N]` list indexes, as in `ssh_public_keys[2]`: AIP-193's paths; at
+/// most [`MAX_FIELD_BYTES`]); None for a message that names no field that way.
 pub fn field_of(message: &str) -> Option<(&str, &str)> {
     let (field, rest) = message.split_once(':')?;
-    let segment = |s: &str| {
+    let name = |s: &str| {
         !s.is_empty()
             && s.bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    let index = |s: &str| {
+        s.strip_suffix(']')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let segment = |s: &str| {
+        let mut parts = s.split('[');
+        parts.next().is_some_and(name) && parts.all(index)
     };
     let plausible = field.len() <= MAX_FIELD_BYTES && field.split('.').all(segment);
     plausible.then(|| (field, rest.trim_start()))
@@ -99,8 +108,14 @@ pub fn already_exists(field: &str, message: impl Into<String>, existing_id: &str
 /// FAILED_PRECONDITION for a delete of what `ids` still use (in its `ErrorInfo`, so a
 /// client deleting those too in the same run may go on).
 pub fn used_by(message: impl Into<String>, ids: &[&str]) -> Status {
+    used_by_with(message, ids, &[])
+}
+
+/// [`used_by`] with more `ErrorInfo` metadata (e.g. which of the ids are quotas).
+pub fn used_by_with(message: impl Into<String>, ids: &[&str], more: &[(&str, String)]) -> Status {
     let message = message.into();
-    let metadata = HashMap::from([(USED_BY.to_string(), ids.join(","))]);
+    let mut metadata = HashMap::from([(USED_BY.to_string(), ids.join(","))]);
+    metadata.extend(more.iter().map(|(k, v)| (k.to_string(), v.clone())));
     let details = ErrorDetails::with_error_info("FAILED_PRECONDITION", DOMAIN, metadata);
     Status::with_error_details(Code::FailedPrecondition, message, details)
 }
@@ -206,12 +221,23 @@ mod tests {
             field_of("tenant_id: required"),
             Some(("tenant_id", "required"))
         );
+        assert_eq!(
+            field_of("ssh_public_keys[2]: not an OpenSSH public key"),
+            Some(("ssh_public_keys[2]", "not an OpenSSH public key"))
+        );
+        assert_eq!(
+            field_of("inventory.gpus[0].index: GPUs are listed in index order"),
+            Some(("inventory.gpus[0].index", "GPUs are listed in index order"))
+        );
         for message in [
             "needs 24 H100-80GB GPUs, quota leaves 16",
             "tenant 'x' still has 1 gpu quota(s): delete them first",
             "storage_gib cannot shrink from 300 to 50",
-            "inventory.gpus[0].index: GPUs are listed in index order",
             "Node_count: capitalised",
+            "keys[]: empty index",
+            "keys[a]: not a number",
+            "keys[1: unclosed",
+            "[1]: no name",
             "a..b: empty segment",
             ".a: leading dot",
             ": no name",

@@ -384,6 +384,18 @@ impl FleetService for Fleet {
         crate::scheduling::health::return_checked(self.state.clone(), &node.id).await?;
         Ok(Response::new(node))
     }
+    async fn drain_node(
+        &self,
+        r: Request<v1::DrainNodeRequest>,
+    ) -> Result<Response<v1::Node>, Status> {
+        let state = self.state.clone();
+        let drained = self
+            .state
+            .write(move |sp| super::drain::drain_node(&state, sp, r))
+            .await?;
+        super::drain::replace_drained(&self.state, &drained).await;
+        Ok(Response::new(drained.node))
+    }
     async fn forget_node_secret(
         &self,
         r: Request<v1::ForgetNodeSecretRequest>,

@@ -4,6 +4,7 @@
 pub mod breakers;
 pub mod clusters;
 pub mod detached;
+mod drain;
 pub mod error_details;
 pub mod fairness;
 pub mod fleet;

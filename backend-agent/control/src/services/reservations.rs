@@ -20,11 +20,33 @@ use crate::scheduling::reservations::{
 pub use crate::scheduling::reservations::{live_and_ended, remove_ended};
 use crate::scheduling::Exclude;
 use crate::state::{db_error, rfc3339, AppState};
-use crate::store::{self, idempotency::Prior, reservations::ReservationRow};
+use crate::store::{self, idempotency::Prior, reservations::ReservationRow, tenants::TenantRow};
 
 #[derive(Clone)]
 pub struct Reservations {
     pub state: Arc<AppState>,
+}
+
+/// The row a planned sibling reservation would be (its window as a create clamps it);
+/// None when its times are missing or its window is empty.
+fn planned_row(p: &v1::PlannedReservation, tenant_id: &str, t: i64) -> Option<ReservationRow> {
+    let start = p
+        .start_time
+        .as_ref()
+        .map(gpufleet_proto::timestamp::to_unix)
+        .unwrap_or(t);
+    let end = gpufleet_proto::timestamp::to_unix(p.end_time.as_ref()?);
+    (end > start.max(t)).then(|| ReservationRow {
+        id: uuid::Uuid::now_v7().to_string(),
+        tenant_id: tenant_id.to_string(),
+        gpu_type: p.gpu_type.clone(),
+        node_count: p.node_count,
+        start_time: start.max(t),
+        end_time: end,
+        allow_on_demand: p.allow_on_demand,
+        pool_nodes: 0,
+        on_demand_nodes: 0,
+    })
 }
 
 pub fn message(conn: &Connection, r: ReservationRow, now: i64) -> Result<v1::Reservation, Status> {
@@ -128,12 +150,6 @@ impl Reservations {
                 .ok_or_else(|| not_found("reservation", &id))?,
             Prior::Conflict => return Err(request_id_conflict(&req.request_id, "reservation")),
             Prior::New => {
-                super::fairness::room_for_reservation(
-                    &tx,
-                    &tenant,
-                    self.state.max_open_reservations,
-                    t,
-                )?;
                 let mut r = ReservationRow {
                     // Time-ordered (UUIDv7): new ids append to the id index instead of
                     // landing on a random page of it.
@@ -148,21 +164,14 @@ impl Reservations {
                     pool_nodes: 0,
                     on_demand_nodes: 0,
                 };
-                place(
-                    &tx,
-                    &tenant.name,
-                    &mut r,
-                    Exclude::default(),
-                    Split {
-                        pool: 0,
-                        on_demand: 0,
-                    },
-                    t,
-                )?;
                 if req.validate_only {
                     // Same admission as the real create; dropping `tx` rolls it back.
-                    return message(&tx, r, t);
+                    return self.dry_run(tx, &caller, &tenant, r, &req.also_planned, t);
                 }
+                if !req.also_planned.is_empty() {
+                    return Err(invalid("also_planned: only with validate_only"));
+                }
+                self.admit(&tx, &tenant, &mut r, t)?;
                 store::reservations::insert(&tx, &r).map_err(db_error)?;
                 store::idempotency::record(
                     &tx,
@@ -180,6 +189,85 @@ impl Reservations {
         let answer = message(&tx, r, t)?;
         tx.commit().map_err(db_error)?;
         Ok(answer)
+    }
+
+    /// A create's admission: room among the tenant's open reservations, then its nodes
+    /// and quota over its window (`r`'s split filled in).
+    fn admit(
+        &self,
+        conn: &Connection,
+        tenant: &TenantRow,
+        r: &mut ReservationRow,
+        t: i64,
+    ) -> Result<(), Status> {
+        let max = self.state.max_open_reservations;
+        super::fairness::room_for_reservation(conn, tenant, max, t)?;
+        let none = Split {
+            pool: 0,
+            on_demand: 0,
+        };
+        place(conn, &tenant.name, r, Exclude::default(), none, t)?;
+        Ok(())
+    }
+
+    /// A create's dry run: admitted alone, then again after the reservations the same
+    /// plan creates beside it (`siblings`, each placed as its create would be and
+    /// recorded in a savepoint that is rolled back). A refusal that only the siblings
+    /// cause names them, so a plan whose reservations cannot all fit is refused at plan
+    /// rather than half-applied. Siblings that no longer fit alone are left out (their own
+    /// dry runs say so).
+    fn dry_run(
+        &self,
+        mut tx: Savepoint<'_>,
+        caller: &Caller,
+        tenant: &TenantRow,
+        r: ReservationRow,
+        siblings: &[v1::PlannedReservation],
+        t: i64,
+    ) -> Result<v1::Reservation, Status> {
+        let mut alone = r.clone();
+        self.admit(&tx, tenant, &mut alone, t)?;
+        let same_model: Vec<&v1::PlannedReservation> = siblings
+            .iter()
+            .filter(|p| p.gpu_type == r.gpu_type)
+            .collect();
+        if same_model.is_empty() {
+            return message(&tx, alone, t);
+        }
+        let beside = tx.savepoint().map_err(db_error)?;
+        let mut placed = Vec::new();
+        for p in same_model {
+            let Ok(owner) = target_tenant(&beside, caller, &p.tenant_id) else {
+                continue;
+            };
+            let Some(mut sibling) = planned_row(p, &owner.id, t) else {
+                continue;
+            };
+            if self.admit(&beside, &owner, &mut sibling, t).is_err() {
+                continue;
+            }
+            store::reservations::insert(&beside, &sibling).map_err(db_error)?;
+            placed.push(format!(
+                "{} {} node(s) for tenant '{}' from {} to {}",
+                sibling.node_count,
+                sibling.gpu_type,
+                owner.name,
+                rfc3339(sibling.start_time),
+                rfc3339(sibling.end_time)
+            ));
+        }
+        let mut r = r;
+        match self.admit(&beside, tenant, &mut r, t) {
+            Ok(()) => message(&beside, r, t),
+            Err(refused) => Err(Status::new(
+                refused.code(),
+                format!(
+                    "{}; with the reservation(s) this plan creates beside it ({}), they do not all fit: shrink or move one of them, or apply them in separate changes",
+                    refused.message(),
+                    placed.join("; ")
+                ),
+            )),
+        }
     }
 
     fn get(

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use gpufleet_proto::error_info::QUOTA_IDS;
 use gpufleet_proto::v1::{self, tenant_service_server::TenantService};
 use rusqlite::{Connection, Savepoint};
 use tonic::{Request, Response, Status};
@@ -188,19 +189,37 @@ impl Tenants {
         let (caller, req) = super::enter(&self.state, &tx, request)?;
         caller.require_admin("deleting a tenant")?;
         let t = visible_tenant(&tx, &Caller::Admin, &req.id)?;
-        let quotas = store::quotas::list(&tx, Some(&t.id))
-            .map_err(db_error)?
-            .len();
+        let quotas = store::quotas::list(&tx, Some(&t.id)).map_err(db_error)?;
         let (live, ended) = reservations::live_and_ended(&tx, &t.id, None, self.state.now())?;
-        let reservations = live.len();
-        let clusters = store::clusters::list(&tx, Some(&t.id), None, None)
-            .map_err(db_error)?
-            .len();
-        if quotas + reservations + clusters > 0 {
-            return Err(precondition(format!(
-                "tenant '{}' still has {quotas} gpu quota(s), {reservations} reservation(s) and {clusters} cluster(s); delete them first",
-                t.name
-            )));
+        let clusters = store::clusters::list(&tx, Some(&t.id), None, None).map_err(db_error)?;
+        if !quotas.is_empty() || !live.is_empty() || !clusters.is_empty() {
+            // Each named, and their ids as data: a client that deletes them in the same
+            // run (a plan) may go on.
+            let mut named: Vec<String> = quotas
+                .iter()
+                .map(|q| format!("the {} quota", q.gpu_type))
+                .collect();
+            named.extend(live.iter().map(|r| format!("reservation {}", r.id)));
+            named.extend(clusters.iter().map(|c| format!("cluster '{}'", c.name)));
+            let ids: Vec<&str> = quotas
+                .iter()
+                .map(|q| q.id.as_str())
+                .chain(live.iter().map(|r| r.id.as_str()))
+                .chain(clusters.iter().map(|c| c.id.as_str()))
+                .collect();
+            let quota_ids: Vec<&str> = quotas.iter().map(|q| q.id.as_str()).collect();
+            return Err(super::error_details::used_by_with(
+                format!(
+                    "tenant '{}' still has {} gpu quota(s), {} reservation(s) and {} cluster(s) ({}); delete them first",
+                    t.name,
+                    quotas.len(),
+                    live.len(),
+                    clusters.len(),
+                    named.join(", ")
+                ),
+                &ids,
+                &[(QUOTA_IDS, quota_ids.join(","))],
+            ));
         }
         // Volumes kept by deleted clusters (storage_retention = "keep") are the team's data:
         // never deleted with the tenant, and never handed to a later tenant of its name.
@@ -215,6 +234,9 @@ impl Tenants {
                 t.name,
                 kept.join(", ")
             )));
+        }
+        if req.validate_only {
+            return Ok(v1::DeleteResponse {});
         }
         reservations::remove_ended(&tx, &ended)?;
         store::tenants::delete(&tx, &t.id).map_err(db_error)?;

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 use super::{invalid, request_id_conflict, target_tenant, to_timestamp};
 use crate::auth::{self, Caller, Scope, ADMIN_TOKEN_NAME, TENANT_TOKEN_NAME};
 use crate::fingerprint::Fingerprint;
+use crate::join_tokens::JOIN_TOKEN_NAME;
 use crate::rules;
 use crate::state::{db_error, AppState};
 use crate::store::{self, idempotency::Prior, tokens::TokenRow};
@@ -181,14 +182,14 @@ impl Access {
         }
         let owner = Owner::of(&tx, &caller, &req.tenant_id)?;
         gpufleet_wire::names::dns_label("name", &req.name).map_err(invalid)?;
-        if [TENANT_TOKEN_NAME, ADMIN_TOKEN_NAME].contains(&req.name.as_str()) {
+        if [TENANT_TOKEN_NAME, ADMIN_TOKEN_NAME, JOIN_TOKEN_NAME].contains(&req.name.as_str()) {
             return Err(invalid(format!(
-                "name: '{}' is taken by the token {} was given; choose another name",
+                "name: '{}' is taken by the token {} given; choose another name",
                 req.name,
-                if req.name == ADMIN_TOKEN_NAME {
-                    "serve"
-                } else {
-                    "the tenant"
+                match req.name.as_str() {
+                    ADMIN_TOKEN_NAME => "serve was",
+                    JOIN_TOKEN_NAME => "node agents are",
+                    _ => "the tenant was",
                 }
             )));
         }
@@ -359,6 +360,26 @@ impl Access {
             return Err(invalid(format!(
                 "overlap_seconds: {overlap} is out of range; give 0 (none) to {MAX_OVERLAP_SECONDS} (7 days)"
             )));
+        }
+        if owner.tenant_id.is_none() && req.name == JOIN_TOKEN_NAME {
+            // Not a bearer token of the API: it lives beside the store, not in it.
+            drop(tx);
+            let secret = self
+                .state
+                .join_tokens
+                .rotate(now, overlap)
+                .map_err(Status::failed_precondition)?;
+            tracing::info!(overlap, "rotated the join token");
+            return Ok(v1::IssuedToken {
+                token: Some(v1::Token {
+                    name: JOIN_TOKEN_NAME.into(),
+                    scope: "join".into(),
+                    created_at: to_timestamp(now),
+                    state: "active".into(),
+                    ..Default::default()
+                }),
+                secret,
+            });
         }
         let admin = owner.tenant_id.is_none() && req.name == ADMIN_TOKEN_NAME;
         let print = Fingerprint::of(&[&req.name, &overlap]);

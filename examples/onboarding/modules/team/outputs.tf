@@ -40,10 +40,16 @@ output "storage_path" {
   value       = gpufleet_tenant_cluster.this.storage_path
 }
 
+# Each GPU's MIG devices (the cluster itself counts them per node, in `mig_instances`).
+data "gpufleet_nodes" "this" {
+  cluster_id = gpufleet_tenant_cluster.this.id
+  depends_on = [gpufleet_tenant_cluster.this]
+}
+
 output "gpu_partitions" {
   description = "Per node, each GPU's MIG devices as \"profile@start\" (empty for a whole GPU)."
   value = {
-    for node in gpufleet_tenant_cluster.this.nodes : node.hostname => [
+    for node in data.gpufleet_nodes.this.nodes : node.hostname => [
       for gpu in node.gpus : join(" ", [for d in gpu.mig_devices : "${d.profile}@${d.start}"])
     ]
   }
