@@ -177,8 +177,9 @@ async fn tokens(backend: &Backend, tenant: &str) -> Vec<Token> {
 }
 
 /// The Slurm cluster's munge key (base64, as a JSON state would carry it), from the
-/// controller's private directory; the cluster's name comes from the login details the
-/// provisioner wrote from the ephemeral value.
+/// private directory of its head node's agent (embedded: in the control plane's data
+/// dir); the cluster's name and head come from the login details the provisioner wrote
+/// from the ephemeral value.
 fn munge_key(tf: &Terraform, backend: &Backend) -> String {
     use base64::Engine;
     let login = fs::read_to_string(tf.dir().join("slurm-login.json"))
@@ -187,14 +188,19 @@ fn munge_key(tf: &Terraform, backend: &Backend) -> String {
     let cluster = login["cluster"]
         .as_str()
         .expect("cluster in the login details");
+    let head = login["login_node"]
+        .as_str()
+        .expect("login_node in the login details");
     let key = fs::read(
         backend
             .data_dir()
+            .join("agents")
+            .join(head)
             .join("slurm")
             .join(cluster)
             .join("munge.key"),
     )
-    .expect("the controller's munge key");
+    .expect("the head's munge key");
     base64::engine::general_purpose::STANDARD.encode(key)
 }
 
