@@ -539,20 +539,32 @@ async fn order_all(
     nodes: &[NodeRow],
     order: impl Fn(&NodeRow) -> v1::WorkOrder,
 ) -> Vec<String> {
+    let (mut failed, unreachable) = order_each(state, nodes, order).await;
+    failed.extend(unreachable);
+    failed
+}
+
+/// Sends `order` (a fresh one per node) to every node: (the failures its agents answered,
+/// the nodes that could not be reached).
+async fn order_each(
+    state: &AppState,
+    nodes: &[NodeRow],
+    order: impl Fn(&NodeRow) -> v1::WorkOrder,
+) -> (Vec<String>, Vec<String>) {
     let waits: Vec<_> = nodes
         .iter()
         .map(|n| (n, state.agents.dispatch(&n.id, order(n))))
         .collect();
-    let mut failed = Vec::new();
+    let (mut failed, mut unreachable) = (Vec::new(), Vec::new());
     for (n, wait) in waits {
         match wait.await {
             Ok(Outcome::Answered(r)) if r.ok => {}
             Ok(Outcome::Answered(r)) => failed.push(format!("{}: {}", n.hostname, r.error)),
-            Ok(Outcome::Unreachable(why)) => failed.push(format!("{}: {why}", n.hostname)),
+            Ok(Outcome::Unreachable(why)) => unreachable.push(format!("{}: {why}", n.hostname)),
             Err(_) => failed.push(format!("{}: the control plane is stopping", n.hostname)),
         }
     }
-    failed
+    (failed, unreachable)
 }
 
 /// Brings a Slurm cluster to its nodes and layout in the store (after the MIG changes
@@ -700,24 +712,27 @@ async fn bring_up(
         })
         .cloned()
         .collect();
-    let mut failed = order_all(state, &demoted, |n| plan.order(n)).await;
-    if failed.is_empty() {
-        failed = order_all(state, std::slice::from_ref(&head.node), |n| plan.order(n)).await;
+    // A node that cannot be reached gets its order when its agent registers again
+    // (`rejoin`); meanwhile Slurm says what it is missing.
+    let rest: Vec<NodeRow> = plan
+        .nodes
+        .iter()
+        .filter(|n| n.id != head.node.id)
+        .cloned()
+        .collect();
+    let mut unreachable = Vec::new();
+    for phase in [demoted.as_slice(), std::slice::from_ref(&head.node), &rest] {
+        let (failed, away) = order_each(state, phase, |n| plan.order(n)).await;
+        unreachable.extend(away);
+        if !failed.is_empty() {
+            return Err(Error::Aborted(format!(
+                "orchestrator: the cluster's Slurm daemons did not start on {}",
+                failed.join("; ")
+            )));
+        }
     }
-    if failed.is_empty() {
-        let rest: Vec<NodeRow> = plan
-            .nodes
-            .iter()
-            .filter(|n| n.id != head.node.id)
-            .cloned()
-            .collect();
-        failed = order_all(state, &rest, |n| plan.order(n)).await;
-    }
-    if !failed.is_empty() {
-        return Err(Error::Aborted(format!(
-            "orchestrator: the cluster's Slurm daemons did not start on {}",
-            failed.join("; ")
-        )));
+    for away in &unreachable {
+        tracing::warn!(cluster = %plan.cluster.name, node = %away, "a node of the cluster cannot be reached; it gets its daemons when it registers again");
     }
     let moved = !plan.access.head_node.is_empty() && plan.access.head_node != head.node.id;
     {
