@@ -332,6 +332,14 @@ fn the_multi_host_guide_runs_as_written_and_a_team_runs_a_job_across_hosts() {
         "the guide ends with the team's job answering from both hosts"
     );
 
+    // The login listens in the platform's fixed Slurm range (docs/guides/slurm.md, "Ports").
+    let (ok, port) = site.shell("workstation", "jq -r .port /root/fleet/login.json");
+    let port: u16 = port
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{ok} {port}"));
+    assert!((20000..=29999).contains(&port), "login port {port}");
+
     // The state holds no credential: no token, no login details, no key.
     let (ok, state) = site.shell("workstation", "cat /root/fleet/terraform.tfstate");
     assert!(ok, "{state}");

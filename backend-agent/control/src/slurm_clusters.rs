@@ -168,18 +168,26 @@ pub fn prepare(c: &mut ClusterRow) -> Result<Option<NewAccess>> {
 /// How many candidate uids a new cluster tries before it is refused.
 const UID_ATTEMPTS: u32 = 64;
 
-/// A free port none of the platform's Slurm clusters has: the daemons of several clusters
-/// may share a host (embedded nodes).
+/// A port of the platform's fixed Slurm range ([`gpufleet_slurm::PORTS`]) that none of
+/// its Slurm clusters has and that is free on this host (the daemons of several clusters
+/// share a host with embedded nodes, and control planes of tests share a machine): tried
+/// at random, so two control planes rarely try the same one.
 fn new_port(taken: &mut BTreeSet<u16>) -> Result<u16> {
-    for _ in 0..64 {
-        let p = gpufleet_slurm::free_port().map_err(Error::Internal)?;
-        if taken.insert(p) {
+    use rand::Rng;
+    let range = gpufleet_slurm::PORTS;
+    let mut rng = rand::thread_rng();
+    for _ in 0..256 {
+        let p = rng.gen_range(range.clone());
+        if !taken.contains(&p) && gpufleet_slurm::port_free(p) {
+            taken.insert(p);
             return Ok(p);
         }
     }
-    Err(Error::Internal(
-        "no free port that no Slurm cluster has after 64 tries".into(),
-    ))
+    Err(Error::Precondition(format!(
+        "no free port in the Slurm range {}-{} after 256 tries: the platform's Slurm clusters and this host's other listeners hold them",
+        range.start(),
+        range.end()
+    )))
 }
 
 /// Stores a new cluster's access with the team's keys, its ports and its account's uid:

@@ -100,13 +100,16 @@ pub fn cluster_name(cluster_id: &str) -> String {
     format!("gf{hex}")
 }
 
-/// A TCP port free on this host now (the caller records it; nothing holds it meanwhile).
-pub fn free_port() -> Result<u16, String> {
-    // Every address: slurmctld and slurmd listen on all of them.
-    std::net::TcpListener::bind("0.0.0.0:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("cannot find a free port: {e}"))
+/// Where every Slurm controller, slurmd and login of the platform listens: a fixed range
+/// below the kernel's ephemeral ports (32768 and up), so an outgoing connection never
+/// holds one first, and so a site's firewall can open exactly it between its GPU hosts
+/// and to the logins (docs/guides/slurm.md, "Ports").
+pub const PORTS: std::ops::RangeInclusive<u16> = 20000..=29999;
+
+/// Whether TCP `port` is free on this host now, on every address (slurmctld and slurmd
+/// listen on all of them).
+pub fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("0.0.0.0", port)).is_ok()
 }
 
 /// Whether `name` is a cluster name this module could have made (a path component).
