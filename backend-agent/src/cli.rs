@@ -387,9 +387,10 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port; the real one is printed).
     #[arg(long, env = "GPUFLEET_LISTEN", default_value = "127.0.0.1:7700")]
     pub listen: SocketAddr,
-    /// This host's address where node agents and tenants reach its Slurm controllers and
-    /// logins (an IPv4 address); default: the --listen address when it is not 0.0.0.0,
-    /// else 127.0.0.1.
+    /// With embedded node agents: this host's address where teams reach its clusters'
+    /// Slurm logins (an IPv4 address); default: the --listen address when it is not
+    /// 0.0.0.0, else 127.0.0.1. Not used with external node agents (their clusters'
+    /// controllers and logins run on the nodes, at the addresses the agents declare).
     #[arg(long, env = "GPUFLEET_ADVERTISE_ADDRESS", value_name = "ADDR", value_parser = parse_advertise_address)]
     pub advertise_address: Option<std::net::IpAddr>,
     /// Directory holding the state database, the admin token and the volumes.

@@ -65,22 +65,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     served
 }
 
-/// Where external agents and teams are told to reach this host's Slurm controllers and
-/// logins: refused when nobody could (a wildcard `--listen` with external agents and no
-/// `--advertise-address` would advertise loopback to other hosts), logged otherwise, with a
-/// warning for loopback offered while listening beyond it.
+/// Where teams and the embedded nodes reach this host's Slurm controllers and logins,
+/// logged, with a warning for loopback offered while listening beyond it. With external
+/// node agents the controllers and logins run on the clusters' own nodes, at the addresses
+/// their agents declare: nothing of Slurm is advertised here, and a wildcard `--listen`
+/// needs no `--advertise-address`.
 fn advertised(args: &ServeArgs) -> anyhow::Result<()> {
-    let external = args.node_agents == NodeAgents::External;
-    if external && args.advertise_address.is_none() && args.listen.ip().is_unspecified() {
-        anyhow::bail!(
-            "--advertise-address: serve listens on every address ({}) for external node agents, so it cannot tell which one agents and teams reach it at; give --advertise-address with this host's address on the nodes' network (e.g. --advertise-address 10.0.0.5)",
-            args.listen
-        );
+    if args.node_agents == NodeAgents::External {
+        if let Some(address) = args.advertise_address {
+            tracing::info!(%address, "--advertise-address is not used with external node agents: Slurm controllers and logins run on the clusters' nodes, at the addresses their agents declare");
+        }
+        return Ok(());
     }
     let address = crate::cli::advertise_address(args.advertise_address, args.listen);
-    tracing::info!(%address, "Slurm controllers and logins are advertised at this address");
+    tracing::info!(%address, "Slurm controllers and logins of the embedded nodes are advertised at this address");
     if address.is_loopback() && !args.listen.ip().is_loopback() {
-        tracing::warn!(%address, listen = %args.listen, "a loopback address is advertised while serve listens beyond loopback: node agents and teams on other hosts cannot reach this host's Slurm controllers and logins; give --advertise-address");
+        tracing::warn!(%address, listen = %args.listen, "a loopback address is advertised while serve listens beyond loopback: teams on other hosts cannot reach the embedded nodes' Slurm logins; give --advertise-address");
     }
     Ok(())
 }
