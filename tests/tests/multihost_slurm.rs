@@ -20,14 +20,12 @@
 //! Needs root (CI runs as root); without it the test says so and returns.
 
 use std::fs;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use gpufleet_e2e::multihost::Fleet;
 use gpufleet_e2e::netns::{self, Host};
+use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, Session};
 use gpufleet_e2e::{eventually, Terraform};
-use serde_json::Value;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
@@ -74,89 +72,6 @@ resource "gpufleet_tenant_cluster" "speech" {
 }
 "#
     .to_string()
-}
-
-/// A team's key pair, made as a user makes one, in the client host's directory.
-fn team_key(client: &Host, team: &str) -> (std::path::PathBuf, String) {
-    let key = client.dir().join(format!("{team}_ed25519"));
-    let made = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", team, "-f"])
-        .arg(&key)
-        .status()
-        .expect("ssh-keygen (Debian's openssh-client)");
-    assert!(made.success());
-    let public = fs::read_to_string(key.with_extension("pub")).unwrap();
-    (key, public)
-}
-
-/// A team's session, run from the client host as docs/guides/slurm.md shows: ssh to the
-/// login named by the credentials, its host key checked against their known_hosts line.
-struct Session<'a> {
-    from: &'a Host,
-    key: std::path::PathBuf,
-    known_hosts: std::path::PathBuf,
-    user: String,
-    host: String,
-    port: u16,
-}
-
-impl<'a> Session<'a> {
-    fn new(from: &'a Host, credentials: &Value, key: &Path, user: &str) -> Session<'a> {
-        let port = credentials["port"].as_u64().expect("port") as u16;
-        let known_hosts = from.dir().join(format!("known_hosts-{user}-{port}"));
-        fs::write(
-            &known_hosts,
-            format!(
-                "{}\n",
-                credentials["known_hosts"].as_str().expect("known_hosts")
-            ),
-        )
-        .unwrap();
-        Session {
-            from,
-            key: key.to_path_buf(),
-            known_hosts,
-            user: user.to_string(),
-            host: credentials["host"].as_str().expect("host").to_string(),
-            port,
-        }
-    }
-
-    /// Runs `script` in the login's shell (killed after LIMIT): (success, stdout + stderr).
-    fn run(&self, script: &str) -> (bool, String) {
-        let mut ssh = self.from.command("ssh");
-        ssh.args(["-i", &self.key.display().to_string()])
-            .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
-            .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
-            .arg("-o")
-            .arg(format!("UserKnownHostsFile={}", self.known_hosts.display()))
-            .args(["-p", &self.port.to_string()])
-            .arg(format!("{}@{}", self.user, self.host))
-            .arg("--")
-            .arg(script);
-        gpufleet_e2e::commands::output_within(&mut ssh, script, LIMIT)
-    }
-
-    fn ok(&self, script: &str) -> String {
-        let (ok, out) = self.run(script);
-        assert!(ok, "{script}: {out}");
-        out
-    }
-
-    /// For a wait: the output while the command succeeds.
-    fn poll(&self, script: &str) -> Option<String> {
-        let (ok, out) = self.run(script);
-        ok.then_some(out)
-    }
-}
-
-fn credentials(tf: &Terraform, address: &str) -> Value {
-    serde_json::from_str(
-        tf.resource(address)["credentials"]
-            .as_str()
-            .expect("credentials"),
-    )
-    .expect("Slurm credentials are JSON")
 }
 
 fn sorted_lines(out: &str) -> Vec<String> {
@@ -268,12 +183,7 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
             );
         }
     }
-    let team = Session::new(
-        client,
-        &vision,
-        &vision_key,
-        vision["user"].as_str().unwrap(),
-    );
+    let team = Session::new(client, &vision, &vision_key);
 
     // Every node answers from its own host: the hostname is the host's (its own UTS
     // namespace), so the step really ran there.
@@ -328,10 +238,9 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
 
     // The team's credentials reach its own controller alone. Speech's own key logs in to
     // speech's login; vision's is refused there.
-    let speech_user = speech["user"].as_str().unwrap();
-    let theirs = Session::new(client, &speech, &speech_key, speech_user);
+    let theirs = Session::new(client, &speech, &speech_key);
     assert_ne!(theirs.ok("id -u").trim(), "0");
-    let (ok, out) = Session::new(client, &speech, &vision_key, speech_user).run("id");
+    let (ok, out) = Session::new(client, &speech, &vision_key).run("id");
     assert!(!ok, "vision's key logged in to speech's login: {out}");
     // Speech's controller, where its own configuration says it is (what an attacker
     // would find by scanning the hosts' ports).
@@ -501,11 +410,6 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
     }
 }
 
-/// One word for the login's shell.
-fn shell_word(word: &str) -> String {
-    format!("'{}'", word.replace('\'', "'\\''"))
-}
-
 /// A Slurm node's host cut off (not the head's): the node is replaced on another host and
 /// the cluster runs again; healed, the old host's agent learns from the control plane that its node left
 /// the cluster and ends everything of it there (slurmd, munged, the cluster's key, config
@@ -543,7 +447,7 @@ async fn a_partitioned_slurm_node_is_replaced_and_once_healed_keeps_nothing_of_t
     tf.apply();
     let creds = credentials(&tf, VISION);
     let name = creds["cluster"].as_str().unwrap().to_string();
-    let team = Session::new(client, &creds, &key, creds["user"].as_str().unwrap());
+    let team = Session::new(client, &creds, &key);
     let uid: u32 = team.ok("id -u").trim().parse().unwrap();
     let held: Vec<String> = sorted_lines(&team.ok("srun -N2 hostname"));
     // A node that is not the cluster's head (which runs its controller and login: see
