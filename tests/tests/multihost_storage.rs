@@ -10,20 +10,22 @@
 //! "Disk quota exceeded" while B still writes; a host that leaves A's cluster (scale-down)
 //! no longer has the mount; when the host of A's last node is cut off, the free host that
 //! replaces it mounts A's volume with its data, and the cut host, healed, comes back free
-//! and unmounts it; after destroy no host has any volume mount and nothing is left on the
+//! and unmounts it (before that, the same with a node an operator drains: the replacement
+//! mounts the volume and the drained node unmounts it); after destroy no host has any volume mount and nothing is left on the
 //! shared storage.
 //!
 //! Needs root, loop devices and btrfs-progs (CI runs as root after scripts/bootstrap.sh).
 
 use std::time::Duration;
 
+use gpufleet_e2e::grpc::Clients;
 use gpufleet_e2e::hcl;
 use gpufleet_e2e::json::str_of;
 use gpufleet_e2e::multihost::Fleet;
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::shared_storage::SharedStorage;
 use gpufleet_e2e::{eventually, Terraform};
-use gpufleet_proto::v1::GetTenantClusterRequest;
+use gpufleet_proto::v1::{DrainNodeRequest, GetTenantClusterRequest, ReturnNodeRequest};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
@@ -78,6 +80,25 @@ fn hosts_of(tf: &Terraform, address: &str) -> Vec<String> {
         .iter()
         .map(|n| str_of(n, "hostname"))
         .collect()
+}
+
+/// Waits until cluster `id` runs on one node other than `gone`: that node's hostname.
+async fn replaced(admin: &Clients, id: &str, gone: &str) -> String {
+    eventually(&format!("{gone} replaced"), LIMIT, || {
+        let (mut admin, id, gone) = (admin.clone(), id.to_string(), gone.to_string());
+        async move {
+            let c = admin
+                .clusters
+                .get_tenant_cluster(GetTenantClusterRequest { id })
+                .await
+                .ok()?
+                .into_inner();
+            let hosts: Vec<String> = c.nodes.iter().map(|n| n.hostname.clone()).collect();
+            (c.status == "running" && hosts.len() == 1 && hosts[0] != gone)
+                .then(|| hosts[0].clone())
+        }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,30 +190,50 @@ async fn each_node_mounts_its_clusters_volume_in_its_own_namespace_and_only_whil
     assert_eq!(volume_mounts(host(&stays[0])), vec![path_a.clone()]);
     assert!(sh(host(&stays[0]), &format!("test -s {path_a}/hello")).is_ok());
 
-    // The host of A's node cut off: the free host replaces it and mounts A's volume, with
-    // the data; healed, the old host's node comes back free and keeps nothing of it.
-    let cut = host(&stays[0]);
+    // An operator drains A's node (the replacement a failed check gets too): the free host
+    // replaces it and mounts A's volume, with the data; the drained host keeps nothing of
+    // it, and the operator returns it to the pool.
     let id = str_of(&tf.resource(A), "id");
     let admin = fleet.backend.admin().await;
-    cut.cut();
-    let replacement = eventually("A's node replaced", LIMIT, || {
-        let (mut admin, id, gone) = (admin.clone(), id.clone(), stays[0].clone());
-        async move {
-            let c = admin
-                .clusters
-                .get_tenant_cluster(GetTenantClusterRequest { id })
-                .await
-                .ok()?
-                .into_inner();
-            let hosts: Vec<String> = c.nodes.iter().map(|n| n.hostname.clone()).collect();
-            (c.status == "running" && hosts.len() == 1 && hosts[0] != gone)
-                .then(|| hosts[0].clone())
-        }
-    })
-    .await;
-    assert_eq!(replacement, *left, "the free host replaces the cut one");
+    let drained = stays[0].clone();
+    admin
+        .fleet
+        .clone()
+        .drain_node(DrainNodeRequest {
+            name: drained.clone(),
+            reason: "fan replaced".into(),
+        })
+        .await
+        .expect("the admin drains a node");
+    let replacement = replaced(&admin, &id, &drained).await;
+    assert_eq!(replacement, *left, "the free host replaces the drained one");
     assert_eq!(volume_mounts(host(left)), vec![path_a.clone()]);
     assert!(sh(host(left), &format!("test -s {path_a}/hello")).is_ok());
+    assert_eq!(
+        volume_mounts(host(&drained)),
+        Vec::<String>::new(),
+        "the drained host keeps A's volume"
+    );
+    admin
+        .fleet
+        .clone()
+        .return_node(ReturnNodeRequest {
+            name: drained.clone(),
+        })
+        .await
+        .expect("the admin returns the drained node");
+
+    // The host of A's node cut off: the returned host replaces it and mounts A's volume,
+    // with the data; healed, the cut host's node comes back free and keeps nothing of it.
+    let cut = host(left);
+    cut.cut();
+    let replacement = replaced(&admin, &id, left).await;
+    assert_eq!(
+        replacement, drained,
+        "the returned host replaces the cut one"
+    );
+    assert_eq!(volume_mounts(host(&drained)), vec![path_a.clone()]);
+    assert!(sh(host(&drained), &format!("test -s {path_a}/hello")).is_ok());
     cut.heal();
     eventually("the healed host unmounts A's volume", LIMIT, || {
         let mounts = volume_mounts(cut);

@@ -154,8 +154,9 @@ pub async fn quarantine(
 }
 
 /// Replaces a node that left `cluster` with a free one from the same source, brought to
-/// the cluster's driver and MIG layout; a replacement that fails its install is
-/// quarantined too and the next one tried. Returns the new node's hostname.
+/// the cluster's driver and MIG layout and given the cluster's volume; a replacement that
+/// fails its install is quarantined too and the next one tried. The node that left
+/// unmounts the volume. Returns the new node's hostname.
 pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Result<String> {
     for _attempt in 0..3 {
         let cluster_id = cluster.id.clone();
@@ -197,6 +198,15 @@ pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Resu
             .read(move |conn| crate::mig::changes(conn, &gpu_type, &picked, &layout, &[]))
             .await?;
         crate::mig::converge(state, &changes).await?;
+        unmount_left(state, gone).await;
+        crate::node_volumes::sync(state, vec![new.id.clone()])
+            .await
+            .map_err(|e| {
+                Error::Aborted(format!(
+                    "{} replaces {gone} but cannot mount the cluster's volume: {e}",
+                    new.hostname
+                ))
+            })?;
         event(
             state,
             cluster,
@@ -210,6 +220,27 @@ pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Resu
     Err(Error::Aborted(format!(
         "no replacement for {gone}: three candidates failed their driver install"
     )))
+}
+
+/// The node named `gone` has left its cluster: it keeps nothing of the cluster's volume.
+/// Only logged when it cannot: the node is out of service, and one that is unreachable now
+/// unmounts when it rejoins (`mig::mark_reconciled`).
+async fn unmount_left(state: &AppState, gone: &str) {
+    let hostname = gone.to_string();
+    let node = state
+        .read(move |conn| Ok::<_, Error>(store::nodes::by_hostname(conn, &hostname)?))
+        .await;
+    let id = match node {
+        Ok(Some(n)) if n.cluster_id.is_none() => n.id,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::error!(node = %gone, error = %e, "cannot look up the node that left");
+            return;
+        }
+    };
+    if let Err(e) = crate::node_volumes::sync(state, vec![id]).await {
+        tracing::error!(node = %gone, error = %e, "the node that left keeps its cluster's volume");
+    }
 }
 
 /// Rolls `cluster.driver_version` through its nodes, `max_unavailable` at a time: each
