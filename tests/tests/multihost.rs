@@ -12,7 +12,7 @@
 //!   host; healed: the old agent learns it left the cluster, its node ends free with
 //!   whole GPUs, its host holds no tenant process or key, and `terraform plan` is empty.
 //!
-//! Needs root (CI runs as root); without it each test says so and returns.
+//! Needs root (CI runs as root); without it each test fails naming what is missing.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -30,13 +30,10 @@ use gpufleet_proto::v1::{
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
 
-fn skip() -> bool {
-    match netns::unavailable() {
-        Some(why) => {
-            eprintln!("skipped: {why}");
-            true
-        }
-        None => false,
+/// Fails naming what the multi-host tier needs and this machine lacks (never a skip).
+fn require_hosts() {
+    if let Some(why) = netns::unavailable() {
+        panic!("the multi-host tests need {why}");
     }
 }
 
@@ -106,9 +103,7 @@ fn files_mentioning(dir: &std::path::Path, needle: &str) -> Vec<String> {
 
 #[test]
 fn hosts_reach_each_other_only_by_address_and_nothing_is_left_even_after_a_panic() {
-    if skip() {
-        return;
-    }
+    require_hosts();
     // A dead run's namespace (its pid is gone) is swept by the next network.
     let dead_pid = (4_000_000..4_100_000u32)
         .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
@@ -219,9 +214,7 @@ async fn health_client(backend: &Backend) -> Health {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_bandwidth_test_across_hosts_blames_the_host_whose_link_is_shaped() {
-    if skip() {
-        return;
-    }
+    require_hosts();
     // No spare host: the report keeps the ring's own results (a replacement's checks
     // would take the place of its neighbours').
     let gpu_hosts = ["g1", "g2", "g3"];
@@ -334,9 +327,7 @@ fn mig_cluster_config() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_host_is_replaced_and_once_healed_holds_nothing_of_the_cluster() {
-    if skip() {
-        return;
-    }
+    require_hosts();
     let gpu_hosts = ["g1", "g2", "g3"];
     // Keepalive PINGs every second: a cut agent notices within about two.
     let Fleet {
@@ -466,9 +457,7 @@ async fn a_partitioned_host_is_replaced_and_once_healed_holds_nothing_of_the_clu
 /// flags, takes no node out of service, and never says "0 Gbit/s above the threshold".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_offering_loopback_to_other_hosts_warn_and_fail_acceptance_naming_the_pairs() {
-    if skip() {
-        return;
-    }
+    require_hosts();
     let Fleet {
         net: _net,
         backend,
