@@ -15,9 +15,42 @@ use crate::Terraform;
 /// A safety net for one session's command (a hang, never a timing assertion).
 const LIMIT: Duration = Duration::from_secs(90);
 
+/// Team `team`'s tenant (`team-<team>`), a quota of one H100 and a one-node Slurm cluster
+/// named `team` split in four 1g.10gb slices, reached with the key in `<team>.pub` beside
+/// the configuration.
+pub fn sliced_team(team: &str) -> String {
+    format!(
+        r#"
+resource "gpufleet_tenant" "{team}" {{
+  name = "team-{team}"
+}}
+resource "gpufleet_gpu_quota" "{team}" {{
+  tenant   = gpufleet_tenant.{team}.name
+  gpu_type = "H100-80GB"
+  gpus     = 1
+}}
+resource "gpufleet_tenant_cluster" "{team}" {{
+  tenant          = gpufleet_tenant.{team}.name
+  name            = "{team}"
+  orchestrator    = "slurm"
+  gpu_type        = "H100-80GB"
+  node_count      = 1
+  mig_layout      = {{ "1g.10gb" = 4 }}
+  ssh_public_keys = [file("${{path.module}}/{team}.pub")]
+  depends_on      = [gpufleet_gpu_quota.{team}]
+}}
+"#
+    )
+}
+
 /// A team's key pair in the client host's directory: (private key, public key text).
 pub fn team_key(client: &Host, team: &str) -> (PathBuf, String) {
-    let key = client.dir().join(format!("{team}_ed25519"));
+    team_key_in(client.dir(), team)
+}
+
+/// A team's key pair in `dir` (a team working on this machine itself).
+pub fn team_key_in(dir: &Path, team: &str) -> (PathBuf, String) {
+    let key = dir.join(format!("{team}_ed25519"));
     let made = Command::new("ssh-keygen")
         .args(["-q", "-t", "ed25519", "-N", "", "-C", team, "-f"])
         .arg(&key)
@@ -45,7 +78,8 @@ pub fn shell_word(word: &str) -> String {
 
 /// A team's ssh session to the login its credentials name.
 pub struct Session {
-    from: Launcher,
+    /// The host ssh runs on (None: this machine).
+    from: Option<Launcher>,
     key: PathBuf,
     known_hosts: PathBuf,
     pub user: String,
@@ -56,10 +90,19 @@ pub struct Session {
 impl Session {
     /// From host `from` with the team's private `key`, as the credentials' user.
     pub fn new(from: &Host, credentials: &Value, key: &Path) -> Session {
+        Session::open(Some(from.launcher()), from.dir(), credentials, key)
+    }
+
+    /// From this machine itself (the single-host tier), keeping its known_hosts in `dir`.
+    pub fn here(dir: &Path, credentials: &Value, key: &Path) -> Session {
+        Session::open(None, dir, credentials, key)
+    }
+
+    fn open(from: Option<Launcher>, dir: &Path, credentials: &Value, key: &Path) -> Session {
         let port = credentials["port"].as_u64().expect("port") as u16;
         let user = credentials["user"].as_str().expect("user").to_string();
         let host = credentials["host"].as_str().expect("host").to_string();
-        let known_hosts = from.dir().join(format!("known_hosts-{user}-{host}-{port}"));
+        let known_hosts = dir.join(format!("known_hosts-{user}-{host}-{port}"));
         std::fs::write(
             &known_hosts,
             format!(
@@ -69,7 +112,7 @@ impl Session {
         )
         .unwrap();
         Session {
-            from: from.launcher(),
+            from,
             key: key.to_path_buf(),
             known_hosts,
             user,
@@ -81,7 +124,10 @@ impl Session {
     /// Runs `script` in the login's shell (killed after a limit): (success, stdout +
     /// stderr). A login that does not answer fails within seconds.
     pub fn run(&self, script: &str) -> (bool, String) {
-        let mut ssh = self.from.command("ssh");
+        let mut ssh = match &self.from {
+            Some(host) => host.command("ssh"),
+            None => Command::new("ssh"),
+        };
         ssh.args(["-i", &self.key.display().to_string()])
             .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
             .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
@@ -99,6 +145,23 @@ impl Session {
     pub fn ok(&self, script: &str) -> String {
         let (ok, out) = self.run(script);
         assert!(ok, "{script} on {}:{}: {out}", self.host, self.port);
+        out
+    }
+
+    /// Runs `script` as a one-task job step on one of the cluster's nodes (`args`: more
+    /// of `srun`'s options): (success, stdout + stderr).
+    pub fn job(&self, args: &str, script: &str) -> (bool, String) {
+        self.run(&format!("srun -N1 -n1 {args} sh -c {}", shell_word(script)))
+    }
+
+    /// [`Session::job`]'s output; fails the test when it fails.
+    pub fn job_ok(&self, args: &str, script: &str) -> String {
+        let (ok, out) = self.job(args, script);
+        assert!(
+            ok,
+            "srun {args} {script} on {}:{}: {out}",
+            self.host, self.port
+        );
         out
     }
 

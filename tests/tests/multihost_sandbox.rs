@@ -12,120 +12,17 @@
 //! Needs root with namespaces and cgroup v1 (as CI runs); without them it fails saying so.
 
 use std::fs;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use gpufleet_e2e::multihost::Fleet;
 use gpufleet_e2e::netns::{self, Host};
+use gpufleet_e2e::slurm_login::{credentials, shell_word, sliced_team, team_key, Session};
 use gpufleet_e2e::{eventually, Terraform};
-use serde_json::Value;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
 const GPU_HOSTS: [&str; 2] = ["ga", "gb"];
 const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
-
-fn team(team: &str) -> String {
-    format!(
-        r#"
-resource "gpufleet_tenant" "{team}" {{
-  name = "team-{team}"
-}}
-resource "gpufleet_gpu_quota" "{team}" {{
-  tenant   = gpufleet_tenant.{team}.name
-  gpu_type = "H100-80GB"
-  gpus     = 1
-}}
-resource "gpufleet_tenant_cluster" "{team}" {{
-  tenant          = gpufleet_tenant.{team}.name
-  name            = "{team}"
-  orchestrator    = "slurm"
-  gpu_type        = "H100-80GB"
-  node_count      = 1
-  mig_layout      = {{ "1g.10gb" = 4 }}
-  ssh_public_keys = [file("${{path.module}}/{team}.pub")]
-  depends_on      = [gpufleet_gpu_quota.{team}]
-}}
-"#
-    )
-}
-
-fn team_key(client: &Host, team: &str) -> (std::path::PathBuf, String) {
-    let key = client.dir().join(format!("{team}_ed25519"));
-    let made = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", team, "-f"])
-        .arg(&key)
-        .status()
-        .expect("ssh-keygen (Debian's openssh-client)");
-    assert!(made.success());
-    (
-        key.clone(),
-        fs::read_to_string(key.with_extension("pub")).unwrap(),
-    )
-}
-
-/// A team's session from the client host, as docs/guides/slurm.md shows.
-struct Session<'a> {
-    from: &'a Host,
-    key: std::path::PathBuf,
-    known_hosts: std::path::PathBuf,
-    user: String,
-    host: String,
-    port: u16,
-}
-
-impl<'a> Session<'a> {
-    fn new(from: &'a Host, credentials: &Value, key: &Path) -> Session<'a> {
-        let user = credentials["user"].as_str().unwrap().to_string();
-        let known_hosts = from.dir().join(format!("known_hosts-{user}"));
-        fs::write(
-            &known_hosts,
-            format!("{}\n", credentials["known_hosts"].as_str().unwrap()),
-        )
-        .unwrap();
-        Session {
-            from,
-            key: key.to_path_buf(),
-            known_hosts,
-            user,
-            host: credentials["host"].as_str().unwrap().to_string(),
-            port: credentials["port"].as_u64().unwrap() as u16,
-        }
-    }
-
-    fn run(&self, script: &str) -> (bool, String) {
-        let mut ssh = self.from.command("ssh");
-        ssh.args(["-i", &self.key.display().to_string()])
-            .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
-            .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
-            .arg("-o")
-            .arg(format!("UserKnownHostsFile={}", self.known_hosts.display()))
-            .args(["-p", &self.port.to_string()])
-            .arg(format!("{}@{}", self.user, self.host))
-            .arg("--")
-            .arg(script);
-        gpufleet_e2e::commands::output_within(&mut ssh, script, LIMIT)
-    }
-
-    fn ok(&self, script: &str) -> String {
-        let (ok, out) = self.run(script);
-        assert!(ok, "{script}: {out}");
-        out
-    }
-
-    fn job_ok(&self, args: &str, script: &str) -> String {
-        self.ok(&format!("srun -N1 -n1 {args} sh -c {}", shell_word(script)))
-    }
-}
-
-fn shell_word(word: &str) -> String {
-    format!("'{}'", word.replace('\'', "'\\''"))
-}
-
-fn credentials(tf: &Terraform, address: &str) -> Value {
-    serde_json::from_str(tf.resource(address)["credentials"].as_str().unwrap()).unwrap()
-}
 
 fn uid_of(pid: u32) -> Option<u32> {
     fs::read_to_string(format!("/proc/{pid}/status"))
@@ -207,7 +104,7 @@ async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_noth
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
     tf.write_file("a.pub", &a_pub);
     tf.write_file("b.pub", &b_pub);
-    tf.write_main(&format!("{}{}", team("a"), team("b")));
+    tf.write_main(&format!("{}{}", sliced_team("a"), sliced_team("b")));
     tf.init();
     tf.apply();
     let (a_creds, b_creds) = (
@@ -363,7 +260,7 @@ async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_noth
             && before.iter().any(|l| l.contains("mount")),
         "the probe does not see A while it runs: {before:#?}"
     );
-    tf.write_main(&team("b"));
+    tf.write_main(&sliced_team("b"));
     tf.apply();
     let deadline = std::time::Instant::now() + LIMIT;
     loop {

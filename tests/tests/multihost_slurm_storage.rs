@@ -18,15 +18,14 @@
 //! Needs root, loop devices, btrfs-progs, Slurm and sshd (CI runs as root after
 //! scripts/bootstrap.sh).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use gpufleet_e2e::multihost::Fleet;
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::shared_storage::SharedStorage;
+use gpufleet_e2e::slurm_login::{credentials, team_key, Session};
 use gpufleet_e2e::Terraform;
-use serde_json::Value;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
@@ -71,77 +70,6 @@ resource "gpufleet_tenant_cluster" "{team}" {{
             )
     };
     cluster("vision", "train", 2, vision) + &cluster("speech", "asr", 1, Some("delete"))
-}
-
-/// A team's key pair, made in the client host's directory.
-fn team_key(client: &Host, team: &str) -> (PathBuf, String) {
-    let key = client.dir().join(format!("{team}_ed25519"));
-    let made = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", team, "-f"])
-        .arg(&key)
-        .status()
-        .expect("ssh-keygen (Debian's openssh-client)");
-    assert!(made.success());
-    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
-    (key, public)
-}
-
-/// A team's ssh session to its login, from the client host, as docs/guides/slurm.md shows.
-struct Session<'a> {
-    from: &'a Host,
-    key: PathBuf,
-    known_hosts: PathBuf,
-    user: String,
-    host: String,
-    port: u16,
-}
-
-impl<'a> Session<'a> {
-    fn new(from: &'a Host, tf: &Terraform, address: &str, key: &Path) -> Session<'a> {
-        let c: Value = serde_json::from_str(
-            tf.resource(address)["credentials"]
-                .as_str()
-                .expect("credentials"),
-        )
-        .expect("Slurm credentials are JSON");
-        let port = c["port"].as_u64().expect("port") as u16;
-        let user = c["user"].as_str().expect("user").to_string();
-        let known_hosts = from.dir().join(format!("known_hosts-{user}-{port}"));
-        std::fs::write(
-            &known_hosts,
-            format!("{}\n", c["known_hosts"].as_str().unwrap()),
-        )
-        .unwrap();
-        Session {
-            from,
-            key: key.to_path_buf(),
-            known_hosts,
-            user,
-            host: c["host"].as_str().expect("host").to_string(),
-            port,
-        }
-    }
-
-    /// `script` in the login's shell: (success, stdout + stderr).
-    fn run(&self, script: &str) -> (bool, String) {
-        let mut ssh = self.from.command("ssh");
-        ssh.args(["-i", &self.key.display().to_string()])
-            .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
-            .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
-            .arg("-o")
-            .arg(format!("UserKnownHostsFile={}", self.known_hosts.display()))
-            .args(["-p", &self.port.to_string()])
-            .arg(format!("{}@{}", self.user, self.host))
-            .arg("--")
-            .arg(script);
-        gpufleet_e2e::commands::output_within(&mut ssh, script, LIMIT)
-    }
-
-    fn ok(&self, script: &str) -> String {
-        let (ok, out) = self.run(script);
-        assert!(ok, "{script}: {out}");
-        out
-    }
 }
 
 fn hosts_of(tf: &Terraform, address: &str) -> Vec<String> {
@@ -189,8 +117,8 @@ async fn slurm_jobs_share_their_teams_volume_across_nodes_and_only_their_team_ca
     tf.write_main(&config(Some("delete")));
     tf.init();
     tf.apply();
-    let vision = Session::new(client, &tf, VISION, &vision_key);
-    let speech = Session::new(client, &tf, SPEECH, &speech_key);
+    let vision = Session::new(client, &credentials(&tf, VISION), &vision_key);
+    let speech = Session::new(client, &credentials(&tf, SPEECH), &speech_key);
     let v_path = tf.resource(VISION)["storage_path"]
         .as_str()
         .unwrap()
@@ -258,7 +186,7 @@ async fn slurm_jobs_share_their_teams_volume_across_nodes_and_only_their_team_ca
     tf.apply();
     tf.write_main(&config(Some("delete")));
     tf.apply();
-    let again = Session::new(client, &tf, VISION, &vision_key);
+    let again = Session::new(client, &credentials(&tf, VISION), &vision_key);
     assert_ne!(again.user, vision.user, "a new cluster, a new account");
     assert_eq!(
         tf.resource(VISION)["storage_path"].as_str(),

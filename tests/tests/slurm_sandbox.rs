@@ -25,126 +25,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use gpufleet_e2e::slurm_login::{credentials, shell_word, sliced_team, team_key_in, Session};
 use gpufleet_e2e::{eventually, Backend, NodeAgent, Terraform};
-use serde_json::Value;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(60);
 const A: &str = "gpufleet_tenant_cluster.a";
 const B: &str = "gpufleet_tenant_cluster.b";
-
-/// Team `team`'s tenant, quota and one-node cluster split in four 1g.10gb slices.
-fn team(team: &str) -> String {
-    format!(
-        r#"
-resource "gpufleet_tenant" "{team}" {{
-  name = "team-{team}"
-}}
-resource "gpufleet_gpu_quota" "{team}" {{
-  tenant   = gpufleet_tenant.{team}.name
-  gpu_type = "H100-80GB"
-  gpus     = 1
-}}
-resource "gpufleet_tenant_cluster" "{team}" {{
-  tenant          = gpufleet_tenant.{team}.name
-  name            = "{team}"
-  orchestrator    = "slurm"
-  gpu_type        = "H100-80GB"
-  node_count      = 1
-  mig_layout      = {{ "1g.10gb" = 4 }}
-  ssh_public_keys = [file("${{path.module}}/{team}.pub")]
-  depends_on      = [gpufleet_gpu_quota.{team}]
-}}
-"#
-    )
-}
-
-struct TeamKey {
-    dir: tempfile::TempDir,
-    public: String,
-}
-
-impl TeamKey {
-    fn new(comment: &str) -> TeamKey {
-        let dir = tempfile::tempdir().unwrap();
-        let key = dir.path().join("id_ed25519");
-        let made = Command::new("ssh-keygen")
-            .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
-            .arg(&key)
-            .status()
-            .expect("ssh-keygen (Debian's openssh-client)");
-        assert!(made.success());
-        let public = fs::read_to_string(key.with_extension("pub")).unwrap();
-        TeamKey { dir, public }
-    }
-}
-
-/// A team's login session from its credentials and its own key (docs/guides/slurm.md).
-struct Login {
-    known_hosts: PathBuf,
-    key: PathBuf,
-    user: String,
-    host: String,
-    port: u16,
-}
-
-impl Login {
-    fn new(credentials: &Value, key: &TeamKey) -> Login {
-        let known_hosts = key.dir.path().join("known_hosts");
-        fs::write(
-            &known_hosts,
-            format!("{}\n", credentials["known_hosts"].as_str().unwrap()),
-        )
-        .unwrap();
-        Login {
-            known_hosts,
-            key: key.dir.path().join("id_ed25519"),
-            user: credentials["user"].as_str().unwrap().to_string(),
-            host: credentials["host"].as_str().unwrap().to_string(),
-            port: credentials["port"].as_u64().unwrap() as u16,
-        }
-    }
-
-    /// Runs `script` in the login's shell: (success, stdout + stderr).
-    fn run(&self, script: &str) -> (bool, String) {
-        let mut ssh = Command::new("ssh");
-        ssh.args(["-i", &self.key.display().to_string()])
-            .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
-            .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
-            .arg("-o")
-            .arg(format!("UserKnownHostsFile={}", self.known_hosts.display()))
-            .args(["-p", &self.port.to_string()])
-            .arg(format!("{}@{}", self.user, self.host))
-            .arg("--")
-            .arg(script);
-        gpufleet_e2e::commands::output_within(&mut ssh, script, LIMIT)
-    }
-
-    fn ok(&self, script: &str) -> String {
-        let (ok, out) = self.run(script);
-        assert!(ok, "{script}: {out}");
-        out
-    }
-
-    /// Runs `script` as a one-task job step on the cluster's node.
-    fn job(&self, args: &str, script: &str) -> (bool, String) {
-        self.run(&format!("srun -N1 -n1 {args} sh -c {}", shell_word(script)))
-    }
-
-    fn job_ok(&self, args: &str, script: &str) -> String {
-        let (ok, out) = self.job(args, script);
-        assert!(ok, "srun {args} {script}: {out}");
-        out
-    }
-}
-
-fn shell_word(word: &str) -> String {
-    format!("'{}'", word.replace('\'', "'\\''"))
-}
-
-fn credentials(tf: &Terraform, address: &str) -> Value {
-    serde_json::from_str(tf.resource(address)["credentials"].as_str().unwrap()).unwrap()
-}
 
 /// The real uid of a process, from /proc (this machine's view: every process).
 fn uid_of(pid: &str) -> Option<u32> {
@@ -304,15 +191,20 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
         }
     })
     .await;
-    let (a_key, b_key) = (TeamKey::new("alice@a"), TeamKey::new("bob@b"));
+    let keys = tempfile::tempdir().unwrap();
+    let ((a_key, a_pub), (b_key, b_pub)) =
+        (team_key_in(keys.path(), "a"), team_key_in(keys.path(), "b"));
     let tf = Terraform::new(&backend, backend.admin_token());
-    tf.write_file("a.pub", &a_key.public);
-    tf.write_file("b.pub", &b_key.public);
-    tf.write_main(&format!("{}{}", team("a"), team("b")));
+    tf.write_file("a.pub", &a_pub);
+    tf.write_file("b.pub", &b_pub);
+    tf.write_main(&format!("{}{}", sliced_team("a"), sliced_team("b")));
     tf.init();
     tf.apply();
     let (a_creds, b_creds) = (credentials(&tf, A), credentials(&tf, B));
-    let (a, b) = (Login::new(&a_creds, &a_key), Login::new(&b_creds, &b_key));
+    let (a, b) = (
+        Session::here(keys.path(), &a_creds, &a_key),
+        Session::here(keys.path(), &b_creds, &b_key),
+    );
     let a_name = a_creds["user"].as_str().unwrap().to_string();
     let b_name = b_creds["user"].as_str().unwrap().to_string();
     let a_uid: u32 = a.ok("id -u").trim().parse().unwrap();
@@ -486,7 +378,7 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
             "the probe does not see A's {seen} while A runs: {before:#?}"
         );
     }
-    tf.write_main(&team("b"));
+    tf.write_main(&sliced_team("b"));
     tf.apply();
     nothing_left("A", || leftovers(&a_name, a_uid, &a_node, &dirs));
     let out = b.job_ok("", "id -un; ls -a /tmp");
