@@ -561,6 +561,18 @@ pub struct ServeArgs {
     /// reconnect; a node agent's session is always in flight).
     #[arg(long, env = "GPUFLEET_IDLE_CONNECTION_TIMEOUT", default_value = "10m", value_parser = parse_connection_time)]
     pub idle_connection_timeout: std::time::Duration,
+    /// The TCP ports every Slurm controller, slurmd and login of the platform listens on,
+    /// LOW-HIGH (at least 16, none below 1024): open exactly these between the GPU hosts
+    /// and to the logins. Keep them below the hosts' ephemeral ports
+    /// (`net.ipv4.ip_local_port_range`). Clusters keep the ports they have; only new ones
+    /// come from a changed range.
+    #[arg(long, env = "GPUFLEET_SLURM_PORTS", default_value = "20000-29999", value_parser = parse_slurm_ports)]
+    pub slurm_ports: gpufleet_slurm::PortRange,
+}
+
+/// `--slurm-ports`: LOW-HIGH.
+fn parse_slurm_ports(text: &str) -> Result<gpufleet_slurm::PortRange, String> {
+    text.parse()
 }
 
 /// `--advertise-address`: an address others can connect to (not 0.0.0.0), IPv4 (Slurm
@@ -771,6 +783,7 @@ impl ServeArgs {
                 max: self.max_candidates,
                 expire_after: self.candidate_ttl,
             },
+            slurm_ports: self.slurm_ports,
             connections: gpufleet_control::connections::Wanted {
                 max_connections: self.max_connections.map(|n| n as usize),
                 max_per_peer: self.max_connections_per_peer.map(|n| n as usize),

@@ -16,6 +16,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Checked before the data dir is touched: a misconfigured start leaves nothing behind.
     let fleet = fleet(&args)?;
     advertised(&args)?;
+    slurm_ports(&args);
     let config = args.config(fleet);
     let mut control = tokio::task::spawn_blocking(move || ControlPlane::open(config)).await??;
     // Watch for signals before announcing the port: a SIGTERM right after the listening
@@ -83,6 +84,19 @@ fn advertised(args: &ServeArgs) -> anyhow::Result<()> {
         tracing::warn!(%address, listen = %args.listen, "a loopback address is advertised while serve listens beyond loopback: teams on other hosts cannot reach the embedded nodes' Slurm logins; give --advertise-address");
     }
     Ok(())
+}
+
+/// Says so when the Slurm port range reaches into this host's ephemeral ports: a
+/// daemon's port may then be held by any outgoing connection when it starts (the GPU
+/// hosts' own ranges are theirs to check; docs/guides/slurm.md, "Ports").
+fn slurm_ports(args: &ServeArgs) {
+    let ports = args.slurm_ports;
+    tracing::info!(%ports, "Slurm controllers, slurmds and logins listen on ports of this range");
+    if let Some(ephemeral) = gpufleet_slurm::PortRange::ephemeral() {
+        if let Some(both) = ports.overlap(ephemeral) {
+            tracing::warn!(%ports, %ephemeral, overlap = %both, "the Slurm port range overlaps this host's ephemeral ports (net.ipv4.ip_local_port_range): an outgoing connection may hold a daemon's port; choose a range below them");
+        }
+    }
 }
 
 /// How long serve waits for its embedded agents to stop.

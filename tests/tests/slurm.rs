@@ -855,11 +855,13 @@ fn one_node_team(backend: &Backend, layout: &str) -> (TeamKey, Terraform) {
 /// --advertise-address` is the address the nodes declare, so it is where the cluster's
 /// head node runs its login and controller: the endpoint and credentials name it, the
 /// nodes' slurmd reach the controller there, and a control plane restarted with another
-/// address moves the cluster's endpoint with it, with the same host key.
+/// address moves the cluster's endpoint with it, with the same host key. Every daemon and
+/// the login listen in the operator's `--slurm-ports` range, and keep their ports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedded_slurm_cluster_is_reached_at_the_advertised_address() {
     let fleet = "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\ngpus_per_node = 1\n";
-    let serve = |addr: &'static str| ["--advertise-address", addr];
+    let serve = |addr: &'static str| ["--advertise-address", addr, "--slurm-ports", "31000-31099"];
+    let in_range = |port: u64| (31000..=31099).contains(&port);
     let mut backend = Backend::start_with_fleet_and_args(fleet, &serve("127.0.0.2"));
     let (key, tf) = one_node_team(&backend, "{}");
     tf.apply();
@@ -882,6 +884,21 @@ async fn an_embedded_slurm_cluster_is_reached_at_the_advertised_address() {
             .any(|l| l.starts_with("SlurmctldHost[0]") && l.contains("(127.0.0.2)")),
         "{out}"
     );
+    assert!(in_range(port), "login port {port}");
+    let config_port = |key: &str| -> u64 {
+        let line = out.lines().find(|l| l.starts_with(key)).unwrap();
+        line.split('=').nth(1).unwrap().trim().parse().unwrap()
+    };
+    let controller_port = config_port("SlurmctldPort");
+    assert!(in_range(controller_port), "SlurmctldPort {controller_port}");
+    let node = client.ok("scontrol", &["show", "node"]);
+    let slurmd_port: u64 = node
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("Port="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(in_range(slurmd_port), "slurmd port {slurmd_port}: {node}");
     drop(client);
 
     // Restarted with another address: the endpoint and credentials follow it, the login

@@ -99,6 +99,8 @@ pub struct Config {
     pub breaker: crate::scheduling::breaker::Settings,
     /// How many nodes may wait to be admitted, and for how long.
     pub candidates: crate::state::CandidateSettings,
+    /// The TCP ports new Slurm controllers, slurmds and logins listen on.
+    pub slurm_ports: gpufleet_slurm::PortRange,
     /// How durable a commit is, and whether a store behind its commit record is served
     /// (`--durability`, `--accept-rollback`).
     pub store: store::OpenOptions,
@@ -138,6 +140,7 @@ impl Config {
             delivers: Default::default(),
             breaker: Default::default(),
             candidates: Default::default(),
+            slurm_ports: Default::default(),
             store: Default::default(),
             connections: Default::default(),
         }
@@ -378,6 +381,7 @@ impl ControlPlane {
             .with_breaker(config.breaker)
             .with_candidates(config.candidates)
             .with_slurm_address(config.advertise_address)
+            .with_slurm_ports(config.slurm_ports)
             .with_external_nodes(external_nodes)
             .with_volumes(volumes),
         );

@@ -50,6 +50,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpufleet_proto::v1;
+use gpufleet_slurm::PortRange;
 use rusqlite::Connection;
 use tokio::sync::watch;
 
@@ -168,25 +169,23 @@ pub fn prepare(c: &mut ClusterRow) -> Result<Option<NewAccess>> {
 /// How many candidate uids a new cluster tries before it is refused.
 const UID_ATTEMPTS: u32 = 64;
 
-/// A port of the platform's fixed Slurm range ([`gpufleet_slurm::PORTS`]) that none of
-/// its Slurm clusters has and that is free on this host (the daemons of several clusters
-/// share a host with embedded nodes, and control planes of tests share a machine): tried
-/// at random, so two control planes rarely try the same one.
-fn new_port(taken: &mut BTreeSet<u16>) -> Result<u16> {
+/// A port of the platform's Slurm range (`serve --slurm-ports`) that none of its Slurm
+/// clusters has and that is free on this host (the daemons of several clusters share a
+/// host with embedded nodes, and control planes of tests share a machine): tried at
+/// random, so two control planes rarely try the same one. Ports a cluster got from an
+/// earlier range are kept: only new ones come from this range.
+fn new_port(range: PortRange, taken: &mut BTreeSet<u16>) -> Result<u16> {
     use rand::Rng;
-    let range = gpufleet_slurm::PORTS;
     let mut rng = rand::thread_rng();
     for _ in 0..256 {
-        let p = rng.gen_range(range.clone());
+        let p = rng.gen_range(range.low()..=range.high());
         if !taken.contains(&p) && gpufleet_slurm::port_free(p) {
             taken.insert(p);
             return Ok(p);
         }
     }
     Err(Error::Precondition(format!(
-        "no free port in the Slurm range {}-{} after 256 tries: the platform's Slurm clusters and this host's other listeners hold them",
-        range.start(),
-        range.end()
+        "no free port in the Slurm range {range} after 256 tries: the platform's Slurm clusters and this host's other listeners hold them (widen it with serve --slurm-ports)"
     )))
 }
 
@@ -199,6 +198,7 @@ pub fn record(
     cluster_id: &str,
     new: NewAccess,
     ssh_public_keys: &[String],
+    ports: PortRange,
 ) -> Result<()> {
     let mut uid = None;
     for attempt in 0..UID_ATTEMPTS {
@@ -214,8 +214,8 @@ pub fn record(
         ))
     })?;
     let mut taken = store::slurm_access::ports_taken(conn)?;
-    let controller_port = new_port(&mut taken)?;
-    let login_port = new_port(&mut taken)?;
+    let controller_port = new_port(ports, &mut taken)?;
+    let login_port = new_port(ports, &mut taken)?;
     store::slurm_access::insert(
         conn,
         &SlurmAccess {
@@ -405,7 +405,7 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
     for n in &nodes {
         let port = match access.node_ports.get(&n.hostname) {
             Some(p) => *p,
-            None => new_port(&mut taken)?,
+            None => new_port(state.slurm_ports, &mut taken)?,
         };
         ports.insert(n.hostname.clone(), port);
     }
@@ -831,11 +831,11 @@ pub async fn stop_kept(state: &AppState, node: &NodeRow, clusters: &[String]) {
 
 /// A login port for a cluster made before logins: allocated and recorded.
 async fn give_login_port(state: &AppState, cluster_id: &str) -> Result<u16> {
-    let id = cluster_id.to_string();
+    let (id, range) = (cluster_id.to_string(), state.slurm_ports);
     state
         .apply(move |conn| -> Result<u16> {
             let mut taken = store::slurm_access::ports_taken(conn)?;
-            let port = new_port(&mut taken)?;
+            let port = new_port(range, &mut taken)?;
             store::slurm_access::set_login_port(conn, &id, port)?;
             Ok(port)
         })

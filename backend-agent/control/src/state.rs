@@ -116,6 +116,8 @@ pub struct AppState {
     /// clusters' daemons (a head node's controller and login among them) are reached
     /// (serve's `--advertise-address`).
     pub slurm_address: std::net::IpAddr,
+    /// The ports new Slurm controllers, slurmds and logins get (`serve --slurm-ports`).
+    pub slurm_ports: gpufleet_slurm::PortRange,
     /// What the control plane knows of its Slurm clusters between requests.
     pub slurm: crate::slurm_tracker::Tracker,
     /// Tenant clusters' volumes: on the shared storage (serve's `--shared-storage`), else
@@ -169,6 +171,7 @@ impl AppState {
             breaker: Default::default(),
             candidates: Default::default(),
             slurm_address: std::net::IpAddr::from([127, 0, 0, 1]),
+            slurm_ports: Default::default(),
             slurm: Default::default(),
         }
     }
@@ -176,6 +179,12 @@ impl AppState {
     /// Where embedded nodes' Slurm daemons are reached (serve's `--advertise-address`).
     pub fn with_slurm_address(mut self, addr: std::net::IpAddr) -> Self {
         self.slurm_address = addr;
+        self
+    }
+
+    /// The ports new Slurm daemons and logins get (serve's `--slurm-ports`).
+    pub fn with_slurm_ports(mut self, ports: gpufleet_slurm::PortRange) -> Self {
+        self.slurm_ports = ports;
         self
     }
 

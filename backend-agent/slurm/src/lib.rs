@@ -15,8 +15,11 @@ pub mod conf;
 pub mod daemon;
 pub mod login;
 pub mod munge;
+pub mod ports;
 pub mod sandbox;
 pub mod status;
+
+pub use ports::PortRange;
 
 /// The programs a Slurm cluster needs on this host: the daemons, the controller's tools,
 /// the account tools and the login's sshd.
@@ -99,12 +102,6 @@ pub fn cluster_name(cluster_id: &str) -> String {
         .to_ascii_lowercase();
     format!("gf{hex}")
 }
-
-/// Where every Slurm controller, slurmd and login of the platform listens: a fixed range
-/// below the kernel's ephemeral ports (32768 and up), so an outgoing connection never
-/// holds one first, and so a site's firewall can open exactly it between its GPU hosts
-/// and to the logins (docs/guides/slurm.md, "Ports").
-pub const PORTS: std::ops::RangeInclusive<u16> = 20000..=29999;
 
 /// Whether TCP `port` is free on this host now, on every address (slurmctld and slurmd
 /// listen on all of them).

@@ -513,7 +513,13 @@ impl Clusters {
         let slurm = crate::slurm_clusters::prepare(&mut cluster)?;
         store::clusters::insert(&tx, &cluster).map_err(db_error)?;
         if let Some(new) = slurm {
-            crate::slurm_clusters::record(&tx, &cluster.id, new, &req.ssh_public_keys)?;
+            crate::slurm_clusters::record(
+                &tx,
+                &cluster.id,
+                new,
+                &req.ssh_public_keys,
+                self.state.slurm_ports,
+            )?;
         }
         super::health::store_created(&tx, &cluster.id, acceptance)?;
         crate::scheduling::preemption::mark(&tx, &cluster, req.preemptible, req.allow_on_demand)?;
