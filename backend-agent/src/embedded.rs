@@ -115,6 +115,7 @@ fn agent(
         // Embedded nodes are the control plane's host, which has the shared storage
         // itself: volumes are used in place there, never mounted per node.
         shared_storage: None,
+        login_limits: Default::default(),
         bandwidth: Some(listener),
         bandwidth_advertise: None,
         installer,

@@ -522,7 +522,11 @@ impl Network {
 /// its own user database, as hosts apart do, so one host adding or removing a cluster's
 /// account changes no other), mounts the machine's cgroup hierarchies again, private
 /// tmpfs on `/tmp`, `/var/tmp` and `/dev/shm` with the network's directory `root` bound
-/// back at its path, says `ready`, then sleeps. Returns (unshare, init).
+/// back at its path, says `ready`, then sleeps as the host's init, reaping the orphans
+/// it inherits as a real host's init does (SIGCHLD ignored, so the kernel reaps its
+/// children at once; perl, Debian's essential perl-base, because a shell's `trap '' CHLD`
+/// does not ignore it; an orphan left a zombie would hold its pid and its cgroup's `pids`
+/// count for the host's life). Returns (unshare, init).
 fn start_holder(ns: &str, name: &str, dir: &Path, root: &Path) -> (Child, u32) {
     let layer = dir.join("etc-layer");
     let layer = layer.display();
@@ -563,7 +567,7 @@ fn start_holder(ns: &str, name: &str, dir: &Path, root: &Path) -> (Child, u32) {
          && mount -t tmpfs -o mode=1777 tmpfs /tmp && mount -t tmpfs -o mode=1777 tmpfs /var/tmp \
          && mount -t tmpfs -o mode=1777 tmpfs /dev/shm \
          && {restore} && rmdir /run/gfmh-keep \
-         && echo ready && exec sleep infinity",
+         && echo ready && exec perl -e '$SIG{{CHLD}} = \"IGNORE\"; sleep while 1'",
         cgroups = cgroup_mounts(),
     );
     let mut child = Command::new("ip")

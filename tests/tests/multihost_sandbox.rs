@@ -23,6 +23,15 @@ use gpufleet_e2e::{eventually, Terraform};
 const LIMIT: Duration = Duration::from_secs(90);
 const GPU_HOSTS: [&str; 2] = ["ga", "gb"];
 const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
+/// What each login on a GPU host may use, all its sessions together.
+const LOGIN_LIMITS: [&str; 6] = [
+    "--login-memory-mib",
+    "256",
+    "--login-pids",
+    "200",
+    "--login-cpus",
+    "1",
+];
 
 fn uid_of(pid: u32) -> Option<u32> {
     fs::read_to_string(format!("/proc/{pid}/status"))
@@ -80,9 +89,11 @@ fn leftovers(host: &Host, name: &str, uid: u32, node: &str) -> Vec<String> {
         left.push(format!("{at}: account {uid}"));
     }
     for controller in fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        let cg = controller.path().join(format!("slurm_{node}"));
-        if cg.exists() {
-            left.push(format!("cgroup {}", cg.display()));
+        for cg in [format!("slurm_{node}"), format!("gpufleet_login_{name}")] {
+            let cg = controller.path().join(cg);
+            if cg.exists() {
+                left.push(format!("cgroup {}", cg.display()));
+            }
         }
     }
     left
@@ -97,7 +108,13 @@ async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_noth
         net,
         backend,
         agents,
-    } = Fleet::start(&GPU_HOSTS, &[], &ONE_GPU_HOST, LIMIT).await;
+    } = Fleet::start(
+        &GPU_HOSTS,
+        &[],
+        &[&ONE_GPU_HOST[..], &LOGIN_LIMITS[..]].concat(),
+        LIMIT,
+    )
+    .await;
     let (cp, client) = (net.host("cp"), net.host("client"));
     let (a_key, a_pub) = team_key(client, "a");
     let (b_key, b_pub) = team_key(client, "b");
@@ -248,6 +265,64 @@ async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_noth
         "{out}"
     );
 
+    // B's login, all its sessions together, is held to its host's login limits, in the
+    // login's own cgroups: past 256 MiB a session's process is killed and the login
+    // answers on; a fork bomb stops at 200 processes; one CPU's worth of time. The node's
+    // agent is in none of them.
+    let own = format!("/gpufleet_login_{b_name}");
+    let cgroups = b.ok("cat /proc/self/cgroup");
+    for controller in ["memory", "pids", "cpu"] {
+        assert!(
+            cgroups.lines().any(|l| {
+                let mut parts = l.splitn(3, ':').skip(1);
+                let (kinds, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+                kinds.split(',').any(|k| k == controller) && path == own
+            }),
+            "B's session is not in its login's {controller} cgroup: {cgroups}"
+        );
+    }
+    let limits = b.ok(&format!(
+        "cat /sys/fs/cgroup/memory{own}/memory.limit_in_bytes /sys/fs/cgroup/pids{own}/pids.max /sys/fs/cgroup/cpu{own}/cpu.cfs_quota_us"
+    ));
+    assert_eq!(limits, "268435456\n200\n100000\n");
+    // tail keeps a line without an end in memory: 400 MiB of one.
+    let out = b.ok("head -c 400m /dev/zero | tail -n 1 >/dev/null; echo tail=$?");
+    assert!(
+        out.contains("tail=137"),
+        "not killed past the login's memory: {out}"
+    );
+    assert_eq!(
+        b.ok("id -un").trim(),
+        b_name,
+        "the login answers after the kill"
+    );
+    let (ok, out) = b.run(
+        "sh -c 'i=0; while [ $i -lt 400 ]; do sleep 3 & i=$((i+1)); done; wait; echo forked-all'",
+    );
+    assert!(
+        !ok && !out.contains("forked-all") && out.contains("fork"),
+        "400 processes started past the login's 200: {out}"
+    );
+    let pids_now = format!("/sys/fs/cgroup/pids{own}/pids.current");
+    eventually("the bomb's processes ended", LIMIT, || {
+        let now: u32 = fs::read_to_string(&pids_now)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        async move { (now <= 10).then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        b.ok("id -un").trim(),
+        b_name,
+        "the login answers after the bomb"
+    );
+    let b_agent = GPU_HOSTS.iter().position(|h| *h == b_node).unwrap();
+    let agent_cgroups =
+        fs::read_to_string(format!("/proc/{}/cgroup", agents[b_agent].pid().unwrap())).unwrap();
+    assert!(!agent_cgroups.contains("gpufleet_login"), "{agent_cgroups}");
+
     // Destroy A: nothing of A on any host.
     let hosts: Vec<&Host> = net.hosts().iter().collect();
     let before: Vec<String> = hosts
@@ -257,7 +332,8 @@ async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_noth
     assert!(
         before.iter().any(|l| l.contains("process"))
             && before.iter().any(|l| l.contains("account"))
-            && before.iter().any(|l| l.contains("mount")),
+            && before.iter().any(|l| l.contains("mount"))
+            && before.iter().any(|l| l.contains("gpufleet_login_")),
         "the probe does not see A while it runs: {before:#?}"
     );
     tf.write_main(&sliced_team("b"));

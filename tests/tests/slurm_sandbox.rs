@@ -111,9 +111,11 @@ fn leftovers(name: &str, uid: u32, node: &str, dirs: &[PathBuf]) -> Vec<String> 
         );
     }
     for controller in fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        let cg = controller.path().join(format!("slurm_{node}"));
-        if cg.exists() {
-            left.push(format!("cgroup {}", cg.display()));
+        for cg in [format!("slurm_{node}"), format!("gpufleet_login_{name}")] {
+            let cg = controller.path().join(cg);
+            if cg.exists() {
+                left.push(format!("cgroup {}", cg.display()));
+            }
         }
     }
     if Path::new("/run/gpufleet").join(name).exists() {

@@ -73,6 +73,9 @@ pub struct Config {
     /// Where this host mounts the platform's shared storage (`--shared-storage`): team
     /// volumes are bind-mounted from it on the nodes of their clusters.
     pub shared_storage: Option<PathBuf>,
+    /// What each Slurm login on this node may use (`--login-memory-mib`, `--login-cpus`,
+    /// `--login-pids`).
+    pub login_limits: gpufleet_slurm::login_limits::LoginLimits,
 }
 
 /// The pieces an agent is made of, whichever process it runs in.
@@ -94,6 +97,8 @@ pub struct Parts {
     pub host: host::Declared,
     /// Where this host mounts the platform's shared storage (team volumes come from it).
     pub shared_storage: Option<PathBuf>,
+    /// What each Slurm login on this node may use, all its sessions together.
+    pub login_limits: gpufleet_slurm::login_limits::LoginLimits,
 }
 
 /// The slow-network fault of `name` read from `faults_file` at each stream (simulated
@@ -150,6 +155,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
                 hardware == "sim",
                 address,
                 parts.shared_storage.clone(),
+                parts.login_limits,
             ),
             bandwidth: parts.bandwidth,
             shared_storage: parts.shared_storage,
@@ -300,6 +306,7 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
     let agent = assemble(Parts {
         host,
         shared_storage,
+        login_limits: args.login_limits,
         bandwidth: Some(listener),
         bandwidth_advertise: args.bandwidth_advertise.clone(),
         installer,

@@ -27,6 +27,7 @@ fn agent(dir: &Path, name: &str) -> Arc<Agent> {
     node::assemble(Parts {
         host: node::host::Declared::real(std::net::Ipv4Addr::LOCALHOST),
         shared_storage: None,
+        login_limits: Default::default(),
         name: name.into(),
         capacity: "pool".into(),
         gpu_type: model.name.clone(),

@@ -14,6 +14,7 @@ pub mod account;
 pub mod conf;
 pub mod daemon;
 pub mod login;
+pub mod login_limits;
 pub mod munge;
 pub mod ports;
 pub mod sandbox;

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 
 use super::daemon::{Daemon, Spec};
+use super::login_limits::LoginCgroup;
 use super::sandbox::{self, Sandbox};
 
 /// At most this many public keys per cluster, each at most this long.
@@ -297,8 +298,14 @@ fn sshd_program() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Starts the login's sshd on `files.config` and waits until it listens.
-pub fn start(name: &str, login: &Login, files: &Files) -> Result<Daemon, String> {
+/// Starts the login's sshd on `files.config`, in `cgroup` (made, with its limits), and
+/// waits until it listens.
+pub fn start(
+    name: &str,
+    login: &Login,
+    files: &Files,
+    cgroup: &LoginCgroup,
+) -> Result<Daemon, String> {
     let program = sshd_program().ok_or("sshd is missing (install openssh-server)")?;
     // sshd wants its privilege separation directory (Debian makes it at service start).
     std::fs::create_dir_all("/run/sshd").map_err(|e| format!("cannot create /run/sshd: {e}"))?;
@@ -338,7 +345,7 @@ pub fn start(name: &str, login: &Login, files: &Files) -> Result<Daemon, String>
             env: Vec::new(),
             log: files.log.clone(),
         },
-        Sandbox::login(etc_layer, own_dir),
+        Sandbox::login(etc_layer, own_dir, cgroup.procs_files()),
     )
     .map_err(|e| format!("cannot start sshd: {e}"))?;
     let deadline = Instant::now() + Duration::from_secs(15);

@@ -40,17 +40,21 @@ pub struct Sandbox {
     /// Directories the daemon itself needs that stay at their paths when they are under
     /// one of `private_dirs` (a data dir in `/tmp`, as the tests have): bound back in.
     pub keep: Vec<PathBuf>,
+    /// The `cgroup.procs` files of the cgroups the daemon (and all it starts) runs in,
+    /// joined first (see `crate::login_limits`).
+    pub cgroups: Vec<PathBuf>,
 }
 
 /// The user databases a sandbox shows instead of the host's.
 pub const USER_DATABASES: &[&str] = &["/etc/passwd", "/etc/group", "/etc/passwd-", "/etc/group-"];
 
 impl Sandbox {
-    /// The login's: processes hidden, a user database without other clusters, and its
-    /// own `/tmp`, `/var/tmp` and `/dev/shm`; `own_dir` (sshd's host key and
+    /// The login's: in its `cgroups`, processes hidden, a user database without other
+    /// clusters, and its own `/tmp`, `/var/tmp` and `/dev/shm`; `own_dir` (sshd's host key and
     /// configuration, which it reads again for each connection) stays where it is.
-    pub fn login(etc_layer: PathBuf, own_dir: &Path) -> Sandbox {
+    pub fn login(etc_layer: PathBuf, own_dir: &Path, cgroups: Vec<PathBuf>) -> Sandbox {
         Sandbox {
+            cgroups,
             hide_processes: true,
             private_dirs: ["/tmp", "/var/tmp", "/dev/shm"]
                 .iter()
@@ -209,6 +213,8 @@ pub(crate) struct Prepared {
     private: Vec<Private>,
     /// The bind mounts and /proc, after them.
     mounts: Vec<Mount>,
+    /// `cgroup.procs` files to write "0" to (this process joins each cgroup).
+    cgroups: Vec<CString>,
 }
 
 fn cstring(s: &str) -> std::io::Result<CString> {
@@ -299,6 +305,11 @@ impl Sandbox {
             mask,
             private,
             mounts,
+            cgroups: self
+                .cgroups
+                .iter()
+                .map(|p| cpath(p))
+                .collect::<std::io::Result<_>>()?,
         })
     }
 }
@@ -310,6 +321,7 @@ impl Prepared {
         // SAFETY: unshare and mount are system calls on this process only; every pointer
         // is a NUL-terminated string owned by `self`, or null where mount(2) allows it.
         unsafe {
+            self.join_cgroups()?;
             self.new_mount_namespace()?;
             // Slave, not private: mounts the host shares (see [`share_with_sandboxes`]: a
             // team volume mounted on the node after slurmd started) reach the namespace,
@@ -370,6 +382,29 @@ impl Prepared {
 }
 
 impl Prepared {
+    /// Moves this process into each cgroup (cgroup v1: "0" names the writer).
+    ///
+    /// # Safety
+    /// Between fork and exec: open, write and close only.
+    unsafe fn join_cgroups(&self) -> std::io::Result<()> {
+        for procs in &self.cgroups {
+            // SAFETY: `procs` is a NUL-terminated path owned by `self`; the buffer is static.
+            unsafe {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, c"0".as_ptr().cast(), 1);
+                let error = std::io::Error::last_os_error();
+                libc::close(fd);
+                if written != 1 {
+                    return Err(error);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `unshare(CLONE_NEWNS)`, in a namespace whose id is below that of any mount
     /// namespace made later on any CPU of this process.
     ///

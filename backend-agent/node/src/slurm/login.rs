@@ -6,7 +6,10 @@
 //! readable by the cluster's group) in the node's part of the runtime directory,
 //! `/run/gpufleet/<cluster>/n<hash>/login/`. The team's keys and the client configuration
 //! are rewritten in place (sshd and Slurm's commands read them at each use); a changed
-//! address, port or host key restarts sshd, and its sessions end with it.
+//! address, port or host key restarts sshd, and its sessions end with it. sshd and every
+//! session run in the login's cgroup, held to the agent's login limits
+//! (`gpufleet_slurm::login_limits`), written again at each order so a change reaches a
+//! running login.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -14,9 +17,11 @@ use std::path::Path;
 use gpufleet_slurm::account::{self, Account};
 use gpufleet_slurm::daemon::Daemon;
 use gpufleet_slurm::login::{self, Files, Login};
+use gpufleet_slurm::login_limits::{LoginCgroup, LoginLimits};
 
 pub struct Running {
     sshd: Daemon,
+    cgroup: LoginCgroup,
     config: String,
     host_key: String,
     at: std::net::SocketAddr,
@@ -28,10 +33,12 @@ impl Running {
         self.at
     }
 
-    /// Stops sshd; the team's sessions (they run as the cluster's account) end with it.
+    /// Stops sshd; the team's sessions (they run as the cluster's account) end with it,
+    /// and its cgroup goes.
     pub fn stop(self) {
         account::kill_descendants(self.sshd.pid());
         self.sshd.stop();
+        self.cgroup.remove();
     }
 }
 
@@ -48,6 +55,8 @@ pub struct Spec<'a> {
     pub keys: &'a [String],
     /// The cluster's host key (an OpenSSH private key).
     pub host_key: &'a str,
+    /// What the login and all its sessions may use together.
+    pub limits: &'a LoginLimits,
     /// The sessions' slurm.conf (the shared one with this node's munged socket).
     pub client_conf: String,
 }
@@ -70,18 +79,23 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
         authorized_keys: keys_file,
     };
     let config = login::sshd_config(&spec, &files);
+    let cgroup = LoginCgroup::of(want.cluster);
     match current {
         Some(r) if r.config == config && r.host_key == want.host_key && r.sshd.alive() => {
-            return Ok(r)
+            cgroup.apply(want.limits)?;
+            return Ok(r);
         }
+        // Its cgroup goes with it, and is made again below.
         Some(r) => r.stop(),
         None => {}
     }
+    cgroup.apply(want.limits)?;
     login::write_host_key(&files, want.host_key)?;
     super::write(&files.config, &config)?;
-    let sshd = login::start(&format!("sshd/{}", want.cluster), &spec, &files)?;
+    let sshd = login::start(&format!("sshd/{}", want.cluster), &spec, &files, &cgroup)?;
     Ok(Running {
         sshd,
+        cgroup,
         config,
         host_key: want.host_key.to_string(),
         at: std::net::SocketAddr::from((want.address, want.port)),

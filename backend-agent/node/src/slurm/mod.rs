@@ -56,6 +56,7 @@ use gpufleet_proto::v1;
 
 use gpufleet_slurm::account::{self, Account};
 use gpufleet_slurm::conf;
+use gpufleet_slurm::login_limits::LoginLimits;
 use gpufleet_slurm::sandbox;
 use gpufleet_wire::volumes::VOLUME_MOUNTS;
 
@@ -98,6 +99,8 @@ pub struct Slurm {
     /// Where this host mounts the platform's shared storage: a controller's state
     /// directory must be under it.
     shared_storage: Option<PathBuf>,
+    /// What each login on this node may use, all its sessions together.
+    login_limits: LoginLimits,
     running: Arc<Mutex<HashMap<String, Running>>>,
 }
 
@@ -118,6 +121,7 @@ impl Slurm {
         simulated: bool,
         address: Ipv4Addr,
         shared_storage: Option<PathBuf>,
+        login_limits: LoginLimits,
     ) -> Slurm {
         // Team volumes mounted later must reach the sandboxes of the daemons started
         // later (see `slurmd`).
@@ -130,6 +134,7 @@ impl Slurm {
             simulated,
             address,
             shared_storage,
+            login_limits,
             running: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -287,6 +292,7 @@ impl Slurm {
                     port: l.port as u16,
                     keys: &l.ssh_public_keys,
                     host_key: &l.host_key,
+                    limits: &self.login_limits,
                     client_conf: format!("{}{}", order.slurm_conf, conf::auth_info(&socket)),
                 },
             )?),
@@ -305,6 +311,7 @@ impl Slurm {
     /// account, when nothing else of the cluster is left on this host).
     pub fn stop(&self, cluster: &str) -> Result<(), String> {
         let dir = self.dir(cluster)?;
+        let uid = self.kept_order(cluster).map(|k| k.uid).filter(|u| *u != 0);
         let r = self.lock().remove(cluster);
         if let Some(r) = r {
             r.stop();
@@ -312,7 +319,7 @@ impl Slurm {
         // The slurmstepd of every job still running here, and the job's processes: they
         // outlive slurmd, and nothing of the cluster may stay on a node it gives back.
         self.end_steps(cluster);
-        slurmd::remove_cgroups(&self.node);
+        slurmd::remove_cgroups(&self.node, uid);
         let removed = match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -391,6 +398,12 @@ impl Slurm {
 
     /// SIGKILL to the slurmstepd of every job of `cluster` still running on this node, and
     /// to the job's processes: they outlive slurmd.
+    /// The cluster's last order as this node keeps it on disk.
+    fn kept_order(&self, cluster: &str) -> Option<Kept> {
+        let text = std::fs::read_to_string(self.root.join(cluster).join("order.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
     fn end_steps(&self, cluster: &str) {
         let conf = self.shared_dir(cluster).join("slurm.conf");
         account::kill_environ_holders(&format!("SLURM_CONF={}", conf.display()));

@@ -251,19 +251,30 @@ fn mknod(path: &Path, minor: u32) -> Result<(), String> {
         .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))
 }
 
-/// Ends every process still in `node`'s cgroups and removes them: what Slurm's cgroup
-/// v1 plugin keeps of the node, `/sys/fs/cgroup/<controller>/slurm_<node>/` (a killed
-/// slurmstepd leaves its job's cgroups, and a job process that dropped its environment
-/// is found there and nowhere else), deepest first, for a few seconds while the killed
-/// processes leave them.
-pub fn remove_cgroups(node: &str) {
-    let roots: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+/// Ends every process still in the cgroups Slurm's cgroup v1 plugin keeps of `node` for
+/// the cluster's account `uid`, `/sys/fs/cgroup/<controller>/slurm_<node>/uid_<uid>/` (a
+/// killed slurmstepd leaves its job's cgroups, and a job process that dropped its
+/// environment is found there and nowhere else), and removes them, deepest first, for a
+/// few seconds while the killed processes leave them; then `slurm_<node>` itself when
+/// nothing else is in it. Only the account's: another slurmd of the same node name on this
+/// machine (control planes of tests side by side) keeps its jobs. Without a known uid, the
+/// whole of `slurm_<node>`.
+pub fn remove_cgroups(node: &str, uid: Option<u32>) {
+    let nodes: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
         .into_iter()
         .flatten()
         .flatten()
         .map(|c| c.path().join(format!("slurm_{node}")))
         .filter(|p| p.is_dir())
         .collect();
+    let roots: Vec<PathBuf> = match uid {
+        Some(uid) => nodes
+            .iter()
+            .map(|n| n.join(format!("uid_{uid}")))
+            .filter(|p| p.is_dir())
+            .collect(),
+        None => nodes.clone(),
+    };
     let deadline = Instant::now() + Duration::from_secs(5);
     for root in roots {
         loop {
@@ -298,5 +309,9 @@ pub fn remove_cgroups(node: &str) {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+    // Fails while another account's jobs are in it: they are not this cluster's.
+    for n in &nodes {
+        let _ = std::fs::remove_dir(n);
     }
 }
