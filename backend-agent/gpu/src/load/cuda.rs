@@ -4,8 +4,9 @@
 //! binds the driver API, cuBLAS and NVRTC with the libraries opened when first used, so
 //! the agent builds on hosts without any CUDA (CI, this repository's machines) and runs
 //! on them, saying "not run" instead of failing to start. Kernels (pattern fill and
-//! verify, random operands, result comparison) are compiled with NVRTC at run time, so
-//! no `nvcc` is needed at build time either. NCCL is opened directly (`libnccl.so.2`,
+//! verify, random operands, result comparison; [`super::kernels`]) are compiled with
+//! NVRTC at run time for the device's compute capability, so no `nvcc` is needed at build
+//! time either. NCCL is opened directly (`libnccl.so.2`,
 //! five symbols): cudarc's loader looks for `libnccl.so`, `.so.13`, `.so.12`, ... but not
 //! the `.so.2` that NCCL installs.
 //!
@@ -34,6 +35,7 @@ use cudarc::driver::{
     PushKernelArg,
 };
 
+use super::kernels;
 use super::probe::{self, Answer, Test};
 use super::{
     patterns, AllReduceResult, BurnResult, LoadPlan, LoadRunner, MemoryResult, Outcome, Target,
@@ -43,51 +45,6 @@ use crate::figures::Dtype;
 /// The driver API version the bindings are compiled for (`cuda-13000`): CUDA 13.0, which
 /// needs driver 580.65.06 or newer.
 const CUDA_API: i32 = 13000;
-
-/// The kernels, compiled with NVRTC. `gf_word` is [`super::Pattern::word`] in CUDA C.
-const KERNELS: &str = r#"
-extern "C" __device__ unsigned int gf_word(unsigned int kind, unsigned long long seed, unsigned long long i) {
-    if (kind == 0) return 1u << ((i + seed) & 31);
-    if (kind == 1) return ~(1u << ((i + seed) & 31));
-    unsigned long long z = seed + i * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (unsigned int)(z ^ (z >> 31));
-}
-extern "C" __global__ void gf_fill(unsigned int* p, unsigned long long n, unsigned int kind, unsigned long long seed) {
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x)
-        p[i] = gf_word(kind, seed, i);
-}
-extern "C" __global__ void gf_verify(const unsigned int* p, unsigned long long n, unsigned int kind, unsigned long long seed, unsigned long long* bad) {
-    unsigned long long mine = 0;
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x)
-        if (p[i] != gf_word(kind, seed, i)) mine++;
-    if (mine) atomicAdd(bad, mine);
-}
-extern "C" __global__ void gf_random_half(unsigned short* p, unsigned long long n, unsigned long long seed, unsigned int bf16) {
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x) {
-        float f = (float)(gf_word(2, seed, i) >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
-        if (bf16) { p[i] = (unsigned short)(__float_as_uint(f) >> 16); }
-        else {
-            unsigned int b = __float_as_uint(f);
-            unsigned int sign = (b >> 16) & 0x8000u;
-            int e = (int)((b >> 23) & 0xff) - 127 + 15;
-            unsigned int m = (b >> 13) & 0x3ffu;
-            p[i] = (unsigned short)(e <= 0 ? sign : (sign | ((unsigned int)e << 10) | m));
-        }
-    }
-}
-extern "C" __global__ void gf_compare(const unsigned short* a, const unsigned short* b, unsigned long long n, unsigned long long* bad) {
-    unsigned long long mine = 0;
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x)
-        if (a[i] != b[i]) mine++;
-    if (mine) atomicAdd(bad, mine);
-}
-"#;
 
 /// Load tests on this host's GPUs through CUDA.
 #[derive(Debug, Default)]
@@ -171,15 +128,19 @@ struct Kernels {
     compare: cudarc::driver::CudaFunction,
 }
 
+/// The kernels compiled for this device (PTX of its compute capability) and loaded.
 fn kernels(ctx: &Arc<CudaContext>) -> Outcome<Kernels> {
-    let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| format!("NVRTC: {e:?}"))?;
+    let cc = ctx
+        .compute_capability()
+        .map_err(err("reading the compute capability"))?;
+    let ptx = kernels::compile(cc)?;
     let m = ctx.load_module(ptx).map_err(err("loading the kernels"))?;
     let f = |name: &str| m.load_function(name).map_err(err("loading a kernel"));
     Ok(Kernels {
-        fill: f("gf_fill")?,
-        verify: f("gf_verify")?,
-        random: f("gf_random_half")?,
-        compare: f("gf_compare")?,
+        fill: f(kernels::FILL)?,
+        verify: f(kernels::VERIFY)?,
+        random: f(kernels::RANDOM_HALF)?,
+        compare: f(kernels::COMPARE)?,
     })
 }
 
@@ -811,22 +772,6 @@ mod tests {
             *x = (i * 17) as u8 as std::ffi::c_char;
         }
         assert_eq!(uuid_text(&b), "GPU-00112233-4455-6677-8899-aabbccddeeff");
-    }
-
-    /// The kernels are valid CUDA C for NVRTC (which needs no GPU): checked where
-    /// libnvrtc is present (e.g. `LD_LIBRARY_PATH` at the pip package
-    /// nvidia-cuda-nvrtc's lib); elsewhere it says it did not run.
-    #[test]
-    fn the_kernels_compile_with_nvrtc_where_it_is_present() {
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            eprintln!("not run: libnvrtc not found on this host");
-            return;
-        }
-        let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("the kernels compile");
-        let text = ptx.to_src();
-        for f in ["gf_fill", "gf_verify", "gf_random_half", "gf_compare"] {
-            assert!(text.contains(f), "{f} in the PTX");
-        }
     }
 
     /// On a host without CUDA (CI) the runner says why, and nothing panics.

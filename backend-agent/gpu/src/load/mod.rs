@@ -16,6 +16,7 @@
 //! - `all_reduce`: an all-reduce across two or more whole GPUs, bus bandwidth.
 
 pub mod cuda;
+pub mod kernels;
 pub mod probe;
 mod sim;
 
@@ -144,7 +145,8 @@ pub trait LoadRunner: Send + Sync {
     fn all_reduce(&self, targets: &[Target], plan: &LoadPlan) -> Outcome<AllReduceResult>;
 }
 
-/// A memory-test pattern; the CUDA kernels compute the same words (see `cuda::KERNELS`).
+/// A memory-test pattern; the CUDA kernels compute the same words (`kernels::SOURCE`'s
+/// `gf_word`, checked against this by a test).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pattern {
     /// Word i is 1 << ((i + shift) mod 32).
