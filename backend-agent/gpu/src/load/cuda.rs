@@ -11,9 +11,10 @@
 //! the `.so.2` that NCCL installs.
 //!
 //! Safety of a missing library: cudarc panics when a library or symbol it needs is
-//! absent. [`CudaRunner::unavailable`] asks `is_culib_present` for each library first
-//! and that the driver supports CUDA 13.0 (the API version compiled in), and every test
-//! runs on a thread of its own whose panic becomes an error, never the agent's.
+//! absent. [`CudaRunner::unavailable`] asks `is_culib_present` for each library first,
+//! that the driver supports CUDA 13.0 (the API version compiled in) and that NVRTC is no
+//! newer than the driver, and every test runs on a thread of its own whose panic becomes
+//! an error, never the agent's.
 //!
 //! MIG slices: CUDA shows a process only the MIG devices named in its
 //! `CUDA_VISIBLE_DEVICES` when it initialises, once per process; so each test of a slice
@@ -655,6 +656,25 @@ fn in_child(
     probe::parse_answer(&out)
 }
 
+/// Why the CUDA libraries that are `(driver, cuBLAS, NVRTC)` present cannot be used, or
+/// None when all are. The driver's library is named as such: without it no GPU can be
+/// used at all, whatever else is installed.
+fn missing_libraries((driver, cublas, nvrtc): (bool, bool, bool)) -> Option<String> {
+    let missing: Vec<&str> = [
+        (
+            driver,
+            "libcuda.so.1 (the CUDA driver, from NVIDIA's driver package)",
+        ),
+        (cublas, "libcublas.so.13 (cuBLAS 13)"),
+        (nvrtc, "libnvrtc.so.13 (NVRTC 13)"),
+    ]
+    .iter()
+    .filter(|(present, _)| !present)
+    .map(|(_, name)| *name)
+    .collect();
+    (!missing.is_empty()).then(|| format!("no CUDA library: {} not found", missing.join(", ")))
+}
+
 fn wrong_answer(target: &Target) -> String {
     format!("{}: its test process answered another test", target.label())
 }
@@ -666,24 +686,33 @@ impl LoadRunner for CudaRunner {
 
     fn unavailable(&self) -> Option<String> {
         isolated("probe", || {
-            let present = [
-                ("libcuda", unsafe { drv_sys::is_culib_present() }),
-                ("libcublas", unsafe { blas_sys::is_culib_present() }),
-                ("libnvrtc", unsafe { cudarc::nvrtc::sys::is_culib_present() }),
-            ];
-            let missing: Vec<&str> = present
-                .iter()
-                .filter(|(_, p)| !p)
-                .map(|(n, _)| *n)
-                .collect();
-            if !missing.is_empty() {
-                return Err(format!("no CUDA library: {} not found", missing.join(", ")));
+            let present = unsafe {
+                (
+                    drv_sys::is_culib_present(),
+                    blas_sys::is_culib_present(),
+                    cudarc::nvrtc::sys::is_culib_present(),
+                )
+            };
+            if let Some(why) = missing_libraries(present) {
+                return Err(why);
             }
             let mut version = 0;
             let rc = unsafe { drv_sys::cuDriverGetVersion(&mut version) };
             if rc != drv_sys::CUresult::CUDA_SUCCESS || version < CUDA_API {
                 return Err(format!(
                     "the driver supports CUDA {}.{}; the load tests need CUDA 13.0 (driver 580.65.06 or newer)",
+                    version / 1000,
+                    version % 1000 / 10
+                ));
+            }
+            // A driver loads no PTX newer than its own CUDA: a newer NVRTC's kernels would
+            // all fail to load (CUDA_ERROR_UNSUPPORTED_PTX_VERSION).
+            let (major, minor) = kernels::nvrtc_version()?;
+            if major * 1000 + minor * 10 > version {
+                return Err(format!(
+                    "libnvrtc is CUDA {major}.{minor}'s, newer than the driver's CUDA {}.{}: its kernels would not load; install the NVRTC of CUDA {}.{} or a newer driver",
+                    version / 1000,
+                    version % 1000 / 10,
                     version / 1000,
                     version % 1000 / 10
                 ));
@@ -801,5 +830,58 @@ mod tests {
                 "{line}"
             ),
         }
+    }
+
+    #[test]
+    fn a_missing_driver_is_named_as_the_driver() {
+        assert_eq!(missing_libraries((true, true, true)), None);
+        assert_eq!(
+            missing_libraries((false, true, true)).as_deref(),
+            Some("no CUDA library: libcuda.so.1 (the CUDA driver, from NVIDIA's driver package) not found")
+        );
+        assert_eq!(
+            missing_libraries((true, false, false)).as_deref(),
+            Some(
+                "no CUDA library: libcublas.so.13 (cuBLAS 13), libnvrtc.so.13 (NVRTC 13) not found"
+            )
+        );
+    }
+
+    /// The real NVRTC present (scripts/bootstrap.sh's), the CUDA driver not: the runner
+    /// and a slice's test process say the driver is missing, and NVRTC is not blamed.
+    /// Where libcuda is present (a GPU host), the runner either can run or says why.
+    #[test]
+    fn with_nvrtc_but_no_driver_the_driver_is_what_is_missing() {
+        kernels::use_tools_nvrtc();
+        assert!(unsafe { cudarc::nvrtc::sys::is_culib_present() });
+        let why = CudaRunner::new().unavailable();
+        let line = probe_main(&probe::args(
+            Test::Memory,
+            16_384,
+            &LoadPlan {
+                memory_fraction: 0.5,
+                memory_passes: 1,
+                burn: Duration::from_secs(1),
+                bandwidth_bytes: 1 << 20,
+                seed: 1,
+            },
+        ));
+        if unsafe { drv_sys::is_culib_present() } {
+            if let Some(why) = why {
+                assert!(!why.contains("libnvrtc"), "{why}");
+                assert_eq!(line, probe::answer_line(&Err(format!("not run: {why}"))));
+            }
+            return;
+        }
+        let why = why.expect("no driver: the load tests cannot run");
+        assert!(
+            why.starts_with("no CUDA library: libcuda.so.1 (the CUDA driver"),
+            "{why}"
+        );
+        assert!(!why.contains("libnvrtc"), "{why}");
+        assert!(
+            line.starts_with("err not run: no CUDA library: libcuda.so.1 (the CUDA driver"),
+            "{line}"
+        );
     }
 }
