@@ -536,7 +536,7 @@ fn all_reduce_test(targets: &[Target], plan: &LoadPlan) -> Outcome<AllReduceResu
     let comms = lib.init_all(&ordinals)?;
     let round = |bufs: &mut Vec<(CudaSlice<f32>, CudaSlice<f32>)>| -> Outcome<()> {
         lib.group(true)?;
-        for (i, (a, b)) in bufs.iter_mut().enumerate() {
+        let queued = bufs.iter_mut().enumerate().try_for_each(|(i, (a, b))| {
             let (sp, _g1) = a.device_ptr(&streams[i]);
             let (rp, _g2) = b.device_ptr_mut(&streams[i]);
             unsafe {
@@ -546,10 +546,14 @@ fn all_reduce_test(targets: &[Target], plan: &LoadPlan) -> Outcome<AllReduceResu
                     count,
                     comms[i],
                     streams[i].cu_stream() as *mut c_void,
-                )?
-            };
-        }
-        lib.group(false)?;
+                )
+            }
+        });
+        // The group is closed even when a call failed: NCCL would otherwise stay in group
+        // mode on this thread, holding what was queued, through the destruction below.
+        let ended = lib.group(false);
+        queued?;
+        ended?;
         for s in &streams {
             s.synchronize().map_err(err("all-reduce"))?;
         }
