@@ -640,9 +640,9 @@ fn in_child(
     });
     let limit = plan.burn + Duration::from_secs(300);
     let started = Instant::now();
-    loop {
+    let status = loop {
         match child.try_wait() {
-            Ok(Some(_)) => break,
+            Ok(Some(status)) => break status,
             Ok(None) if started.elapsed() > limit => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -658,11 +658,21 @@ fn in_child(
             }
             Err(e) => return Err(format!("waiting for the slice's test process: {e}")),
         }
-    }
+    };
     let out = reader
         .join()
         .map_err(|_| "reading the slice's test process failed".to_string())?;
-    probe::parse_answer(&out)
+    // A process killed inside CUDA (a signal in the driver) answers nothing: say how it ended.
+    probe::parse_answer(&out).map_err(|e| {
+        if status.success() {
+            e
+        } else {
+            format!(
+                "{}: its test process ended with {status}: {e}",
+                target.label()
+            )
+        }
+    })
 }
 
 /// Why the CUDA libraries that are `(driver, cuBLAS, NVRTC)` present cannot be used, or
