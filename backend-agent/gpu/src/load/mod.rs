@@ -192,8 +192,9 @@ impl Pattern {
     }
 }
 
-/// The patterns of a memory test: walking ones and zeros over 32 shifts each (one word
-/// shift per pass keeps every bit of every word walking), then `passes` random seeds.
+/// The patterns of a memory test: one pass of walking ones and one of walking zeros (word
+/// i holds bit i mod 32, or all but it: between the two passes every bit of every word
+/// holds both 0 and 1, and neighbouring words differ), then `passes` random seeds.
 pub fn patterns(plan: &LoadPlan) -> Vec<Pattern> {
     let mut out = vec![Pattern::WalkingOnes(0), Pattern::WalkingZeros(0)];
     out.extend((0..u64::from(plan.memory_passes)).map(|p| Pattern::Random(plan.seed ^ p)));
