@@ -423,7 +423,11 @@ mod nccl {
                     Err(e) => last = e.to_string(),
                 }
             }
-            Err(format!("NCCL is not installed ({last})"))
+            // "not run", as for the other CUDA libraries (the node's judge reads the prefix):
+            // a host without NCCL could not run the test, it did not fail it.
+            Err(format!(
+                "not run: NCCL is not installed: libnccl.so.2 not found ({last})"
+            ))
         }
 
         fn sym<T: Copy>(&self, name: &[u8]) -> Result<T, String> {
@@ -848,6 +852,25 @@ mod tests {
                 line.starts_with("ok copy ") || line.starts_with("err "),
                 "{line}"
             ),
+        }
+    }
+
+    /// A host without NCCL cannot run the all-reduce ("not run", like a missing CUDA
+    /// library), and says which library is missing.
+    #[test]
+    fn a_host_without_nccl_is_not_run() {
+        let found = ["libnccl.so.2", "libnccl.so"]
+            .iter()
+            .any(|n| unsafe { libloading::Library::new(*n) }.is_ok());
+        match nccl::Nccl::open() {
+            Ok(_) => assert!(found),
+            Err(e) => {
+                assert!(!found);
+                assert!(
+                    e.starts_with("not run: NCCL is not installed: libnccl.so.2 not found"),
+                    "{e}"
+                );
+            }
         }
     }
 
