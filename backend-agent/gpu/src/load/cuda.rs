@@ -817,6 +817,17 @@ impl LoadRunner for CudaRunner {
 mod tests {
     use super::*;
 
+    /// A plan small enough for any host (the tests here never reach a GPU's kernels).
+    fn tiny_plan() -> LoadPlan {
+        LoadPlan {
+            memory_fraction: 0.5,
+            memory_passes: 1,
+            burn: Duration::from_secs(1),
+            bandwidth_bytes: 1 << 20,
+            seed: 1,
+        }
+    }
+
     #[test]
     fn uuids_read_as_nvml_writes_them() {
         let mut b = [0 as std::ffi::c_char; 16];
@@ -835,17 +846,7 @@ mod tests {
             None => eprintln!("this host has CUDA 13: the load tests can run"),
         }
         // A slice's test process on this host says why it cannot run.
-        let line = probe_main(&probe::args(
-            Test::Copy,
-            16_384,
-            &LoadPlan {
-                memory_fraction: 0.5,
-                memory_passes: 1,
-                burn: Duration::from_secs(1),
-                bandwidth_bytes: 1 << 20,
-                seed: 1,
-            },
-        ));
+        let line = probe_main(&probe::args(Test::Copy, 16_384, &tiny_plan()));
         match r.unavailable() {
             Some(_) => assert!(line.starts_with("err not run: "), "{line}"),
             None => assert!(
@@ -897,17 +898,7 @@ mod tests {
         kernels::use_tools_nvrtc();
         assert!(unsafe { cudarc::nvrtc::sys::is_culib_present() });
         let why = CudaRunner::new().unavailable();
-        let line = probe_main(&probe::args(
-            Test::Memory,
-            16_384,
-            &LoadPlan {
-                memory_fraction: 0.5,
-                memory_passes: 1,
-                burn: Duration::from_secs(1),
-                bandwidth_bytes: 1 << 20,
-                seed: 1,
-            },
-        ));
+        let line = probe_main(&probe::args(Test::Memory, 16_384, &tiny_plan()));
         if unsafe { drv_sys::is_culib_present() } {
             if let Some(why) = why {
                 assert!(!why.contains("libnvrtc"), "{why}");
