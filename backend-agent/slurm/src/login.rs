@@ -298,7 +298,7 @@ fn sshd_program() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Starts the login's sshd on `files.config`, in `cgroup` (made, with its limits), and
+/// Starts the login's sshd on `files.config`, in `cgroup` (made and limited by the caller), and
 /// waits until it listens.
 pub fn start(
     name: &str,

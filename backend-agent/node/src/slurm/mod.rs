@@ -396,14 +396,14 @@ impl Slurm {
         query::run(&conf, q, probe)
     }
 
-    /// SIGKILL to the slurmstepd of every job of `cluster` still running on this node, and
-    /// to the job's processes: they outlive slurmd.
     /// The cluster's last order as this node keeps it on disk.
     fn kept_order(&self, cluster: &str) -> Option<Kept> {
         let text = std::fs::read_to_string(self.root.join(cluster).join("order.json")).ok()?;
         serde_json::from_str(&text).ok()
     }
 
+    /// SIGKILL to the slurmstepd of every job of `cluster` still running on this node, and
+    /// to the job's processes: they outlive slurmd.
     fn end_steps(&self, cluster: &str) {
         let conf = self.shared_dir(cluster).join("slurm.conf");
         account::kill_environ_holders(&format!("SLURM_CONF={}", conf.display()));
