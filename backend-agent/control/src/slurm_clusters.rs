@@ -69,6 +69,9 @@ const READY_WITHIN: Duration = Duration::from_secs(30);
 const WATCH_EVERY: Duration = Duration::from_secs(2);
 /// How long a cluster whose acceptance probe failed waits before it is probed again.
 const PROBE_AGAIN: Duration = Duration::from_secs(30);
+/// How long the jobs of nodes set down (before they leave a cluster) are waited for to
+/// end on the cluster's other nodes (a few seconds: their slurmd end them at once).
+const ENDED_WITHIN: Duration = Duration::from_secs(30);
 /// How often a wait asks the controller again.
 const ASK_EVERY: Duration = Duration::from_millis(250);
 /// Where the controllers' state lives on the shared storage, per cluster.
@@ -690,6 +693,7 @@ async fn bring_up(
             leaving.push(g.clone());
         }
     }
+    fail_leaving(state, &plan, &leaving).await;
     for f in order_all(state, &leaving, |_| stop_order(&name)).await {
         tracing::warn!(cluster = %plan.cluster.name, failure = %f, "cannot stop the cluster's daemons on a node that left it");
     }
@@ -786,6 +790,97 @@ async fn bring_up(
     }
     let expected: Vec<String> = plan.nodes.iter().map(|n| n.hostname.clone()).collect();
     Ok(wait_ready(state, &name, &askable, expected).await)
+}
+
+/// Why a node that leaves a cluster is set down in its Slurm (what `sinfo -R` shows).
+const LEAVING_REASON: &str = "gpufleet: the node leaves the cluster";
+
+/// Sets DOWN in the cluster's Slurm, as on a node failure, the nodes of `leaving` that its
+/// controller still has (the slurm.conf last written declares them, and the controller
+/// does not call them down already), before the new node set is written: the controller
+/// ends their job steps (each `srun` is told and ends with an error) and requeues their
+/// batch jobs (Slurm's `JobRequeue=1`; not those submitted with `--no-requeue`), which
+/// run again, same job id, `SLURM_RESTART_COUNT` one more, on the nodes the cluster has
+/// then. It then waits (at most [`ENDED_WITHIN`]) until no job is still ending, so that
+/// the controller restarts on jobs that are pending again. Without it a controller
+/// restarted on a node set without them finds jobs on nodes it no longer has: Slurm 22.05
+/// requeues those batch jobs on its own, but the sruns of interactive steps are never
+/// told and wait on.
+///
+/// Asked through the nodes that run the controllers now (the recorded head and backup,
+/// even when they are leaving), then the cluster's other nodes. Best effort: a controller
+/// that does not answer (a lost head whose backup has not taken over yet) is logged, and
+/// the cluster goes ahead with its new node set.
+async fn fail_leaving(state: &AppState, plan: &Plan, leaving: &[NodeRow]) {
+    let names: Vec<String> = leaving
+        .iter()
+        .filter(|n| plan.access.node_ports.contains_key(&n.hostname))
+        .map(|n| n.hostname.clone())
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    let mut through: Vec<NodeRow> = [&plan.access.head_node, &plan.access.backup_node]
+        .into_iter()
+        .filter_map(|id| leaving.iter().find(|n| &n.id == id))
+        .cloned()
+        .collect();
+    for n in plan.askable() {
+        if !through.iter().any(|t| t.id == n.id) {
+            through.push(n);
+        }
+    }
+    let cluster = &plan.cluster.name;
+    let said = match queries::ask(state, &plan.name, &through, "status", &[], "").await {
+        Ok(said) => said,
+        Err(e) => {
+            tracing::warn!(%cluster, nodes = ?names, error = %e, "cannot set leaving nodes down in Slurm: the controller does not answer; their jobs are not requeued first");
+            return;
+        }
+    };
+    let down: Vec<String> = names
+        .into_iter()
+        .filter(|n| {
+            said.nodes
+                .get(n)
+                .is_some_and(|s| !s.state.starts_with("down"))
+        })
+        .collect();
+    if down.is_empty() {
+        return;
+    }
+    let mut said = match queries::ask(state, &plan.name, &through, "down", &down, LEAVING_REASON)
+        .await
+    {
+        Ok(said) => said,
+        Err(e) => {
+            tracing::warn!(%cluster, nodes = ?down, error = %e, "cannot set leaving nodes down in Slurm; their jobs are not requeued first");
+            return;
+        }
+    };
+    tracing::info!(%cluster, nodes = ?down, "set leaving nodes down in Slurm: their batch jobs are requeued");
+    // A requeued job is pending again once its other nodes said its part ended. The
+    // controller must not restart before: one that recovers a job still ending on a node
+    // it no longer has requeues it a second time and may never see it end.
+    let deadline = Instant::now() + ENDED_WITHIN;
+    loop {
+        let ending = said.jobs.map_or(1, |j| j.ending);
+        if ending == 0 {
+            return;
+        }
+        if Instant::now() > deadline {
+            tracing::warn!(%cluster, ending, "jobs of nodes set down are still ending; the cluster goes ahead with its new node set");
+            return;
+        }
+        tokio::time::sleep(ASK_EVERY).await;
+        said = match queries::ask(state, &plan.name, &through, "status", &[], "").await {
+            Ok(said) => said,
+            Err(e) => {
+                tracing::warn!(%cluster, error = %e, "the controller does not answer after leaving nodes were set down");
+                return;
+            }
+        };
+    }
 }
 
 /// A node of a Slurm cluster whose agent registered again (it restarted, or was cut off
