@@ -796,21 +796,23 @@ async fn bring_up(
 const LEAVING_REASON: &str = "gpufleet: the node leaves the cluster";
 
 /// Sets DOWN in the cluster's Slurm, as on a node failure, the nodes of `leaving` that its
-/// controller still has (the slurm.conf last written declares them, and the controller
-/// does not call them down already), before the new node set is written: the controller
-/// ends their job steps (each `srun` is told and ends with an error) and requeues their
-/// batch jobs (Slurm's `JobRequeue=1`; not those submitted with `--no-requeue`), which
-/// run again, same job id, `SLURM_RESTART_COUNT` one more, on the nodes the cluster has
-/// then. It then waits (at most [`ENDED_WITHIN`]) until no job is still ending, so that
-/// the controller restarts on jobs that are pending again. Without it a controller
-/// restarted on a node set without them finds jobs on nodes it no longer has: Slurm 22.05
-/// requeues those batch jobs on its own, but the sruns of interactive steps are never
-/// told and wait on.
+/// controller still has (the slurm.conf last written declares them), before the new node
+/// set is written: the controller ends their job steps (each `srun` is told and ends with
+/// an error) and requeues their batch jobs (Slurm's `JobRequeue=1`; not those submitted
+/// with `--no-requeue`), which run again, same job id, `SLURM_RESTART_COUNT` one more, on
+/// the nodes the cluster has then. It then waits (at most [`ENDED_WITHIN`]) until no job
+/// is still ending, so that the controller restarts on jobs that are pending again (one
+/// that recovers a job still ending on a node it no longer has requeues it a second time
+/// and may never see it end). Without the down, a controller restarted on a node set
+/// without them finds jobs on nodes it no longer has: Slurm 22.05 requeues those batch
+/// jobs on its own, but the sruns of interactive steps are never told and wait on.
 ///
-/// Asked through the nodes that run the controllers now (the recorded head and backup,
-/// even when they are leaving), then the cluster's other nodes. Best effort: a controller
-/// that does not answer (a lost head whose backup has not taken over yet) is logged, and
-/// the cluster goes ahead with its new node set.
+/// Asked through one node's agent: the first live of the nodes that run the controllers
+/// now (the recorded head and backup, even when they are leaving), then the cluster's
+/// other nodes; one, because a controller that does not answer (a lost head whose backup
+/// has not taken control yet) takes each node's Slurm commands their whole limit. Best
+/// effort: a controller that does not answer is logged, and the cluster goes ahead with
+/// its new node set.
 async fn fail_leaving(state: &AppState, plan: &Plan, leaving: &[NodeRow]) {
     let names: Vec<String> = leaving
         .iter()
@@ -820,48 +822,32 @@ async fn fail_leaving(state: &AppState, plan: &Plan, leaving: &[NodeRow]) {
     if names.is_empty() {
         return;
     }
-    let mut through: Vec<NodeRow> = [&plan.access.head_node, &plan.access.backup_node]
+    let mut candidates: Vec<NodeRow> = [&plan.access.head_node, &plan.access.backup_node]
         .into_iter()
         .filter_map(|id| leaving.iter().find(|n| &n.id == id))
         .cloned()
         .collect();
     for n in plan.askable() {
-        if !through.iter().any(|t| t.id == n.id) {
-            through.push(n);
+        if !candidates.iter().any(|c| c.id == n.id) {
+            candidates.push(n);
         }
     }
-    let cluster = &plan.cluster.name;
-    let said = match queries::ask(state, &plan.name, &through, "status", &[], "").await {
-        Ok(said) => said,
-        Err(e) => {
-            tracing::warn!(%cluster, nodes = ?names, error = %e, "cannot set leaving nodes down in Slurm: the controller does not answer; their jobs are not requeued first");
-            return;
-        }
-    };
-    let down: Vec<String> = names
-        .into_iter()
-        .filter(|n| {
-            said.nodes
-                .get(n)
-                .is_some_and(|s| !s.state.starts_with("down"))
-        })
-        .collect();
-    if down.is_empty() {
+    let Some(through) = candidates.into_iter().find(|n| state.agents.is_live(&n.id)) else {
         return;
-    }
-    let mut said = match queries::ask(state, &plan.name, &through, "down", &down, LEAVING_REASON)
+    };
+    let through = std::slice::from_ref(&through);
+    let cluster = &plan.cluster.name;
+    // Setting down a node that is down already changes nothing but its reason.
+    let mut said = match queries::ask(state, &plan.name, through, "down", &names, LEAVING_REASON)
         .await
     {
         Ok(said) => said,
         Err(e) => {
-            tracing::warn!(%cluster, nodes = ?down, error = %e, "cannot set leaving nodes down in Slurm; their jobs are not requeued first");
+            tracing::warn!(%cluster, nodes = ?names, error = %e, "cannot set leaving nodes down in Slurm; their jobs are not requeued first");
             return;
         }
     };
-    tracing::info!(%cluster, nodes = ?down, "set leaving nodes down in Slurm: their batch jobs are requeued");
-    // A requeued job is pending again once its other nodes said its part ended. The
-    // controller must not restart before: one that recovers a job still ending on a node
-    // it no longer has requeues it a second time and may never see it end.
+    tracing::info!(%cluster, nodes = ?names, "set leaving nodes down in Slurm: their batch jobs are requeued");
     let deadline = Instant::now() + ENDED_WITHIN;
     loop {
         let ending = said.jobs.map_or(1, |j| j.ending);
@@ -873,7 +859,7 @@ async fn fail_leaving(state: &AppState, plan: &Plan, leaving: &[NodeRow]) {
             return;
         }
         tokio::time::sleep(ASK_EVERY).await;
-        said = match queries::ask(state, &plan.name, &through, "status", &[], "").await {
+        said = match queries::ask(state, &plan.name, through, "status", &[], "").await {
             Ok(said) => said,
             Err(e) => {
                 tracing::warn!(%cluster, error = %e, "the controller does not answer after leaving nodes were set down");
