@@ -1,20 +1,21 @@
 //! A lost Slurm node's jobs, on the multi-host tier (`gpufleet_e2e::netns`): a control
 //! plane, three GPU hosts with a node agent each, and a client host the team works from.
 //!
-//! A two-node cluster runs a team's batch job across both nodes (`sbatch -N2`, not pinned
-//! to any node) and an interactive `srun` across both. The host of the node that is not
-//! the head is cut off; the control plane finds it unreachable and replaces it with the
+//! A two-node cluster runs two of a team's batch jobs across both nodes (`sbatch -N2`, not
+//! pinned to any node) and an interactive `srun` across both. The host of the node that is
+//! not the head is cut off; the control plane finds it unreachable and replaces it with the
 //! spare host. Then, as Slurm does on a node failure:
 //!
 //! - the interactive step ends, and the team's `srun` says so (it does not hang);
-//! - the batch job is requeued, keeps its job id, runs again (`SLURM_RESTART_COUNT` 1) on
-//!   the nodes the cluster has now (the head and the replacement) and completes there, and
+//! - the batch job submitted with `--no-requeue` ends (`NODE_FAIL`) and does not run again;
+//! - the other is requeued, keeps its job id, runs again (`SLURM_RESTART_COUNT` 1) on the
+//!   nodes the cluster has now (the head and the replacement) and completes there, and
 //!   `scontrol show job` says so (`sacct` has no record to show: the clusters keep no
 //!   accounting storage);
 //! - the lost host, only cut off, still runs the first run's step until it is back and its
 //!   agent, told the node left the cluster, ends everything of the cluster there.
 //!
-//! The job's steps write `<job id> <restart count> <hostname>` to the home of the host they
+//! The jobs' steps write `<job id> <restart count> <hostname>` to the home of the host they
 //! run on (each host has its own home here), then wait for a file the test makes there.
 //!
 //! Needs root (CI runs as root); without it the test fails naming what is missing.
@@ -159,19 +160,24 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
         "echo \"$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} $(hostname)\" >> $HOME/requeue.log; \
                 until [ -e $HOME/requeue-go ]; do sleep 0.2; done";
     let script = format!("srun -N2 --ntasks-per-node=1 sh -c {}", shell_word(step));
-    let job = team
-        .ok(&format!(
-            "sbatch --parsable -N2 -t 10 -J requeued --output=requeue-%j.out --wrap {}",
+    let submit = |options: &str| {
+        team.ok(&format!(
+            "sbatch --parsable -N2 -t 10 {options} --output=requeue-%j.out --wrap {}",
             shell_word(&script)
         ))
         .trim()
-        .to_string();
-    eventually("the batch job's steps running on both nodes", LIMIT, || {
+        .to_string()
+    };
+    let job = submit("-J requeued");
+    // The same, from a team that wants it run once at most.
+    let once = submit("-J once --no-requeue");
+    eventually("the batch jobs' steps running on both nodes", LIMIT, || {
         let all: Vec<_> = nodes.iter().map(|n| written(net.host(n), &home)).collect();
-        let ran = nodes
-            .iter()
-            .zip(&all)
-            .all(|(n, w)| w.contains(&(job.clone(), "0".into(), n.clone())));
+        let ran = nodes.iter().zip(&all).all(|(n, w)| {
+            [&job, &once]
+                .iter()
+                .all(|j| w.contains(&(j.to_string(), "0".into(), n.clone())))
+        });
         async move { ran.then_some(()) }
     })
     .await;
@@ -268,6 +274,12 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
     let mut ran_on: Vec<String> = ran_on.lines().map(|l| l.trim().to_string()).collect();
     ran_on.sort();
     assert_eq!(ran_on, now, "{shown}");
+    // The job that must not run twice ended with the node, and did not run again.
+    let ended = team.ok(&format!("scontrol -o show job {once}"));
+    assert_eq!(field(&ended, "JobState"), Some("NODE_FAIL"), "{ended}");
+    assert_eq!(field(&ended, "Restarts"), Some("0"), "{ended}");
+    let on_spare = written(net.host(&spare), &home);
+    assert!(!on_spare.iter().any(|(j, _, _)| *j == once), "{on_spare:?}");
     // Its first run wrote on the lost node, the second never did.
     let on_lost = written(net.host(&lost), &home);
     assert!(
