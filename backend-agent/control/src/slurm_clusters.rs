@@ -809,10 +809,10 @@ const LEAVING_REASON: &str = "gpufleet: the node leaves the cluster";
 ///
 /// Asked through one node's agent: the first live of the nodes that run the controllers
 /// now (the recorded head and backup, even when they are leaving), then the cluster's
-/// other nodes; one, because a controller that does not answer (a lost head whose backup
-/// has not taken control yet) takes each node's Slurm commands their whole limit. Best
-/// effort: a controller that does not answer is logged, and the cluster goes ahead with
-/// its new node set.
+/// other nodes; one, because a controller that does not answer takes each node's Slurm
+/// commands their whole limit. Not asked when the head itself leaves out of reach (see
+/// below). Best effort: a controller that does not answer is logged, and the cluster goes
+/// ahead with its new node set.
 async fn fail_leaving(state: &AppState, plan: &Plan, leaving: &[NodeRow]) {
     let names: Vec<String> = leaving
         .iter()
@@ -820,6 +820,17 @@ async fn fail_leaving(state: &AppState, plan: &Plan, leaving: &[NodeRow]) {
         .map(|n| n.hostname.clone())
         .collect();
     if names.is_empty() {
+        return;
+    }
+    // A head out of reach takes the primary controller and the login with it: its sruns
+    // (the team's, on the login) are gone with them, and no controller answers until the
+    // backup takes control (each node's Slurm commands would wait their whole limit for
+    // it, delaying the move of the login). The backup, once in control, sets down the
+    // nodes that do not answer itself; a controller restarted without the node requeues
+    // the batch jobs it finds there.
+    let head = &plan.access.head_node;
+    if leaving.iter().any(|n| &n.id == head) && !state.agents.is_live(head) {
+        tracing::info!(cluster = %plan.cluster.name, nodes = ?names, "the cluster's head is out of reach: leaving nodes are not set down first");
         return;
     }
     let mut candidates: Vec<NodeRow> = [&plan.access.head_node, &plan.access.backup_node]
