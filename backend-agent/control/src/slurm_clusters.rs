@@ -70,6 +70,9 @@ const READY_WITHIN: Duration = Duration::from_secs(30);
 const WATCH_EVERY: Duration = Duration::from_secs(2);
 /// How long a cluster whose acceptance probe failed waits before it is probed again.
 const PROBE_AGAIN: Duration = Duration::from_secs(30);
+/// How long the jobs of nodes set down (before they leave a cluster) are waited for to
+/// end on the cluster's other nodes (a few seconds: their slurmd end them at once).
+const ENDED_WITHIN: Duration = Duration::from_secs(30);
 /// How often a wait asks the controller again.
 const ASK_EVERY: Duration = Duration::from_millis(250);
 /// Where the controllers' state lives on the shared storage, per cluster.
@@ -690,6 +693,7 @@ async fn bring_up(
             leaving.push(g.clone());
         }
     }
+    fail_leaving(state, &plan, &leaving).await;
     for f in order_all(state, &leaving, |_| stop_order(&name)).await {
         tracing::warn!(cluster = %plan.cluster.name, failure = %f, "cannot stop the cluster's daemons on a node that left it");
     }
@@ -786,6 +790,94 @@ async fn bring_up(
     }
     let expected: Vec<String> = plan.nodes.iter().map(|n| n.hostname.clone()).collect();
     Ok(wait_ready(state, &name, &askable, expected).await)
+}
+
+/// Why a node that leaves a cluster is set down in its Slurm (what `sinfo -R` shows).
+const LEAVING_REASON: &str = "gpufleet: the node leaves the cluster";
+
+/// Sets DOWN in the cluster's Slurm, as on a node failure, the nodes of `leaving` that its
+/// controller still has (the slurm.conf last written declares them), before the new node
+/// set is written: the controller ends their job steps (each `srun` is told and ends with
+/// an error) and requeues their batch jobs (Slurm's `JobRequeue=1`; not those submitted
+/// with `--no-requeue`), which run again, same job id, `SLURM_RESTART_COUNT` one more, on
+/// the nodes the cluster has then. It then waits (at most [`ENDED_WITHIN`]) until no job
+/// is still ending, so that the controller restarts on jobs that are pending again (one
+/// that recovers a job still ending on a node it no longer has requeues it a second time
+/// and may never see it end). Without the down, a controller restarted on a node set
+/// without them finds jobs on nodes it no longer has: Slurm 22.05 requeues those batch
+/// jobs on its own, but the sruns of interactive steps are never told and wait on.
+///
+/// Asked through one node's agent: the first live of the nodes that run the controllers
+/// now (the recorded head and backup, even when they are leaving), then the cluster's
+/// other nodes; one, because a controller that does not answer takes each node's Slurm
+/// commands their whole limit. Not asked when the head itself leaves out of reach (see
+/// below). Best effort: a controller that does not answer is logged, and the cluster goes
+/// ahead with its new node set.
+async fn fail_leaving(state: &AppState, plan: &Plan, leaving: &[NodeRow]) {
+    let names: Vec<String> = leaving
+        .iter()
+        .filter(|n| plan.access.node_ports.contains_key(&n.hostname))
+        .map(|n| n.hostname.clone())
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    // A head out of reach takes the primary controller and the login with it: its sruns
+    // (the team's, on the login) are gone with them, and no controller answers until the
+    // backup takes control (each node's Slurm commands would wait their whole limit for
+    // it, delaying the move of the login). The backup, once in control, sets down the
+    // nodes that do not answer itself; a controller restarted without the node requeues
+    // the batch jobs it finds there.
+    let head = &plan.access.head_node;
+    if leaving.iter().any(|n| &n.id == head) && !state.agents.is_live(head) {
+        tracing::info!(cluster = %plan.cluster.name, nodes = ?names, "the cluster's head is out of reach: leaving nodes are not set down first");
+        return;
+    }
+    let mut candidates: Vec<NodeRow> = [&plan.access.head_node, &plan.access.backup_node]
+        .into_iter()
+        .filter_map(|id| leaving.iter().find(|n| &n.id == id))
+        .cloned()
+        .collect();
+    for n in plan.askable() {
+        if !candidates.iter().any(|c| c.id == n.id) {
+            candidates.push(n);
+        }
+    }
+    let Some(through) = candidates.into_iter().find(|n| state.agents.is_live(&n.id)) else {
+        return;
+    };
+    let through = std::slice::from_ref(&through);
+    let cluster = &plan.cluster.name;
+    // Setting down a node that is down already changes nothing but its reason.
+    let mut said = match queries::ask(state, &plan.name, through, "down", &names, LEAVING_REASON)
+        .await
+    {
+        Ok(said) => said,
+        Err(e) => {
+            tracing::warn!(%cluster, nodes = ?names, error = %e, "cannot set leaving nodes down in Slurm; their jobs are not requeued first");
+            return;
+        }
+    };
+    tracing::info!(%cluster, nodes = ?names, "set leaving nodes down in Slurm: their batch jobs are requeued");
+    let deadline = Instant::now() + ENDED_WITHIN;
+    loop {
+        let ending = said.jobs.map_or(1, |j| j.ending);
+        if ending == 0 {
+            return;
+        }
+        if Instant::now() > deadline {
+            tracing::warn!(%cluster, ending, "jobs of nodes set down are still ending; the cluster goes ahead with its new node set");
+            return;
+        }
+        tokio::time::sleep(ASK_EVERY).await;
+        said = match queries::ask(state, &plan.name, through, "status", &[], "").await {
+            Ok(said) => said,
+            Err(e) => {
+                tracing::warn!(%cluster, error = %e, "the controller does not answer after leaving nodes were set down");
+                return;
+            }
+        };
+    }
 }
 
 /// A node of a Slurm cluster whose agent registered again (it restarted, or was cut off

@@ -100,11 +100,15 @@ pub fn nodes(conf: &Path) -> Result<BTreeMap<String, NodeState>, String> {
     Ok(parse_sinfo(&text))
 }
 
-/// The jobs a controller holds that are running or waiting.
+/// The jobs a controller holds that are running or waiting, and those it is still ending.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct JobCounts {
     pub running: u64,
     pub pending: u64,
+    /// Ending (`COMPLETING`: the nodes have not all said their part ended) or being put
+    /// back in the queue (`REQUEUED`): a requeued job is pending again once none of it is
+    /// left on its nodes.
+    pub ending: u64,
 }
 
 impl JobCounts {
@@ -113,6 +117,7 @@ impl JobCounts {
         match line.trim() {
             "RUNNING" => self.running += 1,
             "PENDING" => self.pending += 1,
+            "COMPLETING" | "REQUEUED" => self.ending += 1,
             _ => {}
         }
     }
@@ -125,14 +130,15 @@ pub fn parse_squeue_states(text: &str) -> JobCounts {
     counts
 }
 
-/// The controller's running and pending jobs (every user's: the cluster is one team's),
+/// The controller's running, pending and ending jobs (every user's: the cluster is one team's),
 /// counted as `squeue` prints them, one line per job, read while it prints (a queue of
 /// any length), killed after 10 s.
 pub fn jobs(conf: &Path) -> Result<JobCounts, String> {
     use std::io::BufRead;
     let limit = Duration::from_secs(10);
     let mut child = Command::new("squeue")
-        .args(["-h", "-a", "-t", "PENDING,RUNNING", "-o", "%T"])
+        .args(["-h", "-a", "-t", "PENDING,RUNNING,COMPLETING,REQUEUED"])
+        .args(["-o", "%T"])
         .env("SLURM_CONF", conf)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -192,13 +198,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn squeue_states_count_running_and_pending_only() {
-        let c = parse_squeue_states("RUNNING\nPENDING\nPENDING\nCOMPLETING\n\n RUNNING \n");
+    fn squeue_states_count_running_pending_and_ending() {
+        let c = parse_squeue_states(
+            "RUNNING\nPENDING\nPENDING\nCOMPLETING\nREQUEUED\nCOMPLETED\n\n RUNNING \n",
+        );
         assert_eq!(
             c,
             JobCounts {
                 running: 2,
-                pending: 2
+                pending: 2,
+                ending: 2,
             }
         );
     }

@@ -69,6 +69,7 @@ fn said(a: v1::SlurmAnswer) -> Said {
         jobs: a.jobs_known.then_some(JobCounts {
             running: a.jobs_running,
             pending: a.jobs_pending,
+            ending: a.jobs_ending,
         }),
         probe: cut(&a.probe),
     }

@@ -1,7 +1,7 @@
 //! The control plane's questions to a cluster's controller, asked from this node with its
 //! own slurm.conf (which names the cluster's controllers) and munged: `sinfo` and `squeue`
-//! for what the controller says of its nodes and jobs, `scontrol update` to drain or
-//! resume nodes, `scontrol reconfigure` to have every slurmd register again (as root, the
+//! for what the controller says of its nodes and jobs, `scontrol update` to drain, resume
+//! or set down nodes, `scontrol reconfigure` to have every slurmd register again (as root, the
 //! Slurm administrator of the cluster, `SlurmUser`); and a probe of what makes the cluster
 //! usable: a job step on every node, run as the cluster's account (`srun`), and the login
 //! answering. Each command is bounded in time.
@@ -53,13 +53,19 @@ pub fn run(
                 login_answers(at)?;
             }
         }
-        "drain" | "resume" => {
+        "drain" | "resume" | "down" => {
             checked_nodes(q)?;
             if q.reason.len() > 256 || q.reason.chars().any(char::is_control) {
                 return Err("reason: at most 256 characters on one line".into());
             }
+            if q.action == "down" && q.reason.trim().is_empty() {
+                return Err("reason: a node is set down with a reason".into());
+            }
             let state = match q.action.as_str() {
                 "drain" => "state=drain".to_string(),
+                // As on a node failure: the controller ends the node's job steps (their
+                // sruns are told) and requeues its batch jobs that may be requeued.
+                "down" => "state=down".to_string(),
                 _ => "state=resume".to_string(),
             };
             let reason = format!("reason={}", q.reason);
@@ -68,7 +74,7 @@ pub fn run(
                 format!("nodename={}", q.nodes.join(",")),
             ];
             args.push(state);
-            if q.action == "drain" {
+            if q.action != "resume" {
                 args.push(reason);
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -79,7 +85,7 @@ pub fn run(
         }
         other => {
             return Err(format!(
-                "action: {other:?} is not one of status, drain, resume, reconfigure, probe"
+                "action: {other:?} is not one of status, drain, resume, down, reconfigure, probe"
             ))
         }
     }
@@ -98,6 +104,7 @@ pub fn run(
         jobs_known: jobs.is_ok(),
         jobs_running: jobs.as_ref().map_or(0, |j| j.running),
         jobs_pending: jobs.as_ref().map_or(0, |j| j.pending),
+        jobs_ending: jobs.as_ref().map_or(0, |j| j.ending),
         probe: probed,
     })
 }
@@ -241,6 +248,10 @@ mod tests {
         assert!(ask("drain", &[], "x").starts_with("nodes: 0 names"));
         assert!(ask("drain", &["a state=down"], "x").contains("not a node name"));
         assert!(ask("drain", &["a"], "two\nlines").starts_with("reason:"));
+        assert!(ask("down", &[], "lost").starts_with("nodes: 0 names"));
+        assert!(ask("down", &["a,b"], "lost").contains("not a node name"));
+        assert!(ask("down", &["a"], " ").starts_with("reason:"));
+        assert!(ask("down", &["a"], "lost\rx").starts_with("reason:"));
         assert!(ask("probe", &["a"], "").contains("cannot probe"));
         assert!(node_name("gpu-a.example_1"));
     }

@@ -1,0 +1,305 @@
+//! A lost Slurm node's jobs, on the multi-host tier (`gpufleet_e2e::netns`): a control
+//! plane, three GPU hosts with a node agent each, and a client host the team works from.
+//!
+//! A two-node cluster runs two of a team's batch jobs across both nodes (`sbatch -N2`, not
+//! pinned to any node) and an interactive `srun` across both. The host of the node that is
+//! not the head is cut off; the control plane finds it unreachable and replaces it with the
+//! spare host. Then, as Slurm does on a node failure:
+//!
+//! - the interactive step ends, and the team's `srun` says so (it does not hang);
+//! - the batch job submitted with `--no-requeue` ends (`NODE_FAIL`) and does not run again;
+//! - the other is requeued, keeps its job id, runs again (`SLURM_RESTART_COUNT` 1) on the
+//!   nodes the cluster has now (the head and the replacement) and completes there, and
+//!   `scontrol show job` says so (`sacct` has no record to show: the clusters keep no
+//!   accounting storage);
+//! - the lost host, only cut off, still runs the first run's step until it is back and its
+//!   agent, told the node left the cluster, ends everything of the cluster there.
+//!
+//! The jobs' steps write `<job id> <restart count> <hostname>` to the home of the host they
+//! run on (each host has its own home here), then wait for a file the test makes there.
+//!
+//! Needs root (CI runs as root); without it the test fails naming what is missing.
+
+use std::time::Duration;
+
+use gpufleet_e2e::multihost::Fleet;
+use gpufleet_e2e::netns::{self, Host};
+use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, Session};
+use gpufleet_e2e::{eventually, NodeAgent, Terraform};
+
+/// A safety net against hangs, never a timing assertion: conditions are waited on.
+const LIMIT: Duration = Duration::from_secs(90);
+/// The wait for the requeued job to run again: Slurm holds a requeued job back for a
+/// while before it may start again (its begin time), on top of the replacement itself.
+const REQUEUE_LIMIT: Duration = Duration::from_secs(300);
+const VISION: &str = "gpufleet_tenant_cluster.vision";
+const GPU_HOSTS: [&str; 3] = ["g1", "g2", "g3"];
+/// Simulated hosts declare a GPU host's shape, not this machine's two cores.
+const ONE_GPU_HOST: [&str; 8] = [
+    "--gpus",
+    "1",
+    "--cpus",
+    "16",
+    "--memory-mib",
+    "65536",
+    "--keepalive",
+    "1s",
+];
+
+const CONFIG: &str = r#"
+resource "gpufleet_tenant" "vision" {
+  name = "vision"
+}
+resource "gpufleet_gpu_quota" "vision" {
+  tenant   = gpufleet_tenant.vision.name
+  gpu_type = "H100-80GB"
+  gpus     = 2
+}
+resource "gpufleet_tenant_cluster" "vision" {
+  tenant          = gpufleet_tenant.vision.name
+  name            = "train"
+  orchestrator    = "slurm"
+  gpu_type        = "H100-80GB"
+  node_count      = 2
+  ssh_public_keys = [file("${path.module}/vision.pub")]
+  depends_on      = [gpufleet_gpu_quota.vision]
+}
+"#;
+
+/// What the job's steps wrote on `host`: (job id, restart count, hostname) per line.
+fn written(host: &Host, home: &str) -> Vec<(String, String, String)> {
+    let out = host.run("cat", &[&format!("{home}/requeue.log")]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((
+                w.next()?.to_string(),
+                w.next()?.to_string(),
+                w.next()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// The controller's log on the head (`slurmctld.log` under its agent's data dir), for
+/// failure messages: its last lines.
+fn controller_log(agents: &[NodeAgent], head: &str) -> String {
+    let Some(at) = GPU_HOSTS.iter().position(|h| *h == head) else {
+        return String::new();
+    };
+    let found = std::process::Command::new("find")
+        .arg(agents[at].data_dir())
+        .args(["-name", "slurmctld.log"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    let mut out = String::new();
+    for log in found.lines() {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        out += &format!(
+            "{log}:\n{}\n",
+            lines[lines.len().saturating_sub(80)..].join("\n")
+        );
+    }
+    out
+}
+
+/// `Key=value` of one `scontrol -o show job` line.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() {
+    if let Some(why) = netns::unavailable() {
+        panic!("the multi-host Slurm tests need {why}");
+    }
+    let Fleet {
+        net,
+        backend,
+        agents,
+    } = Fleet::start(
+        &GPU_HOSTS,
+        &["--node-timeout", "2s", "--replace-after", "1s"],
+        &ONE_GPU_HOST,
+        LIMIT,
+    )
+    .await;
+    let client = net.host("client");
+    let (key, public) = team_key(client, "vision");
+    let tf = Terraform::on_host(client, &backend, backend.admin_token());
+    tf.write_file("vision.pub", &public);
+    tf.write_main(CONFIG);
+    tf.init();
+    tf.apply();
+    let creds = credentials(&tf, VISION);
+    let home = creds["home"].as_str().unwrap().to_string();
+    let team = Session::new(client, &creds, &key);
+    let mut nodes: Vec<String> = tf.resource(VISION)["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["hostname"].as_str().unwrap().to_string())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes.len(), 2);
+    let head = creds["login_node"].as_str().unwrap().to_string();
+    let lost = nodes.iter().find(|n| **n != head).unwrap().clone();
+    let spare = GPU_HOSTS
+        .iter()
+        .find(|h| !nodes.contains(&h.to_string()))
+        .unwrap()
+        .to_string();
+
+    // A batch job on both nodes, placed by Slurm (not pinned: it must be able to run
+    // elsewhere). Its steps write where they run, then wait for the test's file.
+    let step =
+        "echo \"$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} $(hostname)\" >> $HOME/requeue.log; \
+                until [ -e $HOME/requeue-go ]; do sleep 0.2; done";
+    let script = format!("srun -N2 --ntasks-per-node=1 sh -c {}", shell_word(step));
+    let submit = |options: &str| {
+        team.ok(&format!(
+            "sbatch --parsable -N2 -t 10 {options} --output=requeue-%j.out --wrap {}",
+            shell_word(&script)
+        ))
+        .trim()
+        .to_string()
+    };
+    let job = submit("-J requeued");
+    // The same, from a team that wants it run once at most.
+    let once = submit("-J once --no-requeue");
+    eventually("the batch jobs' steps running on both nodes", LIMIT, || {
+        let all: Vec<_> = nodes.iter().map(|n| written(net.host(n), &home)).collect();
+        let ran = nodes.iter().zip(&all).all(|(n, w)| {
+            [&job, &once]
+                .iter()
+                .all(|j| w.contains(&(j.to_string(), "0".into(), n.clone())))
+        });
+        async move { ran.then_some(()) }
+    })
+    .await;
+
+    // An interactive step on both nodes, from the team's login, that would wait forever.
+    let interactive = Session::new(client, &creds, &key);
+    let srun = std::thread::spawn(move || {
+        interactive.run(&format!(
+            "srun -N2 --ntasks-per-node=1 -t 10 -J interactive sh -c {}",
+            shell_word(
+                "hostname >> $HOME/interactive.log; \
+                 until [ -e $HOME/never-made ]; do sleep 0.2; done"
+            )
+        ))
+    });
+    eventually("the interactive step running on both nodes", LIMIT, || {
+        let ran = nodes.iter().all(|n| {
+            let out = net
+                .host(n)
+                .run("cat", &[&format!("{home}/interactive.log")]);
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .any(|l| l.trim() == n)
+        });
+        async move { ran.then_some(()) }
+    })
+    .await;
+
+    net.host(&lost).cut();
+
+    // The batch job runs again, the same job, on the head and the replacement.
+    let mut now = vec![head.clone(), spare.clone()];
+    now.sort();
+    let last = std::sync::Mutex::new(String::new());
+    let rerun = tokio::time::timeout(
+        REQUEUE_LIMIT,
+        eventually("the requeued job running again", REQUEUE_LIMIT * 2, || {
+            let shown = team
+                .poll(&format!("scontrol -o show job {job}"))
+                .unwrap_or_default();
+            let again = now.iter().all(|n| {
+                written(net.host(n), &home).contains(&(job.clone(), "1".into(), n.clone()))
+            });
+            *last.lock().unwrap() = shown;
+            async move { again.then_some(()) }
+        }),
+    )
+    .await;
+    assert!(
+        rerun.is_ok(),
+        "the batch job did not run again on {now:?}; last seen:\n{}\nthe interactive srun: {:?}\n{}",
+        last.lock().unwrap(),
+        srun.is_finished().then(|| srun.join()),
+        controller_log(&agents, &head)
+    );
+    // The interactive step ended (its safety limit is long past), with an error the team
+    // sees.
+    let (ok, said) = srun.join().unwrap_or_else(|_| {
+        panic!(
+            "the interactive srun hung:\n{}",
+            controller_log(&agents, &head)
+        )
+    });
+    assert!(
+        !ok,
+        "the interactive step on the lost node succeeded: {said}"
+    );
+    assert!(
+        said.contains(&format!("error: Node failure on {lost}")),
+        "srun said: {said}"
+    );
+    let shown = team.ok(&format!("scontrol -o show job {job}"));
+    assert_eq!(field(&shown, "JobState"), Some("RUNNING"), "{shown}");
+    assert_eq!(field(&shown, "Restarts"), Some("1"), "{shown}");
+    assert_eq!(field(&shown, "BatchFlag"), Some("1"), "{shown}");
+    for n in &now {
+        let go = net.host(n).run("touch", &[&format!("{home}/requeue-go")]);
+        assert!(go.status.success(), "{go:?}");
+    }
+    eventually("the requeued job completing", LIMIT, || {
+        let state = team
+            .poll(&format!("scontrol -o show job {job}"))
+            .and_then(|s| field(&s, "JobState").map(str::to_string));
+        async move { (state.as_deref() == Some("COMPLETED")).then_some(()) }
+    })
+    .await;
+    let shown = team.ok(&format!("scontrol -o show job {job}"));
+    assert_eq!(field(&shown, "Restarts"), Some("1"), "{shown}");
+    assert_eq!(field(&shown, "ExitCode"), Some("0:0"), "{shown}");
+    let ran_on = team.ok(&format!(
+        "scontrol show hostnames {}",
+        field(&shown, "NodeList").unwrap_or_default()
+    ));
+    let mut ran_on: Vec<String> = ran_on.lines().map(|l| l.trim().to_string()).collect();
+    ran_on.sort();
+    assert_eq!(ran_on, now, "{shown}");
+    // The job that must not run twice ended with the node, and did not run again.
+    let ended = team.ok(&format!("scontrol -o show job {once}"));
+    assert_eq!(field(&ended, "JobState"), Some("NODE_FAIL"), "{ended}");
+    assert_eq!(field(&ended, "Restarts"), Some("0"), "{ended}");
+    let on_spare = written(net.host(&spare), &home);
+    assert!(!on_spare.iter().any(|(j, _, _)| *j == once), "{on_spare:?}");
+    // Its first run wrote on the lost node, the second never did.
+    let on_lost = written(net.host(&lost), &home);
+    assert!(
+        !on_lost.iter().any(|(_, restarts, _)| restarts != "0"),
+        "{on_lost:?}"
+    );
+    // The lost host was only cut off: its slurmd still runs the first run's step there
+    // (nothing reaches it to end it) until the host is back and its agent, told that the
+    // node left the cluster, stops everything of the cluster.
+    let stepd = |h: &Host| h.processes().iter().any(|(_, c)| c == "slurmstepd");
+    assert!(
+        stepd(net.host(&lost)),
+        "the cut host's step: {:?}",
+        net.host(&lost).processes()
+    );
+    net.host(&lost).heal();
+    eventually("the healed host's old step ended", LIMIT, || {
+        let left = stepd(net.host(&lost));
+        async move { (!left).then_some(()) }
+    })
+    .await;
+    tf.destroy();
+}
