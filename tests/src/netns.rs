@@ -11,7 +11,7 @@
 //! directory) is bound back at its path over the host's `/tmp`, and so is every mount
 //! under the machine's `/tmp` when the network is made (the platform's shared storage in
 //! the tests, standing for a file system every host mounts). A long-lived holder
-//! (`sleep infinity`, the PID namespace's init) keeps those namespaces; every process of
+//! (a perl that sleeps and reaps, the PID namespace's init) keeps those namespaces; every process of
 //! the host runs through `nsenter` into them ([`Host::command`]; a long-lived process
 //! with [`Launcher::daemon`] and [`Launcher::spawn`], so that its pid is the harness's
 //! child and signals reach it). The
@@ -266,7 +266,8 @@ pub struct Host {
     addr: Ipv4Addr,
     /// `unshare`, which made the namespaces and waits for their init.
     holder: Child,
-    /// The init of the host's PID namespace (`sleep infinity`), as this machine numbers it.
+    /// The init of the host's PID namespace (a perl that sleeps and reaps), as this machine
+    /// numbers it.
     init: u32,
     dir: PathBuf,
 }

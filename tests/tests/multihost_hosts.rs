@@ -60,7 +60,7 @@ fn each_host_has_its_own_processes_temporary_directories_and_mounts() {
     assert!(on_b.contains("sleep 3003"), "{on_b}");
     assert!(
         on_b.lines()
-            .any(|l| l.trim().starts_with("1 ") && l.contains("sleep infinity")),
+            .any(|l| l.trim().starts_with("1 ") && l.contains("sleep while 1")),
         "b's pid 1 is not its init: {on_b}"
     );
     let on_a = ok(a, "ps -eo pid,args");
