@@ -104,6 +104,24 @@ pub fn cluster_name(cluster_id: &str) -> String {
     format!("gf{hex}")
 }
 
+/// The cgroup v1 controllers a node's Slurm daemons need: `proctrack/cgroup` (freezer),
+/// `task/cgroup` (cpuset, memory, devices) and the logins' limits (memory, pids, cpu).
+pub const CGROUP_CONTROLLERS: [&str; 6] = ["cpu", "cpuset", "devices", "freezer", "memory", "pids"];
+
+/// Those of [`CGROUP_CONTROLLERS`] this host has not mounted as cgroup v1 hierarchies
+/// under `/sys/fs/cgroup` (a host booted with the unified, v2-only hierarchy has none).
+pub fn missing_cgroup_controllers() -> Vec<&'static str> {
+    CGROUP_CONTROLLERS
+        .into_iter()
+        .filter(|c| {
+            !std::path::Path::new("/sys/fs/cgroup")
+                .join(c)
+                .join("cgroup.procs")
+                .exists()
+        })
+        .collect()
+}
+
 /// Whether TCP `port` is free on this host now, on every address (slurmctld and slurmd
 /// listen on all of them).
 pub fn port_free(port: u16) -> bool {
@@ -147,6 +165,16 @@ mod tests {
         assert!(super::valid_cluster_name(&name));
         assert!(!super::valid_cluster_name("../etc"));
         assert!(!super::valid_cluster_name(""));
+    }
+
+    /// This machine (and CI) mount the cgroup v1 controllers, as a GPU host must.
+    #[test]
+    fn this_host_mounts_every_cgroup_controller_slurm_needs() {
+        assert_eq!(
+            super::missing_cgroup_controllers(),
+            Vec::<&str>::new(),
+            "cgroup v1 controllers missing under /sys/fs/cgroup"
+        );
     }
 
     #[test]
