@@ -88,15 +88,30 @@ fn leftovers(host: &Host, name: &str, uid: u32, node: &str) -> Vec<String> {
     {
         left.push(format!("{at}: account {uid}"));
     }
-    for controller in fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        for cg in [format!("slurm_{node}"), format!("gpufleet_login_{name}")] {
-            let cg = controller.path().join(cg);
-            if cg.exists() {
-                left.push(format!("cgroup {}", cg.display()));
-            }
-        }
-    }
+    left.extend(cgroups_of(name, node));
     left
+}
+
+/// The cgroups of cluster `name` on this machine: Slurm's of its node `node`, and its
+/// logins' (named `gpufleet_login_<cluster>_<node part>`).
+fn cgroups_of(name: &str, node: &str) -> Vec<String> {
+    let login = format!("gpufleet_login_{name}_");
+    let slurm = format!("slurm_{node}");
+    fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .flat_map(|controller| {
+            fs::read_dir(controller.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().to_string();
+            n == slurm || n.starts_with(&login)
+        })
+        .map(|e| format!("cgroup {}", e.path().display()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,15 +284,27 @@ async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_noth
     // login's own cgroups: past 256 MiB a session's process is killed and the login
     // answers on; a fork bomb stops at 200 processes; one CPU's worth of time. The node's
     // agent is in none of them.
-    let own = format!("/gpufleet_login_{b_name}");
     let cgroups = b.ok("cat /proc/self/cgroup");
-    for controller in ["memory", "pids", "cpu"] {
-        assert!(
-            cgroups.lines().any(|l| {
-                let mut parts = l.splitn(3, ':').skip(1);
-                let (kinds, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-                kinds.split(',').any(|k| k == controller) && path == own
-            }),
+    let path_of = |controller: &str| {
+        cgroups.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':').skip(1);
+            let (kinds, path) = (parts.next()?, parts.next()?);
+            kinds
+                .split(',')
+                .any(|k| k == controller)
+                .then(|| path.to_string())
+        })
+    };
+    // The login's cgroup is named by its cluster and its node.
+    let own = path_of("memory").unwrap_or_default();
+    assert!(
+        own.starts_with(&format!("/gpufleet_login_{b_name}_n")),
+        "B's session is not in its login's memory cgroup: {cgroups}"
+    );
+    for controller in ["pids", "cpu"] {
+        assert_eq!(
+            path_of(controller).as_deref(),
+            Some(own.as_str()),
             "B's session is not in its login's {controller} cgroup: {cgroups}"
         );
     }

@@ -110,11 +110,16 @@ fn leftovers(name: &str, uid: u32, node: &str, dirs: &[PathBuf]) -> Vec<String> 
                 .map(|l| format!("mount in process {p}'s namespace: {l}")),
         );
     }
+    let login = format!("gpufleet_login_{name}_");
     for controller in fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        for cg in [format!("slurm_{node}"), format!("gpufleet_login_{name}")] {
-            let cg = controller.path().join(cg);
-            if cg.exists() {
-                left.push(format!("cgroup {}", cg.display()));
+        for e in fs::read_dir(controller.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let n = e.file_name().to_string_lossy().to_string();
+            if n == format!("slurm_{node}") || n.starts_with(&login) {
+                left.push(format!("cgroup {}", e.path().display()));
             }
         }
     }

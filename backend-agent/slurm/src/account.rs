@@ -480,6 +480,9 @@ pub fn forget_all_under(data_dir: &Path) {
     for e in entries {
         let name = e.file_name().to_string_lossy().to_string();
         if super::valid_cluster_name(&name) && name.starts_with("gf") {
+            for login in super::login_limits::LoginCgroup::every_of(&name) {
+                login.remove();
+            }
             if let Err(e) = forget(&name) {
                 tracing::warn!(cluster = %name, error = %e, "cannot remove a cluster's account");
             }

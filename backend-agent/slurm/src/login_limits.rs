@@ -3,7 +3,7 @@
 //! build or a runaway process in a session could take the node's memory (and the kernel's
 //! OOM killer then picks any process, the agent's or a job's) or fork until the host can
 //! start nothing. So the login's sshd, and with it every session, runs in one cgroup of
-//! its own, `gpufleet_login_<cluster>` under the cgroup v1 `memory`, `pids` and `cpu`
+//! its own, `gpufleet_login_<cluster>_<node>` under the cgroup v1 `memory`, `pids` and `cpu`
 //! controllers (v1, as Slurm's `task/cgroup` on these hosts), held to a memory limit (swap
 //! included where the kernel accounts it), a number of processes and a CPU quota: past
 //! them the team's own sessions are slowed, refused a fork or OOM-killed, and nothing
@@ -54,16 +54,36 @@ pub struct LoginCgroup {
 }
 
 impl LoginCgroup {
-    /// The cgroups of `cluster`'s login (made or not).
-    pub fn of(cluster: &str) -> LoginCgroup {
-        LoginCgroup::under(Path::new(CGROUP_ROOT), cluster)
+    /// The cgroups of `cluster`'s login on the node whose runtime part is `node` (made or
+    /// not). Named by node too: nodes of one cluster may share a host (embedded nodes),
+    /// and what one node removes must never be another's login.
+    pub fn of(cluster: &str, node: &str) -> LoginCgroup {
+        LoginCgroup::under(Path::new(CGROUP_ROOT), &format!("{cluster}_{node}"))
     }
 
-    fn under(root: &Path, cluster: &str) -> LoginCgroup {
+    /// Every login cgroup of `cluster` on this host, whichever node's (what a test that
+    /// stopped its agents without destroying their clusters leaves).
+    pub fn every_of(cluster: &str) -> Vec<LoginCgroup> {
+        let prefix = format!("gpufleet_login_{cluster}_");
+        std::fs::read_dir(Path::new(CGROUP_ROOT).join(CONTROLLERS[0]))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().to_string();
+                let owner = name.strip_prefix("gpufleet_login_")?.to_string();
+                name.starts_with(&prefix)
+                    .then(|| LoginCgroup::under(Path::new(CGROUP_ROOT), &owner))
+            })
+            .collect()
+    }
+
+    /// `owner`: the cluster and node, `<cluster>_<node>`.
+    fn under(root: &Path, owner: &str) -> LoginCgroup {
         LoginCgroup {
             dirs: CONTROLLERS
                 .iter()
-                .map(|c| root.join(c).join(format!("gpufleet_login_{cluster}")))
+                .map(|c| root.join(c).join(format!("gpufleet_login_{owner}")))
                 .collect(),
         }
     }
@@ -155,11 +175,12 @@ mod tests {
 
     #[test]
     fn a_clusters_login_has_one_cgroup_per_controller() {
-        let c = LoginCgroup::under(Path::new("/cg"), "gfabc");
+        let c = LoginCgroup::under(Path::new("/cg"), "gfabc_n0123abcd");
         assert_eq!(
             c.procs_files(),
-            ["memory", "pids", "cpu"]
-                .map(|k| PathBuf::from(format!("/cg/{k}/gpufleet_login_gfabc/cgroup.procs")))
+            ["memory", "pids", "cpu"].map(|k| PathBuf::from(format!(
+                "/cg/{k}/gpufleet_login_gfabc_n0123abcd/cgroup.procs"
+            )))
         );
     }
 
@@ -170,7 +191,7 @@ mod tests {
             std::fs::create_dir(root.path().join(c)).unwrap();
             std::fs::write(root.path().join(c).join("cgroup.procs"), "").unwrap();
         }
-        let err = LoginCgroup::under(root.path(), "gfabc")
+        let err = LoginCgroup::under(root.path(), "gfabc_n0123abcd")
             .apply(&LoginLimits::default())
             .unwrap_err();
         assert!(

@@ -57,6 +57,8 @@ pub struct Spec<'a> {
     pub host_key: &'a str,
     /// What the login and all its sessions may use together.
     pub limits: &'a LoginLimits,
+    /// This node's part of the runtime directory (`n<hash>`), which names its cgroup.
+    pub node: &'a str,
     /// The sessions' slurm.conf (the shared one with this node's munged socket).
     pub client_conf: String,
 }
@@ -79,7 +81,7 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
         authorized_keys: keys_file,
     };
     let config = login::sshd_config(&spec, &files);
-    let cgroup = LoginCgroup::of(want.cluster);
+    let cgroup = LoginCgroup::of(want.cluster, want.node);
     match current {
         Some(r) if r.config == config && r.host_key == want.host_key && r.sshd.alive() => {
             cgroup.apply(want.limits)?;

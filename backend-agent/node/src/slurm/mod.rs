@@ -56,7 +56,7 @@ use gpufleet_proto::v1;
 
 use gpufleet_slurm::account::{self, Account};
 use gpufleet_slurm::conf;
-use gpufleet_slurm::login_limits::LoginLimits;
+use gpufleet_slurm::login_limits::{LoginCgroup, LoginLimits};
 use gpufleet_slurm::sandbox;
 use gpufleet_wire::volumes::VOLUME_MOUNTS;
 
@@ -293,6 +293,7 @@ impl Slurm {
                     keys: &l.ssh_public_keys,
                     host_key: &l.host_key,
                     limits: &self.login_limits,
+                    node: &node_part(&self.node),
                     client_conf: format!("{}{}", order.slurm_conf, conf::auth_info(&socket)),
                 },
             )?),
@@ -320,6 +321,9 @@ impl Slurm {
         // outlive slurmd, and nothing of the cluster may stay on a node it gives back.
         self.end_steps(cluster);
         slurmd::remove_cgroups(&self.node, uid);
+        // A login an earlier run of this agent started leaves its cgroup (and any session
+        // that outlived its sshd) behind.
+        LoginCgroup::of(cluster, &node_part(&self.node)).remove();
         let removed = match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -359,6 +363,7 @@ impl Slurm {
         clusters.dedup();
         for cluster in clusters {
             self.end_steps(&cluster);
+            LoginCgroup::of(&cluster, &node_part(&self.node)).remove();
         }
     }
 
