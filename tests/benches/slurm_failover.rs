@@ -24,38 +24,16 @@
 
 use std::time::{Duration, Instant};
 
-use gpufleet_e2e::multihost::Fleet;
+use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Launcher};
 use gpufleet_e2e::shared_storage::SharedStorage;
-use gpufleet_e2e::slurm_login::{credentials, team_key, Session};
+use gpufleet_e2e::slurm_login::{credentials, team_key, two_node_vision, Session};
 use gpufleet_e2e::{eventually, Terraform};
 use gpufleet_proto::v1::GetTenantClusterRequest;
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(300);
-const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
 const VISION: &str = "gpufleet_tenant_cluster.vision";
-
-const CONFIG: &str = r#"
-resource "gpufleet_tenant" "vision" {
-  name = "vision"
-}
-resource "gpufleet_gpu_quota" "vision" {
-  tenant   = gpufleet_tenant.vision.name
-  gpu_type = "H100-80GB"
-  gpus     = 2
-}
-resource "gpufleet_tenant_cluster" "vision" {
-  tenant          = gpufleet_tenant.vision.name
-  name            = "train"
-  orchestrator    = "slurm"
-  gpu_type        = "H100-80GB"
-  node_count      = 2
-  storage_gib     = 1
-  ssh_public_keys = [file("${path.module}/vision.pub")]
-  depends_on      = [gpufleet_gpu_quota.vision]
-}
-"#;
 
 /// One `sbatch` by the team's account on `host`, with that node's own slurm.conf (bounded
 /// to 30 s): accepted, or what it said.
@@ -106,7 +84,7 @@ async fn round() -> (f64, f64) {
     let (key, public) = team_key(client, "vision");
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
     tf.write_file("vision.pub", &public);
-    tf.write_main(CONFIG);
+    tf.write_main(&two_node_vision("  storage_gib     = 1\n"));
     tf.init();
     tf.apply();
     let creds = credentials(&tf, VISION);

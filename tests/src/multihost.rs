@@ -7,6 +7,10 @@ use std::time::Duration;
 use crate::netns::Network;
 use crate::{eventually, Backend, NodeAgent};
 
+/// A simulated GPU host's agent flags: one GPU, and the CPUs and memory a GPU host
+/// declares to Slurm, not this machine's two cores.
+pub const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
+
 /// Fields drop in order: the agents first, the network last.
 pub struct Fleet {
     pub agents: Vec<NodeAgent>,

@@ -46,8 +46,16 @@ const TEARDOWN_LIMIT: Duration = Duration::from_secs(20);
 
 static NETWORKS: AtomicU32 = AtomicU32::new(0);
 
-/// Whether this machine can run the tier: root with `ip`, `tc`, `unshare` and `nsenter`.
-/// Tests of the tier skip themselves (with a line saying why) where it cannot.
+/// Fails the test `what` (e.g. "the multi-host Slurm tests") naming what this machine
+/// lacks for the tier: a test never skips itself (CI runs as root with namespaces).
+pub fn require(what: &str) {
+    if let Some(why) = unavailable() {
+        panic!("{what} need {why}");
+    }
+}
+
+/// Whether this machine can run the tier: root with `ip`, `tc`, `unshare` and `nsenter`
+/// (None), or what it lacks. Tests call [`require`]; benchmarks say they did not run.
 pub fn unavailable() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {

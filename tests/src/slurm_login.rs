@@ -43,6 +43,33 @@ resource "gpufleet_tenant_cluster" "{team}" {{
     )
 }
 
+/// Team `vision`'s tenant, a quota of two H100s and its two-node Slurm cluster `train`
+/// (`gpufleet_tenant_cluster.vision`), reached with the key in `vision.pub` beside the
+/// configuration; `extra`: more of the cluster's attributes, each on a line of its own.
+pub fn two_node_vision(extra: &str) -> String {
+    format!(
+        r#"
+resource "gpufleet_tenant" "vision" {{
+  name = "vision"
+}}
+resource "gpufleet_gpu_quota" "vision" {{
+  tenant   = gpufleet_tenant.vision.name
+  gpu_type = "H100-80GB"
+  gpus     = 2
+}}
+resource "gpufleet_tenant_cluster" "vision" {{
+  tenant          = gpufleet_tenant.vision.name
+  name            = "train"
+  orchestrator    = "slurm"
+  gpu_type        = "H100-80GB"
+  node_count      = 2
+{extra}  ssh_public_keys = [file("${{path.module}}/vision.pub")]
+  depends_on      = [gpufleet_gpu_quota.vision]
+}}
+"#
+    )
+}
+
 /// A team's key pair in the client host's directory: (private key, public key text).
 pub fn team_key(client: &Host, team: &str) -> (PathBuf, String) {
     team_key_in(client.dir(), team)

@@ -30,13 +30,6 @@ use gpufleet_proto::v1::{
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
 
-/// Fails naming what the multi-host tier needs and this machine lacks (never a skip).
-fn require_hosts() {
-    if let Some(why) = netns::unavailable() {
-        panic!("the multi-host tests need {why}");
-    }
-}
-
 async fn node(admin: &mut Clients, name: &str) -> Option<Node> {
     admin.nodes().await.into_iter().find(|n| n.hostname == name)
 }
@@ -103,7 +96,7 @@ fn files_mentioning(dir: &std::path::Path, needle: &str) -> Vec<String> {
 
 #[test]
 fn hosts_reach_each_other_only_by_address_and_nothing_is_left_even_after_a_panic() {
-    require_hosts();
+    netns::require("the multi-host tests");
     // A dead run's namespace (its pid is gone) is swept by the next network.
     let dead_pid = (4_000_000..4_100_000u32)
         .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
@@ -214,7 +207,7 @@ async fn health_client(backend: &Backend) -> Health {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_bandwidth_test_across_hosts_blames_the_host_whose_link_is_shaped() {
-    require_hosts();
+    netns::require("the multi-host tests");
     // No spare host: the report keeps the ring's own results (a replacement's checks
     // would take the place of its neighbours').
     let gpu_hosts = ["g1", "g2", "g3"];
@@ -327,7 +320,7 @@ fn mig_cluster_config() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_host_is_replaced_and_once_healed_holds_nothing_of_the_cluster() {
-    require_hosts();
+    netns::require("the multi-host tests");
     let gpu_hosts = ["g1", "g2", "g3"];
     // Keepalive PINGs every second: a cut agent notices within about two.
     let Fleet {
@@ -457,7 +450,7 @@ async fn a_partitioned_host_is_replaced_and_once_healed_holds_nothing_of_the_clu
 /// flags, takes no node out of service, and never says "0 Gbit/s above the threshold".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_offering_loopback_to_other_hosts_warn_and_fail_acceptance_naming_the_pairs() {
-    require_hosts();
+    netns::require("the multi-host tests");
     let Fleet {
         net: _net,
         backend,

@@ -14,7 +14,7 @@
 use std::fs;
 use std::time::Duration;
 
-use gpufleet_e2e::multihost::Fleet;
+use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::slurm_login::{credentials, shell_word, sliced_team, team_key, Session};
 use gpufleet_e2e::{eventually, Terraform};
@@ -22,7 +22,6 @@ use gpufleet_e2e::{eventually, Terraform};
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
 const GPU_HOSTS: [&str; 2] = ["ga", "gb"];
-const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
 /// What each login on a GPU host may use, all its sessions together.
 const LOGIN_LIMITS: [&str; 6] = [
     "--login-memory-mib",
@@ -116,9 +115,7 @@ fn cgroups_of(name: &str, node: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_nothing() {
-    if let Some(why) = netns::unavailable() {
-        panic!("{why}");
-    }
+    netns::require("the multi-host tests");
     let Fleet {
         net,
         backend,

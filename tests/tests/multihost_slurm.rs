@@ -22,7 +22,7 @@
 use std::fs;
 use std::time::Duration;
 
-use gpufleet_e2e::multihost::Fleet;
+use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, Session};
 use gpufleet_e2e::{eventually, Terraform};
@@ -115,14 +115,9 @@ fn leftovers(host: &Host, uid: u32, name: &str, dirs: &[std::path::PathBuf]) -> 
     found
 }
 
-/// Simulated hosts declare a GPU host's shape, not this machine's two cores.
-const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controller() {
-    if let Some(why) = netns::unavailable() {
-        panic!("the multi-host Slurm tests need {why}");
-    }
+    netns::require("the multi-host Slurm tests");
     let Fleet {
         net,
         backend,
@@ -415,9 +410,7 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
 /// and home), and the team's next `srun` runs on the nodes the cluster has now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_slurm_node_is_replaced_and_once_healed_keeps_nothing_of_the_cluster() {
-    if let Some(why) = netns::unavailable() {
-        panic!("the multi-host Slurm tests need {why}");
-    }
+    netns::require("the multi-host Slurm tests");
     let gpu_hosts = ["g1", "g2", "g3"];
     let Fleet {
         net,

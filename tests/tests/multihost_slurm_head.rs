@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use gpufleet_e2e::multihost::Fleet;
+use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::shared_storage::SharedStorage;
 use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, Session};
@@ -30,7 +30,6 @@ use serde_json::Value;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(120);
-const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
 
 /// Team `team`'s tenant, quota and cluster `name` of `nodes` nodes with a 1 GiB volume.
 fn team(team: &str, name: &str, nodes: u32) -> String {
@@ -122,9 +121,7 @@ fn key_of(creds: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controllers_and_logins_run_on_the_clusters_nodes_and_outlive_a_killed_control_plane() {
-    if let Some(why) = netns::unavailable() {
-        panic!("the multi-host Slurm head test needs {why}");
-    }
+    netns::require("the multi-host Slurm head tests");
     let storage = SharedStorage::new(8);
     let shared = storage.arg();
     let mut agent_args = ONE_GPU_HOST.to_vec();
@@ -280,9 +277,7 @@ async fn controllers_and_logins_run_on_the_clusters_nodes_and_outlive_a_killed_c
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quarantined_head_hands_its_controller_and_login_to_another_node_with_the_queue_intact() {
-    if let Some(why) = netns::unavailable() {
-        panic!("the multi-host Slurm head test needs {why}");
-    }
+    netns::require("the multi-host Slurm head tests");
     let storage = SharedStorage::new(8);
     let shared = storage.arg();
     let mut agent_args = ONE_GPU_HOST.to_vec();

@@ -22,9 +22,9 @@
 
 use std::time::Duration;
 
-use gpufleet_e2e::multihost::Fleet;
+use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
-use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, Session};
+use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, two_node_vision, Session};
 use gpufleet_e2e::{eventually, NodeAgent, Terraform};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
@@ -34,37 +34,6 @@ const LIMIT: Duration = Duration::from_secs(90);
 const REQUEUE_LIMIT: Duration = Duration::from_secs(300);
 const VISION: &str = "gpufleet_tenant_cluster.vision";
 const GPU_HOSTS: [&str; 3] = ["g1", "g2", "g3"];
-/// Simulated hosts declare a GPU host's shape, not this machine's two cores.
-const ONE_GPU_HOST: [&str; 8] = [
-    "--gpus",
-    "1",
-    "--cpus",
-    "16",
-    "--memory-mib",
-    "65536",
-    "--keepalive",
-    "1s",
-];
-
-const CONFIG: &str = r#"
-resource "gpufleet_tenant" "vision" {
-  name = "vision"
-}
-resource "gpufleet_gpu_quota" "vision" {
-  tenant   = gpufleet_tenant.vision.name
-  gpu_type = "H100-80GB"
-  gpus     = 2
-}
-resource "gpufleet_tenant_cluster" "vision" {
-  tenant          = gpufleet_tenant.vision.name
-  name            = "train"
-  orchestrator    = "slurm"
-  gpu_type        = "H100-80GB"
-  node_count      = 2
-  ssh_public_keys = [file("${path.module}/vision.pub")]
-  depends_on      = [gpufleet_gpu_quota.vision]
-}
-"#;
 
 /// What the job's steps wrote on `host`: (job id, restart count, hostname) per line.
 fn written(host: &Host, home: &str) -> Vec<(String, String, String)> {
@@ -114,9 +83,7 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() {
-    if let Some(why) = netns::unavailable() {
-        panic!("the multi-host Slurm tests need {why}");
-    }
+    netns::require("the multi-host Slurm tests");
     let Fleet {
         net,
         backend,
@@ -124,7 +91,7 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
     } = Fleet::start(
         &GPU_HOSTS,
         &["--node-timeout", "2s", "--replace-after", "1s"],
-        &ONE_GPU_HOST,
+        &[&ONE_GPU_HOST[..], &["--keepalive", "1s"]].concat(),
         LIMIT,
     )
     .await;
@@ -132,7 +99,7 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
     let (key, public) = team_key(client, "vision");
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
     tf.write_file("vision.pub", &public);
-    tf.write_main(CONFIG);
+    tf.write_main(&two_node_vision(""));
     tf.init();
     tf.apply();
     let creds = credentials(&tf, VISION);

@@ -21,7 +21,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use gpufleet_e2e::multihost::Fleet;
+use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::shared_storage::SharedStorage;
 use gpufleet_e2e::slurm_login::{credentials, team_key, Session};
@@ -32,7 +32,6 @@ const LIMIT: Duration = Duration::from_secs(90);
 const VISION: &str = "gpufleet_tenant_cluster.vision";
 const SPEECH: &str = "gpufleet_tenant_cluster.speech";
 const GPU_HOSTS: [&str; 3] = ["g1", "g2", "g3"];
-const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
 
 /// Both teams' clusters; the vision cluster with `vision`'s storage_retention, or none.
 fn config(vision: Option<&str>) -> String {
@@ -94,9 +93,7 @@ fn volume_mounts(host: &Host) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_jobs_share_their_teams_volume_across_nodes_and_only_their_team_can_reach_it() {
-    if let Some(why) = netns::unavailable() {
-        panic!("the multi-host Slurm storage test needs {why}");
-    }
+    netns::require("the multi-host Slurm storage tests");
     let storage = SharedStorage::new(8);
     let shared = storage.arg();
     let mut agent_args = ONE_GPU_HOST.to_vec();

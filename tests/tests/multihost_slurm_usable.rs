@@ -10,40 +10,18 @@
 
 use std::time::Duration;
 
+use gpufleet_e2e::multihost::ONE_GPU_HOST;
 use gpufleet_e2e::netns::{self, Network};
-use gpufleet_e2e::slurm_login::team_key;
+use gpufleet_e2e::slurm_login::{team_key, two_node_vision};
 use gpufleet_e2e::{eventually, Backend, NodeAgent, Terraform};
 use gpufleet_proto::v1::TenantCluster;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(120);
-const ONE_GPU_HOST: [&str; 6] = ["--gpus", "1", "--cpus", "16", "--memory-mib", "65536"];
-
-const CONFIG: &str = r#"
-resource "gpufleet_tenant" "vision" {
-  name = "vision"
-}
-resource "gpufleet_gpu_quota" "vision" {
-  tenant   = gpufleet_tenant.vision.name
-  gpu_type = "H100-80GB"
-  gpus     = 2
-}
-resource "gpufleet_tenant_cluster" "vision" {
-  tenant          = gpufleet_tenant.vision.name
-  name            = "train"
-  orchestrator    = "slurm"
-  gpu_type        = "H100-80GB"
-  node_count      = 2
-  ssh_public_keys = [file("${path.module}/vision.pub")]
-  depends_on      = [gpufleet_gpu_quota.vision]
-}
-"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slurm_cluster_whose_controller_cannot_reach_a_node_is_not_running() {
-    if let Some(why) = netns::unavailable() {
-        panic!("the multi-host Slurm acceptance test needs {why}");
-    }
+    netns::require("the multi-host Slurm acceptance tests");
     let net = Network::new(&["cp", "client", "g1", "g2"]);
     let backend = Backend::start_on(
         net.host("cp"),
@@ -76,7 +54,7 @@ async fn a_slurm_cluster_whose_controller_cannot_reach_a_node_is_not_running() {
     let (_key, public) = team_key(client, "vision");
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
     tf.write_file("vision.pub", &public);
-    tf.write_main(CONFIG);
+    tf.write_main(&two_node_vision(""));
     tf.init();
     tf.apply();
     let made = tf.resource("gpufleet_tenant_cluster.vision");

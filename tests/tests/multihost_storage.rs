@@ -104,9 +104,7 @@ async fn replaced(admin: &Clients, id: &str, gone: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_node_mounts_its_clusters_volume_in_its_own_namespace_and_only_while_it_is_in_the_cluster(
 ) {
-    if let Some(why) = netns::unavailable() {
-        panic!("the multi-host storage test needs {why}");
-    }
+    netns::require("the multi-host storage tests");
     // Mounted before the hosts are made: each copies it into its own mount namespace.
     let storage = SharedStorage::new(8);
     let shared = storage.arg();
