@@ -359,6 +359,37 @@ impl Host {
             .collect()
     }
 
+    /// Gives this host its own copy of each of `dirs`: an overlay on the machine's, its
+    /// changes in a tmpfs under the host's dir, so what the host writes there stays on it
+    /// (and goes with it) and the machine's stay as they were.
+    pub fn private_copies(&self, dirs: &[&Path]) {
+        static LAYERS: AtomicU32 = AtomicU32::new(0);
+        let layer = self.dir.join(format!(
+            "private-{}",
+            LAYERS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let quoted = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', "'\\''"));
+        let l = quoted(&layer);
+        let mut script = format!("mkdir -p {l} && mount -t tmpfs -o mode=700 tmpfs {l}");
+        for (i, dir) in dirs.iter().enumerate() {
+            let (upper, work) = (
+                quoted(&layer.join(format!("u{i}"))),
+                quoted(&layer.join(format!("w{i}"))),
+            );
+            script.push_str(&format!(
+                " && mkdir {upper} {work} && mount -t overlay overlay -o lowerdir={d},upperdir={upper},workdir={work} {d}",
+                d = quoted(dir)
+            ));
+        }
+        let out = self.run("sh", &["-c", &script]);
+        assert!(
+            out.status.success(),
+            "{}: private copies of {dirs:?}: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// A partition: the host's switch port goes down; the host and its processes stay up
     /// and packets to and from it are lost until [`Host::heal`].
     pub fn cut(&self) {

@@ -1,14 +1,20 @@
-//! The runnable steps of a guide (`docs/guides/fleet-across-hosts.md`): each shell block
-//! preceded by a `<!-- recipe: ... -->` line, with where and how the test runs it. The
-//! guide is the one source: the test runs exactly these commands.
+//! The runnable steps of a guide (`docs/guides/fleet-across-hosts.md`,
+//! `docs/guides/getting-started.md`): each shell block preceded by a `<!-- recipe: ... -->`
+//! line, with where and how the test runs it. The guide is the one source: the test runs
+//! exactly these commands. A block without a marker is not run (the test says why).
 //!
 //! - `values`: `export NAME=...` lines the reader sets to their own values; the test gives
 //!   its own (and must give every one).
-//! - `on=HOST[,HOST...]`: run on each host named, once, and it must succeed; with `retry`
-//!   again until it succeeds; with `expect="A:B C"` again until it succeeds and, for each
-//!   space-separated group, one line of its output holds every `:`-separated word.
+//! - `on=HOST[,HOST...]`: run on each host named, once, and it must succeed; with
+//!   `expect="A:B C"` its output must also hold, for each space-separated group, one line
+//!   with every `:`-separated word; with `retry`, again until so (what it waits for comes
+//!   up by itself).
 //! - `copy` (with `on=HOST`): `scp -p SRC... root@DEST:DIR/` lines, files copied from HOST
 //!   to DEST with their modes.
+//! - `background` (with `on=HOST`): a command the reader leaves running in a shell of its
+//!   own (`serve` in the foreground); the test starts it detached and stops it at the end.
+//! - `file=PATH` (with `on=HOST`): the block (of any language: the guide's `terraform`
+//!   configuration) is a file the reader writes at PATH, relative to where they are.
 
 /// One block of the guide.
 #[derive(Debug, Clone)]
@@ -17,6 +23,8 @@ pub struct Step {
     pub line: usize,
     pub hosts: Vec<String>,
     pub kind: Kind,
+    /// Run again until it succeeds (and its output holds what it expects).
+    pub retry: bool,
     pub script: String,
 }
 
@@ -24,10 +32,12 @@ pub struct Step {
 pub enum Kind {
     Values,
     Run,
-    Retry,
     /// Groups of words, each group found together on one line.
     Expect(Vec<Vec<String>>),
     Copy,
+    Background,
+    /// The block's text is this file's content.
+    File(String),
 }
 
 /// A copy of one `scp -p` line.
@@ -54,9 +64,14 @@ pub fn parse(markdown: &str) -> Vec<Step> {
             continue;
         };
         let marker = i + 1;
+        // A file may be in any language; what runs is shell.
+        let any_fence = attrs.contains("file=");
         let fence = (i + 1..lines.len())
             .find(|&j| !lines[j].trim().is_empty())
-            .filter(|&j| lines[j].trim() == "```sh")
+            .filter(|&j| {
+                let fence = lines[j].trim();
+                fence == "```sh" || any_fence && fence.starts_with("```") && fence.len() > 3
+            })
             .unwrap_or_else(|| {
                 panic!("guide line {marker}: a recipe marker not followed by a ```sh block")
             });
@@ -72,7 +87,7 @@ pub fn parse(markdown: &str) -> Vec<Step> {
 
 fn step(attrs: &str, marker: usize, line: usize, script: String) -> Step {
     let mut hosts = Vec::new();
-    let (mut kind, mut copy) = (Kind::Run, false);
+    let (mut kind, mut copy, mut retry) = (Kind::Run, false, false);
     let mut rest = attrs.trim();
     while !rest.is_empty() {
         let (word, after) = if let Some(r) = rest.strip_prefix("expect=\"") {
@@ -92,8 +107,10 @@ fn step(attrs: &str, marker: usize, line: usize, script: String) -> Step {
         match word {
             "" => {}
             "values" => kind = Kind::Values,
-            "retry" => kind = Kind::Retry,
+            "retry" => retry = true,
+            "background" => kind = Kind::Background,
             "copy" => copy = true,
+            w if w.starts_with("file=") => kind = Kind::File(w[5..].to_string()),
             w if w.starts_with("on=") => hosts = w[3..].split(',').map(str::to_string).collect(),
             w => panic!("guide line {marker}: unknown recipe word {w:?}"),
         }
@@ -110,7 +127,17 @@ fn step(attrs: &str, marker: usize, line: usize, script: String) -> Step {
         line,
         hosts,
         kind,
+        retry,
         script,
+    }
+}
+
+/// Whether `out`, the output of a run of `step` that succeeded or not (`ok`), is what the
+/// step wants.
+pub fn done(step: &Step, ok: bool, out: &str) -> bool {
+    ok && match &step.kind {
+        Kind::Expect(groups) => holds(out, groups),
+        _ => true,
     }
 }
 
@@ -162,7 +189,8 @@ pub fn holds(output: &str, groups: &[Vec<String>]) -> bool {
 /// continuations) and the flags among their words.
 pub fn size(steps: &[Step]) -> (usize, usize) {
     let (mut commands, mut flags) = (0, 0);
-    for step in steps.iter().filter(|s| s.kind != Kind::Values) {
+    let typed = |s: &&Step| !matches!(s.kind, Kind::Values | Kind::File(_));
+    for step in steps.iter().filter(typed) {
         let mut heredoc: Option<String> = None;
         let mut continued = false;
         for line in step.script.lines().map(str::trim) {
@@ -200,17 +228,20 @@ mod tests {
 
     const GUIDE: &str = "text\n<!-- recipe: values -->\n```sh\nexport CP_ADDR=10.0.0.5  # x\n```\n\
         <!-- recipe: on=cp -->\n\n```sh\ncat > f <<'EOF'\n--not-a-flag\nEOF\ngpufleet-agent pki --dir d \\\n  --agent a\n```\n\
-        <!-- recipe: on=a,b expect=\"gpu-a:ready gpu-b\" -->\n```sh\nnodes\n```\n\
-        <!-- recipe: on=cp copy -->\n```sh\nscp -p /x /y root@a:/etc/g/\n```\n";
+        <!-- recipe: on=a,b retry expect=\"gpu-a:ready gpu-b\" -->\n```sh\nnodes\n```\n\
+        <!-- recipe: on=cp copy -->\n```sh\nscp -p /x /y root@a:/etc/g/\n```\n\
+        <!-- recipe: on=cp background -->\n```sh\nserve --x\n```\n\
+        <!-- recipe: on=cp file=d/main.tf -->\n```terraform\nresource \"a\" \"b\" {}\n```\n";
 
     #[test]
     fn reads_the_steps_their_hosts_and_kinds() {
         let steps = parse(GUIDE);
-        assert_eq!(steps.len(), 4);
+        assert_eq!(steps.len(), 6);
         assert_eq!(steps[0].kind, Kind::Values);
         assert_eq!(exported(&steps[0].script), ["CP_ADDR"]);
         assert_eq!(steps[1].hosts, ["cp"]);
         assert_eq!(steps[2].hosts, ["a", "b"]);
+        assert!(steps[2].retry && !steps[1].retry);
         assert_eq!(
             steps[2].kind,
             Kind::Expect(vec![
@@ -226,8 +257,12 @@ mod tests {
                 dir: "/etc/g/".into()
             }]
         );
-        // cat (heredoc skipped), the continued pki line, nodes, scp; flags --dir, --agent, -p.
-        assert_eq!(size(&steps), (4, 3));
+        assert_eq!(steps[4].kind, Kind::Background);
+        assert_eq!(steps[5].kind, Kind::File("d/main.tf".into()));
+        assert_eq!(steps[5].script, "resource \"a\" \"b\" {}\n");
+        // cat (heredoc skipped), the continued pki line, nodes, scp, serve (a file is not
+        // typed); flags --dir, --agent, -p, --x.
+        assert_eq!(size(&steps), (5, 4));
         assert!(holds(
             "gpu-a  ready\ngpu-b busy\n",
             &[vec!["gpu-a".into(), "ready".into()]]

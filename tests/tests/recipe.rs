@@ -124,29 +124,26 @@ impl Site {
         for host in &step.hosts {
             match &step.kind {
                 Kind::Values => {}
-                Kind::Run => {
-                    let (ok, out) = self.shell(host, &step.script);
-                    assert!(ok, "{}", self.failed(step, host, &out));
-                }
-                Kind::Retry | Kind::Expect(_) => self.until(step, host),
+                Kind::Run | Kind::Expect(_) => self.until(step, host),
                 Kind::Copy => self.copy(step, host),
+                Kind::Background | Kind::File(_) => panic!(
+                    "guide line {}: this test runs no background or file step",
+                    step.line
+                ),
             }
         }
     }
 
-    /// Runs the step again until it succeeds (and its output holds what it expects).
+    /// Runs the step; with `retry`, again until it is done.
     fn until(&self, step: &Step, host: &str) {
         let deadline = Instant::now() + LIMIT;
         loop {
             let (ok, out) = self.shell(host, &step.script);
-            let held = match &step.kind {
-                Kind::Expect(groups) => recipe::holds(&out, groups),
-                _ => true,
-            };
-            if ok && held {
+            if recipe::done(step, ok, &out) {
                 println!("--- {host}, guide line {}:\n{out}", step.line);
                 return;
             }
+            assert!(step.retry, "{}", self.failed(step, host, &out));
             assert!(
                 Instant::now() < deadline,
                 "{}",
@@ -196,8 +193,8 @@ impl Site {
     }
 }
 
-/// Gives each host its own `/root` and `/var/lib` (overlays on tmpfs: what the recipe
-/// writes there stays on the host), and the test's files.
+/// Gives each host its own `/root` and `/var/lib` (what the recipe writes there stays on
+/// the host), and the test's files.
 fn prepare(net: Network) -> Site {
     let root = tempfile::Builder::new()
         .prefix("gpufleet-recipe-")
@@ -211,25 +208,9 @@ fn prepare(net: Network) -> Site {
         std::fs::write(overrides.join(format!("{unit}.env")), env).unwrap();
     }
     for name in HOSTS {
-        let host = net.host(name);
         std::fs::create_dir_all(root.join("logs").join(name)).unwrap();
-        let layer = host.dir().join("recipe-layer");
-        let mut script = format!(
-            "mkdir -p {l} && mount -t tmpfs -o mode=700 tmpfs {l}",
-            l = layer.display()
-        );
-        for (i, dir) in ["/root", "/var/lib"].iter().enumerate() {
-            script.push_str(&format!(
-                " && mkdir {l}/u{i} {l}/w{i} && mount -t overlay overlay -o lowerdir={dir},upperdir={l}/u{i},workdir={l}/w{i} {dir}",
-                l = layer.display()
-            ));
-        }
-        let out = host.run("sh", &["-c", &script]);
-        assert!(
-            out.status.success(),
-            "{name}: private /root and /var/lib: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        net.host(name)
+            .private_copies(&[Path::new("/root"), Path::new("/var/lib")]);
     }
     // The built binaries first on PATH.
     let bin = root.join("bin");
