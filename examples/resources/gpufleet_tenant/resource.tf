@@ -8,7 +8,8 @@ resource "gpufleet_tenant" "example" {
 }
 
 # The team's token stays out of state: hand the team one with
-# `gpufleet-agent token create --tenant ml-research` (or rotate "default"), or mint
+# `gpufleet-agent token create --tenant ml-research --scope write NAME` (or rotate
+# "default"), or mint
 # one for a run with the ephemeral gpufleet_tenant_token. With it they see and change
 # only their own reservations and clusters. (The `token` attribute that kept it in
 # state is deprecated: docs/guides/credentials.md.)
