@@ -5,14 +5,16 @@
 //! A two-node cluster on shared storage has its primary controller and login on its head
 //! and a backup controller on its other node (one state directory on the shared storage).
 //! It runs two of a team's batch jobs across both nodes (`sbatch -N2`, not pinned to any
-//! node), one of them submitted with `--no-requeue`. The head's host is cut off. Nothing is
-//! set down first (no controller answers until the backup takes control); then, as
-//! docs/guides/slurm.md ("A lost node's jobs", "When the head node goes") says:
+//! node), one of them submitted with `--no-requeue`. The head's host is cut off from the
+//! network (not from the shared storage, a local mount here: its primary controller runs
+//! on and keeps the backup standby with its heartbeat there). Nothing is set down first;
+//! then, as docs/guides/slurm.md ("A lost node's jobs", "When the head node goes") says:
 //!
 //! - the control plane finds the head unreachable, replaces it with the spare host, and
 //!   moves the controller and the login to the backup's node: the credentials Terraform
 //!   reads after a refresh name it (`login_node`), with the same host key, and the team
-//!   reaches its cluster through it;
+//!   reaches its cluster through it; the controller restarted there with the new node set
+//!   recovers the jobs from the shared state;
 //! - the batch job submitted with `--no-requeue` ends (`NODE_FAIL`) and does not run again;
 //! - the other is requeued, keeps its job id, runs again once (`SLURM_RESTART_COUNT` 1) on
 //!   the nodes the cluster has now (the former backup, now head, and the replacement) and
@@ -38,8 +40,8 @@ use gpufleet_e2e::{eventually, Terraform};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(120);
-/// The wait for the requeued job to run again: the backup takes control first, and Slurm
-/// holds a requeued job back for a while before it may start again (its begin time).
+/// The wait for the requeued job to run again: the head is replaced first, and Slurm holds
+/// a requeued job back for a while before it may start again (its begin time).
 const REQUEUE_LIMIT: Duration = Duration::from_secs(360);
 const VISION: &str = "gpufleet_tenant_cluster.vision";
 const GPU_HOSTS: [&str; 3] = ["g1", "g2", "g3"];
