@@ -49,7 +49,7 @@ const GPU_HOSTS: [&str; 3] = ["g1", "g2", "g3"];
 const OF_THE_CLUSTER: [&str; 4] = ["slurmctld", "slurmd", "slurmstepd", "sshd"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_heads_batch_jobs_are_requeued_by_the_backup_and_the_login_moves() {
+async fn a_lost_heads_batch_jobs_are_requeued_and_its_login_moves_to_the_backups_node() {
     netns::require("the multi-host Slurm tests");
     let storage = SharedStorage::new(8);
     let shared = storage.arg();
