@@ -8,9 +8,11 @@
 //! Two clocks run from there:
 //!
 //! - **Slurm's failover**: the team's account on the backup's host submits `sbatch` until
-//!   one is accepted (the backup takes control once the primary has not answered for
-//!   `SlurmctldTimeout`, 10 s; each try waits for Slurm's own connect timeout to the lost
-//!   primary first);
+//!   one is accepted (the backup takes control once the primary has neither answered nor
+//!   written its heartbeat to the state directory for `SlurmctldTimeout`, 10 s; each try
+//!   waits for Slurm's own connect timeout to the lost primary first). The cut-off head
+//!   still reaches the shared storage here and writes its heartbeat, so the backup stays
+//!   standby and this clock ends with the controller restarted by gpufleet's move;
 //! - **gpufleet's move**: the node is declared unreachable (`--node-timeout`), replaced
 //!   (`--replace-after`) by the spare, and the control plane moves the controller and the
 //!   login to the backup's node: until the cluster's credentials name it and an `sbatch`

@@ -13,7 +13,8 @@
 //! - [`netns`] is the multi-host tier's network: hosts as network namespaces on one
 //!   bridge; [`Backend::start_on`], [`NodeAgent::start_on`] and [`Terraform::on_host`]
 //!   run the same parts on those hosts, reaching each other only by address;
-//!   [`slurm_login`] is a team's ssh session to its Slurm cluster's login there.
+//!   [`slurm_login`] is a team's ssh session to its Slurm cluster's login there, and
+//!   [`slurm_jobs`] reads what its batch jobs left.
 //!
 //! Binaries are found by env var (`GPUFLEET_AGENT_BIN`, `GPUFLEET_PROVIDER_BIN`,
 //! `TERRAFORM_BIN`), else in the workspace's build output (see [`binaries`]).
@@ -37,6 +38,7 @@ pub mod pki;
 pub mod prom;
 pub mod recipe;
 pub mod shared_storage;
+pub mod slurm_jobs;
 pub mod slurm_login;
 pub mod terraform;
 pub mod times;

@@ -24,8 +24,9 @@ use std::time::Duration;
 
 use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
+use gpufleet_e2e::slurm_jobs::{controller_log, field, written};
 use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, two_node_vision, Session};
-use gpufleet_e2e::{eventually, NodeAgent, Terraform};
+use gpufleet_e2e::{eventually, Terraform};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
@@ -34,52 +35,6 @@ const LIMIT: Duration = Duration::from_secs(90);
 const REQUEUE_LIMIT: Duration = Duration::from_secs(300);
 const VISION: &str = "gpufleet_tenant_cluster.vision";
 const GPU_HOSTS: [&str; 3] = ["g1", "g2", "g3"];
-
-/// What the job's steps wrote on `host`: (job id, restart count, hostname) per line.
-fn written(host: &Host, home: &str) -> Vec<(String, String, String)> {
-    let out = host.run("cat", &[&format!("{home}/requeue.log")]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            Some((
-                w.next()?.to_string(),
-                w.next()?.to_string(),
-                w.next()?.to_string(),
-            ))
-        })
-        .collect()
-}
-
-/// The controller's log on the head (`slurmctld.log` under its agent's data dir), for
-/// failure messages: its last lines.
-fn controller_log(agents: &[NodeAgent], head: &str) -> String {
-    let Some(at) = GPU_HOSTS.iter().position(|h| *h == head) else {
-        return String::new();
-    };
-    let found = std::process::Command::new("find")
-        .arg(agents[at].data_dir())
-        .args(["-name", "slurmctld.log"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-        .unwrap_or_default();
-    let mut out = String::new();
-    for log in found.lines() {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        out += &format!(
-            "{log}:\n{}\n",
-            lines[lines.len().saturating_sub(80)..].join("\n")
-        );
-    }
-    out
-}
-
-/// `Key=value` of one `scontrol -o show job` line.
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() {
@@ -114,6 +69,7 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
     nodes.sort();
     assert_eq!(nodes.len(), 2);
     let head = creds["login_node"].as_str().unwrap().to_string();
+    let head_agent = &agents[GPU_HOSTS.iter().position(|h| *h == head).unwrap()];
     let lost = nodes.iter().find(|n| **n != head).unwrap().clone();
     let spare = GPU_HOSTS
         .iter()
@@ -198,16 +154,13 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
         "the batch job did not run again on {now:?}; last seen:\n{}\nthe interactive srun: {:?}\n{}",
         last.lock().unwrap(),
         srun.is_finished().then(|| srun.join()),
-        controller_log(&agents, &head)
+        controller_log(head_agent)
     );
     // The interactive step ended (its safety limit is long past), with an error the team
     // sees.
-    let (ok, said) = srun.join().unwrap_or_else(|_| {
-        panic!(
-            "the interactive srun hung:\n{}",
-            controller_log(&agents, &head)
-        )
-    });
+    let (ok, said) = srun
+        .join()
+        .unwrap_or_else(|_| panic!("the interactive srun hung:\n{}", controller_log(head_agent)));
     assert!(
         !ok,
         "the interactive step on the lost node succeeded: {said}"

@@ -825,9 +825,12 @@ async fn fail_leaving(state: &AppState, plan: &Plan, leaving: &[NodeRow]) {
     // A head out of reach takes the primary controller and the login with it: its sruns
     // (the team's, on the login) are gone with them, and no controller answers until the
     // backup takes control (each node's Slurm commands would wait their whole limit for
-    // it, delaying the move of the login). The backup, once in control, sets down the
-    // nodes that do not answer itself; a controller restarted without the node requeues
-    // the batch jobs it finds there.
+    // it, delaying the move of the login). A head only cut off from the network runs its
+    // primary on, and while it still reaches the shared storage its heartbeat there keeps
+    // the backup standby: it sets down the nodes it cannot reach and requeues their jobs
+    // in the shared state. The controller restarted with the new node set (on the backup's
+    // node) recovers that state, and requeues the batch jobs it finds on a node it no
+    // longer has (multihost_slurm_head_lost).
     let head = &plan.access.head_node;
     if leaving.iter().any(|n| &n.id == head) && !state.agents.is_live(head) {
         tracing::info!(cluster = %plan.cluster.name, nodes = ?names, "the cluster's head is out of reach: leaving nodes are not set down first");

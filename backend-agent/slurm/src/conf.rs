@@ -8,7 +8,8 @@
 //! The controller runs on one of the cluster's own nodes (its head), and, with a second
 //! node and a state directory both can reach, a backup on another: `SlurmctldHost` twice,
 //! each by the host name its slurmctld finds for itself, and Slurm's own failover (the
-//! backup takes over when the primary has not answered for `SlurmctldTimeout`).
+//! backup takes over when the primary has not answered for `SlurmctldTimeout` nor written
+//! its heartbeat to the state directory for as long).
 //!
 //! Jobs are confined: their processes are tracked in cgroups (`proctrack/cgroup`), each
 //! job's tasks are held to the cores, memory and GPU or MIG devices Slurm gave it
