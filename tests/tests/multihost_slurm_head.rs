@@ -175,10 +175,11 @@ async fn controllers_and_logins_run_on_the_clusters_nodes_and_outlive_a_killed_c
         }
         assert_eq!(logins(net.host(&head)).len(), 1, "{t}: the login");
         assert!(pids(net.host(&nodes[1]), "sshd").is_empty(), "{t}");
-        // One state for both controllers, on the shared storage (root's alone).
+        // One state for both controllers, on the shared storage (root's alone), the
+        // head's own.
         let name = creds["cluster"].as_str().unwrap();
         let config = session.ok("scontrol show config");
-        let state = format!("{shared}/.slurm/{name}");
+        let state = format!("{shared}/.slurm/{name}@{head}");
         assert!(
             config
                 .lines()

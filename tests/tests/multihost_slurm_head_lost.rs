@@ -20,7 +20,11 @@
 //!   the nodes the cluster has now (the former backup, now head, and the replacement) and
 //!   completes there (`ExitCode` 0:0);
 //! - the lost host, back, is left with nothing of the cluster (its agent, told the node
-//!   left, stops the controller, the login and the first run's steps there).
+//!   left, stops the controller, the login and the first run's steps there);
+//! - what the cut-off controller saved meanwhile, and at its stop, reached no one: the
+//!   controllers on the backup's node run on a state directory of their own head (seeded
+//!   from the one before, which is gone), and the controller there, killed and started
+//!   again by its supervisor, reads back the queue as it was.
 //!
 //! The jobs' steps write `<job id> <restart count> <hostname>` to the team's home (its
 //! volume on the shared storage, the same on every node), then wait for a file the test
@@ -265,5 +269,48 @@ async fn a_lost_heads_batch_jobs_are_requeued_and_its_login_moves_to_the_backups
         },
     )
     .await;
+
+    // One state directory of the cluster is left, the new head's own.
+    let dirs: Vec<String> = std::fs::read_dir(storage.path().join(".slurm"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(
+        dirs.len() == 1 && dirs[0].ends_with(&format!("@{backup}")),
+        "the controllers' state directories: {dirs:?}"
+    );
+    // The controller reads back what it saved, not what the cut-off one did.
+    let controllers: Vec<u32> = net
+        .host(&backup)
+        .processes()
+        .into_iter()
+        .filter(|(_, c)| c == "slurmctld")
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(controllers.len(), 1, "{:?}", net.host(&backup).processes());
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &controllers[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    eventually("the controller started again", LIMIT, || {
+        let restarted = net
+            .host(&backup)
+            .processes()
+            .iter()
+            .any(|(p, c)| c == "slurmctld" && *p != controllers[0]);
+        let answers = moved.poll("squeue -h").is_some();
+        async move { (restarted && answers).then_some(()) }
+    })
+    .await;
+    for (id, state, restarts) in [(&job, "COMPLETED", "1"), (&once, "NODE_FAIL", "0")] {
+        let shown = moved.ok(&format!("scontrol -o show job {id}"));
+        assert_eq!(
+            (field(&shown, "JobState"), field(&shown, "Restarts")),
+            (Some(state), Some(restarts)),
+            "{shown}"
+        );
+    }
     tf.destroy();
 }

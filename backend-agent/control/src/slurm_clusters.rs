@@ -43,6 +43,7 @@
 
 mod placement;
 mod queries;
+mod state_dirs;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -75,8 +76,6 @@ const PROBE_AGAIN: Duration = Duration::from_secs(30);
 const ENDED_WITHIN: Duration = Duration::from_secs(30);
 /// How often a wait asks the controller again.
 const ASK_EVERY: Duration = Duration::from_millis(250);
-/// Where the controllers' state lives on the shared storage, per cluster.
-const STATE_DIRS: &str = ".slurm";
 
 pub fn is_slurm(c: &ClusterRow) -> bool {
     c.orchestrator == "slurm"
@@ -273,8 +272,11 @@ struct Plan {
     backup: Option<Head>,
     /// slurm.conf as every party shares it.
     shared_conf: String,
-    /// The controllers' state directory on the shared storage; '' under the head's agent.
+    /// The controllers' state directory on the shared storage (the head's own,
+    /// `state_dirs`); '' under the head's agent.
     state_dir: String,
+    /// Where a new state directory is copied from: the state directories before.
+    seed_from: Vec<String>,
     /// The team volume's mount path on the nodes, which the home links to; '' none.
     home: String,
     host_key: login::HostKey,
@@ -325,6 +327,7 @@ impl Plan {
                 controller: (head || backup).then(|| v1::SlurmController {
                     backup,
                     state_dir: self.state_dir.clone(),
+                    seed_from: self.seed_from.clone(),
                 }),
                 login: head.then(|| v1::SlurmLogin {
                     port: u32::from(self.access.login_port),
@@ -364,11 +367,6 @@ fn host_of(conn: &Connection, node: &NodeRow) -> Result<store::nodes::NodeHost> 
             simulated: false,
         }),
     )
-}
-
-/// The controllers' state directory of cluster `name` on the shared storage.
-fn shared_state_dir(state: &AppState, name: &str) -> PathBuf {
-    state.volumes.root().join(STATE_DIRS).join(name)
 }
 
 /// The login host key a cluster from before kept keys had on the control plane's host
@@ -497,12 +495,25 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
     }
     let key = munge::decode(&access.munge_key)
         .map_err(|e| Error::Internal(format!("cluster {}: {e}", c.name)))?;
+    let (state_dir, seed_from) = match (&head, shared_state) {
+        (Some(h), true) => {
+            let root = state.volumes.root();
+            (
+                state_dirs::current(root, &name, &access.head_node, &h.node.id)
+                    .display()
+                    .to_string(),
+                state_dirs::seeds(root, &name, &access.head_node, &h.node.id)
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect(),
+            )
+        }
+        _ => (String::new(), Vec::new()),
+    };
     Ok(Some(Plan {
         account: Account::new(&name, access.uid).map_err(Error::Internal)?,
-        state_dir: match shared_state {
-            true => shared_state_dir(state, &name).display().to_string(),
-            false => String::new(),
-        },
+        state_dir,
+        seed_from,
         home: match state.volumes.mounts_on_nodes() {
             true => c.storage_path.clone(),
             false => String::new(),
@@ -733,8 +744,12 @@ async fn bring_up(
         .cloned()
         .collect();
     let mut unreachable = Vec::new();
-    for phase in [demoted.as_slice(), std::slice::from_ref(&head.node), &rest] {
+    // Whether the head runs its order (its controller on its own state directory).
+    let mut head_runs = false;
+    let phases = [demoted.as_slice(), std::slice::from_ref(&head.node), &rest];
+    for (i, phase) in phases.into_iter().enumerate() {
         let (failed, away) = order_each(state, phase, |n| plan.order(n)).await;
+        head_runs |= i == 1 && failed.is_empty() && away.is_empty();
         unreachable.extend(away);
         if !failed.is_empty() {
             return Err(Error::Aborted(format!(
@@ -778,6 +793,23 @@ async fn bring_up(
     }
     if moved {
         tracing::info!(cluster = %plan.cluster.name, head = %head.node.hostname, address = %head.host.address, "the cluster's controller and login moved to another node");
+    }
+    if head_runs && !plan.state_dir.is_empty() {
+        // The head's controller runs on its own state, seeded from the ones before: theirs
+        // go (a cut-off former head's controller saving there reaches no one).
+        let (root, name, keep) = (
+            state.volumes.root().to_path_buf(),
+            plan.name.clone(),
+            PathBuf::from(&plan.state_dir),
+        );
+        let removed = blocking(move || {
+            state_dirs::remove(&state_dirs::others(&root, &name, Some(&keep)))
+                .map_err(Error::Internal)
+        })
+        .await;
+        if let Err(e) = removed {
+            tracing::warn!(cluster = %plan.cluster.name, error = %e, "cannot remove the state of the cluster's controllers before");
+        }
     }
     tracked.set_applied(Some(plan.fingerprint()));
     let askable = plan.askable();
@@ -1024,27 +1056,18 @@ pub async fn remove(state: &Arc<AppState>, c: &ClusterRow, nodes: &[NodeRow]) {
         tracing::warn!(cluster = %c.name, failure = %f, "cannot stop the cluster's daemons on a node");
     }
     state.slurm.forget(&c.id);
-    let (shared, legacy) = (
-        state
-            .volumes
-            .is_shared()
-            .then(|| shared_state_dir(state, &name)),
-        state.data_dir.join("slurm").join(&name),
-    );
+    let shared = state
+        .volumes
+        .is_shared()
+        .then(|| state.volumes.root().to_path_buf());
+    let legacy = state.data_dir.join("slurm").join(&name);
     let removed = blocking(move || {
-        for dir in shared.iter().chain([&legacy]) {
-            match std::fs::remove_dir_all(dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(Error::Internal(format!(
-                        "cannot remove {}: {e}",
-                        dir.display()
-                    )))
-                }
-            }
-        }
-        Ok(())
+        let mut dirs = match &shared {
+            Some(root) => state_dirs::others(root, &name, None),
+            None => Vec::new(),
+        };
+        dirs.push(legacy);
+        state_dirs::remove(&dirs).map_err(Error::Internal)
     })
     .await;
     if let Err(e) = removed {

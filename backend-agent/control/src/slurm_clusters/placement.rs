@@ -3,10 +3,11 @@
 //!
 //! - The **head** runs the primary controller and the login. It stays where it is while
 //!   its node is in the cluster (a new node, whatever its name, moves nothing; an
-//!   unreachable head is covered by Slurm's own failover to the backup). When it leaves
-//!   the cluster (quarantined, replaced, scaled down) the backup's node becomes the head:
-//!   it already holds the state and may have taken control. Without either, the first
-//!   node by name.
+//!   unreachable head is covered by Slurm's own failover to the backup, which takes
+//!   control of a primary that neither answers nor writes its heartbeat, until it is
+//!   replaced). When it leaves the cluster (quarantined, replaced, scaled down) the
+//!   backup's node becomes the head: it shares the state and may have taken control.
+//!   Without either, the first node by name.
 //! - The **backup** runs the standby controller: only when the controllers can share a
 //!   state directory (the platform's shared storage), the cluster has a second node, and
 //!   that node's host is another host (a controller tells whether it is the primary or

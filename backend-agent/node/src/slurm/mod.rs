@@ -60,6 +60,9 @@ use gpufleet_slurm::login_limits::{LoginCgroup, LoginLimits};
 use gpufleet_slurm::sandbox;
 use gpufleet_wire::volumes::VOLUME_MOUNTS;
 
+/// The most directories an order may name to seed a controller's state from.
+const MAX_SEEDS: usize = 4;
+
 /// What this node runs for one cluster now.
 #[derive(Default)]
 struct Running {
@@ -186,7 +189,7 @@ impl Slurm {
             "" => None,
             home => Some(under("home", home, Path::new(VOLUME_MOUNTS))?),
         };
-        let state_dir = match &order.controller {
+        let (state_dir, seed_from) = match &order.controller {
             Some(c) if !c.state_dir.is_empty() => {
                 let Some(shared) = &self.shared_storage else {
                     return Err(format!(
@@ -194,9 +197,23 @@ impl Slurm {
                         c.state_dir
                     ));
                 };
-                Some(under("controller.state_dir", &c.state_dir, shared)?)
+                if c.seed_from.len() > MAX_SEEDS {
+                    return Err(format!(
+                        "controller.seed_from: {} directories, at most {MAX_SEEDS}",
+                        c.seed_from.len()
+                    ));
+                }
+                let seeds = c
+                    .seed_from
+                    .iter()
+                    .map(|s| under("controller.seed_from", s, shared))
+                    .collect::<Result<Vec<_>, _>>()?;
+                (
+                    Some(under("controller.state_dir", &c.state_dir, shared)?),
+                    seeds,
+                )
             }
-            _ => None,
+            _ => (None, Vec::new()),
         };
         let ctl_port =
             conf::controller_port(&order.slurm_conf).ok_or("slurm_conf: no SlurmctldPort")?;
@@ -248,6 +265,7 @@ impl Slurm {
                     cluster,
                     dir: &dir.join("ctld"),
                     state: state_dir.unwrap_or_else(|| dir.join("ctld").join("state")),
+                    seed_from: &seed_from,
                     shared_conf: &order.slurm_conf,
                     socket: &socket,
                     backup: c.backup,

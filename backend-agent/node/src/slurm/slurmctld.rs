@@ -1,8 +1,14 @@
 //! A cluster's controller on this node: `slurmctld -D` with the cluster's shared
 //! slurm.conf, this node's munged, and its own lines: `StateSaveLocation` (the directory
-//! the order names: on the shared storage, where the other controller of the cluster and
-//! any later head node find the same state, or under this agent's data dir), and its pid
-//! and log in the agent's private `<data-dir>/slurm/<cluster>/ctld/`.
+//! the order names: on the shared storage, where the other controller of the cluster
+//! finds the same state, or under this agent's data dir), and its pid and log in the
+//! agent's private `<data-dir>/slurm/<cluster>/ctld/`.
+//!
+//! Each head gets a state directory of its own (the order's): a new one is seeded with a
+//! copy of the one before ([`seed`]), after this node's former controller stopped and
+//! saved, so a head that moved keeps the queue, and a former head cut off from the fleet,
+//! whose controller runs on and saves until its host is back, writes into a directory no
+//! controller reads any more.
 //!
 //! The primary is verified answering `sinfo` before the order is answered; a backup
 //! (standby until the primary stops answering for `SlurmctldTimeout`) is verified
@@ -43,6 +49,8 @@ pub struct Spec<'a> {
     pub dir: &'a Path,
     /// StateSaveLocation.
     pub state: PathBuf,
+    /// Where `state` is copied from when it does not exist: the first that exists.
+    pub seed_from: &'a [PathBuf],
     pub shared_conf: &'a str,
     /// The node's munged socket.
     pub socket: &'a Path,
@@ -71,6 +79,8 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
     if let Some(parent) = want.state.parent() {
         account::own_dir(parent, 0, 0, 0o700)?;
     }
+    // After the former controller's stop above: its last save is in what is copied.
+    seed(&want.state, want.seed_from)?;
     account::own_dir(&want.state, 0, 0, 0o700)?;
     let conf_path = want.dir.join("slurm.conf");
     super::write(&conf_path, &conf_text)?;
@@ -115,6 +125,58 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
     })
 }
 
+/// Creates `state` as a copy of the first of `from` that exists, unless `state` exists:
+/// copied beside it, then renamed into place, so a copy cut short is never taken for the
+/// state.
+fn seed(state: &Path, from: &[PathBuf]) -> Result<(), String> {
+    if state.exists() {
+        return Ok(());
+    }
+    let Some(source) = from.iter().find(|d| d.is_dir()) else {
+        return Ok(());
+    };
+    let mut partial = state.as_os_str().to_owned();
+    partial.push(".seeding");
+    let partial = PathBuf::from(partial);
+    let copied = remove_all(&partial)
+        .and_then(|()| copy_tree(source, &partial))
+        .and_then(|()| std::fs::rename(&partial, state));
+    copied.map_err(|e| {
+        format!(
+            "cannot seed the controller's state {} from {}: {e}",
+            state.display(),
+            source.display()
+        )
+    })?;
+    tracing::info!(state = %state.display(), from = %source.display(), "the controller's state seeded from the head's before");
+    Ok(())
+}
+
+fn remove_all(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// A copy of the directory tree `from` at `to` (files and directories, with their modes;
+/// slurmctld's state has nothing else).
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir(to)?;
+    std::fs::set_permissions(to, std::fs::metadata(from)?.permissions())?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else if kind.is_file() {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
 /// Waits until the controller answers `sinfo` (with its own configuration: its munged).
 fn wait_answering(conf_path: &Path) -> Result<(), String> {
     let deadline = Instant::now() + ANSWER_WITHIN;
@@ -140,4 +202,60 @@ fn wait_listening(address: Ipv4Addr, port: u16, daemon: &Daemon) -> Result<(), S
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_new_state_is_a_copy_of_the_first_state_before_that_exists_and_an_old_one_stays() {
+        let root = tempfile::tempdir().unwrap();
+        let before = root.path().join("gf1@g1");
+        std::fs::create_dir_all(before.join("hash.7/job.17")).unwrap();
+        std::fs::write(before.join("job_state"), "jobs").unwrap();
+        std::fs::write(before.join("hash.7/job.17/script"), "#!/bin/sh").unwrap();
+        std::fs::set_permissions(&before, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(
+            before.join("job_state"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        let state = root.path().join("gf1@g2");
+        // A copy an earlier start left half made is not the state.
+        std::fs::create_dir_all(root.path().join("gf1@g2.seeding/stale")).unwrap();
+        let missing = root.path().join("gf1@g0");
+        seed(&state, &[missing, before.clone()]).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(state.join("job_state")).unwrap(),
+            "jobs"
+        );
+        assert_eq!(
+            std::fs::read_to_string(state.join("hash.7/job.17/script")).unwrap(),
+            "#!/bin/sh"
+        );
+        assert_eq!(
+            (mode(&state), mode(&state.join("job_state"))),
+            (0o700, 0o600)
+        );
+        assert!(!root.path().join("gf1@g2.seeding").exists());
+        assert!(!state.join("stale").exists());
+        // A state that exists is this head's own: never seeded again.
+        std::fs::write(state.join("job_state"), "newer").unwrap();
+        seed(&state, &[before]).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(state.join("job_state")).unwrap(),
+            "newer"
+        );
+        // Nothing to seed from: the controller starts with an empty state.
+        let fresh = root.path().join("gf2@g1");
+        seed(&fresh, &[root.path().join("none")]).unwrap();
+        assert!(!fresh.exists());
+    }
 }
