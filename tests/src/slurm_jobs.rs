@@ -1,9 +1,30 @@
-//! What a team's Slurm batch jobs left, for the tests of lost nodes: the lines their steps
-//! write (`<job id> <restart count> <hostname>` to `$HOME/requeue.log`), the fields of
-//! `scontrol -o show job`, and the controllers' logs for failure messages.
+//! A team's Slurm batch jobs for the tests of lost nodes: the two jobs they submit, the
+//! lines their steps write (`<job id> <restart count> <hostname>` to `$HOME/requeue.log`),
+//! the fields of `scontrol -o show job`, and the controllers' logs for failure messages.
 
 use crate::netns::Host;
+use crate::slurm_login::{shell_word, Session};
 use crate::NodeAgent;
+
+/// Submits, as `team`, two batch jobs across two nodes placed by Slurm (`sbatch -N2`, not
+/// pinned: they must be able to run elsewhere), the second with `--no-requeue`; their
+/// steps write where they run, then wait for `$HOME/requeue-go`. Returns their job ids
+/// (the requeued one, the one run once at most).
+pub fn submit_two(team: &Session) -> (String, String) {
+    let step =
+        "echo \"$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} $(hostname)\" >> $HOME/requeue.log; \
+                until [ -e $HOME/requeue-go ]; do sleep 0.2; done";
+    let script = format!("srun -N2 --ntasks-per-node=1 sh -c {}", shell_word(step));
+    let submit = |options: &str| {
+        team.ok(&format!(
+            "sbatch --parsable -N2 -t 10 {options} --output=requeue-%j.out --wrap {}",
+            shell_word(&script)
+        ))
+        .trim()
+        .to_string()
+    };
+    (submit("-J requeued"), submit("-J once --no-requeue"))
+}
 
 /// What the jobs' steps wrote to `home`'s `requeue.log` as `host` sees it: (job id,
 /// restart count, hostname) per line.

@@ -98,6 +98,18 @@ pub fn credentials(tf: &Terraform, address: &str) -> Value {
     .expect("Slurm credentials are JSON")
 }
 
+/// The hostnames of the nodes of the cluster at `address` in Terraform's state, sorted.
+pub fn cluster_nodes(tf: &Terraform, address: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = tf.resource(address)["nodes"]
+        .as_array()
+        .expect("the cluster's nodes")
+        .iter()
+        .map(|n| n["hostname"].as_str().unwrap_or_default().to_string())
+        .collect();
+    nodes.sort();
+    nodes
+}
+
 /// One word for the login's shell, whatever it holds.
 pub fn shell_word(word: &str) -> String {
     format!("'{}'", word.replace('\'', "'\\''"))

@@ -24,7 +24,7 @@ use std::time::Duration;
 use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::shared_storage::SharedStorage;
-use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, Session};
+use gpufleet_e2e::slurm_login::{cluster_nodes, credentials, shell_word, team_key, Session};
 use gpufleet_e2e::{eventually, Terraform};
 use serde_json::Value;
 
@@ -55,17 +55,6 @@ resource "gpufleet_tenant_cluster" "{team}" {{
 }}
 "#
     )
-}
-
-fn nodes_of(tf: &Terraform, address: &str) -> Vec<String> {
-    let mut nodes: Vec<String> = tf.resource(address)["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["hostname"].as_str().unwrap().to_string())
-        .collect();
-    nodes.sort();
-    nodes
 }
 
 /// The pids of `host`'s processes named `comm`.
@@ -154,7 +143,7 @@ async fn controllers_and_logins_run_on_the_clusters_nodes_and_outlive_a_killed_c
     for (t, key) in &teams {
         let address = format!("gpufleet_tenant_cluster.{t}");
         let creds = credentials(&tf, &address);
-        let nodes = nodes_of(&tf, &address);
+        let nodes = cluster_nodes(&tf, &address);
         let session = Session::new(client, &creds, key);
         let head = creds["login_node"].as_str().unwrap().to_string();
         assert_eq!(head, nodes[0], "{t}: the head is its first node by name");
@@ -305,7 +294,7 @@ async fn a_quarantined_head_hands_its_controller_and_login_to_another_node_with_
     tf.apply();
     const VISION: &str = "gpufleet_tenant_cluster.vision";
     let before = credentials(&tf, VISION);
-    let nodes = nodes_of(&tf, VISION);
+    let nodes = cluster_nodes(&tf, VISION);
     let (head, backup) = (nodes[0].clone(), nodes[1].clone());
     assert_eq!(before["login_node"].as_str(), Some(head.as_str()));
     let team = Session::new(client, &before, &key);
@@ -365,7 +354,7 @@ resource "gpufleet_health_check" "now" {{
     })
     .await;
     assert_eq!(
-        nodes_of(&tf, VISION),
+        cluster_nodes(&tf, VISION),
         vec![backup.clone(), spare.clone()],
         "the head was replaced"
     );

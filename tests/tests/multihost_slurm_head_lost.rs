@@ -38,8 +38,8 @@ use std::time::Duration;
 use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::shared_storage::SharedStorage;
-use gpufleet_e2e::slurm_jobs::{controller_log, field, written};
-use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, two_node_vision, Session};
+use gpufleet_e2e::slurm_jobs::{controller_log, field, submit_two, written};
+use gpufleet_e2e::slurm_login::{cluster_nodes, credentials, team_key, two_node_vision, Session};
 use gpufleet_e2e::{eventually, Terraform};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
@@ -87,13 +87,7 @@ async fn a_lost_heads_batch_jobs_are_requeued_and_its_login_moves_to_the_backups
     let before = credentials(&tf, VISION);
     let home = before["home"].as_str().unwrap().to_string();
     let team = Session::new(client, &before, &key);
-    let mut nodes: Vec<String> = tf.resource(VISION)["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["hostname"].as_str().unwrap().to_string())
-        .collect();
-    nodes.sort();
+    let nodes = cluster_nodes(&tf, VISION);
     assert_eq!(nodes.len(), 2);
     let head = before["login_node"].as_str().unwrap().to_string();
     let backup = nodes.iter().find(|n| **n != head).unwrap().clone();
@@ -113,23 +107,9 @@ async fn a_lost_heads_batch_jobs_are_requeued_and_its_login_moves_to_the_backups
     // The team's home is one volume for all nodes: the backup's host (never cut) reads it.
     let seen = net.host(&backup);
 
-    // A batch job on both nodes, placed by Slurm (not pinned: it must be able to run
-    // elsewhere). Its steps write where they run, then wait for the test's file.
-    let step =
-        "echo \"$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} $(hostname)\" >> $HOME/requeue.log; \
-                until [ -e $HOME/requeue-go ]; do sleep 0.2; done";
-    let script = format!("srun -N2 --ntasks-per-node=1 sh -c {}", shell_word(step));
-    let submit = |options: &str| {
-        team.ok(&format!(
-            "sbatch --parsable -N2 -t 10 {options} --output=requeue-%j.out --wrap {}",
-            shell_word(&script)
-        ))
-        .trim()
-        .to_string()
-    };
-    let job = submit("-J requeued");
-    // The same, from a team that wants it run once at most.
-    let once = submit("-J once --no-requeue");
+    // Two batch jobs on both nodes, one of them run once at most; their steps write
+    // where they run, then wait for the test's file.
+    let (job, once) = submit_two(&team);
     eventually("the batch jobs' steps running on both nodes", LIMIT, || {
         let w = written(seen, &home);
         let ran = nodes.iter().all(|n| {
@@ -167,13 +147,7 @@ async fn a_lost_heads_batch_jobs_are_requeued_and_its_login_moves_to_the_backups
     );
     let mut now = vec![backup.clone(), spare.clone()];
     now.sort();
-    let mut replaced: Vec<String> = tf.resource(VISION)["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["hostname"].as_str().unwrap().to_string())
-        .collect();
-    replaced.sort();
+    let replaced = cluster_nodes(&tf, VISION);
     assert_eq!(replaced, now, "the head was replaced by the spare");
     let moved = Session::new(client, &after, &key);
     eventually("the moved login answering", LIMIT, || {

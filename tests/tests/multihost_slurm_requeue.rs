@@ -24,8 +24,10 @@ use std::time::Duration;
 
 use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
-use gpufleet_e2e::slurm_jobs::{controller_log, field, written};
-use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, two_node_vision, Session};
+use gpufleet_e2e::slurm_jobs::{controller_log, field, submit_two, written};
+use gpufleet_e2e::slurm_login::{
+    cluster_nodes, credentials, shell_word, team_key, two_node_vision, Session,
+};
 use gpufleet_e2e::{eventually, Terraform};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
@@ -60,13 +62,7 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
     let creds = credentials(&tf, VISION);
     let home = creds["home"].as_str().unwrap().to_string();
     let team = Session::new(client, &creds, &key);
-    let mut nodes: Vec<String> = tf.resource(VISION)["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["hostname"].as_str().unwrap().to_string())
-        .collect();
-    nodes.sort();
+    let nodes = cluster_nodes(&tf, VISION);
     assert_eq!(nodes.len(), 2);
     let head = creds["login_node"].as_str().unwrap().to_string();
     let head_agent = &agents[GPU_HOSTS.iter().position(|h| *h == head).unwrap()];
@@ -77,23 +73,9 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
         .unwrap()
         .to_string();
 
-    // A batch job on both nodes, placed by Slurm (not pinned: it must be able to run
-    // elsewhere). Its steps write where they run, then wait for the test's file.
-    let step =
-        "echo \"$SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} $(hostname)\" >> $HOME/requeue.log; \
-                until [ -e $HOME/requeue-go ]; do sleep 0.2; done";
-    let script = format!("srun -N2 --ntasks-per-node=1 sh -c {}", shell_word(step));
-    let submit = |options: &str| {
-        team.ok(&format!(
-            "sbatch --parsable -N2 -t 10 {options} --output=requeue-%j.out --wrap {}",
-            shell_word(&script)
-        ))
-        .trim()
-        .to_string()
-    };
-    let job = submit("-J requeued");
-    // The same, from a team that wants it run once at most.
-    let once = submit("-J once --no-requeue");
+    // Two batch jobs on both nodes, one of them run once at most; their steps write
+    // where they run, then wait for the test's file.
+    let (job, once) = submit_two(&team);
     eventually("the batch jobs' steps running on both nodes", LIMIT, || {
         let all: Vec<_> = nodes.iter().map(|n| written(net.host(n), &home)).collect();
         let ran = nodes.iter().zip(&all).all(|(n, w)| {
