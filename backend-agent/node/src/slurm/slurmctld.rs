@@ -160,18 +160,23 @@ fn remove_all(dir: &Path) -> std::io::Result<()> {
 }
 
 /// A copy of the directory tree `from` at `to` (files and directories, with their modes;
-/// slurmctld's state has nothing else).
+/// slurmctld's state has nothing else). An entry gone while it is copied is left out: a
+/// cut-off controller may still save there (each file written apart and renamed into
+/// place, so what is copied is whole).
 fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir(to)?;
     std::fs::set_permissions(to, std::fs::metadata(from)?.permissions())?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
-        let kind = entry.file_type()?;
         let target = to.join(entry.file_name());
-        if kind.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else if kind.is_file() {
-            std::fs::copy(entry.path(), &target)?;
+        let copied = match entry.file_type()? {
+            kind if kind.is_dir() => copy_tree(&entry.path(), &target),
+            kind if kind.is_file() => std::fs::copy(entry.path(), &target).map(|_| ()),
+            _ => Ok(()),
+        };
+        match copied {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            other => other?,
         }
     }
     Ok(())
