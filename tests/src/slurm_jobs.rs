@@ -1,6 +1,9 @@
 //! A team's Slurm batch jobs for the tests of lost nodes: the two jobs they submit, the
 //! lines their steps write (`<job id> <restart count> <hostname>` to `$HOME/requeue.log`),
-//! the fields of `scontrol -o show job`, and the controllers' logs for failure messages.
+//! the fields of `scontrol -o show job`, what the team sees of the two jobs after the
+//! node is gone, and the controllers' logs for failure messages.
+
+use std::time::Duration;
 
 use crate::netns::Host;
 use crate::slurm_login::{shell_word, Session};
@@ -68,4 +71,41 @@ pub fn controller_log(agent: &NodeAgent) -> String {
         );
     }
     out
+}
+
+/// The requeued job `job`, as `team` sees it, running its second run of its batch script.
+pub fn assert_running_again(team: &Session, job: &str) {
+    let shown = team.ok(&format!("scontrol -o show job {job}"));
+    assert_eq!(field(&shown, "JobState"), Some("RUNNING"), "{shown}");
+    assert_eq!(field(&shown, "Restarts"), Some("1"), "{shown}");
+    assert_eq!(field(&shown, "BatchFlag"), Some("1"), "{shown}");
+}
+
+/// Waits (at most `limit`, a safety net) until the requeued job `job` completes, then
+/// checks it completed its second run, cleanly, on exactly `nodes` (sorted).
+pub async fn assert_completes_on(team: &Session, job: &str, nodes: &[String], limit: Duration) {
+    crate::eventually("the requeued job completing", limit, || {
+        let state = team
+            .poll(&format!("scontrol -o show job {job}"))
+            .and_then(|s| field(&s, "JobState").map(str::to_string));
+        async move { (state.as_deref() == Some("COMPLETED")).then_some(()) }
+    })
+    .await;
+    let shown = team.ok(&format!("scontrol -o show job {job}"));
+    assert_eq!(field(&shown, "Restarts"), Some("1"), "{shown}");
+    assert_eq!(field(&shown, "ExitCode"), Some("0:0"), "{shown}");
+    let ran_on = team.ok(&format!(
+        "scontrol show hostnames {}",
+        field(&shown, "NodeList").unwrap_or_default()
+    ));
+    let mut ran_on: Vec<String> = ran_on.lines().map(|l| l.trim().to_string()).collect();
+    ran_on.sort();
+    assert_eq!(ran_on, nodes, "{shown}");
+}
+
+/// The job submitted with `--no-requeue`, `once`: ended with its node, never run again.
+pub fn assert_ended_with_the_node(team: &Session, once: &str) {
+    let ended = team.ok(&format!("scontrol -o show job {once}"));
+    assert_eq!(field(&ended, "JobState"), Some("NODE_FAIL"), "{ended}");
+    assert_eq!(field(&ended, "Restarts"), Some("0"), "{ended}");
 }

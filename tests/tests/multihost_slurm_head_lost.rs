@@ -38,7 +38,10 @@ use std::time::Duration;
 use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::shared_storage::SharedStorage;
-use gpufleet_e2e::slurm_jobs::{controller_log, field, submit_two, written};
+use gpufleet_e2e::slurm_jobs::{
+    assert_completes_on, assert_ended_with_the_node, assert_running_again, controller_log, field,
+    submit_two, written,
+};
 use gpufleet_e2e::slurm_login::{cluster_nodes, credentials, team_key, two_node_vision, Session};
 use gpufleet_e2e::{eventually, Terraform};
 
@@ -180,29 +183,10 @@ async fn a_lost_heads_batch_jobs_are_requeued_and_its_login_moves_to_the_backups
         written(seen, &home),
         controller_log(agent_of(&backup))
     );
-    let shown = moved.ok(&format!("scontrol -o show job {job}"));
-    assert_eq!(field(&shown, "JobState"), Some("RUNNING"), "{shown}");
-    assert_eq!(field(&shown, "Restarts"), Some("1"), "{shown}");
-    assert_eq!(field(&shown, "BatchFlag"), Some("1"), "{shown}");
+    assert_running_again(&moved, &job);
     let go = seen.run("touch", &[&format!("{home}/requeue-go")]);
     assert!(go.status.success(), "{go:?}");
-    eventually("the requeued job completing", LIMIT, || {
-        let state = moved
-            .poll(&format!("scontrol -o show job {job}"))
-            .and_then(|s| field(&s, "JobState").map(str::to_string));
-        async move { (state.as_deref() == Some("COMPLETED")).then_some(()) }
-    })
-    .await;
-    let shown = moved.ok(&format!("scontrol -o show job {job}"));
-    assert_eq!(field(&shown, "Restarts"), Some("1"), "{shown}");
-    assert_eq!(field(&shown, "ExitCode"), Some("0:0"), "{shown}");
-    let ran_on = moved.ok(&format!(
-        "scontrol show hostnames {}",
-        field(&shown, "NodeList").unwrap_or_default()
-    ));
-    let mut ran_on: Vec<String> = ran_on.lines().map(|l| l.trim().to_string()).collect();
-    ran_on.sort();
-    assert_eq!(ran_on, now, "{shown}");
+    assert_completes_on(&moved, &job, &now, LIMIT).await;
     // It ran twice in all, once on each node set: no other run started.
     let w = written(seen, &home);
     let mut runs: Vec<(String, String)> = w
@@ -219,9 +203,7 @@ async fn a_lost_heads_batch_jobs_are_requeued_and_its_login_moves_to_the_backups
     expected.sort();
     assert_eq!(runs, expected, "{w:?}");
     // The job that must not run twice ended with the head, and did not run again.
-    let ended = moved.ok(&format!("scontrol -o show job {once}"));
-    assert_eq!(field(&ended, "JobState"), Some("NODE_FAIL"), "{ended}");
-    assert_eq!(field(&ended, "Restarts"), Some("0"), "{ended}");
+    assert_ended_with_the_node(&moved, &once);
     assert!(w.iter().all(|(j, r, _)| *j != once || r == "0"), "{w:?}");
 
     // The lost host back: its agent, told its node left the cluster, ends everything of

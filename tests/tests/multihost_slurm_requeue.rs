@@ -24,7 +24,10 @@ use std::time::Duration;
 
 use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
-use gpufleet_e2e::slurm_jobs::{controller_log, field, submit_two, written};
+use gpufleet_e2e::slurm_jobs::{
+    assert_completes_on, assert_ended_with_the_node, assert_running_again, controller_log,
+    submit_two, written,
+};
 use gpufleet_e2e::slurm_login::{
     cluster_nodes, credentials, shell_word, team_key, two_node_vision, Session,
 };
@@ -151,35 +154,14 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
         said.contains(&format!("error: Node failure on {lost}")),
         "srun said: {said}"
     );
-    let shown = team.ok(&format!("scontrol -o show job {job}"));
-    assert_eq!(field(&shown, "JobState"), Some("RUNNING"), "{shown}");
-    assert_eq!(field(&shown, "Restarts"), Some("1"), "{shown}");
-    assert_eq!(field(&shown, "BatchFlag"), Some("1"), "{shown}");
+    assert_running_again(&team, &job);
     for n in &now {
         let go = net.host(n).run("touch", &[&format!("{home}/requeue-go")]);
         assert!(go.status.success(), "{go:?}");
     }
-    eventually("the requeued job completing", LIMIT, || {
-        let state = team
-            .poll(&format!("scontrol -o show job {job}"))
-            .and_then(|s| field(&s, "JobState").map(str::to_string));
-        async move { (state.as_deref() == Some("COMPLETED")).then_some(()) }
-    })
-    .await;
-    let shown = team.ok(&format!("scontrol -o show job {job}"));
-    assert_eq!(field(&shown, "Restarts"), Some("1"), "{shown}");
-    assert_eq!(field(&shown, "ExitCode"), Some("0:0"), "{shown}");
-    let ran_on = team.ok(&format!(
-        "scontrol show hostnames {}",
-        field(&shown, "NodeList").unwrap_or_default()
-    ));
-    let mut ran_on: Vec<String> = ran_on.lines().map(|l| l.trim().to_string()).collect();
-    ran_on.sort();
-    assert_eq!(ran_on, now, "{shown}");
+    assert_completes_on(&team, &job, &now, LIMIT).await;
     // The job that must not run twice ended with the node, and did not run again.
-    let ended = team.ok(&format!("scontrol -o show job {once}"));
-    assert_eq!(field(&ended, "JobState"), Some("NODE_FAIL"), "{ended}");
-    assert_eq!(field(&ended, "Restarts"), Some("0"), "{ended}");
+    assert_ended_with_the_node(&team, &once);
     let on_spare = written(net.host(&spare), &home);
     assert!(!on_spare.iter().any(|(j, _, _)| *j == once), "{on_spare:?}");
     // Its first run wrote on the lost node, the second never did.
