@@ -1,9 +1,13 @@
 //! A small certificate authority for mutual TLS between the control plane and the
-//! node agents. The first run creates the CA (`ca.pem`, `ca.key`) in `--dir`; every run
-//! (re)issues the control plane's server certificate (`server.pem`, `server.key`) and a
-//! client certificate per `--agent` (`agent-<NAME>.pem`, `agent-<NAME>.key`), all signed by
-//! that CA. Later runs reuse the CA as it is on disk, so certificates issued earlier stay
-//! valid. Private keys are written with mode 0600. Every error names the file or the flag.
+//! node agents. The first run creates the CA (`ca.pem`, `ca.key`) in `--dir` and the control
+//! plane's server certificate (`server.pem`, `server.key`); every run issues a client
+//! certificate per `--agent` (`agent-<NAME>.pem`, `agent-<NAME>.key`), all signed by that
+//! CA. The server certificate is issued again for the `--server-name`s when they are given,
+//! renewed with the names it already has when a run asks for nothing else, and left as it
+//! is when a run only issues agent certificates: `serve` reloads it, and a certificate
+//! rewritten for other names would cut off every remote client. Later runs reuse the CA
+//! as it is on disk, so certificates issued earlier stay valid. Private keys are written
+//! with mode 0600. Every error names the file or the flag.
 
 use std::fs::{self, OpenOptions, Permissions};
 use std::io::Write;
@@ -44,16 +48,19 @@ pub fn issue_for_tests(dir: &Path, agents: &[&str]) -> anyhow::Result<()> {
 }
 
 /// Creates the CA in `dir` when it is not there yet, then issues the server certificate
-/// (for `server_names`, and always localhost and 127.0.0.1) and one client certificate per agent
-/// name: the paths of the files written, in order. The names are checked before anything
-/// is written.
+/// (for `server_names`, and always localhost and 127.0.0.1; see `server_names_to_issue`
+/// for when it is kept) and one client certificate per agent name: the paths of the files
+/// written, in order. The names are checked before anything is written.
 pub fn issue(
     dir: &Path,
     server_names: &[String],
     agents: &[String],
 ) -> anyhow::Result<Vec<PathBuf>> {
-    let server_sans = server_sans(server_names)?;
     let agents = agent_names(agents)?;
+    let server_sans = match server_names_to_issue(dir, server_names, !agents.is_empty())? {
+        Some(names) => Some(server_sans(&names)?),
+        None => None,
+    };
 
     if !dir.is_dir() {
         fs::DirBuilder::new()
@@ -66,19 +73,21 @@ pub fn issue(
     let now = OffsetDateTime::now_utc();
     let (ca, ca_key) = load_or_create_ca(dir, now, &mut written)?;
 
-    // The server: its first name is also its common name.
-    let common_name = match &server_sans[0] {
-        SanType::DnsName(name) => name.as_str().to_string(),
-        SanType::IpAddress(ip) => ip.to_string(),
-        other => unreachable!("server names are DNS names or IPs, not {other:?}"),
-    };
-    let params = leaf_params(
-        now,
-        &common_name,
-        server_sans,
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    issue_leaf(dir, "server", params, &ca, &ca_key, &mut written)?;
+    if let Some(server_sans) = server_sans {
+        // The server: its first name is also its common name.
+        let common_name = match &server_sans[0] {
+            SanType::DnsName(name) => name.as_str().to_string(),
+            SanType::IpAddress(ip) => ip.to_string(),
+            other => unreachable!("server names are DNS names or IPs, not {other:?}"),
+        };
+        let params = leaf_params(
+            now,
+            &common_name,
+            server_sans,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        issue_leaf(dir, "server", params, &ca, &ca_key, &mut written)?;
+    }
 
     for agent in agents {
         let san =
@@ -96,6 +105,37 @@ pub fn issue(
         )?;
     }
     Ok(written)
+}
+
+/// The names to issue the server certificate for, or None to keep `server.pem` as it is.
+/// Given `--server-name`s win; without them the first run takes the defaults, a run that
+/// only issues agent certificates keeps the server certificate, and a run that asks for
+/// nothing else renews it with the names it has. A server certificate whose names cannot
+/// be read back is refused rather than renewed for localhost only.
+fn server_names_to_issue(
+    dir: &Path,
+    given: &[String],
+    agents_asked: bool,
+) -> anyhow::Result<Option<Vec<String>>> {
+    let path = dir.join("server.pem");
+    if !given.is_empty() || !path.exists() {
+        return Ok(Some(given.to_vec()));
+    }
+    if agents_asked {
+        return Ok(None);
+    }
+    let names = fs::read_to_string(&path)
+        .ok()
+        .and_then(|pem| pem_der(&pem))
+        .and_then(|der| subject_alt_names(&der))
+        .filter(|names| !names.is_empty());
+    match names {
+        Some(names) => Ok(Some(names)),
+        None => bail!(
+            "{}: cannot read the names this server certificate is valid for, so it cannot be renewed with them; give them with --server-name (DNS names or IP addresses)",
+            path.display()
+        ),
+    }
 }
 
 /// The CA's parameters. Everything a certificate it signs takes from it (the subject, the
@@ -457,6 +497,59 @@ pub fn serial(der: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
+/// The subject alternative names of the X.509 certificate `der`, in order: DNS names, and
+/// IP addresses written as text. None when it has none, or a kind of name `pki` does not
+/// issue (renewing would drop it).
+pub fn subject_alt_names(der: &[u8]) -> Option<Vec<String>> {
+    // The extension id 2.5.29.17 (id-ce-subjectAltName) as DER.
+    const SAN_OID: [u8; 5] = [0x06, 0x03, 0x55, 0x1d, 0x11];
+    const EXTENSIONS: u8 = 0xa3;
+    const BOOLEAN: u8 = 0x01;
+    const OCTET_STRING: u8 = 0x04;
+    const DNS_NAME: u8 = 0x82;
+    const IP_ADDRESS: u8 = 0x87;
+    let fields = tbs_fields(der)?;
+    let (_, explicit) = fields.iter().find(|(tag, _)| *tag == EXTENSIONS)?;
+    let extensions = der_element(der_element(explicit)?.contents)?;
+    let mut rest = extensions.contents;
+    while !rest.is_empty() {
+        let extension = der_element(rest)?;
+        rest = extension.rest;
+        let id = der_element(extension.contents)?;
+        if id.whole != SAN_OID {
+            continue;
+        }
+        // critical BOOLEAN DEFAULT FALSE, then the value.
+        let mut value = der_element(id.rest)?;
+        if value.tag == BOOLEAN {
+            value = der_element(value.rest)?;
+        }
+        let general_names = der_element(value.contents)?;
+        if value.tag != OCTET_STRING || general_names.tag != SEQUENCE {
+            return None;
+        }
+        let mut names = Vec::new();
+        let mut rest = general_names.contents;
+        while !rest.is_empty() {
+            let name = der_element(rest)?;
+            rest = name.rest;
+            let text = match (name.tag, name.contents.len()) {
+                (DNS_NAME, _) => String::from_utf8(name.contents.to_vec()).ok()?,
+                (IP_ADDRESS, 4) => {
+                    IpAddr::from(<[u8; 4]>::try_from(name.contents).ok()?).to_string()
+                }
+                (IP_ADDRESS, 16) => {
+                    IpAddr::from(<[u8; 16]>::try_from(name.contents).ok()?).to_string()
+                }
+                _ => return None,
+            };
+            names.push(text);
+        }
+        return Some(names);
+    }
+    None
+}
+
 const SEQUENCE: u8 = 0x30;
 const INTEGER: u8 = 0x02;
 
@@ -595,22 +688,90 @@ mod tests {
         let ca_key = fs::read(dir.join("ca.key")).unwrap();
         let server_pem = fs::read(dir.join("server.pem")).unwrap();
 
+        // Only an agent asked for: the server certificate is left as it is.
         let written = issue(dir, &[], &names(&["b"])).unwrap();
-        assert!(
-            !written.iter().any(|p| p.starts_with(dir.join("ca"))),
-            "{written:?}"
-        );
         assert_eq!(
             written,
-            ["server.key", "server.pem", "agent-b.key", "agent-b.pem"]
+            ["agent-b.key", "agent-b.pem"]
                 .iter()
                 .map(|f| dir.join(f))
                 .collect::<Vec<_>>()
         );
         assert_eq!(fs::read(dir.join("ca.pem")).unwrap(), ca_pem);
         assert_eq!(fs::read(dir.join("ca.key")).unwrap(), ca_key);
-        assert_ne!(fs::read(dir.join("server.pem")).unwrap(), server_pem);
+        assert_eq!(fs::read(dir.join("server.pem")).unwrap(), server_pem);
         assert!(dir.join("agent-a.pem").exists() && dir.join("agent-b.pem").exists());
+
+        // Nothing asked for: the server certificate is renewed.
+        let written = issue(dir, &[], &[]).unwrap();
+        assert_eq!(written, [dir.join("server.key"), dir.join("server.pem")]);
+        assert_ne!(fs::read(dir.join("server.pem")).unwrap(), server_pem);
+        assert_eq!(fs::read(dir.join("ca.pem")).unwrap(), ca_pem);
+    }
+
+    fn server_names_on_disk(dir: &Path) -> Vec<String> {
+        let pem = fs::read_to_string(dir.join("server.pem")).unwrap();
+        subject_alt_names(&pem_der(&pem).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn runs_without_server_names_keep_the_server_certificates_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        issue(
+            dir,
+            &names(&["cp.example", "10.99.51.5", "fd00::5"]),
+            &names(&["a"]),
+        )
+        .unwrap();
+        let want = names(&[
+            "cp.example",
+            "10.99.51.5",
+            "fd00::5",
+            "localhost",
+            "127.0.0.1",
+        ]);
+        assert_eq!(server_names_on_disk(dir), want);
+
+        // Adding or renewing an agent certificate, as the guide does.
+        for agent in ["b", "a"] {
+            issue(dir, &[], &names(&[agent])).unwrap();
+            assert_eq!(server_names_on_disk(dir), want, "after --agent {agent}");
+        }
+        // Renewing the server certificate without its names: the same names, a new key.
+        let key = fs::read(dir.join("server.key")).unwrap();
+        issue(dir, &[], &[]).unwrap();
+        assert_eq!(server_names_on_disk(dir), want);
+        assert_ne!(fs::read(dir.join("server.key")).unwrap(), key);
+        // Given names still replace them.
+        issue(dir, &names(&["new.example"]), &[]).unwrap();
+        assert_eq!(
+            server_names_on_disk(dir),
+            names(&["new.example", "localhost", "127.0.0.1"])
+        );
+    }
+
+    #[test]
+    fn a_server_certificate_whose_names_cannot_be_read_is_not_renewed_without_server_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        issue_for_tests(dir, &[]).unwrap();
+        fs::write(dir.join("server.pem"), "not a certificate").unwrap();
+        let err = format!("{:#}", issue(dir, &[], &[]).unwrap_err());
+        assert!(
+            err.starts_with(&format!("{}: ", dir.join("server.pem").display())),
+            "{err}"
+        );
+        assert!(err.contains("--server-name"), "{err}");
+        assert_eq!(
+            fs::read_to_string(dir.join("server.pem")).unwrap(),
+            "not a certificate",
+            "nothing written"
+        );
+        // An agent certificate alone does not need them; --server-name replaces it.
+        issue(dir, &[], &names(&["a"])).unwrap();
+        issue(dir, &names(&["cp.example"]), &[]).unwrap();
+        assert_eq!(server_names_on_disk(dir)[0], "cp.example");
     }
 
     #[test]
