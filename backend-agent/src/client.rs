@@ -128,12 +128,11 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 /// table (or the formatter, whose widths are bounded). Reasons fit whole.
 const MAX_CELL: usize = 1024;
 
-/// `cell` cut to [`MAX_CELL`] characters, ending in "…" when cut.
+/// `cell` with its control characters escaped (a name a caller chose, recorded before
+/// the audit log escaped it, must not forge a row or drive the terminal), cut to
+/// [`MAX_CELL`] characters, ending in "…" when cut.
 fn fitted(cell: &str) -> String {
-    if cell.chars().count() <= MAX_CELL {
-        return cell.to_string();
-    }
-    cell.chars().take(MAX_CELL - 1).chain(['…']).collect()
+    gpufleet_control::audit::text::escaped(cell, MAX_CELL)
 }
 
 /// Left-aligned columns wide enough for every cell.
@@ -377,5 +376,17 @@ mod tests {
         let row = t.lines().nth(1).unwrap();
         assert!(row.ends_with("…  1"), "{row}");
         assert_eq!(row.chars().count(), super::MAX_CELL + 3);
+    }
+
+    #[test]
+    fn a_newline_or_escape_in_a_cell_stays_in_its_row() {
+        let forged = "x\n15  2026-01-01T00:00:00Z  -  admin  DeleteTenant  alpha  OK";
+        let t = super::table(
+            &["OBJECT", "OUTCOME"],
+            &[vec![forged.into(), "\u{1b}[2J".into()]],
+        );
+        assert_eq!(t.lines().count(), 2, "{t}");
+        assert!(!t.contains('\u{1b}'), "{t}");
+        assert!(t.contains("x\\u{a}15"), "{t}");
     }
 }

@@ -6,13 +6,18 @@
 //!
 //! The queue is bounded ([`QUEUE`]): entries beyond it are dropped and counted
 //! (`gpufleet_audit_dropped_total`), so a flood of refused calls cannot grow memory.
+//!
+//! Every text field is recorded escaped and bounded ([`text`]): what a caller names cannot
+//! forge a line of the log or reach a terminal as a control sequence.
+
+pub mod text;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::counters::COUNTERS;
 use crate::state::AppState;
@@ -27,6 +32,8 @@ const MAX_MESSAGE_CHARS: usize = 512;
 /// ... and the object a call named to this many: it is noted before the message's bounds
 /// are checked, and an unauthenticated caller must not queue megabytes per call.
 const MAX_OBJECT_CHARS: usize = 256;
+/// The other text fields (method, tenant, token name and scope) to this many.
+const MAX_FIELD_CHARS: usize = 256;
 
 /// What authentication learned about a call.
 #[derive(Debug, Clone, Default)]
@@ -69,14 +76,29 @@ pub struct AuditLayer {
 }
 
 impl AuditLayer {
-    /// The layer, and the writer to run beside the server until the queue closes.
-    pub fn new(state: Arc<AppState>) -> (Self, impl Future<Output = ()>) {
+    /// The layer, the writer to run beside the server, and what ends the writer once the
+    /// server is gone (after it has written every entry queued by then).
+    pub fn new(state: Arc<AppState>) -> (Self, impl Future<Output = ()>, Close) {
         let (queue, entries) = mpsc::channel(QUEUE);
+        let (close, closed) = oneshot::channel();
         let layer = AuditLayer {
             queue,
             clock: state.clock.clone(),
         };
-        (layer, write(state, entries))
+        (layer, write(state, entries, closed), Close(close))
+    }
+}
+
+/// Ends the audit writer: entries queued until then are written, later ones refused
+/// (counted as dropped). Dropping it does the same.
+///
+/// The layer's copies live in every connection's service, and a connection that outlasts
+/// the server's grace keeps its copy: the writer cannot wait for every sender to go.
+pub struct Close(oneshot::Sender<()>);
+
+impl Close {
+    pub fn close(self) {
+        let _ = self.0.send(());
     }
 }
 
@@ -122,7 +144,7 @@ where
                 let (outcome, message) = match &result {
                     Ok(r) => match tonic::Status::from_header_map(r.headers()) {
                         Some(s) if s.code() != tonic::Code::Ok => {
-                            (code_name(s.code()), cut(s.message()))
+                            (code_name(s.code()), s.message().to_string())
                         }
                         _ => ("OK".to_string(), String::new()),
                     },
@@ -139,17 +161,18 @@ where
 
 impl AuditLayer {
     fn queue_entry(&self, caller: Caller, method: String, outcome: String, message: String) {
+        let field = |s: &str| text::escaped(s, MAX_FIELD_CHARS);
         let entry = store::audit::AuditRow {
             seq: 0,
             tenant_seq: None,
             at: self.clock.now(),
-            tenant_id: caller.tenant_id,
-            token_name: caller.token_name,
-            token_scope: caller.token_scope,
-            method,
-            object: caller.object,
+            tenant_id: field(&caller.tenant_id),
+            token_name: field(&caller.token_name),
+            token_scope: field(&caller.token_scope),
+            method: field(&method),
+            object: text::escaped(&caller.object, MAX_OBJECT_CHARS),
             outcome,
-            message,
+            message: text::escaped(&message, MAX_MESSAGE_CHARS),
         };
         if self.queue.try_send(entry).is_err() {
             COUNTERS.audit_dropped.inc();
@@ -157,25 +180,59 @@ impl AuditLayer {
     }
 }
 
-/// Writes queued entries in batches until every sender is gone; prunes as it goes.
-async fn write(state: Arc<AppState>, mut entries: mpsc::Receiver<store::audit::AuditRow>) {
+/// Entries written between two prunes at most: a prune reads the whole log, so a flood
+/// must not make it do so per batch. The bounds are exceeded by at most this many.
+const PRUNE_EVERY: usize = 2048;
+
+/// Writes queued entries in batches until closed (or every sender is gone), then the
+/// entries still queued; prunes as it goes.
+async fn write(
+    state: Arc<AppState>,
+    mut entries: mpsc::Receiver<store::audit::AuditRow>,
+    mut closed: oneshot::Receiver<()>,
+) {
     let mut batch = Vec::with_capacity(BATCH);
-    while entries.recv_many(&mut batch, BATCH).await > 0 {
-        let rows = std::mem::take(&mut batch);
-        let now = state.now();
-        let written = state
-            .write(move |sp| -> Result<usize, crate::error::Error> {
-                for row in &rows {
-                    store::audit::record(&sp, row)?;
-                }
-                store::audit::prune(&sp, now)?;
-                sp.commit()?;
-                Ok(rows.len())
-            })
-            .await;
-        if let Err(e) = written {
-            tracing::error!(error = %e, "could not write audit entries; they are lost");
+    // Pruned at the first batch: a store from before may be over the bounds.
+    let mut unpruned = PRUNE_EVERY;
+    let mut open = true;
+    loop {
+        let received = tokio::select! {
+            received = entries.recv_many(&mut batch, BATCH) => received,
+            _ = &mut closed, if open => {
+                // Refuses new entries; what is queued is still received, then 0.
+                entries.close();
+                open = false;
+                continue;
+            }
+        };
+        if received == 0 {
+            return;
         }
+        unpruned += batch.len();
+        let prune = unpruned >= PRUNE_EVERY;
+        if prune {
+            unpruned = 0;
+        }
+        write_batch(&state, std::mem::take(&mut batch), prune).await;
+    }
+}
+
+async fn write_batch(state: &AppState, rows: Vec<store::audit::AuditRow>, prune: bool) {
+    let now = state.now();
+    let written = state
+        .write(move |sp| -> Result<usize, crate::error::Error> {
+            for row in &rows {
+                store::audit::record(&sp, row)?;
+            }
+            if prune {
+                store::audit::prune(&sp, now)?;
+            }
+            sp.commit()?;
+            Ok(rows.len())
+        })
+        .await;
+    if let Err(e) = written {
+        tracing::error!(error = %e, "could not write audit entries; they are lost");
     }
 }
 
@@ -190,10 +247,6 @@ fn code_name(code: tonic::Code) -> String {
         out.push(c.to_ascii_uppercase());
     }
     out
-}
-
-fn cut(message: &str) -> String {
-    message.chars().take(MAX_MESSAGE_CHARS).collect()
 }
 
 #[cfg(test)]

@@ -541,9 +541,9 @@ impl ControlPlane {
         // retries for many minutes): PINGs unanswered within the node timeout close it,
         // so its session's task ends instead of waiting on a dead socket.
         let keepalive = (self.state.agents.node_timeout / 2).max(Duration::from_millis(500));
-        // The audit log's writer ends when the server (holding the layer) is gone, after
-        // writing what was queued.
-        let (audit, audit_writer) = crate::audit::AuditLayer::new(self.state.clone());
+        // The audit log's writer ends once the server is gone, after writing what was
+        // queued.
+        let (audit, audit_writer, audit_close) = crate::audit::AuditLayer::new(self.state.clone());
         let audit_writer = tokio::spawn(audit_writer);
         if let Some(tls) = &self.tls {
             self.tasks.push(tokio::spawn(
@@ -642,6 +642,7 @@ impl ControlPlane {
                 anyhow::bail!("the API listener on {addr} stopped while serving ({why}); exiting so that a supervisor restarts serve");
             }
         }
+        audit_close.close();
         if tokio::time::timeout(SHUTDOWN_GRACE, audit_writer)
             .await
             .is_err()

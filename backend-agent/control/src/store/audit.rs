@@ -21,9 +21,30 @@ pub struct AuditRow {
 
 /// Entries are kept this long ...
 pub const KEEP_SECONDS: i64 = 90 * 24 * 3600;
-/// ... and at most this many (the oldest go first): refused calls from a flood cannot
-/// fill the disk.
+/// ... and at most this many of callers with a valid token (the oldest go first) ...
 pub const KEEP_ROWS: i64 = 200_000;
+/// ... and, apart, at most this many refusals of callers without one: anyone can make
+/// those, so a flood of them ages out only its own kind, never who changed what.
+pub const KEEP_UNIDENTIFIED_ROWS: i64 = 20_000;
+
+/// How much of the log [`prune`] keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    pub seconds: i64,
+    pub identified_rows: i64,
+    pub unidentified_rows: i64,
+}
+
+pub const RETENTION: Retention = Retention {
+    seconds: KEEP_SECONDS,
+    identified_rows: KEEP_ROWS,
+    unidentified_rows: KEEP_UNIDENTIFIED_ROWS,
+};
+
+/// Whether an entry is of a caller without a valid token (no token name was learned).
+pub fn unidentified(e: &AuditRow) -> bool {
+    e.token_name.is_empty()
+}
 
 pub fn record(conn: &Connection, e: &AuditRow) -> rusqlite::Result<()> {
     super::exec(
@@ -46,20 +67,35 @@ pub fn record(conn: &Connection, e: &AuditRow) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Drops entries past [`KEEP_SECONDS`] or beyond the newest [`KEEP_ROWS`], but never a
-/// tenant's newest: its sequence continues from there.
+/// Drops entries past [`KEEP_SECONDS`], and beyond the newest [`KEEP_ROWS`] of callers
+/// with a valid token or the newest [`KEEP_UNIDENTIFIED_ROWS`] of those without, each
+/// counted apart; never a tenant's newest: its sequence continues from there.
 pub fn prune(conn: &Connection, now: i64) -> rusqlite::Result<usize> {
+    prune_within(conn, now, RETENTION)
+}
+
+/// [`prune`] with the bounds given.
+pub fn prune_within(conn: &Connection, now: i64, keep: Retention) -> rusqlite::Result<usize> {
     let old = super::exec(
         conn,
         "DELETE FROM audit_log WHERE at < ?1 AND seq NOT IN (SELECT MAX(seq) FROM audit_log GROUP BY tenant_id)",
-        [now - KEEP_SECONDS],
+        [now - keep.seconds],
     )?;
-    let over = super::exec(
-        conn,
-        "DELETE FROM audit_log WHERE seq <= (SELECT MAX(seq) FROM audit_log) - ?1
-         AND seq NOT IN (SELECT MAX(seq) FROM audit_log GROUP BY tenant_id)",
-        [KEEP_ROWS],
-    )?;
+    let mut over = 0;
+    for (unidentified, rows) in [
+        (true, keep.unidentified_rows),
+        (false, keep.identified_rows),
+    ] {
+        // The newest `rows` of the kind stay; the one after them and older go.
+        over += super::exec(
+            conn,
+            "DELETE FROM audit_log WHERE (token_name = '') = ?1
+             AND seq <= (SELECT seq FROM audit_log WHERE (token_name = '') = ?1
+                         ORDER BY seq DESC LIMIT 1 OFFSET ?2)
+             AND seq NOT IN (SELECT MAX(seq) FROM audit_log GROUP BY tenant_id)",
+            rusqlite::params![unidentified, rows],
+        )?;
+    }
     Ok(old + over)
 }
 
@@ -142,5 +178,60 @@ mod tests {
             list(&conn, Some("b"), 2, 10).unwrap()[0].tenant_seq,
             Some(3)
         );
+    }
+
+    #[test]
+    fn a_flood_of_refusals_without_a_token_never_pushes_out_a_teams_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        let keep = Retention {
+            seconds: KEEP_SECONDS,
+            identified_rows: 5,
+            unidentified_rows: 3,
+        };
+        for at in 1..=4 {
+            record(&conn, &entry("team-a", at)).unwrap();
+        }
+        let stranger = AuditRow {
+            token_name: String::new(),
+            token_scope: String::new(),
+            outcome: "UNAUTHENTICATED".into(),
+            ..entry("", 0)
+        };
+        for at in 10..110 {
+            record(
+                &conn,
+                &AuditRow {
+                    at,
+                    ..stranger.clone()
+                },
+            )
+            .unwrap();
+            prune_within(&conn, 200, keep).unwrap();
+        }
+        let all = list(&conn, None, 0, 1000).unwrap();
+        let team: Vec<i64> = all
+            .iter()
+            .filter(|e| !unidentified(e))
+            .map(|e| e.at)
+            .collect();
+        assert_eq!(team, vec![1, 2, 3, 4], "the team's entries all stay");
+        let strangers: Vec<i64> = all
+            .iter()
+            .filter(|e| unidentified(e))
+            .map(|e| e.at)
+            .collect();
+        assert_eq!(strangers, vec![107, 108, 109], "the newest refusals only");
+        // The team's own entries are bounded by their own count.
+        for at in 200..203 {
+            record(&conn, &entry("team-a", at)).unwrap();
+        }
+        prune_within(&conn, 300, keep).unwrap();
+        let team: Vec<i64> = list(&conn, Some("team-a"), 0, 100)
+            .unwrap()
+            .iter()
+            .map(|e| e.at)
+            .collect();
+        assert_eq!(team, vec![3, 4, 200, 201, 202]);
     }
 }

@@ -1,0 +1,169 @@
+//! The audit log against callers who want to hide or forge what happened:
+//! - a refused call naming an object with a newline and terminal escapes is recorded, and
+//!   shown by `gpufleet-agent audit`, on one line with those characters escaped;
+//! - entries queued just before a clean stop are in the log after the restart.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use gpufleet_proto::v1::*;
+use tonic::Code;
+
+/// The longest any wait on a condition here may take before the test fails.
+const BOUND: Duration = Duration::from_secs(30);
+
+/// Every audit entry the admin may read, once `done` holds for them (a background task
+/// writes them: wait on the condition, bounded).
+async fn audit_until(admin: &mut Clients, done: impl Fn(&[AuditEntry]) -> bool) -> Vec<AuditEntry> {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let mut entries = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let page = admin
+                .access
+                .list_audit_entries(ListAuditEntriesRequest {
+                    page_token,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            entries.extend(page.entries);
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            page_token = page.next_page_token;
+        }
+        if done(&entries) {
+            return entries;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "audit log never held what was expected: {entries:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn cli(agent: &Agent, token: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
+        .args(args)
+        .env("GPUFLEET_ENDPOINT", &agent.endpoint)
+        .env("GPUFLEET_TOKEN", token)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gpufleet-agent {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn a_newline_or_escape_in_a_refused_calls_id_cannot_forge_a_line_of_the_audit_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&dir.path().join("data"));
+    let mut admin = agent.admin().await;
+    let (_team, token) = admin.tenant("team-a").await;
+    let forged = "x\n15  2026-12-06T01:00:00Z  -  admin  TenantService/DeleteTenant  alpha  OK\u{1b}[2J\u{202e}";
+    for caller in ["gft_not-a-token", token.as_str()] {
+        let mut c = agent.clients(caller).await;
+        let refused = c
+            .tenants
+            .delete_tenant(DeleteTenantRequest {
+                id: forged.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                refused.code(),
+                Code::Unauthenticated | Code::PermissionDenied
+            ),
+            "{refused:?}"
+        );
+    }
+
+    let entries = audit_until(&mut admin, |e| {
+        e.iter()
+            .filter(|e| e.method.ends_with("/DeleteTenant"))
+            .count()
+            == 2
+    })
+    .await;
+    for e in entries
+        .iter()
+        .filter(|e| e.method.ends_with("/DeleteTenant"))
+    {
+        assert!(e.object.starts_with("x\\u{a}15  "), "{e:?}");
+        assert!(
+            !format!("{}{}", e.object, e.message).contains(|c: char| c.is_control()),
+            "{e:?}"
+        );
+        assert!(e.object.contains("\\u{1b}[2J\\u{202e}"), "{e:?}");
+    }
+
+    // The CLI's table: one line per entry under the header, no escape byte.
+    let table = cli(&agent, ADMIN, &["audit"]);
+    assert_eq!(table.lines().count(), 1 + entries.len(), "{table}");
+    assert!(!table.contains('\u{1b}'), "{table}");
+    let forged_rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.contains("DeleteTenant"))
+        .collect();
+    assert_eq!(forged_rows.len(), 2, "{table}");
+    assert!(
+        forged_rows
+            .iter()
+            .all(|l| l.contains("UNAUTHENTICATED") || l.contains("PERMISSION_DENIED")),
+        "{table}"
+    );
+}
+
+#[tokio::test]
+async fn entries_queued_just_before_a_clean_stop_are_in_the_log_after_the_restart() {
+    const REFUSED: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start(&data);
+    let mut admin = agent.admin().await;
+    let (_team, token) = admin.tenant("team-a").await;
+    let mut team = agent.clients(&token).await;
+    // Each answer comes after its entry is queued; the stop follows the last at once.
+    for i in 0..REFUSED {
+        team.tenants
+            .delete_tenant(DeleteTenantRequest {
+                id: format!("not-mine-{i}"),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+    }
+    // The team's connection stays open across the stop: its copy of the audit layer once
+    // kept the writer waiting out the grace period, and what was queued was lost.
+    drop(admin);
+    let stopping = Instant::now();
+    assert!(agent
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(60))
+        .success());
+    eprintln!("serve stopped {:?} after SIGTERM", stopping.elapsed());
+    drop(team);
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap();
+    assert!(!log.contains("are lost"), "{log}");
+
+    let agent = Agent::start(&data);
+    let mut admin = agent.admin().await;
+    let entries = audit_until(&mut admin, |_| true).await;
+    let refused: Vec<&str> = entries
+        .iter()
+        .filter(|e| e.method.ends_with("/DeleteTenant"))
+        .map(|e| e.object.as_str())
+        .collect();
+    let expected: Vec<String> = (0..REFUSED).map(|i| format!("not-mine-{i}")).collect();
+    assert_eq!(refused, expected);
+}
