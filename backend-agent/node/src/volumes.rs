@@ -123,16 +123,41 @@ fn c_path(p: &Path) -> Result<CString, String> {
     CString::new(p.as_os_str().as_encoded_bytes()).map_err(|e| format!("{}: {e}", p.display()))
 }
 
-fn mount(source: &Path, target: &Path) -> Result<(), String> {
-    // The folders above a mount are 0711: no one lists the volumes of this node.
-    let mut dir = PathBuf::from("/");
-    for c in target.components().skip(1) {
-        dir.push(c);
-        if !dir.exists() {
-            std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711));
+/// How often [`make_folders`] starts again when another agent removed a folder it had
+/// just made or found (its unmount of a last volume there).
+const FOLDER_TRIES: usize = 5;
+
+/// Makes every missing folder of `target`, each 0711: no one lists the volumes of this
+/// node. Other agents on this host may make or remove the same folders at the same time
+/// (nodes of one host mounting their teams' volumes at once): a folder that appears
+/// meanwhile is taken as it is, and a parent that vanishes meanwhile is made again.
+fn make_folders(target: &Path) -> Result<(), String> {
+    use std::io::ErrorKind;
+    use std::os::unix::fs::DirBuilderExt;
+    let mut tries = 0;
+    'again: loop {
+        tries += 1;
+        let mut dir = PathBuf::from("/");
+        for c in target.components().skip(1) {
+            dir.push(c);
+            match std::fs::DirBuilder::new().mode(0o711).create(&dir) {
+                // The umask may have taken bits off the mode.
+                Ok(()) => {
+                    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711));
+                }
+                Err(e) if e.kind() == ErrorKind::AlreadyExists && dir.is_dir() => {}
+                Err(e) if e.kind() == ErrorKind::NotFound && tries < FOLDER_TRIES => {
+                    continue 'again;
+                }
+                Err(e) => return Err(format!("creating {}: {e}", dir.display())),
+            }
         }
+        return Ok(());
     }
+}
+
+fn mount(source: &Path, target: &Path) -> Result<(), String> {
+    make_folders(target)?;
     let (s, t) = (c_path(source)?, c_path(target)?);
     // SAFETY: both are NUL-terminated paths; a bind mount takes no type and no data.
     let rc = unsafe {
@@ -215,6 +240,43 @@ mod tests {
             let e = checked(Some(shared.path()), &order(source, target)).unwrap_err();
             assert!(e.contains(says), "{source} -> {target}: {e}");
         }
+    }
+
+    #[test]
+    fn agents_racing_to_make_the_same_mount_folders_all_succeed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("volumes");
+        for round in 0..20 {
+            let tenant = root.join(format!("tenant-{round}"));
+            let threads = 8;
+            let start = std::sync::Arc::new(std::sync::Barrier::new(threads));
+            let made: Vec<_> = (0..threads)
+                .map(|i| {
+                    // Half the agents mount the same cluster's volume, half their own.
+                    let target = tenant.join(format!("cluster-{}", i % 2 * i));
+                    let start = start.clone();
+                    std::thread::spawn(move || {
+                        start.wait();
+                        make_folders(&target).map(|()| target)
+                    })
+                })
+                .collect();
+            for thread in made {
+                let target = thread.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+                assert!(target.is_dir(), "{}", target.display());
+                let mode = std::fs::metadata(&target).unwrap().permissions().mode();
+                assert_eq!(mode & 0o777, 0o711, "{}", target.display());
+            }
+            let mode = std::fs::metadata(&tenant).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o711);
+        }
+        // A file in the way is still an error naming it.
+        std::fs::write(root.join("file"), "").unwrap();
+        let e = make_folders(&root.join("file/cluster")).unwrap_err();
+        assert!(
+            e.starts_with(&format!("creating {}", root.join("file").display())),
+            "{e}"
+        );
     }
 
     #[test]
