@@ -10,8 +10,10 @@ start_backend() {
   admin_token="admin-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
   coproc AGENT {
     # The token in the environment: a command line is readable by every local user.
+    # --stop-workloads: the data dir goes with the run, so its clusters' Slurm daemons and
+    # jobs end with serve (a real deployment leaves them running through a restart).
     GPUFLEET_ADMIN_TOKEN="$admin_token" exec "$agent" serve --listen 127.0.0.1:0 \
-      --data-dir "$work/data" 2>"$work/agent.log"
+      --data-dir "$work/data" --stop-workloads 2>"$work/agent.log"
   }
   AGENT_PID=$AGENT_PID
   # A copy of the coprocess's stdout: bash closes the coprocess's own fds in subshells.

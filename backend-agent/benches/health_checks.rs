@@ -42,7 +42,7 @@ async fn control_plane(nodes: u32) -> (ControlPlane, Duration) {
     let hosts = control.embedded_hosts();
     let (stop, rx) = watch::channel(false);
     let t = Instant::now();
-    embedded::start(&control, hosts, rx, &mut Vec::new())
+    embedded::start(&control, hosts, true, rx, &mut Vec::new())
         .await
         .expect("embedded agents ready");
     (

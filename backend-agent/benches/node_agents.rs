@@ -110,9 +110,15 @@ impl ControlPlane {
         let hosts = self.control.embedded_hosts();
         let t = Instant::now();
         // The agents stop with the bench's stop signal; nothing waits for them.
-        embedded::start(&self.control, hosts, self.stop.subscribe(), &mut Vec::new())
-            .await
-            .expect("embedded agents ready");
+        embedded::start(
+            &self.control,
+            hosts,
+            true,
+            self.stop.subscribe(),
+            &mut Vec::new(),
+        )
+        .await
+        .expect("embedded agents ready");
         t.elapsed()
     }
 
@@ -440,6 +446,7 @@ async fn main() {
             driver_version: DEFAULT_DRIVER.into(),
             declared: None,
         }],
+        true,
         cp.stop.subscribe(),
         &mut Vec::new(),
     )

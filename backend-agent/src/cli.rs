@@ -264,6 +264,11 @@ pub struct NodeArgs {
     /// sessions together (a fork bomb stops there).
     #[arg(long, env = "GPUFLEET_LOGIN_PIDS", value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
     pub login_pids: u32,
+    /// End this node's Slurm daemons, its teams' jobs and login sessions when the agent
+    /// stops. Without it they run on through a restart, crash or upgrade of the agent,
+    /// and the next agent adopts them.
+    #[arg(long, env = "GPUFLEET_STOP_WORKLOADS")]
+    pub stop_workloads: bool,
 }
 
 #[derive(Args, Debug)]
@@ -412,6 +417,11 @@ pub struct ServeArgs {
     /// storage_gib. Without it, volumes are unsized directories in the data dir.
     #[arg(long, env = "GPUFLEET_SHARED_STORAGE", value_name = "DIR")]
     pub shared_storage: Option<PathBuf>,
+    /// With embedded node agents: end their Slurm daemons, the teams' jobs and login
+    /// sessions when serve stops. Without it they run on through a restart or upgrade of
+    /// serve, and the embedded agents of the next serve adopt them.
+    #[arg(long, env = "GPUFLEET_STOP_WORKLOADS")]
+    pub stop_workloads: bool,
     /// Fleet file (TOML with [[pool]] and [[on_demand]] tables); built-in default when absent.
     /// Only with --hardware sim.
     #[arg(long, env = "GPUFLEET_FLEET")]
@@ -731,6 +741,7 @@ impl NodeArgs {
                 cpus: self.login_cpus,
                 pids: self.login_pids,
             },
+            stop_workloads: self.stop_workloads,
         }
     }
 }

@@ -17,7 +17,8 @@ use tokio::sync::watch;
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
 /// The embedded agents' tasks: each ends once its agent has stopped (its Slurm daemons
-/// and their job steps ended), after the stop signal.
+/// left running, or ended with their job steps under --stop-workloads), after the stop
+/// signal.
 pub type Agents = Vec<tokio::task::JoinHandle<()>>;
 
 /// Starts the loopback listener and one agent per host, and returns once every one is
@@ -26,6 +27,7 @@ pub type Agents = Vec<tokio::task::JoinHandle<()>>;
 pub async fn start(
     control: &ControlPlane,
     hosts: Vec<EmbeddedHost>,
+    stop_workloads: bool,
     stop: watch::Receiver<bool>,
     agents: &mut Agents,
 ) -> anyhow::Result<()> {
@@ -73,7 +75,14 @@ pub async fn start(
             let state = state.clone();
             std::sync::Arc::new(move || state.join_tokens.current())
         };
-        let agent = agent(host, address, &state.data_dir, &url, join_token)?;
+        let agent = agent(
+            host,
+            address,
+            &state.data_dir,
+            &url,
+            join_token,
+            stop_workloads,
+        )?;
         let stop = stop.clone();
         agents.push(tokio::spawn(async move {
             let name = agent.name.clone();
@@ -92,6 +101,7 @@ fn agent(
     data_dir: &Path,
     url: &str,
     join_token: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+    stop_workloads: bool,
 ) -> anyhow::Result<std::sync::Arc<gpufleet_node::session::Agent>> {
     use gpufleet_node::{bandwidth, driver};
     let faults_file = host.sim.as_ref().map(|_| data_dir.join("sim-faults.toml"));
@@ -116,6 +126,7 @@ fn agent(
         // itself: volumes are used in place there, never mounted per node.
         shared_storage: None,
         login_limits: Default::default(),
+        stop_workloads,
         bandwidth: Some(listener),
         bandwidth_advertise: None,
         installer,

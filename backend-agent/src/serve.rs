@@ -17,6 +17,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let fleet = fleet(&args)?;
     advertised(&args)?;
     slurm_ports(&args);
+    let args_stop_workloads = args.stop_workloads;
     let config = args.config(fleet);
     let mut control = tokio::task::spawn_blocking(move || ControlPlane::open(config)).await??;
     // Watch for signals before announcing the port: a SIGTERM right after the listening
@@ -38,7 +39,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         control.serve(stop_rx).await
     } else {
         let count = hosts.len();
-        match crate::embedded::start(&control, hosts, stop_rx.clone(), &mut agents).await {
+        let stop_workloads = args_stop_workloads;
+        match crate::embedded::start(
+            &control,
+            hosts,
+            stop_workloads,
+            stop_rx.clone(),
+            &mut agents,
+        )
+        .await
+        {
             Ok(()) => {
                 tracing::info!(nodes = count, "embedded node agents registered");
                 control.serve(stop_rx).await
@@ -50,8 +60,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             }
         }
     };
-    // The embedded agents stop their Slurm daemons and end their job steps before the
-    // process exits (which would leave the job steps running). A serve that failed (its
+    // The embedded agents leave their Slurm daemons and jobs running for the next serve
+    // (or, with --stop-workloads, stop them and end their job steps before the process
+    // exits, which would leave the job steps running). A serve that failed (its
     // port taken, say) stops them too: they would otherwise wait for a signal, and the
     // process would hang without saying why.
     if let Err(e) = &served {

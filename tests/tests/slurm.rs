@@ -155,6 +155,29 @@ impl Client {
         )
     }
 
+    /// An ssh session on the login that runs `script` until it ends or is killed: a team
+    /// member's open session.
+    fn hold(&self, script: &str) -> std::process::Child {
+        Command::new("ssh")
+            .args(["-i", &self.key.display().to_string()])
+            .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
+            .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
+            .arg("-o")
+            .arg(format!(
+                "UserKnownHostsFile={}",
+                self.dir.path().join("known_hosts").display()
+            ))
+            .args(["-p", &self.port.to_string()])
+            .arg(format!("{}@{}", self.user, self.host))
+            .arg("--")
+            .arg(script)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn ssh")
+    }
+
     fn ok(&self, program: &str, args: &[&str]) -> String {
         let (ok, out) = self.run(program, args);
         assert!(ok, "{program} {args:?} failed: {out}");
@@ -447,9 +470,9 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     })
     .await;
 
-    // An agent that restarts (its slurmd dies with it, and, on the head, the controller
-    // and the login) runs them again once the control plane orders it: the head's here,
-    // whose login comes back on the same address, port and host key.
+    // An agent killed and started again (a crash, an upgrade) leaves its slurmd (and, on
+    // the head, the controller and the login) running: the new agent adopts them once the
+    // control plane orders the cluster's current config, which they run already.
     let slurmd_of = |node: &str| pids_naming(&["slurmd", &format!("-N {node} "), &name]);
     let restarted = &nodes[0];
     assert_eq!(restarted, &head, "the head is the first node by name");
@@ -468,16 +491,25 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
     kept["slurm_conf"] = format!("{}# STALE-CONFIG\n", kept["slurm_conf"].as_str().unwrap()).into();
     fs::write(&kept_path, kept.to_string()).unwrap();
     agent.restart();
-    eventually("slurmd started again by the restarted agent", LIMIT, || {
-        let again = slurmd_of(restarted).iter().any(|(pid, _)| *pid != before);
-        async move { again.then_some(()) }
-    })
-    .await;
     eventually("the restarted agent runs the current config", LIMIT, || {
         let current = fs::read_to_string(&kept_path).is_ok_and(|k| !k.contains("STALE-CONFIG"));
         async move { current.then_some(()) }
     })
     .await;
+    eventually("the restarted agent adopted its slurmd", LIMIT, || {
+        let adopted = agent.log().lines().any(|l| {
+            l.contains("adopted a daemon a former agent started") && l.contains("slurmd/")
+        });
+        async move { adopted.then_some(()) }
+    })
+    .await;
+    let slurmds: Vec<i32> = slurmd_of(restarted).iter().map(|(pid, _)| *pid).collect();
+    assert_eq!(
+        slurmds,
+        [before],
+        "the slurmd that ran on, not a new one\n--- agent log ---\n{}",
+        agent.log()
+    );
     eventually("both nodes idle in Slurm again", LIMIT, || {
         let out = client.poll("sinfo", &["-h", "-N", "-o", "%N %T %E"]);
         let idle = out.is_some_and(|o| o.lines().filter(|l| l.contains(" idle ")).count() == 2);
@@ -1259,11 +1291,34 @@ fn processes_of(uid: u32) -> Vec<String> {
     found
 }
 
-/// A control plane with embedded node agents shut down (SIGTERM) while a job runs: its
-/// agents stop their Slurm daemons and the job's slurmstepd and processes with them; no
-/// process of the cluster's account is left.
+/// The pids of the cluster's Slurm daemons on this host (munged, slurmd, slurmctld and the
+/// login's sshd), by what their command lines name.
+fn daemon_pids(name: &str) -> Vec<(String, i32)> {
+    let mut pids: Vec<(String, i32)> = [
+        ("munged", "munged"),
+        ("slurmd", "slurmd -D"),
+        ("slurmctld", "slurmctld -D"),
+        ("sshd", "sshd -D"),
+    ]
+    .into_iter()
+    .flat_map(|(kind, needle)| {
+        pids_naming(&[needle, &format!("/{name}/")])
+            .into_iter()
+            .map(move |(pid, _)| (kind.to_string(), pid))
+    })
+    .collect();
+    pids.sort();
+    pids
+}
+
+/// A control plane with embedded node agents, crashed (SIGKILL) and then restarted
+/// (SIGTERM, as an upgrade does) while a team's job runs and a team member's session is
+/// open: the cluster's daemons run on (the same processes, adopted by the new agents), the
+/// session stays open, and the job completes with no restart. Stopped with
+/// --stop-workloads, its agents end their Slurm daemons and the job's slurmstepd and
+/// processes with them: no process of the cluster's account is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shut_down_control_plane_leaves_no_process_of_its_slurm_clusters() {
+async fn workloads_outlive_a_control_plane_restart_and_end_with_a_stop_that_says_so() {
     let fleet = "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\ngpus_per_node = 1\n";
     let mut backend = Backend::start_with_fleet_and_args(fleet, &[]);
     let (key, tf) = one_node_team(&backend, "{}");
@@ -1277,6 +1332,72 @@ async fn a_shut_down_control_plane_leaves_no_process_of_its_slurm_clusters() {
         client.ok("sinfo", &["-h", "-N", "-o", "%c %m"]).trim(),
         "8 32768"
     );
+    // A job that runs until the team says so (a file in its home), across the restarts.
+    let gate = format!("go-{}", unique_name());
+    let job = client
+        .ok(
+            "sbatch",
+            &[
+                "--parsable",
+                "-N1",
+                "--output=/dev/null",
+                "--wrap",
+                &format!("while [ ! -e $HOME/{gate} ]; do sleep 0.2; done; sleep 600"),
+            ],
+        )
+        .trim()
+        .to_string();
+    client.wait_running(std::slice::from_ref(&job)).await;
+    let mut session = client.hold("while sleep 0.2; do :; done");
+    let daemons = daemon_pids(&name);
+    assert_eq!(
+        daemons.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["munged", "slurmctld", "slurmd", "sshd"],
+        "one of each daemon of the cluster: {daemons:?}"
+    );
+
+    backend.crash();
+    backend.start_again();
+    nodes_ready(&backend, 1).await;
+    backend.restart();
+    nodes_ready(&backend, 1).await;
+    // The agents adopt what runs: nothing is started again.
+    eventually("the cluster running again", LIMIT, || {
+        let state = client.poll("scontrol", &["show", "job", &job]);
+        async move {
+            state
+                .is_some_and(|s| s.contains("JobState=RUNNING"))
+                .then_some(())
+        }
+    })
+    .await;
+    assert_eq!(
+        daemon_pids(&name),
+        daemons,
+        "the same daemons after a crash and a restart of serve\n--- serve log ---\n{}",
+        backend.log()
+    );
+    assert!(
+        session.try_wait().unwrap().is_none(),
+        "the team's session stayed open"
+    );
+    let _ = session.kill();
+    let _ = session.wait();
+    // The job goes on to its end: not requeued, not restarted.
+    client.ok("touch", &[&gate]);
+    let shown = client.ok("scontrol", &["show", "job", &job]);
+    assert!(shown.contains("Restarts=0"), "{shown}");
+    assert!(shown.contains("JobState=RUNNING"), "{shown}");
+    client.ok("scancel", &[&job]);
+    eventually("the job ended", LIMIT, || {
+        let out = client.poll("squeue", &["-h", "-j", &job]);
+        async move { out.is_some_and(|o| o.trim().is_empty()).then_some(()) }
+    })
+    .await;
+
+    // From here on a stop ends the node's work.
+    backend.restart_with_args(&["--stop-workloads"]);
+    nodes_ready(&backend, 1).await;
     let job = client.ok(
         "sbatch",
         &[

@@ -76,6 +76,9 @@ pub struct Config {
     /// What each Slurm login on this node may use (`--login-memory-mib`, `--login-cpus`,
     /// `--login-pids`).
     pub login_limits: gpufleet_slurm::login_limits::LoginLimits,
+    /// End the node's Slurm daemons and jobs when the agent stops (else they run on, and
+    /// the next agent adopts them).
+    pub stop_workloads: bool,
 }
 
 /// The pieces an agent is made of, whichever process it runs in.
@@ -99,6 +102,9 @@ pub struct Parts {
     pub shared_storage: Option<PathBuf>,
     /// What each Slurm login on this node may use, all its sessions together.
     pub login_limits: gpufleet_slurm::login_limits::LoginLimits,
+    /// End the node's Slurm daemons and jobs when the agent stops (else they run on, and
+    /// the next agent adopts them).
+    pub stop_workloads: bool,
 }
 
 /// The slow-network fault of `name` read from `faults_file` at each stream (simulated
@@ -161,6 +167,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
             shared_storage: parts.shared_storage,
             load,
         }),
+        stop_workloads: parts.stop_workloads,
         name: parts.name,
         capacity: parts.capacity,
         hardware,
@@ -311,6 +318,7 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
         host,
         shared_storage,
         login_limits: args.login_limits,
+        stop_workloads: args.stop_workloads,
         bandwidth: Some(listener),
         bandwidth_advertise: args.bandwidth_advertise.clone(),
         installer,

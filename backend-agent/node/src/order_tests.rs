@@ -28,6 +28,7 @@ fn agent(dir: &Path, name: &str) -> Arc<Agent> {
         host: node::host::Declared::real(std::net::Ipv4Addr::LOCALHOST),
         shared_storage: None,
         login_limits: Default::default(),
+        stop_workloads: true,
         name: name.into(),
         capacity: "pool".into(),
         gpu_type: model.name.clone(),

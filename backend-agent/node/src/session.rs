@@ -34,6 +34,8 @@ pub struct Agent {
     pub host: crate::host::Declared,
     /// The agent's GPUs as its heartbeats report them (the executor's backend, tapped).
     pub telemetry: Arc<crate::telemetry::XidTap>,
+    /// End the node's Slurm daemons and jobs when the agent stops (`--stop-workloads`).
+    pub stop_workloads: bool,
 }
 
 enum End {
@@ -51,10 +53,18 @@ const TELEMETRY_EVERY: Duration = Duration::from_secs(5);
 /// control plane refuses the node (wrong join token, name in use, contradicting inventory).
 pub async fn run(agent: Arc<Agent>, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
     let served = serve(&agent, stop).await;
-    // Stopping (or refused): the Slurm daemons and every job step they started end here,
-    // not with the process, which would leave the job steps running.
     let exec = agent.exec.clone();
-    tokio::task::spawn_blocking(move || exec.slurm.stop_all()).await?;
+    if agent.stop_workloads {
+        // Told to: the Slurm daemons and every job step they started end here, not with
+        // the process, which would leave the job steps running.
+        tokio::task::spawn_blocking(move || exec.slurm.stop_all()).await?;
+    } else {
+        // A restart or an upgrade: the node's work goes on, and the next agent adopts it.
+        let left = exec.slurm.leave_all();
+        if left > 0 {
+            tracing::info!(node = %agent.name, clusters = left, "the node's Slurm daemons and jobs run on; the next agent adopts them (--stop-workloads ends them with the agent)");
+        }
+    }
     served
 }
 
@@ -415,7 +425,7 @@ async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
     // plane re-sends it after the reconnect and gets the journaled answer.
     worker.abort();
     if *stop.borrow() {
-        leave(&agent.name, up, down).await;
+        leave(&agent.name, agent.stop_workloads, up, down).await;
     }
     end
 }
@@ -428,12 +438,18 @@ const LEAVE_WITHIN: Duration = Duration::from_secs(2);
 /// delivered rather than cut off with the connection.
 async fn leave(
     name: &str,
+    stop_workloads: bool,
     up: mpsc::UnboundedSender<v1::AgentMessage>,
     mut down: tonic::Streaming<v1::ControlMessage>,
 ) {
     let _ = up.send(v1::AgentMessage {
         msg: Some(agent_message::Msg::Leaving(v1::Leaving {
-            reason: "its agent stopped (SIGTERM or a service stop)".into(),
+            reason: if stop_workloads {
+                "its agent stopped with its workloads (--stop-workloads)"
+            } else {
+                "its agent stopped (a restart or upgrade: its Slurm daemons and jobs run on)"
+            }
+            .into(),
         })),
     });
     drop(up);

@@ -290,6 +290,23 @@ pub fn kill_environ_holders(entry: &str) {
     kill_trees(&table, &marked, true);
 }
 
+/// [`kill_environ_holders`] of every process with an environment entry that starts with
+/// `prefix` (e.g. any slurm.conf of one cluster's runtime directory).
+pub fn kill_environ_prefix(prefix: &str) {
+    let table = processes();
+    let marked: Vec<i32> = table
+        .iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/environ", p.pid)).is_ok_and(|env| {
+                env.split(|b| *b == 0)
+                    .any(|kv| kv.starts_with(prefix.as_bytes()))
+            })
+        })
+        .map(|p| p.pid)
+        .collect();
+    kill_trees(&table, &marked, true);
+}
+
 /// SIGKILL to every descendant of `pid` (not `pid` itself): e.g. a login sshd's sessions,
 /// before the sshd is stopped.
 pub fn kill_descendants(pid: i32) {
@@ -462,7 +479,7 @@ pub fn forget(cluster: &str) -> Result<(), String> {
     Account::new(cluster, uid)?.remove()
 }
 
-/// Forgets every cluster a stopped agent ran Slurm daemons for (`<data_dir>/slurm/<cluster>/`,
+/// Ends and forgets every cluster a stopped agent ran Slurm daemons for (`<data_dir>/slurm/<cluster>/`,
 /// and, for a control plane's data dir, its embedded agents' `agents/*/slurm/<cluster>/`):
 /// what a test that stops one without destroying its clusters would otherwise leave on the
 /// host.
@@ -480,6 +497,10 @@ pub fn forget_all_under(data_dir: &Path) {
     for e in entries {
         let name = e.file_name().to_string_lossy().to_string();
         if super::valid_cluster_name(&name) && name.starts_with("gf") {
+            // The daemons outlive their agent: they, and the steps of the jobs they ran
+            // (which hold a slurm.conf of the cluster's runtime directory), end here.
+            super::daemon::end_kept_under(&e.path());
+            kill_environ_prefix(&format!("SLURM_CONF={}/", runtime_dir(&name).display()));
             for login in super::login_limits::LoginCgroup::every_of(&name) {
                 login.remove();
             }

@@ -298,29 +298,25 @@ fn sshd_program() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Starts the login's sshd on `files.config`, in `cgroup` (made and limited by the caller), and
-/// waits until it listens.
-pub fn start(
-    name: &str,
+/// What identifies a login's sshd beside its command line: its configuration's text and
+/// its host key's digest (the key itself stays out of a spec, which is logged).
+pub fn identity(config: &str, host_key: &str) -> String {
+    use sha2::Digest;
+    format!(
+        "{config}\nhost key {}",
+        hex::encode(sha2::Sha256::digest(host_key.as_bytes()))
+    )
+}
+
+/// What the login's sshd runs: `files.config` (whose text, with the host key's, is
+/// `identity`), in `cgroup` (made and limited by the caller).
+fn daemon(
     login: &Login,
     files: &Files,
     cgroup: &LoginCgroup,
-) -> Result<Daemon, String> {
+    identity: &str,
+) -> Result<(Spec, Sandbox), String> {
     let program = sshd_program().ok_or("sshd is missing (install openssh-server)")?;
-    // sshd wants its privilege separation directory (Debian makes it at service start).
-    std::fs::create_dir_all("/run/sshd").map_err(|e| format!("cannot create /run/sshd: {e}"))?;
-    let check = Command::new(&program)
-        .arg("-t")
-        .arg("-f")
-        .arg(&files.config)
-        .output()
-        .map_err(|e| format!("cannot run sshd: {e}"))?;
-    if !check.status.success() {
-        return Err(format!(
-            "sshd refuses its configuration: {}",
-            String::from_utf8_lossy(&check.stderr).trim()
-        ));
-    }
     let own_dir = files
         .config
         .parent()
@@ -332,22 +328,63 @@ pub fn start(
         .parent()
         .ok_or("the login's client configuration has no directory")?;
     let etc_layer = sandbox::user_databases(runtime, &login.user)?;
-    let daemon = Daemon::start_sandboxed(
-        name,
-        Spec {
-            program: program.display().to_string(),
-            args: vec![
-                "-D".into(),
-                "-e".into(),
-                "-f".into(),
-                files.config.display().to_string(),
-            ],
-            env: Vec::new(),
-            log: files.log.clone(),
-        },
+    let spec = Spec {
+        program: program.display().to_string(),
+        args: vec![
+            "-D".into(),
+            "-e".into(),
+            "-f".into(),
+            files.config.display().to_string(),
+        ],
+        env: Vec::new(),
+        log: files.log.clone(),
+        config: identity.to_string(),
+    };
+    Ok((
+        spec,
         Sandbox::login(etc_layer, own_dir, cgroup.procs_files()),
-    )
-    .map_err(|e| format!("cannot start sshd: {e}"))?;
+    ))
+}
+
+/// The login's sshd a former agent started as [`start`] would now, when it still runs (see
+/// [`Daemon::adopt`]): the team's sessions stay open.
+pub fn adopt(
+    name: &str,
+    login: &Login,
+    files: &Files,
+    cgroup: &LoginCgroup,
+    identity: &str,
+) -> Option<Daemon> {
+    let (spec, sandbox) = daemon(login, files, cgroup, identity).ok()?;
+    Daemon::adopt(name, &spec, Some(sandbox))
+}
+
+/// Starts the login's sshd on `files.config` (whose text, with the host key's, is
+/// `identity`), in `cgroup` (made and limited by the caller), and waits until it listens.
+pub fn start(
+    name: &str,
+    login: &Login,
+    files: &Files,
+    cgroup: &LoginCgroup,
+    identity: &str,
+) -> Result<Daemon, String> {
+    let (spec, sandbox) = daemon(login, files, cgroup, identity)?;
+    // sshd wants its privilege separation directory (Debian makes it at service start).
+    std::fs::create_dir_all("/run/sshd").map_err(|e| format!("cannot create /run/sshd: {e}"))?;
+    let check = Command::new(&spec.program)
+        .arg("-t")
+        .arg("-f")
+        .arg(&files.config)
+        .output()
+        .map_err(|e| format!("cannot run sshd: {e}"))?;
+    if !check.status.success() {
+        return Err(format!(
+            "sshd refuses its configuration: {}",
+            String::from_utf8_lossy(&check.stderr).trim()
+        ));
+    }
+    let daemon = Daemon::start_sandboxed(name, spec, sandbox)
+        .map_err(|e| format!("cannot start sshd: {e}"))?;
     let deadline = Instant::now() + Duration::from_secs(15);
     let addr = format!("{}:{}", login.addr, login.port)
         .parse::<std::net::SocketAddr>()

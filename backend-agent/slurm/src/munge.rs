@@ -79,12 +79,11 @@ pub fn write_key(path: &Path, key: &[u8]) -> std::io::Result<bool> {
     Ok(true)
 }
 
-/// Starts munged in the foreground on `paths` and waits until its socket answers.
-pub fn start(name: &str, paths: &Paths) -> Result<Daemon, String> {
-    super::check_socket_path(name, &paths.socket)?;
-    let _ = std::fs::remove_file(&paths.socket);
+/// What munged runs with on `paths`, serving `key` (its digest only: a spec is logged).
+pub fn spec(paths: &Paths, key: &[u8]) -> Spec {
+    use sha2::Digest;
     let arg = |p: &Path| p.display().to_string();
-    let spec = Spec {
+    Spec {
         program: "munged".into(),
         args: vec![
             "--foreground".into(),
@@ -102,10 +101,31 @@ pub fn start(name: &str, paths: &Paths) -> Result<Daemon, String> {
         ],
         env: Vec::new(),
         log: paths.log.with_extension("out"),
-    };
-    let daemon = Daemon::start(name, spec).map_err(|e| format!("cannot start munged: {e}"))?;
+        config: format!("key {}", hex::encode(sha2::Sha256::digest(key))),
+    }
+}
+
+/// Starts munged in the foreground on `paths` (the key written there already) and waits
+/// until its socket answers.
+pub fn start(name: &str, paths: &Paths, key: &[u8]) -> Result<Daemon, String> {
+    super::check_socket_path(name, &paths.socket)?;
+    let _ = std::fs::remove_file(&paths.socket);
+    let daemon =
+        Daemon::start(name, spec(paths, key)).map_err(|e| format!("cannot start munged: {e}"))?;
     wait_for_socket(&paths.socket, &daemon)?;
     Ok(daemon)
+}
+
+/// The munged a former agent started on `paths` with `key`, when it still runs and
+/// answers on its socket (see [`Daemon::adopt`]).
+pub fn adopt(name: &str, paths: &Paths, key: &[u8]) -> Option<Daemon> {
+    let daemon = Daemon::adopt(name, &spec(paths, key), None)?;
+    if std::os::unix::net::UnixStream::connect(&paths.socket).is_err() {
+        tracing::warn!(daemon = %name, "a kept munged does not answer on its socket: starting it again");
+        daemon.stop();
+        return None;
+    }
+    Some(daemon)
 }
 
 fn wait_for_socket(socket: &Path, daemon: &Daemon) -> Result<(), String> {

@@ -63,7 +63,7 @@ pub struct Spec<'a> {
     pub client_conf: String,
 }
 
-/// Runs (or verifies) the login as `want` says.
+/// Runs (or verifies, or adopts from a former agent) the login as `want` says.
 pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> {
     let uid = want.account.uid;
     account::own_dir(want.dir, 0, 0, 0o700)?;
@@ -92,9 +92,19 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
         None => {}
     }
     cgroup.apply(want.limits)?;
-    login::write_host_key(&files, want.host_key)?;
-    super::write(&files.config, &config)?;
-    let sshd = login::start(&format!("sshd/{}", want.cluster), &spec, &files, &cgroup)?;
+    let (name, identity) = (
+        format!("sshd/{}", want.cluster),
+        login::identity(&config, want.host_key),
+    );
+    // The sshd a former agent started as this order says runs on, and its sessions with it.
+    let sshd = match login::adopt(&name, &spec, &files, &cgroup, &identity) {
+        Some(sshd) => sshd,
+        None => {
+            login::write_host_key(&files, want.host_key)?;
+            super::write(&files.config, &config)?;
+            login::start(&name, &spec, &files, &cgroup, &identity)?
+        }
+    };
     Ok(Running {
         sshd,
         cgroup,

@@ -30,13 +30,18 @@
 //! `/run/gpufleet/<cluster>/home`: a link to the team volume when the cluster's volume is
 //! mounted on its nodes (the same home on every node), else a directory of this host.
 //!
-//! Starting is idempotent (a daemon running the same configuration is verified and left
-//! alone) and the last order per cluster is kept on disk: an agent that restarts reports
+//! Starting is idempotent (a daemon running the same configuration, this agent's or a
+//! former one's, is verified and left alone) and the last order per cluster is kept on disk: an agent that restarts reports
 //! those clusters at registration, and the control plane orders each started again or
 //! stopped. Blocking: the executor runs on a blocking thread.
 //!
+//! The daemons outlive the agent (see `gpufleet_slurm::daemon`): an agent that stops,
+//! crashes or is upgraded leaves them and the jobs running, and the next one adopts those
+//! its orders still name (the same process, running the same configuration) and ends the
+//! rest. Only an agent told so (`node --stop-workloads`) ends them when it stops.
+//!
 //! Whenever the agent stops a cluster's daemons for good (the cluster leaves the node, or
-//! the agent stops), the slurmstepd of the cluster's jobs on the node and their processes
+//! the agent stops with its workloads), the slurmstepd of the cluster's jobs on the node and their processes
 //! end too: they hold the node's `SLURM_CONF` and would outlive slurmd; and the login's
 //! sessions end with the login.
 
@@ -335,6 +340,8 @@ impl Slurm {
         if let Some(r) = r {
             r.stop();
         }
+        // What a former agent left running for the cluster and this one never adopted.
+        gpufleet_slurm::daemon::end_kept_under(&dir);
         // The slurmstepd of every job still running here, and the job's processes: they
         // outlive slurmd, and nothing of the cluster may stay on a node it gives back.
         self.end_steps(cluster);
@@ -367,9 +374,9 @@ impl Slurm {
         kept
     }
 
-    /// Stops every cluster's daemons on this node (the agent is stopping), and the
-    /// slurmstepd of every job still running here with their jobs' processes: nothing of a
-    /// cluster outlives the agent that ran it. Their order and key stay for the next start.
+    /// Stops every cluster's daemons on this node (the agent is stopping, told to end its
+    /// node's workloads: `node --stop-workloads`), and the slurmstepd of every job still
+    /// running here with their jobs' processes. Their order and key stay for the next start.
     pub fn stop_all(&self) {
         let all: Vec<(String, Running)> = self.lock().drain().collect();
         let mut clusters = self.kept();
@@ -380,9 +387,21 @@ impl Slurm {
         clusters.sort();
         clusters.dedup();
         for cluster in clusters {
+            if let Ok(dir) = self.dir(&cluster) {
+                gpufleet_slurm::daemon::end_kept_under(&dir);
+            }
             self.end_steps(&cluster);
             LoginCgroup::of(&cluster, &node_part(&self.node)).remove();
         }
+    }
+
+    /// Leaves every cluster's daemons running (the agent is stopping: a restart or an
+    /// upgrade), with their jobs and the login's sessions: the next agent adopts them. Returns
+    /// how many clusters it leaves.
+    pub fn leave_all(&self) -> usize {
+        let all: Vec<(String, Running)> = self.lock().drain().collect();
+        // Dropped, not stopped: each daemon's identity stays kept for the next agent.
+        all.len()
     }
 
     /// Asks the cluster's controller, through this node's slurm.conf and munged.

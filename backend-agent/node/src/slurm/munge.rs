@@ -25,8 +25,8 @@ impl Munged {
     }
 }
 
-/// The cluster's munged with `key`: `current` when it holds that key and runs, else a new
-/// one (the key written to `<dir>/munge.key`, the socket `<shared>/munge.sock`).
+/// The cluster's munged with `key`: `current` when it holds that key and runs, else the
+/// one a former agent left running with that key, else a new one (the key written to `<dir>/munge.key`, the socket `<shared>/munge.sock`).
 pub fn ensure(
     current: Option<Munged>,
     cluster: &str,
@@ -43,8 +43,17 @@ pub fn ensure(
         Some(m) => m.stop(),
         None => {}
     }
+    let name = format!("munged/{cluster}");
+    // A munged a former agent started with this key runs on: its clients keep their socket.
+    if let Some(daemon) = munge::adopt(&name, &paths, key) {
+        return Ok(Munged {
+            daemon,
+            key: key.to_vec(),
+            socket: paths.socket,
+        });
+    }
     munge::write_key(&paths.key, key).map_err(|e| format!("cannot write the munge key: {e}"))?;
-    let daemon = munge::start(&format!("munged/{cluster}"), &paths)?;
+    let daemon = munge::start(&name, &paths, key)?;
     Ok(Munged {
         daemon,
         key: key.to_vec(),

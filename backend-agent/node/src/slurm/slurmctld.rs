@@ -60,17 +60,42 @@ pub struct Spec<'a> {
     pub port: u16,
 }
 
-/// Runs (or verifies) the controller as `want` says.
+/// Runs (or verifies, or adopts from a former agent) the controller as `want` says.
 pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> {
     let conf_text = format!(
         "{}{}",
         want.shared_conf,
         conf::controller_lines(want.dir, &want.state, want.socket)
     );
+    let conf_path = want.dir.join("slurm.conf");
+    let name = format!("slurmctld/{}", want.cluster);
+    let spec = DaemonSpec {
+        program: "slurmctld".into(),
+        // -D: foreground (supervised); -i: keep going past state of nodes that are
+        // gone from the new configuration.
+        args: vec![
+            "-D".into(),
+            "-i".into(),
+            "-f".into(),
+            conf_path.display().to_string(),
+        ],
+        env: vec![("SLURM_CONF".into(), conf_path.display().to_string())],
+        log: want.dir.join("slurmctld.out"),
+        config: format!("{conf_text}{}", conf::cgroup()),
+    };
     match current {
         Some(r) if r.conf == conf_text && r.slurmctld.alive() => return Ok(r),
         Some(r) => r.stop(),
-        None => {}
+        // The controller a former agent started with this configuration runs on, with
+        // the queue it holds.
+        None => {
+            if let Some(slurmctld) = Daemon::adopt(&name, &spec, None) {
+                return Ok(Running {
+                    slurmctld,
+                    conf: conf_text,
+                });
+            }
+        }
     }
     account::own_dir(want.dir, 0, 0, 0o700)?;
     // The state is root's alone, and so is the folder holding every cluster's on the
@@ -82,26 +107,10 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
     // After the former controller's stop above: its last save is in what is copied.
     seed(&want.state, want.seed_from)?;
     account::own_dir(&want.state, 0, 0, 0o700)?;
-    let conf_path = want.dir.join("slurm.conf");
     super::write(&conf_path, &conf_text)?;
     super::write(&want.dir.join("cgroup.conf"), &conf::cgroup())?;
-    let slurmctld = Daemon::start(
-        &format!("slurmctld/{}", want.cluster),
-        DaemonSpec {
-            program: "slurmctld".into(),
-            // -D: foreground (supervised); -i: keep going past state of nodes that are
-            // gone from the new configuration.
-            args: vec![
-                "-D".into(),
-                "-i".into(),
-                "-f".into(),
-                conf_path.display().to_string(),
-            ],
-            env: vec![("SLURM_CONF".into(), conf_path.display().to_string())],
-            log: want.dir.join("slurmctld.out"),
-        },
-    )
-    .map_err(|e| format!("cannot start slurmctld: {e}"))?;
+    let slurmctld =
+        Daemon::start(&name, spec).map_err(|e| format!("cannot start slurmctld: {e}"))?;
     let verified = match want.backup {
         false => wait_answering(&conf_path),
         true => wait_listening(want.address, want.port, &slurmctld),

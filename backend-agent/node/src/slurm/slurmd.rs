@@ -63,7 +63,7 @@ pub struct Spec<'a> {
     pub port: u16,
 }
 
-/// Runs (or verifies) the node's slurmd as `want` says, with the GPUs as they are now;
+/// Runs (or verifies, or adopts from a former agent) the node's slurmd as `want` says, with the GPUs as they are now;
 /// returns it and the GRES it declared.
 pub fn ensure(
     current: Option<Running>,
@@ -117,23 +117,27 @@ pub fn ensure(
     // leaves): they reach slurmd's namespace, and its jobs', from a shared mount.
     sandbox::share_with_sandboxes(Path::new(VOLUME_MOUNTS))?;
     account::write_shared(&shared.join("gres.conf"), &gres_conf, gid, 0o640)?;
-    let slurmd = Daemon::start_sandboxed(
-        &format!("slurmd/{cluster}/{node}"),
-        DaemonSpec {
-            program: "slurmd".into(),
-            args: vec![
-                "-D".into(),
-                "-N".into(),
-                node.to_string(),
-                "-f".into(),
-                conf_path.display().to_string(),
-            ],
-            env: vec![("SLURM_CONF".into(), conf_path.display().to_string())],
-            log: dir.join("slurmd.out"),
-        },
-        Sandbox::slurmd(etc_layer),
-    )
-    .map_err(|e| format!("cannot start slurmd: {e}"))?;
+    let name = format!("slurmd/{cluster}/{node}");
+    let spec = DaemonSpec {
+        program: "slurmd".into(),
+        args: vec![
+            "-D".into(),
+            "-N".into(),
+            node.to_string(),
+            "-f".into(),
+            conf_path.display().to_string(),
+        ],
+        env: vec![("SLURM_CONF".into(), conf_path.display().to_string())],
+        log: dir.join("slurmd.out"),
+        config: format!("{full}{gres_conf}{cgroup_conf}"),
+    };
+    // The slurmd a former agent started with this configuration runs on (and its jobs'
+    // steps with it, whatever happens to slurmd); else a new one.
+    let slurmd = match Daemon::adopt(&name, &spec, Some(Sandbox::slurmd(etc_layer.clone()))) {
+        Some(slurmd) => slurmd,
+        None => Daemon::start_sandboxed(&name, spec, Sandbox::slurmd(etc_layer))
+            .map_err(|e| format!("cannot start slurmd: {e}"))?,
+    };
     // Verified: slurmd listens on its port (it has read its configuration and GRES).
     let port = want.port;
     let deadline = Instant::now() + Duration::from_secs(20);
