@@ -2,9 +2,12 @@
 //! the join token would try it:
 //! - a connection flood past the process's own file limit never ends the API's listener:
 //!   once the flood is gone a normal call succeeds, and the process never stopped;
-//! - connections past the per-peer cap are closed at once, those that ask nothing are
-//!   closed at the first-request deadline, idle ones at the idle timeout, and a node
-//!   agent's session (always in flight) is never closed for idling;
+//! - connections past the per-peer cap make room by closing the peer's oldest on which no
+//!   caller proved who it is, those that ask nothing are closed at the first-request
+//!   deadline, idle ones at the idle timeout, and a node agent's session (always in
+//!   flight) is never closed for idling;
+//! - one local process holding more connections than the per-peer cap, each refused once,
+//!   shuts out neither the CLI nor the API;
 //! - a join-token client's failing nodes are candidates: quarantined, never ready, counted
 //!   by no breaker, bounded in number, and forgotten after `--candidate-ttl`;
 //! - a heartbeat flood is cut and reconnecting to flood again is paced per name,
@@ -193,19 +196,19 @@ async fn connections_past_the_peer_cap_silent_or_idle_are_closed_but_an_agents_s
         closed, FLOOD,
         "every flood connection is closed by the server"
     );
-    let refused = series(
+    let evicted = series(
         &agent,
-        "gpufleet_api_connections_refused_total{reason=\"max_connections_per_peer\"}",
+        "gpufleet_api_connections_closed_total{reason=\"evicted\"}",
     );
     let silent = series(
         &agent,
         "gpufleet_api_connections_closed_total{reason=\"no_request\"}",
     );
-    assert!(refused >= 1.0, "past the cap of {CAP}: {refused}");
+    assert!(evicted >= 1.0, "past the cap of {CAP}: {evicted}");
     assert_eq!(
-        refused + silent,
+        evicted + silent,
         FLOOD as f64,
-        "each was refused at the cap or closed for asking nothing"
+        "each made room at the cap or was closed for asking nothing"
     );
 
     // The API serves once the flood is gone, and an agent's session outlives the idle
@@ -225,6 +228,85 @@ async fn connections_past_the_peer_cap_silent_or_idle_are_closed_but_an_agents_s
     let mut again = agent.admin().await;
     assert_eq!(node(&mut again, "steady-01").await.unwrap().state, "ready");
     drop(admin);
+}
+
+/// A connection of its own that made one call with a token that is none: refused, and
+/// held open by the returned channel.
+async fn refused_connection(endpoint: &str) -> tonic::transport::Channel {
+    let channel = tonic::transport::Channel::from_shared(endpoint.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect");
+    let refused = tenant_service_client::TenantServiceClient::with_interceptor(
+        channel.clone(),
+        Bearer::new("gft_not-a-token").unwrap(),
+    )
+    .list_tenants(ListTenantsRequest::default())
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    channel
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_process_holding_refused_connections_past_the_cap_shuts_out_neither_the_cli_nor_the_api(
+) {
+    // The probe's shape: 300 loopback connections against the default cap of 256 per
+    // peer (all of loopback is one), each refused once and held.
+    const HELD: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start_with(
+        &dir.path().join("data"),
+        &["--admin-token", ADMIN, "--metrics-listen", "127.0.0.1:0"],
+    );
+    let mut admin = agent.admin().await;
+    admin
+        .tenants
+        .list_tenants(ListTenantsRequest::default())
+        .await
+        .unwrap();
+    let mut held = Vec::with_capacity(HELD);
+    for _ in 0..HELD {
+        held.push(refused_connection(&agent.endpoint).await);
+    }
+
+    // The CLI, a fresh client and the admin's connection from before are all served.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
+        .arg("fleet")
+        .env("GPUFLEET_ENDPOINT", &agent.endpoint)
+        .env("GPUFLEET_TOKEN", ADMIN)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gpufleet-agent fleet: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    first_success(&agent).await;
+    admin
+        .tenants
+        .list_tenants(ListTenantsRequest::default())
+        .await
+        .unwrap();
+    let refused = metric_value(
+        &scrape(&agent, &metrics_addr(&agent)),
+        "gpufleet_api_connections_refused_total{reason=\"max_connections_per_peer\"}",
+    );
+    let evicted = series(
+        &agent,
+        "gpufleet_api_connections_closed_total{reason=\"evicted\"}",
+    );
+    assert_eq!(
+        refused.unwrap_or(0.0),
+        0.0,
+        "no connection was refused at the cap"
+    );
+    assert!(
+        evicted >= (HELD + 1 - 256) as f64,
+        "the oldest refused connections made room: {evicted}"
+    );
+    drop(held);
 }
 
 /// How many of `streams` the server closes within [`BOUND`].

@@ -107,6 +107,8 @@ pub fn authenticate<T: crate::intent::Intent>(
         note.fill(seen);
     }
     let grant = grant?;
+    // A valid token: its connection is kept and never evicted for a newcomer.
+    crate::connections::mark_proven(request.extensions());
     if intent.changes() && grant.scope == Scope::Read {
         let method = request
             .extensions()

@@ -73,7 +73,8 @@ impl NodeAgentService for Agents {
         let checked =
             join_token_of(&request).map(|t| self.state.join_tokens.check(t, self.state.now()));
         match checked {
-            Some(Ok(())) => {}
+            // The join token: the connection is kept and never evicted for a newcomer.
+            Some(Ok(())) => crate::connections::mark_proven(request.extensions()),
             Some(Err(crate::join_tokens::Refused::Retired(at))) => {
                 tracing::warn!(peer = ?request.remote_addr(), "a node agent presented a rotated join token");
                 return Err(Status::unauthenticated(format!(

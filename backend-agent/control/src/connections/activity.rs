@@ -1,7 +1,8 @@
 //! The request side of the connection bounds: a tower layer that finds each request's
 //! connection (by the peer address tonic puts in its extensions) and marks the request as
 //! started, and as ended when its response body ends or is dropped. A stream (a node
-//! agent's session) is in flight for as long as it lasts, so it is never idle.
+//! agent's session) is in flight for as long as it lasts, so it is never idle. Each request
+//! carries an [`Identity`] of its connection, for authentication to mark.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -14,7 +15,7 @@ use tonic::codegen::Bytes;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::Status;
 
-use super::{Activity, Table};
+use super::{Activity, Identity, Table};
 
 #[derive(Clone)]
 pub struct ActivityLayer {
@@ -69,11 +70,13 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<BoxBody>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<BoxBody>) -> Self::Future {
         // Connections that do not come through the table (none today) are not tracked.
-        let guard = remote_addr(&request)
-            .and_then(|addr| self.table.activity(&addr))
-            .map(InFlight::start);
+        let activity = remote_addr(&request).and_then(|addr| self.table.activity(&addr));
+        if let Some(a) = &activity {
+            request.extensions_mut().insert(Identity::new(a.clone()));
+        }
+        let guard = activity.map(InFlight::start);
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;

@@ -1,6 +1,6 @@
 //! An accepted TCP stream that holds its place in the connection table and ends itself
-//! when it overstays: no request within the first-request deadline, or none in flight for
-//! the idle time. Ending is a read error, on which the HTTP/2 server drops the connection
+//! when it overstays: no request within the first-request deadline, none in flight for
+//! the idle time, or evicted for a newcomer (which wakes it). Ending is a read error, on which the HTTP/2 server drops the connection
 //! (and with it the place).
 
 use std::future::Future;
@@ -40,6 +40,7 @@ impl Guarded {
 
     /// Err when the connection has overstayed; else the timer is armed for the next look.
     fn still_welcome(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        self.admission.activity.wake_on_eviction(cx.waker());
         loop {
             if let Some(why) = self.ended {
                 return Err(io::Error::new(
@@ -49,6 +50,9 @@ impl Guarded {
                             "no request within the first-request deadline"
                         }
                         super::Overstayed::Idle => "idle past the idle-connection timeout",
+                        super::Overstayed::Evicted => {
+                            "closed for a newcomer: no caller on it proved who it is"
+                        }
                     },
                 ));
             }
@@ -58,7 +62,10 @@ impl Guarded {
                 .verdict(&self.limits, Instant::now())
             {
                 Err(why) => {
-                    crate::counters::connection_closed(why.label());
+                    // An eviction is counted when it is decided.
+                    if why != super::Overstayed::Evicted {
+                        crate::counters::connection_closed(why.label());
+                    }
                     self.ended = Some(why);
                 }
                 Ok(next) => {

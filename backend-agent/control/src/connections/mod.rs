@@ -7,9 +7,14 @@
 //!   tries again ([`accept`]);
 //! - connections past the global cap, or past the cap of their peer address (every
 //!   loopback address counts as one peer: a local user can bind to any of them), are
-//!   closed at once;
+//!   closed at once, unless the peer (or the process) holds a connection on which no
+//!   caller has proven who it is (a valid token or join token): then the oldest such
+//!   one is closed and the newcomer admitted. One local process holding every slot with
+//!   refused calls thus cannot shut out the CLI or Terraform, and a proven caller's
+//!   connection is never taken;
 //! - a connection that has sent no request within `first_request_within` is closed, and so
-//!   is one with no request in flight for `idle_after` ([`guarded`], [`activity`]).
+//!   is one with no request in flight for `idle_after`, or for `first_request_within` when
+//!   no caller on it has proven who it is ([`guarded`], [`activity`]).
 //!
 //! The accept loop is the one thing that must never stop while the process serves: if it
 //! does anyway, `serve` returns an error, so the process exits non-zero and its supervisor
@@ -25,6 +30,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 /// The bounds on the API's connections.
@@ -126,6 +132,12 @@ pub struct Activity {
     in_flight: AtomicUsize,
     /// Milliseconds after `accepted` of the last request's start or end.
     last_active_ms: AtomicU64,
+    /// A caller on it proved who it is ([`Identity::proven`]).
+    proven: AtomicBool,
+    /// Closed to make room for a newcomer; its place is already given back.
+    evicted: AtomicBool,
+    /// Wakes the stream's task, so that an eviction is acted on at once.
+    waker: Mutex<Option<Waker>>,
 }
 
 impl Activity {
@@ -135,6 +147,30 @@ impl Activity {
             requested: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             last_active_ms: AtomicU64::new(0),
+            proven: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            waker: Mutex::new(None),
+        }
+    }
+
+    /// Whether a caller on this connection proved who it is.
+    pub fn is_proven(&self) -> bool {
+        self.proven.load(Ordering::Relaxed)
+    }
+
+    /// Keeps `waker` to be woken when the connection is evicted.
+    pub fn wake_on_eviction(&self, waker: &Waker) {
+        let mut kept = self.waker.lock().unwrap_or_else(|p| p.into_inner());
+        if !kept.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *kept = Some(waker.clone());
+        }
+    }
+
+    fn evict(&self) {
+        self.evicted.store(true, Ordering::Relaxed);
+        let waker = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(w) = waker {
+            w.wake();
         }
     }
 
@@ -158,6 +194,9 @@ impl Activity {
 
     /// Why the connection should be closed now, if it should; else when to look again.
     pub fn verdict(&self, limits: &Limits, now: Instant) -> Result<Instant, Overstayed> {
+        if self.evicted.load(Ordering::Relaxed) {
+            return Err(Overstayed::Evicted);
+        }
         if !self.requested.load(Ordering::Relaxed) {
             let due = self.accepted + limits.first_request_within;
             return if now >= due {
@@ -166,13 +205,20 @@ impl Activity {
                 Ok(due)
             };
         }
+        // Whoever has not proven who it is may keep a connection no longer than it may
+        // wait before its first request: its calls were all refused.
+        let idle_after = if self.is_proven() {
+            limits.idle_after
+        } else {
+            limits.idle_after.min(limits.first_request_within)
+        };
         if self.in_flight.load(Ordering::Relaxed) > 0 {
             // Looked at again later: the request may end meanwhile.
-            return Ok(now + limits.idle_after);
+            return Ok(now + idle_after);
         }
         let last =
             self.accepted + Duration::from_millis(self.last_active_ms.load(Ordering::Relaxed));
-        let due = last + limits.idle_after;
+        let due = last + idle_after;
         if now >= due {
             Err(Overstayed::Idle)
         } else {
@@ -181,13 +227,34 @@ impl Activity {
     }
 }
 
+/// A request's handle on the connection it came on (put in its extensions by
+/// [`activity`]), for authentication to say that its caller proved who it is.
+#[derive(Clone)]
+pub struct Identity(Arc<Activity>);
+
+impl Identity {
+    pub fn new(activity: Arc<Activity>) -> Self {
+        Self(activity)
+    }
+}
+
+/// Marks the connection a request came on (when it came through a [`Table`]) as one on
+/// which a caller proved who it is: a valid token, or a node agent's join token.
+pub fn mark_proven(extensions: &tonic::Extensions) {
+    if let Some(Identity(activity)) = extensions.get::<Identity>() {
+        activity.proven.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Why a connection was closed for overstaying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Overstayed {
     /// No request within `first_request_within`.
     NoRequest,
-    /// No request in flight for `idle_after`.
+    /// No request in flight for `idle_after` (or `first_request_within`, unproven).
     Idle,
+    /// Unproven, and closed to make room for a newcomer past a cap.
+    Evicted,
 }
 
 impl Overstayed {
@@ -195,6 +262,7 @@ impl Overstayed {
         match self {
             Overstayed::NoRequest => "no_request",
             Overstayed::Idle => "idle",
+            Overstayed::Evicted => "evicted",
         }
     }
 }
@@ -241,13 +309,9 @@ pub struct Admission {
 impl Drop for Admission {
     fn drop(&mut self) {
         let mut open = self.table.lock();
-        open.total -= 1;
-        let peer = peer_of(&self.addr);
-        if let Some(n) = open.per_peer.get_mut(&peer) {
-            *n -= 1;
-            if *n == 0 {
-                open.per_peer.remove(&peer);
-            }
+        // An evicted connection gave its place back when it was evicted.
+        if !self.activity.evicted.load(Ordering::Relaxed) {
+            open.release(&self.addr);
         }
         // A newer connection may reuse the address only after this one closed.
         if open
@@ -257,7 +321,43 @@ impl Drop for Admission {
         {
             open.by_addr.remove(&self.addr);
         }
+    }
+}
+
+impl Open {
+    /// Gives back the place of the connection from `addr`.
+    fn release(&mut self, addr: &SocketAddr) {
+        self.total -= 1;
+        let peer = peer_of(addr);
+        if let Some(n) = self.per_peer.get_mut(&peer) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_peer.remove(&peer);
+            }
+        }
         crate::counters::COUNTERS.api_connections_open.dec();
+    }
+
+    /// Evicts the oldest connection on which no caller proved who it is, of `peer` when
+    /// given, and gives its place back; false when there is none.
+    fn evict_unproven(&mut self, peer: Option<IpAddr>) -> bool {
+        let victim = self
+            .by_addr
+            .iter()
+            .filter(|(addr, a)| {
+                peer.is_none_or(|p| peer_of(addr) == p)
+                    && !a.is_proven()
+                    && !a.evicted.load(Ordering::Relaxed)
+            })
+            .min_by_key(|(_, a)| a.accepted)
+            .map(|(addr, a)| (*addr, a.clone()));
+        let Some((addr, activity)) = victim else {
+            return false;
+        };
+        activity.evict();
+        self.release(&addr);
+        crate::counters::connection_closed(Overstayed::Evicted.label());
+        true
     }
 }
 
@@ -273,18 +373,22 @@ impl Table {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Counts a new connection from `addr` in, or says which cap it is over.
+    /// Counts a new connection from `addr` in, or says which cap it is over. Past a cap,
+    /// the oldest unproven connection (of the same peer for the peer's cap) makes room.
+    ///
+    /// An evicted connection's descriptor is given back once its task sees the eviction
+    /// (at once when it is woken), so the caps may be passed by that many for that long.
     pub fn admit(self: &Arc<Self>, addr: SocketAddr) -> Result<Admission, Refused> {
         let mut open = self.lock();
-        if open.total >= self.limits.max_connections {
-            return Err(Refused::Full);
-        }
         let peer = peer_of(&addr);
-        let from_peer = open.per_peer.entry(peer).or_insert(0);
-        if *from_peer >= self.limits.max_per_peer {
+        let from_peer = open.per_peer.get(&peer).copied().unwrap_or(0);
+        if from_peer >= self.limits.max_per_peer && !open.evict_unproven(Some(peer)) {
             return Err(Refused::PeerFull);
         }
-        *from_peer += 1;
+        if open.total >= self.limits.max_connections && !open.evict_unproven(None) {
+            return Err(Refused::Full);
+        }
+        *open.per_peer.entry(peer).or_insert(0) += 1;
         open.total += 1;
         let activity = Arc::new(Activity::new());
         open.by_addr.insert(addr, activity.clone());
@@ -323,22 +427,89 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn proven(a: &Admission) {
+        a.activity.proven.store(true, Ordering::Relaxed);
+    }
+
+    fn evicted(a: &Admission) -> bool {
+        a.activity.evicted.load(Ordering::Relaxed)
+    }
+
     #[test]
     fn caps_count_per_peer_with_loopback_as_one_and_free_on_drop() {
         let t = Table::new(limits(3, 2));
         let a = t.admit(addr("127.0.0.1:1000")).unwrap();
-        let _b = t.admit(addr("127.9.9.9:1001")).unwrap();
+        let b = t.admit(addr("127.9.9.9:1001")).unwrap();
+        proven(&a);
+        proven(&b);
         // A third loopback address is the same peer.
         assert_eq!(
             t.admit(addr("127.0.0.2:1002")).err(),
             Some(Refused::PeerFull)
         );
-        let _c = t.admit(addr("10.0.0.5:1003")).unwrap();
+        let c = t.admit(addr("10.0.0.5:1003")).unwrap();
+        proven(&c);
         assert_eq!(t.admit(addr("10.0.0.6:1004")).err(), Some(Refused::Full));
         drop(a);
         assert_eq!(t.open(), 2);
         assert!(t.admit(addr("10.0.0.6:1004")).is_ok());
         assert!(t.activity(&addr("127.9.9.9:1001")).is_some());
+    }
+
+    #[test]
+    fn past_a_cap_the_oldest_unproven_connection_makes_room_never_a_proven_one() {
+        let t = Table::new(limits(4, 3));
+        let caller = t.admit(addr("127.0.0.1:1000")).unwrap();
+        proven(&caller);
+        let old = t.admit(addr("127.0.0.1:1001")).unwrap();
+        let young = t.admit(addr("127.0.0.1:1002")).unwrap();
+        // The peer is full: its oldest unproven connection goes, its place given back.
+        let newcomer = t.admit(addr("127.0.0.1:1003")).unwrap();
+        assert!(evicted(&old) && !evicted(&young) && !evicted(&caller));
+        assert_eq!(t.open(), 3);
+        assert_eq!(
+            old.activity.verdict(&t.limits, Instant::now()),
+            Err(Overstayed::Evicted)
+        );
+        // Dropped later, it gives nothing back twice.
+        drop(old);
+        assert_eq!(t.open(), 3);
+        // The process is full: another peer's newcomer takes the oldest unproven place.
+        let _remote = t.admit(addr("10.0.0.5:2000")).unwrap();
+        assert_eq!(t.open(), 4);
+        let _other = t.admit(addr("10.0.0.6:2001")).unwrap();
+        assert!(evicted(&young) && !evicted(&newcomer));
+        // With only proven connections left of the peer, the cap holds.
+        proven(&newcomer);
+        let _third = t.admit(addr("127.0.0.1:1004")).unwrap();
+        proven(&_third);
+        assert_eq!(
+            t.admit(addr("127.0.0.1:1005")).err(),
+            Some(Refused::PeerFull)
+        );
+        assert!(!evicted(&caller));
+    }
+
+    #[test]
+    fn an_unproven_connection_idles_out_as_soon_as_a_silent_one() {
+        let l = Limits {
+            first_request_within: Duration::from_secs(10),
+            idle_after: Duration::from_secs(600),
+            ..Limits::default()
+        };
+        let a = Activity::new();
+        a.request_started();
+        a.request_ended();
+        let ended = a.accepted + Duration::from_millis(a.last_active_ms.load(Ordering::Relaxed));
+        assert_eq!(
+            a.verdict(&l, ended + Duration::from_secs(10)),
+            Err(Overstayed::Idle)
+        );
+        a.proven.store(true, Ordering::Relaxed);
+        assert_eq!(
+            a.verdict(&l, ended + Duration::from_secs(10)),
+            Ok(ended + Duration::from_secs(600))
+        );
     }
 
     #[test]
@@ -349,6 +520,7 @@ mod tests {
             ..Limits::default()
         };
         let a = Activity::new();
+        a.proven.store(true, Ordering::Relaxed);
         let t0 = a.accepted;
         assert_eq!(a.verdict(&l, t0), Ok(t0 + Duration::from_secs(10)));
         assert_eq!(
