@@ -163,6 +163,11 @@ impl Session {
     /// Runs `script` in the login's shell (killed after a limit): (success, stdout +
     /// stderr). A login that does not answer fails within seconds.
     pub fn run(&self, script: &str) -> (bool, String) {
+        crate::commands::output_within(&mut self.ssh(script), script, LIMIT)
+    }
+
+    /// ssh to the login, running `script` there.
+    fn ssh(&self, script: &str) -> Command {
         let mut ssh = match &self.from {
             Some(host) => host.command("ssh"),
             None => Command::new("ssh"),
@@ -177,7 +182,18 @@ impl Session {
             .arg(format!("{}@{}", self.user, self.host))
             .arg("--")
             .arg(script);
-        crate::commands::output_within(&mut ssh, script, LIMIT)
+        ssh
+    }
+
+    /// A session that runs `script` in the login's shell until it ends (no limit: make
+    /// the script end): a team member's open session. Its output is dropped.
+    pub fn hold(&self, script: &str) -> std::process::Child {
+        self.ssh(script)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn ssh")
     }
 
     /// `script`'s output; fails the test when it fails.
