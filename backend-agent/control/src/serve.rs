@@ -443,8 +443,10 @@ impl ControlPlane {
             // its own (`metrics::view`).
             let (state, names) = (state.clone(), m.tenant_names);
             let operator: Arc<str> = Arc::from(m.token.as_str());
+            let slots = Arc::new(crate::metrics::view::Slots::default());
             let render = move |token: String| {
-                crate::metrics::view::render(state.clone(), names, operator.clone(), token)
+                let (state, operator) = (state.clone(), operator.clone());
+                crate::metrics::view::render(state, names, operator, slots.clone(), token)
             };
             gpufleet_process::metrics_endpoint::listen_by_token(
                 m.listen,

@@ -3,7 +3,9 @@
 //! measured belongs to each program (the control plane's and the node agent's `metrics`);
 //! this is the endpoint and the encoding they share, and who may scrape it ([`Access`], or
 //! the program itself by the bearer token presented: [`listen_by_token`]). At most
-//! `MAX_SCRAPES_AT_ONCE` scrapes render at a time; one more is answered 503.
+//! `MAX_SCRAPES_AT_ONCE` scrapes render at a time, one more is answered 503; behind
+//! [`listen_by_token`] the program bounds its renders itself, per caller (it answers
+//! [`Unrendered::Busy`]), so that one caller's flood cannot take another's slots.
 //!
 //! Encoding is the `prometheus` crate's; the HTTP side is the axum/hyper that tonic brings.
 
@@ -55,8 +57,23 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// What a scrape is answered: the text, `None` for a refused token (401, no data), or
-/// an error (500).
-pub type Rendered = Result<Option<String>, String>;
+/// why there is none.
+pub type Rendered = Result<Option<String>, Unrendered>;
+
+/// Why a scrape got no text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unrendered {
+    /// Its caller's slots are all rendering (503: a scraper retries at its next interval).
+    Busy(String),
+    /// Rendering failed (500).
+    Failed(String),
+}
+
+impl From<String> for Unrendered {
+    fn from(e: String) -> Self {
+        Unrendered::Failed(e)
+    }
+}
 
 type Renderer = Arc<
     dyn Fn(Option<String>) -> std::pin::Pin<Box<dyn Future<Output = Rendered> + Send>>
@@ -104,15 +121,17 @@ where
             if !allowed {
                 return Ok(None);
             }
-            render().await.map(Some)
+            render().await.map(Some).map_err(Unrendered::Failed)
         })
     });
-    serve(addr, what, needs, hint, renderer, stop).await
+    let at_once = Some(MAX_SCRAPES_AT_ONCE);
+    serve(addr, what, needs, hint, renderer, at_once, stop).await
 }
 
 /// Like [`listen`], but what a scrape sees is decided by its bearer token: `render` gets
 /// the token presented (a request without one is refused first) and answers `Ok(None)`
-/// for a token it does not take, which is a 401 with no data like any refusal.
+/// for a token it does not take, which is a 401 with no data like any refusal. `render`
+/// bounds how many render at once, by whom ([`Unrendered::Busy`]): no shared bound here.
 pub async fn listen_by_token<F, Fut>(
     addr: SocketAddr,
     what: &'static str,
@@ -139,6 +158,7 @@ where
         " (bearer token required; it decides the view)",
         hint,
         renderer,
+        None,
         stop,
     )
     .await
@@ -166,6 +186,7 @@ async fn serve(
     needs: &'static str,
     hint: &'static str,
     render: Renderer,
+    at_once: Option<usize>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<SocketAddr> {
     use axum::response::IntoResponse;
@@ -174,17 +195,23 @@ async fn serve(
         .await
         .with_context(|| format!("--metrics-listen: cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;
-    let at_once = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES_AT_ONCE));
+    let at_once = at_once.map(|n| (n, Arc::new(tokio::sync::Semaphore::new(n))));
     let handler = move |headers: http::HeaderMap| {
         let render = render.clone();
         let at_once = at_once.clone();
         async move {
-            let Ok(_permit) = at_once.try_acquire_owned() else {
-                return (
-                    http::StatusCode::SERVICE_UNAVAILABLE,
-                    format!("more than {MAX_SCRAPES_AT_ONCE} scrapes at once; try again\n"),
-                )
-                    .into_response();
+            let _permit = match at_once {
+                Some((n, slots)) => match slots.try_acquire_owned() {
+                    Ok(p) => Some(p),
+                    Err(_) => {
+                        return (
+                            http::StatusCode::SERVICE_UNAVAILABLE,
+                            format!("more than {n} scrapes at once; try again\n"),
+                        )
+                            .into_response()
+                    }
+                },
+                None => None,
             };
             match render(bearer(&headers)).await {
                 Ok(Some(text)) => (
@@ -201,7 +228,10 @@ async fn serve(
                     format!("missing or invalid bearer token: {hint}\n"),
                 )
                     .into_response(),
-                Err(e) => {
+                Err(Unrendered::Busy(why)) => {
+                    (http::StatusCode::SERVICE_UNAVAILABLE, why + "\n").into_response()
+                }
+                Err(Unrendered::Failed(e)) => {
                     tracing::error!(error = %e, "cannot render the metrics");
                     (http::StatusCode::INTERNAL_SERVER_ERROR, e).into_response()
                 }
