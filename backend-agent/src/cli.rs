@@ -430,7 +430,7 @@ pub struct ServeArgs {
     #[arg(long, env = "GPUFLEET_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
     /// GPU backend.
-    #[arg(long, value_enum, default_value = "sim")]
+    #[arg(long, env = "GPUFLEET_HARDWARE", value_enum, default_value = "sim")]
     pub hardware: Hardware,
     /// With --hardware nvml: the NVML library to load instead of the system's
     /// libnvidia-ml.so.1 (e.g. a test double).
@@ -516,7 +516,7 @@ pub struct ServeArgs {
     pub metrics_tenant_names: bool,
     /// For tests only: read the current time (Unix seconds) from this file on every use
     /// instead of the system clock, so a test moves time without sleeping.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, env = "GPUFLEET_CLOCK_FILE", value_name = "PATH")]
     pub clock_file: Option<PathBuf>,
     /// Quick health checks on every ready node this often; 0 turns them off.
     #[arg(long, env = "GPUFLEET_HEALTH_INTERVAL", default_value = "10m", value_parser = parse_interval)]
@@ -555,7 +555,9 @@ pub struct ServeArgs {
     /// Serve a store that holds fewer commits than its commit record says were
     /// acknowledged (a truncated or deleted WAL, an older backup put back) as it is, and
     /// reset the record; without it such a start is refused. Not for a damaged state.db.
-    #[arg(long)]
+    /// For one start: remove it from a unit's environment afterwards, or every later start
+    /// would serve a lost commit without a word.
+    #[arg(long, env = "GPUFLEET_ACCEPT_ROLLBACK")]
     pub accept_rollback: bool,
     /// Nodes that registered and are not yet in service (they have not passed the
     /// control plane's admission checks, nor been returned by an operator), at most: a
@@ -661,14 +663,15 @@ pub fn parse_bus_bandwidth(text: &str) -> Result<(String, f64), String> {
     }
 }
 
+/// The admin commands' connection. On the control plane's host with the serve unit's
+/// environment loaded (`set -a; . /etc/gpufleet/serve.env; set +a`) they need no flag:
+/// the data dir is serve's `GPUFLEET_DATA_DIR`, and the endpoint and CA default to what
+/// serve's `GPUFLEET_LISTEN`, `GPUFLEET_TLS_CERT` and `GPUFLEET_AGENT_CA` say.
 #[derive(Args, Debug)]
 pub struct ClientArgs {
-    /// The control plane's address.
-    #[arg(
-        long,
-        env = "GPUFLEET_ENDPOINT",
-        default_value = "http://127.0.0.1:7700"
-    )]
+    /// The control plane's address; default: the serve on this host that
+    /// GPUFLEET_LISTEN and GPUFLEET_TLS_CERT describe, else http://127.0.0.1:7700.
+    #[arg(long, env = "GPUFLEET_ENDPOINT", default_value = local_endpoint())]
     pub endpoint: String,
     /// Bearer token; default: the admin token in <data-dir>/admin.token.
     #[arg(long, env = "GPUFLEET_TOKEN", hide_env_values = true)]
@@ -676,9 +679,50 @@ pub struct ClientArgs {
     /// Data directory whose admin.token is used when no token is given.
     #[arg(long, env = "GPUFLEET_DATA_DIR", default_value = "./.gpufleet")]
     pub data_dir: PathBuf,
-    /// PEM of the CA that signed the control plane's certificate, for https endpoints.
-    #[arg(long, env = "GPUFLEET_CA_CERT", value_name = "FILE")]
+    /// PEM of the CA that signed the control plane's certificate, for https endpoints;
+    /// default: GPUFLEET_AGENT_CA when GPUFLEET_TLS_CERT is set (the pki's CA signs both).
+    #[arg(long, env = "GPUFLEET_CA_CERT", value_name = "FILE", default_value = local_ca_cert())]
     pub ca_cert: Option<PathBuf>,
+}
+
+/// The endpoint of the serve this host's environment describes (see [`ClientArgs`]).
+fn local_endpoint() -> &'static str {
+    static ENDPOINT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ENDPOINT.get_or_init(|| {
+        endpoint_of(
+            std::env::var("GPUFLEET_LISTEN").ok().as_deref(),
+            std::env::var_os("GPUFLEET_TLS_CERT").is_some_and(|v| !v.is_empty()),
+        )
+    })
+}
+
+/// The CA of the serve this host's environment describes, when it serves TLS.
+fn local_ca_cert() -> Option<&'static str> {
+    static CA: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    CA.get_or_init(|| {
+        let tls = std::env::var_os("GPUFLEET_TLS_CERT").is_some_and(|v| !v.is_empty());
+        std::env::var("GPUFLEET_AGENT_CA")
+            .ok()
+            .filter(|ca| tls && !ca.is_empty())
+    })
+    .as_deref()
+}
+
+/// The address a client on this host reaches serve's `--listen` at: localhost for an
+/// unspecified address (the pki's server certificate always holds it), https when serve
+/// has a certificate. The old default when `listen` is absent or does not parse (serve
+/// itself refuses that).
+fn endpoint_of(listen: Option<&str>, tls: bool) -> String {
+    let Some(addr) = listen.and_then(|l| l.trim().parse::<SocketAddr>().ok()) else {
+        return "http://127.0.0.1:7700".to_string();
+    };
+    let scheme = if tls { "https" } else { "http" };
+    let host = match addr.ip() {
+        ip if ip.is_unspecified() => "localhost".to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    format!("{scheme}://{host}:{}", addr.port())
 }
 
 /// `gpufleet-agent pki`'s flags.
@@ -687,7 +731,7 @@ pub struct PkiArgs {
     /// Directory for the CA and the issued certificates (created when missing).
     #[arg(long, default_value = "./pki")]
     pub dir: PathBuf,
-    /// Names (DNS names or IP addresses) the control plane's server certificate is valid for, besides localhost and 127.0.0.1 (always there, for admin commands on its own host); repeatable; the first is its common name.
+    /// Names (DNS names or IP addresses) the control plane's server certificate is valid for, besides localhost and 127.0.0.1 (always there, for admin commands on its own host); repeatable; the first is its common name. Without it a later run keeps the server certificate's names (and the certificate itself when it only issues --agent certificates).
     #[arg(long = "server-name")]
     pub server_names: Vec<String>,
     /// Issue a client certificate for this node agent name; repeatable.
@@ -824,6 +868,52 @@ impl ServeArgs {
 #[cfg(test)]
 mod tests {
     use super::{parse_bus_bandwidth, parse_duration, parse_interval, parse_order_deadline};
+
+    #[test]
+    fn every_serve_flag_has_its_gpufleet_variable() {
+        use clap::CommandFactory;
+        let cli = super::Cli::command();
+        let serve = cli.find_subcommand("serve").expect("the serve subcommand");
+        let mut checked = 0;
+        for arg in serve.get_arguments() {
+            if arg.get_long().is_none() || ["help", "version"].contains(&arg.get_id().as_str()) {
+                continue;
+            }
+            let flag = arg.get_long().unwrap_or_default();
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("serve --{flag} has no environment variable"));
+            // The flag's own name, so that an operator can guess it from --help.
+            let want = format!("GPUFLEET_{}", flag.replace('-', "_").to_uppercase());
+            assert_eq!(env.to_str(), Some(want.as_str()), "serve --{flag}");
+            checked += 1;
+        }
+        assert!(checked > 30, "{checked} serve flags");
+    }
+
+    #[test]
+    fn admin_commands_reach_the_serve_that_its_environment_describes() {
+        use super::endpoint_of;
+        assert_eq!(endpoint_of(None, true), "http://127.0.0.1:7700");
+        assert_eq!(endpoint_of(Some("nonsense"), true), "http://127.0.0.1:7700");
+        assert_eq!(
+            endpoint_of(Some("0.0.0.0:7700"), true),
+            "https://localhost:7700"
+        );
+        assert_eq!(
+            endpoint_of(Some("[::]:7701"), false),
+            "http://localhost:7701"
+        );
+        assert_eq!(
+            endpoint_of(Some("10.0.0.5:7700"), true),
+            "https://10.0.0.5:7700"
+        );
+        assert_eq!(endpoint_of(Some("[::1]:80"), false), "http://[::1]:80");
+        assert_eq!(
+            endpoint_of(Some("127.0.0.1:7700"), false),
+            "http://127.0.0.1:7700"
+        );
+    }
 
     #[test]
     fn the_advertised_address_is_the_flag_else_a_named_listen_address_else_loopback() {

@@ -1,6 +1,6 @@
 //! The `gpufleet-agent` binary's library: its flags (`cli`, the only place clap's types
 //! live), the commands that compose the crates (`serve`, with the embedded node agents of
-//! `embedded`), and the small admin client (`client`, `lists`, `access`: tokens and the audit log). The control plane
+//! `embedded`) and their exit codes (`exit`), and the small admin client (`client`, `lists`, `access`: tokens and the audit log). The control plane
 //! (`gpufleet-control`) and the node agent (`gpufleet-node`) meet only here, over their
 //! protocol.
 
@@ -8,5 +8,6 @@ pub mod access;
 pub mod cli;
 pub mod client;
 pub mod embedded;
+pub mod exit;
 pub mod lists;
 pub mod serve;

@@ -4,7 +4,7 @@
 //! a thin binary over the `gpufleet_agent` library, which composes the crates.
 
 use clap::Parser;
-use gpufleet_agent::{access, cli, client, lists, serve};
+use gpufleet_agent::{access, cli, client, exit, lists, serve};
 
 /// A token given as a flag is in the process's command line, which every local user reads
 /// (`/proc/PID/cmdline`), a tenant's jobs on a node included; the environment and the
@@ -42,6 +42,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    let is_node = matches!(cli.command, cli::Command::Node(_));
     let result = runtime.block_on(async move {
         match cli.command {
             cli::Command::Serve(args) => serve::run(*args).await,
@@ -81,7 +82,11 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            if is_node {
+                std::process::ExitCode::from(exit::of_node(&e))
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The service units and their example environment files (`packaging/`) as an operator
 //! installs them: every setting they give is one the binary takes for that subcommand (so
 //! a renamed flag cannot leave a unit that silently ignores it), no token is on a command
-//! line, and the stop and file limits are what docs/operations.md says.
+//! line, and the stop and file limits are what docs/operations.md says (the agents' Slurm
+//! daemons outlive a stop: `KillMode=process`).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -69,6 +70,8 @@ fn the_service_units_and_their_environment_files_match_the_binary() {
             "a token on the command line: {exec}"
         );
         assert_eq!(unit_value(&unit, "KillSignal"), "SIGTERM");
+        // The Slurm daemons and jobs an agent leaves running outlive its stop.
+        assert_eq!(unit_value(&unit, "KillMode"), "process");
         let nofile: u64 = unit_value(&unit, "LimitNOFILE").parse().unwrap();
         assert!(nofile >= 65_536);
         // The stop waits out the connections' grace (3s) and the agents' (30s).
