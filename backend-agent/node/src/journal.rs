@@ -2,6 +2,11 @@
 //! node's GPUs before it, and its answer once there is one. It makes orders idempotent: an
 //! order id already answered is replayed, never run again, and an order cut short by a
 //! crash is settled from the hardware's state when the agent starts again.
+//!
+//! It is bounded per agent: the newest [`KEEP`] answered orders, each without the GPUs
+//! before it once answered (only a cut-short order is put back from them), and the orders
+//! not answered yet (the one running; one a crash cut short until the next start settles
+//! it), which are never dropped: dropping one would let a re-sent order run twice.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,8 +16,8 @@ use gpufleet_proto::v1;
 use serde::{Deserialize, Serialize};
 
 /// How many answered orders are kept (oldest dropped first); the control plane never
-/// re-sends an order older than its last few.
-const KEEP: usize = 256;
+/// re-sends an order older than its last few. docs/guides/node-agents.md names it.
+pub const KEEP: usize = 256;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Answer {
@@ -145,7 +150,15 @@ impl Journal {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
             Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
         };
-        Ok(Self { path, file })
+        let mut journal = Self { path, file };
+        // A journal an earlier agent kept whole shrinks at its next save.
+        for entry in journal.file.orders.values_mut() {
+            if entry.answer.is_some() {
+                entry.before.clear();
+            }
+        }
+        journal.trim();
+        Ok(journal)
     }
 
     pub fn get(&self, id: &str) -> Option<&Entry> {
@@ -200,6 +213,8 @@ impl Journal {
     pub fn finish(&mut self, id: &str, answer: Answer) -> std::io::Result<()> {
         if let Some(e) = self.file.orders.get_mut(id) {
             e.answer = Some(answer);
+            // Answered, it is replayed and never put back: what it changed is not needed.
+            e.before.clear();
         }
         self.save()
     }
@@ -214,21 +229,21 @@ impl Journal {
             .collect()
     }
 
+    /// Drops the oldest answered orders past [`KEEP`]; unanswered ones stay.
     fn trim(&mut self) {
-        while self.file.orders.len() > KEEP {
-            let oldest = self
-                .file
-                .orders
-                .iter()
-                .filter(|(_, e)| e.answer.is_some())
-                .min_by_key(|(_, e)| e.seq)
-                .map(|(id, _)| id.clone());
-            match oldest {
-                Some(id) => {
-                    self.file.orders.remove(&id);
-                }
-                None => break,
-            }
+        let mut answered: Vec<(u64, String)> = self
+            .file
+            .orders
+            .iter()
+            .filter(|(_, e)| e.answer.is_some())
+            .map(|(id, e)| (e.seq, id.clone()))
+            .collect();
+        if answered.len() <= KEEP {
+            return;
+        }
+        answered.sort();
+        for (_, id) in &answered[..answered.len() - KEEP] {
+            self.file.orders.remove(id);
         }
     }
 
@@ -301,6 +316,96 @@ mod tests {
         assert!(j.unanswered().is_empty());
         let back = entry.answer.as_ref().unwrap().health.as_ref().unwrap();
         assert_eq!(back.to_report(), report);
+    }
+
+    fn ok() -> Answer {
+        Answer {
+            ok: true,
+            error: String::new(),
+            error_kind: String::new(),
+            health: None,
+        }
+    }
+
+    fn gpus(n: u32) -> Vec<GpuInfo> {
+        (0..n)
+            .map(|index| GpuInfo {
+                index,
+                uuid: format!("GPU-{index:032}"),
+                model: "H100-80GB".into(),
+                memory_mib: 81_559,
+                mig_enabled: false,
+                instances: Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_journal_keeps_the_newest_answers_without_their_gpus_and_every_open_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path()).unwrap();
+        j.start("cut-short", gpus(8), vec![], None).unwrap();
+        let size_after = |orders: std::ops::Range<usize>| {
+            let mut j = Journal::open(dir.path()).unwrap();
+            for i in orders {
+                let id = format!("o{i}");
+                j.start(&id, gpus(8), vec![(0, None)], None).unwrap();
+                j.finish(&id, ok()).unwrap();
+                j.record_check(&format!("c{i}"), ok()).unwrap();
+            }
+            std::fs::metadata(dir.path().join("orders.json"))
+                .unwrap()
+                .len()
+        };
+        let n = 2 * KEEP;
+        let size = size_after(0..n);
+        let j = Journal::open(dir.path()).unwrap();
+        assert_eq!(
+            j.file.orders.len(),
+            KEEP + 1,
+            "the newest answers and the open order"
+        );
+        assert_eq!(j.unanswered()[0].0, "cut-short");
+        assert_eq!(j.unanswered()[0].1.before, gpus(8), "kept to be put back");
+        assert!(j.get(&format!("c{}", n - 1)).is_some());
+        assert!(j
+            .get(&format!("o{}", n - 1))
+            .is_some_and(|e| e.before.is_empty()));
+        assert!(j.get(&format!("o{}", n - KEEP / 2 - 1)).is_none());
+        // As many orders again: the file does not grow (but for longer ids and numbers).
+        let again = size_after(n..2 * n);
+        assert!(again <= size + size / 10, "{size} then {again}");
+        assert!(size < 256 << 10, "{size} bytes");
+    }
+
+    #[test]
+    fn a_journal_kept_whole_by_an_earlier_agent_is_trimmed_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut file = File::default();
+        for i in 0..(KEEP as u64 + 40) {
+            file.orders.insert(
+                format!("o{i}"),
+                Entry {
+                    seq: i,
+                    before: gpus(2),
+                    target: vec![],
+                    driver: None,
+                    check: false,
+                    runs: 1,
+                    answer: Some(ok()),
+                },
+            );
+        }
+        file.next_seq = KEEP as u64 + 40;
+        std::fs::write(
+            dir.path().join("orders.json"),
+            serde_json::to_vec(&file).unwrap(),
+        )
+        .unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        assert_eq!(j.file.orders.len(), KEEP);
+        assert!(j.get("o39").is_none() && j.get("o40").is_some());
+        assert!(j.file.orders.values().all(|e| e.before.is_empty()));
     }
 
     #[test]
