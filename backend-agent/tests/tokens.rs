@@ -744,3 +744,43 @@ async fn a_team_manages_its_tokens_and_reads_its_audit_log_from_the_cli() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn a_token_expiry_past_ten_years_is_refused_naming_the_attribute_and_the_longest() {
+    let s = Clocked::start();
+    let mut admin = s.agent.admin().await;
+    let (_team, token) = admin.tenant("team-a").await;
+    let mut team = s.agent.clients(&token).await;
+    let create = |name: &str, seconds: i64| CreateTokenRequest {
+        name: name.into(),
+        scope: "read".into(),
+        request_id: format!("create-{name}"),
+        expires_at: ts(seconds),
+        ..Default::default()
+    };
+    // 2^62 s from now, as the probe gave it, and one second past ten years.
+    for (name, at) in [
+        ("huge", now().saturating_add(1 << 62)),
+        ("eleven", now() + 10 * 366 * 24 * 3600 + 3600),
+    ] {
+        let refused = team
+            .access
+            .create_token(create(name, at))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(
+            refused.message().starts_with("expires_at: ")
+                && refused.message().contains("more than 10 years"),
+            "{refused:?}"
+        );
+    }
+    let nine = now() + 9 * 365 * 24 * 3600;
+    let issued = team
+        .access
+        .create_token(create("nine", nine))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(issued.token.unwrap().expires_at.unwrap().seconds, nine);
+}

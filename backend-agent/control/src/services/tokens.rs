@@ -21,6 +21,9 @@ use crate::store::{self, idempotency::Prior, tokens::TokenRow};
 /// A rotation's overlap when the request gives none, and the longest one.
 pub const DEFAULT_OVERLAP_SECONDS: i64 = 3600;
 pub const MAX_OVERLAP_SECONDS: i64 = 7 * 24 * 3600;
+/// The longest a token may live (ten years of 366 days): an expiry past it is a mistake
+/// (2^62 s once passed and read as none); a token that should not expire gives none.
+pub const MAX_LIFETIME_SECONDS: i64 = gpufleet_proto::limits::MAX_DURATION_SECONDS;
 /// Live tokens one owner may hold ...
 pub const MAX_LIVE_TOKENS: usize = 64;
 /// ... and rows in all, refused ones kept for their refusal's message included: a loop
@@ -203,12 +206,7 @@ impl Access {
             .expires_at
             .as_ref()
             .map(gpufleet_proto::timestamp::to_unix);
-        if let Some(e) = expires_at.filter(|&e| e <= now) {
-            return Err(invalid(format!(
-                "expires_at: {} is not in the future",
-                crate::clock::rfc3339(e)
-            )));
-        }
+        check_expiry(expires_at, now).map_err(invalid)?;
         let row = TokenRow {
             id: uuid::Uuid::new_v4().to_string(),
             tenant_id: owner.tenant_id.clone(),
@@ -586,9 +584,42 @@ impl AccessService for Access {
     }
 }
 
+/// Whether a new token's expiry is in the future and within [`MAX_LIFETIME_SECONDS`].
+fn check_expiry(expires_at: Option<i64>, now: i64) -> Result<(), String> {
+    match expires_at {
+        Some(e) if e <= now => Err(format!(
+            "expires_at: {} is not in the future",
+            crate::clock::rfc3339(e)
+        )),
+        Some(e) if e - now > MAX_LIFETIME_SECONDS => Err(format!(
+            "expires_at: {} is more than 10 years away ({MAX_LIFETIME_SECONDS} s), the longest a token may live; leave it out for a token that does not expire",
+            crate::clock::rfc3339(e)
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_expiry_is_in_the_future_and_at_most_ten_years_away() {
+        let now = 1_800_000_000;
+        assert!(check_expiry(None, now).is_ok());
+        assert!(check_expiry(Some(now + 1), now).is_ok());
+        assert!(check_expiry(Some(now + MAX_LIFETIME_SECONDS), now).is_ok());
+        let far = check_expiry(Some(now + MAX_LIFETIME_SECONDS + 1), now).unwrap_err();
+        assert!(
+            far.starts_with("expires_at: ") && far.contains("10 years"),
+            "{far}"
+        );
+        let huge = check_expiry(Some(now + (1 << 62)), now).unwrap_err();
+        assert!(huge.contains("10 years"), "{huge}");
+        assert!(check_expiry(Some(now), now)
+            .unwrap_err()
+            .contains("not in the future"));
+    }
 
     #[test]
     fn a_tokens_state_says_why_it_is_refused() {
