@@ -1,7 +1,9 @@
 //! The audit log against callers who want to hide or forge what happened:
 //! - a refused call naming an object with a newline and terminal escapes is recorded, and
 //!   shown by `gpufleet-agent audit`, on one line with those characters escaped;
-//! - entries queued just before a clean stop are in the log after the restart.
+//! - entries queued just before a clean stop are in the log after the restart;
+//! - a flood of calls without a valid token is sampled and counted: the first of each peer
+//!   and minute are recorded, one entry counts the rest, and a team's entries all stay.
 
 mod common;
 
@@ -166,4 +168,68 @@ async fn entries_queued_just_before_a_clean_stop_are_in_the_log_after_the_restar
         .collect();
     let expected: Vec<String> = (0..REFUSED).map(|i| format!("not-mine-{i}")).collect();
     assert_eq!(refused, expected);
+}
+
+#[tokio::test]
+async fn a_flood_of_calls_without_a_token_is_sampled_and_counted_and_a_teams_entries_stay() {
+    const FLOOD: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agent = Agent::start(&data);
+    let mut admin = agent.admin().await;
+    let (_team, token) = admin.tenant("team-a").await;
+    let mut team = agent.clients(&token).await;
+    for i in 0..5 {
+        team.tenants
+            .delete_tenant(DeleteTenantRequest {
+                id: format!("before-{i}"),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+    }
+    let mut stranger = agent.clients("gft_not-a-token").await;
+    for i in 0..FLOOD {
+        let refused = stranger
+            .tenants
+            .delete_tenant(DeleteTenantRequest {
+                id: format!("flood-{i}"),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::Unauthenticated);
+    }
+    drop((admin, team, stranger));
+    // The minute's count is written at the latest when serve stops.
+    assert!(agent
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(60))
+        .success());
+    let agent = Agent::start(&data);
+    let mut admin = agent.admin().await;
+    let entries = audit_until(&mut admin, |_| true).await;
+    let unidentified: Vec<&AuditEntry> =
+        entries.iter().filter(|e| e.token_name.is_empty()).collect();
+    let sampled = unidentified.iter().filter(|e| e.method != "*").count();
+    assert_eq!(sampled, 10, "{unidentified:#?}");
+    let counted: Vec<&&AuditEntry> = unidentified.iter().filter(|e| e.method == "*").collect();
+    assert_eq!(counted.len(), 1, "{unidentified:#?}");
+    assert_eq!(counted[0].object, "127.0.0.1");
+    assert!(
+        counted[0].message.starts_with(&format!(
+            "{} more calls without a valid token from 127.0.0.1",
+            FLOOD - 10
+        )),
+        "{:?}",
+        counted[0]
+    );
+    let teams: Vec<&str> = entries
+        .iter()
+        .filter(|e| e.token_name == "default")
+        .map(|e| e.object.as_str())
+        .collect();
+    assert_eq!(
+        teams,
+        (0..5).map(|i| format!("before-{i}")).collect::<Vec<_>>()
+    );
 }

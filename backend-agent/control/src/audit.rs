@@ -8,11 +8,16 @@
 //! (`gpufleet_audit_dropped_total`), so a flood of refused calls cannot grow memory.
 //!
 //! Every text field is recorded escaped and bounded ([`text`]): what a caller names cannot
-//! forge a line of the log or reach a terminal as a control sequence.
+//! forge a line of the log or reach a terminal as a control sequence. Refusals of callers
+//! without a valid token are sampled per peer and minute, the rest counted ([`sampler`]),
+//! and kept within a budget of their own (`store::audit`): they never push out who
+//! changed what.
 
+pub mod sampler;
 pub mod text;
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -73,6 +78,7 @@ fn recorded(caller: &Caller, outcome: &str) -> bool {
 pub struct AuditLayer {
     queue: mpsc::Sender<store::audit::AuditRow>,
     clock: crate::clock::Clock,
+    sampler: Arc<sampler::Sampler>,
 }
 
 impl AuditLayer {
@@ -81,11 +87,14 @@ impl AuditLayer {
     pub fn new(state: Arc<AppState>) -> (Self, impl Future<Output = ()>, Close) {
         let (queue, entries) = mpsc::channel(QUEUE);
         let (close, closed) = oneshot::channel();
+        let sampler = Arc::new(sampler::Sampler::default());
         let layer = AuditLayer {
             queue,
             clock: state.clock.clone(),
+            sampler: sampler.clone(),
         };
-        (layer, write(state, entries, closed), Close(close))
+        let writer = write(state, entries, sampler, closed);
+        (layer, writer, Close(close))
     }
 }
 
@@ -136,6 +145,8 @@ where
         let note = Note::default();
         request.extensions_mut().insert(note.clone());
         let method = request.uri().path().trim_start_matches('/').to_string();
+        let peer = crate::connections::activity::remote_addr(&request)
+            .map(|a| crate::connections::peer_of(&a));
         let layer = self.layer.clone();
         let response = self.inner.call(request);
         Box::pin(async move {
@@ -151,7 +162,7 @@ where
                     Err(_) => ("TRANSPORT_ERROR".to_string(), String::new()),
                 };
                 if recorded(&caller, &outcome) {
-                    layer.queue_entry(caller, method, outcome, message);
+                    layer.queue_entry(caller, peer, method, outcome, message);
                 }
             }
             result
@@ -160,12 +171,30 @@ where
 }
 
 impl AuditLayer {
-    fn queue_entry(&self, caller: Caller, method: String, outcome: String, message: String) {
+    fn queue_entry(
+        &self,
+        caller: Caller,
+        peer: Option<IpAddr>,
+        method: String,
+        outcome: String,
+        message: String,
+    ) {
+        let now = self.clock.now();
+        // No token name: no valid token (see `auth::authenticate`).
+        if caller.token_name.is_empty() {
+            let (record, ended) = self.sampler.admit(peer, now);
+            if let Some(c) = ended {
+                self.send(counted_entry(c));
+            }
+            if !record {
+                return;
+            }
+        }
         let field = |s: &str| text::escaped(s, MAX_FIELD_CHARS);
         let entry = store::audit::AuditRow {
             seq: 0,
             tenant_seq: None,
-            at: self.clock.now(),
+            at: now,
             tenant_id: field(&caller.tenant_id),
             token_name: field(&caller.token_name),
             token_scope: field(&caller.token_scope),
@@ -174,9 +203,37 @@ impl AuditLayer {
             outcome,
             message: text::escaped(&message, MAX_MESSAGE_CHARS),
         };
+        self.send(entry);
+    }
+
+    fn send(&self, entry: store::audit::AuditRow) {
         if self.queue.try_send(entry).is_err() {
             COUNTERS.audit_dropped.inc();
         }
+    }
+}
+
+/// The entry that says how many refusals of a peer were counted, not recorded.
+fn counted_entry(c: sampler::Counted) -> store::audit::AuditRow {
+    store::audit::AuditRow {
+        seq: 0,
+        tenant_seq: None,
+        at: c.to,
+        tenant_id: String::new(),
+        token_name: String::new(),
+        token_scope: String::new(),
+        method: "*".into(),
+        object: c.peer.clone(),
+        outcome: "UNAUTHENTICATED".into(),
+        message: format!(
+            "{} more calls without a valid token from {} between {} and {} were refused; counted, not recorded one by one (at most {} per peer and {} s are)",
+            c.count,
+            c.peer,
+            crate::clock::rfc3339(c.from),
+            crate::clock::rfc3339(c.to),
+            sampler::SAMPLED,
+            sampler::WINDOW
+        ),
     }
 }
 
@@ -189,15 +246,27 @@ const PRUNE_EVERY: usize = 2048;
 async fn write(
     state: Arc<AppState>,
     mut entries: mpsc::Receiver<store::audit::AuditRow>,
+    sampler: Arc<sampler::Sampler>,
     mut closed: oneshot::Receiver<()>,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     // Pruned at the first batch: a store from before may be over the bounds.
     let mut unpruned = PRUNE_EVERY;
     let mut open = true;
+    // A peer that stopped has its count written when its window has ended.
+    let mut sweep = tokio::time::interval(std::time::Duration::from_secs(sampler::WINDOW as u64));
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let received = tokio::select! {
             received = entries.recv_many(&mut batch, BATCH) => received,
+            _ = sweep.tick() => {
+                let ended = sampler.ended(state.now(), false);
+                batch.extend(ended.into_iter().map(counted_entry));
+                if batch.is_empty() {
+                    continue;
+                }
+                batch.len()
+            }
             _ = &mut closed, if open => {
                 // Refuses new entries; what is queued is still received, then 0.
                 entries.close();
@@ -206,6 +275,15 @@ async fn write(
             }
         };
         if received == 0 {
+            // Closed and empty: what the windows counted so far is written last.
+            let counted: Vec<_> = sampler
+                .ended(state.now(), true)
+                .into_iter()
+                .map(counted_entry)
+                .collect();
+            if !counted.is_empty() {
+                write_batch(&state, counted, false).await;
+            }
             return;
         }
         unpruned += batch.len();

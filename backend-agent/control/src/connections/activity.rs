@@ -46,7 +46,7 @@ pub struct Marked<S> {
 }
 
 /// The peer address of the connection a request came on, plain or under TLS.
-fn remote_addr<B>(request: &http::Request<B>) -> Option<SocketAddr> {
+pub fn remote_addr<B>(request: &http::Request<B>) -> Option<SocketAddr> {
     let ext = request.extensions();
     ext.get::<TcpConnectInfo>()
         .and_then(|i| i.remote_addr())
