@@ -277,6 +277,9 @@ struct Plan {
     state_dir: String,
     /// Where a new state directory is copied from: the state directories before.
     seed_from: Vec<String>,
+    /// The head's controller's FirstJobId: on a move, past every id a controller of the
+    /// cluster gave (see [`first_job_id`]); else the one it runs with.
+    first_job_id: u64,
     /// The team volume's mount path on the nodes, which the home links to; '' none.
     home: String,
     host_key: login::HostKey,
@@ -291,7 +294,7 @@ impl Plan {
     fn fingerprint(&self) -> String {
         let id = |h: &Option<Head>| h.as_ref().map(|h| h.node.id.clone()).unwrap_or_default();
         format!(
-            "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{}\u{0}{}\u{0}{}",
+            "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
             self.shared_conf,
             id(&self.head),
             id(&self.backup),
@@ -307,6 +310,7 @@ impl Plan {
                 .map(|n| n.id.as_str())
                 .collect::<Vec<_>>()
                 .join(","),
+            self.first_job_id,
         )
     }
 
@@ -328,6 +332,7 @@ impl Plan {
                     backup,
                     state_dir: self.state_dir.clone(),
                     seed_from: self.seed_from.clone(),
+                    first_job_id: self.first_job_id,
                 }),
                 login: head.then(|| v1::SlurmLogin {
                     port: u32::from(self.access.login_port),
@@ -383,6 +388,20 @@ fn legacy_host_key(state: &AppState, name: &str) -> Option<login::HostKey> {
             .collect::<Vec<_>>()
             .join(" "),
     })
+}
+
+/// The ids a controller of the cluster may have given after the control plane last read its
+/// next job id (it reads it at each look at the cluster): a new controller starts past them.
+const JOB_ID_MARGIN: u64 = 10_000;
+
+/// A new head's FirstJobId, given the greatest next job id a controller of the cluster
+/// reported: past it and the ids given since, within Slurm's bound; 0 (Slurm's default)
+/// for a cluster whose controller never reported one.
+fn first_job_id(next_seen: u64) -> u64 {
+    match next_seen {
+        0 => 0,
+        n => n.saturating_add(JOB_ID_MARGIN).min(conf::MAX_FIRST_JOB_ID),
+    }
 }
 
 fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<Plan>> {
@@ -510,10 +529,17 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
         }
         _ => (String::new(), Vec::new()),
     };
+    let first_job_id = match &head {
+        Some(h) if !access.head_node.is_empty() && access.head_node != h.node.id => {
+            first_job_id(access.next_job_id)
+        }
+        _ => access.first_job_id,
+    };
     Ok(Some(Plan {
         account: Account::new(&name, access.uid).map_err(Error::Internal)?,
         state_dir,
         seed_from,
+        first_job_id,
         home: match state.volumes.mounts_on_nodes() {
             true => c.storage_path.clone(),
             false => String::new(),
@@ -774,10 +800,17 @@ async fn bring_up(
                 .map(|b| b.node.id.clone())
                 .unwrap_or_default(),
         );
-        let ports = plan.ports.clone();
+        let (ports, first_job_id) = (plan.ports.clone(), plan.first_job_id);
         state2
             .apply(move |conn| -> Result<()> {
-                store::slurm_access::set_placement(conn, &id, &head_id, &backup_id, &ports)?;
+                store::slurm_access::set_placement(
+                    conn,
+                    &id,
+                    &head_id,
+                    &backup_id,
+                    &ports,
+                    first_job_id,
+                )?;
                 store::clusters::set_credentials(conn, &id, &creds)?;
                 store::clusters::set_endpoint(conn, &id, &endpoint)?;
                 Ok(())
@@ -790,6 +823,7 @@ async fn bring_up(
             .map(|b| b.node.id.clone())
             .unwrap_or_default();
         plan.access.node_ports = plan.ports.clone();
+        plan.access.first_job_id = plan.first_job_id;
     }
     if moved {
         tracing::info!(cluster = %plan.cluster.name, head = %head.node.hostname, address = %head.host.address, "the cluster's controller and login moved to another node");
@@ -1181,6 +1215,20 @@ pub async fn resume(state: &AppState, c: &ClusterRow, node: &str) {
     }
 }
 
+/// Records the greatest next job id a controller of the cluster reported: a controller that
+/// replaces it without its state starts past it.
+async fn record_next_job_id(state: &Arc<AppState>, cluster_id: &str, next: u64) {
+    let id = cluster_id.to_string();
+    let recorded = state
+        .apply(move |conn| -> Result<bool> {
+            Ok(store::slurm_access::raise_next_job_id(conn, &id, next)?)
+        })
+        .await;
+    if let Err(e) = recorded {
+        tracing::warn!(cluster = %cluster_id, error = %e, "cannot record the cluster's next job id");
+    }
+}
+
 /// One pass of the supervisor over the settled Slurm clusters: each brought to its nodes
 /// when what it should run changed (or after a start of this control plane), and its
 /// status following what Slurm says about its nodes.
@@ -1200,8 +1248,11 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
     for c in clusters {
         let tracked = state.slurm.of(&c.id);
         // As it should be (a replaced node changes it outside any request)?
-        let current = match read_plan(state, &c.id).await? {
-            Some(p) => tracked.applied() == Some(p.fingerprint()),
+        let (current, next_recorded) = match read_plan(state, &c.id).await? {
+            Some(p) => (
+                tracked.applied() == Some(p.fingerprint()),
+                p.access.next_job_id,
+            ),
             None => continue,
         };
         let (mut slurm_says, jobs) = if current {
@@ -1209,7 +1260,12 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
             let through = askable(state, &c).await?;
             let expected: Vec<String> = through.iter().map(|n| n.hostname.clone()).collect();
             match queries::ask(state, &name, &through, "status", &[], "").await {
-                Ok(said) => (status::not_ready(&expected, &said.nodes), said.jobs),
+                Ok(said) => {
+                    if said.next_job_id > next_recorded {
+                        record_next_job_id(state, &c.id, said.next_job_id).await;
+                    }
+                    (status::not_ready(&expected, &said.nodes), said.jobs)
+                }
                 Err(e) => (
                     Some(format!("Slurm: the controller does not answer: {e}")),
                     None,
@@ -1315,6 +1371,16 @@ pub async fn supervise(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_new_head_starts_past_every_job_id_given_within_slurms_bound() {
+        assert_eq!(super::first_job_id(0), 0, "never reported: Slurm's default");
+        assert_eq!(super::first_job_id(7), 7 + super::JOB_ID_MARGIN);
+        assert_eq!(
+            super::first_job_id(u64::MAX - 1),
+            gpufleet_slurm::conf::MAX_FIRST_JOB_ID
+        );
+    }
+
     #[test]
     fn a_host_without_slurm_refuses_naming_orchestrator_and_what_is_missing() {
         let e = super::refuse_without(&["slurmctld", "munged"]).unwrap_err();

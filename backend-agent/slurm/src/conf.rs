@@ -211,17 +211,25 @@ pub fn auth_info(socket: &Path) -> String {
 }
 
 /// The controller's own lines: its munged, its state directory (`StateSaveLocation`,
-/// shared with the other controller of the cluster when there is one), and its pid and log
-/// in its private `dir`.
-pub fn controller_lines(dir: &Path, state: &Path, socket: &Path) -> String {
+/// shared with the other controller of the cluster when there is one), its pid and log in
+/// its private `dir`, and the first job id it gives (see `MAX_FIRST_JOB_ID`; 0: Slurm's).
+pub fn controller_lines(dir: &Path, state: &Path, socket: &Path, first_job_id: u64) -> String {
+    let first = match first_job_id {
+        0 | 1 => String::new(),
+        n => format!("FirstJobId={n}\n"),
+    };
     format!(
-        "{}StateSaveLocation={}\nSlurmctldPidFile={}\nSlurmctldLogFile={}\n",
+        "{}StateSaveLocation={}\nSlurmctldPidFile={}\nSlurmctldLogFile={}\n{first}",
         auth_info(socket),
         state.display(),
         dir.join("slurmctld.pid").display(),
         dir.join("slurmctld.log").display(),
     )
 }
+
+/// The greatest FirstJobId a controller is given: well below Slurm's MaxJobId
+/// (67,043,328), past which ids wrap around to FirstJobId.
+pub const MAX_FIRST_JOB_ID: u64 = 60_000_000;
 
 /// The port of the controllers in a rendered slurm.conf.
 pub fn controller_port(conf: &str) -> Option<u16> {
@@ -323,6 +331,14 @@ pub fn node_ports(conf: &str) -> BTreeMap<String, u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_controller_is_given_its_first_job_id_unless_slurms_default() {
+        let (dir, state, sock) = (Path::new("/d"), Path::new("/s"), Path::new("/m.sock"));
+        assert!(!controller_lines(dir, state, sock, 0).contains("FirstJobId"));
+        assert!(!controller_lines(dir, state, sock, 1).contains("FirstJobId"));
+        assert!(controller_lines(dir, state, sock, 10_007).ends_with("FirstJobId=10007\n"));
+    }
 
     #[test]
     fn gres_names_whole_gpus_by_family_and_mig_slices_by_profile() {

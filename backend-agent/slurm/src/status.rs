@@ -66,6 +66,25 @@ pub fn run(program: &str, args: &[&str], conf: &Path, limit: Duration) -> Result
     Ok(out)
 }
 
+/// The controller's next job id (`NEXT_JOB_ID` of `scontrol show config`), if it answers.
+pub fn next_job_id(conf: &Path) -> Option<u64> {
+    let out = run(
+        "scontrol",
+        &["show", "config"],
+        conf,
+        Duration::from_secs(10),
+    )
+    .ok()?;
+    parse_next_job_id(&out)
+}
+
+fn parse_next_job_id(config: &str) -> Option<u64> {
+    config.lines().find_map(|l| {
+        let (key, value) = l.split_once('=')?;
+        (key.trim() == "NEXT_JOB_ID").then(|| value.trim().parse().ok())?
+    })
+}
+
 /// `sinfo -N` output as node -> state.
 pub fn parse_sinfo(text: &str) -> BTreeMap<String, NodeState> {
     let mut out = BTreeMap::new();
@@ -196,6 +215,14 @@ pub fn not_ready(expected: &[String], seen: &BTreeMap<String, NodeState>) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_next_job_id_is_read_from_the_controllers_config() {
+        let shown = "Configuration data as of 2026-12-06T02:00:00\nMpiParams               = (null)\nNEXT_JOB_ID             = 4711\nNodeFeaturesPlugins     = (null)\n";
+        assert_eq!(parse_next_job_id(shown), Some(4711));
+        assert_eq!(parse_next_job_id("NEXT_JOB_ID = soon\n"), None);
+        assert_eq!(parse_next_job_id("MaxJobId = 67043328\n"), None);
+    }
 
     #[test]
     fn squeue_states_count_running_pending_and_ending() {

@@ -32,7 +32,12 @@ pub struct Said {
     pub jobs: Option<JobCounts>,
     /// A probe's outcome ("ran", "busy: ...").
     pub probe: String,
+    /// The controller's next job id (0: not read), at most Slurm's largest.
+    pub next_job_id: u64,
 }
+
+/// Slurm's greatest job id (MaxJobId's default): a next job id past it is not believed.
+const MAX_JOB_ID: u64 = 67_043_328;
 
 /// At most this many live nodes are asked in turn (each ask may take Slurm's own limits,
 /// some 20 s, when the controllers do not answer).
@@ -72,6 +77,11 @@ fn said(a: v1::SlurmAnswer) -> Said {
             ending: a.jobs_ending,
         }),
         probe: cut(&a.probe),
+        next_job_id: if a.next_job_id <= MAX_JOB_ID {
+            a.next_job_id
+        } else {
+            0
+        },
     }
 }
 

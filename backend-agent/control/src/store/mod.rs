@@ -481,6 +481,13 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE slurm_access ADD COLUMN login_host_key TEXT NOT NULL DEFAULT '';
     ALTER TABLE slurm_access ADD COLUMN login_host_public TEXT NOT NULL DEFAULT '';
     "#,
+    // Job ids never go back when a head is lost without shared storage (issue 39): the
+    // greatest NEXT_JOB_ID any controller of the cluster reported, and the FirstJobId the
+    // current head's controller was started with (0: Slurm's default).
+    r#"
+    ALTER TABLE slurm_access ADD COLUMN next_job_id INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE slurm_access ADD COLUMN first_job_id INTEGER NOT NULL DEFAULT 0;
+    "#,
 ];
 
 /// Prepared statements kept per connection.

@@ -29,10 +29,15 @@ pub struct SlurmAccess {
     /// half as `TYPE BASE64`.
     pub login_host_key: String,
     pub login_host_public: String,
+    /// The greatest NEXT_JOB_ID a controller of the cluster reported (0: none yet).
+    pub next_job_id: u64,
+    /// The FirstJobId the head's controller runs with (0: Slurm's default).
+    pub first_job_id: u64,
 }
 
 const COLUMNS: &str = "uid, cluster_id, munge_key, controller_port, login_port, ssh_public_keys, \
-     head_node, backup_node, node_ports, login_host_key, login_host_public";
+     head_node, backup_node, node_ports, login_host_key, login_host_public, next_job_id, \
+     first_job_id";
 
 fn from_row(r: &Row) -> rusqlite::Result<SlurmAccess> {
     let keys: String = r.get(5)?;
@@ -49,6 +54,8 @@ fn from_row(r: &Row) -> rusqlite::Result<SlurmAccess> {
         node_ports: serde_json::from_str(&ports).unwrap_or_default(),
         login_host_key: r.get(9)?,
         login_host_public: r.get(10)?,
+        next_job_id: r.get::<_, i64>(11)?.max(0) as u64,
+        first_job_id: r.get::<_, i64>(12)?.max(0) as u64,
     })
 }
 
@@ -65,7 +72,7 @@ pub fn insert(conn: &Connection, a: &SlurmAccess) -> rusqlite::Result<()> {
     conn.execute(
         &format!(
             "INSERT INTO slurm_access ({COLUMNS})
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
         ),
         rusqlite::params![
             a.uid,
@@ -79,6 +86,8 @@ pub fn insert(conn: &Connection, a: &SlurmAccess) -> rusqlite::Result<()> {
             ports_json(&a.node_ports),
             &a.login_host_key,
             &a.login_host_public,
+            a.next_job_id as i64,
+            a.first_job_id as i64,
         ],
     )?;
     Ok(())
@@ -158,19 +167,38 @@ pub fn set_login_host_key(
     Ok(())
 }
 
-/// Records where the cluster's daemons run now, and its nodes' slurmd ports.
+/// Records where the cluster's daemons run now, its nodes' slurmd ports, and the
+/// FirstJobId its head's controller runs with.
 pub fn set_placement(
     conn: &Connection,
     cluster_id: &str,
     head_node: &str,
     backup_node: &str,
     node_ports: &BTreeMap<String, u16>,
+    first_job_id: u64,
 ) -> rusqlite::Result<()> {
     conn.execute(
-        "UPDATE slurm_access SET head_node = ?2, backup_node = ?3, node_ports = ?4 WHERE cluster_id = ?1",
-        (cluster_id, head_node, backup_node, ports_json(node_ports)),
+        "UPDATE slurm_access SET head_node = ?2, backup_node = ?3, node_ports = ?4, \
+         first_job_id = ?5 WHERE cluster_id = ?1",
+        (
+            cluster_id,
+            head_node,
+            backup_node,
+            ports_json(node_ports),
+            first_job_id as i64,
+        ),
     )?;
     Ok(())
+}
+
+/// Records `next` as the cluster's greatest NEXT_JOB_ID when it is greater than the one
+/// recorded; whether it was.
+pub fn raise_next_job_id(conn: &Connection, cluster_id: &str, next: u64) -> rusqlite::Result<bool> {
+    let changed = conn.execute(
+        "UPDATE slurm_access SET next_job_id = ?2 WHERE cluster_id = ?1 AND next_job_id < ?2",
+        (cluster_id, next as i64),
+    )?;
+    Ok(changed > 0)
 }
 
 #[cfg(test)]
@@ -212,9 +240,14 @@ mod tests {
         set_ssh_public_keys(&conn, "c1", &[]).unwrap();
         set_login_port(&conn, "c1", 7002).unwrap();
         let ports = BTreeMap::from([("n1".to_string(), 7003), ("n2".to_string(), 7004)]);
-        set_placement(&conn, "c1", "node-1", "node-2", &ports).unwrap();
+        set_placement(&conn, "c1", "node-1", "node-2", &ports, 41).unwrap();
         set_login_host_key(&conn, "c1", "private", "public").unwrap();
+        // The greatest next job id only ever goes up.
+        assert!(raise_next_job_id(&conn, "c1", 40).unwrap());
+        assert!(!raise_next_job_id(&conn, "c1", 12).unwrap());
+        assert!(!raise_next_job_id(&conn, "c1", 40).unwrap());
         let b = get(&conn, "c1").unwrap().unwrap();
+        assert_eq!((b.next_job_id, b.first_job_id), (40, 41));
         assert_eq!((b.login_port, b.ssh_public_keys.len()), (7002, 0));
         assert_eq!(
             (b.head_node.as_str(), b.backup_node.as_str()),

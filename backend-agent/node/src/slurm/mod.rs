@@ -194,6 +194,17 @@ impl Slurm {
             "" => None,
             home => Some(under("home", home, Path::new(VOLUME_MOUNTS))?),
         };
+        if let Some(c) = order
+            .controller
+            .as_ref()
+            .filter(|c| c.first_job_id > conf::MAX_FIRST_JOB_ID)
+        {
+            return Err(format!(
+                "controller.first_job_id: {} is past {}",
+                c.first_job_id,
+                conf::MAX_FIRST_JOB_ID
+            ));
+        }
         let (state_dir, seed_from) = match &order.controller {
             Some(c) if !c.state_dir.is_empty() => {
                 let Some(shared) = &self.shared_storage else {
@@ -274,6 +285,7 @@ impl Slurm {
                     shared_conf: &order.slurm_conf,
                     socket: &socket,
                     backup: c.backup,
+                    first_job_id: c.first_job_id,
                     address: self.address,
                     port: ctl_port,
                 },

@@ -106,6 +106,7 @@ pub fn run(
         jobs_pending: jobs.as_ref().map_or(0, |j| j.pending),
         jobs_ending: jobs.as_ref().map_or(0, |j| j.ending),
         probe: probed,
+        next_job_id: status::next_job_id(conf).unwrap_or(0),
     })
 }
 

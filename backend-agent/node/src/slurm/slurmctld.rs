@@ -55,6 +55,8 @@ pub struct Spec<'a> {
     /// The node's munged socket.
     pub socket: &'a Path,
     pub backup: bool,
+    /// FirstJobId (checked by the caller; 0: Slurm's default).
+    pub first_job_id: u64,
     /// Where it is reached (this node's address) and on which port.
     pub address: Ipv4Addr,
     pub port: u16,
@@ -65,7 +67,7 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
     let conf_text = format!(
         "{}{}",
         want.shared_conf,
-        conf::controller_lines(want.dir, &want.state, want.socket)
+        conf::controller_lines(want.dir, &want.state, want.socket, want.first_job_id)
     );
     let conf_path = want.dir.join("slurm.conf");
     let name = format!("slurmctld/{}", want.cluster);
