@@ -22,6 +22,7 @@
 
 pub mod accept;
 pub mod activity;
+mod candidates;
 pub mod file_limit;
 pub mod guarded;
 pub mod tls;
@@ -136,6 +137,8 @@ pub struct Activity {
     proven: AtomicBool,
     /// Closed to make room for a newcomer; its place is already given back.
     evicted: AtomicBool,
+    /// Its place was given back (closed, or evicted).
+    released: AtomicBool,
     /// Wakes the stream's task, so that an eviction is acted on at once.
     waker: Mutex<Option<Waker>>,
 }
@@ -149,6 +152,7 @@ impl Activity {
             last_active_ms: AtomicU64::new(0),
             proven: AtomicBool::new(false),
             evicted: AtomicBool::new(false),
+            released: AtomicBool::new(false),
             waker: Mutex::new(None),
         }
     }
@@ -164,6 +168,11 @@ impl Activity {
         if !kept.as_ref().is_some_and(|w| w.will_wake(waker)) {
             *kept = Some(waker.clone());
         }
+    }
+
+    /// Whether it may be evicted for a newcomer: open and unproven.
+    fn evictable(&self) -> bool {
+        !self.is_proven() && !self.released.load(Ordering::Relaxed)
     }
 
     fn evict(&self) {
@@ -291,6 +300,7 @@ struct Open {
     per_peer: HashMap<IpAddr, usize>,
     /// By the peer's full address (unique among open connections), for the request layer.
     by_addr: HashMap<SocketAddr, Arc<Activity>>,
+    candidates: candidates::Candidates,
 }
 
 /// The open connections: counts against the caps, and each one's activity.
@@ -310,8 +320,8 @@ impl Drop for Admission {
     fn drop(&mut self) {
         let mut open = self.table.lock();
         // An evicted connection gave its place back when it was evicted.
-        if !self.activity.evicted.load(Ordering::Relaxed) {
-            open.release(&self.addr);
+        if !self.activity.released.load(Ordering::Relaxed) {
+            open.release(&self.addr, &self.activity);
         }
         // A newer connection may reuse the address only after this one closed.
         if open
@@ -326,13 +336,15 @@ impl Drop for Admission {
 
 impl Open {
     /// Gives back the place of the connection from `addr`.
-    fn release(&mut self, addr: &SocketAddr) {
+    fn release(&mut self, addr: &SocketAddr, activity: &Activity) {
+        activity.released.store(true, Ordering::Relaxed);
         self.total -= 1;
         let peer = peer_of(addr);
         if let Some(n) = self.per_peer.get_mut(&peer) {
             *n -= 1;
             if *n == 0 {
                 self.per_peer.remove(&peer);
+                self.candidates.gone(&peer);
             }
         }
         crate::counters::COUNTERS.api_connections_open.dec();
@@ -341,21 +353,11 @@ impl Open {
     /// Evicts the oldest connection on which no caller proved who it is, of `peer` when
     /// given, and gives its place back; false when there is none.
     fn evict_unproven(&mut self, peer: Option<IpAddr>) -> bool {
-        let victim = self
-            .by_addr
-            .iter()
-            .filter(|(addr, a)| {
-                peer.is_none_or(|p| peer_of(addr) == p)
-                    && !a.is_proven()
-                    && !a.evicted.load(Ordering::Relaxed)
-            })
-            .min_by_key(|(_, a)| a.accepted)
-            .map(|(addr, a)| (*addr, a.clone()));
-        let Some((addr, activity)) = victim else {
+        let Some((addr, activity)) = self.candidates.oldest(peer) else {
             return false;
         };
         activity.evict();
-        self.release(&addr);
+        self.release(&addr, &activity);
         crate::counters::connection_closed(Overstayed::Evicted.label());
         true
     }
@@ -388,10 +390,17 @@ impl Table {
         if open.total >= self.limits.max_connections && !open.evict_unproven(None) {
             return Err(Refused::Full);
         }
-        *open.per_peer.entry(peer).or_insert(0) += 1;
+        let from_peer = {
+            let n = open.per_peer.entry(peer).or_insert(0);
+            *n += 1;
+            *n
+        };
         open.total += 1;
         let activity = Arc::new(Activity::new());
         open.by_addr.insert(addr, activity.clone());
+        let total = open.total;
+        open.candidates
+            .admitted(addr, peer, &activity, total, from_peer);
         crate::counters::COUNTERS.api_connections_open.inc();
         Ok(Admission {
             table: self.clone(),
