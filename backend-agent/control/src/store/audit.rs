@@ -23,6 +23,9 @@ pub struct AuditRow {
 pub const KEEP_SECONDS: i64 = 90 * 24 * 3600;
 /// ... and at most this many of callers with a valid token (the oldest go first) ...
 pub const KEEP_ROWS: i64 = 200_000;
+/// ... of which one tenant's at most this many: a team flooding refused calls with its
+/// own token ages out only its own entries ...
+pub const KEEP_TENANT_ROWS: i64 = 50_000;
 /// ... and, apart, at most this many refusals of callers without one: anyone can make
 /// those, so a flood of them ages out only its own kind, never who changed what.
 pub const KEEP_UNIDENTIFIED_ROWS: i64 = 20_000;
@@ -32,12 +35,14 @@ pub const KEEP_UNIDENTIFIED_ROWS: i64 = 20_000;
 pub struct Retention {
     pub seconds: i64,
     pub identified_rows: i64,
+    pub tenant_rows: i64,
     pub unidentified_rows: i64,
 }
 
 pub const RETENTION: Retention = Retention {
     seconds: KEEP_SECONDS,
     identified_rows: KEEP_ROWS,
+    tenant_rows: KEEP_TENANT_ROWS,
     unidentified_rows: KEEP_UNIDENTIFIED_ROWS,
 };
 
@@ -67,9 +72,10 @@ pub fn record(conn: &Connection, e: &AuditRow) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Drops entries past [`KEEP_SECONDS`], and beyond the newest [`KEEP_ROWS`] of callers
-/// with a valid token or the newest [`KEEP_UNIDENTIFIED_ROWS`] of those without, each
-/// counted apart; never a tenant's newest: its sequence continues from there.
+/// Drops entries past [`KEEP_SECONDS`], and beyond the newest [`KEEP_TENANT_ROWS`] of a
+/// tenant, the newest [`KEEP_ROWS`] of callers with a valid token or the newest
+/// [`KEEP_UNIDENTIFIED_ROWS`] of those without, each counted apart; never a tenant's
+/// newest: its sequence continues from there.
 pub fn prune(conn: &Connection, now: i64) -> rusqlite::Result<usize> {
     prune_within(conn, now, RETENTION)
 }
@@ -81,7 +87,16 @@ pub fn prune_within(conn: &Connection, now: i64, keep: Retention) -> rusqlite::R
         "DELETE FROM audit_log WHERE at < ?1 AND seq NOT IN (SELECT MAX(seq) FROM audit_log GROUP BY tenant_id)",
         [now - keep.seconds],
     )?;
-    let mut over = 0;
+    // A tenant's entries are a run of its own sequence (the oldest go first), so its
+    // newest `tenant_rows` are those within that many of its greatest.
+    let mut over = super::exec(
+        conn,
+        "DELETE FROM audit_log WHERE tenant_id != '' AND tenant_seq <= (
+             SELECT MAX(t.tenant_seq) - ?1 FROM audit_log t WHERE t.tenant_id = audit_log.tenant_id)
+         AND tenant_id IN (SELECT tenant_id FROM audit_log WHERE tenant_id != ''
+                           GROUP BY tenant_id HAVING MAX(tenant_seq) - MIN(tenant_seq) >= ?1)",
+        [keep.tenant_rows],
+    )?;
     for (unidentified, rows) in [
         (true, keep.unidentified_rows),
         (false, keep.identified_rows),
@@ -187,6 +202,7 @@ mod tests {
         let keep = Retention {
             seconds: KEEP_SECONDS,
             identified_rows: 5,
+            tenant_rows: 5,
             unidentified_rows: 3,
         };
         for at in 1..=4 {
@@ -233,5 +249,46 @@ mod tests {
             .map(|e| e.at)
             .collect();
         assert_eq!(team, vec![3, 4, 200, 201, 202]);
+    }
+
+    #[test]
+    fn a_team_flooding_with_its_own_token_ages_out_only_its_own_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        let keep = Retention {
+            seconds: KEEP_SECONDS,
+            identified_rows: 100,
+            tenant_rows: 4,
+            unidentified_rows: 100,
+        };
+        for at in 1..=3 {
+            record(&conn, &entry("quiet", at)).unwrap();
+            record(&conn, &entry("", at)).unwrap();
+        }
+        for at in 10..60 {
+            record(&conn, &entry("noisy", at)).unwrap();
+            prune_within(&conn, 100, keep).unwrap();
+        }
+        let ats = |t: Option<&str>| -> Vec<i64> {
+            list(&conn, t, 0, 1000)
+                .unwrap()
+                .iter()
+                .filter(|e| t.is_some() || e.tenant_id.is_empty())
+                .map(|e| e.at)
+                .collect()
+        };
+        assert_eq!(ats(Some("noisy")), vec![56, 57, 58, 59]);
+        assert_eq!(ats(Some("quiet")), vec![1, 2, 3]);
+        assert_eq!(ats(None), vec![1, 2, 3], "the admin's entries stay");
+        // Its sequence goes on from its newest.
+        record(&conn, &entry("noisy", 60)).unwrap();
+        assert_eq!(
+            list(&conn, Some("noisy"), 0, 10)
+                .unwrap()
+                .last()
+                .unwrap()
+                .tenant_seq,
+            Some(51)
+        );
     }
 }
