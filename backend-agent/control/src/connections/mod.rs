@@ -133,7 +133,7 @@ pub struct Activity {
     in_flight: AtomicUsize,
     /// Milliseconds after `accepted` of the last request's start or end.
     last_active_ms: AtomicU64,
-    /// A caller on it proved who it is ([`Identity::proven`]).
+    /// A caller on it proved who it is ([`mark_proven`]).
     proven: AtomicBool,
     /// Closed to make room for a newcomer; its place is already given back.
     evicted: AtomicBool,
