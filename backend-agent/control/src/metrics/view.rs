@@ -18,7 +18,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::auth::Caller;
 use crate::state::AppState;
 
-/// Renders at once of the operator (its metrics token, or an admin token) ...
+/// Renders at once of the operator (its metrics token, or an admin token once looked up
+/// in a shared slot) ...
 pub const OPERATOR_SLOTS: usize = 4;
 /// ... of every other token together (a token is resolved in one of these) ...
 pub const SHARED_SLOTS: usize = 8;
