@@ -101,6 +101,29 @@ impl SharedStorage {
         self.mount.display().to_string()
     }
 
+    /// Mounts it at `at` on `host` too (a bind mount in the host's mount namespace), as a
+    /// platform mounts its shared storage at one path on every host. `at`'s parent must be
+    /// the host's own ([`crate::netns::Host::private_copies`]): `at` is made there.
+    pub fn mount_on(&self, host: &crate::netns::Host, at: &Path) {
+        let out = host.run(
+            "sh",
+            &[
+                "-c",
+                r#"mkdir -p "$2" && mount --bind "$1" "$2""#,
+                "sh",
+                &self.arg(),
+                &at.display().to_string(),
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "shared storage: mount at {} on {}: {}",
+            at.display(),
+            host.name(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// The subvolumes on it (`btrfs subvolume list`), by path relative to it.
     pub fn subvolumes(&self) -> Vec<String> {
         must("btrfs", &["subvolume", "list", "-o", &self.arg()])

@@ -1,18 +1,25 @@
 //! The multi-host guide as an operator follows it (issue 33): the commands of
 //! `docs/guides/fleet-across-hosts.md`, read from that file and run as they are on four
 //! namespace hosts (`cp`, `gpu-a`, `gpu-b`, `workstation`), from nothing to a team running
-//! `srun -N2 hostname` across the GPU hosts through its own login, over mutual TLS.
+//! `srun -N2 hostname` across the GPU hosts through its own login, over mutual TLS, with
+//! its home and its controllers' state on the platform's shared storage.
 //!
-//! What the test gives that a reader gives themselves, and nothing else:
+//! What the test gives that a reader has or gives themselves, and nothing else:
 //! - the guide's values (`CP_ADDR`: the `cp` host's address);
-//! - each host's own `/root` and `/var/lib` (overlays, so nothing reaches this machine's);
-//! - `gpufleet-agent` and `terraform` on PATH (the built binaries; the provider through a
-//!   development override, as the other e2e tests install it);
-//! - `systemctl enable --now UNIT`: the unit file of `packaging/systemd` run as systemd
-//!   would (its `ExecStart` with its `EnvironmentFile`), in the host's namespaces, with one
-//!   override per unit: the node agents' GPUs are simulated (`GPUFLEET_HARDWARE=sim`, no
-//!   GPU here), and the bandwidth test is short;
-//! - `scp -p`: the files copied between the hosts with their modes.
+//! - each host's own `/root`, `/var/lib` and `/srv` (overlays, so nothing reaches this
+//!   machine's);
+//! - the installation the guide takes as given (the release's `INSTALL`):
+//!   `gpufleet-agent` and `terraform` on PATH (the built binaries; the provider through a
+//!   development override, as the other e2e tests install it), the units of
+//!   `packaging/systemd`, and `/etc/gpufleet` (0700) on `cp` and the GPU hosts;
+//! - the platform's shared storage: a loop-mounted btrfs image (`shared_storage`) mounted
+//!   at `/srv/gpufleet-shared` on `cp` and the GPU hosts;
+//! - `systemctl enable --now UNIT`: the unit file run as systemd would (its `ExecStart`
+//!   with its `EnvironmentFile`), in the host's namespaces, with one setting changed: the
+//!   node agents' GPUs are simulated (`GPUFLEET_HARDWARE=sim`, no GPU here), the
+//!   catalog's 8 H100-80GB per host, beside the host's real CPUs and memory;
+//! - `scp -p`: the files copied between the hosts with their modes, into a folder that
+//!   must be there already, as scp's.
 //!
 //! It prints how many commands and flags the recipe takes.
 
@@ -23,23 +30,26 @@ use std::time::{Duration, Instant};
 
 use gpufleet_e2e::netns::{self, Host, Network};
 use gpufleet_e2e::recipe::{self, Kind, Step};
+use gpufleet_e2e::shared_storage::SharedStorage;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(180);
 const HOSTS: [&str; 4] = ["cp", "gpu-a", "gpu-b", "workstation"];
+/// The hosts of the platform: gpufleet installed, the shared storage mounted.
+const PLATFORM: [&str; 3] = ["cp", "gpu-a", "gpu-b"];
+/// Where the guide says the platform mounts its shared storage.
+const SHARED: &str = "/srv/gpufleet-shared";
+/// The shared storage's size: room for the guide's team volume (`storage_gib = 100`); a
+/// sparse image takes only what is written.
+const SHARED_GIB: u64 = 128;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// What each unit runs with here beside its environment file (a systemd drop-in).
-const OVERRIDES: [(&str, &str); 2] = [
-    (
-        "gpufleet-node",
-        "GPUFLEET_HARDWARE=sim\nGPUFLEET_GPUS=1\nGPUFLEET_NODE_CPUS=16\nGPUFLEET_NODE_MEMORY_MIB=65536\n",
-    ),
-    ("gpufleet-serve", "GPUFLEET_BANDWIDTH_DURATION=200ms\n"),
-];
+/// What each unit runs with here beside its environment file (a systemd drop-in): no GPU
+/// here, so simulated ones; everything else as the guide writes it.
+const OVERRIDES: [(&str, &str); 1] = [("gpufleet-node", "GPUFLEET_HARDWARE=sim\n")];
 
 /// `systemctl enable --now UNIT` as systemd runs the unit: its ExecStart (the binary from
 /// PATH) with its EnvironmentFile, then the test's override, detached, logging to a file.
@@ -166,19 +176,32 @@ impl Site {
                 let mode = String::from_utf8_lossy(&mode.stdout).trim().to_string();
                 let name = Path::new(source).file_name().unwrap().to_string_lossy();
                 let dest = format!("{}/{name}", copy.dir.trim_end_matches('/'));
+                // As scp: into a folder that is there, never one made for the reader.
                 let mut write = self
                     .host(&copy.host)
                     .command("sh")
-                    .arg("-c")
-                    .arg(format!(
-                        "mkdir -p '{}' && cat > '{dest}' && chmod {mode} '{dest}'",
-                        copy.dir
-                    ))
+                    .args([
+                        "-c",
+                        r#"test -d "$1" && cat > "$2" && chmod "$3" "$2""#,
+                        "sh",
+                    ])
+                    .args([&copy.dir, &dest, &mode])
                     .stdin(Stdio::piped())
                     .spawn()
                     .expect("write the copy");
                 write.stdin.take().unwrap().write_all(&read.stdout).unwrap();
-                assert!(write.wait().unwrap().success(), "copy {source} to {dest}");
+                assert!(
+                    write.wait().unwrap().success(),
+                    "{}",
+                    self.failed(
+                        step,
+                        from,
+                        &format!(
+                            "copy {source} to {}:{dest}: no folder {}",
+                            copy.host, copy.dir
+                        )
+                    )
+                );
             }
         }
     }
@@ -193,9 +216,10 @@ impl Site {
     }
 }
 
-/// Gives each host its own `/root` and `/var/lib` (what the recipe writes there stays on
-/// the host), and the test's files.
-fn prepare(net: Network) -> Site {
+/// Gives each host its own `/root`, `/var/lib` and `/srv` (what the recipe writes there
+/// stays on the host), the platform's hosts what the guide takes as given (the shared
+/// storage mounted, `/etc/gpufleet` from the release's INSTALL), and the test's files.
+fn prepare(net: Network, storage: &SharedStorage) -> Site {
     let root = tempfile::Builder::new()
         .prefix("gpufleet-recipe-")
         .tempdir_in(net.host("cp").dir().parent().unwrap())
@@ -209,8 +233,18 @@ fn prepare(net: Network) -> Site {
     }
     for name in HOSTS {
         std::fs::create_dir_all(root.join("logs").join(name)).unwrap();
-        net.host(name)
-            .private_copies(&[Path::new("/root"), Path::new("/var/lib")]);
+        net.host(name).private_copies(&[
+            Path::new("/root"),
+            Path::new("/var/lib"),
+            Path::new("/srv"),
+        ]);
+    }
+    for name in PLATFORM {
+        storage.mount_on(net.host(name), Path::new(SHARED));
+        let out = net
+            .host(name)
+            .run("install", &["-d", "-m", "0700", "/etc/gpufleet"]);
+        assert!(out.status.success(), "{name}: /etc/gpufleet");
     }
     // The built binaries first on PATH.
     let bin = root.join("bin");
@@ -284,7 +318,9 @@ fn the_multi_host_guide_runs_as_written_and_a_team_runs_a_job_across_hosts() {
     let guide = std::fs::read_to_string(repo().join("docs/guides/fleet-across-hosts.md"))
         .expect("the guide");
     let steps = recipe::parse(&guide);
-    let site = prepare(Network::new(&HOSTS));
+    // Mounted before the hosts are made, so that each sees it (and binds it at SHARED).
+    let storage = SharedStorage::new(SHARED_GIB);
+    let site = prepare(Network::new(&HOSTS), &storage);
     let given: Vec<&str> = site.env.iter().map(|(k, _)| k.as_str()).collect();
     for step in steps.iter().filter(|s| s.kind == Kind::Values) {
         for name in recipe::exported(&step.script) {
@@ -307,8 +343,36 @@ fn the_multi_host_guide_runs_as_written_and_a_team_runs_a_job_across_hosts() {
     // its expect), through the login the credentials name.
     let last = steps.last().unwrap();
     assert!(
-        matches!(&last.kind, Kind::Expect(g) if g.concat() == ["gpu-a", "gpu-b"]),
+        matches!(&last.kind, Kind::Expect(g) if g.iter().map(|w| w[0].as_str()).eq(["gpu-a", "gpu-b"])),
         "the guide ends with the team's job answering from both hosts"
+    );
+
+    // The team's home is its volume on the shared storage (what the login wrote is
+    // there), and the controllers' state is beside the volumes.
+    let volume = storage
+        .subvolumes()
+        .into_iter()
+        .find(|v| v.ends_with("/train"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no team volume on the shared storage: {:?}",
+                storage.subvolumes()
+            )
+        });
+    assert!(
+        storage.path().join(&volume).join("note").is_file(),
+        "the team's note is not in its volume {volume}"
+    );
+    let states: Vec<String> = std::fs::read_dir(storage.path().join(".slurm"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        states.iter().any(|s| s.contains("@gpu-")),
+        "no controller state on the shared storage: {states:?}"
     );
 
     // The login listens in the platform's fixed Slurm range (docs/guides/slurm.md, "Ports").
