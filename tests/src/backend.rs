@@ -500,7 +500,7 @@ impl Drop for Backend {
     fn drop(&mut self) {
         self.kill();
         // The accounts and runtime dirs of Slurm clusters the test did not destroy.
-        gpufleet_slurm::account::forget_all_under(&self.data_dir());
+        gpufleet_slurm::leftovers::forget_all_under(&self.data_dir());
     }
 }
 

@@ -246,7 +246,7 @@ impl Drop for NodeAgent {
         // The accounts and runtime dirs of Slurm clusters the test did not destroy: the
         // agent ran their daemons (an agent of a namespace host made them in that host's
         // own /etc and /run, which go with the host).
-        gpufleet_slurm::account::forget_all_under(&self.data_dir());
+        gpufleet_slurm::leftovers::forget_all_under(&self.data_dir());
     }
 }
 

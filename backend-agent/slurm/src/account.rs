@@ -479,38 +479,6 @@ pub fn forget(cluster: &str) -> Result<(), String> {
     Account::new(cluster, uid)?.remove()
 }
 
-/// Ends and forgets every cluster a stopped agent ran Slurm daemons for (`<data_dir>/slurm/<cluster>/`,
-/// and, for a control plane's data dir, its embedded agents' `agents/*/slurm/<cluster>/`):
-/// what a test that stops one without destroying its clusters would otherwise leave on the
-/// host.
-pub fn forget_all_under(data_dir: &Path) {
-    let embedded = std::fs::read_dir(data_dir.join("agents"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|agent| agent.path().join("slurm"));
-    let entries = std::iter::once(data_dir.join("slurm"))
-        .chain(embedded)
-        .filter_map(|dir| std::fs::read_dir(dir).ok())
-        .flatten()
-        .flatten();
-    for e in entries {
-        let name = e.file_name().to_string_lossy().to_string();
-        if super::valid_cluster_name(&name) && name.starts_with("gf") {
-            // The daemons outlive their agent: they, and the steps of the jobs they ran
-            // (which hold a slurm.conf of the cluster's runtime directory), end here.
-            super::daemon::end_kept_under(&e.path());
-            kill_environ_prefix(&format!("SLURM_CONF={}/", runtime_dir(&name).display()));
-            for login in super::login_limits::LoginCgroup::every_of(&name) {
-                login.remove();
-            }
-            if let Err(e) = forget(&name) {
-                tracing::warn!(cluster = %name, error = %e, "cannot remove a cluster's account");
-            }
-        }
-    }
-}
-
 fn remove_all(path: &Path) -> Result<(), String> {
     match std::fs::remove_dir_all(path) {
         Ok(()) => Ok(()),

@@ -3,7 +3,8 @@
 //! munge keys and daemons (`munge`), the supervised processes (`daemon`), the
 //! controller's view of its nodes (`status`), each cluster's own unprivileged account and
 //! runtime directory on a host (`account`), its login endpoint and host key (`login`),
-//! and the mount namespace the daemons that serve a tenant run in (`sandbox`).
+//! the mount namespace the daemons that serve a tenant run in (`sandbox`), and what a
+//! stopped agent left of its clusters on a host (`leftovers`).
 //!
 //! It knows no store and no agent: the control plane's `slurm_clusters` decides what each
 //! node of a cluster runs (its slurmd, and on the head node the controller and the login)
@@ -13,6 +14,7 @@
 pub mod account;
 pub mod conf;
 pub mod daemon;
+pub mod leftovers;
 pub mod login;
 pub mod login_limits;
 pub mod munge;

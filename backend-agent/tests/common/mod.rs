@@ -169,7 +169,7 @@ impl Drop for Agent {
             let _ = child.wait();
         }
         // The accounts and runtime dirs of Slurm clusters the test did not destroy.
-        gpufleet_slurm::account::forget_all_under(&self.data_dir);
+        gpufleet_slurm::leftovers::forget_all_under(&self.data_dir);
     }
 }
 
