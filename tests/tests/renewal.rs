@@ -204,6 +204,16 @@ async fn certificates_renew_and_revoke_while_agents_stay_connected_and_a_cluster
     assert!(!status.success());
     assert!(n2.log().contains("revoked"), "{}", n2.log());
     wait_state(&admin, "n2", "unreachable").await;
+    // At once and saying why, not after the node timeout as a missed heartbeat.
+    let reason = admin
+        .clone()
+        .nodes()
+        .await
+        .into_iter()
+        .find(|n| n.hostname == "n2")
+        .map(|n| n.state_reason)
+        .unwrap_or_default();
+    assert!(reason.contains("certificate was revoked"), "{reason}");
     // Started again with the revoked certificate: refused at the handshake.
     let refusals = |log: &str| log.matches("could not register").count();
     let before = refusals(&n2.log());

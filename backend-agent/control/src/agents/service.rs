@@ -197,6 +197,12 @@ impl NodeAgentService for Agents {
                         let _ = ending.send(Err(Status::unauthenticated(
                             "the client certificate was revoked (the control plane's --agent-crl names it); issue a new one with gpufleet-agent pki --agent NAME",
                         )));
+                        // Unreachable now, saying why, not after the node timeout as "no
+                        // heartbeat": the agent cannot come back with this certificate.
+                        left = Some(
+                            "its agent's certificate was revoked (--agent-crl names it)"
+                                .to_string(),
+                        );
                         break;
                     }
                 };
