@@ -12,7 +12,8 @@
 //!
 //! - the team runs a few jobs, one of them a 2-node job whose steps wait forever, so the
 //!   node that survives the loss still runs a step of it;
-//! - the head's host is cut off; the login moves to another node with the same host key;
+//! - the head's host is cut off; the login moves to another node with the same host key,
+//!   and the team's next apply rewrites its login details (the guides' pattern);
 //! - the new controller gives ids past every id the former ones gave; a new 2-node batch
 //!   job and an interactive `srun` on the surviving node start and end;
 //! - the old job's step on the surviving node ends (the new controller knows no such job);
@@ -37,6 +38,27 @@ const VISION: &str = "gpufleet_tenant_cluster.vision";
 const GPU_HOSTS: [&str; 3] = ["g1", "g2", "g3"];
 /// Heads lost one after the other.
 const ROUNDS: usize = 5;
+/// The guides' pattern for the team's login details: read for each run, written to a 0600
+/// file, rewritten when the cluster's login moves (its endpoint changes).
+const LOGIN_FILE: &str = r#"
+ephemeral "gpufleet_cluster_credentials" "vision" {
+  cluster_id = gpufleet_tenant_cluster.vision.id
+}
+
+resource "terraform_data" "login" {
+  triggers_replace = [gpufleet_tenant_cluster.vision.id, gpufleet_tenant_cluster.vision.endpoint]
+  provisioner "local-exec" {
+    command     = "umask 077 && printf '%s' \"$LOGIN\" > login.json"
+    environment = { LOGIN = ephemeral.gpufleet_cluster_credentials.vision.credentials }
+  }
+}
+"#;
+
+/// The login details the guides' pattern wrote.
+fn login_file(tf: &Terraform) -> serde_json::Value {
+    let text = std::fs::read_to_string(tf.dir().join("login.json")).expect("login.json");
+    serde_json::from_str(&text).expect("login.json is JSON")
+}
 
 /// Whether `host` runs a process whose command line holds `tag`.
 fn runs(host: &Host, tag: &str) -> bool {
@@ -86,10 +108,11 @@ async fn a_head_lost_without_shared_storage_leaves_no_stale_job_and_ids_never_go
     let (key, public) = team_key(client, "vision");
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
     tf.write_file("vision.pub", &public);
-    tf.write_main(&two_node_vision(""));
+    tf.write_main(&format!("{}{LOGIN_FILE}", two_node_vision("")));
     tf.init();
     tf.apply();
     let mut creds = credentials(&tf, VISION);
+    assert_eq!(login_file(&tf)["host"], creds["host"]);
     let host_key = |c: &serde_json::Value| {
         c["known_hosts"]
             .as_str()
@@ -137,6 +160,14 @@ async fn a_head_lost_without_shared_storage_leaves_no_stale_job_and_ids_never_go
         .await;
         assert_eq!(host_key(&moved), first_key, "the login keeps its host key");
         creds = moved;
+        // The team's next apply rewrites its login details for the moved login.
+        tf.apply();
+        let written = login_file(&tf);
+        assert_eq!(
+            (&written["host"], &written["port"], &written["known_hosts"]),
+            (&creds["host"], &creds["port"], &creds["known_hosts"]),
+            "round {round}: login.json follows the head"
+        );
         let team = Session::new(client, &creds, &key);
         eventually("the moved login answering", LIMIT, || {
             let ok = team.poll("squeue -h").is_some();
