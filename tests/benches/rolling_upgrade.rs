@@ -21,11 +21,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
+use gpufleet_e2e::multihost::{nodes_ready, Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns;
 use gpufleet_e2e::slurm_jobs::field;
 use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, two_node_vision, Session};
-use gpufleet_e2e::{eventually, Backend, Terraform};
+use gpufleet_e2e::{eventually, Terraform};
 
 const LIMIT: Duration = Duration::from_secs(180);
 const VISION: &str = "gpufleet_tenant_cluster.vision";
@@ -74,19 +74,6 @@ impl Outages {
             _ => {}
         }
     }
-}
-
-async fn all_ready(backend: &Backend) {
-    let admin = backend.admin().await;
-    eventually("every node ready", LIMIT, || {
-        let mut admin = admin.clone();
-        async move {
-            let nodes = admin.nodes().await;
-            (nodes.len() == GPU_HOSTS.len() && nodes.iter().all(|n| n.state == "ready"))
-                .then_some(())
-        }
-    })
-    .await;
 }
 
 async fn run(mode: &'static str, agent_flags: &[&str]) -> Row {
@@ -141,12 +128,12 @@ async fn run(mode: &'static str, agent_flags: &[&str]) -> Row {
     };
     let started = Instant::now();
     backend.restart();
-    all_ready(&backend).await;
+    nodes_ready(&backend, GPU_HOSTS.len(), LIMIT).await;
     for agent in agents.iter_mut() {
         agent.terminate();
         agent.wait_exit(LIMIT).expect("the agent stops");
         agent.restart();
-        all_ready(&backend).await;
+        nodes_ready(&backend, GPU_HOSTS.len(), LIMIT).await;
     }
     let upgrade = started.elapsed();
     // The prober's last outage, if any, ends with its next success.

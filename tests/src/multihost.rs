@@ -38,20 +38,25 @@ impl Fleet {
             .iter()
             .map(|h| NodeAgent::start_on(net.host(h), &backend, h, agent_args))
             .collect();
-        let admin = backend.admin().await;
-        eventually("the GPU hosts' nodes ready", limit, || {
-            let mut admin = admin.clone();
-            async move {
-                let nodes = admin.nodes().await;
-                (nodes.len() == gpu_hosts.len() && nodes.iter().all(|n| n.state == "ready"))
-                    .then_some(())
-            }
-        })
-        .await;
+        nodes_ready(&backend, gpu_hosts.len(), limit).await;
         Fleet {
             agents,
             backend,
             net,
         }
     }
+}
+
+/// Waits until `backend` has `count` nodes and every one is ready (`limit` is the safety
+/// net of that wait): after a start, a restart, or a host healed.
+pub async fn nodes_ready(backend: &Backend, count: usize, limit: Duration) {
+    let admin = backend.admin().await;
+    eventually("every node ready", limit, || {
+        let mut admin = admin.clone();
+        async move {
+            let nodes = admin.nodes().await;
+            (nodes.len() == count && nodes.iter().all(|n| n.state == "ready")).then_some(())
+        }
+    })
+    .await;
 }

@@ -22,11 +22,11 @@
 
 use std::time::Duration;
 
-use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
+use gpufleet_e2e::multihost::{nodes_ready, Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::slurm_jobs::{field, submit_two, written};
 use gpufleet_e2e::slurm_login::{cluster_nodes, credentials, team_key, two_node_vision, Session};
-use gpufleet_e2e::{eventually, Backend, Terraform};
+use gpufleet_e2e::{eventually, Terraform};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
@@ -53,19 +53,6 @@ fn daemons(host: &Host, cluster: &str) -> Vec<(String, u32)> {
         .collect();
     found.sort();
     found
-}
-
-async fn all_ready(backend: &Backend) {
-    let admin = backend.admin().await;
-    eventually("every node ready", LIMIT, || {
-        let mut admin = admin.clone();
-        async move {
-            let nodes = admin.nodes().await;
-            (nodes.len() == GPU_HOSTS.len() && nodes.iter().all(|n| n.state == "ready"))
-                .then_some(())
-        }
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,16 +110,16 @@ async fn a_rolling_upgrade_leaves_jobs_and_sessions_running() {
 
     // The upgrade: the control plane, then each host in turn, then a crash for good measure.
     backend.restart();
-    all_ready(&backend).await;
+    nodes_ready(&backend, GPU_HOSTS.len(), LIMIT).await;
     for agent in agents.iter_mut() {
         agent.terminate();
         let status = agent.wait_exit(LIMIT).expect("the agent stops");
         assert!(status.success(), "{status:?}: {}", agent.log());
         agent.restart();
-        all_ready(&backend).await;
+        nodes_ready(&backend, GPU_HOSTS.len(), LIMIT).await;
     }
     agents[0].restart();
-    all_ready(&backend).await;
+    nodes_ready(&backend, GPU_HOSTS.len(), LIMIT).await;
     eventually("every agent adopted its cluster's daemons", LIMIT, || {
         let adopted = agents.iter().all(|a| {
             a.log().lines().any(|l| {

@@ -24,7 +24,7 @@
 
 use std::time::Duration;
 
-use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
+use gpufleet_e2e::multihost::{nodes_ready, Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::slurm_jobs::{controller_log, field};
 use gpufleet_e2e::slurm_login::{
@@ -200,16 +200,7 @@ async fn a_head_lost_without_shared_storage_leaves_no_stale_job_and_ids_never_go
 
         // The lost host comes back with nothing of the cluster: the next round's spare.
         net.host(&head).heal();
-        let admin = backend.admin().await;
-        eventually("every node ready again", LIMIT, || {
-            let mut admin = admin.clone();
-            async move {
-                let nodes = admin.nodes().await;
-                (nodes.len() == GPU_HOSTS.len() && nodes.iter().all(|n| n.state == "ready"))
-                    .then_some(())
-            }
-        })
-        .await;
+        nodes_ready(&backend, GPU_HOSTS.len(), LIMIT).await;
         eventually("nothing of the cluster on the healed host", LIMIT, || {
             let left = ["slurmd -D", "slurmctld -D", "slurmstepd"]
                 .iter()

@@ -136,30 +136,24 @@ impl Client {
             .chain(args.iter().copied())
             .map(shell_quote)
             .collect();
-        run_for(
-            Command::new("ssh")
-                .args(["-i", &self.key.display().to_string()])
-                .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
-                .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
-                .arg("-o")
-                .arg(format!(
-                    "UserKnownHostsFile={}",
-                    self.dir.path().join("known_hosts").display()
-                ))
-                .args(["-p", &self.port.to_string()])
-                .arg(format!("{}@{}", self.user, self.host))
-                .arg("--")
-                .arg(command.join(" ")),
-            program,
-            args,
-        )
+        run_for(&mut self.ssh(&command.join(" ")), program, args)
     }
 
     /// An ssh session on the login that runs `script` until it ends or is killed: a team
     /// member's open session.
     fn hold(&self, script: &str) -> std::process::Child {
-        Command::new("ssh")
-            .args(["-i", &self.key.display().to_string()])
+        self.ssh(script)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn ssh")
+    }
+
+    /// ssh to the login, running `command` there.
+    fn ssh(&self, command: &str) -> Command {
+        let mut ssh = Command::new("ssh");
+        ssh.args(["-i", &self.key.display().to_string()])
             .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
             .args(["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR"])
             .arg("-o")
@@ -170,12 +164,8 @@ impl Client {
             .args(["-p", &self.port.to_string()])
             .arg(format!("{}@{}", self.user, self.host))
             .arg("--")
-            .arg(script)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn ssh")
+            .arg(command);
+        ssh
     }
 
     fn ok(&self, program: &str, args: &[&str]) -> String {
