@@ -555,6 +555,27 @@ impl Network {
     }
 }
 
+/// The checkout and the build's target dir when they lie under `/tmp` or `/var/tmp` (a
+/// clone there, as CI may make): the hosts run its binaries and tools and read its guides,
+/// so they stay at their paths over each host's own `/tmp`.
+fn checkout_under_tmp() -> Vec<PathBuf> {
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from);
+    let mut found: Vec<PathBuf> = std::iter::once(checkout)
+        .chain(target)
+        .filter_map(|p| fs::canonicalize(p).ok())
+        .filter(|p| {
+            [Path::new("/tmp"), Path::new("/var/tmp")]
+                .iter()
+                .any(|t| p.starts_with(t))
+        })
+        .collect();
+    // A target dir inside the checkout comes with it.
+    found.sort();
+    found.dedup_by(|inner, outer| inner.starts_with(&*outer));
+    found
+}
+
 /// The process that holds a host's mount, UTS and PID namespaces (inside its network
 /// namespace): `unshare --pid --fork --mount-proc`, whose child, the PID namespace's init,
 /// sets the hostname, mounts a tmpfs on `/run`, gives the host an `/etc` of its own (an
@@ -575,6 +596,7 @@ fn start_holder(ns: &str, name: &str, dir: &Path, root: &Path) -> (Child, u32) {
     // standing for a file system every host mounts).
     let mut kept = vec![root.to_path_buf()];
     kept.extend(mounts_under(&["/tmp", "/var/tmp"]));
+    kept.extend(checkout_under_tmp());
     let keep = kept
         .iter()
         .enumerate()
