@@ -269,6 +269,11 @@ pub struct NodeArgs {
     /// and the next agent adopts them.
     #[arg(long, env = "GPUFLEET_STOP_WORKLOADS")]
     pub stop_workloads: bool,
+    /// Do not serve: end and remove everything of every Slurm cluster this node's agent
+    /// kept on this host (daemons, jobs, accounts, keys), then exit. Refused while an
+    /// agent runs on the data dir.
+    #[arg(long)]
+    pub clean: bool,
 }
 
 #[derive(Args, Debug)]
@@ -786,6 +791,7 @@ impl NodeArgs {
                 pids: self.login_pids,
             },
             stop_workloads: self.stop_workloads,
+            clean: self.clean,
         }
     }
 }

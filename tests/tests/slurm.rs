@@ -1445,6 +1445,70 @@ async fn workloads_outlive_a_control_plane_restart_and_end_with_a_stop_that_says
     );
 }
 
+/// A host whose agent is gone for good (killed, its certificate revoked, the node retired)
+/// keeps its clusters' daemons and jobs running: `gpufleet-agent node --clean` on it ends
+/// and removes everything of them, the account, runtime directory and munge key included,
+/// and is refused while an agent runs on the data dir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_clean_removes_what_a_gone_agent_left_running() {
+    let backend = Backend::start_external("30s", "5m");
+    let mut agent = NodeAgent::start(&backend, "n1", &["--gpus", "1"]);
+    nodes_ready(&backend, 1).await;
+    let (key, tf) = one_node_team(&backend, "{}");
+    tf.apply();
+    let creds = credentials(&tf, TRAIN);
+    let name = cluster_name(&creds);
+    let client = Client::connect(&creds, &key);
+    let job = client.ok(
+        "sbatch",
+        &[
+            "--parsable",
+            "-N1",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 600",
+        ],
+    );
+    client.wait_running(&[job.trim().to_string()]).await;
+    let clean = |agent: &NodeAgent| {
+        Command::new(gpufleet_e2e::binaries::agent())
+            .args(["node", "--clean", "--name", "n1", "--data-dir"])
+            .arg(agent.data_dir())
+            .output()
+            .expect("run node --clean")
+    };
+    let refused = clean(&agent);
+    assert!(!refused.status.success(), "refused while the agent runs");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("stop the node agent"),
+        "{refused:?}"
+    );
+
+    agent.kill9();
+    assert!(
+        !processes_naming(&format!("/{name}/")).is_empty(),
+        "the cluster's daemons outlive the killed agent"
+    );
+    let cleaned = clean(&agent);
+    assert!(cleaned.status.success(), "{cleaned:?}");
+    assert!(
+        String::from_utf8_lossy(&cleaned.stdout).contains(&format!("cluster {name}")),
+        "{cleaned:?}"
+    );
+    assert_eq!(
+        processes_naming(&format!("/{name}/")),
+        Vec::<String>::new(),
+        "no daemon or job of the cluster left"
+    );
+    assert!(!agent.data_dir().join("slurm").join(&name).exists());
+    assert!(!std::path::Path::new("/run/gpufleet").join(&name).exists());
+    let account = Command::new("getent")
+        .args(["passwd", &name])
+        .output()
+        .unwrap();
+    assert!(!account.status.success(), "the cluster's account is gone");
+}
+
 /// A layout change whose update runs out of time while a job still runs on a drained node
 /// fails saying so, and changes nothing: the job runs on, the node keeps its slices and is
 /// back in service.

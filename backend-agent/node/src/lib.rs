@@ -79,6 +79,9 @@ pub struct Config {
     /// End the node's Slurm daemons and jobs when the agent stops (else they run on, and
     /// the next agent adopts them).
     pub stop_workloads: bool,
+    /// Do not serve: end and remove everything of every cluster the node's agent kept,
+    /// then exit (`node --clean`).
+    pub clean: bool,
 }
 
 /// The pieces an agent is made of, whichever process it runs in.
@@ -177,6 +180,43 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
     }))
 }
 
+/// `gpufleet-agent node --clean`: with no agent running on `data_dir` (refused while one
+/// does), ends and removes everything of every cluster its agent kept on this host: the
+/// daemons it left running, the jobs' steps, the logins' cgroups, the clusters' files and
+/// keys in the data dir, and each cluster's account and runtime directory once nothing
+/// else of it is here. For a host whose agent cannot reach the control plane any more (a
+/// revoked certificate, a node removed from the fleet) or is retired.
+fn clean(data_dir: &std::path::Path, name: &str) -> anyhow::Result<()> {
+    if !data_dir.is_dir() {
+        anyhow::bail!("--data-dir {}: no such directory", data_dir.display());
+    }
+    let _lock = gpufleet_process::data_dir::DataDirLock::acquire(data_dir)
+        .context("--clean: stop the node agent on this data dir first")?;
+    let slurm = slurm::Slurm::new(
+        data_dir,
+        name,
+        false,
+        std::net::Ipv4Addr::LOCALHOST,
+        None,
+        Default::default(),
+    );
+    let clusters = slurm.kept();
+    let mut failed = Vec::new();
+    for cluster in &clusters {
+        match slurm.stop(cluster) {
+            Ok(()) => println!("removed everything of cluster {cluster} from this host"),
+            Err(e) => failed.push(format!("{cluster}: {e}")),
+        }
+    }
+    if clusters.is_empty() {
+        println!("this node's agent kept no cluster here: nothing to clean");
+    }
+    if !failed.is_empty() {
+        anyhow::bail!("--clean: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
 fn default_name() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most buf.len() bytes into a buffer this function owns.
@@ -222,6 +262,10 @@ fn link(args: &Config) -> anyhow::Result<Link> {
 pub async fn run(args: Config) -> anyhow::Result<()> {
     let name = args.name.clone().unwrap_or_else(default_name);
     gpufleet_wire::names::dns_label("--name", &name).map_err(|e| anyhow::anyhow!(e))?;
+    if args.clean {
+        let data_dir = args.data_dir.clone();
+        return tokio::task::spawn_blocking(move || clean(&data_dir, &name)).await?;
+    }
     let link = link(&args)?;
     // Private before anything is written: its journal holds the orders it carried out.
     let data_dir = gpufleet_process::data_dir::private(&args.data_dir, &[])?;
