@@ -395,13 +395,13 @@ fn legacy_host_key(state: &AppState, name: &str) -> Option<login::HostKey> {
 const JOB_ID_MARGIN: u64 = 10_000;
 
 /// A new head's FirstJobId, given the greatest next job id a controller of the cluster
-/// reported: past it and the ids given since, within Slurm's bound; 0 (Slurm's default)
-/// for a cluster whose controller never reported one.
+/// reported (0: none was read yet, as when the head is lost within seconds of the
+/// cluster's start): past it and the ids given since, within Slurm's bound.
 fn first_job_id(next_seen: u64) -> u64 {
-    match next_seen {
-        0 => 0,
-        n => n.saturating_add(JOB_ID_MARGIN).min(conf::MAX_FIRST_JOB_ID),
-    }
+    next_seen
+        .max(1)
+        .saturating_add(JOB_ID_MARGIN)
+        .min(conf::MAX_FIRST_JOB_ID)
 }
 
 fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<Plan>> {
@@ -1373,7 +1373,8 @@ pub async fn supervise(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
 mod tests {
     #[test]
     fn a_new_head_starts_past_every_job_id_given_within_slurms_bound() {
-        assert_eq!(super::first_job_id(0), 0, "never reported: Slurm's default");
+        // Never read yet (a head lost at once): past the ids it may have given all the same.
+        assert_eq!(super::first_job_id(0), 1 + super::JOB_ID_MARGIN);
         assert_eq!(super::first_job_id(7), 7 + super::JOB_ID_MARGIN);
         assert_eq!(
             super::first_job_id(u64::MAX - 1),
