@@ -34,7 +34,8 @@ const VISION: &str = "gpufleet_tenant_cluster.vision";
 const GPU_HOSTS: [&str; 2] = ["g1", "g2"];
 
 /// The cluster's daemons on `host` (munged, slurmd, slurmctld, the login's sshd) as
-/// (command line, pid), sorted.
+/// (command line, pid), sorted. A session's sshd (the listener's child, which bears its
+/// command line until it names itself after its user) is not a daemon.
 fn daemons(host: &Host, cluster: &str) -> Vec<(String, u32)> {
     let mut found: Vec<(String, u32)> = host
         .pids()
@@ -51,8 +52,21 @@ fn daemons(host: &Host, cluster: &str) -> Vec<(String, u32)> {
         })
         .map(|(pid, cmd)| (cmd, pid))
         .collect();
+    let all: Vec<u32> = found.iter().map(|(_, p)| *p).collect();
+    found.retain(|(_, p)| parent_of(*p).is_none_or(|parent| !all.contains(&parent)));
     found.sort();
     found
+}
+
+/// The parent of `pid`, from its stat (after the command's closing parenthesis).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1282,7 +1282,8 @@ fn processes_of(uid: u32) -> Vec<String> {
 }
 
 /// The pids of the cluster's Slurm daemons on this host (munged, slurmd, slurmctld and the
-/// login's sshd), by what their command lines name.
+/// login's sshd), by what their command lines name. A session's sshd (the listener's child,
+/// which bears its command line until it names itself after its user) is not a daemon.
 fn daemon_pids(name: &str) -> Vec<(String, i32)> {
     let mut pids: Vec<(String, i32)> = [
         ("munged", "munged"),
@@ -1297,8 +1298,21 @@ fn daemon_pids(name: &str) -> Vec<(String, i32)> {
             .map(move |(pid, _)| (kind.to_string(), pid))
     })
     .collect();
+    let all: Vec<i32> = pids.iter().map(|(_, p)| *p).collect();
+    pids.retain(|(_, p)| parent_of(*p).is_none_or(|parent| !all.contains(&parent)));
     pids.sort();
     pids
+}
+
+/// The parent of `pid`, from its stat (after the command's closing parenthesis).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// A control plane with embedded node agents, crashed (SIGKILL) and then restarted
