@@ -31,9 +31,10 @@
 //! mounted on its nodes (the same home on every node), else a directory of this host.
 //!
 //! Starting is idempotent (a daemon running the same configuration, this agent's or a
-//! former one's, is verified and left alone) and the last order per cluster is kept on disk: an agent that restarts reports
-//! those clusters at registration, and the control plane orders each started again or
-//! stopped. Blocking: the executor runs on a blocking thread.
+//! former one's, is verified and left alone) and the last order per cluster is kept on
+//! disk: an agent that restarts reports those clusters at registration, and the control
+//! plane orders each started again or stopped. Blocking: the executor runs on a blocking
+//! thread.
 //!
 //! The daemons outlive the agent (see `gpufleet_slurm::daemon`): an agent that stops,
 //! crashes or is upgraded leaves them and the jobs running, and the next one adopts those
@@ -41,9 +42,9 @@
 //! rest. Only an agent told so (`node --stop-workloads`) ends them when it stops.
 //!
 //! Whenever the agent stops a cluster's daemons for good (the cluster leaves the node, or
-//! the agent stops with its workloads), the slurmstepd of the cluster's jobs on the node and their processes
-//! end too: they hold the node's `SLURM_CONF` and would outlive slurmd; and the login's
-//! sessions end with the login.
+//! the agent stops with its workloads), the slurmstepd of the cluster's jobs on the node
+//! and their processes end too: they hold the node's `SLURM_CONF` and would outlive
+//! slurmd; and the login's sessions end with the login.
 
 mod login;
 mod munge;

@@ -26,7 +26,8 @@ impl Munged {
 }
 
 /// The cluster's munged with `key`: `current` when it holds that key and runs, else the
-/// one a former agent left running with that key, else a new one (the key written to `<dir>/munge.key`, the socket `<shared>/munge.sock`).
+/// one a former agent left running with that key, else a new one (the key written to
+/// `<dir>/munge.key`, the socket `<shared>/munge.sock`).
 pub fn ensure(
     current: Option<Munged>,
     cluster: &str,

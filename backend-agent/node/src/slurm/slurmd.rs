@@ -63,8 +63,8 @@ pub struct Spec<'a> {
     pub port: u16,
 }
 
-/// Runs (or verifies, or adopts from a former agent) the node's slurmd as `want` says, with the GPUs as they are now;
-/// returns it and the GRES it declared.
+/// Runs (or verifies, or adopts from a former agent) the node's slurmd as `want` says,
+/// with the GPUs as they are now; returns it and the GRES it declared.
 pub fn ensure(
     current: Option<Running>,
     want: &Spec,
