@@ -8,15 +8,11 @@
 /// what needs changing is the agent's configuration or credentials).
 pub const REFUSED: u8 = 78;
 
-/// How the node agent's own words begin when the control plane refused it
-/// (`gpufleet-node`'s session ends with this error, and only then).
-const REFUSED_PREFIX: &str = "the control plane refused node ";
-
 /// The exit code of `gpufleet-agent node` that ended with `error`.
 pub fn of_node(error: &anyhow::Error) -> u8 {
     if error
         .chain()
-        .any(|cause| cause.to_string().starts_with(REFUSED_PREFIX))
+        .any(|cause| cause.is::<gpufleet_node::session::Refused>())
     {
         REFUSED
     } else {
@@ -27,16 +23,23 @@ pub fn of_node(error: &anyhow::Error) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpufleet_node::session::Refused;
 
     #[test]
     fn a_refused_node_exits_78_and_any_other_failure_1() {
-        let refused = anyhow::anyhow!("the control plane refused node gpu-a: join token: wrong");
-        assert_eq!(of_node(&refused), REFUSED);
-        assert_eq!(of_node(&refused.context("node agent")), REFUSED);
+        let refused = || {
+            anyhow::Error::new(Refused {
+                node: "gpu-a".into(),
+                why: "join token: wrong".into(),
+            })
+        };
+        assert_eq!(of_node(&refused()), REFUSED);
+        assert_eq!(of_node(&refused().context("node agent")), REFUSED);
         assert_eq!(of_node(&anyhow::anyhow!("--name: not a DNS label")), 1);
+        // Words alone are no refusal.
         assert_eq!(
             of_node(&anyhow::anyhow!(
-                "cannot lock: the control plane refused node x"
+                "the control plane refused node x: said by something else"
             )),
             1
         );

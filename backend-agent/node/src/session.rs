@@ -38,6 +38,27 @@ pub struct Agent {
     pub stop_workloads: bool,
 }
 
+/// The control plane refused this node (a wrong join token, a revoked certificate, an
+/// inventory that contradicts the node's): the error [`run`] ends with, typed so that the
+/// binary can tell it from a failure worth a restart.
+#[derive(Debug)]
+pub struct Refused {
+    pub node: String,
+    pub why: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the control plane refused node {}: {}",
+            self.node, self.why
+        )
+    }
+}
+
+impl std::error::Error for Refused {}
+
 enum End {
     /// The control plane refused this node; retrying cannot help.
     Refused(tonic::Status),
@@ -79,11 +100,11 @@ async fn serve(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> anyhow::R
         }
         match ended {
             End::Refused(status) => {
-                anyhow::bail!(
-                    "the control plane refused node {}: {}",
-                    agent.name,
-                    status.message()
-                )
+                return Err(Refused {
+                    node: agent.name.clone(),
+                    why: status.message().to_string(),
+                }
+                .into())
             }
             End::Lost(why) => {
                 tracing::warn!(node = %agent.name, reason = %why, retry_in = ?backoff, "lost the control plane");
