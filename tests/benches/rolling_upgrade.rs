@@ -21,11 +21,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gpufleet_e2e::eventually;
 use gpufleet_e2e::multihost::{nodes_ready, Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns;
 use gpufleet_e2e::slurm_jobs::field;
-use gpufleet_e2e::slurm_login::{credentials, shell_word, team_key, two_node_vision, Session};
-use gpufleet_e2e::{eventually, Terraform};
+use gpufleet_e2e::slurm_login::{
+    credentials, shell_word, two_node_vision, vision_applied, Session,
+};
 
 const LIMIT: Duration = Duration::from_secs(180);
 const VISION: &str = "gpufleet_tenant_cluster.vision";
@@ -91,12 +93,7 @@ async fn run(mode: &'static str, agent_flags: &[&str]) -> Row {
     )
     .await;
     let client = net.host("client");
-    let (key, public) = team_key(client, "vision");
-    let tf = Terraform::on_host(client, &backend, backend.admin_token());
-    tf.write_file("vision.pub", &public);
-    tf.write_main(&two_node_vision(""));
-    tf.init();
-    tf.apply();
+    let (tf, key) = vision_applied(client, &backend, &two_node_vision(""));
     let creds = credentials(&tf, VISION);
     let team = Session::new(client, &creds, &key);
     let job = team

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::netns::{Host, Launcher};
-use crate::Terraform;
+use crate::{Backend, Terraform};
 
 /// A safety net for one session's command (a hang, never a timing assertion).
 const LIMIT: Duration = Duration::from_secs(90);
@@ -68,6 +68,19 @@ resource "gpufleet_tenant_cluster" "vision" {{
 }}
 "#
     )
+}
+
+/// Team `vision` at work from `client`: its key pair made there, and a Terraform directory
+/// with `hcl` (which reads the key as `vision.pub`, as [`two_node_vision`] does) initialized
+/// and applied with the admin token. Returns Terraform and the team's private key.
+pub fn vision_applied(client: &Host, backend: &Backend, hcl: &str) -> (Terraform, PathBuf) {
+    let (key, public) = team_key(client, "vision");
+    let tf = Terraform::on_host(client, backend, backend.admin_token());
+    tf.write_file("vision.pub", &public);
+    tf.write_main(hcl);
+    tf.init();
+    tf.apply();
+    (tf, key)
 }
 
 /// A team's key pair in the client host's directory: (private key, public key text).

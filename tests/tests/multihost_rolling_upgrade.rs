@@ -22,11 +22,13 @@
 
 use std::time::Duration;
 
+use gpufleet_e2e::eventually;
 use gpufleet_e2e::multihost::{nodes_ready, Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::slurm_jobs::{field, submit_two, written};
-use gpufleet_e2e::slurm_login::{cluster_nodes, credentials, team_key, two_node_vision, Session};
-use gpufleet_e2e::{eventually, Terraform};
+use gpufleet_e2e::slurm_login::{
+    cluster_nodes, credentials, two_node_vision, vision_applied, Session,
+};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
@@ -85,12 +87,7 @@ async fn a_rolling_upgrade_leaves_jobs_and_sessions_running() {
     )
     .await;
     let client = net.host("client");
-    let (key, public) = team_key(client, "vision");
-    let tf = Terraform::on_host(client, &backend, backend.admin_token());
-    tf.write_file("vision.pub", &public);
-    tf.write_main(&two_node_vision(""));
-    tf.init();
-    tf.apply();
+    let (tf, key) = vision_applied(client, &backend, &two_node_vision(""));
     let creds = credentials(&tf, VISION);
     let cluster = creds["user"].as_str().unwrap().to_string();
     let home = creds["home"].as_str().unwrap().to_string();

@@ -35,6 +35,7 @@
 
 use std::time::Duration;
 
+use gpufleet_e2e::eventually;
 use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::shared_storage::SharedStorage;
@@ -42,8 +43,9 @@ use gpufleet_e2e::slurm_jobs::{
     assert_completes_on, assert_ended_with_the_node, assert_running_again, controller_log, field,
     submit_two, written,
 };
-use gpufleet_e2e::slurm_login::{cluster_nodes, credentials, team_key, two_node_vision, Session};
-use gpufleet_e2e::{eventually, Terraform};
+use gpufleet_e2e::slurm_login::{
+    cluster_nodes, credentials, two_node_vision, vision_applied, Session,
+};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(120);
@@ -81,12 +83,11 @@ async fn a_lost_heads_batch_jobs_are_requeued_and_its_login_moves_to_the_backups
     )
     .await;
     let client = net.host("client");
-    let (key, public) = team_key(client, "vision");
-    let tf = Terraform::on_host(client, &backend, backend.admin_token());
-    tf.write_file("vision.pub", &public);
-    tf.write_main(&two_node_vision("  storage_gib     = 1\n"));
-    tf.init();
-    tf.apply();
+    let (tf, key) = vision_applied(
+        client,
+        &backend,
+        &two_node_vision("  storage_gib     = 1\n"),
+    );
     let before = credentials(&tf, VISION);
     let home = before["home"].as_str().unwrap().to_string();
     let team = Session::new(client, &before, &key);

@@ -28,7 +28,7 @@ use gpufleet_e2e::multihost::{nodes_ready, Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::slurm_jobs::{controller_log, field};
 use gpufleet_e2e::slurm_login::{
-    cluster_nodes, credentials, shell_word, team_key, two_node_vision, Session,
+    cluster_nodes, credentials, shell_word, two_node_vision, vision_applied, Session,
 };
 use gpufleet_e2e::{eventually, Terraform};
 
@@ -105,12 +105,11 @@ async fn a_head_lost_without_shared_storage_leaves_no_stale_job_and_ids_never_go
     )
     .await;
     let client = net.host("client");
-    let (key, public) = team_key(client, "vision");
-    let tf = Terraform::on_host(client, &backend, backend.admin_token());
-    tf.write_file("vision.pub", &public);
-    tf.write_main(&format!("{}{LOGIN_FILE}", two_node_vision("")));
-    tf.init();
-    tf.apply();
+    let (tf, key) = vision_applied(
+        client,
+        &backend,
+        &format!("{}{LOGIN_FILE}", two_node_vision("")),
+    );
     let mut creds = credentials(&tf, VISION);
     assert_eq!(login_file(&tf)["host"], creds["host"]);
     let host_key = |c: &serde_json::Value| {

@@ -22,6 +22,7 @@
 
 use std::time::Duration;
 
+use gpufleet_e2e::eventually;
 use gpufleet_e2e::multihost::{Fleet, ONE_GPU_HOST};
 use gpufleet_e2e::netns::{self, Host};
 use gpufleet_e2e::slurm_jobs::{
@@ -29,9 +30,8 @@ use gpufleet_e2e::slurm_jobs::{
     submit_two, written,
 };
 use gpufleet_e2e::slurm_login::{
-    cluster_nodes, credentials, shell_word, team_key, two_node_vision, Session,
+    cluster_nodes, credentials, shell_word, two_node_vision, vision_applied, Session,
 };
-use gpufleet_e2e::{eventually, Terraform};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(90);
@@ -56,12 +56,7 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
     )
     .await;
     let client = net.host("client");
-    let (key, public) = team_key(client, "vision");
-    let tf = Terraform::on_host(client, &backend, backend.admin_token());
-    tf.write_file("vision.pub", &public);
-    tf.write_main(&two_node_vision(""));
-    tf.init();
-    tf.apply();
+    let (tf, key) = vision_applied(client, &backend, &two_node_vision(""));
     let creds = credentials(&tf, VISION);
     let home = creds["home"].as_str().unwrap().to_string();
     let team = Session::new(client, &creds, &key);
