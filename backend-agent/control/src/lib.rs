@@ -25,6 +25,7 @@ pub mod fleet;
 pub mod group_commit;
 pub mod host;
 pub mod intent;
+pub mod invariants;
 pub mod join_tokens;
 pub mod kubeconfig;
 pub mod limits;

@@ -18,7 +18,7 @@ pub struct EventRow {
 }
 
 /// Events kept per object; older ones are dropped as new ones come.
-const KEEP_PER_OBJECT: i64 = 1000;
+pub const KEEP_PER_OBJECT: i64 = 1000;
 
 pub fn record(
     conn: &Connection,

@@ -18,6 +18,7 @@ pub mod events;
 pub mod health;
 pub mod holdings;
 pub mod idempotency;
+pub mod invariants;
 pub mod nodes;
 pub mod preemption;
 pub mod quotas;

@@ -1,0 +1,299 @@
+//! What `gpufleet-agent check` reads to verify the store's invariants
+//! (`crate::invariants`): every holding of every model, the fleet's capacity counted from
+//! the nodes themselves (not from the `model_nodes` counters that admission reads), the
+//! quotas, each node's cluster, the tenants' event and audit sequences, and the objects an
+//! answers log names. Read-only, on a connection the caller opens read-only; [`snapshot`]
+//! makes every read see one committed state while `serve` goes on writing.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+/// Opens the database at `path` read-only (a WAL reader: `serve` may be writing it).
+pub fn open_read_only(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    Ok(conn)
+}
+
+/// Starts the read transaction every later read of `conn` shares (one snapshot), and
+/// reads in it at once: a WAL snapshot is taken at the first read, not at BEGIN.
+pub fn snapshot(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("BEGIN DEFERRED")?;
+    conn.query_row("SELECT COUNT(*) FROM sqlite_master", [], |r| {
+        r.get::<_, i64>(0)
+    })?;
+    Ok(())
+}
+
+/// A reservation as the capacity and quota checks see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationHeld {
+    pub id: String,
+    pub tenant_id: String,
+    pub gpu_type: String,
+    pub node_count: i64,
+    pub start_time: i64,
+    pub end_time: i64,
+    pub pool_nodes: i64,
+    pub on_demand_nodes: i64,
+}
+
+/// Every reservation, ended or not.
+pub fn reservations(conn: &Connection) -> rusqlite::Result<Vec<ReservationHeld>> {
+    let mut stmt = conn.prepare(
+        "SELECT id, tenant_id, gpu_type, node_count, start_time, end_time, pool_nodes,
+                on_demand_nodes
+         FROM reservations ORDER BY id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(ReservationHeld {
+            id: r.get(0)?,
+            tenant_id: r.get(1)?,
+            gpu_type: r.get(2)?,
+            node_count: r.get(3)?,
+            start_time: r.get(4)?,
+            end_time: r.get(5)?,
+            pool_nodes: r.get(6)?,
+            on_demand_nodes: r.get(7)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// A cluster with the nodes it holds, counted from the nodes' own `cluster_id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterHeld {
+    pub id: String,
+    pub tenant_id: String,
+    pub name: String,
+    pub gpu_type: String,
+    /// The nodes it asks for (those it holds may differ while a change is under way).
+    pub node_count: i64,
+    pub reservation_id: Option<String>,
+    /// Its reservation's end, when it draws from one that still exists.
+    pub reservation_end: Option<i64>,
+    pub pool: i64,
+    pub on_demand: i64,
+    pub preemptible: bool,
+}
+
+/// Every cluster with its pool and on-demand nodes.
+pub fn clusters(conn: &Connection) -> rusqlite::Result<Vec<ClusterHeld>> {
+    let mut stmt = conn.prepare(
+        "SELECT c.id, c.tenant_id, c.name, c.gpu_type, c.node_count, c.reservation_id,
+                r.end_time,
+                (SELECT COUNT(*) FROM nodes n WHERE n.cluster_id = c.id AND n.capacity = 'pool'),
+                (SELECT COUNT(*) FROM nodes n WHERE n.cluster_id = c.id AND n.capacity <> 'pool'),
+                EXISTS (SELECT 1 FROM cluster_preemption p WHERE p.cluster_id = c.id)
+         FROM clusters c LEFT JOIN reservations r ON r.id = c.reservation_id
+         ORDER BY c.id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(ClusterHeld {
+            id: r.get(0)?,
+            tenant_id: r.get(1)?,
+            name: r.get(2)?,
+            gpu_type: r.get(3)?,
+            node_count: r.get(4)?,
+            reservation_id: r.get(5)?,
+            reservation_end: r.get(6)?,
+            pool: r.get(7)?,
+            on_demand: r.get(8)?,
+            preemptible: r.get(9)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// One GPU model's capacity: its nodes in service (not quarantined) of each kind, and
+/// the GPUs a node of it has (the most any has, as admission counts them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelCapacity {
+    pub gpu_type: String,
+    pub pool_nodes: i64,
+    pub on_demand_nodes: i64,
+    pub gpus_per_node: i64,
+}
+
+/// Every model of the fleet, counted from the `nodes` rows.
+pub fn models(conn: &Connection) -> rusqlite::Result<Vec<ModelCapacity>> {
+    let mut stmt = conn.prepare(
+        "SELECT gpu_type,
+                SUM(capacity = 'pool' AND state <> 'quarantined'),
+                SUM(capacity <> 'pool' AND state <> 'quarantined'),
+                MAX(gpu_count)
+         FROM nodes GROUP BY gpu_type ORDER BY gpu_type",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(ModelCapacity {
+            gpu_type: r.get(0)?,
+            pool_nodes: r.get(1)?,
+            on_demand_nodes: r.get(2)?,
+            gpus_per_node: r.get(3)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// A tenant's quota of one model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaLimit {
+    pub tenant_id: String,
+    pub tenant_name: String,
+    pub gpu_type: String,
+    pub gpus: i64,
+    pub burst_gpus: i64,
+}
+
+pub fn quotas(conn: &Connection) -> rusqlite::Result<Vec<QuotaLimit>> {
+    let mut stmt = conn.prepare(
+        "SELECT q.tenant_id, IFNULL(t.name, ''), q.gpu_type, q.gpus, q.burst_gpus
+         FROM quotas q LEFT JOIN tenants t ON t.id = q.tenant_id
+         ORDER BY q.tenant_id, q.gpu_type",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(QuotaLimit {
+            tenant_id: r.get(0)?,
+            tenant_name: r.get(1)?,
+            gpu_type: r.get(2)?,
+            gpus: r.get(3)?,
+            burst_gpus: r.get(4)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Tenant names by id (for messages).
+pub fn tenant_names(conn: &Connection) -> rusqlite::Result<Vec<(String, String)>> {
+    let mut stmt = conn.prepare("SELECT id, name FROM tenants ORDER BY id")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
+}
+
+/// A node assigned to a cluster, and what that cluster is (None: no such cluster).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    pub node_id: String,
+    pub hostname: String,
+    pub node_gpu_type: String,
+    pub cluster_id: String,
+    pub cluster_gpu_type: Option<String>,
+}
+
+/// Every node that names a cluster.
+pub fn memberships(conn: &Connection) -> rusqlite::Result<Vec<Membership>> {
+    let mut stmt = conn.prepare(
+        "SELECT n.id, n.hostname, n.gpu_type, n.cluster_id, c.gpu_type
+         FROM nodes n LEFT JOIN clusters c ON c.id = n.cluster_id
+         WHERE n.cluster_id IS NOT NULL ORDER BY n.cluster_id, n.id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(Membership {
+            node_id: r.get(0)?,
+            hostname: r.get(1)?,
+            node_gpu_type: r.get(2)?,
+            cluster_id: r.get(3)?,
+            cluster_gpu_type: r.get(4)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Which of the two logs with per-tenant sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Log {
+    Events,
+    Audit,
+}
+
+impl Log {
+    fn table(self) -> &'static str {
+        match self {
+            Log::Events => "events",
+            Log::Audit => "audit_log",
+        }
+    }
+}
+
+/// One entry of a tenant's sequence: its fleet-wide `seq` and its own `tenant_seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sequenced {
+    pub seq: i64,
+    pub tenant_seq: Option<i64>,
+}
+
+/// Every tenant's entries of `log` (those of no tenant left out), by tenant, in the
+/// fleet-wide order.
+pub fn tenant_entries(conn: &Connection, log: Log) -> rusqlite::Result<Vec<(String, Sequenced)>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT tenant_id, seq, tenant_seq FROM {} WHERE tenant_id <> ''
+         ORDER BY tenant_id, seq",
+        log.table()
+    ))?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get(0)?,
+            Sequenced {
+                seq: r.get(1)?,
+                tenant_seq: r.get(2)?,
+            },
+        ))
+    })?;
+    rows.collect()
+}
+
+/// Per tenant, the greatest fleet-wide `seq` at or below which the event log's pruning
+/// (each object keeps the events within [`super::events::KEEP_PER_OBJECT`] of its
+/// newest) may have removed an event of it. Tenants whose objects were never pruned
+/// are absent.
+pub fn event_prune_horizons(conn: &Connection) -> rusqlite::Result<Vec<(String, i64)>> {
+    let mut stmt = conn.prepare(
+        "SELECT tenant_id, MAX(newest) - ?1 FROM
+             (SELECT tenant_id, object_id, MAX(seq) AS newest FROM events
+              WHERE tenant_id <> '' GROUP BY tenant_id, object_id)
+         GROUP BY tenant_id HAVING MAX(newest) - ?1 > 0",
+    )?;
+    let rows = stmt.query_map([super::events::KEEP_PER_OBJECT], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })?;
+    rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read-only connection sees what a writer committed, in a snapshot that later
+    /// commits do not change.
+    #[test]
+    fn a_snapshot_holds_still_while_the_writer_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let writer = crate::store::open(&path).unwrap();
+        writer
+            .execute(
+                "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
+                 VALUES ('t1', 'one', 'one', '{}', 'h1', 0)",
+                [],
+            )
+            .unwrap();
+        let reader = open_read_only(&path).unwrap();
+        snapshot(&reader).unwrap();
+        writer
+            .execute(
+                "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
+                 VALUES ('t2', 'two', 'two', '{}', 'h2', 0)",
+                [],
+            )
+            .unwrap();
+        assert_eq!(tenant_names(&reader).unwrap().len(), 1);
+        assert!(reader
+            .execute("DELETE FROM tenants", [])
+            .is_err_and(|e| e.to_string().contains("readonly")));
+    }
+}
