@@ -1,0 +1,182 @@
+//! The operator's price list: a CSV `gpu_type,class,per_gpu_hour` (a header, then one row
+//! per GPU model and capacity class), in whatever currency the operator counts.
+//! Classes: `guaranteed` (pool GPUs within the team's guarantee), `burst` (pool GPUs
+//! beyond it: capacity borrowed from the pool) and `on-demand` (paid overflow). A class
+//! with no row costs nothing, and the report says which held GPU-hours were unpriced.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::csv;
+use crate::fleet::Fleet;
+use crate::located::{read_bounded, Refusal};
+
+const MAX_BYTES: u64 = 1 << 20;
+pub const COLUMNS: [&str; 3] = ["gpu_type", "class", "per_gpu_hour"];
+
+/// What a held GPU was, for its price.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Class {
+    Guaranteed,
+    Burst,
+    OnDemand,
+}
+
+impl Class {
+    pub const ALL: [Class; 3] = [Class::Guaranteed, Class::Burst, Class::OnDemand];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Guaranteed => "guaranteed",
+            Class::Burst => "burst",
+            Class::OnDemand => "on-demand",
+        }
+    }
+}
+
+/// Price per GPU-hour by (model, class).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Prices(BTreeMap<(String, Class), f64>);
+
+impl Prices {
+    pub fn per_gpu_hour(&self, gpu_type: &str, class: Class) -> Option<f64> {
+        self.0.get(&(gpu_type.to_string(), class)).copied()
+    }
+}
+
+pub fn load(file: &Path, fleet: &Fleet) -> Result<Prices, Refusal> {
+    parse(file, &read_bounded(file, MAX_BYTES)?, fleet)
+}
+
+pub fn parse(file: &Path, text: &str, fleet: &Fleet) -> Result<Prices, Refusal> {
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l));
+    let header = lines.next().map(|(_, h)| csv::fields(h));
+    if header != Some(Ok(COLUMNS.iter().map(|c| c.to_string()).collect())) {
+        return Err(Refusal::at(
+            file,
+            1,
+            1,
+            format!("header: expected `{}`", COLUMNS.join(",")),
+        ));
+    }
+    let mut prices = BTreeMap::new();
+    for (line, text) in lines {
+        if text.trim().is_empty() {
+            continue;
+        }
+        let f = csv::fields(text).map_err(|c| Refusal::at(file, line, c, "unclosed quote"))?;
+        if f.len() != COLUMNS.len() {
+            return Err(Refusal::at(
+                file,
+                line,
+                f.len().min(COLUMNS.len()) + 1,
+                format!("{} fields, the header has {}", f.len(), COLUMNS.len()),
+            ));
+        }
+        if fleet.model(&f[0]).is_none() {
+            return Err(Refusal::at(
+                file,
+                line,
+                1,
+                format!("gpu_type: the fleet has no '{}' nodes", f[0]),
+            ));
+        }
+        let class = Class::ALL
+            .into_iter()
+            .find(|c| c.name() == f[1])
+            .ok_or_else(|| {
+                Refusal::at(
+                    file,
+                    line,
+                    2,
+                    format!(
+                        "class: one of guaranteed, burst, on-demand (got '{}')",
+                        f[1]
+                    ),
+                )
+            })?;
+        let price: f64 = f[2]
+            .parse()
+            .ok()
+            .filter(|p: &f64| p.is_finite() && *p >= 0.0 && *p <= 1e6)
+            .ok_or_else(|| {
+                Refusal::at(
+                    file,
+                    line,
+                    3,
+                    format!("per_gpu_hour: a price from 0 to 1000000 (got '{}')", f[2]),
+                )
+            })?;
+        if prices.insert((f[0].clone(), class), price).is_some() {
+            return Err(Refusal::at(
+                file,
+                line,
+                1,
+                format!("{} {} is priced twice", f[0], f[1]),
+            ));
+        }
+    }
+    Ok(Prices(prices))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fleet() -> Fleet {
+        crate::fleet::parse(
+            Path::new("fleet.toml"),
+            "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\n[[team]]\nname = \"a\"\n",
+        )
+        .unwrap()
+    }
+
+    fn refused(text: &str) -> String {
+        parse(Path::new("prices.csv"), text, &fleet())
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_price_per_model_and_class() {
+        let p = parse(
+            Path::new("prices.csv"),
+            "gpu_type,class,per_gpu_hour\nH100-80GB,guaranteed,2.5\nH100-80GB,on-demand,6\n",
+            &fleet(),
+        )
+        .unwrap();
+        assert_eq!(p.per_gpu_hour("H100-80GB", Class::Guaranteed), Some(2.5));
+        assert_eq!(p.per_gpu_hour("H100-80GB", Class::OnDemand), Some(6.0));
+        assert_eq!(p.per_gpu_hour("H100-80GB", Class::Burst), None);
+    }
+
+    #[test]
+    fn malformed_price_lists_name_line_and_column() {
+        let h = "gpu_type,class,per_gpu_hour\n";
+        assert_eq!(
+            refused("model,price\n"),
+            "prices.csv:1:1: header: expected `gpu_type,class,per_gpu_hour`"
+        );
+        assert_eq!(
+            refused(&format!("{h}A100-80GB,burst,1\n")),
+            "prices.csv:2:1: gpu_type: the fleet has no 'A100-80GB' nodes"
+        );
+        assert_eq!(
+            refused(&format!("{h}H100-80GB,spot,1\n")),
+            "prices.csv:2:2: class: one of guaranteed, burst, on-demand (got 'spot')"
+        );
+        assert_eq!(
+            refused(&format!("{h}H100-80GB,burst,-1\n")),
+            "prices.csv:2:3: per_gpu_hour: a price from 0 to 1000000 (got '-1')"
+        );
+        assert_eq!(
+            refused(&format!("{h}H100-80GB,burst\n")),
+            "prices.csv:2:3: 2 fields, the header has 3"
+        );
+        assert_eq!(
+            refused(&format!("{h}H100-80GB,burst,1\nH100-80GB,burst,2\n")),
+            "prices.csv:3:1: H100-80GB burst is priced twice"
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! The replay's clock and queue: jobs arrive at their submit times, each team's waiting
+//! jobs of a model are asked for in submit order (a team's job waits behind its own older
+//! ones, never behind another team's), and the control plane decides each ask
+//! ([`Admission`]). Time jumps from one arrival or end to the next: nothing else can
+//! change what fits.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+use crate::admission::Admission;
+use crate::trace::Job;
+
+/// Where the replay's clock starts (2026-01-01T00:00:00Z): trace times are offsets.
+pub const EPOCH: i64 = 1_767_225_600;
+
+/// A (team, model) queue's head: (its submit time, its trace line, the queue).
+type Head<'a> = Reverse<(i64, usize, (usize, &'a str))>;
+
+/// What became of one job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Outcome {
+    /// Seconds since the trace's start when it was admitted; None: never.
+    pub start: Option<i64>,
+    pub pool_nodes: i64,
+    pub on_demand_nodes: i64,
+}
+
+/// Replays `jobs` (indices `which` of them) through `admission`; an outcome for each of
+/// `which`, in its order.
+pub fn run(
+    admission: &mut Admission,
+    jobs: &[Job],
+    which: &[usize],
+) -> anyhow::Result<Vec<Outcome>> {
+    let mut order: Vec<usize> = (0..which.len()).collect();
+    order.sort_by_key(|&k| (jobs[which[k]].submit, jobs[which[k]].line));
+    let mut outcomes = vec![Outcome::default(); which.len()];
+    // Each (team, model)'s waiting jobs, oldest first.
+    let mut queues: BTreeMap<(usize, &str), VecDeque<usize>> = BTreeMap::new();
+    let mut ends: BinaryHeap<Reverse<i64>> = BinaryHeap::new();
+    let mut next = 0;
+    loop {
+        let arrival = order.get(next).map(|&k| jobs[which[k]].submit);
+        let t = match (arrival, ends.peek()) {
+            (Some(a), Some(Reverse(e))) => a.min(*e),
+            (Some(a), None) => a,
+            (None, Some(Reverse(e))) => *e,
+            (None, None) => break,
+        };
+        while ends.peek().is_some_and(|Reverse(e)| *e <= t) {
+            ends.pop();
+        }
+        while let Some(&k) = order.get(next).filter(|&&k| jobs[which[k]].submit <= t) {
+            let job = &jobs[which[k]];
+            queues
+                .entry((job.team, job.gpu_type.as_str()))
+                .or_default()
+                .push_back(k);
+            next += 1;
+        }
+        // The queues' heads, oldest first; a refused head closes its queue until the
+        // next instant.
+        let mut heads: BinaryHeap<Head> = queues
+            .iter()
+            .filter_map(|(key, q)| {
+                q.front()
+                    .map(|&k| Reverse((jobs[which[k]].submit, jobs[which[k]].line, *key)))
+            })
+            .collect();
+        if heads.is_empty() {
+            continue;
+        }
+        admission.batch(|batch| {
+            while let Some(Reverse((_, _, key))) = heads.pop() {
+                let queue = queues.get_mut(&key).expect("a head has its queue");
+                let k = *queue.front().expect("a head is in its queue");
+                let job = &jobs[which[k]];
+                let end = t + job.duration;
+                let Some(split) =
+                    batch.admit(job.team, &job.gpu_type, job.gpus, EPOCH + t, EPOCH + end)?
+                else {
+                    continue;
+                };
+                outcomes[k] = Outcome {
+                    start: Some(t),
+                    pool_nodes: split.pool,
+                    on_demand_nodes: split.on_demand,
+                };
+                ends.push(Reverse(end));
+                queue.pop_front();
+                if let Some(&k) = queue.front() {
+                    heads.push(Reverse((jobs[which[k]].submit, jobs[which[k]].line, key)));
+                }
+            }
+            Ok(())
+        })?;
+        queues.retain(|_, q| !q.is_empty());
+    }
+    Ok(outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// Through the control plane's admission: team a asks for five 8-GPU jobs at once on 4
+    /// pool nodes and 1 on-demand node, b for one half an hour later. Pooled, a's burst
+    /// takes b's idle guarantee and the on-demand node, and b waits for a's jobs to end
+    /// (nothing takes lent capacity back); in partitions a waits for its own two nodes.
+    #[test]
+    fn pooled_and_partitioned_through_the_real_admission() {
+        let fleet = crate::fleet::parse(
+            Path::new("fleet.toml"),
+            r#"
+[[pool]]
+gpu_type = "H100-80GB"
+nodes = 4
+[[on_demand]]
+gpu_type = "H100-80GB"
+nodes = 1
+[[team]]
+name = "a"
+allow_on_demand = true
+quota = [{ gpu_type = "H100-80GB", gpus = 16, burst_gpus = 24 }]
+[[team]]
+name = "b"
+quota = [{ gpu_type = "H100-80GB", gpus = 16 }]
+"#,
+        )
+        .unwrap();
+        let mut text = String::from("team,gpu_type,gpus,submit,duration\n");
+        for _ in 0..5 {
+            text.push_str("a,H100-80GB,8,0,1h\n");
+        }
+        text.push_str("b,H100-80GB,8,30m,1h\n");
+        let trace = crate::trace::parse(Path::new("t.csv"), &text, &fleet).unwrap();
+        let all: Vec<usize> = (0..6).collect();
+        let mut pooled = Admission::open(&fleet, EPOCH).unwrap();
+        let out = run(&mut pooled, &trace.jobs, &all).unwrap();
+        let starts: Vec<Option<i64>> = out.iter().map(|o| o.start).collect();
+        assert_eq!(
+            starts,
+            [Some(0), Some(0), Some(0), Some(0), Some(0), Some(3600)]
+        );
+        // Pool first, then the on-demand node.
+        assert_eq!((out[3].pool_nodes, out[4].on_demand_nodes), (1, 1));
+
+        let a_jobs: Vec<usize> = (0..5).collect();
+        let mut partition = Admission::open(&crate::partitions::of(&fleet, 0), EPOCH).unwrap();
+        let out = run(&mut partition, &trace.jobs, &a_jobs).unwrap();
+        let starts: Vec<Option<i64>> = out.iter().map(|o| o.start).collect();
+        // Two pool nodes and the one on-demand node now, the rest when two end.
+        assert_eq!(starts, [Some(0), Some(0), Some(0), Some(3600), Some(3600)]);
+    }
+}
