@@ -14,6 +14,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::executor::Executor;
 use gpufleet_process::signals::stopped;
+use gpufleet_wire::protocol_version::{self, Version};
 
 pub struct Agent {
     pub name: String,
@@ -253,6 +254,8 @@ async fn open(agent: &Arc<Agent>) -> Result<Opened, End> {
             slurm_hostname: agent.host.hostname.clone(),
             cpus: agent.host.cpus,
             memory_mib: agent.host.memory_mib,
+            release: protocol_version::RELEASE.into(),
+            protocol: Some(protocol_version::PROTOCOL),
         })),
     });
     let mut request = tonic::Request::new(UnboundedReceiverStream::new(up_rx));
@@ -293,7 +296,18 @@ async fn open(agent: &Arc<Agent>) -> Result<Opened, End> {
         }
         Err(s) => return Err(unregistered(classify(s))),
     };
-    tracing::info!(node = %agent.name, node_id = %registered.node_id, "registered with the control plane");
+    let control_plane = Version::peer(&registered.release, registered.protocol);
+    if !control_plane.supported() {
+        // A control plane that checks versions refuses this agent before it records it;
+        // one that does not (older than protocol 2) is left at once, before any order.
+        return Err(End::Refused(tonic::Status::failed_precondition(format!(
+            "protocol: this control plane is {control_plane} and this agent is {} (it works with control planes of protocols {}); {}",
+            Version::ours(),
+            protocol_version::accepted(),
+            control_plane.remedy("control plane", "agent")
+        ))));
+    }
+    tracing::info!(node = %agent.name, node_id = %registered.node_id, %control_plane, "registered with the control plane");
     if !registered.node_secret.is_empty() {
         if let Err(e) = keep_secret(&agent.secret_file, &registered.node_secret) {
             // Without it the next registration under this name is refused: say so now.

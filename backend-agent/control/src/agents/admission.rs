@@ -9,6 +9,8 @@ use gpufleet_gpu::hardware::GpuInfo;
 use gpufleet_proto::v1;
 use rusqlite::Connection;
 
+use gpufleet_wire::protocol_version::Version;
+
 use crate::store::nodes::{self, GpuRow, NodeRow, NODE_BUSY, ON_DEMAND, POOL};
 
 /// Most GPUs one node may report.
@@ -24,6 +26,9 @@ pub enum Refusal {
     /// What the agent reports contradicts the record for its name.
     #[error("{0}")]
     Contradiction(String),
+    /// The agent speaks a protocol version this control plane does not work with.
+    #[error("{0}")]
+    Unsupported(String),
     /// The name is bound to another host: its secret was not presented.
     #[error("{0}")]
     Impostor(String),
@@ -48,6 +53,8 @@ pub struct Checked {
     pub slurm_clusters: Vec<String>,
     /// The host as Slurm declares the node.
     pub host: nodes::NodeHost,
+    /// The agent's release and protocol.
+    pub version: Version,
 }
 
 /// Most kept Slurm clusters one registration may name.
@@ -73,6 +80,9 @@ fn bounded(field: &str, value: &str) -> Result<(), Refusal> {
 }
 
 pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
+    // First: an agent of a protocol this control plane does not speak may mean anything
+    // by the rest.
+    let version = check_version(reg)?;
     gpufleet_wire::names::dns_label("name", &reg.name).map_err(Refusal::Invalid)?;
     if reg.capacity != POOL && reg.capacity != ON_DEMAND {
         return Err(Refusal::Invalid(format!(
@@ -112,6 +122,7 @@ pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
     check_bandwidth_addr(&reg.bandwidth_addr)?;
     let host = check_host(reg)?;
     Ok(Checked {
+        version,
         host,
         secret: reg.node_secret.clone(),
         slurm_clusters: reg.slurm_clusters.clone(),
@@ -296,6 +307,23 @@ pub fn check_inventory(inv: &v1::NodeInventory) -> Result<Vec<GpuInfo>, Refusal>
         gpus.push(info);
     }
     Ok(gpus)
+}
+
+/// The agent's release and protocol, refused (FAILED_PRECONDITION: the agent gives up
+/// rather than retry) when this control plane does not work with it, naming both ends'
+/// versions.
+pub fn check_version(reg: &v1::RegisterNode) -> Result<Version, Refusal> {
+    version_text("release", &reg.release)?;
+    let agent = Version::peer(&reg.release, reg.protocol);
+    if agent.supported() {
+        return Ok(agent);
+    }
+    Err(Refusal::Unsupported(format!(
+        "protocol: this agent is {agent} and this control plane is {} (it accepts agents of protocols {}); {}",
+        Version::ours(),
+        gpufleet_wire::protocol_version::accepted(),
+        agent.remedy("agent", "control plane")
+    )))
 }
 
 /// A version as drivers and CUDA print them: bounded, of digits, letters, dots and dashes.
@@ -546,6 +574,8 @@ mod tests {
             slurm_hostname: String::new(),
             cpus: 0,
             memory_mib: 0,
+            release: gpufleet_wire::protocol_version::RELEASE.into(),
+            protocol: Some(gpufleet_wire::protocol_version::PROTOCOL),
             inventory: Some(v1::NodeInventory {
                 gpu_type: "H100-80GB".into(),
                 driver_version: "550.54.15".into(),
@@ -650,6 +680,39 @@ mod tests {
         assert!(check(&dup).err().unwrap().to_string().contains("repeated"));
         let none = registration("n1", &[]);
         assert!(check(&none).err().unwrap().to_string().contains("1 to 64"));
+    }
+
+    #[test]
+    fn an_agent_of_a_protocol_too_far_from_ours_is_refused_naming_both_versions() {
+        let mut reg = registration("n1", &["GPU-a"]);
+        assert_eq!(check(&reg).unwrap().version, Version::ours());
+        // The previous release sends no version: protocol 1, accepted.
+        reg.release.clear();
+        reg.protocol = None;
+        assert_eq!(check(&reg).unwrap().version.protocol, 1);
+        reg.release = "9.0.0".into();
+        reg.protocol = Some(4);
+        let refused = check(&reg).err().unwrap();
+        assert!(matches!(refused, Refusal::Unsupported(_)));
+        let why = refused.to_string();
+        let ours = format!(
+            "control plane is release {} speaking protocol 2",
+            gpufleet_wire::protocol_version::RELEASE
+        );
+        assert!(why.starts_with("protocol: this agent is release 9.0.0 speaking protocol 4"));
+        assert!(
+            why.contains(&ours) && why.contains("upgrade the control plane"),
+            "{why}"
+        );
+        reg.protocol = Some(0);
+        let why = check(&reg).err().unwrap().to_string();
+        assert!(why.contains("upgrade the agent"), "{why}");
+        reg.release = "9.0.0; rm".into();
+        assert!(check(&reg)
+            .err()
+            .unwrap()
+            .to_string()
+            .starts_with("release:"));
     }
 
     #[test]

@@ -110,6 +110,7 @@ impl NodeAgentService for Agents {
                 checked.name
             )));
         }
+        let agent_version = checked.version.clone();
         let name = checked.name.clone();
         let kept_clusters = checked.slurm_clusters.clone();
         let known = self
@@ -160,10 +161,12 @@ impl NodeAgentService for Agents {
                 node_id: node_id.clone(),
                 heartbeat_interval_ms: self.state.agents.heartbeat_interval().as_millis() as u32,
                 node_secret: admitted.issued_secret.unwrap_or_default(),
+                release: gpufleet_wire::protocol_version::RELEASE.into(),
+                protocol: Some(gpufleet_wire::protocol_version::PROTOCOL),
             })),
         }));
         let session = self.state.agents.attach(&node_id, out);
-        tracing::info!(node = %node_id, hardware = %reg.hardware, "node agent registered");
+        tracing::info!(node = %node_id, hardware = %reg.hardware, agent = %agent_version, "node agent registered");
         // The medium health checks, then bring the node to what the control plane wants
         // it to be and mark it ready (a node that fails them is quarantined).
         tokio::spawn(crate::scheduling::health::admit_registered(
@@ -357,7 +360,7 @@ fn cut(
 fn refusal(r: Refusal) -> Status {
     match r {
         Refusal::Invalid(m) => Status::invalid_argument(m),
-        Refusal::Contradiction(m) => Status::failed_precondition(m),
+        Refusal::Contradiction(m) | Refusal::Unsupported(m) => Status::failed_precondition(m),
         Refusal::Impostor(m) => Status::permission_denied(m),
         Refusal::Full(m) => Status::resource_exhausted(m),
         Refusal::Store(e) => crate::state::db_error(e),
