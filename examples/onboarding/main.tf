@@ -11,7 +11,9 @@
 # Run with the admin token in GPUFLEET_TOKEN (and GPUFLEET_ENDPOINT unless the
 # backend listens on http://127.0.0.1:7700):
 #   terraform init && terraform apply
-#   terraform output -raw vision_token   # hand each team its own token
+# No state keeps a token or a kubeconfig. Hand each team a token of its own, printed
+# once: gpufleet-agent token create --tenant vision --scope write vision-team
+# (a cluster's kubeconfig or Slurm login: the ephemeral gpufleet_cluster_credentials).
 
 terraform {
   required_providers {

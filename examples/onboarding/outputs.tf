@@ -2,11 +2,6 @@ output "vision_tenant_id" {
   value = module.vision.tenant_id
 }
 
-output "vision_token" {
-  value     = module.vision.tenant_token
-  sensitive = true
-}
-
 output "vision_cluster_endpoint" {
   value = module.vision.cluster_endpoint
 }
@@ -21,11 +16,6 @@ output "vision_storage_path" {
 
 output "speech_tenant_id" {
   value = module.speech.tenant_id
-}
-
-output "speech_token" {
-  value     = module.speech.tenant_token
-  sensitive = true
 }
 
 output "speech_cluster_endpoint" {

@@ -69,7 +69,7 @@ impl ProviderType for GpufleetProvider {
                 Attribute::optional(
                     "store_credentials_in_state",
                     Type::Bool,
-                    "Whether resources keep credentials in state: `gpufleet_tenant.token`, `gpufleet_tenant_token.token` and `gpufleet_tenant_cluster.credentials` (all deprecated). `false`: they are null in every state and plan (a refresh empties a state that holds them); use the ephemeral resources `gpufleet_tenant_token` and `gpufleet_cluster_credentials` instead. Defaults to `true`; the default becomes `false` when the attributes are removed.",
+                    "Whether resources keep credentials in state: `gpufleet_tenant.token`, `gpufleet_tenant_token.token` and `gpufleet_tenant_cluster.credentials` (all deprecated). `false` (the default): they are null in every state and plan (a refresh empties a state that holds them); use the ephemeral resources `gpufleet_tenant_token` and `gpufleet_cluster_credentials` instead. `true` keeps them, for configurations that still read them (each read warns), until the attributes are removed.",
                 ),
             ],
         )
@@ -83,11 +83,12 @@ impl ProviderType for GpufleetProvider {
         let ca = setting(config, "ca_cert_pem", Some("GPUFLEET_CA_CERT_PEM"))?;
         let client = Client::new(&endpoint, token.as_deref(), ca.as_deref())?;
         self.state.set(client, known);
-        // Unknown until apply: kept, as by default (the ephemeral resources need no state).
+        // Secrets stay out of state unless asked for. Unknown until apply: withheld, as by
+        // default (the plan then shows null, and an apply that keeps them shows them after).
         let keep = config
             .bool_attr("store_credentials_in_state")
             .map_err(Diagnostics::from)?
-            .unwrap_or(true);
+            .unwrap_or(false);
         self.state.set_keeps_credentials(keep);
         Ok(())
     }

@@ -16,9 +16,9 @@ pub struct ProviderState {
     config_known: RwLock<bool>,
     /// What this run's other resources plan and do.
     pub run: crate::this_run::ThisRun,
-    /// The provider's `store_credentials_in_state = false`: credential attributes are
-    /// answered null (`resources::credentials`). Kept (false) by default.
-    withhold_credentials: AtomicBool,
+    /// The provider's `store_credentials_in_state = true`: credential attributes are kept
+    /// in state. Otherwise (the default) they are answered null (`resources::credentials`).
+    keep_credentials: AtomicBool,
 }
 
 impl ProviderState {
@@ -49,11 +49,11 @@ impl ProviderState {
 
     /// Whether resources keep credentials (tokens, kubeconfigs) in state.
     pub fn keeps_credentials(&self) -> bool {
-        !self.withhold_credentials.load(Ordering::Relaxed)
+        self.keep_credentials.load(Ordering::Relaxed)
     }
 
     pub(crate) fn set_keeps_credentials(&self, keep: bool) {
-        self.withhold_credentials.store(!keep, Ordering::Relaxed);
+        self.keep_credentials.store(keep, Ordering::Relaxed);
     }
 
     pub(crate) fn set(&self, client: Client, known: bool) {

@@ -85,6 +85,7 @@ async fn round() -> (f64, f64) {
     let client = net.host("client");
     let (key, public) = team_key(client, "vision");
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_file("vision.pub", &public);
     tf.write_main(&two_node_vision("  storage_gib     = 1\n"));
     tf.init();

@@ -76,6 +76,7 @@ resource "gpufleet_tenant_cluster" "vision" {{
 pub fn vision_applied(client: &Host, backend: &Backend, hcl: &str) -> (Terraform, PathBuf) {
     let (key, public) = team_key(client, "vision");
     let tf = Terraform::on_host(client, backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_file("vision.pub", &public);
     tf.write_main(hcl);
     tf.init();

@@ -165,6 +165,17 @@ impl Terraform {
         self.ca_cert_pem = pem.map(str::to_string);
     }
 
+    /// Keeps the deprecated credential attributes (`gpufleet_tenant.token`,
+    /// `gpufleet_tenant_token.token`, `gpufleet_tenant_cluster.credentials`) in state, for a
+    /// test that reads them: the provider leaves them null unless its block says
+    /// `store_credentials_in_state = true` (a file of its own, so `main.tf` may change).
+    pub fn keep_credentials_in_state(&self) {
+        self.write_file(
+            "credentials_in_state.tf",
+            "provider \"gpufleet\" {\n  store_credentials_in_state = true\n}\n",
+        );
+    }
+
     /// Replaces `main.tf`.
     pub fn write_main(&self, hcl: &str) {
         self.write_file("main.tf", hcl);

@@ -1,13 +1,14 @@
-//! Credentials out of Terraform state (issue 31), with Terraform 1.15.5: a configuration
-//! with `store_credentials_in_state = false` that mints a tenant token with the ephemeral
+//! Credentials out of Terraform state (issues 31 and 40), with Terraform 1.15.5: a
+//! configuration that leaves `store_credentials_in_state` out (false by default) and mints a tenant token with the ephemeral
 //! `gpufleet_tenant_token`, configures a second `gpufleet` provider with it, and reads a
 //! Kubernetes cluster's kubeconfig and a Slurm cluster's login details with the ephemeral
 //! `gpufleet_cluster_credentials` (provisioners write them to 0600 files: proof that the
 //! values reached the configuration). After every
 //! apply, the state file and a saved plan (`terraform show -json`) hold no token secret,
 //! no private key and no munge key; the minted tokens are revoked once each run closes
-//! them. A state written with the default (credentials kept) is emptied by one refresh
-//! once the setting is off.
+//! them, and no apply warns of a deprecated attribute. A state written with
+//! `store_credentials_in_state = true` (credentials kept) is emptied by one refresh once the
+//! setting is left out again.
 
 use std::fs;
 
@@ -18,12 +19,15 @@ use gpufleet_proto::v1::access_service_client::AccessServiceClient;
 use gpufleet_proto::v1::{ListTokensRequest, Token};
 use serde_json::Value;
 
-fn main_tf(store_credentials: bool) -> String {
+/// The configuration; `store_credentials` is the provider's setting, left out when None.
+fn main_tf(store_credentials: Option<bool>) -> String {
+    let setting = store_credentials
+        .map(|keep| format!("  store_credentials_in_state = {keep}\n"))
+        .unwrap_or_default();
     format!(
         r#"
 provider "gpufleet" {{
-  store_credentials_in_state = {store_credentials}
-}}
+{setting}}}
 
 resource "gpufleet_tenant" "team" {{
   name         = "vault"
@@ -228,9 +232,13 @@ fn ephemeral_credentials_leave_no_secret_in_state_or_saved_plan() {
     let tf = Terraform::new(&backend, backend.admin_token());
     tf.run_ok(&["version"])
         .assert_mentions(&["Terraform v1.15."]);
-    tf.write_main(&main_tf(false));
+    tf.write_main(&main_tf(None));
     tf.init();
-    tf.apply();
+    let first = tf.apply();
+    assert!(
+        !first.output().contains("Deprecated"),
+        "the default warns of nothing:\n{first}"
+    );
     let key = kubeconfig_key(&tf);
     assert!(
         key.len() > 100,
@@ -276,10 +284,10 @@ fn ephemeral_credentials_leave_no_secret_in_state_or_saved_plan() {
     assert_no_secret(&tf, "after the second apply", &known);
     tf.assert_no_changes();
 
-    // With the default, the deprecated attributes keep the secrets; turning the setting
-    // off and refreshing empties the state.
-    // A reference to a deprecated attribute is warned about.
-    tf.write_main(&main_tf(true));
+    // Asked to, the deprecated attributes keep the secrets; leaving the setting out again
+    // and refreshing empties the state. A reference to a deprecated attribute is warned
+    // about.
+    tf.write_main(&main_tf(Some(true)));
     tf.write_file(
         "outputs.tf",
         "output \"ci_token\" {\n  value     = gpufleet_tenant_token.ci.token\n  sensitive = true\n}\n",
@@ -297,7 +305,7 @@ fn ephemeral_credentials_leave_no_secret_in_state_or_saved_plan() {
     let kept = tf.resource("gpufleet_tenant_token.ci");
     assert!(
         str_of(&kept, "token").starts_with("gft_"),
-        "kept by default"
+        "kept with store_credentials_in_state = true"
     );
     let state = fs::read_to_string(tf.dir().join("terraform.tfstate")).expect("read state");
     let found = secrets_in(&state, &known);
@@ -306,9 +314,9 @@ fn ephemeral_credentials_leave_no_secret_in_state_or_saved_plan() {
             && found.iter().any(|f| f.contains("client-key-data")),
         "the grep finds what the deprecated attributes keep: {found:?}"
     );
-    tf.write_main(&main_tf(false));
+    tf.write_main(&main_tf(None));
     tf.refresh();
-    assert_no_secret(&tf, "after the refresh with the setting off", &known);
+    assert_no_secret(&tf, "after the refresh with the setting left out", &known);
     tf.assert_no_changes();
 
     tf.destroy();

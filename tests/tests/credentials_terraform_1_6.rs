@@ -2,8 +2,8 @@
 //! `TERRAFORM_1_6_BIN`) with the credential changes of issue 31: it is offered no ephemeral
 //! resource (GetProviderSchema's field for them is one it does not know), an `ephemeral`
 //! block is refused by Terraform itself naming the block, the deprecated attributes still
-//! keep their secrets by default, and `store_credentials_in_state = false` (a plain
-//! provider setting) keeps them out of its state too. The state it wrote, which holds no
+//! keep their secrets with `store_credentials_in_state = true`, and leaving the setting out
+//! (false, the default since issue 40) keeps them out of its state too. The state it wrote, which holds no
 //! resource identity, gets one at its first refresh under Terraform 1.15.5.
 
 use std::path::PathBuf;
@@ -25,12 +25,15 @@ fn terraform_1_6() -> PathBuf {
     path
 }
 
-fn main_tf(store: bool) -> String {
+/// The configuration; `store` is the provider's setting, left out when None.
+fn main_tf(store: Option<bool>) -> String {
+    let setting = store
+        .map(|keep| format!("  store_credentials_in_state = {keep}\n"))
+        .unwrap_or_default();
     format!(
         r#"
 provider "gpufleet" {{
-  store_credentials_in_state = {store}
-}}
+{setting}}}
 
 resource "gpufleet_tenant" "team" {{
   name         = "old-client"
@@ -69,22 +72,22 @@ fn terraform_1_6_keeps_the_old_attributes_and_is_offered_no_ephemeral_resource()
         provider.as_object().map(|p| p.keys().collect::<Vec<_>>())
     );
 
-    tf.write_main(&main_tf(true));
+    tf.write_main(&main_tf(Some(true)));
     tf.init();
     tf.apply();
     let token = tf.resource("gpufleet_tenant_token.ci");
     assert!(
         str_of(&token, "token").starts_with("gft_"),
-        "kept by default"
+        "kept when asked"
     );
     tf.assert_no_changes();
 
-    tf.write_main(&main_tf(false));
+    tf.write_main(&main_tf(None));
     tf.refresh();
     for address in ["gpufleet_tenant.team", "gpufleet_tenant_token.ci"] {
         assert!(
             tf.resource(address)["token"].is_null(),
-            "{address}: no token in 1.6's state once the setting is off"
+            "{address}: no token in 1.6's state once the setting is left out"
         );
     }
     tf.assert_no_changes();
@@ -109,7 +112,7 @@ ephemeral "gpufleet_tenant_token" "run" {
         binaries::workspace_root().join(".tools/bin/terraform"),
     );
     let upgraded = Terraform::new(&backend, backend.admin_token());
-    upgraded.write_main(&main_tf(false));
+    upgraded.write_main(&main_tf(None));
     upgraded.write_file("terraform.tfstate", &state);
     upgraded.init();
     upgraded.refresh();

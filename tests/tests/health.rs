@@ -207,6 +207,7 @@ async fn each_fault_is_caught_with_its_value_and_threshold_and_the_node_replaced
 
     // A level that does not exist is refused at plan time, naming the attribute.
     let tf = Terraform::new(&backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_main(&config(None).replace("level = \"medium\"", "level = \"deep\""));
     tf.init();
     tf.plan_fails().assert_mentions(&[

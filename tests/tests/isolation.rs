@@ -70,6 +70,7 @@ resource "gpufleet_tenant_cluster" "c" {{
 async fn two_tenants_with_their_own_tokens_cannot_touch_each_other() {
     let backend = Backend::start();
     let admin_tf = Terraform::new(&backend, backend.admin_token());
+    admin_tf.keep_credentials_in_state(); // reads the deprecated attributes
     admin_tf.write_main(ADMIN_HCL);
     admin_tf.init();
     admin_tf.apply();

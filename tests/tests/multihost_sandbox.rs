@@ -131,6 +131,7 @@ async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_noth
     let (a_key, a_pub) = team_key(client, "a");
     let (b_key, b_pub) = team_key(client, "b");
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_file("a.pub", &a_pub);
     tf.write_file("b.pub", &b_pub);
     tf.write_main(&format!("{}{}", sliced_team("a"), sliced_team("b")));

@@ -131,6 +131,7 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
     let (vision_key, vision_pub) = team_key(client, "vision");
     let (speech_key, speech_pub) = team_key(client, "speech");
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_file("vision.pub", &vision_pub);
     tf.write_file("speech.pub", &speech_pub);
     tf.write_main(&config());
@@ -426,6 +427,7 @@ async fn a_partitioned_slurm_node_is_replaced_and_once_healed_keeps_nothing_of_t
     let client = net.host("client");
     let (key, public) = team_key(client, "vision");
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_file("vision.pub", &public);
     let two_nodes = config()
         .split("resource \"gpufleet_tenant\" \"speech\"")

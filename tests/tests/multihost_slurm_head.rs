@@ -128,6 +128,7 @@ async fn controllers_and_logins_run_on_the_clusters_nodes_and_outlive_a_killed_c
     .await;
     let (cp, client) = (net.host("cp"), net.host("client"));
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     let mut teams = Vec::new();
     for t in ["vision", "speech"] {
         let (key, public) = team_key(client, t);
@@ -287,6 +288,7 @@ async fn a_quarantined_head_hands_its_controller_and_login_to_another_node_with_
     let (cp, client) = (net.host("cp"), net.host("client"));
     let (key, public) = team_key(client, "vision");
     let tf = Terraform::on_host(client, &backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_file("vision.pub", &public);
     let config = team("vision", "train", 2);
     tf.write_main(&config);

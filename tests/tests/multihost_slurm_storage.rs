@@ -109,6 +109,7 @@ async fn slurm_jobs_share_their_teams_volume_across_nodes_and_only_their_team_ca
     let (vision_key, vision_pub) = team_key(client, "vision");
     let (speech_key, speech_pub) = team_key(client, "speech");
     let tf = Terraform::on_host(client, &fleet.backend, fleet.backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_file("vision.pub", &vision_pub);
     tf.write_file("speech.pub", &speech_pub);
     tf.write_main(&config(Some("delete")));

@@ -357,6 +357,7 @@ async fn a_slurm_cluster_runs_jobs_on_its_nodes_mig_slices_for_its_tenant_alone(
 
     let (vision_key, speech_key) = (TeamKey::new("alice@vision"), TeamKey::new("bob@speech"));
     let tf = Terraform::new(&backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_file("vision.pub", &vision_key.public);
     tf.write_file("speech.pub", &speech_key.public);
     tf.write_main(&config(2, r#"{ "3g.40gb" = 2 }"#));
@@ -867,6 +868,7 @@ async fn nodes_ready(backend: &Backend, n: usize) {
 fn one_node_team(backend: &Backend, layout: &str) -> (TeamKey, Terraform) {
     let key = TeamKey::new("alice@vision");
     let tf = Terraform::new(backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_file("vision.pub", &key.public);
     tf.write_main(&single(1, layout));
     tf.init();

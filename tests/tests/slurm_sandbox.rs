@@ -202,6 +202,7 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
     let ((a_key, a_pub), (b_key, b_pub)) =
         (team_key_in(keys.path(), "a"), team_key_in(keys.path(), "b"));
     let tf = Terraform::new(&backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_file("a.pub", &a_pub);
     tf.write_file("b.pub", &b_pub);
     tf.write_main(&format!("{}{}", sliced_team("a"), sliced_team("b")));

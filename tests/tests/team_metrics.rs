@@ -162,6 +162,7 @@ async fn a_team_scrapes_its_own_clusters_only_and_every_dashboard_query_has_data
     let metrics = prom::wait_for_metrics_addr("the control plane", || backend.log());
 
     let platform = Terraform::new(&backend, backend.admin_token());
+    platform.keep_credentials_in_state(); // reads the deprecated attributes
     platform.write_main(PLATFORM);
     platform.init();
     platform.apply();
@@ -387,6 +388,7 @@ async fn a_slurm_teams_running_and_pending_jobs_are_in_its_view() {
         .expect("ssh-keygen (Debian's openssh-client)");
     assert!(made.success());
     let tf = Terraform::new(&backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_file(
         "team.pub",
         &std::fs::read_to_string(key.with_extension("pub")).unwrap(),

@@ -43,6 +43,7 @@ async fn a_tenant_named_in_the_apply_that_creates_it_plans_applies_and_stays_a_n
 async fn a_team_pipeline_with_only_its_token_needs_no_tenant() {
     let backend = Backend::start();
     let platform = Terraform::new(&backend, backend.admin_token());
+    platform.keep_credentials_in_state(); // reads the deprecated attributes
     platform.write_main(&hcl::config(&[
         hcl::tenant("red", "red"),
         hcl::quota("h100", "gpufleet_tenant.red.id", "H100-80GB", 16),

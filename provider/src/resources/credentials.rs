@@ -1,8 +1,8 @@
 //! The credentials that resources kept in state before ephemeral resources existed:
 //! `gpufleet_tenant.token`, `gpufleet_tenant_token.token` and
 //! `gpufleet_tenant_cluster.credentials`. Each is deprecated (Terraform 1.15 warns where a
-//! configuration refers to one), with a description that names its replacement; and with
-//! the provider's `store_credentials_in_state = false` none is written to state or plan:
+//! configuration refers to one), with a description that names its replacement; and unless
+//! the provider says `store_credentials_in_state = true` none is written to state or plan:
 //! `Withheld` answers them null.
 //!
 //! The wrapper sits around the resource, so each resource's own plan and apply logic is
@@ -24,17 +24,17 @@ pub struct Credential {
 
 pub const TENANT: &[Credential] = &[Credential {
     attribute: "token",
-    description: "**Deprecated**: the tenant's bearer token (its token named `default`, scope `write`), issued at create and at each rotation and kept in state (the backend stores only its hash). Null after import, and always with the provider's `store_credentials_in_state = false`. Use `ephemeral \"gpufleet_tenant_token\"` (with the admin token) for a token that no state keeps; see the credentials guide.",
+    description: "**Deprecated**: the tenant's bearer token (its token named `default`, scope `write`), issued at create and at each rotation (the backend stores only its hash), and kept in state only with the provider's `store_credentials_in_state = true` (even then null after import); otherwise null. Use `ephemeral \"gpufleet_tenant_token\"` (with the admin token) for a token that no state keeps; see the credentials guide.",
 }];
 
 pub const TENANT_TOKEN: &[Credential] = &[Credential {
     attribute: "token",
-    description: "**Deprecated**: the secret, issued at create and at each rotation and kept in state (the backend stores only its hash). Null after import, and always with the provider's `store_credentials_in_state = false`. Use `ephemeral \"gpufleet_tenant_token\"` for a token minted for one run and revoked after it; see the credentials guide.",
+    description: "**Deprecated**: the secret, issued at create and at each rotation (the backend stores only its hash), and kept in state only with the provider's `store_credentials_in_state = true` (even then null after import); otherwise null. Use `ephemeral \"gpufleet_tenant_token\"` for a token minted for one run and revoked after it; see the credentials guide.",
 }];
 
 pub const TENANT_CLUSTER: &[Credential] = &[Credential {
     attribute: "credentials",
-    description: "**Deprecated**: for this cluster alone, a kubeconfig (Kubernetes: the cluster's own CA and a client certificate and key signed by it), or for Slurm a JSON object saying how to log in: `user`, `host`, `port`, `login` (the ssh command), `known_hosts` (the line that checks the login's host key), `home` and `cluster` (Slurm's ClusterName). It holds no key of the platform. Null with the provider's `store_credentials_in_state = false`. Use `ephemeral \"gpufleet_cluster_credentials\"` instead; see the credentials guide.",
+    description: "**Deprecated**: for this cluster alone, a kubeconfig (Kubernetes: the cluster's own CA and a client certificate and key signed by it), or for Slurm a JSON object saying how to log in: `user`, `host`, `port`, `login` (the ssh command), `known_hosts` (the line that checks the login's host key), `home` and `cluster` (Slurm's ClusterName). It holds no key of the platform. Kept in state only with the provider's `store_credentials_in_state = true`; otherwise null. Use `ephemeral \"gpufleet_cluster_credentials\"` instead; see the credentials guide.",
 }];
 
 /// A resource whose credential attributes are deprecated, and null in every state and
@@ -223,7 +223,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn by_default_credentials_are_kept_and_the_attribute_is_deprecated() {
+    async fn when_asked_credentials_are_kept_and_the_attribute_is_deprecated() {
         let r = withheld(true);
         let config = Value::object([("name", Value::string("a")), ("token", Value::Null)]);
         let created = r.create(&config, &config).await.unwrap();

@@ -3,12 +3,6 @@ output "tenant_id" {
   value       = gpufleet_tenant.this.id
 }
 
-output "tenant_token" {
-  description = "The team's bearer token (issued at create; null after an import)."
-  value       = gpufleet_tenant.this.token
-  sensitive   = true
-}
-
 output "reservation_id" {
   description = "The team's reservation id, or null without a reservation."
   value       = one(gpufleet_reservation.this[*].id)
@@ -22,12 +16,6 @@ output "cluster_id" {
 output "cluster_endpoint" {
   description = "Kubernetes API server URL, or the Slurm cluster's login (its sshd) as host:port."
   value       = gpufleet_tenant_cluster.this.endpoint
-}
-
-output "cluster_credentials" {
-  description = "A kubeconfig, or for Slurm how to log in (user, host, port, known_hosts), for the team's cluster alone; it holds no key of the platform."
-  value       = gpufleet_tenant_cluster.this.credentials
-  sensitive   = true
 }
 
 output "node_hostnames" {
