@@ -67,6 +67,12 @@ pub enum Command {
     /// to the slice (CUDA reads it once per process).
     #[command(hide = true)]
     LoadProbe(LoadProbeArgs),
+    /// Replay a demand trace through the control plane's admission on a simulated clock,
+    /// pooled and as fixed per-team partitions, and print what pooling buys
+    /// (docs/guides/replay.md).
+    Replay(ReplayArgs),
+    /// Print a seeded synthetic demand trace for a replay's fleet description (simple CSV).
+    ReplaySynthetic(ReplaySyntheticArgs),
 }
 
 /// Where the control plane's nodes come from.
@@ -1055,4 +1061,38 @@ pub struct HwCheckArgs {
     /// The health checks to run and print: quick, medium or long (each includes the lower).
     #[arg(long, default_value = "quick", value_parser = ["quick", "medium", "long"])]
     pub level: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// The demand trace: `team,gpu_type,gpus,submit,duration`, or an Alibaba
+    /// cluster-trace-gpu-v2023 pod list.
+    pub trace: PathBuf,
+    /// The fleet description (TOML): pool and on-demand nodes, teams and their quotas.
+    #[arg(long, value_name = "FILE")]
+    pub fleet: PathBuf,
+    /// The price list: `gpu_type,class,per_gpu_hour` (classes guaranteed, burst, on-demand).
+    #[arg(long, value_name = "FILE")]
+    pub prices: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: ReplayFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayFormat {
+    Table,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplaySyntheticArgs {
+    /// The fleet description whose teams and models the jobs are for.
+    #[arg(long, value_name = "FILE")]
+    pub fleet: PathBuf,
+    /// How many jobs.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=2_000_000))]
+    pub rows: u32,
+    /// The generator's seed: the same seed, fleet and rows give the same trace.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }

@@ -10,4 +10,5 @@ pub mod client;
 pub mod embedded;
 pub mod exit;
 pub mod lists;
+pub mod replay;
 pub mod serve;

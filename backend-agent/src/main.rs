@@ -4,7 +4,7 @@
 //! a thin binary over the `gpufleet_agent` library, which composes the crates.
 
 use clap::Parser;
-use gpufleet_agent::{access, cli, client, exit, lists, serve};
+use gpufleet_agent::{access, cli, client, exit, lists, replay, serve};
 
 /// A token given as a flag is in the process's command line, which every local user reads
 /// (`/proc/PID/cmdline`), a tenant's jobs on a node included; the environment and the
@@ -26,12 +26,18 @@ fn warn_of_tokens_in_argv() {
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
+    // A replay opens stores of its own: their start-up lines are not its output.
+    let quiet = matches!(
+        cli.command,
+        cli::Command::Replay(_) | cli::Command::ReplaySynthetic(_)
+    );
+    let default_filter = if quiet { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .init();
     warn_of_tokens_in_argv();
@@ -69,6 +75,8 @@ fn main() -> std::process::ExitCode {
                 client::reset_breaker(args).await
             }
             cli::Command::Pki(args) => print_issued(&args),
+            cli::Command::Replay(args) => replay::run(args).await,
+            cli::Command::ReplaySynthetic(args) => replay::synthetic(args),
             cli::Command::LoadProbe(args) => {
                 println!("{}", gpufleet_gpu::load::cuda::probe_main(&args.args));
                 Ok(())

@@ -1,0 +1,240 @@
+//! `gpufleet-agent replay` as an operator runs it: the real binary on a small trace whose
+//! outcome can be worked out by hand (docs/guides/replay.md), its table and its JSON, the
+//! seeded synthetic trace, and malformed inputs refused with file, line and column before
+//! anything runs.
+//!
+//! The fleet: 4 pool H100 nodes of 8 GPUs and 1 on-demand node; team a is guaranteed 16
+//! GPUs with 24 burst and may use on-demand, team b is guaranteed 16. At 0 a asks for five
+//! 8-GPU jobs of an hour; at 30 minutes b asks for one. Pooled, a's burst takes b's idle
+//! guarantee and the on-demand node, so all five start at once, and b waits until they
+//! end (nothing takes lent capacity back yet). In partitions a has 2 pool nodes and the
+//! on-demand node: two of its jobs wait an hour, and b starts at once on its own nodes.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use gpufleet_e2e::binaries;
+use serde_json::Value;
+
+const FLEET: &str = r#"
+[[pool]]
+gpu_type = "H100-80GB"
+nodes = 4
+
+[[on_demand]]
+gpu_type = "H100-80GB"
+nodes = 1
+
+[[team]]
+name = "a"
+allow_on_demand = true
+quota = [{ gpu_type = "H100-80GB", gpus = 16, burst_gpus = 24 }]
+
+[[team]]
+name = "b"
+quota = [{ gpu_type = "H100-80GB", gpus = 16 }]
+"#;
+
+const TRACE: &str = "team,gpu_type,gpus,submit,duration
+a,H100-80GB,8,0,1h
+a,H100-80GB,8,0,1h
+a,H100-80GB,8,0,1h
+a,H100-80GB,8,0,1h
+a,H100-80GB,8,0,1h
+b,H100-80GB,8,30m,1h
+";
+
+const PRICES: &str = "gpu_type,class,per_gpu_hour
+H100-80GB,guaranteed,2
+H100-80GB,burst,3
+H100-80GB,on-demand,6
+";
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn replay(args: &[&str]) -> Output {
+    Command::new(binaries::agent())
+        .arg("replay")
+        .args(args)
+        .output()
+        .expect("gpufleet-agent runs")
+}
+
+fn f(v: &Value, path: &str) -> f64 {
+    v.pointer(path)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("{path} in {v}"))
+}
+
+#[test]
+fn pooling_lends_an_idle_guarantee_and_the_numbers_are_the_traces() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = write(dir.path(), "fleet.toml", FLEET);
+    let trace = write(dir.path(), "trace.csv", TRACE);
+    let prices = write(dir.path(), "prices.csv", PRICES);
+    let out = replay(&[
+        &trace, "--fleet", &fleet, "--prices", &prices, "--format", "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (p, b) = ("/pooled", "/partitions");
+    assert_eq!(f(&r, "/horizon_seconds"), 7200.0);
+    // Waits: pooled, a none and b 30 minutes; in partitions two of a's five wait an hour.
+    for (path, want) in [
+        ("/pooled/teams/0/wait_p95_seconds", 0.0),
+        ("/pooled/teams/1/wait_p50_seconds", 1800.0),
+        ("/partitions/teams/0/wait_p50_seconds", 0.0),
+        ("/partitions/teams/0/wait_p95_seconds", 3600.0),
+        ("/partitions/teams/1/wait_p50_seconds", 0.0),
+        ("/pooled/wait_p95_seconds", 1800.0),
+        ("/partitions/wait_p95_seconds", 3600.0),
+    ] {
+        assert_eq!(f(&r, path), want, "{path}");
+    }
+    for s in [p, b] {
+        // 40 of the pool's 64 GPU-hours held; 8 on-demand GPU-hours; 48 held in all.
+        assert_eq!(f(&r, &format!("{s}/pool_utilisation")), 40.0 / 64.0, "{s}");
+        assert_eq!(f(&r, &format!("{s}/on_demand_gpu_hours")), 8.0, "{s}");
+        assert_eq!(f(&r, &format!("{s}/held_gpu_hours")), 48.0, "{s}");
+        assert_eq!(f(&r, &format!("{s}/admitted")), 6.0, "{s}");
+        // Pooled: the second hour, 24 idle GPUs a and b are guaranteed. Partitions: b's 16
+        // for half an hour on each side of its job, 8 while it runs.
+        assert_eq!(
+            f(&r, &format!("{s}/idle_guaranteed_gpu_hours")),
+            24.0,
+            "{s}"
+        );
+    }
+    // Pooled, a held 16 guaranteed + 16 burst + 8 on-demand GPU-hours: 32 + 48 + 48.
+    assert_eq!(f(&r, "/pooled/teams/0/burst_gpu_hours"), 16.0);
+    assert_eq!(f(&r, "/pooled/teams/0/cost"), 128.0);
+    assert_eq!(f(&r, "/partitions/teams/0/burst_gpu_hours"), 0.0);
+    assert_eq!(f(&r, "/partitions/teams/0/cost"), 32.0 * 2.0 + 8.0 * 6.0);
+    assert_eq!(f(&r, "/pooled/cost"), 128.0 + 16.0);
+    assert_eq!(f(&r, "/pooled/teams/0/share"), 40.0 / 48.0);
+    assert_eq!(f(&r, "/pooled/teams/1/guaranteed_share"), 0.5);
+
+    // The table says the same.
+    let out = replay(&[&trace, "--fleet", &fleet, "--prices", &prices]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8(out.stdout).unwrap();
+    for row in [
+        "| measure | pooled | fixed partitions (baseline) |",
+        "| pool GPU utilisation (held) | 62.5% | 62.5% |",
+        "| wait p50 / p95 | 0s / 30m | 0s / 1.0h |",
+        "| cost | 144.00 | 128.00 |",
+        "| a | 16 (50.0%) | 5 | 0s / 0s | 0s / 1.0h |",
+    ] {
+        assert!(table.contains(row), "no `{row}` in:\n{table}");
+    }
+}
+
+#[test]
+fn a_synthetic_trace_replays_and_every_job_is_admitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = write(dir.path(), "fleet.toml", FLEET);
+    let out = Command::new(binaries::agent())
+        .args([
+            "replay-synthetic",
+            "--fleet",
+            &fleet,
+            "--rows",
+            "300",
+            "--seed",
+            "42",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace = write(
+        dir.path(),
+        "synthetic.csv",
+        &String::from_utf8(out.stdout).unwrap(),
+    );
+    let out = replay(&[&trace, "--fleet", &fleet, "--format", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Every synthetic job fits its team's quota, so both scenarios admit all 300, and
+    // the GPUs they hold are the same.
+    for s in ["/pooled", "/partitions"] {
+        assert_eq!(f(&r, &format!("{s}/admitted")), 300.0, "{s}");
+    }
+    assert_eq!(
+        f(&r, "/pooled/held_gpu_hours"),
+        f(&r, "/partitions/held_gpu_hours")
+    );
+}
+
+#[test]
+fn malformed_inputs_are_refused_with_file_line_and_column_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = write(dir.path(), "fleet.toml", FLEET);
+    let trace = write(dir.path(), "trace.csv", TRACE);
+    let cases = [
+        (
+            write(
+                dir.path(),
+                "bad-fleet.toml",
+                &FLEET.replace("nodes = 4", "nodes = -4"),
+            ),
+            trace.clone(),
+            None,
+            "bad-fleet.toml:4:9: pool.nodes: 1 to 100000 (got -4)",
+        ),
+        (
+            fleet.clone(),
+            write(
+                dir.path(),
+                "bad-trace.csv",
+                &TRACE.replace("b,H100-80GB,8,30m", "b,H100-80GB,8,soon"),
+            ),
+            None,
+            "bad-trace.csv:7:4: submit:",
+        ),
+        (
+            fleet.clone(),
+            trace.clone(),
+            Some(write(
+                dir.path(),
+                "bad-prices.csv",
+                &PRICES.replace("burst,3", "burst,three"),
+            )),
+            "bad-prices.csv:3:3: per_gpu_hour:",
+        ),
+    ];
+    for (fleet, trace, prices, want) in cases {
+        let mut args = vec![trace.as_str(), "--fleet", fleet.as_str()];
+        if let Some(p) = &prices {
+            args.extend(["--prices", p.as_str()]);
+        }
+        let out = replay(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{want}: it ran");
+        assert!(
+            out.stdout.is_empty(),
+            "{want}: printed {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(stderr.contains(want), "{want} not in: {stderr}");
+    }
+}
