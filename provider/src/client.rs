@@ -29,7 +29,8 @@ pub struct Client {
     /// The catalog does not change while Terraform runs: fetched once per process.
     gpu_types: tokio::sync::OnceCell<Vec<GpuType>>,
     /// The id of the token's own tenant (None: the admin token), asked once.
-    own_tenant: tokio::sync::OnceCell<Option<String>>,
+    /// The token's own tenant (id, name); None for the admin token.
+    own_tenant: tokio::sync::OnceCell<Option<(String, String)>>,
 }
 
 impl Client {
@@ -100,6 +101,12 @@ impl Client {
     /// The id of the tenant whose token this client holds; None for the admin token (or
     /// when the backend cannot say).
     pub async fn own_tenant(&self) -> Option<String> {
+        self.own_tenant_named().await.map(|(id, _)| id)
+    }
+
+    /// The id and name of the tenant whose token this client holds; None for the admin
+    /// token (or when the backend cannot say).
+    pub async fn own_tenant_named(&self) -> Option<(String, String)> {
         self.own_tenant
             .get_or_init(|| async {
                 let request = gpufleet_proto::v1::GetTenantRequest { id: String::new() };
@@ -107,7 +114,8 @@ impl Client {
                     .get_tenant(request)
                     .await
                     .ok()
-                    .map(|t| t.into_inner().id)
+                    .map(|t| t.into_inner())
+                    .map(|t| (t.id, t.name))
             })
             .await
             .clone()
@@ -232,11 +240,17 @@ pub fn describe_status(endpoint: &str, status: &Status) -> Diagnostic {
         }
         // The backend's own wording carries a hint for every kind of client; ours is
         // specific to the provider, so it replaces it instead of repeating it.
-        // A token that cannot be one (whitespace, too long): the backend says which.
-        Code::Unauthenticated if message.starts_with("the bearer token") => Diagnostic::error(
+        // A token that cannot be one (whitespace, too long), or one of the backend's that no
+        // longer works (`token 'ci' of tenant 'a' expired at ...`, `was rotated at ... and
+        // its overlap ended at ...`, `was revoked at ...`): the backend says which.
+        Code::Unauthenticated
+            if message.starts_with("the bearer token") || message.starts_with("token '") =>
+        {
+            Diagnostic::error(
             format!("the gpufleet backend at {endpoint} rejected the token: {message}. Set `token` or GPUFLEET_TOKEN to the admin token or a tenant token."),
             "",
-        ),
+        )
+        }
         Code::Unauthenticated => Diagnostic::error(
             format!("the gpufleet backend at {endpoint} rejected the token (missing, revoked or not one of its tokens). Set `token` or GPUFLEET_TOKEN to the admin token or a tenant token."),
             "",
@@ -352,7 +366,7 @@ mod tests {
     }
 
     #[test]
-    fn a_token_with_whitespace_is_refused_saying_why() {
+    fn a_token_with_whitespace_or_expired_is_refused_saying_why() {
         let err = Client::new("http://127.0.0.1:1", Some("gft_abc\n"), None)
             .err()
             .unwrap();
@@ -360,6 +374,13 @@ mod tests {
             .summary
             .starts_with("token: has leading or trailing whitespace"));
         assert!(err.detail.contains("trimspace"));
+        let status = Status::unauthenticated(
+            "token 'ci' of tenant 'a' expired at 2026-01-01T00:00:00Z; ask for a new one",
+        );
+        assert_eq!(
+            describe_status("http://x", &status).summary,
+            "the gpufleet backend at http://x rejected the token: token 'ci' of tenant 'a' expired at 2026-01-01T00:00:00Z; ask for a new one. Set `token` or GPUFLEET_TOKEN to the admin token or a tenant token."
+        );
         let status = Status::unauthenticated("the bearer token is 4096 characters long");
         assert!(describe_status("http://x", &status)
             .summary

@@ -1,7 +1,9 @@
 //! Tokens through Terraform (issue 30): a team's token rotated in place with a two-minute
-//! overlap on the backend's injected clock; a read token that plans the team's workspace
+//! overlap on the backend's injected clock, the old one then refused by Terraform saying
+//! when it was rotated and its overlap ended; a read token that plans the team's workspace
 //! and whose apply is refused naming its scope; revoking one of two tokens; the audit log
-//! as a data source, a team's own only; import of a token.
+//! as a data source, a team's own only; import of a token; another team's token on the
+//! team's state refused naming the state's tenant, never read as deleted (issue 40).
 
 use gpufleet_e2e::{hcl, Backend, Terraform};
 use gpufleet_proto::v1::GetTenantRequest;
@@ -66,6 +68,7 @@ fn token_of(tf: &Terraform, address: &str) -> String {
 async fn a_teams_token_rotates_in_place_and_the_old_one_is_refused_after_the_overlap() {
     let (backend, clock, _dir) = clocked();
     let tf = Terraform::new(&backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_main(&platform(None));
     tf.init();
     tf.apply();
@@ -94,8 +97,8 @@ async fn a_teams_token_rotates_in_place_and_the_old_one_is_refused_after_the_ove
     let refused = whose(&backend, &old).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);
     assert!(refused.message().contains("was rotated at"), "{refused:?}");
-    // The team's pipeline with the new token finds its cluster as it was.
-    let team = Terraform::new(&backend, &new);
+    // Terraform with the old token says the same, not only that the token was rejected.
+    let mut team = Terraform::new(&backend, &old);
     team.write_main(
         r#"
 data "gpufleet_clusters" "mine" {}
@@ -103,6 +106,12 @@ output "clusters" { value = data.gpufleet_clusters.mine.clusters }
 "#,
     );
     team.init();
+    team.plan_fails().assert_mentions(&[
+        "rejected the token: token 'default' of tenant 'speech' was rotated at",
+        "and its overlap ended at",
+    ]);
+    // The team's pipeline with the new token finds its cluster as it was.
+    team.set_token(&new);
     team.apply();
     let clusters = team.outputs()["clusters"].clone();
     assert_eq!(clusters[0]["id"], cluster_id.as_str());
@@ -168,6 +177,7 @@ output "audit" {{ value = data.gpufleet_audit_log.mine.entries }}
 async fn a_read_token_plans_but_cannot_apply_and_revoking_one_token_leaves_the_other() {
     let backend = Backend::start();
     let tf = Terraform::new(&backend, backend.admin_token());
+    tf.keep_credentials_in_state(); // reads the deprecated attributes
     tf.write_main(&tokens(DEPLOY));
     tf.init();
     tf.apply();
@@ -213,6 +223,26 @@ async fn a_read_token_plans_but_cannot_apply_and_revoking_one_token_leaves_the_o
     assert!(!text.contains("vision") && !text.contains(&backend.admin_token()[..12]));
     let seqs: Vec<i64> = entries.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
     assert_eq!(seqs, (1..=entries.len() as i64).collect::<Vec<_>>());
+
+    // Vision's token on speech's state (which leaves `tenant` out: the state names the
+    // tenant only in its identity) is refused naming that tenant: the cluster is not read
+    // as deleted, no copy is planned in vision's tenant, and nothing of speech's beyond
+    // the state's own name is said.
+    let state = std::fs::read_to_string(team.dir().join("terraform.tfstate")).unwrap();
+    let vision = Terraform::new(&backend, &token_of(&tf, "gpufleet_tenant.vision"));
+    vision.write_main(&team_workspace(1));
+    vision.write_file("terraform.tfstate", &state);
+    vision.init();
+    let refused = vision.plan_fails();
+    refused.assert_mentions(&[
+        "tenant: this state's cluster belongs to tenant speech; the token is vision's",
+    ]);
+    assert!(
+        !refused.output().contains("will be created"),
+        "no copy planned\n{refused}"
+    );
+    let after = std::fs::read_to_string(vision.dir().join("terraform.tfstate")).unwrap();
+    assert_eq!(after, state, "the state is untouched");
 
     // Revoking the deploy token (removing it from the platform's configuration) leaves
     // the read token working.

@@ -77,4 +77,16 @@ pub trait ResourceIdentity: Send + Sync {
 
     /// The import id (what `terraform import` takes) of the object `identity` names.
     fn import_id(&self, identity: &Value) -> Result<String, Diagnostics>;
+
+    /// Called when a read finds nothing: an error when the object is not gone but out of
+    /// the token's sight (another tenant's), so that Terraform neither drops it from state
+    /// nor plans a copy. `identity` is the one Terraform holds (1.12+), if any.
+    async fn refuse_unseen(
+        &self,
+        identity: Option<&Value>,
+        prior: &Value,
+    ) -> Result<(), Diagnostics> {
+        let _ = (identity, prior);
+        Ok(())
+    }
 }

@@ -96,6 +96,25 @@ impl Identities {
         }
     }
 
+    /// After a read found nothing where `prior` was: the resource's word on whether the
+    /// object is gone or only hidden from the token (`ResourceIdentity::refuse_unseen`),
+    /// with the identity Terraform holds.
+    pub async fn confirm_gone(
+        &self,
+        type_name: &str,
+        held: Option<&tf::ResourceIdentityData>,
+        prior: &Value,
+    ) -> Result<(), Diagnostics> {
+        let Some(r) = self.by_type.get(type_name) else {
+            return Ok(());
+        };
+        let identity = match held.filter(|h| is_set(h, &r.ty)) {
+            Some(h) => Some(decode(h.identity_data.as_ref(), &r.ty)?),
+            None => None,
+        };
+        r.inner.refuse_unseen(identity.as_ref(), prior).await
+    }
+
     /// `identity` on the wire, of `type_name`'s identity type: for a list's results, which
     /// only clients that know identities ask for.
     pub fn encoded(&self, type_name: &str, identity: &Value) -> Option<tf::ResourceIdentityData> {

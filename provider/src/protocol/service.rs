@@ -454,7 +454,8 @@ impl tf::provider_server::Provider for ProviderService {
     }
 
     /// A resource gone from the backend answers a null state (Terraform plans a create);
-    /// one that could not be read keeps its state, with the error.
+    /// one that could not be read, or that another tenant's token cannot see, keeps its
+    /// state, with the error.
     async fn read_resource(
         &self,
         req: Request<tf::read_resource::Request>,
@@ -464,6 +465,11 @@ impl tf::provider_server::Provider for ProviderService {
             let r = self.resource(&req.type_name)?;
             let prior = decode(req.current_state.as_ref(), &r.ty)?;
             let current = r.inner.read(&prior).await?;
+            if current.is_none() && !prior.is_null() {
+                self.identities
+                    .confirm_gone(&req.type_name, req.current_identity.as_ref(), &prior)
+                    .await?;
+            }
             let current = write_only::nulled(&r.schema, current.unwrap_or(Value::Null));
             let mut warnings = Diagnostics::default();
             let identity = self

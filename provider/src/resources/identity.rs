@@ -98,6 +98,19 @@ fn description(resource: &str, attribute: &str) -> &'static str {
     }
 }
 
+/// Where a resource's state names its tenant, and the resource as a person says it; None
+/// for a resource whose state names none (a health check names its cluster alone).
+fn tenant_attribute(resource: &str) -> Option<(&'static str, &'static str)> {
+    match resource {
+        "tenant" => Some(("name", "tenant")),
+        "tenant_token" => Some(("tenant_id", "token")),
+        "gpu_quota" => Some(("tenant", "GPU quota")),
+        "tenant_cluster" => Some(("tenant", "cluster")),
+        "reservation" => Some(("tenant", "reservation")),
+        _ => None,
+    }
+}
+
 /// The tenant's name, asked of the backend: `spelled` is an id or a name, or empty for the
 /// token's own tenant.
 async fn tenant_name(provider: &ProviderState, spelled: &str) -> Result<String, Diagnostics> {
@@ -154,6 +167,45 @@ impl ResourceIdentity for Identity {
                 ]))
             }
         }
+    }
+
+    async fn refuse_unseen(
+        &self,
+        identity: Option<&Value>,
+        prior: &Value,
+    ) -> Result<(), Diagnostics> {
+        let Some((attribute, kind)) = tenant_attribute(self.resource) else {
+            return Ok(());
+        };
+        // The tenant the state names: its identity's name (1.12+), else as the state spells
+        // it (a name or an id; nothing for a tenant token's own, which this cannot judge).
+        let named = identity
+            .and_then(|i| given(i, "tenant").ok().flatten())
+            .filter(|_| self.resource != "tenant");
+        let Some(theirs) = named.or_else(|| given(prior, attribute).ok().flatten()) else {
+            return Ok(());
+        };
+        let client = self.provider.client()?;
+        // The admin token sees every tenant's objects: what it cannot find is gone.
+        let Some((own_id, own_name)) = client.own_tenant_named().await else {
+            return Ok(());
+        };
+        if theirs == own_id || theirs == own_name {
+            return Ok(());
+        }
+        Err(Diagnostic::error_at(
+            AttrPath::attr(attribute),
+            match self.resource {
+                "tenant" => format!(
+                    "{attribute}: this state's tenant is {theirs}; the token is {own_name}'s"
+                ),
+                _ => format!(
+                    "{attribute}: this state's {kind} belongs to tenant {theirs}; the token is {own_name}'s"
+                ),
+            },
+            format!("A tenant's token sees only its own tenant's objects, so the backend answers for this {kind} as for one that does not exist. It was not read as deleted, and nothing was planned: run with tenant {theirs}'s token, or the admin token."),
+        )
+        .into())
     }
 
     fn import_id(&self, identity: &Value) -> Result<String, Diagnostics> {
