@@ -62,6 +62,11 @@ pub enum Command {
     /// Create a small CA and issue the control plane's and the node agents' certificates
     /// for mutual TLS.
     Pki(PkiArgs),
+    /// Verify the state database's invariants, read-only (also while serve runs): no
+    /// instant overbooked, no quota exceeded, no node in two clusters, gap-free tenant
+    /// sequences, and with --answers every acknowledged answer held. Exits 1 naming each
+    /// violation.
+    Check(CheckArgs),
     /// Internal: one load test on the only GPU CUDA shows this process, one answer line
     /// printed. The node agent runs it for each MIG slice, with CUDA_VISIBLE_DEVICES set
     /// to the slice (CUDA reads it once per process).
@@ -377,6 +382,24 @@ pub struct NodeReturnArgs {
     pub name: String,
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// The control plane's data dir, whose state.db is checked.
+    #[arg(long, env = "GPUFLEET_DATA_DIR", default_value = "./.gpufleet")]
+    pub data_dir: PathBuf,
+    /// The state database itself, instead of <data-dir>/state.db (e.g. a backup).
+    #[arg(long, value_name = "FILE")]
+    pub store: Option<PathBuf>,
+    /// A log of acknowledged answers (JSON lines: request_id, op create|resize|delete,
+    /// kind reservation|cluster, object with id and the fields answered) to hold the
+    /// store to.
+    #[arg(long, value_name = "FILE")]
+    pub answers: Option<PathBuf>,
+    /// serve's test clock (see serve --clock-file): the checks look from its time.
+    #[arg(long, env = "GPUFLEET_CLOCK_FILE", value_name = "PATH", hide = true)]
+    pub clock_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -5,6 +5,7 @@
 //! protocol.
 
 pub mod access;
+pub mod check;
 pub mod cli;
 pub mod client;
 pub mod embedded;

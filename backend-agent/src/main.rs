@@ -1,10 +1,11 @@
 //! `gpufleet-agent`: the gpufleet control plane (`serve`), the node agent of each GPU
 //! host (`node`, `node-status`), its small admin client (`fleet`, `nodes`), the
-//! certificates for mutual TLS (`pki`) and the read-only hardware check (`hw-check`):
+//! certificates for mutual TLS (`pki`), the read-only hardware check (`hw-check`) and the
+//! store's invariants (`check`):
 //! a thin binary over the `gpufleet_agent` library, which composes the crates.
 
 use clap::Parser;
-use gpufleet_agent::{access, cli, client, exit, lists, replay, serve};
+use gpufleet_agent::{access, check, cli, client, exit, lists, replay, serve};
 
 /// A token given as a flag is in the process's command line, which every local user reads
 /// (`/proc/PID/cmdline`), a tenant's jobs on a node included; the environment and the
@@ -75,6 +76,7 @@ fn main() -> std::process::ExitCode {
                 client::reset_breaker(args).await
             }
             cli::Command::Pki(args) => print_issued(&args),
+            cli::Command::Check(args) => check::run(args).await,
             cli::Command::Replay(args) => replay::run(args).await,
             cli::Command::ReplaySynthetic(args) => replay::synthetic(args),
             cli::Command::LoadProbe(args) => {

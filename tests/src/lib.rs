@@ -6,6 +6,9 @@
 //! - [`NodeAgent`] runs one `gpufleet-agent node` process (simulated GPUs) against a
 //!   backend, to kill and restart like a host; [`eventually`] waits on a condition.
 //! - [`Clients`] are the gRPC service clients that carry a bearer token on every call.
+//! - [`checker`] is the randomized concurrent checker: clients of several tenants against
+//!   a serve killed with `kill -9`, then `gpufleet-agent check` on the store and their
+//!   acknowledged answers.
 //! - [`hcl`] builds configurations from resource, data and output blocks.
 //! - [`Terraform`] is one Terraform working directory wired to the provider binary through
 //!   `dev_overrides`, with methods that run Terraform and fail with its output.
@@ -25,6 +28,7 @@
 
 pub mod backend;
 pub mod binaries;
+pub mod checker;
 pub mod commands;
 pub mod fixtures;
 pub mod grpc;
