@@ -8,7 +8,9 @@ use gpufleet_proto::BearerAuth;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::cli::{ClientArgs, ListArgs, TokenCreateArgs, TokenNameArgs, TokenRotateArgs};
+use crate::cli::{
+    AuditArgs, ClientArgs, ListArgs, TokenCreateArgs, TokenNameArgs, TokenRotateArgs,
+};
 use crate::client::{channel, status, table};
 use crate::lists::{all_rows, cell, rfc3339};
 
@@ -147,7 +149,11 @@ pub async fn revoke(args: TokenNameArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn print_audit(args: ListArgs) -> anyhow::Result<()> {
+pub async fn print_audit(args: AuditArgs) -> anyhow::Result<()> {
+    if args.verify {
+        return verify_audit(args.list.client.data_dir).await;
+    }
+    let args = args.list;
     let c = client(&args.client).await?;
     let tenant_id = args.tenant.unwrap_or_default();
     let rows = all_rows(|page_token| {
@@ -165,10 +171,13 @@ pub async fn print_audit(args: ListArgs) -> anyhow::Result<()> {
                 .entries
                 .into_iter()
                 .map(|e| {
-                    let token = if e.token_name.is_empty() {
-                        "-".to_string()
-                    } else {
-                        format!("{} ({})", e.token_name, e.token_scope)
+                    let token = match (e.token_name.as_str(), e.by_admin) {
+                        ("", _) => "-".to_string(),
+                        // An admin-scoped token's name could be a team's token's.
+                        (name, true) if name != gpufleet_control::auth::ADMIN_TOKEN_NAME => {
+                            format!("admin/{name} ({})", e.token_scope)
+                        }
+                        (name, _) => format!("{name} ({})", e.token_scope),
                     };
                     vec![
                         e.seq.to_string(),
@@ -190,6 +199,67 @@ pub async fn print_audit(args: ListArgs) -> anyhow::Result<()> {
         "{}",
         table(
             &["SEQ", "TIME", "TENANT", "TOKEN", "METHOD", "OBJECT", "OUTCOME", "MESSAGE"],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+/// `audit --verify`: walks the hash chains of the data dir's state.db, read-only; fails
+/// naming the first broken entry.
+async fn verify_audit(data_dir: std::path::PathBuf) -> anyhow::Result<()> {
+    use gpufleet_control::audit::chain;
+    let path = data_dir.join("state.db");
+    let verified = tokio::task::spawn_blocking(move || chain::verify_file(&path)).await??;
+    if let Some(first) = verified.broken.first() {
+        for b in &verified.broken[1..] {
+            eprintln!("also broken at entry {}: {}", b.seq, b.why);
+        }
+        anyhow::bail!(
+            "the audit log is broken at entry {}: {}",
+            first.seq,
+            first.why
+        );
+    }
+    let entries: u64 = verified.whole.iter().map(|w| w.entries).sum();
+    let unchained: u64 = verified.whole.iter().map(|w| w.unchained).sum();
+    println!(
+        "the audit log is whole: {entries} entries in {} chains{}",
+        verified.whole.len(),
+        if unchained > 0 {
+            format!(" ({unchained} older entries from before the chains, not verified)")
+        } else {
+            String::new()
+        }
+    );
+    let rows: Vec<Vec<String>> = verified
+        .whole
+        .iter()
+        .map(|w| {
+            let r = w.record.as_ref();
+            vec![
+                cell(chain::label(&w.chain)),
+                w.entries.to_string(),
+                r.map_or("-".into(), |r| format!("#{}", r.start_chain_seq)),
+                r.map_or("-".into(), |r| r.pruned.to_string()),
+                r.map_or("-".into(), |r| {
+                    format!("#{} (entry {})", r.head_chain_seq, r.head_seq)
+                }),
+                r.map_or("-".into(), |r| chain::hex(&r.head_hash)),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(
+            &[
+                "CHAIN",
+                "ENTRIES",
+                "STARTS AT",
+                "PRUNED",
+                "NEWEST",
+                "NEWEST HASH"
+            ],
             &rows
         )
     );

@@ -54,8 +54,9 @@ pub enum Command {
     #[command(subcommand)]
     Token(TokenCommand),
     /// The audit log: every change and every refused call, oldest first (the admin: all,
-    /// or one tenant's with --tenant; a tenant token: its own).
-    Audit(ListArgs),
+    /// or one tenant's with --tenant; a tenant token: its own). With --verify: walk the
+    /// log's hash chains in <data-dir>/state.db and exit 1 naming the first broken entry.
+    Audit(AuditArgs),
     /// The automatic-quarantine breakers (admin): list them, or reset one.
     #[command(subcommand)]
     Breaker(BreakerCommand),
@@ -130,6 +131,27 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     .filter(|&ms| ms > 0 && ms <= 7 * 24 * 3_600_000)
     .ok_or_else(|| format!("'{text}': must be more than 0 and at most 7 days"))?;
     Ok(std::time::Duration::from_millis(ms))
+}
+
+/// `--audit-keep`: whole days or hours (`90d`, `36h`), from 1h to 3650d.
+pub fn parse_retention(text: &str) -> Result<std::time::Duration, String> {
+    let t = text.trim();
+    let (number, hours) = match t.strip_suffix('d') {
+        Some(n) => (n, 24),
+        None => (
+            t.strip_suffix('h')
+                .ok_or_else(|| format!("'{t}': give days or hours, e.g. 90d or 36h"))?,
+            1,
+        ),
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("'{t}': expected a whole number and d or h, e.g. 90d"))?;
+    let secs = n.saturating_mul(hours * 3600);
+    if !(3600..=3650 * 24 * 3600).contains(&secs) {
+        return Err(format!("'{t}': must be at least 1h and at most 3650d"));
+    }
+    Ok(std::time::Duration::from_secs(secs))
 }
 
 /// `--health-interval`: a duration, or 0 to turn periodic checks off.
@@ -403,6 +425,18 @@ pub struct CheckArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct AuditArgs {
+    /// Verify the log's hash chains in the data dir's state.db (read-only, also while
+    /// serve runs) instead of listing entries: exits 1 naming the first edited or deleted
+    /// entry, else prints each chain's newest hash (keep those elsewhere: a rewrite of a
+    /// whole chain shows only against them).
+    #[arg(long)]
+    pub verify: bool,
+    #[command(flatten)]
+    pub list: ListArgs,
+}
+
+#[derive(Args, Debug)]
 pub struct NodeStatusArgs {
     /// The node agent's data dir.
     #[arg(
@@ -602,6 +636,22 @@ pub struct ServeArgs {
     /// or failed its checks (its name can then be registered anew).
     #[arg(long, env = "GPUFLEET_CANDIDATE_TTL", default_value = "1h", value_parser = parse_connection_time)]
     pub candidate_ttl: std::time::Duration,
+    /// Audit entries older than this are dropped (days or hours, e.g. 90d or 36h; at
+    /// most 3650d).
+    #[arg(long, env = "GPUFLEET_AUDIT_KEEP", default_value = "90d", value_parser = parse_retention)]
+    pub audit_keep: std::time::Duration,
+    /// Audit entries of callers with a valid token kept at most, fleet-wide; the oldest go
+    /// first.
+    #[arg(long, env = "GPUFLEET_AUDIT_KEEP_ENTRIES", default_value_t = 200_000, value_parser = clap::value_parser!(u32).range(1..=100_000_000))]
+    pub audit_keep_entries: u32,
+    /// Of those, the calls of one tenant's own tokens kept at most: a team's flood ages
+    /// out only its own entries (not the admin's on its objects).
+    #[arg(long, env = "GPUFLEET_AUDIT_KEEP_TENANT_ENTRIES", default_value_t = 50_000, value_parser = clap::value_parser!(u32).range(1..=100_000_000))]
+    pub audit_keep_tenant_entries: u32,
+    /// Refusals of callers without a valid token kept at most, apart from the rest: a
+    /// flood of them ages out only its own kind.
+    #[arg(long, env = "GPUFLEET_AUDIT_KEEP_UNAUTHENTICATED_ENTRIES", default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..=100_000_000))]
+    pub audit_keep_unauthenticated_entries: u32,
     /// Connections to the API open at once, at most (default: 16384, or the open-file
     /// limit less 256 when lower). Past it new connections are closed at once.
     #[arg(long, env = "GPUFLEET_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -889,6 +939,12 @@ impl ServeArgs {
                 max: self.max_candidates,
                 expire_after: self.candidate_ttl,
             },
+            audit_retention: gpufleet_control::audit::Retention {
+                seconds: self.audit_keep.as_secs() as i64,
+                identified_rows: i64::from(self.audit_keep_entries),
+                tenant_rows: i64::from(self.audit_keep_tenant_entries),
+                unidentified_rows: i64::from(self.audit_keep_unauthenticated_entries),
+            },
             slurm_ports: self.slurm_ports,
             connections: gpufleet_control::connections::Wanted {
                 max_connections: self.max_connections.map(|n| n as usize),
@@ -1061,6 +1117,21 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn audit_retention_is_whole_days_or_hours_within_ten_years() {
+        use super::parse_retention;
+        assert_eq!(parse_retention("90d").unwrap().as_secs(), 90 * 86_400);
+        assert_eq!(parse_retention("36h").unwrap().as_secs(), 36 * 3600);
+        assert!(parse_retention("30m")
+            .unwrap_err()
+            .contains("days or hours"));
+        assert!(parse_retention("3651d")
+            .unwrap_err()
+            .contains("at most 3650d"));
+        assert!(parse_retention("0h").unwrap_err().contains("at least 1h"));
+        assert!(parse_retention("99999999999999999999d").is_err());
     }
 }
 

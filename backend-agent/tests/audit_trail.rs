@@ -3,7 +3,11 @@
 //!   shown by `gpufleet-agent audit`, on one line with those characters escaped;
 //! - entries queued just before a clean stop are in the log after the restart;
 //! - a flood of calls without a valid token is sampled and counted: the first of each peer
-//!   and minute are recorded, one entry counts the rest, and a team's entries all stay.
+//!   and minute are recorded, one entry counts the rest, and a team's entries all stay;
+//! - the admin's changes to a team's objects and the refusals of the team's expired token
+//!   are in the team's own view; `audit --verify` finds the log whole, names an entry
+//!   edited in the SQLite file and the gap a deleted one leaves, and still finds it whole
+//!   after serve pruned it to the `--audit-keep-*` bounds.
 
 mod common;
 
@@ -232,4 +236,244 @@ async fn a_flood_of_calls_without_a_token_is_sampled_and_counted_and_a_teams_ent
         teams,
         (0..5).map(|i| format!("before-{i}")).collect::<Vec<_>>()
     );
+}
+
+fn ts(unix: i64) -> Option<prost_types::Timestamp> {
+    Some(prost_types::Timestamp {
+        seconds: unix,
+        nanos: 0,
+    })
+}
+
+/// `gpufleet-agent audit --verify` on the data dir: success, and its stdout or stderr.
+fn verify(data: &std::path::Path) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
+        .args(["audit", "--verify", "--data-dir"])
+        .arg(data)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(if out.status.success() {
+        &out.stdout
+    } else {
+        &out.stderr
+    })
+    .into_owned();
+    (out.status.success(), text)
+}
+
+fn sql(data: &std::path::Path, statement: &str) -> usize {
+    let conn = rusqlite::Connection::open(data.join("state.db")).unwrap();
+    conn.execute(statement, []).unwrap()
+}
+
+#[tokio::test]
+async fn the_admins_changes_are_in_the_teams_view_and_verify_names_an_edited_or_deleted_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let clock = dir.path().join("clock");
+    let t0 = now();
+    std::fs::write(&clock, t0.to_string()).unwrap();
+    let clock_flag = ["--clock-file", clock.to_str().unwrap()];
+    let agent = Agent::start_with(
+        &data,
+        &[&["--admin-token", ADMIN][..], &clock_flag].concat(),
+    );
+    let mut admin = agent.admin().await;
+    let (team, token) = admin.tenant("team-a").await;
+    // The admin's changes to the team's objects: a quota and a token that expires.
+    admin.quota(&team.id, "H100-80GB", 8, 0).await;
+    let expiring = admin
+        .access
+        .create_token(CreateTokenRequest {
+            tenant_id: team.id.clone(),
+            name: "ci".into(),
+            scope: "write".into(),
+            expires_at: ts(t0 + 60),
+            request_id: "ci-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .secret;
+    let mut own = agent.clients(&token).await;
+    own.tenants
+        .delete_tenant(DeleteTenantRequest {
+            id: "not-mine".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    std::fs::write(&clock, (t0 + 120).to_string()).unwrap();
+    let expired = agent
+        .clients(&expiring)
+        .await
+        .tenants
+        .delete_tenant(DeleteTenantRequest {
+            id: "gone".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(expired.message().contains("expired at"), "{expired:?}");
+    audit_until(&mut admin, |e| e.iter().any(|e| e.object == "gone")).await;
+
+    // The team's own view, through the CLI with its token.
+    let view = cli(&agent, &token, &["audit"]);
+    let line = |method: &str| {
+        view.lines()
+            .find(|l| l.contains(method))
+            .unwrap_or_else(|| panic!("no {method} in the team's view:\n{view}"))
+            .to_string()
+    };
+    assert!(line("CreateGpuQuota").contains("admin (write)"), "{view}");
+    assert!(line("CreateToken").contains("admin (write)"), "{view}");
+    let refusal = line("gone");
+    assert!(
+        refusal.contains("ci (write)")
+            && refusal.contains("UNAUTHENTICATED")
+            && refusal.contains("expired at"),
+        "{view}"
+    );
+    assert!(line("not-mine").contains("PERMISSION_DENIED"), "{view}");
+    // The admin's own view shows each of its changes once.
+    let all = cli(&agent, ADMIN, &["audit"]);
+    assert_eq!(
+        all.lines().filter(|l| l.contains("CreateGpuQuota")).count(),
+        1,
+        "{all}"
+    );
+
+    drop((admin, own));
+    assert!(agent
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(60))
+        .success());
+    let (whole, report) = verify(&data);
+    assert!(whole, "{report}");
+    assert!(report.starts_with("the audit log is whole: "), "{report}");
+
+    // An entry edited in the file: verify names it, and exits 1.
+    let refused_seq: i64 = rusqlite::Connection::open(data.join("state.db"))
+        .unwrap()
+        .query_row(
+            "SELECT seq FROM audit_log WHERE object = 'not-mine'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        sql(
+            &data,
+            "UPDATE audit_log SET outcome = 'OK' WHERE object = 'not-mine'"
+        ),
+        1
+    );
+    let (whole, report) = verify(&data);
+    assert!(!whole, "{report}");
+    assert!(
+        report.contains(&format!("the audit log is broken at entry {refused_seq}: ")),
+        "{report}"
+    );
+    sql(
+        &data,
+        "UPDATE audit_log SET outcome = 'PERMISSION_DENIED' WHERE object = 'not-mine'",
+    );
+    assert!(
+        verify(&data).0,
+        "put back, the entry matches its hash again"
+    );
+
+    // The admin's entry of the quota deleted: the gap in its chain is named.
+    let quota_seq: i64 = rusqlite::Connection::open(data.join("state.db"))
+        .unwrap()
+        .query_row(
+            "SELECT seq FROM audit_log WHERE method LIKE '%CreateGpuQuota' AND tenant_id = ''",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    sql(
+        &data,
+        &format!("DELETE FROM audit_log WHERE seq = {quota_seq}"),
+    );
+    let (whole, report) = verify(&data);
+    assert!(!whole, "{report}");
+    assert!(
+        report.contains("of the admin's chain are missing between entry")
+            && report.contains("deleted"),
+        "{report}"
+    );
+
+    // Serve prunes to its bounds (the first batch after a start prunes), and what it keeps
+    // verifies: a fresh copy of the log, pruned.
+    sql(&data, "DELETE FROM audit_log");
+    sql(&data, "DELETE FROM audit_chains");
+    let agent = Agent::start_with(
+        &data,
+        &[
+            &["--admin-token", ADMIN, "--audit-keep-tenant-entries", "2"][..],
+            &clock_flag,
+        ]
+        .concat(),
+    );
+    let mut own = agent.clients(&token).await;
+    for i in 0..5 {
+        own.tenants
+            .delete_tenant(DeleteTenantRequest {
+                id: format!("again-{i}"),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+    }
+    let mut admin = agent.admin().await;
+    audit_until(&mut admin, |e| e.iter().any(|e| e.object == "again-4")).await;
+    drop((admin, own));
+    assert!(agent
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(60))
+        .success());
+    // The first batch after a start prunes: one more refused call after the next start.
+    let agent = Agent::start_with(
+        &data,
+        &[
+            &["--admin-token", ADMIN, "--audit-keep-tenant-entries", "2"][..],
+            &clock_flag,
+        ]
+        .concat(),
+    );
+    let mut c = agent.clients(&token).await;
+    c.tenants
+        .delete_tenant(DeleteTenantRequest {
+            id: "again-5".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    let mut team_view = Vec::new();
+    let deadline = Instant::now() + BOUND;
+    while team_view
+        .iter()
+        .map(|e: &AuditEntry| e.object.as_str())
+        .collect::<Vec<_>>()
+        != ["again-4", "again-5"]
+    {
+        team_view = c
+            .access
+            .list_audit_entries(ListAuditEntriesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .entries;
+        assert!(
+            Instant::now() < deadline,
+            "never pruned to 2: {team_view:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(c);
+    assert!(agent
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(60))
+        .success());
+    let (whole, report) = verify(&data);
+    assert!(whole, "{report}");
 }

@@ -7,12 +7,18 @@
 //! The queue is bounded ([`QUEUE`]): entries beyond it are dropped and counted
 //! (`gpufleet_audit_dropped_total`), so a flood of refused calls cannot grow memory.
 //!
+//! Every entry is chained to the one before it in its chain (`store::audit`);
+//! [`chain::verify`] finds where a chain was edited or cut. An admin's change to a team's
+//! objects (its tokens, quotas, reservations, clusters) and the refusals of a team's
+//! expired, revoked or rotated tokens are entries of the team's view.
+//!
 //! Every text field is recorded escaped and bounded ([`text`]): what a caller names cannot
 //! forge a line of the log or reach a terminal as a control sequence. Refusals of callers
 //! without a valid token are sampled per peer and minute, the rest counted ([`sampler`]),
 //! and kept within a budget of their own (`store::audit`): they never push out who
 //! changed what.
 
+pub mod chain;
 pub mod sampler;
 pub mod text;
 
@@ -43,8 +49,13 @@ const MAX_FIELD_CHARS: usize = 256;
 /// What authentication learned about a call.
 #[derive(Debug, Clone, Default)]
 pub struct Caller {
-    /// The tenant whose token it was ("" for the admin's or no valid token).
+    /// The tenant whose token it was, or whose object the admin's call acted on ("" for
+    /// none, or no token of the store).
     pub tenant_id: String,
+    /// The caller is the admin (its token or an admin-scoped one).
+    pub by_admin: bool,
+    /// The token was valid (else the refusal is sampled).
+    pub authenticated: bool,
     pub token_name: String,
     pub token_scope: String,
     pub object: String,
@@ -81,10 +92,16 @@ pub struct AuditLayer {
     sampler: Arc<sampler::Sampler>,
 }
 
+/// The audit writer's settings (serve's `--audit-keep*`).
+pub type Retention = store::audit::Retention;
+
 impl AuditLayer {
     /// The layer, the writer to run beside the server, and what ends the writer once the
     /// server is gone (after it has written every entry queued by then).
-    pub fn new(state: Arc<AppState>) -> (Self, impl Future<Output = ()>, Close) {
+    pub fn new(
+        state: Arc<AppState>,
+        retention: Retention,
+    ) -> (Self, impl Future<Output = ()>, Close) {
         let (queue, entries) = mpsc::channel(QUEUE);
         let (close, closed) = oneshot::channel();
         let sampler = Arc::new(sampler::Sampler::default());
@@ -93,7 +110,7 @@ impl AuditLayer {
             clock: state.clock.clone(),
             sampler: sampler.clone(),
         };
-        let writer = write(state, entries, sampler, closed);
+        let writer = write(state, entries, sampler, closed, retention);
         (layer, writer, Close(close))
     }
 }
@@ -180,8 +197,7 @@ impl AuditLayer {
         message: String,
     ) {
         let now = self.clock.now();
-        // No token name: no valid token (see `auth::authenticate`).
-        if caller.token_name.is_empty() {
+        if !caller.authenticated {
             let (record, ended) = self.sampler.admit(peer, now);
             if let Some(c) = ended {
                 self.send(counted_entry(c));
@@ -196,6 +212,7 @@ impl AuditLayer {
             tenant_seq: None,
             at: now,
             tenant_id: field(&caller.tenant_id),
+            by_admin: caller.by_admin,
             token_name: field(&caller.token_name),
             token_scope: field(&caller.token_scope),
             method: field(&method),
@@ -220,6 +237,7 @@ fn counted_entry(c: sampler::Counted) -> store::audit::AuditRow {
         tenant_seq: None,
         at: c.to,
         tenant_id: String::new(),
+        by_admin: false,
         token_name: String::new(),
         token_scope: String::new(),
         method: "*".into(),
@@ -248,6 +266,7 @@ async fn write(
     mut entries: mpsc::Receiver<store::audit::AuditRow>,
     sampler: Arc<sampler::Sampler>,
     mut closed: oneshot::Receiver<()>,
+    retention: Retention,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     // Pruned at the first batch: a store from before may be over the bounds.
@@ -282,7 +301,7 @@ async fn write(
                 .map(counted_entry)
                 .collect();
             if !counted.is_empty() {
-                write_batch(&state, counted, false).await;
+                write_batch(&state, counted, None).await;
             }
             return;
         }
@@ -291,19 +310,28 @@ async fn write(
         if prune {
             unpruned = 0;
         }
-        write_batch(&state, std::mem::take(&mut batch), prune).await;
+        write_batch(
+            &state,
+            std::mem::take(&mut batch),
+            prune.then_some(retention),
+        )
+        .await;
     }
 }
 
-async fn write_batch(state: &AppState, rows: Vec<store::audit::AuditRow>, prune: bool) {
+async fn write_batch(
+    state: &AppState,
+    rows: Vec<store::audit::AuditRow>,
+    prune: Option<Retention>,
+) {
     let now = state.now();
     let written = state
         .write(move |sp| -> Result<usize, crate::error::Error> {
             for row in &rows {
                 store::audit::record(&sp, row)?;
             }
-            if prune {
-                store::audit::prune(&sp, now)?;
+            if let Some(keep) = prune {
+                store::audit::prune_within(&sp, now, keep)?;
             }
             sp.commit()?;
             Ok(rows.len())

@@ -95,13 +95,39 @@ pub fn authenticate<T: crate::intent::Intent>(
         changes: intent.changes(),
         ..Default::default()
     };
-    let grant = bearer(request).and_then(|token| resolve_bearer(state, conn, token));
-    if let Ok(grant) = &grant {
-        if let Caller::Tenant(id) = &grant.caller {
-            seen.tenant_id = id.clone();
+    let token = bearer(request);
+    let grant = token
+        .clone()
+        .and_then(|token| resolve_bearer(state, conn, token));
+    match &grant {
+        Ok(grant) => {
+            seen.authenticated = true;
+            match &grant.caller {
+                Caller::Tenant(id) => seen.tenant_id = id.clone(),
+                // The admin's change to a team's objects is in the team's view too.
+                Caller::Admin if intent.changes() => {
+                    seen.by_admin = true;
+                    seen.tenant_id = owner_of(conn, intent.owner()).unwrap_or_default();
+                }
+                Caller::Admin => seen.by_admin = true,
+            }
+            seen.token_name = grant.name.clone();
+            seen.token_scope = grant.scope.as_str().to_string();
         }
-        seen.token_name = grant.name.clone();
-        seen.token_scope = grant.scope.as_str().to_string();
+        // A token of the store refused (expired, revoked, rotated past its overlap): the
+        // refusal is in its owner's view.
+        Err(_) => {
+            let known = token
+                .ok()
+                .filter(|t| malformed(t).is_ok())
+                .and_then(|t| store::tokens::by_hash(conn, &hash_token(t)).ok().flatten());
+            if let Some(row) = known {
+                seen.by_admin = row.tenant_id.is_none();
+                seen.tenant_id = row.tenant_id.unwrap_or_default();
+                seen.token_name = row.name;
+                seen.token_scope = row.scope;
+            }
+        }
     }
     if let Some(note) = request.extensions().get::<crate::audit::Note>() {
         note.fill(seen);
@@ -121,6 +147,26 @@ pub fn authenticate<T: crate::intent::Intent>(
         )));
     }
     Ok(grant.caller)
+}
+
+/// The tenant whose object `owner` names, when it exists.
+fn owner_of(conn: &Connection, owner: crate::intent::Owner) -> Option<String> {
+    use crate::intent::Owner;
+    let found = match owner {
+        Owner::None => return None,
+        Owner::Tenant(t) => store::tenants::get(conn, t)
+            .and_then(|row| match row {
+                Some(row) => Ok(Some(row)),
+                None => store::tenants::by_name(conn, t),
+            })
+            .map(|row| row.map(|t| t.id)),
+        Owner::Quota(id) => store::quotas::get(conn, id).map(|q| q.map(|q| q.tenant_id)),
+        Owner::Reservation(id) => {
+            store::reservations::get(conn, id).map(|r| r.map(|r| r.tenant_id))
+        }
+        Owner::Cluster(id) => store::clusters::get(conn, id).map(|c| c.map(|c| c.tenant_id)),
+    };
+    found.ok().flatten()
 }
 
 fn bearer<T>(request: &tonic::Request<T>) -> Result<&str, Status> {

@@ -9,6 +9,22 @@ pub trait Intent {
     fn changes(&self) -> bool;
     /// The object the call names (an id or a name; "" when none), for the audit log.
     fn object(&self) -> String;
+    /// The tenant's object the call acts on, if any: an admin's call on it is recorded in
+    /// that tenant's audit view too.
+    fn owner(&self) -> Owner<'_> {
+        Owner::None
+    }
+}
+
+/// A tenant's object a call acts on, as the request names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner<'a> {
+    None,
+    /// The tenant itself, or its tokens (by id or name).
+    Tenant(&'a str),
+    Quota(&'a str),
+    Reservation(&'a str),
+    Cluster(&'a str),
 }
 
 /// `reads!(Type => |r| object)`: never changes anything.
@@ -28,7 +44,7 @@ macro_rules! reads {
 
 /// `changes!(Type => |r| object)`: always a change.
 macro_rules! changes {
-    ($($t:ty => |$r:ident| $object:expr;)*) => {$(
+    ($($t:ty => |$r:ident| $object:expr $(, $owner:ident($of:expr))?;)*) => {$(
         impl Intent for $t {
             fn changes(&self) -> bool {
                 true
@@ -37,13 +53,17 @@ macro_rules! changes {
                 let $r = self;
                 $object.to_string()
             }
+            $(fn owner(&self) -> Owner<'_> {
+                let $r = self;
+                Owner::$owner(&$of)
+            })?
         }
     )*};
 }
 
 /// `changes_unless_dry_run!(Type => |r| object)`: a change unless `validate_only`.
 macro_rules! changes_unless_dry_run {
-    ($($t:ty => |$r:ident| $object:expr;)*) => {$(
+    ($($t:ty => |$r:ident| $object:expr $(, $owner:ident($of:expr))?;)*) => {$(
         impl Intent for $t {
             fn changes(&self) -> bool {
                 !self.validate_only
@@ -52,6 +72,10 @@ macro_rules! changes_unless_dry_run {
                 let $r = self;
                 $object.to_string()
             }
+            $(fn owner(&self) -> Owner<'_> {
+                let $r = self;
+                Owner::$owner(&$of)
+            })?
         }
     )*};
 }
@@ -81,30 +105,30 @@ reads! {
 }
 
 changes! {
-    v1::UpdateTenantRequest => |r| r.id;
-    v1::DeleteTenantRequest => |r| r.id;
-    v1::DeleteReservationRequest => |r| r.id;
+    v1::UpdateTenantRequest => |r| r.id, Tenant(r.id);
+    v1::DeleteTenantRequest => |r| r.id, Tenant(r.id);
+    v1::DeleteReservationRequest => |r| r.id, Reservation(r.id);
     v1::ReturnNodeRequest => |r| r.name;
     v1::DrainNodeRequest => |r| r.name;
     v1::ForgetNodeSecretRequest => |r| r.name;
     v1::ResetQuarantineBreakerRequest => |r| r.gpu_type;
-    v1::DeleteTenantClusterRequest => |r| r.id;
+    v1::DeleteTenantClusterRequest => |r| r.id, Cluster(r.id);
     // Runs tests on the team's nodes: an action, not a read.
-    v1::RunHealthCheckRequest => |r| r.cluster_id;
-    v1::RotateTokenRequest => |r| token_object(&r.tenant_id, &r.name);
-    v1::RevokeTokenRequest => |r| token_object(&r.tenant_id, &r.name);
+    v1::RunHealthCheckRequest => |r| r.cluster_id, Cluster(r.cluster_id);
+    v1::RotateTokenRequest => |r| token_object(&r.tenant_id, &r.name), Tenant(r.tenant_id);
+    v1::RevokeTokenRequest => |r| token_object(&r.tenant_id, &r.name), Tenant(r.tenant_id);
 }
 
 changes_unless_dry_run! {
     v1::CreateTenantRequest => |r| r.name;
-    v1::CreateGpuQuotaRequest => |r| format!("{}/{}", r.tenant_id, r.gpu_type);
-    v1::UpdateGpuQuotaRequest => |r| r.id;
-    v1::DeleteGpuQuotaRequest => |r| r.id;
-    v1::CreateReservationRequest => |r| format!("{}/{}", r.tenant_id, r.gpu_type);
-    v1::UpdateReservationRequest => |r| r.id;
-    v1::CreateTenantClusterRequest => |r| format!("{}/{}", r.tenant_id, r.name);
-    v1::UpdateTenantClusterRequest => |r| r.id;
-    v1::CreateTokenRequest => |r| token_object(&r.tenant_id, &r.name);
+    v1::CreateGpuQuotaRequest => |r| format!("{}/{}", r.tenant_id, r.gpu_type), Tenant(r.tenant_id);
+    v1::UpdateGpuQuotaRequest => |r| r.id, Quota(r.id);
+    v1::DeleteGpuQuotaRequest => |r| r.id, Quota(r.id);
+    v1::CreateReservationRequest => |r| format!("{}/{}", r.tenant_id, r.gpu_type), Tenant(r.tenant_id);
+    v1::UpdateReservationRequest => |r| r.id, Reservation(r.id);
+    v1::CreateTenantClusterRequest => |r| format!("{}/{}", r.tenant_id, r.name), Tenant(r.tenant_id);
+    v1::UpdateTenantClusterRequest => |r| r.id, Cluster(r.id);
+    v1::CreateTokenRequest => |r| token_object(&r.tenant_id, &r.name), Tenant(r.tenant_id);
 }
 
 /// A token as the audit log names it: `tenant/name`, or `name` for an admin-scoped one.
@@ -138,6 +162,16 @@ mod tests {
             }
             .object(),
             "a/ci"
+        );
+        // What an admin's change acts on, for the team's audit view.
+        let quota = v1::DeleteGpuQuotaRequest {
+            id: "q1".into(),
+            ..Default::default()
+        };
+        assert_eq!(quota.owner(), Owner::Quota("q1"));
+        assert_eq!(
+            v1::ResetQuarantineBreakerRequest::default().owner(),
+            Owner::None
         );
     }
 }

@@ -99,6 +99,8 @@ pub struct Config {
     pub breaker: crate::scheduling::breaker::Settings,
     /// How many nodes may wait to be admitted, and for how long.
     pub candidates: crate::state::CandidateSettings,
+    /// How much of the audit log is kept (`--audit-keep*`).
+    pub audit_retention: crate::audit::Retention,
     /// The TCP ports new Slurm controllers, slurmds and logins listen on.
     pub slurm_ports: gpufleet_slurm::PortRange,
     /// How durable a commit is, and whether a store behind its commit record is served
@@ -140,6 +142,7 @@ impl Config {
             delivers: Default::default(),
             breaker: Default::default(),
             candidates: Default::default(),
+            audit_retention: Default::default(),
             slurm_ports: Default::default(),
             store: Default::default(),
             connections: Default::default(),
@@ -223,6 +226,7 @@ pub struct ControlPlane {
     pub state: Arc<AppState>,
     tls: Option<Arc<crate::tls_reload::ReloadableTls>>,
     tls_reload_every: Duration,
+    audit_retention: crate::audit::Retention,
     listen: SocketAddr,
     metrics: Option<Metrics>,
     require_client_cert: bool,
@@ -389,6 +393,7 @@ impl ControlPlane {
             state,
             tls,
             tls_reload_every: config.tls_reload_every,
+            audit_retention: config.audit_retention,
             listen: config.listen,
             metrics,
             require_client_cert: config.agent_ca.is_some(),
@@ -545,7 +550,8 @@ impl ControlPlane {
         let keepalive = (self.state.agents.node_timeout / 2).max(Duration::from_millis(500));
         // The audit log's writer ends once the server is gone, after writing what was
         // queued.
-        let (audit, audit_writer, audit_close) = crate::audit::AuditLayer::new(self.state.clone());
+        let (audit, audit_writer, audit_close) =
+            crate::audit::AuditLayer::new(self.state.clone(), self.audit_retention);
         let audit_writer = tokio::spawn(audit_writer);
         if let Some(tls) = &self.tls {
             self.tasks.push(tokio::spawn(

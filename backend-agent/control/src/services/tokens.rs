@@ -528,6 +528,7 @@ impl Access {
                     seq: seq(&e),
                     time: to_timestamp(e.at),
                     tenant_id: e.tenant_id,
+                    by_admin: e.by_admin,
                     token_name: e.token_name,
                     token_scope: e.token_scope,
                     method: e.method,

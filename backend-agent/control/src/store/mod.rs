@@ -489,6 +489,37 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE slurm_access ADD COLUMN next_job_id INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE slurm_access ADD COLUMN first_job_id INTEGER NOT NULL DEFAULT 0;
     "#,
+    // The audit log as chains (issue 40, `store::audit`): each entry carries the SHA-256 of
+    // the one before it in its chain and its place there; `audit_chains` records where each
+    // chain starts and its newest entry. Entries from before stay unchained, ahead of their
+    // chain. Admin calls are marked (`by_admin`): an admin call on a team's objects is the
+    // team's entry too. A tenant's sequence is counted apart, so pruning never reuses it.
+    r#"
+    ALTER TABLE audit_log ADD COLUMN by_admin INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE audit_log ADD COLUMN chain TEXT NOT NULL DEFAULT '';
+    ALTER TABLE audit_log ADD COLUMN chain_seq INTEGER;
+    ALTER TABLE audit_log ADD COLUMN prev_hash BLOB;
+    UPDATE audit_log SET
+        by_admin = (tenant_id = '' AND token_name != ''),
+        chain = CASE WHEN tenant_id != '' THEN tenant_id WHEN token_name != '' THEN '' ELSE '*' END;
+    CREATE INDEX audit_log_chain ON audit_log (chain, seq);
+    CREATE TABLE audit_chains (
+        chain TEXT PRIMARY KEY,
+        start_seq INTEGER NOT NULL,
+        start_chain_seq INTEGER NOT NULL,
+        start_prev_hash BLOB NOT NULL,
+        head_seq INTEGER NOT NULL,
+        head_chain_seq INTEGER NOT NULL,
+        head_hash BLOB NOT NULL,
+        pruned INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE audit_tenant_seqs (
+        tenant_id TEXT PRIMARY KEY,
+        last INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO audit_tenant_seqs (tenant_id, last)
+        SELECT tenant_id, MAX(tenant_seq) FROM audit_log WHERE tenant_id != '' GROUP BY tenant_id;
+    "#,
 ];
 
 /// Prepared statements kept per connection.
