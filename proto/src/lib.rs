@@ -10,6 +10,11 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/servers/gpufleet.v1.rs"));
 }
 
+/// The descriptors of both proto files as `protoc` compiled them (a `FileDescriptorSet`):
+/// tests/tests/version_skew.rs compares them with the previous release's, whose every
+/// field must keep its number and type.
+pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gpufleet.v1.fds"));
+
 pub mod codec;
 pub mod error_info;
 pub mod limits;

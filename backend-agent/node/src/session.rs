@@ -40,7 +40,8 @@ pub struct Agent {
 }
 
 /// The control plane refused this node (a wrong join token, a revoked certificate, an
-/// inventory that contradicts the node's): the error [`run`] ends with, typed so that the
+/// inventory that contradicts the node's), or this agent refused a control plane of a
+/// protocol too far from its own: the error [`run`] ends with, typed so that the
 /// binary can tell it from a failure worth a restart.
 #[derive(Debug)]
 pub struct Refused {
