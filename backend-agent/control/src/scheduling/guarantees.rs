@@ -32,12 +32,18 @@ pub fn check(gpu_type: &str, gpus: i64, promised: Promised) -> std::result::Resu
 }
 
 /// Loads what the guarantees of `gpu_type` are checked against, leaving out quota
-/// `except` (the one being updated).
-pub fn promised(conn: &Connection, gpu_type: &str, except: Option<&str>) -> Result<Promised> {
+/// `except` (the one being updated) and adding `unstored`: guarantees a dry run counts
+/// that have no row (quotas a plan creates for tenants it creates too).
+pub fn promised(
+    conn: &Connection,
+    gpu_type: &str,
+    except: Option<&str>,
+    unstored: i64,
+) -> Result<Promised> {
     let others = store::quotas::list(conn, None)?
         .into_iter()
         .filter(|q| q.gpu_type == gpu_type && Some(q.id.as_str()) != except)
-        .fold(0i64, |sum, q| sum.saturating_add(q.gpus));
+        .fold(unstored, |sum, q| sum.saturating_add(q.gpus));
     let (pool_nodes, _) = node_counts(conn, gpu_type)?;
     Ok(Promised {
         others,
@@ -47,9 +53,16 @@ pub fn promised(conn: &Connection, gpu_type: &str, except: Option<&str>) -> Resu
 }
 
 /// Refuses (FAILED_PRECONDITION) a quota guaranteeing `gpus` of `gpu_type` that would
-/// promise more than the pool has.
-pub fn admit(conn: &Connection, gpu_type: &str, gpus: i64, except: Option<&str>) -> Result<()> {
-    check(gpu_type, gpus, promised(conn, gpu_type, except)?).map_err(Error::Precondition)
+/// promise more than the pool has (see [`promised`] for `except` and `unstored`).
+pub fn admit(
+    conn: &Connection,
+    gpu_type: &str,
+    gpus: i64,
+    except: Option<&str>,
+    unstored: i64,
+) -> Result<()> {
+    let promised = promised(conn, gpu_type, except, unstored)?;
+    check(gpu_type, gpus, promised).map_err(Error::Precondition)
 }
 
 #[cfg(test)]

@@ -364,6 +364,15 @@ impl Clusters {
             rules::required("request_id", &req.request_id).map_err(invalid)?;
         }
         let tenant = target_tenant(&tx, &caller, &req.tenant_id)?;
+        // Quotas the same plan raises or creates count as they will be (a dry run only).
+        super::quotas::assume_planned(
+            &tx,
+            &caller,
+            "planned_quotas",
+            &req.planned_quotas,
+            req.validate_only,
+            None,
+        )?;
         // A dry run whose name is taken still runs every other check (quota, capacity,
         // layout, driver), under a stand-in name, and says all it found at once.
         let taken = match req.validate_only {
@@ -792,6 +801,14 @@ impl Clusters {
         let old = c.clone();
         let members_before = members(&tx, &c.id)?;
         let tenant = super::visible_tenant(&tx, &Caller::Admin, &c.tenant_id)?;
+        super::quotas::assume_planned(
+            &tx,
+            &caller,
+            "planned_quotas",
+            &req.planned_quotas,
+            req.validate_only,
+            None,
+        )?;
         let (mut c, new_driver) = self.updated(&old, &req)?;
         super::health::store_updated(&self.state, &tx, &c, &req)?;
         if req.set_ssh_public_keys {

@@ -57,6 +57,80 @@ fn require_in_fleet(conn: &Connection, gpu_type: &str) -> Result<(), Status> {
     )))
 }
 
+/// At most this many quotas a dry run counts beside its own request.
+const MAX_PLANNED: usize = 100;
+
+/// What a dry run counts of the quotas its plan sets beside it (`also_planned`,
+/// `planned_quotas`): those of tenants in the store are written into the dry run's
+/// savepoint (dropped, never committed) in place of the stored ones, so every check counts
+/// them as it counts stored quotas; those of tenants the plan creates have no row to write.
+#[derive(Default)]
+pub(super) struct Assumed {
+    /// Guaranteed GPUs per model of planned quotas whose tenant is not in the store yet.
+    unstored: std::collections::HashMap<String, i64>,
+}
+
+impl Assumed {
+    /// Guaranteed GPUs of `gpu_type` that the pool check counts besides the store's.
+    fn unstored(&self, gpu_type: &str) -> i64 {
+        self.unstored.get(gpu_type).copied().unwrap_or(0)
+    }
+}
+
+/// Writes the quotas a plan sets beside a dry run into its savepoint `tx` (see
+/// [`Assumed`]), leaving out the request's own (`own`: its tenant's id and model). Only a
+/// dry run counts them, and only the admin's: quotas are the admin's to set.
+pub(super) fn assume_planned(
+    tx: &Connection,
+    caller: &Caller,
+    field: &str,
+    planned: &[v1::PlannedQuota],
+    validate_only: bool,
+    own: Option<(&str, &str)>,
+) -> Result<Assumed, Status> {
+    let mut assumed = Assumed::default();
+    if planned.is_empty() {
+        return Ok(assumed);
+    }
+    if !validate_only {
+        return Err(invalid(format!("{field}: only with validate_only")));
+    }
+    caller.require_admin(&format!("counting planned quotas ({field})"))?;
+    if planned.len() > MAX_PLANNED {
+        return Err(invalid(format!(
+            "{field}: at most {MAX_PLANNED} quotas, got {}",
+            planned.len()
+        )));
+    }
+    for (i, p) in planned.iter().enumerate() {
+        rules::at_least(&format!("{field}[{i}].gpus"), p.gpus, 0).map_err(invalid)?;
+        rules::at_least(&format!("{field}[{i}].burst_gpus"), p.burst_gpus, 0).map_err(invalid)?;
+        let Ok(tenant) = visible_tenant(tx, &Caller::Admin, &p.tenant_id) else {
+            let sum = assumed.unstored.entry(p.gpu_type.clone()).or_default();
+            *sum = sum.saturating_add(p.gpus);
+            continue;
+        };
+        if own == Some((tenant.id.as_str(), p.gpu_type.as_str())) {
+            continue;
+        }
+        match store::quotas::for_model(tx, &tenant.id, &p.gpu_type).map_err(db_error)? {
+            Some(q) => store::quotas::update(tx, &q.id, p.gpus, p.burst_gpus),
+            None => store::quotas::insert(
+                tx,
+                &QuotaRow {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    tenant_id: tenant.id,
+                    gpu_type: p.gpu_type.clone(),
+                    gpus: p.gpus,
+                    burst_gpus: p.burst_gpus,
+                },
+            ),
+        }
+        .map_err(db_error)?;
+    }
+    Ok(assumed)
+}
+
 impl Quotas {
     fn create(
         &self,
@@ -73,7 +147,25 @@ impl Quotas {
         require_in_fleet(&tx, &req.gpu_type)?;
         rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
         rules::at_least("burst_gpus", req.burst_gpus, 0).map_err(invalid)?;
-        let tenant = visible_tenant(&tx, &Caller::Admin, &req.tenant_id)?;
+        let tenant = visible_tenant(&tx, &Caller::Admin, &req.tenant_id);
+        let own = tenant
+            .as_ref()
+            .ok()
+            .map(|t| (t.id.as_str(), req.gpu_type.as_str()));
+        let assumed = assume_planned(
+            &tx,
+            &caller,
+            "also_planned",
+            &req.also_planned,
+            req.validate_only,
+            own,
+        )?;
+        let unstored = assumed.unstored(&req.gpu_type);
+        if tenant.is_err() && req.validate_only {
+            // A tenant the same plan creates: its guarantee must fit the pool all the same.
+            guarantees::admit(&tx, &req.gpu_type, req.gpus, None, unstored)?;
+        }
+        let tenant = tenant?;
         let print = Fingerprint::of(&[&req.tenant_id, &req.gpu_type, &req.gpus, &req.burst_gpus]);
         // A dry run is always a new request: it neither finds nor leaves a request id.
         let prior = if req.validate_only {
@@ -100,7 +192,7 @@ impl Quotas {
                         &existing.id,
                     ));
                 }
-                guarantees::admit(&tx, &req.gpu_type, req.gpus, None)?;
+                guarantees::admit(&tx, &req.gpu_type, req.gpus, None, unstored)?;
                 let q = QuotaRow {
                     id: uuid::Uuid::new_v4().to_string(),
                     tenant_id: tenant.id.clone(),
@@ -170,6 +262,15 @@ impl Quotas {
         rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
         rules::at_least("burst_gpus", req.burst_gpus, 0).map_err(invalid)?;
         let tenant = visible_tenant(&tx, &Caller::Admin, &q.tenant_id)?;
+        let own = Some((q.tenant_id.as_str(), q.gpu_type.as_str()));
+        let assumed = assume_planned(
+            &tx,
+            &caller,
+            "also_planned",
+            &req.also_planned,
+            req.validate_only,
+            own,
+        )?;
         let t = self.state.now();
         let held = holdings(&tx, &q.gpu_type, t, Exclude::default())?;
         let gpn = gpus_per_node(&tx, &q.gpu_type)?;
@@ -192,7 +293,8 @@ impl Quotas {
         })?;
         // Lowering a guarantee is always allowed, even where others over-promise.
         if req.gpus > q.gpus {
-            guarantees::admit(&tx, &q.gpu_type, req.gpus, Some(&q.id))?;
+            let unstored = assumed.unstored(&q.gpu_type);
+            guarantees::admit(&tx, &q.gpu_type, req.gpus, Some(&q.id), unstored)?;
         }
         q.gpus = req.gpus;
         q.burst_gpus = req.burst_gpus;
