@@ -14,7 +14,12 @@
 //!   reservations that run beside it (Terraform runs deletes without a dependency in
 //!   parallel) instead of failing for dependents that are about to be gone;
 //! * reservations this plan creates: each create's dry run is sent with those admitted
-//!   before it, so siblings that cannot all fit are refused at plan, not half-applied.
+//!   before it, so siblings that cannot all fit are refused at plan, not half-applied;
+//! * quotas this plan creates or changes: each quota's dry run is sent with those admitted
+//!   before it (siblings that cannot all fit the pool are refused at plan; a lowering makes
+//!   room for a raise), a cluster's with all of its model (a raise makes room for it); at
+//!   apply a raise refused for the pool waits for the lowerings beside it, and a cluster
+//!   for the quota creates and raises of its model.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +41,45 @@ pub struct ThisRun {
     planned: Notify,
     /// Reservation creates whose dry runs admitted them and that are not created yet.
     reservations: Mutex<PlannedReservations>,
+    /// Quota creates and changes whose dry runs admitted them.
+    quotas: Mutex<PlannedQuotas>,
+    /// Told when a quota change is admitted or applied.
+    quotas_changed: Notify,
+}
+
+/// Quota creates and changes a plan admitted, one per (tenant as written, model), and a
+/// count of the changes to them (a dry run that saw another count asks again).
+#[derive(Default)]
+struct PlannedQuotas {
+    changes: u64,
+    admitted: Vec<PlannedQuota>,
+}
+
+struct PlannedQuota {
+    quota: gpufleet_proto::v1::PlannedQuota,
+    /// Whether it raises what the tenant may use (a create, or more GPUs): a cluster's
+    /// create or growth waits for it at apply.
+    raises: bool,
+    /// Whether it lowers the guarantee: a raise refused for the pool waits for it at apply.
+    lowers: bool,
+    /// Its create or update ended (at apply), whatever the answer.
+    applied: bool,
+}
+
+/// Which of a model's planned quota changes a wait at apply is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum QuotaChange {
+    Raise,
+    Lowering,
+}
+
+impl PlannedQuota {
+    fn is(&self, which: QuotaChange) -> bool {
+        match which {
+            QuotaChange::Raise => self.raises,
+            QuotaChange::Lowering => self.lowers,
+        }
+    }
 }
 
 /// Reservation creates a plan admitted, in that order, and a count of the changes to
@@ -180,6 +224,125 @@ impl ThisRun {
         if let Some(at) = planned.admitted.iter().position(|r| r == reservation) {
             planned.admitted.remove(at);
             planned.changes += 1;
+        }
+    }
+
+    fn quotas(&self) -> std::sync::MutexGuard<'_, PlannedQuotas> {
+        self.quotas.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The quota creates and changes of `gpu_type` admitted in this run, but for the one of
+    /// the tenant written `tenant` (at most `max`, the first admitted), and the count of
+    /// changes to them so far.
+    pub fn planned_quotas(
+        &self,
+        gpu_type: &str,
+        tenant: &str,
+        max: usize,
+    ) -> (u64, Vec<gpufleet_proto::v1::PlannedQuota>) {
+        let planned = self.quotas();
+        let same = planned
+            .admitted
+            .iter()
+            .map(|p| &p.quota)
+            .filter(|q| q.gpu_type == gpu_type && q.tenant_id != tenant)
+            .take(max)
+            .cloned()
+            .collect();
+        (planned.changes, same)
+    }
+
+    /// Records an admitted quota create or change (in place of an earlier one of the same
+    /// tenant and model), unless they changed since the dry run saw `seen` (false: ask
+    /// again, with them).
+    pub fn admits_quota(
+        &self,
+        seen: u64,
+        quota: gpufleet_proto::v1::PlannedQuota,
+        raises: bool,
+        lowers: bool,
+    ) -> bool {
+        let mut planned = self.quotas();
+        if planned.changes != seen {
+            return false;
+        }
+        planned.changes += 1;
+        planned.admitted.retain(|p| {
+            (&p.quota.tenant_id, &p.quota.gpu_type) != (&quota.tenant_id, &quota.gpu_type)
+        });
+        planned.admitted.push(PlannedQuota {
+            quota,
+            raises,
+            lowers,
+            applied: false,
+        });
+        drop(planned);
+        self.quotas_changed.notify_waiters();
+        true
+    }
+
+    /// Waits up to `grace` for a quota change admitted after a dry run saw `seen`
+    /// (Terraform plans siblings side by side, in no order): true when one was, and the
+    /// refused dry run is worth asking again.
+    pub async fn quota_admitted_since(&self, seen: u64, grace: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let notified = self.quotas_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.quotas().changes != seen {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// The create or update of the quota of `gpu_type` for the tenant written `tenant`
+    /// ended (at apply), whatever its answer.
+    pub fn quota_applied(&self, tenant: &str, gpu_type: &str) {
+        let mut planned = self.quotas();
+        for p in planned.admitted.iter_mut() {
+            if p.quota.tenant_id == tenant && p.quota.gpu_type == gpu_type {
+                p.applied = true;
+            }
+        }
+        drop(planned);
+        self.quotas_changed.notify_waiters();
+    }
+
+    /// Waits up to `limit` until every admitted quota change of `gpu_type` of kind
+    /// `which` (but the tenant written `tenant`'s) is applied. True when there is one and
+    /// all are applied now: what it waited for is in the store.
+    pub async fn quota_changes_applied(
+        &self,
+        gpu_type: &str,
+        tenant: &str,
+        which: QuotaChange,
+        limit: Duration,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.quotas_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let applied: Vec<bool> = self
+                .quotas()
+                .admitted
+                .iter()
+                .filter(|p| {
+                    p.quota.gpu_type == gpu_type && p.quota.tenant_id != tenant && p.is(which)
+                })
+                .map(|p| p.applied)
+                .collect();
+            let (any, pending) = (!applied.is_empty(), applied.contains(&false));
+            if !pending {
+                return any;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
         }
     }
 
@@ -331,6 +494,83 @@ mod tests {
         run.creating_reservation(&planned("H100-80GB"));
         assert!(run.planned_reservations("H100-80GB", 100).1.is_empty());
         assert!(!run.admits_reservation(seen, planned("H100-80GB")));
+    }
+
+    fn quota(tenant: &str, gpus: i64) -> gpufleet_proto::v1::PlannedQuota {
+        gpufleet_proto::v1::PlannedQuota {
+            tenant_id: tenant.into(),
+            gpu_type: "H100-80GB".into(),
+            gpus,
+            burst_gpus: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_quota_admitted_meanwhile_sends_the_dry_run_again_and_is_counted_once() {
+        let run = ThisRun::default();
+        let (seen_a, _) = run.planned_quotas("H100-80GB", "a", 100);
+        let (seen_b, _) = run.planned_quotas("H100-80GB", "b", 100);
+        assert!(run.admits_quota(seen_a, quota("a", 8), true, false));
+        assert!(!run.admits_quota(seen_b, quota("b", 16), true, false));
+        assert!(run.quota_admitted_since(seen_b, Duration::ZERO).await);
+        let (seen, others) = run.planned_quotas("H100-80GB", "b", 100);
+        assert_eq!(others, vec![quota("a", 8)]);
+        assert!(run.planned_quotas("H100-80GB", "a", 100).1.is_empty());
+        // The apply plans it again: one entry, the newer.
+        assert!(run.admits_quota(seen, quota("a", 4), true, false));
+        assert_eq!(
+            run.planned_quotas("H100-80GB", "b", 100).1,
+            vec![quota("a", 4)]
+        );
+        let (seen, _) = run.planned_quotas("H100-80GB", "b", 100);
+        assert!(
+            !run.quota_admitted_since(seen, Duration::from_millis(10))
+                .await
+        );
+    }
+
+    #[tokio::test]
+    async fn a_raise_waits_for_the_lowering_beside_it_and_never_for_another_raise() {
+        let run = Arc::new(ThisRun::default());
+        let limit = Duration::from_secs(30);
+        assert!(run.admits_quota(0, quota("a", 16), true, false));
+        assert!(run.admits_quota(1, quota("b", 0), false, true));
+        assert!(run.admits_quota(2, quota("c", 8), true, false));
+        let other = run.clone();
+        let waiter = tokio::spawn(async move {
+            other
+                .quota_changes_applied("H100-80GB", "a", QuotaChange::Lowering, limit)
+                .await
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        run.quota_applied("b", "H100-80GB");
+        assert!(waiter.await.unwrap(), "the lowering is applied");
+        // Nothing pending: no wait.
+        assert!(
+            run.quota_changes_applied("H100-80GB", "c", QuotaChange::Lowering, limit)
+                .await
+        );
+        assert!(
+            !run.quota_changes_applied("H100-80GB", "b", QuotaChange::Lowering, limit)
+                .await,
+            "no lowering beside b's own"
+        );
+        // A cluster waits for the raises of its model.
+        let short = Duration::from_millis(10);
+        assert!(
+            !run.quota_changes_applied("H100-80GB", "", QuotaChange::Raise, short)
+                .await
+        );
+        let other = run.clone();
+        let waiter = tokio::spawn(async move {
+            other
+                .quota_changes_applied("H100-80GB", "", QuotaChange::Raise, limit)
+                .await
+        });
+        run.quota_applied("a", "H100-80GB");
+        run.quota_applied("c", "H100-80GB");
+        assert!(waiter.await.unwrap(), "both raises are applied");
     }
 
     #[test]

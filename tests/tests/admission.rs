@@ -12,7 +12,9 @@ use gpufleet_e2e::node_agent::eventually;
 use gpufleet_e2e::times::{rfc3339_in_hours, unix_seconds};
 use gpufleet_e2e::{Backend, Terraform};
 use gpufleet_proto::timestamp::from_unix;
-use gpufleet_proto::v1::{CreateReservationRequest, CreateTenantClusterRequest, ListEventsRequest};
+use gpufleet_proto::v1::{
+    CreateReservationRequest, CreateTenantClusterRequest, ListEventsRequest, PlannedQuota,
+};
 
 const TENANT: &str = "gpufleet_tenant.t.id";
 
@@ -209,6 +211,77 @@ async fn over_promised_guarantees_are_refused_with_the_numbers() {
         })
         .await
         .expect("16 GPUs where 16 are free");
+}
+
+/// Quotas and what needs them change in one plan and one apply, counted as they will be:
+/// a raise and the cluster growth it makes room for, beside a lowering that makes room for
+/// the raise; what no apply could do (a growth past the raised quota, new quotas that cannot
+/// all fit the pool) is refused at plan, naming the numbers, and nothing is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_changes_and_what_needs_them_plan_and_apply_together() {
+    let backend = Backend::start(); // 4 H100 pool nodes of 8 GPUs: 32 GPUs
+    let tf = workdir(&backend);
+    // Tenants by name, known at plan: the quotas' dry runs can count them.
+    let teams = |a: i64, b: i64, nodes: i64, more: &[Block]| {
+        let mut all = vec![
+            hcl::tenant("a", "team-a"),
+            hcl::tenant("b", "team-b"),
+            hcl::quota("a", "gpufleet_tenant.a.name", "H100-80GB", a),
+            hcl::quota("b", "gpufleet_tenant.b.name", "H100-80GB", b),
+            hcl::pool_cluster("a", "gpufleet_tenant.a.name", "train", "H100-80GB", nodes)
+                .depends_on(&["gpufleet_gpu_quota.a"]),
+        ];
+        all.extend(more.iter().cloned());
+        hcl::config(&all)
+    };
+    tf.write_main(&teams(8, 24, 1, &[]));
+    tf.apply();
+
+    // Growing past the raised quota: no apply could do it.
+    tf.write_main(&teams(16, 16, 3, &[]));
+    tf.plan_fails()
+        .assert_mentions(&["needs 24 H100-80GB GPUs", "quota of tenant 'team-a' leaves"]);
+
+    // Team a's raise fits only beside team b's lowering, and the cluster's growth only
+    // with the raise: one plan, one apply, whichever order Terraform applies the quotas in.
+    tf.write_main(&teams(16, 16, 2, &[]));
+    tf.plan().assert_mentions(&["3 to change"]);
+    tf.apply();
+    tf.assert_no_changes();
+    let cluster = tf.resource("gpufleet_tenant_cluster.a");
+    assert_eq!(i64_of(&cluster, "node_count"), 2, "{cluster:#}");
+    let quotas = backend.admin().await.inventory().await.quotas;
+    let mut gpus: Vec<i64> = quotas.iter().map(|q| q.gpus).collect();
+    gpus.sort();
+    assert_eq!(gpus, vec![16, 16], "{quotas:#?}");
+
+    // Two new teams' quotas: each fits beside team b's lowering, both do not.
+    let new_team = |label: &str| {
+        [
+            hcl::tenant(label, &format!("team-{label}")),
+            hcl::quota(
+                label,
+                &format!("gpufleet_tenant.{label}.name"),
+                "H100-80GB",
+                16,
+            ),
+        ]
+    };
+    let more: Vec<Block> = new_team("c").into_iter().chain(new_team("d")).collect();
+    tf.write_main(&teams(16, 0, 2, &more));
+    let needles = [
+        "would exceed the pool's 32",
+        "Counted with the H100-80GB quotas this plan also creates or changes",
+        "tenant 'team-b': 0 guaranteed",
+    ];
+    tf.plan_fails().assert_mentions(&needles);
+    tf.apply_fails().assert_mentions(&needles);
+    let after = backend.admin().await.inventory().await;
+    assert_eq!(
+        (after.tenants.len(), after.quotas.len()),
+        (2, 2),
+        "nothing applied: {after:#?}"
+    );
 }
 
 /// `gpufleet_availability` answers when N nodes are free for D, from the same holdings a
@@ -473,9 +546,34 @@ async fn dry_runs_answer_like_the_real_call_and_change_nothing() {
             gpus: 8,
             burst_gpus: 0,
             validate_only: true,
+            also_planned: vec![],
         })
         .await
         .expect("a dry run of a lower quota");
+    // A raise the same plan makes counts in a cluster's dry run, and stays a dry run.
+    let three = CreateTenantClusterRequest {
+        node_count: 3,
+        ..cluster.clone()
+    };
+    admin
+        .clusters
+        .create_tenant_cluster(three.clone())
+        .await
+        .expect_err("24 GPUs on a quota of 16");
+    let raised = PlannedQuota {
+        tenant_id: "team".into(),
+        gpu_type: "H100-80GB".into(),
+        gpus: 24,
+        burst_gpus: 0,
+    };
+    admin
+        .clusters
+        .create_tenant_cluster(CreateTenantClusterRequest {
+            planned_quotas: vec![raised],
+            ..three
+        })
+        .await
+        .expect("24 GPUs on the quota of 24 the plan sets");
     assert_eq!(admin.inventory().await, before);
     let volumes = backend.data_dir().join("volumes").join(&tenant.id);
     assert!(!volumes.join("train").exists(), "a dry run made storage");

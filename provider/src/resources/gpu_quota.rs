@@ -16,6 +16,7 @@ use crate::framework::{
     PlannedChange, ResourceType, Schema, Type, Value,
 };
 use crate::state::ProviderState;
+use crate::this_run::QuotaChange;
 
 pub struct GpuQuota {
     provider: Arc<ProviderState>,
@@ -65,6 +66,7 @@ fn create_request(planned: &Value) -> Result<api::CreateGpuQuotaRequest, Diagnos
         gpus: required_i64(planned, "gpus")?,
         burst_gpus: required_i64(planned, "burst_gpus")?,
         validate_only: false,
+        also_planned: vec![],
     })
 }
 
@@ -77,6 +79,7 @@ fn update_request(
         gpus: required_i64(planned, "gpus")?,
         burst_gpus: required_i64(planned, "burst_gpus")?,
         validate_only: false,
+        also_planned: vec![],
     })
 }
 
@@ -86,7 +89,10 @@ impl GpuQuota {
     /// lowered below what the tenant holds). Skipped while an input is unknown, on the
     /// replace half of a replacement (Terraform plans its create half as a create), and
     /// on an update that leaves the limits as they are (so an unchanged configuration
-    /// never blocks the pre-destroy plan of `terraform destroy`).
+    /// never blocks the pre-destroy plan of `terraform destroy`). The quotas of the same
+    /// model this plan creates or changes beside it count as they will be: quotas that
+    /// cannot all fit the pool are refused at plan (the one planned last, naming the
+    /// others), and a raise counts the lowering planned beside it.
     async fn check_with_backend(
         &self,
         prior: Option<&Value>,
@@ -116,36 +122,166 @@ impl GpuQuota {
         if !known {
             return Ok(());
         }
-        let answer = match prior {
-            None => {
-                let request = api::CreateGpuQuotaRequest {
-                    validate_only: true,
-                    ..create_request(state)?
-                };
-                client.quotas().create_gpu_quota(request).await
-            }
-            Some(prior) => {
-                let request = api::UpdateGpuQuotaRequest {
-                    validate_only: true,
-                    ..update_request(prior, state)?
-                };
-                client.quotas().update_gpu_quota(request).await
-            }
-        };
         let tenant = optional_tenant(state)?;
-        let asked = Asked {
-            tenant: &tenant,
-            gpu_type: None,
+        let me = api::PlannedQuota {
+            tenant_id: tenant.clone(),
+            gpu_type: required_str(state, "gpu_type")?,
+            gpus: required_i64(state, "gpus")?,
+            burst_gpus: required_i64(state, "burst_gpus")?,
         };
-        verdict(
-            &client,
-            &self.provider.run,
-            asked,
-            answer,
-            &written(&self.schema()),
-            "gpus",
-        )
-        .await
+        let old = match prior {
+            Some(prior) => Some((
+                required_i64(prior, "gpus")?,
+                required_i64(prior, "burst_gpus")?,
+            )),
+            None => None,
+        };
+        let raises = old.is_none_or(|(g, b)| me.gpus + me.burst_gpus > g + b);
+        let lowers = old.is_some_and(|(g, _)| me.gpus < g);
+        let run = &self.provider.run;
+        loop {
+            // The quotas this plan sets beside this one count as they will be.
+            let (seen, siblings) = run.planned_quotas(&me.gpu_type, &tenant, MAX_SIBLINGS);
+            let answer = match prior {
+                None => {
+                    let request = api::CreateGpuQuotaRequest {
+                        validate_only: true,
+                        also_planned: siblings.clone(),
+                        ..create_request(state)?
+                    };
+                    client
+                        .quotas()
+                        .create_gpu_quota(request)
+                        .await
+                        .map(|_| tonic::Response::new(()))
+                }
+                Some(prior) => {
+                    let request = api::UpdateGpuQuotaRequest {
+                        validate_only: true,
+                        also_planned: siblings.clone(),
+                        ..update_request(prior, state)?
+                    };
+                    client
+                        .quotas()
+                        .update_gpu_quota(request)
+                        .await
+                        .map(|_| tonic::Response::new(()))
+                }
+            };
+            // A sibling planned later (a lowering) may make room: ask again with it.
+            if let Err(s) = &answer {
+                if s.code() == tonic::Code::FailedPrecondition
+                    && run.quota_admitted_since(seen, SIBLINGS_GRACE).await
+                {
+                    continue;
+                }
+            }
+            let asked = Asked {
+                tenant: &tenant,
+                gpu_type: None,
+            };
+            let fields = written(&self.schema());
+            let verdict = verdict(&client, run, asked, answer, &fields, "gpus").await;
+            match verdict {
+                Ok(()) if run.admits_quota(seen, me.clone(), raises, lowers) => return Ok(()),
+                Ok(()) => continue,
+                Err(diags) => return Err(counted_beside(diags, &siblings)),
+            }
+        }
+    }
+}
+
+/// At most this many quotas of the plan a dry run counts beside its own (the API's bound).
+const MAX_SIBLINGS: usize = 100;
+
+/// How long a quota refused at plan waits for the other quotas of the same plan (a
+/// lowering planned beside a raise) before the refusal stands.
+const SIBLINGS_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How long a quota refused at apply for the pool waits for the lowerings beside it.
+const LOWERINGS_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// A refusal that counted other quotas of the plan says which, with their numbers.
+fn counted_beside(mut diags: Diagnostics, siblings: &[api::PlannedQuota]) -> Diagnostics {
+    if siblings.is_empty() {
+        return diags;
+    }
+    let listed: Vec<String> = siblings
+        .iter()
+        .map(|q| {
+            format!(
+                "tenant '{}': {} guaranteed + {} burst",
+                q.tenant_id, q.gpus, q.burst_gpus
+            )
+        })
+        .collect();
+    let note = format!(
+        "Counted with the {} quotas this plan also creates or changes, as they will be: {}. Terraform plans and applies them in one run, so together they must fit.",
+        siblings[0].gpu_type,
+        listed.join("; ")
+    );
+    for d in diags.0.iter_mut() {
+        d.detail = if d.detail.is_empty() {
+            note.clone()
+        } else {
+            format!("{} {note}", d.detail)
+        };
+    }
+    diags
+}
+
+impl GpuQuota {
+    /// Sends a create or update; when it is refused (for the pool) and this run applies
+    /// lowerings of the same model beside it (Terraform applies them in no order), waits
+    /// until they are done and sends it once more.
+    async fn after_lowerings<T, F>(
+        &self,
+        tenant: &str,
+        gpu_type: &str,
+        send: impl Fn() -> F,
+    ) -> Result<tonic::Response<T>, tonic::Status>
+    where
+        F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        match send().await {
+            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                let run = &self.provider.run;
+                let lowering = QuotaChange::Lowering;
+                if run
+                    .quota_changes_applied(gpu_type, tenant, lowering, LOWERINGS_LIMIT)
+                    .await
+                {
+                    send().await
+                } else {
+                    Err(s)
+                }
+            }
+            answer => answer,
+        }
+    }
+}
+
+/// Marks a quota's create or update as ended when dropped, whatever its answer, so that
+/// what waits for it at apply goes on.
+struct Applied<'a> {
+    run: &'a crate::this_run::ThisRun,
+    tenant: String,
+    gpu_type: String,
+}
+
+impl<'a> Applied<'a> {
+    fn new(run: &'a crate::this_run::ThisRun, tenant: &str, gpu_type: &str) -> Self {
+        Self {
+            run,
+            tenant: tenant.to_string(),
+            gpu_type: gpu_type.to_string(),
+        }
+    }
+}
+
+impl Drop for Applied<'_> {
+    fn drop(&mut self) {
+        self.run.quota_applied(&self.tenant, &self.gpu_type);
     }
 }
 
@@ -189,10 +325,10 @@ impl ResourceType for GpuQuota {
             "A tenant's quota of one GPU model: guaranteed GPUs plus burst GPUs.",
             vec![
                 Attribute::computed("id", Type::String, "The quota's id, assigned by the backend."),
-                Attribute::optional(
+                Attribute::optional_computed(
                     "tenant",
                     Type::String,
-                    "The tenant, by id or by name (a `gpufleet_tenant`'s `id` or `name`; state keeps what you write). With a tenant token it may be left out: the token's own tenant. Changing it forces replacement.",
+                    "The tenant, by id or by name (a `gpufleet_tenant`'s `id` or `name`; state keeps what you write). With a tenant token it may be left out: the token's own tenant (a state that names it, as an import by `TENANT/NAME` writes, keeps that spelling). Changing it forces replacement.",
                 ),
                 Attribute::required(
                     "gpu_type",
@@ -241,6 +377,8 @@ impl ResourceType for GpuQuota {
         proposed: Value,
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
+        let mut proposed = proposed;
+        super::common::kept_own_tenant(self.provider.plan_client(), config, &mut proposed).await;
         let respelled = respelled_prior(self.provider.plan_client(), prior, &proposed).await;
         let prior = respelled.as_ref().or(prior);
         let planned = plan(prior, proposed, config);
@@ -263,7 +401,14 @@ impl ResourceType for GpuQuota {
     async fn create(&self, planned: &Value, _config: &Value) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let request = create_request(planned)?;
-        let created = answered(&client, client.quotas().create_gpu_quota(request).await)?;
+        let _applied = Applied::new(&self.provider.run, &request.tenant_id, &request.gpu_type);
+        let answer = self
+            .after_lowerings(&request.tenant_id, &request.gpu_type, || {
+                let (mut quotas, request) = (client.quotas(), request.clone());
+                async move { quotas.create_gpu_quota(request).await }
+            })
+            .await;
+        let created = answered(&client, answer)?;
         Ok(with_tenant_spelling(
             state(&created),
             planned,
@@ -280,7 +425,16 @@ impl ResourceType for GpuQuota {
     ) -> Result<Value, Diagnostics> {
         let client = self.provider.client()?;
         let request = update_request(prior, planned)?;
-        let updated = answered(&client, client.quotas().update_gpu_quota(request).await)?;
+        let tenant = optional_tenant(planned)?;
+        let gpu_type = required_str(planned, "gpu_type")?;
+        let _applied = Applied::new(&self.provider.run, &tenant, &gpu_type);
+        let answer = self
+            .after_lowerings(&tenant, &gpu_type, || {
+                let (mut quotas, request) = (client.quotas(), request.clone());
+                async move { quotas.update_gpu_quota(request).await }
+            })
+            .await;
+        let updated = answered(&client, answer)?;
         Ok(with_tenant_spelling(
             state(&updated),
             planned,

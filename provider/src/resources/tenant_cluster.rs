@@ -678,6 +678,7 @@ impl TenantCluster {
             None => {
                 let request = api::CreateTenantClusterRequest {
                     validate_only: true,
+                    planned_quotas: self.planned_quotas(gpu_type),
                     ..create_request(state, config)?
                 };
                 // The create half of a replacement is planned while the cluster it
@@ -687,6 +688,7 @@ impl TenantCluster {
             Some(prior) => {
                 let request = api::UpdateTenantClusterRequest {
                     validate_only: true,
+                    planned_quotas: self.planned_quotas(gpu_type),
                     ..update_request(prior, state, config)?
                 };
                 client.clusters().update_tenant_cluster(request).await
@@ -706,6 +708,21 @@ impl TenantCluster {
             "node_count",
         )
         .await
+    }
+
+    /// The quotas of `gpu_type` this plan creates or changes (planned before this cluster:
+    /// those it depends on), for its dry run to count as they will be.
+    fn planned_quotas(&self, gpu_type: &str) -> Vec<api::PlannedQuota> {
+        self.provider.run.planned_quotas(gpu_type, "", 100).1
+    }
+
+    /// At apply, waits for the quota creates and raises of `gpu_type` this run applies
+    /// (the plan counted them; without a `depends_on` Terraform applies them in no order).
+    async fn after_quota_raises(&self, gpu_type: &str) {
+        let raise = crate::this_run::QuotaChange::Raise;
+        let limit = std::time::Duration::from_secs(120);
+        let run = &self.provider.run;
+        run.quota_changes_applied(gpu_type, "", raise, limit).await;
     }
 
     /// Asks the backend for the driver this plan gives the cluster, when
@@ -811,7 +828,7 @@ impl ResourceType for TenantCluster {
             "A Kubernetes or Slurm cluster on whole nodes of one GPU model, for one tenant alone.",
             vec![
                 Attribute::computed("id", Type::String, "The cluster's id, assigned by the backend."),
-                Attribute::optional("tenant", Type::String, "The tenant, by id or by name (a `gpufleet_tenant`'s `id` or `name`; state keeps what you write). With a tenant token it may be left out: the token's own tenant. Changing it forces replacement."),
+                Attribute::optional_computed("tenant", Type::String, "The tenant, by id or by name (a `gpufleet_tenant`'s `id` or `name`; state keeps what you write). With a tenant token it may be left out: the token's own tenant (a state that names it, as an import by `TENANT/NAME` writes, keeps that spelling). Changing it forces replacement."),
                 Attribute::required("name", Type::String, "Cluster name, a DNS label. Changing it forces replacement."),
                 Attribute::required("orchestrator", Type::String, "`kubernetes` or `slurm`. Changing it forces replacement."),
                 Attribute::required("gpu_type", Type::String, "GPU model, e.g. `H100-80GB`. Changing it forces replacement."),
@@ -974,6 +991,8 @@ impl ResourceType for TenantCluster {
         proposed: Value,
         config: &Value,
     ) -> Result<PlannedChange, Diagnostics> {
+        let mut proposed = proposed;
+        super::common::kept_own_tenant(self.provider.plan_client(), config, &mut proposed).await;
         let respelled = respelled_prior(self.provider.plan_client(), prior, &proposed).await;
         let prior = respelled.as_ref().or(prior);
         super::common::note_prior(&self.provider.run, prior);
@@ -1007,6 +1026,7 @@ impl ResourceType for TenantCluster {
         let client = self.provider.client()?;
         let request = create_request(planned, config)?;
         let deadline = Deadline::new("create", waiting::limit(planned, "create")?);
+        self.after_quota_raises(&request.gpu_type).await;
         let created = cluster_waits::create(&client, request, deadline).await?;
         answered_state(&client, created, planned).await
     }
@@ -1020,6 +1040,7 @@ impl ResourceType for TenantCluster {
         let client = self.provider.client()?;
         let request = update_request(prior, planned, config)?;
         let deadline = Deadline::new("update", waiting::limit(planned, "update")?);
+        self.after_quota_raises(&required_str(planned, "gpu_type")?).await;
         let name = required_str(prior, "name")?;
         let updated = cluster_waits::update(&client, request, name, deadline).await?;
         answered_state(&client, updated, planned).await
