@@ -4,17 +4,23 @@
 //!
 //! - `ps` shows no process of A (A has a job running and a process left on its login):
 //!   `/proc` is a `hidepid=invisible` instance in the login's and slurmd's namespaces;
-//! - A's files in its login's and its job's `/tmp` and `/dev/shm` are not in B's, nor in
-//!   the host's (each login has its own tmpfs, each job its own from `job_container/tmpfs`);
+//! - A's files in its login's and its job's `/tmp`, `/var/tmp`, `/dev/shm` and `/run/lock`
+//!   are not in B's, nor in the host's (each login has its own tmpfs, each job its own
+//!   `/tmp` and `/dev/shm` from `job_container/tmpfs`, each node's jobs their `/var/tmp`
+//!   and `/run/lock` from slurmd's namespace), nor A's System V shared memory in B's `ipcs`;
+//! - B's cgroupfs shows B's own cgroups only: no name, uid or job of A in B's login's or
+//!   job's `/sys/fs/cgroup` or `/proc/self/cgroup` (each login and node has a cgroup
+//!   namespace of its own);
 //! - no account of A in B's `/etc/passwd` or `/etc/group`, `id A` says no such user, and
 //!   `/run/gpufleet` cannot be listed;
 //! - a job that asks for one MIG slice has `CUDA_VISIBLE_DEVICES=0` and can open that
 //!   slice's device alone: the node's other slices are refused by its device cgroup;
 //! - a job gets the memory it asked for and no more (killed by the OOM killer past it), and
 //!   its one CPU alone;
-//! - destroying A's cluster leaves nothing of A on the host: no process, no file of its
-//!   uid in `/tmp`, `/var/tmp`, `/dev/shm` or the agents' data dirs, no mount naming it, no
-//!   cgroup of its node, no account, no runtime directory.
+//! - destroying A's cluster leaves nothing of A on the host: no process (none left when the
+//!   apply returns: the agent waits for them before it removes the account), no file of its
+//!   uid in `/tmp`, `/var/tmp`, `/dev/shm`, `/run/lock` or the agents' data dirs, no mount
+//!   naming it, no cgroup of its node, no account, no runtime directory.
 //!
 //! Runs as root with namespaces and cgroup v1 (as CI does); what is missing fails the
 //! test naming it.
@@ -32,6 +38,8 @@ use gpufleet_e2e::{eventually, Backend, NodeAgent, Terraform};
 const LIMIT: Duration = Duration::from_secs(60);
 const A: &str = "gpufleet_tenant_cluster.a";
 const B: &str = "gpufleet_tenant_cluster.b";
+/// The host-shared writable directories a login or job may write to.
+const TEMP: &str = "/tmp /var/tmp /dev/shm /run/lock";
 
 /// The real uid of a process, from /proc (this machine's view: every process).
 fn uid_of(pid: &str) -> Option<u32> {
@@ -87,7 +95,7 @@ fn leftovers(name: &str, uid: u32, node: &str, dirs: &[PathBuf]) -> Vec<String> 
         .filter(|(_, u, cmd)| *u == Some(uid) || cmd.contains(name))
         .map(|(p, u, cmd)| format!("process {p} (uid {u:?}): {cmd}"))
         .collect();
-    let mut roots: Vec<PathBuf> = ["/tmp", "/var/tmp", "/dev/shm", "/run/gpufleet"]
+    let mut roots: Vec<PathBuf> = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/run/gpufleet"]
         .iter()
         .map(PathBuf::from)
         .collect();
@@ -111,6 +119,7 @@ fn leftovers(name: &str, uid: u32, node: &str, dirs: &[PathBuf]) -> Vec<String> 
         );
     }
     let login = format!("gpufleet_login_{name}_");
+    let slurmd = format!("gpufleet_slurmd_{name}_");
     for controller in fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
         for e in fs::read_dir(controller.path())
             .into_iter()
@@ -118,7 +127,7 @@ fn leftovers(name: &str, uid: u32, node: &str, dirs: &[PathBuf]) -> Vec<String> 
             .flatten()
         {
             let n = e.file_name().to_string_lossy().to_string();
-            if n == format!("slurm_{node}") || n.starts_with(&login) {
+            if n == format!("slurm_{node}") || n.starts_with(&login) || n.starts_with(&slurmd) {
                 left.push(format!("cgroup {}", e.path().display()));
             }
         }
@@ -227,17 +236,18 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
         .to_string();
     let marker = format!("secret-of-a-{}", std::process::id());
 
-    // A leaves files in its login's /tmp and /dev/shm and a process on its login, and
-    // runs a job that writes to its own /tmp and /dev/shm and waits.
+    // A leaves files in its login's temporary directories, a System V shared memory
+    // segment and a process on its login, and runs a job that writes to its own
+    // temporary directories and waits.
     a.ok(&format!(
-        "echo {marker} > /tmp/{marker} && echo {marker} > /dev/shm/{marker} && cat /tmp/{marker}"
+        "for d in {TEMP}; do echo {marker} > $d/{marker} || exit 1; done; ipcmk -M 4096"
     ));
     a.ok("setsid sh -c 'exec sleep 3001' </dev/null >/dev/null 2>&1 &");
     let job = a
         .ok(&format!(
             "sbatch --parsable -N1 --output=/dev/null --wrap {}",
             shell_word(&format!(
-                "echo {marker} > /tmp/{marker}-job; echo {marker} > /dev/shm/{marker}-job; exec sleep 3002"
+                "for d in {TEMP}; do echo {marker} > $d/{marker}-job; done; exec sleep 3002"
             ))
         ))
         .trim()
@@ -257,11 +267,23 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
         async move { (running == "RUNNING" && both).then_some(()) }
     })
     .await;
-    // A's files are private to A: not in this machine's /tmp or /dev/shm.
-    for shared in ["/tmp", "/dev/shm"] {
-        let at = Path::new(shared).join(&marker);
-        assert!(!at.exists(), "A's login file is in the host's {shared}");
+    // A's files are private to A: not in this machine's temporary directories; its
+    // segment not in this machine's IPC.
+    for shared in TEMP.split(' ') {
+        for file in [marker.clone(), format!("{marker}-job")] {
+            let at = Path::new(shared).join(file);
+            assert!(!at.exists(), "A's file is in the host's {shared}: {at:?}");
+        }
     }
+    let host_ipc =
+        String::from_utf8_lossy(&Command::new("ipcs").arg("-m").output().unwrap().stdout)
+            .to_string();
+    assert!(
+        !host_ipc.contains(&a_name) && !host_ipc.contains(&a_uid.to_string()),
+        "A's shared memory segment is in the host's IPC: {host_ipc}"
+    );
+    let own_ipc = a.ok("ipcs -m");
+    assert!(own_ipc.contains("4096"), "A's own ipcs: {own_ipc}");
     // A sees its own processes and files (what B must not see is there to be seen).
     let own = a.ok("ps -eo user:32,args");
     assert!(own.contains("sleep 3001"), "A's own ps: {own}");
@@ -291,11 +313,33 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
         }
     }
     let probe = format!(
-        "ls -a /tmp /dev/shm; cat /tmp/{marker}* /dev/shm/{marker}* 2>&1; \
+        "ls -a {TEMP}; for d in {TEMP}; do cat $d/{marker}* 2>&1; done; ipcs -m; \
+         cat /proc/self/cgroup; find /sys/fs/cgroup -type d; \
          grep -c {a_name} /etc/passwd /etc/group; getent passwd {a_name} {a_uid} || echo no-such-user; \
          grep ^gf /etc/passwd | cut -d: -f1; ls /run/gpufleet 2>&1 || true; cat /proc/self/mountinfo"
     );
     for (place, out) in [("login", b.ok(&probe)), ("job", b.job_ok("", &probe))] {
+        for never in [
+            format!("uid_{a_uid}"),
+            a_uid.to_string(),
+            format!("slurm_{a_node}"),
+            "gpufleet_login_".to_string(),
+            "gpufleet_slurmd_".to_string(),
+        ] {
+            assert!(
+                !out.contains(&never),
+                "B's {place} sees A's or the host's cgroups ({never}): {out}"
+            );
+        }
+        // Its own cgroups, from the root of its view.
+        let own = match place {
+            "login" => "memory:/\n".to_string(),
+            _ => format!("memory:/slurm_{b_node}/uid_{b_uid}/job_"),
+        };
+        assert!(
+            out.contains(&own),
+            "B's {place} does not see its own cgroup ({own}): {out}"
+        );
         assert!(
             !out.contains(&format!("{marker}\n")),
             "B's {place} reads A's file: {out}"
@@ -388,6 +432,23 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
     }
     tf.write_main(&sliced_team("b"));
     tf.apply();
+    // The agent waited for A's processes before it answered, and removed the account.
+    let running: Vec<_> = processes()
+        .into_iter()
+        .filter(|(_, u, _)| *u == Some(a_uid))
+        .collect();
+    assert!(
+        running.is_empty(),
+        "A's processes outlived its destroy: {running:#?}"
+    );
+    let account = Command::new("getent")
+        .args(["passwd", &a_name])
+        .output()
+        .unwrap();
+    assert!(
+        !account.status.success(),
+        "A's account outlived its destroy"
+    );
     nothing_left("A", || leftovers(&a_name, a_uid, &a_node, &dirs));
     let out = b.job_ok("", "id -un; ls -a /tmp");
     assert!(out.contains(&b_name), "{out}");

@@ -13,11 +13,12 @@
 //! is 0711: anyone may pass through it to the directory it belongs to, no one but root
 //! may list it (the names of the clusters a host serves are no one else's business).
 //!
-//! Removing an account ends its processes and removes what it owned in the host's shared
-//! temporary directories (`/tmp`, `/var/tmp`, `/dev/shm`), then the user and group. Its
-//! sessions and jobs have private ones (see `sandbox`, and `job_container/tmpfs`), so
-//! that finds nothing unless something escaped them; it is there so that nothing owned
-//! by a deleted uid outlives the cluster whatever happened.
+//! Removing an account ends its processes and waits until none is left (a bounded wait:
+//! what still runs after it is named in the error), removes what it owned in the host's
+//! shared temporary directories (`/tmp`, `/var/tmp`, `/dev/shm`, `/run/lock`), then the
+//! user and group. Its sessions and jobs have private ones (see `sandbox`, and
+//! `job_container/tmpfs`), so that finds nothing unless something escaped them; it is
+//! there so that nothing owned by a deleted uid outlives the cluster whatever happened.
 //!
 //! Blocking (useradd, getent): async callers go through spawn_blocking.
 
@@ -36,6 +37,9 @@ pub const UIDS: u32 = 100_000_000;
 
 /// How long concurrent useradd/userdel runs (agents of one host) are retried for.
 const RETRY_FOR: Duration = Duration::from_secs(10);
+/// How long a removed account's killed processes are waited for (one in uninterruptible
+/// sleep, in I/O to a slow disk, ends only when that returns).
+const END_WITHIN: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Account {
@@ -145,10 +149,21 @@ impl Account {
         Ok(())
     }
 
-    /// Ends every process of the account on this host, removes its files from the
-    /// host's temporary directories, then removes the user and group.
+    /// Ends every process of the account on this host and waits until none is left,
+    /// removes its files from the host's temporary directories, then removes the user
+    /// and group. Fails naming the processes that outlived the wait (the user and group
+    /// stay then: a uid still running is not given to another cluster).
     pub fn remove(&self) -> Result<(), String> {
-        kill_processes_of(self.uid);
+        let left = end_processes_of(self.uid, Instant::now() + END_WITHIN);
+        if !left.is_empty() {
+            return Err(format!(
+                "account {}: {} process(es) still run {} s after SIGKILL: {}",
+                self.name,
+                left.len(),
+                END_WITHIN.as_secs(),
+                left.join(", ")
+            ));
+        }
         for dir in SHARED_TEMP {
             remove_owned_by(Path::new(dir), self.uid);
         }
@@ -178,7 +193,7 @@ impl Account {
 }
 
 /// The host's temporary directories every local user may write to.
-pub const SHARED_TEMP: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
+pub const SHARED_TEMP: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];
 
 /// Removes every entry under `dir` (not `dir` itself) owned by `uid`, whole trees
 /// included, staying on `dir`'s filesystem and following no symbolic link.
@@ -251,26 +266,67 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
 
 /// SIGKILL to every process of `uid` (its jobs and login sessions) on this host.
 pub fn kill_processes_of(uid: u32) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for e in entries.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let owner = std::fs::read_to_string(e.path().join("status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Uid:"))
-                    .and_then(|ids| ids.split_whitespace().next())
-                    .and_then(|real| real.parse::<u32>().ok())
-            });
-        if owner == Some(uid) {
-            // SAFETY: kill only sends a signal.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
+    for (pid, _) in processes_of(uid) {
+        // SAFETY: kill only sends a signal.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
+}
+
+/// SIGKILL to every process of `uid`, again until none is left or `deadline` passes
+/// (a process may fork while it is being killed, or take time to exit); the processes
+/// left then, as `pid (command)`. At most this many are named.
+pub fn end_processes_of(uid: u32, deadline: Instant) -> Vec<String> {
+    const NAMED: usize = 16;
+    loop {
+        let left = processes_of(uid);
+        if left.is_empty() {
+            return Vec::new();
+        }
+        for (pid, _) in &left {
+            // SAFETY: kill only sends a signal.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        if Instant::now() > deadline {
+            tracing::warn!(
+                uid,
+                left = left.len(),
+                "processes of a removed account outlived SIGKILL"
+            );
+            return left
+                .into_iter()
+                .take(NAMED)
+                .map(|(pid, comm)| format!("{pid} ({comm})"))
+                .collect();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The processes of this host whose real uid is `uid`: (pid, command name). A zombie
+/// counts until its parent reaps it (userdel counts it too).
+fn processes_of(uid: u32) -> Vec<(i32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let owner = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().next())
+                .and_then(|real| real.parse::<u32>().ok());
+            let comm = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Name:"))
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+            (owner == Some(uid)).then_some((pid, comm))
+        })
+        .collect()
 }
 
 /// SIGKILL to every process whose environment holds `entry` and to all their

@@ -6,11 +6,12 @@ use std::path::Path;
 
 use crate::account::{self, runtime_dir};
 use crate::login_limits::LoginCgroup;
+use crate::node_cgroup::NodeCgroup;
 
 /// Ends and forgets every cluster a stopped agent ran Slurm daemons for
 /// (`<data_dir>/slurm/<cluster>/`, and, for a control plane's data dir, its embedded agents'
-/// `agents/*/slurm/<cluster>/`): its daemons, its jobs' steps, its logins' cgroups, its
-/// account and runtime directory.
+/// `agents/*/slurm/<cluster>/`): its daemons, its jobs' steps, its logins' and nodes'
+/// cgroups, its account and runtime directory.
 pub fn forget_all_under(data_dir: &Path) {
     let embedded = std::fs::read_dir(data_dir.join("agents"))
         .into_iter()
@@ -31,6 +32,9 @@ pub fn forget_all_under(data_dir: &Path) {
             account::kill_environ_prefix(&format!("SLURM_CONF={}/", runtime_dir(&name).display()));
             for login in LoginCgroup::every_of(&name) {
                 login.remove();
+            }
+            for node in NodeCgroup::every_of(&name) {
+                node.remove();
             }
             if let Err(e) = account::forget(&name) {
                 tracing::warn!(cluster = %name, error = %e, "cannot remove a cluster's account");

@@ -3,7 +3,8 @@
 //! munge keys and daemons (`munge`), the supervised processes (`daemon`), the
 //! controller's view of its nodes (`status`), each cluster's own unprivileged account and
 //! runtime directory on a host (`account`), its login endpoint and host key (`login`),
-//! the mount namespace the daemons that serve a tenant run in (`sandbox`), and what a
+//! the mount namespace the daemons that serve a tenant run in (`sandbox`) with the cgroups
+//! they run in and see (`login_limits`, `node_cgroup`, `cgroup_view`), and what a
 //! stopped agent left of its clusters on a host (`leftovers`).
 //!
 //! It knows no store and no agent: the control plane's `slurm_clusters` decides what each
@@ -12,12 +13,15 @@
 //! the daemons with them, on the cluster's own nodes.
 
 pub mod account;
+mod cgroup_view;
 pub mod conf;
 pub mod daemon;
 pub mod leftovers;
 pub mod login;
 pub mod login_limits;
+mod mount;
 pub mod munge;
+pub mod node_cgroup;
 pub mod ports;
 pub mod sandbox;
 pub mod status;

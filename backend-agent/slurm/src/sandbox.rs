@@ -13,8 +13,16 @@
 //!   serves). An overlay on the directory rather than bind mounts on the files: useradd
 //!   and userdel replace those files by rename, which detaches a file's bind mounts in
 //!   every other namespace;
-//! - optionally, a private tmpfs on `/tmp`, `/var/tmp` and `/dev/shm` (the login's: the
-//!   cluster's sessions share it, no one else sees it, and it goes when the login stops).
+//! - a private tmpfs on the host-shared writable directories: `/var/tmp` and `/run/lock`
+//!   for both, and the login's `/tmp` and `/dev/shm` too (a job gets its own `/tmp` and
+//!   `/dev/shm` from `job_container/tmpfs`). The cluster's sessions (or a node's jobs)
+//!   share them, no one else sees them, and they go when the daemon's last process ends;
+//! - its own System V IPC and POSIX message queues (an IPC namespace): `ipcs` shows no
+//!   other team's segments, keys or owners;
+//! - a cgroupfs of its own (a cgroup namespace rooted at the cgroups it joins, see
+//!   `crate::cgroup_view`): `/sys/fs/cgroup` shows those hierarchies from that root, so a
+//!   session or job reads its own limits and usage and nothing of another team's cgroups
+//!   (their names hold the cluster's account, uid and job ids).
 //!
 //! The daemon enters the namespace between fork and exec (`unshare(CLONE_NEWNS)`, then
 //! the mounts), so its pid is the supervisor's child as before, and everything it starts
@@ -25,6 +33,7 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 use super::account::{FIRST_UID, UIDS};
+use super::mount::{cpath, cstring, Mount};
 
 /// What a daemon's namespace holds; see the module's doc.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -41,42 +50,61 @@ pub struct Sandbox {
     /// one of `private_dirs` (a data dir in `/tmp`, as the tests have): bound back in.
     pub keep: Vec<PathBuf>,
     /// The `cgroup.procs` files of the cgroups the daemon (and all it starts) runs in,
-    /// joined first (see `crate::login_limits`).
+    /// joined first (see `crate::login_limits`, `crate::node_cgroup`); with a cgroup
+    /// namespace rooted at them, the only ones `/sys/fs/cgroup` shows.
     pub cgroups: Vec<PathBuf>,
+    /// An IPC namespace of its own.
+    pub private_ipc: bool,
 }
 
 /// The user databases a sandbox shows instead of the host's.
 pub const USER_DATABASES: &[&str] = &["/etc/passwd", "/etc/group", "/etc/passwd-", "/etc/group-"];
 
 impl Sandbox {
-    /// The login's: in its `cgroups`, processes hidden, a user database without other
-    /// clusters, and its own `/tmp`, `/var/tmp` and `/dev/shm`; `own_dir` (sshd's host key and
-    /// configuration, which it reads again for each connection) stays where it is.
+    /// The login's: in its `cgroups` (and seeing those only), processes hidden, a user
+    /// database without other clusters, its own IPC and its own `/tmp`, `/var/tmp`,
+    /// `/dev/shm` and `/run/lock`; `own_dir` (sshd's host key and configuration, which it
+    /// reads again for each connection) stays where it is.
     pub fn login(etc_layer: PathBuf, own_dir: &Path, cgroups: Vec<PathBuf>) -> Sandbox {
         Sandbox {
             cgroups,
             hide_processes: true,
-            private_dirs: ["/tmp", "/var/tmp", "/dev/shm"]
+            private_dirs: ["/tmp", "/var/tmp", "/dev/shm", "/run/lock"]
                 .iter()
                 .map(PathBuf::from)
                 .collect(),
-            tmp_size: "1g".into(),
+            tmp_size: TMP_SIZE.into(),
             etc_layer: Some(etc_layer),
             keep: vec![own_dir.to_path_buf()],
+            private_ipc: true,
         }
     }
 
-    /// A node's slurmd: processes hidden and a user database without other clusters.
-    /// Each job gets its own `/tmp` and `/dev/shm` from `job_container/tmpfs`, made in
-    /// this namespace.
-    pub fn slurmd(etc_layer: PathBuf) -> Sandbox {
+    /// A node's slurmd: in `cgroups` (the node's, under which Slurm makes its jobs' and
+    /// which its jobs see alone), processes hidden, a user database without other
+    /// clusters, its own IPC, `/var/tmp` and `/run/lock` (its jobs'); each job gets its own
+    /// `/tmp` and `/dev/shm` from `job_container/tmpfs`, made in this namespace. `own_dir`
+    /// (its spool, configuration and the jobs' base) stays where it is.
+    pub fn slurmd(etc_layer: PathBuf, own_dir: &Path, cgroups: Vec<PathBuf>) -> Sandbox {
         Sandbox {
+            cgroups,
             hide_processes: true,
+            private_dirs: ["/var/tmp", "/run/lock"]
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
+            tmp_size: TMP_SIZE.into(),
             etc_layer: Some(etc_layer),
-            ..Sandbox::default()
+            keep: vec![own_dir.to_path_buf()],
+            private_ipc: true,
         }
     }
 }
+
+/// The size of each private tmpfs (`mount -o size=`): what a team's sessions, or a node's
+/// jobs, may keep in one of those directories at most (its pages count against the
+/// writer's memory cgroup too).
+pub const TMP_SIZE: &str = "1g";
 
 /// Writes `<dir>/etc/` (in the cluster's runtime directory: its files are 0644, as the
 /// host's are), the layer [`Sandbox::etc_layer`] lays over `/etc`: the host's
@@ -173,15 +201,6 @@ pub fn without_other_clusters(text: &str, keep: &str) -> String {
         .collect()
 }
 
-/// One mount(2) call, prepared before fork (no allocation between fork and exec).
-struct Mount {
-    source: CString,
-    target: CString,
-    fstype: Option<CString>,
-    flags: libc::c_ulong,
-    data: Option<CString>,
-}
-
 /// A directory bound back in over a private tmpfs: its mount tree is cloned (open_tree)
 /// before the tmpfs covers it, the directories to hold it are made in the tmpfs (each
 /// ancestor below the tmpfs, 0700), and the clone is moved there (move_mount).
@@ -215,15 +234,9 @@ pub(crate) struct Prepared {
     mounts: Vec<Mount>,
     /// `cgroup.procs` files to write "0" to (this process joins each cgroup).
     cgroups: Vec<CString>,
-}
-
-fn cstring(s: &str) -> std::io::Result<CString> {
-    CString::new(s).map_err(|_| std::io::Error::other(format!("{s:?}: a NUL in a path")))
-}
-
-fn cpath(p: &Path) -> std::io::Result<CString> {
-    CString::new(p.as_os_str().as_encoded_bytes())
-        .map_err(|_| std::io::Error::other(format!("{}: a NUL in a path", p.display())))
+    /// The cgroupfs the process sees, rooted at the cgroups it joined.
+    cgroup_view: Option<crate::cgroup_view::View>,
+    private_ipc: bool,
 }
 
 impl Sandbox {
@@ -310,6 +323,11 @@ impl Sandbox {
                 .iter()
                 .map(|p| cpath(p))
                 .collect::<std::io::Result<_>>()?,
+            cgroup_view: match self.cgroups.is_empty() {
+                true => None,
+                false => Some(crate::cgroup_view::View::prepare(&self.cgroups)?),
+            },
+            private_ipc: self.private_ipc,
         })
     }
 }
@@ -322,6 +340,9 @@ impl Prepared {
         // is a NUL-terminated string owned by `self`, or null where mount(2) allows it.
         unsafe {
             self.join_cgroups()?;
+            if self.private_ipc && libc::unshare(libc::CLONE_NEWIPC) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             self.new_mount_namespace()?;
             // Slave, not private: mounts the host shares (see [`share_with_sandboxes`]: a
             // team volume mounted on the node after slurmd started) reach the namespace,
@@ -375,6 +396,9 @@ impl Prepared {
             }
             for m in &self.mounts {
                 m.run()?;
+            }
+            if let Some(view) = &self.cgroup_view {
+                view.enter()?;
             }
         }
         Ok(())
@@ -497,33 +521,6 @@ unsafe fn mount_namespace_id() -> Option<u64> {
         let rc = libc::ioctl(fd, NS_GET_MNTNS_ID as _, &mut id as *mut u64);
         libc::close(fd);
         (rc == 0).then_some(id)
-    }
-}
-
-impl Mount {
-    /// mount(2) with this mount's arguments.
-    ///
-    /// # Safety
-    /// Between fork and exec, as [`Prepared::enter`].
-    unsafe fn run(&self) -> std::io::Result<()> {
-        // SAFETY: NUL-terminated strings owned by self, or null where mount(2) allows it.
-        let rc = unsafe {
-            libc::mount(
-                self.source.as_ptr(),
-                self.target.as_ptr(),
-                self.fstype
-                    .as_ref()
-                    .map_or(std::ptr::null(), |f| f.as_ptr()),
-                self.flags,
-                self.data
-                    .as_ref()
-                    .map_or(std::ptr::null(), |d| d.as_ptr().cast()),
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
     }
 }
 

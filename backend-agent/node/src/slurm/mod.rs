@@ -63,6 +63,7 @@ use gpufleet_proto::v1;
 use gpufleet_slurm::account::{self, Account};
 use gpufleet_slurm::conf;
 use gpufleet_slurm::login_limits::{LoginCgroup, LoginLimits};
+use gpufleet_slurm::node_cgroup::NodeCgroup;
 use gpufleet_slurm::sandbox;
 use gpufleet_wire::volumes::VOLUME_MOUNTS;
 
@@ -312,6 +313,7 @@ impl Slurm {
                 cgroup_conf: &kept.cgroup_conf,
                 account: &account,
                 port,
+                cgroup: &NodeCgroup::of(cluster, &node_part(&self.node)),
             },
             gpus,
         )?;
@@ -358,6 +360,7 @@ impl Slurm {
         // The slurmstepd of every job still running here, and the job's processes: they
         // outlive slurmd, and nothing of the cluster may stay on a node it gives back.
         self.end_steps(cluster);
+        NodeCgroup::of(cluster, &node_part(&self.node)).remove();
         slurmd::remove_cgroups(&self.node, uid);
         // A login an earlier run of this agent started leaves its cgroup (and any session
         // that outlived its sshd) behind.
@@ -404,6 +407,7 @@ impl Slurm {
                 gpufleet_slurm::daemon::end_kept_under(&dir);
             }
             self.end_steps(&cluster);
+            NodeCgroup::of(&cluster, &node_part(&self.node)).remove();
             LoginCgroup::of(&cluster, &node_part(&self.node)).remove();
         }
     }

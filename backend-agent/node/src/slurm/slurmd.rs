@@ -13,11 +13,12 @@
 //! itself (`AutoDetect=nvml`, which needs a Slurm built with NVML).
 //!
 //! Confinement: slurmd runs in its cluster's node [`Sandbox`] (a `/proc` that shows a job
-//! its own account's processes only, and a user database without other clusters'
-//! accounts); each job gets a private `/tmp` and `/dev/shm` from `job_container/tmpfs`
-//! (under `<data-dir>/slurm/<cluster>/jobs/`) and a cgroup holding it to its cores,
-//! memory and devices (cgroup.conf, written here: cores are left unconfined on a
-//! simulated node that declares more CPUs than its host has).
+//! its own account's processes only, a user database without other clusters' accounts,
+//! its own IPC, `/var/tmp` and `/run/lock`) and in the node's cgroup ([`NodeCgroup`]),
+//! the root of the only cgroupfs its jobs see; each job gets a private `/tmp` and
+//! `/dev/shm` from `job_container/tmpfs` (under `<data-dir>/slurm/<cluster>/jobs/`) and
+//! a cgroup holding it to its cores, memory and devices (cgroup.conf, written here: cores
+//! are left unconfined on a simulated node that declares more CPUs than its host has).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -27,6 +28,7 @@ use gpufleet_gpu::hardware::GpuInfo;
 use gpufleet_slurm::account::{self, Account};
 use gpufleet_slurm::conf::{self, Device};
 use gpufleet_slurm::daemon::{Daemon, Spec as DaemonSpec};
+use gpufleet_slurm::node_cgroup::NodeCgroup;
 use gpufleet_slurm::sandbox::{self, Sandbox};
 use gpufleet_wire::volumes::VOLUME_MOUNTS;
 
@@ -61,6 +63,8 @@ pub struct Spec<'a> {
     pub account: &'a Account,
     /// This node's slurmd port (its NodeName line's).
     pub port: u16,
+    /// The cgroup slurmd runs in (made here).
+    pub cgroup: &'a NodeCgroup,
 }
 
 /// Runs (or verifies, or adopts from a former agent) the node's slurmd as `want` says,
@@ -131,11 +135,13 @@ pub fn ensure(
         log: dir.join("slurmd.out"),
         config: format!("{full}{gres_conf}{cgroup_conf}"),
     };
+    want.cgroup.ensure()?;
+    let sandbox = Sandbox::slurmd(etc_layer, dir, want.cgroup.procs_files());
     // The slurmd a former agent started with this configuration runs on (and its jobs'
     // steps with it, whatever happens to slurmd); else a new one.
-    let slurmd = match Daemon::adopt(&name, &spec, Some(Sandbox::slurmd(etc_layer.clone()))) {
+    let slurmd = match Daemon::adopt(&name, &spec, Some(sandbox.clone())) {
         Some(slurmd) => slurmd,
-        None => Daemon::start_sandboxed(&name, spec, Sandbox::slurmd(etc_layer))
+        None => Daemon::start_sandboxed(&name, spec, sandbox)
             .map_err(|e| format!("cannot start slurmd: {e}"))?,
     };
     // Verified: slurmd listens on its port (it has read its configuration and GRES).
