@@ -91,10 +91,12 @@ fn leftovers(host: &Host, name: &str, uid: u32, node: &str) -> Vec<String> {
     left
 }
 
-/// The cgroups of cluster `name` on this machine: Slurm's of its node `node`, and its
-/// logins' (named `gpufleet_login_<cluster>_<node part>`).
+/// The cgroups of cluster `name` on this machine: Slurm's of its node `node` (of an older
+/// agent), its nodes' slurmd's and its logins' (named `gpufleet_slurmd_<cluster>_<node
+/// part>` and `gpufleet_login_<cluster>_<node part>`).
 fn cgroups_of(name: &str, node: &str) -> Vec<String> {
     let login = format!("gpufleet_login_{name}_");
+    let slurmd = format!("gpufleet_slurmd_{name}_");
     let slurm = format!("slurm_{node}");
     fs::read_dir("/sys/fs/cgroup")
         .unwrap()
@@ -107,7 +109,7 @@ fn cgroups_of(name: &str, node: &str) -> Vec<String> {
         })
         .filter(|e| {
             let n = e.file_name().to_string_lossy().to_string();
-            n == slurm || n.starts_with(&login)
+            n == slurm || n.starts_with(&login) || n.starts_with(&slurmd)
         })
         .map(|e| format!("cgroup {}", e.path().display()))
         .collect()
@@ -293,23 +295,25 @@ async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_noth
                 .then(|| path.to_string())
         })
     };
-    // The login's cgroup is named by its cluster and its node.
-    let own = path_of("memory").unwrap_or_default();
-    assert!(
-        own.starts_with(&format!("/gpufleet_login_{b_name}_n")),
-        "B's session is not in its login's memory cgroup: {cgroups}"
-    );
-    for controller in ["pids", "cpu"] {
+    // The login's cgroup is the root of its cgroup namespace, and of the cgroupfs it sees
+    // (the host's name for it, named by its cluster and node, is out of its sight).
+    for controller in ["memory", "pids", "cpu"] {
         assert_eq!(
             path_of(controller).as_deref(),
-            Some(own.as_str()),
-            "B's session is not in its login's {controller} cgroup: {cgroups}"
+            Some("/"),
+            "B's session is not at the root of its login's {controller} cgroup: {cgroups}"
         );
     }
-    let limits = b.ok(&format!(
-        "cat /sys/fs/cgroup/memory{own}/memory.limit_in_bytes /sys/fs/cgroup/pids{own}/pids.max /sys/fs/cgroup/cpu{own}/cpu.cfs_quota_us"
-    ));
+    let limits = b.ok(
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/cpu/cpu.cfs_quota_us",
+    );
     assert_eq!(limits, "268435456\n200\n100000\n");
+    let own = fs::read_dir("/sys/fs/cgroup/pids")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .find(|n| n.starts_with(&format!("gpufleet_login_{b_name}_n")))
+        .expect("B's login's pids cgroup on the host");
     // tail keeps a line without an end in memory: 400 MiB of one.
     let out = b.ok("head -c 400m /dev/zero | tail -n 1 >/dev/null; echo tail=$?");
     assert!(
@@ -328,7 +332,7 @@ async fn on_hosts_apart_one_team_sees_nothing_of_another_and_destroy_leaves_noth
         !ok && !out.contains("forked-all") && out.contains("fork"),
         "400 processes started past the login's 200: {out}"
     );
-    let pids_now = format!("/sys/fs/cgroup/pids{own}/pids.current");
+    let pids_now = format!("/sys/fs/cgroup/pids/{own}/pids.current");
     eventually("the bomb's processes ended", LIMIT, || {
         let now: u32 = fs::read_to_string(&pids_now)
             .unwrap()
