@@ -463,7 +463,7 @@ async fn imports_by_tenant_and_name_plan_nothing_whichever_way_tenant_is_spelled
     let admin_tf = Terraform::new(&backend, backend.admin_token());
     let team_tf = Terraform::new(&backend, &token);
     let id = hcl::id(&vision.id);
-    let cases: [(&Terraform, Option<&str>, String, String); 5] = [
+    let cases: [(&Terraform, Option<&str>, String, String); 6] = [
         (
             &admin_tf,
             Some("\"vision\""),
@@ -478,6 +478,13 @@ async fn imports_by_tenant_and_name_plan_nothing_whichever_way_tenant_is_spelled
         ),
         (&team_tf, None, "H100-80GB".into(), "cv".into()),
         (&team_tf, None, quota.id.clone(), cluster.id.clone()),
+        // The team's configuration leaves `tenant` out; the import id names it (issue 40).
+        (
+            &team_tf,
+            None,
+            "vision/H100-80GB".into(),
+            "vision/cv".into(),
+        ),
         (
             &team_tf,
             Some("\"vision\""),
@@ -501,6 +508,35 @@ async fn imports_by_tenant_and_name_plan_nothing_whichever_way_tenant_is_spelled
             "{cluster_import}"
         );
         tf.assert_no_changes();
+    }
+    // A health check the team applied, forgotten and imported by its cluster's id: the
+    // plan after is empty (issue 40);
+    // `triggers`, which the backend does not keep, are recorded in place with no new run.
+    for (inputs, adopts) in [
+        ("", false),
+        ("  triggers   = { week = \"2027-W03\" }\n", true),
+    ] {
+        team_tf.write_main(&format!(
+            "{}resource \"gpufleet_health_check\" \"h\" {{\n  cluster_id = gpufleet_tenant_cluster.c.id\n{inputs}}}\n",
+            vision_config(None)
+        ));
+        team_tf.apply();
+        let run = str_of(&team_tf.resource("gpufleet_health_check.h"), "id");
+        team_tf.run_ok(&["state", "rm", "gpufleet_health_check.h"]);
+        team_tf.import("gpufleet_health_check.h", &cluster.id);
+        if adopts {
+            assert_eq!(
+                team_tf.planned_actions("gpufleet_health_check.h"),
+                vec!["update"]
+            );
+            team_tf.apply();
+        }
+        team_tf.assert_no_changes();
+        assert_eq!(
+            str_of(&team_tf.resource("gpufleet_health_check.h"), "id"),
+            run,
+            "the imported run, not a new one"
+        );
     }
     // A name the tenant does not have, or a tenant that does not exist: said so.
     let run = admin_tf.run_fails(&[

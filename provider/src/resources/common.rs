@@ -249,6 +249,31 @@ pub(crate) async fn respelled_prior(
     Some(respelled)
 }
 
+/// `proposed` with a `tenant` the configuration leaves out kept as the state spells it when
+/// that names the token's own tenant (an import by `TENANT/NAME` with a tenant token wrote
+/// it): `tenant` is optional and computed so that such a state plans nothing. Left out on
+/// create, or with a state naming another tenant (or when the backend cannot be asked), it
+/// is planned null as written, which replaces the object into the token's own tenant.
+pub(crate) async fn kept_own_tenant(
+    client: Option<std::sync::Arc<Client>>,
+    config: &Value,
+    proposed: &mut Value,
+) {
+    if !config.get("tenant").is_null() {
+        return;
+    }
+    let kept = match (proposed.get("tenant").clone(), client) {
+        (Value::String(spelled), Some(client)) => {
+            let own = client.own_tenant().await;
+            own.is_some() && tenant_of(&client, Some(spelled)).await == own
+        }
+        _ => false,
+    };
+    if !kept {
+        proposed.set("tenant", Value::Null);
+    }
+}
+
 /// The id of the tenant a `tenant` attribute names: the spelled tenant, or (left out) the
 /// token's own; None when there is none or the backend cannot say.
 async fn tenant_of(client: &Client, spelling: Option<String>) -> Option<String> {

@@ -2,6 +2,10 @@
 //! a team's pipeline re-checks its nodes on demand. Changing `level` or `triggers` runs
 //! them again (a replacement); the state keeps that run's results. Failed nodes are
 //! quarantined and replaced by the backend, as with acceptance checks.
+//!
+//! An import reads the cluster's latest run; the backend keeps no `triggers`, so an
+//! imported state has none (null), and the configuration's are adopted in place at the
+//! next apply, without a new run.
 
 use std::sync::Arc;
 
@@ -92,7 +96,18 @@ fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedChange
             requires_replace: vec![],
         };
     };
-    let requires_replace = requires_replace_if_changed(prior, &planned, REPLACE_ON);
+    // An imported run's triggers are unknown (null): the configuration's, if any, are
+    // recorded in place; they ran nothing.
+    let imported = prior.get("triggers").is_null();
+    if imported && config.get("triggers").is_null() {
+        planned.set("triggers", Value::Null);
+    }
+    let replace_on: Vec<&str> = REPLACE_ON
+        .iter()
+        .copied()
+        .filter(|a| !(imported && *a == "triggers"))
+        .collect();
+    let requires_replace = requires_replace_if_changed(prior, &planned, &replace_on);
     if !requires_replace.is_empty() {
         mark_unknown(&mut planned, COMPUTED);
     }
@@ -218,9 +233,10 @@ impl ResourceType for HealthCheck {
             "the cluster's id",
             report(&client, id).await?,
         )?;
+        // The backend keeps no triggers: null until the configuration's are adopted.
         let inputs = Value::object([
             ("level", Value::string(&r.level)),
-            ("triggers", Value::Map(Default::default())),
+            ("triggers", Value::Null),
         ]);
         if r.status == "not_run" {
             return Err(diag(Diagnostic::error(
@@ -345,5 +361,38 @@ mod tests {
         let again = plan(Some(&prior), with_trigger, &config(None, &[("week", "3")]));
         assert_eq!(again.requires_replace, vec![AttrPath::attr("triggers")]);
         assert!(again.state.get("results").is_unknown());
+    }
+
+    #[test]
+    fn an_imported_run_adopts_the_configurations_triggers_without_running_again() {
+        let mut imported = state(&config(Some("medium"), &[]), &report());
+        imported.set("triggers", Value::Null);
+        let mut proposed = config(Some("medium"), &[]);
+        for c in COMPUTED {
+            proposed.set(c, imported.get(c).clone());
+        }
+        let same = plan(
+            Some(&imported),
+            proposed.clone(),
+            &config(Some("medium"), &[]),
+        );
+        assert_eq!(
+            same.state, imported,
+            "no triggers configured: nothing to do"
+        );
+        let weekly = config(Some("medium"), &[("week", "3")]);
+        proposed.set("triggers", weekly.get("triggers").clone());
+        let adopted = plan(Some(&imported), proposed.clone(), &weekly);
+        assert!(adopted.requires_replace.is_empty(), "no new run");
+        assert_eq!(adopted.state.get("triggers"), weekly.get("triggers"));
+        assert_eq!(adopted.state.get("results"), imported.get("results"));
+        // Another level is a run that the imported one was not: a new run.
+        proposed.set("level", Value::string("long"));
+        let longer = plan(
+            Some(&imported),
+            proposed,
+            &config(Some("long"), &[("week", "3")]),
+        );
+        assert_eq!(longer.requires_replace, vec![AttrPath::attr("level")]);
     }
 }
