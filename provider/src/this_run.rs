@@ -19,7 +19,7 @@
 //!   before it (siblings that cannot all fit the pool are refused at plan; a lowering makes
 //!   room for a raise), a cluster's with all of its model (a raise makes room for it); at
 //!   apply a raise refused for the pool waits for the lowerings beside it, and a cluster
-//!   for the quota creates and raises of its model.
+//!   for the create or raise of its tenant's quota.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -313,8 +313,9 @@ impl ThisRun {
     }
 
     /// Waits up to `limit` until every admitted quota change of `gpu_type` of kind
-    /// `which` (but the tenant written `tenant`'s) is applied. True when there is one and
-    /// all are applied now: what it waited for is in the store.
+    /// `which` is applied: the raises of the tenant written `tenant` (what its cluster
+    /// needs), or the lowerings of the other tenants (what a raise of its quota needs).
+    /// True when there is one and all are applied now: what it waited for is in the store.
     pub async fn quota_changes_applied(
         &self,
         gpu_type: &str,
@@ -332,7 +333,11 @@ impl ThisRun {
                 .admitted
                 .iter()
                 .filter(|p| {
-                    p.quota.gpu_type == gpu_type && p.quota.tenant_id != tenant && p.is(which)
+                    let whose = match which {
+                        QuotaChange::Raise => p.quota.tenant_id == tenant,
+                        QuotaChange::Lowering => p.quota.tenant_id != tenant,
+                    };
+                    p.quota.gpu_type == gpu_type && whose && p.is(which)
                 })
                 .map(|p| p.applied)
                 .collect();
@@ -556,21 +561,25 @@ mod tests {
                 .await,
             "no lowering beside b's own"
         );
-        // A cluster waits for the raises of its model.
+        // A cluster waits for the raise of its tenant's quota, not another tenant's.
         let short = Duration::from_millis(10);
         assert!(
-            !run.quota_changes_applied("H100-80GB", "", QuotaChange::Raise, short)
+            !run.quota_changes_applied("H100-80GB", "a", QuotaChange::Raise, short)
                 .await
         );
         let other = run.clone();
         let waiter = tokio::spawn(async move {
             other
-                .quota_changes_applied("H100-80GB", "", QuotaChange::Raise, limit)
+                .quota_changes_applied("H100-80GB", "a", QuotaChange::Raise, limit)
                 .await
         });
         run.quota_applied("a", "H100-80GB");
-        run.quota_applied("c", "H100-80GB");
-        assert!(waiter.await.unwrap(), "both raises are applied");
+        assert!(waiter.await.unwrap(), "its raise is applied");
+        assert!(
+            !run.quota_changes_applied("H100-80GB", "b", QuotaChange::Raise, limit)
+                .await,
+            "b raises nothing"
+        );
     }
 
     #[test]

@@ -125,7 +125,8 @@ async fn tenant_id(client: &Client, spelling: &str) -> Option<String> {
 }
 
 /// Whether a refusal says the tenant has no quota for the model at all: the same apply may
-/// create that quota (a quota only raised in the same plan is refused: apply it first).
+/// create that quota with numbers known only at apply (a quota whose numbers the plan
+/// knows is sent with the dry run, and counted, instead).
 fn no_quota_yet(status: &Status) -> bool {
     status.code() == Code::FailedPrecondition && status.message().contains(" has no quota for ")
 }

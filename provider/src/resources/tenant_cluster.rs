@@ -716,13 +716,15 @@ impl TenantCluster {
         self.provider.run.planned_quotas(gpu_type, "", 100).1
     }
 
-    /// At apply, waits for the quota creates and raises of `gpu_type` this run applies
-    /// (the plan counted them; without a `depends_on` Terraform applies them in no order).
-    async fn after_quota_raises(&self, gpu_type: &str) {
+    /// At apply, waits for the create or raise of the quota of `gpu_type` of the tenant
+    /// written `tenant` that this run applies (the plan counted it; without a `depends_on`
+    /// Terraform applies them in no order).
+    async fn after_quota_raise(&self, tenant: &str, gpu_type: &str) {
         let raise = crate::this_run::QuotaChange::Raise;
         let limit = std::time::Duration::from_secs(120);
         let run = &self.provider.run;
-        run.quota_changes_applied(gpu_type, "", raise, limit).await;
+        run.quota_changes_applied(gpu_type, tenant, raise, limit)
+            .await;
     }
 
     /// Asks the backend for the driver this plan gives the cluster, when
@@ -1026,7 +1028,8 @@ impl ResourceType for TenantCluster {
         let client = self.provider.client()?;
         let request = create_request(planned, config)?;
         let deadline = Deadline::new("create", waiting::limit(planned, "create")?);
-        self.after_quota_raises(&request.gpu_type).await;
+        self.after_quota_raise(&request.tenant_id, &request.gpu_type)
+            .await;
         let created = cluster_waits::create(&client, request, deadline).await?;
         answered_state(&client, created, planned).await
     }
@@ -1040,7 +1043,9 @@ impl ResourceType for TenantCluster {
         let client = self.provider.client()?;
         let request = update_request(prior, planned, config)?;
         let deadline = Deadline::new("update", waiting::limit(planned, "update")?);
-        self.after_quota_raises(&required_str(planned, "gpu_type")?).await;
+        let tenant = super::common::optional_tenant(planned)?;
+        self.after_quota_raise(&tenant, &required_str(planned, "gpu_type")?)
+            .await;
         let name = required_str(prior, "name")?;
         let updated = cluster_waits::update(&client, request, name, deadline).await?;
         answered_state(&client, updated, planned).await
