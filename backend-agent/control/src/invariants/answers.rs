@@ -1,9 +1,11 @@
 //! Every acknowledged answer holds: the answers log (JSON lines, one acknowledged
 //! create, resize or delete of a reservation or cluster each, in the order they were
 //! given) against the store. An object's last answer decides: after a create or resize
-//! it is there with the fields the answer gave; after a delete it is gone. Answers about
-//! one object must come from one client, in its order (a retried call logged once, when
-//! it is answered).
+//! it is there with the fields the answer gave; after a delete it is gone. While it is
+//! there, its create's `request_id` (the request's own; resizes and deletes have none,
+//! theirs only name the answer) still leads to it, so a retried create finds it instead
+//! of making a second one. Answers about one object must come from one client, in its
+//! order (a retried call logged once, when it is answered).
 //!
 //! ```json
 //! {"request_id":"c3-17","op":"create","kind":"reservation","object":{"id":"9f0c...","tenant_id":"1b2e...","gpu_type":"H100-80GB","node_count":2,"start_time":1900000000,"end_time":1900003600}}
@@ -79,8 +81,12 @@ pub fn parse(text: &str) -> Result<Vec<Answer>, String> {
 
 pub fn check(s: &Snapshot, answers: &[Answer]) -> Vec<Violation> {
     let mut last: BTreeMap<(Kind, &str), &Answer> = BTreeMap::new();
+    let mut created: BTreeMap<(Kind, &str), &Answer> = BTreeMap::new();
     for a in answers {
         last.insert((a.kind, a.object.id.as_str()), a);
+        if a.op == Op::Create {
+            created.insert((a.kind, a.object.id.as_str()), a);
+        }
     }
     let mut out = Vec::new();
     for ((kind, id), a) in last {
@@ -128,6 +134,25 @@ pub fn check(s: &Snapshot, answers: &[Answer]) -> Vec<Violation> {
                         Concern::Answer,
                         format!("{what}: {field} is {held}, but {said} acknowledged {answered}"),
                     ));
+                }
+                if let Some(create) = created.get(&(kind, id)) {
+                    let tenant = stored.tenant_id.clone().unwrap_or_default();
+                    let key = (
+                        kind_name(kind).to_string(),
+                        tenant,
+                        create.request_id.clone(),
+                    );
+                    let leads_to = s.request_ids.get(&key);
+                    if leads_to.map(String::as_str) != Some(id) {
+                        out.push(Violation::new(
+                            Concern::Answer,
+                            format!(
+                                "{what}: the request_id {} of its create leads to {}, so a retry of that create would not find it",
+                                create.request_id,
+                                leads_to.map_or("nothing".to_string(), |o| format!("{} {o}", kind_name(kind)))
+                            ),
+                        ));
+                    }
                 }
             }
         }

@@ -26,6 +26,8 @@ pub struct Snapshot {
     /// Per tenant, the fleet-wide seq at or below which the event log's per-object
     /// pruning may have removed its events.
     pub event_prune_horizons: BTreeMap<String, i64>,
+    /// The object each remembered create made: (kind, tenant id, request_id) -> id.
+    pub request_ids: BTreeMap<(String, String, String), String>,
 }
 
 impl Snapshot {
@@ -43,6 +45,10 @@ impl Snapshot {
             events: reads::tenant_entries(conn, Log::Events)?,
             audit: reads::tenant_entries(conn, Log::Audit)?,
             event_prune_horizons: reads::event_prune_horizons(conn)?.into_iter().collect(),
+            request_ids: reads::request_ids(conn)?
+                .into_iter()
+                .map(|(kind, scope, request_id, id)| ((kind, scope, request_id), id))
+                .collect(),
         };
         conn.execute_batch("COMMIT")?;
         Ok(loaded)

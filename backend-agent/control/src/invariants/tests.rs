@@ -326,7 +326,19 @@ fn acknowledged_answers_the_store_does_not_hold_are_named() {
         ),
         answer(r#"{"request_id":"4","op":"delete","kind":"reservation","object":{"id":"r9"}}"#),
     ];
+    // The request ids of c1's and r1's creates, as their creates remembered them.
+    store.sql(
+        "INSERT INTO idempotency VALUES ('cluster', 'a', '1', 'f', 'c1'),
+                                        ('reservation', 'a', '2', 'f', 'r1')",
+    );
     assert_eq!(store.check(Some(&held)), Vec::<Violation>::new());
+    // A create's request id that no longer leads to its object: a retry would make another.
+    store.sql("DELETE FROM idempotency WHERE request_id = '1'");
+    assert_eq!(
+        store.only(Concern::Answer, Some(&held)),
+        "answer: cluster c1: the request_id 1 of its create leads to nothing, so a retry of that create would not find it"
+    );
+    store.sql("INSERT INTO idempotency VALUES ('cluster', 'a', '1', 'f', 'c1')");
 
     let broken = [
         answer(

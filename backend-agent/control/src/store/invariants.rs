@@ -204,6 +204,18 @@ pub fn memberships(conn: &Connection) -> rusqlite::Result<Vec<Membership>> {
     rows.collect()
 }
 
+/// A create's request id and the object it made: (kind, scope, request_id, object_id),
+/// kind "reservation", "cluster", ..., scope the owning tenant's id.
+pub type RequestId = (String, String, String, String);
+
+/// Every request id the idempotency table remembers.
+pub fn request_ids(conn: &Connection) -> rusqlite::Result<Vec<RequestId>> {
+    let mut stmt = conn
+        .prepare("SELECT kind, scope, request_id, object_id FROM idempotency ORDER BY 1, 2, 3")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+    rows.collect()
+}
+
 /// Which of the two logs with per-tenant sequences.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Log {
