@@ -100,8 +100,11 @@ pub fn labels<'a>(
 
 /// The names of the known models, for "unknown model" messages.
 pub fn unknown_gpu_type(name: &str, known: &[&str]) -> String {
+    // Model names are case-sensitive; a name that differs only in case is surely meant.
+    let meant = known.iter().find(|k| k.eq_ignore_ascii_case(name));
+    let hint = meant.map_or(String::new(), |m| format!(" (did you mean {m:?}?)"));
     format!(
-        "unknown GPU model {name:?}; known models: {}",
+        "unknown GPU model {name:?}{hint}; known models: {}",
         known.join(", ")
     )
 }
@@ -109,6 +112,16 @@ pub fn unknown_gpu_type(name: &str, known: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpu_model_in_the_wrong_case_gets_the_right_one() {
+        let known = ["A100-80GB", "H100-80GB"];
+        assert_eq!(
+            unknown_gpu_type("h100-80gb", &known),
+            "unknown GPU model \"h100-80gb\" (did you mean \"H100-80GB\"?); known models: A100-80GB, H100-80GB"
+        );
+        assert!(!unknown_gpu_type("V100", &known).contains("did you mean"));
+    }
 
     #[test]
     fn dns_labels() {

@@ -64,7 +64,7 @@ async fn bad_tenant_name_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_gpu_model_is_refused_listing_known_ones() {
+async fn unknown_gpu_model_or_tenant_left_out_by_the_admin_is_refused_saying_what_to_write() {
     let (backend, tf) = admin_workdir();
     let hcl = with_tenant(&[hcl::quota("q", TENANT, "V100-16GB", 8)]);
     assert_refused_at_plan(
@@ -80,6 +80,22 @@ async fn unknown_gpu_model_is_refused_listing_known_ones() {
         ],
     )
     .await;
+    // A model in the wrong case gets the right one (issue 40).
+    let hcl = with_tenant(&[hcl::quota("q", TENANT, "h100-80gb", 8)]);
+    let wanted = ["gpu_type", "h100-80gb", "did you mean \"H100-80GB\"?"];
+    assert_refused_at_plan(&backend, &tf, &hcl, &wanted).await;
+    // The admin token leaving `tenant` out is told why it is needed.
+    let hcl = with_tenant(&[
+        Block::resource("gpufleet_gpu_quota", "q")
+            .string("gpu_type", "H100-80GB")
+            .number("gpus", 8),
+        hcl::pool_cluster("c", TENANT, "train", "H100-80GB", 1).expr("tenant", "null"),
+    ]);
+    let wanted = [
+        "tenant: required with the admin token, which belongs to no tenant (only it creates quotas)",
+        "tenant: required with the admin token, which belongs to no tenant; name the tenant (by name or id), or use the tenant's own token",
+    ];
+    assert_refused_at_plan(&backend, &tf, &hcl, &wanted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,16 +12,19 @@ pub fn memory_mib(model: &str) -> Option<u64> {
     catalog::model(model).map(|m| m.memory_mib)
 }
 
-/// `gpu_type: unknown GPU model 'X' (known: A, B, ...)` when the model is not in the catalog.
+/// `gpu_type: unknown GPU model 'X' (known: A, B, ...)` when the model is not in the catalog,
+/// with `did you mean 'A'?` for a name that differs only in case (names are case-sensitive).
 pub fn require_known(field: &str, model: &str) -> Result<(), String> {
     if catalog::model(model).is_some() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{field}: unknown GPU model '{model}' (known: {})",
-            model_names().join(", ")
-        ))
+        return Ok(());
     }
+    let names = model_names();
+    let meant = names.iter().find(|n| n.eq_ignore_ascii_case(model));
+    let hint = meant.map_or(String::new(), |m| format!("did you mean '{m}'? "));
+    Err(format!(
+        "{field}: unknown GPU model '{model}' ({hint}known: {})",
+        names.join(", ")
+    ))
 }
 
 pub fn mig_capable(model: &str) -> bool {
@@ -44,4 +47,24 @@ pub fn mig_profiles(model: &str) -> Vec<v1::MigProfile> {
             memory_mib: p.memory_mib as i64,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::require_known;
+
+    #[test]
+    fn a_model_in_the_wrong_case_is_refused_naming_the_right_one() {
+        let refused = require_known("gpu_type", "h100-80gb").unwrap_err();
+        assert!(
+            refused.starts_with(
+                "gpu_type: unknown GPU model 'h100-80gb' (did you mean 'H100-80GB'? known: "
+            ),
+            "{refused}"
+        );
+        assert!(!require_known("gpu_type", "V100")
+            .unwrap_err()
+            .contains("did you mean"));
+        assert!(require_known("gpu_type", "H100-80GB").is_ok());
+    }
 }

@@ -122,11 +122,16 @@ pub fn target_tenant(
 ) -> Result<TenantRow, Status> {
     let id = match (caller, tenant_id) {
         (Caller::Tenant(own), "") => own.as_str(),
-        (Caller::Admin, "") => return Err(invalid("tenant_id: required")),
+        // The admin token acts for no tenant, so it must name one (a tenant's token may
+        // leave it out: its own).
+        (Caller::Admin, "") => return Err(invalid(ADMIN_NAMES_THE_TENANT)),
         (_, id) => id,
     };
     visible_tenant(conn, caller, id)
 }
+
+/// The refusal of a request that leaves its tenant out with the admin token.
+pub const ADMIN_NAMES_THE_TENANT: &str = "tenant_id: required with the admin token, which belongs to no tenant; name the tenant (by name or id), or use the tenant's own token, with which it may be left out";
 
 /// A tenant by its id or its name, when the caller may see it (another tenant's answers
 /// like one that does not exist).

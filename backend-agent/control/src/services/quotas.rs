@@ -43,17 +43,38 @@ fn visible_quota(conn: &Connection, caller: &Caller, id: &str) -> Result<QuotaRo
 /// A quota is for a model the fleet has: one for a model without nodes could never be
 /// used, and reads like a promise.
 fn require_in_fleet(conn: &Connection, gpu_type: &str) -> Result<(), Status> {
+    // Counts leave quarantined nodes out: they are nobody's capacity until returned.
     if store::nodes::counts(conn, gpu_type).map_err(db_error)? != (0, 0) {
         return Ok(());
     }
-    let models: std::collections::BTreeSet<String> = store::nodes::list(conn, None, None)
-        .map_err(db_error)?
+    let nodes = store::nodes::list(conn, None, None).map_err(db_error)?;
+    let (quarantined, in_service): (Vec<_>, Vec<_>) = nodes
         .into_iter()
-        .map(|n| n.gpu_type)
+        .partition(|n| n.state == store::nodes::NODE_QUARANTINED);
+    let held: Vec<String> = quarantined
+        .into_iter()
+        .filter(|n| n.gpu_type == gpu_type)
+        .map(|n| n.hostname)
         .collect();
+    if !held.is_empty() {
+        const NAMED: usize = 8;
+        let more = held.len().saturating_sub(NAMED);
+        let mut names = held[..held.len().min(NAMED)].join(", ");
+        if more > 0 {
+            names.push_str(&format!(" and {more} more"));
+        }
+        return Err(Status::failed_precondition(format!(
+            "gpu_type: every {gpu_type} node of the fleet is quarantined ({names}); return one to service first (gpufleet-agent node-return)"
+        )));
+    }
+    let models: std::collections::BTreeSet<String> =
+        in_service.into_iter().map(|n| n.gpu_type).collect();
+    let has = match models.is_empty() {
+        true => "none in service".to_string(),
+        false => models.into_iter().collect::<Vec<_>>().join(", "),
+    };
     Err(invalid(format!(
-        "gpu_type: the fleet has no {gpu_type} nodes (it has {})",
-        models.into_iter().collect::<Vec<_>>().join(", ")
+        "gpu_type: the fleet has no {gpu_type} nodes (it has {has})"
     )))
 }
 
@@ -142,7 +163,11 @@ impl Quotas {
         if !req.validate_only {
             rules::required("request_id", &req.request_id).map_err(invalid)?;
         }
-        rules::required("tenant_id", &req.tenant_id).map_err(invalid)?;
+        if req.tenant_id.is_empty() {
+            return Err(invalid(
+                "tenant_id: required with the admin token, which belongs to no tenant (only it creates quotas); name the tenant, by name or id",
+            ));
+        }
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         require_in_fleet(&tx, &req.gpu_type)?;
         rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
@@ -444,5 +469,48 @@ impl GpuQuotaService for Quotas {
         r: Request<v1::QuotaUsageRequest>,
     ) -> Result<Response<v1::QuotaUsage>, Status> {
         super::reading(&self.state, self, r, Self::usage).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, gpu_type: &str) -> store::nodes::NodeRow {
+        store::nodes::NodeRow {
+            id: id.into(),
+            hostname: id.into(),
+            gpu_type: gpu_type.into(),
+            capacity: "pool".into(),
+            gpu_count: 8,
+            driver_version: String::new(),
+            cuda_version: String::new(),
+            cluster_id: None,
+            state: store::nodes::NODE_READY.into(),
+            state_reason: String::new(),
+            state_since: 0,
+        }
+    }
+
+    #[test]
+    fn a_model_whose_only_nodes_are_quarantined_is_refused_saying_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = store::open(&dir.path().join("state.db")).unwrap();
+        for (id, model) in [("h1", "H100-80GB"), ("a1", "A100-80GB")] {
+            store::nodes::insert(&conn, &node(id, model), &[]).unwrap();
+        }
+        assert!(require_in_fleet(&conn, "H100-80GB").is_ok());
+        let quarantined = store::nodes::NODE_QUARANTINED;
+        store::nodes::set_state(&conn, "h1", quarantined, "no CUDA", 1).unwrap();
+        let refused = require_in_fleet(&conn, "H100-80GB").unwrap_err();
+        assert_eq!(
+            refused.message(),
+            "gpu_type: every H100-80GB node of the fleet is quarantined (h1); return one to service first (gpufleet-agent node-return)"
+        );
+        let refused = require_in_fleet(&conn, "H200-141GB").unwrap_err();
+        assert_eq!(
+            refused.message(),
+            "gpu_type: the fleet has no H200-141GB nodes (it has A100-80GB)"
+        );
     }
 }
