@@ -13,7 +13,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let agent = Agent::start(&dir.path().join("data"));
     let mut c = agent.admin().await;
-    let (t, _) = c.tenant("team-a").await;
+    let (t, team_token) = c.tenant("team-a").await;
     let quota = c.quota(&t.id, "H100-80GB", 32, 0).await;
     let mut big = Clients::cluster(&t.id, "big", "H100-80GB", 1);
     big.storage_gib = 500;
@@ -101,6 +101,49 @@ async fn bad_input_is_refused_and_changes_nothing() {
         c.quotas.create_gpu_quota(other).await,
         Code::NotFound,
         UNKNOWN,
+    );
+    // The quotas a plan sets beside a dry run: only with one, bounded, each checked, and
+    // only the admin's (a team's token counts no raise it cannot make).
+    let planned = |gpus: i64| PlannedQuota {
+        tenant_id: t.id.clone(),
+        gpu_type: "A100-80GB".into(),
+        gpus,
+        burst_gpus: 0,
+    };
+    let with = |also: Vec<PlannedQuota>, dry: bool| CreateGpuQuotaRequest {
+        also_planned: also,
+        validate_only: dry,
+        ..q("H100-80GB", 8, 0)
+    };
+    assert_status(
+        c.quotas
+            .create_gpu_quota(with(vec![planned(8)], false))
+            .await,
+        Code::InvalidArgument,
+        "also_planned: only with validate_only",
+    );
+    assert_status(
+        c.quotas
+            .create_gpu_quota(with(vec![planned(8); 101], true))
+            .await,
+        Code::InvalidArgument,
+        "also_planned: at most 100 quotas, got 101",
+    );
+    assert_status(
+        c.quotas
+            .create_gpu_quota(with(vec![planned(8), planned(-1)], true))
+            .await,
+        Code::InvalidArgument,
+        "also_planned[1].gpus: must be at least 0 (got -1)",
+    );
+    let mut team = agent.clients(&team_token).await;
+    let mut dry_cluster = Clients::cluster(&t.id, "dry", "H100-80GB", 1);
+    dry_cluster.validate_only = true;
+    dry_cluster.planned_quotas = vec![planned(8)];
+    assert_status(
+        team.clusters.create_tenant_cluster(dry_cluster).await,
+        Code::PermissionDenied,
+        "counting planned quotas (planned_quotas) needs the admin token",
     );
 
     // Reservations.
