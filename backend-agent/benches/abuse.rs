@@ -100,6 +100,7 @@ async fn flood_heartbeats(
                 seq,
                 orders_queued: 0,
                 gpus: Vec::new(),
+                ..Default::default()
             })) {
                 break;
             }

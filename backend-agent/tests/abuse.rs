@@ -477,6 +477,7 @@ async fn a_heartbeat_flood_is_cut_and_heartbeats_out_of_sequence_or_bounds_end_t
             seq,
             orders_queued,
             gpus: Vec::new(),
+            ..Default::default()
         })
     };
 

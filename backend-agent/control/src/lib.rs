@@ -46,4 +46,5 @@ pub mod state;
 pub mod store;
 pub mod telemetry;
 pub mod tls_reload;
+pub mod volume_use;
 pub mod volumes;

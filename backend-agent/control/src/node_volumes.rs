@@ -1,7 +1,9 @@
-//! Team volumes on the nodes of their clusters: with shared storage and external node
-//! agents, every node of a cluster has the cluster's volume bind-mounted at its
-//! `storage_path` (`/run/gpufleet/volumes/<tenant id>/<cluster name>`, the same on every
-//! node), and a node that is in no cluster has none. [`sync`] orders each named node to
+//! Team volumes on the nodes of their clusters: with external node agents, every node of
+//! a cluster has the cluster's volume mounted at its `storage_path`
+//! (`/run/gpufleet/volumes/<tenant id>/<cluster name>`, the same on every node): with
+//! shared storage bind-mounted from it, without it a node-local volume of `storage_gib`
+//! each node makes (`SetVolumes` names the size and the owner), and a node that is in no
+//! cluster has none. [`sync`] orders each named node to
 //! exactly that (`SetVolumes`, declarative), from what the store says now; it runs after
 //! every change of who is in a cluster: a create's nodes once their layout converged, an
 //! update's joining and leaving nodes, a delete's nodes, a replacement, and every node
@@ -34,16 +36,43 @@ fn wanted(
             Some(c) => store::clusters::get(conn, c)?,
             None => None,
         };
-        let volumes = cluster
-            .map(|c| v1::VolumeMount {
-                source: volumes.path(&c.tenant_id, &c.name).display().to_string(),
-                target: c.storage_path,
-            })
-            .into_iter()
-            .collect();
+        let volumes = match cluster {
+            Some(c) => mount_of(volumes, conn, c)?.into_iter().collect(),
+            None => Vec::new(),
+        };
         out.push((node.id, node.hostname, v1::SetVolumes { volumes }));
     }
     Ok(out)
+}
+
+/// How a node of cluster `c` mounts its volume: from the shared storage, or its own of
+/// the cluster's size and account. None for a cluster whose volume is not on its nodes
+/// (made before node-local volumes, in the control plane's data dir).
+fn mount_of(
+    volumes: &crate::volumes::Volumes,
+    conn: &rusqlite::Connection,
+    c: store::clusters::ClusterRow,
+) -> Result<Option<v1::VolumeMount>> {
+    if !volumes.is_node_local() {
+        return Ok(Some(v1::VolumeMount {
+            source: volumes.path(&c.tenant_id, &c.name).display().to_string(),
+            target: c.storage_path,
+            ..Default::default()
+        }));
+    }
+    if !c
+        .storage_path
+        .starts_with(gpufleet_wire::volumes::VOLUME_MOUNTS)
+    {
+        return Ok(None);
+    }
+    let owner = store::slurm_access::get(conn, &c.id)?.map_or(0, |a| a.uid);
+    Ok(Some(v1::VolumeMount {
+        source: String::new(),
+        target: c.storage_path,
+        local_size_gib: c.storage_gib,
+        owner_uid: owner,
+    }))
 }
 
 /// Brings the volume mounts of `node_ids` to their clusters' (none for a free node).

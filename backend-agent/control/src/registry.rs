@@ -85,6 +85,8 @@ pub struct Registry {
     pub registrations: Registrations,
     /// Each live node's latest GPU readings, as its agent reported them.
     pub telemetry: crate::telemetry::Telemetry,
+    /// Each live node's node-local team volumes' use, as its agent reported it.
+    pub volume_use: crate::volume_use::VolumeUse,
 }
 
 fn order_message(order: &v1::WorkOrder) -> Result<v1::ControlMessage, Status> {
@@ -110,6 +112,7 @@ impl Registry {
             deadlines: Default::default(),
             registrations: Default::default(),
             telemetry: Default::default(),
+            volume_use: Default::default(),
         }
     }
 

@@ -322,7 +322,9 @@ impl ControlPlane {
             Some(root) => crate::volumes::Volumes::shared(root)
                 .map_err(anyhow::Error::msg)?
                 .with_node_mounts(external_nodes),
-            None => crate::volumes::Volumes::in_data_dir(data_dir.join(crate::state::VOLUMES)),
+            // External agents make node-local volumes; embedded ones use the data dir's.
+            None => crate::volumes::Volumes::in_data_dir(data_dir.join(crate::state::VOLUMES))
+                .with_node_mounts(external_nodes),
         };
         crate::scheduling::clusters::recover_interrupted(&mut conn, &volumes)?;
         // Every agent registers anew with this process.

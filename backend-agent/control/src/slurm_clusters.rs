@@ -429,7 +429,7 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
         };
         ports.insert(n.hostname.clone(), port);
     }
-    let shared_state = state.volumes.mounts_on_nodes();
+    let shared_state = state.volumes.shared_on_nodes();
     let candidates: Vec<placement::Candidate> = nodes
         .iter()
         .zip(&hosts)
@@ -540,7 +540,7 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
         state_dir,
         seed_from,
         first_job_id,
-        home: match state.volumes.mounts_on_nodes() {
+        home: match state.volumes.shared_on_nodes() {
             true => c.storage_path.clone(),
             false => String::new(),
         },

@@ -9,8 +9,15 @@
 //!   owned by the cluster's account (Slurm) or root, mode 0700; a tenant's folder is
 //!   0711 (no listing of other teams' volume names). Volumes never together promise more
 //!   than the file system holds, so a full volume is only its team's problem.
-//! - without shared storage, the data dir's `volumes/`: a plain directory holding a
-//!   `volume.json` with its size, unsized (development and tests without root).
+//! - without shared storage and with external node agents, **node-local**: each node of
+//!   the cluster makes and mounts a volume of its own of `storage_gib` at `storage_path`
+//!   (`gpufleet_node::local_volumes`; not shared between the nodes), and the control
+//!   plane keeps nothing of it here: it only names the size and owner in `SetVolumes`
+//!   and reads the use the agents report (`volume_use`). No `storage_retention = "keep"`
+//!   (a node's volume goes with the node).
+//! - without shared storage and with embedded node agents (all on this host), the data
+//!   dir's `volumes/`: a plain directory holding a `volume.json` with its size, unsized
+//!   (development and tests without root).
 //!
 //! Why not an ext4 image per cluster loop-mounted on every node: ext4 (and XFS) are
 //! single-host file systems, and mounting one image read-write on several hosts corrupts
@@ -36,8 +43,9 @@ const SUBVOLUME_ROOT_INODE: u64 = 256;
 pub struct Volumes {
     root: PathBuf,
     shared: bool,
-    /// Volumes are bind-mounted on each node of their cluster (external node agents), at
-    /// `gpufleet_wire::volumes::mount_path`; otherwise used in place at their path.
+    /// Volumes are mounted on each node of their cluster (external node agents), at
+    /// `gpufleet_wire::volumes::mount_path`: bind-mounted from the shared storage, or
+    /// without it made on each node (node-local); otherwise used in place at their path.
     node_mounts: bool,
 }
 
@@ -87,15 +95,29 @@ impl Volumes {
         })
     }
 
-    /// Shared volumes bind-mounted on their clusters' nodes (external node agents, each
-    /// host mounting the shared storage at the same path), not used in place.
+    /// Volumes mounted on their clusters' nodes (external node agents), not used in
+    /// place: shared ones bind-mounted (each host mounting the shared storage at the same
+    /// path), else node-local ones each node makes.
     pub fn with_node_mounts(mut self, on: bool) -> Volumes {
-        self.node_mounts = self.shared && on;
+        self.node_mounts = on;
         self
     }
 
+    /// Whether nodes mount the volumes (`SetVolumes`), shared or node-local.
     pub fn mounts_on_nodes(&self) -> bool {
         self.node_mounts
+    }
+
+    /// Whether every node of a cluster sees the same volume through the shared storage
+    /// (what a Slurm cluster's home and controller state need).
+    pub fn shared_on_nodes(&self) -> bool {
+        self.shared && self.node_mounts
+    }
+
+    /// Whether each node of a cluster has a volume of its own (no shared storage,
+    /// external node agents): nothing of it is on this host.
+    pub fn is_node_local(&self) -> bool {
+        !self.shared && self.node_mounts
     }
 
     /// A cluster's `storage_path`: where its nodes see its volume.
@@ -110,7 +132,8 @@ impl Volumes {
     /// `storage_path` is `storage_path` (a cluster made before volumes were kept by
     /// tenant id has its own path there).
     pub fn dir_of(&self, tenant_id: &str, name: &str, storage_path: &str) -> PathBuf {
-        match self.shared {
+        let on_nodes = storage_path.starts_with(gpufleet_wire::volumes::VOLUME_MOUNTS);
+        match self.shared || on_nodes {
             true => self.path(tenant_id, name),
             false => PathBuf::from(storage_path),
         }
@@ -132,7 +155,7 @@ impl Volumes {
 
     /// The size in GiB of a volume kept at `dir` by a deleted cluster, if there is one.
     pub fn kept_size_gib(&self, dir: &Path) -> std::io::Result<Option<i64>> {
-        if !dir.exists() {
+        if !dir.exists() || self.is_node_local() {
             return Ok(None);
         }
         if !self.shared {
@@ -181,6 +204,10 @@ impl Volumes {
     /// Makes the volume at `dir` (or attaches the one a deleted cluster kept there) with a
     /// limit of `gib` GiB, owned by `owner` (root when None), mode 0700; returns its path.
     pub fn create(&self, dir: &Path, gib: i64, owner: Option<u32>) -> std::io::Result<PathBuf> {
+        if self.is_node_local() {
+            // Each node makes its own when it is told to mount it.
+            return Ok(dir.to_path_buf());
+        }
         let tenant_dir = dir.parent().unwrap_or(&self.root);
         std::fs::create_dir_all(tenant_dir)?;
         if self.shared {
@@ -208,6 +235,10 @@ impl Volumes {
 
     /// Sets the volume's limit to `gib` GiB (online: nothing is unmounted or copied).
     pub fn resize(&self, dir: &Path, gib: i64) -> std::io::Result<()> {
+        if !dir.starts_with(&self.root) || (self.is_node_local() && !dir.exists()) {
+            // Node-local: the nodes grow theirs when they are next told their volumes.
+            return Ok(());
+        }
         if !self.shared {
             return write_meta(dir, gib);
         }
@@ -271,6 +302,9 @@ impl Volumes {
 
     /// Whether the volume holds anything besides its own `volume.json`.
     pub fn holds_data(&self, dir: &Path) -> std::io::Result<bool> {
+        if !dir.starts_with(&self.root) {
+            return Ok(false);
+        }
         match std::fs::read_dir(dir) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),
@@ -286,9 +320,10 @@ impl Volumes {
     }
 
     /// Removes the volume, its data and (on shared storage) its quota group; an already
-    /// missing one is fine.
+    /// missing one is fine, and so is a path outside the volumes' root (a node-local
+    /// volume's mount point: the nodes remove theirs), which is left alone.
     pub fn remove(&self, dir: &Path) -> std::io::Result<()> {
-        if !dir.exists() {
+        if !dir.exists() || !dir.starts_with(&self.root) {
             return Ok(());
         }
         if !self.shared {
@@ -518,6 +553,28 @@ mod tests {
         v.remove(&dir).unwrap();
         v.remove_tenant("t");
         assert!(!root.path().join("t").exists());
+    }
+
+    #[test]
+    fn node_local_volumes_keep_nothing_here_and_touch_no_mount_point() {
+        let root = tempfile::tempdir().unwrap();
+        let v = Volumes::in_data_dir(root.path().to_path_buf()).with_node_mounts(true);
+        assert!(v.is_node_local() && v.mounts_on_nodes() && !v.shared_on_nodes());
+        let path = v.storage_path("t", "c");
+        assert_eq!(path, gpufleet_wire::volumes::mount_path("t", "c"));
+        let dir = v.dir_of("t", "c", &path);
+        assert_eq!(dir, v.path("t", "c"));
+        v.create(&dir, 100, Some(4242)).unwrap();
+        v.resize(&dir, 200).unwrap();
+        assert!(!root.path().join("t").exists(), "nothing made on this host");
+        assert_eq!(v.kept_size_gib(&dir).unwrap(), None);
+        // A mount point elsewhere (a node's, on a host that is also a node) is never
+        // emptied from here.
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join("data"), "team").unwrap();
+        assert!(!v.holds_data(elsewhere.path()).unwrap());
+        v.remove(elsewhere.path()).unwrap();
+        assert!(elsewhere.path().join("data").exists());
     }
 
     #[test]

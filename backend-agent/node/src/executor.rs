@@ -38,6 +38,8 @@ pub struct Executor {
     /// Where this host mounts the platform's shared storage (None: it mounts no team
     /// volume).
     pub shared_storage: Option<PathBuf>,
+    /// This node's own team volumes, made when the control plane has no shared storage.
+    pub local_volumes: super::local_volumes::LocalVolumes,
     /// This agent's bandwidth-test listener (None: it takes part in no bandwidth test).
     pub bandwidth: Option<Arc<super::bandwidth::Listener>>,
     /// Runs the medium and long levels' load tests (simulated GPUs, or CUDA).
@@ -129,7 +131,11 @@ impl Executor {
             Some(v1::work_order::Kind::SlurmQuery(_)) => return self.run_apart(order),
             // Declarative like the Slurm orders: not journaled.
             Some(v1::work_order::Kind::SetVolumes(v)) => {
-                let outcome = super::volumes::apply(self.shared_storage.as_deref(), v);
+                let outcome = super::volumes::apply(
+                    self.shared_storage.as_deref(),
+                    &self.local_volumes,
+                    v,
+                );
                 if let Err(e) = &outcome {
                     tracing::warn!(order = %order.id, error = %e, "volume order failed");
                 }

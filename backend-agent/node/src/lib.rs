@@ -13,7 +13,9 @@ pub mod health;
 pub mod host;
 pub mod journal;
 pub mod link;
+pub mod local_volumes;
 pub mod metrics;
+pub mod mountinfo;
 #[cfg(test)]
 mod order_tests;
 pub mod session;
@@ -168,6 +170,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
             ),
             bandwidth: parts.bandwidth,
             shared_storage: parts.shared_storage,
+            local_volumes: local_volumes::LocalVolumes::in_data_dir(&parts.data_dir),
             load,
         }),
         stop_workloads: parts.stop_workloads,
@@ -183,8 +186,8 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
 /// `gpufleet-agent node --clean`: with no agent running on `data_dir` (refused while one
 /// does), ends and removes everything of every cluster its agent kept on this host: the
 /// daemons it left running, the jobs' steps, the logins' cgroups, the clusters' files and
-/// keys in the data dir, and each cluster's account and runtime directory once nothing
-/// else of it is here. For a host whose agent cannot reach the control plane any more (a
+/// keys in the data dir, each cluster's account and runtime directory once nothing else
+/// of it is here, and its node-local team volumes (unmounted, their data deleted). For a host whose agent cannot reach the control plane any more (a
 /// revoked certificate, a node removed from the fleet) or is retired.
 fn clean(data_dir: &std::path::Path, name: &str) -> anyhow::Result<()> {
     if !data_dir.is_dir() {
@@ -210,6 +213,12 @@ fn clean(data_dir: &std::path::Path, name: &str) -> anyhow::Result<()> {
     }
     if clusters.is_empty() {
         println!("this node's agent kept no cluster here: nothing to clean");
+    }
+    // Its node-local team volumes, unmounted (their loop devices go with the mounts).
+    match local_volumes::LocalVolumes::in_data_dir(data_dir).clean() {
+        Ok(0) => {}
+        Ok(n) => println!("removed {n} node-local team volume(s) from this host"),
+        Err(e) => failed.push(format!("team volumes: {e}")),
     }
     if !failed.is_empty() {
         anyhow::bail!("--clean: {}", failed.join("; "));

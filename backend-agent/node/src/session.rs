@@ -68,6 +68,13 @@ enum End {
     Lost(String),
 }
 
+/// What one reading for the heartbeats holds (`Heartbeat.gpus`, `Heartbeat.volumes`).
+#[derive(Debug, Clone, Default)]
+struct Reading {
+    gpus: Vec<v1::GpuTelemetry>,
+    volumes: Vec<v1::VolumeUse>,
+}
+
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often the agent reads its GPUs for its heartbeats (`Heartbeat.gpus`).
 const TELEMETRY_EVERY: Duration = Duration::from_secs(5);
@@ -342,16 +349,21 @@ async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
     let queued = Arc::new(AtomicU32::new(0));
     crate::metrics::watch_queue(&agent.name, &queued);
     let interval = Duration::from_millis(u64::from(registered.heartbeat_interval_ms.max(50)));
-    // The GPUs are read every TELEMETRY_EVERY on a blocking thread of their own, so that
-    // a hardware call that hangs never holds a heartbeat back; each new reading rides on
-    // the next heartbeat.
-    let (readings_tx, mut readings) = watch::channel(Vec::<v1::GpuTelemetry>::new());
+    // The GPUs (and the node-local team volumes' use) are read every TELEMETRY_EVERY on a
+    // blocking thread of their own, so that a hardware call that hangs never holds a
+    // heartbeat back; each new reading rides on the next heartbeat.
+    let (readings_tx, mut readings) = watch::channel(Reading::default());
     let sampler = {
         let telemetry = agent.telemetry.clone();
+        let volumes = agent.exec.local_volumes.clone();
         tokio::spawn(async move {
             loop {
-                let t = telemetry.clone();
-                let Ok(sample) = tokio::task::spawn_blocking(move || t.sample()).await else {
+                let (t, v) = (telemetry.clone(), volumes.clone());
+                let read = move || Reading {
+                    gpus: t.sample(),
+                    volumes: v.usage(),
+                };
+                let Ok(sample) = tokio::task::spawn_blocking(read).await else {
                     break;
                 };
                 if readings_tx.send(sample).is_err() {
@@ -370,15 +382,16 @@ async fn session(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> End {
             loop {
                 tick.tick().await;
                 seq += 1;
-                let gpus = if readings.has_changed().unwrap_or(false) {
-                    readings.borrow_and_update().clone()
-                } else {
-                    Vec::new()
+                let (read, reading) = match readings.has_changed().unwrap_or(false) {
+                    true => (true, readings.borrow_and_update().clone()),
+                    false => (false, Reading::default()),
                 };
                 let beat = v1::Heartbeat {
                     seq,
                     orders_queued: queued.load(Ordering::Relaxed),
-                    gpus,
+                    gpus: reading.gpus,
+                    volumes: reading.volumes,
+                    volumes_read: read,
                 };
                 if up
                     .send(v1::AgentMessage {

@@ -1,12 +1,14 @@
 //! Team volumes on this node: a `SetVolumes` order lists every volume the node should
-//! have (its cluster's, or none), and the agent bind-mounts each from the shared storage
-//! (`node --shared-storage`, the path every host mounts it at) at its target under
-//! [`VOLUME_MOUNTS`], and unmounts every mount there that is not listed: a node that leaves
-//! its cluster keeps nothing of the team's storage. Declarative and idempotent.
+//! have (its cluster's, or none). A shared volume is bind-mounted from the shared storage
+//! (`node --shared-storage`, the path every host mounts it at); without shared storage
+//! the node's own volume of the cluster is made and loop-mounted (`local_volumes`). Each
+//! goes at its target under [`VOLUME_MOUNTS`], and every mount there that is not listed is
+//! unmounted (another agent's node-local volume on the same host excepted): a node that
+//! leaves its cluster keeps nothing of the team's storage. Declarative and idempotent.
 //!
-//! Runs mount(2) and umount(2): call it off the async workers (the executor's thread). In
-//! the multi-host tier each namespace host's agent mounts in that host's own mount
-//! namespace.
+//! Runs mount(2) and umount(2), and the node-local volumes' commands: call it off the
+//! async workers (the executor's thread). In the multi-host tier each namespace host's
+//! agent mounts in that host's own mount namespace.
 
 use std::ffi::CString;
 use std::os::unix::fs::PermissionsExt;
@@ -15,48 +17,117 @@ use std::path::{Component, Path, PathBuf};
 use gpufleet_proto::v1;
 use gpufleet_wire::volumes::VOLUME_MOUNTS;
 
+use crate::local_volumes::{self, LocalVolumes};
+
+/// What one listed volume is made of.
+#[derive(Debug, PartialEq)]
+enum Source {
+    /// A directory on the shared storage, bind-mounted.
+    Shared(PathBuf),
+    /// This node's own volume of `gib` GiB, its root `owner`'s.
+    Local { gib: i64, owner: u32 },
+}
+
 /// Brings this node's volume mounts to `order`; answers what it did.
-pub fn apply(shared: Option<&Path>, order: &v1::SetVolumes) -> Result<String, String> {
+pub fn apply(
+    shared: Option<&Path>,
+    local: &LocalVolumes,
+    order: &v1::SetVolumes,
+) -> Result<String, String> {
     let wanted = order
         .volumes
         .iter()
         .map(|v| checked(shared, v))
         .collect::<Result<Vec<_>, _>>()?;
+    let listed = |target: &Path| wanted.iter().any(|(_, t)| t == target);
     let mut said = Vec::new();
-    for target in mounted()? {
-        if !wanted.iter().any(|(_, t)| *t == target) {
-            unmount(&target)?;
-            said.push(format!("unmounted {}", target.display()));
-        }
-    }
-    let now = mounted()?;
-    for (source, target) in &wanted {
-        if now.contains(target) {
+    let mut seen: Vec<PathBuf> = Vec::new();
+    for m in crate::mountinfo::under(Path::new(VOLUME_MOUNTS))? {
+        if listed(&m.target) || seen.contains(&m.target) || local.of_another_agent(&m) {
             continue;
         }
-        mount(source, target)?;
-        said.push(format!(
-            "mounted {} at {}",
-            source.display(),
-            target.display()
-        ));
+        seen.push(m.target.clone());
+        unmount(&m.target)?;
+        said.push(format!("unmounted {}", m.target.display()));
+    }
+    let keep: Vec<PathBuf> = wanted
+        .iter()
+        .filter(|(s, _)| matches!(s, Source::Local { .. }))
+        .map(|(_, t)| t.clone())
+        .collect();
+    said.extend(local.remove_except(&keep)?);
+    let now = mounted()?;
+    for (source, target) in &wanted {
+        match source {
+            Source::Shared(source) => {
+                if now.contains(target) {
+                    continue;
+                }
+                mount(source, target)?;
+                said.push(format!(
+                    "mounted {} at {}",
+                    source.display(),
+                    target.display()
+                ));
+            }
+            Source::Local { gib, owner } => {
+                if !now.contains(target) {
+                    make_folders(target)?;
+                }
+                said.extend(local.attach(target, *gib, *owner)?);
+            }
+        }
     }
     Ok(said.join("; "))
 }
 
-/// A volume's source and target, refused unless the source is a directory under this
-/// node's shared storage and the target a plain path under [`VOLUME_MOUNTS`].
-fn checked(shared: Option<&Path>, v: &v1::VolumeMount) -> Result<(PathBuf, PathBuf), String> {
+/// A volume's source and target, refused unless the target is a plain path under
+/// [`VOLUME_MOUNTS`] and the source a directory under this node's shared storage, or
+/// (node-local) a size within bounds and no source.
+fn checked(shared: Option<&Path>, v: &v1::VolumeMount) -> Result<(Source, PathBuf), String> {
+    let plain = |p: &Path| {
+        p.is_absolute()
+            && p.components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+    };
+    if v.local_size_gib != 0 {
+        let target = PathBuf::from(&v.target);
+        let depth = target
+            .strip_prefix(VOLUME_MOUNTS)
+            .map(|rest| rest.components().count());
+        if !plain(&target) || depth != Ok(2) {
+            return Err(format!(
+                "volume target {}: not a path under {VOLUME_MOUNTS} of the form <tenant id>/<cluster name>",
+                v.target
+            ));
+        }
+        if !v.source.is_empty() {
+            return Err(format!(
+                "volume {}: a node-local volume has no source (got {})",
+                v.target, v.source
+            ));
+        }
+        if !(1..=local_volumes::MAX_GIB).contains(&v.local_size_gib) {
+            return Err(format!(
+                "volume {}: local_size_gib must be between 1 and {} (got {})",
+                v.target,
+                local_volumes::MAX_GIB,
+                v.local_size_gib
+            ));
+        }
+        return Ok((
+            Source::Local {
+                gib: v.local_size_gib,
+                owner: v.owner_uid,
+            },
+            target,
+        ));
+    }
     let Some(shared) = shared else {
         return Err(format!(
             "volume {}: this node has no shared storage (node --shared-storage), so it cannot mount team volumes",
             v.target
         ));
-    };
-    let plain = |p: &Path| {
-        p.is_absolute()
-            && p.components()
-                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
     };
     let (source, target) = (PathBuf::from(&v.source), PathBuf::from(&v.target));
     if !plain(&target) || !target.starts_with(VOLUME_MOUNTS) || target == Path::new(VOLUME_MOUNTS) {
@@ -79,44 +150,18 @@ fn checked(shared: Option<&Path>, v: &v1::VolumeMount) -> Result<(PathBuf, PathB
             shared.display()
         ));
     }
-    Ok((source, target))
+    Ok((Source::Shared(source), target))
 }
 
 /// The mount points under [`VOLUME_MOUNTS`] in this mount namespace.
 fn mounted() -> Result<Vec<PathBuf>, String> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
-    let mut out: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape)
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(VOLUME_MOUNTS) && p != Path::new(VOLUME_MOUNTS))
+    let mut out: Vec<PathBuf> = crate::mountinfo::under(Path::new(VOLUME_MOUNTS))?
+        .into_iter()
+        .map(|m| m.target)
         .collect();
     out.sort();
     out.dedup();
     Ok(out)
-}
-
-/// mountinfo's octal escapes (`\040` for a space).
-fn unescape(s: &str) -> String {
-    let mut out = String::new();
-    let mut rest = s;
-    while let Some(i) = rest.find('\\') {
-        out.push_str(&rest[..i]);
-        match u8::from_str_radix(rest.get(i + 1..i + 4).unwrap_or(""), 8) {
-            Ok(b) => {
-                out.push(b as char);
-                rest = &rest[i + 4..];
-            }
-            Err(_) => {
-                out.push('\\');
-                rest = &rest[i + 1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 fn c_path(p: &Path) -> Result<CString, String> {
@@ -211,6 +256,49 @@ mod tests {
         v1::VolumeMount {
             source: source.into(),
             target: target.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn node_local_volumes_need_no_shared_storage_and_are_bounded() {
+        let local = |gib: i64, source: &str, target: &str| v1::VolumeMount {
+            source: source.into(),
+            target: target.into(),
+            local_size_gib: gib,
+            owner_uid: 4242,
+        };
+        let target = format!("{VOLUME_MOUNTS}/t/c");
+        assert_eq!(
+            checked(None, &local(5, "", &target)).unwrap(),
+            (
+                Source::Local {
+                    gib: 5,
+                    owner: 4242
+                },
+                PathBuf::from(&target)
+            )
+        );
+        for (v, says) in [
+            (local(5, "/srv/x", &target), "has no source"),
+            (local(-1, "", &target), "between 1 and"),
+            (
+                local(local_volumes::MAX_GIB + 1, "", &target),
+                "between 1 and",
+            ),
+            (local(5, "", "relative/c"), "not a path under"),
+            (local(5, "", "/etc/t/c"), "not a path under"),
+            (
+                local(5, "", &format!("{VOLUME_MOUNTS}/c")),
+                "not a path under",
+            ),
+            (
+                local(5, "", &format!("{VOLUME_MOUNTS}/../c")),
+                "not a path under",
+            ),
+        ] {
+            let e = checked(None, &v).unwrap_err();
+            assert!(e.contains(says), "{v:?}: {e}");
         }
     }
 
@@ -277,11 +365,5 @@ mod tests {
             e.starts_with(&format!("creating {}", root.join("file").display())),
             "{e}"
         );
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_read_back() {
-        assert_eq!(unescape("/run/a\\040b"), "/run/a b");
-        assert_eq!(unescape("/plain"), "/plain");
     }
 }

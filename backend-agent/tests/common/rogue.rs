@@ -100,6 +100,7 @@ impl Rogue {
                         seq,
                         orders_queued: 0,
                         gpus: Vec::new(),
+                        ..Default::default()
                     })),
                 };
                 if beat.send(hb).is_err() {

@@ -110,6 +110,7 @@ mod tests {
             seq,
             orders_queued,
             gpus: Vec::new(),
+            ..Default::default()
         }
     }
 

@@ -231,6 +231,17 @@ impl NodeAgentService for Agents {
                                 break;
                             }
                             state.agents.heartbeat(&node_id, session);
+                            if beat.volumes_read {
+                                match crate::volume_use::check(&beat.volumes) {
+                                    Ok(v) => state.agents.volume_use.record(&node_id, session, v),
+                                    Err(why) => {
+                                        tracing::debug!(node = %node_id, %why, "dropping a heartbeat's volume readings");
+                                        crate::counters::agent_message_dropped(
+                                            crate::counters::AGENT_TELEMETRY,
+                                        );
+                                    }
+                                }
+                            }
                             if !beat.gpus.is_empty() {
                                 match crate::telemetry::check(&beat.gpus, &registered_gpus) {
                                     Ok(gpus) => {
@@ -298,6 +309,7 @@ impl NodeAgentService for Agents {
                 }
             }
             state.agents.telemetry.forget(&node_id, session);
+            state.agents.volume_use.forget(&node_id, session);
             match left {
                 // A planned stop: unreachable now, not after the node timeout.
                 Some(why) => {

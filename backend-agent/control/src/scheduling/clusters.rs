@@ -89,7 +89,7 @@ pub fn undo_create(
     }
     store::idempotency::forget(conn, &cluster.id)?;
     store::clusters::delete(conn, &cluster.id)?;
-    let dir = std::path::Path::new(&cluster.storage_path);
+    let dir = &volumes.dir_of(&cluster.tenant_id, &cluster.name, &cluster.storage_path);
     match volumes.holds_data(dir) {
         Ok(false) => {
             if let Err(e) = volumes.remove(dir) {
@@ -131,7 +131,7 @@ pub fn recover_interrupted(conn: &mut Connection, volumes: &Volumes) -> rusqlite
                 store::idempotency::forget(&tx, &c.id)?;
                 store::clusters::delete(&tx, &c.id)?;
                 if c.storage_retention != "keep" {
-                    let _ = volumes.remove(std::path::Path::new(&c.storage_path));
+                    let _ = volumes.remove(&volumes.dir_of(&c.tenant_id, &c.name, &c.storage_path));
                 }
             }
         }

@@ -96,12 +96,19 @@ async fn with_used_one(
         .ok_or_else(|| Status::internal("a read cluster went missing"))
 }
 
-/// The clusters' `storage_used_gib`, read from the storage off the async workers. A
-/// volume that cannot be read answers 0 and is logged: the rest of the answer stands.
+/// The clusters' `storage_used_gib`, read from the storage off the async workers (or,
+/// node-local, from what the nodes' agents last reported). A volume that cannot be read
+/// answers 0 and is logged: the rest of the answer stands.
 async fn with_used(
     state: &AppState,
     mut clusters: Vec<v1::TenantCluster>,
 ) -> Result<Vec<v1::TenantCluster>, Status> {
+    if state.volumes.is_node_local() {
+        for c in clusters.iter_mut() {
+            c.storage_used_gib = state.agents.volume_use.used_gib(&c.storage_path);
+        }
+        return Ok(clusters);
+    }
     if !state.volumes.is_shared() {
         return Ok(clusters);
     }
@@ -129,6 +136,19 @@ fn positive_or_unset(field: &str, value: i64) -> Result<(), Status> {
         return Err(invalid(format!(
             "{field}: must be at least 1 (got {value})"
         )));
+    }
+    Ok(())
+}
+
+/// Node-local volumes (no shared storage, external node agents) go with their nodes:
+/// nothing can keep one for a later cluster.
+fn check_retention(volumes: &Volumes, retention: &str) -> Result<(), Status> {
+    if retention == "keep" && volumes.is_node_local() {
+        return Err(super::error_details::refusal_on(
+            tonic::Code::FailedPrecondition,
+            "storage_retention",
+            "storage_retention: \"keep\" needs the platform's shared storage (serve --shared-storage): without it each node of the cluster has a volume of its own, which goes with the node".to_string(),
+        ));
     }
     Ok(())
 }
@@ -424,6 +444,7 @@ impl Clusters {
             "" => "delete".to_string(),
             r => {
                 rules::storage_retention(r).map_err(invalid)?;
+                check_retention(&self.state.volumes, r)?;
                 r.to_string()
             }
         };
@@ -767,6 +788,7 @@ impl Clusters {
         }
         if !req.storage_retention.is_empty() {
             rules::storage_retention(&req.storage_retention).map_err(invalid)?;
+            check_retention(&self.state.volumes, &req.storage_retention)?;
             c.storage_retention = req.storage_retention.clone();
         }
         let mut new_driver = false;
@@ -997,13 +1019,23 @@ impl Clusters {
                 sp.commit().map_err(db_error)
             })
             .await?;
-        // Joining nodes mount the cluster's volume, leaving ones unmount it.
-        let moved = scaling
+        // Joining nodes mount the cluster's volume, leaving ones unmount it; with
+        // node-local volumes, every node grows its own to a larger storage_gib.
+        let grown = match c.storage_gib > old.storage_gib && self.state.volumes.is_node_local() {
+            true => members_before.clone(),
+            false => Vec::new(),
+        };
+        let mut moved: Vec<String> = scaling
             .added
             .iter()
             .chain(&scaling.to_release)
             .map(|n| n.id.clone())
             .collect();
+        for id in grown {
+            if !scaling.to_release.iter().any(|n| n.id == id) && !moved.contains(&id) {
+                moved.push(id);
+            }
+        }
         if let Err(e) = crate::node_volumes::sync(&self.state, moved).await {
             tracing::warn!(cluster = %c.name, error = %e, "an update's nodes did not all get their volumes");
         }
