@@ -243,6 +243,24 @@ impl NodeAgent {
 impl Drop for NodeAgent {
     fn drop(&mut self) {
         self.kill9();
+        // The node-local team volumes of clusters the test did not destroy (or a failed
+        // test left): `node --clean` unmounts them on the agent's host, and their loop
+        // devices go with the mounts.
+        if self.data_dir().join("volumes").exists() {
+            let mut clean = match &self.host {
+                Some(host) => host.command(binaries::agent()),
+                None => Command::new(binaries::agent()),
+            };
+            let cleaned = clean
+                .args(["node", "--clean", "--name", &self.name, "--data-dir"])
+                .arg(self.data_dir())
+                .stdin(Stdio::null())
+                .output();
+            match cleaned {
+                Ok(out) if out.status.success() => {}
+                other => eprintln!("node --clean of {}: {other:?}", self.name),
+            }
+        }
         // The accounts and runtime dirs of Slurm clusters the test did not destroy: the
         // agent ran their daemons (an agent of a namespace host made them in that host's
         // own /etc and /run, which go with the host).

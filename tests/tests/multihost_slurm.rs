@@ -12,10 +12,14 @@
 //!   four one-slice batch jobs on one node run at once (each waits for the other three).
 //! - The team's credentials reach its own controller alone: its key is refused by the
 //!   other team's login, and its munge credentials by the other team's controller.
+//! - Storage without shared storage: a job writes into `storage_path` on its node, a
+//!   volume of the node's own (`storage_gib`, the team's, 0700; not on the other nodes),
+//!   and `storage_used_gib` follows.
 //! - A layout change with a job running drains its node, lets the job finish, then
 //!   re-partitions every node.
 //! - Destroy with a job running: no process and no file of the cluster stays on any host
-//!   (each host's own process table, data dirs and `/run`), and the account is gone.
+//!   (each host's own process table, data dirs and `/run`; no volume image, mount or loop
+//!   device), and the account is gone.
 //!
 //! Needs root (CI runs as root); without it the test fails naming what is missing.
 
@@ -50,6 +54,7 @@ resource "gpufleet_tenant_cluster" "vision" {
   gpu_type        = "H100-80GB"
   node_count      = 3
   mig_layout      = { "1g.10gb" = 4 }
+  storage_gib     = 1
   ssh_public_keys = [file("${path.module}/vision.pub")]
   depends_on      = [gpufleet_gpu_quota.vision]
 }
@@ -231,6 +236,42 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
         seen.lock().unwrap()
     );
 
+    // Storage without shared storage: each node has a volume of its own of storage_gib at
+    // storage_path, the team account's and 0700; what a job writes there stays on its
+    // node, and storage_used_gib follows the fullest node's volume.
+    let storage = tf.resource(VISION)["storage_path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(tf.resource(VISION)["storage_used_gib"].as_i64(), Some(0));
+    let account = team.ok("id -u").trim().to_string();
+    let wrote = team.ok(&format!(
+        "srun -N1 -w {first} sh -c {}",
+        shell_word(&format!(
+            "stat -c '%u %a' {storage} && df -B1 --output=size {storage} | tail -1 \
+             && head -c 64M /dev/zero > {storage}/written && sync"
+        ))
+    ));
+    let mut said = wrote.lines().map(str::trim);
+    assert_eq!(
+        said.next(),
+        Some(format!("{account} 700").as_str()),
+        "{wrote}"
+    );
+    let size: u64 = said.next().unwrap_or_default().parse().unwrap_or(0);
+    assert!(
+        size > (1 << 30) / 10 * 9 && size <= 1 << 30,
+        "a 1 GiB volume: {wrote}"
+    );
+    let elsewhere = team.ok(&format!("srun -N1 -w {} ls -A {storage}", nodes[1]));
+    assert!(!elsewhere.contains("written"), "not shared: {elsewhere}");
+    eventually("storage_used_gib to follow the job's write", LIMIT, || {
+        tf.refresh();
+        let used = tf.resource(VISION)["storage_used_gib"].as_i64();
+        async move { (used == Some(1)).then_some(()) }
+    })
+    .await;
+
     // The team's credentials reach its own controller alone. Speech's own key logs in to
     // speech's login; vision's is refused there.
     let theirs = Session::new(client, &speech, &speech_key);
@@ -384,6 +425,29 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
         &[backend.data_dir().join("slurm")],
     ));
     assert!(held.is_empty(), "left after destroy: {held:#?}");
+    // Every node's volume is gone with the cluster: no image, no mount, no loop device.
+    for (h, agent) in GPU_HOSTS.iter().zip(&agents) {
+        let volumes = agent.data_dir().join("volumes");
+        let images = net
+            .host(h)
+            .run("find", &[&volumes.display().to_string(), "-type", "f"]);
+        assert!(images.stdout.is_empty(), "{h}: {images:?}");
+        let mounts = net.host(h).run("cat", &["/proc/self/mountinfo"]);
+        let mounts = String::from_utf8_lossy(&mounts.stdout);
+        assert!(!mounts.contains("/run/gpufleet/volumes/"), "{h}: {mounts}");
+    }
+    eventually("the volumes' loop devices detached", LIMIT, || {
+        let loops = std::process::Command::new("losetup")
+            .args(["-l", "-n", "-O", "BACK-FILE"])
+            .output()
+            .unwrap();
+        let loops = String::from_utf8_lossy(&loops.stdout).to_string();
+        let ours = agents
+            .iter()
+            .any(|a| loops.contains(&a.data_dir().display().to_string()));
+        async move { (!ours).then_some(()) }
+    })
+    .await;
     // Each host has its own user database: the account is gone from every one (and
     // was there on the hosts that ran the cluster).
     for h in names.iter() {
