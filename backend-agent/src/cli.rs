@@ -632,8 +632,13 @@ pub struct ServeArgs {
     /// new name past it is refused.
     #[arg(long, env = "GPUFLEET_MAX_CANDIDATES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_candidates: u32,
-    /// A candidate node without a live agent is forgotten this long after it registered
-    /// or failed its checks (its name can then be registered anew).
+    /// Of those, registered from one source address (an IPv6 /64) at most: one holder
+    /// of the join token cannot take every slot.
+    #[arg(long, env = "GPUFLEET_MAX_CANDIDATES_PER_SOURCE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_candidates_per_source: u32,
+    /// A candidate node is forgotten this long after it registered or failed its checks
+    /// (its name can then be registered anew); a live agent's session is ended then too,
+    /// so a fake node that never passes holds its slot no longer.
     #[arg(long, env = "GPUFLEET_CANDIDATE_TTL", default_value = "1h", value_parser = parse_connection_time)]
     pub candidate_ttl: std::time::Duration,
     /// Audit entries older than this are dropped (days or hours, e.g. 90d or 36h; at
@@ -937,6 +942,7 @@ impl ServeArgs {
             },
             candidates: gpufleet_control::state::CandidateSettings {
                 max: self.max_candidates,
+                max_per_source: self.max_candidates_per_source,
                 expire_after: self.candidate_ttl,
             },
             audit_retention: gpufleet_control::audit::Retention {

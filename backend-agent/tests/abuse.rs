@@ -10,6 +10,9 @@
 //!   shuts out neither the CLI nor the API;
 //! - a join-token client's failing nodes are candidates: quarantined, never ready, counted
 //!   by no breaker, bounded in number, and forgotten after `--candidate-ttl`;
+//! - one join-token holder filling the candidate slots from its address keeps no more than
+//!   `--max-candidates-per-source`: a host at another address still joins, and live fake
+//!   nodes past `--candidate-ttl` are evicted, their sessions ended;
 //! - a heartbeat flood is cut and reconnecting to flood again is paced per name,
 //!   heartbeats out of sequence or out of bounds end the session naming the field, and
 //!   registrations out of bounds are refused naming the field;
@@ -464,6 +467,133 @@ async fn a_join_token_client_cannot_open_the_breaker_nor_be_handed_out_and_its_n
     )
     .await
     .expect("room for a candidate again");
+}
+
+/// An IPv4 address of this host other than loopback: where a second source connects
+/// from. A host without one cannot run the test, and it says so.
+fn other_address() -> std::net::Ipv4Addr {
+    let mut found = None;
+    // SAFETY: getifaddrs fills a list freed below; each entry's address is read only
+    // when it is an AF_INET sockaddr.
+    unsafe {
+        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+        assert_eq!(libc::getifaddrs(&mut list), 0, "getifaddrs");
+        let mut at = list;
+        while !at.is_null() {
+            let a = (*at).ifa_addr;
+            if !a.is_null() && i32::from((*a).sa_family) == libc::AF_INET {
+                let sin = &*(a as *const libc::sockaddr_in);
+                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                if !ip.is_loopback() && found.is_none() {
+                    found = Some(ip);
+                }
+            }
+            at = (*at).ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    found.expect("this test needs an IPv4 address besides loopback to connect from")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_join_token_holder_keeps_only_its_share_of_candidates_and_idle_ones_are_evicted() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = dir.path().join("clock");
+    let t0 = now();
+    std::fs::write(&clock, t0.to_string()).unwrap();
+    let agent = Agent::start_with(
+        &dir.path().join("data"),
+        &[
+            "--admin-token",
+            ADMIN,
+            "--listen",
+            "0.0.0.0:0",
+            "--insecure",
+            "--clock-file",
+            clock.to_str().unwrap(),
+            "--node-timeout",
+            "2s",
+            "--health-interval",
+            "0",
+            "--max-candidates",
+            "4",
+            "--max-candidates-per-source",
+            "2",
+            "--candidate-ttl",
+            "60s",
+        ],
+    );
+    let port = agent.endpoint.rsplit(':').next().unwrap().to_string();
+    let loopback = format!("http://127.0.0.1:{port}");
+    let elsewhere = format!("http://{}:{port}", other_address());
+    let data_dir = agent.data_dir.clone();
+    let join = |endpoint: &String, name: &str| {
+        let (endpoint, data_dir) = (endpoint.clone(), data_dir.clone());
+        let reg = registration(name, "H100-80GB", 8);
+        async move { Rogue::register(&endpoint, &data_dir, reg).await }
+    };
+    // One holder of the join token fills what one source may hold, with live fake nodes.
+    let mut fakes = vec![
+        join(&loopback, "fake-1").await.unwrap(),
+        join(&loopback, "fake-2").await.unwrap(),
+    ];
+    let refused = join(&loopback, "fake-3")
+        .await
+        .err()
+        .expect("a third from one source");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .starts_with("name: 2 nodes registered from 127.0.0.1 are waiting")
+            && refused.message().contains("--max-candidates-per-source 2"),
+        "{}",
+        refused.message()
+    );
+    // A host at another address still joins.
+    let real = join(&elsewhere, "real-1")
+        .await
+        .expect("a join from another source");
+
+    // Past --candidate-ttl the live fakes (and the host that never passed) are evicted:
+    // their sessions end, their names are forgotten, and their slots are free again. (The
+    // TTL counts from a candidate's last change: the checks of each have begun first.)
+    let mut admin = agent.admin().await;
+    let deadline = Instant::now() + BOUND;
+    while !admin.nodes().await.iter().all(|n| {
+        !(n.hostname.starts_with("fake-") || n.hostname == "real-1")
+            || n.state_reason.starts_with("acceptance checks")
+    }) {
+        assert!(Instant::now() < deadline, "the checks never began");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::write(&clock, (t0 + 120).to_string()).unwrap();
+    for fake in &mut fakes {
+        let ended = fake.ended(BOUND).await;
+        assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+        assert!(ended.message().contains("--candidate-ttl"), "{ended:?}");
+    }
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let left: Vec<Node> = admin
+            .nodes()
+            .await
+            .into_iter()
+            .filter(|n| n.hostname.starts_with("fake-") || n.hostname == "real-1")
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the idle candidates were never forgotten: {left:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop((fakes, real));
+    join(&loopback, "fake-3")
+        .await
+        .expect("room for the source again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -195,6 +195,14 @@ impl Registry {
         true
     }
 
+    /// Ends the node's session, if any, with `status` (its stream's last message), and
+    /// forgets its current session: its stream's task stops at its next message.
+    pub fn evict(&self, node_id: &str, status: Status) {
+        if let Some(session) = self.lock().sessions.remove(node_id) {
+            let _ = session.out.send(Err(status));
+        }
+    }
+
     /// Drops what is known of a node that no longer exists (a forgotten candidate).
     pub fn forget(&self, node_id: &str) {
         let mut inner = self.lock();

@@ -64,21 +64,27 @@ impl Default for BreakerSettings {
 }
 
 /// Nodes that registered but are not in service yet (serve's `--max-candidates`,
-/// `--candidate-ttl`; the rules are `agents::admission`'s and `agents::monitor`'s).
+/// `--max-candidates-per-source`, `--candidate-ttl`; the rules are `agents::admission`'s
+/// and `agents::monitor`'s).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CandidateSettings {
     /// At most this many candidates at once: a new name past it is refused.
     pub max: u32,
-    /// A candidate without a live agent is forgotten this long after it last changed
-    /// state (registered, failed its checks).
+    /// At most this many registered from one source address (an IPv6 /64): one holder
+    /// of the join token cannot take every slot.
+    pub max_per_source: u32,
+    /// A candidate is forgotten this long after it last changed state (registered,
+    /// failed its checks), its agent's session ended if it is still open: a live fake
+    /// node holds its slot no longer than a gone one.
     pub expire_after: std::time::Duration,
 }
 
 impl Default for CandidateSettings {
-    /// 64 candidates, forgotten after an hour.
+    /// 64 candidates, 16 per source, forgotten after an hour.
     fn default() -> Self {
         Self {
             max: 64,
+            max_per_source: 16,
             expire_after: std::time::Duration::from_secs(3600),
         }
     }

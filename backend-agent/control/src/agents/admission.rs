@@ -410,24 +410,50 @@ fn check_secret(tx: &Connection, known: &NodeRow, c: &Checked) -> Result<Option<
     Ok(None)
 }
 
+/// The slots a new name joins in: the candidates' bounds, and where it registers from.
+#[derive(Debug, Clone, Copy)]
+pub struct Slots<'a> {
+    /// Candidates at most (serve --max-candidates).
+    pub max: u32,
+    /// Candidates from one source at most (serve --max-candidates-per-source).
+    pub per_source: u32,
+    /// The registering peer, as [`source_of`] names it.
+    pub source: &'a str,
+}
+
+/// A registering peer's source: its address, or for IPv6 its /64 (a host is given a
+/// whole /64, so its addresses count as one).
+pub fn source_of(peer: std::net::IpAddr) -> String {
+    match peer {
+        std::net::IpAddr::V4(v4) => v4.to_string(),
+        std::net::IpAddr::V6(v6) => {
+            let net = u128::from(v6) & !((1u128 << 64) - 1);
+            format!("{}/64", std::net::Ipv6Addr::from(net))
+        }
+    }
+}
+
 /// Adds the node or checks it against its record (its secret first); records its GPUs'
 /// MIG state. The node is `busy` until the control plane has brought it to what it
-/// should be. A new name joins as a candidate, and only while fewer than `max_candidates`
-/// wait. Runs inside the caller's transaction (a refusal leaves it to be rolled back).
-pub fn admit(
-    tx: &Connection,
-    c: &Checked,
-    now: i64,
-    max_candidates: u32,
-) -> Result<Admitted, Refusal> {
+/// should be. A new name joins as a candidate, and only while fewer than `slots.max`
+/// wait and fewer than `slots.per_source` of them came from its source. Runs inside the
+/// caller's transaction (a refusal leaves it to be rolled back).
+pub fn admit(tx: &Connection, c: &Checked, now: i64, slots: &Slots) -> Result<Admitted, Refusal> {
     let issued_secret;
     let id = match nodes::by_hostname(tx, &c.name)? {
         None => {
-            let waiting = nodes::candidates(tx)?;
-            if waiting >= i64::from(max_candidates) {
+            let from_source = nodes::candidates_from(tx, slots.source)?;
+            if from_source >= i64::from(slots.per_source) {
                 return Err(Refusal::Full(format!(
-                    "name: {waiting} nodes are waiting to be admitted already (serve --max-candidates {max_candidates}); node {} may register once they are in service or forgotten (serve --candidate-ttl)",
-                    c.name
+                    "name: {from_source} nodes registered from {} are waiting to be admitted already (serve --max-candidates-per-source {}); node {} may register once they are in service or forgotten (serve --candidate-ttl)",
+                    slots.source, slots.per_source, c.name
+                )));
+            }
+            let waiting = nodes::candidates(tx)?;
+            if waiting >= i64::from(slots.max) {
+                return Err(Refusal::Full(format!(
+                    "name: {waiting} nodes are waiting to be admitted already (serve --max-candidates {}); node {} may register once they are in service or forgotten (serve --candidate-ttl)",
+                    slots.max, c.name
                 )));
             }
             let row = NodeRow {
@@ -467,6 +493,7 @@ pub fn admit(
                 )));
             }
             nodes::insert(tx, &row, &gpus)?;
+            nodes::set_joined_from(tx, &row.id, slots.source)?;
             issued_secret = Some(issue_secret(tx, &row.id)?);
             tracing::info!(node = %c.name, gpus = gpus.len(), model = %c.gpu_type, "a new node joined the fleet");
             row.id
@@ -550,7 +577,12 @@ mod tests {
     /// `admit` in a transaction of its own, kept when it succeeds.
     fn admitted(conn: &mut Connection, c: &Checked, now: i64) -> Result<Admitted, Refusal> {
         let tx = conn.transaction()?;
-        let a = admit(&tx, c, now, 64)?;
+        let slots = Slots {
+            max: 64,
+            per_source: 64,
+            source: "10.0.0.1",
+        };
+        let a = admit(&tx, c, now, &slots)?;
         tx.commit()?;
         Ok(a)
     }
@@ -593,6 +625,43 @@ mod tests {
                     .collect(),
             }),
         }
+    }
+
+    #[test]
+    fn one_source_holds_at_most_its_share_of_the_candidate_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        let mut join = |name: &str, source: &str| {
+            let reg = registration(name, &[&format!("GPU-{name}")]);
+            let tx = conn.transaction().unwrap();
+            let slots = Slots {
+                max: 4,
+                per_source: 2,
+                source,
+            };
+            let a = admit(&tx, &check(&reg).unwrap(), 1, &slots);
+            tx.commit().unwrap();
+            a.map(|a| a.id).map_err(|e| e.to_string())
+        };
+        join("fake-1", "192.0.2.9").unwrap();
+        join("fake-2", "192.0.2.9").unwrap();
+        let refused = join("fake-3", "192.0.2.9").unwrap_err();
+        assert!(
+            refused.starts_with("name: 2 nodes registered from 192.0.2.9 are waiting")
+                && refused.contains("--max-candidates-per-source 2"),
+            "{refused}"
+        );
+        // Another source still joins, up to the bound of all candidates.
+        join("real-1", "198.51.100.7").unwrap();
+        join("real-2", "203.0.113.5").unwrap();
+        assert!(join("real-3", "203.0.113.6")
+            .unwrap_err()
+            .contains("--max-candidates 4"));
+        // IPv6 hosts count per /64.
+        let a = source_of("2001:db8:1:2::5".parse().unwrap());
+        assert_eq!(a, "2001:db8:1:2::/64");
+        assert_eq!(source_of("2001:db8:1:2:ffff::1".parse().unwrap()), a);
+        assert_eq!(source_of("10.1.2.3".parse().unwrap()), "10.1.2.3");
     }
 
     #[test]

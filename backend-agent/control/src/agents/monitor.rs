@@ -83,9 +83,11 @@ pub async fn agent_gone(state: &Arc<AppState>, node_id: &str) {
     }
 }
 
-/// Forgets the candidates (never in service) without a live agent that have been in their
-/// state longer than `--candidate-ttl`: a name registered with the join token and never
-/// admitted leaves no permanent record. Returns the names forgotten.
+/// Forgets the candidates (never in service) that have been in their state longer than
+/// `--candidate-ttl`: a name registered with the join token and never admitted leaves no
+/// permanent record, and holds its slot no longer (a live agent's session is ended, so a
+/// fake node kept alive cannot keep it: a real agent registers again). Returns the names
+/// forgotten.
 pub async fn forget_stale_candidates(state: &Arc<AppState>) -> Vec<String> {
     let ttl = i64::try_from(state.candidates.expire_after.as_secs()).unwrap_or(i64::MAX);
     let before = state.now().saturating_sub(ttl);
@@ -93,20 +95,15 @@ pub async fn forget_stale_candidates(state: &Arc<AppState>) -> Vec<String> {
         .read(move |conn| Ok::<_, Error>(store::nodes::stale_candidates(conn, before)?))
         .await
         .unwrap_or_default();
-    let stale: Vec<String> = stale
-        .into_iter()
-        .filter(|id| !state.agents.is_live(id))
-        .collect();
     if stale.is_empty() {
         return stale;
     }
-    let live = state.clone();
     let forgotten = state
         .apply(move |conn| {
             let mut forgotten = Vec::new();
             for id in stale {
-                // An agent may have come back meanwhile: then it is checked again.
-                if !live.agents.is_live(&id) && store::nodes::forget_candidate(conn, &id)? {
+                // Put in service meanwhile: then it stays.
+                if store::nodes::forget_candidate(conn, &id)? {
                     forgotten.push(id);
                 }
             }
@@ -116,6 +113,12 @@ pub async fn forget_stale_candidates(state: &Arc<AppState>) -> Vec<String> {
     match forgotten {
         Ok(forgotten) => {
             for id in &forgotten {
+                state.agents.evict(
+                    id,
+                    tonic::Status::unavailable(format!(
+                        "name: node {id} waited longer than the control plane's --candidate-ttl without being admitted, and was forgotten; register again to be checked anew"
+                    )),
+                );
                 state.agents.forget(id);
                 tracing::info!(node = %id, "forgot a candidate node that was never admitted");
             }

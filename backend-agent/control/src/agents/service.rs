@@ -89,6 +89,11 @@ impl NodeAgentService for Agents {
                 ));
             }
         }
+        // Where it registers from: candidates are bounded per source.
+        let source = request
+            .remote_addr()
+            .map(|a| admission::source_of(crate::connections::peer_of(&a)))
+            .unwrap_or_default();
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(REGISTER_WITHIN, inbound.message())
             .await
@@ -142,12 +147,16 @@ impl NodeAgentService for Agents {
                 wait.as_secs().max(1)
             )));
         }
-        let (t, max_candidates) = (self.state.now(), self.state.candidates.max);
+        let (t, bounds) = (self.state.now(), self.state.candidates.clone());
         let admitted = self
             .state
             .write(move |sp| -> Result<_, Status> {
-                let admitted =
-                    admission::admit(&sp, &checked, t, max_candidates).map_err(refusal)?;
+                let slots = admission::Slots {
+                    max: bounds.max,
+                    per_source: bounds.max_per_source,
+                    source: &source,
+                };
+                let admitted = admission::admit(&sp, &checked, t, &slots).map_err(refusal)?;
                 sp.commit().map_err(crate::state::db_error)?;
                 Ok(admitted)
             })
@@ -221,6 +230,11 @@ impl NodeAgentService for Agents {
                             break;
                         }
                     }
+                }
+                // Evicted (a candidate past --candidate-ttl) or replaced: this stream
+                // is over.
+                if state.agents.session_of(&node_id) != Some(session) {
+                    break;
                 }
                 match message {
                     Ok(Some(v1::AgentMessage { msg: Some(msg) })) => match msg {

@@ -520,6 +520,13 @@ const MIGRATIONS: &[&str] = &[
     INSERT INTO audit_tenant_seqs (tenant_id, last)
         SELECT tenant_id, MAX(tenant_seq) FROM audit_log WHERE tenant_id != '' GROUP BY tenant_id;
     "#,
+    // Where each candidate node registered from (issue 40): anyone with the join token can
+    // register names, so candidates are bounded per source address too (serve's
+    // --max-candidates-per-source). Empty for nodes from before and the platform's own.
+    r#"
+    ALTER TABLE nodes ADD COLUMN joined_from TEXT NOT NULL DEFAULT '';
+    CREATE INDEX nodes_candidates_from ON nodes (joined_from) WHERE in_service_since IS NULL;
+    "#,
 ];
 
 /// Prepared statements kept per connection.

@@ -222,6 +222,24 @@ pub fn candidates(conn: &Connection) -> rusqlite::Result<i64> {
         .query_row([], |r| r.get(0))
 }
 
+/// Candidates that registered from `source` (see `agents::admission::source_of`).
+pub fn candidates_from(conn: &Connection, source: &str) -> rusqlite::Result<i64> {
+    conn.prepare_cached(
+        "SELECT COUNT(*) FROM nodes WHERE in_service_since IS NULL AND joined_from = ?1",
+    )?
+    .query_row([source], |r| r.get(0))
+}
+
+/// Records where a new node registered from.
+pub fn set_joined_from(conn: &Connection, node_id: &str, source: &str) -> rusqlite::Result<()> {
+    super::exec(
+        conn,
+        "UPDATE nodes SET joined_from = ?2 WHERE id = ?1",
+        [node_id, source],
+    )?;
+    Ok(())
+}
+
 /// Candidates that have been in their state since before `before` (unix seconds).
 pub fn stale_candidates(conn: &Connection, before: i64) -> rusqlite::Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(
