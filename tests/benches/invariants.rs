@@ -3,7 +3,8 @@
 //! over the gRPC API while `serve` is killed with `kill -9` every 1 to 4 s, then
 //! `gpufleet-agent check` judges the store and every acknowledged answer. The baseline,
 //! from the same run and seed: the same clients without kills. Prints a table (operations,
-//! acknowledged, refused, retried, kills, violations, duration); nothing is asserted.
+//! acknowledged, refused, retried, kills, violations at the end and half-way while the
+//! clients write, duration); nothing is asserted.
 //!
 //! `cargo bench -p gpufleet-e2e --bench invariants`; `BUDGET_S` (default 120) per row,
 //! `TENANTS` (3) and `CLIENTS` (4 per tenant), `GPUFLEET_CHECKER_SEED` to rerun a seed
@@ -22,7 +23,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 fn row(name: &str, o: &Outcome) {
     println!(
-        "| {name} | {} | {} | {} | {} | {} | {} | {:.1} |",
+        "| {name} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
         o.operations,
         o.acknowledged,
         o.refused,
@@ -35,6 +36,7 @@ fn row(name: &str, o: &Outcome) {
         } else {
             o.violations.len().to_string()
         },
+        if o.mid_run_passed { "0" } else { "see below" },
         o.duration.as_secs_f64()
     );
 }
@@ -64,13 +66,16 @@ async fn main() {
         settings.budget.as_secs()
     );
     println!();
-    println!("| run | operations | acknowledged | refused | retried | kills | violations | duration (s) |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| run | operations | acknowledged | refused | retried | kills | violations | half-way, while writing | duration (s) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     row("no kills (baseline)", &baseline);
     row("kill -9 every 1-4 s", &killed);
     for o in [&baseline, &killed] {
         for v in &o.violations {
             println!("{v}");
+        }
+        if !o.mid_run_passed {
+            println!("half-way: {}", o.mid_run_output.trim());
         }
     }
 }

@@ -3,7 +3,8 @@
 //! tenant token, for a bounded time, while `serve` is killed with `kill -9` and started
 //! again at random moments. Every acknowledged answer goes to a JSON-lines log (the
 //! format of `gpufleet-agent check --answers`); at the end `gpufleet-agent check` reads
-//! the store (while serve runs) and that log, and names every violation.
+//! the store (while serve runs) and that log, and names every violation. Half-way it
+//! checks the store alone while the clients write.
 //!
 //! A call that gets no answer (serve killed under it) is asked again until it is
 //! answered, as the provider does: a create with the same `request_id`, a resize to the
@@ -77,6 +78,10 @@ pub struct Outcome {
     pub check_output: String,
     /// Its violation lines (empty when it passed).
     pub violations: Vec<String>,
+    /// The same check without the answers, run half-way through the budget while the
+    /// clients write (and serve may be down): whether it exited 0, and what it printed.
+    pub mid_run_passed: bool,
+    pub mid_run_output: String,
     /// The answers log (removed with the outcome).
     pub answers_log: PathBuf,
     _answers_dir: tempfile::TempDir,
@@ -158,6 +163,14 @@ pub async fn run(settings: Settings) -> Outcome {
     }
     let started = Instant::now();
     let deadline = started + settings.budget;
+    let data_dir = backend.data_dir();
+    let half_way = (started + settings.budget / 2).into();
+    let mid_run = tokio::spawn(async move {
+        tokio::time::sleep_until(half_way).await;
+        tokio::task::spawn_blocking(move || check(&data_dir, None))
+            .await
+            .expect("the mid-run check")
+    });
     let mut clients = Vec::new();
     for (t, (tenant_id, token)) in tenants.iter().enumerate() {
         for c in 0..settings.clients_per_tenant {
@@ -202,8 +215,9 @@ pub async fn run(settings: Settings) -> Outcome {
         tally.retried += t.retried;
     }
     let duration = started.elapsed();
+    let (mid_run_passed, mid_run_output) = mid_run.await.expect("the mid-run check");
     // Checked while serve runs: the check reads a snapshot as a WAL reader.
-    let (check_passed, check_output) = check(&backend.data_dir(), &answers_log);
+    let (check_passed, check_output) = check(&backend.data_dir(), Some(&answers_log));
     let violations = if check_passed {
         Vec::new()
     } else {
@@ -228,21 +242,23 @@ pub async fn run(settings: Settings) -> Outcome {
         check_passed,
         check_output,
         violations,
+        mid_run_passed,
+        mid_run_output,
         answers_log,
         _answers_dir: answers_dir,
         backend,
     }
 }
 
-/// `gpufleet-agent check --data-dir DIR --answers FILE`: (exited 0, its output).
-pub fn check(data_dir: &Path, answers: &Path) -> (bool, String) {
+/// `gpufleet-agent check --data-dir DIR [--answers FILE]`: (exited 0, its output).
+pub fn check(data_dir: &Path, answers: Option<&Path>) -> (bool, String) {
+    let mut command = std::process::Command::new(binaries::agent());
+    command.arg("check").arg("--data-dir").arg(data_dir);
+    if let Some(answers) = answers {
+        command.arg("--answers").arg(answers);
+    }
     output_within(
-        std::process::Command::new(binaries::agent())
-            .arg("check")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .arg("--answers")
-            .arg(answers),
+        &mut command,
         "gpufleet-agent check",
         Duration::from_secs(60),
     )

@@ -4,7 +4,9 @@
 //! `gpufleet-agent check` reads the store (serve still running) and the log of every
 //! acknowledged answer, and must find no violation: no instant overbooked, no quota
 //! exceeded, no node in two clusters, gap-free tenant sequences, every acknowledged
-//! object as acknowledged and every acknowledged delete gone.
+//! object as acknowledged (its create's request_id still leading to it) and every
+//! acknowledged delete gone. The same check without the answers half-way, while the
+//! clients write, finds none either; and a forged answer is named.
 //!
 //! The seed is printed; rerun one with `GPUFLEET_CHECKER_SEED=<seed>`. The long run is
 //! `cargo bench -p gpufleet-e2e --bench invariants`.
@@ -43,6 +45,13 @@ async fn kill_9_under_concurrent_admission_breaks_no_invariant_and_loses_no_answ
         "no violation (capacity, quota, membership, sequences), and the {} acknowledged answers hold",
         outcome.acknowledged
     )), "{}", outcome.check_output);
+    // Half-way, while the clients wrote, the store held every invariant too.
+    eprintln!("half-way: {}", outcome.mid_run_output.trim());
+    assert!(
+        outcome.mid_run_passed,
+        "seed {seed}: the check half-way found:\n{}",
+        outcome.mid_run_output
+    );
     // The run did what it is for: answers acknowledged across kills.
     assert!(outcome.kills >= 2, "seed {seed}: {} kills", outcome.kills);
     assert!(
@@ -59,7 +68,7 @@ async fn kill_9_under_concurrent_admission_breaks_no_invariant_and_loses_no_answ
     log.push_str(r#"{"request_id":"forged-1","op":"create","kind":"cluster","object":{"id":"never-made","node_count":1}}"#);
     log.push('\n');
     std::fs::write(&forged, log).unwrap();
-    let (passed, output) = checker::check(&outcome.backend.data_dir(), &forged);
+    let (passed, output) = checker::check(&outcome.backend.data_dir(), Some(&forged));
     assert!(!passed, "{output}");
     assert!(
         output
