@@ -16,7 +16,9 @@
 //!   and the team's next apply rewrites its login details (the guides' pattern);
 //! - the new controller gives ids past every id the former ones gave; a new 2-node batch
 //!   job and an interactive `srun` on the surviving node start and end;
-//! - the old job's step on the surviving node ends (the new controller knows no such job);
+//! - the old job's step on the surviving node ends (the new controller knows no such job),
+//!   and the team is told so once, as a cluster event (`job N ended: NODE_FAIL (its
+//!   controller was lost)`, naming the surviving node);
 //! - the cut host is healed and its agent, told its node left the cluster, keeps nothing
 //!   of it; the host is the spare of the next round.
 //!
@@ -31,6 +33,7 @@ use gpufleet_e2e::slurm_login::{
     cluster_nodes, credentials, shell_word, two_node_vision, vision_applied, Session,
 };
 use gpufleet_e2e::{eventually, Terraform};
+use gpufleet_proto::v1::{Event, ListEventsRequest};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(120);
@@ -111,6 +114,12 @@ async fn a_head_lost_without_shared_storage_leaves_no_stale_job_and_ids_never_go
         &format!("{}{LOGIN_FILE}", two_node_vision("")),
     );
     let mut creds = credentials(&tf, VISION);
+    let admin = backend.admin().await;
+    let cluster_id = tf.resource(VISION)["id"].as_str().unwrap().to_string();
+    let tenant_id = tf.resource("gpufleet_tenant.vision")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert_eq!(login_file(&tf)["host"], creds["host"]);
     let host_key = |c: &serde_json::Value| {
         c["known_hosts"]
@@ -196,6 +205,36 @@ async fn a_head_lost_without_shared_storage_leaves_no_stale_job_and_ids_never_go
             async move { (!left).then_some(()) }
         })
         .await;
+        // And the team is told, once, that the job ended with its node's failure.
+        let told = format!("job {stale} ended: NODE_FAIL (its controller was lost)");
+        let ended = eventually(&format!("the event {told:?}"), LIMIT, || {
+            let (mut admin, id, told) = (admin.clone(), cluster_id.clone(), told.clone());
+            async move {
+                let events = admin
+                    .fleet
+                    .list_events(ListEventsRequest {
+                        object_id: id,
+                        ..Default::default()
+                    })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .events;
+                let ended: Vec<Event> = events.into_iter().filter(|e| e.message == told).collect();
+                (!ended.is_empty()).then_some(ended)
+            }
+        })
+        .await;
+        assert_eq!(ended.len(), 1, "round {round}: {ended:?}");
+        assert_eq!(
+            (
+                ended[0].kind.as_str(),
+                ended[0].node.as_str(),
+                &ended[0].tenant_id
+            ),
+            ("job_ended", survivor.as_str(), &tenant_id),
+            "round {round}: the team's event names the node that ran the old job"
+        );
 
         // The lost host comes back with nothing of the cluster: the next round's spare.
         net.host(&head).heal();

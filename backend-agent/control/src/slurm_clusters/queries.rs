@@ -34,7 +34,13 @@ pub struct Said {
     pub probe: String,
     /// The controller's next job id (0: not read), at most Slurm's largest.
     pub next_job_id: u64,
+    /// Jobs the controller ended as orphans since the answering agent last said (job id,
+    /// the node that ran steps of it): recorded as the cluster's events by [`ask`].
+    pub orphans: Vec<(u64, String)>,
 }
+
+/// At most this many orphan jobs of one answer are recorded.
+const MAX_ORPHANS: usize = 256;
 
 /// Slurm's greatest job id (MaxJobId's default): a next job id past it is not believed.
 const MAX_JOB_ID: u64 = 67_043_328;
@@ -82,6 +88,52 @@ fn said(a: v1::SlurmAnswer) -> Said {
         } else {
             0
         },
+        orphans: a
+            .orphans
+            .into_iter()
+            .filter(|o| o.job_id > 0 && o.job_id <= MAX_JOB_ID)
+            .take(MAX_ORPHANS)
+            .map(|o| (o.job_id, crate::message_cut::cut(&o.node, 64)))
+            .collect(),
+    }
+}
+
+/// Tells the team each job the cluster's controller ended as an orphan: a job of a former
+/// controller, lost with its head, whose steps a node still ran (the new controller
+/// knew no such job). Slurm's own word for a job ended by its node's failure.
+async fn record_orphans(state: &AppState, answered_by: &NodeRow, orphans: &[(u64, String)]) {
+    let Some(cluster_id) = answered_by.cluster_id.clone() else {
+        return;
+    };
+    let (t, by, orphans) = (state.now(), answered_by.hostname.clone(), orphans.to_vec());
+    let recorded = state
+        .apply(move |conn| -> crate::error::Result<()> {
+            let Some(c) = crate::store::clusters::get(conn, &cluster_id)? else {
+                return Ok(());
+            };
+            // Once per job: the controller logs an orphan each time a node reports it.
+            let told = crate::store::events::list(conn, &c.id)?;
+            for (job, node) in &orphans {
+                let message = format!("job {job} ended: NODE_FAIL (its controller was lost)");
+                if told.iter().any(|e| e.message == message) {
+                    continue;
+                }
+                let node = if node.is_empty() { &by } else { node };
+                crate::store::events::record(
+                    conn,
+                    t,
+                    &c.id,
+                    &c.tenant_id,
+                    "job_ended",
+                    node,
+                    &message,
+                )?;
+            }
+            Ok(())
+        })
+        .await;
+    if let Err(e) = recorded {
+        tracing::warn!(node = %answered_by.hostname, error = %e, "cannot record the jobs the controller ended as orphans");
     }
 }
 
@@ -117,7 +169,13 @@ pub async fn ask(
         match answer {
             Err(_) => why.push(format!("{}: no answer within {ASK_WITHIN:?}", n.hostname)),
             Ok(Ok(Outcome::Answered(r))) if r.ok => match r.slurm {
-                Some(a) => return Ok(said(a)),
+                Some(a) => {
+                    let said = said(a);
+                    if !said.orphans.is_empty() {
+                        record_orphans(state, n, &said.orphans).await;
+                    }
+                    return Ok(said);
+                }
                 None => why.push(format!("{}: no answer", n.hostname)),
             },
             Ok(Ok(Outcome::Answered(r))) => why.push(format!("{}: {}", n.hostname, cut(&r.error))),

@@ -48,6 +48,7 @@
 
 mod login;
 mod munge;
+mod orphans;
 mod query;
 mod slurmctld;
 mod slurmd;
@@ -423,7 +424,7 @@ impl Slurm {
 
     /// Asks the cluster's controller, through this node's slurm.conf and munged.
     pub fn query(&self, q: &v1::SlurmQuery) -> Result<v1::SlurmAnswer, String> {
-        self.dir(&q.cluster)?;
+        let dir = self.dir(&q.cluster)?;
         let conf = self.shared_dir(&q.cluster).join("slurm.conf");
         if !conf.exists() {
             return Err(format!(
@@ -452,7 +453,19 @@ impl Slurm {
             }
             _ => None,
         };
-        query::run(&conf, q, probe)
+        let mut answer = query::run(&conf, q, probe)?;
+        if q.action == "status" {
+            // Under the daemons' lock: one reader of the controller's log at a time, so
+            // that each orphan job is reported once.
+            let running = self.lock();
+            if running
+                .get(&q.cluster)
+                .is_some_and(|r| r.slurmctld.is_some())
+            {
+                answer.orphans = orphans::since_last(&dir.join("ctld"));
+            }
+        }
+        Ok(answer)
     }
 
     /// The cluster's last order as this node keeps it on disk.

@@ -107,6 +107,8 @@ pub fn run(
         jobs_ending: jobs.as_ref().map_or(0, |j| j.ending),
         probe: probed,
         next_job_id: status::next_job_id(conf).unwrap_or(0),
+        // Read by the caller, which knows whether this node runs the controller.
+        orphans: Vec::new(),
     })
 }
 
