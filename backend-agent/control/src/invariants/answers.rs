@@ -91,21 +91,17 @@ pub fn check(s: &Snapshot, answers: &[Answer]) -> Vec<Violation> {
     let mut out = Vec::new();
     for ((kind, id), a) in last {
         let stored = match kind {
-            Kind::Reservation => s
-                .reservations
-                .iter()
-                .find(|r| r.id == id)
-                .map(|r| Answered {
-                    id: r.id.clone(),
-                    tenant_id: Some(r.tenant_id.clone()),
-                    gpu_type: Some(r.gpu_type.clone()),
-                    node_count: Some(r.node_count),
-                    start_time: Some(r.start_time),
-                    end_time: Some(r.end_time),
-                    name: None,
-                    reservation_id: None,
-                }),
-            Kind::Cluster => s.clusters.iter().find(|c| c.id == id).map(|c| Answered {
+            Kind::Reservation => s.reservation(id).map(|r| Answered {
+                id: r.id.clone(),
+                tenant_id: Some(r.tenant_id.clone()),
+                gpu_type: Some(r.gpu_type.clone()),
+                node_count: Some(r.node_count),
+                start_time: Some(r.start_time),
+                end_time: Some(r.end_time),
+                name: None,
+                reservation_id: None,
+            }),
+            Kind::Cluster => s.cluster(id).map(|c| Answered {
                 id: c.id.clone(),
                 tenant_id: Some(c.tenant_id.clone()),
                 gpu_type: Some(c.gpu_type.clone()),

@@ -36,7 +36,7 @@ pub fn check(s: &Snapshot) -> Vec<Violation> {
         let Some(rid) = c.reservation_id.as_deref() else {
             continue;
         };
-        let Some(r) = s.reservations.iter().find(|r| r.id == rid) else {
+        let Some(r) = s.reservation(rid) else {
             out.push(Violation::new(
                 Concern::Membership,
                 format!(

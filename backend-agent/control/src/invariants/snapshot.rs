@@ -15,6 +15,7 @@ use crate::store::invariants::{
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub now: i64,
+    /// Sorted by id (the store reads them so), as are `clusters`.
     pub reservations: Vec<ReservationHeld>,
     pub clusters: Vec<ClusterHeld>,
     pub models: Vec<ModelCapacity>,
@@ -52,6 +53,20 @@ impl Snapshot {
         };
         conn.execute_batch("COMMIT")?;
         Ok(loaded)
+    }
+
+    /// The reservation `id`.
+    pub fn reservation(&self, id: &str) -> Option<&ReservationHeld> {
+        let at = self
+            .reservations
+            .binary_search_by(|r| r.id.as_str().cmp(id));
+        at.ok().map(|i| &self.reservations[i])
+    }
+
+    /// The cluster `id`.
+    pub fn cluster(&self, id: &str) -> Option<&ClusterHeld> {
+        let at = self.clusters.binary_search_by(|c| c.id.as_str().cmp(id));
+        at.ok().map(|i| &self.clusters[i])
     }
 
     /// "'name' (id)" of a tenant, or its id alone when it has no row.
