@@ -290,9 +290,10 @@ pub struct NodeArgs {
     /// together, in MiB; past it the kernel kills a process of the login's, never another.
     #[arg(long, env = "GPUFLEET_LOGIN_MEMORY_MIB", value_name = "MIB", default_value_t = 8192, value_parser = clap::value_parser!(u64).range(64..=16_777_216))]
     pub login_memory_mib: u64,
-    /// CPUs' worth of time a Slurm login on this node may use, all its sessions together.
-    #[arg(long, env = "GPUFLEET_LOGIN_CPUS", value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub login_cpus: u32,
+    /// CPUs' worth of time a Slurm login on this node may use, all its sessions together
+    /// [default: a quarter of this host's CPUs, at least 1 and at most 4].
+    #[arg(long, env = "GPUFLEET_LOGIN_CPUS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub login_cpus: Option<u32>,
     /// Processes and threads a Slurm login on this node may run at once, all its
     /// sessions together (a fork bomb stops there).
     #[arg(long, env = "GPUFLEET_LOGIN_PIDS", value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
@@ -871,7 +872,9 @@ impl NodeArgs {
             shared_storage: self.shared_storage,
             login_limits: gpufleet_slurm::login_limits::LoginLimits {
                 memory_mib: self.login_memory_mib,
-                cpus: self.login_cpus,
+                cpus: self
+                    .login_cpus
+                    .unwrap_or_else(gpufleet_slurm::login_limits::host_default_cpus),
                 pids: self.login_pids,
             },
             stop_workloads: self.stop_workloads,

@@ -8,6 +8,7 @@
 //!   are not in B's, nor in the host's (each login has its own tmpfs, each job its own
 //!   `/tmp` and `/dev/shm` from `job_container/tmpfs`, each node's jobs their `/var/tmp`
 //!   and `/run/lock` from slurmd's namespace), nor A's System V shared memory in B's `ipcs`;
+//! - each private temporary directory is a tmpfs of 1 GiB, in B's login and its jobs;
 //! - B's cgroupfs shows B's own cgroups only: no name, uid or job of A in B's login's or
 //!   job's `/sys/fs/cgroup` or `/proc/self/cgroup` (each login and node has a cgroup
 //!   namespace of its own);
@@ -366,6 +367,33 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
             !out.contains(&a_name) && out.contains(&b_name),
             "B's {place} lists these cluster accounts: {out}"
         );
+    }
+
+    // Space: the private temporary directories are tmpfs of a bounded size, in the login
+    // and in a job (whose /tmp and /dev/shm are Slurm's).
+    let sizes = |out: &str| -> Vec<(String, u64)> {
+        out.lines()
+            .skip(1)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                Some((f.last()?.to_string(), f.get(1)?.parse().ok()?))
+            })
+            .collect()
+    };
+    for (place, dirs) in [
+        ("login", "/tmp /var/tmp /dev/shm /run/lock"),
+        ("job", "/var/tmp /run/lock"),
+    ] {
+        let script = format!("df -P {dirs}");
+        let out = match place {
+            "login" => b.ok(&script),
+            _ => b.job_ok("", &script),
+        };
+        let found = sizes(&out);
+        assert_eq!(found.len(), dirs.split(' ').count(), "{place}: {out}");
+        for (at, kib) in found {
+            assert_eq!(kib, 1 << 20, "the size of {at} in B's {place}: {out}");
+        }
     }
 
     // One MIG slice: the job's CUDA_VISIBLE_DEVICES names it as CUDA counts the devices it

@@ -40,10 +40,32 @@ impl Default for LoginLimits {
     fn default() -> Self {
         LoginLimits {
             memory_mib: 8192,
-            cpus: 4,
+            cpus: host_default_cpus(),
             pids: 4096,
         }
     }
+}
+
+/// The most CPUs' worth of time a login gets by default.
+const MAX_DEFAULT_CPUS: u32 = 4;
+
+/// A login's default CPUs on a host of `host` CPUs: a quarter of them, at least one and
+/// at most [`MAX_DEFAULT_CPUS`], so that the limit binds on small hosts too (a flat 4
+/// would let a login take all of a 4-CPU host).
+pub fn default_cpus(host: u32) -> u32 {
+    (host / 4).clamp(1, MAX_DEFAULT_CPUS)
+}
+
+/// [`default_cpus`] of this host.
+pub fn host_default_cpus() -> u32 {
+    default_cpus(online_cpus())
+}
+
+/// The CPUs online on this host.
+fn online_cpus() -> u32 {
+    // SAFETY: sysconf only reads system configuration.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    u32::try_from(n).ok().filter(|n| *n > 0).unwrap_or(1)
 }
 
 /// The cgroups of one cluster's login on this host.
@@ -182,6 +204,15 @@ mod tests {
                 "/cg/{k}/gpufleet_login_gfabc_n0123abcd/cgroup.procs"
             )))
         );
+    }
+
+    #[test]
+    fn the_default_cpu_limit_is_a_share_of_the_host_that_binds_on_small_hosts() {
+        let cases = [(1, 1), (2, 1), (4, 1), (8, 2), (12, 3), (16, 4), (128, 4)];
+        for (host, login) in cases {
+            assert_eq!(default_cpus(host), login, "a host of {host} CPUs");
+            assert!(login < host || host == 1, "a host of {host} CPUs");
+        }
     }
 
     #[test]
