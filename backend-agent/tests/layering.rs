@@ -6,6 +6,8 @@
 //!   (in every crate of the workspace: the backend's, the provider, the API, the e2e tests);
 //! - the control plane and the node agent do not depend on each other, and the crates they
 //!   share depend on neither (nor on the binary);
+//! - the replay (`gpufleet-economics`) drives the control plane and knows no node agent, and
+//!   the control plane does not know it;
 //! - clap's types live only in the binary.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -318,8 +320,13 @@ fn control_plane_and_node_agent_meet_only_in_the_binary() {
         by_name.insert(name, gpufleet);
     }
     let forbidden: &[(&str, &[&str])] = &[
-        ("gpufleet-control", &["gpufleet-node", "gpufleet-agent"]),
+        (
+            "gpufleet-control",
+            &["gpufleet-node", "gpufleet-agent", "gpufleet-economics"],
+        ),
         ("gpufleet-node", &["gpufleet-control", "gpufleet-agent"]),
+        // The replay drives the control plane's admission; it knows no node agent.
+        ("gpufleet-economics", &["gpufleet-node", "gpufleet-agent"]),
         (
             "gpufleet-wire",
             &["gpufleet-control", "gpufleet-node", "gpufleet-agent"],

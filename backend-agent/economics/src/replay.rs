@@ -7,7 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Batch};
 use crate::trace::Job;
 
 /// Where the replay's clock starts (2026-01-01T00:00:00Z): trace times are offsets.
@@ -25,6 +25,10 @@ pub struct Outcome {
     pub on_demand_nodes: i64,
 }
 
+/// Instants replayed per transaction: one commit for many admissions, as group commit
+/// does for a burst of creates (the replay's store needs no durability).
+const INSTANTS_PER_COMMIT: usize = 1_024;
+
 /// Replays `jobs` (indices `which` of them) through `admission`; an outcome for each of
 /// `which`, in its order.
 pub fn run(
@@ -34,69 +38,110 @@ pub fn run(
 ) -> anyhow::Result<Vec<Outcome>> {
     let mut order: Vec<usize> = (0..which.len()).collect();
     order.sort_by_key(|&k| (jobs[which[k]].submit, jobs[which[k]].line));
-    let mut outcomes = vec![Outcome::default(); which.len()];
-    // Each (team, model)'s waiting jobs, oldest first.
-    let mut queues: BTreeMap<(usize, &str), VecDeque<usize>> = BTreeMap::new();
-    let mut ends: BinaryHeap<Reverse<i64>> = BinaryHeap::new();
-    let mut next = 0;
-    loop {
-        let arrival = order.get(next).map(|&k| jobs[which[k]].submit);
-        let t = match (arrival, ends.peek()) {
-            (Some(a), Some(Reverse(e))) => a.min(*e),
-            (Some(a), None) => a,
-            (None, Some(Reverse(e))) => *e,
-            (None, None) => break,
-        };
-        while ends.peek().is_some_and(|Reverse(e)| *e <= t) {
-            ends.pop();
-        }
-        while let Some(&k) = order.get(next).filter(|&&k| jobs[which[k]].submit <= t) {
-            let job = &jobs[which[k]];
-            queues
-                .entry((job.team, job.gpu_type.as_str()))
-                .or_default()
-                .push_back(k);
-            next += 1;
-        }
-        // The queues' heads, oldest first; a refused head closes its queue until the
-        // next instant.
-        let mut heads: BinaryHeap<Head> = queues
-            .iter()
-            .filter_map(|(key, q)| {
-                q.front()
-                    .map(|&k| Reverse((jobs[which[k]].submit, jobs[which[k]].line, *key)))
-            })
-            .collect();
-        if heads.is_empty() {
-            continue;
-        }
+    let mut clock = Clock {
+        jobs,
+        which,
+        order,
+        next: 0,
+        outcomes: vec![Outcome::default(); which.len()],
+        queues: BTreeMap::new(),
+        ends: BinaryHeap::new(),
+    };
+    let mut more = true;
+    while more {
         admission.batch(|batch| {
-            while let Some(Reverse((_, _, key))) = heads.pop() {
-                let queue = queues.get_mut(&key).expect("a head has its queue");
-                let k = *queue.front().expect("a head is in its queue");
-                let job = &jobs[which[k]];
-                let end = t + job.duration;
-                let Some(split) =
-                    batch.admit(job.team, &job.gpu_type, job.gpus, EPOCH + t, EPOCH + end)?
-                else {
-                    continue;
-                };
-                outcomes[k] = Outcome {
-                    start: Some(t),
-                    pool_nodes: split.pool,
-                    on_demand_nodes: split.on_demand,
-                };
-                ends.push(Reverse(end));
-                queue.pop_front();
-                if let Some(&k) = queue.front() {
-                    heads.push(Reverse((jobs[which[k]].submit, jobs[which[k]].line, key)));
+            for _ in 0..INSTANTS_PER_COMMIT {
+                more = clock.step(batch)?;
+                if !more {
+                    break;
                 }
             }
             Ok(())
         })?;
-        queues.retain(|_, q| !q.is_empty());
     }
-    Ok(outcomes)
+    Ok(clock.outcomes)
+}
+
+/// The replay's state between instants.
+struct Clock<'a> {
+    jobs: &'a [Job],
+    which: &'a [usize],
+    /// Indices into `which`, by submit time.
+    order: Vec<usize>,
+    /// The next of `order` to arrive.
+    next: usize,
+    outcomes: Vec<Outcome>,
+    /// Each (team, model)'s waiting jobs, oldest first.
+    queues: BTreeMap<(usize, &'a str), VecDeque<usize>>,
+    /// When the admitted jobs end.
+    ends: BinaryHeap<Reverse<i64>>,
+}
+
+impl<'a> Clock<'a> {
+    fn job(&self, k: usize) -> &'a Job {
+        &self.jobs[self.which[k]]
+    }
+
+    /// Moves to the next arrival or end and asks for what waits; false when nothing is
+    /// left to happen.
+    fn step(&mut self, batch: &mut Batch) -> anyhow::Result<bool> {
+        let arrival = self.order.get(self.next).map(|&k| self.job(k).submit);
+        let t = match (arrival, self.ends.peek()) {
+            (Some(a), Some(Reverse(e))) => a.min(*e),
+            (Some(a), None) => a,
+            (None, Some(Reverse(e))) => *e,
+            (None, None) => return Ok(false),
+        };
+        while self.ends.peek().is_some_and(|Reverse(e)| *e <= t) {
+            self.ends.pop();
+        }
+        while let Some(&k) = self.order.get(self.next) {
+            let job = self.job(k);
+            if job.submit > t {
+                break;
+            }
+            self.queues
+                .entry((job.team, job.gpu_type.as_str()))
+                .or_default()
+                .push_back(k);
+            self.next += 1;
+        }
+        // The queues' heads, oldest first; a refused head closes its queue until the
+        // next instant.
+        let mut heads: BinaryHeap<Head> = self
+            .queues
+            .iter()
+            .filter_map(|(key, q)| q.front().map(|&k| self.head(k, *key)))
+            .collect();
+        while let Some(Reverse((_, _, key))) = heads.pop() {
+            let queue = self.queues.get_mut(&key).expect("a head has its queue");
+            let k = *queue.front().expect("a head is in its queue");
+            let job = self.jobs[self.which[k]].clone();
+            let end = t + job.duration;
+            let Some(split) =
+                batch.admit(job.team, &job.gpu_type, job.gpus, EPOCH + t, EPOCH + end)?
+            else {
+                continue;
+            };
+            self.outcomes[k] = Outcome {
+                start: Some(t),
+                pool_nodes: split.pool,
+                on_demand_nodes: split.on_demand,
+            };
+            self.ends.push(Reverse(end));
+            queue.pop_front();
+            if let Some(&k) = queue.front() {
+                heads.push(self.head(k, key));
+            }
+        }
+        self.queues.retain(|_, q| !q.is_empty());
+        Ok(true)
+    }
+
+    fn head(&self, k: usize, key: (usize, &'a str)) -> Head<'a> {
+        let job = self.job(k);
+        Reverse((job.submit, job.line, key))
+    }
 }
 
 #[cfg(test)]
