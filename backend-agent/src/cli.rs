@@ -304,8 +304,8 @@ pub struct NodeArgs {
     #[arg(long, env = "GPUFLEET_STOP_WORKLOADS")]
     pub stop_workloads: bool,
     /// Do not serve: end and remove everything of every Slurm cluster this node's agent
-    /// kept on this host (daemons, jobs, accounts, keys), then exit. Refused while an
-    /// agent runs on the data dir.
+    /// kept on this host (daemons, jobs, accounts, keys) and its node-local team volumes
+    /// (unmounted, data deleted), then exit. Refused while an agent runs on the data dir.
     #[arg(long)]
     pub clean: bool,
 }

@@ -843,12 +843,12 @@ impl ResourceType for TenantCluster {
                 Attribute::optional_computed(
                     "storage_gib",
                     Type::Number,
-                    "Size of the cluster's volume in GiB: on the platform's shared storage, a quota of exactly this size (writing past it fails with \"Disk quota exceeded\" for this cluster only). Defaults to `100`. Grows in place, online; shrinking is refused at plan time.",
+                    "Size of the cluster's volume in GiB: on the platform's shared storage, a quota of exactly this size (writing past it fails with \"Disk quota exceeded\" for this cluster only); without it, with external node agents, a file system of this size on each node, its own (not shared). Defaults to `100`. Grows in place, online; shrinking is refused at plan time.",
                 ),
                 Attribute::optional_computed(
                     "storage_retention",
                     Type::String,
-                    "What destroying the cluster does to its volume: `delete` (the default) removes it and its data; `keep` leaves it on the shared storage, and a later cluster of the same name in the same tenant attaches it, data included. Changes in place.",
+                    "What destroying the cluster does to its volume: `delete` (the default) removes it and its data; `keep` leaves it on the shared storage, and a later cluster of the same name in the same tenant attaches it, data included (refused without shared storage on external node agents, where each node's volume goes with it). Changes in place.",
                 ),
                 Attribute::optional_computed(
                     "mig_layout",
@@ -890,8 +890,8 @@ impl ResourceType for TenantCluster {
                 Attribute::optional_computed("ssh_public_keys", Type::list(Type::String), "Slurm only: the OpenSSH public keys (e.g. `file(\"~/.ssh/id_ed25519.pub\")`) that may log in to the cluster's login endpoint as the cluster's own unprivileged account; at most 32. Changes in place (the next login uses them). Default: none, so no one can log in."),
                 Attribute::computed("endpoint", Type::String, "Kubernetes API server URL, or the Slurm cluster's login endpoint (its sshd) as host:port."),
                 Attribute::computed("credentials", Type::String, "For this cluster alone: a kubeconfig (Kubernetes: the cluster's own CA and a client certificate signed by it), or for Slurm a JSON object saying how to log in: `user`, `host`, `port`, `login` (the ssh command), `known_hosts` (the line that checks the login's host key), `home` and `cluster` (Slurm's ClusterName). It holds no key of the platform.").sensitive(),
-                Attribute::computed("storage_path", Type::String, "Where the cluster's nodes see its volume: `/run/gpufleet/volumes/<tenant id>/<cluster name>`, bind-mounted on every node of the cluster from the shared storage (with embedded node agents or without shared storage, the volume's own directory). Owned by the cluster's account (Slurm) or root, mode 0700."),
-                Attribute::computed("storage_used_gib", Type::Number, "GiB in use on the volume, rounded up, as of the last refresh; 0 without shared storage."),
+                Attribute::computed("storage_path", Type::String, "Where the cluster's nodes see its volume: `/run/gpufleet/volumes/<tenant id>/<cluster name>`, bind-mounted on every node of the cluster from the shared storage, or without it each node's own volume mounted there (with embedded node agents and no shared storage, the volume's own directory). Owned by the cluster's account (Slurm) or root, mode 0700."),
+                Attribute::computed("storage_used_gib", Type::Number, "GiB in use on the volume, rounded up, as of the last refresh; with node-local volumes the fullest node's; 0 with embedded node agents and no shared storage."),
             ]
             .into_iter()
             .chain(super::acceptance::attributes())
