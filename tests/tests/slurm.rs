@@ -1320,9 +1320,11 @@ fn parent_of(pid: i32) -> Option<i32> {
 /// A control plane with embedded node agents, crashed (SIGKILL) and then restarted
 /// (SIGTERM, as an upgrade does) while a team's job runs and a team member's session is
 /// open: the cluster's daemons run on (the same processes, adopted by the new agents), the
-/// session stays open, and the job completes with no restart. Stopped with
-/// --stop-workloads, its agents end their Slurm daemons and the job's slurmstepd and
-/// processes with them: no process of the cluster's account is left.
+/// session stays open, a process the team detached on the login (setsid, its parent gone)
+/// runs on with the login, and the job completes with no restart. Stopped with
+/// --stop-workloads, its agents end their Slurm daemons, the login's detached process and
+/// the job's slurmstepd and processes with them: no process of the cluster's account is
+/// left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workloads_outlive_a_control_plane_restart_and_end_with_a_stop_that_says_so() {
     let fleet = "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\ngpus_per_node = 1\n";
@@ -1355,6 +1357,22 @@ async fn workloads_outlive_a_control_plane_restart_and_end_with_a_stop_that_says
         .to_string();
     client.wait_running(std::slice::from_ref(&job)).await;
     let mut session = client.hold("while sleep 0.2; do :; done");
+    client.ok(
+        "sh",
+        &[
+            "-c",
+            "setsid sh -c 'exec sleep 3003' </dev/null >/dev/null 2>&1 &",
+        ],
+    );
+    let detached = || {
+        processes_of(uid)
+            .into_iter()
+            .filter(|p| p.contains("sleep 3003"))
+            .filter_map(|p| p.split(' ').next().map(str::to_string))
+            .collect::<Vec<_>>()
+    };
+    let before = detached();
+    assert_eq!(before.len(), 1, "the detached process: {before:?}");
     let daemons = daemon_pids(&name);
     assert_eq!(
         daemons.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
@@ -1386,6 +1404,11 @@ async fn workloads_outlive_a_control_plane_restart_and_end_with_a_stop_that_says
     assert!(
         session.try_wait().unwrap().is_none(),
         "the team's session stayed open"
+    );
+    assert_eq!(
+        detached(),
+        before,
+        "the detached process runs on with its login"
     );
     let _ = session.kill();
     let _ = session.wait();
