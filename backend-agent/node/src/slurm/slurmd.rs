@@ -261,8 +261,10 @@ fn mknod(path: &Path, minor: u32) -> Result<(), String> {
         .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))
 }
 
-/// Ends every process still in the cgroups Slurm's cgroup v1 plugin keeps of `node` for
-/// the cluster's account `uid`, `/sys/fs/cgroup/<controller>/slurm_<node>/uid_<uid>/` (a
+/// What a slurmd started before nodes had their own cgroup (`NodeCgroup`, under which
+/// Slurm now keeps its jobs' cgroups) left at the hierarchies' root: ends every process
+/// still in the cgroups Slurm's cgroup v1 plugin keeps of `node` for the cluster's
+/// account `uid`, `/sys/fs/cgroup/<controller>/slurm_<node>/uid_<uid>/` (a
 /// killed slurmstepd leaves its job's cgroups, and a job process that dropped its
 /// environment is found there and nowhere else), and removes them, deepest first, for a
 /// few seconds while the killed processes leave them; then `slurm_<node>` itself when
