@@ -16,7 +16,7 @@ use gpufleet_e2e::grpc::bearer_auth;
 use gpufleet_e2e::json::str_of;
 use gpufleet_e2e::{Backend, Terraform};
 use gpufleet_proto::v1::access_service_client::AccessServiceClient;
-use gpufleet_proto::v1::{ListTokensRequest, Token};
+use gpufleet_proto::v1::{AuditEntry, ListAuditEntriesRequest, ListTokensRequest, Token};
 use serde_json::Value;
 
 /// The configuration; `store_credentials` is the provider's setting, left out when None.
@@ -180,6 +180,42 @@ async fn tokens(backend: &Backend, tenant: &str) -> Vec<Token> {
         .tokens
 }
 
+/// The tenant's audit entries (the first page: this test's are far fewer), by the admin.
+async fn audit(backend: &Backend, tenant: &str) -> Vec<AuditEntry> {
+    let channel = tonic::transport::Channel::from_shared(backend.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect to the backend");
+    let mut access =
+        AccessServiceClient::with_interceptor(channel, bearer_auth(backend.admin_token()));
+    access
+        .list_audit_entries(ListAuditEntriesRequest {
+            tenant_id: tenant.to_string(),
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("ListAuditEntries")
+        .into_inner()
+        .entries
+}
+
+/// The names of the tokens the ephemeral resource minted (`tf-ephemeral-*`) that the audit
+/// log shows created, and of those it shows revoked.
+async fn minted_and_revoked(backend: &Backend, tenant: &str) -> (Vec<String>, Vec<String>) {
+    let entries = audit(backend, tenant).await;
+    let named = |method: &str| -> Vec<String> {
+        entries
+            .iter()
+            .filter(|e| e.method.ends_with(method) && e.outcome == "OK")
+            .filter(|e| e.object.contains("tf-ephemeral-"))
+            .map(|e| e.object.clone())
+            .collect()
+    };
+    (named("/CreateToken"), named("/RevokeToken"))
+}
+
 /// The Slurm cluster's munge key (base64, as a JSON state would carry it), from the
 /// private directory of its head node's agent (embedded: in the control plane's data
 /// dir); the cluster's name and head come from the login details the provisioner wrote
@@ -255,21 +291,25 @@ fn ephemeral_credentials_leave_no_secret_in_state_or_saved_plan() {
     let known = [key.as_str(), munge.as_str(), backend.admin_token()];
     assert_no_secret(&tf, "after the first apply", &known);
 
-    // Every token the ephemeral resource minted (this apply's and each plan's) is revoked.
+    // Every token the ephemeral resource minted (this apply's and each plan's) is revoked,
+    // and the revoked ones leave no rows in the token list (issue 40: each run left its
+    // own there for 30 days).
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let minted: Vec<Token> = rt
-        .block_on(tokens(&backend, "vault"))
-        .into_iter()
-        .filter(|t| t.name.starts_with("tf-ephemeral-"))
-        .collect();
+    let ephemeral = || -> Vec<Token> {
+        rt.block_on(tokens(&backend, "vault"))
+            .into_iter()
+            .filter(|t| t.name.starts_with("tf-ephemeral-"))
+            .collect()
+    };
+    let (minted, revoked) = rt.block_on(minted_and_revoked(&backend, "vault"));
     assert!(
         minted.len() >= 2,
         "apply and plan each minted one: {minted:?}"
     );
-    for t in &minted {
-        assert_eq!(t.state, "revoked", "{} after its run", t.name);
-        assert!(t.expires_at.is_some(), "{} has an expiry", t.name);
+    for name in &minted {
+        assert!(revoked.contains(name), "{name} revoked after its run");
     }
+    assert_eq!(ephemeral(), vec![], "no run's token is left in the list");
 
     // A second apply (a new kubeconfig file: the provisioner runs again) keeps it so.
     fs::remove_file(tf.dir().join("kubeconfig.out")).expect("remove kubeconfig");
@@ -282,6 +322,7 @@ fn ephemeral_credentials_leave_no_secret_in_state_or_saved_plan() {
     ]);
     assert_eq!(kubeconfig_key(&tf), key, "the same cluster's key");
     assert_no_secret(&tf, "after the second apply", &known);
+    assert_eq!(ephemeral(), vec![], "runs do not pile up in the token list");
     tf.assert_no_changes();
 
     // Asked to, the deprecated attributes keep the secrets; leaving the setting out again

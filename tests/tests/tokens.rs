@@ -1,6 +1,7 @@
 //! Tokens through Terraform (issue 30): a team's token rotated in place with a two-minute
 //! overlap on the backend's injected clock, the old one then refused by Terraform saying
-//! when it was rotated and its overlap ended; a read token that plans the team's workspace
+//! when it was rotated and its overlap ended, and an hour's token once expired refused
+//! saying so and still listed, as expired (issue 40); a read token that plans the team's workspace
 //! and whose apply is refused naming its scope; revoking one of two tokens; the audit log
 //! as a data source, a team's own only; import of a token; another team's token on the
 //! team's state refused naming the state's tenant, never read as deleted (issue 40).
@@ -117,6 +118,46 @@ output "clusters" { value = data.gpufleet_clusters.mine.clusters }
     assert_eq!(clusters[0]["id"], cluster_id.as_str());
     assert_eq!(clusters[0]["status"], "running");
     tf.assert_no_changes();
+
+    // A token made to live an hour: once expired, Terraform says so, and `token list`
+    // still shows it, as expired (issue 40: it vanished).
+    let create = ["token", "create", "--tenant", "speech", "--scope", "read"];
+    let debug = agent(
+        &backend,
+        &[&create[..], &["--expires-in", "1h", "debug"]].concat(),
+    );
+    advance(&clock, 2 * 3600);
+    team.set_token(debug.trim());
+    team.plan_fails()
+        .assert_mentions(&["rejected the token: token 'debug' of tenant 'speech' expired at"]);
+    // Another issue forgets what is past keeping, not this one (it was forgotten here).
+    agent(&backend, &[&create[..], &["later"]].concat());
+    let listed = agent(&backend, &["token", "list", "--tenant", "speech"]);
+    let row = listed.lines().find(|l| l.starts_with("debug "));
+    assert!(
+        row.is_some_and(|r| r.contains(" expired ")),
+        "the expired token is listed as expired:\n{listed}"
+    );
+}
+
+/// `gpufleet-agent` with `args` against the backend, with the admin token: its stdout.
+fn agent(backend: &Backend, args: &[&str]) -> String {
+    let out = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .args(args)
+        .args([
+            "--endpoint",
+            &backend.endpoint(),
+            "--token",
+            backend.admin_token(),
+        ])
+        .output()
+        .expect("run gpufleet-agent");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn tokens(extra: &str) -> String {

@@ -324,6 +324,12 @@ impl Access {
         let owner = Owner::of(conn, &caller, &req.tenant_id)?;
         let now = self.state.now();
         let rows = store::tokens::list(conn, owner.tenant_id.as_deref()).map_err(db_error)?;
+        // A short-lived token once revoked (a run's ephemeral token after its close) is as
+        // good as forgotten (the next issue forgets it): runs do not pile up in the list.
+        let rows = rows
+            .into_iter()
+            .filter(|t| !(t.revoked_at.is_some() && store::tokens::is_short_lived(t)))
+            .collect();
         let (tokens, next_page_token) = super::paging::page(
             rows,
             &page,

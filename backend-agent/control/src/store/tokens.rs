@@ -20,9 +20,16 @@ pub struct TokenRow {
 /// How long a refused token's row is kept, so a refusal can still say why.
 pub const KEEP_REFUSED_SECONDS: i64 = 30 * 24 * 3600;
 /// A token made to live at most this long (a run's ephemeral token) is forgotten as soon
-/// as it has expired: nobody keeps such a secret to learn later why it stopped working,
+/// as it is revoked (a run's close), and this long after it expired (a killed run's, or one
+/// minted for an hour): nobody keeps such a secret long to learn why it stopped working,
 /// and a team minting one per plan would otherwise fill its rows within a month.
 pub const SHORT_LIVED_SECONDS: i64 = 24 * 3600;
+
+/// Whether `t` was made to live at most [`SHORT_LIVED_SECONDS`].
+pub fn is_short_lived(t: &TokenRow) -> bool {
+    t.expires_at
+        .is_some_and(|e| e - t.created_at <= SHORT_LIVED_SECONDS)
+}
 
 const COLUMNS: &str =
     "id, tenant_id, name, scope, created_at, expires_at, rotated_at, retire_at, revoked_at";
@@ -123,13 +130,14 @@ pub fn revoke(
 }
 
 /// Forgets refused tokens (revoked, rotated past their overlap, expired) older than
-/// [`KEEP_REFUSED_SECONDS`], and short-lived ones ([`SHORT_LIVED_SECONDS`]) once expired.
+/// [`KEEP_REFUSED_SECONDS`], and short-lived ones ([`SHORT_LIVED_SECONDS`]) once revoked or
+/// a [`SHORT_LIVED_SECONDS`] after they expired.
 pub fn forget_old(conn: &Connection, now: i64) -> rusqlite::Result<usize> {
     let before = now - KEEP_REFUSED_SECONDS;
     super::exec(
         conn,
         "DELETE FROM tokens WHERE IFNULL(revoked_at, IFNULL(retire_at, IFNULL(expires_at, ?1 + 1))) < ?1 \
-         OR (expires_at <= ?2 AND expires_at - created_at <= ?3)",
+         OR (expires_at - created_at <= ?3 AND (revoked_at IS NOT NULL OR expires_at <= ?2 - ?3))",
         [before, now, SHORT_LIVED_SECONDS],
     )
 }
@@ -170,24 +178,38 @@ mod tests {
     }
 
     #[test]
-    fn a_short_lived_token_is_forgotten_once_expired_a_long_lived_one_kept_its_month() {
+    fn a_short_lived_token_is_forgotten_once_revoked_or_a_day_after_it_expired_a_long_lived_one_kept_its_month(
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
         let run = TokenRow {
             expires_at: Some(100 + 3600),
             ..row(None, "ci-run-1", 100)
         };
+        let hour = TokenRow {
+            expires_at: Some(100 + 3600),
+            ..row(None, "debug", 100)
+        };
         let year = TokenRow {
             expires_at: Some(100 + 365 * 86_400),
             ..row(None, "ci", 100)
         };
         insert(&conn, &run, "h1").unwrap();
+        insert(&conn, &hour, "h3").unwrap();
         insert(&conn, &year, "h2").unwrap();
-        // Revoked at close: kept until its expiry, so a late use still hears why.
+        assert!(is_short_lived(&run) && !is_short_lived(&year));
+        // Revoked at a run's close: forgotten at once, runs leave no rows behind.
         revoke(&conn, None, "ci-run-1", 200).unwrap();
-        assert_eq!(forget_old(&conn, 100 + 3599).unwrap(), 0);
-        assert_eq!(forget_old(&conn, 100 + 3600).unwrap(), 1);
+        assert_eq!(forget_old(&conn, 201).unwrap(), 1);
         assert!(by_hash(&conn, "h1").unwrap().is_none());
+        // Expired: kept (listed as expired) for a day, then forgotten.
+        let expired = 100 + 3600;
+        assert_eq!(
+            forget_old(&conn, expired + SHORT_LIVED_SECONDS - 1).unwrap(),
+            0
+        );
+        assert_eq!(forget_old(&conn, expired + SHORT_LIVED_SECONDS).unwrap(), 1);
+        assert!(by_hash(&conn, "h3").unwrap().is_none());
         revoke(&conn, None, "ci", 300).unwrap();
         assert_eq!(
             forget_old(&conn, 300 + KEEP_REFUSED_SECONDS - 1).unwrap(),
