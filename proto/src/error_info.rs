@@ -10,3 +10,6 @@ pub const USED_BY: &str = "used_by";
 /// A tenant delete refused for what the tenant still has: which of the `USED_BY` ids are
 /// gpu quotas (the rest are reservations and clusters), comma-separated.
 pub const QUOTA_IDS: &str = "quota_ids";
+/// FAILED_PRECONDITION: a quota's guarantee that the pool of its model (the value) cannot
+/// keep beside the other quotas' (a lowering of another quota may make room).
+pub const OVER_POOL: &str = "over_pool";

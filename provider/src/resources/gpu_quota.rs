@@ -170,9 +170,7 @@ impl GpuQuota {
             };
             // A sibling planned later (a lowering) may make room: ask again with it.
             if let Err(s) = &answer {
-                if s.code() == tonic::Code::FailedPrecondition
-                    && run.quota_admitted_since(seen, SIBLINGS_GRACE).await
-                {
+                if over_pool(s) && run.quota_admitted_since(seen, SIBLINGS_GRACE).await {
                     continue;
                 }
             }
@@ -194,12 +192,23 @@ impl GpuQuota {
 /// At most this many quotas of the plan a dry run counts beside its own (the API's bound).
 const MAX_SIBLINGS: usize = 100;
 
-/// How long a quota refused at plan waits for the other quotas of the same plan (a
+/// How long a quota refused at plan for the pool waits for the other quotas of the same plan (a
 /// lowering planned beside a raise) before the refusal stands.
 const SIBLINGS_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// How long a quota refused at apply for the pool waits for the lowerings beside it.
 const LOWERINGS_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Whether a refusal says the pool cannot keep the guarantee beside the other quotas' (a
+/// lowering of another quota may make room), from its `ErrorInfo`.
+fn over_pool(status: &tonic::Status) -> bool {
+    use tonic_types::StatusExt;
+    status.code() == tonic::Code::FailedPrecondition
+        && status.get_details_error_info().is_some_and(|i| {
+            i.metadata
+                .contains_key(gpufleet_proto::error_info::OVER_POOL)
+        })
+}
 
 /// A refusal that counted other quotas of the plan says which, with their numbers.
 fn counted_beside(mut diags: Diagnostics, siblings: &[api::PlannedQuota]) -> Diagnostics {
@@ -231,7 +240,7 @@ fn counted_beside(mut diags: Diagnostics, siblings: &[api::PlannedQuota]) -> Dia
 }
 
 impl GpuQuota {
-    /// Sends a create or update; when it is refused (for the pool) and this run applies
+    /// Sends a create or update; when it is refused for the pool and this run applies
     /// lowerings of the same model beside it (Terraform applies them in no order), waits
     /// until they are done and sends it once more.
     async fn after_lowerings<T, F>(
@@ -244,7 +253,7 @@ impl GpuQuota {
         F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         match send().await {
-            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+            Err(s) if over_pool(&s) => {
                 let run = &self.provider.run;
                 let lowering = QuotaChange::Lowering;
                 if run

@@ -91,6 +91,26 @@ pub fn refusal_on(code: Code, field: &str, message: impl Into<String>) -> Status
     Status::with_error_details(code, message, details)
 }
 
+/// [`refusal_on`] with `ErrorInfo` metadata a client acts on (e.g.
+/// [`gpufleet_proto::error_info::OVER_POOL`]).
+pub fn refusal_with(
+    code: Code,
+    field: &str,
+    message: impl Into<String>,
+    metadata: &[(&str, String)],
+) -> Status {
+    let message = message.into();
+    let metadata: HashMap<String, String> = metadata
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    let reason = reason(code).unwrap_or("INVALID_ARGUMENT");
+    let mut details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
+    let description = field_of(&message).map_or(message.as_str(), |(_, rest)| rest);
+    details.add_bad_request_violation(field, cut(description, MAX_CUT_MESSAGE_BYTES));
+    Status::with_error_details(code, message, details)
+}
+
 /// ALREADY_EXISTS about `field`, naming (in its `ErrorInfo`, so a client planning the
 /// replacement of that very object may go on) the id of the object that already has it.
 pub fn already_exists(field: &str, message: impl Into<String>, existing_id: &str) -> Status {

@@ -78,6 +78,27 @@ fn require_in_fleet(conn: &Connection, gpu_type: &str) -> Result<(), Status> {
     )))
 }
 
+/// Refuses (FAILED_PRECONDITION, on `gpus`) a guarantee of `gpus` that the pool of
+/// `gpu_type` cannot keep (see [`guarantees::admit`]); the refusal's `ErrorInfo` says so
+/// (`over_pool`), for a client that may make room with a lowering it applies beside it.
+fn admit_guarantee(
+    conn: &Connection,
+    gpu_type: &str,
+    gpus: i64,
+    except: Option<&str>,
+    unstored: i64,
+) -> Result<(), Status> {
+    match guarantees::admit(conn, gpu_type, gpus, except, unstored) {
+        Err(crate::error::Error::Precondition(m)) => Err(super::error_details::refusal_with(
+            tonic::Code::FailedPrecondition,
+            "gpus",
+            m,
+            &[(gpufleet_proto::error_info::OVER_POOL, gpu_type.to_string())],
+        )),
+        other => Ok(other?),
+    }
+}
+
 /// At most this many quotas a dry run counts beside its own request.
 const MAX_PLANNED: usize = 100;
 
@@ -188,7 +209,7 @@ impl Quotas {
         let unstored = assumed.unstored(&req.gpu_type);
         if tenant.is_err() && req.validate_only {
             // A tenant the same plan creates: its guarantee must fit the pool all the same.
-            guarantees::admit(&tx, &req.gpu_type, req.gpus, None, unstored)?;
+            admit_guarantee(&tx, &req.gpu_type, req.gpus, None, unstored)?;
         }
         let tenant = tenant?;
         let print = Fingerprint::of(&[&req.tenant_id, &req.gpu_type, &req.gpus, &req.burst_gpus]);
@@ -217,7 +238,7 @@ impl Quotas {
                         &existing.id,
                     ));
                 }
-                guarantees::admit(&tx, &req.gpu_type, req.gpus, None, unstored)?;
+                admit_guarantee(&tx, &req.gpu_type, req.gpus, None, unstored)?;
                 let q = QuotaRow {
                     id: uuid::Uuid::new_v4().to_string(),
                     tenant_id: tenant.id.clone(),
@@ -319,7 +340,7 @@ impl Quotas {
         // Lowering a guarantee is always allowed, even where others over-promise.
         if req.gpus > q.gpus {
             let unstored = assumed.unstored(&q.gpu_type);
-            guarantees::admit(&tx, &q.gpu_type, req.gpus, Some(&q.id), unstored)?;
+            admit_guarantee(&tx, &q.gpu_type, req.gpus, Some(&q.id), unstored)?;
         }
         q.gpus = req.gpus;
         q.burst_gpus = req.burst_gpus;
@@ -512,5 +533,35 @@ mod tests {
             refused.message(),
             "gpu_type: the fleet has no H200-141GB nodes (it has A100-80GB)"
         );
+    }
+
+    #[test]
+    fn a_guarantee_past_the_pool_says_so_in_its_details_counting_what_has_no_row() {
+        use tonic_types::StatusExt;
+        let dir = tempfile::tempdir().unwrap();
+        let conn = store::open(&dir.path().join("state.db")).unwrap();
+        for id in ["h1", "h2", "h3", "h4"] {
+            store::nodes::insert(&conn, &node(id, "H100-80GB"), &[]).unwrap();
+        }
+        // 32 GPUs; 24 guaranteed to a tenant the plan creates (no row yet).
+        assert!(admit_guarantee(&conn, "H100-80GB", 8, None, 24).is_ok());
+        let refused = admit_guarantee(&conn, "H100-80GB", 16, None, 24).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            refused.message().starts_with(
+                "gpus: 40 guaranteed H100-80GB GPUs across tenants would exceed the pool's 32"
+            ),
+            "{refused:?}"
+        );
+        let info = refused.get_details_error_info().expect("ErrorInfo");
+        assert_eq!(
+            info.metadata.get(gpufleet_proto::error_info::OVER_POOL),
+            Some(&"H100-80GB".to_string())
+        );
+        let violation = &refused
+            .get_details_bad_request()
+            .expect("BadRequest")
+            .field_violations[0];
+        assert_eq!(violation.field, "gpus");
     }
 }
