@@ -1,4 +1,4 @@
-# The id is the tenant's id as the backend reports it (the `id` attribute, or the
-# `id` field of the API's ListTenants answer), not its name.
+# By the tenant's name, or by its id (the `id` attribute, or the `id` column of
+# `gpufleet-agent tenants`).
 # The token cannot be recovered by import: it stays null in state afterwards.
-terraform import gpufleet_tenant.example <tenant-id>
+terraform import gpufleet_tenant.example ml-research
