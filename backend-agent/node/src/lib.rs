@@ -211,14 +211,19 @@ fn clean(data_dir: &std::path::Path, name: &str) -> anyhow::Result<()> {
             Err(e) => failed.push(format!("{cluster}: {e}")),
         }
     }
-    if clusters.is_empty() {
-        println!("this node's agent kept no cluster here: nothing to clean");
-    }
     // Its node-local team volumes, unmounted (their loop devices go with the mounts).
-    match local_volumes::LocalVolumes::in_data_dir(data_dir).clean() {
-        Ok(0) => {}
-        Ok(n) => println!("removed {n} node-local team volume(s) from this host"),
-        Err(e) => failed.push(format!("team volumes: {e}")),
+    let volumes = match local_volumes::LocalVolumes::in_data_dir(data_dir).clean() {
+        Ok(n) => n,
+        Err(e) => {
+            failed.push(format!("team volumes: {e}"));
+            0
+        }
+    };
+    if volumes > 0 {
+        println!("removed {volumes} node-local team volume(s) from this host");
+    }
+    if clusters.is_empty() && volumes == 0 {
+        println!("this node's agent kept no cluster here: nothing to clean");
     }
     if !failed.is_empty() {
         anyhow::bail!("--clean: {}", failed.join("; "));
