@@ -108,7 +108,8 @@ const CLUSTER: &str = "gpufleet_tenant_cluster.training";
 async fn create_everything_then_no_changes_then_destroy_empties_backend() {
     let backend = Backend::start();
     let tf = Terraform::new(&backend, backend.admin_token());
-    tf.keep_credentials_in_state(); // reads the deprecated attributes
+    // This test reads the deprecated attributes.
+    tf.keep_credentials_in_state();
     // A start in the past means "from now on": the reservation is active at once.
     let start = rfc3339_in_hours(-1);
     let config = TeamConfig::initial();
