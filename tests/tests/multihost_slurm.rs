@@ -14,7 +14,7 @@
 //!   other team's login, and its munge credentials by the other team's controller.
 //! - Storage without shared storage: a job writes into `storage_path` on its node, a
 //!   volume of the node's own (`storage_gib`, the team's, 0700; not on the other nodes),
-//!   and `storage_used_gib` follows.
+//!   and `storage_used_gib` follows; `storage_retention = "keep"` is refused at plan time.
 //! - A layout change with a job running drains its node, lets the job finish, then
 //!   re-partitions every node.
 //! - Destroy with a job running: no process and no file of the cluster stays on any host
@@ -271,6 +271,14 @@ async fn a_slurm_cluster_spans_hosts_and_its_team_reaches_only_its_own_controlle
         async move { (used == Some(1)).then_some(()) }
     })
     .await;
+    // Nothing can keep a node's own volume for a later cluster: refused at plan time.
+    tf.write_main(&config().replace(
+        "  storage_gib     = 1\n",
+        "  storage_gib     = 1\n  storage_retention = \"keep\"\n",
+    ));
+    tf.plan_fails()
+        .assert_mentions(&["storage_retention", "--shared-storage"]);
+    tf.write_main(&config());
 
     // The team's credentials reach its own controller alone. Speech's own key logs in to
     // speech's login; vision's is refused there.
