@@ -175,6 +175,18 @@ fi
 grep -v '^BENCH ' "$a" >"$work/admission.table"
 details_section "Reservation admission (tests/benches/admission_scale.rs)" "$work/admission.table"
 
+# ---------------------------------------------------------------- replay
+replay_rows=$([ "$QUICK" = 1 ] && echo 20000 || echo 100000)
+echo "==> replay: $replay_rows synthetic rows vs 10,000 (tests/benches/replay.rs)"
+ROWS=$replay_rows cargo bench -p gpufleet-e2e --bench replay >"$work/replay.log" 2>"$work/replay.err" \
+  || { cat "$work/replay.err" >&2; exit 1; }
+r="$work/replay.log"
+row "replay (gpufleet-agent replay)" "$(bench_value "$r" rows) synthetic trace rows, pooled and fixed partitions, vs $(bench_value "$r" baseline_rows) rows" \
+  "$(bench_value "$r" rows_per_s) rows/s ($(bench_value "$r" wall_s) s)" "$(bench_value "$r" baseline_rows_per_s) rows/s" \
+  "$(ratio "$(bench_value "$r" rows_per_s)" "$(bench_value "$r" baseline_rows_per_s)")"
+grep -v '^BENCH ' "$r" >"$work/replay.table"
+details_section "What pooling buys: replay (tests/benches/replay.rs)" "$work/replay.table"
+
 # ---------------------------------------------------------------- MIG planner
 echo "==> MIG planner (cargo bench -p gpufleet-gpu --bench planner)"
 cargo bench -p gpufleet-gpu --bench planner >"$work/planner.log" 2>"$work/planner.err" || { cat "$work/planner.err" >&2; exit 1; }

@@ -139,6 +139,13 @@ fn main() {
         runs.push((trace.clone(), r, wall));
     }
     let baseline = runs[0].1 as f64 / runs[0].2;
+    // For scripts/bench.sh: the ROWS run against the 10,000-row run.
+    let (r, wall) = (runs[1].1, runs[1].2);
+    println!(
+        "BENCH rows={r} rows_per_s={:.0} wall_s={wall:.1} baseline_rows={} baseline_rows_per_s={baseline:.0}\n",
+        r as f64 / wall,
+        runs[0].1
+    );
     println!("Replay speed: wall clock of `gpufleet-agent replay` (read, replay pooled and partitioned, measure); baseline: the 10,000-row run\n");
     println!("| trace | rows | wall | rows/s | vs 10,000 rows |");
     println!("|---|---|---|---|---|");

@@ -185,6 +185,65 @@ fn a_synthetic_trace_replays_and_every_job_is_admitted() {
     );
 }
 
+/// The first rows of Alibaba's `openb_pod_list_default.csv`, with the example fleet
+/// (`examples/replay`): a CPU-only pod and a pending one are left out, GPU-sharing pods
+/// get a whole GPU, and every team the names hash to is one of the fleet's.
+#[test]
+fn an_alibaba_pod_list_replays_with_the_example_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let pods = write(
+        dir.path(),
+        "openb_pod_list_default.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
+openb-pod-0000,12000,16384,1,1000,,LS,Running,0,12537496,0
+openb-pod-0001,6000,12288,1,460,,LS,Running,427061,12902960,427061
+openb-pod-0005,20000,65536,0,0,,LS,Running,2759674,12902960,2759676
+openb-pod-0017,88000,327680,8,1000,,Burstable,Succeeded,9437497,10769854,9437497
+openb-pod-0061,11908,47104,1,1000,,BE,Pending,10001278,10001403,
+",
+    );
+    let examples = binaries::workspace_root().join("examples/replay");
+    let fleet = examples.join("alibaba-fleet.toml");
+    let prices = examples.join("prices.csv");
+    let out = replay(&[
+        &pods,
+        "--fleet",
+        fleet.to_str().unwrap(),
+        "--prices",
+        prices.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        r.pointer("/summary/layout").and_then(Value::as_str),
+        Some("alibaba")
+    );
+    for (path, want) in [
+        ("/summary/rows", 5.0),
+        ("/summary/skipped_without_gpus", 1.0),
+        ("/summary/skipped_never_ran", 1.0),
+        ("/summary/shared_gpu_rounded_up", 1.0),
+        ("/pooled/admitted", 3.0),
+        ("/partitions/admitted", 3.0),
+        // Pod 0000 from 0 to 12537496 s, 0001 from 427061 to 12902960 s, 0017's 8 GPUs
+        // from 9437497 to 10769854 s: every GPU-second held, in hours.
+        (
+            "/pooled/held_gpu_hours",
+            (12_537_496.0 + (12_902_960.0 - 427_061.0) + 8.0 * (10_769_854.0 - 9_437_497.0))
+                / 3600.0,
+        ),
+    ] {
+        let got = f(&r, path);
+        assert!((got - want).abs() < 1e-6, "{path}: {got} != {want}");
+    }
+}
+
 #[test]
 fn malformed_inputs_are_refused_with_file_line_and_column_before_anything_runs() {
     let dir = tempfile::tempdir().unwrap();
