@@ -131,11 +131,8 @@ impl Executor {
             Some(v1::work_order::Kind::SlurmQuery(_)) => return self.run_apart(order),
             // Declarative like the Slurm orders: not journaled.
             Some(v1::work_order::Kind::SetVolumes(v)) => {
-                let outcome = super::volumes::apply(
-                    self.shared_storage.as_deref(),
-                    &self.local_volumes,
-                    v,
-                );
+                let outcome =
+                    super::volumes::apply(self.shared_storage.as_deref(), &self.local_volumes, v);
                 if let Err(e) = &outcome {
                     tracing::warn!(order = %order.id, error = %e, "volume order failed");
                 }
