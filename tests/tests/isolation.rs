@@ -215,6 +215,7 @@ async fn two_tenants_with_their_own_tokens_cannot_touch_each_other() {
 async fn a_tenant_token_cannot_manage_tenants_or_quotas() {
     let backend = Backend::start();
     let admin_tf = Terraform::new(&backend, backend.admin_token());
+    admin_tf.keep_credentials_in_state(); // reads the deprecated attributes
     admin_tf.write_main(ADMIN_HCL);
     admin_tf.init();
     admin_tf.apply();
