@@ -135,7 +135,8 @@ async fn over_promised_guarantees_are_refused_with_the_numbers() {
     let (rival, _) = create_tenant(&mut admin, "rival").await;
     create_quota(&mut admin, &rival.id, "H100-80GB", 24, 0).await;
     let tf = workdir(&backend);
-    // The tenant first: a quota of a tenant this same apply creates is checked at apply.
+    // The tenant first: an existing tenant's quota (a new tenant's is checked against the
+    // pool too, see `quota_changes_and_what_needs_them_plan_and_apply_together`).
     tf.write_main(&hcl::config(&[hcl::tenant("t", "team")]));
     tf.apply();
     tf.write_main(&team(16, 0, &[]));
@@ -255,13 +256,14 @@ async fn quota_changes_and_what_needs_them_plan_and_apply_together() {
     gpus.sort();
     assert_eq!(gpus, vec![16, 16], "{quotas:#?}");
 
-    // Two new teams' quotas: each fits beside team b's lowering, both do not.
+    // Two new teams' quotas: each fits beside team b's lowering, both do not. Their
+    // tenants by id, known only at apply: the pool is checked all the same.
     let new_team = |label: &str| {
         [
             hcl::tenant(label, &format!("team-{label}")),
             hcl::quota(
                 label,
-                &format!("gpufleet_tenant.{label}.name"),
+                &format!("gpufleet_tenant.{label}.id"),
                 "H100-80GB",
                 16,
             ),
@@ -269,13 +271,24 @@ async fn quota_changes_and_what_needs_them_plan_and_apply_together() {
     };
     let more: Vec<Block> = new_team("c").into_iter().chain(new_team("d")).collect();
     tf.write_main(&teams(16, 0, 2, &more));
-    let needles = [
-        "would exceed the pool's 32",
-        "Counted with the H100-80GB quotas this plan also creates or changes",
-        "tenant 'team-b': 0 guaranteed",
-    ];
-    tf.plan_fails().assert_mentions(&needles);
-    tf.apply_fails().assert_mentions(&needles);
+    // Terraform wraps a diagnostic's detail where it likes: compare words.
+    let says_all = |run: gpufleet_e2e::TfRun| {
+        let words = run
+            .output()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for needle in [
+            "gpus: 48 guaranteed H100-80GB GPUs across tenants would exceed the pool's 32",
+            "Counted with the H100-80GB quotas this plan also creates or changes",
+            "tenant 'team-b': 0 guaranteed + 0 burst",
+            "a tenant known after apply: 16 guaranteed + 0 burst",
+        ] {
+            assert!(words.contains(needle), "lacks {needle:?}:\n{run}");
+        }
+    };
+    says_all(tf.plan_fails());
+    says_all(tf.apply_fails());
     let after = backend.admin().await.inventory().await;
     assert_eq!(
         (after.tenants.len(), after.quotas.len()),

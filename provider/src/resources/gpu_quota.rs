@@ -116,13 +116,21 @@ impl GpuQuota {
         if let Some(gpu_type) = state.str_attr("gpu_type").map_err(diag)? {
             known_gpu_type(&client, gpu_type).await?;
         }
-        let known = ["tenant", "gpu_type", "gpus", "burst_gpus"]
+        let known = ["gpu_type", "gpus", "burst_gpus"]
             .iter()
             .all(|name| !state.get(name).is_unknown());
-        if !known {
+        // A new quota of a tenant known only at apply (`gpufleet_tenant.x.id` of a tenant
+        // this plan creates) must still fit the pool beside the plan's other quotas: its
+        // dry run names a stand-in no tenant has (the backend checks the pool, then does
+        // not find the tenant).
+        let stand_in = prior.is_none() && state.get("tenant").is_unknown();
+        if !known || (state.get("tenant").is_unknown() && !stand_in) {
             return Ok(());
         }
-        let tenant = optional_tenant(state)?;
+        let tenant = match stand_in {
+            true => format!("{STAND_IN}{}", super::common::request_id()),
+            false => optional_tenant(state)?,
+        };
         let me = api::PlannedQuota {
             tenant_id: tenant.clone(),
             gpu_type: required_str(state, "gpu_type")?,
@@ -147,6 +155,7 @@ impl GpuQuota {
                     let request = api::CreateGpuQuotaRequest {
                         validate_only: true,
                         also_planned: siblings.clone(),
+                        tenant_id: tenant.clone(),
                         ..create_request(state)?
                     };
                     client
@@ -179,7 +188,11 @@ impl GpuQuota {
                 gpu_type: None,
             };
             let fields = written(&self.schema());
-            let verdict = verdict(&client, run, asked, answer, &fields, "gpus").await;
+            let verdict = match answer {
+                // The stand-in's answer once the pool admitted the guarantee.
+                Err(s) if stand_in && super::common::tenant_not_found(&s) => Ok(()),
+                answer => verdict(&client, run, asked, answer, &fields, "gpus").await,
+            };
             match verdict {
                 Ok(()) if run.admits_quota(seen, me.clone(), raises, lowers) => return Ok(()),
                 Ok(()) => continue,
@@ -188,6 +201,10 @@ impl GpuQuota {
         }
     }
 }
+
+/// How a plan's dry runs spell a tenant known only at apply (with a random suffix, so
+/// that no tenant has it and two such quotas are two).
+const STAND_IN: &str = "(a tenant this plan creates) ";
 
 /// At most this many quotas of the plan a dry run counts beside its own (the API's bound).
 const MAX_SIBLINGS: usize = 100;
@@ -218,10 +235,11 @@ fn counted_beside(mut diags: Diagnostics, siblings: &[api::PlannedQuota]) -> Dia
     let listed: Vec<String> = siblings
         .iter()
         .map(|q| {
-            format!(
-                "tenant '{}': {} guaranteed + {} burst",
-                q.tenant_id, q.gpus, q.burst_gpus
-            )
+            let whose = match q.tenant_id.strip_prefix(STAND_IN) {
+                Some(_) => "a tenant known after apply".to_string(),
+                None => format!("tenant '{}'", q.tenant_id),
+            };
+            format!("{whose}: {} guaranteed + {} burst", q.gpus, q.burst_gpus)
         })
         .collect();
     let note = format!(
