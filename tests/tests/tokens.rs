@@ -298,7 +298,12 @@ async fn a_read_token_plans_but_cannot_apply_and_revoking_one_token_leaves_the_o
         .message()
         .contains("token 'deploy' of tenant 'speech' was revoked"));
     assert_eq!(whose(&backend, &read).await.unwrap(), "speech");
-    assert_eq!(team.plan_detailed_exitcode(), 0);
+    // The team's cluster is untouched (its audit output now has the admin's revocation
+    // and the revoked token's refusal: the team's view shows them).
+    assert_eq!(
+        team.planned_actions("gpufleet_tenant_cluster.dev"),
+        vec!["no-op"]
+    );
 
     // A token is imported by TENANT/NAME; its secret is not read back, and the plan after
     // is empty.
