@@ -326,7 +326,7 @@ impl ControlPlane {
             None => crate::volumes::Volumes::in_data_dir(data_dir.join(crate::state::VOLUMES))
                 .with_node_mounts(external_nodes),
         };
-        crate::scheduling::clusters::recover_interrupted(&mut conn, &volumes)?;
+        crate::scheduling::clusters::recover_interrupted(&mut conn, &volumes, config.clock.now())?;
         // Every agent registers anew with this process.
         store::nodes::await_agents(&conn, config.clock.now())?;
         let (admin_token, admin_token_file) = match config.admin_token.filter(|t| !t.is_empty()) {

@@ -35,7 +35,7 @@ pub fn scale(
     let mut out = Scaling::default();
     if target > current.len() {
         for n in nodes_to_add(conn, tenant_name, cluster, current.len(), t)? {
-            if !store::nodes::assign(conn, &n.id, &cluster.id)? {
+            if !store::nodes::assign(conn, &n.id, &cluster.id, t)? {
                 return Err(Error::Precondition(format!(
                     "node {} was taken by another cluster; retry",
                     n.hostname
@@ -83,9 +83,10 @@ pub fn undo_create(
     conn: &Connection,
     volumes: &Volumes,
     cluster: &ClusterRow,
+    t: i64,
 ) -> rusqlite::Result<()> {
     for n in store::nodes::list(conn, None, Some(&cluster.id))? {
-        store::nodes::release(conn, &n.id)?;
+        store::nodes::release(conn, &n.id, t)?;
     }
     store::idempotency::forget(conn, &cluster.id)?;
     store::clusters::delete(conn, &cluster.id)?;
@@ -109,24 +110,29 @@ pub fn undo_create(
 /// After a restart: settles the changes a stopped control plane left half-way. A create
 /// is taken back (its client never got an answer), an update is carried forward (its
 /// layout is in the store; agents converge when they register), a delete is finished.
-pub fn recover_interrupted(conn: &mut Connection, volumes: &Volumes) -> rusqlite::Result<()> {
+/// `t`: now, when the nodes it releases stop being held.
+pub fn recover_interrupted(
+    conn: &mut Connection,
+    volumes: &Volumes,
+    t: i64,
+) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     for c in store::clusters::with_status(&tx, &CHANGING)? {
         tracing::warn!(cluster = %c.name, status = %c.status, "settling a change interrupted by a restart");
         match c.status.as_str() {
-            "creating" => undo_create(&tx, volumes, &c)?,
+            "creating" => undo_create(&tx, volumes, &c, t)?,
             "updating" => {
                 let mut held = store::nodes::list(&tx, None, Some(&c.id))?;
                 held.sort_by(|a, b| b.hostname.cmp(&a.hostname));
                 let extra = held.len().saturating_sub(c.node_count as usize);
                 for n in held.iter().take(extra) {
-                    store::nodes::release(&tx, &n.id)?;
+                    store::nodes::release(&tx, &n.id, t)?;
                 }
                 store::clusters::set_status(&tx, &c.id, "running", "")?;
             }
             _ => {
                 for n in store::nodes::list(&tx, None, Some(&c.id))? {
-                    store::nodes::release(&tx, &n.id)?;
+                    store::nodes::release(&tx, &n.id, t)?;
                 }
                 store::idempotency::forget(&tx, &c.id)?;
                 store::clusters::delete(&tx, &c.id)?;
@@ -167,7 +173,7 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
             }
             let tenant = store::tenants::get(&tx, &cluster.tenant_id)?
                 .ok_or_else(|| Error::Internal("the cluster's tenant is gone".into()))?;
-            store::nodes::release(&tx, &dead.id)?;
+            store::nodes::release(&tx, &dead.id, clock_now)?;
             let held = store::nodes::list(&tx, None, Some(&cluster.id))?.len();
             let picked = match nodes_to_add(&tx, &tenant.name, &cluster, held, clock_now) {
                 Ok(p) => p,
@@ -186,7 +192,7 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
                 }
             };
             for n in &picked {
-                if !store::nodes::assign(&tx, &n.id, &cluster.id)? {
+                if !store::nodes::assign(&tx, &n.id, &cluster.id, clock_now)? {
                     return Err(Error::Aborted(format!(
                         "node {} was taken meanwhile; retrying",
                         n.hostname
@@ -259,9 +265,9 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
             }
             Err(e) => {
                 for n in &added {
-                    store::nodes::release(tx, &n.id)?;
+                    store::nodes::release(tx, &n.id, clock_now)?;
                 }
-                store::nodes::assign(tx, &dead.id, &cluster.id)?;
+                store::nodes::assign(tx, &dead.id, &cluster.id, clock_now)?;
                 let reason = format!(
                     "node {} unreachable; its replacement failed: {}",
                     dead.hostname, e

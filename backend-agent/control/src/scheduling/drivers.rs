@@ -143,7 +143,7 @@ pub async fn quarantine(
     state
         .apply(move |conn| -> Result<()> {
             store::nodes::set_state(conn, &id, NODE_QUARANTINED, &reason, clock_now)?;
-            store::nodes::release(conn, &id)?;
+            store::nodes::release(conn, &id, clock_now)?;
             Ok(())
         })
         .await?;
@@ -171,7 +171,7 @@ pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Resu
                 let held = store::nodes::list(&tx, None, Some(&c.id))?.len();
                 let picked = nodes_to_add(&tx, &tenant.name, &c, held, clock_now)?;
                 for n in &picked {
-                    if !store::nodes::assign(&tx, &n.id, &c.id)? {
+                    if !store::nodes::assign(&tx, &n.id, &c.id, clock_now)? {
                         return Err(Error::Aborted(format!(
                             "node {} was taken meanwhile",
                             n.hostname

@@ -519,7 +519,7 @@ async fn quarantine_checked(
             let free = store::nodes::get(conn, &n.id)?.is_some_and(|n| n.cluster_id.is_none());
             if !matches!(d, breaker::Decision::Held { .. }) || free {
                 store::nodes::set_state(conn, &n.id, NODE_QUARANTINED, &reason, now)?;
-                store::nodes::release(conn, &n.id)?;
+                store::nodes::release(conn, &n.id, now)?;
             }
             Ok((d, free))
         })

@@ -113,7 +113,7 @@ fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBac
             replacements = free_on_demand.drain(..k).collect();
             on_demand_left -= k as i64;
             for n in &replacements {
-                if !store::nodes::assign(tx, &n.id, &cluster.id)? {
+                if !store::nodes::assign(tx, &n.id, &cluster.id, t)? {
                     return Err(Error::Aborted(format!(
                         "node {} was taken meanwhile; retrying",
                         n.hostname
@@ -200,7 +200,7 @@ fn record_take_back(
     if let Err(e) = converged {
         // Replacements go back; the taken nodes stay until the next round retries.
         for n in &replacements {
-            store::nodes::release(tx, &n.id)?;
+            store::nodes::release(tx, &n.id, t)?;
         }
         let (status, _) = settled_status(tx, &cluster.id, replace_after)?;
         store::clusters::set_status(
@@ -212,7 +212,7 @@ fn record_take_back(
         return Ok(Err(e));
     }
     for n in &taken {
-        store::nodes::release(tx, &n.id)?;
+        store::nodes::release(tx, &n.id, t)?;
     }
     let shrink = (taken.len() - replacements.len()) as i64;
     cluster.node_count -= shrink;

@@ -701,11 +701,12 @@ impl Clusters {
     async fn undo_create(&self, cluster: ClusterRow) {
         let name = cluster.name.clone();
         let this_volumes = self.state.volumes.clone();
+        let now = self.state.now();
         let undone = self
             .state
             .write(move |sp| -> Result<_, Status> {
                 let held = members(&sp, &cluster.id)?;
-                undo_create(&sp, &this_volumes, &cluster).map_err(db_error)?;
+                undo_create(&sp, &this_volumes, &cluster, now).map_err(db_error)?;
                 sp.commit().map_err(db_error)?;
                 Ok(held)
             })
@@ -975,11 +976,12 @@ impl Clusters {
             // (the new ones, and replacements of new ones that failed their checks), the
             // old row restored.
             let restore = old.clone();
+            let now = self.state.now();
             self.state
                 .write(move |sp| -> Result<_, Status> {
                     for n in store::nodes::list(&sp, None, Some(&restore.id)).map_err(db_error)? {
                         if !members_before.contains(&n.id) {
-                            store::nodes::release(&sp, &n.id).map_err(db_error)?;
+                            store::nodes::release(&sp, &n.id, now).map_err(db_error)?;
                         }
                     }
                     store::clusters::update(&sp, &restore).map_err(db_error)?;
@@ -1011,10 +1013,11 @@ impl Clusters {
             return Err(e.into());
         }
         let leaving = scaling.to_release.clone();
+        let now = self.state.now();
         self.state
             .write(move |sp| -> Result<_, Status> {
                 for n in &leaving {
-                    store::nodes::release(&sp, &n.id).map_err(db_error)?;
+                    store::nodes::release(&sp, &n.id, now).map_err(db_error)?;
                 }
                 sp.commit().map_err(db_error)
             })
@@ -1226,7 +1229,7 @@ impl Clusters {
         self.state
             .write(move |sp| -> Result<_, Status> {
                 for n in &nodes {
-                    store::nodes::release(&sp, &n.id).map_err(db_error)?;
+                    store::nodes::release(&sp, &n.id, clock_now).map_err(db_error)?;
                 }
                 store::clusters::delete(&sp, &deleted.id).map_err(db_error)?;
                 store::idempotency::forget(&sp, &deleted.id).map_err(db_error)?;

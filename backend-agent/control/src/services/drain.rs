@@ -72,9 +72,9 @@ pub(super) fn drain_node(
         Some(id) => store::clusters::get(&tx, id).map_err(db_error)?,
         None => None,
     };
-    store::nodes::set_state(&tx, &node.id, NODE_QUARANTINED, &reason, state.now())
-        .map_err(db_error)?;
-    store::nodes::release(&tx, &node.id).map_err(db_error)?;
+    let now = state.now();
+    store::nodes::set_state(&tx, &node.id, NODE_QUARANTINED, &reason, now).map_err(db_error)?;
+    store::nodes::release(&tx, &node.id, now).map_err(db_error)?;
     let answer = committed(state, tx, &caller, &req.name)?;
     tracing::warn!(node = %node.hostname, %reason, "node drained by an operator");
     crate::counters::quarantine(&node.gpu_type, CAUSE_OPERATOR);

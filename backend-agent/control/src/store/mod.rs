@@ -27,6 +27,7 @@ pub mod reservations;
 pub mod slurm_access;
 pub mod tenants;
 pub mod tokens;
+pub mod usage;
 
 use std::path::Path;
 use std::time::Duration;
@@ -526,6 +527,43 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE nodes ADD COLUMN joined_from TEXT NOT NULL DEFAULT '';
     CREATE INDEX nodes_candidates_from ON nodes (joined_from) WHERE in_service_since IS NULL;
+    "#,
+    // GPU-seconds held (issue 42): one interval per node a cluster holds, opened and
+    // closed in the transactions that assign and release it (`store::usage`); the names
+    // are copied so history outlives the tenant and cluster. Nodes held at upgrade start
+    // counting now. `usage_pruned` carries what retention removed into lifetime totals.
+    r#"
+    CREATE TABLE usage_intervals (
+        id INTEGER PRIMARY KEY,
+        node_id TEXT NOT NULL,
+        tenant_id TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        cluster TEXT NOT NULL,
+        gpu_type TEXT NOT NULL,
+        class TEXT NOT NULL,
+        gpus INTEGER NOT NULL CHECK (gpus > 0),
+        start_time INTEGER NOT NULL,
+        end_time INTEGER CHECK (end_time IS NULL OR end_time >= start_time)
+    );
+    CREATE INDEX usage_intervals_open ON usage_intervals (node_id) WHERE end_time IS NULL;
+    CREATE INDEX usage_intervals_end ON usage_intervals (end_time);
+    CREATE INDEX usage_intervals_tenant ON usage_intervals (tenant_id, start_time);
+    CREATE TABLE usage_pruned (
+        tenant TEXT NOT NULL,
+        gpu_type TEXT NOT NULL,
+        class TEXT NOT NULL,
+        gpu_seconds INTEGER NOT NULL,
+        PRIMARY KEY (tenant, gpu_type, class)
+    ) WITHOUT ROWID;
+    INSERT INTO usage_intervals (node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, start_time)
+        SELECT n.id, c.tenant_id, t.name, c.name, n.gpu_type,
+               CASE WHEN n.capacity <> 'pool' THEN 'on-demand'
+                    WHEN EXISTS (SELECT 1 FROM cluster_preemption p WHERE p.cluster_id = c.id)
+                        THEN 'borrowed-preemptible'
+                    ELSE 'guaranteed' END,
+               n.gpu_count, CAST(strftime('%s', 'now') AS INTEGER)
+        FROM nodes n JOIN clusters c ON c.id = n.cluster_id JOIN tenants t ON t.id = c.tenant_id
+        WHERE n.gpu_count > 0;
     "#,
 ];
 

@@ -150,13 +150,22 @@ pub fn free(conn: &Connection, gpu_type: &str, capacity: &str) -> rusqlite::Resu
     rows.collect()
 }
 
-/// Hands a free node to a cluster; fails (0 rows) if someone else holds it.
-pub fn assign(conn: &Connection, node_id: &str, cluster_id: &str) -> rusqlite::Result<bool> {
+/// Hands a free node to a cluster at `t`; fails (0 rows) if someone else holds it. Its
+/// usage interval opens in the same transaction.
+pub fn assign(
+    conn: &Connection,
+    node_id: &str,
+    cluster_id: &str,
+    t: i64,
+) -> rusqlite::Result<bool> {
     let changed = super::exec(
         conn,
         "UPDATE nodes SET cluster_id = ?2 WHERE id = ?1 AND cluster_id IS NULL",
         [node_id, cluster_id],
     )?;
+    if changed == 1 {
+        super::usage::open(conn, node_id, cluster_id, t)?;
+    }
     Ok(changed == 1)
 }
 
@@ -340,13 +349,15 @@ pub fn set_versions(
     Ok(())
 }
 
-pub fn release(conn: &Connection, node_id: &str) -> rusqlite::Result<()> {
+/// Takes a node back from its cluster at `t`; its usage interval closes in the same
+/// transaction.
+pub fn release(conn: &Connection, node_id: &str, t: i64) -> rusqlite::Result<()> {
     super::exec(
         conn,
         "UPDATE nodes SET cluster_id = NULL WHERE id = ?1",
         [node_id],
     )?;
-    Ok(())
+    super::usage::close(conn, node_id, t)
 }
 
 pub fn gpus(conn: &Connection, node_id: &str) -> rusqlite::Result<Vec<GpuRow>> {
