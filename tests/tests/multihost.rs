@@ -5,7 +5,9 @@
 //!
 //! - The network itself: hosts reach each other only by address, the root namespace
 //!   reaches none of them, a cut host is unreachable until healed, and everything is
-//!   torn down even when the test panics (and a dead run's namespaces are swept).
+//!   torn down even when the test panics (a volume loop-mounted on a host, as a node-local
+//!   team volume is, included: its loop device detaches; and a dead run's namespaces are
+//!   swept).
 //! - A ring bandwidth test across hosts reports every pair; the host whose link `tc`
 //!   shapes slower is the one blamed.
 //! - A host cut off: unreachable, its cluster degraded, its node replaced on another
@@ -168,20 +170,45 @@ fn hosts_reach_each_other_only_by_address_and_nothing_is_left_even_after_a_panic
     accept.join().unwrap();
     drop(net);
 
-    // A test that panics with its hosts up and a process running on one leaves nothing.
-    let mut left = (Vec::new(), Vec::new());
+    // A test that panics with its hosts up, a process running on one and a volume
+    // loop-mounted there (as a node-local team volume is) leaves nothing.
+    let mut left = (Vec::new(), Vec::new(), String::new());
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let net = Network::new(&["x", "y"]);
         let child = net.host("x").spawn("sleep", &["1000"]);
+        let image = net.host("x").dir().join("volume.img");
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(64 << 20))
+            .unwrap();
+        let image = image.display().to_string();
+        let made = net.host("x").run("mkfs.ext4", &["-q", "-F", &image]);
+        assert!(made.status.success(), "{made:?}");
+        let mounted = net.host("x").run(
+            "sh",
+            &[
+                "-c",
+                &format!("mkdir -p /run/vol && mount -o loop {image} /run/vol"),
+            ],
+        );
+        assert!(mounted.status.success(), "{mounted:?}");
         left = (
             net.namespaces(),
             vec![child.id(), net.host("y").holder_pid()],
+            image,
         );
         std::mem::forget(child);
         panic!("the test body fails");
     }));
     assert!(outcome.is_err());
-    let (namespaces, pids) = left;
+    let (namespaces, pids, image) = left;
+    // The mount went with x's mount namespace, and its loop device with the mount.
+    gpufleet_e2e::node_agent::wait_for("the volume's loop device detached", LIMIT, || {
+        let loops = std::process::Command::new("losetup")
+            .args(["-l", "-n", "-O", "BACK-FILE"])
+            .output()
+            .unwrap();
+        (!String::from_utf8_lossy(&loops.stdout).contains(&image)).then_some(())
+    });
     assert_eq!(namespaces.len(), 3, "{namespaces:?}");
     let now = netns::namespaces();
     assert!(namespaces.iter().all(|ns| !now.contains(ns)), "{now:?}");
