@@ -52,6 +52,8 @@ pub struct Volumes {
 impl Volumes {
     /// Unsized directories under `root` (no shared storage configured).
     pub fn in_data_dir(root: PathBuf) -> Volumes {
+        // The paths handed out are canonical (`create`), and are checked against the root.
+        let root = std::fs::canonicalize(&root).unwrap_or(root);
         Volumes {
             root,
             shared: false,
