@@ -123,6 +123,43 @@ impl Batch<'_> {
         start: i64,
         end: i64,
     ) -> anyhow::Result<Option<Split>> {
+        let Some(r) = self.place(team, gpu_type, gpus, start, end)? else {
+            return Ok(None);
+        };
+        store::reservations::insert(self.conn, &r)?;
+        Ok(Some(Split {
+            pool: r.pool_nodes,
+            on_demand: r.on_demand_nodes,
+        }))
+    }
+
+    /// Whether the control plane would admit the job on the fleet with nothing else held:
+    /// asked (and not recorded) for a window after everything the replay can hold,
+    /// `duration` seconds from `after`. A job it refuses even then (more than the team's
+    /// quota, or than the capacity the team may use) can never run.
+    pub fn ever_admits(
+        &mut self,
+        team: usize,
+        gpu_type: &str,
+        gpus: i64,
+        after: i64,
+        duration: i64,
+    ) -> anyhow::Result<bool> {
+        Ok(self
+            .place(team, gpu_type, gpus, after, after + duration)?
+            .is_some())
+    }
+
+    /// The reservation the control plane admits for the job, not yet recorded; None when
+    /// it refuses (short of quota or capacity).
+    fn place(
+        &mut self,
+        team: usize,
+        gpu_type: &str,
+        gpus: i64,
+        start: i64,
+        end: i64,
+    ) -> anyhow::Result<Option<ReservationRow>> {
         let gpn = self.gpus_per_node[gpu_type];
         let (tenant_id, tenant_name) = &self.tenants[team];
         *self.next_id += 1;
@@ -149,14 +186,7 @@ impl Batch<'_> {
             none,
             start,
         ) {
-            Ok(()) => {
-                store::reservations::insert(self.conn, &r)?;
-                Ok(Some(Split {
-                    pool: r.pool_nodes,
-                    on_demand: r.on_demand_nodes,
-                }))
-            }
-            // Short of quota or capacity now: the job waits.
+            Ok(()) => Ok(Some(r)),
             Err(Error::Precondition(_)) => Ok(None),
             Err(e) => Err(e.into()),
         }

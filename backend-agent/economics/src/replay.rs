@@ -46,6 +46,8 @@ pub fn run(
         outcomes: vec![Outcome::default(); which.len()],
         queues: BTreeMap::new(),
         ends: BinaryHeap::new(),
+        last_end: 0,
+        admissible: vec![false; which.len()],
     };
     let mut more = true;
     while more {
@@ -73,8 +75,11 @@ struct Clock<'a> {
     outcomes: Vec<Outcome>,
     /// Each (team, model)'s waiting jobs, oldest first.
     queues: BTreeMap<(usize, &'a str), VecDeque<usize>>,
-    /// When the admitted jobs end.
+    /// When the admitted jobs end, and the last of them.
     ends: BinaryHeap<Reverse<i64>>,
+    last_end: i64,
+    /// Jobs the control plane admits on the fleet with nothing else held.
+    admissible: Vec<bool>,
 }
 
 impl<'a> Clock<'a> {
@@ -121,6 +126,24 @@ impl<'a> Clock<'a> {
             let Some(split) =
                 batch.admit(job.team, &job.gpu_type, job.gpus, EPOCH + t, EPOCH + end)?
             else {
+                // A job that can never run is never admitted, and holds up no other. It is
+                // asked about once, from when everything admitted so far has ended.
+                if !self.admissible[k] {
+                    let empty = EPOCH + self.last_end.max(t);
+                    self.admissible[k] = batch.ever_admits(
+                        job.team,
+                        &job.gpu_type,
+                        job.gpus,
+                        empty,
+                        job.duration,
+                    )?;
+                }
+                if !self.admissible[k] {
+                    queue.pop_front();
+                    if let Some(&k) = queue.front() {
+                        heads.push(self.head(k, key));
+                    }
+                }
                 continue;
             };
             self.outcomes[k] = Outcome {
@@ -129,6 +152,7 @@ impl<'a> Clock<'a> {
                 on_demand_nodes: split.on_demand,
             };
             self.ends.push(Reverse(end));
+            self.last_end = self.last_end.max(end);
             queue.pop_front();
             if let Some(&k) = queue.front() {
                 heads.push(self.head(k, key));
@@ -197,5 +221,28 @@ quota = [{ gpu_type = "H100-80GB", gpus = 16 }]
         let starts: Vec<Option<i64>> = out.iter().map(|o| o.start).collect();
         // Two pool nodes and the one on-demand node now, the rest when two end.
         assert_eq!(starts, [Some(0), Some(0), Some(0), Some(3600), Some(3600)]);
+    }
+
+    /// A job the control plane refuses even on an empty fleet (24 GPUs on a quota of 16)
+    /// is never admitted and does not hold up the team's later jobs.
+    #[test]
+    fn a_job_that_can_never_run_holds_up_no_other() {
+        let fleet = crate::fleet::parse(
+            Path::new("fleet.toml"),
+            "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 4\n\
+             [[team]]\nname = \"a\"\nquota = [{ gpu_type = \"H100-80GB\", gpus = 16 }]\n",
+        )
+        .unwrap();
+        let trace = crate::trace::parse(
+            Path::new("t.csv"),
+            "team,gpu_type,gpus,submit,duration\na,H100-80GB,8,0,1h\na,H100-80GB,24,0,1h\na,H100-80GB,16,0,1h\na,H100-80GB,8,10m,1h\n",
+            &fleet,
+        )
+        .unwrap();
+        let mut store = Admission::open(&fleet, EPOCH).unwrap();
+        let out = run(&mut store, &trace.jobs, &[0, 1, 2, 3]).unwrap();
+        let starts: Vec<Option<i64>> = out.iter().map(|o| o.start).collect();
+        // The 16-GPU job waits for the first to end (quota 16), the 8 behind it after.
+        assert_eq!(starts, [Some(0), None, Some(3600), Some(7200)]);
     }
 }
