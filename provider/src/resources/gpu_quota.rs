@@ -131,52 +131,12 @@ impl GpuQuota {
             true => format!("{STAND_IN}{}", super::common::request_id()),
             false => optional_tenant(state)?,
         };
-        let me = api::PlannedQuota {
-            tenant_id: tenant.clone(),
-            gpu_type: required_str(state, "gpu_type")?,
-            gpus: required_i64(state, "gpus")?,
-            burst_gpus: required_i64(state, "burst_gpus")?,
-        };
-        let old = match prior {
-            Some(prior) => Some((
-                required_i64(prior, "gpus")?,
-                required_i64(prior, "burst_gpus")?,
-            )),
-            None => None,
-        };
-        let raises = old.is_none_or(|(g, b)| me.gpus + me.burst_gpus > g + b);
-        let lowers = old.is_some_and(|(g, _)| me.gpus < g);
+        let (me, raises, lowers) = planned_quota(prior, state, &tenant)?;
         let run = &self.provider.run;
         loop {
             // The quotas this plan sets beside this one count as they will be.
             let (seen, siblings) = run.planned_quotas(&me.gpu_type, &tenant, MAX_SIBLINGS);
-            let answer = match prior {
-                None => {
-                    let request = api::CreateGpuQuotaRequest {
-                        validate_only: true,
-                        also_planned: siblings.clone(),
-                        tenant_id: tenant.clone(),
-                        ..create_request(state)?
-                    };
-                    client
-                        .quotas()
-                        .create_gpu_quota(request)
-                        .await
-                        .map(|_| tonic::Response::new(()))
-                }
-                Some(prior) => {
-                    let request = api::UpdateGpuQuotaRequest {
-                        validate_only: true,
-                        also_planned: siblings.clone(),
-                        ..update_request(prior, state)?
-                    };
-                    client
-                        .quotas()
-                        .update_gpu_quota(request)
-                        .await
-                        .map(|_| tonic::Response::new(()))
-                }
-            };
+            let answer = dry_run(&client, prior, state, &tenant, siblings.clone()).await?;
             // A sibling planned later (a lowering) may make room: ask again with it.
             if let Err(s) = &answer {
                 if over_pool(s) && run.quota_admitted_since(seen, SIBLINGS_GRACE).await {
@@ -202,6 +162,63 @@ impl GpuQuota {
     }
 }
 
+/// The quota as the plan leaves it, for the dry runs of its siblings, and whether it
+/// raises what the tenant may use (a create, or more GPUs in all) and lowers its
+/// guarantee.
+fn planned_quota(
+    prior: Option<&Value>,
+    state: &Value,
+    tenant: &str,
+) -> Result<(api::PlannedQuota, bool, bool), Diagnostics> {
+    let me = api::PlannedQuota {
+        tenant_id: tenant.to_string(),
+        gpu_type: required_str(state, "gpu_type")?,
+        gpus: required_i64(state, "gpus")?,
+        burst_gpus: required_i64(state, "burst_gpus")?,
+    };
+    let Some(prior) = prior else {
+        return Ok((me, true, false));
+    };
+    let (gpus, burst) = (
+        required_i64(prior, "gpus")?,
+        required_i64(prior, "burst_gpus")?,
+    );
+    let raises = me.gpus + me.burst_gpus > gpus + burst;
+    let lowers = me.gpus < gpus;
+    Ok((me, raises, lowers))
+}
+
+/// The backend's dry run of the create (for `tenant` as the plan spells it, or a stand-in)
+/// or update the plan applies, counting `siblings` as they will be.
+async fn dry_run(
+    client: &crate::client::Client,
+    prior: Option<&Value>,
+    state: &Value,
+    tenant: &str,
+    siblings: Vec<api::PlannedQuota>,
+) -> Result<Result<tonic::Response<()>, tonic::Status>, Diagnostics> {
+    let answer = match prior {
+        None => {
+            let request = api::CreateGpuQuotaRequest {
+                validate_only: true,
+                also_planned: siblings,
+                tenant_id: tenant.to_string(),
+                ..create_request(state)?
+            };
+            client.quotas().create_gpu_quota(request).await.map(|_| ())
+        }
+        Some(prior) => {
+            let request = api::UpdateGpuQuotaRequest {
+                validate_only: true,
+                also_planned: siblings,
+                ..update_request(prior, state)?
+            };
+            client.quotas().update_gpu_quota(request).await.map(|_| ())
+        }
+    };
+    Ok(answer.map(tonic::Response::new))
+}
+
 /// How a plan's dry runs spell a tenant known only at apply (with a random suffix, so
 /// that no tenant has it and two such quotas are two).
 const STAND_IN: &str = "(a tenant this plan creates) ";
@@ -209,8 +226,8 @@ const STAND_IN: &str = "(a tenant this plan creates) ";
 /// At most this many quotas of the plan a dry run counts beside its own (the API's bound).
 const MAX_SIBLINGS: usize = 100;
 
-/// How long a quota refused at plan for the pool waits for the other quotas of the same plan (a
-/// lowering planned beside a raise) before the refusal stands.
+/// How long a quota refused at plan for the pool waits for the other quotas of the same
+/// plan (a lowering planned beside a raise) before the refusal stands.
 const SIBLINGS_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// How long a quota refused at apply for the pool waits for the lowerings beside it.
@@ -578,6 +595,28 @@ mod tests {
         let planned = plan(None, cfg.clone(), &cfg);
         assert_eq!(planned.state.get("burst_gpus"), &Value::Number(0));
         assert!(planned.state.get("id").is_unknown());
+    }
+
+    #[test]
+    fn a_create_or_more_gpus_raises_and_fewer_guaranteed_lowers() {
+        let quota = |gpus: i64, burst: i64| {
+            Value::object([
+                ("gpu_type", Value::string("H100-80GB")),
+                ("gpus", Value::Number(gpus)),
+                ("burst_gpus", Value::Number(burst)),
+            ])
+        };
+        let kind = |prior: Option<&Value>, planned: &Value| {
+            let (q, raises, lowers) = planned_quota(prior, planned, "team").unwrap();
+            assert_eq!(q.tenant_id, "team");
+            (raises, lowers)
+        };
+        assert_eq!(kind(None, &quota(8, 0)), (true, false));
+        assert_eq!(kind(Some(&quota(8, 0)), &quota(16, 0)), (true, false));
+        assert_eq!(kind(Some(&quota(16, 0)), &quota(8, 0)), (false, true));
+        // Guarantee moved to burst: lowers the guarantee, raises nothing.
+        assert_eq!(kind(Some(&quota(16, 0)), &quota(8, 8)), (false, true));
+        assert_eq!(kind(Some(&quota(16, 0)), &quota(8, 16)), (true, true));
     }
 
     #[test]
