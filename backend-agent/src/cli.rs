@@ -53,6 +53,9 @@ pub enum Command {
     /// list, create a named read or write token, rotate with an overlap, revoke.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// GPU-seconds held in a window, per tenant, cluster, GPU model and capacity class
+    /// (the admin: every team's, or one with --tenant; a tenant token: its own).
+    Usage(UsageArgs),
     /// The audit log: every change and every refused call, oldest first (the admin: all,
     /// or one tenant's with --tenant; a tenant token: its own). With --verify: walk the
     /// log's hash chains in <data-dir>/state.db and exit 1 naming the first broken entry.
@@ -317,6 +320,32 @@ pub struct EventsArgs {
     pub object_id: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct UsageArgs {
+    /// The window's start, RFC 3339 (e.g. 2027-01-01T00:00:00Z).
+    #[arg(long)]
+    pub since: String,
+    /// The window's end (exclusive), RFC 3339; held time counts up to now at most.
+    #[arg(long)]
+    pub until: String,
+    /// Group by any of tenant, cluster, gpu_type, class (comma-separated); none: one total.
+    #[arg(long, value_delimiter = ',')]
+    pub by: Vec<String>,
+    /// table (the grouped columns), json, or csv (every column, always in the same order).
+    #[arg(long, value_enum, default_value_t = UsageFormat::Table)]
+    pub format: UsageFormat,
+    #[command(flatten)]
+    pub list: ListArgs,
+}
+
+/// How `usage` prints.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UsageFormat {
+    Table,
+    Json,
+    Csv,
 }
 
 /// The flags of a list command.

@@ -13,3 +13,4 @@ pub mod exit;
 pub mod lists;
 pub mod replay;
 pub mod serve;
+pub mod usage;

@@ -5,7 +5,7 @@
 //! a thin binary over the `gpufleet_agent` library, which composes the crates.
 
 use clap::Parser;
-use gpufleet_agent::{access, check, cli, client, exit, lists, replay, serve};
+use gpufleet_agent::{access, check, cli, client, exit, lists, replay, serve, usage};
 
 /// A token given as a flag is in the process's command line, which every local user reads
 /// (`/proc/PID/cmdline`), a tenant's jobs on a node included; the environment and the
@@ -69,6 +69,7 @@ fn main() -> std::process::ExitCode {
             cli::Command::Token(cli::TokenCommand::Rotate(args)) => access::rotate(args).await,
             cli::Command::Token(cli::TokenCommand::Revoke(args)) => access::revoke(args).await,
             cli::Command::Audit(args) => access::print_audit(args).await,
+            cli::Command::Usage(args) => usage::print(args).await,
             cli::Command::Breaker(cli::BreakerCommand::List(args)) => {
                 client::print_breakers(args).await
             }

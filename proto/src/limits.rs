@@ -30,6 +30,43 @@ pub const MAX_GPUS: i64 = 1_000_000;
 pub const MAX_NODE_COUNT: i64 = 10_000;
 /// Reservations a dry run places first (`also_planned`: the plan's siblings).
 pub const MAX_ALSO_PLANNED: usize = 100;
+/// How long GPU-seconds held are kept (issue 42): 400 days. Also the longest usage
+/// window, and how far back one may start.
+pub const USAGE_RETENTION_SECS: i64 = 400 * 86_400;
+/// What a usage read may group by (`UsageRequest.by`, the data source's `by`).
+pub const USAGE_GROUPS: [&str; 4] = ["tenant", "cluster", "gpu_type", "class"];
+/// The most rows one usage answer holds.
+pub const MAX_USAGE_ROWS: usize = 10_000;
+
+/// The rules of a usage window `[since, until)` that need no clock: "field: reason".
+pub fn usage_window(since: i64, until: i64) -> Result<(), String> {
+    if until <= since {
+        return Err("until: must be after since".into());
+    }
+    if until - since > USAGE_RETENTION_SECS {
+        return Err(format!(
+            "until: the window may be at most {} days long (the usage retention); split it",
+            USAGE_RETENTION_SECS / 86_400
+        ));
+    }
+    Ok(())
+}
+
+/// The rule of a usage grouping: known names, each once ("by: reason").
+pub fn usage_by(by: &[String]) -> Result<(), String> {
+    for (i, b) in by.iter().enumerate() {
+        if !USAGE_GROUPS.contains(&b.as_str()) {
+            return Err(format!(
+                "by: unknown grouping '{b}'; use any of {}",
+                USAGE_GROUPS.join(", ")
+            ));
+        }
+        if by[..i].contains(b) {
+            return Err(format!("by: '{b}' appears twice"));
+        }
+    }
+    Ok(())
+}
 /// A cluster's `storage_gib` (1 PiB).
 pub const MAX_STORAGE_GIB: i64 = 1 << 20;
 /// A cluster's `max_unavailable`.

@@ -86,6 +86,7 @@ reads! {
     v1::GetGpuQuotaRequest => |r| r.id;
     v1::ListGpuQuotasRequest => |r| r.tenant_id;
     v1::QuotaUsageRequest => |r| r.tenant_id;
+    v1::UsageRequest => |r| r.tenant_id;
     v1::GetReservationRequest => |r| r.id;
     v1::ListReservationsRequest => |r| r.tenant_id;
     v1::ListNodesRequest => |r| r.cluster_id;

@@ -413,6 +413,25 @@ impl Bounded for v1::QuotaUsageRequest {
     }
 }
 
+impl Bounded for v1::UsageRequest {
+    fn check_bounds(&self) -> Result {
+        tenant(&self.tenant_id)?;
+        timestamp("since", self.since.as_ref())?;
+        timestamp("until", self.until.as_ref())?;
+        if self.by.len() > gpufleet_proto::limits::USAGE_GROUPS.len() {
+            return Err(Bound::TooMany {
+                field: "by".into(),
+                max: gpufleet_proto::limits::USAGE_GROUPS.len(),
+                count: self.by.len(),
+            });
+        }
+        for (i, b) in self.by.iter().enumerate() {
+            keyword(&format!("by[{i}]"), b)?;
+        }
+        Ok(())
+    }
+}
+
 impl Bounded for v1::CreateReservationRequest {
     fn check_bounds(&self) -> Result {
         request_id(&self.request_id)?;

@@ -6,6 +6,7 @@
 //!   heartbeat ages) are computed from the store at scrape time, with one short read on a
 //!   blocking thread.
 //! - [`breaker`]: the automatic-quarantine breakers, per GPU model.
+//! - [`usage`]: GPU-seconds held per tenant, model and capacity class, from the store.
 //! - [`team`]: a tenant's own view (its clusters, GPUs, MIG slices, checks, quota use).
 //! - [`view`]: which of the two a scrape gets, by its bearer token.
 //! - [`api`]: the tower layer around the gRPC server that counts requests by method and
@@ -15,4 +16,5 @@ pub mod api;
 pub mod breaker;
 pub mod control;
 pub mod team;
+pub mod usage;
 pub mod view;

@@ -18,6 +18,7 @@ pub mod reservations;
 pub mod short_errors;
 pub mod tenants;
 pub mod tokens;
+mod usage;
 
 use std::collections::HashMap;
 

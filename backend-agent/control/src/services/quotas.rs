@@ -491,6 +491,16 @@ impl GpuQuotaService for Quotas {
     ) -> Result<Response<v1::QuotaUsage>, Status> {
         super::reading(&self.state, self, r, Self::usage).await
     }
+
+    async fn get_usage(
+        &self,
+        r: Request<v1::UsageRequest>,
+    ) -> Result<Response<v1::UsageReport>, Status> {
+        super::reading(&self.state, self, r, |svc, conn, r| {
+            super::usage::report(&svc.state, conn, r)
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

@@ -28,6 +28,8 @@ pub mod slurm_access;
 pub mod tenants;
 pub mod tokens;
 pub mod usage;
+#[cfg(test)]
+mod usage_tests;
 
 use std::path::Path;
 use std::time::Duration;
@@ -549,11 +551,12 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX usage_intervals_end ON usage_intervals (end_time);
     CREATE INDEX usage_intervals_tenant ON usage_intervals (tenant_id, start_time);
     CREATE TABLE usage_pruned (
+        tenant_id TEXT NOT NULL,
         tenant TEXT NOT NULL,
         gpu_type TEXT NOT NULL,
         class TEXT NOT NULL,
         gpu_seconds INTEGER NOT NULL,
-        PRIMARY KEY (tenant, gpu_type, class)
+        PRIMARY KEY (tenant_id, gpu_type, class)
     ) WITHOUT ROWID;
     INSERT INTO usage_intervals (node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, start_time)
         SELECT n.id, c.tenant_id, t.name, c.name, n.gpu_type,
