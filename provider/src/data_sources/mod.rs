@@ -11,6 +11,7 @@ mod lookups;
 mod mig_layout;
 mod nodes;
 mod quota_usage;
+mod usage;
 
 use std::sync::Arc;
 
@@ -32,6 +33,7 @@ pub fn all(state: &Arc<ProviderState>) -> Vec<Arc<dyn DataSourceType>> {
         Arc::new(lookups::Clusters::new(state.clone())),
         Arc::new(lookups::Reservations::new(state.clone())),
         Arc::new(audit_log::AuditLog::new(state.clone())),
+        Arc::new(usage::Usage::new(state.clone())),
     ]
 }
 

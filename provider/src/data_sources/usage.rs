@@ -1,0 +1,173 @@
+//! `gpufleet_usage`: GPU-seconds held in a window per tenant, cluster, GPU model and
+//! capacity class (issue 42). The admin token reads every team's (or one's); a tenant
+//! token only its own.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use gpufleet_proto::limits::{usage_by, usage_window};
+use gpufleet_proto::v1 as api;
+
+use super::required_arg;
+use crate::framework::{Attribute, DataSourceType, Diagnostics, Schema, Type, Value};
+use crate::resources::common::answered;
+use crate::state::ProviderState;
+use crate::times;
+
+pub struct Usage {
+    provider: Arc<ProviderState>,
+}
+
+impl Usage {
+    pub fn new(provider: Arc<ProviderState>) -> Self {
+        Self { provider }
+    }
+}
+
+fn row_type() -> Type {
+    Type::object([
+        ("tenant", Type::String),
+        ("cluster", Type::String),
+        ("gpu_type", Type::String),
+        ("class", Type::String),
+        ("gpu_seconds", Type::Number),
+    ])
+}
+
+fn row_value(r: &api::UsageRow) -> Value {
+    Value::object([
+        ("tenant", Value::string(&r.tenant)),
+        ("cluster", Value::string(&r.cluster)),
+        ("gpu_type", Value::string(&r.gpu_type)),
+        ("class", Value::string(&r.class)),
+        ("gpu_seconds", Value::Number(r.gpu_seconds)),
+    ])
+}
+
+/// `by` as strings; None while unknown or left out.
+fn by_arg(config: &Value) -> Result<Option<Vec<String>>, Diagnostics> {
+    match config.get("by") {
+        Value::List(items) => {
+            let mut by = Vec::new();
+            for item in items {
+                match item {
+                    Value::String(s) => by.push(s.clone()),
+                    Value::Unknown => return Ok(None),
+                    _ => {
+                        let mut diags = Diagnostics::default();
+                        diags.attr_error("by", "must be a list of strings");
+                        return Err(diags);
+                    }
+                }
+            }
+            Ok(Some(by))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The plan-time checks: RFC 3339 times, a window the backend answers, known groupings.
+fn check(config: &Value) -> Diagnostics {
+    let mut diags = Diagnostics::default();
+    let mut parsed = [None, None];
+    for (slot, name) in parsed.iter_mut().zip(["since", "until"]) {
+        match config.str_attr(name) {
+            Ok(Some(text)) => match times::unix(text) {
+                Ok(t) => *slot = Some(t),
+                Err(reason) => diags.attr_error(name, reason),
+            },
+            Ok(None) => {}
+            Err(d) => diags.push(d),
+        }
+    }
+    if let [Some(since), Some(until)] = parsed {
+        if let Err(e) = usage_window(since, until) {
+            diags.attr_error("until", e.trim_start_matches("until: "));
+        }
+    }
+    match by_arg(config) {
+        Ok(Some(by)) => {
+            if let Err(e) = usage_by(&by) {
+                diags.attr_error("by", e.trim_start_matches("by: "));
+            }
+        }
+        Ok(None) => {}
+        Err(more) => diags.0.extend(more.0),
+    }
+    diags
+}
+
+#[async_trait]
+impl DataSourceType for Usage {
+    fn name(&self) -> &'static str {
+        "usage"
+    }
+
+    fn schema(&self) -> Schema {
+        Schema::new(
+            "GPU-seconds held in a window, per tenant, cluster, GPU model and capacity class (the admin: every team's or one's; a tenant token: its own).",
+            vec![
+                Attribute::computed("id", Type::String, "`usage/<tenant>/<since>/<until>`."),
+                Attribute::optional(
+                    "tenant",
+                    Type::String,
+                    "Only this tenant's, by id or name. Left out: every tenant's with the admin token, the token's own with a tenant token (another tenant's is refused as not found).",
+                ),
+                Attribute::required(
+                    "since",
+                    Type::String,
+                    "The window's start, RFC 3339 (e.g. `2027-01-01T00:00:00Z`); no older than the retention (400 days).",
+                ),
+                Attribute::required(
+                    "until",
+                    Type::String,
+                    "The window's end (exclusive), RFC 3339, after `since` and at most 400 days later. Held time is counted up to now at most.",
+                ),
+                Attribute::optional(
+                    "by",
+                    Type::list(Type::String),
+                    "What to group by: any of `tenant`, `cluster`, `gpu_type`, `class`. Left out: one total row.",
+                ),
+                Attribute::computed(
+                    "rows",
+                    Type::list(row_type()),
+                    "One row per group, ordered by `tenant`, `cluster`, `gpu_type`, `class` (each empty when not grouped by; grouping by `cluster` keeps its `tenant`) with `gpu_seconds`, the GPU-seconds held. `class` is `guaranteed`, `burst`, `borrowed-preemptible` or `on-demand`.",
+                ),
+            ],
+        )
+    }
+
+    async fn validate(&self, config: &Value) -> Result<(), Diagnostics> {
+        check(config).into_result()
+    }
+
+    async fn read(&self, config: &Value) -> Result<Value, Diagnostics> {
+        check(config).into_result()?;
+        let client = self.provider.client()?;
+        let tenant = config
+            .str_attr("tenant")
+            .map_err(Diagnostics::from)?
+            .unwrap_or_default()
+            .to_string();
+        let since = required_arg(config, "since")?;
+        let until = required_arg(config, "until")?;
+        let to_proto = |text: &str| times::unix(text).ok().map(times::to_proto);
+        let request = api::UsageRequest {
+            tenant_id: tenant.clone(),
+            since: to_proto(&since),
+            until: to_proto(&until),
+            by: by_arg(config)?.unwrap_or_default(),
+        };
+        let report = answered(&client, client.quotas().get_usage(request).await)?;
+        let mut state = config.clone();
+        state.set(
+            "id",
+            Value::String(format!("usage/{tenant}/{since}/{until}")),
+        );
+        state.set(
+            "rows",
+            Value::List(report.rows.iter().map(row_value).collect()),
+        );
+        Ok(state)
+    }
+}

@@ -1,0 +1,170 @@
+//! Usage accounting (issue 42) through the real serve on its injected clock: a team's
+//! cluster held for a known number of seconds gives exactly that many GPU-seconds (its 8
+//! GPUs times the seconds) through `gpufleet-agent usage` and through Terraform's
+//! `gpufleet_usage` with only the team's token, which sees no other team's; the
+//! operator's `gpufleet_gpu_seconds_total` says the same; after a serve restart the total
+//! is unchanged, time held since then adds on exactly, and a delete stops the count.
+
+use gpufleet_e2e::fixtures::{create_pool_cluster, create_quota, create_tenant};
+use gpufleet_e2e::{prom, Backend, Terraform};
+use gpufleet_proto::v1::DeleteTenantClusterRequest;
+
+const H100: &str = "H100-80GB";
+/// GPUs of one simulated H100 node.
+const GPUS: i64 = 8;
+
+fn set_clock(clock: &std::path::Path, t: i64) {
+    std::fs::write(clock, t.to_string()).expect("write the clock file");
+}
+
+fn rfc3339(t: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(t)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap()
+}
+
+/// `gpufleet-agent usage` with `token` and `args`: its stdout, or its stderr on failure.
+fn usage(backend: &Backend, token: &str, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .arg("usage")
+        .args(args)
+        .args(["--endpoint", &backend.endpoint(), "--token", token])
+        .output()
+        .expect("run gpufleet-agent usage");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The value of `gpufleet_gpu_seconds_total` for one tenant id and class.
+fn counter(text: &str, tenant_id: &str, class: &str) -> Option<String> {
+    text.lines()
+        .filter(|l| l.starts_with("gpufleet_gpu_seconds_total{"))
+        .find(|l| {
+            l.contains(&format!("tenant_id=\"{tenant_id}\""))
+                && l.contains(&format!("class=\"{class}\""))
+                && l.contains(&format!("gpu_type=\"{H100}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_seconds_held_are_exact_per_team_and_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = dir.path().join("clock");
+    let t0 = time::OffsetDateTime::now_utc().unix_timestamp();
+    set_clock(&clock, t0);
+    let mut backend = Backend::start_with_args(&[
+        "--clock-file",
+        clock.to_str().unwrap(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let mut admin = backend.admin().await;
+    let (vision, vision_token) = create_tenant(&mut admin, "vision").await;
+    let (speech, _) = create_tenant(&mut admin, "speech").await;
+    create_quota(&mut admin, &vision.id, H100, GPUS, GPUS).await;
+    create_quota(&mut admin, &speech.id, H100, GPUS, GPUS).await;
+    // vision holds one node from t0, speech one from t0 + 400.
+    let train = create_pool_cluster(&mut admin, &vision.id, "train", H100, 1).await;
+    set_clock(&clock, t0 + 400);
+    create_pool_cluster(&mut admin, &speech.id, "asr", H100, 1).await;
+    set_clock(&clock, t0 + 1000);
+
+    let (since, until) = (rfc3339(t0 - 3600), rfc3339(t0 + 86_400));
+    let window = ["--since", since.as_str(), "--until", until.as_str()];
+    let csv = |backend: &Backend, token: &str| {
+        let mut args = window.to_vec();
+        args.extend(["--by", "tenant,cluster,gpu_type,class", "--format", "csv"]);
+        usage(backend, token, &args).unwrap()
+    };
+    let vision_csv = |seconds: i64| {
+        format!(
+            "since,until,tenant,cluster,gpu_type,class,gpu_seconds\n\
+             {since},{until},vision,train,{H100},guaranteed,{seconds}\n"
+        )
+    };
+    // The team's own token: its own cluster only, 8 GPUs x 1000 s.
+    assert_eq!(csv(&backend, &vision_token), vision_csv(GPUS * 1000));
+    // Another team's usage is not there for it.
+    let mut args = window.to_vec();
+    args.extend(["--tenant", "speech"]);
+    let refused = usage(&backend, &vision_token, &args).unwrap_err();
+    assert!(refused.contains("not found"), "{refused}");
+    // The admin sees every team's.
+    let mut args = window.to_vec();
+    args.extend(["--by", "tenant", "--format", "json"]);
+    let all: serde_json::Value =
+        serde_json::from_str(&usage(&backend, backend.admin_token(), &args).unwrap()).unwrap();
+    let per_team: Vec<(String, i64)> = all["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["tenant"].as_str().unwrap().to_string(),
+                r["gpu_seconds"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        per_team,
+        [
+            ("speech".to_string(), GPUS * 600),
+            ("vision".to_string(), GPUS * 1000)
+        ]
+    );
+
+    // Terraform's data source with only the team's token.
+    let tf = Terraform::new(&backend, &vision_token);
+    tf.write_main(&format!(
+        r#"
+data "gpufleet_usage" "mine" {{
+  since = "{since}"
+  until = "{until}"
+  by    = ["tenant", "class"]
+}}
+output "rows" {{ value = data.gpufleet_usage.mine.rows }}
+"#
+    ));
+    tf.init();
+    tf.apply();
+    assert_eq!(
+        tf.outputs()["rows"],
+        serde_json::json!([{
+            "tenant": "vision", "cluster": "", "gpu_type": "", "class": "guaranteed",
+            "gpu_seconds": GPUS * 1000
+        }])
+    );
+
+    // The operator's counter, from the same records.
+    let metrics = prom::wait_for_metrics_addr("the control plane", || backend.log());
+    let token = std::fs::read_to_string(backend.data_dir().join("metrics.token")).unwrap();
+    let text = prom::scrape_with(&metrics, token.trim());
+    assert_eq!(
+        counter(&text, &vision.id, "guaranteed").as_deref(),
+        Some("8000"),
+        "{text}"
+    );
+
+    // A restart changes nothing; time held after it adds on exactly.
+    backend.restart();
+    assert_eq!(csv(&backend, &vision_token), vision_csv(GPUS * 1000));
+    set_clock(&clock, t0 + 1500);
+    assert_eq!(csv(&backend, &vision_token), vision_csv(GPUS * 1500));
+    // A delete stops the count.
+    let mut admin = backend.admin().await;
+    admin
+        .clusters
+        .delete_tenant_cluster(DeleteTenantClusterRequest {
+            id: train.id.clone(),
+        })
+        .await
+        .expect("delete the team's cluster");
+    set_clock(&clock, t0 + 5000);
+    assert_eq!(csv(&backend, &vision_token), vision_csv(GPUS * 1500));
+}
