@@ -503,3 +503,58 @@ async fn a_tenant_delete_with_dependents_is_refused_at_plan_naming_them() {
     assert!(inventory.tenants.iter().any(|t| t.name == "team"));
     assert!(inventory.clusters.iter().any(|c| c.name == "cv"));
 }
+
+/// A team's second configuration planning a cluster whose name the tenant already has
+/// (made by its first configuration) is refused at plan on `name`, naming the cluster and
+/// the `terraform import` that adopts it, before any quota reason: with the quota full
+/// (issue 40: the duplicate was reported as the quota, or not at all) and with room; the
+/// apply creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_configuration_planning_an_existing_cluster_name_is_told_to_import_it() {
+    let backend = Backend::start();
+    let mut admin = backend.admin().await;
+    let (tenant, token) = create_tenant(&mut admin, "team-b").await;
+    // One H100 node's 8 GPUs: the first configuration's cluster fills the quota.
+    let quota = create_quota(&mut admin, &tenant.id, "H100-80GB", 8, 0).await;
+    let asr =
+        |tenant: &str| hcl::config(&[hcl::pool_cluster("asr", tenant, "asr", "H100-80GB", 1)]);
+    let first = Terraform::new(&backend, &token);
+    first.write_main(&asr("\"team-b\""));
+    first.init();
+    first.apply();
+    let id = first.resource("gpufleet_tenant_cluster.asr")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let second = Terraform::new(&backend, &token);
+    second.write_main("");
+    second.init();
+    let taken = format!("name: tenant 'team-b' already has a cluster named 'asr' (id {id})");
+    let needles = [
+        taken.as_str(),
+        "name         = \"asr\"",
+        "terraform import gpufleet_tenant_cluster.NAME team-b/asr",
+    ];
+    // The tenant written, and left out (the token's own).
+    for tenant in ["\"team-b\"", "null"] {
+        assert_refused_at_plan(&backend, &second, &asr(tenant), &needles).await;
+        // The duplicate comes first; the full quota may follow, never instead.
+        let plan = second.plan_fails();
+        let output = plan.output();
+        let quota = output.find("quota").unwrap_or(usize::MAX);
+        assert!(output.find(&taken).unwrap() < quota, "{plan}");
+    }
+
+    // With room in the quota: the same refusal.
+    admin
+        .quotas
+        .update_gpu_quota(gpufleet_proto::v1::UpdateGpuQuotaRequest {
+            id: quota.id.clone(),
+            gpus: 16,
+            ..Default::default()
+        })
+        .await
+        .expect("raise the quota");
+    assert_refused_at_plan(&backend, &second, &asr("\"team-b\""), &needles).await;
+}

@@ -530,7 +530,9 @@ fn create_request(
 /// The request id of a create: the same for the same cluster and configuration, so that
 /// an apply after one that timed out gets the cluster the first one started (the backend
 /// answers a known request id with its cluster, as it is) instead of a second one or a
-/// "name already exists".
+/// "name already exists". Keyed to the working directory and workspace too: another
+/// configuration (or workspace) with the same text is another state, whose create of a
+/// taken name is a duplicate to refuse, not this one's retry.
 fn create_key(r: &api::CreateTenantClusterRequest) -> String {
     use sha2::{Digest, Sha256};
     // Every field the request carries (so every one the backend's fingerprint may hold),
@@ -542,9 +544,23 @@ fn create_key(r: &api::CreateTenantClusterRequest) -> String {
         ..r.clone()
     };
     let layout: BTreeMap<&String, &i32> = r.mig_layout.iter().collect();
-    let text = format!("{fields:?} {layout:?}");
+    let text = format!("{fields:?} {layout:?} {:?}", state_home());
     let digest = hex::encode(Sha256::digest(text.as_bytes()));
     format!("tf-{}", &digest[..32])
+}
+
+/// Where this run's state lives, as far as a provider can tell: Terraform starts it in the
+/// working directory, and the workspace is `TF_WORKSPACE` or the one `.terraform` selects.
+fn state_home() -> (Option<std::path::PathBuf>, String) {
+    let dir = std::env::current_dir().ok();
+    let data_dir = std::env::var_os("TF_DATA_DIR").unwrap_or_else(|| ".terraform".into());
+    let workspace = std::env::var("TF_WORKSPACE")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string(std::path::Path::new(&data_dir).join("environment")).ok()
+        })
+        .unwrap_or_default();
+    (dir, workspace.trim().to_string())
 }
 
 /// The update call taking a cluster from `prior` to `planned`: the MIG layout and the
@@ -695,11 +711,12 @@ impl TenantCluster {
             }
         };
         let tenant = super::common::optional_tenant(state)?;
+        let taken = matches!(&answer, Err(s) if prior.is_none() && s.code() == Code::AlreadyExists);
         let asked = Asked {
             tenant: &tenant,
             gpu_type: Some(gpu_type),
         };
-        verdict(
+        let said = verdict(
             &client,
             &self.provider.run,
             asked,
@@ -707,7 +724,22 @@ impl TenantCluster {
             &written(&self.schema()),
             "node_count",
         )
-        .await
+        .await;
+        match said {
+            Err(mut diags) if taken => {
+                let hint = import_hint(&client, &tenant, &required_str(state, "name")?).await;
+                let name = AttrPath::attr("name");
+                for d in diags
+                    .0
+                    .iter_mut()
+                    .filter(|d| d.path.as_ref() == Some(&name))
+                {
+                    d.detail = hint.clone();
+                }
+                Err(diags)
+            }
+            said => said,
+        }
     }
 
     /// The quotas of `gpu_type` this plan creates or changes (planned before this cluster:
@@ -794,6 +826,25 @@ impl TenantCluster {
             None => Ok(None),
         }
     }
+}
+
+/// How to adopt the cluster a create's name is taken by: its import id (`TENANT/NAME`, the
+/// tenant as written, else the token's own by name).
+async fn import_hint(client: &Client, tenant: &str, name: &str) -> String {
+    let tenant = match tenant {
+        "" => client
+            .own_tenant_named()
+            .await
+            .map_or_else(|| "TENANT".to_string(), |(_, name)| name),
+        written => written.to_string(),
+    };
+    // The command on a line of its own: Terraform wraps a detail's lines, not within words.
+    format!(
+        "That cluster exists already. To manage it from this configuration, import it into \
+         this resource (NAME: its name, after \"with\" above):\n  \
+         terraform import gpufleet_tenant_cluster.NAME {tenant}/{name}\n\
+         or give this one another name."
+    )
 }
 
 /// State after a create or update: the backend's answer with every node (beyond the

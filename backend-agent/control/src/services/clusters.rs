@@ -414,7 +414,9 @@ impl Clusters {
             // A retry of the create that made it (the same request id): the apply gets it.
             Ok(Prepared::Existing(c)) if c.id == existing.id => Ok(Prepared::Existing(c)),
             Ok(_) => Err(name_taken),
-            Err(other) => Err(super::error_details::together(other, name_taken)),
+            // The taken name first (ALREADY_EXISTS): importing the existing cluster is the
+            // answer, whatever the quota or capacity would say of a second one.
+            Err(other) => Err(super::error_details::together(name_taken, other)),
         }
     }
 

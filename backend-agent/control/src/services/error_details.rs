@@ -141,8 +141,9 @@ pub fn used_by_with(message: impl Into<String>, ids: &[&str], more: &[(&str, Str
 }
 
 /// Two refusals of one request said at once: `first`'s code, both sentences, and each one's
-/// field violation (`first`'s, then `second`'s), with `second`'s `ErrorInfo` metadata. A
-/// `first` that is not a refusal (internal, transport) is returned as it is.
+/// field violation (`first`'s, then `second`'s), with the `ErrorInfo` metadata of both
+/// (`first`'s where both have a key). A `first` that is not a refusal (internal,
+/// transport) is returned as it is.
 pub fn together(first: Status, second: Status) -> Status {
     let Some(reason) = reason(first.code()) else {
         return first;
@@ -153,10 +154,13 @@ pub fn together(first: Status, second: Status) -> Status {
             .map(|v| (v.field, v.description))
             .or_else(|| field_of(s.message()).map(|(f, r)| (f.to_string(), r.to_string())))
     };
-    let metadata = second
-        .get_details_error_info()
-        .map(|i| i.metadata)
-        .unwrap_or_default();
+    let metadata_of = |s: &Status| {
+        s.get_details_error_info()
+            .map(|i| i.metadata)
+            .unwrap_or_default()
+    };
+    let mut metadata = metadata_of(&second);
+    metadata.extend(metadata_of(&first));
     let mut details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
     for (field, description) in [violation(&first), violation(&second)]
         .into_iter()
