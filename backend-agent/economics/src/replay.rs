@@ -121,7 +121,7 @@ impl<'a> Clock<'a> {
         while let Some(Reverse((_, _, key))) = heads.pop() {
             let queue = self.queues.get_mut(&key).expect("a head has its queue");
             let k = *queue.front().expect("a head is in its queue");
-            let job = self.jobs[self.which[k]].clone();
+            let job: &'a Job = &self.jobs[self.which[k]];
             let end = t + job.duration;
             let Some(split) =
                 batch.admit(job.team, &job.gpu_type, job.gpus, EPOCH + t, EPOCH + end)?
