@@ -126,3 +126,64 @@ fn csv(since: &str, until: &str, rows: &[v1::UsageRow]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(format: UsageFormat, by: &[&str]) -> UsageArgs {
+        use clap::Parser;
+        let mut argv = vec![
+            "gpufleet-agent".to_string(),
+            "usage".into(),
+            "--since".into(),
+            "2027-01-01T00:00:00Z".into(),
+            "--until".into(),
+            "2027-02-01T00:00:00Z".into(),
+        ];
+        if !by.is_empty() {
+            argv.extend(["--by".into(), by.join(",")]);
+        }
+        let cli = crate::cli::Cli::parse_from(argv);
+        match cli.command {
+            crate::cli::Command::Usage(mut a) => {
+                a.format = format;
+                a
+            }
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    fn report() -> v1::UsageReport {
+        v1::UsageReport {
+            rows: vec![v1::UsageRow {
+                tenant: "vision, inc".into(),
+                cluster: String::new(),
+                gpu_type: "H100-80GB".into(),
+                class: "on-demand".into(),
+                gpu_seconds: 7200,
+            }],
+            retention_seconds: 400 * 86_400,
+        }
+    }
+
+    /// Every column always, in one order, whatever the grouping: finance loads it.
+    #[test]
+    fn csv_has_stable_columns_and_quotes_what_needs_it() {
+        let out = render(&args(UsageFormat::Csv, &["tenant", "gpu_type"]), &report());
+        assert_eq!(
+            out,
+            "since,until,tenant,cluster,gpu_type,class,gpu_seconds\n\
+             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,\"vision, inc\",,H100-80GB,on-demand,7200\n"
+        );
+    }
+
+    #[test]
+    fn the_table_shows_the_grouped_columns_and_hours() {
+        let out = render(&args(UsageFormat::Table, &["class"]), &report());
+        assert_eq!(
+            out,
+            "CLASS      GPU-SECONDS  GPU-HOURS\non-demand  7200         2.00\n"
+        );
+    }
+}

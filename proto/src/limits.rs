@@ -105,3 +105,37 @@ pub const MAX_CLUSTER_NODES_SHOWN: usize = 100;
 pub const MAX_HOSTNAME_CHARS: usize = 64;
 pub const MAX_NODE_CPUS: u32 = 65_536;
 pub const MAX_NODE_MEMORY_MIB: u64 = 1 << 30;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_usage_window_is_forward_and_at_most_the_retention_long() {
+        assert!(usage_window(0, 1).is_ok());
+        assert!(usage_window(0, USAGE_RETENTION_SECS).is_ok());
+        assert_eq!(
+            usage_window(5, 5).unwrap_err(),
+            "until: must be after since"
+        );
+        assert!(usage_window(0, USAGE_RETENTION_SECS + 1)
+            .unwrap_err()
+            .starts_with("until: the window may be at most 400 days long"));
+    }
+
+    #[test]
+    fn a_usage_grouping_names_known_groups_once() {
+        let by =
+            |names: &[&str]| usage_by(&names.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert!(by(&[]).is_ok());
+        assert!(by(&["tenant", "cluster", "gpu_type", "class"]).is_ok());
+        assert_eq!(
+            by(&["tenant", "model"]).unwrap_err(),
+            "by: unknown grouping 'model'; use any of tenant, cluster, gpu_type, class"
+        );
+        assert_eq!(
+            by(&["class", "class"]).unwrap_err(),
+            "by: 'class' appears twice"
+        );
+    }
+}

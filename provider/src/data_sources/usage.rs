@@ -171,3 +171,69 @@ impl DataSourceType for Usage {
         Ok(state)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(since: &str, until: &str, by: &[&str]) -> Value {
+        Value::object([
+            ("since", Value::string(since)),
+            ("until", Value::string(until)),
+            (
+                "by",
+                Value::List(by.iter().map(|b| Value::string(*b)).collect()),
+            ),
+        ])
+    }
+
+    fn summaries(config: &Value) -> Vec<String> {
+        check(config).0.into_iter().map(|d| d.summary).collect()
+    }
+
+    #[test]
+    fn a_good_window_and_grouping_pass() {
+        let ok = config(
+            "2027-01-01T00:00:00Z",
+            "2027-02-01T00:00:00Z",
+            &["tenant", "class"],
+        );
+        assert!(summaries(&ok).is_empty());
+    }
+
+    /// Each refusal names its attribute and why, at plan time.
+    #[test]
+    fn bad_times_windows_and_groupings_name_the_attribute() {
+        let bad = summaries(&config("yesterday", "2027-02-01T00:00:00Z", &[]));
+        assert_eq!(bad.len(), 1);
+        assert!(
+            bad[0].starts_with("since: \"yesterday\" is not an RFC 3339 time"),
+            "{bad:?}"
+        );
+        assert_eq!(
+            summaries(&config("2027-02-01T00:00:00Z", "2027-01-01T00:00:00Z", &[])),
+            ["until: must be after since"]
+        );
+        assert!(
+            summaries(&config("2027-01-01T00:00:00Z", "2029-01-01T00:00:00Z", &[]))[0]
+                .starts_with("until: the window may be at most 400 days long")
+        );
+        assert_eq!(
+            summaries(&config(
+                "2027-01-01T00:00:00Z",
+                "2027-02-01T00:00:00Z",
+                &["team"]
+            )),
+            ["by: unknown grouping 'team'; use any of tenant, cluster, gpu_type, class"]
+        );
+    }
+
+    /// Unknown values (from other resources) wait for the apply.
+    #[test]
+    fn unknown_values_are_not_judged() {
+        let mut c = config("2027-01-01T00:00:00Z", "2027-02-01T00:00:00Z", &[]);
+        c.set("until", Value::Unknown);
+        c.set("by", Value::List(vec![Value::Unknown]));
+        assert!(summaries(&c).is_empty());
+    }
+}

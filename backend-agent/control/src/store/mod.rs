@@ -548,6 +548,8 @@ const MIGRATIONS: &[&str] = &[
         end_time INTEGER CHECK (end_time IS NULL OR end_time >= start_time)
     );
     CREATE INDEX usage_intervals_open ON usage_intervals (node_id) WHERE end_time IS NULL;
+    CREATE INDEX usage_intervals_open_by_tenant ON usage_intervals (tenant_id, gpu_type, class)
+        WHERE end_time IS NULL;
     CREATE INDEX usage_intervals_end ON usage_intervals (end_time);
     CREATE INDEX usage_intervals_tenant ON usage_intervals (tenant_id, start_time);
     CREATE TABLE usage_pruned (
