@@ -521,11 +521,6 @@ pub fn node_home(account: &Account, volume: Option<&Path>) -> Result<PathBuf, St
         (None, None) => {
             let own = own_home(&account.name);
             own_dir(Path::new(HOMES), 0, 0, 0o711)?;
-            // Nodes of one cluster on this host start side by side: one makes the home.
-            let _lock = HomesLock::take()?;
-            if std::fs::symlink_metadata(&home).is_ok() {
-                return Ok(home);
-            }
             mount_home(&own, account.uid)?;
             std::os::unix::fs::symlink(&own, &home)
                 .map_err(|e| format!("cannot link {} to {}: {e}", home.display(), own.display()))?;
@@ -579,17 +574,9 @@ fn is_mount_point(dir: &Path) -> bool {
 /// mount point.
 fn remove_own_home(cluster: &str) -> Result<(), String> {
     let dir = own_home(cluster);
-    if !Path::new(HOMES).is_dir() {
-        return Ok(());
-    }
-    let _lock = HomesLock::take()?;
-    let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|_| format!("{}: not a valid path", dir.display()))?;
-    // Every mount on it, should there be more than one.
-    for _ in 0..8 {
-        if !is_mount_point(&dir) {
-            break;
-        }
+    if is_mount_point(&dir) {
+        let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+            .map_err(|_| format!("{}: not a valid path", dir.display()))?;
         // SAFETY: a NUL-terminated path; only that mount is detached.
         if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
             return Err(format!(
@@ -604,36 +591,6 @@ fn remove_own_home(cluster: &str) -> Result<(), String> {
             Err(format!("cannot remove {}: {e}", dir.display()))
         }
         _ => Ok(()),
-    }
-}
-
-/// An exclusive lock on [`HOMES`] (flock on `.lock` in it) for making or removing a
-/// tmpfs home, held until dropped: the agents of one host (embedded nodes, or agents side
-/// by side) never mount a home twice or unmount one being made.
-struct HomesLock {
-    /// Held open: closing it releases the lock.
-    _file: std::fs::File,
-}
-
-impl HomesLock {
-    fn take() -> Result<HomesLock, String> {
-        let path = Path::new(HOMES).join(".lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock on a descriptor this File owns; released when it closes.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(format!(
-                "cannot lock {}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            ));
-        }
-        Ok(HomesLock { _file: file })
     }
 }
 
@@ -665,18 +622,14 @@ pub fn release_node(cluster: &str, part: &str) -> Result<(), String> {
 /// Removes the cluster's whole runtime directory, its tmpfs home and its account from this
 /// host.
 pub fn forget(cluster: &str) -> Result<(), String> {
-    // Each part whatever the others did: nothing is left for a failure elsewhere.
-    let removed = remove_all(&runtime_dir(cluster));
-    let home = remove_own_home(cluster);
+    remove_all(&runtime_dir(cluster))?;
+    remove_own_home(cluster)?;
     // The account by its name: only one of ours (a cluster name, a uid of our range).
-    let account = match getent("passwd", cluster) {
-        Some(line) => {
-            let uid = field(&line, 2).and_then(|u| u.parse().ok()).unwrap_or(0);
-            Account::new(cluster, uid).and_then(|a| a.remove())
-        }
-        None => Ok(()),
+    let Some(line) = getent("passwd", cluster) else {
+        return Ok(());
     };
-    removed.and(home).and(account)
+    let uid = field(&line, 2).and_then(|u| u.parse().ok()).unwrap_or(0);
+    Account::new(cluster, uid)?.remove()
 }
 
 fn remove_all(path: &Path) -> Result<(), String> {
