@@ -701,17 +701,6 @@ mod tests {
     }
 
     #[test]
-    fn a_tmpfs_home_has_a_stable_name_that_does_not_name_its_cluster() {
-        let home = own_home("gf0123456789ab");
-        assert_eq!(home, own_home("gf0123456789ab"));
-        assert_ne!(home, own_home("gf0123456789ac"));
-        assert_eq!(home.parent(), Some(Path::new(HOMES)));
-        let name = home.file_name().unwrap().to_string_lossy().to_string();
-        assert_eq!(name.len(), 17, "{name}");
-        assert!(!name.contains("0123456789ab"), "{name}");
-    }
-
-    #[test]
     fn accounts_are_cluster_names_with_uids_of_their_own_range() {
         let uid = Account::candidate_uid("79bb28b1-5b97-4c1e-9d7a-000000000000", 0);
         assert!((FIRST_UID..FIRST_UID + UIDS).contains(&uid));
