@@ -8,8 +8,7 @@
 //!   are not in B's, nor in the host's (each login has its own tmpfs, each job its own
 //!   `/tmp` and `/dev/shm` from `job_container/tmpfs`, each node's jobs their `/var/tmp`
 //!   and `/run/lock` from slurmd's namespace), nor A's System V shared memory in B's `ipcs`;
-//! - B's home (no team volume here) is a tmpfs of 4 GiB and each private temporary
-//!   directory one of 1 GiB, in its login and its jobs;
+//! - each private temporary directory is a tmpfs of 1 GiB, in B's login and its jobs;
 //! - B's cgroupfs shows B's own cgroups only: no name, uid or job of A in B's login's or
 //!   job's `/sys/fs/cgroup` or `/proc/self/cgroup` (each login and node has a cgroup
 //!   namespace of its own);
@@ -370,9 +369,8 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
         );
     }
 
-    // Space: the home (no team volume here) and the private temporary directories are
-    // tmpfs of a bounded size, in the login and in a job (whose /tmp and /dev/shm are
-    // Slurm's).
+    // Space: the private temporary directories are tmpfs of a bounded size, in the login
+    // and in a job (whose /tmp and /dev/shm are Slurm's).
     let sizes = |out: &str| -> Vec<(String, u64)> {
         out.lines()
             .skip(1)
@@ -383,8 +381,8 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
             .collect()
     };
     for (place, dirs) in [
-        ("login", "$HOME/ /tmp /var/tmp /dev/shm /run/lock"),
-        ("job", "$HOME/ /var/tmp /run/lock"),
+        ("login", "/tmp /var/tmp /dev/shm /run/lock"),
+        ("job", "/var/tmp /run/lock"),
     ] {
         let script = format!("df -P {dirs}");
         let out = match place {
@@ -394,12 +392,7 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
         let found = sizes(&out);
         assert_eq!(found.len(), dirs.split(' ').count(), "{place}: {out}");
         for (at, kib) in found {
-            let want = if at.starts_with("/run/gpufleet/homes/") {
-                4 << 20
-            } else {
-                1 << 20
-            };
-            assert_eq!(kib, want, "the size of {at} in B's {place}: {out}");
+            assert_eq!(kib, 1 << 20, "the size of {at} in B's {place}: {out}");
         }
     }
 
@@ -458,8 +451,6 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
         .map(|a| a.data_dir())
         .chain([backend.data_dir()])
         .collect();
-    let a_home = fs::read_link(Path::new("/run/gpufleet").join(&a_name).join("home"))
-        .expect("A's home, a link to its tmpfs");
     let before = leftovers(&a_name, a_uid, &a_node, &dirs);
     for seen in ["process", "file of uid", "mount", "cgroup", "account"] {
         assert!(
@@ -487,7 +478,6 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
         "A's account outlived its destroy"
     );
     nothing_left("A", || leftovers(&a_name, a_uid, &a_node, &dirs));
-    assert!(!a_home.exists(), "A's home {a_home:?} outlived its destroy");
     let out = b.job_ok("", "id -un; ls -a /tmp");
     assert!(out.contains(&b_name), "{out}");
     tf.destroy();

@@ -460,31 +460,12 @@ pub fn prepare_runtime(account: &Account) -> Result<PathBuf, String> {
 /// The account's home in a cluster's runtime directory.
 pub const HOME: &str = "home";
 
-/// Where homes without a team volume are mounted, each a tmpfs of [`HOME_SIZE`] at an
-/// opaque name (`h` and 16 hex digits of a hash of the cluster's name): every mount of
-/// the host reaches every sandbox's mount table, so neither its path nor its options may
-/// name the account or its uid.
-pub const HOMES: &str = "/run/gpufleet/homes";
-
-/// The size of a home without a team volume: what a team may keep in it at most (its
-/// pages count against the writer's memory cgroup too, as on any tmpfs).
-pub const HOME_SIZE: &str = "4g";
-
-/// The tmpfs home of `cluster` on this host, under [`HOMES`].
-pub fn own_home(cluster: &str) -> PathBuf {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(format!("gpufleet home {cluster}").as_bytes());
-    Path::new(HOMES).join(format!("h{}", &hex::encode(digest)[..16]))
-}
-
 /// The account's home on this host, `/run/gpufleet/<cluster>/home` (the account's home in
 /// its user database, where sessions start and jobs find `$HOME`): with `volume`, a link
 /// to the team volume's mount path, which is the same on every node of the cluster, so
-/// the home is too; without, for a new home, a link to a tmpfs of this host's own of
-/// [`HOME_SIZE`] ([`own_home`], 0700, the account's), which goes with the cluster's last
-/// node on this host. A directory that already holds files is kept rather than replaced
-/// by the link (and said so in the log), and so is a tmpfs home a volume replaces, until
-/// the cluster leaves the host: nothing of the team's is deleted here.
+/// the home is too; without, a directory of this host's own (0700, the account's). A
+/// directory that already holds files is kept rather than replaced by the link (and
+/// said so in the log): nothing of the team's is deleted here.
 pub fn node_home(account: &Account, volume: Option<&Path>) -> Result<PathBuf, String> {
     let home = runtime_dir(&account.name).join(HOME);
     let now = std::fs::symlink_metadata(&home).ok();
@@ -509,89 +490,13 @@ pub fn node_home(account: &Account, volume: Option<&Path>) -> Result<PathBuf, St
             link_home(&home, target)?;
         }
         (None, Some(m)) if m.file_type().is_symlink() => {
-            if std::fs::read_link(&home).is_ok_and(|t| t == own_home(&account.name)) {
-                return Ok(home);
-            }
             std::fs::remove_file(&home)
                 .map_err(|e| format!("cannot replace {}: {e}", home.display()))?;
             own_dir(&home, account.uid, account.uid, 0o700)?;
         }
-        // A home from before homes had a size stays what it is.
-        (None, Some(_)) => own_dir(&home, account.uid, account.uid, 0o700)?,
-        (None, None) => {
-            let own = own_home(&account.name);
-            own_dir(Path::new(HOMES), 0, 0, 0o711)?;
-            mount_home(&own, account.uid)?;
-            std::os::unix::fs::symlink(&own, &home)
-                .map_err(|e| format!("cannot link {} to {}: {e}", home.display(), own.display()))?;
-        }
+        (None, _) => own_dir(&home, account.uid, account.uid, 0o700)?,
     }
     Ok(home)
-}
-
-/// A tmpfs of [`HOME_SIZE`] on `dir` (made if missing), the account's, unless one is
-/// mounted there already.
-fn mount_home(dir: &Path, uid: u32) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    if !is_mount_point(dir) {
-        let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-            .map_err(|_| format!("{}: not a valid path", dir.display()))?;
-        let data = std::ffi::CString::new(format!("size={HOME_SIZE},mode=700"))
-            .map_err(|_| "a NUL in the home's mount options".to_string())?;
-        // SAFETY: NUL-terminated strings that outlive the call.
-        let rc = unsafe {
-            libc::mount(
-                c"tmpfs".as_ptr(),
-                target.as_ptr(),
-                c"tmpfs".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                data.as_ptr().cast(),
-            )
-        };
-        if rc != 0 {
-            return Err(format!(
-                "cannot mount a tmpfs of {HOME_SIZE} on {} for the account's home: {}",
-                dir.display(),
-                std::io::Error::last_os_error()
-            ));
-        }
-    }
-    // Given to the account after the mount: a uid= option would show in every mount table.
-    own_dir(dir, uid, uid, 0o700)
-}
-
-/// Whether something is mounted on `dir` (it is on another device than its parent).
-fn is_mount_point(dir: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let parent = dir.parent().unwrap_or(dir);
-    match (std::fs::symlink_metadata(dir), std::fs::metadata(parent)) {
-        (Ok(d), Ok(p)) => d.is_dir() && d.dev() != p.dev(),
-        _ => false,
-    }
-}
-
-/// Detaches the tmpfs home of `cluster`, if it has one on this host, and removes its
-/// mount point.
-fn remove_own_home(cluster: &str) -> Result<(), String> {
-    let dir = own_home(cluster);
-    if is_mount_point(&dir) {
-        let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-            .map_err(|_| format!("{}: not a valid path", dir.display()))?;
-        // SAFETY: a NUL-terminated path; only that mount is detached.
-        if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
-            return Err(format!(
-                "cannot unmount the home {}: {}",
-                dir.display(),
-                std::io::Error::last_os_error()
-            ));
-        }
-    }
-    match std::fs::remove_dir(&dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(format!("cannot remove {}: {e}", dir.display()))
-        }
-        _ => Ok(()),
-    }
 }
 
 fn link_home(home: &Path, target: &Path) -> Result<(), String> {
@@ -619,11 +524,9 @@ pub fn release_node(cluster: &str, part: &str) -> Result<(), String> {
     forget(cluster)
 }
 
-/// Removes the cluster's whole runtime directory, its tmpfs home and its account from this
-/// host.
+/// Removes the cluster's whole runtime directory and its account from this host.
 pub fn forget(cluster: &str) -> Result<(), String> {
     remove_all(&runtime_dir(cluster))?;
-    remove_own_home(cluster)?;
     // The account by its name: only one of ours (a cluster name, a uid of our range).
     let Some(line) = getent("passwd", cluster) else {
         return Ok(());
