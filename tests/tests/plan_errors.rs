@@ -505,12 +505,13 @@ async fn a_tenant_delete_with_dependents_is_refused_at_plan_naming_them() {
 }
 
 /// A team's second configuration planning a cluster whose name the tenant already has
-/// (made by its first configuration) is refused at plan on `name`, naming the cluster and
-/// the `terraform import` that adopts it, before any quota reason: with the quota full
-/// (issue 40: the duplicate was reported as the quota, or not at all) and with room; the
-/// apply creates nothing.
+/// (made by its first configuration, with the same text) is refused at plan on `name`,
+/// naming the cluster and the `terraform import` that adopts it, before any quota reason:
+/// with the quota full (issue 40: the duplicate was reported as the quota, or planned as
+/// `1 to add`) and with room; a second quota of a model likewise, before the pool's
+/// verdict. The apply creates nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_configuration_planning_an_existing_cluster_name_is_told_to_import_it() {
+async fn a_second_configuration_creating_what_the_tenant_has_is_told_to_import_it() {
     let backend = Backend::start();
     let mut admin = backend.admin().await;
     let (tenant, token) = create_tenant(&mut admin, "team-b").await;
@@ -557,4 +558,20 @@ async fn a_second_configuration_planning_an_existing_cluster_name_is_told_to_imp
         .await
         .expect("raise the quota");
     assert_refused_at_plan(&backend, &second, &asr("\"team-b\""), &needles).await;
+
+    // The same for a quota the tenant has, asking for more than the pool holds: the
+    // duplicate, not the pool.
+    let platform = Terraform::new(&backend, backend.admin_token());
+    platform.write_main("");
+    platform.init();
+    let hcl = hcl::config(&[hcl::quota("h100", "\"team-b\"", "H100-80GB", 100_000)]);
+    let taken = format!(
+        "gpu_type: tenant 'team-b' already has a H100-80GB quota (id {})",
+        quota.id
+    );
+    let needles = [
+        taken.as_str(),
+        "terraform import gpufleet_gpu_quota.NAME team-b/H100-80GB",
+    ];
+    assert_refused_at_plan(&backend, &platform, &hcl, &needles).await;
 }

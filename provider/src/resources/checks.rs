@@ -63,6 +63,41 @@ pub(crate) async fn verdict<T>(
     }
 }
 
+/// A create refused because another object already has its `field` (ALREADY_EXISTS): the
+/// diagnostic on `field` says how to adopt that object instead, by the import id it gives
+/// `resource_type` (`TENANT/...`, the tenant as written, else the token's own by name).
+pub(crate) async fn adopt_hint(
+    client: &Client,
+    diags: &mut Diagnostics,
+    field: &str,
+    resource_type: &str,
+    tenant: &str,
+    key: &str,
+) {
+    let tenant = match tenant {
+        "" => client
+            .own_tenant_named()
+            .await
+            .map_or_else(|| "TENANT".to_string(), |(_, name)| name),
+        written => written.to_string(),
+    };
+    // The command on a line of its own: Terraform wraps a detail's lines, not within words.
+    let hint = format!(
+        "It exists already. To manage it from this configuration, import it into this \
+         resource (NAME: its name, after \"with\" above):\n  \
+         terraform import {resource_type}.NAME {tenant}/{key}\n\
+         or change this one's {field}."
+    );
+    let path = AttrPath::attr(field);
+    for d in diags
+        .0
+        .iter_mut()
+        .filter(|d| d.path.as_ref() == Some(&path))
+    {
+        d.detail = hint.clone();
+    }
+}
+
 /// The ids of the objects a delete was refused for, from its `ErrorInfo` (`used_by`):
 /// the clusters and reservations that use a quota, the quotas, reservations and clusters
 /// a tenant still has. None for any other refusal.

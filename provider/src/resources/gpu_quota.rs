@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::{verdict, written, Asked};
+use super::checks::{adopt_hint, verdict, written, Asked};
 use super::common::{
     answered, check_min, deleted, diag, found, import_id, imported, imported_tenant,
     known_gpu_type, note_prior, optional_tenant, request_id, required_i64, required_str,
@@ -148,6 +148,8 @@ impl GpuQuota {
                 gpu_type: None,
             };
             let fields = written(&self.schema());
+            let taken = prior.is_none()
+                && matches!(&answer, Err(s) if s.code() == tonic::Code::AlreadyExists);
             let verdict = match answer {
                 // The stand-in's answer once the pool admitted the guarantee.
                 Err(s) if stand_in && super::common::tenant_not_found(&s) => Ok(()),
@@ -156,7 +158,14 @@ impl GpuQuota {
             match verdict {
                 Ok(()) if run.admits_quota(seen, me.clone(), raises, lowers) => return Ok(()),
                 Ok(()) => continue,
-                Err(diags) => return Err(counted_beside(diags, &siblings)),
+                Err(mut diags) => {
+                    if taken {
+                        let key = required_str(state, "gpu_type")?;
+                        let kind = "gpufleet_gpu_quota";
+                        adopt_hint(&client, &mut diags, "gpu_type", kind, &tenant, &key).await;
+                    }
+                    return Err(counted_beside(diags, &siblings));
+                }
             }
         }
     }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 use tonic::{Code, Status};
 
-use super::checks::{verdict, written, Asked};
+use super::checks::{adopt_hint, verdict, written, Asked};
 use super::cluster_node::{cluster_node_type, cluster_node_value};
 use super::cluster_waits;
 use super::common::{
@@ -549,18 +549,28 @@ fn create_key(r: &api::CreateTenantClusterRequest) -> String {
     format!("tf-{}", &digest[..32])
 }
 
-/// Where this run's state lives, as far as a provider can tell: Terraform starts it in the
-/// working directory, and the workspace is `TF_WORKSPACE` or the one `.terraform` selects.
-fn state_home() -> (Option<std::path::PathBuf>, String) {
-    let dir = std::env::current_dir().ok();
-    let data_dir = std::env::var_os("TF_DATA_DIR").unwrap_or_else(|| ".terraform".into());
+/// Where this run's state lives, as far as a provider can tell: a remote backend's settings
+/// (the same state from any checkout, e.g. a CI runner's), else the working directory
+/// Terraform starts it in; and the workspace, `TF_WORKSPACE` or the one `.terraform` selects.
+fn state_home() -> (String, String) {
+    let data_dir = std::path::PathBuf::from(
+        std::env::var_os("TF_DATA_DIR").unwrap_or_else(|| ".terraform".into()),
+    );
+    let read = |name: &str| std::fs::read_to_string(data_dir.join(name)).ok();
+    let remote = read("terraform.tfstate")
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .map(|s| s["backend"].clone())
+        .filter(|b| !b["type"].is_null() && b["type"] != "local")
+        .map(|b| format!("{} {}", b["type"], b["config"]));
+    let home = remote.unwrap_or_else(|| {
+        let dir = std::env::current_dir().unwrap_or_default();
+        dir.display().to_string()
+    });
     let workspace = std::env::var("TF_WORKSPACE")
         .ok()
-        .or_else(|| {
-            std::fs::read_to_string(std::path::Path::new(&data_dir).join("environment")).ok()
-        })
+        .or_else(|| read("environment"))
         .unwrap_or_default();
-    (dir, workspace.trim().to_string())
+    (home, workspace.trim().to_string())
 }
 
 /// The update call taking a cluster from `prior` to `planned`: the MIG layout and the
@@ -711,7 +721,7 @@ impl TenantCluster {
             }
         };
         let tenant = super::common::optional_tenant(state)?;
-        let taken = matches!(&answer, Err(s) if prior.is_none() && s.code() == Code::AlreadyExists);
+        let taken = prior.is_none() && matches!(&answer, Err(s) if s.code() == Code::AlreadyExists);
         let asked = Asked {
             tenant: &tenant,
             gpu_type: Some(gpu_type),
@@ -727,15 +737,9 @@ impl TenantCluster {
         .await;
         match said {
             Err(mut diags) if taken => {
-                let hint = import_hint(&client, &tenant, &required_str(state, "name")?).await;
-                let name = AttrPath::attr("name");
-                for d in diags
-                    .0
-                    .iter_mut()
-                    .filter(|d| d.path.as_ref() == Some(&name))
-                {
-                    d.detail = hint.clone();
-                }
+                let name = required_str(state, "name")?;
+                let kind = "gpufleet_tenant_cluster";
+                adopt_hint(&client, &mut diags, "name", kind, &tenant, &name).await;
                 Err(diags)
             }
             said => said,
@@ -826,25 +830,6 @@ impl TenantCluster {
             None => Ok(None),
         }
     }
-}
-
-/// How to adopt the cluster a create's name is taken by: its import id (`TENANT/NAME`, the
-/// tenant as written, else the token's own by name).
-async fn import_hint(client: &Client, tenant: &str, name: &str) -> String {
-    let tenant = match tenant {
-        "" => client
-            .own_tenant_named()
-            .await
-            .map_or_else(|| "TENANT".to_string(), |(_, name)| name),
-        written => written.to_string(),
-    };
-    // The command on a line of its own: Terraform wraps a detail's lines, not within words.
-    format!(
-        "That cluster exists already. To manage it from this configuration, import it into \
-         this resource (NAME: its name, after \"with\" above):\n  \
-         terraform import gpufleet_tenant_cluster.NAME {tenant}/{name}\n\
-         or give this one another name."
-    )
 }
 
 /// State after a create or update: the backend's answer with every node (beyond the
