@@ -1,7 +1,8 @@
 //! Usage accounting (issue 42) through the real serve on its injected clock: a team's
 //! cluster held for a known number of seconds gives exactly that many GPU-seconds (its 8
 //! GPUs times the seconds) through `gpufleet-agent usage` and through Terraform's
-//! `gpufleet_usage` with only the team's token, which sees no other team's; the
+//! `gpufleet_usage` with only the team's token, which sees no other team's (and whose
+//! unknown `by` is refused at plan time naming it); the
 //! operator's `gpufleet_gpu_seconds_total` says the same; after a serve restart the total
 //! is unchanged, time held since then adds on exactly, and a delete stops the count.
 
@@ -140,6 +141,19 @@ output "rows" {{ value = data.gpufleet_usage.mine.rows }}
             "gpu_seconds": GPUS * 1000
         }])
     );
+
+    // A grouping it does not know is refused at plan time, naming the attribute.
+    tf.write_main(&format!(
+        r#"
+data "gpufleet_usage" "mine" {{
+  since = "{since}"
+  until = "{until}"
+  by    = ["team"]
+}}
+"#
+    ));
+    tf.plan_fails()
+        .assert_mentions(&["by: unknown grouping 'team'", "gpufleet_usage"]);
 
     // The operator's counter, from the same records.
     let metrics = prom::wait_for_metrics_addr("the control plane", || backend.log());
