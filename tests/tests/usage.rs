@@ -2,9 +2,9 @@
 //! cluster held for a known number of seconds gives exactly that many GPU-seconds (its 8
 //! GPUs times the seconds) through `gpufleet-agent usage` and through Terraform's
 //! `gpufleet_usage` with only the team's token, which sees no other team's (and whose
-//! unknown `by` is refused at plan time naming it); the
-//! operator's `gpufleet_gpu_seconds_total` says the same; after a serve restart the total
-//! is unchanged, time held since then adds on exactly, and a delete stops the count.
+//! unknown `by` is refused at plan time naming it); the operator's
+//! `gpufleet_gpu_seconds_total` says the same; after a serve restart the total is
+//! unchanged, time held since then adds on exactly, and a delete stops the count.
 
 use gpufleet_e2e::fixtures::{create_pool_cluster, create_quota, create_tenant};
 use gpufleet_e2e::{prom, Backend, Terraform};
