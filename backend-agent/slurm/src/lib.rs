@@ -128,6 +128,28 @@ pub fn missing_cgroup_controllers() -> Vec<&'static str> {
         .collect()
 }
 
+/// Makes the cgroup `dir` (`<hierarchy>/<name>`; kept if it exists), mode 0755 whatever
+/// the umask (the agent's is 0077): everyone may read and pass it (a team reads the
+/// limits it meets). Fails with `unmounted(hierarchy)` when its cgroup v1 hierarchy is
+/// not mounted. The login's and the node's cgroups are made with it.
+pub(crate) fn make_cgroup(
+    dir: &std::path::Path,
+    unmounted: impl FnOnce(&std::path::Path) -> String,
+) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let hierarchy = dir.parent().unwrap_or(dir);
+    if !hierarchy.join("cgroup.procs").exists() {
+        return Err(unmounted(hierarchy));
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot make {}: {e}", dir.display())),
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))
+}
+
 /// Whether TCP `port` is free on this host now, on every address (slurmctld and slurmd
 /// listen on all of them).
 pub fn port_free(port: u16) -> bool {

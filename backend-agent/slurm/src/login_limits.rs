@@ -114,22 +114,12 @@ impl LoginCgroup {
     /// on gets changed limits at once. Fails naming a controller that is not mounted.
     pub fn apply(&self, limits: &LoginLimits) -> Result<(), String> {
         for dir in &self.dirs {
-            let hierarchy = dir.parent().unwrap_or(dir);
-            if !hierarchy.join("cgroup.procs").exists() {
-                return Err(format!(
+            crate::make_cgroup(dir, |hierarchy| {
+                format!(
                     "the login's limits need the cgroup v1 controller mounted at {} (as Slurm's task/cgroup does)",
                     hierarchy.display()
-                ));
-            }
-            match std::fs::create_dir(dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(format!("cannot make {}: {e}", dir.display())),
-            }
-            // Readable (the agent's umask is 0077): a team may read the limits it meets.
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
-                .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))?;
+                )
+            })?;
         }
         let [memory, pids, cpu] = [&self.dirs[0], &self.dirs[1], &self.dirs[2]];
         let bytes = limits.memory_mib.saturating_mul(1 << 20).to_string();

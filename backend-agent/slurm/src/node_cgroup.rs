@@ -61,22 +61,14 @@ impl NodeCgroup {
     /// namespace a job reads its own limits through them), a cpuset of all its parent's
     /// CPUs and memory nodes (a new cpuset cgroup has none: no process could join).
     pub fn ensure(&self) -> Result<(), String> {
-        use std::os::unix::fs::PermissionsExt;
         for dir in &self.dirs {
-            let hierarchy = dir.parent().unwrap_or(dir);
-            if !hierarchy.join("cgroup.procs").exists() {
-                return Err(format!(
+            crate::make_cgroup(dir, |hierarchy| {
+                format!(
                     "slurmd needs the cgroup v1 controller mounted at {} (Slurm's task/cgroup and proctrack/cgroup)",
                     hierarchy.display()
-                ));
-            }
-            match std::fs::create_dir(dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(format!("cannot make {}: {e}", dir.display())),
-            }
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
-                .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))?;
+                )
+            })?;
+            let hierarchy = dir.parent().unwrap_or(dir);
             for file in ["cpuset.cpus", "cpuset.mems"] {
                 let own = dir.join(file);
                 if !own.exists() || !read(&own).is_empty() {
