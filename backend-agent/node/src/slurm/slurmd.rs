@@ -28,7 +28,7 @@ use gpufleet_gpu::hardware::GpuInfo;
 use gpufleet_slurm::account::{self, Account};
 use gpufleet_slurm::conf::{self, Device};
 use gpufleet_slurm::daemon::{Daemon, Spec as DaemonSpec};
-use gpufleet_slurm::node_cgroup::NodeCgroup;
+use gpufleet_slurm::node_cgroup::{self, NodeCgroup};
 use gpufleet_slurm::sandbox::{self, Sandbox};
 use gpufleet_wire::volumes::VOLUME_MOUNTS;
 
@@ -289,38 +289,7 @@ pub fn remove_cgroups(node: &str, uid: Option<u32>) {
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     for root in roots {
-        loop {
-            let mut dirs = Vec::new();
-            let mut stack = vec![root.clone()];
-            while let Some(d) = stack.pop() {
-                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-                    if e.file_type().is_ok_and(|t| t.is_dir()) {
-                        stack.push(e.path());
-                    }
-                }
-                dirs.push(d);
-            }
-            for d in &dirs {
-                let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
-                for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
-                    // SAFETY: kill only sends a signal.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
-            // Children come after their parents: remove from the end.
-            let failed = dirs
-                .iter()
-                .rev()
-                .filter(|d| std::fs::remove_dir(d).is_err())
-                .count();
-            if failed == 0 || Instant::now() > deadline {
-                if failed > 0 {
-                    tracing::warn!(cgroup = %root.display(), "cannot remove a node's cgroups");
-                }
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        node_cgroup::remove_tree(&root, deadline);
     }
     // Fails while another account's jobs are in it: they are not this cluster's.
     for n in &nodes {
