@@ -152,7 +152,7 @@ impl LocalVolumes {
     pub fn remove_except(&self, keep: &[PathBuf]) -> Result<Vec<String>, String> {
         for m in self.mounted()? {
             if !keep.contains(&m.target) {
-                unmount(&m.target)?;
+                unmount(&m.target, "a node-local team volume")?;
             }
         }
         let mut said = Vec::new();
@@ -384,9 +384,11 @@ fn own(target: &Path, uid: u32) -> Result<(), String> {
         .map_err(|e| format!("giving {} to uid {uid}: {e}", target.display()))
 }
 
-/// Detaches the mount at `target` at once, even while a process still uses it (the
-/// loop device follows when the last one lets go).
-fn unmount(target: &Path) -> Result<(), String> {
+/// Detaches the mount at `target` at once, even while a process still uses it (a loop
+/// device follows when the last one lets go), and removes the folders under
+/// [`VOLUME_MOUNTS`] it leaves empty; logs "unmounted `what`". Every team volume's
+/// unmount, node-local or bind-mounted from the shared storage (`crate::volumes`).
+pub(crate) fn unmount(target: &Path, what: &str) -> Result<(), String> {
     let t = CString::new(target.as_os_str().as_encoded_bytes())
         .map_err(|e| format!("{}: {e}", target.display()))?;
     // SAFETY: a NUL-terminated path.
@@ -403,7 +405,7 @@ fn unmount(target: &Path) -> Result<(), String> {
         }
         dir.pop();
     }
-    tracing::info!(target = %target.display(), "unmounted a node-local team volume");
+    tracing::info!(target = %target.display(), "unmounted {what}");
     Ok(())
 }
 
@@ -562,7 +564,7 @@ mod tests {
                     assert_eq!(std::fs::metadata(&image).unwrap().len(), GIB);
                     assert!(fs_size(&target) <= GIB);
                     // As after the host restarted: not mounted, it grows before it is.
-                    unmount(&target).unwrap();
+                    unmount(&target, "a node-local team volume").unwrap();
                     detached(&image);
                     std::fs::create_dir_all(&target).unwrap();
                     let said = v.attach(&target, 2, 4242).unwrap();

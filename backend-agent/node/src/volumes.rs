@@ -47,7 +47,9 @@ pub fn apply(
             continue;
         }
         seen.push(m.target.clone());
-        unmount(&m.target)?;
+        // Detached at once even while a process still uses it: the node has left the
+        // cluster.
+        local_volumes::unmount(&m.target, "a team volume")?;
         said.push(format!("unmounted {}", m.target.display()));
     }
     let keep: Vec<PathBuf> = wanted
@@ -223,28 +225,6 @@ fn mount(source: &Path, target: &Path) -> Result<(), String> {
         ));
     }
     tracing::info!(source = %source.display(), target = %target.display(), "mounted a team volume");
-    Ok(())
-}
-
-/// Unmounts `target` (detached at once even while a process still uses it: the node has
-/// left the cluster) and removes the empty folders it leaves.
-fn unmount(target: &Path) -> Result<(), String> {
-    let t = c_path(target)?;
-    // SAFETY: a NUL-terminated path.
-    if unsafe { libc::umount2(t.as_ptr(), libc::MNT_DETACH) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINVAL) {
-            return Err(format!("unmounting {}: {e}", target.display()));
-        }
-    }
-    let mut dir = target.to_path_buf();
-    while dir.starts_with(VOLUME_MOUNTS) && dir != Path::new(VOLUME_MOUNTS) {
-        if std::fs::remove_dir(&dir).is_err() {
-            break;
-        }
-        dir.pop();
-    }
-    tracing::info!(target = %target.display(), "unmounted a team volume");
     Ok(())
 }
 
