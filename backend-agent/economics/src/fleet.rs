@@ -385,17 +385,11 @@ fn alibaba_models(
     })
 }
 
+/// The guide's worked fleet (docs/guides/replay.md), for tests: 4 pool H100 nodes of 8
+/// GPUs and 1 on-demand node; team a is guaranteed 16 GPUs with 24 burst and may use
+/// on-demand, team b is guaranteed 16.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn refused(text: &str) -> String {
-        parse(Path::new("fleet.toml"), text)
-            .unwrap_err()
-            .to_string()
-    }
-
-    const TWO_TEAMS: &str = r#"
+pub(crate) const TWO_TEAMS: &str = r#"
 [[pool]]
 gpu_type = "H100-80GB"
 nodes = 4
@@ -405,14 +399,24 @@ gpu_type = "H100-80GB"
 nodes = 1
 
 [[team]]
-name = "vision"
+name = "a"
 allow_on_demand = true
 quota = [{ gpu_type = "H100-80GB", gpus = 16, burst_gpus = 24 }]
 
 [[team]]
-name = "nlp"
+name = "b"
 quota = [{ gpu_type = "H100-80GB", gpus = 16 }]
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(text: &str) -> String {
+        parse(Path::new("fleet.toml"), text)
+            .unwrap_err()
+            .to_string()
+    }
 
     #[test]
     fn a_fleet_with_two_teams() {
@@ -455,10 +459,10 @@ quota = [{ gpu_type = "H100-80GB", gpus = 16 }]
             refused(&zero),
             "fleet.toml:4:9: pool.nodes: 1 to 100000 (got 0)"
         );
-        let twice = TWO_TEAMS.replace("name = \"nlp\"", "name = \"vision\"");
+        let twice = TWO_TEAMS.replace("name = \"b\"", "name = \"a\"");
         assert_eq!(
             refused(&twice),
-            "fleet.toml:16:8: team.name: 'vision' is declared twice"
+            "fleet.toml:16:8: team.name: 'a' is declared twice"
         );
         let over = TWO_TEAMS.replace("gpus = 16 }", "gpus = 17 }");
         assert!(

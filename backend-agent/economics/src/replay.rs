@@ -179,25 +179,7 @@ mod tests {
     /// (nothing takes lent capacity back); in partitions a waits for its own two nodes.
     #[test]
     fn pooled_and_partitioned_through_the_real_admission() {
-        let fleet = crate::fleet::parse(
-            Path::new("fleet.toml"),
-            r#"
-[[pool]]
-gpu_type = "H100-80GB"
-nodes = 4
-[[on_demand]]
-gpu_type = "H100-80GB"
-nodes = 1
-[[team]]
-name = "a"
-allow_on_demand = true
-quota = [{ gpu_type = "H100-80GB", gpus = 16, burst_gpus = 24 }]
-[[team]]
-name = "b"
-quota = [{ gpu_type = "H100-80GB", gpus = 16 }]
-"#,
-        )
-        .unwrap();
+        let fleet = crate::fleet::parse(Path::new("fleet.toml"), crate::fleet::TWO_TEAMS).unwrap();
         let mut text = String::from("team,gpu_type,gpus,submit,duration\n");
         for _ in 0..5 {
             text.push_str("a,H100-80GB,8,0,1h\n");
