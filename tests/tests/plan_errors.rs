@@ -508,8 +508,8 @@ async fn a_tenant_delete_with_dependents_is_refused_at_plan_naming_them() {
 /// (made by its first configuration, with the same text) is refused at plan on `name`,
 /// naming the cluster and the `terraform import` that adopts it, before any quota reason:
 /// with the quota full (issue 40: the duplicate was reported as the quota, or planned as
-/// `1 to add`) and with room; a second quota of a model likewise, before the pool's
-/// verdict. The apply creates nothing.
+/// `1 to add`) and with room; a second quota of a model likewise (before the pool's
+/// verdict), a tenant's name and a token's. The apply creates nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_configuration_creating_what_the_tenant_has_is_told_to_import_it() {
     let backend = Backend::start();
@@ -574,4 +574,26 @@ async fn a_second_configuration_creating_what_the_tenant_has_is_told_to_import_i
         "terraform import gpufleet_gpu_quota.NAME team-b/H100-80GB",
     ];
     assert_refused_at_plan(&backend, &platform, &hcl, &needles).await;
+
+    // A tenant, and a token name in use (another configuration's token).
+    let hcl = hcl::config(&[hcl::tenant("b", "team-b")]);
+    let needles = [
+        "name: a tenant named 'team-b' already exists",
+        "terraform import gpufleet_tenant.NAME team-b",
+    ];
+    assert_refused_at_plan(&backend, &platform, &hcl, &needles).await;
+    let ci = hcl::config(&[Block::resource("gpufleet_tenant_token", "ci")
+        .string("tenant", "team-b")
+        .string("name", "ci")
+        .string("scope", "read")]);
+    platform.write_main(&ci);
+    platform.apply();
+    let other = Terraform::new(&backend, backend.admin_token());
+    other.write_main("");
+    other.init();
+    let needles = [
+        "already has a token named 'ci'",
+        "terraform import gpufleet_tenant_token.NAME team-b/ci",
+    ];
+    assert_refused_at_plan(&backend, &other, &ci, &needles).await;
 }

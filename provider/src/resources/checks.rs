@@ -64,28 +64,18 @@ pub(crate) async fn verdict<T>(
 }
 
 /// A create refused because another object already has its `field` (ALREADY_EXISTS): the
-/// diagnostic on `field` says how to adopt that object instead, by the import id it gives
-/// `resource_type` (`TENANT/...`, the tenant as written, else the token's own by name).
-pub(crate) async fn adopt_hint(
-    client: &Client,
+/// diagnostic on `field` says how to adopt that object instead, by its `import_id`.
+pub(crate) fn adopt_hint(
     diags: &mut Diagnostics,
     field: &str,
     resource_type: &str,
-    tenant: &str,
-    key: &str,
+    import_id: &str,
 ) {
-    let tenant = match tenant {
-        "" => client
-            .own_tenant_named()
-            .await
-            .map_or_else(|| "TENANT".to_string(), |(_, name)| name),
-        written => written.to_string(),
-    };
     // The command on a line of its own: Terraform wraps a detail's lines, not within words.
     let hint = format!(
         "It exists already. To manage it from this configuration, import it into this \
          resource (NAME: its name, after \"with\" above):\n  \
-         terraform import {resource_type}.NAME {tenant}/{key}\n\
+         terraform import {resource_type}.NAME {import_id}\n\
          or change this one's {field}."
     );
     let path = AttrPath::attr(field);
@@ -95,6 +85,17 @@ pub(crate) async fn adopt_hint(
         .filter(|d| d.path.as_ref() == Some(&path))
     {
         d.detail = hint.clone();
+    }
+}
+
+/// The tenant part of an import id (`TENANT/...`): as written, else the token's own by name.
+pub(crate) async fn import_tenant(client: &Client, tenant: &str) -> String {
+    match tenant {
+        "" => client
+            .own_tenant_named()
+            .await
+            .map_or_else(|| "TENANT".to_string(), |(_, name)| name),
+        written => written.to_string(),
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::{adopt_hint, verdict, written, Asked};
+use super::checks::{adopt_hint, import_tenant, verdict, written, Asked};
 use super::common::{
     answered, check_min, deleted, diag, found, import_id, imported, imported_tenant,
     known_gpu_type, note_prior, optional_tenant, request_id, required_i64, required_str,
@@ -160,9 +160,12 @@ impl GpuQuota {
                 Ok(()) => continue,
                 Err(mut diags) => {
                     if taken {
-                        let key = required_str(state, "gpu_type")?;
-                        let kind = "gpufleet_gpu_quota";
-                        adopt_hint(&client, &mut diags, "gpu_type", kind, &tenant, &key).await;
+                        let id = format!(
+                            "{}/{}",
+                            import_tenant(&client, &tenant).await,
+                            required_str(state, "gpu_type")?
+                        );
+                        adopt_hint(&mut diags, "gpu_type", "gpufleet_gpu_quota", &id);
                     }
                     return Err(counted_beside(diags, &siblings));
                 }

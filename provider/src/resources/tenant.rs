@@ -382,7 +382,14 @@ impl Tenant {
         let run = &self.provider.run;
         match super::checks::refusals(&status, ATTRIBUTES, "name", |id| run.holds(id)) {
             Some(found) if found.is_empty() => Ok(()),
-            Some(found) => Err(Diagnostics(found)),
+            Some(found) => {
+                let mut diags = Diagnostics(found);
+                if status.code() == tonic::Code::AlreadyExists {
+                    let name = required_str(planned, "name")?;
+                    super::checks::adopt_hint(&mut diags, "name", "gpufleet_tenant", &name);
+                }
+                Err(diags)
+            }
             None => Err(client.diagnostic(&status).into()),
         }
     }

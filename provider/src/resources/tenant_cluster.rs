@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 use tonic::{Code, Status};
 
-use super::checks::{adopt_hint, verdict, written, Asked};
+use super::checks::{adopt_hint, import_tenant, verdict, written, Asked};
 use super::cluster_node::{cluster_node_type, cluster_node_value};
 use super::cluster_waits;
 use super::common::{
@@ -737,9 +737,12 @@ impl TenantCluster {
         .await;
         match said {
             Err(mut diags) if taken => {
-                let name = required_str(state, "name")?;
-                let kind = "gpufleet_tenant_cluster";
-                adopt_hint(&client, &mut diags, "name", kind, &tenant, &name).await;
+                let id = format!(
+                    "{}/{}",
+                    import_tenant(&client, &tenant).await,
+                    required_str(state, "name")?
+                );
+                adopt_hint(&mut diags, "name", "gpufleet_tenant_cluster", &id);
                 Err(diags)
             }
             said => said,

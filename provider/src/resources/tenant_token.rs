@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 
-use super::checks::{verdict, Asked};
+use super::checks::{adopt_hint, import_tenant, verdict, Asked};
 use super::common::{
     answered, deleted, diag, found, import_id, imported, optional_tenant, request_id, required_str,
     ImportId,
@@ -241,7 +241,8 @@ impl ResourceType for TenantToken {
                 tenant: &tenant,
                 gpu_type: None,
             };
-            verdict(
+            let taken = matches!(&answer, Err(s) if s.code() == tonic::Code::AlreadyExists);
+            let said = verdict(
                 &client,
                 &self.provider.run,
                 asked,
@@ -249,7 +250,16 @@ impl ResourceType for TenantToken {
                 REPLACED_BY,
                 "name",
             )
-            .await?;
+            .await;
+            match said {
+                Err(mut diags) if taken => {
+                    let name = required_str(&planned.state, "name")?;
+                    let id = format!("{}/{name}", import_tenant(&client, &tenant).await);
+                    adopt_hint(&mut diags, "name", "gpufleet_tenant_token", &id);
+                    return Err(diags);
+                }
+                said => said?,
+            }
         }
         Ok(planned)
     }
