@@ -68,8 +68,8 @@ pub enum Command {
     Pki(PkiArgs),
     /// Verify the state database's invariants, read-only (also while serve runs): no
     /// instant overbooked, no quota exceeded, no node in two clusters, gap-free tenant
-    /// sequences, and with --answers every acknowledged answer held. Exits 1 naming each
-    /// violation.
+    /// sequences, usage records that count exactly the GPUs held, and with --answers every
+    /// acknowledged answer held. Exits 1 naming each violation.
     Check(CheckArgs),
     /// Internal: one load test on the only GPU CUDA shows this process, one answer line
     /// printed. The node agent runs it for each MIG slice, with CUDA_VISIBLE_DEVICES set

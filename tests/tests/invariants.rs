@@ -3,7 +3,8 @@
 //! for 20 s while `serve` is killed with `kill -9` and started again every 2 to 5 s; then
 //! `gpufleet-agent check` reads the store (serve still running) and the log of every
 //! acknowledged answer, and must find no violation: no instant overbooked, no quota
-//! exceeded, no node in two clusters, gap-free tenant sequences, every acknowledged
+//! exceeded, no node in two clusters, gap-free tenant sequences, usage records counting
+//! exactly the GPUs held (issue 42), every acknowledged
 //! object as acknowledged (its create's request_id still leading to it) and every
 //! acknowledged delete gone. The same check without the answers half-way, while the
 //! clients write, finds none either; and a forged answer is named.

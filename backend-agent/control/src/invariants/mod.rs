@@ -9,7 +9,8 @@
 //! - `membership`: no node in two clusters (or in one that is not there or of another
 //!   model), no reservation's clusters holding more than it has;
 //! - `sequences`: each tenant's event and audit sequences gap-free and ordered;
-//! - `answers`: every acknowledged create, resize and delete in an answers log holds.
+//! - `answers`: every acknowledged create, resize and delete in an answers log holds;
+//! - `usage`: the usage records count every GPU a cluster holds, and nothing else.
 //!
 //! Nothing here writes; the SQL is in `store::invariants`.
 
@@ -20,6 +21,7 @@ pub mod quota;
 pub mod sequences;
 pub mod snapshot;
 pub mod timeline;
+pub mod usage;
 pub mod violation;
 
 #[cfg(test)]
@@ -54,6 +56,7 @@ pub fn check(snapshot: &Snapshot, answers: Option<&[Answer]>) -> Vec<Violation> 
     out.extend(quota::check(snapshot));
     out.extend(membership::check(snapshot));
     out.extend(sequences::check(snapshot));
+    out.extend(usage::check(snapshot));
     if let Some(answers) = answers {
         out.extend(answers::check(snapshot, answers));
     }

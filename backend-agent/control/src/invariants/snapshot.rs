@@ -7,7 +7,7 @@ use rusqlite::Connection;
 
 use crate::store::invariants::{
     self as reads, ClusterHeld, Log, Membership, ModelCapacity, QuotaLimit, ReservationHeld,
-    Sequenced,
+    Sequenced, UsageHeld,
 };
 
 /// The store as of one instant, and the time the checks look from (`now`: instants
@@ -22,6 +22,8 @@ pub struct Snapshot {
     pub quotas: Vec<QuotaLimit>,
     pub tenant_names: BTreeMap<String, String>,
     pub memberships: Vec<Membership>,
+    /// Every node with the GPUs its open usage intervals count.
+    pub usage: Vec<UsageHeld>,
     pub events: Vec<(String, Sequenced)>,
     pub audit: Vec<(String, Sequenced)>,
     /// Per tenant, the fleet-wide seq at or below which the event log's per-object
@@ -43,6 +45,7 @@ impl Snapshot {
             quotas: reads::quotas(conn)?,
             tenant_names: reads::tenant_names(conn)?.into_iter().collect(),
             memberships: reads::memberships(conn)?,
+            usage: reads::usage_held(conn)?,
             events: reads::tenant_entries(conn, Log::Events)?,
             audit: reads::tenant_entries(conn, Log::Audit)?,
             event_prune_horizons: reads::event_prune_horizons(conn)?.into_iter().collect(),

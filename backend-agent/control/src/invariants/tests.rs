@@ -61,10 +61,9 @@ impl Store {
         ));
     }
 
+    /// Through the store's own holding path, which writes the usage records too.
     fn assign(&self, node: &str, cluster: &str) {
-        self.sql(&format!(
-            "UPDATE nodes SET cluster_id = '{cluster}' WHERE id = '{node}'"
-        ));
+        assert!(crate::store::nodes::assign(&self.conn, node, cluster, NOW).unwrap());
     }
 
     fn cluster(&self, id: &str, tenant: &str, reservation: Option<&str>, node_count: i64) {
@@ -392,4 +391,32 @@ fn a_missing_store_is_an_error_not_an_empty_verdict() {
             .ends_with("state.db: no state database there"),
         "{refused}"
     );
+}
+
+#[test]
+fn usage_records_that_disagree_with_the_holdings_are_named() {
+    let store = Store::new();
+    // A release and an assignment that bypass the store's holding path.
+    store.sql("UPDATE nodes SET cluster_id = NULL WHERE id = 'p2'");
+    store.sql("UPDATE nodes SET cluster_id = 'c1' WHERE id = 'p3'");
+    let found: Vec<String> = store
+        .check(None)
+        .iter()
+        .filter(|v| v.concern == Concern::Usage)
+        .map(|v| v.to_string())
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "usage: node p2 (host-p2) is free, but its usage records count 8 GPUs as still held",
+            "usage: node p3 (host-p3) is held by cluster c1, but its usage records count 0 of its 8 GPUs as held",
+        ]
+    );
+    // Released through the store, both agree again.
+    store.sql("UPDATE nodes SET cluster_id = NULL WHERE id = 'p3'");
+    crate::store::nodes::release(&store.conn, "p2", NOW).unwrap();
+    assert!(!store
+        .check(None)
+        .iter()
+        .any(|v| v.concern == Concern::Usage));
 }

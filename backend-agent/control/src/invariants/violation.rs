@@ -16,6 +16,8 @@ pub enum Concern {
     Sequence,
     /// An acknowledged answer the store does not hold.
     Answer,
+    /// Usage records that do not count what the nodes' holdings say.
+    Usage,
 }
 
 impl Concern {
@@ -26,6 +28,7 @@ impl Concern {
             Concern::Membership => "membership",
             Concern::Sequence => "sequence",
             Concern::Answer => "answer",
+            Concern::Usage => "usage",
         }
     }
 }

@@ -204,6 +204,40 @@ pub fn memberships(conn: &Connection) -> rusqlite::Result<Vec<Membership>> {
     rows.collect()
 }
 
+/// A node as the usage records see it (issue 42): the cluster it names, whether that
+/// cluster exists, its GPUs, and the GPUs its open usage intervals count as held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageHeld {
+    pub node_id: String,
+    pub hostname: String,
+    pub cluster_id: Option<String>,
+    pub cluster_exists: bool,
+    pub gpu_count: i64,
+    pub open_gpus: i64,
+}
+
+/// Every node with what its open usage intervals count.
+pub fn usage_held(conn: &Connection) -> rusqlite::Result<Vec<UsageHeld>> {
+    let mut stmt = conn.prepare(
+        "SELECT n.id, n.hostname, n.cluster_id,
+                EXISTS (SELECT 1 FROM clusters c WHERE c.id = n.cluster_id), n.gpu_count,
+                COALESCE((SELECT SUM(u.gpus) FROM usage_intervals u
+                          WHERE u.node_id = n.id AND u.end_time IS NULL), 0)
+         FROM nodes n ORDER BY n.id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(UsageHeld {
+            node_id: r.get(0)?,
+            hostname: r.get(1)?,
+            cluster_id: r.get(2)?,
+            cluster_exists: r.get(3)?,
+            gpu_count: r.get(4)?,
+            open_gpus: r.get(5)?,
+        })
+    })?;
+    rows.collect()
+}
+
 /// A create's request id and the object it made: (kind, scope, request_id, object_id),
 /// kind "reservation", "cluster", ..., scope the owning tenant's id.
 pub type RequestId = (String, String, String, String);
