@@ -331,6 +331,38 @@ async fn an_agent_stopped_on_purpose_leaves_its_node_unreachable_at_once_saying_
         "{}",
         c.status_reason
     );
+
+    // It comes back before it is replaced: the cluster runs again, and its log's last
+    // word on the node says so (not `node_unreachable`).
+    agents
+        .iter_mut()
+        .find(|a| a.name == held)
+        .unwrap()
+        .restart();
+    eventually("the cluster running again", LIMIT, || {
+        let mut admin = admin.clone();
+        let id = created.id.clone();
+        async move { (cluster(&mut admin, &id).await.status == "running").then_some(()) }
+    })
+    .await;
+    let events = admin
+        .fleet
+        .list_events(gpufleet_proto::v1::ListEventsRequest {
+            object_id: created.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events;
+    let last = events.iter().rev().find(|e| e.node == held).unwrap();
+    assert_eq!(last.kind, "node_reachable", "{events:#?}");
+    assert!(
+        last.message
+            .contains(&format!("node {held} is reachable again")),
+        "{}",
+        last.message
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

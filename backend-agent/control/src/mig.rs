@@ -356,6 +356,7 @@ pub async fn mark_reconciled(state: &AppState, node: NodeRow, reason: String) {
         _ => reason,
     };
     let (node_id, cluster, t) = (node.id.clone(), node.cluster_id.clone(), state.now());
+    let hostname = node.hostname.clone();
     let recorded = state
         .apply(move |conn| {
             let (state_now, why) = if reason.is_empty() {
@@ -365,6 +366,11 @@ pub async fn mark_reconciled(state: &AppState, node: NodeRow, reason: String) {
             };
             if let Err(e) = store::nodes::set_state(conn, &node_id, state_now, why, t) {
                 tracing::error!(node = %node_id, error = %e, "cannot record the node's state");
+            }
+            if let (Some(cluster), true) = (&cluster, reason.is_empty()) {
+                if let Err(e) = record_back(conn, cluster, &hostname, t) {
+                    tracing::error!(cluster = %cluster, error = %e, "cannot record a node that is back");
+                }
             }
             if let Some(cluster) = &cluster {
                 if let Err(e) = crate::cluster_status::refresh_cluster(conn, cluster) {
@@ -377,6 +383,28 @@ pub async fn mark_reconciled(state: &AppState, node: NodeRow, reason: String) {
     if let Err(e) = recorded {
         tracing::error!(error = %e, "cannot record a reconciled node");
     }
+}
+
+/// A cluster's node that is ready again after its cluster recorded it unreachable: the
+/// cluster's log says so, so that its latest word on the node is not `node_unreachable`.
+fn record_back(conn: &Connection, cluster_id: &str, hostname: &str, t: i64) -> Result<()> {
+    let last = store::events::last_of_node(conn, cluster_id, hostname)?;
+    if last.as_ref().map(|e| e.kind.as_str()) != Some("node_unreachable") {
+        return Ok(());
+    }
+    let Some(c) = store::clusters::get(conn, cluster_id)? else {
+        return Ok(());
+    };
+    store::events::record(
+        conn,
+        t,
+        &c.id,
+        &c.tenant_id,
+        "node_reachable",
+        hostname,
+        &format!("node {hostname} is reachable again: its agent reconnected and the node is ready"),
+    )?;
+    Ok(())
 }
 
 /// Brings a node to what it should be, then marks it (see [`mark_reconciled`]).

@@ -74,7 +74,7 @@ impl DataSourceType for Events {
                 Attribute::computed(
                     "events",
                     Type::list(event_type()),
-                    "Its events, oldest first: `seq`, `time` (RFC 3339), `kind` (`allocated`, `released`, `partitioned`, `partitioning`, `driver_install_started`, `acceptance_checking`, `node_draining`, `node_drained`, `node_returned`, `node_quarantined`, `quarantine_held`, `check_failed`, `node_unreachable`, `node_replaced`, `deleted`; a breaker's: `breaker_opened`, `breaker_reset`), `node` (the node it concerns, or empty) and `message`.",
+                    "Its events, oldest first: `seq`, `time` (RFC 3339), `kind` (`allocated`, `released`, `partitioned`, `partitioning`, `driver_install_started`, `acceptance_checking`, `node_draining`, `node_drained`, `node_returned`, `node_quarantined`, `quarantine_held`, `check_failed`, `node_unreachable`, `node_reachable`, `node_replaced`, `deleted`; a breaker's: `breaker_opened`, `breaker_reset`), `node` (the node it concerns, or empty) and `message`.",
                 ),
             ],
         )

@@ -65,6 +65,21 @@ pub fn list(conn: &Connection, object_id: &str) -> rusqlite::Result<Vec<EventRow
     rows.collect()
 }
 
+/// The latest event of `object_id` that concerns `node`, if any.
+pub fn last_of_node(
+    conn: &Connection,
+    object_id: &str,
+    node: &str,
+) -> rusqlite::Result<Option<EventRow>> {
+    use rusqlite::OptionalExtension;
+    conn.prepare_cached(
+        "SELECT seq, at, object_id, tenant_id, kind, node, message, tenant_seq FROM events
+         WHERE object_id = ?1 AND node = ?2 ORDER BY seq DESC LIMIT 1",
+    )?
+    .query_row([object_id, node], from_row)
+    .optional()
+}
+
 /// The stream of events after `after`, oldest first, at most `limit`: every object's
 /// (`after` a fleet-wide seq), or only `tenant`'s (`after` that tenant's own seq).
 pub fn stream(
