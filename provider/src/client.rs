@@ -121,6 +121,11 @@ impl Client {
             .clone()
     }
 
+    /// The control plane's URL as configured.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
     pub fn tenants(&self) -> TenantServiceClient<Authed> {
         TenantServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -485,3 +485,71 @@ output "queries" {
     assert!(ok, "scancel: {text}");
     tf.destroy();
 }
+
+/// A team need not know where the metrics are: with `metrics_address` left out, its
+/// dashboard's scrape job targets what serve says it listens on (bound to every address,
+/// the provider's endpoint's host with that port), and that target serves the team's view
+/// to its token. Without `--metrics-listen` the plan fails naming `metrics_address`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teams_dashboard_learns_the_metrics_address_from_the_control_plane() {
+    let backend = Backend::start_with_args(&["--metrics-listen", "0.0.0.0:0"]);
+    let logged = prom::wait_for_metrics_addr("the control plane", || backend.log());
+    let port = logged.rsplit_once(':').unwrap().1;
+    let host = backend.endpoint();
+    let host = host
+        .trim_start_matches("http://")
+        .rsplit_once(':')
+        .unwrap()
+        .0;
+    let expected = format!("{host}:{port}");
+    let mut admin = backend.admin().await;
+    let (tenant, token) = gpufleet_e2e::fixtures::create_tenant(&mut admin, "finds-metrics").await;
+    gpufleet_e2e::fixtures::create_quota(&mut admin, &tenant.id, "H100-80GB", 8, 0).await;
+    let cluster =
+        gpufleet_e2e::fixtures::create_pool_cluster(&mut admin, &tenant.id, "seen", "H100-80GB", 1)
+            .await;
+
+    let team = Terraform::new(&backend, &token);
+    team.write_main(&format!(
+        r#"
+data "gpufleet_cluster_dashboard" "mine" {{
+  cluster_id = "{}"
+}}
+output "address" {{
+  value = data.gpufleet_cluster_dashboard.mine.metrics_address
+}}
+output "scrape" {{
+  value = data.gpufleet_cluster_dashboard.mine.prometheus_scrape_config
+}}
+"#,
+        cluster.id
+    ));
+    team.init();
+    team.apply();
+    let out = team.outputs();
+    assert_eq!(s(&out, "address"), expected, "{out}");
+    let scrape = s(&out, "scrape");
+    assert!(
+        scrape.contains(&format!("- targets: ['{expected}']")),
+        "{scrape}"
+    );
+    // The target is real: it serves the team's view to the team's token.
+    assert!(prom::scrape_with(&expected, &token).contains(&cluster.id));
+
+    // A control plane without metrics: the plan says so, naming the attribute.
+    let bare = Backend::start();
+    let tf = Terraform::new(&bare, bare.admin_token());
+    tf.write_main(
+        r#"
+data "gpufleet_cluster_dashboard" "none" {
+  cluster_id = "c-anything"
+}
+"#,
+    );
+    tf.init();
+    let refused = tf.plan_fails().output();
+    assert!(
+        refused.contains("metrics_address") && refused.contains("--metrics-listen"),
+        "{refused}"
+    );
+}

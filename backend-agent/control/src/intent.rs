@@ -93,6 +93,7 @@ reads! {
     v1::ListGpuTypesRequest => |_r| "";
     v1::AvailabilityRequest => |r| r.gpu_type;
     v1::CheckMigLayoutRequest => |r| r.gpu_type;
+    v1::GetMetricsEndpointRequest => |_r| "";
     v1::ListDriverVersionsRequest => |r| r.gpu_type;
     v1::ResolveDriverRequest => |r| r.gpu_type;
     v1::ListEventsRequest => |r| r.object_id;

@@ -625,6 +625,12 @@ impl Bounded for v1::ListGpuTypesRequest {
     }
 }
 
+impl Bounded for v1::GetMetricsEndpointRequest {
+    fn check_bounds(&self) -> Result {
+        Ok(())
+    }
+}
+
 impl Bounded for v1::AvailabilityRequest {
     fn check_bounds(&self) -> Result {
         keyword("gpu_type", &self.gpu_type)?;

@@ -455,7 +455,7 @@ impl ControlPlane {
                 let (state, operator) = (state.clone(), operator.clone());
                 crate::metrics::view::render(state, names, operator, slots.clone(), token)
             };
-            gpufleet_process::metrics_endpoint::listen_by_token(
+            let bound = gpufleet_process::metrics_endpoint::listen_by_token(
                 m.listen,
                 "control plane",
                 METRICS_TOKEN_HINT,
@@ -463,6 +463,7 @@ impl ControlPlane {
                 stop.clone(),
             )
             .await?;
+            let _ = self.state.metrics_address.set(bound);
         }
         Ok(())
     }

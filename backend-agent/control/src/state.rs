@@ -129,6 +129,9 @@ pub struct AppState {
     /// Tenant clusters' volumes: on the shared storage (serve's `--shared-storage`), else
     /// unsized directories in the data dir's `volumes/`.
     pub volumes: crate::volumes::Volumes,
+    /// Where the metrics endpoint is bound, once it is (serve's `--metrics-listen`; port 0
+    /// resolved), for GetMetricsEndpoint.
+    pub metrics_address: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl AppState {
@@ -179,6 +182,7 @@ impl AppState {
             slurm_address: std::net::IpAddr::from([127, 0, 0, 1]),
             slurm_ports: Default::default(),
             slurm: Default::default(),
+            metrics_address: Default::default(),
         }
     }
 

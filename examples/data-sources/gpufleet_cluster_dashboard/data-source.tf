@@ -2,7 +2,7 @@
 # control plane's metrics (serve --metrics-listen) scraped with one of the team's tokens.
 data "gpufleet_cluster_dashboard" "train" {
   cluster_id      = gpufleet_tenant_cluster.train.id
-  metrics_address = "gpufleet.example.internal:9400"
+  metrics_address = "gpufleet.example.internal:9400" # optional: default, where serve says it listens
   token_file      = "/etc/prometheus/gpufleet-vision.token"
 }
 

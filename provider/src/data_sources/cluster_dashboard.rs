@@ -295,6 +295,33 @@ fn check_address(address: &str) -> Result<(), Diagnostics> {
     .into())
 }
 
+/// The address serve says its metrics are bound at (`bound`, empty without
+/// `--metrics-listen`) as Prometheus writes a target: an unspecified IP (`0.0.0.0`, `::`)
+/// is replaced by the host the provider reaches the control plane at (`endpoint`).
+fn advertised_address(bound: &str, endpoint: &str) -> Result<String, String> {
+    if bound.is_empty() {
+        return Err("the control plane serves no metrics (`gpufleet-agent serve` was started without `--metrics-listen`); set metrics_address, or ask the operator to start serve with `--metrics-listen ADDR`".into());
+    }
+    let addr: std::net::SocketAddr = bound.parse().map_err(|_| {
+        format!("the control plane answered {bound:?}, not host:port; set metrics_address")
+    })?;
+    if !addr.ip().is_unspecified() {
+        return Ok(addr.to_string());
+    }
+    let host = endpoint
+        .parse::<tonic::codegen::http::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(str::to_string))
+        .ok_or_else(|| format!("the control plane listens for metrics on every address ({bound}) and the endpoint {endpoint:?} names no host; set metrics_address"))?;
+    // An IPv6 host is bracketed in a URI already; a bare one (from an IP) is not.
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    Ok(format!("{host}:{}", addr.port()))
+}
+
 #[async_trait]
 impl DataSourceType for ClusterDashboard {
     fn name(&self) -> &'static str {
@@ -307,7 +334,7 @@ impl DataSourceType for ClusterDashboard {
             vec![
                 Attribute::computed("id", Type::String, "`dashboard/<cluster_id>`."),
                 Attribute::required("cluster_id", Type::String, "The cluster (a `gpufleet_tenant_cluster`'s `id`); the token must see it."),
-                Attribute::required("metrics_address", Type::String, "`host:port` where Prometheus reaches the control plane's metrics (`gpufleet-agent serve --metrics-listen`)."),
+                Attribute::optional_computed("metrics_address", Type::String, "`host:port` where Prometheus reaches the control plane's metrics (`gpufleet-agent serve --metrics-listen`); default: the address serve says it listens on (on every address, `0.0.0.0` or `::`: the provider's endpoint's host with that port)."),
                 Attribute::optional("token_file", Type::String, "The file on the Prometheus host that holds one of the team's tokens (a `read` token is enough); default `/etc/prometheus/gpufleet-<tenant_id>.token`."),
                 Attribute::computed("tenant_id", Type::String, "The cluster's tenant."),
                 Attribute::computed("dashboard_json", Type::String, "The Grafana dashboard (JSON, for `grafana_dashboard`'s `config_json` or Grafana's import); its data source is chosen at import (`${datasource}`)."),
@@ -319,13 +346,44 @@ impl DataSourceType for ClusterDashboard {
 
     async fn read(&self, config: &Value) -> Result<Value, Diagnostics> {
         let cluster_id = required_arg(config, "cluster_id")?;
-        let address = required_arg(config, "metrics_address")?;
-        check_address(&address)?;
+        let given = config
+            .str_attr("metrics_address")
+            .map_err(Diagnostics::from)?
+            .map(str::to_string);
+        if let Some(a) = &given {
+            check_address(a)?;
+        }
         let token_file = config
             .str_attr("token_file")
             .map_err(Diagnostics::from)?
             .map(str::to_string);
         let client = self.provider.client()?;
+        let address = match given {
+            Some(a) => a,
+            None => {
+                let bound = client
+                    .fleet()
+                    .get_metrics_endpoint(api::GetMetricsEndpointRequest {})
+                    .await
+                    .map_err(|s| {
+                        let d = client.diagnostic(&s);
+                        Diagnostic::error_at(
+                            AttrPath::attr("metrics_address"),
+                            format!("metrics_address: the control plane cannot say where its metrics are ({}); set metrics_address", d.summary),
+                            d.detail,
+                        )
+                    })?
+                    .into_inner()
+                    .address;
+                advertised_address(&bound, client.endpoint()).map_err(|e| {
+                    Diagnostic::error_at(
+                        AttrPath::attr("metrics_address"),
+                        format!("metrics_address: {e}"),
+                        "",
+                    )
+                })?
+            }
+        };
         let cluster = client
             .clusters()
             .get_tenant_cluster(api::GetTenantClusterRequest {
@@ -345,6 +403,7 @@ impl DataSourceType for ClusterDashboard {
         let mut s = config.clone();
         s.set("id", Value::String(format!("dashboard/{}", cluster.id)));
         s.set("tenant_id", Value::string(&cluster.tenant_id));
+        s.set("metrics_address", Value::string(&address));
         s.set(
             "queries",
             Value::List(queries(&board).into_iter().map(Value::String).collect()),
@@ -401,5 +460,24 @@ mod tests {
         for bad in ["10.0.0.1", "http://h:1", "h:0", ":80", "h:x"] {
             assert!(check_address(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_default_address_is_servers_with_the_endpoints_host_for_any() {
+        let e = "http://cp.example:7443";
+        assert_eq!(
+            advertised_address("10.1.2.3:9464", e).unwrap(),
+            "10.1.2.3:9464"
+        );
+        assert_eq!(
+            advertised_address("0.0.0.0:9464", e).unwrap(),
+            "cp.example:9464"
+        );
+        assert_eq!(
+            advertised_address("[::]:9464", "http://[fd00::1]:7443").unwrap(),
+            "[fd00::1]:9464"
+        );
+        let none = advertised_address("", e).unwrap_err();
+        assert!(none.contains("--metrics-listen"), "{none}");
     }
 }

@@ -164,6 +164,22 @@ impl Fleet {
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         crate::mig::check(&req.gpu_type, &req.layout).map_err(Into::into)
     }
+
+    fn metrics_endpoint(
+        &self,
+        conn: &Connection,
+        request: Request<v1::GetMetricsEndpointRequest>,
+    ) -> Result<v1::MetricsEndpoint, Status> {
+        super::enter(&self.state, conn, request)?;
+        Ok(v1::MetricsEndpoint {
+            address: self
+                .state
+                .metrics_address
+                .get()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+        })
+    }
 }
 
 fn driver_message(r: &crate::drivers::Release) -> v1::DriverVersion {
@@ -448,5 +464,11 @@ impl FleetService for Fleet {
         r: Request<v1::CheckMigLayoutRequest>,
     ) -> Result<Response<v1::CheckMigLayoutResponse>, Status> {
         super::reading(&self.state, self, r, Fleet::check_mig_layout).await
+    }
+    async fn get_metrics_endpoint(
+        &self,
+        r: Request<v1::GetMetricsEndpointRequest>,
+    ) -> Result<Response<v1::MetricsEndpoint>, Status> {
+        super::reading(&self.state, self, r, Fleet::metrics_endpoint).await
     }
 }
