@@ -359,9 +359,10 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
         .unwrap_or_else(|| listener.addr().to_string());
     tell_offered(control_plane, &bandwidth_offered, host.address);
     tracing::info!(address = %host.address, hostname = %host.hostname, cpus = host.cpus, memory_mib = host.memory_mib, "the host as Slurm declares it");
-    let missing = gpufleet_slurm::missing_cgroup_controllers();
-    if !missing.is_empty() {
-        tracing::warn!(?missing, "this host has not mounted these cgroup v1 controllers under /sys/fs/cgroup: a Slurm cluster's slurmd and login cannot start here (a v2-only host must boot with systemd.unified_cgroup_hierarchy=0; docs/guides/node-agents.md, \"Host requirements\")");
+    if let Some(why) = gpufleet_slurm::cgroup_controllers_problem(std::path::Path::new(
+        gpufleet_slurm::CGROUP_ROOT,
+    )) {
+        tracing::warn!("a Slurm cluster's slurmd and login cannot start on this host: {why} (docs/guides/node-agents.md, \"Host requirements\")");
     }
     let shared_storage = match &args.shared_storage {
         Some(dir) => Some(std::fs::canonicalize(dir).with_context(|| {

@@ -114,18 +114,39 @@ pub fn cluster_name(cluster_id: &str) -> String {
 /// `task/cgroup` (cpuset, memory, devices) and the logins' limits (memory, pids, cpu).
 pub const CGROUP_CONTROLLERS: [&str; 6] = ["cpu", "cpuset", "devices", "freezer", "memory", "pids"];
 
+/// Where the cgroup v1 hierarchies are mounted, one per controller.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
 /// Those of [`CGROUP_CONTROLLERS`] this host has not mounted as cgroup v1 hierarchies
 /// under `/sys/fs/cgroup` (a host booted with the unified, v2-only hierarchy has none).
 pub fn missing_cgroup_controllers() -> Vec<&'static str> {
+    missing_cgroup_controllers_under(std::path::Path::new(CGROUP_ROOT))
+}
+
+/// Those of [`CGROUP_CONTROLLERS`] not mounted as cgroup v1 hierarchies under `root`.
+pub fn missing_cgroup_controllers_under(root: &std::path::Path) -> Vec<&'static str> {
     CGROUP_CONTROLLERS
         .into_iter()
-        .filter(|c| {
-            !std::path::Path::new("/sys/fs/cgroup")
-                .join(c)
-                .join("cgroup.procs")
-                .exists()
-        })
+        .filter(|c| !root.join(c).join("cgroup.procs").exists())
         .collect()
+}
+
+/// Why Slurm cannot run on a host with `root` as its cgroup root, naming every missing
+/// controller and where it should be; None when none is missing.
+pub fn cgroup_controllers_problem(root: &std::path::Path) -> Option<String> {
+    let missing = missing_cgroup_controllers_under(root);
+    if missing.is_empty() {
+        return None;
+    }
+    let named: Vec<String> = missing
+        .iter()
+        .map(|c| format!("'{c}' is not mounted at {}", root.join(c).display()))
+        .collect();
+    Some(format!(
+        "cgroup v1 controller {} (Slurm's task/cgroup and proctrack/cgroup need {}; a v2-only host must boot with systemd.unified_cgroup_hierarchy=0)",
+        named.join(", "),
+        CGROUP_CONTROLLERS.join(", ")
+    ))
 }
 
 /// Makes the cgroup `dir` (`<hierarchy>/<name>`; kept if it exists), mode 0755 whatever
@@ -203,6 +224,44 @@ mod tests {
             Vec::<&str>::new(),
             "cgroup v1 controllers missing under /sys/fs/cgroup"
         );
+    }
+
+    /// A host (a fake cgroup root) without some controllers is told which, and where.
+    #[test]
+    fn missing_cgroup_controllers_are_named_with_where_they_belong() {
+        let root = tempfile::tempdir().unwrap();
+        for c in super::CGROUP_CONTROLLERS {
+            if !["freezer", "memory"].contains(&c) {
+                std::fs::create_dir(root.path().join(c)).unwrap();
+                std::fs::write(root.path().join(c).join("cgroup.procs"), "").unwrap();
+            }
+        }
+        // A directory without a hierarchy mounted on it does not count.
+        std::fs::create_dir(root.path().join("freezer")).unwrap();
+        assert_eq!(
+            super::missing_cgroup_controllers_under(root.path()),
+            vec!["freezer", "memory"]
+        );
+        let why = super::cgroup_controllers_problem(root.path()).unwrap();
+        let at = |c: &str| format!("'{c}' is not mounted at {}", root.path().join(c).display());
+        assert!(
+            why.starts_with(&format!(
+                "cgroup v1 controller {}, {}",
+                at("freezer"),
+                at("memory")
+            )),
+            "{why}"
+        );
+        assert!(
+            why.contains("need cpu, cpuset, devices, freezer, memory, pids"),
+            "{why}"
+        );
+        assert!(!why.contains("'cpu'"), "{why}");
+        for c in ["freezer", "memory"] {
+            std::fs::create_dir_all(root.path().join(c)).unwrap();
+            std::fs::write(root.path().join(c).join("cgroup.procs"), "").unwrap();
+        }
+        assert_eq!(super::cgroup_controllers_problem(root.path()), None);
     }
 
     #[test]

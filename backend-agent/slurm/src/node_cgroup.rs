@@ -12,8 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// The cgroup v1 hierarchies, one per controller.
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+use crate::CGROUP_ROOT;
 
 /// How long the killed processes of a removed tree are waited for.
 const REMOVE_WITHIN: Duration = Duration::from_secs(5);

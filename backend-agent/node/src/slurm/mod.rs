@@ -182,6 +182,12 @@ impl Slurm {
                 missing.join(", ")
             ));
         }
+        // Checked before slurmd starts: slurmd itself says only "initialization failed".
+        if let Some(why) =
+            gpufleet_slurm::cgroup_controllers_problem(Path::new(gpufleet_slurm::CGROUP_ROOT))
+        {
+            return Err(why);
+        }
         let cluster = order.cluster.as_str();
         let dir = self.dir(cluster)?;
         let account = Account::new(cluster, order.uid)?;
