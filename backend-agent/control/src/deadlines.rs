@@ -77,8 +77,9 @@ impl OrderDeadlines {
                     _ => ("check_quick", self.check_quick),
                 };
                 let bandwidth = h.bandwidth.as_ref().map_or(Duration::ZERO, |b| {
+                    // Twice per pair: the agent tries a pair that got no data once more.
                     let pairs = b.peers.len().max(1) as u32;
-                    Duration::from_millis(u64::from(b.duration_ms)).saturating_mul(pairs)
+                    Duration::from_millis(u64::from(b.duration_ms)).saturating_mul(pairs * 2)
                 });
                 (kind, base.saturating_add(bandwidth))
             }
@@ -117,7 +118,7 @@ mod tests {
         };
         assert_eq!(
             d.of(&order),
-            ("check_medium", d.check_medium + Duration::from_secs(3))
+            ("check_medium", d.check_medium + Duration::from_secs(6))
         );
     }
 
