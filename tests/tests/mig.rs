@@ -1,5 +1,6 @@
 //! MIG layouts through Terraform: a valid layout is applied and visible per GPU, an
-//! impossible one is refused at plan time naming the rule, a change re-partitions in place,
+//! impossible one is refused at plan time naming the rule, a change re-partitions in place
+//! (warning of the profiles it removes),
 //! and a failure injected mid-change is rolled back with state and backend still truthful.
 
 use std::collections::BTreeMap;
@@ -213,6 +214,12 @@ async fn layout_change_repartitions_in_place() {
     let change = changes.iter().find(|c| c.address == CLUSTER).unwrap();
     assert_eq!(change.actions, vec!["update"], "{text}");
     text.assert_mentions(&["updated in-place", "mig_layout"]);
+    // MIXED's 2g and 1g slices are gone from HALVES: jobs asking for them would wait
+    // for ever, so the plan warns, naming them and how a Slurm job asks for one.
+    text.assert_mentions(&[
+        "Warning: mig_layout: the new layout removes profiles \"1g.10gb\", \"2g.20gb\"; work asking for them will stay pending",
+        "--gres=gpu:1g.10gb:1",
+    ]);
     tf.apply();
 
     assert_eq!(str_of(&tf.resource(CLUSTER), "id"), cluster_id);

@@ -35,6 +35,18 @@ impl Diagnostic {
         }
     }
 
+    /// A warning on `path`: shown, and the run goes on.
+    pub fn warning_at(
+        path: AttrPath,
+        summary: impl Into<String>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            severity: Severity::Warning,
+            ..Self::error_at(path, summary, detail)
+        }
+    }
+
     /// The same diagnostic, blamed on `path` unless it already names one.
     pub fn at(mut self, path: AttrPath) -> Self {
         if self.path.is_none() {

@@ -514,6 +514,12 @@ impl tf::provider_server::Provider for ProviderService {
                     let mut warnings = Diagnostics::default();
                     let identity = match &in_place {
                         Some(prior) => {
+                            warnings.0.extend(
+                                self.resources[&req.type_name]
+                                    .inner
+                                    .plan_warnings(prior, &state)
+                                    .0,
+                            );
                             self.identities
                                 .kept_or_made(
                                     &req.type_name,

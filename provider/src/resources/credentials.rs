@@ -133,6 +133,10 @@ impl ResourceType for Withheld {
     async fn import(&self, id: &str) -> Result<Value, Diagnostics> {
         Ok(self.withheld(self.inner.import(id).await?))
     }
+
+    fn plan_warnings(&self, prior: &Value, planned: &Value) -> Diagnostics {
+        self.inner.plan_warnings(prior, planned)
+    }
 }
 
 #[cfg(test)]

@@ -427,6 +427,50 @@ pub fn mig_error(answer: &api::CheckMigLayoutResponse) -> Option<Diagnostic> {
     })
 }
 
+/// The warning for an in-place `mig_layout` change that drops profiles the cluster has
+/// now: work that asks for them (a Slurm job's `--gres=gpu:PROFILE:N`) is not refused by
+/// the scheduler, it stays pending for ever, and nothing else says so.
+pub fn removed_profiles_warning(prior: &Value, planned: &Value) -> Option<Diagnostic> {
+    if !planned.get("mig_layout").is_fully_known() {
+        return None;
+    }
+    let layout = |v: &Value| {
+        v.number_map_attr("mig_layout")
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    };
+    let (before, after) = (layout(prior), layout(planned));
+    let removed: Vec<String> = before
+        .keys()
+        .filter(|p| !after.contains_key(*p))
+        .map(|p| format!("{p:?}"))
+        .collect();
+    if removed.is_empty() {
+        return None;
+    }
+    let (profiles, them) = match removed.len() {
+        1 => ("profile", "it"),
+        _ => ("profiles", "them"),
+    };
+    let asks = if planned.str_attr("orchestrator").ok().flatten() == Some("slurm") {
+        format!(
+            "Slurm jobs that ask for {them} (e.g. `--gres=gpu:{}:1`)",
+            removed[0].trim_matches('"')
+        )
+    } else {
+        format!("Workloads that ask for {them}")
+    };
+    Some(Diagnostic::warning_at(
+        AttrPath::attr("mig_layout"),
+        format!(
+            "mig_layout: the new layout removes {profiles} {}; work asking for {them} will stay pending",
+            removed.join(", ")
+        ),
+        format!("{asks}, queued now or submitted later, wait for ever: no GPU of the cluster will offer {them}. Cancel or resubmit them with a profile the new layout has."),
+    ))
+}
+
 /// Adds the planner's refusal of a known, non-empty `mig_layout`.
 async fn check_layout(
     client: &Client,
@@ -1136,6 +1180,14 @@ impl ResourceType for TenantCluster {
         super::acceptance::set_state(&mut s, &found, &Value::Null);
         Ok(s)
     }
+
+    fn plan_warnings(&self, prior: &Value, planned: &Value) -> Diagnostics {
+        Diagnostics(
+            removed_profiles_warning(prior, planned)
+                .into_iter()
+                .collect(),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -1363,6 +1415,50 @@ mod tests {
                 AttrPath::attr("reservation_id")
             ]
         );
+    }
+
+    #[test]
+    fn a_layout_dropping_a_profile_warns_naming_it() {
+        let with = |orchestrator: &str, layout: &[(&str, i64)]| {
+            let mut v = prior();
+            v.set("orchestrator", Value::string(orchestrator));
+            v.set(
+                "mig_layout",
+                Value::Map(
+                    layout
+                        .iter()
+                        .map(|(k, n)| (k.to_string(), Value::Number(*n)))
+                        .collect(),
+                ),
+            );
+            v
+        };
+        let before = with("slurm", &[("3g.40gb", 2), ("1g.10gb", 1)]);
+        let d = removed_profiles_warning(&before, &with("slurm", &[("3g.40gb", 1)])).unwrap();
+        assert_eq!(d.severity, crate::framework::Severity::Warning);
+        assert_eq!(d.path, Some(AttrPath::attr("mig_layout")));
+        assert!(
+            d.summary.contains(r#"removes profile "1g.10gb""#),
+            "{}",
+            d.summary
+        );
+        assert!(d.detail.contains("--gres=gpu:1g.10gb:1"), "{}", d.detail);
+        // Whole GPUs again: both go.
+        let d = removed_profiles_warning(&before, &with("kubernetes", &[])).unwrap();
+        assert!(
+            d.summary.contains(r#""1g.10gb", "3g.40gb""#),
+            "{}",
+            d.summary
+        );
+        // Fewer of a profile, or a new one added, removes nothing.
+        assert!(removed_profiles_warning(
+            &before,
+            &with("slurm", &[("3g.40gb", 1), ("1g.10gb", 1), ("2g.20gb", 1)])
+        )
+        .is_none());
+        let mut unknown = before.clone();
+        unknown.set("mig_layout", Value::Unknown);
+        assert!(removed_profiles_warning(&before, &unknown).is_none());
     }
 
     #[test]
