@@ -336,6 +336,12 @@ pub struct UsageArgs {
     /// table (the grouped columns), json, or csv (every column, always in the same order).
     #[arg(long, value_enum, default_value_t = UsageFormat::Table)]
     pub format: UsageFormat,
+    /// Price the rows: the price list `replay --prices` reads (CSV
+    /// `gpu_type,class,per_gpu_hour`; `borrowed-preemptible` is priced as `burst`). Each row
+    /// gains its cost, with totals per tenant; needs --by to include gpu_type and class; a
+    /// row without a price is refused.
+    #[arg(long, value_name = "PRICES")]
+    pub prices: Option<PathBuf>,
     #[command(flatten)]
     pub list: ListArgs,
 }

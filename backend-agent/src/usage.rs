@@ -1,8 +1,16 @@
 //! `usage`: GPU-seconds held in a window (issue 42), as a table, JSON, or CSV whose columns
 //! never change (for finance exports): `since,until,tenant,cluster,gpu_type,class,gpu_seconds`.
+//! With `--prices FILE` (the price list `replay --prices` reads: `gpufleet_economics::prices`)
+//! each row gains its cost, GPU-hours times the price of its model and class (the class
+//! mapping is `prices::Class::of_usage`), with totals per tenant; the CSV appends
+//! `gpu_hours,price_per_gpu_hour,cost`. A row the list does not price is refused, naming
+//! the model, the class and the file, before anything is printed.
 
+use gpufleet_economics::prices::{self, Class, Prices};
 use gpufleet_proto::limits::{usage_by, usage_window, MAX_MESSAGE_BYTES};
 use gpufleet_proto::v1::{self, gpu_quota_service_client::GpuQuotaServiceClient};
+use std::collections::BTreeMap;
+use std::path::Path;
 use time::format_description::well_known::Rfc3339;
 
 use crate::cli::{UsageArgs, UsageFormat};
@@ -10,6 +18,83 @@ use crate::client::{channel, status, table};
 
 /// The CSV header: part of the export's contract, append only.
 pub const CSV_COLUMNS: &str = "since,until,tenant,cluster,gpu_type,class,gpu_seconds";
+/// Appended to [`CSV_COLUMNS`] with `--prices`: also append only.
+pub const CSV_COST_COLUMNS: &str = "gpu_hours,price_per_gpu_hour,cost";
+
+/// One row's price and cost. Cost is `gpu_seconds / 3600 × per_gpu_hour`, rounded to
+/// hundredths of the price list's currency (cents); a tenant's total is the sum of its
+/// rows' rounded costs, so the CSV's rows add up to it exactly.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cost {
+    pub per_gpu_hour: f64,
+    pub cents: i64,
+}
+
+/// The rows' costs, one per row, from `prices` (read from `file`); a row whose model and
+/// class have no price is refused naming both and the file.
+pub fn costs(prices: &Prices, file: &Path, rows: &[v1::UsageRow]) -> anyhow::Result<Vec<Cost>> {
+    rows.iter()
+        .map(|r| {
+            let class = Class::of_usage(&r.class);
+            let per_gpu_hour = class
+                .and_then(|c| prices.per_gpu_hour(&r.gpu_type, c))
+                .ok_or_else(|| {
+                    let row = match class {
+                        Some(c) if c.name() == r.class => {
+                            format!("add a row `{},{},PER_GPU_HOUR`", r.gpu_type, c.name())
+                        }
+                        Some(c) => format!(
+                            "{} is priced as {}: add a row `{},{},PER_GPU_HOUR`",
+                            r.class,
+                            c.name(),
+                            r.gpu_type,
+                            c.name()
+                        ),
+                        None => {
+                            "a price list has the classes guaranteed, burst, on-demand".to_string()
+                        }
+                    };
+                    anyhow::anyhow!(
+                        "--prices {}: no price for {} {} (tenant '{}'); {row}",
+                        file.display(),
+                        r.gpu_type,
+                        r.class,
+                        r.tenant
+                    )
+                })?;
+            Ok(Cost {
+                per_gpu_hour,
+                cents: cents(r.gpu_seconds, per_gpu_hour),
+            })
+        })
+        .collect()
+}
+
+/// `gpu_seconds / 3600 × per_gpu_hour`, in hundredths, rounded half away from zero.
+pub fn cents(gpu_seconds: i64, per_gpu_hour: f64) -> i64 {
+    (gpu_seconds as f64 * per_gpu_hour / 36.0).round() as i64
+}
+
+/// Hundredths as a decimal: `556` is `5.56`.
+pub fn money(cents: i64) -> String {
+    let sign = if cents < 0 { "-" } else { "" };
+    format!("{sign}{}.{:02}", cents.abs() / 100, cents.abs() % 100)
+}
+
+fn hours(gpu_seconds: i64, decimals: usize) -> String {
+    format!("{:.*}", decimals, gpu_seconds as f64 / 3600.0)
+}
+
+/// Per tenant (the rows' `tenant`; empty where `--by` has no tenant): GPU-seconds and cost.
+pub fn totals(rows: &[v1::UsageRow], costs: &[Cost]) -> BTreeMap<String, (i64, i64)> {
+    let mut out: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for (r, c) in rows.iter().zip(costs) {
+        let t = out.entry(r.tenant.clone()).or_default();
+        t.0 += r.gpu_seconds;
+        t.1 += c.cents;
+    }
+    out
+}
 
 fn unix(flag: &str, text: &str) -> anyhow::Result<i64> {
     time::OffsetDateTime::parse(text, &Rfc3339)
@@ -26,6 +111,21 @@ pub async fn print(args: UsageArgs) -> anyhow::Result<()> {
     let until = unix("until", &args.until)?;
     usage_window(since, until).map_err(|e| anyhow::anyhow!("--{e}"))?;
     usage_by(&args.by).map_err(|e| anyhow::anyhow!("--{e}"))?;
+    let prices = match &args.prices {
+        Some(file) => {
+            if let Some(missing) = ["gpu_type", "class"]
+                .into_iter()
+                .find(|c| !args.by.iter().any(|b| b == c))
+            {
+                anyhow::bail!(
+                    "--prices: a price is per GPU model and class, so --by must include \
+                     gpu_type and class (it has no {missing}), e.g. --by tenant,gpu_type,class"
+                );
+            }
+            Some(prices::load_any(file)?)
+        }
+        None => None,
+    };
     let (ch, auth) = channel(&args.list.client).await?;
     let mut client = GpuQuotaServiceClient::with_interceptor(ch, auth)
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -45,34 +145,61 @@ pub async fn print(args: UsageArgs) -> anyhow::Result<()> {
         .await
         .map_err(status)?
         .into_inner();
-    print!("{}", render(&args, &report));
+    // Every row priced before anything is printed.
+    let costs = match (&prices, &args.prices) {
+        (Some(prices), Some(file)) => Some(costs(prices, file, &report.rows)?),
+        _ => None,
+    };
+    print!("{}", render(&args, &report, costs.as_deref()));
     Ok(())
 }
 
-/// The answer in the asked format.
-pub fn render(args: &UsageArgs, report: &v1::UsageReport) -> String {
+/// The answer in the asked format; `costs` (one per row) with `--prices`.
+pub fn render(args: &UsageArgs, report: &v1::UsageReport, costs: Option<&[Cost]>) -> String {
     match args.format {
-        UsageFormat::Csv => csv(&args.since, &args.until, &report.rows),
+        UsageFormat::Csv => csv(&args.since, &args.until, &report.rows, costs),
         UsageFormat::Json => {
             let rows: Vec<serde_json::Value> = report
                 .rows
                 .iter()
-                .map(|r| {
-                    serde_json::json!({
+                .enumerate()
+                .map(|(i, r)| {
+                    let mut row = serde_json::json!({
                         "tenant": r.tenant,
                         "cluster": r.cluster,
                         "gpu_type": r.gpu_type,
                         "class": r.class,
                         "gpu_seconds": r.gpu_seconds,
-                    })
+                    });
+                    if let Some(c) = costs.map(|c| c[i]) {
+                        row["gpu_hours"] = (r.gpu_seconds as f64 / 3600.0).into();
+                        row["price_per_gpu_hour"] = c.per_gpu_hour.into();
+                        row["cost"] = (c.cents as f64 / 100.0).into();
+                    }
+                    row
                 })
                 .collect();
-            let doc = serde_json::json!({
+            let mut doc = serde_json::json!({
                 "since": args.since,
                 "until": args.until,
                 "retention_seconds": report.retention_seconds,
                 "rows": rows,
             });
+            if let (Some(c), Some(file)) = (costs, &args.prices) {
+                doc["prices"] = file.display().to_string().into();
+                doc["totals"] = totals(&report.rows, c)
+                    .into_iter()
+                    .map(|(tenant, (seconds, cents))| {
+                        serde_json::json!({
+                            "tenant": tenant,
+                            "gpu_seconds": seconds,
+                            "gpu_hours": seconds as f64 / 3600.0,
+                            "cost": cents as f64 / 100.0,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+                    .into();
+            }
             format!("{doc:#}\n")
         }
         UsageFormat::Table => {
@@ -85,10 +212,14 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport) -> String {
                 .collect();
             let mut header: Vec<String> = shown.iter().map(|c| c.to_uppercase()).collect();
             header.extend(["GPU-SECONDS".to_string(), "GPU-HOURS".to_string()]);
+            if costs.is_some() {
+                header.extend(["PRICE/GPU-HOUR".to_string(), "COST".to_string()]);
+            }
             let rows: Vec<Vec<String>> = report
                 .rows
                 .iter()
-                .map(|r| {
+                .enumerate()
+                .map(|(i, r)| {
                     let mut row: Vec<String> = shown
                         .iter()
                         .map(|c| match *c {
@@ -99,18 +230,40 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport) -> String {
                         })
                         .collect();
                     row.push(r.gpu_seconds.to_string());
-                    row.push(format!("{:.2}", r.gpu_seconds as f64 / 3600.0));
+                    row.push(hours(r.gpu_seconds, 2));
+                    if let Some(c) = costs.map(|c| c[i]) {
+                        row.push(c.per_gpu_hour.to_string());
+                        row.push(money(c.cents));
+                    }
                     row
                 })
                 .collect();
             let header: Vec<&str> = header.iter().map(String::as_str).collect();
-            table(&header, &rows)
+            let mut out = table(&header, &rows);
+            if let Some(c) = costs {
+                let rows: Vec<Vec<String>> = totals(&report.rows, c)
+                    .into_iter()
+                    .map(|(tenant, (seconds, cents))| {
+                        let tenant = if tenant.is_empty() {
+                            "(all)".into()
+                        } else {
+                            tenant
+                        };
+                        vec![tenant, hours(seconds, 2), money(cents)]
+                    })
+                    .collect();
+                out.push('\n');
+                out.push_str(&table(&["TENANT TOTAL", "GPU-HOURS", "COST"], &rows));
+            }
+            out
         }
     }
 }
 
-/// CSV with [`CSV_COLUMNS`]; a field with a comma or quote is quoted.
-fn csv(since: &str, until: &str, rows: &[v1::UsageRow]) -> String {
+/// CSV with [`CSV_COLUMNS`] (and [`CSV_COST_COLUMNS`] with costs: GPU-hours to 6
+/// decimals, the price as the list gives it, the cost to hundredths); a field with a comma
+/// or quote is quoted. No total rows: each row is one line a spreadsheet can sum.
+fn csv(since: &str, until: &str, rows: &[v1::UsageRow], costs: Option<&[Cost]>) -> String {
     let field = |s: &str| {
         if s.contains([',', '"', '\n']) {
             format!("\"{}\"", s.replace('"', "\"\""))
@@ -118,11 +271,23 @@ fn csv(since: &str, until: &str, rows: &[v1::UsageRow]) -> String {
             s.to_string()
         }
     };
-    let mut out = format!("{CSV_COLUMNS}\n");
-    for r in rows {
+    let mut out = match costs {
+        Some(_) => format!("{CSV_COLUMNS},{CSV_COST_COLUMNS}\n"),
+        None => format!("{CSV_COLUMNS}\n"),
+    };
+    for (i, r) in rows.iter().enumerate() {
         let cells = [since, until, &r.tenant, &r.cluster, &r.gpu_type, &r.class];
         let cells: Vec<String> = cells.iter().map(|c| field(c)).collect();
-        out.push_str(&format!("{},{}\n", cells.join(","), r.gpu_seconds));
+        out.push_str(&format!("{},{}", cells.join(","), r.gpu_seconds));
+        if let Some(c) = costs.map(|c| c[i]) {
+            out.push_str(&format!(
+                ",{},{},{}",
+                hours(r.gpu_seconds, 6),
+                c.per_gpu_hour,
+                money(c.cents)
+            ));
+        }
+        out.push('\n');
     }
     out
 }
@@ -170,7 +335,11 @@ mod tests {
     /// Every column always, in one order, whatever the grouping: finance loads it.
     #[test]
     fn csv_has_stable_columns_and_quotes_what_needs_it() {
-        let out = render(&args(UsageFormat::Csv, &["tenant", "gpu_type"]), &report());
+        let out = render(
+            &args(UsageFormat::Csv, &["tenant", "gpu_type"]),
+            &report(),
+            None,
+        );
         assert_eq!(
             out,
             "since,until,tenant,cluster,gpu_type,class,gpu_seconds\n\
@@ -180,10 +349,122 @@ mod tests {
 
     #[test]
     fn the_table_shows_the_grouped_columns_and_hours() {
-        let out = render(&args(UsageFormat::Table, &["class"]), &report());
+        let out = render(&args(UsageFormat::Table, &["class"]), &report(), None);
         assert_eq!(
             out,
             "CLASS      GPU-SECONDS  GPU-HOURS\non-demand  7200         2.00\n"
         );
+    }
+
+    fn row(tenant: &str, class: &str, gpu_seconds: i64) -> v1::UsageRow {
+        v1::UsageRow {
+            tenant: tenant.into(),
+            cluster: String::new(),
+            gpu_type: "H100-80GB".into(),
+            class: class.into(),
+            gpu_seconds,
+        }
+    }
+
+    fn prices() -> Prices {
+        prices::parse_any(
+            Path::new("prices.csv"),
+            "gpu_type,class,per_gpu_hour\n\
+             H100-80GB,guaranteed,2.5\nH100-80GB,burst,3\nH100-80GB,on-demand,6\n",
+        )
+        .unwrap()
+    }
+
+    /// GPU-hours times the price, to hundredths; totals are the rows' rounded costs summed.
+    #[test]
+    fn cost_is_gpu_hours_times_the_price_of_model_and_class() {
+        assert_eq!(cents(8000, 2.5), 556); // 2.2222 h x 2.5 = 5.5555
+        assert_eq!(cents(7200, 6.0), 1200);
+        assert_eq!(cents(0, 6.0), 0);
+        assert_eq!(cents(1, 0.0), 0);
+        assert_eq!(money(556), "5.56");
+        assert_eq!(money(5), "0.05");
+        assert_eq!(money(120_000), "1200.00");
+        let rows = [
+            row("vision", "guaranteed", 8000),
+            row("vision", "on-demand", 3600),
+            // Priced as burst: the mapping is prices::Class::of_usage.
+            row("vision", "borrowed-preemptible", 1800),
+            row("speech", "burst", 4800),
+        ];
+        let c = costs(&prices(), Path::new("prices.csv"), &rows).unwrap();
+        let got: Vec<(f64, i64)> = c.iter().map(|c| (c.per_gpu_hour, c.cents)).collect();
+        assert_eq!(got, [(2.5, 556), (6.0, 600), (3.0, 150), (3.0, 400)]);
+        let t = totals(&rows, &c);
+        assert_eq!(t["vision"], (8000 + 3600 + 1800, 556 + 600 + 150));
+        assert_eq!(t["speech"], (4800, 400));
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn a_row_without_a_price_is_refused_naming_model_class_and_file() {
+        let only_guaranteed = prices::parse_any(
+            Path::new("p.csv"),
+            "gpu_type,class,per_gpu_hour\nH100-80GB,guaranteed,2.5\n",
+        )
+        .unwrap();
+        let refused = |class: &str| {
+            costs(
+                &only_guaranteed,
+                Path::new("/etc/prices.csv"),
+                &[row("vision", "guaranteed", 10), row("vision", class, 10)],
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        assert_eq!(
+            refused("on-demand"),
+            "--prices /etc/prices.csv: no price for H100-80GB on-demand (tenant 'vision'); \
+             add a row `H100-80GB,on-demand,PER_GPU_HOUR`"
+        );
+        assert_eq!(
+            refused("borrowed-preemptible"),
+            "--prices /etc/prices.csv: no price for H100-80GB borrowed-preemptible \
+             (tenant 'vision'); borrowed-preemptible is priced as burst: add a row \
+             `H100-80GB,burst,PER_GPU_HOUR`"
+        );
+        let mut other = row("vision", "guaranteed", 10);
+        other.gpu_type = "A100-80GB".into();
+        let e = costs(&only_guaranteed, Path::new("p.csv"), &[other])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no price for A100-80GB guaranteed"), "{e}");
+    }
+
+    /// The existing columns first, unchanged; the cost columns appended.
+    #[test]
+    fn priced_csv_appends_its_columns_and_the_table_totals_per_tenant() {
+        let report = v1::UsageReport {
+            rows: vec![
+                row("vision", "guaranteed", 8000),
+                row("vision", "on-demand", 3600),
+            ],
+            retention_seconds: 0,
+        };
+        let c = costs(&prices(), Path::new("prices.csv"), &report.rows).unwrap();
+        let by = ["tenant", "gpu_type", "class"];
+        assert_eq!(
+            render(&args(UsageFormat::Csv, &by), &report, Some(&c)),
+            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_hours,price_per_gpu_hour,cost\n\
+             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,vision,,H100-80GB,guaranteed,8000,2.222222,2.5,5.56\n\
+             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,vision,,H100-80GB,on-demand,3600,1.000000,6,6.00\n"
+        );
+        let table = render(&args(UsageFormat::Table, &by), &report, Some(&c));
+        assert!(
+            table.ends_with("TENANT TOTAL  GPU-HOURS  COST\nvision        3.22       11.56\n"),
+            "{table}"
+        );
+        let mut priced = args(UsageFormat::Json, &by);
+        priced.prices = Some("prices.csv".into());
+        let json: serde_json::Value =
+            serde_json::from_str(&render(&priced, &report, Some(&c))).unwrap();
+        assert_eq!(json["prices"], "prices.csv");
+        assert_eq!(json["rows"][0]["cost"], 5.56);
+        assert_eq!(json["totals"][0]["cost"], 11.56);
     }
 }

@@ -3,7 +3,8 @@
 //! GPUs times the seconds) through `gpufleet-agent usage` and through Terraform's
 //! `gpufleet_usage` with only the team's token, which sees no other team's (and whose
 //! unknown `by` is refused at plan time naming it); the operator's
-//! `gpufleet_gpu_seconds_total` says the same; after a serve restart the total is
+//! `gpufleet_gpu_seconds_total` says the same; `usage --prices` prices each row (and
+//! refuses a row the price list does not price); after a serve restart the total is
 //! unchanged, time held since then adds on exactly, and a delete stops the count.
 
 use gpufleet_e2e::fixtures::{create_pool_cluster, create_quota, create_tenant};
@@ -118,6 +119,48 @@ async fn gpu_seconds_held_are_exact_per_team_and_across_a_restart() {
             ("speech".to_string(), GPUS * 600),
             ("vision".to_string(), GPUS * 1000)
         ]
+    );
+
+    // Priced (the price list `replay --prices` reads): GPU-hours x the price of the model
+    // and class, to hundredths; the CSV appends its cost columns after the existing ones.
+    let prices = dir.path().join("prices.csv");
+    std::fs::write(
+        &prices,
+        format!("gpu_type,class,per_gpu_hour\n{H100},guaranteed,2.5\n{H100},on-demand,6\n"),
+    )
+    .unwrap();
+    let mut args = window.to_vec();
+    args.extend(["--by", "tenant,gpu_type,class", "--format", "csv"]);
+    args.extend(["--prices", prices.to_str().unwrap()]);
+    assert_eq!(
+        usage(&backend, backend.admin_token(), &args).unwrap(),
+        format!(
+            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_hours,price_per_gpu_hour,cost\n\
+             {since},{until},speech,,{H100},guaranteed,4800,1.333333,2.5,3.33\n\
+             {since},{until},vision,,{H100},guaranteed,8000,2.222222,2.5,5.56\n"
+        )
+    );
+    // A model and class the list does not price: refused, naming both and the file, and
+    // nothing printed.
+    std::fs::write(
+        &prices,
+        format!("gpu_type,class,per_gpu_hour\n{H100},on-demand,6\n"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .arg("usage")
+        .args(&args)
+        .args(["--endpoint", &backend.endpoint(), "--token", &vision_token])
+        .output()
+        .expect("run gpufleet-agent usage");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--prices {}: no price for {H100} guaranteed",
+            prices.display()
+        )),
+        "{stderr}"
     );
 
     // Terraform's data source with only the team's token.

@@ -1,8 +1,15 @@
 //! The operator's price list: a CSV `gpu_type,class,per_gpu_hour` (a header, then one row
 //! per GPU model and capacity class), in whatever currency the operator counts.
 //! Classes: `guaranteed` (pool GPUs within the team's guarantee), `burst` (pool GPUs
-//! beyond it: capacity borrowed from the pool) and `on-demand` (paid overflow). A class
-//! with no row costs nothing, and the report says which held GPU-hours were unpriced.
+//! beyond it: capacity borrowed from the pool) and `on-demand` (paid overflow). In a
+//! replay a class with no row costs nothing, and the report says which held GPU-hours were
+//! unpriced.
+//!
+//! The same file prices `gpufleet-agent usage --prices` ([`load_any`]: any GPU model, no
+//! fleet description), whose rows carry the control plane's four capacity classes. The
+//! one mapping from those to this file's three is [`Class::of_usage`]:
+//! `borrowed-preemptible` (a preemptible cluster's pool nodes: idle capacity borrowed from
+//! the pool) is priced as `burst`; the others by their own name.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -33,6 +40,18 @@ impl Class {
             Class::OnDemand => "on-demand",
         }
     }
+
+    /// The price-list class of a usage row's capacity class (`gpufleet-agent usage`'s
+    /// `guaranteed`, `burst`, `borrowed-preemptible`, `on-demand`); `None` for a class
+    /// this list cannot price. The only place the two vocabularies meet.
+    pub fn of_usage(class: &str) -> Option<Class> {
+        match class {
+            "guaranteed" => Some(Class::Guaranteed),
+            "burst" | "borrowed-preemptible" => Some(Class::Burst),
+            "on-demand" => Some(Class::OnDemand),
+            _ => None,
+        }
+    }
 }
 
 /// Price per GPU-hour by (model, class).
@@ -50,6 +69,21 @@ pub fn load(file: &Path, fleet: &Fleet) -> Result<Prices, Refusal> {
 }
 
 pub fn parse(file: &Path, text: &str, fleet: &Fleet) -> Result<Prices, Refusal> {
+    parse_models(file, text, Some(fleet))
+}
+
+/// The price list without a fleet description (`gpufleet-agent usage --prices`): any GPU
+/// model may have a row; everything else is checked as [`load`] checks it.
+pub fn load_any(file: &Path) -> Result<Prices, Refusal> {
+    parse_models(file, &read_bounded(file, MAX_BYTES)?, None)
+}
+
+/// [`load_any`] of `text`.
+pub fn parse_any(file: &Path, text: &str) -> Result<Prices, Refusal> {
+    parse_models(file, text, None)
+}
+
+fn parse_models(file: &Path, text: &str, fleet: Option<&Fleet>) -> Result<Prices, Refusal> {
     let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l));
     let header = lines.next().map(|(_, h)| csv::fields(h));
     if header != Some(Ok(COLUMNS.iter().map(|c| c.to_string()).collect())) {
@@ -74,7 +108,10 @@ pub fn parse(file: &Path, text: &str, fleet: &Fleet) -> Result<Prices, Refusal> 
                 format!("{} fields, the header has {}", f.len(), COLUMNS.len()),
             ));
         }
-        if fleet.model(&f[0]).is_none() {
+        if f[0].is_empty() {
+            return Err(Refusal::at(file, line, 1, "gpu_type: empty"));
+        }
+        if fleet.is_some_and(|fleet| fleet.model(&f[0]).is_none()) {
             return Err(Refusal::at(
                 file,
                 line,
@@ -178,5 +215,30 @@ mod tests {
             refused(&format!("{h}H100-80GB,burst,1\nH100-80GB,burst,2\n")),
             "prices.csv:3:1: H100-80GB burst is priced twice"
         );
+    }
+
+    /// Without a fleet any model may be priced; the rest is checked the same.
+    #[test]
+    fn usage_reads_any_model_and_maps_its_classes() {
+        let p = parse_any(
+            Path::new("prices.csv"),
+            "gpu_type,class,per_gpu_hour\nA100-80GB,burst,1.5\n",
+        )
+        .unwrap();
+        assert_eq!(p.per_gpu_hour("A100-80GB", Class::Burst), Some(1.5));
+        assert_eq!(
+            parse_any(
+                Path::new("p.csv"),
+                "gpu_type,class,per_gpu_hour\nA100-80GB,spot,1\n"
+            )
+            .unwrap_err()
+            .to_string(),
+            "p.csv:2:2: class: one of guaranteed, burst, on-demand (got 'spot')"
+        );
+        assert_eq!(Class::of_usage("guaranteed"), Some(Class::Guaranteed));
+        assert_eq!(Class::of_usage("burst"), Some(Class::Burst));
+        assert_eq!(Class::of_usage("borrowed-preemptible"), Some(Class::Burst));
+        assert_eq!(Class::of_usage("on-demand"), Some(Class::OnDemand));
+        assert_eq!(Class::of_usage(""), None);
     }
 }
