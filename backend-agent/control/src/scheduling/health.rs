@@ -256,12 +256,64 @@ pub struct Request<'a> {
 }
 
 /// Orders the checks on every node at once and waits for every answer. A node whose
-/// agent is unreachable, or that cannot run the checks, gets Err with why.
+/// agent is unreachable, or that cannot run the checks, gets Err with why. A node whose
+/// checks ran out of their own time (the order's deadline, as under heavy load) is
+/// checked once more, alone, before it is blamed; its verdict says it was retried.
 pub async fn run(
     state: &AppState,
     nodes: &[NodeRow],
     req: &Request<'_>,
 ) -> Result<Vec<(NodeRow, std::result::Result<Verdict, String>)>> {
+    let mut out = run_once(state, nodes, req).await?;
+    let late: Vec<usize> = (0..out.len()).filter(|&i| out[i].2.is_some()).collect();
+    if late.is_empty() {
+        return Ok(out.into_iter().map(|(n, a, _)| (n, a)).collect());
+    }
+    let again: Vec<NodeRow> = late.iter().map(|&i| out[i].0.clone()).collect();
+    // Alone: the ring's other sides are done, so no bandwidth test this time.
+    let alone = Request {
+        bandwidth: None,
+        ..*req
+    };
+    let retried = run_once(state, &again, &alone).await?;
+    for (&i, (_, answer, _)) in late.iter().zip(retried) {
+        let first = out[i].2.take().unwrap_or_default();
+        out[i].1 = retried_once(answer, &first);
+    }
+    Ok(out.into_iter().map(|(n, a, _)| (n, a)).collect())
+}
+
+/// A second try's answer, saying what the first got.
+fn retried_once(
+    answer: std::result::Result<Verdict, String>,
+    first: &str,
+) -> std::result::Result<Verdict, String> {
+    let note = format!(
+        "retried once; the first try: {}",
+        crate::message_cut::cut(first, 300)
+    );
+    match answer {
+        Ok(mut v) => {
+            v.summary = format!("{} ({note})", v.summary);
+            Ok(v)
+        }
+        Err(why) => Err(format!("{why} ({note})")),
+    }
+}
+
+/// One round of [`run`]; with each answer, the error when the node's order passed its
+/// deadline.
+async fn run_once(
+    state: &AppState,
+    nodes: &[NodeRow],
+    req: &Request<'_>,
+) -> Result<
+    Vec<(
+        NodeRow,
+        std::result::Result<Verdict, String>,
+        Option<String>,
+    )>,
+> {
     let n = nodes.len();
     let token = uuid::Uuid::new_v4().simple().to_string();
     let duration_ms = u32::try_from(req.bandwidth_duration.as_millis())
@@ -365,9 +417,16 @@ pub async fn run(
                     node.clone(),
                     "its agent restarted or left during the checks",
                 )),
+                None,
             ));
             continue;
         }
+        let late = match &answer {
+            Ok(Outcome::Answered(r)) if r.error_kind == crate::registry::DEADLINE => {
+                Some(r.error.clone())
+            }
+            _ => None,
+        };
         let verdict = match answer {
             Ok(Outcome::Answered(r)) if r.ok => match r.health {
                 Some(h) => Ok(Verdict::from_checks(
@@ -396,7 +455,7 @@ pub async fn run(
             Ok(Outcome::Unreachable(why)) => Err(why),
             Err(_) => Err("the control plane is stopping".to_string()),
         };
-        out.push((node.clone(), verdict));
+        out.push((node.clone(), verdict, late));
     }
     Ok(out)
 }
@@ -1556,6 +1615,27 @@ mod tests {
             state_reason: String::new(),
             state_since: 0,
         }
+    }
+
+    /// A node checked again after its checks ran out of time says so, whatever the
+    /// second try found.
+    #[test]
+    fn a_check_tried_again_after_its_deadline_says_what_the_first_try_got() {
+        let first = "node n1 gave no answer within 30s (the deadline of a check_quick order; serve --order-deadline)";
+        let passed = Verdict::from_checks(node(), vec![check("xid", "pass", "0", "0")]);
+        let v = retried_once(Ok(passed), first).unwrap();
+        assert!(!v.failed);
+        assert_eq!(
+            v.summary,
+            format!("all 1 checks passed (retried once; the first try: {first})")
+        );
+        let e = retried_once(Err("node n1 gave no answer within 30s".into()), first).unwrap_err();
+        assert!(
+            e.starts_with(
+                "node n1 gave no answer within 30s (retried once; the first try: node n1"
+            ),
+            "{e}"
+        );
     }
 
     #[test]
