@@ -46,7 +46,7 @@ mod queries;
 mod state_dirs;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -90,6 +90,7 @@ pub fn require(state: &AppState, orchestrator: &str) -> Result<()> {
         return Ok(());
     }
     refuse_without(&gpufleet_slurm::missing())?;
+    refuse_without_cgroups(Path::new(gpufleet_slurm::CGROUP_ROOT))?;
     // SAFETY: geteuid only reads the process's credentials.
     if unsafe { libc::geteuid() } != 0 {
         return Err(Error::Precondition(
@@ -123,6 +124,17 @@ fn refuse_without(missing: &[&str]) -> Result<()> {
         missing.join(", "),
         if missing.len() == 1 { "is" } else { "are" }
     )))
+}
+
+/// The refusal when this host (the embedded nodes') lacks a cgroup v1 controller Slurm
+/// needs under `root`: said at the plan, not as slurmd's "initialization failed".
+fn refuse_without_cgroups(root: &Path) -> Result<()> {
+    match gpufleet_slurm::cgroup_controllers_problem(root) {
+        None => Ok(()),
+        Some(why) => Err(Error::Precondition(format!(
+            "orchestrator: \"slurm\" runs real Slurm daemons on the cluster's nodes, which with embedded node agents are this host, and on it {why}"
+        ))),
+    }
 }
 
 /// The account's home on every host of the cluster (its user database's).
@@ -1392,6 +1404,23 @@ mod tests {
             "{text}"
         );
         assert!(super::refuse_without(&[]).is_ok());
+        // A fake cgroup root with only the cpu hierarchy mounted.
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("cpu")).unwrap();
+        std::fs::write(root.path().join("cpu/cgroup.procs"), "").unwrap();
+        let e = super::refuse_without_cgroups(root.path()).unwrap_err();
+        assert!(matches!(e, crate::error::Error::Precondition(_)));
+        let text = e.to_string();
+        let freezer = root.path().join("freezer");
+        assert!(
+            text.starts_with("orchestrator: ")
+                && text.contains(&format!(
+                    "'freezer' is not mounted at {}",
+                    freezer.display()
+                ))
+                && !text.contains("'cpu'"),
+            "{text}"
+        );
     }
 
     #[test]
