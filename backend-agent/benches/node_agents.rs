@@ -198,7 +198,8 @@ async fn registry_heartbeats(nodes: usize, tasks: usize, window: Duration) -> f6
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             receivers.push(rx);
             let id = format!("node-{i:04}");
-            let session = registry.attach(&id, tx);
+            let session =
+                registry.attach(&id, tx, gpufleet_wire::protocol_version::Version::ours());
             (id, session)
         })
         .collect();

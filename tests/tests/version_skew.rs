@@ -204,7 +204,7 @@ async fn the_previous_releases_agent_joins_this_control_plane_and_answers_its_or
     let orders = tokio::spawn(async move {
         while let Ok(Some(message)) = down.message().await {
             if let Some(previous::control_message::Msg::Order(order)) = message.msg {
-                let kind = format!("{:?}", order.kind).chars().take(40).collect();
+                let kind = format!("{:?}", order.kind).chars().take(200).collect();
                 let msg = Some(previous::agent_message::Msg::Result(previous_answer(
                     "old1", order,
                 )));
@@ -239,6 +239,58 @@ async fn the_previous_releases_agent_joins_this_control_plane_and_answers_its_or
         backend.log()
     );
     eprintln!("old1 answered {first_order}... and is ready");
+
+    // Without shared storage its cluster's volume would be node-local, which this agent
+    // cannot make: the create is refused naming both versions, and nothing is kept.
+    let (tenant, _) = gpufleet_e2e::fixtures::create_tenant(&mut admin, "skew").await;
+    gpufleet_e2e::fixtures::create_quota(&mut admin, &tenant.id, "H100-80GB", 1, 0).await;
+    let refused = admin
+        .clusters
+        .create_tenant_cluster(gpufleet_proto::v1::CreateTenantClusterRequest {
+            request_id: gpufleet_e2e::fixtures::request_id(),
+            tenant_id: tenant.id.clone(),
+            name: "train".into(),
+            orchestrator: "kubernetes".into(),
+            gpu_type: "H100-80GB".into(),
+            node_count: 1,
+            storage_gib: 10,
+            ..Default::default()
+        })
+        .await
+        .expect_err("a node-local volume on the previous release's agent is refused");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    for named in [
+        "node old1's agent is an unnamed release speaking protocol 1",
+        &format!("this control plane is {}", ours()),
+        "upgrade the node agent, or run serve with --shared-storage",
+    ] {
+        assert!(refused.message().contains(named), "{named}: {refused}");
+    }
+    let clusters = admin
+        .clusters
+        .list_tenant_clusters(gpufleet_proto::v1::ListTenantClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .clusters;
+    assert!(
+        clusters.is_empty(),
+        "nothing kept of the create: {clusters:?}"
+    );
+    let node = admin
+        .nodes()
+        .await
+        .into_iter()
+        .find(|n| n.hostname == "old1");
+    let node = node.expect("old1 still known");
+    assert_eq!(
+        (node.state.as_str(), node.cluster_id.as_str()),
+        ("ready", ""),
+        "old1 is free and ready: {node:?}"
+    );
+    while let Ok(kind) = answered.try_recv() {
+        assert!(!kind.contains("VolumeMount"), "no volume ordered: {kind}");
+    }
     heartbeats.abort();
     orders.abort();
     drop(up);

@@ -15,9 +15,10 @@
 //! their volumes are used in place and no order is sent (`Volumes::mounts_on_nodes`).
 
 use gpufleet_proto::v1;
+use gpufleet_wire::protocol_version::{Version, NODE_LOCAL_VOLUMES};
 
 use crate::error::{Error, Result};
-use crate::registry::Outcome;
+use crate::registry::{Outcome, Registry};
 use crate::state::AppState;
 use crate::store;
 
@@ -75,6 +76,32 @@ fn mount_of(
     }))
 }
 
+/// The refusal of node-local volumes on `nodes` (id, hostname) whose agent speaks a
+/// protocol from before them: such an agent ignores the volume's size and owner and
+/// refuses it as not under shared storage, so no order is sent. None when every agent can
+/// (a node unheard of since start is checked when it registers: its volumes are synced
+/// then).
+pub fn unsupported<'a>(
+    agents: &Registry,
+    nodes: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Option<String> {
+    let old: Vec<String> = nodes
+        .into_iter()
+        .filter_map(|(id, host)| {
+            let v = agents.version_of(id)?;
+            (v.protocol < NODE_LOCAL_VOLUMES).then(|| format!("node {host}'s agent is {v}"))
+        })
+        .collect();
+    if old.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "storage_path: node-local volumes (serve without --shared-storage) need node agents of protocol {NODE_LOCAL_VOLUMES} or later; {}, and this control plane is {}: upgrade the node agent, or run serve with --shared-storage",
+        old.join("; "),
+        Version::ours()
+    ))
+}
+
 /// Brings the volume mounts of `node_ids` to their clusters' (none for a free node).
 /// Fails naming the node and its agent's error when an agent cannot; unreachable nodes
 /// are skipped (logged).
@@ -86,6 +113,22 @@ pub async fn sync(state: &AppState, node_ids: Vec<String>) -> Result<()> {
     let plan = state
         .read(move |conn| wanted(&volumes, conn, &node_ids))
         .await?;
+    // Nodes whose agent cannot make their node-local volume get no order (the others
+    // still get theirs: a leaving node is unmounted all the same).
+    let cannot = |o: &v1::SetVolumes, id: &str| {
+        o.volumes.iter().any(|v| v.local_size_gib > 0)
+            && state
+                .agents
+                .version_of(id)
+                .is_some_and(|v| v.protocol < NODE_LOCAL_VOLUMES)
+    };
+    let (refused, plan): (Vec<_>, Vec<_>) = plan.into_iter().partition(|(id, _, o)| cannot(o, id));
+    let refused = unsupported(
+        &state.agents,
+        refused
+            .iter()
+            .map(|(id, host, _)| (id.as_str(), host.as_str())),
+    );
     let waits: Vec<_> = plan
         .into_iter()
         .map(|(id, host, order)| {
@@ -110,11 +153,46 @@ pub async fn sync(state: &AppState, node_ids: Vec<String>) -> Result<()> {
             Err(_) => failed.push(format!("{host}: the control plane is stopping")),
         }
     }
+    if let Some(why) = refused {
+        failed.insert(0, why);
+        return Err(Error::Precondition(failed.join("; ")));
+    }
     match failed.is_empty() {
         true => Ok(()),
         false => Err(Error::Aborted(format!(
             "storage_path: the cluster's volume could not be brought to its nodes: {}",
             failed.join("; ")
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_node_local_volume_is_refused_on_a_protocol_1_agent_naming_both_versions() {
+        let agents = Registry::new(Duration::from_secs(10), Duration::from_secs(60));
+        let (old, _old_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (new, _new_rx) = tokio::sync::mpsc::unbounded_channel();
+        agents.attach("n-old", old, Version::peer("", None));
+        agents.attach("n-new", new, Version::ours());
+        // This release's agent, and a node unheard of since start, are not refused.
+        assert_eq!(
+            unsupported(&agents, [("n-new", "new"), ("n-gone", "gone")]),
+            None
+        );
+        let why = unsupported(&agents, [("n-new", "new"), ("n-old", "old")]).unwrap();
+        assert!(
+            why.contains("node old's agent is an unnamed release speaking protocol 1")
+                && !why.contains("node new")
+                && why.contains(&format!("this control plane is {}", Version::ours()))
+                && why.ends_with("upgrade the node agent, or run serve with --shared-storage"),
+            "{why}"
+        );
+        // What it last said is kept while it is away, and dropped when the node is.
+        agents.forget("n-old");
+        assert_eq!(agents.version_of("n-old"), None);
     }
 }

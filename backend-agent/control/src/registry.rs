@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gpufleet_proto::v1::{self, control_message};
+use gpufleet_wire::protocol_version::Version;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
@@ -69,6 +70,9 @@ struct Inner {
     /// Nodes declared unreachable, and since when.
     stale: HashMap<String, Instant>,
     pending: HashMap<String, Pending>,
+    /// Each node's agent's versions as it last registered (kept while it is away: what
+    /// it gets on return is checked against the release it last ran).
+    versions: HashMap<String, Version>,
     next_session: u64,
 }
 
@@ -103,6 +107,7 @@ impl Registry {
                 last_seen: HashMap::new(),
                 stale: HashMap::new(),
                 pending: HashMap::new(),
+                versions: HashMap::new(),
                 next_session: 1,
             }),
             order_ended: tokio::sync::Notify::new(),
@@ -140,9 +145,11 @@ impl Registry {
                 .is_some_and(|t| t.elapsed() < self.node_timeout)
     }
 
-    /// A registered agent's stream; orders waiting for this node are sent again.
-    pub fn attach(&self, node_id: &str, out: Outbound) -> u64 {
+    /// A registered agent's stream, and the versions it said; orders waiting for this
+    /// node are sent again.
+    pub fn attach(&self, node_id: &str, out: Outbound, version: Version) -> u64 {
         let mut inner = self.lock();
+        inner.versions.insert(node_id.to_string(), version);
         let id = inner.next_session;
         inner.next_session += 1;
         for p in inner.pending.values().filter(|p| p.node_id == node_id) {
@@ -154,6 +161,12 @@ impl Registry {
         inner.last_seen.insert(node_id.to_string(), Instant::now());
         inner.stale.remove(node_id);
         id
+    }
+
+    /// The versions the node's agent said when it last registered; None for a node
+    /// unheard of since this control plane started.
+    pub fn version_of(&self, node_id: &str) -> Option<Version> {
+        self.lock().versions.get(node_id).cloned()
     }
 
     /// The stream `session` ended (unless a newer one has replaced it). True when it was
@@ -208,6 +221,7 @@ impl Registry {
         let mut inner = self.lock();
         inner.last_seen.remove(node_id);
         inner.stale.remove(node_id);
+        inner.versions.remove(node_id);
     }
 
     pub fn heartbeat(&self, node_id: &str, session: u64) {
@@ -461,7 +475,7 @@ mod tests {
         let r = Registry::new(Duration::from_secs(30), Duration::from_secs(60));
         let answer = r.dispatch("n1", order("o1"));
         let (tx, mut rx) = mpsc::unbounded_channel();
-        r.attach("n1", tx);
+        r.attach("n1", tx, Version::ours());
         let sent = rx.recv().await.unwrap().unwrap();
         assert!(matches!(sent.msg, Some(control_message::Msg::Order(o)) if o.id == "o1"));
         // Another node's answer for this id does not complete it.
@@ -491,7 +505,7 @@ mod tests {
     async fn a_silent_node_expires_once_and_fails_its_orders() {
         let r = Registry::new(Duration::from_millis(1), Duration::from_secs(60));
         let (tx, _rx) = mpsc::unbounded_channel();
-        let session = r.attach("n1", tx);
+        let session = r.attach("n1", tx, Version::ours());
         let answer = r.dispatch("n1", order("o1"));
         // Wait on the condition itself: the timeout has passed since the registration.
         while r.heartbeat_age("n1").unwrap() < Duration::from_millis(2) {
@@ -511,7 +525,7 @@ mod tests {
         r.heartbeat("n1", session);
         assert!(r.unreachable_for("n1").is_some());
         let (tx, _rx2) = mpsc::unbounded_channel();
-        r.attach("n1", tx);
+        r.attach("n1", tx, Version::ours());
         assert!(r.unreachable_for("n1").is_none());
     }
 
@@ -521,7 +535,7 @@ mod tests {
         d.set("mig_layout", Duration::ZERO).unwrap();
         let r = Registry::new(Duration::from_secs(30), Duration::from_secs(60)).with_deadlines(d);
         let (tx, _rx) = mpsc::unbounded_channel();
-        r.attach("n1", tx);
+        r.attach("n1", tx, Version::ours());
         let mig = v1::WorkOrder {
             id: "o1".into(),
             kind: Some(v1::work_order::Kind::ApplyMigLayout(Default::default())),

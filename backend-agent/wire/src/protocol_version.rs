@@ -12,8 +12,13 @@ pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 /// The protocol this build speaks. Raise it with any change the other end must know of
 /// (a new message or meaning), and say what the newer end does for the older one in
 /// `proto/gpufleet/v1/node_agent.proto`.
-/// 1: the releases before versions were sent. 2: versions sent.
+/// 1: the releases before versions were sent. 2: versions sent; node-local team volumes
+/// (`VolumeMount.local_size_gib`, `owner_uid`).
 pub const PROTOCOL: u32 = 2;
+
+/// The first protocol whose agents make node-local team volumes: an older agent ignores
+/// the fields and would refuse the volume as not under shared storage.
+pub const NODE_LOCAL_VOLUMES: u32 = 2;
 
 /// The protocol of an end that sends no version: the release before versions were sent.
 pub const UNVERSIONED: u32 = 1;

@@ -174,7 +174,10 @@ impl NodeAgentService for Agents {
                 protocol: Some(gpufleet_wire::protocol_version::PROTOCOL),
             })),
         }));
-        let session = self.state.agents.attach(&node_id, out);
+        let session = self
+            .state
+            .agents
+            .attach(&node_id, out, agent_version.clone());
         tracing::info!(node = %node_id, hardware = %reg.hardware, agent = %agent_version, "node agent registered");
         // The medium health checks, then bring the node to what the control plane wants
         // it to be and mark it ready (a node that fails them is quarantined).

@@ -556,6 +556,19 @@ impl Clusters {
         super::health::store_created(&tx, &cluster.id, acceptance)?;
         crate::scheduling::preemption::mark(&tx, &cluster, req.preemptible, req.allow_on_demand)?;
         scale(&tx, &tenant.name, &cluster, self.state.now())?;
+        // Refused before anything is sent or kept when a placed node's agent cannot make
+        // the node-local volume (an agent of the previous release).
+        if self.state.volumes.mounts_on_nodes() && self.state.volumes.is_node_local() {
+            let placed = store::nodes::list(&tx, None, Some(&cluster.id)).map_err(db_error)?;
+            let nodes = placed.iter().map(|n| (n.id.as_str(), n.hostname.as_str()));
+            if let Some(why) = crate::node_volumes::unsupported(&self.state.agents, nodes) {
+                return Err(super::error_details::refusal_on(
+                    tonic::Code::FailedPrecondition,
+                    "storage_path",
+                    why,
+                ));
+            }
+        }
         if req.validate_only {
             // The real create's admission passed; dropping `tx` rolls back the row and its
             // nodes, and nothing outside the database was touched.
