@@ -519,7 +519,9 @@ mod tests {
             let said = v.attach(&target, 1, 4242).unwrap();
             assert_eq!(said.len(), 2, "{said:?}");
             let image = v.image_of(&target).unwrap();
-            let mounts = mountinfo::under(Path::new(VOLUME_MOUNTS)).unwrap();
+            // This agent's mounts only: the host may have other agents' volumes, which
+            // the private mount namespace inherits.
+            let mounts = v.mounted().unwrap();
             assert_eq!(mounts.len(), 1, "{mounts:?}");
             assert_eq!(mounts[0].fstype, "ext4");
             let device = mounts[0].source.clone();
@@ -574,14 +576,12 @@ mod tests {
                 }
             }
             assert_eq!(std::fs::read(target.join("data")).unwrap().len(), 8 << 20);
-            assert_eq!(mountinfo::under(Path::new(VOLUME_MOUNTS)).unwrap().len(), 1);
+            assert_eq!(v.mounted().unwrap().len(), 1);
             // Removed: unmounted, its image gone, and its loop device detached.
             let said = v.remove_except(&[]).unwrap();
             assert_eq!(said.len(), 1, "{said:?}");
             assert!(!image.exists());
-            assert!(mountinfo::under(Path::new(VOLUME_MOUNTS))
-                .unwrap()
-                .is_empty());
+            assert!(v.mounted().unwrap().is_empty());
             detached(&image);
             assert_eq!(v.clean().unwrap(), 0);
             assert!(!data.path().join("volumes").exists());
