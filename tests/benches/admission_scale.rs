@@ -540,16 +540,6 @@ fn limit_flags(agent: &std::path::Path, per_tenant: usize) -> Vec<String> {
     flags
 }
 
-fn release_agent() -> std::path::PathBuf {
-    if let Some(path) = std::env::var_os(gpufleet_e2e::binaries::AGENT_ENV) {
-        return path.into();
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| gpufleet_e2e::binaries::workspace_root().join("target"));
-    target.join("release").join("gpufleet-agent")
-}
-
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     // `cargo bench` passes `--bench`; no other arguments are taken.
@@ -564,7 +554,7 @@ async fn main() {
     } else {
         existing
     };
-    let agent = release_agent();
+    let agent = gpufleet_e2e::binaries::release_agent();
     assert!(
         agent.is_file(),
         "{} not found: build it with `cargo build --release -p gpufleet-agent --bins` or set {}",

@@ -47,16 +47,6 @@ H100-80GB,burst,2.00
 H100-80GB,on-demand,6.50
 ";
 
-fn release_agent() -> std::path::PathBuf {
-    if let Some(path) = std::env::var_os(gpufleet_e2e::binaries::AGENT_ENV) {
-        return path.into();
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| gpufleet_e2e::binaries::workspace_root().join("target"));
-    target.join("release").join("gpufleet-agent")
-}
-
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -107,7 +97,7 @@ fn main() {
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
-    let agent = release_agent();
+    let agent = gpufleet_e2e::binaries::release_agent();
     assert!(
         agent.is_file(),
         "build it first: cargo build --release -p gpufleet-agent --bins ({})",

@@ -40,6 +40,18 @@ pub fn agent() -> PathBuf {
     built_binary(AGENT_ENV, "gpufleet-agent")
 }
 
+/// The backend binary for benchmarks: `$GPUFLEET_AGENT_BIN`, else the release build
+/// (`cargo build --release`; timings of a debug build would mislead).
+pub fn release_agent() -> PathBuf {
+    if let Some(path) = std::env::var_os(AGENT_ENV) {
+        return path.into();
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    target.join("release").join("gpufleet-agent")
+}
+
 /// The provider binary, `terraform-provider-gpufleet`.
 pub fn provider() -> PathBuf {
     built_binary(PROVIDER_ENV, "terraform-provider-gpufleet")
