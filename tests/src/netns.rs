@@ -578,7 +578,9 @@ fn checkout_under_tmp() -> Vec<PathBuf> {
 
 /// The process that holds a host's mount, UTS and PID namespaces (inside its network
 /// namespace): `unshare --pid --fork --mount-proc`, whose child, the PID namespace's init,
-/// sets the hostname, mounts a tmpfs on `/run`, gives the host an `/etc` of its own (an
+/// sets the hostname, drops this machine's team volume mounts (under `/run/gpufleet`:
+/// another test's node agents', which the host's agent would take for its neighbours'),
+/// mounts a tmpfs on `/run`, gives the host an `/etc` of its own (an
 /// overlay on this machine's, its changes in a tmpfs under the host's `dir`: each host has
 /// its own user database, as hosts apart do, so one host adding or removing a cluster's
 /// account changes no other), mounts the machine's cgroup hierarchies again, private
@@ -620,7 +622,9 @@ fn start_holder(ns: &str, name: &str, dir: &Path, root: &Path) -> (Child, u32) {
         .collect::<Vec<_>>()
         .join(" && ");
     let script = format!(
-        "hostname {name} && mount -t tmpfs -o mode=755 tmpfs /run \
+        "hostname {name} \
+         && for m in $(awk '$5 ~ \"^/run/gpufleet/\" {{print $5}}' /proc/self/mountinfo | sort -r); do umount -l $m; done \
+         && mount -t tmpfs -o mode=755 tmpfs /run \
          && mkdir -p {layer} && mount -t tmpfs -o mode=700 tmpfs {layer} \
          && mkdir {layer}/upper {layer}/work \
          && mount -t overlay overlay -o lowerdir=/etc,upperdir={layer}/upper,workdir={layer}/work /etc \

@@ -2,6 +2,7 @@
 //! as the control plane sees it, to register, kill (SIGKILL, as a host dies) and restart.
 
 use std::fs;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -96,6 +97,10 @@ impl NodeAgent {
             Some(host) => host.daemon(binaries::agent()),
             None => Command::new(binaries::agent()),
         };
+        // A process group of its own: what the agent runs while it works (mount, mkfs)
+        // is in it, and `Drop` waits for that to end too (the Slurm daemons start
+        // sessions of their own and are not).
+        command.process_group(0);
         command
             .args(&self.args)
             .env("GPUFLEET_JOIN_TOKEN", &self.join_token)
@@ -123,11 +128,18 @@ impl NodeAgent {
         fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// SIGKILL: the host is gone, nothing is cleaned up.
+    /// SIGKILL: the host is gone, nothing is cleaned up. What the agent was running in
+    /// its process group (a `mount`, an mkfs) goes with it, and is waited for: a mount
+    /// that landed after this would be one no agent knows of. The Slurm daemons it
+    /// started run on (sessions of their own), as they do when an agent dies.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
+            let group = i32::try_from(child.id()).expect("a pid");
+            // SAFETY: kill with a negative pid signals a process group; the group is
+            // known to exist, its leader not yet reaped.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
             let _ = child.wait();
+            wait_group_gone(group);
         }
     }
 
@@ -265,6 +277,21 @@ impl Drop for NodeAgent {
         // agent ran their daemons (an agent of a namespace host made them in that host's
         // own /etc and /run, which go with the host).
         gpufleet_slurm::leftovers::forget_all_under(&self.data_dir());
+    }
+}
+
+/// Waits, for at most 30 s, until no process of group `group` (all sent SIGKILL) runs:
+/// one in a system call (mount(2)) ends when the call returns.
+fn wait_group_gone(group: i32) {
+    // SAFETY: signal 0 only asks whether the group has a process.
+    let gone = || unsafe { libc::kill(-group, 0) } != 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !gone() {
+        if Instant::now() > deadline {
+            eprintln!("process group {group} of a node agent still runs 30 s after SIGKILL");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

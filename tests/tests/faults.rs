@@ -294,4 +294,13 @@ async fn kill_9_at_random_points_of_cluster_changes_keeps_the_fleet_truthful() {
         let at = format!("seed {seed}, step {step} ({what}, fault {fault:?})");
         check(&at, &backend.log(), &nodes, &clusters, &agents);
     }
+    // Nothing of the team's node-local volumes outlives its agents: an agent killed
+    // mid-mount once left one mounted, and the tests after this one found it.
+    drop(agents);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let team = format!("/run/gpufleet/volumes/{}/", tenant.id);
+    assert!(
+        !mounts.contains(&team),
+        "seed {seed}: left mounted: {mounts}"
+    );
 }

@@ -20,8 +20,13 @@
 //!   longer lists its volume (the node left the cluster, or the cluster was deleted), and
 //!   by `node --clean`.
 //!
-//! Blocking (mkfs.ext4, mount, losetup, resize2fs, statvfs): call it off the async
-//! workers (the executor's thread, the telemetry sampler's).
+//! - One at a time per host: every change of this host's volume mounts (an order's
+//!   [`crate::volumes::apply`], `node --clean`) holds [`HostLock`]. Two agents of one host
+//!   that found the same target empty at once would each mount there, one over the other,
+//!   and the one underneath could then never be unmounted by its path.
+//!
+//! Blocking (mkfs.ext4, mount, losetup, resize2fs, statvfs, the host lock): call it off
+//! the async workers (the executor's thread, the telemetry sampler's).
 
 use std::ffi::CString;
 use std::os::unix::fs::PermissionsExt;
@@ -34,6 +39,8 @@ use gpufleet_wire::volumes::VOLUME_MOUNTS;
 use crate::mountinfo::{self, Mount};
 
 const GIB: u64 = 1 << 30;
+/// The lock file of this host's volume mounts, beside [`VOLUME_MOUNTS`].
+const HOST_LOCK: &str = "/run/gpufleet/volumes.lock";
 /// The largest node-local volume (`storage_gib`'s own bound, 1 PiB).
 pub const MAX_GIB: i64 = 1 << 20;
 /// The most volumes a heartbeat reports (a node is in one cluster at a time).
@@ -152,7 +159,7 @@ impl LocalVolumes {
     pub fn remove_except(&self, keep: &[PathBuf]) -> Result<Vec<String>, String> {
         for m in self.mounted()? {
             if !keep.contains(&m.target) {
-                unmount(&m.target, "a node-local team volume")?;
+                unmount_mine(&m)?;
             }
         }
         let mut said = Vec::new();
@@ -232,12 +239,80 @@ impl LocalVolumes {
     /// `node --clean`: unmounts and deletes every volume of this agent; answers how many
     /// images it removed.
     pub fn clean(&self) -> Result<usize, String> {
+        let _host = HostLock::acquire()?;
         let removed = self.remove_except(&[])?;
         if self.root.exists() {
             std::fs::remove_dir_all(&self.root)
                 .map_err(|e| format!("removing {}: {e}", self.root.display()))?;
         }
         Ok(removed.len())
+    }
+}
+
+/// Unmounts this agent's volume mount `m`. An unmount by path takes the mount on top: if
+/// another was mounted over `m` (by a release without [`HostLock`]), that one goes first,
+/// and its agent mounts it again at its next order.
+fn unmount_mine(m: &Mount) -> Result<(), String> {
+    let still_there = || -> Result<bool, String> {
+        Ok(mountinfo::under(Path::new(VOLUME_MOUNTS))?
+            .iter()
+            .any(|o| o.target == m.target && o.source == m.source))
+    };
+    let stacked = mountinfo::under(Path::new(VOLUME_MOUNTS))?
+        .iter()
+        .filter(|o| o.target == m.target)
+        .count();
+    for _ in 0..stacked.max(1) {
+        unmount(&m.target, "a node-local team volume")?;
+        if !still_there()? {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "unmounting {}: {} is still mounted there",
+        m.target.display(),
+        m.source
+    ))
+}
+
+/// This host's lock on its volume mounts (see the module's notes), held until dropped.
+/// An flock: it goes with its holder however that ends.
+pub struct HostLock {
+    _file: std::fs::File,
+}
+
+impl HostLock {
+    /// Waits for the lock (another agent of this host holds it only while it changes
+    /// its mounts).
+    pub fn acquire() -> Result<HostLock, String> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let path = Path::new(HOST_LOCK);
+        if let Some(dir) = path.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(dir)
+                .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| format!("opening {HOST_LOCK}: {e}"))?;
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(HostLock { _file: file });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(format!("locking {HOST_LOCK}: {e}"));
+            }
+        }
     }
 }
 
@@ -585,6 +660,54 @@ mod tests {
             detached(&image);
             assert_eq!(v.clean().unwrap(), 0);
             assert!(!data.path().join("volumes").exists());
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Two agents of one host, one cluster's target: the second uses the first's mount.
+    /// Had one been mounted over the other (as two agents racing without the host lock
+    /// did), removing the one underneath still leaves no mount and no loop device: what
+    /// left a volume mounted on CI's machine, its image deleted.
+    #[test]
+    fn agents_of_one_host_never_leave_a_volume_mounted_under_another() {
+        std::thread::spawn(|| {
+            private_mounts();
+            let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let (a, b) = (
+                LocalVolumes::in_data_dir(da.path()),
+                LocalVolumes::in_data_dir(db.path()),
+            );
+            let target = Path::new(VOLUME_MOUNTS).join("tenant-stacked/train");
+            std::fs::create_dir_all(&target).unwrap();
+            a.attach(&target, 1, 4242).unwrap();
+            let said = b.attach(&target, 1, 4242).unwrap();
+            assert!(
+                said.iter().any(|s| s.contains("another agent's volume")),
+                "{said:?}"
+            );
+            assert_eq!(
+                (a.mounted().unwrap().len(), b.mounted().unwrap().len()),
+                (1, 0)
+            );
+            // Stacked by hand: b's volume over a's.
+            let b_image = b.image_of(&target).unwrap();
+            mount(&b_image, &target).unwrap();
+            assert_eq!(b.mounted().unwrap().len(), 1);
+            let a_image = a.image_of(&target).unwrap();
+            assert_eq!(a.remove_except(&[]).unwrap().len(), 1);
+            assert!(a.mounted().unwrap().is_empty());
+            assert!(!a_image.exists());
+            detached(&a_image);
+            // b's went on the way down (its agent mounts it again at its next order).
+            assert_eq!(b.clean().unwrap(), 1);
+            detached(&b_image);
+            let left: Vec<Mount> = mountinfo::under(Path::new(VOLUME_MOUNTS))
+                .unwrap()
+                .into_iter()
+                .filter(|m| m.target == target)
+                .collect();
+            assert!(left.is_empty(), "{left:?}");
         })
         .join()
         .unwrap();

@@ -34,6 +34,7 @@ pub fn apply(
     local: &LocalVolumes,
     order: &v1::SetVolumes,
 ) -> Result<String, String> {
+    let _host = local_volumes::HostLock::acquire()?;
     let wanted = order
         .volumes
         .iter()
