@@ -26,6 +26,10 @@ pub const MAX_TOKEN_CHARS: usize = 512;
 
 /// A quota's `gpus`, and separately its `burst_gpus`.
 pub const MAX_GPUS: i64 = 1_000_000;
+/// A quota's `weight` in fair sharing of idle capacity (issue 42): 1 to this; 1 when unset.
+pub const MAX_QUOTA_WEIGHT: i64 = 1_000;
+/// A quota's `weight` when none is given.
+pub const DEFAULT_QUOTA_WEIGHT: i64 = 1;
 /// A reservation's or a cluster's `node_count`.
 pub const MAX_NODE_COUNT: i64 = 10_000;
 /// Reservations a dry run places first (`also_planned`: the plan's siblings).

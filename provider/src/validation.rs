@@ -34,7 +34,8 @@ pub fn at_least(value: i64, min: i64) -> Result<(), String> {
 pub fn maximum(attribute: &str) -> Option<i64> {
     use gpufleet_proto::limits::*;
     match attribute {
-        "gpus" | "burst_gpus" => Some(MAX_GPUS),
+        "gpus" | "burst_gpus" | "lending_limit_gpus" => Some(MAX_GPUS),
+        "weight" => Some(MAX_QUOTA_WEIGHT),
         "node_count" => Some(MAX_NODE_COUNT),
         "storage_gib" => Some(MAX_STORAGE_GIB),
         "max_unavailable" => Some(MAX_UNAVAILABLE),

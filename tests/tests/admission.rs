@@ -559,7 +559,7 @@ async fn dry_runs_answer_like_the_real_call_and_change_nothing() {
             gpus: 8,
             burst_gpus: 0,
             validate_only: true,
-            also_planned: vec![],
+            ..Default::default()
         })
         .await
         .expect("a dry run of a lower quota");

@@ -285,6 +285,17 @@ fn gpus(field: &str, value: i64) -> Result {
     range(field, value, 0, MAX_GPUS)
 }
 
+/// A quota's `weight` (1 to 1000 when given) and `lending_limit_gpus` (0 to 1,000,000).
+fn sharing(weight: Option<i64>, lending_limit_gpus: Option<i64>) -> Result {
+    if let Some(w) = weight {
+        range("weight", w, 1, MAX_QUOTA_WEIGHT)?;
+    }
+    match lending_limit_gpus {
+        Some(l) => gpus("lending_limit_gpus", l),
+        None => Ok(()),
+    }
+}
+
 fn page(page_size: i32, page_token: &str) -> Result {
     Page::parse(page_size, page_token).map(|_| ())
 }
@@ -375,7 +386,8 @@ impl Bounded for v1::CreateGpuQuotaRequest {
         tenant(&self.tenant_id)?;
         keyword("gpu_type", &self.gpu_type)?;
         gpus("gpus", self.gpus)?;
-        gpus("burst_gpus", self.burst_gpus)
+        gpus("burst_gpus", self.burst_gpus)?;
+        sharing(self.weight, self.lending_limit_gpus)
     }
 }
 
@@ -396,7 +408,8 @@ impl Bounded for v1::UpdateGpuQuotaRequest {
     fn check_bounds(&self) -> Result {
         id("gpu quota", &self.id)?;
         gpus("gpus", self.gpus)?;
-        gpus("burst_gpus", self.burst_gpus)
+        gpus("burst_gpus", self.burst_gpus)?;
+        sharing(self.weight, self.lending_limit_gpus)
     }
 }
 

@@ -112,6 +112,32 @@ impl Limit {
     }
 }
 
+/// A quota's share of idle capacity as a request gives it: `weight` (None: 1) and
+/// `lending_limit_gpus` (None: no limit), checked against the quota's guaranteed `gpus`
+/// (only guaranteed GPUs are lent). Returns what the quota keeps.
+pub fn quota_sharing(
+    gpus: i64,
+    weight: Option<i64>,
+    lending_limit_gpus: Option<i64>,
+) -> Result<(i64, Option<i64>), String> {
+    use gpufleet_proto::limits::{DEFAULT_QUOTA_WEIGHT, MAX_QUOTA_WEIGHT};
+    let weight = weight.unwrap_or(DEFAULT_QUOTA_WEIGHT);
+    if !(1..=MAX_QUOTA_WEIGHT).contains(&weight) {
+        return Err(format!(
+            "weight: must be 1 to {MAX_QUOTA_WEIGHT} (got {weight})"
+        ));
+    }
+    if let Some(lend) = lending_limit_gpus {
+        at_least("lending_limit_gpus", lend, 0)?;
+        if lend > gpus {
+            return Err(format!(
+                "lending_limit_gpus: {lend} is more than the quota's {gpus} guaranteed GPUs (gpus); only guaranteed GPUs are lent: set it to at most {gpus}, or leave it out for no limit"
+            ));
+        }
+    }
+    Ok((weight, lending_limit_gpus))
+}
+
 /// What a quota check is about, for the messages.
 pub struct QuotaSubject<'a> {
     pub tenant: &'a str,
@@ -377,6 +403,25 @@ mod tests {
             "needs 24 H100-80GB GPUs, quota of tenant 'team-a' leaves 16 (limit 32 = 24 guaranteed + 8 burst, 16 in use)"
         );
         assert!(check_quota(&subject, limit, &others, span(100, None, 16), 100).is_ok());
+    }
+
+    #[test]
+    fn a_quotas_weight_and_lending_limit_default_and_are_bounded_by_name() {
+        assert_eq!(quota_sharing(16, None, None), Ok((1, None)));
+        assert_eq!(quota_sharing(16, Some(1000), Some(0)), Ok((1000, Some(0))));
+        assert_eq!(quota_sharing(16, Some(3), Some(16)), Ok((3, Some(16))));
+        assert_eq!(
+            quota_sharing(16, Some(0), None).unwrap_err(),
+            "weight: must be 1 to 1000 (got 0)"
+        );
+        assert_eq!(
+            quota_sharing(16, None, Some(-1)).unwrap_err(),
+            "lending_limit_gpus: must be at least 0 (got -1)"
+        );
+        assert_eq!(
+            quota_sharing(16, None, Some(17)).unwrap_err(),
+            "lending_limit_gpus: 17 is more than the quota's 16 guaranteed GPUs (gpus); only guaranteed GPUs are lent: set it to at most 16, or leave it out for no limit"
+        );
     }
 
     #[test]

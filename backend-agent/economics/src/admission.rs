@@ -57,13 +57,13 @@ impl Admission {
                 // (`fleet::parse`), and holds for a partition by construction.
                 store::quotas::insert(
                     &tx,
-                    &QuotaRow {
-                        id: format!("{id}-{}", q.gpu_type),
-                        tenant_id: id.clone(),
-                        gpu_type: q.gpu_type.clone(),
-                        gpus: q.gpus,
-                        burst_gpus: q.burst_gpus,
-                    },
+                    &QuotaRow::new(
+                        format!("{id}-{}", q.gpu_type),
+                        id.clone(),
+                        q.gpu_type.clone(),
+                        q.gpus,
+                        q.burst_gpus,
+                    ),
                 )?;
             }
             tenants.push((id, team.name.clone()));

@@ -37,6 +37,12 @@ fn state(q: &api::GpuQuota) -> Value {
         ("gpu_type", Value::string(&q.gpu_type)),
         ("gpus", Value::Number(q.gpus)),
         ("burst_gpus", Value::Number(q.burst_gpus)),
+        // A backend from before weights answers 0: every quota weighed 1 there.
+        ("weight", Value::Number(q.weight.max(1))),
+        (
+            "lending_limit_gpus",
+            q.lending_limit_gpus.map_or(Value::Null, Value::Number),
+        ),
     ])
 }
 
@@ -44,6 +50,7 @@ fn state(q: &api::GpuQuota) -> Value {
 pub fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedChange {
     let mut planned = proposed;
     default_when_unset(&mut planned, config, "burst_gpus", Value::Number(0));
+    default_when_unset(&mut planned, config, "weight", Value::Number(1));
     let requires_replace = match prior {
         None => {
             mark_unknown(&mut planned, &["id"]);
@@ -67,6 +74,8 @@ fn create_request(planned: &Value) -> Result<api::CreateGpuQuotaRequest, Diagnos
         burst_gpus: required_i64(planned, "burst_gpus")?,
         validate_only: false,
         also_planned: vec![],
+        weight: Some(required_i64(planned, "weight")?),
+        lending_limit_gpus: planned.i64_attr("lending_limit_gpus").map_err(diag)?,
     })
 }
 
@@ -80,8 +89,13 @@ fn update_request(
         burst_gpus: required_i64(planned, "burst_gpus")?,
         validate_only: false,
         also_planned: vec![],
+        weight: Some(required_i64(planned, "weight")?),
+        lending_limit_gpus: planned.i64_attr("lending_limit_gpus").map_err(diag)?,
     })
 }
+
+/// The attributes whose change an update sends to the backend's dry run.
+const CHECKED_ON_UPDATE: &[&str] = &["gpus", "burst_gpus", "weight", "lending_limit_gpus"];
 
 impl GpuQuota {
     /// Plan-time admission: the backend's dry run of the create or update this plan
@@ -104,8 +118,9 @@ impl GpuQuota {
             return Ok(());
         }
         if let Some(prior) = prior {
-            let limits_change =
-                changed(prior, state, "gpus") || changed(prior, state, "burst_gpus");
+            let limits_change = CHECKED_ON_UPDATE
+                .iter()
+                .any(|name| changed(prior, state, name));
             if !limits_change || !planned.requires_replace.is_empty() {
                 return Ok(());
             }
@@ -116,9 +131,15 @@ impl GpuQuota {
         if let Some(gpu_type) = state.str_attr("gpu_type").map_err(diag)? {
             known_gpu_type(&client, gpu_type).await?;
         }
-        let known = ["gpu_type", "gpus", "burst_gpus"]
-            .iter()
-            .all(|name| !state.get(name).is_unknown());
+        let known = [
+            "gpu_type",
+            "gpus",
+            "burst_gpus",
+            "weight",
+            "lending_limit_gpus",
+        ]
+        .iter()
+        .all(|name| !state.get(name).is_unknown());
         // A new quota of a tenant known only at apply (`gpufleet_tenant.x.id` of a tenant
         // this plan creates) must still fit the pool beside the plan's other quotas: its
         // dry run names a stand-in no tenant has (the backend checks the pool, then does
@@ -370,6 +391,21 @@ async fn of_model(
     }
 }
 
+/// `lending_limit_gpus` lends guaranteed GPUs only: at most `gpus`, when both are known.
+fn check_lending_limit(config: &Value, diags: &mut Diagnostics) {
+    if let (Ok(Some(lend)), Ok(Some(gpus))) = (
+        config.i64_attr("lending_limit_gpus"),
+        config.i64_attr("gpus"),
+    ) {
+        if lend > gpus {
+            diags.attr_error(
+                "lending_limit_gpus",
+                format!("{lend} is more than the quota's {gpus} guaranteed GPUs (gpus); only guaranteed GPUs are lent: set it to at most {gpus}, or leave it out for no limit"),
+            );
+        }
+    }
+}
+
 #[async_trait]
 impl ResourceType for GpuQuota {
     fn name(&self) -> &'static str {
@@ -401,6 +437,16 @@ impl ResourceType for GpuQuota {
                     Type::Number,
                     "Extra GPUs the tenant may use from idle pool or on-demand capacity. Defaults to `0`. Changes in place.",
                 ),
+                Attribute::optional_computed(
+                    "weight",
+                    Type::Number,
+                    "The tenant's weight in fair sharing of idle capacity, 1 to 1000: pool nodes taken back from preemptible clusters come first from the tenant furthest above its weighted share (pool GPUs held beyond the guarantee / weight). Defaults to `1`. Changes in place.",
+                ),
+                Attribute::optional(
+                    "lending_limit_gpus",
+                    Type::Number,
+                    "How many of the tenant's idle guaranteed GPUs other tenants' clusters may use, 0 to `gpus`; unset: no limit, `0`: none is lent. Changes in place.",
+                ),
             ],
         )
     }
@@ -409,6 +455,9 @@ impl ResourceType for GpuQuota {
         let mut diags = Diagnostics::default();
         check_min(config, "gpus", 0, &mut diags);
         check_min(config, "burst_gpus", 0, &mut diags);
+        check_min(config, "weight", 1, &mut diags);
+        check_min(config, "lending_limit_gpus", 0, &mut diags);
+        check_lending_limit(config, &mut diags);
         diags.into_result()
     }
 
@@ -606,7 +655,57 @@ mod tests {
         let cfg = Value::object([("gpus", Value::Number(16))]);
         let planned = plan(None, cfg.clone(), &cfg);
         assert_eq!(planned.state.get("burst_gpus"), &Value::Number(0));
+        assert_eq!(planned.state.get("weight"), &Value::Number(1));
+        assert!(planned.state.get("lending_limit_gpus").is_null());
         assert!(planned.state.get("id").is_unknown());
+    }
+
+    #[test]
+    fn a_lending_limit_past_the_guarantee_is_refused_on_its_attribute() {
+        let cfg = |lend: i64| {
+            Value::object([
+                ("gpus", Value::Number(16)),
+                ("lending_limit_gpus", Value::Number(lend)),
+            ])
+        };
+        let mut diags = Diagnostics::default();
+        check_lending_limit(&cfg(16), &mut diags);
+        assert!(!diags.has_errors());
+        check_lending_limit(&cfg(24), &mut diags);
+        assert_eq!(diags.0.len(), 1);
+        assert_eq!(diags.0[0].path, Some(AttrPath::attr("lending_limit_gpus")));
+        assert_eq!(
+            diags.0[0].summary,
+            "lending_limit_gpus: 24 is more than the quota's 16 guaranteed GPUs (gpus); only guaranteed GPUs are lent: set it to at most 16, or leave it out for no limit"
+        );
+        // Unknown until apply: nothing to check yet.
+        let unknown = Value::object([
+            ("gpus", Value::Unknown),
+            ("lending_limit_gpus", Value::Number(24)),
+        ]);
+        let mut diags = Diagnostics::default();
+        check_lending_limit(&unknown, &mut diags);
+        assert!(!diags.has_errors());
+    }
+
+    #[test]
+    fn no_lending_limit_reads_back_as_null_and_an_old_backends_weight_as_1() {
+        let q = api::GpuQuota {
+            id: "q1".into(),
+            gpus: 16,
+            weight: 0,
+            lending_limit_gpus: None,
+            ..Default::default()
+        };
+        assert_eq!(state(&q).get("weight"), &Value::Number(1));
+        assert!(state(&q).get("lending_limit_gpus").is_null());
+        let q = api::GpuQuota {
+            weight: 3,
+            lending_limit_gpus: Some(0),
+            ..q
+        };
+        assert_eq!(state(&q).get("weight"), &Value::Number(3));
+        assert_eq!(state(&q).get("lending_limit_gpus"), &Value::Number(0));
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod health;
 pub mod placement;
 pub mod preemption;
 pub mod reservations;
+pub mod sharing;
 pub mod take_back;
 
 use rusqlite::Connection;

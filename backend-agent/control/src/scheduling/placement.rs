@@ -110,11 +110,13 @@ pub fn nodes_to_add(
     // A preemptible cluster needs its pool nodes free now only: reservations take them
     // back when their windows start.
     let preemptible = super::preemption::is_preemptible(conn, &cluster.id)?;
-    if preemptible && cap.free_pool(t, Some(t + 1)) < need_pool {
+    let free_now = cap.free_pool(t, Some(t + 1));
+    if preemptible && free_now < need_pool {
         return Err(Error::Precondition(format!(
-            "node_count: needs {} {gpu} pool nodes now, the pool has {} free now; clusters and reservations hold the rest",
+            "node_count: needs {} {gpu} pool nodes now ({} GPUs), the pool has {free_now} free now ({} GPUs): no idle capacity to borrow; clusters and reservations hold the rest",
             cluster.node_count,
-            cap.free_pool(t, Some(t + 1))
+            need_pool.saturating_mul(gpn),
+            free_now.saturating_mul(gpn),
         )));
     }
     let pool_short = !preemptible && cap.free_pool(from, None) < need_pool;
@@ -132,6 +134,9 @@ pub fn nodes_to_add(
             cap.free_on_demand(from, None)
         )));
     }
+    if take_pool > 0 && cluster.reservation_id.is_none() {
+        within_lending_limits(conn, tenant_name, cluster, (&held, gpn), need_pool, t)?;
+    }
     let mut picked = Vec::new();
     for (kind, count) in [(POOL, take_pool), (ON_DEMAND, take_od)] {
         let free = store::nodes::free(conn, gpu, kind)?;
@@ -144,4 +149,39 @@ pub fn nodes_to_add(
         picked.extend(free.into_iter().take(count as usize));
     }
     Ok(picked)
+}
+
+/// Refuses pool nodes that other tenants' lending limits keep idle for them: `need_pool`
+/// nodes (of `gpus_per_node` GPUs) fit only in the free pool GPUs now less what those
+/// limits keep (see [`super::sharing`]).
+fn within_lending_limits(
+    conn: &Connection,
+    tenant_name: &str,
+    cluster: &ClusterRow,
+    (held, gpus_per_node): (&[super::Holding], i64),
+    need_pool: i64,
+    t: i64,
+) -> Result<()> {
+    let gpu = &cluster.gpu_type;
+    let cap = capacity(conn, gpu, held)?;
+    let free_now = cap.free_pool(t, Some(t + 1));
+    let shares = super::sharing::shares(conn, gpu, held, t, gpus_per_node)?;
+    let lendable = super::sharing::Lendable::of(
+        free_now.saturating_mul(gpus_per_node),
+        &shares,
+        &cluster.tenant_id,
+    );
+    let need = need_pool.saturating_mul(gpus_per_node);
+    if need <= lendable.gpus() {
+        return Ok(());
+    }
+    let nodes = lendable.gpus() / gpus_per_node.max(1);
+    Err(Error::Precondition(format!(
+        "node_count: needs {need_pool} {gpu} pool nodes now ({need} GPUs), the pool has {free_now} free now ({} GPUs), but lending limits keep {} of them idle for their tenants ({}): tenant '{tenant_name}' may borrow {} GPUs ({nodes} {}); no idle capacity for the rest",
+        lendable.free,
+        lendable.kept(),
+        lendable.limits_text(),
+        lendable.gpus(),
+        if nodes == 1 { "node" } else { "nodes" },
+    )))
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use tokio::sync::watch;
 
+use super::sharing::{self, Borrower, Share};
 use super::{capacity, holdings, Exclude};
 use crate::cluster_status::{settled_status, CHANGING};
 use crate::error::{Error, Result};
@@ -66,44 +67,41 @@ fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBac
     let held = holdings(tx, gpu_type, t, Exclude::default())?;
     let cap = capacity(tx, gpu_type, &held)?;
     // Everything that holds pool nodes now, preemptible clusters included.
-    let mut excess = peak(&cap.pool_used, t, Some(t + 1)) - cap.pool_nodes;
+    let excess = peak(&cap.pool_used, t, Some(t + 1)) - cap.pool_nodes;
     if excess <= 0 {
         return Ok(Vec::new());
     }
-    let why = held
+    let why = match held
         .iter()
         .filter(|h| h.is_reservation && h.start <= t && h.end.is_some_and(|e| e > t))
         .max_by_key(|h| h.start)
-        .map_or_else(
-            || "reservations need the pool nodes back".to_string(),
-            |h| {
-                format!(
-                    "a reservation window from {} to {} needs the pool nodes back",
-                    rfc3339(h.start),
-                    h.end.map_or_else(String::new, rfc3339)
-                )
-            },
-        );
+    {
+        None => "reservations need the pool nodes back".to_string(),
+        Some(h) => format!(
+            "a reservation window from {} to {} (tenant '{}') needs the pool nodes back",
+            rfc3339(h.start),
+            h.end.map_or_else(String::new, rfc3339),
+            store::tenants::get(tx, &h.tenant_id)?.map_or_else(|| h.tenant_id.clone(), |t| t.name)
+        ),
+    };
+    let gpn = super::gpus_per_node(tx, gpu_type)?;
+    let (order, shares) = fair_share_victims(tx, gpu_type, (&held, gpn), excess, t)?;
     let mut on_demand_left = cap.free_on_demand(t, None);
     let mut free_on_demand = store::nodes::free(tx, gpu_type, ON_DEMAND)?;
     let mut out = Vec::new();
-    for (cluster_id, allow_on_demand) in store::preemption::holding_pool(tx, gpu_type)? {
-        if excess <= 0 {
-            break;
-        }
-        let Some(cluster) = store::clusters::get(tx, &cluster_id)? else {
-            continue;
-        };
-        if CHANGING.contains(&cluster.status.as_str()) {
-            continue; // a request is changing it; the next round decides
-        }
+    for (cluster, count) in order {
         let mut pool: Vec<NodeRow> = store::nodes::list(tx, None, Some(&cluster.id))?
             .into_iter()
             .filter(|n| n.capacity == POOL)
             .collect();
         pool.sort_by(|a, b| b.hostname.cmp(&a.hostname));
-        let taken: Vec<NodeRow> = pool.into_iter().take(excess as usize).collect();
-        excess -= taken.len() as i64;
+        let taken: Vec<NodeRow> = pool.into_iter().take(count as usize).collect();
+        let allow_on_demand = store::preemption::get(tx, &cluster.id)?.unwrap_or(false);
+        let share = shares
+            .iter()
+            .find(|(tenant, _)| *tenant == cluster.tenant_id)
+            .map_or_else(String::new, |(_, text)| format!("; {text}"));
+        let why = format!("{why}{share}");
         let mut replacements = Vec::new();
         if allow_on_demand {
             let k = taken
@@ -140,10 +138,83 @@ fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBac
             taken,
             replacements,
             changes,
-            why: why.clone(),
+            why,
         });
     }
     Ok(out)
+}
+
+/// The preemptible clusters that give back `excess` pool nodes and how many each, in
+/// weighted fair-share order (`sharing::take_back_order`: the borrowing tenant furthest
+/// above its weighted share first), and each borrowing tenant's share in words. Clusters
+/// a request is changing are left to the next round.
+#[allow(clippy::type_complexity)]
+fn fair_share_victims(
+    tx: &Connection,
+    gpu_type: &str,
+    (held, gpn): (&[super::Holding], i64),
+    excess: i64,
+    t: i64,
+) -> Result<(Vec<(ClusterRow, i64)>, Vec<(String, String)>)> {
+    let shares = sharing::shares(tx, gpu_type, held, t, gpn)?;
+    let mut borrowers: Vec<Borrower> = Vec::new();
+    let mut rows: Vec<ClusterRow> = Vec::new();
+    // Newest first: among equal shares, the last to come gives back first.
+    for (cluster_id, _) in store::preemption::holding_pool(tx, gpu_type)? {
+        let Some(cluster) = store::clusters::get(tx, &cluster_id)? else {
+            continue;
+        };
+        if CHANGING.contains(&cluster.status.as_str()) {
+            continue; // a request is changing it; the next round decides
+        }
+        let pool = store::nodes::list(tx, None, Some(&cluster.id))?
+            .iter()
+            .filter(|n| n.capacity == POOL)
+            .count() as i64;
+        let i = match borrowers
+            .iter()
+            .position(|b| b.tenant_id == cluster.tenant_id)
+        {
+            Some(i) => i,
+            None => {
+                let share = shares.iter().find(|s| s.tenant_id == cluster.tenant_id);
+                borrowers.push(Borrower {
+                    tenant_id: cluster.tenant_id.clone(),
+                    borrowed: share.map_or(0, Share::borrowed),
+                    weight: share.map_or(1, |s| s.weight),
+                    clusters: Vec::new(),
+                });
+                borrowers.len() - 1
+            }
+        };
+        borrowers[i].clusters.push((cluster.id.clone(), pool));
+        rows.push(cluster);
+    }
+    let texts = borrowers
+        .iter()
+        .filter_map(|b| {
+            let s = shares.iter().find(|s| s.tenant_id == b.tenant_id)?;
+            Some((
+                b.tenant_id.clone(),
+                format!(
+                    "taken in weighted fair-share order: tenant '{}' held {} pool GPUs against {} guaranteed ({} borrowed, weight {})",
+                    s.tenant_name,
+                    s.held,
+                    s.guaranteed,
+                    s.borrowed(),
+                    s.weight
+                ),
+            ))
+        })
+        .collect();
+    let order = sharing::take_back_order(borrowers, excess, gpn)
+        .into_iter()
+        .filter_map(|(id, n)| {
+            let i = rows.iter().position(|c| c.id == id)?;
+            Some((rows.swap_remove(i), n))
+        })
+        .collect();
+    Ok((order, texts))
 }
 
 /// Brings replacements to the cluster's driver and layout and the taken nodes back to
@@ -272,3 +343,7 @@ fn record_take_back(
     tracing::info!(cluster = %cluster.name, taken = taken.len(), replaced = replacements.len(), "took pool nodes back from a preemptible cluster");
     Ok(Ok(()))
 }
+
+#[cfg(test)]
+#[path = "sharing_tests.rs"]
+mod sharing_tests;

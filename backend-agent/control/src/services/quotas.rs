@@ -30,6 +30,8 @@ fn message(conn: &Connection, q: QuotaRow) -> Result<v1::GpuQuota, Status> {
         gpu_type: q.gpu_type,
         gpus: q.gpus,
         burst_gpus: q.burst_gpus,
+        weight: q.weight,
+        lending_limit_gpus: q.lending_limit_gpus,
     })
 }
 
@@ -159,13 +161,13 @@ pub(super) fn assume_planned(
             Some(q) => store::quotas::update(tx, &q.id, p.gpus, p.burst_gpus),
             None => store::quotas::insert(
                 tx,
-                &QuotaRow {
-                    id: uuid::Uuid::new_v4().to_string(),
-                    tenant_id: tenant.id,
-                    gpu_type: p.gpu_type.clone(),
-                    gpus: p.gpus,
-                    burst_gpus: p.burst_gpus,
-                },
+                &QuotaRow::new(
+                    uuid::Uuid::new_v4().to_string(),
+                    tenant.id,
+                    p.gpu_type.clone(),
+                    p.gpus,
+                    p.burst_gpus,
+                ),
             ),
         }
         .map_err(db_error)?;
@@ -193,6 +195,8 @@ impl Quotas {
         require_in_fleet(&tx, &req.gpu_type)?;
         rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
         rules::at_least("burst_gpus", req.burst_gpus, 0).map_err(invalid)?;
+        let (weight, lending_limit_gpus) =
+            rules::quota_sharing(req.gpus, req.weight, req.lending_limit_gpus).map_err(invalid)?;
         let tenant = visible_tenant(&tx, &Caller::Admin, &req.tenant_id);
         let own = tenant
             .as_ref()
@@ -212,7 +216,15 @@ impl Quotas {
             admit_guarantee(&tx, &req.gpu_type, req.gpus, None, unstored)?;
         }
         let tenant = tenant?;
-        let print = Fingerprint::of(&[&req.tenant_id, &req.gpu_type, &req.gpus, &req.burst_gpus]);
+        // The sharing fields count only when given, so a create retried across an upgrade
+        // (sent before they existed) still finds what its first try made.
+        let mut fields: Vec<&dyn crate::fingerprint::Canonical> =
+            vec![&req.tenant_id, &req.gpu_type, &req.gpus, &req.burst_gpus];
+        if req.weight.is_some() || req.lending_limit_gpus.is_some() {
+            fields.push(&req.weight);
+            fields.push(&req.lending_limit_gpus);
+        }
+        let print = Fingerprint::of(&fields);
         // A dry run is always a new request: it neither finds nor leaves a request id.
         let prior = if req.validate_only {
             Prior::New
@@ -240,11 +252,15 @@ impl Quotas {
                 }
                 admit_guarantee(&tx, &req.gpu_type, req.gpus, None, unstored)?;
                 let q = QuotaRow {
-                    id: uuid::Uuid::new_v4().to_string(),
-                    tenant_id: tenant.id.clone(),
-                    gpu_type: req.gpu_type,
-                    gpus: req.gpus,
-                    burst_gpus: req.burst_gpus,
+                    weight,
+                    lending_limit_gpus,
+                    ..QuotaRow::new(
+                        uuid::Uuid::new_v4().to_string(),
+                        tenant.id.clone(),
+                        req.gpu_type,
+                        req.gpus,
+                        req.burst_gpus,
+                    )
                 };
                 if req.validate_only {
                     return message(&tx, q);
@@ -307,6 +323,8 @@ impl Quotas {
         let mut q = visible_quota(&tx, &Caller::Admin, &req.id)?;
         rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
         rules::at_least("burst_gpus", req.burst_gpus, 0).map_err(invalid)?;
+        let (weight, lending_limit_gpus) =
+            rules::quota_sharing(req.gpus, req.weight, req.lending_limit_gpus).map_err(invalid)?;
         let tenant = visible_tenant(&tx, &Caller::Admin, &q.tenant_id)?;
         let own = Some((q.tenant_id.as_str(), q.gpu_type.as_str()));
         let assumed = assume_planned(
@@ -344,10 +362,13 @@ impl Quotas {
         }
         q.gpus = req.gpus;
         q.burst_gpus = req.burst_gpus;
+        q.weight = weight;
+        q.lending_limit_gpus = lending_limit_gpus;
         if req.validate_only {
             return message(&tx, q);
         }
         store::quotas::update(&tx, &q.id, q.gpus, q.burst_gpus).map_err(db_error)?;
+        store::quotas::set_sharing(&tx, &q.id, q.weight, q.lending_limit_gpus).map_err(db_error)?;
         let answer = message(&tx, q)?;
         tx.commit().map_err(db_error)?;
         Ok(answer)

@@ -570,6 +570,15 @@ const MIGRATIONS: &[&str] = &[
         FROM nodes n JOIN clusters c ON c.id = n.cluster_id JOIN tenants t ON t.id = c.tenant_id
         WHERE n.gpu_count > 0;
     "#,
+    // Fair sharing of idle capacity (issue 42): a quota's weight (capacity taken back
+    // from borrowers comes first from the one furthest above its weighted share) and how
+    // many of its idle guaranteed GPUs may be lent to other tenants (NULL: no limit).
+    r#"
+    ALTER TABLE quotas ADD COLUMN weight INTEGER NOT NULL DEFAULT 1
+        CHECK (weight BETWEEN 1 AND 1000);
+    ALTER TABLE quotas ADD COLUMN lending_limit_gpus INTEGER
+        CHECK (lending_limit_gpus IS NULL OR lending_limit_gpus >= 0);
+    "#,
 ];
 
 /// Prepared statements kept per connection.

@@ -9,9 +9,28 @@ pub struct QuotaRow {
     pub gpu_type: String,
     pub gpus: i64,
     pub burst_gpus: i64,
+    /// Weight in fair sharing of idle capacity, 1 to 1000.
+    pub weight: i64,
+    /// Idle guaranteed GPUs that may be lent to other tenants; None: no limit.
+    pub lending_limit_gpus: Option<i64>,
 }
 
-const COLUMNS: &str = "id, tenant_id, gpu_type, gpus, burst_gpus";
+impl QuotaRow {
+    /// A quota with the default weight (1) and no lending limit.
+    pub fn new(id: String, tenant_id: String, gpu_type: String, gpus: i64, burst: i64) -> Self {
+        Self {
+            id,
+            tenant_id,
+            gpu_type,
+            gpus,
+            burst_gpus: burst,
+            weight: gpufleet_proto::limits::DEFAULT_QUOTA_WEIGHT,
+            lending_limit_gpus: None,
+        }
+    }
+}
+
+const COLUMNS: &str = "id, tenant_id, gpu_type, gpus, burst_gpus, weight, lending_limit_gpus";
 
 fn from_row(r: &Row) -> rusqlite::Result<QuotaRow> {
     Ok(QuotaRow {
@@ -20,12 +39,24 @@ fn from_row(r: &Row) -> rusqlite::Result<QuotaRow> {
         gpu_type: r.get(2)?,
         gpus: r.get(3)?,
         burst_gpus: r.get(4)?,
+        weight: r.get(5)?,
+        lending_limit_gpus: r.get(6)?,
     })
 }
 
 pub fn insert(conn: &Connection, q: &QuotaRow) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare_cached("INSERT INTO quotas (id, tenant_id, gpu_type, gpus, burst_gpus) VALUES (?1, ?2, ?3, ?4, ?5)")?;
-    stmt.execute((&q.id, &q.tenant_id, &q.gpu_type, q.gpus, q.burst_gpus))?;
+    let mut stmt = conn.prepare_cached(&format!(
+        "INSERT INTO quotas ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+    ))?;
+    stmt.execute((
+        &q.id,
+        &q.tenant_id,
+        &q.gpu_type,
+        q.gpus,
+        q.burst_gpus,
+        q.weight,
+        q.lending_limit_gpus,
+    ))?;
     Ok(())
 }
 
@@ -56,9 +87,30 @@ pub fn list(conn: &Connection, tenant_id: Option<&str>) -> rusqlite::Result<Vec<
     rows.collect()
 }
 
+/// The quotas of one model, every tenant's.
+pub fn of_model(conn: &Connection, gpu_type: &str) -> rusqlite::Result<Vec<QuotaRow>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM quotas WHERE gpu_type = ?1 ORDER BY tenant_id"
+    ))?;
+    let rows = stmt.query_map([gpu_type], from_row)?;
+    rows.collect()
+}
+
 pub fn update(conn: &Connection, id: &str, gpus: i64, burst_gpus: i64) -> rusqlite::Result<()> {
     conn.prepare_cached("UPDATE quotas SET gpus = ?2, burst_gpus = ?3 WHERE id = ?1")?
         .execute((id, gpus, burst_gpus))?;
+    Ok(())
+}
+
+/// Sets a quota's weight and lending limit (None: no limit).
+pub fn set_sharing(
+    conn: &Connection,
+    id: &str,
+    weight: i64,
+    lending_limit_gpus: Option<i64>,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached("UPDATE quotas SET weight = ?2, lending_limit_gpus = ?3 WHERE id = ?1")?
+        .execute((id, weight, lending_limit_gpus))?;
     Ok(())
 }
 

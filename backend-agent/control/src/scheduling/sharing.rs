@@ -1,0 +1,302 @@
+//! Fair sharing of idle pool capacity (issue 42): what each tenant may lend of its idle
+//! guarantee (`lending_limit_gpus`), and the weighted fair-share order (`weight`) in which
+//! capacity is taken back from borrowers and handed to tenants that wait for it.
+//!
+//! A tenant's *idle guarantee* of a model is its guaranteed GPUs less the pool GPUs it
+//! holds now. With a lending limit, the part of that idle guarantee past the limit stays
+//! free for the tenant: no other tenant's cluster is admitted onto it. A tenant's
+//! *weighted share* is the pool GPUs it holds now beyond its guarantee, divided by its
+//! weight; take-back shrinks the borrower with the highest share first, one node at a
+//! time, and a choice among waiting tenants goes to the lowest share first.
+//!
+//! Why two tenants cannot preempt each other in a loop: only a reservation window that
+//! starts takes pool nodes back (`take_back`), and only from preemptible clusters; a
+//! preemptible cluster is admitted onto nodes free now and lendable, and never takes
+//! nodes from anyone. Preemption edges therefore go only from reservations to
+//! preemptible clusters, never back, so they form no cycle. Within one take-back the
+//! victim is always a borrower with the highest share, and giving back a node lowers
+//! only its share: a node once taken back is not taken from a borrower with a lower
+//! share than one left untouched, so the same set of borrowers is never reshuffled back
+//! and forth by the order itself.
+
+use std::cmp::Ordering;
+
+use rusqlite::Connection;
+
+use super::Holding;
+use crate::error::Result;
+use crate::store;
+
+/// One tenant's quota of a model as fair sharing sees it, with what it holds now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    pub tenant_id: String,
+    pub tenant_name: String,
+    /// Guaranteed GPUs (the quota's `gpus`).
+    pub guaranteed: i64,
+    /// Pool GPUs the tenant holds now (clusters and reservations).
+    pub held: i64,
+    pub weight: i64,
+    /// `lending_limit_gpus`: None, no limit.
+    pub lending_limit: Option<i64>,
+}
+
+impl Share {
+    /// Guaranteed GPUs the tenant does not hold now.
+    pub fn idle(&self) -> i64 {
+        (self.guaranteed - self.held).max(0)
+    }
+
+    /// Of the idle guarantee, what its lending limit keeps from other tenants.
+    pub fn kept(&self) -> i64 {
+        self.lending_limit
+            .map_or(0, |limit| (self.idle() - limit).max(0))
+    }
+
+    /// Pool GPUs held beyond the guarantee: what the tenant borrows.
+    pub fn borrowed(&self) -> i64 {
+        (self.held - self.guaranteed).max(0)
+    }
+}
+
+/// Orders two (borrowed GPUs, weight) shares exactly (no division): `a` above `b` is
+/// Greater.
+pub fn compare_shares(a: (i64, i64), b: (i64, i64)) -> Ordering {
+    let left = i128::from(a.0) * i128::from(b.1.max(1));
+    let right = i128::from(b.0) * i128::from(a.1.max(1));
+    left.cmp(&right)
+}
+
+/// Every quota of `gpu_type` with the pool GPUs its tenant holds at `t` (from `held`,
+/// the model's holdings).
+pub fn shares(
+    conn: &Connection,
+    gpu_type: &str,
+    held: &[Holding],
+    t: i64,
+    gpus_per_node: i64,
+) -> Result<Vec<Share>> {
+    let mut out = Vec::new();
+    for q in store::quotas::of_model(conn, gpu_type)? {
+        let pool_now: i64 = held
+            .iter()
+            .filter(|h| h.tenant_id == q.tenant_id && h.start <= t && h.end.is_none_or(|e| e > t))
+            .map(|h| h.pool)
+            .sum();
+        let tenant_name = store::tenants::get(conn, &q.tenant_id)?
+            .map_or_else(|| q.tenant_id.clone(), |t| t.name);
+        out.push(Share {
+            tenant_id: q.tenant_id,
+            tenant_name,
+            guaranteed: q.gpus,
+            held: pool_now.saturating_mul(gpus_per_node),
+            weight: q.weight,
+            lending_limit: q.lending_limit_gpus,
+        });
+    }
+    Ok(out)
+}
+
+/// What stops a borrower from taking idle pool GPUs: the free GPUs now, and what other
+/// tenants' lending limits keep of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lendable {
+    /// Pool GPUs free now.
+    pub free: i64,
+    /// Tenants (other than the borrower) whose lending limit keeps some of their idle
+    /// guarantee: (share, GPUs kept).
+    pub keeping: Vec<(Share, i64)>,
+}
+
+impl Lendable {
+    /// What `borrower` may be given of the `free` pool GPUs now under the others' limits.
+    pub fn of(free: i64, shares: &[Share], borrower: &str) -> Self {
+        let keeping = shares
+            .iter()
+            .filter(|s| s.tenant_id != borrower && s.kept() > 0)
+            .map(|s| (s.clone(), s.kept()))
+            .collect();
+        Self { free, keeping }
+    }
+
+    /// GPUs the lending limits keep idle.
+    pub fn kept(&self) -> i64 {
+        self.keeping.iter().map(|(_, k)| k).sum()
+    }
+
+    /// Free GPUs the borrower may take.
+    pub fn gpus(&self) -> i64 {
+        (self.free - self.kept()).max(0)
+    }
+
+    /// The lending limits that keep GPUs idle, in words.
+    pub fn limits_text(&self) -> String {
+        let each: Vec<String> = self
+            .keeping
+            .iter()
+            .map(|(s, k)| {
+                format!(
+                    "tenant '{}' lends at most {} of its {} idle guaranteed GPUs (lending_limit_gpus = {}), keeping {k}",
+                    s.tenant_name,
+                    s.lending_limit.unwrap_or(0).min(s.idle()),
+                    s.idle(),
+                    s.lending_limit.unwrap_or(0)
+                )
+            })
+            .collect();
+        each.join("; ")
+    }
+}
+
+/// A tenant whose preemptible clusters hold pool nodes, for take-back.
+#[derive(Debug, Clone)]
+pub struct Borrower {
+    pub tenant_id: String,
+    /// Pool GPUs held beyond the guarantee (see [`Share::borrowed`]).
+    pub borrowed: i64,
+    pub weight: i64,
+    /// Its preemptible clusters that may give nodes back now, newest first, with the
+    /// pool nodes each holds.
+    pub clusters: Vec<(String, i64)>,
+}
+
+/// Which clusters give back `nodes` pool nodes, in weighted fair-share order: each node
+/// comes from the borrower with the highest borrowed GPUs / weight at that moment (ties:
+/// the borrower listed first), from its newest cluster that still holds one; giving it
+/// back lowers that borrower's share by `gpus_per_node`. Returns (cluster id, nodes) in
+/// the order clusters were first picked; fewer nodes when the borrowers hold fewer.
+pub fn take_back_order(
+    mut borrowers: Vec<Borrower>,
+    nodes: i64,
+    gpus_per_node: i64,
+) -> Vec<(String, i64)> {
+    let mut out: Vec<(String, i64)> = Vec::new();
+    for _ in 0..nodes.max(0) {
+        let mut best: Option<usize> = None;
+        for (i, b) in borrowers.iter().enumerate() {
+            if !b.clusters.iter().any(|(_, n)| *n > 0) {
+                continue;
+            }
+            let higher = best.is_none_or(|j| {
+                let o = &borrowers[j];
+                compare_shares((b.borrowed, b.weight), (o.borrowed, o.weight)) == Ordering::Greater
+            });
+            if higher {
+                best = Some(i);
+            }
+        }
+        let Some(i) = best else { break };
+        let b = &mut borrowers[i];
+        let Some(c) = b.clusters.iter_mut().find(|(_, n)| *n > 0) else {
+            break;
+        };
+        c.1 -= 1;
+        b.borrowed -= gpus_per_node;
+        match out.iter_mut().find(|(id, _)| *id == c.0) {
+            Some(picked) => picked.1 += 1,
+            None => out.push((c.0.clone(), 1)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn share(tenant: &str, guaranteed: i64, held: i64, limit: Option<i64>) -> Share {
+        Share {
+            tenant_id: tenant.into(),
+            tenant_name: tenant.into(),
+            guaranteed,
+            held,
+            weight: 1,
+            lending_limit: limit,
+        }
+    }
+
+    #[test]
+    fn a_lending_limit_keeps_the_rest_of_the_idle_guarantee() {
+        // Guaranteed 16, holds 8: 8 idle; lends at most 2, keeps 6.
+        let a = share("a", 16, 8, Some(2));
+        assert_eq!((a.idle(), a.kept(), a.borrowed()), (8, 6, 0));
+        // No limit keeps nothing; a limit above the idle guarantee keeps nothing.
+        assert_eq!(share("a", 16, 8, None).kept(), 0);
+        assert_eq!(share("a", 16, 8, Some(10)).kept(), 0);
+        // Holding past the guarantee: nothing idle, 8 borrowed.
+        let over = share("a", 16, 24, Some(0));
+        assert_eq!((over.idle(), over.kept(), over.borrowed()), (0, 0, 8));
+    }
+
+    #[test]
+    fn a_borrower_gets_the_free_gpus_less_what_others_keep_but_not_its_own() {
+        // 32 free: a keeps all 16 idle (limit 0), c keeps 8 - 4 = 4, b's own limit
+        // does not count against b.
+        let shares = [
+            share("a", 16, 0, Some(0)),
+            share("b", 8, 0, Some(0)),
+            share("c", 8, 0, Some(4)),
+        ];
+        let lendable = Lendable::of(32, &shares, "b");
+        assert_eq!((lendable.kept(), lendable.gpus()), (20, 12));
+        assert_eq!(
+            lendable.limits_text(),
+            "tenant 'a' lends at most 0 of its 16 idle guaranteed GPUs (lending_limit_gpus = 0), keeping 16; tenant 'c' lends at most 4 of its 8 idle guaranteed GPUs (lending_limit_gpus = 4), keeping 4"
+        );
+        assert_eq!(Lendable::of(8, &shares, "b").gpus(), 0);
+    }
+
+    #[test]
+    fn shares_compare_exactly_by_borrowed_per_weight() {
+        assert_eq!(compare_shares((16, 1), (24, 3)), Ordering::Greater); // 16 > 8
+        assert_eq!(compare_shares((8, 1), (24, 3)), Ordering::Equal);
+        assert_eq!(compare_shares((0, 1000), (1, 1000)), Ordering::Less);
+    }
+
+    fn borrower(tenant: &str, borrowed: i64, weight: i64, clusters: &[(&str, i64)]) -> Borrower {
+        Borrower {
+            tenant_id: tenant.into(),
+            borrowed,
+            weight,
+            clusters: clusters.iter().map(|(c, n)| (c.to_string(), *n)).collect(),
+        }
+    }
+
+    #[test]
+    fn take_back_shrinks_the_borrower_furthest_above_its_weighted_share_first() {
+        // 8 GPUs a node. a borrows 32 with weight 1 (share 32), b borrows 48 with weight 3
+        // (share 16). Taking 3 nodes: a (32 -> 24), a (24 -> 16), then a tie at 16 goes to
+        // a, listed first (16 -> 8).
+        let borrowers = vec![
+            borrower("a", 32, 1, &[("a1", 4)]),
+            borrower("b", 48, 3, &[("b1", 6)]),
+        ];
+        assert_eq!(
+            take_back_order(borrowers.clone(), 3, 8),
+            vec![("a1".to_string(), 3)]
+        );
+        // A fourth node: a is at 8, b at 16: b gives one.
+        assert_eq!(
+            take_back_order(borrowers, 4, 8),
+            vec![("a1".to_string(), 3), ("b1".to_string(), 1)]
+        );
+    }
+
+    #[test]
+    fn take_back_takes_a_borrowers_newest_cluster_first_and_stops_when_none_hold_nodes() {
+        let borrowers = vec![
+            borrower("a", 8, 1, &[("a2", 1), ("a1", 2)]),
+            borrower("b", 0, 1, &[("b1", 1)]),
+        ];
+        // a (8) first, from its newest a2; then a tie at 0 goes to a, listed first (a1);
+        // then b (0 against a's -8); then a1's last node (b holds none); then none is left.
+        assert_eq!(
+            take_back_order(borrowers, 9, 8),
+            vec![
+                ("a2".to_string(), 1),
+                ("a1".to_string(), 2),
+                ("b1".to_string(), 1)
+            ]
+        );
+    }
+}
