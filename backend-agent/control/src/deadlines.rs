@@ -106,6 +106,7 @@ mod tests {
         let d = OrderDeadlines::default();
         let order = WorkOrder {
             id: "o".into(),
+            epoch: 0,
             kind: Some(work_order::Kind::RunHealthCheck(v1::RunHealthCheck {
                 level: "medium".into(),
                 bandwidth: Some(v1::BandwidthTest {

@@ -141,6 +141,7 @@ pub fn changes(
 fn order(gpus: &[GpuInfo], target: impl Fn(&GpuInfo) -> Option<Vec<Placement>>) -> v1::WorkOrder {
     v1::WorkOrder {
         id: uuid::Uuid::new_v4().to_string(),
+        epoch: 0, // stamped by Registry::dispatch
         kind: Some(v1::work_order::Kind::ApplyMigLayout(v1::ApplyMigLayout {
             gpus: gpus
                 .iter()

@@ -136,6 +136,7 @@ pub async fn sync(state: &AppState, node_ids: Vec<String>) -> Result<()> {
                 &id,
                 v1::WorkOrder {
                     id: uuid::Uuid::new_v4().to_string(),
+                    epoch: 0, // stamped by Registry::dispatch
                     kind: Some(v1::work_order::Kind::SetVolumes(order)),
                 },
             );

@@ -524,6 +524,7 @@ mod tests {
         ));
         r.heartbeat("n1", session);
         assert!(r.unreachable_for("n1").is_some());
+            epoch: 0,
         let (tx, _rx2) = mpsc::unbounded_channel();
         r.attach("n1", tx, Version::ours());
         assert!(r.unreachable_for("n1").is_none());
@@ -563,3 +564,4 @@ mod tests {
         assert!(r.claim("n1", "never-sent").is_none());
     }
 }
+            epoch: 0,

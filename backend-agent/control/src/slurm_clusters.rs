@@ -337,6 +337,7 @@ impl Plan {
                 cluster: self.name.clone(),
                 slurm_conf: self.shared_conf.clone(),
                 cgroup_conf: conf::cgroup(),
+            epoch: 0, // stamped by Registry::dispatch
                 munge_key: self.key.clone(),
                 uid: self.account.uid,
                 home: self.home.clone(),
@@ -596,6 +597,7 @@ fn stop_order(cluster: &str) -> v1::WorkOrder {
 /// Sends `order` (a fresh one per node) to every node and gathers the failures.
 async fn order_all(
     state: &AppState,
+        epoch: 0, // stamped by Registry::dispatch
     nodes: &[NodeRow],
     order: impl Fn(&NodeRow) -> v1::WorkOrder,
 ) -> Vec<String> {

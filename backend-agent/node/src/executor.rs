@@ -44,6 +44,8 @@ pub struct Executor {
     pub bandwidth: Option<Arc<super::bandwidth::Listener>>,
     /// Runs the medium and long levels' load tests (simulated GPUs, or CUDA).
     pub load: Arc<dyn gpufleet_gpu::load::LoadRunner>,
+    /// The highest epoch of the control plane's lease seen: older orders are refused.
+    pub fence: super::fence::Fence,
 }
 
 /// Why an order failed, in the protocol's classes.
@@ -107,9 +109,30 @@ impl Executor {
         }
     }
 
-    /// Runs `order`, or replays its answer when this id was answered before.
+    /// An order from a control-plane replica that lost its lease, refused unrun (see
+    /// [`super::fence`]); None for one that may run.
+    fn stale(&self, order: &v1::WorkOrder) -> Option<v1::OrderResult> {
+        let why = self.fence.admit(&order.id, order.epoch).err()?;
+        tracing::warn!(order = %order.id, epoch = order.epoch, %why, "refused an order of a stale epoch");
+        Some(v1::OrderResult {
+            order_id: order.id.clone(),
+            ok: false,
+            error: why,
+            error_kind: gpufleet_wire::protocol_version::STALE_EPOCH.into(),
+            inventory: self.inventory().ok(),
+            replayed: false,
+            health: None,
+            slurm: None,
+        })
+    }
+
+    /// Runs `order`, or replays its answer when this id was answered before; refuses it
+    /// unrun when it comes from an older epoch of the control plane's lease than one seen.
     pub fn run(&self, order: &v1::WorkOrder) -> v1::OrderResult {
         let _one_at_a_time = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(refused) = self.stale(order) {
+            return refused;
+        }
         if let Some(a) = self.journal().get(&order.id).and_then(|e| e.answer.clone()) {
             tracing::info!(order = %order.id, "order already answered; replaying its answer");
             return self.answer(&order.id, &a, true);
@@ -594,6 +617,9 @@ impl Executor {
     /// Runs an order of [`Executor::runs_apart`] and answers it (not journaled: it is
     /// asked again rather than replayed).
     pub fn run_apart(&self, order: &v1::WorkOrder) -> v1::OrderResult {
+        if let Some(refused) = self.stale(order) {
+            return refused;
+        }
         let outcome = match &order.kind {
             Some(v1::work_order::Kind::SlurmQuery(q)) => self.slurm.query(q),
             _ => Err("not an order that runs apart".into()),

@@ -8,6 +8,7 @@ pub mod bandwidth;
 pub mod driver;
 pub mod executor;
 pub mod faults;
+pub mod fence;
 pub mod hardware;
 pub mod health;
 pub mod host;
@@ -177,6 +178,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
         name: parts.name,
         capacity: parts.capacity,
         hardware,
+            fence: fence::Fence::open(&parts.data_dir)?,
         link: parts.link,
         status_file: parts.data_dir.join("status.json"),
         secret_file: parts.data_dir.join("node.secret"),

@@ -29,6 +29,7 @@ fn agent(dir: &Path, name: &str) -> Arc<Agent> {
         shared_storage: None,
         login_limits: Default::default(),
         stop_workloads: true,
+        cgroup_root: None,
         name: name.into(),
         capacity: "pool".into(),
         gpu_type: model.name.clone(),
@@ -54,6 +55,7 @@ fn agent(dir: &Path, name: &str) -> Arc<Agent> {
 fn order(id: &str, level: &str, bandwidth: Option<v1::BandwidthTest>) -> v1::WorkOrder {
     v1::WorkOrder {
         id: id.into(),
+        epoch: 0,
         kind: Some(v1::work_order::Kind::RunHealthCheck(v1::RunHealthCheck {
             level: level.into(),
             expected_driver: "550.54.15".into(),
@@ -231,4 +233,50 @@ fn a_bandwidth_test_between_two_agents_and_a_slow_network_pair() {
             c.detail
         );
     }
+}
+
+#[test]
+fn an_order_of_an_older_epoch_is_refused_unrun_also_after_a_restart() {
+    use gpufleet_wire::protocol_version::STALE_EPOCH;
+    let dir = tempfile::tempdir().unwrap();
+    let with_epoch = |id: &str, epoch: u64| v1::WorkOrder {
+        epoch,
+        ..order(id, "quick", None)
+    };
+    let a = agent(dir.path(), "n1");
+    let newer = a.exec.run(&with_epoch("o1", 8));
+    assert!(newer.ok, "{newer:?}");
+    let stale = a.exec.run(&with_epoch("o2", 7));
+    assert!(!stale.ok);
+    assert_eq!(stale.error_kind, STALE_EPOCH);
+    assert!(
+        stale.error.contains("epoch 7") && stale.error.contains("older than epoch 8"),
+        "{}",
+        stale.error
+    );
+    assert!(stale.health.is_none(), "a refused order runs no check");
+    assert!(
+        a.exec.journal.lock().unwrap().get("o2").is_none(),
+        "a refused order is not journaled"
+    );
+    // A Slurm question, answered apart from the queue, is fenced too.
+    let query = v1::WorkOrder {
+        id: "q1".into(),
+        epoch: 7,
+        kind: Some(v1::work_order::Kind::SlurmQuery(v1::SlurmQuery {
+            cluster: "c1".into(),
+            action: "status".into(),
+            ..Default::default()
+        })),
+    };
+    assert_eq!(a.exec.run_apart(&query).error_kind, STALE_EPOCH);
+    drop(a);
+
+    // The agent restarts on the same data dir: the epoch it saw is kept.
+    let a = agent(dir.path(), "n1");
+    assert_eq!(a.exec.fence.highest(), 8);
+    assert_eq!(a.exec.run(&with_epoch("o3", 7)).error_kind, STALE_EPOCH);
+    // The current leader's orders, and those of a control plane from before epochs, run.
+    assert!(a.exec.run(&with_epoch("o4", 8)).ok);
+    assert!(a.exec.run(&with_epoch("o5", 0)).ok);
 }

@@ -26,6 +26,12 @@ pub const UNVERSIONED: u32 = 1;
 /// How many protocol versions from its own an end accepts, either way.
 pub const SKEW: u32 = 1;
 
+/// `OrderResult.error_kind` of an order an agent refused unrun because its
+/// `WorkOrder.epoch` is older than the newest epoch of the control plane's lease the agent
+/// has seen. Not a protocol version change: an agent that ignores the epoch runs the
+/// order, and a control plane that sends none (0) is obeyed.
+pub const STALE_EPOCH: &str = "stale_epoch";
+
 /// One end's versions, as it said them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Version {

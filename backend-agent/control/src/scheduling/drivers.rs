@@ -69,6 +69,7 @@ pub async fn events(state: &AppState, cluster: &ClusterRow, events: Vec<Event>) 
 fn order(version: &str) -> v1::WorkOrder {
     v1::WorkOrder {
         id: uuid::Uuid::new_v4().to_string(),
+        epoch: 0, // stamped by Registry::dispatch
         kind: Some(v1::work_order::Kind::InstallDriver(v1::InstallDriver {
             version: version.to_string(),
         })),

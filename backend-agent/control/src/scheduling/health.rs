@@ -386,6 +386,7 @@ async fn run_once(
         let load = state.delivers.load_tests(&node.gpu_type);
         orders.push(v1::WorkOrder {
             id: uuid::Uuid::new_v4().to_string(),
+            epoch: 0, // stamped by Registry::dispatch
             kind: Some(v1::work_order::Kind::RunHealthCheck(v1::RunHealthCheck {
                 level: req.level.to_string(),
                 expected_driver: req.expected_driver.to_string(),

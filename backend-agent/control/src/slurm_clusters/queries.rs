@@ -157,6 +157,7 @@ pub async fn ask(
         }
         let order = v1::WorkOrder {
             id: uuid::Uuid::new_v4().to_string(),
+            epoch: 0, // stamped by Registry::dispatch
             kind: Some(v1::work_order::Kind::SlurmQuery(v1::SlurmQuery {
                 cluster: cluster.to_string(),
                 action: action.to_string(),
