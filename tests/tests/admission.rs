@@ -606,3 +606,86 @@ async fn dry_runs_answer_like_the_real_call_and_change_nothing() {
     assert_eq!(real.nodes.len(), 1);
     assert!(!real.credentials.is_empty());
 }
+
+/// Lending limits through Terraform (issue 42): team-a is guaranteed the whole 2-node
+/// pool (16 GPUs) and lends none of it while idle, so team-b's preemptible cluster is
+/// refused at plan naming team-a's limit and the numbers; once team-a lends 8, the
+/// cluster takes one node; a limit past the guarantee is refused at plan on its
+/// attribute; weight and limit read back and import with no diff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lending_limit_keeps_a_teams_idle_guarantee_from_other_teams() {
+    let backend = Backend::start_with_fleet(&h100_fleet(2));
+    let tf = workdir(&backend);
+    let quota_a = |lends: i64| {
+        hcl::quota("qa", "gpufleet_tenant.a.id", "H100-80GB", 16)
+            .number("weight", 3)
+            .number("lending_limit_gpus", lends)
+    };
+    let base = |lends: i64| {
+        vec![
+            hcl::tenant("a", "team-a"),
+            hcl::tenant("b", "team-b"),
+            quota_a(lends),
+            hcl::quota("qb", "gpufleet_tenant.b.id", "H100-80GB", 0).number("burst_gpus", 16),
+        ]
+    };
+    let borrower = hcl::pool_cluster("borrow", "gpufleet_tenant.b.id", "borrow", "H100-80GB", 1)
+        .boolean("preemptible", true)
+        .depends_on(&["gpufleet_gpu_quota.qb"]);
+    tf.write_main(&hcl::config(&base(0)));
+    tf.apply();
+    tf.assert_no_changes();
+
+    let mut with_cluster = base(0);
+    with_cluster.push(borrower.clone());
+    tf.write_main(&hcl::config(&with_cluster));
+    tf.plan_fails().assert_mentions(&[
+        "node_count: needs 1 H100-80GB pool nodes now (8 GPUs), the pool has 2 free now (16 GPUs)",
+        "tenant 'team-a' lends at most 0 of its 16 idle guaranteed GPUs (lending_limit_gpus = 0)",
+        "tenant 'team-b' may borrow 0 GPUs (0 nodes)",
+    ]);
+
+    // Only guaranteed GPUs are lent: refused at plan, on the attribute.
+    tf.write_main(&hcl::config(&base(24)));
+    tf.plan_fails().assert_mentions(&[
+        "lending_limit_gpus: 24 is more than the quota's 16 guaranteed GPUs",
+        "lending_limit_gpus",
+    ]);
+
+    tf.write_main(&hcl::config(&base(8)));
+    tf.apply();
+    let mut with_cluster = base(8);
+    with_cluster.push(borrower);
+    tf.write_main(&hcl::config(&with_cluster));
+    tf.apply();
+    tf.assert_no_changes();
+    let cluster = tf.resource("gpufleet_tenant_cluster.borrow");
+    assert_eq!(i64_of(&cluster, "node_count"), 1, "{cluster:#}");
+    let quota = tf.resource("gpufleet_gpu_quota.qa");
+    assert_eq!(
+        (
+            i64_of(&quota, "weight"),
+            i64_of(&quota, "lending_limit_gpus")
+        ),
+        (3, 8),
+        "{quota:#}"
+    );
+    let no_limit = tf.resource("gpufleet_gpu_quota.qb");
+    assert!(no_limit["lending_limit_gpus"].is_null(), "{no_limit:#}");
+    assert_eq!(i64_of(&no_limit, "weight"), 1, "{no_limit:#}");
+
+    // Imported into a fresh state, the quota reads back as configured: nothing to change.
+    let imported = workdir(&backend);
+    let by_name = hcl::quota("qa", "\"team-a\"", "H100-80GB", 16)
+        .number("weight", 3)
+        .number("lending_limit_gpus", 8);
+    imported.write_main(&hcl::config(&[by_name]));
+    imported.import("gpufleet_gpu_quota.qa", "team-a/H100-80GB");
+    imported.assert_no_changes();
+    let read = imported.resource("gpufleet_gpu_quota.qa");
+    assert_eq!(
+        (i64_of(&read, "weight"), i64_of(&read, "lending_limit_gpus")),
+        (3, 8),
+        "{read:#}"
+    );
+}
