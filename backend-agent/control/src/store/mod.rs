@@ -19,6 +19,7 @@ pub mod health;
 pub mod holdings;
 pub mod idempotency;
 pub mod invariants;
+pub mod leases;
 pub mod nodes;
 pub mod preemption;
 pub mod quotas;
@@ -578,6 +579,17 @@ const MIGRATIONS: &[&str] = &[
         CHECK (weight BETWEEN 1 AND 1000);
     ALTER TABLE quotas ADD COLUMN lending_limit_gpus INTEGER
         CHECK (lending_limit_gpus IS NULL OR lending_limit_gpus >= 0);
+    "#,
+    // Singletons behind a fenced lease (issue 41): the replica holding a lease does its
+    // work; a takeover raises the epoch, which every write of a singleton checks in its
+    // transaction and every order to a node agent carries (`store::leases`).
+    r#"
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        epoch INTEGER NOT NULL CHECK (epoch >= 1),
+        expires_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
     "#,
 ];
 
