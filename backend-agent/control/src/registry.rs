@@ -466,6 +466,7 @@ mod tests {
     fn order(id: &str) -> v1::WorkOrder {
         v1::WorkOrder {
             id: id.into(),
+            epoch: 0,
             kind: None,
         }
     }
@@ -524,7 +525,6 @@ mod tests {
         ));
         r.heartbeat("n1", session);
         assert!(r.unreachable_for("n1").is_some());
-            epoch: 0,
         let (tx, _rx2) = mpsc::unbounded_channel();
         r.attach("n1", tx, Version::ours());
         assert!(r.unreachable_for("n1").is_none());
@@ -539,6 +539,7 @@ mod tests {
         r.attach("n1", tx, Version::ours());
         let mig = v1::WorkOrder {
             id: "o1".into(),
+            epoch: 0,
             kind: Some(v1::work_order::Kind::ApplyMigLayout(Default::default())),
         };
         let answer = r.dispatch("n1", mig);
@@ -564,4 +565,3 @@ mod tests {
         assert!(r.claim("n1", "never-sent").is_none());
     }
 }
-            epoch: 0,

@@ -333,11 +333,11 @@ impl Plan {
         let backup = self.backup.as_ref().is_some_and(|b| b.node.id == node.id);
         v1::WorkOrder {
             id: uuid::Uuid::new_v4().to_string(),
+            epoch: 0, // stamped by Registry::dispatch
             kind: Some(v1::work_order::Kind::StartSlurmd(v1::StartSlurmd {
                 cluster: self.name.clone(),
                 slurm_conf: self.shared_conf.clone(),
                 cgroup_conf: conf::cgroup(),
-            epoch: 0, // stamped by Registry::dispatch
                 munge_key: self.key.clone(),
                 uid: self.account.uid,
                 home: self.home.clone(),
@@ -588,6 +588,7 @@ async fn blocking<T: Send + 'static>(
 fn stop_order(cluster: &str) -> v1::WorkOrder {
     v1::WorkOrder {
         id: uuid::Uuid::new_v4().to_string(),
+        epoch: 0, // stamped by Registry::dispatch
         kind: Some(v1::work_order::Kind::StopSlurmd(v1::StopSlurmd {
             cluster: cluster.to_string(),
         })),
@@ -597,7 +598,6 @@ fn stop_order(cluster: &str) -> v1::WorkOrder {
 /// Sends `order` (a fresh one per node) to every node and gathers the failures.
 async fn order_all(
     state: &AppState,
-        epoch: 0, // stamped by Registry::dispatch
     nodes: &[NodeRow],
     order: impl Fn(&NodeRow) -> v1::WorkOrder,
 ) -> Vec<String> {
