@@ -7,7 +7,8 @@
 //! free for the tenant: no other tenant's cluster is admitted onto it. A tenant's
 //! *weighted share* is the pool GPUs it holds now beyond its guarantee, divided by its
 //! weight; take-back shrinks the borrower with the highest share first, one node at a
-//! time, and a choice among waiting tenants goes to the lowest share first.
+//! time, and when fewer on-demand nodes are free than the preempted clusters may take in
+//! their place, those with the lowest share after the take-back get them first.
 //!
 //! Why two tenants cannot preempt each other in a loop: only a reservation window that
 //! starts takes pool nodes back (`take_back`), and only from preemptible clusters; a
@@ -200,6 +201,23 @@ pub fn take_back_order(
     out
 }
 
+/// How `available` replacement nodes are shared among victims that want `wants[i].0`
+/// each, with their tenant's (borrowed GPUs, weight) after the take-back: the lowest
+/// weighted share first (ties in the victims' order), each given what it wants while any
+/// are left. Returns the grants in the victims' order.
+pub fn replacement_grants(wants: &[(i64, (i64, i64))], available: i64) -> Vec<i64> {
+    let mut by_share: Vec<usize> = (0..wants.len()).collect();
+    by_share.sort_by(|&i, &j| compare_shares(wants[i].1, wants[j].1));
+    let mut grants = vec![0; wants.len()];
+    let mut left = available.max(0);
+    for i in by_share {
+        let granted = wants[i].0.max(0).min(left);
+        grants[i] = granted;
+        left -= granted;
+    }
+    grants
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +298,17 @@ mod tests {
             take_back_order(borrowers, 4, 8),
             vec![("a1".to_string(), 3), ("b1".to_string(), 1)]
         );
+    }
+
+    #[test]
+    fn scarce_replacements_go_to_the_lowest_weighted_share_first() {
+        // Three victims want 2, 1 and 2 on-demand nodes; 3 are free. Shares after the
+        // take-back: 16/1, 8/4 = 2, 0/1: the third (0) gets 2, the second (2) gets 1, the
+        // first none. One that does not want any gets none whatever its share.
+        let wants = [(2, (16, 1)), (1, (8, 4)), (2, (0, 1)), (0, (-8, 1))];
+        assert_eq!(replacement_grants(&wants, 3), vec![0, 1, 2, 0]);
+        assert_eq!(replacement_grants(&wants, 9), vec![2, 1, 2, 0]);
+        assert_eq!(replacement_grants(&wants, 0), vec![0, 0, 0, 0]);
     }
 
     #[test]

@@ -130,12 +130,18 @@ fn a_lending_limit_lends_that_many_and_what_the_owner_uses_is_not_idle() {
 
 /// team-b (weight 1) borrows 2 nodes with b1; team-c (8 guaranteed, `c_weight`) holds 2
 /// with the newer c1; then team-a's reservation of 2 nodes starts: 2 must go back.
-fn taken_back(c_weight: i64) -> Vec<(String, usize)> {
+/// Returns (cluster, nodes taken, on-demand replacements); with `on_demand` both clusters
+/// allow on-demand replacements, of which one (`d1`) is free.
+fn taken_back(c_weight: i64, on_demand: bool) -> Vec<(String, usize, usize)> {
     let (_dir, conn) = seed(None, c_weight);
     cluster(&conn, "b1", "b", 2, true);
     hold(&conn, "b1", &["p1", "p2"]);
     cluster(&conn, "c1", "c", 2, true);
     hold(&conn, "c1", &["p3", "p4"]);
+    if on_demand {
+        conn.execute("UPDATE cluster_preemption SET allow_on_demand = 1", [])
+            .unwrap();
+    }
     store::reservations::insert(
         &conn,
         &store::reservations::ReservationRow {
@@ -164,7 +170,7 @@ fn taken_back(c_weight: i64) -> Vec<(String, usize)> {
                 "{}",
                 w.why
             );
-            (w.cluster.id, w.taken.len())
+            (w.cluster.id, w.taken.len(), w.replacements.len())
         })
         .collect()
 }
@@ -174,7 +180,7 @@ fn take_back_preempts_the_borrower_furthest_above_its_weighted_share() {
     // team-b borrows 16 at weight 1 (share 16); team-c holds 16 against 8 guaranteed,
     // borrowing 8 at weight 3 (share 8/3): both nodes come from team-b, though c1 is
     // newer (the order before weights took from the newest cluster first).
-    assert_eq!(taken_back(3), vec![("b1".to_string(), 2)]);
+    assert_eq!(taken_back(3, false), vec![("b1".to_string(), 2, 0)]);
 }
 
 #[test]
@@ -182,7 +188,18 @@ fn take_back_between_equal_shares_goes_newest_first_then_by_share() {
     // team-c at weight 1 borrows 8 (share 8) against team-b's 16: team-b gives one node
     // (16 -> 8), then the tie at 8 goes to the newest cluster, c1.
     assert_eq!(
-        taken_back(1),
-        vec![("b1".to_string(), 1), ("c1".to_string(), 1)]
+        taken_back(1, false),
+        vec![("b1".to_string(), 1, 0), ("c1".to_string(), 1, 0)]
+    );
+}
+
+#[test]
+fn a_scarce_on_demand_replacement_goes_to_the_lowest_weighted_share() {
+    // As above, and both may move to on-demand nodes, of which one is free. After the
+    // take-back team-b borrows 8 (share 8), team-c 0 (share 0): c1 gets d1, though b1
+    // was preempted first (before weights, the first victim got it).
+    assert_eq!(
+        taken_back(1, true),
+        vec![("b1".to_string(), 1, 0), ("c1".to_string(), 1, 1)]
     );
 }

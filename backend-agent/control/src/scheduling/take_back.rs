@@ -86,9 +86,8 @@ fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBac
     };
     let gpn = super::gpus_per_node(tx, gpu_type)?;
     let (order, shares) = fair_share_victims(tx, gpu_type, (&held, gpn), excess, t)?;
-    let mut on_demand_left = cap.free_on_demand(t, None);
-    let mut free_on_demand = store::nodes::free(tx, gpu_type, ON_DEMAND)?;
-    let mut out = Vec::new();
+    // The nodes each victim gives back, and whether on-demand nodes may replace them.
+    let mut victims = Vec::new();
     for (cluster, count) in order {
         let mut pool: Vec<NodeRow> = store::nodes::list(tx, None, Some(&cluster.id))?
             .into_iter()
@@ -97,26 +96,25 @@ fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBac
         pool.sort_by(|a, b| b.hostname.cmp(&a.hostname));
         let taken: Vec<NodeRow> = pool.into_iter().take(count as usize).collect();
         let allow_on_demand = store::preemption::get(tx, &cluster.id)?.unwrap_or(false);
+        victims.push((cluster, taken, allow_on_demand));
+    }
+    let on_demand_left = cap.free_on_demand(t, None);
+    let mut free_on_demand = store::nodes::free(tx, gpu_type, ON_DEMAND)?;
+    let available = on_demand_left.min(free_on_demand.len() as i64);
+    let grants = on_demand_grants(&victims, &shares, gpn, available);
+    let mut out = Vec::new();
+    for ((cluster, taken, _), granted) in victims.into_iter().zip(grants) {
         let share = shares
-            .iter()
-            .find(|(tenant, _)| *tenant == cluster.tenant_id)
-            .map_or_else(String::new, |(_, text)| format!("; {text}"));
+            .get(&cluster.tenant_id)
+            .map_or_else(String::new, |(text, _, _)| format!("; {text}"));
         let why = format!("{why}{share}");
-        let mut replacements = Vec::new();
-        if allow_on_demand {
-            let k = taken
-                .len()
-                .min(on_demand_left.max(0) as usize)
-                .min(free_on_demand.len());
-            replacements = free_on_demand.drain(..k).collect();
-            on_demand_left -= k as i64;
-            for n in &replacements {
-                if !store::nodes::assign(tx, &n.id, &cluster.id, t)? {
-                    return Err(Error::Aborted(format!(
-                        "node {} was taken meanwhile; retrying",
-                        n.hostname
-                    )));
-                }
+        let replacements: Vec<NodeRow> = free_on_demand.drain(..granted as usize).collect();
+        for n in &replacements {
+            if !store::nodes::assign(tx, &n.id, &cluster.id, t)? {
+                return Err(Error::Aborted(format!(
+                    "node {} was taken meanwhile; retrying",
+                    n.hostname
+                )));
             }
         }
         let reachable: Vec<NodeRow> = taken
@@ -144,18 +142,50 @@ fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBac
     Ok(out)
 }
 
+/// How many on-demand nodes replace each victim's taken nodes (those that allow it) when
+/// `available` are free: with fewer than they want, the lowest weighted share after the
+/// take-back is served first (`sharing::replacement_grants`).
+fn on_demand_grants(
+    victims: &[(ClusterRow, Vec<NodeRow>, bool)],
+    shares: &Shares,
+    gpn: i64,
+    available: i64,
+) -> Vec<i64> {
+    let wants: Vec<(i64, (i64, i64))> = victims
+        .iter()
+        .map(|(cluster, taken, allow)| {
+            let given: usize = victims
+                .iter()
+                .filter(|(c, _, _)| c.tenant_id == cluster.tenant_id)
+                .map(|(_, taken, _)| taken.len())
+                .sum();
+            let after = shares
+                .get(&cluster.tenant_id)
+                .map_or((0, 1), |(_, borrowed, weight)| {
+                    (borrowed - given as i64 * gpn, *weight)
+                });
+            let want = if *allow { taken.len() as i64 } else { 0 };
+            (want, after)
+        })
+        .collect();
+    sharing::replacement_grants(&wants, available)
+}
+
+/// Per borrowing tenant: its share in words, and its borrowed GPUs and weight before the
+/// take-back.
+type Shares = std::collections::HashMap<String, (String, i64, i64)>;
+
 /// The preemptible clusters that give back `excess` pool nodes and how many each, in
 /// weighted fair-share order (`sharing::take_back_order`: the borrowing tenant furthest
-/// above its weighted share first), and each borrowing tenant's share in words. Clusters
+/// above its weighted share first), and each borrowing tenant's share. Clusters
 /// a request is changing are left to the next round.
-#[allow(clippy::type_complexity)]
 fn fair_share_victims(
     tx: &Connection,
     gpu_type: &str,
     (held, gpn): (&[super::Holding], i64),
     excess: i64,
     t: i64,
-) -> Result<(Vec<(ClusterRow, i64)>, Vec<(String, String)>)> {
+) -> Result<(Vec<(ClusterRow, i64)>, Shares)> {
     let shares = sharing::shares(tx, gpu_type, held, t, gpn)?;
     let mut borrowers: Vec<Borrower> = Vec::new();
     let mut rows: Vec<ClusterRow> = Vec::new();
@@ -196,14 +226,14 @@ fn fair_share_victims(
             let s = shares.iter().find(|s| s.tenant_id == b.tenant_id)?;
             Some((
                 b.tenant_id.clone(),
-                format!(
+                (format!(
                     "taken in weighted fair-share order: tenant '{}' held {} pool GPUs against {} guaranteed ({} borrowed, weight {})",
                     s.tenant_name,
                     s.held,
                     s.guaranteed,
                     s.borrowed(),
                     s.weight
-                ),
+                ), b.borrowed, b.weight),
             ))
         })
         .collect();
