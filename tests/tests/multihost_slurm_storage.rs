@@ -86,7 +86,8 @@ fn volume_mounts(host: &Host) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with("/run/gpufleet/volumes"))
+        // Under it: the root itself is a mount of its own (see `gpufleet_slurm::sandbox`).
+        .filter(|p| p.starts_with("/run/gpufleet/volumes/"))
         .map(str::to_string)
         .collect()
 }

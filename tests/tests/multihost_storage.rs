@@ -67,7 +67,8 @@ fn volume_mounts(host: &Host) -> Vec<String> {
     let info = sh(host, "cat /proc/self/mountinfo").unwrap();
     info.lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with(MOUNTS))
+        // Under it: the root itself is a mount of its own (see `gpufleet_slurm::sandbox`).
+        .filter(|p| p.starts_with(&format!("{MOUNTS}/")))
         .map(str::to_string)
         .collect()
 }

@@ -236,6 +236,25 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
         .unwrap()
         .to_string();
     let marker = format!("secret-of-a-{}", std::process::id());
+    // Each team's volume is mounted on this machine (node-local, external agents).
+    let volume_of = |address: &str| {
+        tf.resource(address)["storage_path"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (a_volume, b_volume) = (volume_of(A), volume_of(B));
+    let a_tenant = tf.resource("gpufleet_tenant.a")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        a_volume.contains(&a_tenant)
+            && fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .contains(&a_volume),
+        "A's volume {a_volume} is mounted on this machine"
+    );
 
     // A leaves files in its login's temporary directories, a System V shared memory
     // segment and a process on its login, and runs a job that writes to its own
@@ -317,7 +336,8 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
         "ls -a {TEMP}; for d in {TEMP}; do cat $d/{marker}* 2>&1; done; ipcs -m; \
          cat /proc/self/cgroup; find /sys/fs/cgroup -type d; \
          grep -c {a_name} /etc/passwd /etc/group; getent passwd {a_name} {a_uid} || echo no-such-user; \
-         grep ^gf /etc/passwd | cut -d: -f1; ls /run/gpufleet 2>&1 || true; cat /proc/self/mountinfo"
+         grep ^gf /etc/passwd | cut -d: -f1; ls /run/gpufleet 2>&1 || true; cat /proc/self/mountinfo; \
+         touch {b_volume}/own-$$ && echo own-volume-writable"
     );
     for (place, out) in [("login", b.ok(&probe)), ("job", b.job_ok("", &probe))] {
         for never in [
@@ -332,6 +352,16 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
                 "B's {place} sees A's or the host's cgroups ({never}): {out}"
             );
         }
+        // Of the team volume mounts, its own tenant's alone: A's tenant id and volume are
+        // in no mount it lists (they are in the host's), its own volume is there to use.
+        assert!(
+            !out.contains(&a_tenant) && !out.contains(&a_volume),
+            "B's {place} lists A's volume mount ({a_volume}): {out}"
+        );
+        assert!(
+            out.contains(&format!(" {b_volume} ")) && out.contains("own-volume-writable"),
+            "B's {place} lacks its own volume {b_volume}: {out}"
+        );
         // Its own cgroups, from the root of its view.
         let own = match place {
             "login" => "memory:/\n".to_string(),

@@ -294,6 +294,9 @@ struct Plan {
     first_job_id: u64,
     /// The team volume's mount path on the nodes, which the home links to; '' none.
     home: String,
+    /// The team volume's mount path on the nodes (shared or node-local), the only one
+    /// the cluster's namespaces show; '' when volumes are not mounted on nodes.
+    volume: String,
     host_key: login::HostKey,
     /// Made now (a cluster from before host keys were kept): to record.
     new_host_key: bool,
@@ -306,12 +309,13 @@ impl Plan {
     fn fingerprint(&self) -> String {
         let id = |h: &Option<Head>| h.as_ref().map(|h| h.node.id.clone()).unwrap_or_default();
         format!(
-            "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
+            "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
             self.shared_conf,
             id(&self.head),
             id(&self.backup),
             self.state_dir,
             self.home,
+            self.volume,
             self.access.login_port,
             self.access.uid,
             self.access.ssh_public_keys,
@@ -341,6 +345,7 @@ impl Plan {
                 munge_key: self.key.clone(),
                 uid: self.account.uid,
                 home: self.home.clone(),
+                volume: self.volume.clone(),
                 controller: (head || backup).then(|| v1::SlurmController {
                     backup,
                     state_dir: self.state_dir.clone(),
@@ -554,6 +559,10 @@ fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<
         seed_from,
         first_job_id,
         home: match state.volumes.shared_on_nodes() {
+            true => c.storage_path.clone(),
+            false => String::new(),
+        },
+        volume: match state.volumes.mounts_on_nodes() {
             true => c.storage_path.clone(),
             false => String::new(),
         },

@@ -25,6 +25,7 @@ pub mod node_cgroup;
 pub mod ports;
 pub mod sandbox;
 pub mod status;
+mod volume_view;
 
 pub use ports::PortRange;
 

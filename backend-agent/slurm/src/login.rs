@@ -249,6 +249,8 @@ pub struct Login {
     pub slurm_conf: PathBuf,
     /// The team's keys (root's file, readable by the cluster's group).
     pub authorized_keys: PathBuf,
+    /// The team volume mounts its sessions see (their own tenant's; None: the host's).
+    pub volumes: Option<sandbox::Volumes>,
 }
 
 /// sshd_config for the cluster's login.
@@ -342,7 +344,12 @@ fn daemon(
     };
     Ok((
         spec,
-        Sandbox::login(etc_layer, own_dir, cgroup.procs_files()),
+        Sandbox::login(
+            etc_layer,
+            own_dir,
+            cgroup.procs_files(),
+            login.volumes.clone(),
+        ),
     ))
 }
 

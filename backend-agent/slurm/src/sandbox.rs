@@ -22,7 +22,9 @@
 //! - a cgroupfs of its own (a cgroup namespace rooted at the cgroups it joins, see
 //!   `crate::cgroup_view`): `/sys/fs/cgroup` shows those hierarchies from that root, so a
 //!   session or job reads its own limits and usage and nothing of another team's cgroups
-//!   (their names hold the cluster's account, uid and job ids).
+//!   (their names hold the cluster's account, uid and job ids);
+//! - of the team volume mounts under `/run/gpufleet/volumes`, its own tenant's alone (see
+//!   `crate::volume_view`): another tenant's id or cluster name is in no mount it lists.
 //!
 //! The daemon enters the namespace between fork and exec (`unshare(CLONE_NEWNS)`, then
 //! the mounts), so its pid is the supervisor's child as before, and everything it starts
@@ -34,6 +36,7 @@ use std::path::{Path, PathBuf};
 
 use super::account::{FIRST_UID, UIDS};
 use super::mount::{cpath, cstring, Mount};
+pub use super::volume_view::Volumes;
 
 /// What a daemon's namespace holds; see the module's doc.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -55,6 +58,9 @@ pub struct Sandbox {
     pub cgroups: Vec<PathBuf>,
     /// An IPC namespace of its own.
     pub private_ipc: bool,
+    /// The team volume mounts it sees: its own tenant's only. None: the host's, as they
+    /// are (a daemon that serves no team).
+    pub volumes: Option<Volumes>,
 }
 
 /// The user databases a sandbox shows instead of the host's.
@@ -64,8 +70,14 @@ impl Sandbox {
     /// The login's: in its `cgroups` (and seeing those only), processes hidden, a user
     /// database without other clusters, its own IPC and its own `/tmp`, `/var/tmp`,
     /// `/dev/shm` and `/run/lock`; `own_dir` (sshd's host key and configuration, which it
-    /// reads again for each connection) stays where it is.
-    pub fn login(etc_layer: PathBuf, own_dir: &Path, cgroups: Vec<PathBuf>) -> Sandbox {
+    /// reads again for each connection) stays where it is; of the team volumes, `volumes`
+    /// (None: the host's).
+    pub fn login(
+        etc_layer: PathBuf,
+        own_dir: &Path,
+        cgroups: Vec<PathBuf>,
+        volumes: Option<Volumes>,
+    ) -> Sandbox {
         Sandbox {
             cgroups,
             hide_processes: true,
@@ -77,6 +89,7 @@ impl Sandbox {
             etc_layer: Some(etc_layer),
             keep: vec![own_dir.to_path_buf()],
             private_ipc: true,
+            volumes,
         }
     }
 
@@ -84,8 +97,14 @@ impl Sandbox {
     /// which its jobs see alone), processes hidden, a user database without other
     /// clusters, its own IPC, `/var/tmp` and `/run/lock` (its jobs'); each job gets its own
     /// `/tmp` and `/dev/shm` from `job_container/tmpfs`, made in this namespace. `own_dir`
-    /// (its spool, configuration and the jobs' base) stays where it is.
-    pub fn slurmd(etc_layer: PathBuf, own_dir: &Path, cgroups: Vec<PathBuf>) -> Sandbox {
+    /// (its spool, configuration and the jobs' base) stays where it is; of the team
+    /// volumes, `volumes` (None: the host's).
+    pub fn slurmd(
+        etc_layer: PathBuf,
+        own_dir: &Path,
+        cgroups: Vec<PathBuf>,
+        volumes: Option<Volumes>,
+    ) -> Sandbox {
         Sandbox {
             cgroups,
             hide_processes: true,
@@ -97,6 +116,7 @@ impl Sandbox {
             etc_layer: Some(etc_layer),
             keep: vec![own_dir.to_path_buf()],
             private_ipc: true,
+            volumes,
         }
     }
 }
@@ -140,11 +160,16 @@ pub fn user_databases(dir: &Path, keep: &str) -> Result<PathBuf, String> {
     Ok(layer)
 }
 
-/// Makes the mount that holds `dir` (created 0711 if missing) shared, so that what is
-/// mounted under `dir` later (a team volume, mounted when a node joins its cluster) also
-/// appears in the sandboxes made from this namespace, which receive the host's shared
-/// mounts as slaves. Only that mount's propagation changes (systemd hosts have it shared
-/// already); nothing is mounted. Idempotent; call it before starting a sandboxed daemon.
+/// Makes `dir` (created 0711 if missing) a mount of its own (a bind mount of itself) in
+/// a peer group of its own, shared, when it is not one yet and nothing is mounted under
+/// it (else, with mounts under it already, makes the mount that holds it shared), so that
+/// what is mounted under `dir` later (a team volume, mounted when a node joins its
+/// cluster) also appears in the sandboxes made from this namespace, which receive the
+/// host's shared mounts as slaves. A mount of its own, whose mounts propagate to no other
+/// mount of the host, is what lets a sandbox detach every other tenant's volume, those
+/// mounted later included (see `crate::volume_view`). Nothing else changes (systemd
+/// hosts have their mounts shared already). Idempotent; call it before starting a
+/// sandboxed daemon.
 pub fn share_with_sandboxes(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
     // Each folder made on the way is 0711 (as /run/gpufleet is): no one lists them.
@@ -156,33 +181,99 @@ pub fn share_with_sandboxes(dir: &Path) -> Result<(), String> {
             let _ = std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o711));
         }
     }
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let holder = mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(Path::new)
-        .filter(|p| dir.starts_with(p))
-        .max_by_key(|p| p.as_os_str().len())
-        .unwrap_or(Path::new("/"));
-    let c = cpath(holder).map_err(|e| e.to_string())?;
-    // SAFETY: a NUL-terminated path; only the mount's propagation changes.
+    let c = cpath(dir).map_err(|e| e.to_string())?;
+    let mounts = mount_points()?;
+    let own = mounts.iter().rev().find(|m| m.target == dir);
+    let apart = match own {
+        None if !mounts.iter().any(|m| m.target.starts_with(dir)) => {
+            mount(Some(&c), &c, libc::MS_BIND)
+                .map_err(|e| format!("cannot make {} a mount of its own: {e}", dir.display()))?;
+            true
+        }
+        None => {
+            tracing::warn!(dir = %dir.display(), "mounts under it already: the sandboxes started from now on may list the team volumes mounted later");
+            let holder = mounts
+                .iter()
+                .map(|m| m.target.as_path())
+                .filter(|p| dir.starts_with(p))
+                .max_by_key(|p| p.as_os_str().len())
+                .unwrap_or(Path::new("/"));
+            let h = cpath(holder).map_err(|e| e.to_string())?;
+            return mount(None, &h, libc::MS_SHARED)
+                .map_err(|e| format!("cannot make the mount at {} shared: {e}", holder.display()));
+        }
+        // A bind of a shared mount joins that mount's peer group (as an earlier agent's
+        // did): what is mounted on it would propagate to the host's other mounts, and to
+        // every sandbox's copy of them.
+        Some(own) => {
+            own.shared.is_some()
+                && mounts
+                    .iter()
+                    .any(|m| m.id == own.parent && m.shared == own.shared)
+        }
+    };
+    if apart {
+        mount(None, &c, libc::MS_PRIVATE)
+            .map_err(|e| format!("cannot make the mount at {} private: {e}", dir.display()))?;
+    }
+    mount(None, &c, libc::MS_SHARED)
+        .map_err(|e| format!("cannot make the mount at {} shared: {e}", dir.display()))
+}
+
+/// mount(2) with no file system type and no data.
+fn mount(source: Option<&CString>, target: &CString, flags: libc::c_ulong) -> std::io::Result<()> {
+    // SAFETY: NUL-terminated paths, or null where mount(2) allows it.
     let rc = unsafe {
         libc::mount(
+            source.map_or(std::ptr::null(), |s| s.as_ptr()),
+            target.as_ptr(),
             std::ptr::null(),
-            c.as_ptr(),
-            std::ptr::null(),
-            libc::MS_SHARED,
+            flags,
             std::ptr::null(),
         )
     };
-    if rc != 0 {
-        return Err(format!(
-            "cannot make the mount at {} shared: {}",
-            holder.display(),
-            std::io::Error::last_os_error()
-        ));
+    match rc {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
     }
-    Ok(())
+}
+
+/// One mount as mountinfo lists it: what [`share_with_sandboxes`] reads.
+#[derive(Debug, PartialEq)]
+struct MountPoint {
+    id: u32,
+    parent: u32,
+    target: PathBuf,
+    /// Its peer group (`shared:N`), when shared.
+    shared: Option<u32>,
+}
+
+/// The mounts in mountinfo's text, in its order.
+fn parse_mountinfo(text: &str) -> Vec<MountPoint> {
+    text.lines()
+        .filter_map(|l| {
+            let (fields, _) = l.split_once(" - ")?;
+            let f: Vec<&str> = fields.split(' ').collect();
+            Some(MountPoint {
+                id: f.first()?.parse().ok()?,
+                parent: f.get(1)?.parse().ok()?,
+                target: PathBuf::from(f.get(4)?),
+                shared: f
+                    .iter()
+                    .skip(6)
+                    .find_map(|o| o.strip_prefix("shared:"))
+                    .and_then(|n| n.parse().ok()),
+            })
+        })
+        .collect()
+}
+
+/// The mounts of this thread's mount namespace (where its mount(2) calls act), as
+/// `/proc/thread-self/mountinfo` lists them.
+fn mount_points() -> Result<Vec<MountPoint>, String> {
+    let mountinfo = std::fs::read_to_string("/proc/thread-self/mountinfo")
+        .map_err(|e| format!("reading /proc/thread-self/mountinfo: {e}"))?;
+    Ok(parse_mountinfo(&mountinfo))
 }
 
 /// `passwd` or `group` lines (NAME:x:ID:...) but those of cluster accounts (ids of the
@@ -236,6 +327,8 @@ pub(crate) struct Prepared {
     cgroups: Vec<CString>,
     /// The cgroupfs the process sees, rooted at the cgroups it joined.
     cgroup_view: Option<crate::cgroup_view::View>,
+    /// The team volume mounts it sees.
+    volume_view: Option<crate::volume_view::View>,
     private_ipc: bool,
 }
 
@@ -327,6 +420,11 @@ impl Sandbox {
                 true => None,
                 false => Some(crate::cgroup_view::View::prepare(&self.cgroups)?),
             },
+            volume_view: self
+                .volumes
+                .as_ref()
+                .map(crate::volume_view::View::prepare)
+                .transpose()?,
             private_ipc: self.private_ipc,
         })
     }
@@ -357,6 +455,9 @@ impl Prepared {
             ) != 0
             {
                 return Err(std::io::Error::last_os_error());
+            }
+            if let Some(view) = &self.volume_view {
+                view.enter()?;
             }
             for p in &self.private {
                 let mut trees = [-1 as libc::c_int; MAX_KEEP];
@@ -527,6 +628,125 @@ unsafe fn mount_namespace_id() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tmpfs at `at` (made first) holding a file named `mark`, in this thread's namespace.
+    fn tmpfs_with(at: &Path, mark: &str) {
+        std::fs::create_dir_all(at).unwrap();
+        let (fs, target) = (cstring("tmpfs").unwrap(), cpath(at).unwrap());
+        // SAFETY: NUL-terminated strings; a tmpfs takes no data.
+        let rc = unsafe {
+            libc::mount(
+                fs.as_ptr(),
+                target.as_ptr(),
+                fs.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "mount {at:?}: {}", std::io::Error::last_os_error());
+        std::fs::write(at.join(mark), mark).unwrap();
+    }
+
+    /// Team B's daemon, sandboxed on a host holding team A's and B's volumes, lists in
+    /// its mountinfo none of A's (neither those mounted before it started nor after) and
+    /// all of B's, and reads B's volumes at their paths; the host keeps all of them.
+    #[test]
+    fn a_sandbox_lists_and_reaches_its_own_tenants_volumes_alone_those_mounted_later_too() {
+        use std::io::{BufRead, Write};
+        std::thread::spawn(|| {
+            // SAFETY: syscalls on this thread (unshare affects it alone) and literals.
+            unsafe {
+                assert_eq!(
+                    libc::unshare(libc::CLONE_NEWNS),
+                    0,
+                    "unshare (needs root): {}",
+                    std::io::Error::last_os_error()
+                );
+                let none = std::ptr::null();
+                let rc = libc::mount(
+                    none,
+                    c"/".as_ptr(),
+                    none,
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    none.cast(),
+                );
+                assert_eq!(rc, 0);
+                // Shared within this namespace, as a systemd host's mounts are: a bind
+                // made on them would join their peer group.
+                let rc = libc::mount(
+                    none,
+                    c"/".as_ptr(),
+                    none,
+                    libc::MS_REC | libc::MS_SHARED,
+                    none.cast(),
+                );
+                assert_eq!(rc, 0);
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().join("volumes");
+            share_with_sandboxes(&root).unwrap();
+            share_with_sandboxes(&root).unwrap();
+            let mounts = mount_points().unwrap();
+            let own = mounts.iter().find(|m| m.target == root).expect("a mount of its own");
+            assert!(own.shared.is_some(), "{own:?}");
+            assert!(
+                !mounts.iter().any(|m| m.id != own.id && m.shared == own.shared),
+                "in a peer group of its own: {mounts:?}"
+            );
+            tmpfs_with(&root.join("tenant-a/train"), "a-train");
+            tmpfs_with(&root.join("tenant-b/asr"), "b-asr");
+            let sandbox = Sandbox {
+                volumes: Some(Volumes::new(&root, Some(&root.join("tenant-b/asr"))).unwrap()),
+                ..Sandbox::default()
+            };
+            let prepared = sandbox.prepare().unwrap();
+            let show = format!(
+                "cat /proc/self/mountinfo; cat {0}/tenant-b/asr/b-asr {0}/tenant-b/late/b-late; echo; echo END",
+                root.display()
+            );
+            let mut cmd = std::process::Command::new("sh");
+            cmd.args(["-c", &format!("{show}; read go; {show}")])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null());
+            // SAFETY: enter makes system calls only.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || prepared.enter());
+            }
+            let mut child = cmd.spawn().unwrap();
+            let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+            let shown = |out: &mut std::io::BufReader<_>| {
+                let mut text = String::new();
+                while !text.ends_with("END\n") {
+                    assert_ne!(out.read_line(&mut text).unwrap(), 0, "{text}");
+                }
+                text
+            };
+            let before = shown(&mut out);
+            // Mounted on the host after the daemon started: one volume of each tenant.
+            tmpfs_with(&root.join("tenant-a/late"), "a-late");
+            tmpfs_with(&root.join("tenant-b/late"), "b-late");
+            writeln!(child.stdin.take().unwrap(), "go").unwrap();
+            let after = shown(&mut out);
+            assert!(child.wait().unwrap().success());
+            for (when, text) in [("before", &before), ("after", &after)] {
+                assert!(!text.contains("tenant-a"), "{when}: {text}");
+                assert!(text.contains(&format!("{}/tenant-b/asr ", root.display())), "{when}: {text}");
+                assert!(text.contains("b-asr"), "{when}: {text}");
+            }
+            assert!(!before.contains("b-late"), "{before}");
+            assert!(
+                after.contains(&format!("{}/tenant-b/late ", root.display())) && after.contains("b-late"),
+                "{after}"
+            );
+            let host: Vec<PathBuf> = mount_points().unwrap().into_iter().map(|m| m.target).collect();
+            for m in ["tenant-a/train", "tenant-a/late", "tenant-b/asr", "tenant-b/late"] {
+                assert!(host.contains(&root.join(m)), "the host lost {m}: {host:?}");
+            }
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn a_sandboxed_user_database_keeps_the_host_and_its_own_cluster_only() {

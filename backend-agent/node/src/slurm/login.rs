@@ -61,6 +61,8 @@ pub struct Spec<'a> {
     pub node: &'a str,
     /// The sessions' slurm.conf (the shared one with this node's munged socket).
     pub client_conf: String,
+    /// The team volume mounts the sessions see (their own tenant's).
+    pub volumes: Option<gpufleet_slurm::sandbox::Volumes>,
 }
 
 /// Runs (or verifies, or adopts from a former agent) the login as `want` says.
@@ -79,6 +81,7 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
         user: want.account.name.clone(),
         slurm_conf: client_conf,
         authorized_keys: keys_file,
+        volumes: want.volumes.clone(),
     };
     let config = login::sshd_config(&spec, &files);
     let cgroup = LoginCgroup::of(want.cluster, want.node);

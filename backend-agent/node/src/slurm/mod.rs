@@ -203,6 +203,19 @@ impl Slurm {
             "" => None,
             home => Some(under("home", home, Path::new(VOLUME_MOUNTS))?),
         };
+        // The only team volume mounts its namespaces show: its own tenant's.
+        // An older control plane names no volume: the home's, when it has that shape.
+        let root = Path::new(VOLUME_MOUNTS);
+        let volumes = match (order.volume.as_str(), volume.as_deref()) {
+            ("", None) => None,
+            ("", Some(home)) => sandbox::Volumes::new(root, Some(home))
+                .inspect_err(|e| tracing::warn!(%cluster, error = %e, "the cluster's namespaces show every team volume mount"))
+                .ok(),
+            (own, _) => Some(sandbox::Volumes::new(
+                root,
+                Some(&under("volume", own, root)?),
+            )?),
+        };
         if let Some(c) = order
             .controller
             .as_ref()
@@ -321,6 +334,7 @@ impl Slurm {
                 account: &account,
                 port,
                 cgroup: &NodeCgroup::of(cluster, &node_part(&self.node)),
+                volumes: volumes.clone(),
             },
             gpus,
         )?;
@@ -340,6 +354,7 @@ impl Slurm {
                     limits: &self.login_limits,
                     node: &node_part(&self.node),
                     client_conf: format!("{}{}", order.slurm_conf, conf::auth_info(&socket)),
+                    volumes,
                 },
             )?),
             None => {

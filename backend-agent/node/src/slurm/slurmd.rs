@@ -65,6 +65,8 @@ pub struct Spec<'a> {
     pub port: u16,
     /// The cgroup slurmd runs in (made here).
     pub cgroup: &'a NodeCgroup,
+    /// The team volume mounts slurmd and its jobs see (their own tenant's).
+    pub volumes: Option<sandbox::Volumes>,
 }
 
 /// Runs (or verifies, or adopts from a former agent) the node's slurmd as `want` says,
@@ -136,7 +138,12 @@ pub fn ensure(
         config: format!("{full}{gres_conf}{cgroup_conf}"),
     };
     want.cgroup.ensure()?;
-    let sandbox = Sandbox::slurmd(etc_layer, dir, want.cgroup.procs_files());
+    let sandbox = Sandbox::slurmd(
+        etc_layer,
+        dir,
+        want.cgroup.procs_files(),
+        want.volumes.clone(),
+    );
     // The slurmd a former agent started with this configuration runs on (and its jobs'
     // steps with it, whatever happens to slurmd); else a new one.
     let slurmd = match Daemon::adopt(&name, &spec, Some(sandbox.clone())) {
