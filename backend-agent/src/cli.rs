@@ -716,6 +716,29 @@ pub struct ServeArgs {
     /// come from a changed range.
     #[arg(long, env = "GPUFLEET_SLURM_PORTS", default_value = "20000-29999", value_parser = parse_slurm_ports)]
     pub slurm_ports: gpufleet_slurm::PortRange,
+    /// This replica's name as the holder of the singletons' lease (the replica that holds
+    /// it runs heartbeat watch, replacement, preemption, periodic checks and Slurm
+    /// supervision): 1 to 64 letters, digits, '.', '-' or '_', unique per process.
+    /// Default: <host name>-<pid>.
+    #[arg(long, env = "GPUFLEET_REPLICA_ID", value_parser = parse_replica_id)]
+    pub replica_id: Option<String>,
+    /// How long the singletons' lease lasts unrenewed (renewed every third of it): another
+    /// replica takes over this long after the leader stops renewing. 3s to 5m.
+    #[arg(long, env = "GPUFLEET_LEASE_TTL", default_value = "15s", value_parser = parse_lease_ttl)]
+    pub lease_ttl: std::time::Duration,
+}
+
+/// `--replica-id`.
+fn parse_replica_id(text: &str) -> Result<String, String> {
+    gpufleet_control::lease::check_replica_id(text)?;
+    Ok(text.to_string())
+}
+
+/// `--lease-ttl`.
+fn parse_lease_ttl(text: &str) -> Result<std::time::Duration, String> {
+    let ttl = parse_duration(text)?;
+    gpufleet_control::lease::check_ttl(ttl)?;
+    Ok(ttl)
 }
 
 /// `--slurm-ports`: LOW-HIGH.
@@ -995,6 +1018,12 @@ impl ServeArgs {
                 max_per_peer: self.max_connections_per_peer.map(|n| n as usize),
                 first_request_within: Some(self.first_request_within),
                 idle_after: Some(self.idle_connection_timeout),
+            },
+            lease: gpufleet_control::lease::Settings {
+                replica: self
+                    .replica_id
+                    .unwrap_or_else(gpufleet_control::lease::default_replica_id),
+                ttl: self.lease_ttl,
             },
         }
     }

@@ -28,6 +28,7 @@ pub mod intent;
 pub mod invariants;
 pub mod join_tokens;
 pub mod kubeconfig;
+pub mod lease;
 pub mod limits;
 pub mod message_cut;
 pub mod metrics;

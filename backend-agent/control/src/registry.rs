@@ -54,10 +54,27 @@ struct Pending {
 pub struct Claim {
     waiter: oneshot::Sender<Outcome>,
     pub order: v1::WorkOrder,
+    node_id: String,
+    leadership: std::sync::Arc<crate::lease::Leadership>,
 }
 
 impl Claim {
+    /// Hands the answer to its waiter. An agent that refused the order for its stale epoch
+    /// has seen a newer leader's: this replica no longer leads, and says so.
     pub fn answer(self, result: v1::OrderResult) {
+        if result.error_kind == gpufleet_wire::protocol_version::STALE_EPOCH {
+            tracing::error!(
+                node = %self.node_id,
+                order = %self.order.id,
+                epoch = self.order.epoch,
+                error = %result.error,
+                "a node agent refused an order of this replica's epoch: another replica holds the singletons' lease"
+            );
+            self.leadership.lose(&format!(
+                "node {}'s agent has seen a newer epoch than {}",
+                self.node_id, self.order.epoch
+            ));
+        }
         let _ = self.waiter.send(Outcome::Answered(result));
     }
 }
@@ -91,6 +108,8 @@ pub struct Registry {
     pub telemetry: crate::telemetry::Telemetry,
     /// Each live node's node-local team volumes' use, as its agent reported it.
     pub volume_use: crate::volume_use::VolumeUse,
+    /// This replica's hold on the singletons' lease: every order carries its epoch.
+    leadership: std::sync::Arc<crate::lease::Leadership>,
 }
 
 fn order_message(order: &v1::WorkOrder) -> Result<v1::ControlMessage, Status> {
@@ -118,7 +137,19 @@ impl Registry {
             registrations: Default::default(),
             telemetry: Default::default(),
             volume_use: Default::default(),
+            leadership: std::sync::Arc::new(crate::lease::Leadership::new(Default::default())),
         }
+    }
+
+    /// The lease this replica's orders are fenced by (`crate::lease`).
+    pub fn with_leadership(mut self, leadership: std::sync::Arc<crate::lease::Leadership>) -> Self {
+        self.leadership = leadership;
+        self
+    }
+
+    /// This replica's hold on the singletons' lease.
+    pub fn leadership(&self) -> &std::sync::Arc<crate::lease::Leadership> {
+        &self.leadership
     }
 
     pub fn with_deadlines(mut self, deadlines: crate::deadlines::OrderDeadlines) -> Self {
@@ -248,8 +279,11 @@ impl Registry {
     }
 
     /// Sends `order` to `node_id`'s agent (now, or when it reconnects). The answer comes
-    /// through the receiver.
-    pub fn dispatch(&self, node_id: &str, order: v1::WorkOrder) -> oneshot::Receiver<Outcome> {
+    /// through the receiver. The order carries the newest epoch this replica held of the
+    /// singletons' lease, also when it is re-sent: an agent that has seen a newer one
+    /// refuses it (`crate::lease`).
+    pub fn dispatch(&self, node_id: &str, mut order: v1::WorkOrder) -> oneshot::Receiver<Outcome> {
+        order.epoch = self.leadership.last_epoch();
         let (tx, rx) = oneshot::channel();
         let mut inner = self.lock();
         if inner.stale.contains_key(node_id) {
@@ -291,6 +325,8 @@ impl Registry {
         Some(Claim {
             waiter: p.waiter,
             order: p.order,
+            node_id: p.node_id,
+            leadership: self.leadership.clone(),
         })
     }
 
@@ -528,6 +564,45 @@ mod tests {
         let (tx, _rx2) = mpsc::unbounded_channel();
         r.attach("n1", tx, Version::ours());
         assert!(r.unreachable_for("n1").is_none());
+    }
+
+    #[tokio::test]
+    async fn orders_carry_the_lease_epoch_and_a_stale_epoch_refusal_ends_the_leadership() {
+        let leadership =
+            std::sync::Arc::new(crate::lease::Leadership::new(crate::lease::Settings {
+                replica: "a".into(),
+                ttl: Duration::from_secs(15),
+            }));
+        let lease = crate::store::leases::Lease {
+            name: crate::lease::SINGLETONS.into(),
+            holder: "a".into(),
+            epoch: 42,
+            expires_at: 1015,
+        };
+        leadership.record(&crate::store::leases::Acquired::Held(lease), Instant::now());
+        let r = Registry::new(Duration::from_secs(30), Duration::from_secs(60))
+            .with_leadership(leadership.clone());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        r.attach("n1", tx, Version::ours());
+        let answer = r.dispatch("n1", order("o1"));
+        let sent = rx.recv().await.unwrap().unwrap();
+        assert!(matches!(sent.msg, Some(control_message::Msg::Order(o)) if o.epoch == 42));
+        assert_eq!(leadership.epoch(), Some(42));
+        complete(
+            &r,
+            "n1",
+            v1::OrderResult {
+                order_id: "o1".into(),
+                error_kind: gpufleet_wire::protocol_version::STALE_EPOCH.into(),
+                ..Default::default()
+            },
+        );
+        assert!(matches!(answer.await.unwrap(), Outcome::Answered(a) if !a.ok));
+        assert_eq!(leadership.epoch(), None, "an agent saw a newer leader");
+        // Later orders still carry the newest epoch this replica held.
+        let _pending = r.dispatch("n1", order("o2"));
+        let sent = rx.recv().await.unwrap().unwrap();
+        assert!(matches!(sent.msg, Some(control_message::Msg::Order(o)) if o.epoch == 42));
     }
 
     #[tokio::test]

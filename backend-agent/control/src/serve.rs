@@ -109,6 +109,8 @@ pub struct Config {
     /// The bounds on the API's connections; what is not given follows the file limit
     /// `serve` runs with (`crate::connections::Limits::for_file_limit`).
     pub connections: crate::connections::Wanted,
+    /// This replica's id and the singletons' lease TTL (`--replica-id`, `--lease-ttl`).
+    pub lease: crate::lease::Settings,
 }
 
 impl Config {
@@ -146,6 +148,7 @@ impl Config {
             slurm_ports: Default::default(),
             store: Default::default(),
             connections: Default::default(),
+            lease: Default::default(),
         }
     }
 }
@@ -257,6 +260,9 @@ impl ControlPlane {
                 config.listen
             );
         }
+        crate::lease::check_replica_id(&config.lease.replica)
+            .and_then(|()| crate::lease::check_ttl(config.lease.ttl))
+            .map_err(|e| anyhow::anyhow!("--{e}"))?;
         // A bad fleet file, too, is refused before the data dir exists.
         let fleet_def = match &config.fleet {
             Fleet::Simulated { fleet_file } => Some(fleet::load(fleet_file.as_deref())?),
@@ -267,6 +273,17 @@ impl ControlPlane {
             gpufleet_process::data_dir::private(&config.data_dir, &[crate::state::VOLUMES])?;
         let lock = DataDirLock::acquire(&data_dir)?;
         let (mut conn, record) = store::open_checked(&data_dir.join("state.db"), config.store)?;
+        // The singletons' lease, before anything of theirs runs. The data dir's lock says no
+        // other replica of this store is alive: the lease of a former process is taken over
+        // at once, with a higher epoch.
+        let leadership = Arc::new(crate::lease::Leadership::new(config.lease.clone()));
+        {
+            let asked = std::time::Instant::now();
+            let tx = conn.transaction()?;
+            let acquired = leadership.acquire(&tx, config.clock.now(), true)?;
+            tx.commit()?;
+            leadership.record(&acquired, asked);
+        }
         let mut offered = config.drivers.clone();
         let mut delivers = fleet::Delivers::default();
         // External agents mount each cluster's volume on its nodes; embedded ones are this
@@ -367,7 +384,8 @@ impl ControlPlane {
         };
         let connections = connection_limits(config.connections)?;
         let registry = crate::registry::Registry::new(config.node_timeout, config.replace_after)
-            .with_deadlines(config.order_deadlines.clone());
+            .with_deadlines(config.order_deadlines.clone())
+            .with_leadership(leadership);
         let state = Arc::new(
             AppState::with_commit_record(
                 conn,
@@ -423,27 +441,31 @@ impl ControlPlane {
 
     /// Starts the watch over heartbeats, preemption, periodic health checks, Slurm
     /// supervision, refills of clusters short of nodes, drift sweeps and the metrics endpoint; [`ControlPlane::serve`] joins them.
+    ///
+    /// The singletons among them run only while this replica holds the singletons' lease,
+    /// which it renews meanwhile (`crate::lease`).
     pub async fn start_tasks(&mut self, stop: &watch::Receiver<bool>) -> anyhow::Result<()> {
         let state = &self.state;
+        self.tasks
+            .push(tokio::spawn(renew_lease(state.clone(), stop.clone())));
+        macro_rules! singleton {
+            ($name:literal, $run:path) => {{
+                let state = state.clone();
+                tokio::spawn(crate::lease::while_leader(
+                    state.lease().clone(),
+                    stop.clone(),
+                    $name,
+                    move |stop| $run(state.clone(), stop),
+                ))
+            }};
+        }
         self.tasks.extend([
-            tokio::spawn(crate::agents::monitor::run(state.clone(), stop.clone())),
-            tokio::spawn(crate::scheduling::take_back::run(
-                state.clone(),
-                stop.clone(),
-            )),
-            tokio::spawn(crate::scheduling::health::run_periodic(
-                state.clone(),
-                stop.clone(),
-            )),
-            tokio::spawn(crate::slurm_clusters::supervise(
-                state.clone(),
-                stop.clone(),
-            )),
-            tokio::spawn(crate::services::clusters::run_refills(
-                state.clone(),
-                stop.clone(),
-            )),
-            tokio::spawn(crate::mig::run_drift_sweeps(state.clone(), stop.clone())),
+            singleton!("monitor", crate::agents::monitor::run),
+            singleton!("take_back", crate::scheduling::take_back::run),
+            singleton!("health", crate::scheduling::health::run_periodic),
+            singleton!("slurm", crate::slurm_clusters::supervise),
+            singleton!("refills", crate::services::clusters::run_refills),
+            singleton!("drift", crate::mig::run_drift_sweeps),
         ]);
         if let Some(m) = &self.metrics {
             // The bearer token decides the view: the operator's everything, a tenant's
@@ -669,6 +691,39 @@ impl ControlPlane {
         tracing::info!("shut down cleanly");
         Ok(())
     }
+}
+
+/// Renews the singletons' lease through the writer until `stop`, then releases it.
+async fn renew_lease(state: Arc<AppState>, stop: watch::Receiver<bool>) {
+    let leadership = state.lease().clone();
+    let renew = {
+        let state = state.clone();
+        move || {
+            let (state, leadership) = (state.clone(), state.lease().clone());
+            async move {
+                let now = state.now();
+                state
+                    .apply(move |conn| Ok(leadership.acquire(conn, now, false)?))
+                    .await
+            }
+        }
+    };
+    let release = move |epoch: u64| async move {
+        let (leadership, now) = (state.lease().clone(), state.now());
+        state
+            .apply(move |conn| {
+                let epoch = i64::try_from(epoch).unwrap_or(i64::MAX);
+                Ok(store::leases::release(
+                    conn,
+                    crate::lease::SINGLETONS,
+                    leadership.replica(),
+                    epoch,
+                    now,
+                )?)
+            })
+            .await
+    };
+    crate::lease::run(leadership, stop, renew, release).await;
 }
 
 /// Waits for every task (their panics are logged, not raised).

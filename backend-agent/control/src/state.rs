@@ -234,6 +234,12 @@ impl AppState {
         self
     }
 
+    /// This replica's hold on the singletons' lease (`crate::lease`): whether it leads,
+    /// with which epoch; a singleton's write calls its `fence` in its transaction.
+    pub fn lease(&self) -> &Arc<crate::lease::Leadership> {
+        self.agents.leadership()
+    }
+
     /// Seconds since the Unix epoch, by this control plane's clock.
     pub fn now(&self) -> i64 {
         self.clock.now()

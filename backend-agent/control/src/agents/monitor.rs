@@ -1,7 +1,9 @@
 //! The control plane's watch over its nodes: a node not heard from within the node
 //! timeout becomes unreachable and its cluster degraded; one still unreachable after
 //! `--replace-after` is replaced when capacity and quota allow; an order past its
-//! deadline fails.
+//! deadline fails. It is a singleton: it runs on the replica that holds the singletons'
+//! lease, and each of its writes checks the lease's epoch in its own transaction
+//! (`crate::lease`), so a former leader marks and replaces nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,8 +100,10 @@ pub async fn forget_stale_candidates(state: &Arc<AppState>) -> Vec<String> {
     if stale.is_empty() {
         return stale;
     }
+    let lease = state.lease().clone();
     let forgotten = state
         .apply(move |conn| {
+            lease.fence(conn)?;
             let mut forgotten = Vec::new();
             for id in stale {
                 // Put in service meanwhile: then it stays.
@@ -182,12 +186,17 @@ pub async fn round(state: &Arc<AppState>) {
             && !state.agents.has_pending(&n.id)
     }) {
         // Restarting the clock first keeps the next round from starting a second try.
-        let (id, t) = (n.id.clone(), state.now());
-        let _ = state
+        let (id, t, lease) = (n.id.clone(), state.now(), state.lease().clone());
+        let restarted = state
             .apply(move |conn| {
+                lease.fence(conn)?;
                 Ok::<_, Error>(store::nodes::set_state(conn, &id, NODE_BUSY, "", t)?)
             })
             .await;
+        if let Err(e) = restarted {
+            tracing::warn!(node = %n.hostname, error = %e, "cannot try a node's layout again");
+            continue;
+        }
         tokio::spawn(crate::mig::reconcile_node(state.clone(), n.id.clone()));
     }
     // Orders past their deadline fail; their senders treat the node as broken for them.
@@ -208,9 +217,10 @@ pub async fn round(state: &Arc<AppState>) {
     }
     let (timeout, replace_after) = (state.agents.node_timeout, state.agents.replace_after);
     for node in state.agents.expire(&watched) {
-        let (id, t) = (node.clone(), state.now());
+        let (id, t, lease) = (node.clone(), state.now(), state.lease().clone());
         let marked = state
             .apply(move |conn| {
+                lease.fence(conn)?;
                 let why = format!("no heartbeat within {timeout:?}");
                 mark_unreachable(conn, &id, &why, replace_after, t)
             })
@@ -228,6 +238,7 @@ pub async fn round(state: &Arc<AppState>) {
         let (id, t, live) = (n.id.clone(), state.now(), state.clone());
         let marked = state
             .apply(move |conn| {
+                live.lease().fence(conn)?;
                 let still = store::nodes::get(conn, &id)?.is_some_and(|n| {
                     [NODE_BUSY, NODE_READY].contains(&n.state.as_str())
                         && live.agents.unreachable_for(&id).is_some()

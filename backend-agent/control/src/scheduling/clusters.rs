@@ -157,8 +157,12 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
     }
     let node_id = node_id.to_string();
     let clock_now = state.now();
+    let lease = state.lease().clone();
     let plan = state
         .write(move |mut tx| -> Result<Plan> {
+            // A singleton's work: a former leader of the singletons' lease replaces
+            // nothing (`crate::lease`).
+            lease.fence(&tx)?;
             let Some(dead) = store::nodes::get(&tx, &node_id)? else {
                 return Ok(Plan::Nothing);
             };

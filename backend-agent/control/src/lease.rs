@@ -1,0 +1,459 @@
+//! The singletons' lease, as one replica of the control plane holds it.
+//!
+//! The work that must run once per fleet (the watch over heartbeats and node replacement,
+//! preemption's take-backs, periodic health checks, Slurm supervision, refills, drift
+//! sweeps) runs on the replica that holds the store's `singletons` lease
+//! (`store::leases`), and only while it does: [`while_leader`] starts each loop when the
+//! replica becomes leader and stops it when the lease is lost. [`run`] renews it every
+//! third of its TTL. Two fences keep a replica that lost the lease without knowing it (a
+//! paused process, a partition, a store write that failed) from acting:
+//!
+//! - a singleton's write calls [`Leadership::fence`] in its own transaction: the store's
+//!   epoch must still be the one this replica holds, or nothing is written;
+//! - every work order carries the epoch (`WorkOrder.epoch`, stamped by the registry),
+//!   and a node agent refuses an order older than the newest epoch it has seen.
+//!
+//! Whether this replica is leader is judged on the monotonic clock: a renewal is good
+//! for the TTL from the moment it was asked, whatever the store's clock (which tests
+//! move) says. On one replica (the default) the lease is taken at start, before anything
+//! runs, and never lost: `serve` holds the data dir's lock, so no other replica of an
+//! SQLite store can be alive and the start takes it over at once.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use gpufleet_process::signals::stopped;
+use rusqlite::Connection;
+use tokio::sync::watch;
+
+use crate::error::Error;
+use crate::store::leases::{self, Acquired};
+
+/// The lease the singletons run under.
+pub const SINGLETONS: &str = "singletons";
+
+/// `serve --lease-ttl` when not given, and its bounds.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
+pub const MIN_TTL: Duration = Duration::from_secs(3);
+pub const MAX_TTL: Duration = Duration::from_secs(300);
+
+/// The longest replica id (`serve --replica-id`).
+pub const MAX_REPLICA_ID: usize = 64;
+
+/// How a replica holds the lease (serve's `--replica-id`, `--lease-ttl`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// This replica's name as the lease's holder: unique per process.
+    pub replica: String,
+    pub ttl: Duration,
+}
+
+impl Default for Settings {
+    /// This process's default id and the default TTL.
+    fn default() -> Self {
+        Self {
+            replica: default_replica_id(),
+            ttl: DEFAULT_TTL,
+        }
+    }
+}
+
+/// `--replica-id`: 1 to [`MAX_REPLICA_ID`] letters, digits, '.', '-' or '_'.
+pub fn check_replica_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_REPLICA_ID {
+        return Err(format!(
+            "replica-id: '{id}' is {} characters long; 1 to {MAX_REPLICA_ID}",
+            id.len()
+        ));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
+    {
+        return Err(format!(
+            "replica-id: '{id}' holds {c:?}; only letters, digits, '.', '-' and '_'"
+        ));
+    }
+    Ok(())
+}
+
+/// `--lease-ttl`: from [`MIN_TTL`] to [`MAX_TTL`].
+pub fn check_ttl(ttl: Duration) -> Result<(), String> {
+    if ttl < MIN_TTL || ttl > MAX_TTL {
+        return Err(format!(
+            "lease-ttl: {ttl:?} is out of bounds; {MIN_TTL:?} to {MAX_TTL:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// `<host name>-<pid>`, cut to [`MAX_REPLICA_ID`] and to the characters an id may hold:
+/// unique per process on a host, and readable in the store.
+pub fn default_replica_id() -> String {
+    let pid = std::process::id().to_string();
+    let host: String = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(MAX_REPLICA_ID - pid.len() - 1)
+        .collect();
+    let host = if host.is_empty() {
+        "replica".to_string()
+    } else {
+        host
+    };
+    format!("{host}-{pid}")
+}
+
+/// This replica's view of the lease: whether it leads, with which epoch.
+pub struct Leadership {
+    settings: Settings,
+    /// Some(epoch) while this replica leads; the singleton loops watch it.
+    leads: watch::Sender<Option<u64>>,
+    /// Until when the last renewal is good (the monotonic clock).
+    valid_until: Mutex<Option<Instant>>,
+    /// The newest epoch this replica held: what its orders carry (0: never held).
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl Leadership {
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            settings,
+            leads: watch::channel(None).0,
+            valid_until: Mutex::new(None),
+            last: Default::default(),
+        }
+    }
+
+    pub fn replica(&self) -> &str {
+        &self.settings.replica
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.settings.ttl
+    }
+
+    /// The epoch this replica leads with now; None when it does not lead (never took
+    /// the lease, lost it, or its last renewal is older than the TTL).
+    pub fn epoch(&self) -> Option<u64> {
+        let epoch = (*self.leads.borrow())?;
+        let valid = self
+            .valid_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|until| Instant::now() < until);
+        valid.then_some(epoch)
+    }
+
+    /// The newest epoch this replica held, leading or not (0: never): a work order
+    /// carries it, so that agents that saw a newer one refuse it.
+    pub fn last_epoch(&self) -> u64 {
+        self.last.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Turns to Some(epoch) when this replica starts leading, None when it stops.
+    pub fn watch(&self) -> watch::Receiver<Option<u64>> {
+        self.leads.subscribe()
+    }
+
+    /// Takes or renews the lease in the caller's write transaction, at `now` by the
+    /// store's clock (`exclusive`: see `store::leases::acquire`). Nothing of this
+    /// replica's view changes until the caller has committed and calls
+    /// [`Leadership::record`] with the answer.
+    pub fn acquire(
+        &self,
+        conn: &Connection,
+        now: i64,
+        exclusive: bool,
+    ) -> rusqlite::Result<Acquired> {
+        let ttl = i64::try_from(self.settings.ttl.as_secs()).unwrap_or(i64::MAX);
+        leases::acquire(conn, SINGLETONS, self.replica(), ttl, now, exclusive)
+    }
+
+    /// What a committed [`Leadership::acquire`] that was asked at `asked` answered.
+    pub fn record(&self, acquired: &Acquired, asked: Instant) {
+        match acquired {
+            Acquired::Held(l) => {
+                let epoch = u64::try_from(l.epoch).unwrap_or(0);
+                *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(asked + self.settings.ttl);
+                self.last
+                    .fetch_max(epoch, std::sync::atomic::Ordering::AcqRel);
+                let before = *self.leads.borrow();
+                if before != Some(epoch) {
+                    tracing::info!(replica = %self.replica(), epoch, "this replica leads: it holds the singletons' lease");
+                    self.leads.send_replace(Some(epoch));
+                }
+            }
+            Acquired::Busy(l) => self.lose(&format!(
+                "replica {} holds the singletons' lease (epoch {})",
+                l.holder, l.epoch
+            )),
+        }
+    }
+
+    /// This replica stops leading (the lease taken over, or not renewed within its TTL).
+    pub fn lose(&self, why: &str) {
+        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if self.leads.borrow().is_some() {
+            tracing::warn!(replica = %self.replica(), %why, "this replica no longer leads; its singletons stop");
+            self.leads.send_replace(None);
+        }
+    }
+
+    /// The fence of a singleton's write, in its own transaction: an error, and nothing
+    /// written, unless this replica leads and the store's epoch is still the one it
+    /// holds.
+    pub fn fence(&self, conn: &Connection) -> crate::error::Result<()> {
+        let Some(epoch) = self.epoch() else {
+            return Err(Error::Precondition(format!(
+                "lease: replica {} does not hold the singletons' lease; a singleton's work runs on the replica that does",
+                self.replica()
+            )));
+        };
+        let epoch_i = i64::try_from(epoch).unwrap_or(i64::MAX);
+        if leases::held(conn, SINGLETONS, self.replica(), epoch_i)? {
+            return Ok(());
+        }
+        let now_held = leases::get(conn, SINGLETONS)?
+            .map(|l| format!("replica {} holds epoch {}", l.holder, l.epoch))
+            .unwrap_or_else(|| "nobody holds it".into());
+        self.lose(&now_held);
+        Err(Error::Precondition(format!(
+            "lease: replica {} leads with epoch {epoch} of the singletons' lease, but {now_held}: a former leader writes nothing",
+            self.replica()
+        )))
+    }
+}
+
+/// Renews the lease now and every third of its TTL until `stop` turns true, through `renew`
+/// (one committed [`Leadership::acquire`]); a renewal that fails, or none within the
+/// TTL, ends this replica's leadership. Then releases it, so another replica takes over
+/// at once, through `release`.
+pub async fn run<R, RF, L, LF>(
+    leadership: std::sync::Arc<Leadership>,
+    mut stop: watch::Receiver<bool>,
+    renew: R,
+    release: L,
+) where
+    R: Fn() -> RF,
+    RF: Future<Output = crate::error::Result<Acquired>>,
+    L: FnOnce(u64) -> LF,
+    LF: Future<Output = crate::error::Result<bool>>,
+{
+    let every = leadership.ttl() / 3;
+    loop {
+        let asked = Instant::now();
+        match renew().await {
+            Ok(acquired) => leadership.record(&acquired, asked),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot renew the singletons' lease");
+                if leadership.epoch().is_none() {
+                    leadership.lose(&format!("its renewals failed for the lease's TTL: {e}"));
+                }
+            }
+        }
+        tokio::select! {
+            _ = stopped(&mut stop) => break,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+    if let Some(epoch) = leadership.epoch() {
+        leadership.lose("it is stopping");
+        match release(epoch).await {
+            Ok(_) => tracing::info!(epoch, "released the singletons' lease"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot release the singletons' lease; another replica takes it over when it expires")
+            }
+        }
+    }
+}
+
+/// Runs the singleton loop `name` (`start(stop)`: a loop that ends when its stop flag
+/// turns true) while this replica leads: started when it begins leading, stopped when it
+/// stops (or leads again under another epoch, which restarts it), until `stop` turns
+/// true.
+pub async fn while_leader<S, F>(
+    leadership: std::sync::Arc<Leadership>,
+    mut stop: watch::Receiver<bool>,
+    name: &'static str,
+    start: S,
+) where
+    S: Fn(watch::Receiver<bool>) -> F,
+    F: Future<Output = ()>,
+{
+    let mut leads = leadership.watch();
+    loop {
+        let epoch = loop {
+            if let Some(epoch) = *leads.borrow_and_update() {
+                break epoch;
+            }
+            tokio::select! {
+                _ = stopped(&mut stop) => return,
+                changed = leads.changed() => if changed.is_err() { return },
+            }
+        };
+        let (end, ended) = watch::channel(false);
+        let work = start(ended);
+        tokio::pin!(work);
+        let stopping = tokio::select! {
+            _ = &mut work => return,
+            _ = stopped(&mut stop) => true,
+            _ = leads.wait_for(|now| *now != Some(epoch)) => false,
+        };
+        let _ = end.send(true);
+        work.await;
+        if stopping {
+            return;
+        }
+        tracing::info!(
+            singleton = name,
+            epoch,
+            "stopped a singleton: this replica no longer leads with its epoch"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn store() -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::store::open(&dir.path().join("state.db")).unwrap();
+        (dir, conn)
+    }
+
+    fn replica(name: &str) -> Arc<Leadership> {
+        Arc::new(Leadership::new(Settings {
+            replica: name.into(),
+            ttl: Duration::from_secs(15),
+        }))
+    }
+
+    /// One renewal as `run` does it: acquired and committed, then recorded.
+    fn renew(l: &Leadership, conn: &mut Connection, now: i64, exclusive: bool) {
+        let asked = Instant::now();
+        let tx = conn.transaction().unwrap();
+        let acquired = l.acquire(&tx, now, exclusive).unwrap();
+        tx.commit().unwrap();
+        l.record(&acquired, asked);
+    }
+
+    #[test]
+    fn two_replicas_on_one_store_lead_one_at_a_time_and_the_former_leader_is_fenced() {
+        let (_dir, mut conn) = store();
+        let (a, b) = (replica("a"), replica("b"));
+        renew(&a, &mut conn, 1000, false);
+        renew(&b, &mut conn, 1001, false);
+        let first = a.epoch().expect("a took the free lease");
+        assert_eq!(b.epoch(), None, "b leads beside a");
+        assert!(a.fence(&conn).is_ok());
+        // a pauses past its expiry by the store's clock; b takes over. a still believes it
+        // leads (its own renewal is recent on its clock) but its writes are refused.
+        renew(&b, &mut conn, 1015, false);
+        let second = b.epoch().expect("b took over the expired lease");
+        assert!(second > first);
+        assert_eq!(a.epoch(), Some(first));
+        let refused = a.fence(&conn).unwrap_err().to_string();
+        assert!(
+            refused.contains("replica b holds epoch") && refused.contains("writes nothing"),
+            "{refused}"
+        );
+        // The refusal ends a's leadership; its next renewal finds b's lease.
+        assert_eq!(a.epoch(), None);
+        renew(&a, &mut conn, 1016, false);
+        assert_eq!(a.epoch(), None);
+        assert_eq!(a.last_epoch(), first);
+        assert!(b.fence(&conn).is_ok());
+        assert_eq!(b.last_epoch(), second);
+    }
+
+    #[test]
+    fn a_write_behind_the_fence_of_a_stale_leader_writes_nothing() {
+        let (_dir, mut conn) = store();
+        let (a, b) = (replica("a"), replica("b"));
+        renew(&a, &mut conn, 1000, false);
+        renew(&b, &mut conn, 2000, false);
+        let tx = conn.transaction().unwrap();
+        let wrote = a.fence(&tx).and_then(|()| {
+            Ok(crate::store::events::record(
+                &tx,
+                2000,
+                "n1",
+                "",
+                "node_unreachable",
+                "n1",
+                "stale",
+            )?)
+        });
+        assert!(wrote.is_err());
+        drop(tx);
+        assert!(crate::store::events::list(&conn, "n1").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_restart_on_the_same_store_takes_over_at_once_with_a_higher_epoch() {
+        let (_dir, mut conn) = store();
+        let before = replica("host-100");
+        renew(&before, &mut conn, 1000, false);
+        // The next process of the same data dir (a new pid): its start is exclusive.
+        let after = replica("host-200");
+        renew(&after, &mut conn, 1001, true);
+        assert!(after.epoch().unwrap() > before.epoch().unwrap());
+    }
+
+    #[test]
+    fn replica_ids_and_ttls_are_bounded() {
+        assert!(check_replica_id("cp-1.zone_a").is_ok());
+        assert!(check_replica_id("")
+            .unwrap_err()
+            .starts_with("replica-id: '' is 0 characters"));
+        assert!(check_replica_id(&"x".repeat(65)).is_err());
+        assert!(check_replica_id("a b").unwrap_err().contains("' '"));
+        let id = default_replica_id();
+        assert!(check_replica_id(&id).is_ok(), "{id}");
+        assert!(id.ends_with(&format!("-{}", std::process::id())));
+        assert!(check_ttl(DEFAULT_TTL).is_ok());
+        assert!(check_ttl(Duration::from_secs(2))
+            .unwrap_err()
+            .starts_with("lease-ttl:"));
+        assert!(check_ttl(Duration::from_secs(301)).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_singleton_runs_only_while_its_replica_leads() {
+        let (_dir, mut conn) = store();
+        let a = replica("a");
+        let (stop_tx, stop) = watch::channel(false);
+        let (runs_tx, mut runs) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+        let task = tokio::spawn(while_leader(a.clone(), stop, "test", move |mut end| {
+            let runs = runs_tx.clone();
+            async move {
+                let _ = runs.send("started");
+                stopped(&mut end).await;
+                let _ = runs.send("stopped");
+            }
+        }));
+        renew(&a, &mut conn, 1000, false);
+        assert_eq!(runs.recv().await, Some("started"));
+        a.lose("a test");
+        assert_eq!(runs.recv().await, Some("stopped"));
+        // Leading again restarts it.
+        renew(&a, &mut conn, 1001, false);
+        assert_eq!(runs.recv().await, Some("started"));
+        stop_tx.send(true).unwrap();
+        assert_eq!(runs.recv().await, Some("stopped"));
+        task.await.unwrap();
+    }
+}
