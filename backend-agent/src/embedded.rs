@@ -127,6 +127,8 @@ fn agent(
         shared_storage: None,
         login_limits: Default::default(),
         stop_workloads,
+        // A Slurm cluster is checked against this host at plan (`slurm_clusters`).
+        cgroup_root: None,
         bandwidth: Some(listener),
         bandwidth_advertise: None,
         installer,

@@ -488,3 +488,74 @@ async fn a_node_back_from_a_cluster_it_no_longer_belongs_to_is_told_to_stop_its_
     assert_eq!(s.code(), Code::InvalidArgument);
     assert!(s.message().starts_with("slurm_clusters"), "{}", s.message());
 }
+
+#[tokio::test]
+async fn a_node_whose_host_cannot_isolate_a_cluster_is_quarantined_saying_why_and_never_placed() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(dir.path(), &[]);
+    let mut admin = agent.admin().await;
+    let problem = "cgroup v1 controller 'memory' is not mounted at /sys/fs/cgroup/memory";
+    let mut reg = registration("bare-01", "H100-80GB", 2);
+    reg.isolation_problem = problem.into();
+    let _bare = Rogue::register(&agent.endpoint, &agent.data_dir, reg)
+        .await
+        .unwrap();
+    // Out of service from its registration on, with why (no check runs first).
+    let n = wait_state(&mut admin, "bare-01", "quarantined", &["ready"]).await;
+    assert!(
+        n.state_reason.contains("cannot isolate a tenant's cluster")
+            && n.state_reason.contains(problem),
+        "{}",
+        n.state_reason
+    );
+    let events = admin
+        .fleet
+        .list_events(ListEventsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .events;
+    assert!(
+        events.iter().any(|e| e.kind == "node_quarantined"
+            && e.node == "bare-01"
+            && e.message.contains(problem)),
+        "{events:?}"
+    );
+    // No cluster is placed on it: with the fleet's only H100 node out, a quota for one is
+    // refused naming it.
+    let (tenant, _) = admin.tenant("vision").await;
+    let s = admin
+        .quotas
+        .create_gpu_quota(CreateGpuQuotaRequest {
+            request_id: "quota-on-bare".into(),
+            tenant_id: tenant.id.clone(),
+            gpu_type: "H100-80GB".into(),
+            gpus: 1,
+            ..Default::default()
+        })
+        .await
+        .expect_err("a quota on a node that cannot isolate a cluster");
+    assert!(
+        s.message().contains("quarantined (bare-01)"),
+        "{}",
+        s.message()
+    );
+    // An operator's return is refused while its agent says so.
+    let s = admin
+        .fleet
+        .return_node(ReturnNodeRequest {
+            name: "bare-01".into(),
+        })
+        .await
+        .expect_err("returned while its host cannot isolate a cluster");
+    assert_eq!(s.code(), Code::FailedPrecondition, "{}", s.message());
+    assert!(s.message().contains(problem), "{}", s.message());
+    // Bounded: a registration's problem past 1024 characters is refused naming the field.
+    let mut long = registration("bare-02", "H100-80GB", 1);
+    long.isolation_problem = "x".repeat(1025);
+    let s = Rogue::register(&agent.endpoint, &agent.data_dir, long)
+        .await
+        .err()
+        .expect("refused");
+    assert!(s.message().contains("isolation_problem"), "{}", s.message());
+}

@@ -90,6 +90,9 @@ struct Inner {
     /// Each node's agent's versions as it last registered (kept while it is away: what
     /// it gets on return is checked against the release it last ran).
     versions: HashMap<String, Version>,
+    /// Why each node's host cannot isolate a tenant's cluster, as its agent said when it
+    /// last registered (absent: it can).
+    isolation: HashMap<String, String>,
     next_session: u64,
 }
 
@@ -127,6 +130,7 @@ impl Registry {
                 stale: HashMap::new(),
                 pending: HashMap::new(),
                 versions: HashMap::new(),
+                isolation: HashMap::new(),
                 next_session: 1,
             }),
             order_ended: tokio::sync::Notify::new(),
@@ -198,6 +202,24 @@ impl Registry {
     /// unheard of since this control plane started.
     pub fn version_of(&self, node_id: &str) -> Option<Version> {
         self.lock().versions.get(node_id).cloned()
+    }
+
+    /// Why the node's host cannot isolate a tenant's cluster, as its agent said at this
+    /// registration ("" when it can).
+    pub fn set_isolation_problem(&self, node_id: &str, problem: &str) {
+        let mut inner = self.lock();
+        match problem.is_empty() {
+            true => inner.isolation.remove(node_id),
+            false => inner
+                .isolation
+                .insert(node_id.to_string(), problem.to_string()),
+        };
+    }
+
+    /// Why the node's host cannot isolate a tenant's cluster, as its agent said when it
+    /// last registered; None when it can (or it was unheard of since this start).
+    pub fn isolation_problem(&self, node_id: &str) -> Option<String> {
+        self.lock().isolation.get(node_id).cloned()
     }
 
     /// The stream `session` ended (unless a newer one has replaced it). True when it was

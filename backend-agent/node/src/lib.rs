@@ -111,6 +111,11 @@ pub struct Parts {
     /// End the node's Slurm daemons and jobs when the agent stops (else they run on, and
     /// the next agent adopts them).
     pub stop_workloads: bool,
+    /// Where this host's cgroup v1 hierarchies are, checked at each registration (what
+    /// is missing is reported as the host's `isolation_problem`: the control plane then
+    /// places no cluster here); None: not checked (the embedded agents of `serve`, whose
+    /// host a Slurm cluster is checked against at plan).
+    pub cgroup_root: Option<PathBuf>,
 }
 
 /// The slow-network fault of `name` read from `faults_file` at each stream (simulated
@@ -176,6 +181,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
             fence: fence::Fence::open(&parts.data_dir)?,
         }),
         stop_workloads: parts.stop_workloads,
+        cgroup_root: parts.cgroup_root,
         name: parts.name,
         capacity: parts.capacity,
         hardware,
@@ -380,6 +386,7 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
         shared_storage,
         login_limits: args.login_limits,
         stop_workloads: args.stop_workloads,
+        cgroup_root: Some(PathBuf::from(gpufleet_slurm::CGROUP_ROOT)),
         bandwidth: Some(listener),
         bandwidth_advertise: args.bandwidth_advertise.clone(),
         installer,

@@ -29,6 +29,7 @@ fn agent(dir: &Path, name: &str) -> Arc<Agent> {
         shared_storage: None,
         login_limits: Default::default(),
         stop_workloads: true,
+        cgroup_root: None,
         name: name.into(),
         capacity: "pool".into(),
         gpu_type: model.name.clone(),

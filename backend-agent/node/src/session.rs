@@ -37,6 +37,8 @@ pub struct Agent {
     pub telemetry: Arc<crate::telemetry::XidTap>,
     /// End the node's Slurm daemons and jobs when the agent stops (`--stop-workloads`).
     pub stop_workloads: bool,
+    /// Where the host's cgroup v1 hierarchies are checked at each registration; None: not.
+    pub cgroup_root: Option<PathBuf>,
 }
 
 /// The control plane refused this node (a wrong join token, a revoked certificate, an
@@ -230,6 +232,14 @@ struct Opened {
     registered: v1::Registered,
 }
 
+/// Why this host cannot isolate a tenant's cluster, with its cgroup v1 hierarchies under
+/// `cgroup_root` ("" when it can, or when not checked).
+fn isolation_problem(cgroup_root: Option<&std::path::Path>) -> String {
+    cgroup_root
+        .and_then(gpufleet_slurm::cgroup_controllers_problem)
+        .unwrap_or_default()
+}
+
 /// Connects, registers and keeps what the registration issued.
 async fn open(agent: &Arc<Agent>) -> Result<Opened, End> {
     // The files as they are now: a renewed certificate or rotated join token is used.
@@ -264,6 +274,7 @@ async fn open(agent: &Arc<Agent>) -> Result<Opened, End> {
             memory_mib: agent.host.memory_mib,
             release: protocol_version::RELEASE.into(),
             protocol: Some(protocol_version::PROTOCOL),
+            isolation_problem: isolation_problem(agent.cgroup_root.as_deref()),
         })),
     });
     let mut request = tonic::Request::new(UnboundedReceiverStream::new(up_rx));
@@ -510,5 +521,32 @@ async fn leave(
         tracing::warn!(node = %name, "the control plane did not take this agent's leave within {LEAVE_WITHIN:?}");
     } else {
         tracing::info!(node = %name, "told the control plane this node is leaving");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::isolation_problem;
+
+    #[test]
+    fn a_registration_names_the_cgroup_controllers_its_host_lacks_and_embedded_ones_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let mount = |c: &str| {
+            std::fs::create_dir_all(root.path().join(c)).unwrap();
+            std::fs::write(root.path().join(c).join("cgroup.procs"), "").unwrap();
+        };
+        for c in ["cpu", "cpuset", "devices", "freezer", "pids"] {
+            mount(c);
+        }
+        let why = isolation_problem(Some(root.path()));
+        let memory = root.path().join("memory");
+        assert!(
+            why.contains(&format!("'memory' is not mounted at {}", memory.display())),
+            "{why}"
+        );
+        assert!(!why.contains("'cpu'"), "{why}");
+        mount("memory");
+        assert_eq!(isolation_problem(Some(root.path())), "");
+        assert_eq!(isolation_problem(None), "", "not checked");
     }
 }

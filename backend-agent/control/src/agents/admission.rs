@@ -55,7 +55,12 @@ pub struct Checked {
     pub host: nodes::NodeHost,
     /// The agent's release and protocol.
     pub version: Version,
+    /// Why the host cannot isolate a tenant's cluster ("" when it can).
+    pub isolation_problem: String,
 }
+
+/// Most characters of a registration's `isolation_problem`.
+pub const MAX_ISOLATION_PROBLEM: usize = 1024;
 
 /// Most kept Slurm clusters one registration may name.
 const MAX_KEPT_CLUSTERS: usize = 64;
@@ -121,7 +126,17 @@ pub fn check(reg: &v1::RegisterNode) -> Result<Checked, Refusal> {
     }
     check_bandwidth_addr(&reg.bandwidth_addr)?;
     let host = check_host(reg)?;
+    if reg.isolation_problem.chars().count() > MAX_ISOLATION_PROBLEM {
+        return Err(Refusal::Invalid(format!(
+            "isolation_problem: at most {MAX_ISOLATION_PROBLEM} characters (got {})",
+            reg.isolation_problem.chars().count()
+        )));
+    }
     Ok(Checked {
+        isolation_problem: crate::audit::text::escaped(
+            &reg.isolation_problem,
+            MAX_ISOLATION_PROBLEM,
+        ),
         version,
         host,
         secret: reg.node_secret.clone(),
@@ -606,6 +621,7 @@ mod tests {
             slurm_hostname: String::new(),
             cpus: 0,
             memory_mib: 0,
+            isolation_problem: String::new(),
             release: gpufleet_wire::protocol_version::RELEASE.into(),
             protocol: Some(gpufleet_wire::protocol_version::PROTOCOL),
             inventory: Some(v1::NodeInventory {
@@ -811,6 +827,24 @@ mod tests {
             assert!(e.starts_with("bandwidth_addr: "), "{bad}: {e}");
             assert!(e.len() < 200, "the refusal quotes a bounded part: {e}");
         }
+    }
+
+    #[test]
+    fn a_hosts_isolation_problem_is_bounded_and_kept_inert() {
+        let mut reg = registration("n1", &["GPU-a"]);
+        assert_eq!(check(&reg).unwrap().isolation_problem, "");
+        reg.isolation_problem = "cgroup v1 controller 'memory'\nDeleteTenant OK\u{1b}[2J".into();
+        let kept = check(&reg).unwrap().isolation_problem;
+        assert!(kept.starts_with("cgroup v1 controller 'memory'"), "{kept}");
+        assert!(!kept.chars().any(char::is_control), "{kept:?}");
+        reg.isolation_problem = "é".repeat(MAX_ISOLATION_PROBLEM);
+        assert!(check(&reg).is_ok(), "counted in characters");
+        reg.isolation_problem.push('x');
+        let e = check(&reg).map(|_| ()).unwrap_err().to_string();
+        assert!(
+            e.starts_with("isolation_problem: at most 1024 characters"),
+            "{e}"
+        );
     }
 
     #[test]

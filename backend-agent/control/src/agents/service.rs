@@ -118,6 +118,7 @@ impl NodeAgentService for Agents {
         let agent_version = checked.version.clone();
         let name = checked.name.clone();
         let kept_clusters = checked.slurm_clusters.clone();
+        let isolation_problem = checked.isolation_problem.clone();
         let known = self
             .state
             .read(move |conn| {
@@ -178,6 +179,9 @@ impl NodeAgentService for Agents {
             .state
             .agents
             .attach(&node_id, out, agent_version.clone());
+        self.state
+            .agents
+            .set_isolation_problem(&node_id, &isolation_problem);
         tracing::info!(node = %node_id, hardware = %reg.hardware, agent = %agent_version, "node agent registered");
         // The medium health checks, then bring the node to what the control plane wants
         // it to be and mark it ready (a node that fails them is quarantined).
@@ -186,6 +190,7 @@ impl NodeAgentService for Agents {
             node_id.clone(),
             reg.bandwidth_addr.chars().take(256).collect(),
             kept_clusters,
+            isolation_problem,
         ));
 
         // The GPUs this node registered with: its heartbeats' readings are only of these.

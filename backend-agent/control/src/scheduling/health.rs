@@ -543,6 +543,8 @@ async fn log_event(state: &AppState, object: String, node: &NodeRow, kind: &str,
 pub enum Taking {
     Automatic,
     Operator,
+    /// The node's host cannot take a tenant's work at all (its agent says so).
+    Host,
 }
 
 /// What a failed check did to its node.
@@ -572,7 +574,7 @@ async fn quarantine_checked(
         .apply(move |conn| -> Result<(breaker::Decision, bool)> {
             let d = match taking {
                 Taking::Automatic => breaker::decide(conn, &settings, &n, now)?,
-                Taking::Operator => breaker::Decision::Quarantine,
+                Taking::Operator | Taking::Host => breaker::Decision::Quarantine,
             };
             // A free node that failed is never handed out, breaker or not: the breaker
             // keeps failed nodes in their clusters, not in the pool.
@@ -636,6 +638,39 @@ async fn quarantine_checked(
         None => node_event(state, node, kind, &text).await,
     }
     Ok(outcome)
+}
+
+/// `cause` of a quarantine (the quarantines counter's label) of a node whose host cannot
+/// isolate a tenant's cluster.
+const CAUSE_ISOLATION: &str = "isolation";
+
+/// Why a node whose host cannot isolate a tenant's cluster is quarantined.
+pub fn unfit_reason(isolation_problem: &str) -> String {
+    format!("this host cannot isolate a tenant's cluster: {isolation_problem}; fix the host, restart its agent, then return the node")
+}
+
+/// A node whose agent registered saying its host cannot isolate a tenant's cluster:
+/// quarantined at once (not through the breaker: a fact of the host, not a failed
+/// check), out of its cluster if it was in one, so that no cluster is placed on it.
+async fn quarantine_unfit(state: &AppState, node: &NodeRow, isolation_problem: &str) -> Result<()> {
+    let cluster = match node.cluster_id.clone() {
+        Some(id) => {
+            state
+                .read(move |conn| Ok::<_, Error>(store::clusters::get(conn, &id)?))
+                .await?
+        }
+        None => None,
+    };
+    quarantine_checked(
+        state,
+        cluster.as_ref(),
+        node,
+        &unfit_reason(isolation_problem),
+        CAUSE_ISOLATION,
+        Taking::Host,
+    )
+    .await?;
+    Ok(())
 }
 
 /// A node that let an order pass its deadline: quarantined (through the model's
@@ -1360,8 +1395,16 @@ pub async fn admit_registered(
     node_id: String,
     bandwidth_addr: String,
     kept_slurm: Vec<String>,
+    isolation_problem: String,
 ) {
-    if let Err(e) = admit(&state, &node_id, &bandwidth_addr, &kept_slurm).await {
+    let admitted = admit(
+        &state,
+        &node_id,
+        &bandwidth_addr,
+        &kept_slurm,
+        &isolation_problem,
+    );
+    if let Err(e) = admitted.await {
         tracing::error!(node = %node_id, error = %e, "cannot check the registered node");
     }
 }
@@ -1371,6 +1414,7 @@ async fn admit(
     node_id: &str,
     bandwidth_addr: &str,
     kept_slurm: &[String],
+    isolation_problem: &str,
 ) -> Result<()> {
     let (id, addr) = (node_id.to_string(), bandwidth_addr.to_string());
     let node = state
@@ -1388,7 +1432,10 @@ async fn admit(
         .cloned()
         .partition(|c| Some(c) == own.as_ref());
     crate::slurm_clusters::stop_kept(state, &node, &foreign).await;
-    if node.state == NODE_QUARANTINED {
+    if !isolation_problem.is_empty() && node.state != NODE_QUARANTINED {
+        quarantine_unfit(state, &node, isolation_problem).await?;
+    }
+    if node.state == NODE_QUARANTINED || !isolation_problem.is_empty() {
         crate::slurm_clusters::stop_kept(state, &node, &mine).await;
         crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
         return Ok(());
@@ -1452,6 +1499,13 @@ pub async fn return_checked(state: Arc<AppState>, node_id: &str) -> Result<()> {
     let node = node_row(&state, node_id)
         .await?
         .ok_or_else(|| Error::NotFound(format!("node '{node_id}' not found")))?;
+    if let Some(problem) = state.agents.isolation_problem(node_id) {
+        return Err(Error::Precondition(format!(
+            "name: node {} stays quarantined: {}",
+            node.hostname,
+            unfit_reason(&problem)
+        )));
+    }
     let passed = checked_and_passed(
         &state,
         &node,
