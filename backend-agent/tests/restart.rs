@@ -322,3 +322,62 @@ async fn a_port_in_use_fails_the_start_at_once_naming_it() {
         "{stderr}"
     );
 }
+
+/// The highest epoch of the singletons' lease each embedded node agent kept (its
+/// `<data-dir>/agents/<node>/epoch`), by node; nodes that have seen no order yet are absent.
+fn agents_epochs(data: &std::path::Path) -> std::collections::BTreeMap<String, u64> {
+    let Ok(dirs) = std::fs::read_dir(data.join("agents")) else {
+        return Default::default();
+    };
+    dirs.filter_map(|d| {
+        let d = d.ok()?;
+        let text = std::fs::read_to_string(d.path().join("epoch")).ok()?;
+        Some((d.file_name().to_string_lossy().into(), text.trim().parse().ok()?))
+    })
+    .collect()
+}
+
+/// Polls (bounded) until every one of `nodes` embedded agents has kept an epoch above
+/// `above`; returns them.
+fn agents_past(
+    data: &std::path::Path,
+    nodes: usize,
+    above: u64,
+) -> std::collections::BTreeMap<String, u64> {
+    let deadline = std::time::Instant::now() + HANG;
+    loop {
+        let epochs = agents_epochs(data);
+        if epochs.len() == nodes && epochs.values().all(|e| *e > above) {
+            return epochs;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agents' epochs stayed at {epochs:?}, not all {nodes} above {above}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The singletons' lease (issue 41): each start takes it over with a higher epoch before
+/// anything else runs, its work orders carry it (the admission check every registering
+/// node gets), and every node agent keeps the newest it saw on disk, so a former leader's
+/// older orders would be refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_start_leads_with_a_higher_epoch_that_the_node_agents_keep() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let first = Agent::start(&data);
+    let nodes = first.admin().await.nodes().await.len();
+    assert!(nodes > 0);
+    let epochs = agents_past(&data, nodes, 0);
+    let one: std::collections::BTreeSet<u64> = epochs.values().copied().collect();
+    assert_eq!(one.len(), 1, "one start, one epoch: {epochs:?}");
+    let e1 = *one.first().unwrap();
+    assert!(first.signal_and_wait(libc::SIGTERM, HANG).success());
+
+    let second = Agent::start(&data);
+    let epochs = agents_past(&data, nodes, e1);
+    let two: std::collections::BTreeSet<u64> = epochs.values().copied().collect();
+    assert_eq!(two.len(), 1, "{epochs:?}");
+    assert!(second.signal_and_wait(libc::SIGTERM, HANG).success());
+}
