@@ -332,7 +332,10 @@ fn agents_epochs(data: &std::path::Path) -> std::collections::BTreeMap<String, u
     dirs.filter_map(|d| {
         let d = d.ok()?;
         let text = std::fs::read_to_string(d.path().join("epoch")).ok()?;
-        Some((d.file_name().to_string_lossy().into(), text.trim().parse().ok()?))
+        Some((
+            d.file_name().to_string_lossy().into(),
+            text.trim().parse().ok()?,
+        ))
     })
     .collect()
 }
