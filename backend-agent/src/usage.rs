@@ -1,10 +1,14 @@
-//! `usage`: GPU-seconds held in a window (issue 42), as a table, JSON, or CSV whose columns
-//! never change (for finance exports): `since,until,tenant,cluster,gpu_type,class,gpu_seconds`.
+//! `usage`: GPU-seconds held in a window (issue 42), and used (from the GPUs' utilisation
+//! readings; "not reported" where none reported any, never 0), as a table, JSON, or CSV
+//! whose columns never change (for finance exports):
+//! `since,until,tenant,cluster,gpu_type,class,gpu_seconds`, then always
+//! `gpu_seconds_used,gpu_seconds_measured` last (used empty when not reported).
 //! With `--prices FILE` (the price list `replay --prices` reads: `gpufleet_economics::prices`)
-//! each row gains its cost, GPU-hours times the price of its model and class (the class
-//! mapping is `prices::Class::of_usage`), with totals per tenant; the CSV appends
-//! `gpu_hours,price_per_gpu_hour,cost`. A row the list does not price is refused, naming
-//! the model, the class and the file, before anything is printed.
+//! each row gains its cost, GPU-hours held times the price of its model and class (the class
+//! mapping is `prices::Class::of_usage`), with totals per tenant; the CSV inserts
+//! `gpu_hours,price_per_gpu_hour,cost` after `gpu_seconds`, where they always were. A row
+//! the list does not price is refused, naming the model, the class and the file, before
+//! anything is printed.
 
 use gpufleet_economics::prices::{self, Class, Prices};
 use gpufleet_proto::limits::{usage_by, usage_window, MAX_MESSAGE_BYTES};
@@ -20,6 +24,11 @@ use crate::client::{channel, status, table};
 pub const CSV_COLUMNS: &str = "since,until,tenant,cluster,gpu_type,class,gpu_seconds";
 /// Appended to [`CSV_COLUMNS`] with `--prices`: also append only.
 pub const CSV_COST_COLUMNS: &str = "gpu_hours,price_per_gpu_hour,cost";
+/// Last in every CSV (after the cost columns with `--prices`), so that no column moves:
+/// GPU-seconds used (empty: not reported) and held time the readings covered.
+pub const CSV_USED_COLUMNS: &str = "gpu_seconds_used,gpu_seconds_measured";
+/// What the table says of a group whose GPUs reported no utilisation.
+pub const NOT_REPORTED: &str = "not reported";
 
 /// One row's price and cost. Cost is `gpu_seconds / 3600 × per_gpu_hour`, rounded to
 /// hundredths of the price list's currency (cents); a tenant's total is the sum of its
@@ -170,6 +179,8 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport, costs: Option<&[Cost]>
                         "gpu_type": r.gpu_type,
                         "class": r.class,
                         "gpu_seconds": r.gpu_seconds,
+                        "gpu_seconds_used": r.gpu_seconds_used,
+                        "gpu_seconds_measured": r.gpu_seconds_measured,
                     });
                     if let Some(c) = costs.map(|c| c[i]) {
                         row["gpu_hours"] = (r.gpu_seconds as f64 / 3600.0).into();
@@ -211,7 +222,11 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport, costs: Option<&[Cost]>
                 })
                 .collect();
             let mut header: Vec<String> = shown.iter().map(|c| c.to_uppercase()).collect();
-            header.extend(["GPU-SECONDS".to_string(), "GPU-HOURS".to_string()]);
+            header.extend([
+                "GPU-SECONDS".to_string(),
+                "GPU-HOURS".to_string(),
+                "USED GPU-SECONDS".to_string(),
+            ]);
             if costs.is_some() {
                 header.extend(["PRICE/GPU-HOUR".to_string(), "COST".to_string()]);
             }
@@ -231,6 +246,10 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport, costs: Option<&[Cost]>
                         .collect();
                     row.push(r.gpu_seconds.to_string());
                     row.push(hours(r.gpu_seconds, 2));
+                    row.push(
+                        r.gpu_seconds_used
+                            .map_or(NOT_REPORTED.to_string(), |u| u.to_string()),
+                    );
                     if let Some(c) = costs.map(|c| c[i]) {
                         row.push(c.per_gpu_hour.to_string());
                         row.push(money(c.cents));
@@ -261,8 +280,9 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport, costs: Option<&[Cost]>
 }
 
 /// CSV with [`CSV_COLUMNS`] (and [`CSV_COST_COLUMNS`] with costs: GPU-hours to 6
-/// decimals, the price as the list gives it, the cost to hundredths); a field with a comma
-/// or quote is quoted. No total rows: each row is one line a spreadsheet can sum.
+/// decimals, the price as the list gives it, the cost to hundredths), then
+/// [`CSV_USED_COLUMNS`]; a field with a comma or quote is quoted. No total rows: each row
+/// is one line a spreadsheet can sum.
 fn csv(since: &str, until: &str, rows: &[v1::UsageRow], costs: Option<&[Cost]>) -> String {
     let field = |s: &str| {
         if s.contains([',', '"', '\n']) {
@@ -272,8 +292,8 @@ fn csv(since: &str, until: &str, rows: &[v1::UsageRow], costs: Option<&[Cost]>) 
         }
     };
     let mut out = match costs {
-        Some(_) => format!("{CSV_COLUMNS},{CSV_COST_COLUMNS}\n"),
-        None => format!("{CSV_COLUMNS}\n"),
+        Some(_) => format!("{CSV_COLUMNS},{CSV_COST_COLUMNS},{CSV_USED_COLUMNS}\n"),
+        None => format!("{CSV_COLUMNS},{CSV_USED_COLUMNS}\n"),
     };
     for (i, r) in rows.iter().enumerate() {
         let cells = [since, until, &r.tenant, &r.cluster, &r.gpu_type, &r.class];
@@ -287,6 +307,11 @@ fn csv(since: &str, until: &str, rows: &[v1::UsageRow], costs: Option<&[Cost]>) 
                 money(c.cents)
             ));
         }
+        let used = r
+            .gpu_seconds_used
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        out.push_str(&format!(",{used},{}", r.gpu_seconds_measured));
         out.push('\n');
     }
     out
@@ -327,6 +352,8 @@ mod tests {
                 gpu_type: "H100-80GB".into(),
                 class: "on-demand".into(),
                 gpu_seconds: 7200,
+                gpu_seconds_used: Some(1800),
+                gpu_seconds_measured: 7200,
             }],
             retention_seconds: 400 * 86_400,
         }
@@ -342,9 +369,20 @@ mod tests {
         );
         assert_eq!(
             out,
-            "since,until,tenant,cluster,gpu_type,class,gpu_seconds\n\
-             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,\"vision, inc\",,H100-80GB,on-demand,7200\n"
+            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_seconds_used,gpu_seconds_measured\n\
+             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,\"vision, inc\",,H100-80GB,on-demand,7200,1800,7200\n"
         );
+        // Not reported is an empty field, never 0.
+        let mut mig = report();
+        mig.rows[0].gpu_seconds_used = None;
+        mig.rows[0].gpu_seconds_measured = 0;
+        let out = render(&args(UsageFormat::Csv, &["tenant"]), &mig, None);
+        assert!(out.ends_with(",on-demand,7200,,0\n"), "{out}");
+        let json: serde_json::Value =
+            serde_json::from_str(&render(&args(UsageFormat::Json, &["tenant"]), &mig, None))
+                .unwrap();
+        assert!(json["rows"][0]["gpu_seconds_used"].is_null(), "{json}");
+        assert_eq!(json["rows"][0]["gpu_seconds"], 7200);
     }
 
     #[test]
@@ -352,8 +390,13 @@ mod tests {
         let out = render(&args(UsageFormat::Table, &["class"]), &report(), None);
         assert_eq!(
             out,
-            "CLASS      GPU-SECONDS  GPU-HOURS\non-demand  7200         2.00\n"
+            "CLASS      GPU-SECONDS  GPU-HOURS  USED GPU-SECONDS\n\
+             on-demand  7200         2.00       1800\n"
         );
+        let mut mig = report();
+        mig.rows[0].gpu_seconds_used = None;
+        let out = render(&args(UsageFormat::Table, &["class"]), &mig, None);
+        assert!(out.ends_with("2.00       not reported\n"), "{out}");
     }
 
     fn row(tenant: &str, class: &str, gpu_seconds: i64) -> v1::UsageRow {
@@ -363,6 +406,7 @@ mod tests {
             gpu_type: "H100-80GB".into(),
             class: class.into(),
             gpu_seconds,
+            ..Default::default()
         }
     }
 
@@ -450,9 +494,9 @@ mod tests {
         let by = ["tenant", "gpu_type", "class"];
         assert_eq!(
             render(&args(UsageFormat::Csv, &by), &report, Some(&c)),
-            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_hours,price_per_gpu_hour,cost\n\
-             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,vision,,H100-80GB,guaranteed,8000,2.222222,2.5,5.56\n\
-             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,vision,,H100-80GB,on-demand,3600,1.000000,6,6.00\n"
+            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_hours,price_per_gpu_hour,cost,gpu_seconds_used,gpu_seconds_measured\n\
+             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,vision,,H100-80GB,guaranteed,8000,2.222222,2.5,5.56,,0\n\
+             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,vision,,H100-80GB,on-demand,3600,1.000000,6,6.00,,0\n"
         );
         let table = render(&args(UsageFormat::Table, &by), &report, Some(&c));
         assert!(

@@ -121,6 +121,9 @@ const TEAM_FAMILIES: &[&str] = &[
     "gpufleet_cluster_node_check_timestamp_seconds",
     "gpufleet_cluster_node_checks",
     "gpufleet_tenant_gpus",
+    "gpufleet_gpu_seconds_total",
+    "gpufleet_gpu_seconds_used_total",
+    "gpufleet_gpu_seconds_measured_total",
 ];
 const PROMETHEUS_OWN: &[&str] = &[
     "up",

@@ -5,7 +5,10 @@
 //! unknown `by` is refused at plan time naming it); the operator's
 //! `gpufleet_gpu_seconds_total` says the same; `usage --prices` prices each row (and
 //! refuses a row the price list does not price); after a serve restart the total is
-//! unchanged, time held since then adds on exactly, and a delete stops the count.
+//! unchanged, time held since then adds on exactly, and a delete stops the count. The
+//! columns of time used (from the simulated GPUs' utilisation readings, which depend on
+//! when readings come on this clock) are checked for their place and bounds
+//! (used <= measured <= held); their exact arithmetic is the store's unit tests'.
 
 use gpufleet_e2e::fixtures::{create_pool_cluster, create_quota, create_tenant};
 use gpufleet_e2e::{prom, Backend, Terraform};
@@ -39,6 +42,34 @@ fn usage(backend: &Backend, token: &str, args: &[&str]) -> Result<String, String
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
+}
+
+/// The CSV's two last columns, always `gpu_seconds_used,gpu_seconds_measured`, taken off
+/// each line after checking them: used (empty: not reported) <= measured <= the row's
+/// `gpu_seconds` (held).
+fn without_used(csv: &str) -> String {
+    let mut lines = csv.lines();
+    let header = lines.next().expect("a header");
+    let mut out = header
+        .strip_suffix(",gpu_seconds_used,gpu_seconds_measured")
+        .unwrap_or_else(|| panic!("the used columns come last: {header}"))
+        .to_string();
+    out.push('\n');
+    for line in lines {
+        let mut cells: Vec<&str> = line.split(',').collect();
+        let measured: i64 = cells.pop().unwrap().parse().unwrap();
+        let used = cells.pop().unwrap();
+        let held: i64 = cells[6].parse().unwrap();
+        if used.is_empty() {
+            assert_eq!(measured, 0, "{line}");
+        } else {
+            let used: i64 = used.parse().unwrap();
+            assert!(used <= measured && measured <= held, "{line}");
+        }
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    out
 }
 
 /// The value of `gpufleet_gpu_seconds_total` for one tenant id and class.
@@ -82,7 +113,7 @@ async fn gpu_seconds_held_are_exact_per_team_and_across_a_restart() {
     let csv = |backend: &Backend, token: &str| {
         let mut args = window.to_vec();
         args.extend(["--by", "tenant,cluster,gpu_type,class", "--format", "csv"]);
-        usage(backend, token, &args).unwrap()
+        without_used(&usage(backend, token, &args).unwrap())
     };
     let vision_csv = |seconds: i64| {
         format!(
@@ -133,7 +164,7 @@ async fn gpu_seconds_held_are_exact_per_team_and_across_a_restart() {
     args.extend(["--by", "tenant,gpu_type,class", "--format", "csv"]);
     args.extend(["--prices", prices.to_str().unwrap()]);
     assert_eq!(
-        usage(&backend, backend.admin_token(), &args).unwrap(),
+        without_used(&usage(&backend, backend.admin_token(), &args).unwrap()),
         format!(
             "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_hours,price_per_gpu_hour,cost\n\
              {since},{until},speech,,{H100},guaranteed,4800,1.333333,2.5,3.33\n\
@@ -177,8 +208,21 @@ output "rows" {{ value = data.gpufleet_usage.mine.rows }}
     ));
     tf.init();
     tf.apply();
+    let mut rows = tf.outputs()["rows"].clone();
+    for row in rows.as_array_mut().unwrap() {
+        let row = row.as_object_mut().unwrap();
+        let measured = row
+            .remove("gpu_seconds_measured")
+            .unwrap()
+            .as_i64()
+            .unwrap();
+        match row.remove("gpu_seconds_used").unwrap().as_i64() {
+            Some(used) => assert!(used <= measured && measured <= GPUS * 1000, "{row:?}"),
+            None => assert_eq!(measured, 0, "not reported: {row:?}"),
+        }
+    }
     assert_eq!(
-        tf.outputs()["rows"],
+        rows,
         serde_json::json!([{
             "tenant": "vision", "cluster": "", "gpu_type": "", "class": "guaranteed",
             "gpu_seconds": GPUS * 1000

@@ -31,6 +31,7 @@ pub mod kubeconfig;
 pub mod lease;
 pub mod limits;
 pub mod message_cut;
+pub mod metering;
 pub mod metrics;
 pub mod mig;
 pub mod node_volumes;

@@ -440,7 +440,8 @@ impl ControlPlane {
     }
 
     /// Starts the watch over heartbeats, preemption, periodic health checks, Slurm
-    /// supervision, refills of clusters short of nodes, drift sweeps and the metrics endpoint; [`ControlPlane::serve`] joins them.
+    /// supervision, refills of clusters short of nodes, drift sweeps, the counting of GPU
+    /// utilisation as usage and the metrics endpoint; [`ControlPlane::serve`] joins them.
     ///
     /// The singletons among them run only while this replica holds the singletons' lease,
     /// which it renews meanwhile (`crate::lease`).
@@ -466,6 +467,7 @@ impl ControlPlane {
             singleton!("slurm", crate::slurm_clusters::supervise),
             singleton!("refills", crate::services::clusters::run_refills),
             singleton!("drift", crate::mig::run_drift_sweeps),
+            tokio::spawn(crate::metering::run(state.clone(), stop.clone())),
         ]);
         if let Some(m) = &self.metrics {
             // The bearer token decides the view: the operator's everything, a tenant's

@@ -7,18 +7,26 @@
 //! range; a report that breaks any of this is dropped whole (and counted). A node's
 //! readings go with its session: they are shown only while that session is the node's.
 //! Also each Slurm cluster's running and pending jobs, as its controller last said (one
-//! entry per watched cluster).
+//! entry per watched cluster), and the utilisation readings not yet counted as GPU-seconds
+//! used (`metering` takes them every few seconds; at most [`MAX_UNCOUNTED`] per node).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use gpufleet_proto::v1;
 
+use crate::store::usage::Reading;
+
 /// The most a reading may say: beyond these a report is not a GPU's.
 const MAX_MEMORY_MIB: u64 = 1 << 24; // 16 TiB
 const MAX_TEMPERATURE_C: u32 = 250;
 const MAX_POWER_MW: u32 = 10_000_000; // 10 kW
 const MAX_COUNTER: u64 = 1 << 53; // exact as a Prometheus float
+
+/// Readings of one node kept for usage between two flushes (a flush comes every few
+/// seconds, a reading every 5 s); past it the oldest go, and the next reading counted
+/// covers their time only up to the gap limit.
+pub const MAX_UNCOUNTED: usize = 64;
 
 /// One GPU's readings; `None` where the agent could not read the value.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +55,19 @@ pub struct Telemetry {
     /// Per Slurm cluster: its controller's running and pending jobs at the supervisor's
     /// last look (`slurm_clusters`), only while the controller answers.
     jobs: Mutex<HashMap<String, gpufleet_slurm::status::JobCounts>>,
+    /// Per node: utilisation readings not yet counted in the store's usage.
+    uncounted: Mutex<HashMap<String, Vec<Reading>>>,
+}
+
+/// What usage counts of one node's readings at `t`: how many GPUs reported their
+/// utilisation and its sum (a GPU that reports none is left out, never taken as idle).
+pub fn usage_reading(t: i64, gpus: &[GpuReading]) -> Reading {
+    let reported: Vec<u32> = gpus.iter().filter_map(|g| g.utilization_percent).collect();
+    Reading {
+        t,
+        reported: reported.len() as u32,
+        busy_percent: reported.iter().map(|p| (*p).min(100)).sum(),
+    }
 }
 
 /// Checks one report against the GPUs the node registered with (index, UUID).
@@ -150,6 +171,24 @@ impl Telemetry {
         self.jobs_lock().retain(|c, _| watched.contains(c));
     }
 
+    fn uncounted_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Reading>>> {
+        self.uncounted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `node_id`'s readings at `t` to be counted as GPU-seconds used.
+    pub fn note_usage(&self, node_id: &str, t: i64, gpus: &[GpuReading]) {
+        let mut uncounted = self.uncounted_lock();
+        let kept = uncounted.entry(node_id.to_string()).or_default();
+        kept.push(usage_reading(t, gpus));
+        let over = kept.len().saturating_sub(MAX_UNCOUNTED);
+        kept.drain(..over);
+    }
+
+    /// Every node's readings not yet counted, taken (the next flush gets only newer ones).
+    pub fn take_usage(&self) -> HashMap<String, Vec<Reading>> {
+        std::mem::take(&mut *self.uncounted_lock())
+    }
+
     /// Forgets a node's readings (its session ended).
     pub fn forget(&self, node_id: &str, session: u64) {
         let mut nodes = self.lock();
@@ -213,6 +252,36 @@ mod tests {
         ] {
             assert!(check(&report, &node).is_err(), "{what}");
         }
+    }
+
+    /// A GPU without a utilisation reading is left out of usage, not counted as idle; the
+    /// readings kept per node are bounded, the newest kept.
+    #[test]
+    fn usage_counts_only_reported_utilisation_and_keeps_a_bounded_backlog() {
+        let node = vec![(0, "GPU-a".to_string()), (1, "GPU-b".to_string())];
+        let mig = v1::GpuTelemetry {
+            has_utilization: false,
+            utilization_percent: 0,
+            ..reading(1, "GPU-b")
+        };
+        let gpus = check(&[reading(0, "GPU-a"), mig], &node).unwrap();
+        assert_eq!(
+            usage_reading(10, &gpus),
+            Reading {
+                t: 10,
+                reported: 1,
+                busy_percent: 40
+            }
+        );
+        let t = Telemetry::default();
+        for i in 0..(MAX_UNCOUNTED as i64 + 3) {
+            t.note_usage("n1", i, &gpus);
+        }
+        let taken = t.take_usage();
+        let kept = &taken["n1"];
+        assert_eq!(kept.len(), MAX_UNCOUNTED);
+        assert_eq!(kept[0].t, 3);
+        assert!(t.take_usage().is_empty(), "taken once");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `gpufleet_usage`: GPU-seconds held in a window per tenant, cluster, GPU model and
-//! capacity class (issue 42). The admin token reads every team's (or one's); a tenant
-//! token only its own.
+//! capacity class (issue 42), and used, from the GPUs' utilisation readings (null where
+//! none reported any: not reported, not 0). The admin token reads every team's (or
+//! one's); a tenant token only its own.
 
 use std::sync::Arc;
 
@@ -31,6 +32,8 @@ fn row_type() -> Type {
         ("gpu_type", Type::String),
         ("class", Type::String),
         ("gpu_seconds", Type::Number),
+        ("gpu_seconds_used", Type::Number),
+        ("gpu_seconds_measured", Type::Number),
     ])
 }
 
@@ -41,6 +44,14 @@ fn row_value(r: &api::UsageRow) -> Value {
         ("gpu_type", Value::string(&r.gpu_type)),
         ("class", Value::string(&r.class)),
         ("gpu_seconds", Value::Number(r.gpu_seconds)),
+        (
+            "gpu_seconds_used",
+            r.gpu_seconds_used.map_or(Value::Null, Value::Number),
+        ),
+        (
+            "gpu_seconds_measured",
+            Value::Number(r.gpu_seconds_measured),
+        ),
     ])
 }
 
@@ -105,7 +116,7 @@ impl DataSourceType for Usage {
 
     fn schema(&self) -> Schema {
         Schema::new(
-            "GPU-seconds held in a window, per tenant, cluster, GPU model and capacity class (the admin: every team's or one's; a tenant token: its own).",
+            "GPU-seconds held and used in a window, per tenant, cluster, GPU model and capacity class (the admin: every team's or one's; a tenant token: its own).",
             vec![
                 Attribute::computed("id", Type::String, "`usage/<tenant>/<since>/<until>`."),
                 Attribute::optional(
@@ -131,7 +142,7 @@ impl DataSourceType for Usage {
                 Attribute::computed(
                     "rows",
                     Type::list(row_type()),
-                    "One row per group, ordered by `tenant`, `cluster`, `gpu_type`, `class` (each empty when not grouped by; grouping by `cluster` keeps its `tenant`) with `gpu_seconds`, the GPU-seconds held. `class` is `guaranteed`, `burst`, `borrowed-preemptible` or `on-demand`.",
+                    "One row per group, ordered by `tenant`, `cluster`, `gpu_type`, `class` (each empty when not grouped by; grouping by `cluster` keeps its `tenant`) with `gpu_seconds`, the GPU-seconds held; `gpu_seconds_used`, those the GPUs were busy by their node agents' utilisation readings (null: not reported, as for MIG slices on real GPUs; not 0); and `gpu_seconds_measured`, the GPU-seconds held that the readings covered. `class` is `guaranteed`, `burst`, `borrowed-preemptible` or `on-demand`.",
                 ),
             ],
         )
@@ -235,5 +246,22 @@ mod tests {
         c.set("until", Value::Unknown);
         c.set("by", Value::List(vec![Value::Unknown]));
         assert!(summaries(&c).is_empty());
+    }
+
+    /// Not reported is null, never 0.
+    #[test]
+    fn used_is_null_where_not_reported() {
+        let mut r = api::UsageRow {
+            gpu_seconds: 80,
+            ..Default::default()
+        };
+        assert_eq!(row_value(&r).get("gpu_seconds_used"), &Value::Null);
+        r.gpu_seconds_used = Some(0);
+        r.gpu_seconds_measured = 80;
+        assert_eq!(row_value(&r).get("gpu_seconds_used"), &Value::Number(0));
+        assert_eq!(
+            row_value(&r).get("gpu_seconds_measured"),
+            &Value::Number(80)
+        );
     }
 }

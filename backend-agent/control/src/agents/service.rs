@@ -267,6 +267,10 @@ impl NodeAgentService for Agents {
                             if !beat.gpus.is_empty() {
                                 match crate::telemetry::check(&beat.gpus, &registered_gpus) {
                                     Ok(gpus) => {
+                                        // Counted as GPU-seconds used at the next flush
+                                        // (the metering task).
+                                        let t = state.now();
+                                        state.agents.telemetry.note_usage(&node_id, t, &gpus);
                                         state.agents.telemetry.record(&node_id, session, gpus)
                                     }
                                     Err(why) => {

@@ -93,14 +93,19 @@ pub async fn render(state: Arc<AppState>, tenant_names: bool) -> Result<String, 
         .read(move |conn| crate::scheduling::breaker::views(conn, &settings, t))
         .await
         .map_err(|e| e.to_string())?;
-    let usage = state
-        .read(move |conn| -> crate::error::Result<_> { Ok(store::usage::lifetime(conn, t)?) })
+    let (held, used) = state
+        .read(move |conn| -> crate::error::Result<_> {
+            Ok((
+                store::usage::lifetime(conn, None, t)?,
+                store::usage::lifetime_used(conn, None)?,
+            ))
+        })
         .await
         .map_err(|e| e.to_string())?;
     let mut families = crate::counters::COUNTERS.registry.gather();
     families.extend(gauges(&snapshot, &ages, tenant_names));
     families.extend(super::breaker::gauges(&breakers));
-    families.extend(super::usage::families(&usage, tenant_names));
+    families.extend(super::usage::families(&held, &used, tenant_names));
     gpufleet_process::metrics_endpoint::encode(families)
 }
 

@@ -6,7 +6,8 @@
 //!   heartbeat ages) are computed from the store at scrape time, with one short read on a
 //!   blocking thread.
 //! - [`breaker`]: the automatic-quarantine breakers, per GPU model.
-//! - [`usage`]: GPU-seconds held per tenant, model and capacity class, from the store.
+//! - [`usage`]: GPU-seconds held and used per tenant, model and capacity class, from the
+//!   store (in both views: a team's has its own).
 //! - [`team`]: a tenant's own view (its clusters, GPUs, MIG slices, checks, quota use).
 //! - [`view`]: which of the two a scrape gets, by its bearer token.
 //! - [`api`]: the tower layer around the gRPC server that counts requests by method and

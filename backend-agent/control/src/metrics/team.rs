@@ -27,6 +27,9 @@
 //!   `gpufleet_cluster_node_checks{...,level,verdict}` (checks by verdict).
 //! - `gpufleet_tenant_gpus{tenant_id,gpu_type,kind}`: the operator's family, this tenant's
 //!   rows only.
+//! - `gpufleet_gpu_seconds_total`, `gpufleet_gpu_seconds_used_total` and
+//!   `gpufleet_gpu_seconds_measured_total{tenant_id,gpu_type,class}` ([`super::usage`]):
+//!   the operator's families, read for this tenant alone.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -59,6 +62,9 @@ struct Snapshot {
     /// Per Slurm cluster of the tenant: its jobs, when its controller answered.
     jobs: BTreeMap<String, gpufleet_slurm::status::JobCounts>,
     gpus_per_node: BTreeMap<String, i64>,
+    /// Its lifetime GPU-seconds held, and used where its GPUs reported utilisation.
+    usage_held: Vec<store::usage::Lifetime>,
+    usage_used: Vec<store::usage::LifetimeUsed>,
 }
 
 fn read(
@@ -99,6 +105,8 @@ fn read(
         gpus_per_node.insert(model.clone(), store::nodes::gpus_per_node(conn, &model)?);
         held.insert(model, mine);
     }
+    let usage_held = store::usage::lifetime(conn, Some(tenant_id), now)?;
+    let usage_used = store::usage::lifetime_used(conn, Some(tenant_id))?;
     Ok(Some(Snapshot {
         now,
         tenant_id: tenant_id.to_string(),
@@ -111,6 +119,8 @@ fn read(
         holdings: held,
         gpus_per_node,
         jobs: BTreeMap::new(),
+        usage_held,
+        usage_used,
     }))
 }
 
@@ -432,7 +442,13 @@ fn gauges(
             series.set(*value as f64);
         }
     }
-    registry.gather()
+    let mut families = registry.gather();
+    families.extend(super::usage::families(
+        &s.usage_held,
+        &s.usage_used,
+        tenant_names,
+    ));
+    families
 }
 
 #[cfg(test)]
@@ -516,6 +532,8 @@ mod tests {
             holdings: BTreeMap::new(),
             gpus_per_node: BTreeMap::new(),
             jobs: BTreeMap::new(),
+            usage_held: Vec::new(),
+            usage_used: Vec::new(),
         };
         let reading = GpuReading {
             index: 0,
@@ -581,6 +599,58 @@ mod tests {
         // Every series is the tenant's.
         for line in t.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.contains(r#"tenant_id="t1""#), "{line}");
+        }
+    }
+
+    /// The usage counters of a team's view are its own: another team's held and used
+    /// series are absent from it, though the store holds them.
+    #[test]
+    fn a_team_sees_its_own_usage_counters_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = store::open(&dir.path().join("state.db")).unwrap();
+        conn.execute_batch(
+            "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
+                 VALUES ('a', 'team-a', '', '{}', 'ha', 0), ('b', 'team-b', '', '{}', 'hb', 0);",
+        )
+        .unwrap();
+        for (id, tenant) in [("a1", "a"), ("b1", "b")] {
+            conn.execute(
+                "INSERT INTO clusters (id, tenant_id, name, orchestrator, gpu_type, node_count,
+                                       storage_gib, status, endpoint, credentials, storage_path,
+                                       mig_layout)
+                 VALUES (?1, ?2, ?1, 'kubernetes', 'H100-80GB', 1, 1, 'running', '', '', '', '{}')",
+                [id, tenant],
+            )
+            .unwrap();
+            let node = format!("n-{id}");
+            conn.execute(
+                "INSERT INTO nodes (id, hostname, gpu_type, capacity, gpu_count, driver_version,
+                                    cuda_version, state)
+                 VALUES (?1, ?1, 'H100-80GB', 'pool', 8, '550', '12.4', 'ready')",
+                [&node],
+            )
+            .unwrap();
+            assert!(store::nodes::assign(&conn, &node, id, 1_000).unwrap());
+            let busy = store::usage::Reading {
+                t: 1_010,
+                reported: 8,
+                busy_percent: 800,
+            };
+            store::usage::record_used(&conn, &node, &[busy], 30).unwrap();
+        }
+        let snapshot = read(&conn, "a", 1_100).unwrap().unwrap();
+        let t = text(&snapshot, &HashMap::new());
+        let mine = r#"{class="burst",gpu_type="H100-80GB",tenant_id="a"}"#;
+        for line in [
+            format!("gpufleet_gpu_seconds_total{mine} 800"),
+            format!("gpufleet_gpu_seconds_used_total{mine} 80"),
+            format!("gpufleet_gpu_seconds_measured_total{mine} 80"),
+        ] {
+            assert!(t.lines().any(|l| l == line), "{line} in\n{t}");
+        }
+        assert!(!t.contains(r#"tenant_id="b""#), "{t}");
+        for line in t.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.contains(r#"tenant_id="a""#), "{line}");
         }
     }
 }

@@ -1,6 +1,9 @@
 //! GetUsage: GPU-seconds held in a window (issue 42), read from the usage intervals the
-//! store writes with every holding. The admin sees every team's, a team's token only its
-//! own; the window and the answer are bounded.
+//! store writes with every holding, and beside them the GPU-seconds used, from the node
+//! agents' utilisation readings (none where no GPU of the group reported any). The admin
+//! sees every team's, a team's token only its own; the window and the answer are bounded.
+
+use std::collections::BTreeMap;
 
 use gpufleet_proto::limits::{usage_by, usage_window, MAX_USAGE_ROWS, USAGE_RETENTION_SECS};
 use gpufleet_proto::v1;
@@ -51,24 +54,94 @@ pub fn report(
         class: has("class"),
     };
     let limit = MAX_USAGE_ROWS as i64 + 1;
-    let rows =
+    let held =
         usage::held(conn, tenant.as_deref(), since, until, now, by, limit).map_err(db_error)?;
+    let used = usage::used(conn, tenant.as_deref(), since, until, by, limit).map_err(db_error)?;
+    let rows = merge(held, used);
     if rows.len() > MAX_USAGE_ROWS {
         return Err(invalid(format!(
             "by: more than {MAX_USAGE_ROWS} rows; group by less or read a shorter window"
         )));
     }
     Ok(v1::UsageReport {
-        rows: rows
-            .into_iter()
-            .map(|r| v1::UsageRow {
-                tenant: r.tenant,
-                cluster: r.cluster,
-                gpu_type: r.gpu_type,
-                class: r.class,
-                gpu_seconds: r.gpu_seconds,
-            })
-            .collect(),
+        rows,
         retention_seconds: USAGE_RETENTION_SECS,
     })
+}
+
+/// Held and used of the same groups side by side, in the groups' order (the store's
+/// `ORDER BY` on text is by bytes, as `String`'s `Ord`). A group without readings has no
+/// used (not reported); used is rounded to seconds from milliseconds.
+fn merge(held: Vec<usage::UsageRow>, used: Vec<usage::UsedRow>) -> Vec<v1::UsageRow> {
+    let mut rows: BTreeMap<(String, String, String, String), v1::UsageRow> = BTreeMap::new();
+    for r in held {
+        let key = (r.tenant, r.cluster, r.gpu_type, r.class);
+        rows.insert(
+            key.clone(),
+            v1::UsageRow {
+                tenant: key.0,
+                cluster: key.1,
+                gpu_type: key.2,
+                class: key.3,
+                gpu_seconds: r.gpu_seconds,
+                ..Default::default()
+            },
+        );
+    }
+    let seconds = |ms: i64| (ms + 500).div_euclid(1000);
+    for r in used.into_iter().filter(|r| r.measured_ms > 0) {
+        let key = (r.tenant, r.cluster, r.gpu_type, r.class);
+        let row = rows.entry(key.clone()).or_insert_with(|| v1::UsageRow {
+            tenant: key.0,
+            cluster: key.1,
+            gpu_type: key.2,
+            class: key.3,
+            ..Default::default()
+        });
+        row.gpu_seconds_used = Some(seconds(r.used_ms));
+        row.gpu_seconds_measured = seconds(r.measured_ms);
+    }
+    rows.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(class: &str, gpu_seconds: i64) -> usage::UsageRow {
+        usage::UsageRow {
+            tenant: "team-a".into(),
+            cluster: String::new(),
+            gpu_type: "H100-80GB".into(),
+            class: class.into(),
+            gpu_seconds,
+        }
+    }
+
+    /// Used beside held per group; a group without readings says none (not reported),
+    /// not 0; milliseconds round to seconds.
+    #[test]
+    fn used_sits_beside_held_and_missing_readings_are_not_zero() {
+        let used = vec![usage::UsedRow {
+            tenant: "team-a".into(),
+            cluster: String::new(),
+            gpu_type: "H100-80GB".into(),
+            class: "guaranteed".into(),
+            used_ms: 1_499,
+            measured_ms: 8_000,
+        }];
+        let rows = merge(vec![held("burst", 10), held("guaranteed", 9)], used);
+        let got: Vec<(&str, i64, Option<i64>, i64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.class.as_str(),
+                    r.gpu_seconds,
+                    r.gpu_seconds_used,
+                    r.gpu_seconds_measured,
+                )
+            })
+            .collect();
+        assert_eq!(got, [("burst", 10, None, 0), ("guaranteed", 9, Some(1), 8)]);
+    }
 }

@@ -591,6 +591,33 @@ const MIGRATIONS: &[&str] = &[
         expires_at INTEGER NOT NULL
     ) WITHOUT ROWID;
     "#,
+    // GPU-seconds used (issue 42): the node agents' utilisation readings, per tenant,
+    // cluster, model, class and hour (`store::usage::record_used`). `used_ms` is the
+    // GPU-milliseconds the GPUs were busy, `measured_ms` those the readings covered (a GPU
+    // that reports no utilisation, as under MIG, covers none); `first_t`..`last_t` the
+    // part of the hour the readings covered. An interval's `used_through` is its last
+    // reading counted, so a reading is never counted twice, across restarts too.
+    r#"
+    CREATE TABLE usage_used (
+        tenant_id TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        cluster TEXT NOT NULL,
+        gpu_type TEXT NOT NULL,
+        class TEXT NOT NULL,
+        hour INTEGER NOT NULL,
+        used_ms INTEGER NOT NULL CHECK (used_ms >= 0),
+        measured_ms INTEGER NOT NULL CHECK (measured_ms >= used_ms),
+        first_t INTEGER NOT NULL,
+        last_t INTEGER NOT NULL CHECK (last_t > first_t),
+        PRIMARY KEY (tenant_id, cluster, gpu_type, class, hour)
+    ) WITHOUT ROWID;
+    CREATE INDEX usage_used_last ON usage_used (last_t);
+    CREATE INDEX usage_used_tenant ON usage_used (tenant_id, last_t);
+    ALTER TABLE usage_intervals ADD COLUMN used_through INTEGER;
+    CREATE INDEX usage_intervals_node ON usage_intervals (node_id, end_time);
+    ALTER TABLE usage_pruned ADD COLUMN used_ms INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage_pruned ADD COLUMN measured_ms INTEGER NOT NULL DEFAULT 0;
+    "#,
 ];
 
 /// Prepared statements kept per connection.

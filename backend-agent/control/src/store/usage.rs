@@ -4,9 +4,21 @@
 //! the one that releases it. A read counts closed intervals as written and open ones up
 //! to its `now`, so a restart neither double counts nor leaves a gap: there is no sampler.
 //!
+//! GPU-seconds used come from the node agents' utilisation readings ([`record_used`]):
+//! each reading of a held node adds, to every interval of the node it falls in, the
+//! GPUs' busy fraction times the time since the interval's previous reading, at most the
+//! heartbeat gap limit (a silence is not counted as use). The sums are kept per group and
+//! hour in `usage_used`, with the GPU-time the readings covered (`measured`): a group
+//! whose GPUs report no utilisation (NVML under MIG) has none, and reads as not
+//! reported, never as 0. The interval's `used_through` is written in the same
+//! transaction, so a reading is counted once, whatever restarts.
+//!
 //! History is bounded: intervals that ended more than [`RETENTION_SECS`] ago are pruned
-//! when a node is released, their seconds carried into `usage_pruned` so the lifetime
-//! totals behind the Prometheus counter never go down.
+//! when a node is released, and hours of readings as old when readings are recorded,
+//! their seconds carried into `usage_pruned` so the lifetime totals behind the
+//! Prometheus counters never go down.
+
+use std::collections::BTreeMap;
 
 use rusqlite::{Connection, OptionalExtension};
 
@@ -124,6 +136,18 @@ pub fn prune(conn: &Connection, t: i64) -> rusqlite::Result<()> {
         "DELETE FROM usage_intervals WHERE end_time < ?1",
         [cutoff],
     )?;
+    super::exec(
+        conn,
+        "INSERT INTO usage_pruned (tenant_id, tenant, gpu_type, class, gpu_seconds, used_ms,
+                                   measured_ms)
+         SELECT tenant_id, MAX(tenant), gpu_type, class, 0, SUM(used_ms), SUM(measured_ms)
+         FROM usage_used WHERE last_t < ?1 GROUP BY tenant_id, gpu_type, class
+         ON CONFLICT (tenant_id, gpu_type, class) DO UPDATE
+             SET used_ms = used_ms + excluded.used_ms,
+                 measured_ms = measured_ms + excluded.measured_ms",
+        [cutoff],
+    )?;
+    super::exec(conn, "DELETE FROM usage_used WHERE last_t < ?1", [cutoff])?;
     Ok(())
 }
 
@@ -197,25 +221,269 @@ pub struct Lifetime {
     pub gpu_seconds: i64,
 }
 
-/// Lifetime GPU-seconds per (tenant, model, class) up to `now`, pruned history included:
-/// what the Prometheus counter reports (it never goes down).
-pub fn lifetime(conn: &Connection, now: i64) -> rusqlite::Result<Vec<Lifetime>> {
+/// Lifetime GPU-seconds per (tenant, model, class) up to `now`, pruned history included,
+/// of one tenant or all: what the Prometheus counter reports (it never goes down).
+pub fn lifetime(
+    conn: &Connection,
+    tenant_id: Option<&str>,
+    now: i64,
+) -> rusqlite::Result<Vec<Lifetime>> {
     let mut stmt = conn.prepare_cached(
         "SELECT tenant_id, MAX(tenant), gpu_type, class, SUM(s) FROM (
              SELECT tenant_id, tenant, gpu_type, class,
                     gpus * (MAX(COALESCE(end_time, ?1), start_time) - start_time) AS s
-             FROM usage_intervals
+             FROM usage_intervals WHERE ?2 IS NULL OR tenant_id = ?2
              UNION ALL
-             SELECT tenant_id, tenant, gpu_type, class, gpu_seconds FROM usage_pruned)
+             SELECT tenant_id, tenant, gpu_type, class, gpu_seconds FROM usage_pruned
+             WHERE ?2 IS NULL OR tenant_id = ?2)
          GROUP BY tenant_id, gpu_type, class ORDER BY tenant_id, gpu_type, class",
     )?;
-    let rows = stmt.query_map([now], |r| {
+    let rows = stmt.query_map((now, tenant_id), |r| {
         Ok(Lifetime {
             tenant_id: r.get(0)?,
             tenant: r.get(1)?,
             gpu_type: r.get(2)?,
             class: r.get(3)?,
             gpu_seconds: r.get(4)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// One utilisation reading of a node, as the control plane received it at `t`: `reported`
+/// of its GPUs said how busy they were, `busy_percent` is the sum of their percentages
+/// (each 0..=100). A reading of none of them (`reported` 0) measures nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    pub t: i64,
+    pub reported: u32,
+    pub busy_percent: u32,
+}
+
+const HOUR: i64 = 3600;
+
+/// A usage interval a node's readings fall in.
+struct Covered {
+    id: i64,
+    key: (String, String, String, String, String),
+    gpus: i64,
+    end: Option<i64>,
+    /// Counted up to here: its last reading counted, or its start.
+    through: i64,
+    /// The node's GPUs: the interval's share of a reading is `gpus / node_gpus`.
+    node_gpus: i64,
+}
+
+/// What one flush adds to a group's hour.
+#[derive(Default)]
+struct Added {
+    used_ms: i64,
+    measured_ms: i64,
+    first: i64,
+    last: i64,
+}
+
+/// `num / den` rounded half up (both positive).
+fn share(num: i64, den: i64) -> i64 {
+    (num + den / 2) / den.max(1)
+}
+
+/// Counts `readings` of `node_id` (any order) as GPU-seconds used by the intervals of
+/// the node they fall in: each reading, to each interval held when it came, its
+/// utilisation times the seconds since that interval's previous reading (or its start),
+/// at most `max_gap` seconds and never past the interval's end; the interval's share of a
+/// node split between classes is its GPUs over the node's. A reading no later than an
+/// interval's last one counted adds nothing to it (a restart cannot count one twice).
+pub fn record_used(
+    conn: &Connection,
+    node_id: &str,
+    readings: &[Reading],
+    max_gap: i64,
+) -> rusqlite::Result<()> {
+    let mut readings = readings.to_vec();
+    readings.sort_by_key(|r| r.t);
+    let Some(first) = readings.first().map(|r| r.t) else {
+        return Ok(());
+    };
+    let max_gap = max_gap.max(1);
+    let covered: Vec<Covered> = conn
+        .prepare_cached(
+            "SELECT i.id, i.tenant_id, i.tenant, i.cluster, i.gpu_type, i.class, i.gpus,
+                    i.end_time, MAX(COALESCE(i.used_through, i.start_time), i.start_time),
+                    MAX(COALESCE(n.gpu_count, 0), i.gpus)
+             FROM usage_intervals i LEFT JOIN nodes n ON n.id = i.node_id
+             WHERE i.node_id = ?1 AND (i.end_time IS NULL OR i.end_time > ?2)",
+        )?
+        .query_map((node_id, first - max_gap), |r| {
+            Ok(Covered {
+                id: r.get(0)?,
+                key: (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?),
+                gpus: r.get(6)?,
+                end: r.get(7)?,
+                through: r.get(8)?,
+                node_gpus: r.get(9)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut added: BTreeMap<(String, String, String, String, String, i64), Added> = BTreeMap::new();
+    for c in covered {
+        let mut through = c.through;
+        for r in &readings {
+            if r.t <= through {
+                continue;
+            }
+            let from = through.max(r.t - max_gap);
+            let to = c.end.map_or(r.t, |e| e.min(r.t));
+            through = r.t;
+            let mut a = from;
+            while r.reported > 0 && a < to {
+                let hour = a - a.rem_euclid(HOUR);
+                let b = to.min(hour + HOUR);
+                let secs = b - a;
+                let (k0, k1, k2, k3, k4) = c.key.clone();
+                let sum = added.entry((k0, k1, k2, k3, k4, hour)).or_insert(Added {
+                    first: a,
+                    last: b,
+                    ..Added::default()
+                });
+                sum.used_ms += share(c.gpus * i64::from(r.busy_percent) * secs * 10, c.node_gpus);
+                sum.measured_ms += share(c.gpus * i64::from(r.reported) * secs * 1000, c.node_gpus);
+                sum.first = sum.first.min(a);
+                sum.last = sum.last.max(b);
+                a = b;
+            }
+        }
+        if through != c.through {
+            super::exec(
+                conn,
+                "UPDATE usage_intervals SET used_through = ?2 WHERE id = ?1",
+                (c.id, through),
+            )?;
+        }
+    }
+    for ((tenant_id, tenant, cluster, gpu_type, class, hour), a) in added {
+        super::exec(
+            conn,
+            "INSERT INTO usage_used (tenant_id, tenant, cluster, gpu_type, class, hour, used_ms,
+                                     measured_ms, first_t, last_t)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+             ON CONFLICT (tenant_id, cluster, gpu_type, class, hour) DO UPDATE
+                 SET used_ms = used_ms + excluded.used_ms,
+                     measured_ms = measured_ms + excluded.measured_ms,
+                     first_t = MIN(first_t, excluded.first_t),
+                     last_t = MAX(last_t, excluded.last_t)",
+            (
+                tenant_id,
+                tenant,
+                cluster,
+                gpu_type,
+                class,
+                hour,
+                a.used_ms,
+                a.measured_ms,
+                a.first,
+                a.last,
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// GPU-time used and measured of one group of a usage read, in GPU-milliseconds; the
+/// fields not grouped by are empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsedRow {
+    pub tenant: String,
+    pub cluster: String,
+    pub gpu_type: String,
+    pub class: String,
+    pub used_ms: i64,
+    pub measured_ms: i64,
+}
+
+/// GPU-time used in `[since, until)` of one tenant or all, grouped as [`held`] groups:
+/// exact for hours wholly inside the window; an hour cut by the window counts the part of
+/// its readings' span inside it, pro rata. Only groups with readings are returned.
+pub fn used(
+    conn: &Connection,
+    tenant_id: Option<&str>,
+    since: i64,
+    until: i64,
+    by: GroupBy,
+    limit: i64,
+) -> rusqlite::Result<Vec<UsedRow>> {
+    let col = |on: bool, name: &'static str| if on { name } else { "''" };
+    let cols = [
+        col(by.tenant || by.cluster, "tenant"),
+        col(by.cluster, "cluster"),
+        col(by.gpu_type, "gpu_type"),
+        col(by.class, "class"),
+    ];
+    let list = cols.join(", ");
+    let part = |c: &str| {
+        format!(
+            "CASE WHEN first_t >= ?2 AND last_t <= ?3 THEN {c}
+                  ELSE {c} * (MIN(last_t, ?3) - MAX(first_t, ?2)) * 1.0 / (last_t - first_t) END"
+        )
+    };
+    let (used_part, measured_part) = (part("used_ms"), part("measured_ms"));
+    let sql = format!(
+        "SELECT {list}, CAST(ROUND(SUM({used_part})) AS INTEGER),
+                CAST(ROUND(SUM({measured_part})) AS INTEGER)
+         FROM usage_used
+         WHERE (?1 IS NULL OR tenant_id = ?1) AND first_t < ?3 AND last_t > ?2
+         GROUP BY {list} ORDER BY {list} LIMIT ?4"
+    );
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map((tenant_id, since, until, limit), |r| {
+        Ok(UsedRow {
+            tenant: r.get(0)?,
+            cluster: r.get(1)?,
+            gpu_type: r.get(2)?,
+            class: r.get(3)?,
+            used_ms: r.get(4)?,
+            measured_ms: r.get(5)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// A tenant's lifetime GPU-time used and measured of one model and class (milliseconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifetimeUsed {
+    pub tenant_id: String,
+    pub tenant: String,
+    pub gpu_type: String,
+    pub class: String,
+    pub used_ms: i64,
+    pub measured_ms: i64,
+}
+
+/// Lifetime GPU-time used per (tenant, model, class), pruned history included, of one
+/// tenant or all; only where readings measured some (a model and class whose GPUs report
+/// no utilisation has no row: not reported).
+pub fn lifetime_used(
+    conn: &Connection,
+    tenant_id: Option<&str>,
+) -> rusqlite::Result<Vec<LifetimeUsed>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT tenant_id, MAX(tenant), gpu_type, class, SUM(used_ms), SUM(measured_ms) FROM (
+             SELECT tenant_id, tenant, gpu_type, class, used_ms, measured_ms FROM usage_used
+             WHERE ?1 IS NULL OR tenant_id = ?1
+             UNION ALL
+             SELECT tenant_id, tenant, gpu_type, class, used_ms, measured_ms FROM usage_pruned
+             WHERE ?1 IS NULL OR tenant_id = ?1)
+         GROUP BY tenant_id, gpu_type, class HAVING SUM(measured_ms) > 0
+         ORDER BY tenant_id, gpu_type, class",
+    )?;
+    let rows = stmt.query_map([tenant_id], |r| {
+        Ok(LifetimeUsed {
+            tenant_id: r.get(0)?,
+            tenant: r.get(1)?,
+            gpu_type: r.get(2)?,
+            class: r.get(3)?,
+            used_ms: r.get(4)?,
+            measured_ms: r.get(5)?,
         })
     })?;
     rows.collect()

@@ -203,10 +203,199 @@ fn pruning_keeps_lifetime_totals_whole() {
     release(&conn, "p4", T0 + 10).unwrap();
     assert!(assign(&conn, "p4", "b1", T0 + RETENTION_SECS + 20).unwrap());
     let now = T0 + RETENTION_SECS + 30;
-    let before = lifetime(&conn, now).unwrap();
+    let before = lifetime(&conn, None, now).unwrap();
     assert_eq!(before[0].gpu_seconds, 8 * 10 + 8 * 10);
     release(&conn, "p4", now).unwrap(); // prunes the first interval
     assert_eq!(total(&conn, None, T0, now, now), 8 * 10);
-    assert_eq!(lifetime(&conn, now).unwrap(), before);
-    assert_eq!(lifetime(&conn, now + 50).unwrap(), before);
+    assert_eq!(lifetime(&conn, None, now).unwrap(), before);
+    assert_eq!(lifetime(&conn, None, now + 50).unwrap(), before);
+}
+
+/// The gap limit of the tests: the time since a reading's previous one counts up to this.
+const GAP: i64 = 30;
+
+fn reading(t: i64, reported: u32, busy_percent: u32) -> Reading {
+    Reading {
+        t,
+        reported,
+        busy_percent,
+    }
+}
+
+/// (tenant, cluster, class, used ms, measured ms) of the groups with readings.
+fn used_rows(conn: &Connection, since: i64, until: i64) -> Vec<(String, String, String, i64, i64)> {
+    used(conn, None, since, until, all(), 100)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.tenant, r.cluster, r.class, r.used_ms, r.measured_ms))
+        .collect()
+}
+
+fn row(
+    tenant: &str,
+    cluster: &str,
+    class: &str,
+    used_s: i64,
+    measured_s: i64,
+) -> (String, String, String, i64, i64) {
+    (
+        tenant.into(),
+        cluster.into(),
+        class.into(),
+        used_s * 1000,
+        measured_s * 1000,
+    )
+}
+
+/// Busy fraction x the time since the previous reading, capped at the gap limit, never
+/// past the release; a node split between classes shares by GPUs; GPUs without a
+/// utilisation reading (MIG under NVML) measure nothing and their group has no row.
+#[test]
+fn readings_count_busy_time_capped_at_the_gap_and_split_by_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = open(&dir.path().join("state.db"));
+    seed(&conn);
+    conn.execute("UPDATE quotas SET gpus = 12 WHERE id = 'q'", [])
+        .unwrap();
+    assert!(assign(&conn, "p1", "a1", T0).unwrap()); // 8 guaranteed
+    assert!(assign(&conn, "p2", "a1", T0).unwrap()); // 4 guaranteed, 4 burst
+    assert!(assign(&conn, "p4", "b1", T0).unwrap()); // 8 burst, in MIG mode
+                                                     // p1: 50% for 5 s, 100% for 5 s, then 90 s of silence counted as 30 s at 25%.
+    let p1 = [
+        reading(T0 + 5, 8, 8 * 50),
+        reading(T0 + 10, 8, 8 * 100),
+        reading(T0 + 100, 8, 8 * 25),
+    ];
+    record_used(&conn, "p1", &p1, GAP).unwrap();
+    // p2: all busy for its first 10 s, half of it in each class.
+    record_used(&conn, "p2", &[reading(T0 + 10, 8, 800)], GAP).unwrap();
+    // p4's GPUs report memory but no utilisation.
+    record_used(
+        &conn,
+        "p4",
+        &[reading(T0 + 10, 0, 0), reading(T0 + 20, 0, 0)],
+        GAP,
+    )
+    .unwrap();
+    // Released at T0 + 105: a reading at T0 + 110 counts only up to the release.
+    release(&conn, "p1", T0 + 105).unwrap();
+    record_used(&conn, "p1", &[reading(T0 + 110, 8, 800)], GAP).unwrap();
+    let p1_used = 4 * 5 + 8 * 5 + 2 * 30 + 8 * 5;
+    assert_eq!(
+        used_rows(&conn, T0 - 10, T0 + 1000),
+        [
+            row("team-a", "a1", BURST, 4 * 10, 4 * 10),
+            row(
+                "team-a",
+                "a1",
+                GUARANTEED,
+                p1_used + 4 * 10,
+                8 * 45 + 4 * 10
+            ),
+        ]
+    );
+    // Counted once: the same readings again add nothing.
+    record_used(&conn, "p2", &[reading(T0 + 10, 8, 800)], GAP).unwrap();
+    assert_eq!(used_rows(&conn, T0 - 10, T0 + 1000).len(), 2);
+    assert_eq!(
+        used_rows(&conn, T0 - 10, T0 + 1000)[0],
+        row("team-a", "a1", BURST, 40, 40)
+    );
+    // A team's own only; b has held time but no readings: no row (not reported).
+    assert!(used(&conn, Some("b"), T0, T0 + 1000, all(), 100)
+        .unwrap()
+        .is_empty());
+    assert_eq!(total(&conn, Some("b"), T0, T0 + 1000, T0 + 1000), 8 * 1000);
+    let lifetime: Vec<(String, String, i64)> = lifetime_used(&conn, None)
+        .unwrap()
+        .into_iter()
+        .map(|l| (l.tenant_id, l.class, l.used_ms))
+        .collect();
+    assert_eq!(
+        lifetime,
+        [
+            ("a".to_string(), BURST.to_string(), 40_000),
+            (
+                "a".to_string(),
+                GUARANTEED.to_string(),
+                (p1_used + 40) * 1000
+            ),
+        ]
+    );
+    assert!(lifetime_used(&conn, Some("b")).unwrap().is_empty());
+}
+
+/// Readings are kept per hour: a window on whole hours is exact, one that cuts an hour
+/// counts the part of that hour's readings inside it, pro rata.
+#[test]
+fn hours_cut_by_the_window_count_pro_rata() {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = open(&dir.path().join("state.db"));
+    seed(&conn);
+    // T0 is 2800 s into its hour: the hour ends at T0 + 800.
+    assert_eq!(T0.rem_euclid(3600), 2800);
+    assert!(assign(&conn, "p1", "a1", T0).unwrap());
+    // All busy from T0 + 760 (the first reading counts back 30 s at most) to T0 + 810.
+    let readings = [reading(T0 + 790, 8, 800), reading(T0 + 810, 8, 800)];
+    record_used(&conn, "p1", &readings, GAP).unwrap();
+    let used_s = |since, until| {
+        used(&conn, Some("a"), since, until, GroupBy::default(), 10)
+            .unwrap()
+            .iter()
+            .map(|r| r.used_ms)
+            .sum::<i64>()
+            / 1000
+    };
+    assert_eq!(used_s(T0, T0 + 800), 8 * 40);
+    assert_eq!(used_s(T0 + 800, T0 + 4400), 8 * 10);
+    assert_eq!(used_s(T0, T0 + 4400), 8 * 50);
+    // 20 of the first hour's 40 s, 5 of the second's 10.
+    assert_eq!(used_s(T0 + 780, T0 + 805), 8 * 20 + 8 * 5);
+    assert_eq!(used_s(T0 + 900, T0 + 4400), 0);
+}
+
+/// A restart between readings: what was counted stays, a reading delivered again is not
+/// counted twice, and the downtime counts only up to the gap limit.
+#[test]
+fn used_time_survives_a_restart_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let total_used = |conn: &Connection| {
+        lifetime_used(conn, Some("a"))
+            .unwrap()
+            .iter()
+            .map(|l| l.used_ms)
+            .sum::<i64>()
+    };
+    {
+        let conn = open(&path);
+        seed(&conn);
+        assert!(assign(&conn, "p1", "a1", T0).unwrap());
+        record_used(&conn, "p1", &[reading(T0 + 10, 8, 800)], GAP).unwrap();
+        assert_eq!(total_used(&conn), 8 * 10 * 1000);
+    }
+    // Down from T0 + 10 to T0 + 400; the first reading after is at 50% and the last one
+    // before comes again (a flush that was retried).
+    let conn = open(&path);
+    let after = [reading(T0 + 10, 8, 800), reading(T0 + 400, 8, 400)];
+    record_used(&conn, "p1", &after, GAP).unwrap();
+    let expected = (8 * 10 + 4 * GAP) * 1000;
+    assert_eq!(total_used(&conn), expected);
+    drop(conn);
+    let conn = open(&path);
+    record_used(&conn, "p1", &after, GAP).unwrap();
+    assert_eq!(total_used(&conn), expected);
+    assert_eq!(
+        used(&conn, Some("a"), T0, T0 + 1000, GroupBy::default(), 10).unwrap()[0].used_ms,
+        expected
+    );
+    // Past the retention the hours leave the reads but stay in the lifetime totals.
+    release(&conn, "p1", T0 + 500).unwrap();
+    prune(&conn, T0 + RETENTION_SECS + 4000).unwrap();
+    assert!(
+        used(&conn, Some("a"), T0, T0 + 1000, GroupBy::default(), 10)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(total_used(&conn), expected);
 }
