@@ -12,7 +12,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpufleet_e2e::fixtures::{create_quota, create_reservation, create_tenant};
+use gpufleet_e2e::fixtures::{
+    create_pool_cluster, create_quota, create_reservation, create_tenant,
+};
 use gpufleet_e2e::prom::{self, Job, Prometheus};
 use gpufleet_e2e::{eventually, Backend, Clients, NodeAgent};
 use gpufleet_proto::v1::{CreateTenantClusterRequest, GetTenantRequest};
@@ -273,11 +275,16 @@ async fn every_metric_of_the_grafana_dashboard_exists() {
     // Requests, so that the request metrics have series.
     let (tenant, _) = create_tenant(&mut admin, "dash-team").await;
     create_quota(&mut admin, &tenant.id, "H100-80GB", 1, 0).await;
-    let text = format!(
-        "{}\n{}",
-        prom::scrape_with(&control, &generated_token(&backend)),
-        prom::scrape(&agents[0].1)
-    );
+    // A cluster holding the node, so that its GPU-seconds held and used have series (used
+    // once a utilisation reading after the assignment has been counted: every 5 s).
+    create_pool_cluster(&mut admin, &tenant.id, "dash-train", "H100-80GB", 1).await;
+    let token = generated_token(&backend);
+    let operator = eventually("a usage series of GPU-seconds used", LIMIT, || {
+        let text = prom::scrape_with(&control, &token);
+        async move { prom::exposes(&text, "gpufleet_gpu_seconds_used_total").then_some(text) }
+    })
+    .await;
+    let text = format!("{operator}\n{}", prom::scrape(&agents[0].1));
 
     let mut missing = BTreeSet::new();
     let mut used = BTreeSet::new();
@@ -305,6 +312,9 @@ async fn every_metric_of_the_grafana_dashboard_exists() {
         "gpufleet_node_heartbeat_age_seconds",
         "gpufleet_api_requests_total",
         "gpufleet_api_request_seconds_bucket",
+        "gpufleet_gpu_seconds_total",
+        "gpufleet_gpu_seconds_used_total",
+        "gpufleet_gpu_seconds_measured_total",
     ] {
         assert!(used.contains(family), "no dashboard panel uses {family}");
     }

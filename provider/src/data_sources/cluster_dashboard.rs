@@ -1,5 +1,5 @@
 //! `gpufleet_cluster_dashboard`: a tenant cluster's Grafana dashboard (JSON, every query
-//! filtered to the cluster's `cluster_id`, the quota panel to its `tenant_id`) and the
+//! filtered to the cluster's `cluster_id`, the quota and usage panels to its `tenant_id`) and the
 //! Prometheus scrape job that feeds it (a Slurm cluster's dashboard shows its jobs too): the control plane's metrics endpoint scraped
 //! with one of the team's tokens, which shows the team's own series only.
 //!
@@ -163,6 +163,30 @@ fn panels(cluster_id: &str, tenant_id: &str, orchestrator: &str) -> Vec<Panel> {
             vec![(
                 format!("gpufleet_tenant_gpus{{{t}}}"),
                 "{{gpu_type}} {{kind}}",
+            )],
+        ),
+        // Usage (issue 42): GPU-hours held and used over the last day, per model and
+        // class; used only where the GPUs report utilisation (no series: not reported).
+        p(
+            "Team GPU-hours held (24 h)",
+            "none",
+            "timeseries",
+            vec![(
+                format!(
+                    "sum by (gpu_type, class) (increase(gpufleet_gpu_seconds_total{{{t}}}[24h])) / 3600"
+                ),
+                "{{gpu_type}} {{class}}",
+            )],
+        ),
+        p(
+            "Team GPU-hours used (24 h)",
+            "none",
+            "timeseries",
+            vec![(
+                format!(
+                    "sum by (gpu_type, class) (increase(gpufleet_gpu_seconds_used_total{{{t}}}[24h])) / 3600"
+                ),
+                "{{gpu_type}} {{class}}",
             )],
         ),
     ];
@@ -330,7 +354,7 @@ impl DataSourceType for ClusterDashboard {
 
     fn schema(&self) -> Schema {
         Schema::new(
-            "A tenant cluster's Grafana dashboard and the Prometheus scrape job that feeds it. The job scrapes the control plane's metrics endpoint (`serve --metrics-listen`) with one of the team's tokens, which shows only the team's own series; every query of the dashboard is filtered to the cluster (the quota panel to its team).",
+            "A tenant cluster's Grafana dashboard and the Prometheus scrape job that feeds it. The job scrapes the control plane's metrics endpoint (`serve --metrics-listen`) with one of the team's tokens, which shows only the team's own series; every query of the dashboard is filtered to the cluster (the quota and usage panels to its team: GPU-hours held and used over the last day, by model and class).",
             vec![
                 Attribute::computed("id", Type::String, "`dashboard/<cluster_id>`."),
                 Attribute::required("cluster_id", Type::String, "The cluster (a `gpufleet_tenant_cluster`'s `id`); the token must see it."),
@@ -425,7 +449,19 @@ mod tests {
     fn every_query_is_filtered_to_the_cluster_or_its_team() {
         let board = dashboard("c-1", "train", "t-1", "kubernetes");
         let qs = queries(&board);
-        assert!(qs.len() >= 14, "{qs:?}");
+        assert!(qs.len() >= 16, "{qs:?}");
+        // The team's GPU-hours held and used, by model and class.
+        for family in [
+            "gpufleet_gpu_seconds_total",
+            "gpufleet_gpu_seconds_used_total",
+        ] {
+            assert!(
+                qs.iter()
+                    .any(|q| q.contains(&format!("{family}{{tenant_id=\"t-1\"}}"))
+                        && q.contains("by (gpu_type, class)")),
+                "{family}: {qs:?}"
+            );
+        }
         assert!(!qs.iter().any(|q| q.contains("slurm")), "{qs:?}");
         let slurm = queries(&dashboard("c-1", "train", "t-1", "slurm"));
         assert_eq!(slurm.len(), qs.len() + 1);
