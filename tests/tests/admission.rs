@@ -611,7 +611,8 @@ async fn dry_runs_answer_like_the_real_call_and_change_nothing() {
 /// pool (16 GPUs) and lends none of it while idle, so team-b's preemptible cluster is
 /// refused at plan naming team-a's limit and the numbers; once team-a lends 8, the
 /// cluster takes one node; a limit past the guarantee is refused at plan on its
-/// attribute; weight and limit read back and import with no diff.
+/// attribute; gpufleet_quota_usage says what team-b can obtain and that the limit binds;
+/// weight and limit read back and import with no diff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lending_limit_keeps_a_teams_idle_guarantee_from_other_teams() {
     let backend = Backend::start_with_fleet(&h100_fleet(2));
@@ -627,7 +628,17 @@ async fn a_lending_limit_keeps_a_teams_idle_guarantee_from_other_teams() {
             hcl::tenant("b", "team-b"),
             quota_a(lends),
             hcl::quota("qb", "gpufleet_tenant.b.id", "H100-80GB", 0).number("burst_gpus", 16),
+            Block::data("gpufleet_quota_usage", "b")
+                .expr("tenant", "gpufleet_tenant.b.id")
+                .string("gpu_type", "H100-80GB")
+                .depends_on(&["gpufleet_gpu_quota.qa", "gpufleet_gpu_quota.qb"]),
         ]
+    };
+    // What team-b can obtain now, and what limits it.
+    let usage = |tf: &Terraform| {
+        let u = tf.resource("data.gpufleet_quota_usage.b");
+        let numbers = ["quota_left", "capacity_free", "available"].map(|k| i64_of(&u, k));
+        (numbers, str_of(&u, "binding"))
     };
     let borrower = hcl::pool_cluster("borrow", "gpufleet_tenant.b.id", "borrow", "H100-80GB", 1)
         .boolean("preemptible", true)
@@ -635,6 +646,7 @@ async fn a_lending_limit_keeps_a_teams_idle_guarantee_from_other_teams() {
     tf.write_main(&hcl::config(&base(0)));
     tf.apply();
     tf.assert_no_changes();
+    assert_eq!(usage(&tf), ([16, 16, 0], "lending_limit".to_string()));
 
     let mut with_cluster = base(0);
     with_cluster.push(borrower.clone());
@@ -654,6 +666,7 @@ async fn a_lending_limit_keeps_a_teams_idle_guarantee_from_other_teams() {
 
     tf.write_main(&hcl::config(&base(8)));
     tf.apply();
+    assert_eq!(usage(&tf), ([16, 16, 8], "lending_limit".to_string()));
     let mut with_cluster = base(8);
     with_cluster.push(borrower);
     tf.write_main(&hcl::config(&with_cluster));

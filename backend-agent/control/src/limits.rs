@@ -893,4 +893,29 @@ mod tests {
             .to_string()
             .starts_with("storage_gib: must be at most"));
     }
+
+    #[test]
+    fn a_quotas_weight_and_lending_limit_are_bounded_by_name() {
+        let q = |weight: Option<i64>, lending_limit_gpus: Option<i64>| v1::UpdateGpuQuotaRequest {
+            id: "q".into(),
+            weight,
+            lending_limit_gpus,
+            ..Default::default()
+        };
+        assert!(q(None, None).check_bounds().is_ok());
+        assert!(q(Some(1000), Some(MAX_GPUS)).check_bounds().is_ok());
+        let refused = |r: v1::UpdateGpuQuotaRequest| r.check_bounds().unwrap_err().to_string();
+        assert_eq!(
+            refused(q(Some(0), None)),
+            "weight: must be at least 1 (got 0)"
+        );
+        assert_eq!(
+            refused(q(Some(1001), None)),
+            "weight: must be at most 1000 (got 1001)"
+        );
+        assert_eq!(
+            refused(q(None, Some(-1))),
+            "lending_limit_gpus: must be at least 0 (got -1)"
+        );
+    }
 }

@@ -50,7 +50,7 @@ impl DataSourceType for QuotaUsage {
                 Attribute::computed(
                     "available",
                     Type::Number,
-                    "GPUs the tenant can obtain now from the pool: the smaller of `quota_left` and `capacity_free`.",
+                    "GPUs the tenant can obtain now from the pool: the smallest of `quota_left`, `capacity_free` and the free pool GPUs other tenants' lending limits leave it.",
                 ),
                 Attribute::computed(
                     "quota_left",
@@ -65,7 +65,7 @@ impl DataSourceType for QuotaUsage {
                 Attribute::computed(
                     "binding",
                     Type::String,
-                    "Which limit `available` is: `quota` (the tenant's quota is the smaller) or `capacity` (the pool is).",
+                    "Which limit `available` is: `quota` (the tenant's quota is the smallest), `capacity` (the pool is) or `lending_limit` (other tenants' lending limits keep the rest of the free pool idle for them).",
                 ),
             ],
         )

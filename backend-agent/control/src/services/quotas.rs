@@ -427,12 +427,20 @@ impl Quotas {
         let t = self.state.now();
         let all = holdings(conn, &req.gpu_type, t, Exclude::default())?;
         // What a cluster without a reservation could take now: pool nodes free from now on.
-        let capacity_free = capacity(conn, &req.gpu_type, &all)?.free_pool(t, None);
+        let cap = capacity(conn, &req.gpu_type, &all)?;
+        let capacity_free = cap.free_pool(t, None);
+        let gpn = gpus_per_node(conn, &req.gpu_type)?;
+        // Of the pool GPUs free now, what other tenants' lending limits leave this one.
+        let shares = crate::scheduling::sharing::shares(conn, &req.gpu_type, &all, t, gpn)?;
+        let lendable = crate::scheduling::sharing::Lendable::of(
+            cap.free_pool(t, Some(t + 1)).saturating_mul(gpn),
+            &shares,
+            &tenant.id,
+        );
         let held: Vec<_> = all
             .into_iter()
             .filter(|h| h.tenant_id == tenant.id)
             .collect();
-        let gpn = gpus_per_node(conn, &req.gpu_type)?;
         let used: i64 = held
             .iter()
             .filter(|h| h.unreserved_cluster)
@@ -454,6 +462,14 @@ impl Quotas {
         });
         let quota_left = (limit.total() - used - reserved).max(0);
         let capacity_free = capacity_free.saturating_mul(gpn);
+        let (available, binding) = [
+            (quota_left, "quota"),
+            (capacity_free, "capacity"),
+            (lendable.gpus(), "lending_limit"),
+        ]
+        .into_iter()
+        .min_by_key(|(gpus, _)| *gpus)
+        .unwrap_or((0, "quota"));
         Ok(v1::QuotaUsage {
             tenant_id: tenant.id,
             gpu_type: req.gpu_type,
@@ -461,15 +477,10 @@ impl Quotas {
             burst_gpus: limit.burst_gpus,
             used,
             reserved,
-            available: quota_left.min(capacity_free),
+            available,
             quota_left,
             capacity_free,
-            binding: if capacity_free < quota_left {
-                "capacity"
-            } else {
-                "quota"
-            }
-            .into(),
+            binding: binding.into(),
         })
     }
 }
