@@ -203,11 +203,15 @@ impl Leadership {
 
     /// This replica stops leading (the lease taken over, or not renewed within its TTL).
     pub fn lose(&self, why: &str) {
-        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        if self.leads.borrow().is_some() {
+        if self.stop_leading() {
             tracing::warn!(replica = %self.replica(), %why, "this replica no longer leads; its singletons stop");
-            self.leads.send_replace(None);
         }
+    }
+
+    /// Stops leading; whether it led.
+    fn stop_leading(&self) -> bool {
+        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.leads.send_replace(None).is_some()
     }
 
     /// The fence of a singleton's write, in its own transaction: an error, and nothing
@@ -268,7 +272,7 @@ pub async fn run<R, RF, L, LF>(
         }
     }
     if let Some(epoch) = leadership.epoch() {
-        leadership.lose("it is stopping");
+        leadership.stop_leading();
         match release(epoch).await {
             Ok(_) => tracing::info!(epoch, "released the singletons' lease"),
             Err(e) => {
@@ -312,7 +316,7 @@ pub async fn while_leader<S, F>(
         };
         let _ = end.send(true);
         work.await;
-        if stopping {
+        if stopping || *stop.borrow() {
             return;
         }
         tracing::info!(
