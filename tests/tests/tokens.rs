@@ -208,6 +208,10 @@ resource "gpufleet_tenant_cluster" "dev" {{
   gpu_type     = "H100-80GB"
   node_count   = {node_count}
 }}
+resource "gpufleet_health_check" "dev" {{
+  cluster_id = gpufleet_tenant_cluster.dev.id
+  level      = "quick"
+}}
 data "gpufleet_audit_log" "mine" {{}}
 output "audit" {{ value = data.gpufleet_audit_log.mine.entries }}
 "#
@@ -268,7 +272,19 @@ async fn a_read_token_plans_but_cannot_apply_and_revoking_one_token_leaves_the_o
     // Vision's token on speech's state (which leaves `tenant` out: the state names the
     // tenant only in its identity) is refused naming that tenant: the cluster is not read
     // as deleted, no copy is planned in vision's tenant, and nothing of speech's beyond
-    // the state's own name is said.
+    // the state's own name is said. So is the health check of that cluster (its state
+    // records the tenant's id).
+    let speech_id = backend
+        .admin()
+        .await
+        .inventory()
+        .await
+        .clusters
+        .iter()
+        .find(|c| c.name == "dev")
+        .unwrap()
+        .tenant_id
+        .clone();
     let state = std::fs::read_to_string(team.dir().join("terraform.tfstate")).unwrap();
     let vision = Terraform::new(&backend, &token_of(&tf, "gpufleet_tenant.vision"));
     vision.write_main(&team_workspace(1));
@@ -284,6 +300,30 @@ async fn a_read_token_plans_but_cannot_apply_and_revoking_one_token_leaves_the_o
     );
     let after = std::fs::read_to_string(vision.dir().join("terraform.tfstate")).unwrap();
     assert_eq!(after, state, "the state is untouched");
+    // The health check alone (a plan refreshes nothing past the refused cluster).
+    let mut checks: serde_json::Value = serde_json::from_str(&state).unwrap();
+    checks["resources"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|r| r["type"] == "gpufleet_health_check");
+    let dev_id = checks["resources"][0]["instances"][0]["attributes"]["cluster_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let checks = serde_json::to_string_pretty(&checks).unwrap();
+    vision.write_main(&format!(
+        "resource \"gpufleet_health_check\" \"dev\" {{\n  cluster_id = \"{dev_id}\"\n  level = \"quick\"\n}}\n"
+    ));
+    vision.write_file("terraform.tfstate", &checks);
+    let refused = vision.plan_fails();
+    refused.assert_mentions(&[&format!(
+        "tenant_id: this state's health check belongs to tenant {speech_id}; the token is vision's"
+    )]);
+    assert!(
+        !refused.output().contains("will be created")
+            && !refused.output().contains("must be replaced"),
+        "no run planned\n{refused}"
+    );
 
     // Revoking the deploy token (removing it from the platform's configuration) leaves
     // the read token working.

@@ -6,6 +6,10 @@
 //! An import reads the cluster's latest run; the backend keeps no `triggers`, so an
 //! imported state has none (null), and the configuration's are adopted in place at the
 //! next apply, without a new run.
+//!
+//! The state records the cluster's tenant (`tenant_id`): a read with another tenant's
+//! token, which the backend answers as for a cluster that does not exist, is refused
+//! naming it (`identity::refuse_unseen`) instead of taken as deleted.
 
 use std::sync::Arc;
 
@@ -35,6 +39,7 @@ impl HealthCheck {
 const REPLACE_ON: &[&str] = &["cluster_id", "level", "triggers"];
 const COMPUTED: &[&str] = &[
     "id",
+    "tenant_id",
     "passed",
     "status",
     "checked_at",
@@ -43,8 +48,9 @@ const COMPUTED: &[&str] = &[
     "bus_bandwidth_gbps",
 ];
 
-/// The state of one run from its report; `inputs` gives the configuration's values.
-fn state(inputs: &Value, r: &api::ClusterHealthReport) -> Value {
+/// The state of one run from its report and its cluster's tenant's id; `inputs` gives
+/// the configuration's values.
+fn state(inputs: &Value, r: &api::ClusterHealthReport, tenant_id: Value) -> Value {
     let checked = r.checked_at.as_ref().map_or(0, |t| t.seconds);
     let mut s = inputs.clone();
     // One id per run: two runs within a second share their time, never their run id (a
@@ -56,6 +62,7 @@ fn state(inputs: &Value, r: &api::ClusterHealthReport) -> Value {
     };
     s.set("id", Value::String(format!("{}/{run}", r.cluster_id)));
     s.set("cluster_id", Value::string(&r.cluster_id));
+    s.set("tenant_id", tenant_id);
     s.set("passed", Value::Bool(r.status == "passed"));
     s.set("status", Value::string(&r.status));
     s.set(
@@ -117,6 +124,18 @@ fn plan(prior: Option<&Value>, proposed: Value, config: &Value) -> PlannedChange
     }
 }
 
+/// The id of the tenant whose cluster `cluster_id` is, as the token sees it (null when it
+/// does not).
+async fn tenant_of(client: &Client, cluster_id: &str) -> Result<Value, Diagnostics> {
+    let request = api::GetTenantClusterRequest {
+        id: cluster_id.to_string(),
+    };
+    Ok(
+        found(client, client.clusters().get_tenant_cluster(request).await)?
+            .map_or(Value::Null, |c| Value::string(&c.tenant_id)),
+    )
+}
+
 async fn report(
     client: &Client,
     cluster_id: &str,
@@ -141,6 +160,7 @@ impl ResourceType for HealthCheck {
                 Attribute::required("cluster_id", Type::String, "The cluster to check (a `gpufleet_tenant_cluster`'s `id`); the token must see it. Changing it runs the checks again."),
                 Attribute::optional_computed("level", Type::String, "`quick`, `medium` or `long`. Defaults to `medium`. Changing it runs the checks again."),
                 Attribute::optional_computed("triggers", Type::map(Type::String), "Arbitrary values; changing any runs the checks again (e.g. `{ week = \"2027-W03\" }`). Defaults to `{}`."),
+                Attribute::computed("tenant_id", Type::String, "The id of the tenant whose cluster it checks: a read with another tenant's token is refused naming it, not taken as deleted."),
                 Attribute::computed("passed", Type::Bool, "Whether every node of the cluster passed in the end (failed nodes replaced by ones that passed)."),
                 Attribute::computed("status", Type::String, "`passed` or `failed`."),
                 Attribute::computed("checked_at", Type::String, "When the run finished (RFC 3339)."),
@@ -170,11 +190,19 @@ impl ResourceType for HealthCheck {
         diags.into_result()
     }
 
-    /// The run is a record: it stays as it was while its cluster exists.
+    /// The run is a record: it stays as it was while its cluster exists (a state from
+    /// before `tenant_id` gains it).
     async fn read(&self, prior: &Value) -> Result<Option<Value>, Diagnostics> {
         let client = self.provider.client()?;
         let cluster_id = required_str(prior, "cluster_id")?;
-        Ok(report(&client, &cluster_id).await?.map(|_| prior.clone()))
+        if report(&client, &cluster_id).await?.is_none() {
+            return Ok(None);
+        }
+        let mut s = prior.clone();
+        if s.get("tenant_id").is_null() {
+            s.set("tenant_id", tenant_of(&client, &cluster_id).await?);
+        }
+        Ok(Some(s))
     }
 
     async fn plan(
@@ -203,7 +231,8 @@ impl ResourceType for HealthCheck {
                 }
                 d
             })?;
-        Ok(state(planned, &r))
+        let tenant_id = tenant_of(&client, &r.cluster_id).await?;
+        Ok(state(planned, &r, tenant_id))
     }
 
     async fn update(
@@ -244,7 +273,8 @@ impl ResourceType for HealthCheck {
                 "Apply a gpufleet_health_check for it instead.",
             )));
         }
-        Ok(state(&inputs, &r))
+        let tenant_id = tenant_of(&client, &r.cluster_id).await?;
+        Ok(state(&inputs, &r, tenant_id))
     }
 }
 
@@ -310,13 +340,14 @@ mod tests {
 
     #[test]
     fn each_run_has_an_id_of_its_own_even_within_one_second() {
-        let first = state(&config(None, &[]), &report());
+        let first = state(&config(None, &[]), &report(), Value::string("t1"));
         let second = state(
             &config(None, &[]),
             &api::ClusterHealthReport {
                 run_id: "r2".into(),
                 ..report()
             },
+            Value::Null,
         );
         assert_eq!(first.get("id"), &Value::string("c1/r1"));
         assert_ne!(first.get("id"), second.get("id"));
@@ -327,6 +358,7 @@ mod tests {
                 run_id: String::new(),
                 ..report()
             },
+            Value::Null,
         );
         assert_eq!(older.get("id"), &Value::string("c1/1800000000"));
     }
@@ -336,7 +368,7 @@ mod tests {
         let created = plan(None, config(None, &[]), &config(None, &[]));
         assert_eq!(created.state.get("level"), &Value::string("medium"));
         assert!(created.state.get("results").is_unknown());
-        let prior = state(&created.state, &report());
+        let prior = state(&created.state, &report(), Value::string("t1"));
         assert_eq!(prior.get("passed"), &Value::Bool(true));
         assert_eq!(prior.get("bus_bandwidth_gbps"), &Value::Number(10));
         let Value::List(results) = prior.get("results") else {
@@ -365,7 +397,7 @@ mod tests {
 
     #[test]
     fn an_imported_run_adopts_the_configurations_triggers_without_running_again() {
-        let mut imported = state(&config(Some("medium"), &[]), &report());
+        let mut imported = state(&config(Some("medium"), &[]), &report(), Value::string("t1"));
         imported.set("triggers", Value::Null);
         let mut proposed = config(Some("medium"), &[]);
         for c in COMPUTED {

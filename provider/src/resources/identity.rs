@@ -98,8 +98,9 @@ fn description(resource: &str, attribute: &str) -> &'static str {
     }
 }
 
-/// Where a resource's state names its tenant, and the resource as a person says it; None
-/// for a resource whose state names none (a health check names its cluster alone).
+/// Where a resource's state names its tenant, and the resource as a person says it (a
+/// health check's state records its cluster's tenant's id); None for a resource whose
+/// state names none.
 fn tenant_attribute(resource: &str) -> Option<(&'static str, &'static str)> {
     match resource {
         "tenant" => Some(("name", "tenant")),
@@ -107,6 +108,7 @@ fn tenant_attribute(resource: &str) -> Option<(&'static str, &'static str)> {
         "gpu_quota" => Some(("tenant", "GPU quota")),
         "tenant_cluster" => Some(("tenant", "cluster")),
         "reservation" => Some(("tenant", "reservation")),
+        "health_check" => Some(("tenant_id", "health check")),
         _ => None,
     }
 }
