@@ -21,6 +21,7 @@
 //! and forth by the order itself.
 
 use std::cmp::Ordering;
+use std::collections::HashMap;
 
 use rusqlite::Connection;
 
@@ -69,7 +70,9 @@ pub fn compare_shares(a: (i64, i64), b: (i64, i64)) -> Ordering {
 }
 
 /// Every quota of `gpu_type` with the pool GPUs its tenant holds at `t` (from `held`,
-/// the model's holdings).
+/// the model's holdings): one pass over the holdings, one query for the quotas. The
+/// tenant's name is loaded only where a message may name it (a lending limit that keeps
+/// GPUs idle, or GPUs borrowed); it is empty otherwise.
 pub fn shares(
     conn: &Connection,
     gpu_type: &str,
@@ -77,25 +80,35 @@ pub fn shares(
     t: i64,
     gpus_per_node: i64,
 ) -> Result<Vec<Share>> {
+    let mut pool_now: HashMap<&str, i64> = HashMap::new();
+    for h in held
+        .iter()
+        .filter(|h| h.start <= t && h.end.is_none_or(|e| e > t))
+    {
+        *pool_now.entry(h.tenant_id.as_str()).or_default() += h.pool;
+    }
     let mut out = Vec::new();
     for q in store::quotas::of_model(conn, gpu_type)? {
-        let pool_now: i64 = held
-            .iter()
-            .filter(|h| h.tenant_id == q.tenant_id && h.start <= t && h.end.is_none_or(|e| e > t))
-            .map(|h| h.pool)
-            .sum();
-        let tenant_name = store::tenants::get(conn, &q.tenant_id)?
-            .map_or_else(|| q.tenant_id.clone(), |t| t.name);
-        out.push(Share {
-            tenant_id: q.tenant_id,
-            tenant_name,
+        let nodes = pool_now.get(q.tenant_id.as_str()).copied().unwrap_or(0);
+        let mut share = Share {
+            tenant_name: String::new(),
             guaranteed: q.gpus,
-            held: pool_now.saturating_mul(gpus_per_node),
+            held: nodes.saturating_mul(gpus_per_node),
             weight: q.weight,
             lending_limit: q.lending_limit_gpus,
-        });
+            tenant_id: q.tenant_id,
+        };
+        if share.kept() > 0 || share.borrowed() > 0 {
+            share.tenant_name = tenant_name(conn, &share.tenant_id)?;
+        }
+        out.push(share);
     }
     Ok(out)
+}
+
+/// A tenant's name for a message (its id when it is gone).
+pub fn tenant_name(conn: &Connection, tenant_id: &str) -> Result<String> {
+    Ok(store::tenants::get(conn, tenant_id)?.map_or_else(|| tenant_id.to_string(), |t| t.name))
 }
 
 /// What stops a borrower from taking idle pool GPUs: the free GPUs now, and what other

@@ -81,7 +81,7 @@ fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBac
             "a reservation window from {} to {} (tenant '{}') needs the pool nodes back",
             rfc3339(h.start),
             h.end.map_or_else(String::new, rfc3339),
-            store::tenants::get(tx, &h.tenant_id)?.map_or_else(|| h.tenant_id.clone(), |t| t.name)
+            sharing::tenant_name(tx, &h.tenant_id)?
         ),
     };
     let gpn = super::gpus_per_node(tx, gpu_type)?;
@@ -220,23 +220,24 @@ fn fair_share_victims(
         borrowers[i].clusters.push((cluster.id.clone(), pool));
         rows.push(cluster);
     }
-    let texts = borrowers
-        .iter()
-        .filter_map(|b| {
-            let s = shares.iter().find(|s| s.tenant_id == b.tenant_id)?;
-            Some((
-                b.tenant_id.clone(),
-                (format!(
-                    "taken in weighted fair-share order: tenant '{}' held {} pool GPUs against {} guaranteed ({} borrowed, weight {})",
-                    s.tenant_name,
-                    s.held,
-                    s.guaranteed,
-                    s.borrowed(),
-                    s.weight
-                ), b.borrowed, b.weight),
-            ))
-        })
-        .collect();
+    let mut texts = Shares::new();
+    for b in &borrowers {
+        let Some(s) = shares.iter().find(|s| s.tenant_id == b.tenant_id) else {
+            continue;
+        };
+        let name = match s.tenant_name.is_empty() {
+            true => sharing::tenant_name(tx, &s.tenant_id)?,
+            false => s.tenant_name.clone(),
+        };
+        let text = format!(
+            "taken in weighted fair-share order: tenant '{name}' held {} pool GPUs against {} guaranteed ({} borrowed, weight {})",
+            s.held,
+            s.guaranteed,
+            s.borrowed(),
+            s.weight
+        );
+        texts.insert(b.tenant_id.clone(), (text, b.borrowed, b.weight));
+    }
     let order = sharing::take_back_order(borrowers, excess, gpn)
         .into_iter()
         .filter_map(|(id, n)| {
