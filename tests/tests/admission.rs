@@ -702,3 +702,92 @@ async fn a_lending_limit_keeps_a_teams_idle_guarantee_from_other_teams() {
         "{read:#}"
     );
 }
+
+/// Weighted fair share through Terraform (issue 42): on an 8-node H100 pool, team-b
+/// (weight 1) and team-c (weight 3) each borrow 4 idle nodes with a preemptible cluster;
+/// when team-a's 4-node reservation window starts (the backend's injected clock moves),
+/// the 4 nodes come back in fair-share order, one at a time from the team with the most
+/// borrowed GPUs per weight: team-b gives 3 and team-c 1, leaving them 1:3, and each
+/// `preempted` event names team-a's reservation and the share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_taken_back_leaves_borrowers_in_proportion_to_their_weights() {
+    let clock_dir = tempfile::tempdir().expect("a temp dir for the clock file");
+    let clock = clock_dir.path().join("now");
+    let args = ["--clock-file", clock.to_str().unwrap()];
+    let backend = Backend::start_with_fleet_and_args(&h100_fleet(8), &args);
+    let tf = workdir(&backend);
+    let (start, end) = (rfc3339_in_hours(24), rfc3339_in_hours(48));
+    let borrower = |team: &str, weight: i64| {
+        let tenant = format!("gpufleet_tenant.{team}.id");
+        [
+            hcl::quota(&format!("q{team}"), &tenant, "H100-80GB", 0)
+                .number("burst_gpus", 32)
+                .number("weight", weight),
+            hcl::pool_cluster(team, &tenant, team, "H100-80GB", 4)
+                .boolean("preemptible", true)
+                .depends_on(&[&format!("gpufleet_gpu_quota.q{team}")]),
+        ]
+    };
+    let mut blocks = vec![
+        hcl::tenant("a", "team-a"),
+        hcl::tenant("b", "team-b"),
+        hcl::tenant("c", "team-c"),
+        hcl::quota("qa", "gpufleet_tenant.a.id", "H100-80GB", 32),
+        hcl::reservation("r", "gpufleet_tenant.a.id", "H100-80GB", 4, &start, &end)
+            .depends_on(&["gpufleet_gpu_quota.qa"]),
+    ];
+    blocks.extend(borrower("b", 1));
+    blocks.extend(borrower("c", 3));
+    tf.write_main(&hcl::config(&blocks));
+    tf.apply();
+    let ids = ["b", "c"].map(|team| {
+        str_of(
+            &tf.resource(&format!("gpufleet_tenant_cluster.{team}")),
+            "id",
+        )
+    });
+
+    std::fs::write(&clock, (unix_seconds(&start) + 60).to_string()).expect("write the clock");
+    let _log = LogOnPanic(&backend);
+    let kept = eventually(
+        "the reservation to take its 4 pool nodes back",
+        Duration::from_secs(60),
+        || async {
+            let clusters = backend.admin().await.inventory().await.clusters;
+            let nodes = |id: &str| {
+                clusters
+                    .iter()
+                    .find(|c| c.id == id && c.status == "running")
+                    .map(|c| c.nodes.len())
+            };
+            let kept = [nodes(&ids[0])?, nodes(&ids[1])?];
+            (kept[0] + kept[1] == 4).then_some(kept)
+        },
+    )
+    .await;
+    assert_eq!(kept, [1, 3], "team-b (weight 1) : team-c (weight 3)");
+
+    let mut admin = backend.admin().await;
+    for (id, taken, borrowed) in [(&ids[0], 3, 32), (&ids[1], 1, 32)] {
+        let events = admin
+            .fleet
+            .list_events(ListEventsRequest {
+                object_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("ListEvents")
+            .into_inner()
+            .events;
+        let preempted: Vec<_> = events.iter().filter(|e| e.kind == "preempted").collect();
+        assert_eq!(preempted.len(), taken, "{events:#?}");
+        assert!(
+            preempted.iter().all(|e| e.message.contains(&format!(
+                "(tenant 'team-a') needs the pool nodes back; taken in weighted fair-share order: tenant '{}' held {borrowed} pool GPUs against 0 guaranteed ({borrowed} borrowed, weight {})",
+                if *id == ids[0] { "team-b" } else { "team-c" },
+                if *id == ids[0] { 1 } else { 3 },
+            ))),
+            "{preempted:#?}"
+        );
+    }
+}
