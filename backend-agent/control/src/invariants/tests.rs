@@ -35,7 +35,7 @@ impl Store {
                  VALUES ('{t}', 'team-{t}', '{t}', '{{}}', 'h{t}', 0)"
             ));
         }
-        store.sql("INSERT INTO quotas VALUES ('qa', 'a', 'H100-80GB', 32, 0), ('qb', 'b', 'H100-80GB', 16, 8)");
+        store.sql("INSERT INTO quotas (id, tenant_id, gpu_type, gpus, burst_gpus) VALUES ('qa', 'a', 'H100-80GB', 32, 0), ('qb', 'b', 'H100-80GB', 16, 8)");
         for i in 1..=4 {
             store.node(&format!("p{i}"), H100, "pool");
         }

@@ -376,5 +376,4 @@ fn record_take_back(
 }
 
 #[cfg(test)]
-#[path = "sharing_tests.rs"]
 mod sharing_tests;
