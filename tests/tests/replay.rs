@@ -141,6 +141,74 @@ fn pooling_lends_an_idle_guarantee_and_the_numbers_are_the_traces() {
     }
 }
 
+/// The guide's second example: b lends none of its idle guarantee
+/// (`lending_limit_gpus = 0`, weight 3), and the trace says how busy a's jobs keep their
+/// GPUs (half), b's job saying nothing (busy on all it asks for). Pooled, the control
+/// plane's lending check holds a to the 16 GPUs b's guarantee does not keep: two of a's
+/// jobs start at 0, two at 1 h, the last at 2 h, none on demand (a job that would borrow
+/// pool GPUs is refused whole, as a cluster would be), and b starts at once.
+#[test]
+fn a_lending_limit_keeps_bs_guarantee_and_used_gpus_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = write(
+        dir.path(),
+        "fleet.toml",
+        &FLEET.replace(
+            "gpus = 16 }]",
+            "gpus = 16, weight = 3, lending_limit_gpus = 0 }]",
+        ),
+    );
+    assert!(std::fs::read_to_string(&fleet)
+        .unwrap()
+        .contains("lending_limit_gpus = 0"));
+    let used = TRACE
+        .replace("duration\n", "duration,used\n")
+        .replace("1h\na", "1h,0.5\na")
+        .replace("1h\nb", "1h,0.5\nb")
+        .replace("30m,1h\n", "30m,1h,\n");
+    let trace = write(dir.path(), "trace.csv", &used);
+    let out = replay(&[&trace, "--fleet", &fleet, "--format", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (path, want) in [
+        ("/summary/used_reported", 5.0),
+        ("/horizon_seconds", 10_800.0),
+        ("/pooled/teams/1/wait_p95_seconds", 0.0),
+        ("/pooled/teams/0/wait_p50_seconds", 3600.0),
+        ("/pooled/teams/0/wait_p95_seconds", 7200.0),
+        ("/pooled/on_demand_gpu_hours", 0.0),
+        // a's 40 GPU-hours half busy, b's 8 busy; all on the pool's 32 GPUs for 3 h.
+        ("/pooled/used_gpu_hours", 28.0),
+        ("/pooled/pool_used_utilisation", 28.0 / 96.0),
+        ("/pooled/pool_utilisation", 48.0 / 96.0),
+        // Partitions: a's third job on its on-demand node at 0, so 16 of its 20 busy
+        // GPU-hours are on the pool.
+        ("/partitions/used_gpu_hours", 28.0),
+        ("/partitions/pool_used_utilisation", 24.0 / 96.0),
+        // No one held pool GPUs beyond a guarantee.
+        ("/pooled/borrowed_gpu_hours", 0.0),
+    ] {
+        assert_eq!(f(&r, path), want, "{path}");
+    }
+    assert!(r
+        .pointer("/pooled/teams/0/weighted_fair_share")
+        .unwrap()
+        .is_null());
+    let table = replay(&[&trace, "--fleet", &fleet]);
+    let table = String::from_utf8(table.stdout).unwrap();
+    for row in [
+        "| pool GPU utilisation (used) | 29.2% | 25.0% |",
+        "| GPU-hours used | 28.0 | 28.0 |",
+        "1 without a used fraction, busy on every GPU they ask for",
+    ] {
+        assert!(table.contains(row), "no `{row}` in:\n{table}");
+    }
+}
+
 #[test]
 fn a_synthetic_trace_replays_and_every_job_is_admitted() {
     let dir = tempfile::tempdir().unwrap();
@@ -279,6 +347,29 @@ fn malformed_inputs_are_refused_with_file_line_and_column_before_anything_runs()
                 &PRICES.replace("burst,3", "burst,three"),
             )),
             "bad-prices.csv:3:3: per_gpu_hour:",
+        ),
+        (
+            write(
+                dir.path(),
+                "bad-weight.toml",
+                &FLEET.replace("gpus = 16 }]", "gpus = 16, weight = 0 }]"),
+            ),
+            trace.clone(),
+            None,
+            "bad-weight.toml:17:56: team.quota.weight: 1 to 1000 (got 0)",
+        ),
+        (
+            fleet.clone(),
+            write(
+                dir.path(),
+                "bad-used.csv",
+                &TRACE
+                    .replace("duration\n", "duration,used\n")
+                    .replace("1h\n", "1h,0.5\n")
+                    .replace("30m,1h,0.5", "30m,1h,150%"),
+            ),
+            None,
+            "bad-used.csv:7:6: used: the fraction of the job's GPUs it keeps busy, 0 to 1 (got '150%')",
         ),
     ];
     for (fleet, trace, prices, want) in cases {

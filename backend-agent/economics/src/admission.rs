@@ -3,14 +3,20 @@
 //! admitted the way `CreateReservation` admits one (`scheduling::reservations::place`,
 //! then the row written) at a time the replay chooses. No rule is repeated here: what
 //! fits is what the control plane says fits.
+//!
+//! A job starts now, as a cluster would: its pool nodes are held to the other teams'
+//! lending limits exactly as the control plane holds a cluster that takes pool nodes
+//! without a reservation (`sharing::shares` and `sharing::Lendable` over the store's
+//! holdings), and [`Batch::shares`] reads each team's weighted share from the store the
+//! same way (`sharing::shares`), for the replay's fair-share order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::Context;
 use gpufleet_control::error::Error;
 use gpufleet_control::fleet::{FleetFile, NodeGroup, DEFAULT_CUDA, DEFAULT_DRIVER};
 use gpufleet_control::rules::Split;
-use gpufleet_control::scheduling::{reservations, Exclude};
+use gpufleet_control::scheduling::{self, reservations, sharing, Exclude};
 use gpufleet_control::store::{
     self, quotas::QuotaRow, reservations::ReservationRow, tenants::TenantRow,
 };
@@ -23,8 +29,12 @@ pub struct Admission {
     conn: Connection,
     /// The teams as tenants, in the fleet's order: (id, name).
     tenants: Vec<(String, String)>,
+    /// A team's index by its tenant id.
+    team_of: HashMap<String, usize>,
     allow_on_demand: Vec<bool>,
     gpus_per_node: BTreeMap<String, i64>,
+    /// Whether any team has a lending limit (else no job is held to one).
+    lending_limits: bool,
     next_id: u64,
     _dir: tempfile::TempDir,
 }
@@ -55,23 +65,33 @@ impl Admission {
             for q in &team.quotas {
                 // The guarantee rule CreateGpuQuota runs held when the fleet was read
                 // (`fleet::parse`), and holds for a partition by construction.
-                store::quotas::insert(
-                    &tx,
-                    &QuotaRow::new(
-                        format!("{id}-{}", q.gpu_type),
-                        id.clone(),
-                        q.gpu_type.clone(),
-                        q.gpus,
-                        q.burst_gpus,
-                    ),
-                )?;
+                let mut row = QuotaRow::new(
+                    format!("{id}-{}", q.gpu_type),
+                    id.clone(),
+                    q.gpu_type.clone(),
+                    q.gpus,
+                    q.burst_gpus,
+                );
+                row.weight = q.weight;
+                row.lending_limit_gpus = q.lending_limit_gpus;
+                store::quotas::insert(&tx, &row)?;
             }
             tenants.push((id, team.name.clone()));
         }
         tx.commit()?;
         Ok(Self {
             conn,
+            team_of: tenants
+                .iter()
+                .enumerate()
+                .map(|(i, (id, _))| (id.clone(), i))
+                .collect(),
             tenants,
+            lending_limits: fleet
+                .teams
+                .iter()
+                .flat_map(|t| &t.quotas)
+                .any(|q| q.lending_limit_gpus.is_some()),
             allow_on_demand: fleet.teams.iter().map(|t| t.allow_on_demand).collect(),
             gpus_per_node: fleet
                 .models
@@ -92,8 +112,10 @@ impl Admission {
         let mut b = Batch {
             conn: &tx,
             tenants: &self.tenants,
+            team_of: &self.team_of,
             allow_on_demand: &self.allow_on_demand,
             gpus_per_node: &self.gpus_per_node,
+            lending_limits: self.lending_limits,
             next_id: &mut self.next_id,
         };
         let out = batch(&mut b)?;
@@ -106,8 +128,10 @@ impl Admission {
 pub struct Batch<'a> {
     conn: &'a Connection,
     tenants: &'a [(String, String)],
+    team_of: &'a HashMap<String, usize>,
     allow_on_demand: &'a [bool],
     gpus_per_node: &'a BTreeMap<String, i64>,
+    lending_limits: bool,
     next_id: &'a mut u64,
 }
 
@@ -150,8 +174,41 @@ impl Batch<'_> {
             .is_some())
     }
 
+    /// Each team's weighted share of `gpu_type` at `t` as fair sharing sees it
+    /// (`sharing::shares` over the store's holdings): (pool GPUs borrowed beyond its
+    /// guarantee, weight), by team index; None for a team without a quota of the model.
+    pub fn shares(&mut self, gpu_type: &str, t: i64) -> anyhow::Result<Vec<Option<(i64, i64)>>> {
+        let gpn = self.gpus_per_node[gpu_type];
+        let held = scheduling::holdings(self.conn, gpu_type, t, Exclude::default())?;
+        let mut out = vec![None; self.tenants.len()];
+        for s in sharing::shares(self.conn, gpu_type, &held, t, gpn)? {
+            if let Some(&team) = self.team_of.get(&s.tenant_id) {
+                out[team] = Some((s.borrowed(), s.weight));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether the other teams' lending limits leave `r`'s pool nodes free at its start:
+    /// the control plane's check of a cluster that takes pool nodes without a reservation
+    /// (`sharing::Lendable` of the free pool GPUs then, over `sharing::shares`).
+    fn within_lending_limits(&self, r: &ReservationRow) -> anyhow::Result<bool> {
+        if !self.lending_limits || r.pool_nodes == 0 {
+            return Ok(true);
+        }
+        let t = r.start_time;
+        let gpn = self.gpus_per_node[&r.gpu_type];
+        let held = scheduling::holdings(self.conn, &r.gpu_type, t, Exclude::default())?;
+        let cap = scheduling::capacity(self.conn, &r.gpu_type, &held)?;
+        let free = cap.free_pool(t, Some(t + 1)).saturating_mul(gpn);
+        let shares = sharing::shares(self.conn, &r.gpu_type, &held, t, gpn)?;
+        let lendable = sharing::Lendable::of(free, &shares, &r.tenant_id);
+        Ok(r.pool_nodes.saturating_mul(gpn) <= lendable.gpus())
+    }
+
     /// The reservation the control plane admits for the job, not yet recorded; None when
-    /// it refuses (short of quota or capacity).
+    /// it refuses (short of quota or capacity, or of what other teams' lending limits
+    /// leave).
     fn place(
         &mut self,
         team: usize,
@@ -186,8 +243,8 @@ impl Batch<'_> {
             none,
             start,
         ) {
-            Ok(()) => Ok(Some(r)),
-            Err(Error::Precondition(_)) => Ok(None),
+            Ok(()) if self.within_lending_limits(&r)? => Ok(Some(r)),
+            Ok(()) | Err(Error::Precondition(_)) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }

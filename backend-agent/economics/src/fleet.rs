@@ -16,7 +16,8 @@
 //! [[team]]
 //! name = "vision"
 //! allow_on_demand = true        # default false
-//! quota = [{ gpu_type = "H100-80GB", gpus = 16, burst_gpus = 16 }]
+//! quota = [{ gpu_type = "H100-80GB", gpus = 16, burst_gpus = 16,
+//!           weight = 3, lending_limit_gpus = 8 }]   # as gpufleet_gpu_quota's
 //!
 //! [alibaba]                     # only for Alibaba pod lists: which model a gpu_spec means
 //! default_gpu_type = "H100-80GB"  # rows without a gpu_spec (default: the first pool model)
@@ -28,6 +29,7 @@ use std::path::Path;
 
 use gpufleet_control::catalog;
 use gpufleet_control::scheduling::guarantees::{self, Promised};
+use gpufleet_proto::limits::{DEFAULT_QUOTA_WEIGHT, MAX_QUOTA_WEIGHT};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -57,12 +59,17 @@ impl Model {
 }
 
 /// A team's quota for one model: `gpus` guaranteed, `burst_gpus` more when the pool
-/// has them.
+/// has them; `weight` and `lending_limit_gpus` as a `gpufleet_gpu_quota`'s (fair sharing
+/// of idle capacity, `scheduling::sharing`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Quota {
     pub gpu_type: String,
     pub gpus: i64,
     pub burst_gpus: i64,
+    /// 1 to 1000 (default 1).
+    pub weight: i64,
+    /// Idle guaranteed GPUs other teams may take; None: no limit.
+    pub lending_limit_gpus: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -144,6 +151,8 @@ struct RawQuota {
     gpu_type: Spanned<String>,
     gpus: Spanned<i64>,
     burst_gpus: Option<Spanned<i64>>,
+    weight: Option<Spanned<i64>>,
+    lending_limit_gpus: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -295,10 +304,37 @@ fn team(raw: &RawTeam, before: &[Team], models: &[Model], at: &At) -> Result<Tea
             Some(b) => bounded("team.quota.burst_gpus", b, at)?,
             None => 0,
         };
+        let weight = match &q.weight {
+            Some(w) if !(1..=MAX_QUOTA_WEIGHT).contains(w.get_ref()) => {
+                return Err(at(
+                    w.span().start,
+                    format!(
+                        "team.quota.weight: 1 to {MAX_QUOTA_WEIGHT} (got {})",
+                        w.get_ref()
+                    ),
+                ))
+            }
+            Some(w) => *w.get_ref(),
+            None => DEFAULT_QUOTA_WEIGHT,
+        };
+        let lending_limit_gpus = match &q.lending_limit_gpus {
+            Some(l) if !(0..=gpus).contains(l.get_ref()) => {
+                return Err(at(
+                    l.span().start,
+                    format!(
+                        "team.quota.lending_limit_gpus: 0 to the quota's gpus, {gpus} (got {}): it lends guaranteed GPUs only",
+                        l.get_ref()
+                    ),
+                ))
+            }
+            l => l.as_ref().map(|l| *l.get_ref()),
+        };
         quotas.push(Quota {
             gpu_type: gpu_type.clone(),
             gpus,
             burst_gpus,
+            weight,
+            lending_limit_gpus,
         });
     }
     Ok(Team {
@@ -408,6 +444,28 @@ name = "b"
 quota = [{ gpu_type = "H100-80GB", gpus = 16 }]
 "#;
 
+/// [`TWO_TEAMS`] with b weighing 3 and lending none of its idle guarantee, and a
+/// borrowing 8 more.
+#[cfg(test)]
+pub(crate) const WEIGHTED: &str = r#"
+[[pool]]
+gpu_type = "H100-80GB"
+nodes = 4
+
+[[on_demand]]
+gpu_type = "H100-80GB"
+nodes = 1
+
+[[team]]
+name = "a"
+allow_on_demand = true
+quota = [{ gpu_type = "H100-80GB", gpus = 16, burst_gpus = 24 }]
+
+[[team]]
+name = "b"
+quota = [{ gpu_type = "H100-80GB", gpus = 16, burst_gpus = 8, weight = 3, lending_limit_gpus = 0 }]
+"#;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -480,6 +538,29 @@ mod tests {
         assert_eq!(
             refused("[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 1\n"),
             "fleet.toml:1:1: team: the fleet has no [[team]]"
+        );
+    }
+
+    #[test]
+    fn weights_and_lending_limits_are_read_and_bounded() {
+        let fleet = parse(Path::new("fleet.toml"), WEIGHTED).unwrap();
+        let q = |team: usize| fleet.teams[team].quota("H100-80GB").unwrap();
+        assert_eq!((q(0).weight, q(0).lending_limit_gpus), (1, None));
+        assert_eq!((q(1).weight, q(1).lending_limit_gpus), (3, Some(0)));
+        let heavy = WEIGHTED.replace("weight = 3", "weight = 1001");
+        assert_eq!(
+            refused(&heavy),
+            "fleet.toml:17:72: team.quota.weight: 1 to 1000 (got 1001)"
+        );
+        let light = WEIGHTED.replace("weight = 3", "weight = 0");
+        assert_eq!(
+            refused(&light),
+            "fleet.toml:17:72: team.quota.weight: 1 to 1000 (got 0)"
+        );
+        let lends_more = WEIGHTED.replace("lending_limit_gpus = 0", "lending_limit_gpus = 17");
+        assert_eq!(
+            refused(&lends_more),
+            "fleet.toml:17:96: team.quota.lending_limit_gpus: 0 to the quota's gpus, 16 (got 17): it lends guaranteed GPUs only"
         );
     }
 }

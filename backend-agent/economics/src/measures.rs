@@ -7,6 +7,15 @@
 //! guarantee and `burst` beyond it; on-demand GPUs are `on-demand`. Idle-but-guaranteed
 //! GPUs are the pool's idle GPUs that some team is guaranteed and not using:
 //! `min(sum over teams of max(0, guarantee - held), pool GPUs - held)`.
+//!
+//! GPUs *used* are what the trace says its jobs keep busy ([`Job::busy_gpus`]: the asked
+//! GPUs times the job's `used` fraction, all asked GPUs when it does not say); a job's
+//! busy GPUs are on the pool in proportion to its pool nodes among all its nodes.
+//!
+//! Each team's *weighted fair share of borrowing*: each model's borrowed GPU-hours (pool
+//! GPUs held beyond a guarantee: the `burst` class) divided among the teams whose quota of
+//! it lets them borrow (`burst_gpus` above 0) in proportion to their `weight`, summed
+//! over models, over all borrowed GPU-hours; beside it, the team's actual share of them.
 
 use std::collections::BTreeMap;
 
@@ -21,7 +30,13 @@ const HOUR: f64 = 3_600.0;
 pub struct Scenario {
     /// Pool GPU-hours held over the pool's GPU-hours in the horizon (0 to 1).
     pub pool_utilisation: f64,
+    /// Pool GPU-hours used (busy) over the pool's GPU-hours in the horizon (0 to 1).
+    pub pool_used_utilisation: f64,
     pub held_gpu_hours: f64,
+    /// GPU-hours the admitted jobs kept busy, pool and on-demand.
+    pub used_gpu_hours: f64,
+    /// Pool GPU-hours held beyond the teams' guarantees (every team's burst).
+    pub borrowed_gpu_hours: f64,
     /// What the admitted jobs asked for (a job holds whole nodes).
     pub asked_gpu_hours: f64,
     pub idle_guaranteed_gpu_hours: f64,
@@ -53,6 +68,10 @@ pub struct TeamMeasures {
     pub share: f64,
     /// Its share of every guaranteed GPU (0 to 1).
     pub guaranteed_share: f64,
+    /// Its share of the borrowed GPU-hours, and its weighted fair share of them (0 to 1;
+    /// None when no one borrowed).
+    pub borrowed_share: Option<f64>,
+    pub weighted_fair_share: Option<f64>,
     pub cost: f64,
 }
 
@@ -141,6 +160,7 @@ pub fn measure(
         }
     }
     let pool_gpus: i64 = fleet.models.iter().map(|m| m.pool_gpus()).sum();
+    let (borrowed, fair) = borrowing(fleet, &held);
     let mut unpriced = 0.0;
     let mut team_cost = vec![0.0; teams];
     let mut team_class = vec![[0.0f64; 3]; teams];
@@ -198,6 +218,8 @@ pub fn measure(
                 on_demand_gpu_hours: team_class[i][2],
                 share: ratio(team_class[i].iter().sum(), held_hours),
                 guaranteed_share: ratio(guaranteed_gpus as f64, guaranteed_total as f64),
+                borrowed_share: (borrowed > 0.0).then(|| team_class[i][1] * HOUR / borrowed),
+                weighted_fair_share: (borrowed > 0.0).then(|| fair[i] / borrowed),
                 cost: team_cost[i],
             }
         })
@@ -209,9 +231,23 @@ pub fn measure(
         .filter(|(_, o)| o.start.is_some())
         .map(|(j, _)| (j.gpus * j.duration) as f64 / HOUR)
         .sum();
+    let (mut used, mut pool_used) = (0.0, 0.0);
+    for (job, o) in jobs.iter().zip(outcomes).filter(|(_, o)| o.start.is_some()) {
+        let busy = job.busy_gpus() * job.duration as f64;
+        used += busy;
+        pool_used += busy
+            * ratio(
+                o.pool_nodes as f64,
+                (o.pool_nodes + o.on_demand_nodes) as f64,
+            );
+    }
+    let pool_seconds_in_horizon = pool_gpus as f64 * horizon as f64;
     Scenario {
-        pool_utilisation: ratio(pool_seconds, pool_gpus as f64 * horizon as f64),
+        pool_utilisation: ratio(pool_seconds, pool_seconds_in_horizon),
+        pool_used_utilisation: ratio(pool_used, pool_seconds_in_horizon),
         held_gpu_hours: held_hours,
+        used_gpu_hours: used / HOUR,
+        borrowed_gpu_hours: borrowed / HOUR,
         asked_gpu_hours: asked,
         idle_guaranteed_gpu_hours: idle_guaranteed / HOUR,
         on_demand_gpu_hours: team_class.iter().map(|c| c[2]).sum(),
@@ -224,6 +260,36 @@ pub fn measure(
         wait_p95_seconds: percentile(&all, 95),
         teams: team_measures,
     }
+}
+
+/// All borrowed GPU-seconds, and each team's weighted fair share of them in GPU-seconds
+/// (see the module's doc).
+fn borrowing(fleet: &Fleet, held: &[BTreeMap<&str, Held>]) -> (f64, Vec<f64>) {
+    let mut fair = vec![0.0; fleet.teams.len()];
+    let mut all = 0.0;
+    for model in &fleet.models {
+        let m = model.gpu_type.as_str();
+        let borrowed: f64 = held
+            .iter()
+            .filter_map(|h| h.get(m))
+            .map(|h| h.seconds[1])
+            .sum();
+        let weights: Vec<i64> = fleet
+            .teams
+            .iter()
+            .map(|t| {
+                t.quota(m)
+                    .filter(|q| q.burst_gpus > 0)
+                    .map_or(0, |q| q.weight)
+            })
+            .collect();
+        let total: i64 = weights.iter().sum();
+        all += borrowed;
+        for (f, w) in fair.iter_mut().zip(&weights) {
+            *f += borrowed * ratio(*w as f64, total as f64);
+        }
+    }
+    (all, fair)
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
@@ -264,9 +330,13 @@ mod tests {
             gpus,
             submit,
             duration,
+            used: None,
         };
         let jobs = [
-            job(0, 24, 0, 3600),
+            Job {
+                used: Some(0.5),
+                ..job(0, 24, 0, 3600)
+            },
             job(1, 8, 0, 7200),
             job(1, 8, 1800, 3600),
         ];
@@ -319,5 +389,19 @@ mod tests {
         );
         assert!((s.teams[0].share - 24.0 / 48.0).abs() < 1e-9);
         assert_eq!(s.asked_gpu_hours, 24.0 + 16.0 + 8.0);
+        // Used: a's 24 GPUs half busy for 1 h, b's asked GPUs busy (not reported).
+        assert_eq!(s.used_gpu_hours, 12.0 + 16.0 + 8.0);
+        // On the pool: a's 12 and b's second job's 8 (its first is on demand), of 64.
+        assert_eq!(s.pool_used_utilisation, 20.0 / 64.0);
+        // Only a borrowed (8 GPU-hours), and only a may (b has no burst).
+        assert_eq!(s.borrowed_gpu_hours, 8.0);
+        assert_eq!(
+            (s.teams[0].borrowed_share, s.teams[0].weighted_fair_share),
+            (Some(1.0), Some(1.0))
+        );
+        assert_eq!(
+            (s.teams[1].borrowed_share, s.teams[1].weighted_fair_share),
+            (Some(0.0), Some(0.0))
+        );
     }
 }

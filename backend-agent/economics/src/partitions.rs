@@ -29,6 +29,9 @@ pub fn of(fleet: &Fleet, team: usize) -> Fleet {
             gpu_type: q.gpu_type.clone(),
             gpus,
             burst_gpus: q.burst_gpus + (q.gpus - gpus),
+            // A partition has no other team to share with.
+            weight: q.weight,
+            lending_limit_gpus: None,
         });
     }
     Fleet {

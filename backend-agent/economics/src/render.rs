@@ -46,8 +46,15 @@ pub fn table(r: &Report) -> String {
     row("pool GPU utilisation (held)", &|s| {
         format!("{:.1}%", s.pool_utilisation * 100.0)
     });
+    row("pool GPU utilisation (used)", &|s| {
+        format!("{:.1}%", s.pool_used_utilisation * 100.0)
+    });
     row("GPU-hours held / asked by the jobs", &|s| {
         format!("{:.1} / {:.1}", s.held_gpu_hours, s.asked_gpu_hours)
+    });
+    row("GPU-hours used", &|s| format!("{:.1}", s.used_gpu_hours));
+    row("pool GPU-hours borrowed beyond guarantees", &|s| {
+        format!("{:.1}", s.borrowed_gpu_hours)
     });
     row("idle-but-guaranteed GPU-hours", &|s| {
         format!("{:.1}", s.idle_guaranteed_gpu_hours)
@@ -69,13 +76,13 @@ pub fn table(r: &Report) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "| team | guaranteed GPUs (share) | jobs | wait p50 / p95 pooled | wait p50 / p95 partitions | share held pooled | share held partitions | burst GPU-h pooled | on-demand GPU-h pooled / partitions | cost pooled / partitions |"
+        "| team | guaranteed GPUs (share) | jobs | wait p50 / p95 pooled | wait p50 / p95 partitions | share held pooled | share held partitions | burst GPU-h pooled | on-demand GPU-h pooled / partitions | cost pooled / partitions | share of borrowed GPU-h pooled / weighted fair share |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for (tp, tb) in p.teams.iter().zip(&b.teams) {
         let _ = writeln!(
             out,
-            "| {} | {} ({:.1}%) | {}{} | {} | {} | {:.1}% | {:.1}% | {:.1} | {:.1} / {:.1} | {:.2} / {:.2} |",
+            "| {} | {} ({:.1}%) | {}{} | {} | {} | {:.1}% | {:.1}% | {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {} / {} |",
             tp.team,
             tp.guaranteed_gpus,
             tp.guaranteed_share * 100.0,
@@ -90,9 +97,15 @@ pub fn table(r: &Report) -> String {
             tb.on_demand_gpu_hours,
             tp.cost,
             tb.cost,
+            percent(tp.borrowed_share),
+            percent(tp.weighted_fair_share),
         );
     }
     out
+}
+
+fn percent(share: Option<f64>) -> String {
+    share.map_or_else(|| "-".to_string(), |s| format!("{:.1}%", s * 100.0))
 }
 
 fn left_out(s: &crate::trace::Trace) -> String {
@@ -102,6 +115,12 @@ fn left_out(s: &crate::trace::Trace) -> String {
     }
     if s.skipped_never_ran > 0 {
         parts.push(format!("{} that never ran left out", s.skipped_never_ran));
+    }
+    if s.used_reported < s.jobs.len() {
+        parts.push(format!(
+            "{} without a used fraction, busy on every GPU they ask for",
+            s.jobs.len() - s.used_reported
+        ));
     }
     if s.shared_gpu_rounded_up > 0 {
         parts.push(format!(

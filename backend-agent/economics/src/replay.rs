@@ -1,20 +1,20 @@
 //! The replay's clock and queue: jobs arrive at their submit times, each team's waiting
 //! jobs of a model are asked for in submit order (a team's job waits behind its own older
-//! ones, never behind another team's), and the control plane decides each ask
-//! ([`Admission`]). Time jumps from one arrival or end to the next: nothing else can
+//! ones, never behind another team's), teams that compete for a model in weighted
+//! fair-share order (the lowest borrowed GPUs per weight first, then the oldest), and the
+//! control plane decides each ask ([`Admission`]). Time jumps from one arrival or end to the next: nothing else can
 //! change what fits.
 
-use std::cmp::Reverse;
+use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+use gpufleet_control::scheduling::sharing::compare_shares;
 
 use crate::admission::{Admission, Batch};
 use crate::trace::Job;
 
 /// Where the replay's clock starts (2026-01-01T00:00:00Z): trace times are offsets.
 pub const EPOCH: i64 = 1_767_225_600;
-
-/// A (team, model) queue's head: (its submit time, its trace line, the queue).
-type Head<'a> = Reverse<(i64, usize, (usize, &'a str))>;
 
 /// What became of one job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -111,16 +111,14 @@ impl<'a> Clock<'a> {
                 .push_back(k);
             self.next += 1;
         }
-        // The queues' heads, oldest first; a refused head closes its queue until the
-        // next instant.
-        let mut heads: BinaryHeap<Head> = self
-            .queues
-            .iter()
-            .filter_map(|(key, q)| q.front().map(|&k| self.head(k, *key)))
-            .collect();
-        while let Some(Reverse((_, _, key))) = heads.pop() {
-            let queue = self.queues.get_mut(&key).expect("a head has its queue");
-            let k = *queue.front().expect("a head is in its queue");
+        // The queues' heads; a refused head closes its queue until the next instant.
+        let mut open: Vec<(usize, &'a str)> = self.queues.keys().copied().collect();
+        let mut shares = Shares::new();
+        while !open.is_empty() {
+            let pick = self.pick(&open, &mut shares, batch, t)?;
+            let key = open[pick];
+            let queue = self.queues.get_mut(&key).expect("an open queue has a head");
+            let k = *queue.front().expect("an open queue has a head");
             let job: &'a Job = &self.jobs[self.which[k]];
             let end = t + job.duration;
             let Some(split) =
@@ -138,10 +136,12 @@ impl<'a> Clock<'a> {
                         job.duration,
                     )?;
                 }
-                if !self.admissible[k] {
+                if self.admissible[k] {
+                    open.swap_remove(pick);
+                } else {
                     queue.pop_front();
-                    if let Some(&k) = queue.front() {
-                        heads.push(self.head(k, key));
+                    if queue.is_empty() {
+                        open.swap_remove(pick);
                     }
                 }
                 continue;
@@ -151,22 +151,65 @@ impl<'a> Clock<'a> {
                 pool_nodes: split.pool,
                 on_demand_nodes: split.on_demand,
             };
+            shares.remove(key.1);
             self.ends.push(Reverse(end));
             self.last_end = self.last_end.max(end);
             queue.pop_front();
-            if let Some(&k) = queue.front() {
-                heads.push(self.head(k, key));
+            if queue.is_empty() {
+                open.swap_remove(pick);
             }
         }
         self.queues.retain(|_, q| !q.is_empty());
         Ok(true)
     }
 
-    fn head(&self, k: usize, key: (usize, &'a str)) -> Head<'a> {
-        let job = self.job(k);
-        Reverse((job.submit, job.line, key))
+    /// Which of the `open` queues asks next: of the heads that compete for one model (more
+    /// than one team's), the team with the lowest weighted share of it (pool GPUs
+    /// borrowed beyond its guarantee per weight, as the control plane's fair sharing
+    /// reads them from the store: `sharing::shares`, `sharing::compare_shares`); then the
+    /// oldest head (submit time, then trace line).
+    fn pick(
+        &self,
+        open: &[(usize, &'a str)],
+        shares: &mut Shares<'a>,
+        batch: &mut Batch,
+        t: i64,
+    ) -> anyhow::Result<usize> {
+        // (index in open, share, age) of the first so far.
+        let mut best: Option<(usize, Share, (i64, usize))> = None;
+        for (i, &(team, model)) in open.iter().enumerate() {
+            let contested = open.iter().any(|&(o, m)| m == model && o != team);
+            let share = if contested {
+                if !shares.contains_key(model) {
+                    shares.insert(model, batch.shares(model, EPOCH + t)?);
+                }
+                shares[model][team].unwrap_or((0, 1))
+            } else {
+                (0, 1)
+            };
+            let k = *self.queues[&(team, model)]
+                .front()
+                .expect("an open queue has a head");
+            let age = (self.job(k).submit, self.job(k).line);
+            let first = best.is_none_or(|(_, s, a)| match compare_shares(share, s) {
+                Ordering::Less => true,
+                Ordering::Equal => age < a,
+                Ordering::Greater => false,
+            });
+            if first {
+                best = Some((i, share, age));
+            }
+        }
+        Ok(best.expect("open is not empty").0)
     }
 }
+
+/// A team's (pool GPUs borrowed beyond its guarantee, weight) of a model.
+type Share = (i64, i64);
+
+/// Each contested model's shares at this instant, by team; dropped when one of its jobs
+/// is admitted.
+type Shares<'a> = BTreeMap<&'a str, Vec<Option<Share>>>;
 
 #[cfg(test)]
 mod tests {
@@ -226,5 +269,97 @@ mod tests {
         let starts: Vec<Option<i64>> = out.iter().map(|o| o.start).collect();
         // The 16-GPU job waits for the first to end (quota 16), the 8 behind it after.
         assert_eq!(starts, [Some(0), None, Some(3600), Some(7200)]);
+    }
+
+    fn starts(fleet: &str, trace: &str) -> Vec<Option<i64>> {
+        let fleet = crate::fleet::parse(Path::new("fleet.toml"), fleet).unwrap();
+        let trace = crate::trace::parse(Path::new("t.csv"), trace, &fleet).unwrap();
+        let all: Vec<usize> = (0..trace.jobs.len()).collect();
+        let mut store = Admission::open(&fleet, EPOCH).unwrap();
+        run(&mut store, &trace.jobs, &all)
+            .unwrap()
+            .iter()
+            .map(|o| o.start)
+            .collect()
+    }
+
+    const SIX_JOBS: &str = "team,gpu_type,gpus,submit,duration\n\
+        a,H100-80GB,8,0,1h\na,H100-80GB,8,0,1h\na,H100-80GB,8,0,1h\na,H100-80GB,8,0,1h\na,H100-80GB,8,0,1h\n\
+        b,H100-80GB,8,30m,1h\n";
+
+    /// b lends none of its idle guarantee (`lending_limit_gpus = 0`): the control plane's
+    /// lending check keeps a to 16 borrowed GPUs, so b starts at once at 30 minutes
+    /// (without the limit it waits half an hour: the first test), and a's jobs wait for
+    /// the GPUs b's guarantee does not keep.
+    #[test]
+    fn a_lending_limit_keeps_the_idle_guarantee_for_its_team() {
+        assert_eq!(
+            starts(crate::fleet::WEIGHTED, SIX_JOBS),
+            [
+                Some(0),
+                Some(0),
+                // b holds 8 from 30 minutes and keeps its other 8 idle: a gets 16 at 1 h.
+                Some(3600),
+                Some(3600),
+                // b's 16 kept again from 1.5 h: a's last waits for its own to end.
+                Some(7200),
+                Some(1800),
+            ]
+        );
+    }
+
+    /// 7 pool nodes; a, b and c are guaranteed 16 each. At 0 a and b each take 24 (8
+    /// borrowed of c's idle guarantee) and c 8 for an hour: the pool is full. a asks for
+    /// 8 more at 10 minutes, b at 20. When c's job ends at 1 h, 8 GPUs are free for one of
+    /// them: b, whose weight 3 puts it at 8 / 3 borrowed per weight against a's 8 / 1,
+    /// asks first though a waited longer. With equal weights a, the older, goes first.
+    #[test]
+    fn teams_that_compete_for_idle_gpus_ask_in_weighted_fair_share_order() {
+        let fleet = |weight_b: i64| {
+            format!(
+                "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 7\n\
+                 [[team]]\nname = \"a\"\nquota = [{{ gpu_type = \"H100-80GB\", gpus = 16, burst_gpus = 16 }}]\n\
+                 [[team]]\nname = \"b\"\nquota = [{{ gpu_type = \"H100-80GB\", gpus = 16, burst_gpus = 16, weight = {weight_b} }}]\n\
+                 [[team]]\nname = \"c\"\nquota = [{{ gpu_type = \"H100-80GB\", gpus = 16 }}]\n"
+            )
+        };
+        let mut trace = String::from("team,gpu_type,gpus,submit,duration\n");
+        for team in ["a", "b"] {
+            for _ in 0..3 {
+                trace.push_str(&format!("{team},H100-80GB,8,0,2h\n"));
+            }
+        }
+        trace.push_str("c,H100-80GB,8,0,1h\na,H100-80GB,8,10m,1h\nb,H100-80GB,8,20m,1h\n");
+        let weighted = starts(&fleet(3), &trace);
+        assert_eq!(&weighted[7..], [Some(7200), Some(3600)]);
+        let equal = starts(&fleet(1), &trace);
+        assert_eq!(&equal[7..], [Some(3600), Some(7200)]);
+        assert!(weighted[..7].iter().all(|s| *s == Some(0)));
+
+        // Borrowed: a 8 GPUs for 2 h; b 8 for 1 h, then 16 for 1 h: 16 of 40 GPU-hours
+        // and 24. c cannot borrow (no burst): the fair shares are 1 : 3.
+        let fleet = crate::fleet::parse(Path::new("fleet.toml"), &fleet(3)).unwrap();
+        let jobs = crate::trace::parse(Path::new("t.csv"), &trace, &fleet)
+            .unwrap()
+            .jobs;
+        let all: Vec<usize> = (0..jobs.len()).collect();
+        let mut store = Admission::open(&fleet, EPOCH).unwrap();
+        let out = run(&mut store, &jobs, &all).unwrap();
+        let h = crate::measures::horizon(&jobs, &[&out]);
+        let s = crate::measures::measure(&fleet, &jobs, &out, h, &Default::default());
+        assert_eq!(s.borrowed_gpu_hours, 40.0);
+        let shares: Vec<(Option<f64>, Option<f64>)> = s
+            .teams
+            .iter()
+            .map(|t| (t.borrowed_share, t.weighted_fair_share))
+            .collect();
+        assert_eq!(
+            shares,
+            [
+                (Some(0.4), Some(0.25)),
+                (Some(0.6), Some(0.75)),
+                (Some(0.0), Some(0.0))
+            ]
+        );
     }
 }

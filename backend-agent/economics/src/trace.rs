@@ -3,7 +3,9 @@
 //!
 //! - the simple CSV `team,gpu_type,gpus,submit,duration`: `submit` is the time since the
 //!   trace's start and `duration` how long the job holds its GPUs, each whole seconds or a
-//!   whole number with a unit (`90s`, `15m`, `2h`, `1d`);
+//!   whole number with a unit (`90s`, `15m`, `2h`, `1d`); optionally a sixth column `used`,
+//!   the fraction (0 to 1) of its GPUs the job keeps busy on average (empty: not
+//!   reported; a job that does not report it counts as busy on every GPU it asked for);
 //! - the pod list of Alibaba's `cluster-trace-gpu-v2023` (`name,cpu_milli,memory_mib,
 //!   num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time`,
 //!   in any order, other columns ignored): a row's team is the fleet's team number
@@ -33,6 +35,8 @@ const MAX_DURATION: i64 = gpufleet_proto::limits::MAX_DURATION_SECONDS;
 const MAX_GPUS: i64 = 100_000;
 
 pub const SIMPLE_COLUMNS: [&str; 5] = ["team", "gpu_type", "gpus", "submit", "duration"];
+/// The simple layout's optional last column: the busy fraction of the asked GPUs.
+pub const USED_COLUMN: &str = "used";
 pub const ALIBABA_COLUMNS: [&str; 11] = [
     "name",
     "cpu_milli",
@@ -48,7 +52,7 @@ pub const ALIBABA_COLUMNS: [&str; 11] = [
 ];
 
 /// One job of demand.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Job {
     /// The line of the trace it came from.
     pub line: usize,
@@ -59,6 +63,16 @@ pub struct Job {
     /// Seconds since the trace's start.
     pub submit: i64,
     pub duration: i64,
+    /// The fraction (0 to 1) of its asked GPUs it keeps busy; None: not reported.
+    pub used: Option<f64>,
+}
+
+impl Job {
+    /// Its GPUs busy on average: the asked GPUs times the used fraction, all of them
+    /// when the trace does not say.
+    pub fn busy_gpus(&self) -> f64 {
+        self.gpus as f64 * self.used.unwrap_or(1.0)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -69,7 +83,7 @@ pub enum Layout {
 }
 
 /// A trace as read: its jobs in file order, and what was left out of it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Trace {
     pub layout: Layout,
     #[serde(skip)]
@@ -81,6 +95,8 @@ pub struct Trace {
     pub skipped_never_ran: usize,
     /// Alibaba GPU-sharing rows, each given a whole GPU.
     pub shared_gpu_rounded_up: usize,
+    /// Jobs that report the fraction of their GPUs they use.
+    pub used_reported: usize,
 }
 
 pub fn load(file: &Path, fleet: &Fleet) -> Result<Trace, Refusal> {
@@ -93,7 +109,12 @@ pub fn parse(file: &Path, text: &str, fleet: &Fleet) -> Result<Trace, Refusal> {
         return Err(Refusal::at(file, 1, 1, "empty trace: no header line"));
     };
     let header = csv::fields(header).map_err(|c| Refusal::at(file, 1, c, "unclosed quote"))?;
-    let mut reader: Box<dyn RowReader> = if header == SIMPLE_COLUMNS {
+    let simple = header.starts_with(&SIMPLE_COLUMNS.map(String::from))
+        && header[SIMPLE_COLUMNS.len()..]
+            .iter()
+            .map(String::as_str)
+            .eq(header.get(5).map(|_| USED_COLUMN));
+    let mut reader: Box<dyn RowReader> = if simple {
         Box::new(Simple)
     } else if let Some(alibaba) = Alibaba::from_header(&header) {
         Box::new(alibaba)
@@ -103,7 +124,7 @@ pub fn parse(file: &Path, text: &str, fleet: &Fleet) -> Result<Trace, Refusal> {
             1,
             1,
             format!(
-                "header: expected `{}` or a pod list of cluster-trace-gpu-v2023 with columns {}",
+                "header: expected `{}` (and optionally `,{USED_COLUMN}`) or a pod list of cluster-trace-gpu-v2023 with columns {}",
                 SIMPLE_COLUMNS.join(","),
                 ALIBABA_COLUMNS.join(",")
             ),
@@ -116,6 +137,7 @@ pub fn parse(file: &Path, text: &str, fleet: &Fleet) -> Result<Trace, Refusal> {
         skipped_without_gpus: 0,
         skipped_never_ran: 0,
         shared_gpu_rounded_up: 0,
+        used_reported: 0,
     };
     for (line, text) in lines {
         if text.trim().is_empty() {
@@ -152,6 +174,7 @@ pub fn parse(file: &Path, text: &str, fleet: &Fleet) -> Result<Trace, Refusal> {
                 &job,
                 fleet,
             )?;
+            trace.used_reported += usize::from(job.used.is_some());
             trace.jobs.push(job);
         }
     }
@@ -273,6 +296,23 @@ impl RowReader for Simple {
                 format!("submit: at most {MAX_DURATION} s into the trace (got {submit})"),
             ));
         }
+        let used = match f.get(5).map(String::as_str) {
+            None | Some("") => None,
+            Some(text) => Some(
+                text.parse::<f64>()
+                    .ok()
+                    .filter(|u| (0.0..=1.0).contains(u))
+                    .ok_or_else(|| {
+                        row.refuse(
+                            5,
+                            format!(
+                                "used: the fraction of the job's GPUs it keeps busy, 0 to 1 (got '{}')",
+                                cut(text)
+                            ),
+                        )
+                    })?,
+            ),
+        };
         Ok(Some(Job {
             line: row.line,
             team,
@@ -280,6 +320,7 @@ impl RowReader for Simple {
             gpus,
             submit,
             duration,
+            used,
         }))
     }
 
@@ -439,6 +480,8 @@ impl RowReader for Alibaba {
             // Made relative in finish(), once the first creation is known.
             submit: creation,
             duration,
+            // The pod list says what a pod asked for, not how busy it kept its GPUs.
+            used: None,
         }))
     }
 
@@ -513,7 +556,8 @@ gpu_spec = { V100M32 = "A100-80GB" }
                     gpu_type: "H100-80GB".into(),
                     gpus: 8,
                     submit: 0,
-                    duration: 3600
+                    duration: 3600,
+                    used: None,
                 },
                 Job {
                     line: 4,
@@ -521,7 +565,8 @@ gpu_spec = { V100M32 = "A100-80GB" }
                     gpu_type: "A100-80GB".into(),
                     gpus: 3,
                     submit: 5400,
-                    duration: 45
+                    duration: 45,
+                    used: None,
                 },
             ]
         );
@@ -570,6 +615,34 @@ gpu_spec = { V100M32 = "A100-80GB" }
         assert_eq!(
             refused(&format!("{h}vision,\"H100,0,1h\n")),
             "trace.csv:2:2: unclosed quote"
+        );
+    }
+
+    #[test]
+    fn a_used_column_says_how_busy_each_job_keeps_its_gpus() {
+        let h = "team,gpu_type,gpus,submit,duration,used\n";
+        let trace = parse(
+            Path::new("trace.csv"),
+            &format!("{h}vision,H100-80GB,8,0,1h,0.25\nnlp,H100-80GB,2,0,1h,\n"),
+            &fleet(),
+        )
+        .unwrap();
+        assert_eq!(trace.jobs[0].used, Some(0.25));
+        assert_eq!(trace.jobs[0].busy_gpus(), 2.0);
+        // Not reported: every asked GPU counts as busy.
+        assert_eq!((trace.jobs[1].used, trace.jobs[1].busy_gpus()), (None, 2.0));
+        assert_eq!(trace.used_reported, 1);
+        assert_eq!(
+            refused(&format!("{h}vision,H100-80GB,8,0,1h,1.5\n")),
+            "trace.csv:2:6: used: the fraction of the job's GPUs it keeps busy, 0 to 1 (got '1.5')"
+        );
+        assert_eq!(
+            refused(&format!("{h}vision,H100-80GB,8,0,1h,busy\n")),
+            "trace.csv:2:6: used: the fraction of the job's GPUs it keeps busy, 0 to 1 (got 'busy')"
+        );
+        assert_eq!(
+            refused(&format!("{h}vision,H100-80GB,8,0,1h\n")),
+            "trace.csv:2:6: 5 fields, the header has 6"
         );
     }
 
