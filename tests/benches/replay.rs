@@ -1,7 +1,9 @@
 //! The replay of issue 42 measured: `gpufleet-agent replay` (release build:
 //! `$GPUFLEET_AGENT_BIN`, else `target/release/gpufleet-agent`) on seeded synthetic traces
 //! of 10,000 rows (the same run's baseline) and `ROWS` rows (default 100,000) against a
-//! 64-node fleet of four teams, and on any trace given on the command line. Prints each
+//! 64-node fleet of four teams (weights 3, 2, 1 and 1, one lending at most half its
+//! guarantee, so the fair-share order and the lending check are in the measure), and on
+//! any trace given on the command line. Prints each
 //! replay's table (pooled beside fixed partitions) and the rows per second of each run,
 //! wall clock of the whole command (reading, both replays, the measures); nothing is
 //! asserted.
@@ -25,12 +27,12 @@ nodes = 16
 [[team]]
 name = "vision"
 allow_on_demand = true
-quota = [{ gpu_type = "H100-80GB", gpus = 192, burst_gpus = 192 }]
+quota = [{ gpu_type = "H100-80GB", gpus = 192, burst_gpus = 192, weight = 3 }]
 
 [[team]]
 name = "nlp"
 allow_on_demand = true
-quota = [{ gpu_type = "H100-80GB", gpus = 128, burst_gpus = 128 }]
+quota = [{ gpu_type = "H100-80GB", gpus = 128, burst_gpus = 128, weight = 2 }]
 
 [[team]]
 name = "speech"
@@ -38,7 +40,7 @@ quota = [{ gpu_type = "H100-80GB", gpus = 128, burst_gpus = 64 }]
 
 [[team]]
 name = "research"
-quota = [{ gpu_type = "H100-80GB", gpus = 64, burst_gpus = 128 }]
+quota = [{ gpu_type = "H100-80GB", gpus = 64, burst_gpus = 128, lending_limit_gpus = 32 }]
 "#;
 
 const PRICES: &str = "gpu_type,class,per_gpu_hour

@@ -209,6 +209,43 @@ fn a_lending_limit_keeps_bs_guarantee_and_used_gpus_are_counted() {
     }
 }
 
+/// The fair-share example (`examples/replay/fair-share-*`, the guide's third table): a and
+/// b each borrow 8 of c's idle guarantee; when c's job ends, b (weight 3, 8 / 3 borrowed
+/// per weight) gets the freed node before a (8 / 1), though a asked first.
+#[test]
+fn the_fair_share_example_gives_the_freed_node_to_the_heavier_team() {
+    let examples = binaries::workspace_root().join("examples/replay");
+    let path = |name: &str| examples.join(name).to_string_lossy().into_owned();
+    let out = replay(&[
+        &path("fair-share-trace.csv"),
+        "--fleet",
+        &path("fair-share-fleet.toml"),
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (path, want) in [
+        // a's fourth job (10 minutes) waits to 2 h, b's (20 minutes) to 1 h.
+        ("/pooled/teams/0/wait_p95_seconds", 6600.0),
+        ("/pooled/teams/1/wait_p95_seconds", 2400.0),
+        ("/pooled/borrowed_gpu_hours", 40.0),
+        ("/pooled/teams/0/borrowed_share", 0.4),
+        ("/pooled/teams/0/weighted_fair_share", 0.25),
+        ("/pooled/teams/1/borrowed_share", 0.6),
+        ("/pooled/teams/1/weighted_fair_share", 0.75),
+        // 0.9 of a's 56 GPU-hours, 0.6 of b's 56, c's 8: 50.4 + 33.6 + 8.
+        ("/pooled/used_gpu_hours", 92.0),
+    ] {
+        let got = f(&r, path);
+        assert!((got - want).abs() < 1e-9, "{path}: {got} != {want}");
+    }
+}
+
 #[test]
 fn a_synthetic_trace_replays_and_every_job_is_admitted() {
     let dir = tempfile::tempdir().unwrap();
