@@ -189,13 +189,17 @@ pub fn parse_connection_time(text: &str) -> Result<std::time::Duration, String> 
 
 #[derive(Args, Debug)]
 pub struct NodeArgs {
-    /// The control plane's URL (https:// for TLS).
+    /// The control plane's URL (https:// for TLS); several addresses of the same control
+    /// plane comma-separated or the flag repeated (at most 8, one scheme): the agent
+    /// connects to the first and, when a connection fails or drops, moves to the next.
     #[arg(
         long,
         env = "GPUFLEET_CONTROL_PLANE",
+        value_name = "URL[,URL...]",
+        value_delimiter = ',',
         default_value = "http://127.0.0.1:7700"
     )]
-    pub control_plane: String,
+    pub control_plane: Vec<String>,
     /// The control plane's join token (its <data-dir>/join.token).
     #[arg(
         long,
@@ -905,7 +909,7 @@ impl NodeArgs {
     /// The node agent's settings.
     pub fn config(self) -> gpufleet_node::Config {
         gpufleet_node::Config {
-            control_plane: self.control_plane,
+            control_planes: self.control_plane,
             join_token: self.join_token,
             join_token_file: self.join_token_file,
             name: self.name,
@@ -1053,6 +1057,32 @@ mod tests {
             checked += 1;
         }
         assert!(checked > 30, "{checked} serve flags");
+    }
+
+    #[test]
+    fn a_node_takes_several_control_plane_addresses_comma_separated_or_repeated() {
+        use clap::Parser;
+        let node = |args: &[&str]| {
+            let cli = super::Cli::try_parse_from([&["gpufleet-agent", "node"], args].concat())
+                .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            match cli.command {
+                super::Command::Node(node) => node.config().control_planes,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            node(&[
+                "--control-plane",
+                "http://a:7700,http://b:7700",
+                "--control-plane",
+                "http://c:7700"
+            ]),
+            ["http://a:7700", "http://b:7700", "http://c:7700"]
+        );
+        assert_eq!(
+            node(&["--control-plane", "https://cp:7700"]),
+            ["https://cp:7700"]
+        );
     }
 
     #[test]

@@ -40,7 +40,9 @@ use session::Agent;
 /// `gpufleet-agent node`'s settings (its flags, checked by [`run`]).
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub control_plane: String,
+    /// `--control-plane`: the control plane's addresses as given (checked by
+    /// [`link::control_plane_urls`]); the agent moves to the next when one fails.
+    pub control_planes: Vec<String>,
     pub join_token: String,
     /// Where the join token is read at every connection (instead of `join_token`).
     pub join_token_file: Option<PathBuf>,
@@ -256,22 +258,24 @@ fn default_name() -> String {
         .to_ascii_lowercase()
 }
 
-/// The control plane's endpoint with TLS as the flags say (mutual TLS with --cert/--key).
+/// The control plane's endpoints with TLS as the flags say (mutual TLS with --cert/--key).
 fn link(args: &Config) -> anyhow::Result<Link> {
-    let url = args.control_plane.trim_end_matches('/').to_string();
-    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
-        .with_context(|| format!("--control-plane: not a URL: {url}"))?
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .tcp_nodelay(true)
-        // A partition leaves the stream open and silent (TCP to a black hole retries for
-        // many minutes): unanswered PINGs end it, so the agent knows it is cut off and
-        // registers again as soon as the network is back.
-        .http2_keep_alive_interval(args.keepalive)
-        .keep_alive_timeout(args.keepalive)
-        .keep_alive_while_idle(true);
+    let mut targets = Vec::new();
+    for url in link::control_plane_urls(&args.control_planes)? {
+        let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+            .with_context(|| format!("--control-plane: not a URL: {url}"))?
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .tcp_nodelay(true)
+            // A partition leaves the stream open and silent (TCP to a black hole retries for
+            // many minutes): unanswered PINGs end it, so the agent knows it is cut off and
+            // registers again as soon as the network is back.
+            .http2_keep_alive_interval(args.keepalive)
+            .keep_alive_timeout(args.keepalive)
+            .keep_alive_while_idle(true);
+        targets.push((url, endpoint));
+    }
     Link::from_flags(
-        endpoint,
-        &url,
+        targets,
         args.ca_cert.as_deref(),
         args.cert.as_deref(),
         args.key.as_deref(),
@@ -351,8 +355,13 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
         }
     }
     // What this host offers other hosts defaults to its address on the route to the
-    // control plane: where that is another host, so are the peers.
-    let control_plane = host::control_plane_addr(&args.control_plane);
+    // control plane (its first address that resolves): where that is another host, so
+    // are the peers.
+    let control_plane = args
+        .control_planes
+        .iter()
+        .flat_map(|given| given.split(','))
+        .find_map(|url| host::control_plane_addr(url.trim()));
     let route = control_plane.and_then(host::route_address);
     let bandwidth_listen = args.bandwidth_listen.unwrap_or_else(|| {
         std::net::SocketAddr::from((route.unwrap_or(std::net::Ipv4Addr::LOCALHOST), 0))
@@ -422,7 +431,7 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
         )
         .await?;
     }
-    tracing::info!(node = %agent.name, control_plane = %args.control_plane, "node agent starting");
+    tracing::info!(node = %agent.name, control_plane = %agent.link.current(), addresses = agent.link.addresses(), "node agent starting");
     session::run(agent, stop_rx).await
 }
 

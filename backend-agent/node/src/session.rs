@@ -117,6 +117,11 @@ async fn serve(agent: &Arc<Agent>, mut stop: watch::Receiver<bool>) -> anyhow::R
                 }
                 .into())
             }
+            End::Lost(why) if agent.link.addresses() > 1 => {
+                let lost = agent.link.current().to_string();
+                let next = agent.link.advance();
+                tracing::warn!(node = %agent.name, control_plane = %lost, reason = %why, retry_in = ?backoff, next = %next, "lost the control plane; trying its next address");
+            }
             End::Lost(why) => {
                 tracing::warn!(node = %agent.name, reason = %why, retry_in = ?backoff, "lost the control plane");
             }
@@ -326,7 +331,7 @@ async fn open(agent: &Arc<Agent>) -> Result<Opened, End> {
             control_plane.remedy("control plane", "agent")
         ))));
     }
-    tracing::info!(node = %agent.name, node_id = %registered.node_id, %control_plane, "registered with the control plane");
+    tracing::info!(node = %agent.name, node_id = %registered.node_id, %control_plane, address = %resolved.url, "registered with the control plane");
     if !registered.node_secret.is_empty() {
         if let Err(e) = keep_secret(&agent.secret_file, &registered.node_secret) {
             // Without it the next registration under this name is refused: say so now.
