@@ -1,5 +1,6 @@
-//! The gpufleet API client: one channel, the bearer token on every call, and the one
-//! place where gRPC statuses become diagnostics a person can act on.
+//! The gpufleet API client: one channel (over one endpoint, or several that it fails over
+//! between: `failover.rs`), the bearer token on every call, and the one place where gRPC
+//! statuses become diagnostics a person can act on.
 
 use std::error::Error as _;
 use std::time::Duration;
@@ -13,18 +14,20 @@ use gpufleet_proto::v1::{
     Node, TenantCluster,
 };
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
+use crate::failover::Failover;
 use crate::framework::Diagnostic;
 
 use gpufleet_proto::BearerAuth;
 
-type Authed = InterceptedService<Channel, BearerAuth>;
+type Authed = InterceptedService<Failover, BearerAuth>;
 
 pub struct Client {
+    /// The endpoints as diagnostics name them (comma-separated when several).
     endpoint: String,
-    channel: Channel,
+    channel: Failover,
     auth: BearerAuth,
     /// The catalog does not change while Terraform runs: fetched once per process.
     gpu_types: tokio::sync::OnceCell<Vec<GpuType>>,
@@ -35,44 +38,20 @@ pub struct Client {
 
 impl Client {
     /// A client that connects on first use (so a plan that needs no API call does not
-    /// need the backend).
+    /// need the backend), to the first of `endpoints` (at least one; see
+    /// `crate::failover` for when it moves to the next).
     pub fn new(
-        endpoint: &str,
+        endpoints: &[String],
         token: Option<&str>,
         ca_cert_pem: Option<&str>,
     ) -> Result<Self, Diagnostic> {
-        let mut builder = Endpoint::from_shared(endpoint.to_string())
-            .map_err(|e| {
-                Diagnostic::error(
-                    format!("endpoint: {endpoint:?} is not a valid URL ({e})"),
-                    "Use e.g. http://127.0.0.1:7700 or https://gpufleet.example.com.",
-                )
-            })?
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(120))
-            .tcp_nodelay(true);
-        if let Some(pem) = ca_cert_pem {
-            if !pem.contains("-----BEGIN CERTIFICATE-----") {
-                return Err(Diagnostic::error(
-                    "ca_cert_pem: holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)",
-                    "Set it to the CA's certificate, e.g. `ca_cert_pem = file(\"ca.pem\")`, or GPUFLEET_CA_CERT_PEM to its text.",
-                ));
-            }
-            let host = builder.uri().host().unwrap_or_default().to_string();
-            let tls = ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(pem))
-                .domain_name(host);
-            builder = builder.tls_config(tls).map_err(|e| {
-                Diagnostic::error(
-                    format!("ca_cert_pem: cannot use this certificate ({e})"),
-                    "",
-                )
-            })?;
-        } else if endpoint.starts_with("https://") {
-            return Err(Diagnostic::error(
-                "ca_cert_pem: an https endpoint needs the CA certificate that signed the backend's certificate",
-                "This provider does not bundle public root certificates; set `ca_cert_pem` (or GPUFLEET_CA_CERT_PEM) to the PEM of the backend's CA.",
-            ));
+        let mut checked = Vec::new();
+        for endpoint in endpoints {
+            let builder = checked_endpoint(endpoint, endpoints.len() > 1, ca_cert_pem)?;
+            checked.push((endpoint.clone(), builder));
+        }
+        if checked.is_empty() {
+            return Err(Diagnostic::error("endpoints: no endpoint", ""));
         }
         let auth = match token {
             Some(token) => {
@@ -90,8 +69,13 @@ impl Client {
             None => BearerAuth::none(),
         };
         Ok(Self {
-            endpoint: endpoint.to_string(),
-            channel: builder.connect_lazy(),
+            endpoint: endpoints.join(", "),
+            channel: Failover::new(
+                checked
+                    .into_iter()
+                    .map(|(url, builder)| (url, builder.connect_lazy()))
+                    .collect(),
+            ),
             auth,
             gpu_types: tokio::sync::OnceCell::new(),
             own_tenant: tokio::sync::OnceCell::new(),
@@ -121,9 +105,10 @@ impl Client {
             .clone()
     }
 
-    /// The control plane's URL as configured.
+    /// The control plane's URL that calls go to now (the first configured, or the one it
+    /// moved to).
     pub fn endpoint(&self) -> &str {
-        &self.endpoint
+        self.channel.current()
     }
 
     pub fn tenants(&self) -> TenantServiceClient<Authed> {
@@ -223,6 +208,50 @@ impl Client {
     pub fn diagnostic(&self, status: &Status) -> Diagnostic {
         describe_status(&self.endpoint, status)
     }
+}
+
+/// `endpoint` checked, with its settings (one of several when `several`: its diagnostics
+/// then name the `endpoints` attribute).
+fn checked_endpoint(
+    endpoint: &str,
+    several: bool,
+    ca_cert_pem: Option<&str>,
+) -> Result<Endpoint, Diagnostic> {
+    let attribute = if several { "endpoints" } else { "endpoint" };
+    let mut builder = Endpoint::from_shared(endpoint.to_string())
+        .map_err(|e| {
+            Diagnostic::error(
+                format!("{attribute}: {endpoint:?} is not a valid URL ({e})"),
+                "Use e.g. http://127.0.0.1:7700 or https://gpufleet.example.com.",
+            )
+        })?
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(120))
+        .tcp_nodelay(true);
+    if let Some(pem) = ca_cert_pem {
+        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(Diagnostic::error(
+                "ca_cert_pem: holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)",
+                "Set it to the CA's certificate, e.g. `ca_cert_pem = file(\"ca.pem\")`, or GPUFLEET_CA_CERT_PEM to its text.",
+            ));
+        }
+        let host = builder.uri().host().unwrap_or_default().to_string();
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(pem))
+            .domain_name(host);
+        builder = builder.tls_config(tls).map_err(|e| {
+            Diagnostic::error(
+                format!("ca_cert_pem: cannot use this certificate ({e})"),
+                "",
+            )
+        })?;
+    } else if endpoint.starts_with("https://") {
+        return Err(Diagnostic::error(
+            "ca_cert_pem: an https endpoint needs the CA certificate that signed the backend's certificate",
+            "This provider does not bundle public root certificates; set `ca_cert_pem` (or GPUFLEET_CA_CERT_PEM) to the PEM of the backend's CA.",
+        ));
+    }
+    Ok(builder)
 }
 
 /// Maps a gRPC status to a diagnostic: transport failures say where and what to check,
@@ -348,7 +377,7 @@ mod tests {
             .unwrap()
             .port();
         let endpoint = format!("http://127.0.0.1:{port}");
-        let client = Client::new(&endpoint, Some("t"), None).unwrap();
+        let client = Client::new(std::slice::from_ref(&endpoint), Some("t"), None).unwrap();
         let err = client.gpu_types().await.unwrap_err();
         assert_eq!(
             err.summary,
@@ -372,7 +401,7 @@ mod tests {
 
     #[test]
     fn a_token_with_whitespace_or_expired_is_refused_saying_why() {
-        let err = Client::new("http://127.0.0.1:1", Some("gft_abc\n"), None)
+        let err = Client::new(&["http://127.0.0.1:1".into()], Some("gft_abc\n"), None)
             .err()
             .unwrap();
         assert!(err
@@ -394,9 +423,13 @@ mod tests {
 
     #[test]
     fn ca_cert_pem_without_a_certificate_is_refused() {
-        let err = Client::new("https://gpufleet.example.com", None, Some("not pem"))
-            .err()
-            .unwrap();
+        let err = Client::new(
+            &["https://gpufleet.example.com".into()],
+            None,
+            Some("not pem"),
+        )
+        .err()
+        .unwrap();
         assert!(err
             .summary
             .starts_with("ca_cert_pem: holds no PEM certificate"));
@@ -404,11 +437,13 @@ mod tests {
 
     #[test]
     fn https_without_a_ca_is_refused_with_the_reason() {
-        let err = Client::new("https://gpufleet.example.com", None, None)
+        let err = Client::new(&["https://gpufleet.example.com".into()], None, None)
             .err()
             .unwrap();
         assert!(err.summary.starts_with("ca_cert_pem:"));
-        let err = Client::new("not a url", None, None).err().unwrap();
+        let err = Client::new(&["not a url".into()], None, None)
+            .err()
+            .unwrap();
         assert!(err.summary.starts_with("endpoint:"));
     }
 }

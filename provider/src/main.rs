@@ -5,6 +5,7 @@ mod client;
 mod convert;
 mod data_sources;
 mod ephemeral;
+mod failover;
 mod framework;
 mod lists;
 mod protocol;
