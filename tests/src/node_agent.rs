@@ -39,7 +39,18 @@ impl NodeAgent {
         join_token: &str,
         extra: &[&str],
     ) -> NodeAgent {
-        Self::launch(None, backend, name, join_token, extra)
+        Self::launch(None, &backend.endpoint(), name, join_token, extra)
+    }
+
+    /// Like [`NodeAgent::start`], given `control_plane` as its `--control-plane` (e.g.
+    /// several addresses, comma-separated) instead of the backend's endpoint.
+    pub fn start_dialing(
+        backend: &Backend,
+        control_plane: &str,
+        name: &str,
+        extra: &[&str],
+    ) -> NodeAgent {
+        Self::launch(None, control_plane, name, backend.join_token(), extra)
     }
 
     /// The multi-host tier: an agent on `host` (its data dir in the host's dir) that
@@ -47,12 +58,18 @@ impl NodeAgent {
     /// and the Slurm controller the host's address by default (the route to the control
     /// plane), as an operator who gives none would have it.
     pub fn start_on(host: &Host, backend: &Backend, name: &str, extra: &[&str]) -> NodeAgent {
-        Self::launch(Some(host), backend, name, backend.join_token(), extra)
+        Self::launch(
+            Some(host),
+            &backend.endpoint(),
+            name,
+            backend.join_token(),
+            extra,
+        )
     }
 
     fn launch(
         host: Option<&Host>,
-        backend: &Backend,
+        control_plane: &str,
         name: &str,
         join_token: &str,
         extra: &[&str],
@@ -68,7 +85,7 @@ impl NodeAgent {
         let mut args: Vec<String> = vec![
             "node".into(),
             "--control-plane".into(),
-            backend.endpoint(),
+            control_plane.into(),
             "--name".into(),
             name.into(),
             "--data-dir".into(),
