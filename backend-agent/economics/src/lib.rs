@@ -1,9 +1,11 @@
 //! What pooling buys, measured: `gpufleet-agent replay` drives the control plane's own
 //! admission with a demand trace on a clock it controls, once with the fleet pooled (the
 //! teams' quotas over one pool) and once cut into fixed per-team partitions (each team's
-//! guarantee as its own pool: [`partitions`]), and reports utilisation, waits,
-//! on-demand hours, cost and each team's share beside each other ([`measures`],
-//! [`render`]).
+//! guarantee as its own pool: [`partitions`]), and reports utilisation (held and used),
+//! waits, on-demand hours, cost and each team's share of borrowed capacity against its
+//! weighted fair share beside each other ([`measures`], [`render`]). The teams' weights
+//! and lending limits act through the control plane's fair-sharing code
+//! (`scheduling::sharing`): [`admission`], [`replay`].
 //!
 //! Architecture invariant: admission is the control plane's (`gpufleet-control`'s
 //! scheduling over its store); this crate repeats none of its rules. It depends on the
