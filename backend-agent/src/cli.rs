@@ -1262,8 +1262,8 @@ pub struct HwCheckArgs {
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
-    /// The demand trace: `team,gpu_type,gpus,submit,duration`, or an Alibaba
-    /// cluster-trace-gpu-v2023 pod list.
+    /// The demand trace: `team,gpu_type,gpus,submit,duration` (optionally `,used`, the
+    /// busy fraction of each job's GPUs), or an Alibaba cluster-trace-gpu-v2023 pod list.
     pub trace: PathBuf,
     /// The fleet description (TOML): pool and on-demand nodes, teams and their quotas.
     #[arg(long, value_name = "FILE")]
