@@ -55,12 +55,14 @@ impl Fence {
             ));
         }
         if epoch > *highest {
-            keep(&self.path, epoch).map_err(|e| {
-                format!(
-                    "order {order_id}: cannot keep its epoch {epoch} in {}: {e}; not run",
-                    self.path.display()
-                )
-            })?;
+            gpufleet_process::data_dir::keep_private(&self.path, &epoch.to_string()).map_err(
+                |e| {
+                    format!(
+                        "order {order_id}: cannot keep its epoch {epoch} in {}: {e}; not run",
+                        self.path.display()
+                    )
+                },
+            )?;
             tracing::info!(
                 epoch,
                 before = *highest,
@@ -70,22 +72,6 @@ impl Fence {
         }
         Ok(())
     }
-}
-
-/// Writes the epoch privately (0600) and durably, replacing the old one at once.
-fn keep(path: &Path, epoch: u64) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    writeln!(f, "{epoch}")?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

@@ -197,22 +197,6 @@ fn read_secret(path: &std::path::Path) -> String {
         .unwrap_or_default()
 }
 
-/// Writes the node secret privately (0600), replacing the old one at once.
-fn keep_secret(path: &std::path::Path, secret: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("secret.tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    writeln!(f, "{secret}")?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
-}
-
 /// A bandwidth test's token is accepted from the moment its order arrives, even while an
 /// earlier order still runs: the peers' streams to this node need not wait for it.
 fn arm_bandwidth(agent: &Agent, order: &v1::WorkOrder) {
@@ -333,7 +317,9 @@ async fn open(agent: &Arc<Agent>) -> Result<Opened, End> {
     }
     tracing::info!(node = %agent.name, node_id = %registered.node_id, %control_plane, address = %resolved.url, "registered with the control plane");
     if !registered.node_secret.is_empty() {
-        if let Err(e) = keep_secret(&agent.secret_file, &registered.node_secret) {
+        if let Err(e) =
+            gpufleet_process::data_dir::keep_private(&agent.secret_file, &registered.node_secret)
+        {
             // Without it the next registration under this name is refused: say so now.
             tracing::error!(path = %agent.secret_file.display(), error = %e, "cannot keep the node secret");
         }

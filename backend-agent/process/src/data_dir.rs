@@ -10,6 +10,24 @@ use anyhow::Context;
 /// state database (every tenant's keys and kubeconfigs), tokens and journals.
 const NOT_FOR_OTHERS: u32 = 0o077;
 
+/// Writes `line` and a newline to `path` for this user only (0600) and durably, replacing
+/// the old file at once: written beside it first (`<name>.tmp`), then renamed over it, so
+/// a stop half-way leaves the old file whole.
+pub fn keep_private(path: &Path, line: &str) -> std::io::Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    writeln!(f, "{line}")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
 /// Makes `dir` private and returns its canonical path. From here on this process creates
 /// files for its own user only (umask 077: SQLite's database, WAL and shared-memory
 /// files, tokens, journals, configurations); the dir itself becomes 0700 and what an
