@@ -239,6 +239,49 @@ impl Leadership {
     }
 }
 
+/// Whose write a shared write is, passed down to it: a singleton loop's is fenced (the
+/// store's epoch must still be the one this replica leads with, checked by [`Fence::check`]
+/// in the write's own transaction), a request's is not (an API handler, a registration: any
+/// replica serves those). One store function serves both; the caller says which.
+#[derive(Clone, Default)]
+pub struct Fence(Option<std::sync::Arc<Leadership>>);
+
+impl Fence {
+    /// A singleton loop's writes: fenced by `leadership`'s epoch.
+    pub fn singleton(leadership: std::sync::Arc<Leadership>) -> Self {
+        Self(Some(leadership))
+    }
+
+    /// A request's writes: not fenced.
+    pub fn request() -> Self {
+        Self(None)
+    }
+
+    /// Whether these are a singleton's writes.
+    pub fn is_singleton(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Call first in the write's transaction: for a singleton, an error (and the caller
+    /// writes nothing) unless this replica still leads with the store's epoch
+    /// ([`Leadership::fence`]); for a request, nothing.
+    pub fn check(&self, conn: &Connection) -> crate::error::Result<()> {
+        match &self.0 {
+            Some(leadership) => leadership.fence(conn),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(l) => write!(f, "Fence::singleton({})", l.replica()),
+            None => f.write_str("Fence::request"),
+        }
+    }
+}
+
 /// Renews the lease now and every third of its TTL until `stop` turns true, through `renew`
 /// (one committed [`Leadership::acquire`]); a renewal that fails, or none within the
 /// TTL, ends this replica's leadership. Then releases it, so another replica takes over
@@ -327,6 +370,62 @@ pub async fn while_leader<S, F>(
     }
 }
 
+/// For other modules' tests of fenced writes: replicas that take the lease on a store.
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+    use std::sync::Arc;
+
+    /// A replica named `name` with the default TTL, leading nothing yet.
+    pub fn replica(name: &str) -> Arc<Leadership> {
+        Arc::new(Leadership::new(Settings {
+            replica: name.into(),
+            ttl: DEFAULT_TTL,
+        }))
+    }
+
+    /// `l` takes (or renews) the lease at `now` by the store's clock, as `run` does.
+    pub fn take(l: &Leadership, conn: &mut Connection, now: i64) {
+        let asked = Instant::now();
+        let tx = conn.transaction().unwrap();
+        let acquired = l.acquire(&tx, now, false).unwrap();
+        tx.commit().unwrap();
+        l.record(&acquired, asked);
+    }
+
+    /// A store's objects for a fenced write to change: tenant `t` (a quota of 16 H100s),
+    /// its running Slurm cluster `c1` holding node `n1`, and node `n2` free; both 8-GPU
+    /// pool nodes, ready.
+    pub fn seed(conn: &Connection) {
+        conn.execute_batch(
+            "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
+                 VALUES ('t', 'team-t', '', '{}', 'ht', 0);
+             INSERT INTO quotas (id, tenant_id, gpu_type, gpus, burst_gpus)
+                 VALUES ('q', 't', 'H100-80GB', 16, 16);
+             INSERT INTO clusters (id, tenant_id, name, orchestrator, gpu_type, node_count,
+                                   storage_gib, status, endpoint, credentials, storage_path,
+                                   mig_layout)
+                 VALUES ('c1', 't', 'c1', 'slurm', 'H100-80GB', 1, 1, 'running', '', '', '', '{}');
+             INSERT INTO nodes (id, hostname, gpu_type, capacity, gpu_count, driver_version,
+                                cuda_version, state, cluster_id)
+                 VALUES ('n1', 'n1', 'H100-80GB', 'pool', 8, '550', '12.4', 'ready', 'c1'),
+                        ('n2', 'n2', 'H100-80GB', 'pool', 8, '550', '12.4', 'ready', NULL);",
+        )
+        .unwrap();
+    }
+
+    /// Two replicas of one store: `a` led first, then `b` took the expired lease over, and
+    /// `a` does not know yet (its own renewal is recent by its monotonic clock). Their
+    /// singletons' fences: a stale one and the current one.
+    pub fn stale_and_current(conn: &mut Connection) -> (Fence, Fence) {
+        let (a, b) = (replica("a"), replica("b"));
+        take(&a, conn, 1000);
+        take(&b, conn, 1000 + DEFAULT_TTL.as_secs() as i64 + 1);
+        assert!(a.epoch().is_some(), "a still believes it leads");
+        (Fence::singleton(a), Fence::singleton(b))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,6 +503,20 @@ mod tests {
         assert!(wrote.is_err());
         drop(tx);
         assert!(crate::store::events::list(&conn, "n1").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_singletons_fence_refuses_once_another_replica_took_over_and_a_requests_never_does() {
+        let (_dir, mut conn) = store();
+        let (a, b) = (replica("a"), replica("b"));
+        renew(&a, &mut conn, 1000, false);
+        let (singleton, request) = (Fence::singleton(a.clone()), Fence::request());
+        assert!(singleton.is_singleton() && !request.is_singleton());
+        assert!(singleton.check(&conn).is_ok());
+        renew(&b, &mut conn, 2000, false);
+        let refused = singleton.check(&conn).unwrap_err().to_string();
+        assert!(refused.contains("writes nothing"), "{refused}");
+        assert!(request.check(&conn).is_ok());
     }
 
     #[test]

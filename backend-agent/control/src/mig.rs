@@ -15,6 +15,7 @@ use gpufleet_proto::v1;
 use rusqlite::Connection;
 
 use crate::error::{Error, Result};
+use crate::lease::Fence;
 use crate::registry::Outcome;
 use crate::state::AppState;
 use crate::store::{self, nodes::NodeRow};
@@ -341,7 +342,9 @@ fn change_of(conn: &Connection, node: NodeRow) -> Result<Change> {
 /// connected: never a ready node without one), and a degraded cluster whose nodes are
 /// all back running again; one that did not stays busy with why. A quarantined node
 /// stays out of service until an operator returns it.
-pub async fn mark_reconciled(state: &AppState, node: NodeRow, reason: String) {
+/// `fence`: a singleton's (the heartbeat watch's, a drift sweep's) writes nothing once its
+/// replica lost the lease; a registration's or a request's is not fenced.
+pub async fn mark_reconciled(state: &AppState, fence: &Fence, node: NodeRow, reason: String) {
     if node.state == store::nodes::NODE_QUARANTINED {
         return;
     }
@@ -357,33 +360,56 @@ pub async fn mark_reconciled(state: &AppState, node: NodeRow, reason: String) {
         _ => reason,
     };
     let (node_id, cluster, t) = (node.id.clone(), node.cluster_id.clone(), state.now());
-    let hostname = node.hostname.clone();
+    let (hostname, fence) = (node.hostname.clone(), fence.clone());
     let recorded = state
         .apply(move |conn| {
-            let (state_now, why) = if reason.is_empty() {
-                (store::nodes::NODE_READY, "")
-            } else {
-                (store::nodes::NODE_BUSY, reason.as_str())
-            };
-            if let Err(e) = store::nodes::set_state(conn, &node_id, state_now, why, t) {
-                tracing::error!(node = %node_id, error = %e, "cannot record the node's state");
-            }
-            if let (Some(cluster), true) = (&cluster, reason.is_empty()) {
-                if let Err(e) = record_back(conn, cluster, &hostname, t) {
-                    tracing::error!(cluster = %cluster, error = %e, "cannot record a node that is back");
-                }
-            }
-            if let Some(cluster) = &cluster {
-                if let Err(e) = crate::cluster_status::refresh_cluster(conn, cluster) {
-                    tracing::error!(cluster = %cluster, error = %e, "cannot refresh the cluster's status");
-                }
-            }
-            Ok::<_, Error>(())
+            record_reconciled(
+                conn,
+                &fence,
+                &node_id,
+                cluster.as_deref(),
+                &hostname,
+                &reason,
+                t,
+            )
         })
         .await;
     if let Err(e) = recorded {
         tracing::error!(error = %e, "cannot record a reconciled node");
     }
+}
+
+/// [`mark_reconciled`]'s transaction: the node ready (or busy with `reason`), back in its
+/// cluster's log, the cluster's status refreshed; after the fence, nothing when it refuses.
+fn record_reconciled(
+    conn: &Connection,
+    fence: &Fence,
+    node_id: &str,
+    cluster: Option<&str>,
+    hostname: &str,
+    reason: &str,
+    t: i64,
+) -> Result<()> {
+    fence.check(conn)?;
+    let (state_now, why) = if reason.is_empty() {
+        (store::nodes::NODE_READY, "")
+    } else {
+        (store::nodes::NODE_BUSY, reason)
+    };
+    if let Err(e) = store::nodes::set_state(conn, node_id, state_now, why, t) {
+        tracing::error!(node = %node_id, error = %e, "cannot record the node's state");
+    }
+    if let (Some(cluster), true) = (cluster, reason.is_empty()) {
+        if let Err(e) = record_back(conn, cluster, hostname, t) {
+            tracing::error!(cluster = %cluster, error = %e, "cannot record a node that is back");
+        }
+    }
+    if let Some(cluster) = cluster {
+        if let Err(e) = crate::cluster_status::refresh_cluster(conn, cluster) {
+            tracing::error!(cluster = %cluster, error = %e, "cannot refresh the cluster's status");
+        }
+    }
+    Ok(())
 }
 
 /// A cluster's node that is ready again after its cluster recorded it unreachable: the
@@ -408,18 +434,19 @@ fn record_back(conn: &Connection, cluster_id: &str, hostname: &str, t: i64) -> R
     Ok(())
 }
 
-/// Brings a node to what it should be, then marks it (see [`mark_reconciled`]).
-pub async fn reconcile_node(state: Arc<AppState>, node_id: String) {
+/// Brings a node to what it should be, then marks it (see [`mark_reconciled`], and its
+/// `fence`).
+pub async fn reconcile_node(state: Arc<AppState>, fence: Fence, node_id: String) {
     if let Some((node, reason)) = bring_to_recorded(&state, &node_id, false).await {
-        mark_reconciled(&state, node, reason).await;
+        mark_reconciled(&state, &fence, node, reason).await;
     }
 }
 
 /// [`reconcile_node`] for a node whose change just failed: its layout is ordered and
-/// verified whatever its record says.
+/// verified whatever its record says. A request's (its undo): not fenced.
 pub async fn reconcile_after_failure(state: Arc<AppState>, node_id: String) {
     if let Some((node, reason)) = bring_to_recorded(&state, &node_id, true).await {
-        mark_reconciled(&state, node, reason).await;
+        mark_reconciled(&state, &Fence::request(), node, reason).await;
     }
 }
 
@@ -453,6 +480,8 @@ fn drifted(state: &AppState, conn: &Connection) -> Result<Vec<String>> {
 /// changes that crossed each other (a failed change given back while a restarted agent
 /// finished it) is brought there, whoever left it so.
 pub async fn run_drift_sweeps(state: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    // A singleton's: what a sweep records is fenced.
+    let fence = Fence::singleton(state.lease().clone());
     loop {
         tokio::select! {
             _ = gpufleet_process::signals::stopped(&mut stop) => return,
@@ -465,11 +494,39 @@ pub async fn run_drift_sweeps(state: Arc<AppState>, mut stop: tokio::sync::watch
                 for id in ids {
                     if state.agents.is_live(&id) {
                         tracing::info!(node = %id, "the node drifted from its layout; reconciling");
-                        reconcile_node(state.clone(), id).await;
+                        reconcile_node(state.clone(), fence.clone(), id).await;
                     }
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot look for drifted nodes"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_former_leaders_drift_sweep_records_nothing_and_the_leaders_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = store::open(&dir.path().join("state.db")).unwrap();
+        crate::lease::testing::seed(&conn);
+        let (stale, current) = crate::lease::testing::stale_and_current(&mut conn);
+        let why = "could not be brought to its layout: no answer";
+        let tx = conn.transaction().unwrap();
+        let refused = record_reconciled(&tx, &stale, "n1", Some("c1"), "n1", why, 2000)
+            .unwrap_err()
+            .to_string();
+        drop(tx);
+        assert!(refused.contains("writes nothing"), "{refused}");
+        let n1 = store::nodes::get(&conn, "n1").unwrap().unwrap();
+        assert_eq!(n1.state, store::nodes::NODE_READY);
+        record_reconciled(&conn, &current, "n1", Some("c1"), "n1", why, 2000).unwrap();
+        let n1 = store::nodes::get(&conn, "n1").unwrap().unwrap();
+        assert_eq!(
+            (n1.state.as_str(), n1.state_reason.as_str()),
+            (store::nodes::NODE_BUSY, why)
+        );
     }
 }

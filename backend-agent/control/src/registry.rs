@@ -21,6 +21,10 @@ use tonic::Status;
 /// `error_kind` of an order that failed for want of an answer within its deadline.
 pub const DEADLINE: &str = "deadline";
 
+/// `error_kind` of an order this replica refused to send: it never held the singletons'
+/// lease, so the order would carry no epoch (0), which agents run unfenced.
+pub const NO_EPOCH: &str = "no_epoch";
+
 pub type Outbound = mpsc::UnboundedSender<Result<v1::ControlMessage, Status>>;
 
 /// What became of an order.
@@ -303,10 +307,26 @@ impl Registry {
     /// Sends `order` to `node_id`'s agent (now, or when it reconnects). The answer comes
     /// through the receiver. The order carries the newest epoch this replica held of the
     /// singletons' lease, also when it is re-sent: an agent that has seen a newer one
-    /// refuses it (`crate::lease`).
+    /// refuses it (`crate::lease`). A replica that never held the lease sends nothing: the
+    /// order is answered at once, failed with [`NO_EPOCH`] (an order of epoch 0 would be
+    /// run by every agent as one from before epochs, fenced by nothing).
     pub fn dispatch(&self, node_id: &str, mut order: v1::WorkOrder) -> oneshot::Receiver<Outcome> {
         order.epoch = self.leadership.last_epoch();
         let (tx, rx) = oneshot::channel();
+        if order.epoch == 0 {
+            tracing::error!(node = %node_id, order = %order.id, replica = %self.leadership.replica(), "an order refused: this replica never held the singletons' lease");
+            let _ = tx.send(Outcome::Answered(v1::OrderResult {
+                order_id: order.id,
+                ok: false,
+                error_kind: NO_EPOCH.into(),
+                error: format!(
+                    "lease: replica {} never held the singletons' lease, so its order to node {node_id} would carry no epoch; it sends none (the replica that leads, or this one once it has led, does)",
+                    self.leadership.replica()
+                ),
+                ..Default::default()
+            }));
+            return rx;
+        }
         let mut inner = self.lock();
         if inner.stale.contains_key(node_id) {
             let _ = tx.send(Outcome::Unreachable(format!(
@@ -529,9 +549,69 @@ mod tests {
         }
     }
 
+    /// A registry of a replica that leads with epoch 7.
+    fn leading(r: Registry) -> Registry {
+        let lease = crate::store::leases::Lease {
+            name: crate::lease::SINGLETONS.into(),
+            holder: r.leadership.replica().to_string(),
+            epoch: 7,
+            expires_at: 1015,
+        };
+        r.leadership
+            .record(&crate::store::leases::Acquired::Held(lease), Instant::now());
+        r
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_never_led_refuses_to_send_an_order_without_an_epoch() {
+        let r = Registry::new(Duration::from_secs(30), Duration::from_secs(60));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        r.attach("n1", tx, Version::ours());
+        let answer = r.dispatch("n1", order("o1")).await.unwrap();
+        match answer {
+            Outcome::Answered(a) => {
+                assert!(!a.ok);
+                assert_eq!(
+                    (a.order_id.as_str(), a.error_kind.as_str()),
+                    ("o1", NO_EPOCH)
+                );
+                assert!(
+                    a.error.starts_with("lease: replica ")
+                        && a.error.contains("never held the singletons' lease")
+                        && a.error.contains("node n1"),
+                    "{}",
+                    a.error
+                );
+            }
+            Outcome::Unreachable(why) => panic!("refused as unreachable: {why}"),
+        }
+        assert!(
+            rx.try_recv().is_err(),
+            "an order of epoch 0 reached the agent"
+        );
+        assert!(
+            !r.has_pending("n1"),
+            "the refused order waits to be re-sent"
+        );
+        // Once it has led (and also after it lost the lease), its orders carry its epoch.
+        let r = leading(r);
+        let _pending = r.dispatch("n1", order("o2"));
+        let sent = rx.recv().await.unwrap().unwrap();
+        assert!(matches!(sent.msg, Some(control_message::Msg::Order(o)) if o.epoch == 7));
+        r.leadership.lose("a test");
+        let _pending = r.dispatch("n1", order("o3"));
+        let sent = rx.recv().await.unwrap().unwrap();
+        assert!(
+            matches!(sent.msg, Some(control_message::Msg::Order(o)) if o.id == "o3" && o.epoch == 7)
+        );
+    }
+
     #[tokio::test]
     async fn an_order_waits_for_its_agent_and_is_resent_on_registration() {
-        let r = Registry::new(Duration::from_secs(30), Duration::from_secs(60));
+        let r = leading(Registry::new(
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+        ));
         let answer = r.dispatch("n1", order("o1"));
         let (tx, mut rx) = mpsc::unbounded_channel();
         r.attach("n1", tx, Version::ours());
@@ -562,7 +642,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_silent_node_expires_once_and_fails_its_orders() {
-        let r = Registry::new(Duration::from_millis(1), Duration::from_secs(60));
+        let r = leading(Registry::new(
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+        ));
         let (tx, _rx) = mpsc::unbounded_channel();
         let session = r.attach("n1", tx, Version::ours());
         let answer = r.dispatch("n1", order("o1"));
@@ -631,7 +714,9 @@ mod tests {
     async fn an_unanswered_order_fails_at_its_deadline_and_a_late_answer_is_not_believed() {
         let mut d = crate::deadlines::OrderDeadlines::default();
         d.set("mig_layout", Duration::ZERO).unwrap();
-        let r = Registry::new(Duration::from_secs(30), Duration::from_secs(60)).with_deadlines(d);
+        let r = leading(
+            Registry::new(Duration::from_secs(30), Duration::from_secs(60)).with_deadlines(d),
+        );
         let (tx, _rx) = mpsc::unbounded_channel();
         r.attach("n1", tx, Version::ours());
         let mig = v1::WorkOrder {

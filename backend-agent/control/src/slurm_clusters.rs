@@ -56,6 +56,7 @@ use rusqlite::Connection;
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
+use crate::lease::Fence;
 use crate::registry::Outcome;
 use crate::slurm_tracker::Tracked;
 use crate::state::AppState;
@@ -1240,10 +1241,12 @@ pub async fn resume(state: &AppState, c: &ClusterRow, node: &str) {
 
 /// Records the greatest next job id a controller of the cluster reported: a controller that
 /// replaces it without its state starts past it.
-async fn record_next_job_id(state: &Arc<AppState>, cluster_id: &str, next: u64) {
-    let id = cluster_id.to_string();
+/// The supervisor's (a singleton's): fenced.
+async fn record_next_job_id(state: &Arc<AppState>, fence: &Fence, cluster_id: &str, next: u64) {
+    let (id, fence) = (cluster_id.to_string(), fence.clone());
     let recorded = state
         .apply(move |conn| -> Result<bool> {
+            fence.check(conn)?;
             Ok(store::slurm_access::raise_next_job_id(conn, &id, next)?)
         })
         .await;
@@ -1254,8 +1257,10 @@ async fn record_next_job_id(state: &Arc<AppState>, cluster_id: &str, next: u64) 
 
 /// One pass of the supervisor over the settled Slurm clusters: each brought to its nodes
 /// when what it should run changed (or after a start of this control plane), and its
-/// status following what Slurm says about its nodes.
+/// status following what Slurm says about its nodes. A singleton: what it records is
+/// fenced by the lease (`crate::lease`).
 async fn watch_once(state: &Arc<AppState>) -> Result<()> {
+    let fence = Fence::singleton(state.lease().clone());
     let clusters = state
         .read(|conn| -> Result<Vec<ClusterRow>> {
             Ok(
@@ -1285,7 +1290,7 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
             match queries::ask(state, &name, &through, "status", &[], "").await {
                 Ok(said) => {
                     if said.next_job_id > next_recorded {
-                        record_next_job_id(state, &c.id, said.next_job_id).await;
+                        record_next_job_id(state, &fence, &c.id, said.next_job_id).await;
                     }
                     (status::not_ready(&expected, &said.nodes), said.jobs)
                 }
@@ -1319,17 +1324,28 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
         }
         // The team's jobs, for its metrics: only what the controller answers now.
         state.agents.telemetry.record_jobs(&c.id, jobs);
-        let replace_after = state.agents.replace_after;
+        let (replace_after, fence) = (state.agents.replace_after, fence.clone());
         state
-            .apply(move |conn| -> Result<()> {
-                let base = crate::cluster_status::settled_status(conn, &c.id, replace_after)?;
-                let (status, reason) = overlay(base, slurm_says);
-                if store::clusters::set_settled_status(conn, &c.id, &status, &reason)? {
-                    tracing::info!(cluster = %c.name, %status, %reason, "Slurm cluster status");
-                }
-                Ok(())
-            })
+            .apply(move |conn| record_status(conn, &fence, &c, replace_after, slurm_says))
             .await?;
+    }
+    Ok(())
+}
+
+/// The supervisor's record of a Slurm cluster's status: the settled one with what Slurm
+/// says over it, after the fence (nothing once this replica lost the lease).
+fn record_status(
+    conn: &Connection,
+    fence: &Fence,
+    c: &ClusterRow,
+    replace_after: Duration,
+    slurm_says: Option<String>,
+) -> Result<()> {
+    fence.check(conn)?;
+    let base = crate::cluster_status::settled_status(conn, &c.id, replace_after)?;
+    let (status, reason) = overlay(base, slurm_says);
+    if store::clusters::set_settled_status(conn, &c.id, &status, &reason)? {
+        tracing::info!(cluster = %c.name, %status, %reason, "Slurm cluster status");
     }
     Ok(())
 }
@@ -1394,6 +1410,34 @@ pub async fn supervise(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_former_leaders_supervisor_records_no_status_and_the_leaders_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = super::store::open(&dir.path().join("state.db")).unwrap();
+        crate::lease::testing::seed(&conn);
+        let (stale, current) = crate::lease::testing::stale_and_current(&mut conn);
+        let c1 = super::store::clusters::get(&conn, "c1").unwrap().unwrap();
+        let down = || Some("Slurm: n1 is down*".to_string());
+        let after = std::time::Duration::from_secs(60);
+        let tx = conn.transaction().unwrap();
+        let refused = super::record_status(&tx, &stale, &c1, after, down())
+            .unwrap_err()
+            .to_string();
+        drop(tx);
+        assert!(refused.contains("writes nothing"), "{refused}");
+        let now = super::store::clusters::get(&conn, "c1").unwrap().unwrap();
+        assert_eq!(
+            (now.status.as_str(), now.status_reason.as_str()),
+            ("running", "")
+        );
+        super::record_status(&conn, &current, &c1, after, down()).unwrap();
+        let now = super::store::clusters::get(&conn, "c1").unwrap().unwrap();
+        assert_eq!(
+            (now.status.as_str(), now.status_reason.as_str()),
+            ("degraded", "Slurm: n1 is down*")
+        );
+    }
+
     #[test]
     fn a_new_head_starts_past_every_job_id_given_within_slurms_bound() {
         // Never read yet (a head lost at once): past the ids it may have given all the same.

@@ -197,7 +197,12 @@ pub async fn round(state: &Arc<AppState>) {
             tracing::warn!(node = %n.hostname, error = %e, "cannot try a node's layout again");
             continue;
         }
-        tokio::spawn(crate::mig::reconcile_node(state.clone(), n.id.clone()));
+        let fence = crate::lease::Fence::singleton(state.lease().clone());
+        tokio::spawn(crate::mig::reconcile_node(
+            state.clone(),
+            fence,
+            n.id.clone(),
+        ));
     }
     // Orders past their deadline fail; their senders treat the node as broken for them.
     for (node, kind, why) in state.agents.fail_overdue() {
@@ -207,8 +212,10 @@ pub async fn round(state: &Arc<AppState>) {
         if ["mig_layout", "slurmd"].contains(&kind) {
             let state = state.clone();
             tokio::spawn(async move {
+                let fence = crate::lease::Fence::singleton(state.lease().clone());
                 if let Err(e) =
-                    crate::scheduling::health::quarantine_unanswered(&state, &node, &why).await
+                    crate::scheduling::health::quarantine_unanswered(&state, &fence, &node, &why)
+                        .await
                 {
                     tracing::error!(node = %node, error = %e, "cannot quarantine a node that does not answer");
                 }

@@ -232,7 +232,9 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
         super::drivers::install(state, &added, &cluster.driver_version).await
     };
     let converged = if let Some((n, why)) = failed.first() {
-        super::drivers::quarantine(state, &cluster, n, why).await?;
+        // Node replacement is the heartbeat watch's: a singleton's write.
+        let fence = crate::lease::Fence::singleton(state.lease().clone());
+        super::drivers::quarantine(state, &fence, &cluster, n, why).await?;
         Err(Error::Aborted(format!(
             "replacement {} failed its driver install: {why}",
             n.hostname

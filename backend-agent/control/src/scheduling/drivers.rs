@@ -8,6 +8,7 @@ use gpufleet_proto::v1;
 
 use super::placement::nodes_to_add;
 use crate::error::{Error, Result};
+use crate::lease::Fence;
 use crate::registry::Outcome;
 use crate::state::AppState;
 use crate::store::{
@@ -19,12 +20,13 @@ use crate::store::{
 /// Records an event of `cluster` (best effort: a failed write is logged, not fatal).
 pub async fn event(
     state: &AppState,
+    fence: &Fence,
     cluster: &ClusterRow,
     kind: &'static str,
     node: &str,
     message: &str,
 ) {
-    events(state, cluster, vec![Event::new(kind, node, message)]).await;
+    events(state, fence, cluster, vec![Event::new(kind, node, message)]).await;
 }
 
 /// One event of a cluster, to record with others in [`events`].
@@ -46,14 +48,16 @@ impl Event {
 
 /// Records `events` of `cluster` in one transaction on the writer thread, so a change to
 /// many nodes commits once and no async worker waits on SQLite (best effort, as [`event`]).
-pub async fn events(state: &AppState, cluster: &ClusterRow, events: Vec<Event>) {
+/// `fence`: a singleton's records nothing once its replica lost the lease.
+pub async fn events(state: &AppState, fence: &Fence, cluster: &ClusterRow, events: Vec<Event>) {
     if events.is_empty() {
         return;
     }
     let (id, tenant) = (cluster.id.clone(), cluster.tenant_id.clone());
-    let clock_now = state.now();
+    let (clock_now, fence) = (state.now(), fence.clone());
     let recorded = state
         .write(move |sp| -> Result<()> {
+            fence.check(&sp)?;
             let t = clock_now;
             for e in &events {
                 store::events::record(&sp, t, &id, &tenant, e.kind, &e.node, &e.message)?;
@@ -135,14 +139,16 @@ const MAX_ATTEMPTS: u32 = 3;
 /// Takes a node out of service: quarantined with the reason, out of its cluster.
 pub async fn quarantine(
     state: &AppState,
+    fence: &Fence,
     cluster: &ClusterRow,
     node: &NodeRow,
     why: &str,
 ) -> Result<()> {
-    let (id, reason) = (node.id.clone(), why.to_string());
+    let (id, reason, f) = (node.id.clone(), why.to_string(), fence.clone());
     let clock_now = state.now();
     state
         .apply(move |conn| -> Result<()> {
+            f.check(conn)?;
             store::nodes::set_state(conn, &id, NODE_QUARANTINED, &reason, clock_now)?;
             store::nodes::release(conn, &id, clock_now)?;
             Ok(())
@@ -150,7 +156,15 @@ pub async fn quarantine(
         .await?;
     tracing::warn!(node = %node.hostname, cluster = %cluster.name, %why, "node quarantined");
     crate::counters::quarantine(&node.gpu_type, crate::counters::CAUSE_DRIVER_INSTALL);
-    event(state, cluster, "node_quarantined", &node.hostname, why).await;
+    event(
+        state,
+        fence,
+        cluster,
+        "node_quarantined",
+        &node.hostname,
+        why,
+    )
+    .await;
     Ok(())
 }
 
@@ -158,12 +172,18 @@ pub async fn quarantine(
 /// the cluster's driver and MIG layout and given the cluster's volume; a replacement that
 /// fails its install is quarantined too and the next one tried. The node that left
 /// unmounts the volume. Returns the new node's hostname.
-pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Result<String> {
+pub async fn replace(
+    state: &AppState,
+    fence: &Fence,
+    cluster: &ClusterRow,
+    gone: &str,
+) -> Result<String> {
     for _attempt in 0..3 {
-        let cluster_id = cluster.id.clone();
+        let (cluster_id, f) = (cluster.id.clone(), fence.clone());
         let clock_now = state.now();
         let picked = state
             .write(move |tx| -> Result<Vec<NodeRow>> {
+                f.check(&tx)?;
                 let c = store::clusters::get(&tx, &cluster_id)?.ok_or_else(|| {
                     Error::NotFound(format!("tenant cluster '{cluster_id}' not found"))
                 })?;
@@ -190,7 +210,7 @@ pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Resu
         };
         if !cluster.driver_version.is_empty() {
             if let Some((n, why)) = install(state, &picked, &cluster.driver_version).await.pop() {
-                quarantine(state, cluster, &n, &why).await?;
+                quarantine(state, fence, cluster, &n, &why).await?;
                 continue;
             }
         }
@@ -210,6 +230,7 @@ pub async fn replace(state: &AppState, cluster: &ClusterRow, gone: &str) -> Resu
             })?;
         event(
             state,
+            fence,
             cluster,
             "node_replaced",
             &new.hostname,
@@ -259,6 +280,8 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
         .filter(|n| n.driver_version != version)
         .collect();
     let step = usize::try_from(cluster.max_unavailable.max(1)).unwrap_or(1);
+    // A request's update rolls drivers (a refill asks for no new driver): not fenced.
+    let fence = Fence::request();
     let mut problems = Vec::new();
     for chunk in stale.chunks(step) {
         for n in chunk {
@@ -271,6 +294,7 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
             .await?;
             event(
                 state,
+                &fence,
                 cluster,
                 "node_draining",
                 &n.hostname,
@@ -293,8 +317,8 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
         for n in chunk {
             if let Some((_, why)) = failed.iter().find(|(f, _)| f.id == n.id) {
                 let why = format!("driver {version}: {why}");
-                quarantine(state, cluster, n, &why).await?;
-                match replace(state, cluster, &n.hostname).await {
+                quarantine(state, &fence, cluster, n, &why).await?;
+                match replace(state, &fence, cluster, &n.hostname).await {
                     Ok(new) => problems.push(format!(
                         "node {} failed ({why}); quarantined and replaced by {new}",
                         n.hostname
@@ -321,6 +345,7 @@ pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>>
             crate::slurm_clusters::resume(state, cluster, &n.hostname).await;
             event(
                 state,
+                &fence,
                 cluster,
                 "node_returned",
                 &n.hostname,

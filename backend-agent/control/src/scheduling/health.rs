@@ -20,6 +20,7 @@ use tokio::sync::watch;
 
 use super::{breaker, drivers};
 use crate::error::{Error, Result};
+use crate::lease::Fence;
 use crate::registry::Outcome;
 use crate::state::AppState;
 use crate::store::{
@@ -452,6 +453,11 @@ async fn run_once(
                     ..Default::default()
                 }],
             )),
+            // Never sent: this replica cannot stamp an epoch on it. Nothing is learned
+            // of the node.
+            Ok(Outcome::Answered(r)) if r.error_kind == crate::registry::NO_EPOCH => {
+                Ok(Verdict::unjudged(node.clone(), &r.error))
+            }
             Ok(Outcome::Answered(r)) => Err(r.error),
             Ok(Outcome::Unreachable(why)) => Err(why),
             Err(_) => Err("the control plane is stopping".to_string()),
@@ -464,6 +470,7 @@ async fn run_once(
 /// Records a node's verdict under `run_id`, as a member of `cluster` when it is one.
 async fn record(
     state: &AppState,
+    fence: &Fence,
     run_id: &str,
     level: &str,
     cluster: Option<&ClusterRow>,
@@ -485,8 +492,12 @@ async fn record(
     for c in v.checks.iter().filter(|c| c.verdict == "fail") {
         crate::counters::check_failed(&v.node.gpu_type, level, &c.name);
     }
+    let fence = fence.clone();
     state
-        .apply(move |conn| Ok::<_, Error>(store::health::record(conn, &row)?))
+        .apply(move |conn| {
+            fence.check(conn)?;
+            Ok::<_, Error>(store::health::record(conn, &row)?)
+        })
         .await
 }
 
@@ -499,10 +510,14 @@ fn cause_of(v: &Verdict) -> &str {
         .map_or("unknown", |c| c.name.as_str())
 }
 
-async fn set_action(state: &AppState, run_id: &str, node_id: &str, action: &str) {
+async fn set_action(state: &AppState, fence: &Fence, run_id: &str, node_id: &str, action: &str) {
     let (run, node, what) = (run_id.to_string(), node_id.to_string(), action.to_string());
+    let fence = fence.clone();
     let recorded = state
-        .apply(move |conn| Ok::<_, Error>(store::health::set_action(conn, &run, &node, &what)?))
+        .apply(move |conn| {
+            fence.check(conn)?;
+            Ok::<_, Error>(store::health::set_action(conn, &run, &node, &what)?)
+        })
         .await;
     if let Err(e) = recorded {
         tracing::error!(node = %node_id, error = %e, "cannot record what was done about a check");
@@ -516,17 +531,25 @@ pub fn quarantine_reason(level: &str, v: &Verdict) -> String {
 }
 
 /// An event about a node outside any cluster: logged under the node's id.
-async fn node_event(state: &AppState, node: &NodeRow, kind: &str, message: &str) {
-    log_event(state, node.id.clone(), node, kind, message).await;
+async fn node_event(state: &AppState, fence: &Fence, node: &NodeRow, kind: &str, message: &str) {
+    log_event(state, fence, node.id.clone(), node, kind, message).await;
 }
 
 /// Records an event about `node` in the log of `object`; a failure is logged, not raised
 /// (the check's outcome stands either way).
-async fn log_event(state: &AppState, object: String, node: &NodeRow, kind: &str, message: &str) {
+async fn log_event(
+    state: &AppState,
+    fence: &Fence,
+    object: String,
+    node: &NodeRow,
+    kind: &str,
+    message: &str,
+) {
     let (host, kind, text) = (node.hostname.clone(), kind.to_string(), message.to_string());
-    let clock_now = state.now();
+    let (clock_now, fence) = (state.now(), fence.clone());
     let recorded = state
         .apply(move |conn| {
+            fence.check(conn)?;
             Ok::<_, Error>(store::events::record(
                 conn, clock_now, &object, "", &kind, &host, &text,
             )?)
@@ -561,6 +584,7 @@ enum TakenOut {
 /// in the breaker's log, `breaker/<model>`, when this failure opened it).
 async fn quarantine_checked(
     state: &AppState,
+    fence: &Fence,
     cluster: Option<&ClusterRow>,
     node: &NodeRow,
     why: &str,
@@ -568,23 +592,10 @@ async fn quarantine_checked(
     taking: Taking,
 ) -> Result<TakenOut> {
     let settings = state.breaker.clone();
-    let (n, reason) = (node.clone(), why.to_string());
+    let (n, reason, f) = (node.clone(), why.to_string(), fence.clone());
     let now = state.now();
     let (decision, free) = state
-        .apply(move |conn| -> Result<(breaker::Decision, bool)> {
-            let d = match taking {
-                Taking::Automatic => breaker::decide(conn, &settings, &n, now)?,
-                Taking::Operator | Taking::Host => breaker::Decision::Quarantine,
-            };
-            // A free node that failed is never handed out, breaker or not: the breaker
-            // keeps failed nodes in their clusters, not in the pool.
-            let free = store::nodes::get(conn, &n.id)?.is_some_and(|n| n.cluster_id.is_none());
-            if !matches!(d, breaker::Decision::Held { .. }) || free {
-                store::nodes::set_state(conn, &n.id, NODE_QUARANTINED, &reason, now)?;
-                store::nodes::release(conn, &n.id, now)?;
-            }
-            Ok((d, free))
-        })
+        .apply(move |conn| quarantine_in(conn, &f, &settings, &n, &reason, taking, now))
         .await?;
     let (kind, text, outcome) = match decision {
         breaker::Decision::Quarantine => {
@@ -604,11 +615,18 @@ async fn quarantine_checked(
         breaker::Decision::Held { why: held, opened } => {
             if opened {
                 tracing::error!(gpu_type = %node.gpu_type, node = %node.hostname, %held, "automatic-quarantine breaker opened");
-                breaker_event(state, node, "breaker_opened", &held).await;
+                breaker_event(state, fence, node, "breaker_opened", &held).await;
             } else {
                 tracing::warn!(node = %node.hostname, %held, "quarantine held by the open breaker");
             }
-            breaker_event(state, node, "quarantine_held", &format!("{why}; {held}")).await;
+            breaker_event(
+                state,
+                fence,
+                node,
+                "quarantine_held",
+                &format!("{why}; {held}"),
+            )
+            .await;
             if free {
                 crate::counters::quarantine(&node.gpu_type, cause);
                 (
@@ -629,15 +647,42 @@ async fn quarantine_checked(
     };
     match cluster {
         Some(c) => {
-            drivers::event(state, c, kind, &node.hostname, &text).await;
+            drivers::event(state, fence, c, kind, &node.hostname, &text).await;
             // The node's own log says whose work it was taken from, so that the fleet's
             // stream traces it to the cluster and tenant even once that cluster is gone.
             let traced = format!("{text} (in cluster {} of tenant {})", c.name, c.tenant_id);
-            node_event(state, node, kind, &traced).await;
+            node_event(state, fence, node, kind, &traced).await;
         }
-        None => node_event(state, node, kind, &text).await,
+        None => node_event(state, fence, node, kind, &text).await,
     }
     Ok(outcome)
+}
+
+/// [`quarantine_checked`]'s transaction: the breaker's decision and the quarantine, after
+/// the fence (a singleton's check writes nothing once its replica lost the lease). Whether
+/// the node was free.
+fn quarantine_in(
+    conn: &Connection,
+    fence: &Fence,
+    settings: &breaker::Settings,
+    n: &NodeRow,
+    reason: &str,
+    taking: Taking,
+    now: i64,
+) -> Result<(breaker::Decision, bool)> {
+    fence.check(conn)?;
+    let d = match taking {
+        Taking::Automatic => breaker::decide(conn, settings, n, now)?,
+        Taking::Operator | Taking::Host => breaker::Decision::Quarantine,
+    };
+    // A free node that failed is never handed out, breaker or not: the breaker keeps
+    // failed nodes in their clusters, not in the pool.
+    let free = store::nodes::get(conn, &n.id)?.is_some_and(|n| n.cluster_id.is_none());
+    if !matches!(d, breaker::Decision::Held { .. }) || free {
+        store::nodes::set_state(conn, &n.id, NODE_QUARANTINED, reason, now)?;
+        store::nodes::release(conn, &n.id, now)?;
+    }
+    Ok((d, free))
 }
 
 /// `cause` of a quarantine (the quarantines counter's label) of a node whose host cannot
@@ -663,6 +708,7 @@ async fn quarantine_unfit(state: &AppState, node: &NodeRow, isolation_problem: &
     };
     quarantine_checked(
         state,
+        &Fence::request(),
         cluster.as_ref(),
         node,
         &unfit_reason(isolation_problem),
@@ -675,7 +721,13 @@ async fn quarantine_unfit(state: &AppState, node: &NodeRow, isolation_problem: &
 
 /// A node that let an order pass its deadline: quarantined (through the model's
 /// breaker) with why, out of its cluster; the change that waited has failed already.
-pub async fn quarantine_unanswered(state: &AppState, node_id: &str, why: &str) -> Result<()> {
+/// `fence`: the heartbeat watch's (a singleton) when it finds the order late.
+pub async fn quarantine_unanswered(
+    state: &AppState,
+    fence: &Fence,
+    node_id: &str,
+    why: &str,
+) -> Result<()> {
     let Some(node) = node_row(state, node_id).await? else {
         return Ok(());
     };
@@ -692,6 +744,7 @@ pub async fn quarantine_unanswered(state: &AppState, node_id: &str, why: &str) -
     };
     quarantine_checked(
         state,
+        fence,
         cluster.as_ref(),
         &node,
         why,
@@ -703,9 +756,10 @@ pub async fn quarantine_unanswered(state: &AppState, node_id: &str, why: &str) -
 }
 
 /// An event in the breaker's log of the node's model (`breaker/<model>`, the admin's).
-async fn breaker_event(state: &AppState, node: &NodeRow, kind: &str, message: &str) {
+async fn breaker_event(state: &AppState, fence: &Fence, node: &NodeRow, kind: &str, message: &str) {
     log_event(
         state,
+        fence,
         breaker::event_object(&node.gpu_type),
         node,
         kind,
@@ -719,6 +773,7 @@ async fn breaker_event(state: &AppState, node: &NodeRow, kind: &str, message: &s
 /// why the breaker left the node in service).
 async fn quarantine_and_replace(
     state: &AppState,
+    fence: &Fence,
     cluster: &ClusterRow,
     run_id: &str,
     level: &str,
@@ -726,9 +781,18 @@ async fn quarantine_and_replace(
     quarantined: &mut Vec<String>,
 ) -> std::result::Result<String, String> {
     let why = quarantine_reason(level, v);
-    drivers::event(state, cluster, "check_failed", &v.node.hostname, &why).await;
+    drivers::event(
+        state,
+        fence,
+        cluster,
+        "check_failed",
+        &v.node.hostname,
+        &why,
+    )
+    .await;
     match quarantine_checked(
         state,
+        fence,
         Some(cluster),
         &v.node,
         &why,
@@ -741,6 +805,7 @@ async fn quarantine_and_replace(
         Ok(TakenOut::Held(held)) => {
             set_action(
                 state,
+                fence,
                 run_id,
                 &v.node.id,
                 "left in service: the breaker is open",
@@ -753,10 +818,11 @@ async fn quarantine_and_replace(
         }
         Ok(TakenOut::Quarantined) => quarantined.push(v.node.hostname.clone()),
     }
-    match drivers::replace(state, cluster, &v.node.hostname).await {
+    match drivers::replace(state, fence, cluster, &v.node.hostname).await {
         Ok(new) => {
             set_action(
                 state,
+                fence,
                 run_id,
                 &v.node.id,
                 &format!("quarantined; replaced by {new}"),
@@ -765,7 +831,14 @@ async fn quarantine_and_replace(
             Ok(new)
         }
         Err(e) => {
-            set_action(state, run_id, &v.node.id, "quarantined; no replacement").await;
+            set_action(
+                state,
+                fence,
+                run_id,
+                &v.node.id,
+                "quarantined; no replacement",
+            )
+            .await;
             Err(format!(
                 "node {} failed {level} checks ({}) and was quarantined; no replacement: {e}",
                 v.node.hostname, v.summary
@@ -802,6 +875,7 @@ pub struct ClusterRun {
 /// in service and a joining one is the joining node's: the nodes that were fine stay.
 pub async fn check_cluster(
     state: &AppState,
+    fence: &Fence,
     cluster: &ClusterRow,
     level: &str,
     expected_driver: &str,
@@ -813,9 +887,12 @@ pub async fn check_cluster(
     acceptance.status = "running".into();
     acceptance.run_id = run_id.clone();
     acceptance.run_level = level.to_string();
-    let running = acceptance.clone();
+    let (running, f) = (acceptance.clone(), fence.clone());
     state
-        .apply(move |conn| Ok::<_, Error>(store::health::put_acceptance(conn, &running)?))
+        .apply(move |conn| {
+            f.check(conn)?;
+            Ok::<_, Error>(store::health::put_acceptance(conn, &running)?)
+        })
         .await?;
     let mut outcome = ClusterRun {
         run_id: run_id.clone(),
@@ -837,11 +914,11 @@ pub async fn check_cluster(
             .iter()
             .map(|n| super::drivers::Event::new("acceptance_checking", &n.hostname, &checking))
             .collect();
-        super::drivers::events(state, cluster, progress).await;
+        super::drivers::events(state, fence, cluster, progress).await;
         let answers = attribute_bandwidth(run(state, &nodes, &req).await?);
         let answers = excuse_unjudged(blame_joining(answers, joining));
         for v in &answers {
-            record(state, &run_id, level, Some(cluster), v).await?;
+            record(state, fence, &run_id, level, Some(cluster), v).await?;
         }
         let gbps: Vec<f64> = answers
             .iter()
@@ -891,6 +968,7 @@ pub async fn check_cluster(
         for v in failed {
             match quarantine_and_replace(
                 state,
+                fence,
                 cluster,
                 &run_id,
                 level,
@@ -916,9 +994,10 @@ pub async fn check_cluster(
     acceptance.checked_at = state.now();
     acceptance.alg_bandwidth_gbps = outcome.alg_bandwidth_gbps;
     acceptance.bus_bandwidth_gbps = outcome.bus_bandwidth_gbps;
-    let id = cluster.id.clone();
+    let (id, f) = (cluster.id.clone(), fence.clone());
     state
         .apply(move |conn| -> Result<()> {
+            f.check(conn)?;
             // The cluster may be gone meanwhile (a failed create is undone by its caller).
             let fresh = store::health::acceptance(conn, &id)?;
             acceptance.level = fresh.level;
@@ -1103,6 +1182,7 @@ pub fn attribute_bandwidth(
 /// `run`, with every node's verdict recorded; a node without an answer fails.
 async fn run_checks_recorded(
     state: &AppState,
+    fence: &Fence,
     nodes: &[NodeRow],
     req: &Request<'_>,
     run_id: &str,
@@ -1111,7 +1191,7 @@ async fn run_checks_recorded(
     let mut out = Vec::new();
     for (node, answer) in run(state, nodes, req).await? {
         let v = answer.unwrap_or_else(|why| Verdict::no_answer(node, &why));
-        record(state, run_id, req.level, cluster, &v).await?;
+        record(state, fence, run_id, req.level, cluster, &v).await?;
         out.push(v);
     }
     Ok(out)
@@ -1120,9 +1200,11 @@ async fn run_checks_recorded(
 /// After a cluster's new nodes have their driver and layout (`bring_up`): its acceptance
 /// checks, unless it asked not to run them. A create whose failed nodes cannot all be
 /// replaced fails (its nodes back to whole GPUs; the caller undoes the rest); an update
-/// leaves the cluster `degraded` with the reason.
+/// leaves the cluster `degraded` with the reason. `fence`: a refill's (a singleton) or a
+/// request's.
 pub async fn accept_new_nodes(
     state: &AppState,
+    fence: &Fence,
     cluster: &ClusterRow,
     joining: &[NodeRow],
 ) -> Result<()> {
@@ -1139,6 +1221,7 @@ pub async fn accept_new_nodes(
     };
     let run = check_cluster(
         state,
+        fence,
         cluster,
         &acceptance.level,
         driver,
@@ -1193,8 +1276,11 @@ pub async fn check_now(
     level: &str,
     bandwidth_duration: Duration,
 ) -> Result<ClusterRun> {
+    // A tenant's or the admin's request: not fenced.
+    let fence = Fence::request();
     let run = check_cluster(
         state,
+        &fence,
         cluster,
         level,
         &cluster.driver_version,
@@ -1207,7 +1293,7 @@ pub async fn check_now(
             "health checks ({level}): {}",
             problems_text(&run.problems, &run.quarantined)
         );
-        set_status(state, &cluster.id, "degraded", &reason).await?;
+        set_status(state, &fence, &cluster.id, "degraded", &reason).await?;
     }
     Ok(run)
 }
@@ -1217,6 +1303,7 @@ pub async fn check_now(
 /// A failed one is taken out (see [`take_out`]); `taken_out` says whether it was.
 async fn check_one(
     state: &AppState,
+    fence: &Fence,
     node: &NodeRow,
     level: &str,
     taking: Taking,
@@ -1275,9 +1362,9 @@ async fn check_one(
         break v;
     };
     let run_id = uuid::Uuid::new_v4().to_string();
-    record(state, &run_id, level, cluster.as_ref(), &v).await?;
+    record(state, fence, &run_id, level, cluster.as_ref(), &v).await?;
     let taken_out = if v.failed {
-        take_out(state, cluster.as_ref(), &run_id, level, &v, taking).await?
+        take_out(state, fence, cluster.as_ref(), &run_id, level, &v, taking).await?
     } else {
         false
     };
@@ -1315,6 +1402,7 @@ async fn layout_of(state: &AppState, node_id: &str) -> Result<Vec<v1::GpuLayout>
 /// so). Returns whether the node was taken out.
 async fn take_out(
     state: &AppState,
+    fence: &Fence,
     cluster: Option<&ClusterRow>,
     run_id: &str,
     level: &str,
@@ -1323,16 +1411,18 @@ async fn take_out(
 ) -> Result<bool> {
     let why = quarantine_reason(level, v);
     let Some(cluster) = cluster else {
-        node_event(state, &v.node, "check_failed", &why).await;
+        node_event(state, fence, &v.node, "check_failed", &why).await;
         return Ok(
-            match quarantine_checked(state, None, &v.node, &why, cause_of(v), taking).await? {
+            match quarantine_checked(state, fence, None, &v.node, &why, cause_of(v), taking).await?
+            {
                 TakenOut::Quarantined => {
-                    set_action(state, run_id, &v.node.id, "quarantined").await;
+                    set_action(state, fence, run_id, &v.node.id, "quarantined").await;
                     true
                 }
                 TakenOut::Held(_) => {
                     set_action(
                         state,
+                        fence,
                         run_id,
                         &v.node.id,
                         "left in service: the breaker is open",
@@ -1346,11 +1436,20 @@ async fn take_out(
     let mut failed = v.clone();
     let mut quarantined = Vec::new();
     loop {
-        match quarantine_and_replace(state, cluster, run_id, level, &failed, &mut quarantined).await
+        match quarantine_and_replace(
+            state,
+            fence,
+            cluster,
+            run_id,
+            level,
+            &failed,
+            &mut quarantined,
+        )
+        .await
         {
             Err(problem) => {
                 let reason = problems_text(&[problem], &quarantined);
-                set_status(state, &cluster.id, "degraded", &reason).await?;
+                set_status(state, fence, &cluster.id, "degraded", &reason).await?;
                 return Ok(!quarantined.is_empty());
             }
             Ok(new) => {
@@ -1370,6 +1469,7 @@ async fn take_out(
                 };
                 let checked = run_checks_recorded(
                     state,
+                    fence,
                     std::slice::from_ref(&node),
                     &req,
                     run_id,
@@ -1437,7 +1537,7 @@ async fn admit(
     }
     if node.state == NODE_QUARANTINED || !isolation_problem.is_empty() {
         crate::slurm_clusters::stop_kept(state, &node, &mine).await;
-        crate::mig::reconcile_node(state.clone(), node_id.to_string()).await;
+        crate::mig::reconcile_node(state.clone(), Fence::request(), node_id.to_string()).await;
         return Ok(());
     }
     let Some((_, not_there)) = crate::mig::bring_to_recorded(state, node_id, false).await else {
@@ -1445,7 +1545,7 @@ async fn admit(
     };
     if !not_there.is_empty() {
         // Busy with why; the heartbeat watch tries again.
-        crate::mig::mark_reconciled(state, node, not_there).await;
+        crate::mig::mark_reconciled(state, &Fence::request(), node, not_there).await;
         return Ok(());
     }
     // A node that gave no report (its agent went away) stays busy: it is never ready
@@ -1465,7 +1565,7 @@ async fn admit(
         state
             .apply(move |conn| Ok::<_, Error>(store::nodes::put_in_service(conn, &id, now)?))
             .await?;
-        crate::mig::mark_reconciled(state, node.clone(), String::new()).await;
+        crate::mig::mark_reconciled(state, &Fence::request(), node.clone(), String::new()).await;
         crate::slurm_clusters::rejoin(state, &node).await;
     } else if node_row(state, node_id)
         .await?
@@ -1487,9 +1587,12 @@ async fn checked_and_passed(
     taking: Taking,
 ) -> Result<Option<bool>> {
     drivers::set_node_state(state, &node.id, NODE_BUSY, reason).await?;
-    Ok(check_one(state, node, ADMISSION_LEVEL, taking)
-        .await?
-        .map(|c| !c.verdict.failed || !c.taken_out))
+    // A registration's or an operator's return: not a singleton's, not fenced.
+    Ok(
+        check_one(state, &Fence::request(), node, ADMISSION_LEVEL, taking)
+            .await?
+            .map(|c| !c.verdict.failed || !c.taken_out),
+    )
 }
 
 /// An operator returns a quarantined node: it runs the medium checks first and stays
@@ -1543,7 +1646,11 @@ pub async fn return_checked(state: Arc<AppState>, node_id: &str) -> Result<()> {
     state
         .apply(move |conn| Ok::<_, Error>(store::nodes::put_in_service(conn, &id, now)?))
         .await?;
-    tokio::spawn(crate::mig::reconcile_node(state, node_id.to_string()));
+    tokio::spawn(crate::mig::reconcile_node(
+        state,
+        Fence::request(),
+        node_id.to_string(),
+    ));
     Ok(())
 }
 
@@ -1571,10 +1678,13 @@ pub async fn periodic_round(state: &Arc<AppState>) -> Result<()> {
                 && !state.agents.has_pending(&n.id)
         })
         .collect();
+    // A singleton's: every write of the checks and what follows a failure is fenced.
+    let fence = Fence::singleton(state.lease().clone());
     let mut checks = tokio::task::JoinSet::new();
     for n in nodes {
-        let state = state.clone();
-        checks.spawn(async move { check_one(&state, &n, "quick", Taking::Automatic).await });
+        let (state, fence) = (state.clone(), fence.clone());
+        checks
+            .spawn(async move { check_one(&state, &fence, &n, "quick", Taking::Automatic).await });
     }
     while let Some(done) = checks.join_next().await {
         match done {
@@ -1631,13 +1741,17 @@ async fn node_row(state: &AppState, node_id: &str) -> Result<Option<NodeRow>> {
 
 async fn set_status(
     state: &AppState,
+    fence: &Fence,
     cluster_id: &str,
     status: &'static str,
     why: &str,
 ) -> Result<()> {
-    let (id, why) = (cluster_id.to_string(), why.to_string());
+    let (id, why, fence) = (cluster_id.to_string(), why.to_string(), fence.clone());
     state
-        .apply(move |conn| Ok::<_, Error>(store::clusters::set_status(conn, &id, status, &why)?))
+        .apply(move |conn| {
+            fence.check(conn)?;
+            Ok::<_, Error>(store::clusters::set_status(conn, &id, status, &why)?)
+        })
         .await
 }
 
@@ -1670,6 +1784,42 @@ mod tests {
             state_reason: String::new(),
             state_since: 0,
         }
+    }
+
+    #[test]
+    fn a_former_leaders_quarantine_writes_nothing_and_the_leaders_and_a_requests_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = store::open(&dir.path().join("state.db")).unwrap();
+        crate::lease::testing::seed(&conn);
+        let (stale, current) = crate::lease::testing::stale_and_current(&mut conn);
+        let settings = breaker::Settings::default();
+        let n1 = store::nodes::get(&conn, "n1").unwrap().unwrap();
+        let why = "failed health checks (quick): xid 79";
+        // The periodic checks of a replica that lost the lease: refused, nothing written.
+        let tx = conn.transaction().unwrap();
+        let refused = quarantine_in(&tx, &stale, &settings, &n1, why, Taking::Automatic, 2000)
+            .unwrap_err()
+            .to_string();
+        drop(tx);
+        assert!(refused.contains("writes nothing"), "{refused}");
+        let after = store::nodes::get(&conn, "n1").unwrap().unwrap();
+        assert_eq!(
+            (after.state.as_str(), after.cluster_id.as_deref()),
+            (NODE_READY, Some("c1"))
+        );
+        // The leader's: quarantined and out of its cluster.
+        quarantine_in(&conn, &current, &settings, &n1, why, Taking::Operator, 2000).unwrap();
+        let after = store::nodes::get(&conn, "n1").unwrap().unwrap();
+        assert_eq!(
+            (after.state.as_str(), after.cluster_id),
+            (NODE_QUARANTINED, None)
+        );
+        // A request's (a registration, a team's check on any replica): not fenced.
+        let n2 = store::nodes::get(&conn, "n2").unwrap().unwrap();
+        let request = Fence::request();
+        quarantine_in(&conn, &request, &settings, &n2, why, Taking::Host, 2000).unwrap();
+        let after = store::nodes::get(&conn, "n2").unwrap().unwrap();
+        assert_eq!(after.state, NODE_QUARANTINED);
     }
 
     /// A node checked again after its checks ran out of time says so, whatever the

@@ -12,6 +12,7 @@ use super::{invalid, list_scope, node_messages, not_found, request_id_conflict, 
 use crate::auth::{authenticate, Caller};
 use crate::cluster_status::{refuse_while_changing, settled_status};
 use crate::fingerprint::Fingerprint;
+use crate::lease::Fence;
 use crate::rules;
 use crate::scheduling::clusters::{layout_changes, scale, undo_create};
 use crate::state::{db_error, AppState};
@@ -325,7 +326,7 @@ impl Clusters {
                 )
             })
             .collect();
-        crate::scheduling::drivers::events(&self.state, c, draining).await;
+        crate::scheduling::drivers::events(&self.state, &Fence::request(), c, draining).await;
         crate::slurm_clusters::drain_nodes(&self.state, c, nodes, reason, limit)
             .await
             .map_err(|e| {
@@ -357,7 +358,14 @@ impl Clusters {
             if !failed.is_empty() {
                 let mut why = Vec::new();
                 for (n, reason) in &failed {
-                    crate::scheduling::drivers::quarantine(&self.state, cluster, n, reason).await?;
+                    crate::scheduling::drivers::quarantine(
+                        &self.state,
+                        &Fence::request(),
+                        cluster,
+                        n,
+                        reason,
+                    )
+                    .await?;
                     why.push(format!("{}: {reason}", n.hostname));
                 }
                 return Err(crate::error::Error::Aborted(format!(
@@ -370,7 +378,13 @@ impl Clusters {
         super::progress::partitioning(&self.state, cluster, changes).await;
         crate::mig::converge(&self.state, changes).await?;
         // Then the acceptance checks (failed nodes are quarantined and replaced).
-        crate::scheduling::health::accept_new_nodes(&self.state, cluster, joining).await
+        crate::scheduling::health::accept_new_nodes(
+            &self.state,
+            &Fence::request(),
+            cluster,
+            joining,
+        )
+        .await
     }
 
     fn prepare_create(
@@ -956,7 +970,7 @@ impl Clusters {
                     )
                 })
                 .collect();
-            crate::scheduling::drivers::events(&self.state, &c, draining).await;
+            crate::scheduling::drivers::events(&self.state, &Fence::request(), &c, draining).await;
             crate::slurm_clusters::drain_all(
                 &self.state,
                 &c,
@@ -1137,53 +1151,11 @@ impl Clusters {
     /// to add, its status says how short it is and why.
     async fn refill(&self, id: String) -> Result<(), Status> {
         let now = self.state.now();
+        // A singleton's decision: a former leader of the singletons' lease takes no nodes.
+        let fence = Fence::singleton(self.state.lease().clone());
         let prepared = self
             .state
-            .write(move |mut sp| -> Result<Option<UpdateChange>, Status> {
-                let Some(mut c) = store::clusters::get(&sp, &id).map_err(db_error)? else {
-                    return Ok(None);
-                };
-                if c.status != "degraded" {
-                    return Ok(None); // a request is changing it, or it is whole again
-                }
-                let tenant = super::visible_tenant(&sp, &Caller::Admin, &c.tenant_id)?;
-                let old = c.clone();
-                let members_before = members(&sp, &c.id)?;
-                let scaling = match scale(&sp, &tenant.name, &c, now) {
-                    Ok(s) if !s.added.is_empty() => s,
-                    Ok(_) => return Ok(None),
-                    Err(why) => {
-                        sp.rollback().map_err(db_error)?;
-                        let reason = format!(
-                            "short of node_count: {} of {} nodes; none to add yet: {}",
-                            members_before.len(),
-                            c.node_count,
-                            Status::from(why).message()
-                        );
-                        if c.status_reason != reason {
-                            store::clusters::set_status(&sp, &c.id, "degraded", &reason)
-                                .map_err(db_error)?;
-                            sp.commit().map_err(db_error)?;
-                        }
-                        return Ok(None);
-                    }
-                };
-                let changes = layout_changes(&sp, &c, &[])?;
-                c.status = "updating".into();
-                store::clusters::update(&sp, &c).map_err(db_error)?;
-                sp.commit().map_err(db_error)?;
-                tracing::info!(cluster = %c.name, adding = scaling.added.len(), "refilling a cluster short of its node_count");
-                Ok(Some(UpdateChange {
-                    caller: Caller::Admin,
-                    old,
-                    members_before,
-                    c,
-                    scaling,
-                    changes,
-                    new_driver: false,
-                    drain_within: crate::slurm_clusters::DRAIN_WITHIN,
-                }))
-            })
+            .write(move |sp| prepare_refill(sp, &fence, &id, now))
             .await?;
         match prepared {
             Some(u) => self.complete_update(u).await.map(|_| ()),
@@ -1458,6 +1430,61 @@ impl TenantClusterService for Clusters {
     }
 }
 
+/// A refill's decision and its first write, in one transaction after the fence: the
+/// nodes it adds (the cluster `updating`), or the cluster's reason saying why none yet.
+/// Its change then runs to the end as a tenant's update does (`complete_update`, not
+/// fenced): stopped half-way it would leave the cluster `updating` with nobody to finish.
+fn prepare_refill(
+    mut sp: Savepoint<'_>,
+    fence: &Fence,
+    id: &str,
+    now: i64,
+) -> Result<Option<UpdateChange>, Status> {
+    fence.check(&sp)?;
+    let Some(mut c) = store::clusters::get(&sp, id).map_err(db_error)? else {
+        return Ok(None);
+    };
+    if c.status != "degraded" {
+        return Ok(None); // a request is changing it, or it is whole again
+    }
+    let tenant = super::visible_tenant(&sp, &Caller::Admin, &c.tenant_id)?;
+    let old = c.clone();
+    let members_before = members(&sp, &c.id)?;
+    let scaling = match scale(&sp, &tenant.name, &c, now) {
+        Ok(s) if !s.added.is_empty() => s,
+        Ok(_) => return Ok(None),
+        Err(why) => {
+            sp.rollback().map_err(db_error)?;
+            let reason = format!(
+                "short of node_count: {} of {} nodes; none to add yet: {}",
+                members_before.len(),
+                c.node_count,
+                Status::from(why).message()
+            );
+            if c.status_reason != reason {
+                store::clusters::set_status(&sp, &c.id, "degraded", &reason).map_err(db_error)?;
+                sp.commit().map_err(db_error)?;
+            }
+            return Ok(None);
+        }
+    };
+    let changes = layout_changes(&sp, &c, &[])?;
+    c.status = "updating".into();
+    store::clusters::update(&sp, &c).map_err(db_error)?;
+    sp.commit().map_err(db_error)?;
+    tracing::info!(cluster = %c.name, adding = scaling.added.len(), "refilling a cluster short of its node_count");
+    Ok(Some(UpdateChange {
+        caller: Caller::Admin,
+        old,
+        members_before,
+        c,
+        scaling,
+        changes,
+        new_driver: false,
+        drain_within: crate::slurm_clusters::DRAIN_WITHIN,
+    }))
+}
+
 /// How often clusters short of their node_count look for nodes again.
 const REFILL_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -1493,6 +1520,50 @@ pub async fn run_refills(state: Arc<AppState>, mut stop: tokio::sync::watch::Rec
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use crate::store;
+
+    #[test]
+    fn a_former_leaders_refill_takes_no_node_and_the_leaders_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = store::open(&dir.path().join("state.db")).unwrap();
+        crate::lease::testing::seed(&conn);
+        let mut c1 = store::clusters::get(&conn, "c1").unwrap().unwrap();
+        (c1.node_count, c1.status) = (2, "degraded".into());
+        store::clusters::update(&conn, &c1).unwrap();
+        let (stale, current) = crate::lease::testing::stale_and_current(&mut conn);
+        let mut tx = conn.transaction().unwrap();
+        let refused = super::prepare_refill(tx.savepoint().unwrap(), &stale, "c1", 2000)
+            .err()
+            .expect("a former leader's refill was not refused");
+        drop(tx);
+        assert!(refused.message().contains("writes nothing"), "{refused:?}");
+        let after = store::clusters::get(&conn, "c1").unwrap().unwrap();
+        assert_eq!(
+            (after.status.as_str(), after.status_reason.as_str()),
+            ("degraded", "")
+        );
+        assert_eq!(
+            store::nodes::get(&conn, "n2").unwrap().unwrap().cluster_id,
+            None
+        );
+        let mut tx = conn.transaction().unwrap();
+        let refill = super::prepare_refill(tx.savepoint().unwrap(), &current, "c1", 2000).unwrap();
+        tx.commit().unwrap();
+        // The leader's takes the free node; the change goes on as an update's.
+        let added: Vec<String> = refill
+            .expect("the leader's refill added nothing")
+            .scaling
+            .added
+            .into_iter()
+            .map(|n| n.id)
+            .collect();
+        assert_eq!(added, ["n2"]);
+        let after = store::clusters::get(&conn, "c1").unwrap().unwrap();
+        assert_eq!(after.status, "updating");
+        let n2 = store::nodes::get(&conn, "n2").unwrap().unwrap();
+        assert_eq!(n2.cluster_id.as_deref(), Some("c1"));
+    }
 
     #[test]
     fn a_drain_waits_for_the_callers_deadline_less_time_to_answer() {

@@ -92,8 +92,18 @@ pub(super) async fn replace_drained(state: &AppState, drained: &Drained) {
         return;
     };
     let hostname = &drained.node.hostname;
-    drivers::event(state, cluster, "node_drained", hostname, &drained.reason).await;
-    if let Err(e) = drivers::replace(state, cluster, hostname).await {
+    // An operator's request: not fenced.
+    let fence = crate::lease::Fence::request();
+    drivers::event(
+        state,
+        &fence,
+        cluster,
+        "node_drained",
+        hostname,
+        &drained.reason,
+    )
+    .await;
+    if let Err(e) = drivers::replace(state, &fence, cluster, hostname).await {
         let why = format!("node {hostname} was drained by an operator; no replacement: {e}");
         let id = cluster.id.clone();
         let written = state

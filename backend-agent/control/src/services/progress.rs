@@ -1,7 +1,9 @@
 //! Progress of a long cluster change, as events of the cluster: which node is getting a
 //! driver, which is being partitioned. A caller whose deadline fires reads them to say
-//! what the change is waiting on.
+//! what the change is waiting on. A request's (a create, an update, a refill once it has
+//! started): not fenced (`crate::lease::Fence`).
 
+use crate::lease::Fence;
 use crate::scheduling::drivers::{events, Event};
 use crate::state::AppState;
 use crate::store::{clusters::ClusterRow, nodes::NodeRow};
@@ -29,7 +31,7 @@ pub async fn driver_installs(
             )
         })
         .collect();
-    events(state, cluster, started).await;
+    events(state, &Fence::request(), cluster, started).await;
 }
 
 /// `partitioning` for each node whose GPUs `changes` reshape.
@@ -48,5 +50,5 @@ pub async fn partitioning(state: &AppState, cluster: &ClusterRow, changes: &[cra
             Event::new("partitioning", &c.node.hostname, &what)
         })
         .collect();
-    events(state, cluster, reshaped).await;
+    events(state, &Fence::request(), cluster, reshaped).await;
 }
