@@ -305,6 +305,11 @@ pub struct NodeArgs {
     /// sessions together (a fork bomb stops there).
     #[arg(long, env = "GPUFLEET_LOGIN_PIDS", value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=4_194_304))]
     pub login_pids: u32,
+    /// Disk space each Slurm cluster's jobs on this node may fill in their /tmp, all its
+    /// jobs together, in MiB: a file system of its own (a sparse file in the data dir);
+    /// past it a job's write fails with "No space left on device", and nothing else fills.
+    #[arg(long, env = "GPUFLEET_JOB_TMP_MIB", value_name = "MIB", default_value_t = gpufleet_slurm::job_tmp::DEFAULT_MIB, value_parser = clap::value_parser!(u64).range(gpufleet_slurm::job_tmp::MIN_MIB..=gpufleet_slurm::job_tmp::MAX_MIB))]
+    pub job_tmp_mib: u64,
     /// End this node's Slurm daemons, its teams' jobs and login sessions when the agent
     /// stops. Without it they run on through a restart, crash or upgrade of the agent,
     /// and the next agent adopts them.
@@ -939,6 +944,7 @@ impl NodeArgs {
                     .unwrap_or_else(gpufleet_slurm::login_limits::host_default_cpus),
                 pids: self.login_pids,
             },
+            job_tmp_mib: self.job_tmp_mib,
             stop_workloads: self.stop_workloads,
             clean: self.clean,
         }

@@ -126,6 +126,7 @@ fn agent(
         // itself: volumes are used in place there, never mounted per node.
         shared_storage: None,
         login_limits: Default::default(),
+        job_tmp_mib: gpufleet_slurm::job_tmp::DEFAULT_MIB,
         stop_workloads,
         // A Slurm cluster is checked against this host at plan (`slurm_clusters`).
         cgroup_root: None,

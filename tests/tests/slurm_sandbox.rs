@@ -9,6 +9,10 @@
 //!   `/tmp` and `/dev/shm` from `job_container/tmpfs`, each node's jobs their `/var/tmp`
 //!   and `/run/lock` from slurmd's namespace), nor A's System V shared memory in B's `ipcs`;
 //! - each private temporary directory is a tmpfs of 1 GiB, in B's login and its jobs;
+//! - B's jobs' `/tmp` on a node is a file system of the agent's `--job-tmp-mib` (64 here):
+//!   a job writing past it fails with "No space left on device", the host's disk holds no
+//!   more than the bound meanwhile (a sparse file in the agent's data dir; nothing in the
+//!   host's view of the jobs' base), and gets it back when the job ends;
 //! - B's cgroupfs shows B's own cgroups only: no name, uid or job of A in B's login's or
 //!   job's `/sys/fs/cgroup` or `/proc/self/cgroup` (each login and node has a cgroup
 //!   namespace of its own);
@@ -190,7 +194,7 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
     // Each node declares the host's own CPUs (no --cpus): jobs are pinned to cores.
     let agents: Vec<NodeAgent> = ["sba", "sbb"]
         .iter()
-        .map(|n| NodeAgent::start(&backend, n, &["--gpus", "1"]))
+        .map(|n| NodeAgent::start(&backend, n, &["--gpus", "1", "--job-tmp-mib", "64"]))
         .collect();
     let _logs = SlurmLogs(
         agents
@@ -425,6 +429,85 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
             assert_eq!(kib, 1 << 20, "the size of {at} in B's {place}: {out}");
         }
     }
+
+    // The jobs' /tmp: a file system of 64 MiB per cluster and node that B's jobs there
+    // share. A job fills it past its bound: ENOSPC; meanwhile the host's disk holds at
+    // most the bound (the sparse file), the host's view of the jobs' base is empty, and
+    // when the job ends the space is back for the next job.
+    let image = agents
+        .iter()
+        .map(|a| a.data_dir().join("slurm").join(&b_name).join("jobs.img"))
+        .find(|i| i.exists())
+        .expect("B's jobs' /tmp file system in its agent's data dir");
+    let held = || fs::metadata(&image).unwrap().blocks() * 512;
+    let out_file = Path::new("/run/gpufleet")
+        .join(&b_name)
+        .join("home/fill.out");
+    let fill = b
+        .ok(&format!(
+            "sbatch --parsable -N1 --output=fill.out --wrap {}",
+            shell_word(
+                "df -P /tmp | tail -1; dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>&1; \
+                 echo dd=$?; echo filled; exec sleep 3003"
+            )
+        ))
+        .trim()
+        .to_string();
+    let filled = eventually("B's job filled its /tmp", LIMIT, || {
+        let out = fs::read_to_string(&out_file).unwrap_or_default();
+        async move { out.contains("filled").then_some(out) }
+    })
+    .await;
+    assert!(
+        filled.contains("No space left on device") && filled.contains("dd=1"),
+        "a job wrote past its /tmp bound: {filled}"
+    );
+    let kib: u64 = filled
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|k| k.parse().ok())
+        .unwrap_or_else(|| panic!("the job's df: {filled}"));
+    assert!(
+        (50 << 10..=64 << 10).contains(&kib),
+        "the job's /tmp size: {filled}"
+    );
+    assert!(
+        (40 << 20..=64 << 20).contains(&held()),
+        "the host's disk holds {} bytes of B's jobs' /tmp (bound 64 MiB)",
+        held()
+    );
+    let base_on_host: Vec<_> = agents
+        .iter()
+        .map(|a| a.data_dir().join("slurm").join(&b_name).join("jobs"))
+        .chain(
+            fs::read_dir(Path::new("/run/gpufleet").join(&b_name))
+                .unwrap()
+                .flatten()
+                .map(|e| e.path().join("jobs")),
+        )
+        .flat_map(|d| fs::read_dir(d).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        base_on_host.is_empty(),
+        "job files on the host's disk: {base_on_host:?}"
+    );
+    b.ok(&format!("scancel {fill}"));
+    eventually(
+        "the filled /tmp given back to the host's disk",
+        LIMIT,
+        || {
+            let back = held() < 8 << 20;
+            async move { back.then_some(()) }
+        },
+    )
+    .await;
+    let out = b.job_ok(
+        "",
+        "dd if=/dev/zero of=/tmp/again bs=1M count=32 2>&1 && echo wrote",
+    );
+    assert!(out.contains("wrote"), "{out}");
 
     // One MIG slice: the job's CUDA_VISIBLE_DEVICES names it as CUDA counts the devices it
     // can open (0), and of the node's four slice devices it opens that one only.

@@ -81,6 +81,9 @@ pub struct Config {
     /// What each Slurm login on this node may use (`--login-memory-mib`, `--login-cpus`,
     /// `--login-pids`).
     pub login_limits: gpufleet_slurm::login_limits::LoginLimits,
+    /// What each Slurm cluster's jobs on this node may keep in their `/tmp`, all together,
+    /// in MiB (`--job-tmp-mib`).
+    pub job_tmp_mib: u64,
     /// End the node's Slurm daemons and jobs when the agent stops (else they run on, and
     /// the next agent adopts them).
     pub stop_workloads: bool,
@@ -110,6 +113,8 @@ pub struct Parts {
     pub shared_storage: Option<PathBuf>,
     /// What each Slurm login on this node may use, all its sessions together.
     pub login_limits: gpufleet_slurm::login_limits::LoginLimits,
+    /// What each Slurm cluster's jobs on this node may keep in their `/tmp`, in MiB.
+    pub job_tmp_mib: u64,
     /// End the node's Slurm daemons and jobs when the agent stops (else they run on, and
     /// the next agent adopts them).
     pub stop_workloads: bool,
@@ -175,6 +180,7 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
                 address,
                 parts.shared_storage.clone(),
                 parts.login_limits,
+                parts.job_tmp_mib,
             ),
             bandwidth: parts.bandwidth,
             shared_storage: parts.shared_storage,
@@ -212,6 +218,7 @@ fn clean(data_dir: &std::path::Path, name: &str) -> anyhow::Result<()> {
         std::net::Ipv4Addr::LOCALHOST,
         None,
         Default::default(),
+        gpufleet_slurm::job_tmp::DEFAULT_MIB,
     );
     let clusters = slurm.kept();
     let mut failed = Vec::new();
@@ -394,6 +401,7 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
         host,
         shared_storage,
         login_limits: args.login_limits,
+        job_tmp_mib: args.job_tmp_mib,
         stop_workloads: args.stop_workloads,
         cgroup_root: Some(PathBuf::from(gpufleet_slurm::CGROUP_ROOT)),
         bandwidth: Some(listener),

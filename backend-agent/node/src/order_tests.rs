@@ -28,6 +28,7 @@ fn agent(dir: &Path, name: &str) -> Arc<Agent> {
         host: node::host::Declared::real(std::net::Ipv4Addr::LOCALHOST),
         shared_storage: None,
         login_limits: Default::default(),
+        job_tmp_mib: gpufleet_slurm::job_tmp::DEFAULT_MIB,
         stop_workloads: true,
         cgroup_root: None,
         name: name.into(),

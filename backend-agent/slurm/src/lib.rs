@@ -3,7 +3,8 @@
 //! munge keys and daemons (`munge`), the supervised processes (`daemon`), the
 //! controller's view of its nodes (`status`), each cluster's own unprivileged account and
 //! runtime directory on a host (`account`), its login endpoint and host key (`login`),
-//! the mount namespace the daemons that serve a tenant run in (`sandbox`) with the cgroups
+//! the mount namespace the daemons that serve a tenant run in (`sandbox`), the bounded
+//! space of a node's jobs' `/tmp` in it (`job_tmp`), with the cgroups
 //! they run in and see (`login_limits`, `node_cgroup`, `cgroup_view`), and what a
 //! stopped agent left of its clusters on a host (`leftovers`).
 //!
@@ -16,6 +17,7 @@ pub mod account;
 mod cgroup_view;
 pub mod conf;
 pub mod daemon;
+pub mod job_tmp;
 pub mod leftovers;
 pub mod login;
 pub mod login_limits;
@@ -30,7 +32,7 @@ mod volume_view;
 pub use ports::PortRange;
 
 /// The programs a Slurm cluster needs on this host: the daemons, the controller's tools,
-/// the account tools and the login's sshd.
+/// the account tools, the login's sshd and what makes the jobs' `/tmp` space.
 pub const PROGRAMS: &[&str] = &[
     "slurmctld",
     "slurmd",
@@ -40,6 +42,8 @@ pub const PROGRAMS: &[&str] = &[
     "useradd",
     "sshd",
     "ssh-keygen",
+    // The file system of each node's jobs' /tmp (`job_tmp`).
+    "mkfs.ext4",
 ];
 
 /// Where programs are looked for: PATH, and /usr/sbin and /sbin (where Debian puts the

@@ -24,7 +24,9 @@
 //!   session or job reads its own limits and usage and nothing of another team's cgroups
 //!   (their names hold the cluster's account, uid and job ids);
 //! - of the team volume mounts under `/run/gpufleet/volumes`, its own tenant's alone (see
-//!   `crate::volume_view`): another tenant's id or cluster name is in no mount it lists.
+//!   `crate::volume_view`): another tenant's id or cluster name is in no mount it lists;
+//! - for a node's slurmd, the base of its jobs' `/tmp` is a file system of its own, of a
+//!   bounded size (see `crate::job_tmp`).
 //!
 //! The daemon enters the namespace between fork and exec (`unshare(CLONE_NEWNS)`, then
 //! the mounts), so its pid is the supervisor's child as before, and everything it starts
@@ -35,6 +37,7 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 use super::account::{FIRST_UID, UIDS};
+pub use super::job_tmp::JobTmp;
 use super::mount::{cpath, cstring, Mount};
 pub use super::volume_view::Volumes;
 
@@ -61,6 +64,9 @@ pub struct Sandbox {
     /// The team volume mounts it sees: its own tenant's only. None: the host's, as they
     /// are (a daemon that serves no team).
     pub volumes: Option<Volumes>,
+    /// The jobs' `/tmp` space, a bounded file system mounted at its base (a node's
+    /// slurmd; see `crate::job_tmp`).
+    pub job_tmp: Option<JobTmp>,
 }
 
 /// The user databases a sandbox shows instead of the host's.
@@ -90,20 +96,22 @@ impl Sandbox {
             keep: vec![own_dir.to_path_buf()],
             private_ipc: true,
             volumes,
+            job_tmp: None,
         }
     }
 
     /// A node's slurmd: in `cgroups` (the node's, under which Slurm makes its jobs' and
     /// which its jobs see alone), processes hidden, a user database without other
     /// clusters, its own IPC, `/var/tmp` and `/run/lock` (its jobs'); each job gets its own
-    /// `/tmp` and `/dev/shm` from `job_container/tmpfs`, made in this namespace. `own_dir`
-    /// (its spool, configuration and the jobs' base) stays where it is; of the team
-    /// volumes, `volumes` (None: the host's).
+    /// `/tmp` and `/dev/shm` from `job_container/tmpfs`, made in this namespace under the
+    /// bounded file system `job_tmp` mounts at their base. `own_dir` (its spool and
+    /// configuration) stays where it is; of the team volumes, `volumes` (None: the host's).
     pub fn slurmd(
         etc_layer: PathBuf,
         own_dir: &Path,
         cgroups: Vec<PathBuf>,
         volumes: Option<Volumes>,
+        job_tmp: JobTmp,
     ) -> Sandbox {
         Sandbox {
             cgroups,
@@ -117,6 +125,7 @@ impl Sandbox {
             keep: vec![own_dir.to_path_buf()],
             private_ipc: true,
             volumes,
+            job_tmp: Some(job_tmp),
         }
     }
 }
@@ -330,6 +339,8 @@ pub(crate) struct Prepared {
     /// The team volume mounts it sees.
     volume_view: Option<crate::volume_view::View>,
     private_ipc: bool,
+    /// The jobs' `/tmp` space, its loop device held until the child has mounted it.
+    job_tmp: Option<crate::job_tmp::Attached>,
 }
 
 impl Sandbox {
@@ -426,6 +437,7 @@ impl Sandbox {
                 .map(crate::volume_view::View::prepare)
                 .transpose()?,
             private_ipc: self.private_ipc,
+            job_tmp: self.job_tmp.as_ref().map(JobTmp::attach).transpose()?,
         })
     }
 }
@@ -494,6 +506,10 @@ impl Prepared {
                     }
                     libc::close(tree);
                 }
+            }
+            // At the path the daemon sees, under the private directories and kept ones.
+            if let Some(space) = &self.job_tmp {
+                space.enter()?;
             }
             for m in &self.mounts {
                 m.run()?;

@@ -112,6 +112,8 @@ pub struct Slurm {
     shared_storage: Option<PathBuf>,
     /// What each login on this node may use, all its sessions together.
     login_limits: LoginLimits,
+    /// What each cluster's jobs on this node may keep in their `/tmp`, all together, in MiB.
+    job_tmp_mib: u64,
     running: Arc<Mutex<HashMap<String, Running>>>,
 }
 
@@ -133,6 +135,7 @@ impl Slurm {
         address: Ipv4Addr,
         shared_storage: Option<PathBuf>,
         login_limits: LoginLimits,
+        job_tmp_mib: u64,
     ) -> Slurm {
         // Team volumes mounted later must reach the sandboxes of the daemons started
         // later (see `slurmd`).
@@ -146,6 +149,7 @@ impl Slurm {
             address,
             shared_storage,
             login_limits,
+            job_tmp_mib,
             running: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -178,7 +182,7 @@ impl Slurm {
         let missing = gpufleet_slurm::missing();
         if !missing.is_empty() {
             return Err(format!(
-                "this host lacks {} (install slurm-wlm, munge and openssh-server)",
+                "this host lacks {} (install slurm-wlm, munge, openssh-server and e2fsprogs)",
                 missing.join(", ")
             ));
         }
@@ -335,6 +339,7 @@ impl Slurm {
                 port,
                 cgroup: &NodeCgroup::of(cluster, &node_part(&self.node)),
                 volumes: volumes.clone(),
+                job_tmp_mib: self.job_tmp_mib,
             },
             gpus,
         )?;

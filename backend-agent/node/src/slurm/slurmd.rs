@@ -16,9 +16,11 @@
 //! its own account's processes only, a user database without other clusters' accounts,
 //! its own IPC, `/var/tmp` and `/run/lock`) and in the node's cgroup ([`NodeCgroup`]),
 //! the root of the only cgroupfs its jobs see; each job gets a private `/tmp` and
-//! `/dev/shm` from `job_container/tmpfs` (under `<data-dir>/slurm/<cluster>/jobs/`) and
-//! a cgroup holding it to its cores, memory and devices (cgroup.conf, written here: cores
-//! are left unconfined on a simulated node that declares more CPUs than its host has).
+//! `/dev/shm` from `job_container/tmpfs` (under `<data-dir>/slurm/<cluster>/jobs/`, in
+//! slurmd's namespace a file system of its own of the agent's `--job-tmp-mib`, which the
+//! cluster's jobs on this node share: see `gpufleet_slurm::job_tmp`) and a cgroup
+//! holding it to its cores, memory and devices (cgroup.conf, written here: cores are
+//! left unconfined on a simulated node that declares more CPUs than its host has).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -67,6 +69,8 @@ pub struct Spec<'a> {
     pub cgroup: &'a NodeCgroup,
     /// The team volume mounts slurmd and its jobs see (their own tenant's).
     pub volumes: Option<sandbox::Volumes>,
+    /// What the cluster's jobs on this node may keep in their `/tmp`, all together, in MiB.
+    pub job_tmp_mib: u64,
 }
 
 /// Runs (or verifies, or adopts from a former agent) the node's slurmd as `want` says,
@@ -143,6 +147,7 @@ pub fn ensure(
         dir,
         want.cgroup.procs_files(),
         want.volumes.clone(),
+        sandbox::JobTmp::new(dir, &jobs, want.job_tmp_mib),
     );
     // The slurmd a former agent started with this configuration runs on (and its jobs'
     // steps with it, whatever happens to slurmd); else a new one.
