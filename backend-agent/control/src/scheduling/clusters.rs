@@ -22,6 +22,33 @@ use crate::volumes::Volumes;
 pub struct Scaling {
     pub added: Vec<NodeRow>,
     pub to_release: Vec<NodeRow>,
+    /// What a guaranteed cluster's growth took back from other tenants' preemptible
+    /// clusters ([`scale_reclaiming`]).
+    pub taken_back: super::take_back::Reclaimed,
+}
+
+/// [`scale`] for a create or update request: a guaranteed cluster growing within its
+/// tenant's idle guarantee first takes back, in the same transaction, the pool nodes it
+/// lacks from other tenants' preemptible clusters (`placement::owner_reclaim`,
+/// `take_back::for_owner`); the caller hands `taken_back` to `take_back::finish` after
+/// its commit. `replace_after`: for the victims' statuses.
+pub fn scale_reclaiming(
+    conn: &Connection,
+    tenant_name: &str,
+    cluster: &ClusterRow,
+    t: i64,
+    replace_after: std::time::Duration,
+) -> Result<Scaling> {
+    let current = store::nodes::list(conn, None, Some(&cluster.id))?.len();
+    let reclaim = super::placement::owner_reclaim(conn, cluster, current, t)?;
+    let taken_back = match reclaim {
+        0 => Default::default(),
+        n => super::take_back::for_owner(conn, tenant_name, cluster, n, (t, replace_after))?,
+    };
+    Ok(Scaling {
+        taken_back,
+        ..scale(conn, tenant_name, cluster, t)?
+    })
 }
 
 pub fn scale(

@@ -151,6 +151,66 @@ pub fn nodes_to_add(
     Ok(picked)
 }
 
+/// How many pool nodes a guaranteed cluster (not preemptible, not drawing from a
+/// reservation) growing from `current` nodes to `cluster.node_count` takes back from
+/// other tenants' preemptible clusters (issue 42): 0 unless the pool (or what other
+/// tenants' lending limits leave of it) is short for it now or later, and then only when
+/// the tenant's idle guarantee (its guaranteed GPUs less the pool GPUs it holds, this
+/// cluster's included) covers every node taken back, and other tenants' preemptible
+/// clusters hold that many nodes beyond their own guarantees. Otherwise the usual
+/// refusal of [`nodes_to_add`] stands: burst never preempts. Nothing is written.
+pub fn owner_reclaim(
+    conn: &Connection,
+    cluster: &ClusterRow,
+    current: usize,
+    t: i64,
+) -> Result<i64> {
+    let wanted = cluster.node_count - current as i64;
+    if wanted <= 0
+        || cluster.reservation_id.is_some()
+        || super::preemption::is_preemptible(conn, &cluster.id)?
+    {
+        return Ok(0);
+    }
+    let gpu = &cluster.gpu_type;
+    let exclude = Exclude {
+        cluster: Some(&cluster.id),
+        reservation: None,
+    };
+    let held = holdings(conn, gpu, t, exclude)?;
+    let cap = capacity(conn, gpu, &held)?;
+    let gpn = gpus_per_node(conn, gpu)?.max(1);
+    let shares = super::sharing::shares(conn, gpu, &held, t, gpn)?;
+    let Some(own) = shares.iter().find(|s| s.tenant_id == cluster.tenant_id) else {
+        return Ok(0);
+    };
+    let own_pool = store::nodes::list(conn, None, Some(&cluster.id))?
+        .iter()
+        .filter(|n| n.capacity == POOL)
+        .count() as i64;
+    let need_pool = own_pool + wanted;
+    let free_now = cap.free_pool(t, Some(t + 1));
+    let lendable =
+        super::sharing::Lendable::of(free_now.saturating_mul(gpn), &shares, &cluster.tenant_id);
+    // Short now (of the free pool, or of what the others' limits leave of it), or later
+    // (a reservation window ahead): nodes taken back now count for ever after.
+    let usable_now = free_now.min(lendable.gpus() / gpn);
+    let short = (need_pool - usable_now).max(need_pool - cap.free_pool(t, None));
+    if short <= 0 {
+        return Ok(0);
+    }
+    let idle_nodes = (own.guaranteed - own.held - own_pool.saturating_mul(gpn)).max(0) / gpn;
+    if short > idle_nodes {
+        return Ok(0);
+    }
+    let (borrowers, _) = super::sharing::borrowers(conn, gpu, &shares)?;
+    let borrowers = super::sharing::beyond_guarantee(borrowers, &cluster.tenant_id, gpn);
+    if super::sharing::nodes_held(&borrowers) < short {
+        return Ok(0);
+    }
+    Ok(short)
+}
+
 /// Refuses pool nodes that other tenants' lending limits keep idle for them: `need_pool`
 /// nodes (of `gpus_per_node` GPUs) fit only in the free pool GPUs now less what those
 /// limits keep (see [`super::sharing`]).

@@ -10,15 +10,20 @@
 //! time, and when fewer on-demand nodes are free than the preempted clusters may take in
 //! their place, those with the lowest share after the take-back get them first.
 //!
-//! Why two tenants cannot preempt each other in a loop: only a reservation window that
-//! starts takes pool nodes back (`take_back`), and only from preemptible clusters; a
-//! preemptible cluster is admitted onto nodes free now and lendable, and never takes
-//! nodes from anyone. Preemption edges therefore go only from reservations to
-//! preemptible clusters, never back, so they form no cycle. Within one take-back the
-//! victim is always a borrower with the highest share, and giving back a node lowers
-//! only its share: a node once taken back is not taken from a borrower with a lower
-//! share than one left untouched, so the same set of borrowers is never reshuffled back
-//! and forth by the order itself.
+//! Pool nodes come back from preemptible clusters when a reservation window starts, and
+//! when an owner creates or grows a guaranteed cluster within its idle guarantee while
+//! the free pool is short (`take_back::for_owner`: only other tenants' nodes beyond
+//! their own guarantees, [`beyond_guarantee`]; burst never preempts).
+//!
+//! Why two tenants cannot preempt each other in a loop: no take-back causes another.
+//! A preemptible cluster is admitted onto nodes free now and lendable and never takes
+//! nodes from anyone; a reservation takes only from preemptible clusters; an owner takes
+//! back only while below its guarantee and only up to it (so it borrows nothing after),
+//! and leaves every victim at or above the victim's own guarantee (so it has nothing to
+//! reclaim). Within one take-back the victim is always a borrower with the highest
+//! share, and giving back a node lowers only its share: a node once taken back is not
+//! taken from a borrower with a lower share than one left untouched, so the same set of
+//! borrowers is never reshuffled back and forth by the order itself.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -26,8 +31,9 @@ use std::collections::HashMap;
 use rusqlite::Connection;
 
 use super::Holding;
+use crate::cluster_status::CHANGING;
 use crate::error::Result;
-use crate::store;
+use crate::store::{self, clusters::ClusterRow, nodes::POOL};
 
 /// One tenant's quota of a model as fair sharing sees it, with what it holds now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +178,82 @@ pub struct Borrower {
     /// Its preemptible clusters that may give nodes back now, newest first, with the
     /// pool nodes each holds.
     pub clusters: Vec<(String, i64)>,
+}
+
+/// The tenants whose preemptible clusters of `gpu_type` hold pool nodes that may go
+/// back now (a cluster a request is changing is left to the next take-back), with their
+/// shares from `shares`: each with its clusters newest first (among equal shares, the
+/// last to come gives back first) and the pool nodes each holds; and those clusters' rows.
+pub fn borrowers(
+    conn: &Connection,
+    gpu_type: &str,
+    shares: &[Share],
+) -> Result<(Vec<Borrower>, Vec<ClusterRow>)> {
+    let mut borrowers: Vec<Borrower> = Vec::new();
+    let mut rows: Vec<ClusterRow> = Vec::new();
+    for (cluster_id, _) in store::preemption::holding_pool(conn, gpu_type)? {
+        let Some(cluster) = store::clusters::get(conn, &cluster_id)? else {
+            continue;
+        };
+        if CHANGING.contains(&cluster.status.as_str()) {
+            continue;
+        }
+        let pool = store::nodes::list(conn, None, Some(&cluster.id))?
+            .iter()
+            .filter(|n| n.capacity == POOL)
+            .count() as i64;
+        let i = match borrowers
+            .iter()
+            .position(|b| b.tenant_id == cluster.tenant_id)
+        {
+            Some(i) => i,
+            None => {
+                let share = shares.iter().find(|s| s.tenant_id == cluster.tenant_id);
+                borrowers.push(Borrower {
+                    tenant_id: cluster.tenant_id.clone(),
+                    borrowed: share.map_or(0, Share::borrowed),
+                    weight: share.map_or(1, |s| s.weight),
+                    clusters: Vec::new(),
+                });
+                borrowers.len() - 1
+            }
+        };
+        borrowers[i].clusters.push((cluster.id.clone(), pool));
+        rows.push(cluster);
+    }
+    Ok((borrowers, rows))
+}
+
+/// What an owner (`owner`, a tenant taking back its own idle guarantee) may take from
+/// `borrowers`: only other tenants' pool nodes beyond their own guarantees, whole nodes
+/// (`borrowed / gpus_per_node`, rounded down), from each one's newest clusters first. A
+/// tenant at or below its guarantee gives the owner nothing, so an owner's take-back
+/// never leaves a borrower short of its own guarantee.
+pub fn beyond_guarantee(
+    borrowers: Vec<Borrower>,
+    owner: &str,
+    gpus_per_node: i64,
+) -> Vec<Borrower> {
+    borrowers
+        .into_iter()
+        .filter(|b| b.tenant_id != owner && b.borrowed > 0)
+        .map(|mut b| {
+            let mut left = b.borrowed / gpus_per_node.max(1);
+            for (_, nodes) in &mut b.clusters {
+                *nodes = (*nodes).min(left);
+                left -= *nodes;
+            }
+            b
+        })
+        .collect()
+}
+
+/// Pool nodes `borrowers` hold in their clusters.
+pub fn nodes_held(borrowers: &[Borrower]) -> i64 {
+    borrowers
+        .iter()
+        .flat_map(|b| b.clusters.iter().map(|(_, n)| n))
+        .sum()
 }
 
 /// Which clusters give back `nodes` pool nodes, in weighted fair-share order: each node

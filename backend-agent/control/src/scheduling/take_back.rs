@@ -1,16 +1,21 @@
-//! The preemption loop: every round, takes back from preemptible clusters the pool nodes
-//! that started reservation windows need, and gives those clusters replacements where
-//! there are any (the rules it follows are `super::preemption`'s).
+//! Taking lent pool nodes back from preemptible clusters, and giving those clusters
+//! replacements where there are any (the rules it follows are `super::preemption`'s).
+//! Two callers: the preemption loop, which every round takes back what started
+//! reservation windows need (a singleton: its writes are fenced by the singletons' lease,
+//! `crate::lease`), and an owner's create or scale-up of a guaranteed cluster within its
+//! tenant's idle guarantee ([`for_owner`], issue 42), which takes back what it needs in
+//! its own request's transaction on the replica serving the request (not a singleton).
 
 use std::sync::Arc;
 
 use rusqlite::Connection;
 use tokio::sync::watch;
 
-use super::sharing::{self, Borrower, Share};
+use super::sharing;
 use super::{capacity, holdings, Exclude};
-use crate::cluster_status::{settled_status, CHANGING};
+use crate::cluster_status::settled_status;
 use crate::error::{Error, Result};
+use crate::lease::Fence;
 use crate::rules::peak;
 use crate::state::{rfc3339, AppState};
 use crate::store::{
@@ -42,24 +47,119 @@ pub async fn round(state: &AppState) -> Result<()> {
         .read(|conn| Ok::<_, Error>(store::preemption::models(conn)?))
         .await?;
     for gpu_type in models {
-        let t = state.now();
+        let (t, fence) = (state.now(), Fence::singleton(state.lease().clone()));
         let plan = state
-            .apply(move |conn| plan_take_back(conn, &gpu_type, t))
+            .apply(move |conn| fenced_plan(&fence, conn, &gpu_type, t))
             .await?;
         for work in plan {
-            carry_out(state, work).await?;
+            carry_out(state, work, Fence::singleton(state.lease().clone())).await?;
         }
     }
     Ok(())
 }
 
+/// [`plan_take_back`] behind the singletons' lease: a replica that no longer holds it
+/// (or holds an older epoch) decides and writes nothing.
+fn fenced_plan(fence: &Fence, tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBack>> {
+    fence.check(tx)?;
+    plan_take_back(tx, gpu_type, t)
+}
+
+/// An owner's create or scale-up of `cluster` (guaranteed, within its tenant's idle
+/// guarantee: `placement::owner_reclaim` says how many nodes) takes `nodes` pool nodes
+/// back from other tenants' preemptible clusters in its request's transaction (`owner`:
+/// its tenant's name): the taken nodes are released at once, free for the owner's
+/// cluster to take in the same transaction; a victim without on-demand replacements is
+/// recorded at once (shrunk, `preempted` events naming the owner's tenant and cluster),
+/// one with replacements once [`finish`] has brought them up. Not a singleton: it runs on
+/// the replica serving the request, and its writes are the request's.
+pub fn for_owner(
+    tx: &Connection,
+    owner: &str,
+    cluster: &ClusterRow,
+    nodes: i64,
+    (t, replace_after): (i64, std::time::Duration),
+) -> Result<Reclaimed> {
+    let gpu_type = &cluster.gpu_type;
+    let held = holdings(tx, gpu_type, t, Exclude::default())?;
+    let cap = capacity(tx, gpu_type, &held)?;
+    let gpn = super::gpus_per_node(tx, gpu_type)?;
+    let why = format!(
+        "tenant '{owner}' takes back its lent guarantee for its cluster '{}'",
+        cluster.name
+    );
+    let works = take_back(
+        tx,
+        (gpu_type, &cap),
+        (&held, gpn),
+        nodes,
+        &why,
+        Some(&cluster.tenant_id),
+        t,
+    )?;
+    let mut out = Reclaimed::default();
+    let mut each = Vec::new();
+    for work in works {
+        let names: Vec<&str> = work.taken.iter().map(|n| n.hostname.as_str()).collect();
+        each.push(format!(
+            "{} from tenant '{}' (preemptible cluster '{}'{})",
+            names.join(", "),
+            sharing::tenant_name(tx, &work.cluster.tenant_id)?,
+            work.cluster.name,
+            match work.replacements.len() {
+                0 => String::new(),
+                n => format!(", which gets {n} on-demand in their place"),
+            }
+        ));
+        if work.replacements.is_empty() {
+            record_take_back(tx, work, Ok(()), (t, replace_after))??;
+        } else {
+            out.pending.push(work);
+        }
+    }
+    if !each.is_empty() {
+        out.said = format!(
+            "takes back {nodes} {gpu_type} pool {} lent to other tenants, in weighted fair-share order: {}",
+            if nodes == 1 { "node" } else { "nodes" },
+            each.join("; ")
+        );
+    }
+    Ok(out)
+}
+
+/// Brings up the on-demand replacements an owner's take-back gave its victims and
+/// records them ([`for_owner`]), after the request committed; a failure shrinks the
+/// victim instead and is logged.
+pub async fn finish(state: &AppState, reclaimed: Reclaimed) {
+    for work in reclaimed.pending {
+        let name = work.cluster.name.clone();
+        if let Err(e) = carry_out(state, work, Fence::request()).await {
+            tracing::warn!(cluster = %name, error = %e, "a preempted cluster's on-demand replacements failed; it shrank instead");
+        }
+    }
+}
+
 /// Nodes one preemptible cluster gives back, and what replaces them.
-struct TakeBack {
+pub struct TakeBack {
     cluster: ClusterRow,
     taken: Vec<NodeRow>,
     replacements: Vec<NodeRow>,
     changes: Vec<crate::mig::Change>,
     why: String,
+    /// The taken nodes left the cluster when the take-back was planned (an owner's:
+    /// they went to its cluster in the same transaction); else when it is recorded.
+    handed_over: bool,
+}
+
+/// What an owner's create or scale-up took back ([`for_owner`]): the victims still to
+/// get their on-demand replacements (carried out by [`finish`] after the request's
+/// commit), and in words, for a dry run's answer.
+#[derive(Default)]
+pub struct Reclaimed {
+    pending: Vec<TakeBack>,
+    /// "takes back 1 H100-80GB pool node from tenant 'team-b' (cluster 'b1': 1) ...";
+    /// empty when nothing was taken back.
+    pub said: String,
 }
 
 /// Decides (and records: replacements assigned, clusters "updating") which nodes go back.
@@ -85,7 +185,24 @@ fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBac
         ),
     };
     let gpn = super::gpus_per_node(tx, gpu_type)?;
-    let (order, shares) = fair_share_victims(tx, gpu_type, (&held, gpn), excess, t)?;
+    take_back(tx, (gpu_type, &cap), (&held, gpn), excess, &why, None, t)
+}
+
+/// Takes `nodes` pool nodes of `gpu_type` back from preemptible clusters in weighted
+/// fair-share order and records the decision (replacements assigned, victims
+/// "updating"). `owner`: a tenant taking back its own idle guarantee, which takes only
+/// from other tenants' nodes beyond their guarantees and has the taken nodes released
+/// now (handed over); None: reservations, whose take-back releases them when recorded.
+fn take_back(
+    tx: &Connection,
+    (gpu_type, cap): (&str, &crate::rules::Capacity),
+    (held, gpn): (&[super::Holding], i64),
+    nodes: i64,
+    why: &str,
+    owner: Option<&str>,
+    t: i64,
+) -> Result<Vec<TakeBack>> {
+    let (order, shares) = fair_share_victims(tx, gpu_type, (held, gpn), nodes, owner, t)?;
     // The nodes each victim gives back, and whether on-demand nodes may replace them.
     let mut victims = Vec::new();
     for (cluster, count) in order {
@@ -117,11 +234,17 @@ fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBac
                 )));
             }
         }
+        // Handed-over nodes are the owner's now: its cluster's layout is theirs to set.
         let reachable: Vec<NodeRow> = taken
             .iter()
-            .filter(|n| n.state != NODE_UNREACHABLE)
+            .filter(|n| owner.is_none() && n.state != NODE_UNREACHABLE)
             .cloned()
             .collect();
+        if owner.is_some() {
+            for n in &taken {
+                store::nodes::release(tx, &n.id, t)?;
+            }
+        }
         let changes =
             crate::mig::changes(tx, gpu_type, &replacements, &cluster.mig_layout, &reachable)?;
         let names: Vec<&str> = taken.iter().map(|n| n.hostname.as_str()).collect();
@@ -137,6 +260,7 @@ fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBac
             replacements,
             changes,
             why,
+            handed_over: owner.is_some(),
         });
     }
     Ok(out)
@@ -178,47 +302,20 @@ type Shares = std::collections::HashMap<String, (String, i64, i64)>;
 /// The preemptible clusters that give back `excess` pool nodes and how many each, in
 /// weighted fair-share order (`sharing::take_back_order`: the borrowing tenant furthest
 /// above its weighted share first), and each borrowing tenant's share. Clusters
-/// a request is changing are left to the next round.
+/// a request is changing are left to the next round. `owner`: only other tenants' nodes
+/// beyond their guarantees (`sharing::beyond_guarantee`).
 fn fair_share_victims(
     tx: &Connection,
     gpu_type: &str,
     (held, gpn): (&[super::Holding], i64),
     excess: i64,
+    owner: Option<&str>,
     t: i64,
 ) -> Result<(Vec<(ClusterRow, i64)>, Shares)> {
     let shares = sharing::shares(tx, gpu_type, held, t, gpn)?;
-    let mut borrowers: Vec<Borrower> = Vec::new();
-    let mut rows: Vec<ClusterRow> = Vec::new();
-    // Newest first: among equal shares, the last to come gives back first.
-    for (cluster_id, _) in store::preemption::holding_pool(tx, gpu_type)? {
-        let Some(cluster) = store::clusters::get(tx, &cluster_id)? else {
-            continue;
-        };
-        if CHANGING.contains(&cluster.status.as_str()) {
-            continue; // a request is changing it; the next round decides
-        }
-        let pool = store::nodes::list(tx, None, Some(&cluster.id))?
-            .iter()
-            .filter(|n| n.capacity == POOL)
-            .count() as i64;
-        let i = match borrowers
-            .iter()
-            .position(|b| b.tenant_id == cluster.tenant_id)
-        {
-            Some(i) => i,
-            None => {
-                let share = shares.iter().find(|s| s.tenant_id == cluster.tenant_id);
-                borrowers.push(Borrower {
-                    tenant_id: cluster.tenant_id.clone(),
-                    borrowed: share.map_or(0, Share::borrowed),
-                    weight: share.map_or(1, |s| s.weight),
-                    clusters: Vec::new(),
-                });
-                borrowers.len() - 1
-            }
-        };
-        borrowers[i].clusters.push((cluster.id.clone(), pool));
-        rows.push(cluster);
+    let (mut borrowers, mut rows) = sharing::borrowers(tx, gpu_type, &shares)?;
+    if let Some(owner) = owner {
+        borrowers = sharing::beyond_guarantee(borrowers, owner, gpn);
     }
     let mut texts = Shares::new();
     for b in &borrowers {
@@ -249,72 +346,83 @@ fn fair_share_victims(
 }
 
 /// Brings replacements to the cluster's driver and layout and the taken nodes back to
-/// whole GPUs, then hands the taken nodes back and says what happened.
-async fn carry_out(state: &AppState, work: TakeBack) -> Result<()> {
-    let TakeBack {
-        cluster,
-        taken,
-        replacements,
-        changes,
-        why,
-    } = work;
-    let failed = if cluster.driver_version.is_empty() {
+/// whole GPUs, then hands the taken nodes back and says what happened. `fence`: the
+/// preemption loop's is a singleton's; an owner's take-back is a request's.
+async fn carry_out(state: &AppState, work: TakeBack, fence: Fence) -> Result<()> {
+    let failed = if work.cluster.driver_version.is_empty() {
         Vec::new()
     } else {
-        super::drivers::install(state, &replacements, &cluster.driver_version).await
+        super::drivers::install(state, &work.replacements, &work.cluster.driver_version).await
     };
     let converged = match failed.first() {
         Some((n, reason)) => Err(Error::Aborted(format!(
             "replacement {} failed its driver install: {reason}",
             n.hostname
         ))),
-        None => crate::mig::converge(state, &changes).await,
+        None => crate::mig::converge(state, &work.changes).await,
     };
-    let (t, replace_after) = (state.now(), state.agents.replace_after);
+    let now = (state.now(), state.agents.replace_after);
     state
-        .apply(move |tx| {
-            record_take_back(
-                tx,
-                cluster,
-                taken,
-                replacements,
-                why,
-                converged,
-                (t, replace_after),
-            )
-        })
+        .apply(move |tx| fenced_record(&fence, tx, work, converged, now))
         .await?
+}
+
+/// [`record_take_back`] behind `fence`: a former leader records nothing (its victim
+/// stays as it was planned, "updating", until a restart settles it).
+fn fenced_record(
+    fence: &Fence,
+    tx: &Connection,
+    work: TakeBack,
+    converged: Result<()>,
+    now: (i64, std::time::Duration),
+) -> Result<Result<()>> {
+    fence.check(tx)?;
+    record_take_back(tx, work, converged, now)
 }
 
 /// Records what a take-back did: the nodes handed back and the cluster's new size and
 /// status, or (when its orders failed) the replacements released again and that failure
-/// (inside: the records are kept either way).
+/// (inside: the records are kept either way). A handed-over take-back whose
+/// replacements failed shrinks the cluster instead: its taken nodes are the owner's.
 fn record_take_back(
     tx: &Connection,
-    mut cluster: ClusterRow,
-    taken: Vec<NodeRow>,
-    replacements: Vec<NodeRow>,
-    why: String,
+    work: TakeBack,
     converged: Result<()>,
     // Now, and how long an unreachable node waits for its replacement (for the status).
     (t, replace_after): (i64, std::time::Duration),
 ) -> Result<Result<()>> {
+    let TakeBack {
+        mut cluster,
+        taken,
+        mut replacements,
+        why,
+        handed_over,
+        ..
+    } = work;
+    let mut failure = None;
     if let Err(e) = converged {
         // Replacements go back; the taken nodes stay until the next round retries.
         for n in &replacements {
             store::nodes::release(tx, &n.id, t)?;
         }
-        let (status, _) = settled_status(tx, &cluster.id, replace_after)?;
-        store::clusters::set_status(
-            tx,
-            &cluster.id,
-            &status,
-            &format!("giving nodes back to a reservation failed ({e}); retrying"),
-        )?;
-        return Ok(Err(e));
+        if handed_over {
+            replacements.clear();
+            failure = Some(e);
+        } else {
+            let (status, _) = settled_status(tx, &cluster.id, replace_after)?;
+            store::clusters::set_status(
+                tx,
+                &cluster.id,
+                &status,
+                &format!("giving nodes back to a reservation failed ({e}); retrying"),
+            )?;
+            return Ok(Err(e));
+        }
     }
-    for n in &taken {
-        store::nodes::release(tx, &n.id, t)?;
+    if !handed_over {
+        for n in &taken {
+            store::nodes::release(tx, &n.id, t)?;
+        }
     }
     let shrink = (taken.len() - replacements.len()) as i64;
     cluster.node_count -= shrink;
@@ -327,6 +435,9 @@ fn record_take_back(
             joined.join(", "),
             if shrink == 0 { "them" } else { "some of them" }
         ));
+    }
+    if let Some(e) = &failure {
+        reason.push_str(&format!("; its on-demand replacements failed ({e})"));
     }
     if shrink > 0 {
         reason.push_str(&format!(
@@ -372,7 +483,7 @@ fn record_take_back(
         )?;
     }
     tracing::info!(cluster = %cluster.name, taken = taken.len(), replaced = replacements.len(), "took pool nodes back from a preemptible cluster");
-    Ok(Ok(()))
+    Ok(failure.map_or(Ok(()), Err))
 }
 
 #[cfg(test)]

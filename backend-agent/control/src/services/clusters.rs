@@ -14,7 +14,7 @@ use crate::cluster_status::{refuse_while_changing, settled_status};
 use crate::fingerprint::Fingerprint;
 use crate::lease::Fence;
 use crate::rules;
-use crate::scheduling::clusters::{layout_changes, scale, undo_create};
+use crate::scheduling::clusters::{layout_changes, scale, scale_reclaiming, undo_create};
 use crate::state::{db_error, AppState};
 use crate::store::{self, clusters::ClusterRow, idempotency::Prior, nodes::NodeRow};
 use crate::volumes::Volumes;
@@ -194,6 +194,8 @@ enum Prepared {
         cluster: ClusterRow,
         changes: Vec<crate::mig::Change>,
         tenant_name: String,
+        /// What it took back from other tenants' preemptible clusters, still to finish.
+        taken_back: crate::scheduling::take_back::Reclaimed,
     },
 }
 
@@ -569,7 +571,11 @@ impl Clusters {
         }
         super::health::store_created(&tx, &cluster.id, acceptance)?;
         crate::scheduling::preemption::mark(&tx, &cluster, req.preemptible, req.allow_on_demand)?;
-        scale(&tx, &tenant.name, &cluster, self.state.now())?;
+        // Within the tenant's idle guarantee, pool nodes lent to other tenants' preemptible
+        // clusters come back for it (`scheduling::take_back::for_owner`).
+        let (now, replace_after) = (self.state.now(), self.state.agents.replace_after);
+        let taken_back =
+            scale_reclaiming(&tx, &tenant.name, &cluster, now, replace_after)?.taken_back;
         // Refused before anything is sent or kept when a placed node's agent cannot make
         // the node-local volume (an agent of the previous release).
         if self.state.volumes.mounts_on_nodes() && self.state.volumes.is_node_local() {
@@ -585,7 +591,9 @@ impl Clusters {
         }
         if req.validate_only {
             // The real create's admission passed; dropping `tx` rolls back the row and its
-            // nodes, and nothing outside the database was touched.
+            // nodes, and nothing outside the database was touched. Its status_reason says
+            // whom the create would preempt.
+            cluster.status_reason = taken_back.said.clone();
             return dry_run_answer(&tx, &caller, cluster).map(Prepared::Existing);
         }
         store::idempotency::record(
@@ -627,6 +635,7 @@ impl Clusters {
             cluster,
             changes,
             tenant_name: tenant.name,
+            taken_back,
         })
     }
 
@@ -639,18 +648,22 @@ impl Clusters {
             .state
             .write(move |sp| this.prepare_create(sp, request))
             .await?;
-        let (caller, cluster, changes, tenant_name) = match prepared {
+        let (caller, cluster, changes, tenant_name, taken_back) = match prepared {
             Prepared::Existing(c) => return Ok(c),
             Prepared::New {
                 caller,
                 cluster,
                 changes,
                 tenant_name,
-            } => (caller, cluster, changes, tenant_name),
+                taken_back,
+            } => (caller, cluster, changes, tenant_name, taken_back),
         };
         // The rest runs to the end even when the caller leaves (see `detached`).
         let this = self.clone();
         super::detached::run(async move {
+            // The preempted clusters' on-demand replacements first: they lost their nodes
+            // to this create when it committed.
+            crate::scheduling::take_back::finish(&this.state, taken_back).await;
             this.complete_create(caller, cluster, changes, tenant_name)
                 .await
         })
@@ -886,9 +899,11 @@ impl Clusters {
                     )
                 })?;
         }
-        let scaling = scale(&tx, &tenant.name, &c, self.state.now())?;
+        let (now, replace_after) = (self.state.now(), self.state.agents.replace_after);
+        let scaling = scale_reclaiming(&tx, &tenant.name, &c, now, replace_after)?;
         if req.validate_only {
-            // Admission passed; dropping `tx` rolls back the nodes it took.
+            // Admission passed; dropping `tx` rolls back the nodes it took (and took back).
+            c.status_reason = scaling.taken_back.said.clone();
             return dry_run_answer(&tx, &caller, c).map(|a| PreparedUpdate::DryRun(Box::new(a)));
         }
         let changes = layout_changes(&tx, &c, &scaling.to_release)?;
@@ -951,11 +966,15 @@ impl Clusters {
             old,
             members_before,
             c,
-            scaling,
+            mut scaling,
             changes,
             new_driver,
             drain_within,
         } = u;
+        // The preempted clusters' on-demand replacements first: they lost their nodes to
+        // this growth when it committed.
+        let taken_back = std::mem::take(&mut scaling.taken_back);
+        crate::scheduling::take_back::finish(&self.state, taken_back).await;
         // A Slurm cluster's leaving nodes are drained first: their running jobs finish
         // before their GPUs go back to whole GPUs and their slurmd stops.
         if crate::slurm_clusters::is_slurm(&c) {

@@ -1,10 +1,13 @@
-//! Fair sharing on a real store: lending limits at admission (`placement::nodes_to_add`)
-//! and the weighted fair-share order of a take-back (`take_back::plan_take_back`), with
-//! exact numbers. Beside `take_back`, whose planning it reaches.
+//! Fair sharing on a real store: lending limits at admission (`placement::nodes_to_add`),
+//! the weighted fair-share order of a take-back (`take_back::plan_take_back`) and of an
+//! owner reclaiming its lent guarantee (`clusters::scale_reclaiming`), and the lease's
+//! fence on the preemption loop's writes, with exact numbers. Beside `take_back`, whose
+//! planning it reaches.
 
 use rusqlite::Connection;
 
 use super::plan_take_back;
+use crate::lease::{testing, Fence};
 use crate::scheduling::placement::nodes_to_add;
 use crate::store::{self, clusters::ClusterRow};
 
@@ -202,4 +205,214 @@ fn a_scarce_on_demand_replacement_goes_to_the_lowest_weighted_share() {
         taken_back(1, true),
         vec![("b1".to_string(), 1, 0), ("c1".to_string(), 1, 1)]
     );
+}
+
+/// team-a (16 guaranteed, 2 nodes idle) lent its idle guarantee: team-b (weight 1)
+/// borrows `p1`, `p2` with its preemptible b1; team-c (8 guaranteed, `c_weight`) holds
+/// `p3`, `p4` with its newer preemptible c1. The pool is full; team-a's guaranteed a1
+/// asks for `nodes` nodes.
+fn lent(c_weight: i64, nodes: i64) -> (tempfile::TempDir, Connection, ClusterRow) {
+    let (dir, conn) = seed(None, c_weight);
+    cluster(&conn, "b1", "b", 2, true);
+    hold(&conn, "b1", &["p1", "p2"]);
+    cluster(&conn, "c1", "c", 2, true);
+    hold(&conn, "c1", &["p3", "p4"]);
+    let a1 = cluster(&conn, "a1", "a", nodes, false);
+    (dir, conn, a1)
+}
+
+/// team-a's a1 grows as a create does: what it took back, and (cluster, pool nodes
+/// held) of b1, c1 and a1 after.
+fn reclaimed(conn: &Connection, a1: &ClusterRow) -> (String, Vec<(&'static str, usize)>) {
+    let every = std::time::Duration::from_secs(60);
+    let scaling =
+        crate::scheduling::clusters::scale_reclaiming(conn, "team-a", a1, T0 + 1, every).unwrap();
+    let held = ["b1", "c1", "a1"]
+        .into_iter()
+        .map(|c| (c, store::nodes::list(conn, None, Some(c)).unwrap().len()))
+        .collect();
+    (scaling.taken_back.said, held)
+}
+
+#[test]
+fn an_owner_takes_its_lent_guarantee_back_in_weighted_fair_share_order() {
+    // team-b borrows 16 at weight 1 (share 16), team-c 8 at weight 3 (8/3): both nodes
+    // come from team-b, which shrinks to none; a1 holds its 2 nodes.
+    let (_dir, conn, a1) = lent(3, 2);
+    assert_eq!(
+        crate::scheduling::placement::owner_reclaim(&conn, &a1, 0, T0 + 1).unwrap(),
+        2
+    );
+    let (said, held) = reclaimed(&conn, &a1);
+    assert_eq!(
+        said,
+        "takes back 2 H100-80GB pool nodes lent to other tenants, in weighted fair-share order: p2, p1 from tenant 'team-b' (preemptible cluster 'b1')"
+    );
+    assert_eq!(held, vec![("b1", 0), ("c1", 2), ("a1", 2)]);
+    let b1 = store::clusters::get(&conn, "b1").unwrap().unwrap();
+    assert_eq!((b1.node_count, b1.status.as_str()), (0, "running"));
+    let events = store::events::list(&conn, "b1").unwrap();
+    let preempted: Vec<&str> = events
+        .iter()
+        .filter(|e| e.kind == "preempted")
+        .map(|e| e.message.as_str())
+        .collect();
+    assert_eq!(preempted.len(), 2);
+    assert_eq!(
+        preempted[0],
+        "pool node taken back: tenant 'team-a' takes back its lent guarantee for its cluster 'a1'; taken in weighted fair-share order: tenant 'team-b' held 16 pool GPUs against 0 guaranteed (16 borrowed, weight 1); the cluster shrinks"
+    );
+    // Nothing more to take back: a1 fits.
+    assert_eq!(
+        crate::scheduling::placement::owner_reclaim(&conn, &a1, 2, T0 + 2).unwrap(),
+        0
+    );
+}
+
+#[test]
+fn an_owners_take_back_between_equal_shares_goes_newest_first() {
+    // team-c at weight 1 borrows 8 (share 8) against team-b's 16: team-b gives one node
+    // (16 -> 8), then the tie at 8 goes to the newest cluster, c1, which keeps the node
+    // within its own 8 guaranteed GPUs.
+    let (_dir, conn, a1) = lent(1, 2);
+    let (said, held) = reclaimed(&conn, &a1);
+    assert!(said.ends_with("p2 from tenant 'team-b' (preemptible cluster 'b1'); p4 from tenant 'team-c' (preemptible cluster 'c1')"), "{said}");
+    assert_eq!(held, vec![("b1", 1), ("c1", 1), ("a1", 2)]);
+}
+
+#[test]
+fn burst_never_preempts() {
+    // team-a may burst to 32, but only its 16 guaranteed (2 nodes) are taken back: a 3-node
+    // cluster is refused as before and the borrowers keep every node.
+    let (_dir, conn, a1) = lent(1, 3);
+    conn.execute("UPDATE quotas SET burst_gpus = 16 WHERE id = 'qa'", [])
+        .unwrap();
+    assert_eq!(
+        crate::scheduling::placement::owner_reclaim(&conn, &a1, 0, T0 + 1).unwrap(),
+        0
+    );
+    let every = std::time::Duration::from_secs(60);
+    let refused =
+        crate::scheduling::clusters::scale_reclaiming(&conn, "team-a", &a1, T0 + 1, every);
+    assert!(refused
+        .err()
+        .unwrap()
+        .to_string()
+        .starts_with("node_count: needs 3 H100-80GB nodes from now on, pool has 0 free"),);
+    for c in ["b1", "c1"] {
+        assert_eq!(store::nodes::list(&conn, None, Some(c)).unwrap().len(), 2);
+    }
+}
+
+#[test]
+fn an_owner_takes_nothing_a_borrower_holds_within_its_own_guarantee() {
+    // team-b holds p1, p2 in a cluster that is not preemptible (burst, kept); team-c
+    // holds p3, p4, 8 GPUs beyond its 8 guaranteed: only 1 node may come back, short of
+    // the 2 team-a's cluster needs, so it is refused and team-c keeps both.
+    let (_dir, conn) = seed(None, 1);
+    cluster(&conn, "b1", "b", 2, false);
+    hold(&conn, "b1", &["p1", "p2"]);
+    cluster(&conn, "c1", "c", 2, true);
+    hold(&conn, "c1", &["p3", "p4"]);
+    let a1 = cluster(&conn, "a1", "a", 2, false);
+    assert_eq!(
+        crate::scheduling::placement::owner_reclaim(&conn, &a1, 0, T0 + 1).unwrap(),
+        0
+    );
+    // One node is enough: c1 gives p4 and keeps p3, its guarantee.
+    let a2 = cluster(&conn, "a2", "a", 1, false);
+    assert_eq!(
+        crate::scheduling::placement::owner_reclaim(&conn, &a2, 0, T0 + 1).unwrap(),
+        1
+    );
+    let every = std::time::Duration::from_secs(60);
+    crate::scheduling::clusters::scale_reclaiming(&conn, "team-a", &a2, T0 + 1, every).unwrap();
+    let c1: Vec<String> = store::nodes::list(&conn, None, Some("c1"))
+        .unwrap()
+        .into_iter()
+        .map(|n| n.hostname)
+        .collect();
+    assert_eq!(c1, vec!["p3".to_string()]);
+}
+
+/// Replicas `a` then `b` take the singletons' lease (b once a's has expired): a is a
+/// former leader that still believes it leads. Their fences, a's then b's.
+fn stale_leader(conn: &mut Connection) -> (Fence, Fence) {
+    let (a, b) = (testing::replica("a"), testing::replica("b"));
+    testing::take(&a, conn, T0 - 100);
+    testing::take(&b, conn, T0);
+    assert!(a.epoch().is_some() && b.epoch().is_some());
+    (Fence::singleton(a), Fence::singleton(b))
+}
+
+#[test]
+fn a_former_leaders_take_back_writes_nothing() {
+    // As `taken_back` with on-demand replacements: a reservation window needs 2 nodes.
+    let (_dir, mut conn) = seed(None, 1);
+    cluster(&conn, "b1", "b", 2, true);
+    hold(&conn, "b1", &["p1", "p2"]);
+    cluster(&conn, "c1", "c", 2, true);
+    hold(&conn, "c1", &["p3", "p4"]);
+    conn.execute("UPDATE cluster_preemption SET allow_on_demand = 1", [])
+        .unwrap();
+    store::reservations::insert(
+        &conn,
+        &store::reservations::ReservationRow {
+            id: "r1".into(),
+            tenant_id: "a".into(),
+            gpu_type: "H100-80GB".into(),
+            node_count: 2,
+            start_time: T0,
+            end_time: T0 + 3_600,
+            allow_on_demand: false,
+            pool_nodes: 2,
+            on_demand_nodes: 0,
+        },
+    )
+    .unwrap();
+    let (a, b) = stale_leader(&mut conn);
+    let statuses = |conn: &Connection| -> Vec<(String, usize)> {
+        ["b1", "c1"]
+            .into_iter()
+            .map(|c| {
+                let row = store::clusters::get(conn, c).unwrap().unwrap();
+                (
+                    row.status,
+                    store::nodes::list(conn, None, Some(c)).unwrap().len(),
+                )
+            })
+            .collect()
+    };
+    let before = statuses(&conn);
+    // The former leader decides nothing: no replacement assigned, no status written.
+    {
+        let tx = conn.transaction().unwrap();
+        let refused = super::fenced_plan(&a, &tx, "H100-80GB", T0 + 1)
+            .err()
+            .unwrap();
+        assert!(
+            refused
+                .to_string()
+                .contains("a former leader writes nothing"),
+            "{refused}"
+        );
+    }
+    assert_eq!(statuses(&conn), before);
+    // The leader plans; the former one cannot record that plan's outcome either.
+    let tx = conn.transaction().unwrap();
+    let plan = super::fenced_plan(&b, &tx, "H100-80GB", T0 + 1).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(plan.len(), 2);
+    let planned = statuses(&conn);
+    assert_eq!(planned[0].0, "updating");
+    let every = std::time::Duration::from_secs(60);
+    for work in plan {
+        let tx = conn.transaction().unwrap();
+        assert!(super::fenced_record(&a, &tx, work, Ok(()), (T0 + 2, every)).is_err());
+    }
+    assert_eq!(statuses(&conn), planned);
+    assert!(store::events::list(&conn, "b1")
+        .unwrap()
+        .iter()
+        .all(|e| e.kind != "preempted"));
 }
