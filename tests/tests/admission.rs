@@ -791,3 +791,75 @@ async fn capacity_taken_back_leaves_borrowers_in_proportion_to_their_weights() {
         );
     }
 }
+
+/// The owner reclaims its lent guarantee through Terraform (issue 42): team-a is
+/// guaranteed the whole 2-node pool and lends it while idle; team-b's preemptible cluster
+/// borrows both nodes. team-a's own configuration then creates a 1-node cluster within
+/// its guarantee: its plan passes (the pool has no free node, but team-b borrows), the
+/// apply takes one node back from team-b, which shrinks to 1 node with a `preempted`
+/// event naming team-a and its cluster, and both plans after are empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_creating_a_cluster_within_its_guarantee_takes_its_lent_nodes_back() {
+    let backend = Backend::start_with_fleet(&h100_fleet(2));
+    let _log = LogOnPanic(&backend);
+    let platform = workdir(&backend);
+    platform.write_main(&hcl::config(&[
+        hcl::tenant("a", "team-a"),
+        hcl::tenant("b", "team-b"),
+        hcl::quota("qa", "gpufleet_tenant.a.id", "H100-80GB", 16),
+        hcl::quota("qb", "gpufleet_tenant.b.id", "H100-80GB", 0).number("burst_gpus", 16),
+        hcl::pool_cluster("borrow", "gpufleet_tenant.b.id", "borrow", "H100-80GB", 2)
+            .boolean("preemptible", true)
+            .depends_on(&["gpufleet_gpu_quota.qb"]),
+    ]));
+    platform.apply();
+    let borrow = str_of(&platform.resource("gpufleet_tenant_cluster.borrow"), "id");
+
+    let team_a = workdir(&backend);
+    team_a.write_main(&hcl::config(&[hcl::pool_cluster(
+        "train",
+        "\"team-a\"",
+        "train",
+        "H100-80GB",
+        1,
+    )]));
+    team_a.apply();
+    team_a.assert_no_changes();
+    let train = team_a.resource("gpufleet_tenant_cluster.train");
+    assert_eq!(str_of(&train, "status"), "running", "{train:#}");
+
+    let mut admin = backend.admin().await;
+    let clusters = admin.inventory().await.clusters;
+    let shrunk = clusters
+        .iter()
+        .find(|c| c.id == borrow)
+        .expect("team-b's cluster");
+    assert_eq!(
+        (shrunk.node_count, shrunk.nodes.len()),
+        (1, 1),
+        "{shrunk:#?}"
+    );
+    let events = admin
+        .fleet
+        .list_events(ListEventsRequest {
+            object_id: borrow.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("ListEvents")
+        .into_inner()
+        .events;
+    let preempted: Vec<_> = events.iter().filter(|e| e.kind == "preempted").collect();
+    assert_eq!(preempted.len(), 1, "{events:#?}");
+    assert!(
+        preempted[0].message.starts_with(
+            "pool node taken back: tenant 'team-a' takes back its lent guarantee for its cluster 'train'; taken in weighted fair-share order: tenant 'team-b' held 16 pool GPUs against 0 guaranteed (16 borrowed, weight 1); the cluster shrinks"
+        ),
+        "{preempted:#?}"
+    );
+    // team-b's configuration still says 2 nodes: its next plan would grow the cluster
+    // back, which the pool (now team-a's) refuses; the platform reads the shrink.
+    platform
+        .plan_fails()
+        .assert_mentions(&["node_count: needs 2 H100-80GB pool nodes now"]);
+}
