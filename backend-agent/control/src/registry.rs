@@ -304,6 +304,26 @@ impl Registry {
         self.lock().stale.get(node_id).map(|t| t.elapsed())
     }
 
+    /// Why `what` is not sent: this replica never held the singletons' lease.
+    fn never_led(&self, what: &str) -> String {
+        format!(
+            "lease: replica {} never held the singletons' lease, so {what} would carry no epoch; it sends none (the replica that leads, or this one once it has led, does)",
+            self.leadership.replica()
+        )
+    }
+
+    /// Err (unavailable, naming this replica) when its orders would be refused for want of
+    /// an epoch ([`Registry::dispatch`]): asked first by a request that would otherwise
+    /// blame a node for the refused order (quarantine it after a failed driver install).
+    pub fn refuse_without_epoch(&self) -> crate::error::Result<()> {
+        match self.leadership.last_epoch() {
+            0 => Err(crate::error::Error::Unavailable(
+                self.never_led("its orders"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Sends `order` to `node_id`'s agent (now, or when it reconnects). The answer comes
     /// through the receiver. The order carries the newest epoch this replica held of the
     /// singletons' lease, also when it is re-sent: an agent that has seen a newer one
@@ -319,10 +339,7 @@ impl Registry {
                 order_id: order.id,
                 ok: false,
                 error_kind: NO_EPOCH.into(),
-                error: format!(
-                    "lease: replica {} never held the singletons' lease, so its order to node {node_id} would carry no epoch; it sends none (the replica that leads, or this one once it has led, does)",
-                    self.leadership.replica()
-                ),
+                error: self.never_led(&format!("its order to node {node_id}")),
                 ..Default::default()
             }));
             return rx;
@@ -593,8 +610,14 @@ mod tests {
             !r.has_pending("n1"),
             "the refused order waits to be re-sent"
         );
+        let asked = r.refuse_without_epoch().unwrap_err().to_string();
+        assert!(
+            asked.contains("never held the singletons' lease, so its orders would carry no epoch"),
+            "{asked}"
+        );
         // Once it has led (and also after it lost the lease), its orders carry its epoch.
         let r = leading(r);
+        assert!(r.refuse_without_epoch().is_ok());
         let _pending = r.dispatch("n1", order("o2"));
         let sent = rx.recv().await.unwrap().unwrap();
         assert!(matches!(sent.msg, Some(control_message::Msg::Order(o)) if o.epoch == 7));

@@ -178,6 +178,9 @@ pub async fn replace(
     cluster: &ClusterRow,
     gone: &str,
 ) -> Result<String> {
+    // A replica that cannot send orders takes no node: the refused install would be
+    // blamed on it.
+    state.agents.refuse_without_epoch()?;
     for _attempt in 0..3 {
         let (cluster_id, f) = (cluster.id.clone(), fence.clone());
         let clock_now = state.now();
@@ -270,6 +273,7 @@ async fn unmount_left(state: &AppState, gone: &str) {
 /// what went wrong on the way (empty when nothing did); the cluster's nodes all run the
 /// driver afterwards unless a replacement was impossible.
 pub async fn roll(state: &AppState, cluster: &ClusterRow) -> Result<Vec<String>> {
+    state.agents.refuse_without_epoch()?;
     let version = cluster.driver_version.clone();
     let id = cluster.id.clone();
     let nodes = state

@@ -347,6 +347,8 @@ impl Clusters {
         changes: &[crate::mig::Change],
     ) -> Result<(), crate::error::Error> {
         if !cluster.driver_version.is_empty() && !joining.is_empty() {
+            // A replica that cannot send orders blames no node for their refusal.
+            self.state.agents.refuse_without_epoch()?;
             super::progress::driver_installs(
                 &self.state,
                 cluster,
