@@ -665,7 +665,9 @@ pub async fn apply_resuming(
 ) -> Result<Option<String>> {
     let tracked = state.slurm.of(cluster_id);
     let _one = tracked.bring_up.lock().await;
-    if let Some(why) = bring_up(state, &tracked, cluster_id, released, drained).await? {
+    // A request's (a create, an update, a refill's change): not fenced.
+    let fence = Fence::request();
+    if let Some(why) = bring_up(state, &fence, &tracked, cluster_id, released, drained).await? {
         return Ok(Some(why));
     }
     let why = accept(state, cluster_id).await;
@@ -716,9 +718,11 @@ async fn accept(state: &Arc<AppState>, cluster_id: &str) -> Option<String> {
     }
 }
 
-/// [`apply_resuming`] with the cluster's bring-up lock held.
+/// [`apply_resuming`] with the cluster's bring-up lock held. `fence`: the supervisor's
+/// (a singleton) records nothing of the placement once its replica lost the lease.
 async fn bring_up(
     state: &Arc<AppState>,
+    fence: &Fence,
     tracked: &Tracked,
     cluster_id: &str,
     released: &[NodeRow],
@@ -729,12 +733,17 @@ async fn bring_up(
         return Ok(None);
     };
     if plan.access.login_port == 0 {
-        plan.access.login_port = give_login_port(state, &plan.cluster.id).await?;
+        plan.access.login_port = give_login_port(state, fence, &plan.cluster.id).await?;
     }
     if plan.new_host_key {
-        let (id, key) = (plan.cluster.id.clone(), plan.host_key.clone());
+        let (id, key, f) = (
+            plan.cluster.id.clone(),
+            plan.host_key.clone(),
+            fence.clone(),
+        );
         state
             .apply(move |conn| -> Result<()> {
+                f.check(conn)?;
                 Ok(store::slurm_access::set_login_host_key(
                     conn,
                     &id,
@@ -825,8 +834,10 @@ async fn bring_up(
                 .unwrap_or_default(),
         );
         let (ports, first_job_id) = (plan.ports.clone(), plan.first_job_id);
+        let f = fence.clone();
         state2
             .apply(move |conn| -> Result<()> {
+                f.check(conn)?;
                 store::slurm_access::set_placement(
                     conn,
                     &id,
@@ -993,7 +1004,9 @@ pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
         }
     };
     if tracked.applied() != Some(plan.fingerprint()) {
-        if let Err(e) = bring_up(state, &tracked, &cluster_id, &[], &[]).await {
+        // A registration's: not fenced.
+        let fence = Fence::request();
+        if let Err(e) = bring_up(state, &fence, &tracked, &cluster_id, &[], &[]).await {
             tracing::warn!(cluster = %plan.cluster.name, error = %e, "the cluster did not take the configuration of a node that came back");
         }
         return;
@@ -1014,11 +1027,12 @@ pub async fn stop_kept(state: &AppState, node: &NodeRow, clusters: &[String]) {
     }
 }
 
-/// A login port for a cluster made before logins: allocated and recorded.
-async fn give_login_port(state: &AppState, cluster_id: &str) -> Result<u16> {
-    let (id, range) = (cluster_id.to_string(), state.slurm_ports);
+/// A login port for a cluster made before logins: allocated and recorded (after `fence`).
+async fn give_login_port(state: &AppState, fence: &Fence, cluster_id: &str) -> Result<u16> {
+    let (id, range, fence) = (cluster_id.to_string(), state.slurm_ports, fence.clone());
     state
         .apply(move |conn| -> Result<u16> {
+            fence.check(conn)?;
             let mut taken = store::slurm_access::ports_taken(conn)?;
             let port = new_port(range, &mut taken)?;
             store::slurm_access::set_login_port(conn, &id, port)?;
@@ -1302,7 +1316,7 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
         } else {
             // After a start of this control plane, a replacement, a node that left.
             let _one = tracked.bring_up.lock().await;
-            let why = match bring_up(state, &tracked, &c.id, &[], &[]).await {
+            let why = match bring_up(state, &fence, &tracked, &c.id, &[], &[]).await {
                 Ok(why) => why,
                 Err(e) => Some(format!("Slurm: {e}")),
             };
