@@ -795,8 +795,9 @@ async fn capacity_taken_back_leaves_borrowers_in_proportion_to_their_weights() {
 /// The owner reclaims its lent guarantee through Terraform (issue 42): team-a is
 /// guaranteed the whole 2-node pool and lends it while idle; team-b's preemptible cluster
 /// borrows both nodes. team-a's own configuration then creates a 1-node cluster within
-/// its guarantee: its plan passes (the pool has no free node, but team-b borrows), the
-/// apply takes one node back from team-b, which shrinks to 1 node with a `preempted`
+/// its guarantee: its plan passes (the pool has no free node, but team-b borrows) and the
+/// backend's dry run names team-b's cluster as the one it would preempt; the apply takes
+/// one node back from team-b, which shrinks to 1 node with a `preempted`
 /// event naming team-a and its cluster, and both plans after are empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_creating_a_cluster_within_its_guarantee_takes_its_lent_nodes_back() {
@@ -815,6 +816,38 @@ async fn a_team_creating_a_cluster_within_its_guarantee_takes_its_lent_nodes_bac
     platform.apply();
     let borrow = str_of(&platform.resource("gpufleet_tenant_cluster.borrow"), "id");
 
+    // The backend's dry run (what the plan asks) says whom the create would preempt, and
+    // preempts nobody.
+    let mut admin = backend.admin().await;
+    let tenant_a = str_of(&platform.resource("gpufleet_tenant.a"), "id");
+    let dry = admin
+        .clusters
+        .create_tenant_cluster(CreateTenantClusterRequest {
+            tenant_id: tenant_a,
+            name: "train".into(),
+            orchestrator: "kubernetes".into(),
+            gpu_type: "H100-80GB".into(),
+            node_count: 1,
+            validate_only: true,
+            ..Default::default()
+        })
+        .await
+        .expect("the dry run")
+        .into_inner();
+    assert!(
+        dry.status_reason.starts_with("takes back 1 H100-80GB pool node lent to other tenants, in weighted fair-share order: ")
+            && dry.status_reason.ends_with(" from tenant 'team-b' (preemptible cluster 'borrow')"),
+        "{dry:#?}"
+    );
+    let borrowed = |clusters: &[gpufleet_proto::v1::TenantCluster]| {
+        let c = clusters
+            .iter()
+            .find(|c| c.id == borrow)
+            .expect("team-b's cluster");
+        (c.node_count, c.nodes.len())
+    };
+    assert_eq!(borrowed(&admin.inventory().await.clusters), (2, 2));
+
     let team_a = workdir(&backend);
     team_a.write_main(&hcl::config(&[hcl::pool_cluster(
         "train",
@@ -828,17 +861,7 @@ async fn a_team_creating_a_cluster_within_its_guarantee_takes_its_lent_nodes_bac
     let train = team_a.resource("gpufleet_tenant_cluster.train");
     assert_eq!(str_of(&train, "status"), "running", "{train:#}");
 
-    let mut admin = backend.admin().await;
-    let clusters = admin.inventory().await.clusters;
-    let shrunk = clusters
-        .iter()
-        .find(|c| c.id == borrow)
-        .expect("team-b's cluster");
-    assert_eq!(
-        (shrunk.node_count, shrunk.nodes.len()),
-        (1, 1),
-        "{shrunk:#?}"
-    );
+    assert_eq!(borrowed(&admin.inventory().await.clusters), (1, 1));
     let events = admin
         .fleet
         .list_events(ListEventsRequest {
