@@ -365,6 +365,9 @@ fn io_words(err: &std::io::Error) -> String {
 }
 
 #[cfg(test)]
+mod failover_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -313,6 +313,42 @@ mod tests {
         assert_eq!(percentile(&[7], 95), Some(7));
     }
 
+    /// The replay's weighted contest (`replay::tests::contest_*`), b weighing 3.
+    #[test]
+    fn borrowed_shares_against_weighted_fair_shares_by_hand() {
+        use crate::replay::tests::{contest_fleet, contest_trace};
+        // Borrowed: a 8 GPUs for 2 h; b 8 for 1 h, then 16 for 1 h: 16 of 40 GPU-hours
+        // and 24. c cannot borrow (no burst): the fair shares are 1 : 3.
+        let fleet = crate::fleet::parse(Path::new("fleet.toml"), &contest_fleet(3)).unwrap();
+        let jobs = crate::trace::parse(Path::new("t.csv"), &contest_trace(), &fleet)
+            .unwrap()
+            .jobs;
+        let all: Vec<usize> = (0..jobs.len()).collect();
+        let mut store = crate::admission::Admission::open(&fleet, crate::replay::EPOCH).unwrap();
+        let out = crate::replay::run(&mut store, &jobs, &all).unwrap();
+        let s = measure(
+            &fleet,
+            &jobs,
+            &out,
+            horizon(&jobs, &[&out]),
+            &Default::default(),
+        );
+        assert_eq!(s.borrowed_gpu_hours, 40.0);
+        let shares: Vec<(Option<f64>, Option<f64>)> = s
+            .teams
+            .iter()
+            .map(|t| (t.borrowed_share, t.weighted_fair_share))
+            .collect();
+        assert_eq!(
+            shares,
+            [
+                (Some(0.4), Some(0.25)),
+                (Some(0.6), Some(0.75)),
+                (Some(0.0), Some(0.0))
+            ]
+        );
+    }
+
     /// Two teams of 16 guaranteed H100s on 4 nodes; a borrows 8 of b's for an hour.
     #[test]
     fn classes_idle_guarantees_and_cost_by_hand() {

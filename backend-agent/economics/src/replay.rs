@@ -212,7 +212,7 @@ type Share = (i64, i64);
 type Shares<'a> = BTreeMap<&'a str, Vec<Option<Share>>>;
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::path::Path;
 
@@ -313,16 +313,20 @@ mod tests {
     /// 8 more at 10 minutes, b at 20. When c's job ends at 1 h, 8 GPUs are free for one of
     /// them: b, whose weight 3 puts it at 8 / 3 borrowed per weight against a's 8 / 1,
     /// asks first though a waited longer. With equal weights a, the older, goes first.
-    #[test]
-    fn teams_that_compete_for_idle_gpus_ask_in_weighted_fair_share_order() {
-        let fleet = |weight_b: i64| {
-            format!(
-                "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 7\n\
-                 [[team]]\nname = \"a\"\nquota = [{{ gpu_type = \"H100-80GB\", gpus = 16, burst_gpus = 16 }}]\n\
-                 [[team]]\nname = \"b\"\nquota = [{{ gpu_type = \"H100-80GB\", gpus = 16, burst_gpus = 16, weight = {weight_b} }}]\n\
-                 [[team]]\nname = \"c\"\nquota = [{{ gpu_type = \"H100-80GB\", gpus = 16 }}]\n"
-            )
-        };
+    /// Seven 8-GPU pool nodes; a and b are guaranteed 16 with 16 burst (b weighing
+    /// `weight_b`), c 16 without burst.
+    pub(crate) fn contest_fleet(weight_b: i64) -> String {
+        format!(
+            "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 7\n\
+             [[team]]\nname = \"a\"\nquota = [{{ gpu_type = \"H100-80GB\", gpus = 16, burst_gpus = 16 }}]\n\
+             [[team]]\nname = \"b\"\nquota = [{{ gpu_type = \"H100-80GB\", gpus = 16, burst_gpus = 16, weight = {weight_b} }}]\n\
+             [[team]]\nname = \"c\"\nquota = [{{ gpu_type = \"H100-80GB\", gpus = 16 }}]\n"
+        )
+    }
+
+    /// a and b each hold three nodes for 2 h and c one for 1 h; then a (at 10 minutes)
+    /// and b (at 20) each ask for one more.
+    pub(crate) fn contest_trace() -> String {
         let mut trace = String::from("team,gpu_type,gpus,submit,duration\n");
         for team in ["a", "b"] {
             for _ in 0..3 {
@@ -330,36 +334,16 @@ mod tests {
             }
         }
         trace.push_str("c,H100-80GB,8,0,1h\na,H100-80GB,8,10m,1h\nb,H100-80GB,8,20m,1h\n");
+        trace
+    }
+
+    #[test]
+    fn teams_that_compete_for_idle_gpus_ask_in_weighted_fair_share_order() {
+        let (fleet, trace) = (contest_fleet, contest_trace());
         let weighted = starts(&fleet(3), &trace);
         assert_eq!(&weighted[7..], [Some(7200), Some(3600)]);
         let equal = starts(&fleet(1), &trace);
         assert_eq!(&equal[7..], [Some(3600), Some(7200)]);
         assert!(weighted[..7].iter().all(|s| *s == Some(0)));
-
-        // Borrowed: a 8 GPUs for 2 h; b 8 for 1 h, then 16 for 1 h: 16 of 40 GPU-hours
-        // and 24. c cannot borrow (no burst): the fair shares are 1 : 3.
-        let fleet = crate::fleet::parse(Path::new("fleet.toml"), &fleet(3)).unwrap();
-        let jobs = crate::trace::parse(Path::new("t.csv"), &trace, &fleet)
-            .unwrap()
-            .jobs;
-        let all: Vec<usize> = (0..jobs.len()).collect();
-        let mut store = Admission::open(&fleet, EPOCH).unwrap();
-        let out = run(&mut store, &jobs, &all).unwrap();
-        let h = crate::measures::horizon(&jobs, &[&out]);
-        let s = crate::measures::measure(&fleet, &jobs, &out, h, &Default::default());
-        assert_eq!(s.borrowed_gpu_hours, 40.0);
-        let shares: Vec<(Option<f64>, Option<f64>)> = s
-            .teams
-            .iter()
-            .map(|t| (t.borrowed_share, t.weighted_fair_share))
-            .collect();
-        assert_eq!(
-            shares,
-            [
-                (Some(0.4), Some(0.25)),
-                (Some(0.6), Some(0.75)),
-                (Some(0.0), Some(0.0))
-            ]
-        );
     }
 }

@@ -642,6 +642,9 @@ unsafe fn mount_namespace_id() -> Option<u64> {
 }
 
 #[cfg(test)]
+mod job_tmp_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -11,6 +11,8 @@ pub mod placement;
 pub mod preemption;
 pub mod reservations;
 pub mod sharing;
+#[cfg(test)]
+mod sharing_tests;
 pub mod take_back;
 
 use rusqlite::Connection;

@@ -60,7 +60,12 @@ pub async fn round(state: &AppState) -> Result<()> {
 
 /// [`plan_take_back`] behind the singletons' lease: a replica that no longer holds it
 /// (or holds an older epoch) decides and writes nothing.
-fn fenced_plan(fence: &Fence, tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBack>> {
+pub(super) fn fenced_plan(
+    fence: &Fence,
+    tx: &Connection,
+    gpu_type: &str,
+    t: i64,
+) -> Result<Vec<TakeBack>> {
     fence.check(tx)?;
     plan_take_back(tx, gpu_type, t)
 }
@@ -141,11 +146,11 @@ pub async fn finish(state: &AppState, reclaimed: Reclaimed) {
 
 /// Nodes one preemptible cluster gives back, and what replaces them.
 pub struct TakeBack {
-    cluster: ClusterRow,
-    taken: Vec<NodeRow>,
-    replacements: Vec<NodeRow>,
+    pub(super) cluster: ClusterRow,
+    pub(super) taken: Vec<NodeRow>,
+    pub(super) replacements: Vec<NodeRow>,
     changes: Vec<crate::mig::Change>,
-    why: String,
+    pub(super) why: String,
     /// The taken nodes left the cluster when the take-back was planned (an owner's:
     /// they went to its cluster in the same transaction); else when it is recorded.
     handed_over: bool,
@@ -163,7 +168,7 @@ pub struct Reclaimed {
 }
 
 /// Decides (and records: replacements assigned, clusters "updating") which nodes go back.
-fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBack>> {
+pub(super) fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBack>> {
     let held = holdings(tx, gpu_type, t, Exclude::default())?;
     let cap = capacity(tx, gpu_type, &held)?;
     // Everything that holds pool nodes now, preemptible clusters included.
@@ -369,7 +374,7 @@ async fn carry_out(state: &AppState, work: TakeBack, fence: Fence) -> Result<()>
 
 /// [`record_take_back`] behind `fence`: a former leader records nothing (its victim
 /// stays as it was planned, "updating", until a restart settles it).
-fn fenced_record(
+pub(super) fn fenced_record(
     fence: &Fence,
     tx: &Connection,
     work: TakeBack,
@@ -485,6 +490,3 @@ fn record_take_back(
     tracing::info!(cluster = %cluster.name, taken = taken.len(), replaced = replacements.len(), "took pool nodes back from a preemptible cluster");
     Ok(failure.map_or(Ok(()), Err))
 }
-
-#[cfg(test)]
-mod sharing_tests;

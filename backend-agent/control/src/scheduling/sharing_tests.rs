@@ -1,12 +1,11 @@
 //! Fair sharing on a real store: lending limits at admission (`placement::nodes_to_add`),
 //! the weighted fair-share order of a take-back (`take_back::plan_take_back`) and of an
 //! owner reclaiming its lent guarantee (`clusters::scale_reclaiming`), and the lease's
-//! fence on the preemption loop's writes, with exact numbers. Beside `take_back`, whose
-//! planning it reaches.
+//! fence on the preemption loop's writes, with exact numbers.
 
 use rusqlite::Connection;
 
-use super::plan_take_back;
+use super::take_back::{fenced_plan, fenced_record, plan_take_back};
 use crate::lease::{testing, Fence};
 use crate::scheduling::placement::nodes_to_add;
 use crate::store::{self, clusters::ClusterRow};
@@ -387,9 +386,7 @@ fn a_former_leaders_take_back_writes_nothing() {
     // The former leader decides nothing: no replacement assigned, no status written.
     {
         let tx = conn.transaction().unwrap();
-        let refused = super::fenced_plan(&a, &tx, "H100-80GB", T0 + 1)
-            .err()
-            .unwrap();
+        let refused = fenced_plan(&a, &tx, "H100-80GB", T0 + 1).err().unwrap();
         assert!(
             refused
                 .to_string()
@@ -400,7 +397,7 @@ fn a_former_leaders_take_back_writes_nothing() {
     assert_eq!(statuses(&conn), before);
     // The leader plans; the former one cannot record that plan's outcome either.
     let tx = conn.transaction().unwrap();
-    let plan = super::fenced_plan(&b, &tx, "H100-80GB", T0 + 1).unwrap();
+    let plan = fenced_plan(&b, &tx, "H100-80GB", T0 + 1).unwrap();
     tx.commit().unwrap();
     assert_eq!(plan.len(), 2);
     let planned = statuses(&conn);
@@ -408,7 +405,7 @@ fn a_former_leaders_take_back_writes_nothing() {
     let every = std::time::Duration::from_secs(60);
     for work in plan {
         let tx = conn.transaction().unwrap();
-        assert!(super::fenced_record(&a, &tx, work, Ok(()), (T0 + 2, every)).is_err());
+        assert!(fenced_record(&a, &tx, work, Ok(()), (T0 + 2, every)).is_err());
     }
     assert_eq!(statuses(&conn), planned);
     assert!(store::events::list(&conn, "b1")
