@@ -105,6 +105,45 @@ async fn every_service_round_trip_and_state_survives_a_restart() {
         .unwrap()
         .into_inner();
     assert_eq!((quota.gpus, quota.burst_gpus), (32, 8));
+    // Weight and lending limit change only when the update says so: a client from before
+    // them (no set_sharing) leaves them, the limit cut to the new guarantee.
+    let update = |gpus, set_sharing| UpdateGpuQuotaRequest {
+        id: quota.id.clone(),
+        gpus,
+        burst_gpus: 8,
+        weight: Some(3),
+        lending_limit_gpus: Some(16),
+        set_sharing,
+        ..Default::default()
+    };
+    let shared = c.quotas.update_gpu_quota(update(32, true)).await.unwrap();
+    let shared = shared.into_inner();
+    assert_eq!((shared.weight, shared.lending_limit_gpus), (3, Some(16)));
+    let older = UpdateGpuQuotaRequest {
+        weight: None,
+        lending_limit_gpus: None,
+        ..update(8, false)
+    };
+    let kept = c.quotas.update_gpu_quota(older).await.unwrap().into_inner();
+    assert_eq!(
+        (kept.gpus, kept.weight, kept.lending_limit_gpus),
+        (8, 3, Some(8))
+    );
+    let cleared = UpdateGpuQuotaRequest {
+        weight: None,
+        lending_limit_gpus: None,
+        ..update(32, true)
+    };
+    let quota = c
+        .quotas
+        .update_gpu_quota(cleared)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (quota.gpus, quota.weight, quota.lending_limit_gpus),
+        (32, 1, None)
+    );
     assert_eq!(
         c.quotas
             .get_gpu_quota(GetGpuQuotaRequest {

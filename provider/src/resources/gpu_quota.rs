@@ -91,6 +91,7 @@ fn update_request(
         also_planned: vec![],
         weight: Some(required_i64(planned, "weight")?),
         lending_limit_gpus: planned.i64_attr("lending_limit_gpus").map_err(diag)?,
+        set_sharing: true,
     })
 }
 

@@ -323,8 +323,12 @@ impl Quotas {
         let mut q = visible_quota(&tx, &Caller::Admin, &req.id)?;
         rules::at_least("gpus", req.gpus, 0).map_err(invalid)?;
         rules::at_least("burst_gpus", req.burst_gpus, 0).map_err(invalid)?;
-        let (weight, lending_limit_gpus) =
-            rules::quota_sharing(req.gpus, req.weight, req.lending_limit_gpus).map_err(invalid)?;
+        let (weight, lending_limit_gpus) = if req.set_sharing {
+            rules::quota_sharing(req.gpus, req.weight, req.lending_limit_gpus).map_err(invalid)?
+        } else {
+            // A client from before weights and lending limits: the quota keeps its own.
+            (q.weight, q.lending_limit_gpus.map(|l| l.min(req.gpus)))
+        };
         let tenant = visible_tenant(&tx, &Caller::Admin, &q.tenant_id)?;
         let own = Some((q.tenant_id.as_str(), q.gpu_type.as_str()));
         let assumed = assume_planned(
