@@ -667,7 +667,16 @@ pub async fn apply_resuming(
     let _one = tracked.bring_up.lock().await;
     // A request's (a create, an update, a refill's change): not fenced.
     let fence = Fence::request();
-    if let Some(why) = bring_up(state, &fence, &tracked, cluster_id, released, drained).await? {
+    if let Some(why) = bring_up(
+        state,
+        (&fence, By::Request),
+        &tracked,
+        cluster_id,
+        released,
+        drained,
+    )
+    .await?
+    {
         return Ok(Some(why));
     }
     let why = accept(state, cluster_id).await;
@@ -718,20 +727,36 @@ async fn accept(state: &Arc<AppState>, cluster_id: &str) -> Option<String> {
     }
 }
 
+/// Who brings a cluster up: a request (a create's, an update's, a registration's), or
+/// the supervisor, which leaves a cluster a request is changing to that request.
+#[derive(Clone, Copy, PartialEq)]
+enum By {
+    Request,
+    Supervisor,
+}
+
 /// [`apply_resuming`] with the cluster's bring-up lock held. `fence`: the supervisor's
 /// (a singleton) records nothing of the placement once its replica lost the lease.
 async fn bring_up(
     state: &Arc<AppState>,
-    fence: &Fence,
+    (fence, by): (&Fence, By),
     tracked: &Tracked,
     cluster_id: &str,
     released: &[NodeRow],
     drained: &[NodeRow],
 ) -> Result<Option<String>> {
-    tracked.set_applied(None);
     let Some(mut plan) = read_plan(state, cluster_id).await? else {
+        tracked.set_applied(None);
         return Ok(None);
     };
+    // The supervisor found the cluster settled, but a request may have changed it since:
+    // its row already holds the new layout while the nodes still have the old one, and
+    // Slurm given the new one now would refuse the nodes ("inval") while the request
+    // waits for them to drain. The request brings it up once the nodes have it.
+    if by == By::Supervisor && !matches!(plan.cluster.status.as_str(), "running" | "degraded") {
+        return Ok(None);
+    }
+    tracked.set_applied(None);
     if plan.access.login_port == 0 {
         plan.access.login_port = give_login_port(state, fence, &plan.cluster.id).await?;
     }
@@ -1006,7 +1031,16 @@ pub async fn rejoin(state: &Arc<AppState>, node: &NodeRow) {
     if tracked.applied() != Some(plan.fingerprint()) {
         // A registration's: not fenced.
         let fence = Fence::request();
-        if let Err(e) = bring_up(state, &fence, &tracked, &cluster_id, &[], &[]).await {
+        if let Err(e) = bring_up(
+            state,
+            (&fence, By::Request),
+            &tracked,
+            &cluster_id,
+            &[],
+            &[],
+        )
+        .await
+        {
             tracing::warn!(cluster = %plan.cluster.name, error = %e, "the cluster did not take the configuration of a node that came back");
         }
         return;
@@ -1316,10 +1350,11 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
         } else {
             // After a start of this control plane, a replacement, a node that left.
             let _one = tracked.bring_up.lock().await;
-            let why = match bring_up(state, &fence, &tracked, &c.id, &[], &[]).await {
-                Ok(why) => why,
-                Err(e) => Some(format!("Slurm: {e}")),
-            };
+            let why =
+                match bring_up(state, (&fence, By::Supervisor), &tracked, &c.id, &[], &[]).await {
+                    Ok(why) => why,
+                    Err(e) => Some(format!("Slurm: {e}")),
+                };
             (why, None)
         };
         // A cluster its last acceptance probe found unusable stays so until a probe
