@@ -170,6 +170,21 @@ pub struct GroupBy {
     pub class: bool,
 }
 
+impl GroupBy {
+    /// The SQL list of the grouped columns, `''` for those not grouped by. A cluster's
+    /// name is unique only within its tenant: grouping by cluster keeps the tenant.
+    fn columns(&self) -> String {
+        let col = |on: bool, name: &'static str| if on { name } else { "''" };
+        [
+            col(self.tenant || self.cluster, "tenant"),
+            col(self.cluster, "cluster"),
+            col(self.gpu_type, "gpu_type"),
+            col(self.class, "class"),
+        ]
+        .join(", ")
+    }
+}
+
 /// GPU-seconds held in `[since, until)`, open intervals counted up to `now`, of one tenant
 /// (`tenant_id`) or all, grouped by `by` and ordered by the groups; at most `limit` rows.
 pub fn held(
@@ -181,15 +196,7 @@ pub fn held(
     by: GroupBy,
     limit: i64,
 ) -> rusqlite::Result<Vec<UsageRow>> {
-    let col = |on: bool, name: &'static str| if on { name } else { "''" };
-    // A cluster's name is unique only within its tenant: grouping by cluster keeps the tenant.
-    let cols = [
-        col(by.tenant || by.cluster, "tenant"),
-        col(by.cluster, "cluster"),
-        col(by.gpu_type, "gpu_type"),
-        col(by.class, "class"),
-    ];
-    let list = cols.join(", ");
+    let list = by.columns();
     let sql = format!(
         "SELECT {list},
                 SUM(gpus * (MIN(COALESCE(end_time, ?4), ?3) - MAX(start_time, ?2)))
@@ -412,14 +419,7 @@ pub fn used(
     by: GroupBy,
     limit: i64,
 ) -> rusqlite::Result<Vec<UsedRow>> {
-    let col = |on: bool, name: &'static str| if on { name } else { "''" };
-    let cols = [
-        col(by.tenant || by.cluster, "tenant"),
-        col(by.cluster, "cluster"),
-        col(by.gpu_type, "gpu_type"),
-        col(by.class, "class"),
-    ];
-    let list = cols.join(", ");
+    let list = by.columns();
     let part = |c: &str| {
         format!(
             "CASE WHEN first_t >= ?2 AND last_t <= ?3 THEN {c}
