@@ -698,14 +698,7 @@ pub fn unfit_reason(isolation_problem: &str) -> String {
 /// quarantined at once (not through the breaker: a fact of the host, not a failed
 /// check), out of its cluster if it was in one, so that no cluster is placed on it.
 async fn quarantine_unfit(state: &AppState, node: &NodeRow, isolation_problem: &str) -> Result<()> {
-    let cluster = match node.cluster_id.clone() {
-        Some(id) => {
-            state
-                .read(move |conn| Ok::<_, Error>(store::clusters::get(conn, &id)?))
-                .await?
-        }
-        None => None,
-    };
+    let cluster = cluster_of(state, node).await?;
     quarantine_checked(
         state,
         &Fence::request(),
@@ -734,14 +727,7 @@ pub async fn quarantine_unanswered(
     if node.state == NODE_QUARANTINED {
         return Ok(());
     }
-    let cluster = match node.cluster_id.clone() {
-        Some(id) => {
-            state
-                .read(move |conn| Ok::<_, Error>(store::clusters::get(conn, &id)?))
-                .await?
-        }
-        None => None,
-    };
+    let cluster = cluster_of(state, &node).await?;
     quarantine_checked(
         state,
         fence,
@@ -1308,14 +1294,7 @@ async fn check_one(
     level: &str,
     taking: Taking,
 ) -> Result<Option<Checked>> {
-    let cluster = match node.cluster_id.clone() {
-        Some(id) => {
-            state
-                .read(move |conn| Ok::<_, Error>(store::clusters::get(conn, &id)?))
-                .await?
-        }
-        None => None,
-    };
+    let cluster = cluster_of(state, node).await?;
     let mut node = node.clone();
     let mut attempt = 0;
     let v = loop {
@@ -1729,6 +1708,16 @@ async fn nodes_of(state: &AppState, cluster_id: &str) -> Result<Vec<NodeRow>> {
     let id = cluster_id.to_string();
     state
         .read(move |conn| Ok::<_, Error>(store::nodes::list(conn, None, Some(&id))?))
+        .await
+}
+
+/// The cluster `node` is in, if any.
+async fn cluster_of(state: &AppState, node: &NodeRow) -> Result<Option<ClusterRow>> {
+    let Some(id) = node.cluster_id.clone() else {
+        return Ok(None);
+    };
+    state
+        .read(move |conn| Ok::<_, Error>(store::clusters::get(conn, &id)?))
         .await
 }
 
