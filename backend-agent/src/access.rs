@@ -222,10 +222,17 @@ async fn verify_audit(data_dir: std::path::PathBuf) -> anyhow::Result<()> {
         );
     }
     let entries: u64 = verified.whole.iter().map(|w| w.entries).sum();
+    let copies: u64 = verified.whole.iter().map(|w| w.copies).sum();
     let unchained: u64 = verified.whole.iter().map(|w| w.unchained).sum();
     println!(
-        "the audit log is whole: {entries} entries in {} chains{}",
+        "the audit log is whole: {entries} entries in {} chains{}{}",
         verified.whole.len(),
+        // The admin's listing shows each of these calls once, so it lists fewer.
+        if copies > 0 {
+            format!(" ({copies} of them teams' copies of the admin's calls on their objects)")
+        } else {
+            String::new()
+        },
         if unchained > 0 {
             format!(" ({unchained} older entries from before the chains, not verified)")
         } else {

@@ -351,6 +351,25 @@ async fn the_admins_changes_are_in_the_teams_view_and_verify_names_an_edited_or_
     let (whole, report) = verify(&data);
     assert!(whole, "{report}");
     assert!(report.starts_with("the audit log is whole: "), "{report}");
+    // The chains hold the team's copies of the admin's calls beside the admin's own
+    // entries; less those, they hold exactly what the admin's listing shows.
+    let number_before = |word: &str| -> u64 {
+        let head = report.lines().next().unwrap();
+        let at = head
+            .find(word)
+            .unwrap_or_else(|| panic!("no '{word}' in {head}"));
+        head[..at]
+            .split_whitespace()
+            .last()
+            .and_then(|n| n.trim_start_matches('(').parse().ok())
+            .unwrap_or_else(|| panic!("no number before '{word}' in {head}"))
+    };
+    let listed = all.lines().skip(1).filter(|l| !l.trim().is_empty()).count() as u64;
+    assert_eq!(
+        number_before(" entries in ") - number_before(" of them teams' copies"),
+        listed,
+        "{report}\n{all}"
+    );
 
     // An entry edited in the file: verify names it, and exits 1.
     let refused_seq: i64 = rusqlite::Connection::open(data.join("state.db"))

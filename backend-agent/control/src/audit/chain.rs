@@ -23,6 +23,9 @@ pub struct Broken {
 pub struct Whole {
     pub chain: String,
     pub entries: u64,
+    /// Of `entries`, the team's copies of the admin's calls on its objects: the admin's
+    /// listing shows each such call once, so the chains hold more entries than it lists.
+    pub copies: u64,
     /// Entries from before the chains, ahead of it (not verified).
     pub unchained: u64,
     pub record: Option<ChainRecord>,
@@ -68,9 +71,10 @@ pub fn verify(conn: &mut Connection) -> rusqlite::Result<Verified> {
         let mut walk = Walk::new(&chain, record.clone());
         audit::walk(&tx, &chain, &mut |link| walk.step(link))?;
         match walk.finish() {
-            Ok((entries, unchained)) => out.whole.push(Whole {
+            Ok((entries, copies, unchained)) => out.whole.push(Whole {
                 chain,
                 entries,
+                copies,
                 unchained,
                 record,
             }),
@@ -88,6 +92,7 @@ struct Walk {
     /// The last chained entry seen, its place and hash.
     last: Option<(i64, i64, [u8; 32])>,
     entries: u64,
+    copies: u64,
     unchained: u64,
     broken: Option<Broken>,
 }
@@ -99,6 +104,7 @@ impl Walk {
             record,
             last: None,
             entries: 0,
+            copies: 0,
             unchained: 0,
             broken: None,
         }
@@ -182,16 +188,18 @@ impl Walk {
         let hash = audit::entry_hash(&link.row, &link.chain, place, prev);
         self.last = Some((seq, place, hash));
         self.entries += 1;
+        self.copies += u64::from(audit::is_copy(&link.row));
         Ok(())
     }
 
-    /// The chain's entries and unchained ones, or its first break.
-    fn finish(self) -> Result<(u64, u64), Broken> {
+    /// The chain's entries, its copies of the admin's and unchained ones, or its first
+    /// break.
+    fn finish(self) -> Result<(u64, u64, u64), Broken> {
         if let Some(b) = self.broken {
             return Err(b);
         }
         let Some(record) = &self.record else {
-            return Ok((self.entries, self.unchained));
+            return Ok((self.entries, self.copies, self.unchained));
         };
         let name = name(&self.chain);
         match self.last {
@@ -208,7 +216,7 @@ impl Walk {
                     "{name} was pruned whole, but its recorded start does not follow its newest: the record was edited"
                 ),
             }),
-            None => Ok((0, self.unchained)),
+            None => Ok((0, 0, self.unchained)),
             Some((last, place, _)) if place < record.head_chain_seq => Err(Broken {
                 seq: last,
                 why: format!(
@@ -228,7 +236,7 @@ impl Walk {
                     ),
                 })
             }
-            Some(_) => Ok((self.entries, self.unchained)),
+            Some(_) => Ok((self.entries, self.copies, self.unchained)),
         }
     }
 }
