@@ -339,7 +339,8 @@ pub struct UsageArgs {
     /// The window's end (exclusive), RFC 3339; held time counts up to now at most.
     #[arg(long)]
     pub until: String,
-    /// Group by any of tenant, cluster, gpu_type, class (comma-separated); none: one total.
+    /// Group by any of tenant, cluster, gpu_type, class, mig_profile (comma-separated);
+    /// none: one total.
     #[arg(long, value_delimiter = ',')]
     pub by: Vec<String>,
     /// table (the grouped columns), json, or csv (every column, always in the same order).

@@ -2,7 +2,11 @@
 //! readings; "not reported" where none reported any, never 0), as a table, JSON, or CSV
 //! whose columns never change (for finance exports):
 //! `since,until,tenant,cluster,gpu_type,class,gpu_seconds`, then always
-//! `gpu_seconds_used,gpu_seconds_measured` last (used empty when not reported).
+//! `gpu_seconds_used,gpu_seconds_measured` (used empty when not reported), then
+//! `mig_profile,slice_seconds` last. `--by mig_profile` splits a MIG cluster's GPUs
+//! between the profiles its layout cuts them into (`none`: whole GPUs): each row's
+//! `gpu_seconds` is its profile's part of the GPUs held, `slice_seconds` its instances
+//! held times seconds.
 //! With `--prices FILE` (the price list `replay --prices` reads: `gpufleet_economics::prices`)
 //! each row gains its cost, GPU-hours held times the price of its model and class (the class
 //! mapping is `prices::Class::of_usage`), with totals per tenant; the CSV inserts
@@ -27,6 +31,9 @@ pub const CSV_COST_COLUMNS: &str = "gpu_hours,price_per_gpu_hour,cost";
 /// Last in every CSV (after the cost columns with `--prices`), so that no column moves:
 /// GPU-seconds used (empty: not reported) and held time the readings covered.
 pub const CSV_USED_COLUMNS: &str = "gpu_seconds_used,gpu_seconds_measured";
+/// After [`CSV_USED_COLUMNS`], last in every CSV: the MIG profile (`none` for whole GPUs,
+/// empty when not grouped by) and MIG instance-seconds held.
+pub const CSV_MIG_COLUMNS: &str = "mig_profile,slice_seconds";
 /// What the table says of a group whose GPUs reported no utilisation.
 pub const NOT_REPORTED: &str = "not reported";
 
@@ -181,6 +188,8 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport, costs: Option<&[Cost]>
                         "gpu_seconds": r.gpu_seconds,
                         "gpu_seconds_used": r.gpu_seconds_used,
                         "gpu_seconds_measured": r.gpu_seconds_measured,
+                        "mig_profile": r.mig_profile,
+                        "slice_seconds": r.slice_seconds,
                     });
                     if let Some(c) = costs.map(|c| c[i]) {
                         row["gpu_hours"] = (r.gpu_seconds as f64 / 3600.0).into();
@@ -214,7 +223,7 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport, costs: Option<&[Cost]>
             format!("{doc:#}\n")
         }
         UsageFormat::Table => {
-            let shown: Vec<&str> = ["tenant", "cluster", "gpu_type", "class"]
+            let shown: Vec<&str> = ["tenant", "cluster", "gpu_type", "class", "mig_profile"]
                 .into_iter()
                 .filter(|c| {
                     args.by.iter().any(|b| b == c)
@@ -222,11 +231,15 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport, costs: Option<&[Cost]>
                 })
                 .collect();
             let mut header: Vec<String> = shown.iter().map(|c| c.to_uppercase()).collect();
+            let slices = shown.contains(&"mig_profile");
             header.extend([
                 "GPU-SECONDS".to_string(),
                 "GPU-HOURS".to_string(),
                 "USED GPU-SECONDS".to_string(),
             ]);
+            if slices {
+                header.push("SLICE-HOURS".to_string());
+            }
             if costs.is_some() {
                 header.extend(["PRICE/GPU-HOUR".to_string(), "COST".to_string()]);
             }
@@ -241,7 +254,8 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport, costs: Option<&[Cost]>
                             "tenant" => r.tenant.clone(),
                             "cluster" => r.cluster.clone(),
                             "gpu_type" => r.gpu_type.clone(),
-                            _ => r.class.clone(),
+                            "class" => r.class.clone(),
+                            _ => r.mig_profile.clone(),
                         })
                         .collect();
                     row.push(r.gpu_seconds.to_string());
@@ -250,6 +264,9 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport, costs: Option<&[Cost]>
                         r.gpu_seconds_used
                             .map_or(NOT_REPORTED.to_string(), |u| u.to_string()),
                     );
+                    if slices {
+                        row.push(hours(r.slice_seconds, 2));
+                    }
                     if let Some(c) = costs.map(|c| c[i]) {
                         row.push(c.per_gpu_hour.to_string());
                         row.push(money(c.cents));
@@ -281,7 +298,7 @@ pub fn render(args: &UsageArgs, report: &v1::UsageReport, costs: Option<&[Cost]>
 
 /// CSV with [`CSV_COLUMNS`] (and [`CSV_COST_COLUMNS`] with costs: GPU-hours to 6
 /// decimals, the price as the list gives it, the cost to hundredths), then
-/// [`CSV_USED_COLUMNS`]; a field with a comma or quote is quoted. No total rows: each row
+/// [`CSV_USED_COLUMNS`] and [`CSV_MIG_COLUMNS`]; a field with a comma or quote is quoted. No total rows: each row
 /// is one line a spreadsheet can sum.
 fn csv(since: &str, until: &str, rows: &[v1::UsageRow], costs: Option<&[Cost]>) -> String {
     let field = |s: &str| {
@@ -292,8 +309,10 @@ fn csv(since: &str, until: &str, rows: &[v1::UsageRow], costs: Option<&[Cost]>) 
         }
     };
     let mut out = match costs {
-        Some(_) => format!("{CSV_COLUMNS},{CSV_COST_COLUMNS},{CSV_USED_COLUMNS}\n"),
-        None => format!("{CSV_COLUMNS},{CSV_USED_COLUMNS}\n"),
+        Some(_) => {
+            format!("{CSV_COLUMNS},{CSV_COST_COLUMNS},{CSV_USED_COLUMNS},{CSV_MIG_COLUMNS}\n")
+        }
+        None => format!("{CSV_COLUMNS},{CSV_USED_COLUMNS},{CSV_MIG_COLUMNS}\n"),
     };
     for (i, r) in rows.iter().enumerate() {
         let cells = [since, until, &r.tenant, &r.cluster, &r.gpu_type, &r.class];
@@ -312,6 +331,7 @@ fn csv(since: &str, until: &str, rows: &[v1::UsageRow], costs: Option<&[Cost]>) 
             .map(|u| u.to_string())
             .unwrap_or_default();
         out.push_str(&format!(",{used},{}", r.gpu_seconds_measured));
+        out.push_str(&format!(",{},{}", field(&r.mig_profile), r.slice_seconds));
         out.push('\n');
     }
     out
@@ -354,6 +374,8 @@ mod tests {
                 gpu_seconds: 7200,
                 gpu_seconds_used: Some(1800),
                 gpu_seconds_measured: 7200,
+                mig_profile: String::new(),
+                slice_seconds: 0,
             }],
             retention_seconds: 400 * 86_400,
         }
@@ -369,20 +391,62 @@ mod tests {
         );
         assert_eq!(
             out,
-            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_seconds_used,gpu_seconds_measured\n\
-             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,\"vision, inc\",,H100-80GB,on-demand,7200,1800,7200\n"
+            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_seconds_used,gpu_seconds_measured,mig_profile,slice_seconds\n\
+             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,\"vision, inc\",,H100-80GB,on-demand,7200,1800,7200,,0\n"
         );
         // Not reported is an empty field, never 0.
         let mut mig = report();
         mig.rows[0].gpu_seconds_used = None;
         mig.rows[0].gpu_seconds_measured = 0;
         let out = render(&args(UsageFormat::Csv, &["tenant"]), &mig, None);
-        assert!(out.ends_with(",on-demand,7200,,0\n"), "{out}");
+        assert!(out.ends_with(",on-demand,7200,,0,,0\n"), "{out}");
         let json: serde_json::Value =
             serde_json::from_str(&render(&args(UsageFormat::Json, &["tenant"]), &mig, None))
                 .unwrap();
         assert!(json["rows"][0]["gpu_seconds_used"].is_null(), "{json}");
         assert_eq!(json["rows"][0]["gpu_seconds"], 7200);
+    }
+
+    /// Grouped by MIG profile: the profile and its slice-hours in the table, both last in
+    /// the CSV (no earlier column moves), and in the JSON.
+    #[test]
+    fn mig_profiles_are_a_column_of_their_own_with_their_slices() {
+        let report = v1::UsageReport {
+            rows: vec![
+                v1::UsageRow {
+                    mig_profile: "1g.10gb".into(),
+                    slice_seconds: 7 * 7200,
+                    ..row("vision", "guaranteed", 7200)
+                },
+                v1::UsageRow {
+                    mig_profile: "none".into(),
+                    ..row("vision", "guaranteed", 3600)
+                },
+            ],
+            retention_seconds: 0,
+        };
+        let by = ["class", "mig_profile"];
+        assert_eq!(
+            render(&args(UsageFormat::Table, &by), &report, None),
+            "CLASS       MIG_PROFILE  GPU-SECONDS  GPU-HOURS  USED GPU-SECONDS  SLICE-HOURS\n\
+             guaranteed  1g.10gb      7200         2.00       not reported      14.00\n\
+             guaranteed  none         3600         1.00       not reported      0.00\n"
+        );
+        let csv = render(&args(UsageFormat::Csv, &by), &report, None);
+        assert!(
+            csv.starts_with(&format!(
+                "{CSV_COLUMNS},{CSV_USED_COLUMNS},mig_profile,slice_seconds\n"
+            )),
+            "{csv}"
+        );
+        assert!(
+            csv.contains(",vision,,H100-80GB,guaranteed,7200,,0,1g.10gb,50400\n"),
+            "{csv}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&render(&args(UsageFormat::Json, &by), &report, None)).unwrap();
+        assert_eq!(json["rows"][0]["mig_profile"], "1g.10gb");
+        assert_eq!(json["rows"][0]["slice_seconds"], 50400);
     }
 
     #[test]
@@ -494,9 +558,9 @@ mod tests {
         let by = ["tenant", "gpu_type", "class"];
         assert_eq!(
             render(&args(UsageFormat::Csv, &by), &report, Some(&c)),
-            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_hours,price_per_gpu_hour,cost,gpu_seconds_used,gpu_seconds_measured\n\
-             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,vision,,H100-80GB,guaranteed,8000,2.222222,2.5,5.56,,0\n\
-             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,vision,,H100-80GB,on-demand,3600,1.000000,6,6.00,,0\n"
+            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_hours,price_per_gpu_hour,cost,gpu_seconds_used,gpu_seconds_measured,mig_profile,slice_seconds\n\
+             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,vision,,H100-80GB,guaranteed,8000,2.222222,2.5,5.56,,0,,0\n\
+             2027-01-01T00:00:00Z,2027-02-01T00:00:00Z,vision,,H100-80GB,on-demand,3600,1.000000,6,6.00,,0,,0\n"
         );
         let table = render(&args(UsageFormat::Table, &by), &report, Some(&c));
         assert!(

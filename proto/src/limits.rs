@@ -38,7 +38,7 @@ pub const MAX_ALSO_PLANNED: usize = 100;
 /// window, and how far back one may start.
 pub const USAGE_RETENTION_SECS: i64 = 400 * 86_400;
 /// What a usage read may group by (`UsageRequest.by`, the data source's `by`).
-pub const USAGE_GROUPS: [&str; 4] = ["tenant", "cluster", "gpu_type", "class"];
+pub const USAGE_GROUPS: [&str; 5] = ["tenant", "cluster", "gpu_type", "class", "mig_profile"];
 /// The most rows one usage answer holds.
 pub const MAX_USAGE_ROWS: usize = 10_000;
 
@@ -132,10 +132,10 @@ mod tests {
         let by =
             |names: &[&str]| usage_by(&names.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         assert!(by(&[]).is_ok());
-        assert!(by(&["tenant", "cluster", "gpu_type", "class"]).is_ok());
+        assert!(by(&["tenant", "cluster", "gpu_type", "class", "mig_profile"]).is_ok());
         assert_eq!(
             by(&["tenant", "model"]).unwrap_err(),
-            "by: unknown grouping 'model'; use any of tenant, cluster, gpu_type, class"
+            "by: unknown grouping 'model'; use any of tenant, cluster, gpu_type, class, mig_profile"
         );
         assert_eq!(
             by(&["class", "class"]).unwrap_err(),

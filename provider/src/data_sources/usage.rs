@@ -1,5 +1,5 @@
-//! `gpufleet_usage`: GPU-seconds held in a window per tenant, cluster, GPU model and
-//! capacity class (issue 42), and used, from the GPUs' utilisation readings (null where
+//! `gpufleet_usage`: GPU-seconds held in a window per tenant, cluster, GPU model,
+//! capacity class and MIG profile (issue 42), with the MIG instance-seconds, and used, from the GPUs' utilisation readings (null where
 //! none reported any: not reported, not 0). The admin token reads every team's (or
 //! one's); a tenant token only its own.
 
@@ -34,6 +34,8 @@ fn row_type() -> Type {
         ("gpu_seconds", Type::Number),
         ("gpu_seconds_used", Type::Number),
         ("gpu_seconds_measured", Type::Number),
+        ("mig_profile", Type::String),
+        ("slice_seconds", Type::Number),
     ])
 }
 
@@ -52,6 +54,8 @@ fn row_value(r: &api::UsageRow) -> Value {
             "gpu_seconds_measured",
             Value::Number(r.gpu_seconds_measured),
         ),
+        ("mig_profile", Value::string(&r.mig_profile)),
+        ("slice_seconds", Value::Number(r.slice_seconds)),
     ])
 }
 
@@ -116,7 +120,7 @@ impl DataSourceType for Usage {
 
     fn schema(&self) -> Schema {
         Schema::new(
-            "GPU-seconds held and used in a window, per tenant, cluster, GPU model and capacity class (the admin: every team's or one's; a tenant token: its own).",
+            "GPU-seconds held and used in a window, per tenant, cluster, GPU model, capacity class and MIG profile (the admin: every team's or one's; a tenant token: its own).",
             vec![
                 Attribute::computed("id", Type::String, "`usage/<tenant>/<since>/<until>`."),
                 Attribute::optional(
@@ -137,12 +141,12 @@ impl DataSourceType for Usage {
                 Attribute::optional(
                     "by",
                     Type::list(Type::String),
-                    "What to group by: any of `tenant`, `cluster`, `gpu_type`, `class`. Left out: one total row.",
+                    "What to group by: any of `tenant`, `cluster`, `gpu_type`, `class`, `mig_profile`. Left out: one total row.",
                 ),
                 Attribute::computed(
                     "rows",
                     Type::list(row_type()),
-                    "One row per group, ordered by `tenant`, `cluster`, `gpu_type`, `class` (each empty when not grouped by; grouping by `cluster` keeps its `tenant`) with `gpu_seconds`, the GPU-seconds held; `gpu_seconds_used`, those the GPUs were busy by their node agents' utilisation readings (null: not reported, as for MIG slices on real GPUs; not 0); and `gpu_seconds_measured`, the GPU-seconds held that the readings covered. `class` is `guaranteed`, `burst`, `borrowed-preemptible` or `on-demand`.",
+                    "One row per group, ordered by `tenant`, `cluster`, `gpu_type`, `class`, `mig_profile` (each empty when not grouped by; grouping by `cluster` keeps its `tenant`) with `gpu_seconds`, the GPU-seconds held; `gpu_seconds_used`, those the GPUs were busy by their node agents' utilisation readings (null: not reported, as for MIG slices on real GPUs; not 0); `gpu_seconds_measured`, the GPU-seconds held that the readings covered; and `slice_seconds`, the MIG instances held times seconds (0 for whole GPUs; every profile's together when not grouped by `mig_profile`). `class` is `guaranteed`, `burst`, `borrowed-preemptible` or `on-demand`; `mig_profile` is the MIG profile a cluster's `mig_layout` cuts its GPUs into (e.g. `1g.10gb`) or `none` for whole GPUs, and a profile's `gpu_seconds` is its part of the GPUs held (split by the memory slices each profile of the layout occupies, so the profiles add up to the whole GPUs).",
                 ),
             ],
         )
@@ -235,7 +239,7 @@ mod tests {
                 "2027-02-01T00:00:00Z",
                 &["team"]
             )),
-            ["by: unknown grouping 'team'; use any of tenant, cluster, gpu_type, class"]
+            ["by: unknown grouping 'team'; use any of tenant, cluster, gpu_type, class, mig_profile"]
         );
     }
 
@@ -263,5 +267,18 @@ mod tests {
             row_value(&r).get("gpu_seconds_measured"),
             &Value::Number(80)
         );
+    }
+
+    /// A MIG profile's row carries the profile and its slice-seconds.
+    #[test]
+    fn a_mig_profile_row_has_its_profile_and_slices() {
+        let r = api::UsageRow {
+            gpu_seconds: 80,
+            mig_profile: "1g.10gb".into(),
+            slice_seconds: 560,
+            ..Default::default()
+        };
+        assert_eq!(row_value(&r).get("mig_profile"), &Value::string("1g.10gb"));
+        assert_eq!(row_value(&r).get("slice_seconds"), &Value::Number(560));
     }
 }

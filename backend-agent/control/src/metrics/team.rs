@@ -640,7 +640,7 @@ mod tests {
         }
         let snapshot = read(&conn, "a", 1_100).unwrap().unwrap();
         let t = text(&snapshot, &HashMap::new());
-        let mine = r#"{class="burst",gpu_type="H100-80GB",tenant_id="a"}"#;
+        let mine = r#"{class="burst",gpu_type="H100-80GB",mig_profile="none",tenant_id="a"}"#;
         for line in [
             format!("gpufleet_gpu_seconds_total{mine} 800"),
             format!("gpufleet_gpu_seconds_used_total{mine} 80"),

@@ -52,6 +52,7 @@ pub fn report(
         cluster: has("cluster"),
         gpu_type: has("gpu_type"),
         class: has("class"),
+        mig_profile: has("mig_profile"),
     };
     let limit = MAX_USAGE_ROWS as i64 + 1;
     let held =
@@ -73,31 +74,31 @@ pub fn report(
 /// `ORDER BY` on text is by bytes, as `String`'s `Ord`). A group without readings has no
 /// used (not reported); used is rounded to seconds from milliseconds.
 fn merge(held: Vec<usage::UsageRow>, used: Vec<usage::UsedRow>) -> Vec<v1::UsageRow> {
-    let mut rows: BTreeMap<(String, String, String, String), v1::UsageRow> = BTreeMap::new();
+    type Key = (String, String, String, String, String);
+    let empty = |(tenant, cluster, gpu_type, class, mig_profile): Key| v1::UsageRow {
+        tenant,
+        cluster,
+        gpu_type,
+        class,
+        mig_profile,
+        ..Default::default()
+    };
+    let mut rows: BTreeMap<Key, v1::UsageRow> = BTreeMap::new();
     for r in held {
-        let key = (r.tenant, r.cluster, r.gpu_type, r.class);
+        let key = (r.tenant, r.cluster, r.gpu_type, r.class, r.mig_profile);
         rows.insert(
             key.clone(),
             v1::UsageRow {
-                tenant: key.0,
-                cluster: key.1,
-                gpu_type: key.2,
-                class: key.3,
                 gpu_seconds: r.gpu_seconds,
-                ..Default::default()
+                slice_seconds: r.slice_seconds,
+                ..empty(key)
             },
         );
     }
     let seconds = |ms: i64| (ms + 500).div_euclid(1000);
     for r in used.into_iter().filter(|r| r.measured_ms > 0) {
-        let key = (r.tenant, r.cluster, r.gpu_type, r.class);
-        let row = rows.entry(key.clone()).or_insert_with(|| v1::UsageRow {
-            tenant: key.0,
-            cluster: key.1,
-            gpu_type: key.2,
-            class: key.3,
-            ..Default::default()
-        });
+        let key = (r.tenant, r.cluster, r.gpu_type, r.class, r.mig_profile);
+        let row = rows.entry(key.clone()).or_insert_with(|| empty(key));
         row.gpu_seconds_used = Some(seconds(r.used_ms));
         row.gpu_seconds_measured = seconds(r.measured_ms);
     }
@@ -114,7 +115,9 @@ mod tests {
             cluster: String::new(),
             gpu_type: "H100-80GB".into(),
             class: class.into(),
+            mig_profile: String::new(),
             gpu_seconds,
+            slice_seconds: 0,
         }
     }
 
@@ -127,6 +130,7 @@ mod tests {
             cluster: String::new(),
             gpu_type: "H100-80GB".into(),
             class: "guaranteed".into(),
+            mig_profile: String::new(),
             used_ms: 1_499,
             measured_ms: 8_000,
         }];

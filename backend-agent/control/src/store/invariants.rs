@@ -205,7 +205,8 @@ pub fn memberships(conn: &Connection) -> rusqlite::Result<Vec<Membership>> {
 }
 
 /// A node as the usage records see it (issue 42): the cluster it names, whether that
-/// cluster exists, its GPUs, and the GPUs its open usage intervals count as held.
+/// cluster exists, its GPUs, and the GPUs its open usage intervals count as held (a MIG
+/// node's interval per profile counts its part of them: `store::usage::profile_shares`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageHeld {
     pub node_id: String,
@@ -221,7 +222,7 @@ pub fn usage_held(conn: &Connection) -> rusqlite::Result<Vec<UsageHeld>> {
     let mut stmt = conn.prepare(
         "SELECT n.id, n.hostname, n.cluster_id,
                 EXISTS (SELECT 1 FROM clusters c WHERE c.id = n.cluster_id), n.gpu_count,
-                COALESCE((SELECT SUM(u.gpus) FROM usage_intervals u
+                COALESCE((SELECT SUM(u.gpus * u.share_840ths) / 840 FROM usage_intervals u
                           WHERE u.node_id = n.id AND u.end_time IS NULL), 0)
          FROM nodes n ORDER BY n.id",
     )?;

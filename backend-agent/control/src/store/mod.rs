@@ -618,6 +618,59 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE usage_pruned ADD COLUMN used_ms INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE usage_pruned ADD COLUMN measured_ms INTEGER NOT NULL DEFAULT 0;
     "#,
+    // MIG profiles in usage (issue 42): a node of a cluster with a MIG layout has an
+    // interval per class and profile, counting its instances (`slices`) and its part of
+    // the GPUs (`share_840ths`, in 840ths of a GPU: `store::usage::profile_shares`).
+    // Existing rows are whole GPUs ('none', no slices, the whole GPU). The used and
+    // pruned totals are keyed by the profile too (rebuilt: a key cannot be altered), the
+    // pruned held time kept in 840ths of GPU-seconds so no part is rounded away.
+    r#"
+    ALTER TABLE usage_intervals ADD COLUMN mig_profile TEXT NOT NULL DEFAULT 'none';
+    ALTER TABLE usage_intervals ADD COLUMN slices INTEGER NOT NULL DEFAULT 0
+        CHECK (slices >= 0);
+    ALTER TABLE usage_intervals ADD COLUMN share_840ths INTEGER NOT NULL DEFAULT 840
+        CHECK (share_840ths BETWEEN 1 AND 840);
+    CREATE TABLE usage_used_by_profile (
+        tenant_id TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        cluster TEXT NOT NULL,
+        gpu_type TEXT NOT NULL,
+        class TEXT NOT NULL,
+        mig_profile TEXT NOT NULL,
+        hour INTEGER NOT NULL,
+        used_ms INTEGER NOT NULL CHECK (used_ms >= 0),
+        measured_ms INTEGER NOT NULL CHECK (measured_ms >= used_ms),
+        first_t INTEGER NOT NULL,
+        last_t INTEGER NOT NULL CHECK (last_t > first_t),
+        PRIMARY KEY (tenant_id, cluster, gpu_type, class, mig_profile, hour)
+    ) WITHOUT ROWID;
+    INSERT INTO usage_used_by_profile
+        SELECT tenant_id, tenant, cluster, gpu_type, class, 'none', hour, used_ms,
+               measured_ms, first_t, last_t
+        FROM usage_used;
+    DROP TABLE usage_used;
+    ALTER TABLE usage_used_by_profile RENAME TO usage_used;
+    CREATE INDEX usage_used_last ON usage_used (last_t);
+    CREATE INDEX usage_used_tenant ON usage_used (tenant_id, last_t);
+    CREATE TABLE usage_pruned_by_profile (
+        tenant_id TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        gpu_type TEXT NOT NULL,
+        mig_profile TEXT NOT NULL,
+        class TEXT NOT NULL,
+        gpu_seconds_840ths INTEGER NOT NULL,
+        slice_seconds INTEGER NOT NULL DEFAULT 0,
+        used_ms INTEGER NOT NULL DEFAULT 0,
+        measured_ms INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (tenant_id, gpu_type, mig_profile, class)
+    ) WITHOUT ROWID;
+    INSERT INTO usage_pruned_by_profile
+        SELECT tenant_id, tenant, gpu_type, 'none', class, gpu_seconds * 840, 0, used_ms,
+               measured_ms
+        FROM usage_pruned;
+    DROP TABLE usage_pruned;
+    ALTER TABLE usage_pruned_by_profile RENAME TO usage_pruned;
+    "#,
 ];
 
 /// Prepared statements kept per connection.

@@ -1,7 +1,7 @@
-//! GPU-seconds held, per tenant, cluster, GPU model and capacity class (issue 42), from
-//! the control plane's own allocation records: one interval per node a cluster holds,
-//! opened by [`open`] in the transaction that assigns the node and closed by [`close`] in
-//! the one that releases it. A read counts closed intervals as written and open ones up
+//! GPU-seconds held, per tenant, cluster, GPU model, capacity class and MIG profile
+//! (issue 42), from the control plane's own allocation records: intervals per node a
+//! cluster holds, opened by [`open`] in the transaction that assigns the node and closed
+//! by [`close`] in the one that releases it. A read counts closed intervals as written and open ones up
 //! to its `now`, so a restart neither double counts nor leaves a gap: there is no sampler.
 //!
 //! GPU-seconds used come from the node agents' utilisation readings ([`record_used`]):
@@ -13,6 +13,14 @@
 //! reported, never as 0. The interval's `used_through` is written in the same
 //! transaction, so a reading is counted once, whatever restarts.
 //!
+//! A cluster with a MIG layout holds its nodes' GPUs whole, cut into its layout's
+//! instances: each node has an interval per class and profile ([`profile_shares`]) that
+//! counts the instances (`slices`, so slice-seconds) and its part of the GPUs
+//! (`share_840ths`: the profile's memory slices over those the layout occupies, in 840ths
+//! of a GPU, which every part of 1..=8 memory slices divides exactly), so the profiles of
+//! a node add up to its GPUs and GPU-seconds stay whole GPUs held, as quotas count them.
+//! Whole GPUs are the profile [`WHOLE_GPUS`] with no slices.
+//!
 //! History is bounded: intervals that ended more than [`RETENTION_SECS`] ago are pruned
 //! when a node is released, and hours of readings as old when readings are recorded,
 //! their seconds carried into `usage_pruned` so the lifetime totals behind the
@@ -20,6 +28,7 @@
 
 use std::collections::BTreeMap;
 
+use gpufleet_gpu::catalog;
 use rusqlite::{Connection, OptionalExtension};
 
 /// How long closed intervals are kept: 400 days (part of the API's contract).
@@ -30,6 +39,66 @@ pub const GUARANTEED: &str = "guaranteed";
 pub const BURST: &str = "burst";
 pub const BORROWED_PREEMPTIBLE: &str = "borrowed-preemptible";
 pub const ON_DEMAND: &str = "on-demand";
+
+/// The MIG profile of whole GPUs (no layout): never a profile's name.
+pub const WHOLE_GPUS: &str = "none";
+
+/// A GPU's part a share counts in: 840 is divisible by every count of memory slices a
+/// layout can occupy (1 to 8), so each profile's part is a whole number of them.
+pub const SHARE_UNITS: i64 = 840;
+
+/// One MIG profile of a cluster's layout, as a held GPU is cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileShare {
+    pub profile: String,
+    /// Instances of the profile on each GPU.
+    pub per_gpu: i64,
+    /// The profile's part of each GPU, in [`SHARE_UNITS`]: its instances' memory slices
+    /// over the memory slices the whole layout occupies.
+    pub share: i64,
+}
+
+/// How each GPU of a cluster of `gpu_type` with `layout` (profile -> instances per GPU,
+/// as the cluster row keeps it) is counted: one whole GPU ([`WHOLE_GPUS`]) without a
+/// layout, else each profile's instances and part; the parts add up to the whole GPU. A
+/// profile the catalog does not know (the layout was checked when written) counts as one
+/// memory slice per instance.
+pub fn profile_shares(gpu_type: &str, layout: &BTreeMap<String, u32>) -> Vec<ProfileShare> {
+    let model = catalog::model(gpu_type);
+    let parts: Vec<(String, i64, i64)> = layout
+        .iter()
+        .filter(|&(_, &n)| n > 0)
+        .map(|(name, &n)| {
+            let memory = model
+                .and_then(|m| m.profile(name))
+                .map_or(1, |p| i64::from(p.memory_slices));
+            (name.clone(), i64::from(n), memory * i64::from(n))
+        })
+        .collect();
+    let occupied: i64 = parts.iter().map(|p| p.2).sum();
+    if occupied == 0 {
+        return vec![ProfileShare {
+            profile: WHOLE_GPUS.to_string(),
+            per_gpu: 0,
+            share: SHARE_UNITS,
+        }];
+    }
+    // Exact when `occupied` divides 840; otherwise (an unknown profile) the remainder
+    // goes to the last part, so the parts still add up to the whole GPU.
+    let mut shares: Vec<ProfileShare> = parts
+        .iter()
+        .map(|(profile, per_gpu, memory)| ProfileShare {
+            profile: profile.clone(),
+            per_gpu: *per_gpu,
+            share: memory * SHARE_UNITS / occupied,
+        })
+        .collect();
+    let counted: i64 = shares.iter().map(|s| s.share).sum();
+    if let Some(last) = shares.last_mut() {
+        last.share += SHARE_UNITS - counted;
+    }
+    shares
+}
 
 /// What a node handed to a cluster counts as: on-demand nodes are on-demand; pool nodes
 /// of a preemptible cluster are borrowed; other pool GPUs are guaranteed up to the
@@ -62,7 +131,8 @@ pub fn open(conn: &Connection, node_id: &str, cluster_id: &str, t: i64) -> rusql
             "SELECT c.tenant_id, t.name, c.name, n.gpu_type, n.capacity <> 'pool', n.gpu_count,
                     EXISTS (SELECT 1 FROM cluster_preemption p WHERE p.cluster_id = c.id),
                     COALESCE((SELECT q.gpus FROM quotas q
-                              WHERE q.tenant_id = c.tenant_id AND q.gpu_type = n.gpu_type), 0)
+                              WHERE q.tenant_id = c.tenant_id AND q.gpu_type = n.gpu_type), 0),
+                    c.mig_layout
              FROM nodes n JOIN clusters c ON c.id = ?2 JOIN tenants t ON t.id = c.tenant_id
              WHERE n.id = ?1",
         )?
@@ -76,32 +146,46 @@ pub fn open(conn: &Connection, node_id: &str, cluster_id: &str, t: i64) -> rusql
                 r.get::<_, i64>(5)?,
                 r.get::<_, bool>(6)?,
                 r.get::<_, i64>(7)?,
+                r.get::<_, String>(8)?,
             ))
         })
         .optional()?;
-    let Some((tenant_id, tenant, cluster, gpu_type, on_demand, gpus, preemptible, quota)) = found
+    let Some((tenant_id, tenant, cluster, gpu_type, on_demand, gpus, preemptible, quota, layout)) =
+        found
     else {
         return Ok(());
     };
+    // A node's profiles repeat its GPUs, each with its part: their parts add up to them.
     let guaranteed_held: i64 = conn
         .prepare_cached(
-            "SELECT COALESCE(SUM(gpus), 0) FROM usage_intervals
+            "SELECT COALESCE(SUM(gpus * share_840ths), 0) / 840 FROM usage_intervals
              WHERE end_time IS NULL AND tenant_id = ?1 AND gpu_type = ?2 AND class = 'guaranteed'",
         )?
         .query_row([&tenant_id, &gpu_type], |r| r.get(0))?;
+    let shares = profile_shares(&gpu_type, &super::from_json(&layout));
     for (class, n) in classify(on_demand, preemptible, gpus, quota, guaranteed_held) {
-        if n <= 0 {
-            continue;
+        for s in &shares {
+            super::exec(
+                conn,
+                "INSERT INTO usage_intervals
+                     (node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, start_time,
+                      mig_profile, slices, share_840ths)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                rusqlite::params![
+                    node_id,
+                    &tenant_id,
+                    &tenant,
+                    &cluster,
+                    &gpu_type,
+                    class,
+                    n,
+                    t,
+                    &s.profile,
+                    n * s.per_gpu,
+                    s.share
+                ],
+            )?;
         }
-        super::exec(
-            conn,
-            "INSERT INTO usage_intervals
-                 (node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, start_time)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            (
-                node_id, &tenant_id, &tenant, &cluster, &gpu_type, class, n, t,
-            ),
-        )?;
     }
     Ok(())
 }
@@ -119,16 +203,21 @@ pub fn close(conn: &Connection, node_id: &str, t: i64) -> rusqlite::Result<()> {
 }
 
 /// Moves intervals that ended more than [`RETENTION_SECS`] before `t` into the
-/// per-(tenant, model, class) totals, so lifetime totals stay whole.
+/// per-(tenant, model, MIG profile, class) totals, so lifetime totals stay whole (held
+/// time in [`SHARE_UNITS`] of GPU-seconds, so that no part is rounded away).
 pub fn prune(conn: &Connection, t: i64) -> rusqlite::Result<()> {
     let cutoff = t - RETENTION_SECS;
     super::exec(
         conn,
-        "INSERT INTO usage_pruned (tenant_id, tenant, gpu_type, class, gpu_seconds)
-         SELECT tenant_id, MAX(tenant), gpu_type, class, SUM(gpus * (end_time - start_time))
-         FROM usage_intervals WHERE end_time < ?1 GROUP BY tenant_id, gpu_type, class
-         ON CONFLICT (tenant_id, gpu_type, class) DO UPDATE
-             SET gpu_seconds = gpu_seconds + excluded.gpu_seconds",
+        "INSERT INTO usage_pruned (tenant_id, tenant, gpu_type, mig_profile, class,
+                                   gpu_seconds_840ths, slice_seconds)
+         SELECT tenant_id, MAX(tenant), gpu_type, mig_profile, class,
+                SUM(gpus * share_840ths * (end_time - start_time)),
+                SUM(slices * (end_time - start_time))
+         FROM usage_intervals WHERE end_time < ?1 GROUP BY tenant_id, gpu_type, mig_profile, class
+         ON CONFLICT (tenant_id, gpu_type, mig_profile, class) DO UPDATE
+             SET gpu_seconds_840ths = gpu_seconds_840ths + excluded.gpu_seconds_840ths,
+                 slice_seconds = slice_seconds + excluded.slice_seconds",
         [cutoff],
     )?;
     super::exec(
@@ -138,11 +227,12 @@ pub fn prune(conn: &Connection, t: i64) -> rusqlite::Result<()> {
     )?;
     super::exec(
         conn,
-        "INSERT INTO usage_pruned (tenant_id, tenant, gpu_type, class, gpu_seconds, used_ms,
-                                   measured_ms)
-         SELECT tenant_id, MAX(tenant), gpu_type, class, 0, SUM(used_ms), SUM(measured_ms)
-         FROM usage_used WHERE last_t < ?1 GROUP BY tenant_id, gpu_type, class
-         ON CONFLICT (tenant_id, gpu_type, class) DO UPDATE
+        "INSERT INTO usage_pruned (tenant_id, tenant, gpu_type, mig_profile, class,
+                                   gpu_seconds_840ths, slice_seconds, used_ms, measured_ms)
+         SELECT tenant_id, MAX(tenant), gpu_type, mig_profile, class, 0, 0, SUM(used_ms),
+                SUM(measured_ms)
+         FROM usage_used WHERE last_t < ?1 GROUP BY tenant_id, gpu_type, mig_profile, class
+         ON CONFLICT (tenant_id, gpu_type, mig_profile, class) DO UPDATE
              SET used_ms = used_ms + excluded.used_ms,
                  measured_ms = measured_ms + excluded.measured_ms",
         [cutoff],
@@ -158,7 +248,12 @@ pub struct UsageRow {
     pub cluster: String,
     pub gpu_type: String,
     pub class: String,
+    /// A MIG profile's name, or [`WHOLE_GPUS`].
+    pub mig_profile: String,
+    /// Whole GPUs held, a MIG profile's part of them included, rounded to seconds.
     pub gpu_seconds: i64,
+    /// MIG instances held times seconds (0 for whole GPUs).
+    pub slice_seconds: i64,
 }
 
 /// What a usage read groups by.
@@ -168,6 +263,7 @@ pub struct GroupBy {
     pub cluster: bool,
     pub gpu_type: bool,
     pub class: bool,
+    pub mig_profile: bool,
 }
 
 impl GroupBy {
@@ -180,6 +276,7 @@ impl GroupBy {
             col(self.cluster, "cluster"),
             col(self.gpu_type, "gpu_type"),
             col(self.class, "class"),
+            col(self.mig_profile, "mig_profile"),
         ]
         .join(", ")
     }
@@ -199,7 +296,9 @@ pub fn held(
     let list = by.columns();
     let sql = format!(
         "SELECT {list},
-                SUM(gpus * (MIN(COALESCE(end_time, ?4), ?3) - MAX(start_time, ?2)))
+                (SUM(gpus * share_840ths * (MIN(COALESCE(end_time, ?4), ?3) - MAX(start_time, ?2)))
+                 + 420) / 840,
+                SUM(slices * (MIN(COALESCE(end_time, ?4), ?3) - MAX(start_time, ?2)))
          FROM usage_intervals
          WHERE (?1 IS NULL OR tenant_id = ?1) AND start_time < MIN(?3, ?4)
            AND COALESCE(end_time, ?4) > ?2
@@ -212,38 +311,50 @@ pub fn held(
             cluster: r.get(1)?,
             gpu_type: r.get(2)?,
             class: r.get(3)?,
-            gpu_seconds: r.get(4)?,
+            mig_profile: r.get(4)?,
+            gpu_seconds: r.get(5)?,
+            slice_seconds: r.get(6)?,
         })
     })?;
     rows.collect()
 }
 
-/// A tenant's lifetime GPU-seconds of one model and class.
+/// A tenant's lifetime GPU-seconds of one model, MIG profile and class.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lifetime {
     pub tenant_id: String,
     pub tenant: String,
     pub gpu_type: String,
     pub class: String,
+    /// A MIG profile's name, or [`WHOLE_GPUS`].
+    pub mig_profile: String,
     pub gpu_seconds: i64,
+    /// MIG instance-seconds (0 for whole GPUs).
+    pub slice_seconds: i64,
 }
 
-/// Lifetime GPU-seconds per (tenant, model, class) up to `now`, pruned history included,
-/// of one tenant or all: what the Prometheus counter reports (it never goes down).
+/// Lifetime GPU-seconds per (tenant, model, MIG profile, class) up to `now`, pruned
+/// history included, of one tenant or all: what the Prometheus counters report (they
+/// never go down: held time is summed in parts of a GPU and rounded once).
 pub fn lifetime(
     conn: &Connection,
     tenant_id: Option<&str>,
     now: i64,
 ) -> rusqlite::Result<Vec<Lifetime>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT tenant_id, MAX(tenant), gpu_type, class, SUM(s) FROM (
-             SELECT tenant_id, tenant, gpu_type, class,
-                    gpus * (MAX(COALESCE(end_time, ?1), start_time) - start_time) AS s
+        "SELECT tenant_id, MAX(tenant), gpu_type, class, mig_profile, (SUM(s) + 420) / 840,
+                SUM(slice_s) FROM (
+             SELECT tenant_id, tenant, gpu_type, class, mig_profile,
+                    gpus * share_840ths * (MAX(COALESCE(end_time, ?1), start_time) - start_time)
+                        AS s,
+                    slices * (MAX(COALESCE(end_time, ?1), start_time) - start_time) AS slice_s
              FROM usage_intervals WHERE ?2 IS NULL OR tenant_id = ?2
              UNION ALL
-             SELECT tenant_id, tenant, gpu_type, class, gpu_seconds FROM usage_pruned
-             WHERE ?2 IS NULL OR tenant_id = ?2)
-         GROUP BY tenant_id, gpu_type, class ORDER BY tenant_id, gpu_type, class",
+             SELECT tenant_id, tenant, gpu_type, class, mig_profile, gpu_seconds_840ths,
+                    slice_seconds
+             FROM usage_pruned WHERE ?2 IS NULL OR tenant_id = ?2)
+         GROUP BY tenant_id, gpu_type, mig_profile, class
+         ORDER BY tenant_id, gpu_type, class, mig_profile",
     )?;
     let rows = stmt.query_map((now, tenant_id), |r| {
         Ok(Lifetime {
@@ -251,7 +362,9 @@ pub fn lifetime(
             tenant: r.get(1)?,
             gpu_type: r.get(2)?,
             class: r.get(3)?,
-            gpu_seconds: r.get(4)?,
+            mig_profile: r.get(4)?,
+            gpu_seconds: r.get(5)?,
+            slice_seconds: r.get(6)?,
         })
     })?;
     rows.collect()
@@ -269,11 +382,16 @@ pub struct Reading {
 
 const HOUR: i64 = 3600;
 
+/// A group of used time: tenant id, tenant, cluster, model, class, MIG profile.
+type UsedKey = (String, String, String, String, String, String);
+
 /// A usage interval a node's readings fall in.
 struct Covered {
     id: i64,
-    key: (String, String, String, String, String),
+    key: UsedKey,
     gpus: i64,
+    /// Its part of each of those GPUs, in [`SHARE_UNITS`].
+    share: i64,
     end: Option<i64>,
     /// Counted up to here: its last reading counted, or its start.
     through: i64,
@@ -315,8 +433,9 @@ pub fn record_used(
     let max_gap = max_gap.max(1);
     let covered: Vec<Covered> = conn
         .prepare_cached(
-            "SELECT i.id, i.tenant_id, i.tenant, i.cluster, i.gpu_type, i.class, i.gpus,
-                    i.end_time, MAX(COALESCE(i.used_through, i.start_time), i.start_time),
+            "SELECT i.id, i.tenant_id, i.tenant, i.cluster, i.gpu_type, i.class, i.mig_profile,
+                    i.gpus, i.share_840ths, i.end_time,
+                    MAX(COALESCE(i.used_through, i.start_time), i.start_time),
                     MAX(COALESCE(n.gpu_count, 0), i.gpus)
              FROM usage_intervals i LEFT JOIN nodes n ON n.id = i.node_id
              WHERE i.node_id = ?1 AND (i.end_time IS NULL OR i.end_time > ?2)",
@@ -324,15 +443,23 @@ pub fn record_used(
         .query_map((node_id, first - max_gap), |r| {
             Ok(Covered {
                 id: r.get(0)?,
-                key: (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?),
-                gpus: r.get(6)?,
-                end: r.get(7)?,
-                through: r.get(8)?,
-                node_gpus: r.get(9)?,
+                key: (
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                ),
+                gpus: r.get(7)?,
+                share: r.get(8)?,
+                end: r.get(9)?,
+                through: r.get(10)?,
+                node_gpus: r.get(11)?,
             })
         })?
         .collect::<rusqlite::Result<_>>()?;
-    let mut added: BTreeMap<(String, String, String, String, String, i64), Added> = BTreeMap::new();
+    let mut added: BTreeMap<(UsedKey, i64), Added> = BTreeMap::new();
     for c in covered {
         let mut through = c.through;
         for r in &readings {
@@ -347,14 +474,15 @@ pub fn record_used(
                 let hour = a - a.rem_euclid(HOUR);
                 let b = to.min(hour + HOUR);
                 let secs = b - a;
-                let (k0, k1, k2, k3, k4) = c.key.clone();
-                let sum = added.entry((k0, k1, k2, k3, k4, hour)).or_insert(Added {
+                let sum = added.entry((c.key.clone(), hour)).or_insert(Added {
                     first: a,
                     last: b,
                     ..Added::default()
                 });
-                sum.used_ms += share(c.gpus * i64::from(r.busy_percent) * secs * 10, c.node_gpus);
-                sum.measured_ms += share(c.gpus * i64::from(r.reported) * secs * 1000, c.node_gpus);
+                // The interval's GPUs' part of the node's.
+                let (num, den) = (c.gpus * c.share, c.node_gpus * SHARE_UNITS);
+                sum.used_ms += share(num * i64::from(r.busy_percent) * secs * 10, den);
+                sum.measured_ms += share(num * i64::from(r.reported) * secs * 1000, den);
                 sum.first = sum.first.min(a);
                 sum.last = sum.last.max(b);
                 a = b;
@@ -368,13 +496,14 @@ pub fn record_used(
             )?;
         }
     }
-    for ((tenant_id, tenant, cluster, gpu_type, class, hour), a) in added {
+    for ((key, hour), a) in added {
+        let (tenant_id, tenant, cluster, gpu_type, class, mig_profile) = key;
         super::exec(
             conn,
-            "INSERT INTO usage_used (tenant_id, tenant, cluster, gpu_type, class, hour, used_ms,
-                                     measured_ms, first_t, last_t)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
-             ON CONFLICT (tenant_id, cluster, gpu_type, class, hour) DO UPDATE
+            "INSERT INTO usage_used (tenant_id, tenant, cluster, gpu_type, class, mig_profile,
+                                     hour, used_ms, measured_ms, first_t, last_t)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+             ON CONFLICT (tenant_id, cluster, gpu_type, class, mig_profile, hour) DO UPDATE
                  SET used_ms = used_ms + excluded.used_ms,
                      measured_ms = measured_ms + excluded.measured_ms,
                      first_t = MIN(first_t, excluded.first_t),
@@ -385,6 +514,7 @@ pub fn record_used(
                 cluster,
                 gpu_type,
                 class,
+                mig_profile,
                 hour,
                 a.used_ms,
                 a.measured_ms,
@@ -404,6 +534,7 @@ pub struct UsedRow {
     pub cluster: String,
     pub gpu_type: String,
     pub class: String,
+    pub mig_profile: String,
     pub used_ms: i64,
     pub measured_ms: i64,
 }
@@ -441,40 +572,44 @@ pub fn used(
             cluster: r.get(1)?,
             gpu_type: r.get(2)?,
             class: r.get(3)?,
-            used_ms: r.get(4)?,
-            measured_ms: r.get(5)?,
+            mig_profile: r.get(4)?,
+            used_ms: r.get(5)?,
+            measured_ms: r.get(6)?,
         })
     })?;
     rows.collect()
 }
 
-/// A tenant's lifetime GPU-time used and measured of one model and class (milliseconds).
+/// A tenant's lifetime GPU-time used and measured of one model, class and MIG profile
+/// (milliseconds).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LifetimeUsed {
     pub tenant_id: String,
     pub tenant: String,
     pub gpu_type: String,
     pub class: String,
+    pub mig_profile: String,
     pub used_ms: i64,
     pub measured_ms: i64,
 }
 
-/// Lifetime GPU-time used per (tenant, model, class), pruned history included, of one
-/// tenant or all; only where readings measured some (a model and class whose GPUs report
-/// no utilisation has no row: not reported).
+/// Lifetime GPU-time used per (tenant, model, MIG profile, class), pruned history
+/// included, of one tenant or all; only where readings measured some (a model and class
+/// whose GPUs report no utilisation has no row: not reported).
 pub fn lifetime_used(
     conn: &Connection,
     tenant_id: Option<&str>,
 ) -> rusqlite::Result<Vec<LifetimeUsed>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT tenant_id, MAX(tenant), gpu_type, class, SUM(used_ms), SUM(measured_ms) FROM (
-             SELECT tenant_id, tenant, gpu_type, class, used_ms, measured_ms FROM usage_used
-             WHERE ?1 IS NULL OR tenant_id = ?1
+        "SELECT tenant_id, MAX(tenant), gpu_type, class, mig_profile, SUM(used_ms),
+                SUM(measured_ms) FROM (
+             SELECT tenant_id, tenant, gpu_type, class, mig_profile, used_ms, measured_ms
+             FROM usage_used WHERE ?1 IS NULL OR tenant_id = ?1
              UNION ALL
-             SELECT tenant_id, tenant, gpu_type, class, used_ms, measured_ms FROM usage_pruned
-             WHERE ?1 IS NULL OR tenant_id = ?1)
-         GROUP BY tenant_id, gpu_type, class HAVING SUM(measured_ms) > 0
-         ORDER BY tenant_id, gpu_type, class",
+             SELECT tenant_id, tenant, gpu_type, class, mig_profile, used_ms, measured_ms
+             FROM usage_pruned WHERE ?1 IS NULL OR tenant_id = ?1)
+         GROUP BY tenant_id, gpu_type, mig_profile, class HAVING SUM(measured_ms) > 0
+         ORDER BY tenant_id, gpu_type, class, mig_profile",
     )?;
     let rows = stmt.query_map([tenant_id], |r| {
         Ok(LifetimeUsed {
@@ -482,8 +617,9 @@ pub fn lifetime_used(
             tenant: r.get(1)?,
             gpu_type: r.get(2)?,
             class: r.get(3)?,
-            used_ms: r.get(4)?,
-            measured_ms: r.get(5)?,
+            mig_profile: r.get(4)?,
+            used_ms: r.get(5)?,
+            measured_ms: r.get(6)?,
         })
     })?;
     rows.collect()

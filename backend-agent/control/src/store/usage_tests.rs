@@ -58,6 +58,7 @@ fn all() -> GroupBy {
         cluster: true,
         gpu_type: true,
         class: true,
+        mig_profile: false,
     }
 }
 
@@ -398,4 +399,265 @@ fn used_time_survives_a_restart_exactly() {
             .is_empty()
     );
     assert_eq!(total_used(&conn), expected);
+}
+
+/// Clusters `m1` (each H100 cut into 7 1g.10gb) and `m2` (3g.40gb + 2g.20gb + 2 1g.10gb,
+/// which occupy 4 + 2 + 2 of the 8 memory slices) of tenant `a`, whose guarantee is 16.
+fn seed_mig(conn: &Connection) {
+    seed(conn);
+    conn.execute("UPDATE quotas SET gpus = 16 WHERE id = 'q'", [])
+        .unwrap();
+    for (id, layout) in [
+        ("m1", r#"{"1g.10gb":7}"#),
+        ("m2", r#"{"1g.10gb":2,"2g.20gb":1,"3g.40gb":1}"#),
+    ] {
+        conn.execute(
+            "INSERT INTO clusters (id, tenant_id, name, orchestrator, gpu_type, node_count,
+                                   storage_gib, status, endpoint, credentials, storage_path,
+                                   mig_layout)
+             VALUES (?1, 'a', ?1, 'kubernetes', 'H100-80GB', 1, 1, 'running', '', '', '', ?2)",
+            [id, layout],
+        )
+        .unwrap();
+    }
+}
+
+fn by_profile() -> GroupBy {
+    GroupBy {
+        mig_profile: true,
+        ..all()
+    }
+}
+
+/// (cluster, class, MIG profile, GPU-seconds, slice-seconds) of a read.
+fn profile_rows(rows: &[UsageRow]) -> Vec<(&str, &str, &str, i64, i64)> {
+    rows.iter()
+        .map(|r| {
+            (
+                r.cluster.as_str(),
+                r.class.as_str(),
+                r.mig_profile.as_str(),
+                r.gpu_seconds,
+                r.slice_seconds,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_layout_is_cut_into_profiles_that_add_up_to_the_whole_gpu() {
+    let one = profile_shares("H100-80GB", &[("1g.10gb".to_string(), 7)].into());
+    assert_eq!(
+        one,
+        [ProfileShare {
+            profile: "1g.10gb".into(),
+            per_gpu: 7,
+            share: 840,
+        }]
+    );
+    let mixed = profile_shares(
+        "H100-80GB",
+        &[
+            ("1g.10gb".to_string(), 2),
+            ("2g.20gb".to_string(), 1),
+            ("3g.40gb".to_string(), 1),
+        ]
+        .into(),
+    );
+    let got: Vec<(&str, i64, i64)> = mixed
+        .iter()
+        .map(|s| (s.profile.as_str(), s.per_gpu, s.share))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("1g.10gb", 2, 210),
+            ("2g.20gb", 1, 210),
+            ("3g.40gb", 1, 420)
+        ]
+    );
+    // A layout that occupies 3 of the 8 memory slices: its profiles still share the GPU.
+    let partial = profile_shares(
+        "H100-80GB",
+        &[("1g.10gb".to_string(), 1), ("2g.20gb".to_string(), 1)].into(),
+    );
+    assert_eq!(
+        partial.iter().map(|s| s.share).collect::<Vec<_>>(),
+        [280, 560]
+    );
+    let whole = profile_shares("H100-80GB", &Default::default());
+    assert_eq!(
+        (whole[0].profile.as_str(), whole[0].per_gpu, whole[0].share),
+        (WHOLE_GPUS, 0, 840)
+    );
+}
+
+/// m2's node is assigned first: its three profile intervals count its 8 GPUs once
+/// against a's guarantee of 16, so m1's node after it is guaranteed too (counting each
+/// profile's GPUs whole would have made it burst). Held 100 s: m1 holds 56 1g.10gb
+/// (5,600 slice-seconds, 800 GPU-seconds); m2 its GPUs' halves to 3g.40gb (400), quarters
+/// to 2g.20gb and 1g.10gb (200 each), with 8, 8 and 16 instances.
+#[test]
+fn mig_clusters_count_slices_and_their_part_of_the_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = open(&dir.path().join("state.db"));
+    seed_mig(&conn);
+    assert!(assign(&conn, "p2", "m2", T0).unwrap());
+    assert!(assign(&conn, "p1", "m1", T0).unwrap());
+    assert!(assign(&conn, "p3", "a1", T0).unwrap()); // whole GPUs, past the guarantee
+    release(&conn, "p1", T0 + 100).unwrap();
+    release(&conn, "p2", T0 + 100).unwrap();
+    release(&conn, "p3", T0 + 100).unwrap();
+    let rows = held(&conn, None, T0, T0 + 1000, T0 + 1000, by_profile(), 100).unwrap();
+    assert_eq!(
+        profile_rows(&rows),
+        [
+            ("a1", BURST, WHOLE_GPUS, 800, 0),
+            ("m1", GUARANTEED, "1g.10gb", 800, 56 * 100),
+            ("m2", GUARANTEED, "1g.10gb", 200, 16 * 100),
+            ("m2", GUARANTEED, "2g.20gb", 200, 8 * 100),
+            ("m2", GUARANTEED, "3g.40gb", 400, 8 * 100),
+        ]
+    );
+    // Not grouped by profile: whole GPUs held, as before.
+    assert_eq!(total(&conn, Some("a"), T0, T0 + 1000, T0 + 1000), 3 * 800);
+    // By profile only, every cluster's together.
+    let only = GroupBy {
+        mig_profile: true,
+        ..GroupBy::default()
+    };
+    let rows = held(&conn, None, T0, T0 + 1000, T0 + 1000, only, 100).unwrap();
+    assert_eq!(
+        profile_rows(&rows),
+        [
+            ("", "", "1g.10gb", 1000, 72 * 100),
+            ("", "", "2g.20gb", 200, 8 * 100),
+            ("", "", "3g.40gb", 400, 8 * 100),
+            ("", "", WHOLE_GPUS, 800, 0),
+        ]
+    );
+    // A window that cuts the holding counts the profiles' parts of it.
+    let rows = held(&conn, Some("a"), T0 + 40, T0 + 61, T0 + 1000, only, 100).unwrap();
+    assert_eq!(rows[0].gpu_seconds, 8 * 21 + 8 * 21 / 4);
+    assert_eq!(rows[0].slice_seconds, 72 * 21);
+    // The lifetime totals behind the counters, per profile.
+    let lifetime: Vec<(String, String, i64, i64)> = lifetime(&conn, Some("a"), T0 + 1000)
+        .unwrap()
+        .into_iter()
+        .map(|l| (l.class, l.mig_profile, l.gpu_seconds, l.slice_seconds))
+        .collect();
+    assert_eq!(
+        lifetime,
+        [
+            (BURST.into(), WHOLE_GPUS.into(), 800, 0),
+            (GUARANTEED.into(), "1g.10gb".into(), 1000, 7200),
+            (GUARANTEED.into(), "2g.20gb".into(), 200, 800),
+            (GUARANTEED.into(), "3g.40gb".into(), 400, 800),
+        ]
+    );
+}
+
+/// A MIG holding across a restart and past the retention: every slice-second and
+/// GPU-second once, and lifetime totals whole after pruning (kept in parts of a GPU).
+#[test]
+fn mig_usage_survives_a_restart_and_pruning_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let read = |conn: &Connection, now: i64| {
+        profile_rows(&held(conn, Some("a"), T0, T0 + 10_000, now, by_profile(), 100).unwrap())
+            .into_iter()
+            .map(|(c, k, p, g, s)| (c.to_string(), k.to_string(), p.to_string(), g, s))
+            .collect::<Vec<_>>()
+    };
+    {
+        let conn = open(&path);
+        seed_mig(&conn);
+        assert!(assign(&conn, "p2", "m2", T0).unwrap());
+        assert_eq!(read(&conn, T0 + 30)[2].3, 8 * 30 / 2);
+    }
+    // Down from T0 + 30 to T0 + 70: still held by the allocation records.
+    let conn = open(&path);
+    release(&conn, "p2", T0 + 70).unwrap();
+    drop(conn);
+    let conn = open(&path);
+    let expected = [
+        ("m2", GUARANTEED, "1g.10gb", 140, 16 * 70),
+        ("m2", GUARANTEED, "2g.20gb", 140, 8 * 70),
+        ("m2", GUARANTEED, "3g.40gb", 280, 8 * 70),
+    ]
+    .map(|(c, k, p, g, s)| (c.to_string(), k.to_string(), p.to_string(), g, s));
+    assert_eq!(read(&conn, T0 + 9000), expected);
+    // A quarter of 8 GPUs for 3 s is 6 GPU-seconds; the lifetime total rounds once.
+    assert!(assign(&conn, "p2", "m2", T0 + RETENTION_SECS + 100).unwrap());
+    release(&conn, "p2", T0 + RETENTION_SECS + 103).unwrap();
+    let now = T0 + RETENTION_SECS + 200;
+    let before = lifetime(&conn, Some("a"), now).unwrap();
+    assert_eq!(
+        before.iter().map(|l| l.gpu_seconds).collect::<Vec<_>>(),
+        [146, 146, 292]
+    );
+    prune(&conn, now).unwrap(); // the first holding leaves the reads
+    assert!(read(&conn, now).is_empty());
+    assert_eq!(lifetime(&conn, Some("a"), now).unwrap(), before);
+}
+
+/// The migration that keys usage by MIG profile: rows from before are whole GPUs, their
+/// totals unchanged.
+#[test]
+fn usage_from_before_mig_profiles_reads_as_whole_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+        )
+        .unwrap();
+        let before = super::MIGRATIONS
+            .iter()
+            .position(|m| m.contains("usage_used_by_profile"))
+            .unwrap();
+        for (i, sql) in super::MIGRATIONS[..before].iter().enumerate() {
+            conn.execute_batch(sql).unwrap();
+            conn.execute(
+                "INSERT INTO schema_version (version, applied_at) VALUES (?1, 0)",
+                [i as i64 + 1],
+            )
+            .unwrap();
+        }
+        conn.execute_batch(
+            "INSERT INTO usage_intervals (node_id, tenant_id, tenant, cluster, gpu_type, class,
+                                          gpus, start_time, end_time)
+                 VALUES ('p1', 'a', 'team-a', 'a1', 'H100-80GB', 'guaranteed', 8, 1000, 1100);
+             INSERT INTO usage_pruned (tenant_id, tenant, gpu_type, class, gpu_seconds, used_ms,
+                                       measured_ms)
+                 VALUES ('a', 'team-a', 'H100-80GB', 'guaranteed', 50, 7000, 9000);
+             INSERT INTO usage_used (tenant_id, tenant, cluster, gpu_type, class, hour, used_ms,
+                                     measured_ms, first_t, last_t)
+                 VALUES ('a', 'team-a', 'a1', 'H100-80GB', 'guaranteed', 0, 1000, 2000, 1000, 1100);",
+        )
+        .unwrap();
+    }
+    let conn = open(&path);
+    let rows = held(&conn, None, 0, 5000, 5000, by_profile(), 10).unwrap();
+    assert_eq!(
+        profile_rows(&rows),
+        [("a1", GUARANTEED, WHOLE_GPUS, 800, 0)]
+    );
+    let life = lifetime(&conn, None, 5000).unwrap();
+    assert_eq!(
+        (life[0].mig_profile.as_str(), life[0].gpu_seconds),
+        (WHOLE_GPUS, 850)
+    );
+    let used_life = lifetime_used(&conn, None).unwrap();
+    assert_eq!(
+        (
+            used_life[0].mig_profile.as_str(),
+            used_life[0].used_ms,
+            used_life[0].measured_ms
+        ),
+        (WHOLE_GPUS, 8000, 11_000)
+    );
+    let used_rows = used(&conn, None, 0, 5000, by_profile(), 10).unwrap();
+    assert_eq!(used_rows[0].mig_profile, WHOLE_GPUS);
 }
