@@ -30,6 +30,8 @@ pub const MAX_GPUS: i64 = 1_000_000;
 pub const MAX_QUOTA_WEIGHT: i64 = 1_000;
 /// A quota's `weight` when none is given.
 pub const DEFAULT_QUOTA_WEIGHT: i64 = 1;
+/// How long a cluster create may wait for capacity (`wait_seconds`, issue 42): a day.
+pub const MAX_WAIT_SECONDS: i64 = 86_400;
 /// A reservation's or a cluster's `node_count`.
 pub const MAX_NODE_COUNT: i64 = 10_000;
 /// Reservations a dry run places first (`also_planned`: the plan's siblings).

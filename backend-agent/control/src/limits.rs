@@ -520,6 +520,7 @@ impl Bounded for v1::CreateTenantClusterRequest {
             MAX_BANDWIDTH_GBPS,
         )?;
         ssh_public_keys(&self.ssh_public_keys)?;
+        range("wait_seconds", self.wait_seconds, 0, MAX_WAIT_SECONDS)?;
         optional(
             "max_unavailable",
             self.max_unavailable.into(),

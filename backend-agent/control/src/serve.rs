@@ -466,6 +466,7 @@ impl ControlPlane {
             singleton!("health", crate::scheduling::health::run_periodic),
             singleton!("slurm", crate::slurm_clusters::supervise),
             singleton!("refills", crate::services::clusters::run_refills),
+            singleton!("admissions", crate::services::admissions::run),
             singleton!("drift", crate::mig::run_drift_sweeps),
             tokio::spawn(crate::metering::run(state.clone(), stop.clone())),
         ]);

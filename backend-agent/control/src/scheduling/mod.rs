@@ -9,6 +9,7 @@ pub mod guarantees;
 pub mod health;
 pub mod placement;
 pub mod preemption;
+pub mod queue;
 pub mod reservations;
 pub mod sharing;
 #[cfg(test)]

@@ -15,6 +15,7 @@ use crate::fingerprint::Fingerprint;
 use crate::lease::Fence;
 use crate::rules;
 use crate::scheduling::clusters::{layout_changes, scale, scale_reclaiming, undo_create};
+use crate::scheduling::queue::Placed;
 use crate::state::{db_error, AppState};
 use crate::store::{self, clusters::ClusterRow, idempotency::Prior, nodes::NodeRow};
 use crate::volumes::Volumes;
@@ -442,7 +443,7 @@ impl Clusters {
     /// run whose name is taken, checked (and rolled back) under a name no cluster has.
     fn admit_create(
         &self,
-        tx: Savepoint<'_>,
+        mut tx: Savepoint<'_>,
         caller: Caller,
         tenant: store::tenants::TenantRow,
         mut req: v1::CreateTenantClusterRequest,
@@ -576,8 +577,39 @@ impl Clusters {
         // Within the tenant's idle guarantee, pool nodes lent to other tenants' preemptible
         // clusters come back for it (`scheduling::take_back::for_owner`).
         let (now, replace_after) = (self.state.now(), self.state.agents.replace_after);
-        let taken_back =
-            scale_reclaiming(&tx, &tenant.name, &cluster, now, replace_after)?.taken_back;
+        let placed = crate::scheduling::queue::place_or_wait(
+            &mut tx,
+            &tenant.name,
+            &cluster,
+            (now, replace_after),
+            req.wait_seconds,
+        )?;
+        let taken_back = match placed {
+            Placed::Now(scaling) => scaling.taken_back,
+            Placed::Waits(wait) => {
+                cluster.status = "queued".into();
+                cluster.status_reason = wait.reason().to_string();
+                store::clusters::set_status(&tx, &cluster.id, "queued", wait.reason())
+                    .map_err(db_error)?;
+                if req.validate_only {
+                    // The plan says the create will wait, and why.
+                    return dry_run_answer(&tx, &caller, cluster).map(Prepared::Existing);
+                }
+                store::idempotency::record(
+                    &tx,
+                    "cluster",
+                    &tenant.id,
+                    &req.request_id,
+                    &print,
+                    &cluster.id,
+                )
+                .map_err(db_error)?;
+                crate::scheduling::queue::enqueue(&tx, &cluster, now, req.wait_seconds)?;
+                let answer = message(&tx, &caller, cluster)?;
+                tx.commit().map_err(db_error)?;
+                return Ok(Prepared::Existing(answer));
+            }
+        };
         // Refused before anything is sent or kept when a placed node's agent cannot make
         // the node-local volume (an agent of the previous release).
         if self.state.volumes.mounts_on_nodes() && self.state.volumes.is_node_local() {
@@ -673,7 +705,7 @@ impl Clusters {
     }
 
     /// A create's orders to the agents and its record (or undo) of what they did.
-    async fn complete_create(
+    pub(super) async fn complete_create(
         &self,
         caller: Caller,
         cluster: ClusterRow,
@@ -861,6 +893,7 @@ impl Clusters {
     ) -> Result<PreparedUpdate, Status> {
         let (caller, req) = super::enter(&self.state, &tx, request)?;
         let c = visible_cluster(&tx, &caller, &req.id)?;
+        crate::scheduling::queue::refuse_while_queued(&c)?;
         if !req.validate_only {
             // A dry run asks about admission only; the apply joins a change under way.
             refuse_while_changing(&c)?;
@@ -1189,20 +1222,36 @@ impl Clusters {
         request: Request<v1::DeleteTenantClusterRequest>,
     ) -> Result<v1::DeleteResponse, Status> {
         let this = self.clone();
-        let (c, nodes, changes) = self
+        let now = self.state.now();
+        let deleting = self
             .state
             .write(move |tx| -> Result<_, Status> {
                 let (caller, req) = super::enter(&this.state, &tx, request)?;
                 let c = visible_cluster(&tx, &caller, &req.id)?;
+                if c.status == "queued" {
+                    // It holds nothing: it just goes.
+                    crate::scheduling::queue::forget(
+                        &tx,
+                        &c,
+                        now,
+                        "deleted",
+                        "the queued cluster was deleted before it was admitted; it held nothing",
+                    )?;
+                    tx.commit().map_err(db_error)?;
+                    return Ok(None);
+                }
                 refuse_while_changing(&c)?;
                 let nodes = store::nodes::list(&tx, None, Some(&c.id)).map_err(db_error)?;
                 // Released nodes go back to whole GPUs before anyone else can get them.
                 let changes = layout_changes(&tx, &c, &nodes)?;
                 store::clusters::set_status(&tx, &c.id, "deleting", "").map_err(db_error)?;
                 tx.commit().map_err(db_error)?;
-                Ok((c, nodes, changes))
+                Ok(Some((c, nodes, changes)))
             })
             .await?;
+        let Some((c, nodes, changes)) = deleting else {
+            return Ok(v1::DeleteResponse {});
+        };
         // The rest runs to the end even when the caller leaves (see `detached`).
         let this = self.clone();
         super::detached::run(async move { this.complete_delete(c, nodes, changes).await }).await

@@ -1,6 +1,7 @@
 //! gRPC services, one module per service, and what they share: status helpers,
 //! visibility rules, and loading the holdings the capacity and quota arithmetic needs.
 
+pub mod admissions;
 pub mod breakers;
 pub mod clusters;
 pub mod detached;

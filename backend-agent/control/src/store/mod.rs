@@ -22,6 +22,7 @@ pub mod invariants;
 pub mod leases;
 pub mod nodes;
 pub mod preemption;
+pub mod queue;
 pub mod quotas;
 pub mod readers;
 pub mod reservations;
@@ -670,6 +671,15 @@ const MIGRATIONS: &[&str] = &[
         FROM usage_pruned;
     DROP TABLE usage_pruned;
     ALTER TABLE usage_pruned_by_profile RENAME TO usage_pruned;
+    "#,
+    // Creates that wait for capacity (issue 42): a cluster in status "queued" holds no
+    // node; its row here says since when it waits and until when (`store::queue`).
+    r#"
+    CREATE TABLE cluster_queue (
+        cluster_id TEXT PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
+        queued_at INTEGER NOT NULL,
+        wait_until INTEGER NOT NULL CHECK (wait_until > queued_at)
+    ) WITHOUT ROWID;
     "#,
 ];
 
