@@ -124,6 +124,8 @@ const TEAM_FAMILIES: &[&str] = &[
     "gpufleet_gpu_seconds_total",
     "gpufleet_gpu_seconds_used_total",
     "gpufleet_gpu_seconds_measured_total",
+    // A's cluster is cut into MIG instances: its slice-seconds.
+    "gpufleet_mig_slice_seconds_total",
 ];
 const PROMETHEUS_OWN: &[&str] = &[
     "up",

@@ -9,6 +9,10 @@
 //! columns of time used (from the simulated GPUs' utilisation readings, which depend on
 //! when readings come on this clock) are checked for their place and bounds
 //! (used <= measured <= held); their exact arithmetic is the store's unit tests'.
+//!
+//! A team's MIG cluster, created through its own Terraform configuration, is counted per
+//! MIG profile: its GPUs held whole under its profile, with the slices they are cut into,
+//! through the data source, the CLI and the counters, unchanged by a restart.
 
 use gpufleet_e2e::fixtures::{create_pool_cluster, create_quota, create_tenant};
 use gpufleet_e2e::{prom, Backend, Terraform};
@@ -44,19 +48,21 @@ fn usage(backend: &Backend, token: &str, args: &[&str]) -> Result<String, String
     }
 }
 
-/// The CSV's two last columns, always `gpu_seconds_used,gpu_seconds_measured`, taken off
-/// each line after checking them: used (empty: not reported) <= measured <= the row's
-/// `gpu_seconds` (held).
+/// The CSV's used columns, always `gpu_seconds_used,gpu_seconds_measured` before the last
+/// two (`mig_profile,slice_seconds`), taken off each line after checking them: used
+/// (empty: not reported) <= measured <= the row's `gpu_seconds` (held).
 fn without_used(csv: &str) -> String {
     let mut lines = csv.lines();
     let header = lines.next().expect("a header");
     let mut out = header
-        .strip_suffix(",gpu_seconds_used,gpu_seconds_measured")
-        .unwrap_or_else(|| panic!("the used columns come last: {header}"))
+        .strip_suffix(",gpu_seconds_used,gpu_seconds_measured,mig_profile,slice_seconds")
+        .unwrap_or_else(|| panic!("the used and MIG columns come last: {header}"))
         .to_string();
-    out.push('\n');
+    out.push_str(",mig_profile,slice_seconds\n");
     for line in lines {
         let mut cells: Vec<&str> = line.split(',').collect();
+        let slice_seconds = cells.pop().unwrap();
+        let mig_profile = cells.pop().unwrap();
         let measured: i64 = cells.pop().unwrap().parse().unwrap();
         let used = cells.pop().unwrap();
         let held: i64 = cells[6].parse().unwrap();
@@ -67,7 +73,7 @@ fn without_used(csv: &str) -> String {
             assert!(used <= measured && measured <= held, "{line}");
         }
         out.push_str(&cells.join(","));
-        out.push('\n');
+        out.push_str(&format!(",{mig_profile},{slice_seconds}\n"));
     }
     out
 }
@@ -117,8 +123,8 @@ async fn gpu_seconds_held_are_exact_per_team_and_across_a_restart() {
     };
     let vision_csv = |seconds: i64| {
         format!(
-            "since,until,tenant,cluster,gpu_type,class,gpu_seconds\n\
-             {since},{until},vision,train,{H100},guaranteed,{seconds}\n"
+            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,mig_profile,slice_seconds\n\
+             {since},{until},vision,train,{H100},guaranteed,{seconds},,0\n"
         )
     };
     // The team's own token: its own cluster only, 8 GPUs x 1000 s.
@@ -166,9 +172,9 @@ async fn gpu_seconds_held_are_exact_per_team_and_across_a_restart() {
     assert_eq!(
         without_used(&usage(&backend, backend.admin_token(), &args).unwrap()),
         format!(
-            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_hours,price_per_gpu_hour,cost\n\
-             {since},{until},speech,,{H100},guaranteed,4800,1.333333,2.5,3.33\n\
-             {since},{until},vision,,{H100},guaranteed,8000,2.222222,2.5,5.56\n"
+            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,gpu_hours,price_per_gpu_hour,cost,mig_profile,slice_seconds\n\
+             {since},{until},speech,,{H100},guaranteed,4800,1.333333,2.5,3.33,,0\n\
+             {since},{until},vision,,{H100},guaranteed,8000,2.222222,2.5,5.56,,0\n"
         )
     );
     // A model and class the list does not price: refused, naming both and the file, and
@@ -225,7 +231,7 @@ output "rows" {{ value = data.gpufleet_usage.mine.rows }}
         rows,
         serde_json::json!([{
             "tenant": "vision", "cluster": "", "gpu_type": "", "class": "guaranteed",
-            "gpu_seconds": GPUS * 1000
+            "gpu_seconds": GPUS * 1000, "mig_profile": "", "slice_seconds": 0
         }])
     );
 
@@ -268,4 +274,154 @@ data "gpufleet_usage" "mine" {{
         .expect("delete the team's cluster");
     set_clock(&clock, t0 + 5000);
     assert_eq!(csv(&backend, &vision_token), vision_csv(GPUS * 1500));
+}
+
+/// The value of the series of `name` for one tenant id and MIG profile.
+fn series(text: &str, name: &str, tenant_id: &str, profile: &str) -> Option<String> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| {
+            l.contains(&format!("tenant_id=\"{tenant_id}\""))
+                && l.contains(&format!("mig_profile=\"{profile}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .map(str::to_string)
+}
+
+/// The team `vision` (16 guaranteed H100s) holds, from t0, a node of whole GPUs (`train`,
+/// made by the admin) and, through its own Terraform configuration and token, a node cut
+/// into 7 `1g.10gb` per GPU (`inference`). At t0 + 600 each node has held 8 GPUs for
+/// 600 s: 4,800 GPU-seconds each, `inference`'s under `1g.10gb` with its 8 x 7 = 56
+/// slices for 600 s, 33,600 slice-seconds; `train`'s under `none`, without slices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mig_cluster_is_counted_per_profile_with_its_slices() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = dir.path().join("clock");
+    let t0 = time::OffsetDateTime::now_utc().unix_timestamp();
+    set_clock(&clock, t0);
+    let mut backend = Backend::start_with_args(&[
+        "--clock-file",
+        clock.to_str().unwrap(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let mut admin = backend.admin().await;
+    let (vision, vision_token) = create_tenant(&mut admin, "vision").await;
+    create_quota(&mut admin, &vision.id, H100, 2 * GPUS, 0).await;
+    create_pool_cluster(&mut admin, &vision.id, "train", H100, 1).await;
+    let tf = Terraform::new(&backend, &vision_token);
+    tf.write_main(&format!(
+        r#"
+resource "gpufleet_tenant_cluster" "inference" {{
+  tenant       = "{tenant}"
+  name         = "inference"
+  orchestrator = "kubernetes"
+  gpu_type     = "{H100}"
+  node_count   = 1
+  mig_layout   = {{ "1g.10gb" = 7 }}
+}}
+"#,
+        tenant = vision.id
+    ));
+    tf.init();
+    tf.apply();
+    set_clock(&clock, t0 + 600);
+
+    let (since, until) = (rfc3339(t0 - 3600), rfc3339(t0 + 86_400));
+    let held = GPUS * 600;
+    let slices = GPUS * 7 * 600;
+    // The data source, with the team's token.
+    let reader = Terraform::new(&backend, &vision_token);
+    reader.write_main(&format!(
+        r#"
+data "gpufleet_usage" "mine" {{
+  since = "{since}"
+  until = "{until}"
+  by    = ["cluster", "mig_profile"]
+}}
+output "rows" {{ value = data.gpufleet_usage.mine.rows }}
+"#
+    ));
+    reader.init();
+    reader.apply();
+    let mut rows = reader.outputs()["rows"].clone();
+    for row in rows.as_array_mut().unwrap() {
+        let row = row.as_object_mut().unwrap();
+        let measured = row
+            .remove("gpu_seconds_measured")
+            .unwrap()
+            .as_i64()
+            .unwrap();
+        match row.remove("gpu_seconds_used").unwrap().as_i64() {
+            Some(used) => assert!(used <= measured && measured <= held, "{row:?}"),
+            None => assert_eq!(measured, 0, "not reported: {row:?}"),
+        }
+    }
+    assert_eq!(
+        rows,
+        serde_json::json!([
+            {
+                "tenant": "vision", "cluster": "inference", "gpu_type": "", "class": "",
+                "mig_profile": "1g.10gb", "gpu_seconds": held, "slice_seconds": slices
+            },
+            {
+                "tenant": "vision", "cluster": "train", "gpu_type": "", "class": "",
+                "mig_profile": "none", "gpu_seconds": held, "slice_seconds": 0
+            }
+        ])
+    );
+
+    // The CLI, by profile alone, before and after a restart.
+    let window = ["--since", since.as_str(), "--until", until.as_str()];
+    let csv = |backend: &Backend| {
+        let mut args = window.to_vec();
+        args.extend(["--by", "mig_profile", "--format", "csv"]);
+        without_used(&usage(backend, &vision_token, &args).unwrap())
+    };
+    let expected = format!(
+        "since,until,tenant,cluster,gpu_type,class,gpu_seconds,mig_profile,slice_seconds\n\
+         {since},{until},,,,,{held},1g.10gb,{slices}\n\
+         {since},{until},,,,,{held},none,0\n"
+    );
+    assert_eq!(csv(&backend), expected);
+    // Not grouped by profile: the whole GPUs held, as before profiles were counted.
+    let mut args = window.to_vec();
+    args.extend(["--format", "json"]);
+    let total: serde_json::Value =
+        serde_json::from_str(&usage(&backend, &vision_token, &args).unwrap()).unwrap();
+    assert_eq!(total["rows"][0]["gpu_seconds"], 2 * held);
+
+    // The operator's counters carry the profile.
+    let metrics = prom::wait_for_metrics_addr("the control plane", || backend.log());
+    let token = std::fs::read_to_string(backend.data_dir().join("metrics.token")).unwrap();
+    let text = prom::scrape_with(&metrics, token.trim());
+    let held_text = held.to_string();
+    let slices_text = slices.to_string();
+    for (name, profile, value) in [
+        (
+            "gpufleet_gpu_seconds_total",
+            "1g.10gb",
+            Some(held_text.as_str()),
+        ),
+        (
+            "gpufleet_gpu_seconds_total",
+            "none",
+            Some(held_text.as_str()),
+        ),
+        (
+            "gpufleet_mig_slice_seconds_total",
+            "1g.10gb",
+            Some(slices_text.as_str()),
+        ),
+        ("gpufleet_mig_slice_seconds_total", "none", None),
+    ] {
+        assert_eq!(
+            series(&text, name, &vision.id, profile).as_deref(),
+            value,
+            "{name} {profile} in\n{text}"
+        );
+    }
+
+    backend.restart();
+    assert_eq!(csv(&backend), expected);
 }

@@ -27,9 +27,10 @@
 //!   `gpufleet_cluster_node_checks{...,level,verdict}` (checks by verdict).
 //! - `gpufleet_tenant_gpus{tenant_id,gpu_type,kind}`: the operator's family, this tenant's
 //!   rows only.
-//! - `gpufleet_gpu_seconds_total`, `gpufleet_gpu_seconds_used_total` and
-//!   `gpufleet_gpu_seconds_measured_total{tenant_id,gpu_type,class}` ([`super::usage`]):
-//!   the operator's families, read for this tenant alone.
+//! - `gpufleet_gpu_seconds_total`, `gpufleet_mig_slice_seconds_total`,
+//!   `gpufleet_gpu_seconds_used_total` and
+//!   `gpufleet_gpu_seconds_measured_total{tenant_id,gpu_type,class,mig_profile}`
+//!   ([`super::usage`]): the operator's families, read for this tenant alone.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
