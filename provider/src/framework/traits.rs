@@ -64,8 +64,8 @@ pub trait ResourceType: Send + Sync {
     /// The full state of the object with this id.
     async fn import(&self, id: &str) -> Result<Value, Diagnostics>;
 
-    /// Warnings on an update planned in place from `prior` to `planned` (shown; the plan
-    /// goes on). By default none.
+    /// Warnings on an update planned in place from `prior` to `planned`, or on a create
+    /// (`prior` null), shown; the plan goes on. By default none.
     fn plan_warnings(&self, prior: &Value, planned: &Value) -> Diagnostics {
         let _ = (prior, planned);
         Diagnostics::default()

@@ -529,7 +529,18 @@ impl tf::provider_server::Provider for ProviderService {
                                 )
                                 .await
                         }
-                        None => None,
+                        None => {
+                            // A create (or a replacement's create half): no prior.
+                            if replace.is_empty() {
+                                warnings.0.extend(
+                                    self.resources[&req.type_name]
+                                        .inner
+                                        .plan_warnings(&Value::Null, &state)
+                                        .0,
+                                );
+                            }
+                            None
+                        }
                     };
                     (
                         encode(&state, ty),

@@ -7,6 +7,7 @@
 use gpufleet_proto::v1 as api;
 use tonic::Code;
 
+use super::capacity_wait;
 use super::waiting::{self, afterword, cut_short, with_deadline, Deadline, Expired, Waiting};
 use crate::client::Client;
 use crate::framework::{Diagnostic, Diagnostics};
@@ -129,7 +130,8 @@ async fn settle(
         tenant: c.tenant_id.clone(),
         name: c.name.clone(),
     };
-    while waiting::CHANGING.contains(&c.status.as_str()) {
+    // A create that waits for capacity is answered `queued`: it is polled like a change.
+    while waiting::CHANGING.contains(&c.status.as_str()) || c.status == capacity_wait::QUEUED {
         if deadline.pause().await.is_err() {
             return Err(timed_out(client, deadline, &subject, done).await);
         }
@@ -142,6 +144,16 @@ async fn settle(
             .await;
         match looked {
             Ok(Ok(now)) => c = now,
+            Ok(Err(s)) if s.code() == Code::NotFound && c.status == capacity_wait::QUEUED => {
+                // Its wait ran out (or someone deleted it) before it was admitted.
+                let events = latest_events(client, &c.id).await;
+                let said = events
+                    .iter()
+                    .rev()
+                    .find(|e| e.kind == "queue_expired" || e.kind == "deleted")
+                    .map_or(c.status_reason.clone(), |e| e.message.clone());
+                return Err(capacity_wait::ran_out(&c.name, &said).into());
+            }
             Ok(Err(s)) if s.code() == Code::NotFound => {
                 return Err(Diagnostic::error(
                     format!(

@@ -1,6 +1,7 @@
 //! The managed resources, one module each, and what they share.
 
 pub(crate) mod acceptance;
+mod capacity_wait;
 pub(crate) mod checks;
 mod cluster_node;
 mod cluster_waits;

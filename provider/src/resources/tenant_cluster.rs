@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use gpufleet_proto::v1 as api;
 use tonic::{Code, Status};
 
+use super::capacity_wait;
 use super::checks::{adopt_hint, import_tenant, verdict, written, Asked};
 use super::cluster_node::{cluster_node_type, cluster_node_value};
 use super::cluster_waits;
@@ -27,11 +28,16 @@ use crate::validation;
 
 pub struct TenantCluster {
     provider: Arc<ProviderState>,
+    /// Creates this plan's dry runs found will wait for capacity, for the plan's warnings.
+    will_wait: capacity_wait::WillWait,
 }
 
 impl TenantCluster {
     pub fn new(provider: Arc<ProviderState>) -> Self {
-        Self { provider }
+        Self {
+            provider,
+            will_wait: Default::default(),
+        }
     }
 }
 
@@ -506,6 +512,7 @@ async fn check_layout(
 /// Inputs of a create or update that must be known for a dry run (a tenant or a
 /// reservation made by the same apply is not, and the backend decides at apply).
 const DRY_RUN_INPUTS: &[&str] = &[
+    "wait_for_capacity",
     "tenant",
     "name",
     "orchestrator",
@@ -565,6 +572,7 @@ fn create_request(
             .map_err(diag)?
             .unwrap_or(false),
         ssh_public_keys: string_list(planned, "ssh_public_keys"),
+        wait_seconds: capacity_wait::requested(planned)?,
         ..super::acceptance::create_fields(planned)?
     };
     request.request_id = create_key(&request);
@@ -765,6 +773,13 @@ impl TenantCluster {
             }
         };
         let tenant = super::common::optional_tenant(state)?;
+        if let Ok(queued) = &answer {
+            let queued = queued.get_ref();
+            if prior.is_none() && queued.status == capacity_wait::QUEUED {
+                let name = required_str(state, "name")?;
+                self.will_wait.note(&tenant, &name, &queued.status_reason);
+            }
+        }
         let taken = prior.is_none() && matches!(&answer, Err(s) if s.code() == Code::AlreadyExists);
         let asked = Asked {
             tenant: &tenant,
@@ -898,6 +913,10 @@ async fn answered_state(
         &c.tenant_name,
     );
     s.set("timeouts", waiting::normalized(planned.get("timeouts")));
+    s.set(
+        capacity_wait::ATTRIBUTE,
+        planned.get(capacity_wait::ATTRIBUTE).clone(),
+    );
     super::acceptance::set_state(&mut s, &c, planned.get("acceptance"));
     Ok(s)
 }
@@ -963,7 +982,8 @@ impl ResourceType for TenantCluster {
                     Type::Bool,
                     "With `preemptible`: replace pool nodes a reservation takes back by on-demand nodes (when on-demand capacity is free) instead of shrinking. Defaults to `false`. Changing it forces replacement.",
                 ),
-                Attribute::computed("status", Type::String, "`running` once its nodes are assigned and their agents have applied its layout; `degraded` while a node is unreachable (until it is back or replaced); `creating`, `updating` or `deleting` while a change is under way."),
+                capacity_wait::attribute(),
+                Attribute::computed("status", Type::String, "`running` once its nodes are assigned and their agents have applied its layout; `degraded` while a node is unreachable (until it is back or replaced); `creating`, `updating` or `deleting` while a change is under way; `queued` while a create with `wait_for_capacity` waits to be admitted, holding nothing (an apply waits through it)."),
                 Attribute::computed("status_reason", Type::String, "Why the status is not simply `running` (e.g. which node is unreachable, and whether a replacement is possible); empty otherwise."),
                 Attribute::computed(
                     "nodes",
@@ -1048,6 +1068,7 @@ impl ResourceType for TenantCluster {
             }
         }
         waiting::check(config, &mut diags);
+        capacity_wait::check(config, &mut diags);
         super::acceptance::check(config, &mut diags);
         diags.into_result()
     }
@@ -1065,6 +1086,10 @@ impl ResourceType for TenantCluster {
                     &c.tenant_name,
                 );
                 s.set("timeouts", waiting::normalized(prior.get("timeouts")));
+                s.set(
+                    capacity_wait::ATTRIBUTE,
+                    prior.get(capacity_wait::ATTRIBUTE).clone(),
+                );
                 super::acceptance::set_state(&mut s, &c, prior.get("acceptance"));
                 s
             }))
@@ -1182,6 +1207,9 @@ impl ResourceType for TenantCluster {
     }
 
     fn plan_warnings(&self, prior: &Value, planned: &Value) -> Diagnostics {
+        if prior.is_null() {
+            return Diagnostics(self.will_wait.warning(planned).into_iter().collect());
+        }
         Diagnostics(
             removed_profiles_warning(prior, planned)
                 .into_iter()
