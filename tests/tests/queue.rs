@@ -12,7 +12,8 @@ use gpufleet_e2e::hcl::{self, Block};
 use gpufleet_e2e::node_agent::eventually;
 use gpufleet_e2e::{Backend, Terraform, TfRun};
 use gpufleet_proto::v1::{
-    CreateGpuQuotaRequest, DeleteTenantClusterRequest, ListEventsRequest, TenantCluster,
+    CreateGpuQuotaRequest, CreateTenantClusterRequest, DeleteTenantClusterRequest,
+    ListEventsRequest, QuotaUsageRequest, TenantCluster,
 };
 
 const H100: &str = "H100-80GB";
@@ -130,9 +131,21 @@ async fn idle_capacity_is_admitted_to_waiting_teams_in_weighted_fair_share_order
         || async { (count(&clusters_of(&backend, &b).await, "queued") == 3).then_some(()) },
     )
     .await;
-    // Queued clusters hold nothing.
+    // Queued clusters hold nothing, and the team's quota usage (its own token) counts none.
     let queued = clusters_of(&backend, &a).await;
     assert!(queued.iter().all(|c| c.nodes.is_empty()), "{queued:#?}");
+    let usage = backend
+        .clients(&a_token)
+        .await
+        .quotas
+        .get_quota_usage(QuotaUsageRequest {
+            tenant_id: a.clone(),
+            gpu_type: H100.into(),
+        })
+        .await
+        .expect("team-a's quota usage")
+        .into_inner();
+    assert_eq!((usage.used, usage.quota_left), (0, 32), "{usage:#?}");
 
     admin
         .clusters
@@ -253,4 +266,64 @@ async fn a_create_whose_wait_runs_out_fails_its_apply_and_leaves_nothing() {
     ]);
     tf.write_main("");
     tf.assert_no_changes();
+}
+
+/// A queued create outlives a control-plane restart: still queued with its reason after
+/// it, and admitted once the capacity frees (through the API, as any client would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_create_outlives_a_restart_and_is_admitted_after_it() {
+    let mut backend =
+        Backend::start_with_fleet(&format!("[[pool]]\ngpu_type = \"{H100}\"\nnodes = 1\n"));
+    let (a, a_token) = team(&backend, "team-a", 1).await;
+    let (c, _) = team(&backend, "team-c", 1).await;
+    let blocker = create_pool_cluster(&mut backend.admin().await, &c, "blocker", H100, 1).await;
+    let queued = backend
+        .clients(&a_token)
+        .await
+        .clusters
+        .create_tenant_cluster(CreateTenantClusterRequest {
+            request_id: request_id(),
+            name: "train".into(),
+            orchestrator: "kubernetes".into(),
+            gpu_type: H100.into(),
+            node_count: 1,
+            wait_seconds: 600,
+            ..Default::default()
+        })
+        .await
+        .expect("a create that waits")
+        .into_inner();
+    assert_eq!(
+        (queued.status.as_str(), queued.status_reason.as_str()),
+        (
+            "queued",
+            "waiting for capacity: needs 1 H100-80GB nodes (8 GPUs), 0 free for it now (0 GPUs)"
+        )
+    );
+    assert!(queued.nodes.is_empty(), "{queued:#?}");
+
+    backend.restart();
+    let _log = LogOnPanic(&backend);
+    let after = clusters_of(&backend, &a).await;
+    assert_eq!(after.len(), 1);
+    assert_eq!(
+        (after[0].status.as_str(), after[0].status_reason.as_str()),
+        ("queued", queued.status_reason.as_str())
+    );
+    backend
+        .admin()
+        .await
+        .clusters
+        .delete_tenant_cluster(DeleteTenantClusterRequest { id: blocker.id })
+        .await
+        .expect("the blocker goes");
+    eventually(
+        "the queued cluster admitted and running",
+        Duration::from_secs(60),
+        || async {
+            let now = clusters_of(&backend, &a).await;
+            (now.len() == 1 && now[0].status == "running" && now[0].nodes.len() == 1).then_some(())
+        },
+    )
+    .await;
 }
