@@ -310,6 +310,13 @@ pub struct NodeArgs {
     /// past it a job's write fails with "No space left on device", and nothing else fills.
     #[arg(long, env = "GPUFLEET_JOB_TMP_MIB", value_name = "MIB", default_value_t = gpufleet_slurm::job_tmp::DEFAULT_MIB, value_parser = clap::value_parser!(u64).range(gpufleet_slurm::job_tmp::MIN_MIB..=gpufleet_slurm::job_tmp::MAX_MIB))]
     pub job_tmp_mib: u64,
+    /// Disk space each Slurm cluster's home on this host may hold, in MiB, where the
+    /// cluster has no team volume to be its home: a file system of its own (a sparse file
+    /// in the data dir), shared by the cluster's nodes and login on this host and kept
+    /// until its last node leaves; past it a write fails with "No space left on device".
+    /// Applies to homes made from then on.
+    #[arg(long, env = "GPUFLEET_HOME_MIB", value_name = "MIB", default_value_t = gpufleet_slurm::home_fs::DEFAULT_MIB, value_parser = clap::value_parser!(u64).range(gpufleet_slurm::home_fs::MIN_MIB..=gpufleet_slurm::home_fs::MAX_MIB))]
+    pub home_mib: u64,
     /// End this node's Slurm daemons, its teams' jobs and login sessions when the agent
     /// stops. Without it they run on through a restart, crash or upgrade of the agent,
     /// and the next agent adopts them.
@@ -946,6 +953,7 @@ impl NodeArgs {
                 pids: self.login_pids,
             },
             job_tmp_mib: self.job_tmp_mib,
+            home_mib: self.home_mib,
             stop_workloads: self.stop_workloads,
             clean: self.clean,
         }

@@ -127,6 +127,7 @@ fn agent(
         shared_storage: None,
         login_limits: Default::default(),
         job_tmp_mib: gpufleet_slurm::job_tmp::DEFAULT_MIB,
+        home_mib: gpufleet_slurm::home_fs::DEFAULT_MIB,
         stop_workloads,
         // A Slurm cluster is checked against this host at plan (`slurm_clusters`).
         cgroup_root: None,

@@ -13,6 +13,11 @@
 //!   a job writing past it fails with "No space left on device", the host's disk holds no
 //!   more than the bound meanwhile (a sparse file in the agent's data dir; nothing in the
 //!   host's view of the jobs' base), and gets it back when the job ends;
+//! - B's home (no team volume is the home here) is a file system of the agent's
+//!   `--home-mib` (64 here) on the host, the same for its login and its jobs: B writing
+//!   past it from its login gets "No space left on device", the host's disk holds no more
+//!   than the bound (a sparse file in the agent's data dir), and B's files in it outlive a
+//!   `kill -9` and restart of the agent (one mount still, the same file system);
 //! - B's cgroupfs shows B's own cgroups only: no name, uid or job of A in B's login's or
 //!   job's `/sys/fs/cgroup` or `/proc/self/cgroup` (each login and node has a cgroup
 //!   namespace of its own);
@@ -25,7 +30,8 @@
 //! - destroying A's cluster leaves nothing of A on the host: no process (none left when the
 //!   apply returns: the agent waits for them before it removes the account), no file of its
 //!   uid in `/tmp`, `/var/tmp`, `/dev/shm`, `/run/lock` or the agents' data dirs, no mount
-//!   naming it, no cgroup of its node, no account, no runtime directory.
+//!   naming it, no home file system or loop device of it, no cgroup of its node, no
+//!   account, no runtime directory.
 //!
 //! Runs as root with namespaces and cgroup v1 (as CI does); what is missing fails the
 //! test naming it.
@@ -137,8 +143,31 @@ fn leftovers(name: &str, uid: u32, node: &str, dirs: &[PathBuf]) -> Vec<String> 
             }
         }
     }
-    if Path::new("/run/gpufleet").join(name).exists() {
-        left.push(format!("/run/gpufleet/{name}"));
+    for dir in [Path::new("/run/gpufleet"), Path::new("/run/gpufleet/homes")] {
+        if dir.join(name).exists() {
+            left.push(format!("{}", dir.join(name).display()));
+        }
+    }
+    // The cluster's file systems' files (its home's, its jobs' /tmp) and the loop
+    // devices that held them (which name a deleted file "... (deleted)").
+    for image in ["home.img", "jobs.img"] {
+        for dir in dirs {
+            let at = dir.join("slurm").join(name).join(image);
+            if at.exists() {
+                left.push(format!("file system {}", at.display()));
+            }
+        }
+    }
+    for device in fs::read_dir("/sys/block").unwrap().flatten() {
+        let backing = fs::read_to_string(device.path().join("loop/backing_file"));
+        if let Ok(file) = backing.as_deref().map(str::trim) {
+            if file.contains(&format!("/{name}/")) {
+                left.push(format!(
+                    "loop device {}: {file}",
+                    device.file_name().to_string_lossy()
+                ));
+            }
+        }
     }
     let account = Command::new("getent")
         .args(["passwd", &uid.to_string()])
@@ -192,9 +221,12 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
     require_the_platform();
     let backend = Backend::start_external("30s", "5m");
     // Each node declares the host's own CPUs (no --cpus): jobs are pinned to cores.
-    let agents: Vec<NodeAgent> = ["sba", "sbb"]
+    let mut agents: Vec<NodeAgent> = ["sba", "sbb"]
         .iter()
-        .map(|n| NodeAgent::start(&backend, n, &["--gpus", "1", "--job-tmp-mib", "64"]))
+        .map(|n| {
+            let flags = ["--gpus", "1", "--job-tmp-mib", "64", "--home-mib", "64"];
+            NodeAgent::start(&backend, n, &flags)
+        })
         .collect();
     let _logs = SlurmLogs(
         agents
@@ -366,6 +398,12 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
             out.contains(&format!(" {b_volume} ")) && out.contains("own-volume-writable"),
             "B's {place} lacks its own volume {b_volume}: {out}"
         );
+        // Of the homes' mounts, its own alone (A's name is in none it lists, see below).
+        let b_home = format!(" /run/gpufleet/homes/{b_name}/home ");
+        assert!(
+            out.contains(&b_home),
+            "B's {place} lacks its home mount: {out}"
+        );
         // Its own cgroups, from the root of its view.
         let own = match place {
             "login" => "memory:/\n".to_string(),
@@ -509,6 +547,84 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
     );
     assert!(out.contains("wrote"), "{out}");
 
+    // The home: a file system of 64 MiB for B's cluster on this host (no team volume is
+    // its home here), one mount on the host that B's login and jobs share. B fills it past
+    // its bound from the login: ENOSPC, and the host's disk holds at most the bound.
+    let b_agent = agents
+        .iter()
+        .position(|a| a.data_dir().join("slurm").join(&b_name).exists())
+        .expect("B's node's agent");
+    let home_image = agents[b_agent]
+        .data_dir()
+        .join("slurm")
+        .join(&b_name)
+        .join("home.img");
+    let home_held = || fs::metadata(&home_image).unwrap().blocks() * 512;
+    let home_mounts = || {
+        let at = format!(" /run/gpufleet/homes/{b_name}/home ");
+        fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&at))
+            .count()
+    };
+    assert_eq!(home_mounts(), 1, "B's home is one mount on the host");
+    let out = b.ok(
+        "df -P $HOME | tail -1; dd if=/dev/zero of=$HOME/fill bs=1M count=100 2>&1; echo dd=$?",
+    );
+    assert!(
+        out.contains("No space left on device") && out.contains("dd=1"),
+        "B wrote past its home's bound: {out}"
+    );
+    let kib: u64 = out
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|k| k.parse().ok())
+        .unwrap_or_else(|| panic!("the home's df: {out}"));
+    assert!(
+        (50 << 10..=64 << 10).contains(&kib),
+        "the home's size: {out}"
+    );
+    assert!(
+        (40 << 20..=64 << 20).contains(&home_held()),
+        "the host's disk holds {} bytes of B's home (bound 64 MiB)",
+        home_held()
+    );
+    // The job sees the login's file: one home.
+    let out = b.job_ok("", "stat -c %s $HOME/fill");
+    assert!(
+        out.trim().parse::<u64>().is_ok_and(|n| n > 40 << 20),
+        "{out}"
+    );
+    b.ok("rm $HOME/fill && echo kept > $HOME/kept");
+    eventually(
+        "the filled home given back to the host's disk",
+        LIMIT,
+        || {
+            let back = home_held() < 16 << 20;
+            async move { back.then_some(()) }
+        },
+    )
+    .await;
+    // kill -9 of B's agent, then a new one: it adopts B's daemons and orders them again
+    // (its slurmd adopted says so); the home is the same mount, with B's file.
+    let adopted = "adopted a daemon a former agent started";
+    let before = agents[b_agent].log().matches(adopted).count();
+    agents[b_agent].restart();
+    wait_for_log(&agents[b_agent], adopted, before);
+    assert_eq!(home_mounts(), 1, "B's home after the agent's restart");
+    for (place, out) in [
+        ("login", b.ok("cat $HOME/kept; df -P $HOME | tail -1")),
+        ("job", b.job_ok("", "cat $HOME/kept; df -P $HOME | tail -1")),
+    ] {
+        assert!(
+            out.starts_with("kept\n")
+                && out.contains(&format!("/run/gpufleet/homes/{b_name}/home")),
+            "B's {place} after the agent's restart: {out}"
+        );
+    }
+
     // One MIG slice: the job's CUDA_VISIBLE_DEVICES names it as CUDA counts the devices it
     // can open (0), and of the node's four slice devices it opens that one only.
     let gres_conf = fs::read_dir(Path::new("/run/gpufleet").join(&b_name))
@@ -565,7 +681,15 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
         .chain([backend.data_dir()])
         .collect();
     let before = leftovers(&a_name, a_uid, &a_node, &dirs);
-    for seen in ["process", "file of uid", "mount", "cgroup", "account"] {
+    for seen in [
+        "process",
+        "file of uid",
+        "mount",
+        "file system",
+        "loop device",
+        "cgroup",
+        "account",
+    ] {
         assert!(
             before.iter().any(|l| l.starts_with(seen)),
             "the probe does not see A's {seen} while A runs: {before:#?}"
@@ -595,6 +719,19 @@ async fn one_team_sees_nothing_of_another_on_a_shared_host_and_destroy_leaves_no
     assert!(out.contains(&b_name), "{out}");
     tf.destroy();
     nothing_left("B", || leftovers(&b_name, b_uid, &b_node, &dirs));
+}
+
+/// Waits (at most LIMIT) until `agent`'s log says `what` more than `before` times.
+fn wait_for_log(agent: &NodeAgent, what: &str, before: usize) {
+    let deadline = std::time::Instant::now() + LIMIT;
+    while agent.log().matches(what).count() <= before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent's log does not say {what:?} again: {}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// On a failure, the Slurm daemons' logs under these data dirs go to the test's output.

@@ -84,6 +84,9 @@ pub struct Config {
     /// What each Slurm cluster's jobs on this node may keep in their `/tmp`, all together,
     /// in MiB (`--job-tmp-mib`).
     pub job_tmp_mib: u64,
+    /// The size of each Slurm cluster's home this agent makes on this host, in MiB
+    /// (`--home-mib`).
+    pub home_mib: u64,
     /// End the node's Slurm daemons and jobs when the agent stops (else they run on, and
     /// the next agent adopts them).
     pub stop_workloads: bool,
@@ -115,6 +118,8 @@ pub struct Parts {
     pub login_limits: gpufleet_slurm::login_limits::LoginLimits,
     /// What each Slurm cluster's jobs on this node may keep in their `/tmp`, in MiB.
     pub job_tmp_mib: u64,
+    /// The size of each Slurm cluster's home this agent makes on this host, in MiB.
+    pub home_mib: u64,
     /// End the node's Slurm daemons and jobs when the agent stops (else they run on, and
     /// the next agent adopts them).
     pub stop_workloads: bool,
@@ -180,7 +185,10 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
                 address,
                 parts.shared_storage.clone(),
                 parts.login_limits,
-                parts.job_tmp_mib,
+                slurm::DiskBounds {
+                    job_tmp_mib: parts.job_tmp_mib,
+                    home_mib: parts.home_mib,
+                },
             ),
             bandwidth: parts.bandwidth,
             shared_storage: parts.shared_storage,
@@ -218,7 +226,7 @@ fn clean(data_dir: &std::path::Path, name: &str) -> anyhow::Result<()> {
         std::net::Ipv4Addr::LOCALHOST,
         None,
         Default::default(),
-        gpufleet_slurm::job_tmp::DEFAULT_MIB,
+        Default::default(),
     );
     let clusters = slurm.kept();
     let mut failed = Vec::new();
@@ -402,6 +410,7 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
         shared_storage,
         login_limits: args.login_limits,
         job_tmp_mib: args.job_tmp_mib,
+        home_mib: args.home_mib,
         stop_workloads: args.stop_workloads,
         cgroup_root: Some(PathBuf::from(gpufleet_slurm::CGROUP_ROOT)),
         bandwidth: Some(listener),

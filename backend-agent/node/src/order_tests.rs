@@ -29,6 +29,7 @@ fn agent(dir: &Path, name: &str) -> Arc<Agent> {
         shared_storage: None,
         login_limits: Default::default(),
         job_tmp_mib: gpufleet_slurm::job_tmp::DEFAULT_MIB,
+        home_mib: gpufleet_slurm::home_fs::DEFAULT_MIB,
         stop_workloads: true,
         cgroup_root: None,
         name: name.into(),

@@ -461,48 +461,41 @@ pub fn prepare_runtime(account: &Account) -> Result<PathBuf, String> {
 pub const HOME: &str = "home";
 
 /// The account's home on this host, `/run/gpufleet/<cluster>/home` (the account's home in
-/// its user database, where sessions start and jobs find `$HOME`): with `volume`, a link
-/// to the team volume's mount path, which is the same on every node of the cluster, so
-/// the home is too; without, a directory of this host's own (0700, the account's). A
-/// directory that already holds files is kept rather than replaced by the link (and
-/// said so in the log): nothing of the team's is deleted here.
-pub fn node_home(account: &Account, volume: Option<&Path>) -> Result<PathBuf, String> {
+/// its user database, where sessions start and jobs find `$HOME`): a link to `target`,
+/// the team volume's mount path (the same on every node of the cluster, so the home is
+/// too) or the cluster's home file system on this host (`crate::home_fs`). A directory
+/// there that already holds files (an older agent's home of this host) is kept rather
+/// than replaced by the link (and said so in the log): nothing of the team's is deleted
+/// here.
+pub fn node_home(account: &Account, target: &Path) -> Result<PathBuf, String> {
     let home = runtime_dir(&account.name).join(HOME);
-    let now = std::fs::symlink_metadata(&home).ok();
-    match (volume, now) {
-        (Some(target), Some(m)) if m.file_type().is_symlink() => {
+    match std::fs::symlink_metadata(&home).ok() {
+        Some(m) if m.file_type().is_symlink() => {
             if std::fs::read_link(&home).is_ok_and(|t| t == target) {
                 return Ok(home);
             }
             std::fs::remove_file(&home)
                 .map_err(|e| format!("cannot replace {}: {e}", home.display()))?;
-            link_home(&home, target)?;
         }
-        (Some(target), Some(m)) if m.is_dir() => {
-            if std::fs::remove_dir(&home).is_err() {
-                tracing::warn!(home = %home.display(), volume = %target.display(), "the account's home holds files from before its team volume: it stays a directory of this host");
-                return Ok(home);
-            }
-            link_home(&home, target)?;
+        // A directory removed only when empty (else kept: see above).
+        Some(m) if m.is_dir() && std::fs::remove_dir(&home).is_err() => {
+            tracing::warn!(home = %home.display(), target = %target.display(), "the account's home holds files from before: it stays a directory of this host, unbounded");
+            return Ok(home);
         }
-        (Some(target), _) => {
+        Some(m) if m.is_dir() => {}
+        Some(_) => {
             let _ = std::fs::remove_file(&home);
-            link_home(&home, target)?;
         }
-        (None, Some(m)) if m.file_type().is_symlink() => {
-            std::fs::remove_file(&home)
-                .map_err(|e| format!("cannot replace {}: {e}", home.display()))?;
-            own_dir(&home, account.uid, account.uid, 0o700)?;
-        }
-        (None, _) => own_dir(&home, account.uid, account.uid, 0o700)?,
+        None => {}
     }
+    link_home(&home, target)?;
     Ok(home)
 }
 
 fn link_home(home: &Path, target: &Path) -> Result<(), String> {
     std::os::unix::fs::symlink(target, home).map_err(|e| {
         format!(
-            "cannot link {} to the team volume {}: {e}",
+            "cannot link {} to {}: {e}",
             home.display(),
             target.display()
         )

@@ -1,17 +1,19 @@
 //! What a stopped agent leaves of its clusters on a host, ended and forgotten: for tests and
 //! scripts that stop a control plane or an agent without destroying its clusters. The
-//! daemons outlive their agent (see [`crate::daemon`]), so this ends them too.
+//! daemons outlive their agent (see [`crate::daemon`]), so this ends them too, and
+//! unmounts their homes (see [`crate::home_fs`]).
 
 use std::path::Path;
 
 use crate::account::{self, runtime_dir};
+use crate::home_fs;
 use crate::login_limits::LoginCgroup;
 use crate::node_cgroup::NodeCgroup;
 
 /// Ends and forgets every cluster a stopped agent ran Slurm daemons for
 /// (`<data_dir>/slurm/<cluster>/`, and, for a control plane's data dir, its embedded agents'
 /// `agents/*/slurm/<cluster>/`): its daemons, its jobs' steps, its logins' and nodes'
-/// cgroups, its account and runtime directory.
+/// cgroups, its account, runtime directory and home mount.
 pub fn forget_all_under(data_dir: &Path) {
     let embedded = std::fs::read_dir(data_dir.join("agents"))
         .into_iter()
@@ -38,6 +40,14 @@ pub fn forget_all_under(data_dir: &Path) {
             }
             if let Err(e) = account::forget(&name) {
                 tracing::warn!(cluster = %name, error = %e, "cannot remove a cluster's account");
+            }
+            let home = home_fs::HostLock::acquire().and_then(|host| {
+                let released = home_fs::release(&name);
+                drop(host);
+                released
+            });
+            if let Err(e) = home {
+                tracing::warn!(cluster = %name, error = %e, "cannot unmount a cluster's home");
             }
         }
     }

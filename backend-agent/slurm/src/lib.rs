@@ -4,7 +4,8 @@
 //! controller's view of its nodes (`status`), each cluster's own unprivileged account and
 //! runtime directory on a host (`account`), its login endpoint and host key (`login`),
 //! the mount namespace the daemons that serve a tenant run in (`sandbox`), the bounded
-//! space of a node's jobs' `/tmp` in it (`job_tmp`), with the cgroups
+//! space of a node's jobs' `/tmp` in it (`job_tmp`), the bounded home of a cluster on a host
+//! without a team volume to be it (`home_fs`), with the cgroups
 //! they run in and see (`login_limits`, `node_cgroup`, `cgroup_view`), and what a
 //! stopped agent left of its clusters on a host (`leftovers`).
 //!
@@ -17,6 +18,7 @@ pub mod account;
 mod cgroup_view;
 pub mod conf;
 pub mod daemon;
+pub mod home_fs;
 pub mod job_tmp;
 pub mod leftovers;
 pub mod login;
@@ -42,8 +44,9 @@ pub const PROGRAMS: &[&str] = &[
     "useradd",
     "sshd",
     "ssh-keygen",
-    // The file system of each node's jobs' /tmp (`job_tmp`).
+    // The file systems of each node's jobs' /tmp (`job_tmp`) and of homes (`home_fs`).
     "mkfs.ext4",
+    "mount",
 ];
 
 /// Where programs are looked for: PATH, and /usr/sbin and /sbin (where Debian puts the

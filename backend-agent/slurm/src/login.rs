@@ -251,6 +251,8 @@ pub struct Login {
     pub authorized_keys: PathBuf,
     /// The team volume mounts its sessions see (their own tenant's; None: the host's).
     pub volumes: Option<sandbox::Volumes>,
+    /// The home mounts its sessions see (their own cluster's; None: the host's).
+    pub homes: Option<sandbox::Volumes>,
 }
 
 /// sshd_config for the cluster's login.
@@ -349,6 +351,7 @@ fn daemon(
             own_dir,
             cgroup.procs_files(),
             login.volumes.clone(),
+            login.homes.clone(),
         ),
     ))
 }

@@ -25,6 +25,8 @@
 //!   (their names hold the cluster's account, uid and job ids);
 //! - of the team volume mounts under `/run/gpufleet/volumes`, its own tenant's alone (see
 //!   `crate::volume_view`): another tenant's id or cluster name is in no mount it lists;
+//!   likewise, of the homes under `/run/gpufleet/homes`, its own cluster's alone (see
+//!   `crate::home_fs`);
 //! - for a node's slurmd, the base of its jobs' `/tmp` is a file system of its own, of a
 //!   bounded size (see `crate::job_tmp`).
 //!
@@ -64,6 +66,9 @@ pub struct Sandbox {
     /// The team volume mounts it sees: its own tenant's only. None: the host's, as they
     /// are (a daemon that serves no team).
     pub volumes: Option<Volumes>,
+    /// The home mounts it sees, as `volumes` (see `crate::home_fs::view`). None: the
+    /// host's, as they are.
+    pub homes: Option<Volumes>,
     /// The jobs' `/tmp` space, a bounded file system mounted at its base (a node's
     /// slurmd; see `crate::job_tmp`).
     pub job_tmp: Option<JobTmp>,
@@ -76,13 +81,14 @@ impl Sandbox {
     /// The login's: in its `cgroups` (and seeing those only), processes hidden, a user
     /// database without other clusters, its own IPC and its own `/tmp`, `/var/tmp`,
     /// `/dev/shm` and `/run/lock`; `own_dir` (sshd's host key and configuration, which it
-    /// reads again for each connection) stays where it is; of the team volumes, `volumes`
-    /// (None: the host's).
+    /// reads again for each connection) stays where it is; of the team volumes, `volumes`,
+    /// and of the homes, `homes` (None: the host's).
     pub fn login(
         etc_layer: PathBuf,
         own_dir: &Path,
         cgroups: Vec<PathBuf>,
         volumes: Option<Volumes>,
+        homes: Option<Volumes>,
     ) -> Sandbox {
         Sandbox {
             cgroups,
@@ -96,6 +102,7 @@ impl Sandbox {
             keep: vec![own_dir.to_path_buf()],
             private_ipc: true,
             volumes,
+            homes,
             job_tmp: None,
         }
     }
@@ -105,12 +112,14 @@ impl Sandbox {
     /// clusters, its own IPC, `/var/tmp` and `/run/lock` (its jobs'); each job gets its own
     /// `/tmp` and `/dev/shm` from `job_container/tmpfs`, made in this namespace under the
     /// bounded file system `job_tmp` mounts at their base. `own_dir` (its spool and
-    /// configuration) stays where it is; of the team volumes, `volumes` (None: the host's).
+    /// configuration) stays where it is; of the team volumes, `volumes`, and of the homes,
+    /// `homes` (None: the host's).
     pub fn slurmd(
         etc_layer: PathBuf,
         own_dir: &Path,
         cgroups: Vec<PathBuf>,
         volumes: Option<Volumes>,
+        homes: Option<Volumes>,
         job_tmp: JobTmp,
     ) -> Sandbox {
         Sandbox {
@@ -125,6 +134,7 @@ impl Sandbox {
             keep: vec![own_dir.to_path_buf()],
             private_ipc: true,
             volumes,
+            homes,
             job_tmp: Some(job_tmp),
         }
     }
@@ -338,6 +348,8 @@ pub(crate) struct Prepared {
     cgroup_view: Option<crate::cgroup_view::View>,
     /// The team volume mounts it sees.
     volume_view: Option<crate::volume_view::View>,
+    /// The home mounts it sees.
+    home_view: Option<crate::volume_view::View>,
     private_ipc: bool,
     /// The jobs' `/tmp` space, its loop device held until the child has mounted it.
     job_tmp: Option<crate::job_tmp::Attached>,
@@ -436,6 +448,11 @@ impl Sandbox {
                 .as_ref()
                 .map(crate::volume_view::View::prepare)
                 .transpose()?,
+            home_view: self
+                .homes
+                .as_ref()
+                .map(crate::volume_view::View::prepare)
+                .transpose()?,
             private_ipc: self.private_ipc,
             job_tmp: self.job_tmp.as_ref().map(JobTmp::attach).transpose()?,
         })
@@ -469,6 +486,9 @@ impl Prepared {
                 return Err(std::io::Error::last_os_error());
             }
             if let Some(view) = &self.volume_view {
+                view.enter()?;
+            }
+            if let Some(view) = &self.home_view {
                 view.enter()?;
             }
             for p in &self.private {

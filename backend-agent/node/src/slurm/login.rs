@@ -63,6 +63,8 @@ pub struct Spec<'a> {
     pub client_conf: String,
     /// The team volume mounts the sessions see (their own tenant's).
     pub volumes: Option<gpufleet_slurm::sandbox::Volumes>,
+    /// The home mounts the sessions see (their own cluster's).
+    pub homes: Option<gpufleet_slurm::sandbox::Volumes>,
 }
 
 /// Runs (or verifies, or adopts from a former agent) the login as `want` says.
@@ -82,6 +84,7 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
         slurm_conf: client_conf,
         authorized_keys: keys_file,
         volumes: want.volumes.clone(),
+        homes: want.homes.clone(),
     };
     let config = login::sshd_config(&spec, &files);
     let cgroup = LoginCgroup::of(want.cluster, want.node);

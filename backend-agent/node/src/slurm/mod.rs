@@ -28,7 +28,8 @@
 //! can enter. Jobs and sessions run as that account (created here with the uid the control
 //! plane gives), never as root (`DisableRootJobs`). The account's home is
 //! `/run/gpufleet/<cluster>/home`: a link to the team volume when the cluster's volume is
-//! mounted on its nodes (the same home on every node), else a directory of this host.
+//! mounted on its nodes (the same home on every node), else to the cluster's home file
+//! system on this host, of the agent's `--home-mib` (see `gpufleet_slurm::home_fs`).
 //!
 //! Starting is idempotent (a daemon running the same configuration, this agent's or a
 //! former one's, is verified and left alone) and the last order per cluster is kept on
@@ -63,6 +64,7 @@ use gpufleet_proto::v1;
 
 use gpufleet_slurm::account::{self, Account};
 use gpufleet_slurm::conf;
+use gpufleet_slurm::home_fs::{self, HomeFs};
 use gpufleet_slurm::login_limits::{LoginCgroup, LoginLimits};
 use gpufleet_slurm::node_cgroup::NodeCgroup;
 use gpufleet_slurm::sandbox;
@@ -112,9 +114,28 @@ pub struct Slurm {
     shared_storage: Option<PathBuf>,
     /// What each login on this node may use, all its sessions together.
     login_limits: LoginLimits,
-    /// What each cluster's jobs on this node may keep in their `/tmp`, all together, in MiB.
-    job_tmp_mib: u64,
+    /// What a cluster's jobs' `/tmp` and home may take of this host's disk.
+    disk: DiskBounds,
     running: Arc<Mutex<HashMap<String, Running>>>,
+}
+
+/// What each Slurm cluster's files may take of this host's disk, in MiB.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DiskBounds {
+    /// Its jobs' `/tmp` on this node, all together (`--job-tmp-mib`, see
+    /// `gpufleet_slurm::job_tmp`).
+    pub job_tmp_mib: u64,
+    /// Its home on this host, when this agent makes it (`--home-mib`, see `home_fs`).
+    pub home_mib: u64,
+}
+
+impl Default for DiskBounds {
+    fn default() -> DiskBounds {
+        DiskBounds {
+            job_tmp_mib: gpufleet_slurm::job_tmp::DEFAULT_MIB,
+            home_mib: home_fs::DEFAULT_MIB,
+        }
+    }
 }
 
 /// The order as kept on disk, to report the cluster again after a restart.
@@ -135,7 +156,7 @@ impl Slurm {
         address: Ipv4Addr,
         shared_storage: Option<PathBuf>,
         login_limits: LoginLimits,
-        job_tmp_mib: u64,
+        disk: DiskBounds,
     ) -> Slurm {
         // Team volumes mounted later must reach the sandboxes of the daemons started
         // later (see `slurmd`).
@@ -149,7 +170,7 @@ impl Slurm {
             address,
             shared_storage,
             login_limits,
-            job_tmp_mib,
+            disk,
             running: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -277,10 +298,20 @@ impl Slurm {
             &serde_json::to_string(&kept).unwrap_or_default(),
         )?;
         account.ensure(&account::runtime_dir(cluster).join(account::HOME))?;
-        account::prepare_runtime(&account)?;
-        account::node_home(&account, volume.as_deref())?;
         let shared = self.shared_dir(cluster);
+        // Under the host's lock on homes: this node's part of the runtime directory (which
+        // counts it as the cluster's on this host), then the home it links to; a node of
+        // the cluster leaving this host meanwhile counts this one (see `stop`).
+        let host = home_fs::HostLock::acquire()?;
+        account::prepare_runtime(&account)?;
         account::own_dir(&shared, 0, account.uid, 0o750)?;
+        let home = match &volume {
+            Some(volume) => volume.clone(),
+            None => HomeFs::new(&dir, cluster, self.disk.home_mib).ensure(&account)?,
+        };
+        account::node_home(&account, &home)?;
+        drop(host);
+        let homes = Some(home_fs::view(cluster, volume.is_none())?);
 
         let mut all = self.lock();
         let running = all.entry(cluster.to_string()).or_default();
@@ -339,7 +370,8 @@ impl Slurm {
                 port,
                 cgroup: &NodeCgroup::of(cluster, &node_part(&self.node)),
                 volumes: volumes.clone(),
-                job_tmp_mib: self.job_tmp_mib,
+                homes: homes.clone(),
+                job_tmp_mib: self.disk.job_tmp_mib,
             },
             gpus,
         )?;
@@ -360,6 +392,7 @@ impl Slurm {
                     node: &node_part(&self.node),
                     client_conf: format!("{}{}", order.slurm_conf, conf::auth_info(&socket)),
                     volumes,
+                    homes,
                 },
             )?),
             None => {
@@ -374,7 +407,7 @@ impl Slurm {
     }
 
     /// Stops the cluster's daemons on this node and removes their files (and the cluster's
-    /// account, when nothing else of the cluster is left on this host).
+    /// account and home, when nothing else of the cluster is left on this host).
     pub fn stop(&self, cluster: &str) -> Result<(), String> {
         let dir = self.dir(cluster)?;
         let uid = self.kept_order(cluster).map(|k| k.uid).filter(|u| *u != 0);
@@ -397,7 +430,15 @@ impl Slurm {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
         };
-        account::release_node(cluster, &node_part(&self.node)).and(removed)
+        // Counted and unmounted under the host's lock on homes (see `start`); the
+        // runtime directory goes with the host's last node of the cluster.
+        let host = home_fs::HostLock::acquire()?;
+        account::release_node(cluster, &node_part(&self.node))?;
+        if !account::runtime_dir(cluster).exists() {
+            home_fs::release(cluster)?;
+        }
+        drop(host);
+        removed
     }
 
     /// The clusters whose daemons this node kept from before (an order and key in its

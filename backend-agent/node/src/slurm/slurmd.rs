@@ -69,6 +69,8 @@ pub struct Spec<'a> {
     pub cgroup: &'a NodeCgroup,
     /// The team volume mounts slurmd and its jobs see (their own tenant's).
     pub volumes: Option<sandbox::Volumes>,
+    /// The home mounts its namespace shows (its own cluster's).
+    pub homes: Option<sandbox::Volumes>,
     /// What the cluster's jobs on this node may keep in their `/tmp`, all together, in MiB.
     pub job_tmp_mib: u64,
 }
@@ -147,6 +149,7 @@ pub fn ensure(
         dir,
         want.cgroup.procs_files(),
         want.volumes.clone(),
+        want.homes.clone(),
         sandbox::JobTmp::new(dir, &jobs, want.job_tmp_mib),
     );
     // The slurmd a former agent started with this configuration runs on (and its jobs'
