@@ -2,8 +2,10 @@
 //! `$GPUFLEET_AGENT_BIN`, else `target/release/gpufleet-agent`) on seeded synthetic traces
 //! of 10,000 rows (the same run's baseline) and `ROWS` rows (default 100,000) against a
 //! 64-node fleet of four teams (weights 3, 2, 1 and 1, one lending at most half its
-//! guarantee, so the fair-share order and the lending check are in the measure), and on
-//! any trace given on the command line. Prints each
+//! guarantee, so the fair-share order and the lending check are in the measure), a
+//! 10,000-row synthetic trace on the same fleet whose pool lists MIG profiles (a quarter
+//! of its jobs ask for 1g.10gb or 3g.40gb instances), and on any trace given on the
+//! command line. Prints each
 //! replay's table (pooled beside fixed partitions) and the rows per second of each run,
 //! wall clock of the whole command (reading, both replays, the measures); nothing is
 //! asserted.
@@ -120,6 +122,22 @@ fn main() {
         let (r, wall) = replay(&agent, &trace, &fleet, Some(&prices));
         runs.push((format!("synthetic, seed {seed}"), r, wall));
     }
+    // The same fleet whose pool may be cut into MIG instances.
+    let mig_fleet = dir.path().join("fleet-mig.toml");
+    std::fs::write(
+        &mig_fleet,
+        FLEET.replacen(
+            "nodes = 64\n",
+            "nodes = 64\nmig_profiles = [\"1g.10gb\", \"3g.40gb\"]\n",
+            1,
+        ),
+    )
+    .unwrap();
+    let trace = dir.path().join("synthetic-mig.csv");
+    synthetic(&agent, &mig_fleet, 10_000, seed, &trace);
+    println!("### Synthetic trace with MIG rows, 10000 rows, seed {seed} (the same fleet, its pool's MIG profiles 1g.10gb and 3g.40gb)\n");
+    let (r, wall) = replay(&agent, &trace, &mig_fleet, Some(&prices));
+    runs.push((format!("synthetic with MIG rows, seed {seed}"), r, wall));
     if let [trace, fleet, rest @ ..] = given.as_slice() {
         println!("### {trace} on {fleet}\n");
         let (r, wall) = replay(

@@ -8,6 +8,7 @@
 //! gpu_type = "H100-80GB"
 //! nodes = 4
 //! gpus_per_node = 8             # default 8
+//! mig_profiles = ["1g.10gb"]    # MIG profiles `replay-synthetic` may ask for (default none)
 //!
 //! [[on_demand]]                 # paid overflow, for teams that allow it
 //! gpu_type = "H100-80GB"
@@ -22,6 +23,7 @@
 //! [alibaba]                     # only for Alibaba pod lists: which model a gpu_spec means
 //! default_gpu_type = "H100-80GB"  # rows without a gpu_spec (default: the first pool model)
 //! gpu_spec = { V100M16 = "A100-40GB", V100M32 = "A100-80GB" }
+//! gpu_milli_as_mig = true       # a GPU-sharing pod takes a MIG instance (default: a GPU)
 //! ```
 
 use std::collections::BTreeMap;
@@ -34,6 +36,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::located::{read_bounded, Refusal};
+use crate::mig::Slices;
 
 /// A fleet file larger than this is not a fleet description.
 const MAX_BYTES: u64 = 1 << 20;
@@ -50,6 +53,8 @@ pub struct Model {
     pub pool_nodes: i64,
     pub on_demand_nodes: i64,
     pub gpus_per_node: i64,
+    /// MIG profiles a synthetic trace asks for on this model (the fleet's `mig_profiles`).
+    pub mig_profiles: Vec<String>,
 }
 
 impl Model {
@@ -95,6 +100,9 @@ pub struct AlibabaModels {
     /// For rows without a spec.
     pub default_gpu_type: String,
     pub by_spec: BTreeMap<String, String>,
+    /// A GPU-sharing pod (`gpu_milli` under 1000) on a MIG model takes one MIG instance
+    /// per GPU covering its share instead of a whole GPU.
+    pub gpu_milli_as_mig: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +141,8 @@ struct RawGroup {
     gpu_type: Spanned<String>,
     nodes: Spanned<i64>,
     gpus_per_node: Option<Spanned<i64>>,
+    #[serde(default)]
+    mig_profiles: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -161,6 +171,8 @@ struct RawAlibaba {
     default_gpu_type: Option<Spanned<String>>,
     #[serde(default)]
     gpu_spec: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    gpu_milli_as_mig: bool,
 }
 
 /// Reads and validates a fleet description.
@@ -234,6 +246,7 @@ fn models(raw: &RawFleet, at: &At) -> Result<Vec<Model>, Refusal> {
                         pool_nodes: 0,
                         on_demand_nodes: 0,
                         gpus_per_node: gpn,
+                        mig_profiles: Vec::new(),
                     });
                     models.last_mut().expect("just pushed")
                 }
@@ -246,6 +259,13 @@ fn models(raw: &RawFleet, at: &At) -> Result<Vec<Model>, Refusal> {
                         model.gpus_per_node
                     ),
                 ));
+            }
+            for p in &g.mig_profiles {
+                Slices::ask(gpu_type, p.get_ref(), 1)
+                    .map_err(|m| at(p.span().start, format!("{table}.{m}")))?;
+                if !model.mig_profiles.contains(p.get_ref()) {
+                    model.mig_profiles.push(p.get_ref().clone());
+                }
             }
             let count = if table == "pool" {
                 &mut model.pool_nodes
@@ -405,6 +425,7 @@ fn alibaba_models(
         return Ok(AlibabaModels {
             default_gpu_type: first_pool,
             by_spec: BTreeMap::new(),
+            gpu_milli_as_mig: false,
         });
     };
     let default_gpu_type = match &raw.default_gpu_type {
@@ -418,6 +439,7 @@ fn alibaba_models(
     Ok(AlibabaModels {
         default_gpu_type,
         by_spec,
+        gpu_milli_as_mig: raw.gpu_milli_as_mig,
     })
 }
 
@@ -485,7 +507,8 @@ mod tests {
                 gpu_type: "H100-80GB".into(),
                 pool_nodes: 4,
                 on_demand_nodes: 1,
-                gpus_per_node: 8
+                gpus_per_node: 8,
+                mig_profiles: Vec::new(),
             }]
         );
         assert_eq!(fleet.teams[0].quota("H100-80GB").unwrap().burst_gpus, 24);

@@ -16,6 +16,7 @@ pub mod csv;
 pub mod fleet;
 pub mod located;
 pub mod measures;
+pub mod mig;
 pub mod partitions;
 pub mod prices;
 pub mod render;
@@ -113,4 +114,78 @@ pub fn run(inputs: &Inputs) -> anyhow::Result<Report> {
         replay_seconds,
         summary: trace,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// MIG slices through the whole replay (files, both scenarios, measures). Two 8-GPU
+    /// H100 pool nodes; a is guaranteed 8 with 8 burst, b 8. a asks at 0 for ten 1g.10gb
+    /// (7 fit a GPU: 2 GPUs, so one whole node, as the control plane holds a MIG
+    /// cluster) and for 8 whole GPUs, each for an hour; b at 30 minutes for three
+    /// 3g.40gb (2 fit a GPU: 2 GPUs, one node) for an hour.
+    /// Pooled: a's two jobs take both nodes at 0 (the second borrows b's idle guarantee)
+    /// and b waits until 1 h. Partitioned: a's node runs its first job (the slices, line 2)
+    /// and its second waits until 1 h; b's own node runs b's job at 30 minutes.
+    /// Either way each job holds 8 GPUs for an hour (24 GPU-hours held) and the jobs ask
+    /// for 10/7 + 8 + 3/2 = 10.93 GPU-hours, of which 13 instance-hours are MIG, 10/7 +
+    /// 3/2 = 2.93 GPU-equivalent hours; waits: pooled 0, 0, 30 m (p95 30 m),
+    /// partitioned 0, 1 h, 0 (p95 1 h).
+    #[test]
+    fn mig_slices_are_held_as_whole_nodes_pooled_and_partitioned() {
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = dir.path().join("fleet.toml");
+        std::fs::write(
+            &fleet,
+            "[[pool]]\ngpu_type = \"H100-80GB\"\nnodes = 2\n\
+             [[team]]\nname = \"a\"\nquota = [{ gpu_type = \"H100-80GB\", gpus = 8, burst_gpus = 8 }]\n\
+             [[team]]\nname = \"b\"\nquota = [{ gpu_type = \"H100-80GB\", gpus = 8 }]\n",
+        )
+        .unwrap();
+        let trace = dir.path().join("trace.csv");
+        std::fs::write(
+            &trace,
+            "team,gpu_type,gpus,submit,duration,mig_profile\n\
+             a,H100-80GB,10,0,1h,1g.10gb\n\
+             a,H100-80GB,8,0,1h,\n\
+             b,H100-80GB,3,30m,1h,3g.40gb\n",
+        )
+        .unwrap();
+        let report = crate::run(&crate::Inputs {
+            trace,
+            fleet,
+            prices: None,
+        })
+        .unwrap();
+        assert_eq!(report.summary.mig_jobs, 2);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        for (name, s, waits) in [
+            ("pooled", &report.pooled, (Some(0), Some(1800))),
+            ("partitions", &report.partitions, (Some(0), Some(3600))),
+        ] {
+            assert!(close(s.held_gpu_hours, 24.0), "{name}: {s:?}");
+            assert!(
+                close(s.asked_gpu_hours, 10.0 / 7.0 + 8.0 + 1.5),
+                "{name}: {s:?}"
+            );
+            assert!(close(s.used_gpu_hours, s.asked_gpu_hours), "{name}: {s:?}");
+            assert!(close(s.mig_slice_hours, 13.0), "{name}: {s:?}");
+            assert!(
+                close(s.mig_gpu_equivalent_hours, 10.0 / 7.0 + 1.5),
+                "{name}: {s:?}"
+            );
+            assert_eq!(
+                (s.admitted, s.wait_p50_seconds, s.wait_p95_seconds),
+                (3, waits.0, waits.1),
+                "{name}"
+            );
+        }
+        let table = crate::render::table(&report);
+        assert!(
+            table.contains(
+                "| MIG instance-hours asked (GPU-equivalent hours) | 13.0 (2.9) | 13.0 (2.9) |"
+            ),
+            "{table}"
+        );
+        assert!(table.contains("2 asking for MIG instances"), "{table}");
+    }
 }

@@ -12,6 +12,11 @@
 //! GPUs times the job's `used` fraction, all asked GPUs when it does not say); a job's
 //! busy GPUs are on the pool in proportion to its pool nodes among all its nodes.
 //!
+//! A job of MIG instances asks for their GPU-equivalent ([`Job::demand_gpus`]: the part
+//! of GPUs they fill, `crate::mig`), in *asked* and *used* alike; what it holds is the
+//! whole nodes the control plane gave it, as for any job. Every scenario counts them the
+//! same way, so the pooled and partitioned columns compare.
+//!
 //! Each team's *weighted fair share of borrowing*: each model's borrowed GPU-hours (pool
 //! GPUs held beyond a guarantee: the `burst` class) divided among the teams whose quota of
 //! it lets them borrow (`burst_gpus` above 0) in proportion to their `weight`, summed
@@ -37,8 +42,13 @@ pub struct Scenario {
     pub used_gpu_hours: f64,
     /// Pool GPU-hours held beyond the teams' guarantees (every team's burst).
     pub borrowed_gpu_hours: f64,
-    /// What the admitted jobs asked for (a job holds whole nodes).
+    /// What the admitted jobs asked for (a job holds whole nodes), MIG instances in
+    /// GPU-equivalents.
     pub asked_gpu_hours: f64,
+    /// Of those, what the admitted jobs of MIG instances asked for: instance-hours, and
+    /// their GPU-equivalent hours.
+    pub mig_slice_hours: f64,
+    pub mig_gpu_equivalent_hours: f64,
     pub idle_guaranteed_gpu_hours: f64,
     pub on_demand_gpu_hours: f64,
     pub cost: f64,
@@ -225,12 +235,20 @@ pub fn measure(
         })
         .collect();
     let all = waits(None);
-    let asked: f64 = jobs
-        .iter()
-        .zip(outcomes)
-        .filter(|(_, o)| o.start.is_some())
-        .map(|(j, _)| (j.gpus * j.duration) as f64 / HOUR)
+    let admitted = || {
+        jobs.iter()
+            .zip(outcomes)
+            .filter(|(_, o)| o.start.is_some())
+            .map(|(j, _)| j)
+    };
+    let asked: f64 = admitted()
+        .map(|j| j.demand_gpus() * j.duration as f64 / HOUR)
         .sum();
+    let (mut mig_slices, mut mig_equivalent) = (0.0, 0.0);
+    for (j, mig) in admitted().filter_map(|j| j.mig.as_ref().map(|m| (j, m))) {
+        mig_slices += (mig.count * j.duration) as f64 / HOUR;
+        mig_equivalent += mig.gpu_equivalent() * j.duration as f64 / HOUR;
+    }
     let (mut used, mut pool_used) = (0.0, 0.0);
     for (job, o) in jobs.iter().zip(outcomes).filter(|(_, o)| o.start.is_some()) {
         let busy = job.busy_gpus() * job.duration as f64;
@@ -249,6 +267,8 @@ pub fn measure(
         used_gpu_hours: used / HOUR,
         borrowed_gpu_hours: borrowed / HOUR,
         asked_gpu_hours: asked,
+        mig_slice_hours: mig_slices,
+        mig_gpu_equivalent_hours: mig_equivalent,
         idle_guaranteed_gpu_hours: idle_guaranteed / HOUR,
         on_demand_gpu_hours: team_class.iter().map(|c| c[2]).sum(),
         cost: team_cost.iter().sum(),
@@ -367,6 +387,7 @@ mod tests {
             submit,
             duration,
             used: None,
+            mig: None,
         };
         let jobs = [
             Job {

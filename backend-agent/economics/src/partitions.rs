@@ -24,6 +24,7 @@ pub fn of(fleet: &Fleet, team: usize) -> Fleet {
             pool_nodes,
             on_demand_nodes: on_demand_share(fleet, m, team),
             gpus_per_node: m.gpus_per_node,
+            mig_profiles: m.mig_profiles.clone(),
         });
         quotas.push(Quota {
             gpu_type: q.gpu_type.clone(),

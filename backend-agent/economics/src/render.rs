@@ -53,6 +53,14 @@ pub fn table(r: &Report) -> String {
         format!("{:.1} / {:.1}", s.held_gpu_hours, s.asked_gpu_hours)
     });
     row("GPU-hours used", &|s| format!("{:.1}", s.used_gpu_hours));
+    if r.summary.mig_jobs > 0 {
+        row("MIG instance-hours asked (GPU-equivalent hours)", &|s| {
+            format!(
+                "{:.1} ({:.1})",
+                s.mig_slice_hours, s.mig_gpu_equivalent_hours
+            )
+        });
+    }
     row("pool GPU-hours borrowed beyond guarantees", &|s| {
         format!("{:.1}", s.borrowed_gpu_hours)
     });
@@ -127,6 +135,15 @@ fn left_out(s: &crate::trace::Trace) -> String {
             "{} GPU-sharing rows given a whole GPU",
             s.shared_gpu_rounded_up
         ));
+    }
+    if s.shared_gpu_as_mig > 0 {
+        parts.push(format!(
+            "{} GPU-sharing rows given a MIG instance",
+            s.shared_gpu_as_mig
+        ));
+    }
+    if s.mig_jobs > 0 {
+        parts.push(format!("{} asking for MIG instances", s.mig_jobs));
     }
     if parts.is_empty() {
         String::new()

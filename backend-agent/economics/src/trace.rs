@@ -3,9 +3,12 @@
 //!
 //! - the simple CSV `team,gpu_type,gpus,submit,duration`: `submit` is the time since the
 //!   trace's start and `duration` how long the job holds its GPUs, each whole seconds or a
-//!   whole number with a unit (`90s`, `15m`, `2h`, `1d`); optionally a sixth column `used`,
-//!   the fraction (0 to 1) of its GPUs the job keeps busy on average (empty: not
-//!   reported; a job that does not report it counts as busy on every GPU it asked for);
+//!   whole number with a unit (`90s`, `15m`, `2h`, `1d`); optionally, after them and each
+//!   at most once, the columns `used`, the fraction (0 to 1) of its GPUs the job keeps
+//!   busy on average (empty: not reported; a job that does not report it counts as busy
+//!   on every GPU it asked for), and `mig_profile`, a MIG profile of the row's model (e.g.
+//!   `1g.10gb`) with which `gpus` counts instances of that profile instead of GPUs (empty:
+//!   whole GPUs; [`crate::mig`] says how they are held);
 //! - the pod list of Alibaba's `cluster-trace-gpu-v2023` (`name,cpu_milli,memory_mib,
 //!   num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time`,
 //!   in any order, other columns ignored): a row's team is the fleet's team number
@@ -14,7 +17,10 @@
 //!   `A|B` that it names; no spec: `default_gpu_type`), it is submitted at
 //!   `creation_time` (less the trace's first) and holds `num_gpu` GPUs from
 //!   `scheduled_time` to `deletion_time`. A GPU-sharing row (`gpu_milli` under 1000)
-//!   takes a whole GPU; rows without GPUs, or that never ran, are counted and left out.
+//!   takes a whole GPU, or, where the fleet's `[alibaba]` says `gpu_milli_as_mig = true`
+//!   and its model has MIG, one MIG instance per GPU covering its share
+//!   ([`crate::mig::profile_for_share`]); rows without GPUs, or that never ran, are
+//!   counted and left out.
 //!
 //! Every row is checked against the fleet (a team it declares, a model that team has a
 //! quota for) before anything runs; a refusal names the file, line and column.
@@ -24,6 +30,7 @@ use std::path::Path;
 use crate::csv;
 use crate::fleet::Fleet;
 use crate::located::{read_bounded, Refusal};
+use crate::mig::{self, Slices};
 
 /// At most this many rows (a replay's memory stays bounded).
 pub const MAX_ROWS: usize = 2_000_000;
@@ -35,8 +42,10 @@ const MAX_DURATION: i64 = gpufleet_proto::limits::MAX_DURATION_SECONDS;
 const MAX_GPUS: i64 = 100_000;
 
 pub const SIMPLE_COLUMNS: [&str; 5] = ["team", "gpu_type", "gpus", "submit", "duration"];
-/// The simple layout's optional last column: the busy fraction of the asked GPUs.
+/// The simple layout's optional columns after [`SIMPLE_COLUMNS`]: the busy fraction of
+/// the asked GPUs, and the MIG profile whose instances `gpus` counts.
 pub const USED_COLUMN: &str = "used";
+pub const MIG_COLUMN: &str = "mig_profile";
 pub const ALIBABA_COLUMNS: [&str; 11] = [
     "name",
     "cpu_milli",
@@ -59,19 +68,29 @@ pub struct Job {
     /// Index into the fleet's teams.
     pub team: usize,
     pub gpu_type: String,
+    /// The GPUs it asks admission for: of a MIG job, those that hold its instances.
     pub gpus: i64,
     /// Seconds since the trace's start.
     pub submit: i64,
     pub duration: i64,
     /// The fraction (0 to 1) of its asked GPUs it keeps busy; None: not reported.
     pub used: Option<f64>,
+    /// The MIG instances it asks for; None: whole GPUs.
+    pub mig: Option<Slices>,
 }
 
 impl Job {
-    /// Its GPUs busy on average: the asked GPUs times the used fraction, all of them
+    /// What it asks for in GPUs: its GPUs, or the part of GPUs its MIG instances fill.
+    pub fn demand_gpus(&self) -> f64 {
+        self.mig
+            .as_ref()
+            .map_or(self.gpus as f64, Slices::gpu_equivalent)
+    }
+
+    /// Its GPUs busy on average: what it asks for times the used fraction, all of it
     /// when the trace does not say.
     pub fn busy_gpus(&self) -> f64 {
-        self.gpus as f64 * self.used.unwrap_or(1.0)
+        self.demand_gpus() * self.used.unwrap_or(1.0)
     }
 }
 
@@ -95,6 +114,10 @@ pub struct Trace {
     pub skipped_never_ran: usize,
     /// Alibaba GPU-sharing rows, each given a whole GPU.
     pub shared_gpu_rounded_up: usize,
+    /// Alibaba GPU-sharing rows given a MIG instance per GPU instead.
+    pub shared_gpu_as_mig: usize,
+    /// Jobs that ask for MIG instances.
+    pub mig_jobs: usize,
     /// Jobs that report the fraction of their GPUs they use.
     pub used_reported: usize,
 }
@@ -109,13 +132,8 @@ pub fn parse(file: &Path, text: &str, fleet: &Fleet) -> Result<Trace, Refusal> {
         return Err(Refusal::at(file, 1, 1, "empty trace: no header line"));
     };
     let header = csv::fields(header).map_err(|c| Refusal::at(file, 1, c, "unclosed quote"))?;
-    let simple = header.starts_with(&SIMPLE_COLUMNS.map(String::from))
-        && header[SIMPLE_COLUMNS.len()..]
-            .iter()
-            .map(String::as_str)
-            .eq(header.get(5).map(|_| USED_COLUMN));
-    let mut reader: Box<dyn RowReader> = if simple {
-        Box::new(Simple)
+    let mut reader: Box<dyn RowReader> = if let Some(simple) = Simple::from_header(&header) {
+        Box::new(simple)
     } else if let Some(alibaba) = Alibaba::from_header(&header) {
         Box::new(alibaba)
     } else {
@@ -124,7 +142,7 @@ pub fn parse(file: &Path, text: &str, fleet: &Fleet) -> Result<Trace, Refusal> {
             1,
             1,
             format!(
-                "header: expected `{}` (and optionally `,{USED_COLUMN}`) or a pod list of cluster-trace-gpu-v2023 with columns {}",
+                "header: expected `{}` (then optionally `{USED_COLUMN}` and `{MIG_COLUMN}`, each once) or a pod list of cluster-trace-gpu-v2023 with columns {}",
                 SIMPLE_COLUMNS.join(","),
                 ALIBABA_COLUMNS.join(",")
             ),
@@ -137,6 +155,8 @@ pub fn parse(file: &Path, text: &str, fleet: &Fleet) -> Result<Trace, Refusal> {
         skipped_without_gpus: 0,
         skipped_never_ran: 0,
         shared_gpu_rounded_up: 0,
+        shared_gpu_as_mig: 0,
+        mig_jobs: 0,
         used_reported: 0,
     };
     for (line, text) in lines {
@@ -175,6 +195,7 @@ pub fn parse(file: &Path, text: &str, fleet: &Fleet) -> Result<Trace, Refusal> {
                 fleet,
             )?;
             trace.used_reported += usize::from(job.used.is_some());
+            trace.mig_jobs += usize::from(job.mig.is_some());
             trace.jobs.push(job);
         }
     }
@@ -247,7 +268,35 @@ trait RowReader {
     fn finish(&self, _trace: &mut Trace) {}
 }
 
-struct Simple;
+/// Where the simple layout's optional columns are.
+struct Simple {
+    used: Option<usize>,
+    mig_profile: Option<usize>,
+}
+
+impl Simple {
+    /// The five columns, then `used` and `mig_profile` in any order, each at most once.
+    fn from_header(header: &[String]) -> Option<Self> {
+        if !header.starts_with(&SIMPLE_COLUMNS.map(String::from)) {
+            return None;
+        }
+        let mut simple = Self {
+            used: None,
+            mig_profile: None,
+        };
+        for (i, name) in header.iter().enumerate().skip(SIMPLE_COLUMNS.len()) {
+            let slot = match name.as_str() {
+                USED_COLUMN => &mut simple.used,
+                MIG_COLUMN => &mut simple.mig_profile,
+                _ => return None,
+            };
+            if slot.replace(i).is_some() {
+                return None;
+            }
+        }
+        Some(simple)
+    }
+}
 
 impl RowReader for Simple {
     fn layout(&self) -> Layout {
@@ -296,15 +345,15 @@ impl RowReader for Simple {
                 format!("submit: at most {MAX_DURATION} s into the trace (got {submit})"),
             ));
         }
-        let used = match f.get(5).map(String::as_str) {
-            None | Some("") => None,
-            Some(text) => Some(
+        let used = match self.used.map(|c| (c, f[c].as_str())) {
+            None | Some((_, "")) => None,
+            Some((column, text)) => Some(
                 text.parse::<f64>()
                     .ok()
                     .filter(|u| (0.0..=1.0).contains(u))
                     .ok_or_else(|| {
                         row.refuse(
-                            5,
+                            column,
                             format!(
                                 "used: the fraction of the job's GPUs it keeps busy, 0 to 1 (got '{}')",
                                 cut(text)
@@ -313,14 +362,22 @@ impl RowReader for Simple {
                     })?,
             ),
         };
+        // With a profile, `gpus` counts its instances.
+        let mig = match self.mig_profile.map(|c| (c, f[c].as_str())) {
+            None | Some((_, "")) => None,
+            Some((column, profile)) => {
+                Some(Slices::ask(&f[1], profile, gpus).map_err(|m| row.refuse(column, m))?)
+            }
+        };
         Ok(Some(Job {
             line: row.line,
             team,
             gpu_type: f[1].clone(),
-            gpus,
+            gpus: mig.as_ref().map_or(gpus, Slices::gpus),
             submit,
             duration,
             used,
+            mig,
         }))
     }
 
@@ -466,22 +523,32 @@ impl RowReader for Alibaba {
                 format!("deletion_time: the pod ran {duration} s, more than {MAX_DURATION}"),
             ));
         }
-        if milli < 1000 {
+        let gpu_type = self.model(row, fleet)?;
+        let mig = match mig::profile_for_share(&gpu_type, milli) {
+            Some(profile) if milli < 1000 && fleet.alibaba.gpu_milli_as_mig => Some(
+                Slices::ask(&gpu_type, &profile, num_gpu)
+                    .map_err(|m| row.refuse(self.gpu_milli, m))?,
+            ),
+            _ => None,
+        };
+        if mig.is_some() {
+            trace.shared_gpu_as_mig += 1;
+        } else if milli < 1000 {
             trace.shared_gpu_rounded_up += 1;
         }
-        let gpu_type = self.model(row, fleet)?;
         self.first_creation = Some(self.first_creation.map_or(creation, |f| f.min(creation)));
         let team = (fnv1a(&row.fields[self.name]) % fleet.teams.len() as u64) as usize;
         Ok(Some(Job {
             line: row.line,
             team,
             gpu_type,
-            gpus: num_gpu,
+            gpus: mig.as_ref().map_or(num_gpu, Slices::gpus),
             // Made relative in finish(), once the first creation is known.
             submit: creation,
             duration,
             // The pod list says what a pod asked for, not how busy it kept its GPUs.
             used: None,
+            mig,
         }))
     }
 
@@ -558,6 +625,7 @@ gpu_spec = { V100M32 = "A100-80GB" }
                     submit: 0,
                     duration: 3600,
                     used: None,
+                    mig: None,
                 },
                 Job {
                     line: 4,
@@ -567,6 +635,7 @@ gpu_spec = { V100M32 = "A100-80GB" }
                     submit: 5400,
                     duration: 45,
                     used: None,
+                    mig: None,
                 },
             ]
         );
@@ -646,6 +715,59 @@ gpu_spec = { V100M32 = "A100-80GB" }
         );
     }
 
+    /// With a `mig_profile`, `gpus` counts instances of it; the job asks admission for
+    /// the GPUs that hold them (7 1g.10gb fit an H100: 9 take 2 GPUs). The optional
+    /// columns come in either order; old traces without them still load (above).
+    #[test]
+    fn a_mig_profile_column_asks_for_slices() {
+        let h = "team,gpu_type,gpus,submit,duration,mig_profile,used\n";
+        let trace = parse(
+            Path::new("trace.csv"),
+            &format!("{h}vision,H100-80GB,9,0,1h,1g.10gb,0.5\nnlp,H100-80GB,8,0,1h,,\n"),
+            &fleet(),
+        )
+        .unwrap();
+        let mig = trace.jobs[0].mig.as_ref().unwrap();
+        assert_eq!(
+            (
+                mig.profile.as_str(),
+                mig.count,
+                mig.per_gpu,
+                trace.jobs[0].gpus
+            ),
+            ("1g.10gb", 9, 7, 2)
+        );
+        assert!((trace.jobs[0].busy_gpus() - 9.0 / 7.0 * 0.5).abs() < 1e-12);
+        assert_eq!((trace.jobs[1].mig.as_ref(), trace.jobs[1].gpus), (None, 8));
+        assert_eq!((trace.mig_jobs, trace.used_reported), (1, 1));
+    }
+
+    #[test]
+    fn a_malformed_mig_profile_is_refused_naming_line_and_column() {
+        let h = "team,gpu_type,gpus,submit,duration,mig_profile\n";
+        let e = refused(&format!(
+            "{h}vision,H100-80GB,8,0,1h,\nvision,H100-80GB,2,0,1h,1g.5gb\n"
+        ));
+        assert!(
+            e.starts_with("trace.csv:3:6: mig_profile: '1g.5gb' is not a MIG profile of H100-80GB (its profiles: 1g.10gb, "),
+            "{e}"
+        );
+        // Each model its own names: the A100-80GB's 1g is 1g.10gb, the H200's 1g.18gb.
+        assert!(
+            refused(&format!("{h}nlp,H200-141GB,2,0,1h,1g.10gb\n")).starts_with(
+                "trace.csv:2:6: mig_profile: '1g.10gb' is not a MIG profile of H200-141GB"
+            )
+        );
+        assert_eq!(
+            refused(&format!("{h}vision,H100-80GB,0,0,1h,1g.10gb\n")),
+            "trace.csv:2:3: gpus: 1 to 100000 (got 0)"
+        );
+        assert!(
+            refused("team,gpu_type,gpus,submit,duration,mig_profile,mig_profile\n")
+                .starts_with("trace.csv:1:1: header: expected `team,gpu_type,gpus,submit,duration` (then optionally `used` and `mig_profile`, each once)")
+        );
+    }
+
     const ALIBABA_HEADER: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n";
 
     #[test]
@@ -704,6 +826,33 @@ openb-pod-0041,1000,1024,2,1000,,LS,Pending,9967058,,
         );
         // The FNV-1a test vector: the hash is the documented one.
         assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    /// With `gpu_milli_as_mig`, a GPU-sharing pod on a MIG model takes the smallest
+    /// instance covering its share per GPU (220 thousandths: 2 of 7 compute slices, a
+    /// 2g.20gb; one GPU holds 3 of them); a whole-GPU pod is unchanged.
+    #[test]
+    fn alibaba_gpu_shares_become_mig_instances_where_the_fleet_asks() {
+        let mut fleet = fleet();
+        fleet.alibaba.gpu_milli_as_mig = true;
+        let text = format!(
+            "{ALIBABA_HEADER}\
+p1,1,1,1,220,,BE,Running,100,200,100
+p2,1,1,2,1000,,LS,Running,100,200,100
+"
+        );
+        let trace = parse(Path::new("pods.csv"), &text, &fleet).unwrap();
+        let mig = trace.jobs[0].mig.as_ref().unwrap();
+        assert_eq!(
+            (mig.profile.as_str(), mig.count, trace.jobs[0].gpus),
+            ("2g.20gb", 1, 1)
+        );
+        assert!((trace.jobs[0].demand_gpus() - 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!((trace.jobs[1].mig.as_ref(), trace.jobs[1].gpus), (None, 2));
+        assert_eq!(
+            (trace.shared_gpu_as_mig, trace.shared_gpu_rounded_up),
+            (1, 0)
+        );
     }
 
     #[test]
