@@ -743,12 +743,26 @@ pub struct ServeArgs {
     /// replica takes over this long after the leader stops renewing. 3s to 5m.
     #[arg(long, env = "GPUFLEET_LEASE_TTL", default_value = "15s", value_parser = parse_lease_ttl)]
     pub lease_ttl: std::time::Duration,
+    /// The operator's price list (CSV `gpu_type,class,per_gpu_hour`, the file `replay
+    /// --prices` and `usage --prices` read): GetUsage's rows grouped by gpu_type and class
+    /// get their price and cost, so a team reads its cost with its own token
+    /// (`gpufleet_usage`). Read at start; a malformed list is refused naming its line and
+    /// column.
+    #[arg(long, env = "GPUFLEET_PRICES", value_name = "FILE", value_parser = parse_prices)]
+    pub prices: Option<gpufleet_control::usage_cost::PriceBook>,
 }
 
 /// `--replica-id`.
 fn parse_replica_id(text: &str) -> Result<String, String> {
     gpufleet_control::lease::check_replica_id(text)?;
     Ok(text.to_string())
+}
+
+/// `--prices`: the price list, read and checked as `usage --prices` reads it.
+fn parse_prices(file: &str) -> Result<gpufleet_control::usage_cost::PriceBook, String> {
+    gpufleet_economics::prices::load_any(std::path::Path::new(file))
+        .map(|prices| crate::price_book::price_book(&prices))
+        .map_err(|refusal| refusal.to_string())
 }
 
 /// `--lease-ttl`.
@@ -1044,6 +1058,7 @@ impl ServeArgs {
                     .unwrap_or_else(gpufleet_control::lease::default_replica_id),
                 ttl: self.lease_ttl,
             },
+            prices: self.prices,
         }
     }
 }

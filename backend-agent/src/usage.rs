@@ -16,6 +16,7 @@
 
 use gpufleet_economics::prices::{self, Class, Prices};
 use gpufleet_proto::limits::{usage_by, usage_window, MAX_MESSAGE_BYTES};
+use gpufleet_proto::money::{cents, decimal as money};
 use gpufleet_proto::v1::{self, gpu_quota_service_client::GpuQuotaServiceClient};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -84,17 +85,6 @@ pub fn costs(prices: &Prices, file: &Path, rows: &[v1::UsageRow]) -> anyhow::Res
             })
         })
         .collect()
-}
-
-/// `gpu_seconds / 3600 × per_gpu_hour`, in hundredths, rounded half away from zero.
-pub fn cents(gpu_seconds: i64, per_gpu_hour: f64) -> i64 {
-    (gpu_seconds as f64 * per_gpu_hour / 36.0).round() as i64
-}
-
-/// Hundredths as a decimal: `556` is `5.56`.
-pub fn money(cents: i64) -> String {
-    let sign = if cents < 0 { "-" } else { "" };
-    format!("{sign}{}.{:02}", cents.abs() / 100, cents.abs() % 100)
 }
 
 fn hours(gpu_seconds: i64, decimals: usize) -> String {
@@ -376,8 +366,10 @@ mod tests {
                 gpu_seconds_measured: 7200,
                 mig_profile: String::new(),
                 slice_seconds: 0,
+                ..Default::default()
             }],
             retention_seconds: 400 * 86_400,
+            ..Default::default()
         }
     }
 
@@ -424,6 +416,7 @@ mod tests {
                 },
             ],
             retention_seconds: 0,
+            ..Default::default()
         };
         let by = ["class", "mig_profile"];
         assert_eq!(
@@ -553,6 +546,7 @@ mod tests {
                 row("vision", "on-demand", 3600),
             ],
             retention_seconds: 0,
+            ..Default::default()
         };
         let c = costs(&prices(), Path::new("prices.csv"), &report.rows).unwrap();
         let by = ["tenant", "gpu_type", "class"];

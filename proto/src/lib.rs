@@ -18,6 +18,7 @@ pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gpuflee
 pub mod codec;
 pub mod error_info;
 pub mod limits;
+pub mod money;
 
 /// The metadata key that carries the bearer token on every call.
 pub const AUTHORIZATION: &str = "authorization";

@@ -292,7 +292,9 @@ fn series(text: &str, name: &str, tenant_id: &str, profile: &str) -> Option<Stri
 /// made by the admin) and, through its own Terraform configuration and token, a node cut
 /// into 7 `1g.10gb` per GPU (`inference`). At t0 + 600 each node has held 8 GPUs for
 /// 600 s: 4,800 GPU-seconds each, `inference`'s under `1g.10gb` with its 8 x 7 = 56
-/// slices for 600 s, 33,600 slice-seconds; `train`'s under `none`, without slices.
+/// slices for 600 s, 33,600 slice-seconds; `train`'s under `none`, without slices. A
+/// restart changes nothing; a layout change at t0 + 600 counts the GPUs under the new
+/// profile from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mig_cluster_is_counted_per_profile_with_its_slices() {
     let dir = tempfile::tempdir().unwrap();
@@ -309,20 +311,23 @@ async fn a_mig_cluster_is_counted_per_profile_with_its_slices() {
     let (vision, vision_token) = create_tenant(&mut admin, "vision").await;
     create_quota(&mut admin, &vision.id, H100, 2 * GPUS, 0).await;
     create_pool_cluster(&mut admin, &vision.id, "train", H100, 1).await;
-    let tf = Terraform::new(&backend, &vision_token);
-    tf.write_main(&format!(
-        r#"
+    let inference = |layout: &str| {
+        format!(
+            r#"
 resource "gpufleet_tenant_cluster" "inference" {{
   tenant       = "{tenant}"
   name         = "inference"
   orchestrator = "kubernetes"
   gpu_type     = "{H100}"
   node_count   = 1
-  mig_layout   = {{ "1g.10gb" = 7 }}
+  mig_layout   = {{ {layout} }}
 }}
 "#,
-        tenant = vision.id
-    ));
+            tenant = vision.id
+        )
+    };
+    let tf = Terraform::new(&backend, &vision_token);
+    tf.write_main(&inference(r#""1g.10gb" = 7"#));
     tf.init();
     tf.apply();
     set_clock(&clock, t0 + 600);
@@ -424,4 +429,113 @@ output "rows" {{ value = data.gpufleet_usage.mine.rows }}
 
     backend.restart();
     assert_eq!(csv(&backend), expected);
+
+    // The team cuts its GPUs into 2 3g.40gb each at t0 + 600: from then on they count
+    // there, 8 GPUs x 300 s and 16 instances x 300 s by t0 + 900.
+    tf.write_main(&inference(r#""3g.40gb" = 2"#));
+    tf.apply();
+    set_clock(&clock, t0 + 900);
+    assert_eq!(
+        csv(&backend),
+        format!(
+            "since,until,tenant,cluster,gpu_type,class,gpu_seconds,mig_profile,slice_seconds\n\
+             {since},{until},,,,,{held},1g.10gb,{slices}\n\
+             {since},{until},,,,,{},3g.40gb,{}\n\
+             {since},{until},,,,,{},none,0\n",
+            GPUS * 300,
+            GPUS * 2 * 300,
+            GPUS * 900
+        )
+    );
+}
+
+/// The operator's price list on serve (`--prices`) prices a team's usage for the team
+/// itself: through `gpufleet_usage` with only its token, grouped by model and class, each
+/// row's cost is its GPU-hours times the price, to hundredths; grouped otherwise the rows
+/// have none and the data source says why. A malformed list stops serve before it starts,
+/// naming the file, line and column.
+#[tokio::test]
+async fn a_team_reads_its_cost_with_its_own_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad-prices.csv");
+    std::fs::write(
+        &bad,
+        format!("gpu_type,class,per_gpu_hour\n{H100},guaranteed,cheap\n"),
+    )
+    .unwrap();
+    let refused = std::process::Command::new(gpufleet_e2e::binaries::agent())
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("never"))
+        .arg("--prices")
+        .arg(&bad)
+        .output()
+        .expect("run gpufleet-agent serve");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--prices") && stderr.contains(&format!("{}:2:", bad.display())),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("never").exists(),
+        "serve started: {stderr}"
+    );
+
+    let clock = dir.path().join("clock");
+    let t0 = time::OffsetDateTime::now_utc().unix_timestamp();
+    set_clock(&clock, t0);
+    let prices = dir.path().join("prices.csv");
+    std::fs::write(
+        &prices,
+        format!("gpu_type,class,per_gpu_hour\n{H100},guaranteed,2.5\n"),
+    )
+    .unwrap();
+    let backend = Backend::start_with_args(&[
+        "--clock-file",
+        clock.to_str().unwrap(),
+        "--prices",
+        prices.to_str().unwrap(),
+    ]);
+    let mut admin = backend.admin().await;
+    let (vision, vision_token) = create_tenant(&mut admin, "vision").await;
+    create_quota(&mut admin, &vision.id, H100, GPUS, GPUS).await;
+    create_pool_cluster(&mut admin, &vision.id, "train", H100, 1).await;
+    set_clock(&clock, t0 + 1000);
+
+    let (since, until) = (rfc3339(t0 - 3600), rfc3339(t0 + 86_400));
+    let tf = Terraform::new(&backend, &vision_token);
+    let read = |by: &str| {
+        tf.write_main(&format!(
+            r#"
+data "gpufleet_usage" "mine" {{
+  since = "{since}"
+  until = "{until}"
+  by    = {by}
+}}
+output "costs" {{ value = [for r in data.gpufleet_usage.mine.rows : [r.class, r.gpu_seconds, r.cost]] }}
+output "why" {{ value = data.gpufleet_usage.mine.cost_unavailable }}
+"#
+        ));
+        tf.apply();
+        let out = tf.outputs();
+        (out["costs"].clone(), out["why"].clone())
+    };
+    tf.init();
+    // 8 GPUs for 1000 s at 2.5 an hour: 5.555..., 5.56.
+    assert_eq!(
+        read(r#"["gpu_type", "class"]"#),
+        (
+            serde_json::json!([["guaranteed", GPUS * 1000, "5.56"]]),
+            serde_json::json!("")
+        )
+    );
+    let (costs, why) = read(r#"["class"]"#);
+    assert_eq!(
+        costs,
+        serde_json::json!([["guaranteed", GPUS * 1000, null]])
+    );
+    assert_eq!(
+        why,
+        serde_json::json!("a price is per GPU model and class: group by gpu_type and class")
+    );
 }

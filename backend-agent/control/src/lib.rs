@@ -48,5 +48,6 @@ pub mod state;
 pub mod store;
 pub mod telemetry;
 pub mod tls_reload;
+pub mod usage_cost;
 pub mod volume_use;
 pub mod volumes;

@@ -103,6 +103,8 @@ pub struct Config {
     pub audit_retention: crate::audit::Retention,
     /// The TCP ports new Slurm controllers, slurmds and logins listen on.
     pub slurm_ports: gpufleet_slurm::PortRange,
+    /// The operator's price list (`--prices`), which prices GetUsage's rows.
+    pub prices: Option<crate::usage_cost::PriceBook>,
     /// How durable a commit is, and whether a store behind its commit record is served
     /// (`--durability`, `--accept-rollback`).
     pub store: store::OpenOptions,
@@ -146,6 +148,7 @@ impl Config {
             candidates: Default::default(),
             audit_retention: Default::default(),
             slurm_ports: Default::default(),
+            prices: None,
             store: Default::default(),
             connections: Default::default(),
             lease: Default::default(),
@@ -406,6 +409,7 @@ impl ControlPlane {
             .with_candidates(config.candidates)
             .with_slurm_address(config.advertise_address)
             .with_slurm_ports(config.slurm_ports)
+            .with_prices(config.prices)
             .with_external_nodes(external_nodes)
             .with_volumes(volumes),
         );

@@ -132,6 +132,8 @@ pub struct AppState {
     /// Where the metrics endpoint is bound, once it is (serve's `--metrics-listen`; port 0
     /// resolved), for GetMetricsEndpoint.
     pub metrics_address: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The operator's price list (serve's `--prices`), which prices GetUsage's rows.
+    pub prices: Option<Arc<crate::usage_cost::PriceBook>>,
 }
 
 impl AppState {
@@ -183,6 +185,7 @@ impl AppState {
             slurm_ports: Default::default(),
             slurm: Default::default(),
             metrics_address: Default::default(),
+            prices: None,
         }
     }
 
@@ -195,6 +198,11 @@ impl AppState {
     /// The ports new Slurm daemons and logins get (serve's `--slurm-ports`).
     pub fn with_slurm_ports(mut self, ports: gpufleet_slurm::PortRange) -> Self {
         self.slurm_ports = ports;
+        self
+    }
+
+    pub fn with_prices(mut self, prices: Option<crate::usage_cost::PriceBook>) -> Self {
+        self.prices = prices.map(Arc::new);
         self
     }
 

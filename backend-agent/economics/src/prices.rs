@@ -62,6 +62,13 @@ impl Prices {
     pub fn per_gpu_hour(&self, gpu_type: &str, class: Class) -> Option<f64> {
         self.0.get(&(gpu_type.to_string(), class)).copied()
     }
+
+    /// The GPU models with at least one price.
+    pub fn models(&self) -> impl Iterator<Item = &str> {
+        let mut models: Vec<&str> = self.0.keys().map(|(m, _)| m.as_str()).collect();
+        models.dedup();
+        models.into_iter()
+    }
 }
 
 pub fn load(file: &Path, fleet: &Fleet) -> Result<Prices, Refusal> {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use gpufleet_proto::limits::{usage_by, usage_window};
+use gpufleet_proto::money::decimal;
 use gpufleet_proto::v1 as api;
 
 use super::required_arg;
@@ -36,6 +37,7 @@ fn row_type() -> Type {
         ("gpu_seconds_measured", Type::Number),
         ("mig_profile", Type::String),
         ("slice_seconds", Type::Number),
+        ("cost", Type::String),
     ])
 }
 
@@ -56,6 +58,11 @@ fn row_value(r: &api::UsageRow) -> Value {
         ),
         ("mig_profile", Value::string(&r.mig_profile)),
         ("slice_seconds", Value::Number(r.slice_seconds)),
+        (
+            "cost",
+            r.cost_cents
+                .map_or(Value::Null, |c| Value::String(decimal(c))),
+        ),
     ])
 }
 
@@ -146,7 +153,12 @@ impl DataSourceType for Usage {
                 Attribute::computed(
                     "rows",
                     Type::list(row_type()),
-                    "One row per group, ordered by `tenant`, `cluster`, `gpu_type`, `class`, `mig_profile` (each empty when not grouped by; grouping by `cluster` keeps its `tenant`) with `gpu_seconds`, the GPU-seconds held; `gpu_seconds_used`, those the GPUs were busy by their node agents' utilisation readings (null: not reported, as for MIG slices on real GPUs; not 0); `gpu_seconds_measured`, the GPU-seconds held that the readings covered; and `slice_seconds`, the MIG instances held times seconds (0 for whole GPUs; every profile's together when not grouped by `mig_profile`). `class` is `guaranteed`, `burst`, `borrowed-preemptible` or `on-demand`; `mig_profile` is the MIG profile a cluster's `mig_layout` cuts its GPUs into (e.g. `1g.10gb`) or `none` for whole GPUs, and a profile's `gpu_seconds` is its part of the GPUs held (split by the memory slices each profile of the layout occupies, so the profiles add up to the whole GPUs).",
+                    "One row per group, ordered by `tenant`, `cluster`, `gpu_type`, `class`, `mig_profile` (each empty when not grouped by; grouping by `cluster` keeps its `tenant`) with `gpu_seconds`, the GPU-seconds held; `gpu_seconds_used`, those the GPUs were busy by their node agents' utilisation readings (null: not reported, as for MIG slices on real GPUs; not 0); `gpu_seconds_measured`, the GPU-seconds held that the readings covered; and `slice_seconds`, the MIG instances held times seconds (0 for whole GPUs; every profile's together when not grouped by `mig_profile`). `class` is `guaranteed`, `burst`, `borrowed-preemptible` or `on-demand`; `mig_profile` is the MIG profile a cluster's `mig_layout` cuts its GPUs into (e.g. `1g.10gb`) or `none` for whole GPUs, and a profile's `gpu_seconds` is its part of the GPUs held (split by the memory slices each profile of the layout occupies, so the profiles add up to the whole GPUs). `cost` is the row's cost at the operator's price list (`serve --prices`), GPU-hours held times the price of its model and class, as a decimal in the list's currency (e.g. `\"5.56\"`); null where the row is not priced (see `cost_unavailable`).",
+                ),
+                Attribute::computed(
+                    "cost_unavailable",
+                    Type::String,
+                    "Why some or all rows have no `cost`: the control plane has no price list, `by` lacks `gpu_type` or `class` (a price is per model and class), or the list has no price for the models and classes it names. Empty when every row has a cost.",
                 ),
             ],
         )
@@ -183,6 +195,7 @@ impl DataSourceType for Usage {
             "rows",
             Value::List(report.rows.iter().map(row_value).collect()),
         );
+        state.set("cost_unavailable", Value::string(&report.cost_unavailable));
         Ok(state)
     }
 }
@@ -280,5 +293,16 @@ mod tests {
         };
         assert_eq!(row_value(&r).get("mig_profile"), &Value::string("1g.10gb"));
         assert_eq!(row_value(&r).get("slice_seconds"), &Value::Number(560));
+    }
+
+    /// A priced row's cost is an exact decimal; an unpriced one's is null, never 0.
+    #[test]
+    fn cost_is_a_decimal_or_null() {
+        let mut r = api::UsageRow::default();
+        assert_eq!(row_value(&r).get("cost"), &Value::Null);
+        r.cost_cents = Some(556);
+        assert_eq!(row_value(&r).get("cost"), &Value::string("5.56"));
+        r.cost_cents = Some(7);
+        assert_eq!(row_value(&r).get("cost"), &Value::string("0.07"));
     }
 }

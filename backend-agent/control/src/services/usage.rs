@@ -1,7 +1,8 @@
 //! GetUsage: GPU-seconds held in a window (issue 42), read from the usage intervals the
 //! store writes with every holding, and beside them the GPU-seconds used, from the node
-//! agents' utilisation readings (none where no GPU of the group reported any). The admin
-//! sees every team's, a team's token only its own; the window and the answer are bounded.
+//! agents' utilisation readings (none where no GPU of the group reported any), and with
+//! the operator's price list their cost (`crate::usage_cost`). The admin sees every
+//! team's, a team's token only its own; the window and the answer are bounded.
 
 use std::collections::BTreeMap;
 
@@ -58,15 +59,17 @@ pub fn report(
     let held =
         usage::held(conn, tenant.as_deref(), since, until, now, by, limit).map_err(db_error)?;
     let used = usage::used(conn, tenant.as_deref(), since, until, by, limit).map_err(db_error)?;
-    let rows = merge(held, used);
+    let mut rows = merge(held, used);
     if rows.len() > MAX_USAGE_ROWS {
         return Err(invalid(format!(
             "by: more than {MAX_USAGE_ROWS} rows; group by less or read a shorter window"
         )));
     }
+    let cost_unavailable = crate::usage_cost::price(state.prices.as_deref(), &req.by, &mut rows);
     Ok(v1::UsageReport {
         rows,
         retention_seconds: USAGE_RETENTION_SECS,
+        cost_unavailable,
     })
 }
 
