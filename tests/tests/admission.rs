@@ -798,16 +798,18 @@ async fn capacity_taken_back_leaves_borrowers_in_proportion_to_their_weights() {
 /// its guarantee: its plan passes (the pool has no free node, but team-b borrows) and the
 /// backend's dry run names team-b's cluster as the one it would preempt; the apply takes
 /// one node back from team-b, which shrinks to 1 node with a `preempted`
-/// event naming team-a and its cluster, and both plans after are empty.
+/// event naming team-a and its cluster, and both plans after are empty. team-a's
+/// pipeline runs with only its own token (the platform gave it one), as a team's does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_creating_a_cluster_within_its_guarantee_takes_its_lent_nodes_back() {
     let backend = Backend::start_with_fleet(&h100_fleet(2));
     let _log = LogOnPanic(&backend);
+    // team-a was onboarded with its own token, which its pipeline uses alone.
+    let (team_a_tenant, team_a_token) = create_tenant(&mut backend.admin().await, "team-a").await;
     let platform = workdir(&backend);
     platform.write_main(&hcl::config(&[
-        hcl::tenant("a", "team-a"),
         hcl::tenant("b", "team-b"),
-        hcl::quota("qa", "gpufleet_tenant.a.id", "H100-80GB", 16),
+        hcl::quota("qa", &format!("\"{}\"", team_a_tenant.id), "H100-80GB", 16),
         hcl::quota("qb", "gpufleet_tenant.b.id", "H100-80GB", 0).number("burst_gpus", 16),
         hcl::pool_cluster("borrow", "gpufleet_tenant.b.id", "borrow", "H100-80GB", 2)
             .boolean("preemptible", true)
@@ -819,7 +821,7 @@ async fn a_team_creating_a_cluster_within_its_guarantee_takes_its_lent_nodes_bac
     // The backend's dry run (what the plan asks) says whom the create would preempt, and
     // preempts nobody.
     let mut admin = backend.admin().await;
-    let tenant_a = str_of(&platform.resource("gpufleet_tenant.a"), "id");
+    let tenant_a = team_a_tenant.id.clone();
     let dry = admin
         .clusters
         .create_tenant_cluster(CreateTenantClusterRequest {
@@ -848,7 +850,7 @@ async fn a_team_creating_a_cluster_within_its_guarantee_takes_its_lent_nodes_bac
     };
     assert_eq!(borrowed(&admin.inventory().await.clusters), (2, 2));
 
-    let team_a = workdir(&backend);
+    let team_a = Terraform::new(&backend, &team_a_token);
     team_a.write_main(&hcl::config(&[hcl::pool_cluster(
         "train",
         "\"team-a\"",
@@ -856,6 +858,7 @@ async fn a_team_creating_a_cluster_within_its_guarantee_takes_its_lent_nodes_bac
         "H100-80GB",
         1,
     )]));
+    team_a.init();
     team_a.apply();
     team_a.assert_no_changes();
     let train = team_a.resource("gpufleet_tenant_cluster.train");
