@@ -231,7 +231,9 @@ output "rows" {{ value = data.gpufleet_usage.mine.rows }}
         rows,
         serde_json::json!([{
             "tenant": "vision", "cluster": "", "gpu_type": "", "class": "guaranteed",
-            "gpu_seconds": GPUS * 1000, "mig_profile": "", "slice_seconds": 0
+            "gpu_seconds": GPUS * 1000, "mig_profile": "", "slice_seconds": 0,
+            // This serve has no price list.
+            "cost": null
         }])
     );
 
@@ -367,11 +369,12 @@ output "rows" {{ value = data.gpufleet_usage.mine.rows }}
         serde_json::json!([
             {
                 "tenant": "vision", "cluster": "inference", "gpu_type": "", "class": "",
-                "mig_profile": "1g.10gb", "gpu_seconds": held, "slice_seconds": slices
+                "mig_profile": "1g.10gb", "gpu_seconds": held, "slice_seconds": slices,
+                "cost": null
             },
             {
                 "tenant": "vision", "cluster": "train", "gpu_type": "", "class": "",
-                "mig_profile": "none", "gpu_seconds": held, "slice_seconds": 0
+                "mig_profile": "none", "gpu_seconds": held, "slice_seconds": 0, "cost": null
             }
         ])
     );

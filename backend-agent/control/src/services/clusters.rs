@@ -944,6 +944,8 @@ impl Clusters {
         let changes = layout_changes(&tx, &c, &scaling.to_release)?;
         c.status = "updating".into();
         store::clusters::update(&tx, &c).map_err(db_error)?;
+        // A new layout cuts the GPUs held into its profiles from now (usage per profile).
+        store::usage::relayout(&tx, &c.id, now).map_err(db_error)?;
         let dir = self
             .state
             .volumes
@@ -1068,6 +1070,7 @@ impl Clusters {
                         }
                     }
                     store::clusters::update(&sp, &restore).map_err(db_error)?;
+                    store::usage::relayout(&sp, &restore.id, now).map_err(db_error)?;
                     sp.commit().map_err(db_error)
                 })
                 .await?;

@@ -190,6 +190,128 @@ pub fn open(conn: &Connection, node_id: &str, cluster_id: &str, t: i64) -> rusql
     Ok(())
 }
 
+/// Cuts the GPUs `cluster_id`'s nodes hold into its layout as recorded now, from `t`:
+/// where a node's open intervals count other profiles (its layout changed), they close
+/// at `t` and the same GPUs of the same classes open again cut into the new profiles. A
+/// node whose intervals already count the layout is left alone, so calling it when the
+/// layout did not change writes nothing. Run in the transaction that records the layout.
+pub fn relayout(conn: &Connection, cluster_id: &str, t: i64) -> rusqlite::Result<()> {
+    let found: Option<(String, String)> = conn
+        .prepare_cached("SELECT gpu_type, mig_layout FROM clusters WHERE id = ?1")?
+        .query_row([cluster_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((gpu_type, layout)) = found else {
+        return Ok(());
+    };
+    let shares = profile_shares(&gpu_type, &super::from_json(&layout));
+    // Each node's open intervals: (node, tenant id, tenant, cluster, model, class, GPUs,
+    // profile, slices, share).
+    type Open = (
+        String,
+        String,
+        String,
+        String,
+        String,
+        String,
+        i64,
+        String,
+        i64,
+        i64,
+    );
+    let open: Vec<Open> = conn
+        .prepare_cached(
+            "SELECT node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, mig_profile,
+                    slices, share_840ths
+             FROM usage_intervals
+             WHERE end_time IS NULL
+               AND node_id IN (SELECT id FROM nodes WHERE cluster_id = ?1)
+             ORDER BY node_id, class, mig_profile",
+        )?
+        .query_map([cluster_id], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+                r.get(8)?,
+                r.get(9)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut nodes: BTreeMap<&str, Vec<&Open>> = BTreeMap::new();
+    for o in &open {
+        nodes.entry(o.0.as_str()).or_default().push(o);
+    }
+    for (node, intervals) in nodes {
+        // What the node's intervals count now, against what the layout cuts.
+        let counted: std::collections::BTreeSet<(&str, i64, i64)> = intervals
+            .iter()
+            .map(|o| (o.7.as_str(), o.8 / o.6.max(1), o.9))
+            .collect();
+        let wanted: std::collections::BTreeSet<(&str, i64, i64)> = shares
+            .iter()
+            .map(|s| (s.profile.as_str(), s.per_gpu, s.share))
+            .collect();
+        if counted == wanted {
+            continue;
+        }
+        // An interval opened at `t` (this transaction's assignment) counted nothing yet.
+        super::exec(
+            conn,
+            "DELETE FROM usage_intervals WHERE node_id = ?1 AND end_time IS NULL AND start_time >= ?2",
+            (node, t),
+        )?;
+        super::exec(
+            conn,
+            "UPDATE usage_intervals SET end_time = ?2 WHERE node_id = ?1 AND end_time IS NULL",
+            (node, t),
+        )?;
+        // The node's classes once each (its profiles repeat them).
+        let classes: std::collections::BTreeSet<(&str, &str, &str, &str, &str, i64)> = intervals
+            .iter()
+            .map(|o| {
+                (
+                    o.1.as_str(),
+                    o.2.as_str(),
+                    o.3.as_str(),
+                    o.4.as_str(),
+                    o.5.as_str(),
+                    o.6,
+                )
+            })
+            .collect();
+        for (tenant_id, tenant, cluster, gpu_type, class, gpus) in classes {
+            for s in &shares {
+                super::exec(
+                    conn,
+                    "INSERT INTO usage_intervals
+                         (node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, start_time,
+                          mig_profile, slices, share_840ths)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    rusqlite::params![
+                        node,
+                        tenant_id,
+                        tenant,
+                        cluster,
+                        gpu_type,
+                        class,
+                        gpus,
+                        t,
+                        &s.profile,
+                        gpus * s.per_gpu,
+                        s.share
+                    ],
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Closes the open intervals of `node_id` at `t` (never before they opened), and prunes
 /// what ended past the retention.
 pub fn close(conn: &Connection, node_id: &str, t: i64) -> rusqlite::Result<()> {

@@ -661,3 +661,52 @@ fn usage_from_before_mig_profiles_reads_as_whole_gpus() {
     let used_rows = used(&conn, None, 0, 5000, by_profile(), 10).unwrap();
     assert_eq!(used_rows[0].mig_profile, WHOLE_GPUS);
 }
+
+/// m1's layout changes at T0 + 100 from 7 1g.10gb to 2 3g.40gb per GPU while it holds p1
+/// (since T0) and p2 (assigned in the change's own transaction, with the old layout):
+/// p1's 100 s count as 1g.10gb (800 GPU-s, 5,600 slice-s), then both nodes' as 3g.40gb
+/// until their release at T0 + 300 (2 x 8 x 200 = 3,200 GPU-s, 2 x 16 x 200 = 6,400
+/// slice-s); p2 has no zero-length 1g.10gb interval. Re-cutting to the same layout writes
+/// nothing.
+#[test]
+fn a_layout_change_recuts_the_held_gpus_from_then_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = open(&dir.path().join("state.db"));
+    seed_mig(&conn);
+    assert!(assign(&conn, "p1", "m1", T0).unwrap());
+    let intervals = |conn: &Connection| -> i64 {
+        conn.query_row("SELECT COUNT(*) FROM usage_intervals", [], |r| r.get(0))
+            .unwrap()
+    };
+    relayout(&conn, "m1", T0 + 50).unwrap();
+    assert_eq!(intervals(&conn), 1, "the same layout: nothing written");
+    assert!(assign(&conn, "p2", "m1", T0 + 100).unwrap());
+    conn.execute(
+        r#"UPDATE clusters SET mig_layout = '{"3g.40gb":2}' WHERE id = 'm1'"#,
+        [],
+    )
+    .unwrap();
+    relayout(&conn, "m1", T0 + 100).unwrap();
+    release(&conn, "p1", T0 + 300).unwrap();
+    release(&conn, "p2", T0 + 300).unwrap();
+    let rows = held(&conn, None, T0, T0 + 1000, T0 + 1000, by_profile(), 100).unwrap();
+    assert_eq!(
+        profile_rows(&rows),
+        [
+            ("m1", GUARANTEED, "1g.10gb", 800, 5_600),
+            ("m1", GUARANTEED, "3g.40gb", 3_200, 6_400),
+        ]
+    );
+    let p2: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM usage_intervals WHERE node_id = 'p2'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(p2, 1);
+    assert_eq!(
+        total(&conn, Some("a"), T0, T0 + 1000, T0 + 1000),
+        8 * 300 + 8 * 200
+    );
+}
