@@ -131,10 +131,35 @@ pub fn place_or_wait(
         {
             drop(attempt); // rolled back
             tracing::debug!(cluster = %cluster.name, %refused, "a create that does not fit now");
-            why_waiting(tx, tenant_name, cluster, t).map(Placed::Waits)
+            let wait = why_waiting(tx, tenant_name, cluster, t)?;
+            room_to_wait(tx, tenant_name, &cluster.tenant_id)?;
+            Ok(Placed::Waits(wait))
         }
         Err(refused) => Err(refused),
     }
+}
+
+/// Clusters one tenant may have waiting at once, and the whole fleet: every admission
+/// round reads them all in the writer's transaction, and a waiting cluster holds nothing
+/// that quotas would bound.
+pub const MAX_WAITING_PER_TENANT: i64 = 32;
+pub const MAX_WAITING: i64 = 1024;
+
+/// Refuses a create that would wait past [`MAX_WAITING_PER_TENANT`] or [`MAX_WAITING`].
+fn room_to_wait(conn: &Connection, tenant_name: &str, tenant_id: &str) -> Result<()> {
+    let own = crate::store::queue::count(conn, Some(tenant_id))?;
+    if own >= MAX_WAITING_PER_TENANT {
+        return Err(Error::Precondition(format!(
+            "wait_for_capacity: tenant '{tenant_name}' already has {own} clusters waiting for capacity, the most one tenant may; delete one of them or create without waiting"
+        )));
+    }
+    let all = crate::store::queue::count(conn, None)?;
+    if all >= MAX_WAITING {
+        return Err(Error::Precondition(format!(
+            "wait_for_capacity: {all} clusters of the fleet are waiting for capacity, the most it keeps; create without waiting or later"
+        )));
+    }
+    Ok(())
 }
 
 /// Records `cluster` (in status "queued") as waiting from `t` for `wait_seconds`, with a

@@ -62,3 +62,12 @@ pub fn remove(conn: &Connection, cluster_id: &str) -> rusqlite::Result<()> {
     )?;
     Ok(())
 }
+
+/// How many clusters wait: `tenant_id`'s, or the whole fleet's.
+pub fn count(conn: &Connection, tenant_id: Option<&str>) -> rusqlite::Result<i64> {
+    conn.prepare_cached(
+        "SELECT COUNT(*) FROM cluster_queue q JOIN clusters c ON c.id = q.cluster_id
+         WHERE ?1 IS NULL OR c.tenant_id = ?1",
+    )?
+    .query_row([tenant_id], |r| r.get(0))
+}
