@@ -492,6 +492,12 @@ pub fn node_home(account: &Account, target: &Path) -> Result<PathBuf, String> {
     Ok(home)
 }
 
+/// Whether the account's home on this host is a directory (an older agent's home of this
+/// host, or one kept by [`node_home`]), not a link.
+pub fn home_is_directory(cluster: &str) -> bool {
+    std::fs::symlink_metadata(runtime_dir(cluster).join(HOME)).is_ok_and(|m| m.is_dir())
+}
+
 fn link_home(home: &Path, target: &Path) -> Result<(), String> {
     std::os::unix::fs::symlink(target, home).map_err(|e| {
         format!(

@@ -22,9 +22,12 @@
 //!   the team's files stay. It is unmounted (lazily) when the host's last node of the
 //!   cluster leaves ([`release`]); each agent's file goes with its cluster directory when
 //!   its node leaves, the one still mounted then with its last mount (the loop device is
-//!   autoclear). A host that restarts starts with an empty home on `/run` as before,
-//!   as the file of the agent that mounts first; the bound applies to homes made after a
-//!   change of `--home-mib` (a home is not resized).
+//!   autoclear). After the host restarts, the first agent to start a node of the cluster
+//!   mounts its own file again: the team's files are back when that file is the one that
+//!   was mounted (always, with one agent per host). The bound applies to homes made after
+//!   a change of `--home-mib` (a home is not resized). A home an earlier agent made (a
+//!   directory of `/run`) is left as it is until the host's last node of the cluster
+//!   leaves: the daemons adopted from that agent would not see a mount made now.
 //!
 //! Blocking (mkfs.ext4, mount, the host lock): called where the daemons are started,
 //! off the async workers.

@@ -306,12 +306,20 @@ impl Slurm {
         account::prepare_runtime(&account)?;
         account::own_dir(&shared, 0, account.uid, 0o750)?;
         let home = match &volume {
-            Some(volume) => volume.clone(),
-            None => HomeFs::new(&dir, cluster, self.disk.home_mib).ensure(&account)?,
+            Some(volume) => Some(volume.clone()),
+            // A home an older agent made, a directory of this host: the daemons adopted
+            // from it run in namespaces made before any mount made now, which they would
+            // not see. Kept as it is (unbounded) until the host's last node of the
+            // cluster leaves.
+            None if account::home_is_directory(cluster) => None,
+            None => Some(HomeFs::new(&dir, cluster, self.disk.home_mib).ensure(&account)?),
         };
-        account::node_home(&account, &home)?;
+        if let Some(home) = &home {
+            account::node_home(&account, home)?;
+        }
         drop(host);
-        let homes = Some(home_fs::view(cluster, volume.is_none())?);
+        let bounded = volume.is_none() && home.is_some();
+        let homes = Some(home_fs::view(cluster, bounded)?);
 
         let mut all = self.lock();
         let running = all.entry(cluster.to_string()).or_default();
