@@ -27,6 +27,7 @@ pub mod quotas;
 pub mod readers;
 pub mod reservations;
 pub mod slurm_access;
+pub mod take_backs;
 pub mod tenants;
 pub mod tokens;
 pub mod usage;
@@ -679,6 +680,18 @@ const MIGRATIONS: &[&str] = &[
         cluster_id TEXT PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
         queued_at INTEGER NOT NULL,
         wait_until INTEGER NOT NULL CHECK (wait_until > queued_at)
+    ) WITHOUT ROWID;
+    "#,
+    // Take-backs decided and not yet recorded (issue 41): the preemption loop's decision
+    // marks its victim with the lease's epoch and the replacements it assigned, its record
+    // deletes the row; a later leader settles the rows an older epoch left
+    // (`store::take_backs`).
+    r#"
+    CREATE TABLE pending_take_backs (
+        cluster_id TEXT PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
+        epoch INTEGER NOT NULL CHECK (epoch >= 1),
+        replacements TEXT NOT NULL,
+        decided_at INTEGER NOT NULL
     ) WITHOUT ROWID;
     "#,
 ];
