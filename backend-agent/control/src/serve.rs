@@ -347,6 +347,9 @@ impl ControlPlane {
                 .with_node_mounts(external_nodes),
         };
         crate::scheduling::clusters::recover_interrupted(&mut conn, &volumes, config.clock.now())?;
+        // Those include the take-backs a former leader left unrecorded: their marks go, so
+        // that no later leader takes a request's `updating` for one of them.
+        store::take_backs::clear_all(&conn)?;
         // Every agent registers anew with this process.
         store::nodes::await_agents(&conn, config.clock.now())?;
         let (admin_token, admin_token_file) = match config.admin_token.filter(|t| !t.is_empty()) {

@@ -5,6 +5,15 @@
 //! `crate::lease`), and an owner's create or scale-up of a guaranteed cluster within its
 //! tenant's idle guarantee ([`for_owner`], issue 42), which takes back what it needs in
 //! its own request's transaction on the replica serving the request (not a singleton).
+//!
+//! The loop decides a take-back and records what its orders did in two fenced
+//! transactions, with the orders in between. The decision marks each victim with the
+//! lease's epoch (`store::take_backs`) and the record clears the mark, so a take-back a
+//! former leader decided and never recorded (it lost the lease in between) is found by
+//! the next leader's rounds and settled under its own epoch ([`fenced_settle`]): its
+//! replacements released, the victim back to its settled status, and the next round
+//! decides again. A victim is never recorded twice: the record refuses once its mark
+//! is gone.
 
 use std::sync::Arc;
 
@@ -15,7 +24,7 @@ use super::sharing;
 use super::{capacity, holdings, Exclude};
 use crate::cluster_status::settled_status;
 use crate::error::{Error, Result};
-use crate::lease::Fence;
+use crate::lease::{Fence, SINGLETONS};
 use crate::rules::peak;
 use crate::state::{rfc3339, AppState};
 use crate::store::{
@@ -41,8 +50,10 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// One round: every model whose preemptible clusters hold pool nodes.
+/// One round: first the take-backs former leaders left unrecorded, then every model
+/// whose preemptible clusters hold pool nodes.
 pub async fn round(state: &AppState) -> Result<()> {
+    settle_former_leaders(state).await?;
     let models = state
         .read(|conn| Ok::<_, Error>(store::preemption::models(conn)?))
         .await?;
@@ -58,8 +69,33 @@ pub async fn round(state: &AppState) -> Result<()> {
     Ok(())
 }
 
+/// Settles the take-backs decided under an older epoch and never recorded
+/// ([`fenced_settle`]); a look on the read pool first, so that a round with none to
+/// settle writes nothing.
+async fn settle_former_leaders(state: &AppState) -> Result<()> {
+    let Some(epoch) = state.lease().epoch() else {
+        return Ok(()); // not leading: the fence would refuse, and the loop is stopping
+    };
+    let epoch = i64::try_from(epoch).unwrap_or(i64::MAX);
+    let left = state
+        .read(move |conn| Ok::<_, Error>(store::take_backs::any_before(conn, epoch)?))
+        .await?;
+    if !left {
+        return Ok(());
+    }
+    let (now, fence) = (
+        (state.now(), state.agents.replace_after),
+        Fence::singleton(state.lease().clone()),
+    );
+    state
+        .apply(move |tx| fenced_settle(&fence, tx, now))
+        .await?;
+    Ok(())
+}
+
 /// [`plan_take_back`] behind the singletons' lease: a replica that no longer holds it
-/// (or holds an older epoch) decides and writes nothing.
+/// (or holds an older epoch) decides and writes nothing. Each victim is marked with the
+/// epoch that decided it, which its record clears ([`fenced_record`]).
 pub(super) fn fenced_plan(
     fence: &Fence,
     tx: &Connection,
@@ -67,7 +103,80 @@ pub(super) fn fenced_plan(
     t: i64,
 ) -> Result<Vec<TakeBack>> {
     fence.check(tx)?;
-    plan_take_back(tx, gpu_type, t)
+    let mut plan = plan_take_back(tx, gpu_type, t)?;
+    let decided_in = match fence.is_singleton() {
+        true => store::leases::get(tx, SINGLETONS)?.map(|l| l.epoch),
+        false => None,
+    };
+    if let Some(epoch) = decided_in {
+        for work in &mut plan {
+            let ids: Vec<String> = work.replacements.iter().map(|n| n.id.clone()).collect();
+            store::take_backs::mark(tx, &work.cluster.id, epoch, &ids, t)?;
+            work.decided_in = Some(epoch);
+        }
+    }
+    Ok(plan)
+}
+
+/// Settles, behind `fence`, the take-backs decided under an epoch older than the one
+/// the store's lease holds now and never recorded: the leader that decided each lost the
+/// lease before its record. A restart would have settled its victim
+/// (`scheduling::clusters::recover_interrupted`: back to its node_count, `running`);
+/// this does the same without one, undoing the decision exactly: the replacements it
+/// assigned are released (a restart releases the highest-named nodes beyond node_count,
+/// which may be a taken one instead), the taken nodes stay (they leave only when a
+/// take-back is recorded), the victim's status is its settled one with a reason saying
+/// why, and the next round decides the take-back again. A cluster `updating` without a mark (a
+/// request's change) is never touched. The names of the clusters settled.
+pub(super) fn fenced_settle(
+    fence: &Fence,
+    tx: &Connection,
+    // Now, and how long an unreachable node waits for its replacement (for the status).
+    (t, replace_after): (i64, std::time::Duration),
+) -> Result<Vec<String>> {
+    fence.check(tx)?;
+    let Some(epoch) = store::leases::get(tx, SINGLETONS)?.map(|l| l.epoch) else {
+        return Ok(Vec::new());
+    };
+    let mut settled = Vec::new();
+    for pending in store::take_backs::decided_before(tx, epoch)? {
+        store::take_backs::clear(tx, &pending.cluster_id, pending.epoch)?;
+        let Some(cluster) = store::clusters::get(tx, &pending.cluster_id)? else {
+            continue;
+        };
+        if cluster.status != "updating" {
+            continue; // settled another way already; nothing of the decision is left
+        }
+        let mut released = Vec::new();
+        for id in &pending.replacements {
+            let Some(n) = store::nodes::get(tx, id)? else {
+                continue;
+            };
+            if n.cluster_id.as_deref() == Some(cluster.id.as_str()) {
+                store::nodes::release(tx, &n.id, t)?;
+                released.push(n.hostname);
+            }
+        }
+        let mut reason = format!(
+            "a take-back decided under epoch {} of the singletons' lease was never recorded (its leader lost the lease); settled under epoch {epoch}",
+            pending.epoch
+        );
+        if !released.is_empty() {
+            reason.push_str(&format!(
+                ", its on-demand replacements {} released",
+                released.join(", ")
+            ));
+        }
+        reason.push_str("; the next round takes the nodes back again");
+        let (status, down) = settled_status(tx, &cluster.id, replace_after)?;
+        if !down.is_empty() {
+            reason = format!("{down}; {reason}");
+        }
+        store::clusters::set_status(tx, &cluster.id, &status, &reason)?;
+        tracing::warn!(cluster = %cluster.name, decided_in = pending.epoch, epoch, "settled a take-back a former leader decided and never recorded");
+        settled.push(cluster.name);
+    }
+    Ok(settled)
 }
 
 /// An owner's create or scale-up of `cluster` (guaranteed, within its tenant's idle
@@ -154,6 +263,9 @@ pub struct TakeBack {
     /// The taken nodes left the cluster when the take-back was planned (an owner's:
     /// they went to its cluster in the same transaction); else when it is recorded.
     handed_over: bool,
+    /// The lease's epoch that decided it, for the preemption loop's (marked in the
+    /// store until recorded); None for an owner's.
+    decided_in: Option<i64>,
 }
 
 /// What an owner's create or scale-up took back ([`for_owner`]): the victims still to
@@ -266,6 +378,7 @@ fn take_back(
             changes,
             why,
             handed_over: owner.is_some(),
+            decided_in: None,
         });
     }
     Ok(out)
@@ -372,8 +485,10 @@ async fn carry_out(state: &AppState, work: TakeBack, fence: Fence) -> Result<()>
         .await?
 }
 
-/// [`record_take_back`] behind `fence`: a former leader records nothing (its victim
-/// stays as it was planned, "updating", until a restart settles it).
+/// [`record_take_back`] behind `fence`, clearing the decision's mark: a former leader
+/// records nothing (its victim stays as it was planned, "updating", until the next
+/// leader settles it, [`fenced_settle`]), and neither does a record whose take-back was
+/// settled meanwhile (its mark is gone).
 pub(super) fn fenced_record(
     fence: &Fence,
     tx: &Connection,
@@ -382,6 +497,14 @@ pub(super) fn fenced_record(
     now: (i64, std::time::Duration),
 ) -> Result<Result<()>> {
     fence.check(tx)?;
+    if let Some(epoch) = work.decided_in {
+        if !store::take_backs::clear(tx, &work.cluster.id, epoch)? {
+            return Err(Error::Precondition(format!(
+                "take-back: cluster {}'s take-back decided under epoch {epoch} was settled since; nothing recorded",
+                work.cluster.name
+            )));
+        }
+    }
     record_take_back(tx, work, converged, now)
 }
 
@@ -490,3 +613,6 @@ fn record_take_back(
     tracing::info!(cluster = %cluster.name, taken = taken.len(), replaced = replacements.len(), "took pool nodes back from a preemptible cluster");
     Ok(failure.map_or(Ok(()), Err))
 }
+
+#[cfg(test)]
+mod tests;
