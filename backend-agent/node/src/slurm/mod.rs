@@ -438,15 +438,17 @@ impl Slurm {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(format!("cannot remove {}: {e}", dir.display())),
         };
-        // Counted and unmounted under the host's lock on homes (see `start`); the
-        // runtime directory goes with the host's last node of the cluster.
+        // Counted and unmounted under the host's lock on homes (see `start`): the runtime
+        // directory goes with the host's last node of the cluster, and the home with it,
+        // also when the account's removal after it failed (a process that would not end):
+        // nothing else would unmount it.
         let host = home_fs::HostLock::acquire()?;
-        account::release_node(cluster, &node_part(&self.node))?;
+        let released = account::release_node(cluster, &node_part(&self.node));
         if !account::runtime_dir(cluster).exists() {
             home_fs::release(cluster)?;
         }
         drop(host);
-        removed
+        released.and(removed)
     }
 
     /// The clusters whose daemons this node kept from before (an order and key in its
