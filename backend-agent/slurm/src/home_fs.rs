@@ -61,8 +61,17 @@ pub fn mount_point(cluster: &str) -> PathBuf {
 }
 
 /// What a daemon of `cluster` sees of the homes' mounts: its own cluster's (`bounded`:
-/// the cluster's home is one of them), or none.
+/// the cluster's home is one of them), or none. The homes' root is made a mount of its
+/// own here too, for a cluster whose home is its team volume: the sandbox lays its tmpfs
+/// there (which needs the folder), and other clusters' homes mounted on this host later
+/// must reach it only as mounts it detaches.
 pub fn view(cluster: &str, bounded: bool) -> Result<Volumes, String> {
+    crate::sandbox::share_with_sandboxes(Path::new(HOME_MOUNTS))?;
+    view_of(cluster, bounded)
+}
+
+/// [`view`] without making the homes' root.
+fn view_of(cluster: &str, bounded: bool) -> Result<Volumes, String> {
     let own = bounded.then(|| mount_point(cluster));
     Volumes::new(Path::new(HOME_MOUNTS), own.as_deref())
 }
@@ -299,10 +308,10 @@ mod tests {
         assert_eq!(home.bytes, 64 << 20);
         assert_eq!(HomeFs::new(Path::new("/d"), "gf1", MAX_MIB).bytes, 1 << 46);
         // The view: the own cluster's folder when its home is bounded, else none.
-        let v = view("gf0123456789ab", true).unwrap();
+        let v = view_of("gf0123456789ab", true).unwrap();
         assert_eq!(v.own.as_deref(), Some(home.target.as_path()));
         assert_eq!(v.root, Path::new(HOME_MOUNTS));
-        assert_eq!(view("gf0123456789ab", false).unwrap().own, None);
+        assert_eq!(view_of("gf0123456789ab", false).unwrap().own, None);
     }
 
     /// Gives the calling thread (and what it runs) a mount namespace of its own with a
