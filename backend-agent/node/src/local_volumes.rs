@@ -21,7 +21,7 @@
 //!   by `node --clean`.
 //!
 //! - One at a time per host: every change of this host's volume mounts (an order's
-//!   [`crate::volumes::apply`], `node --clean`) holds [`HostLock`]. Two agents of one host
+//!   [`crate::volumes::apply`], `node --clean`) holds [`lock_volumes`]. Two agents of one host
 //!   that found the same target empty at once would each mount there, one over the other,
 //!   and the one underneath could then never be unmounted by its path.
 //!
@@ -34,6 +34,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use gpufleet_proto::v1;
+use gpufleet_slurm::host_lock::HostLock;
 use gpufleet_wire::volumes::VOLUME_MOUNTS;
 
 use crate::mountinfo::{self, Mount};
@@ -239,7 +240,7 @@ impl LocalVolumes {
     /// `node --clean`: unmounts and deletes every volume of this agent; answers how many
     /// images it removed.
     pub fn clean(&self) -> Result<usize, String> {
-        let _host = HostLock::acquire()?;
+        let _host = lock_volumes()?;
         let removed = self.remove_except(&[])?;
         if self.root.exists() {
             std::fs::remove_dir_all(&self.root)
@@ -250,7 +251,7 @@ impl LocalVolumes {
 }
 
 /// Unmounts this agent's volume mount `m`. An unmount by path takes the mount on top: if
-/// another was mounted over `m` (by a release without [`HostLock`]), that one goes first,
+/// another was mounted over `m` (by a release without [`lock_volumes`]), that one goes first,
 /// and its agent mounts it again at its next order.
 fn unmount_mine(m: &Mount) -> Result<(), String> {
     let still_there = || -> Result<bool, String> {
@@ -276,44 +277,8 @@ fn unmount_mine(m: &Mount) -> Result<(), String> {
 }
 
 /// This host's lock on its volume mounts (see the module's notes), held until dropped.
-/// An flock: it goes with its holder however that ends.
-pub struct HostLock {
-    _file: std::fs::File,
-}
-
-impl HostLock {
-    /// Waits for the lock (another agent of this host holds it only while it changes
-    /// its mounts).
-    pub fn acquire() -> Result<HostLock, String> {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        let path = Path::new(HOST_LOCK);
-        if let Some(dir) = path.parent() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o711)
-                .create(dir)
-                .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| format!("opening {HOST_LOCK}: {e}"))?;
-        loop {
-            // SAFETY: flock on a descriptor this function owns.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(HostLock { _file: file });
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(format!("locking {HOST_LOCK}: {e}"));
-            }
-        }
-    }
+pub fn lock_volumes() -> Result<HostLock, String> {
+    HostLock::acquire(Path::new(HOST_LOCK))
 }
 
 /// The file behind loop device `device` (`/dev/loopN`), if it is one.

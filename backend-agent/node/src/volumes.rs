@@ -34,7 +34,7 @@ pub fn apply(
     local: &LocalVolumes,
     order: &v1::SetVolumes,
 ) -> Result<String, String> {
-    let _host = local_volumes::HostLock::acquire()?;
+    let _host = local_volumes::lock_volumes()?;
     let wanted = order
         .volumes
         .iter()

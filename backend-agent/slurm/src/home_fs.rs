@@ -12,7 +12,7 @@
 //! - One per cluster and host: every node of the cluster on the host (each agent with its
 //!   own data dir) and the login share it. The first agent that finds nothing mounted
 //!   there mounts its own file (made on first use, kept after); the others use that
-//!   mount as it is. Every mount and unmount here holds [`HostLock`]: two agents that
+//!   mount as it is. Every mount and unmount here holds [`lock_homes`]: two agents that
 //!   found the place empty at once would each mount there, one over the other.
 //! - Seen: the mount is on the host (the agent, an operator and the tests read the home
 //!   there), under a mount of its own ([`HOME_MOUNTS`], made shared like the team volumes'
@@ -33,11 +33,11 @@
 //! off the async workers.
 
 use std::ffi::CString;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::account::Account;
+use crate::host_lock::HostLock;
 use crate::volume_view::Volumes;
 
 /// Where the bounded homes are mounted on a host: `<root>/<cluster>/home`.
@@ -100,7 +100,7 @@ impl HomeFs {
 
     /// Mounts the home unless something is mounted there (this agent's or another's),
     /// made first when this agent has no file for it; its root is the account's, 0700.
-    /// Call it holding [`HostLock`]. Answers the mount point.
+    /// Call it holding [`lock_homes`]. Answers the mount point.
     pub fn ensure(&self, account: &Account) -> Result<PathBuf, String> {
         crate::sandbox::share_with_sandboxes(Path::new(HOME_MOUNTS))?;
         let folder = self.target.parent().unwrap_or(&self.target);
@@ -160,7 +160,7 @@ impl HomeFs {
 
 /// Unmounts (lazily: a process still in it keeps it until it lets go) whatever is mounted
 /// at `cluster`'s home, and removes its folders. For the host's last node of the cluster
-/// leaving; call it holding [`HostLock`].
+/// leaving; call it holding [`lock_homes`].
 pub fn release(cluster: &str) -> Result<(), String> {
     let target = mount_point(cluster);
     for _ in 0..MAX_STACKED {
@@ -248,42 +248,8 @@ fn run(program: &str, args: &[&str]) -> Result<String, String> {
 /// This host's lock on its home mounts, held until dropped: a node's start holds it from
 /// before its part of the runtime directory exists (which counts it as the cluster's on
 /// this host) until the home is mounted, a node's leaving from its count to the unmount.
-/// An flock: it goes with its holder however that ends.
-pub struct HostLock {
-    _file: std::fs::File,
-}
-
-impl HostLock {
-    /// Waits for the lock (held only while an agent of this host changes a home).
-    pub fn acquire() -> Result<HostLock, String> {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        let path = Path::new(HOST_LOCK);
-        if let Some(dir) = path.parent() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o711)
-                .create(dir)
-                .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| format!("opening {HOST_LOCK}: {e}"))?;
-        loop {
-            // SAFETY: flock on a descriptor this function owns.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(HostLock { _file: file });
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(format!("locking {HOST_LOCK}: {e}"));
-            }
-        }
-    }
+pub fn lock_homes() -> Result<HostLock, String> {
+    HostLock::acquire(Path::new(HOST_LOCK))
 }
 
 #[cfg(test)]
@@ -370,7 +336,7 @@ mod tests {
                 HomeFs::new(da.path(), &account.name, MIN_MIB),
                 HomeFs::new(db.path(), &account.name, MIN_MIB),
             );
-            let lock = HostLock::acquire().unwrap();
+            let lock = lock_homes().unwrap();
             assert_eq!(a.ensure(&account).unwrap(), mount_point(&account.name));
             assert!(a.image.exists());
             // The second agent finds the first one's mount and uses it: no file of its
@@ -408,7 +374,7 @@ mod tests {
             std::fs::write(a.target.join("kept"), "the team's").unwrap();
             // Released: unmounted, its folders gone, its loop device with it; mounted
             // again (a host whose last node came back), the team's files are there.
-            let lock = HostLock::acquire().unwrap();
+            let lock = lock_homes().unwrap();
             release(&account.name).unwrap();
             assert_eq!(mounted_at(&a.target).unwrap(), 0);
             assert!(!a.target.parent().unwrap().exists());

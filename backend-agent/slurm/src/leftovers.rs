@@ -41,7 +41,7 @@ pub fn forget_all_under(data_dir: &Path) {
             if let Err(e) = account::forget(&name) {
                 tracing::warn!(cluster = %name, error = %e, "cannot remove a cluster's account");
             }
-            let home = home_fs::HostLock::acquire().and_then(|host| {
+            let home = home_fs::lock_homes().and_then(|host| {
                 let released = home_fs::release(&name);
                 drop(host);
                 released

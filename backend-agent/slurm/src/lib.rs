@@ -19,6 +19,7 @@ mod cgroup_view;
 pub mod conf;
 pub mod daemon;
 pub mod home_fs;
+pub mod host_lock;
 pub mod job_tmp;
 pub mod leftovers;
 pub mod login;

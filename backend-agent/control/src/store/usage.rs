@@ -164,29 +164,59 @@ pub fn open(conn: &Connection, node_id: &str, cluster_id: &str, t: i64) -> rusql
         .query_row([&tenant_id, &gpu_type], |r| r.get(0))?;
     let shares = profile_shares(&gpu_type, &super::from_json(&layout));
     for (class, n) in classify(on_demand, preemptible, gpus, quota, guaranteed_held) {
+        let by = Holder {
+            node: node_id,
+            tenant_id: &tenant_id,
+            tenant: &tenant,
+            cluster: &cluster,
+            gpu_type: &gpu_type,
+            class,
+        };
         for s in &shares {
-            super::exec(
-                conn,
-                "INSERT INTO usage_intervals
-                     (node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, start_time,
-                      mig_profile, slices, share_840ths)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                rusqlite::params![
-                    node_id,
-                    &tenant_id,
-                    &tenant,
-                    &cluster,
-                    &gpu_type,
-                    class,
-                    n,
-                    t,
-                    &s.profile,
-                    n * s.per_gpu,
-                    s.share
-                ],
-            )?;
+            open_interval(conn, &by, n, t, s)?;
         }
     }
+    Ok(())
+}
+
+/// Who holds a node's GPUs in a usage interval, and in which class.
+struct Holder<'a> {
+    node: &'a str,
+    tenant_id: &'a str,
+    tenant: &'a str,
+    cluster: &'a str,
+    gpu_type: &'a str,
+    class: &'a str,
+}
+
+/// Opens at `t` the interval of `gpus` GPUs held by `by`, counted under the profile `s`.
+fn open_interval(
+    conn: &Connection,
+    by: &Holder,
+    gpus: i64,
+    t: i64,
+    s: &ProfileShare,
+) -> rusqlite::Result<()> {
+    super::exec(
+        conn,
+        "INSERT INTO usage_intervals
+             (node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, start_time,
+              mig_profile, slices, share_840ths)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        rusqlite::params![
+            by.node,
+            by.tenant_id,
+            by.tenant,
+            by.cluster,
+            by.gpu_type,
+            by.class,
+            gpus,
+            t,
+            &s.profile,
+            gpus * s.per_gpu,
+            s.share
+        ],
+    )?;
     Ok(())
 }
 
@@ -285,27 +315,16 @@ pub fn relayout(conn: &Connection, cluster_id: &str, t: i64) -> rusqlite::Result
             })
             .collect();
         for (tenant_id, tenant, cluster, gpu_type, class, gpus) in classes {
+            let by = Holder {
+                node,
+                tenant_id,
+                tenant,
+                cluster,
+                gpu_type,
+                class,
+            };
             for s in &shares {
-                super::exec(
-                    conn,
-                    "INSERT INTO usage_intervals
-                         (node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, start_time,
-                          mig_profile, slices, share_840ths)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                    rusqlite::params![
-                        node,
-                        tenant_id,
-                        tenant,
-                        cluster,
-                        gpu_type,
-                        class,
-                        gpus,
-                        t,
-                        &s.profile,
-                        gpus * s.per_gpu,
-                        s.share
-                    ],
-                )?;
+                open_interval(conn, &by, gpus, t, s)?;
             }
         }
     }

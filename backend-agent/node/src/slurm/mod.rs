@@ -302,7 +302,7 @@ impl Slurm {
         // Under the host's lock on homes: this node's part of the runtime directory (which
         // counts it as the cluster's on this host), then the home it links to; a node of
         // the cluster leaving this host meanwhile counts this one (see `stop`).
-        let host = home_fs::HostLock::acquire()?;
+        let host = home_fs::lock_homes()?;
         account::prepare_runtime(&account)?;
         account::own_dir(&shared, 0, account.uid, 0o750)?;
         let home = match &volume {
@@ -442,7 +442,7 @@ impl Slurm {
         // directory goes with the host's last node of the cluster, and the home with it,
         // also when the account's removal after it failed (a process that would not end):
         // nothing else would unmount it.
-        let host = home_fs::HostLock::acquire()?;
+        let host = home_fs::lock_homes()?;
         let released = account::release_node(cluster, &node_part(&self.node));
         if !account::runtime_dir(cluster).exists() {
             home_fs::release(cluster)?;
