@@ -34,6 +34,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use gpufleet_proto::v1;
+use gpufleet_slurm::ext4_image::{self, run};
 use gpufleet_slurm::host_lock::HostLock;
 use gpufleet_wire::volumes::VOLUME_MOUNTS;
 
@@ -304,49 +305,12 @@ fn make(image: &Path, bytes: u64) -> Result<(), String> {
         .mode(0o700)
         .create(parent)
         .map_err(|e| format!("creating {}: {e}", parent.display()))?;
-    let new = image.with_extension("img.new");
-    let made = (|| {
-        let file = std::fs::File::create(&new).map_err(|e| format!("{}: {e}", new.display()))?;
-        file.set_len(bytes)
-            .map_err(|e| format!("sizing {}: {e}", new.display()))?;
-        drop(file);
-        // No blocks reserved for root (the team's account is not root); the inode tables
-        // and journal are not written out now (a sparse file stays small).
-        run(
-            "mkfs.ext4",
-            &[
-                "-q",
-                "-F",
-                "-m",
-                "0",
-                "-E",
-                "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
-                &new.display().to_string(),
-            ],
-        )?;
-        std::fs::rename(&new, image).map_err(|e| format!("{}: {e}", image.display()))
-    })();
-    if made.is_err() {
-        let _ = std::fs::remove_file(&new);
-    }
-    made
+    ext4_image::make(image, bytes)
 }
 
 /// Loop-mounts `image` at `target`; the loop device goes with the mount (autoclear).
 fn mount(image: &Path, target: &Path) -> Result<(), String> {
-    // noinit_itable: no background zeroing of inode tables, which would fill the sparse
-    // file; nosuid, nodev: nothing on a team's volume grants more than its account has.
-    run(
-        "mount",
-        &[
-            "-t",
-            "ext4",
-            "-o",
-            "loop,noinit_itable,nosuid,nodev",
-            &image.display().to_string(),
-            &target.display().to_string(),
-        ],
-    )?;
+    ext4_image::mount(image, target)?;
     tracing::info!(image = %image.display(), target = %target.display(), "mounted a node-local team volume");
     Ok(())
 }
@@ -459,23 +423,6 @@ fn used_bytes(target: &Path) -> std::io::Result<u64> {
     }
     let blocks = (s.f_blocks as u64).saturating_sub(s.f_bfree as u64);
     Ok(blocks.saturating_mul(s.f_frsize as u64))
-}
-
-/// Runs `program args`, failing with its stderr.
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{program} {}: {e}", args.join(" ")))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{program} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[cfg(test)]

@@ -34,9 +34,9 @@
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use crate::account::Account;
+use crate::ext4_image::{self, mount};
 use crate::host_lock::HostLock;
 use crate::volume_view::Volumes;
 
@@ -119,42 +119,10 @@ impl HomeFs {
         Ok(self.target.clone())
     }
 
-    /// A sparse file of `bytes` with an empty ext4 on it, at `image` once whole (made under
-    /// another name first: a stop during mkfs leaves no file that looks made).
+    /// A sparse file of `bytes` with an empty ext4 on it, at `image`.
     fn make(&self) -> Result<(), String> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let new = self.image.with_extension("img.new");
-        let made = (|| {
-            let _ = std::fs::remove_file(&new);
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&new)
-                .map_err(|e| format!("{}: {e}", new.display()))?;
-            file.set_len(self.bytes)
-                .map_err(|e| format!("sizing {}: {e}", new.display()))?;
-            drop(file);
-            // No blocks reserved for root (the account is not root); inode tables and
-            // journal not written out now (the file stays sparse).
-            run(
-                "mkfs.ext4",
-                &[
-                    "-q",
-                    "-F",
-                    "-m",
-                    "0",
-                    "-E",
-                    "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
-                    &new.display().to_string(),
-                ],
-            )?;
-            std::fs::rename(&new, &self.image).map_err(|e| format!("{}: {e}", self.image.display()))
-        })();
-        if made.is_err() {
-            let _ = std::fs::remove_file(&new);
-        }
-        made.map_err(|e| format!("making the home file system {}: {e}", self.image.display()))
+        ext4_image::make(&self.image, self.bytes)
+            .map_err(|e| format!("making the home file system {}: {e}", self.image.display()))
     }
 }
 
@@ -207,42 +175,6 @@ fn count_at(mountinfo: &str, target: &Path) -> usize {
         .lines()
         .filter(|l| l.split(' ').nth(4).is_some_and(|t| Path::new(t) == target))
         .count()
-}
-
-/// Loop-mounts `image` at `target` (util-linux attaches the loop device with autoclear:
-/// it goes with its last mount). `discard`: what is deleted leaves the host's disk;
-/// `noinit_itable`: no background zeroing of the inode tables, which a sparse file reads
-/// as zeros already.
-fn mount(image: &Path, target: &Path) -> Result<(), String> {
-    run(
-        "mount",
-        &[
-            "-t",
-            "ext4",
-            "-o",
-            "loop,nosuid,nodev,discard,noinit_itable",
-            &image.display().to_string(),
-            &target.display().to_string(),
-        ],
-    )
-    .map(drop)
-}
-
-/// Runs `program args`, failing with its stderr.
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{program} {}: {e}", args.join(" ")))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{program} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// This host's lock on its home mounts, held until dropped: a node's start holds it from

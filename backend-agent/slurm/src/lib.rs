@@ -18,6 +18,7 @@ pub mod account;
 mod cgroup_view;
 pub mod conf;
 pub mod daemon;
+pub mod ext4_image;
 pub mod home_fs;
 pub mod host_lock;
 pub mod job_tmp;
