@@ -3,7 +3,8 @@
 //! every idle H100; the plan warns that they will wait and why, the applies wait, and when
 //! the capacity frees the backend admits them in weighted fair-share order; a queued
 //! create whose wait runs out (or that is deleted) fails its apply with the reason,
-//! leaving no cluster and nothing in state.
+//! leaving no cluster and nothing in state; a queued Slurm cluster comes up with its
+//! daemons and login once admitted.
 
 use std::time::Duration;
 
@@ -326,4 +327,64 @@ async fn a_queued_create_outlives_a_restart_and_is_admitted_after_it() {
         },
     )
     .await;
+}
+
+/// A Slurm cluster waits like any other and, once admitted, comes up as a create's does:
+/// its controller, slurmd and login start on the node it gets (embedded node agents with
+/// Slurm), its acceptance runs a job step there, and the apply ends `running` with an
+/// empty plan after it. Team-a's pipeline has only its own token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_slurm_cluster_comes_up_when_admitted() {
+    let backend = Backend::start_with_fleet_and_args(
+        &format!("[[pool]]\ngpu_type = \"{H100}\"\nnodes = 1\ngpus_per_node = 1\n"),
+        &[],
+    );
+    let _log = LogOnPanic(&backend);
+    let (a, a_token) = team(&backend, "team-a", 1).await;
+    let (c, _) = team(&backend, "team-c", 1).await;
+    let mut admin = backend.admin().await;
+    let blocker = create_pool_cluster(&mut admin, &c, "blocker", H100, 1).await;
+
+    let team_a = pipeline(&backend, &a_token);
+    let keys = tempfile::tempdir().unwrap();
+    let (_, public) = gpufleet_e2e::slurm_login::team_key_in(keys.path(), "alice");
+    team_a.write_file("alice.pub", &public);
+    let hpc = waiting_cluster("team-a", "hpc", "5m")
+        .string("orchestrator", "slurm")
+        .expr("ssh_public_keys", "[file(\"${path.module}/alice.pub\")]");
+    team_a.write_main(&hcl::config(&[hpc]));
+    let apply = apply_in_background(team_a);
+    eventually(
+        "team-a's Slurm cluster queued",
+        Duration::from_secs(120),
+        || async { (count(&clusters_of(&backend, &a).await, "queued") == 1).then_some(()) },
+    )
+    .await;
+    admin
+        .clusters
+        .delete_tenant_cluster(DeleteTenantClusterRequest {
+            id: blocker.id.clone(),
+        })
+        .await
+        .expect("the blocker goes");
+    let (team_a, run) = tokio::task::spawn_blocking(move || apply.join().expect("thread"))
+        .await
+        .expect("join");
+    assert_eq!(run.code, 0, "team-a's apply: {run}");
+    let hpc = team_a.resource("gpufleet_tenant_cluster.hpc");
+    assert_eq!(hpc["status"], "running", "{hpc:#}");
+    // A Slurm cluster's endpoint is its login's host:port (a Kubernetes one is a URL).
+    let endpoint = hpc["endpoint"].as_str().unwrap_or_default();
+    assert!(
+        hpc["orchestrator"] == "slurm"
+            && !endpoint.contains("://")
+            && endpoint
+                .rsplit_once(':')
+                .is_some_and(|(_, port)| port.parse::<u16>().is_ok()),
+        "the login's endpoint: {hpc:#}"
+    );
+    team_a.assert_no_changes();
+    // Down again, leaving no daemon of the team behind.
+    team_a.write_main("");
+    team_a.apply();
 }
