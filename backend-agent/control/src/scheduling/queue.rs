@@ -131,9 +131,7 @@ pub fn place_or_wait(
         {
             drop(attempt); // rolled back
             tracing::debug!(cluster = %cluster.name, %refused, "a create that does not fit now");
-            let wait = why_waiting(tx, tenant_name, cluster, t)?;
-            room_to_wait(tx, tenant_name, &cluster.tenant_id)?;
-            Ok(Placed::Waits(wait))
+            why_waiting(tx, tenant_name, cluster, t).map(Placed::Waits)
         }
         Err(refused) => Err(refused),
     }
@@ -145,8 +143,9 @@ pub fn place_or_wait(
 pub const MAX_WAITING_PER_TENANT: i64 = 32;
 pub const MAX_WAITING: i64 = 1024;
 
-/// Refuses a create that would wait past [`MAX_WAITING_PER_TENANT`] or [`MAX_WAITING`].
-fn room_to_wait(conn: &Connection, tenant_name: &str, tenant_id: &str) -> Result<()> {
+/// Refuses a new create that would wait past [`MAX_WAITING_PER_TENANT`] or
+/// [`MAX_WAITING`] (clusters already waiting are not judged again).
+pub fn room_to_wait(conn: &Connection, tenant_name: &str, tenant_id: &str) -> Result<()> {
     let own = crate::store::queue::count(conn, Some(tenant_id))?;
     if own >= MAX_WAITING_PER_TENANT {
         return Err(Error::Precondition(format!(

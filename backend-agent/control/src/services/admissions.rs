@@ -494,11 +494,12 @@ mod tests {
         );
     }
 
-    /// A tenant's waiting clusters are bounded: the one past the bound is refused now,
-    /// naming the attribute and the bound; another tenant still waits.
+    /// A tenant's waiting clusters are bounded: a new one past the bound is refused,
+    /// naming the attribute and the bound, while another tenant may still wait; the
+    /// clusters already waiting are admitted as before.
     #[test]
     fn a_tenant_waits_with_at_most_its_bound_of_clusters() {
-        use crate::scheduling::queue::{place_or_wait, Placed, MAX_WAITING_PER_TENANT};
+        use crate::scheduling::queue::{room_to_wait, MAX_WAITING_PER_TENANT};
         let dir = tempfile::tempdir().unwrap();
         let mut conn = store::open(&dir.path().join("state.db")).unwrap();
         let volumes = Volumes::in_data_dir(dir.path().join("volumes"));
@@ -506,20 +507,22 @@ mod tests {
         for i in 0..MAX_WAITING_PER_TENANT {
             queue(&conn, &volumes, (&format!("a{i}"), "a"), T0 + i, 600);
         }
-        let mut tx = conn.transaction().unwrap();
-        let mut sp = tx.savepoint().unwrap();
-        let mut create = |id: &str, tenant: &str, name: &str| {
-            let c = cluster(id, tenant, 1, "creating");
-            store::clusters::insert(&sp, &c).unwrap();
-            place_or_wait(&mut sp, name, &c, (T0 + 100, REPLACE_AFTER), 600)
-        };
-        match create("one-more", "a", "team-a") {
+        match room_to_wait(&conn, "team-a", "a") {
             Err(crate::error::Error::Precondition(why)) => assert_eq!(
                 why,
                 format!("wait_for_capacity: tenant 'team-a' already has {MAX_WAITING_PER_TENANT} clusters waiting for capacity, the most one tenant may; delete one of them or create without waiting")
             ),
-            other => panic!("{:?}", other.map(|_| ())),
+            other => panic!("{other:?}"),
         }
-        assert!(matches!(create("b1", "b", "team-b"), Ok(Placed::Waits(_))));
+        assert!(room_to_wait(&conn, "team-b", "b").is_ok());
+        // A node frees: the first of team-a's waiting clusters is admitted.
+        store::nodes::release(&conn, "p1", T0).unwrap();
+        let leader = testing::replica("r");
+        testing::take(&leader, &mut conn, T0);
+        let fence = crate::lease::Fence::singleton(leader);
+        assert_eq!(
+            round(&mut conn, &fence, &volumes, T0 + 100).unwrap(),
+            ["a0"]
+        );
     }
 }

@@ -587,6 +587,7 @@ impl Clusters {
         let taken_back = match placed {
             Placed::Now(scaling) => scaling.taken_back,
             Placed::Waits(wait) => {
+                crate::scheduling::queue::room_to_wait(&tx, &tenant.name, &cluster.tenant_id)?;
                 cluster.status = "queued".into();
                 cluster.status_reason = wait.reason().to_string();
                 store::clusters::set_status(&tx, &cluster.id, "queued", wait.reason())
