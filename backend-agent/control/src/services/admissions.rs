@@ -43,6 +43,13 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
             _ = gpufleet_process::signals::stopped(&mut stop) => return,
             _ = tokio::time::sleep(EVERY) => {}
         }
+        // Most rounds find nothing queued: a read, not the writer, says so.
+        let queued = state
+            .read(|conn| Ok::<_, Error>(store::queue::count(conn, None)?))
+            .await;
+        if matches!(queued, Ok(0)) {
+            continue;
+        }
         let (t, fence) = (state.now(), Fence::singleton(state.lease().clone()));
         let (volumes, replace_after) = (state.volumes.clone(), state.agents.replace_after);
         let admitted = state
