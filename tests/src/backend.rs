@@ -522,3 +522,15 @@ pub fn generate_token(prefix: &str) -> String {
     }
     format!("{prefix}-{hex}")
 }
+
+/// Prints the backend's log when the test fails while it is alive: `let _log =
+/// LogOnPanic(&backend);`.
+pub struct LogOnPanic<'a>(pub &'a Backend);
+
+impl Drop for LogOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("BACKEND LOG:\n{}", self.0.log());
+        }
+    }
+}

@@ -47,7 +47,7 @@ pub mod slurm_login;
 pub mod terraform;
 pub mod times;
 
-pub use backend::Backend;
+pub use backend::{Backend, LogOnPanic};
 pub use grpc::Clients;
 pub use node_agent::{eventually, NodeAgent};
 pub use pki::ServerTls;

@@ -10,7 +10,7 @@ use gpufleet_e2e::hcl::{self, Block};
 use gpufleet_e2e::json::{i64_of, str_of};
 use gpufleet_e2e::node_agent::eventually;
 use gpufleet_e2e::times::{rfc3339_in_hours, unix_seconds};
-use gpufleet_e2e::{Backend, Terraform};
+use gpufleet_e2e::{Backend, LogOnPanic, Terraform};
 use gpufleet_proto::timestamp::from_unix;
 use gpufleet_proto::v1::{
     CreateReservationRequest, CreateTenantClusterRequest, ListEventsRequest, PlannedQuota,
@@ -498,17 +498,6 @@ async fn preemptible_clusters_use_idle_reserved_nodes_until_the_window_starts() 
         .into_inner();
     assert_eq!(all.nodes.len(), 4);
     assert!(all.nodes.iter().all(|n| n.capacity == "pool"), "{all:#?}");
-}
-
-/// Prints the backend's log when the test fails while it is alive.
-struct LogOnPanic<'a>(&'a Backend);
-
-impl Drop for LogOnPanic<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("BACKEND LOG:\n{}", self.0.log());
-        }
-    }
 }
 
 /// A dry run answers what the real call would do and changes nothing: no rows, no nodes

@@ -11,7 +11,7 @@ use std::time::Duration;
 use gpufleet_e2e::fixtures::{create_pool_cluster, create_tenant, request_id};
 use gpufleet_e2e::hcl::{self, Block};
 use gpufleet_e2e::node_agent::eventually;
-use gpufleet_e2e::{Backend, Terraform, TfRun};
+use gpufleet_e2e::{Backend, LogOnPanic, Terraform, TfRun};
 use gpufleet_proto::v1::{
     CreateGpuQuotaRequest, CreateTenantClusterRequest, DeleteTenantClusterRequest,
     ListEventsRequest, QuotaUsageRequest, TenantCluster,
@@ -77,14 +77,26 @@ fn apply_in_background(tf: Terraform) -> std::thread::JoinHandle<(Terraform, TfR
     })
 }
 
-struct LogOnPanic<'a>(&'a Backend);
-
-impl Drop for LogOnPanic<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("BACKEND LOG:\n{}", self.0.log());
-        }
-    }
+/// Deletes team-c's `blocker` (as the operator) and waits for `apply`, which waited for
+/// the capacity it held: its run must succeed.
+async fn free_and_finish(
+    admin: &mut gpufleet_e2e::Clients,
+    blocker: &str,
+    apply: std::thread::JoinHandle<(Terraform, TfRun)>,
+    team: &str,
+) -> Terraform {
+    admin
+        .clusters
+        .delete_tenant_cluster(DeleteTenantClusterRequest {
+            id: blocker.to_string(),
+        })
+        .await
+        .expect("the blocker goes");
+    let (tf, run) = tokio::task::spawn_blocking(move || apply.join().expect("thread"))
+        .await
+        .expect("join");
+    assert_eq!(run.code, 0, "{team}'s apply: {run}");
+    tf
 }
 
 /// team-a (weight 1) and team-b (weight 3) each queue three 1-node clusters through their
@@ -148,17 +160,7 @@ async fn idle_capacity_is_admitted_to_waiting_teams_in_weighted_fair_share_order
         .into_inner();
     assert_eq!((usage.used, usage.quota_left), (0, 32), "{usage:#?}");
 
-    admin
-        .clusters
-        .delete_tenant_cluster(DeleteTenantClusterRequest {
-            id: blocker.id.clone(),
-        })
-        .await
-        .expect("the blocker goes");
-    let (team_b, b_run) = tokio::task::spawn_blocking(move || b_apply.join().expect("thread"))
-        .await
-        .expect("join");
-    assert_eq!(b_run.code, 0, "team-b's apply: {b_run}");
+    let team_b = free_and_finish(&mut admin, &blocker.id, b_apply, "team-b").await;
     team_b.assert_no_changes();
 
     // The admissions, in the order the backend made them.
@@ -360,17 +362,7 @@ async fn a_queued_slurm_cluster_comes_up_when_admitted() {
         || async { (count(&clusters_of(&backend, &a).await, "queued") == 1).then_some(()) },
     )
     .await;
-    admin
-        .clusters
-        .delete_tenant_cluster(DeleteTenantClusterRequest {
-            id: blocker.id.clone(),
-        })
-        .await
-        .expect("the blocker goes");
-    let (team_a, run) = tokio::task::spawn_blocking(move || apply.join().expect("thread"))
-        .await
-        .expect("join");
-    assert_eq!(run.code, 0, "team-a's apply: {run}");
+    let team_a = free_and_finish(&mut admin, &blocker.id, apply, "team-a").await;
     let hpc = team_a.resource("gpufleet_tenant_cluster.hpc");
     assert_eq!(hpc["status"], "running", "{hpc:#}");
     // A Slurm cluster's endpoint is its login's host:port (a Kubernetes one is a URL).
