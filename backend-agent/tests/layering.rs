@@ -339,6 +339,11 @@ fn control_plane_and_node_agent_meet_only_in_the_binary() {
             "gpufleet-slurm",
             &["gpufleet-control", "gpufleet-node", "gpufleet-agent"],
         ),
+        // The store's engines know nothing of what is stored.
+        (
+            "gpufleet-sql",
+            &["gpufleet-control", "gpufleet-node", "gpufleet-agent"],
+        ),
         (
             "gpufleet-gpu",
             &[

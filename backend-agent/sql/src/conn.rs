@@ -1,0 +1,224 @@
+//! A connection, or a transaction, of either engine, as store functions take it.
+
+use std::cell::RefCell;
+
+use crate::error::{Error, Result};
+use crate::placeholders;
+use crate::value::{self, FromValue, ToValue, Value};
+
+/// Which engine a [`Conn`] runs on, for the few statements whose SQL must differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+/// What a PostgreSQL client and transaction both do; `postgres::GenericClient` is not
+/// object safe.
+pub(crate) trait PgClient {
+    fn run(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<u64, postgres::Error>;
+    fn rows(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<postgres::Row>, postgres::Error>;
+    /// Statements without parameters, by the simple query protocol.
+    fn batch(&mut self, sql: &str) -> Result<(), postgres::Error>;
+}
+
+impl PgClient for postgres::Client {
+    fn run(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<u64, postgres::Error> {
+        self.execute(sql, params)
+    }
+    fn rows(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<postgres::Row>, postgres::Error> {
+        self.query(sql, params)
+    }
+    fn batch(&mut self, sql: &str) -> Result<(), postgres::Error> {
+        self.batch_execute(sql)
+    }
+}
+
+impl PgClient for postgres::Transaction<'_> {
+    fn run(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<u64, postgres::Error> {
+        self.execute(sql, params)
+    }
+    fn rows(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<postgres::Row>, postgres::Error> {
+        self.query(sql, params)
+    }
+    fn batch(&mut self, sql: &str) -> Result<(), postgres::Error> {
+        self.batch_execute(sql)
+    }
+}
+
+/// A connection or an open transaction: statements run on it as they come.
+pub struct Conn<'a> {
+    inner: Inner<'a>,
+}
+
+enum Inner<'a> {
+    Sqlite(&'a rusqlite::Connection),
+    // postgres' calls take `&mut`; a Conn is shared by `&` as rusqlite's is.
+    Postgres(RefCell<&'a mut (dyn PgClient + 'a)>),
+}
+
+/// A row read: its columns' values, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    values: Vec<Value>,
+}
+
+impl Row {
+    /// Column `index` as `T`; an error names the column and why it does not fit.
+    pub fn get<T: FromValue>(&self, index: usize) -> Result<T> {
+        let v = self.values.get(index).ok_or_else(|| Error::Column {
+            index,
+            reason: format!("the row has {} columns", self.values.len()),
+        })?;
+        T::from_value(v).map_err(|reason| Error::Column { index, reason })
+    }
+
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}
+
+fn values(params: &[&dyn ToValue]) -> Result<Vec<Value>> {
+    params.iter().map(|p| p.to_value()).collect()
+}
+
+impl<'a> Conn<'a> {
+    /// An SQLite connection or transaction (`rusqlite::Transaction` derefs to it).
+    pub fn sqlite(conn: &'a rusqlite::Connection) -> Self {
+        Conn {
+            inner: Inner::Sqlite(conn),
+        }
+    }
+
+    pub(crate) fn postgres(client: &'a mut (dyn PgClient + 'a)) -> Self {
+        Conn {
+            inner: Inner::Postgres(RefCell::new(client)),
+        }
+    }
+
+    pub fn engine(&self) -> Engine {
+        match self.inner {
+            Inner::Sqlite(_) => Engine::Sqlite,
+            Inner::Postgres(_) => Engine::Postgres,
+        }
+    }
+
+    /// Runs a statement that returns no rows; how many rows it changed.
+    pub fn execute(&self, sql: &str, params: &[&dyn ToValue]) -> Result<usize> {
+        let params = values(params)?;
+        match &self.inner {
+            Inner::Sqlite(c) => Ok(c.prepare_cached(sql)?.execute(rusqlite::params_from_iter(
+                params.into_iter().map(rusqlite::types::Value::from),
+            ))?),
+            Inner::Postgres(c) => {
+                let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    params.iter().map(|p| p as _).collect();
+                let n = c.borrow_mut().run(&placeholders::to_postgres(sql), &refs)?;
+                Ok(usize::try_from(n).unwrap_or(usize::MAX))
+            }
+        }
+    }
+
+    /// Runs several statements without parameters (a schema's), in order.
+    pub fn execute_batch(&self, sql: &str) -> Result<()> {
+        match &self.inner {
+            Inner::Sqlite(c) => Ok(c.execute_batch(sql)?),
+            Inner::Postgres(c) => Ok(c.borrow_mut().batch(sql)?),
+        }
+    }
+
+    /// Every row a query returns.
+    pub fn query(&self, sql: &str, params: &[&dyn ToValue]) -> Result<Vec<Row>> {
+        let params = values(params)?;
+        match &self.inner {
+            Inner::Sqlite(c) => {
+                let mut stmt = c.prepare_cached(sql)?;
+                let columns = stmt.column_count();
+                let mut rows = stmt.query(rusqlite::params_from_iter(
+                    params.into_iter().map(rusqlite::types::Value::from),
+                ))?;
+                let mut out = Vec::new();
+                while let Some(r) = rows.next()? {
+                    let values = (0..columns)
+                        .map(|i| r.get_ref(i).map(Value::from))
+                        .collect::<rusqlite::Result<_>>()?;
+                    out.push(Row { values });
+                }
+                Ok(out)
+            }
+            Inner::Postgres(c) => {
+                let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    params.iter().map(|p| p as _).collect();
+                let rows = c
+                    .borrow_mut()
+                    .rows(&placeholders::to_postgres(sql), &refs)?;
+                rows.iter()
+                    .map(|r| {
+                        let values = (0..r.len())
+                            .map(|i| value::from_postgres(r, i))
+                            .collect::<Result<_>>()?;
+                        Ok(Row { values })
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The first row a query returns, read by `f`; [`Error::NoRows`] when there is none.
+    pub fn query_row<T>(
+        &self,
+        sql: &str,
+        params: &[&dyn ToValue],
+        f: impl FnOnce(&Row) -> Result<T>,
+    ) -> Result<T> {
+        self.query_opt(sql, params, f)?.ok_or(Error::NoRows)
+    }
+
+    /// The first row a query returns, read by `f`, if there is one.
+    pub fn query_opt<T>(
+        &self,
+        sql: &str,
+        params: &[&dyn ToValue],
+        f: impl FnOnce(&Row) -> Result<T>,
+    ) -> Result<Option<T>> {
+        self.query(sql, params)?.first().map(f).transpose()
+    }
+
+    /// Every row a query returns, each read by `f`.
+    pub fn query_map<T>(
+        &self,
+        sql: &str,
+        params: &[&dyn ToValue],
+        f: impl FnMut(&Row) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        self.query(sql, params)?.iter().map(f).collect()
+    }
+}

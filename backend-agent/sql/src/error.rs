@@ -1,0 +1,62 @@
+//! What a statement or a transaction on either engine can fail with.
+
+/// An error of either engine, or of the values between them.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("postgres: {}", postgres_text(.0))]
+    Postgres(#[from] postgres::Error),
+    /// `query_row` found no row.
+    #[error("no row")]
+    NoRows,
+    /// A column's value does not fit the type asked for.
+    #[error("column {index}: {reason}")]
+    Column { index: usize, reason: String },
+    /// A parameter's value does not fit its column's type.
+    #[error("parameter: {0}")]
+    Parameter(String),
+    /// `Database::open`'s address.
+    #[error("database: {0}")]
+    Address(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// PostgreSQL's SQLSTATEs for a transaction that lost a race and may be run again.
+const SERIALIZATION_FAILURE: &str = "40001";
+const DEADLOCK_DETECTED: &str = "40P01";
+
+impl Error {
+    /// Whether the transaction failed only because it raced another (PostgreSQL's
+    /// serialization failure or deadlock, SQLite's busy or locked database), so that
+    /// running it again from its start may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Postgres(e) => e
+                .code()
+                .is_some_and(|c| matches!(c.code(), SERIALIZATION_FAILURE | DEADLOCK_DETECTED)),
+            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            ),
+            _ => false,
+        }
+    }
+
+    /// PostgreSQL's SQLSTATE, if the server answered with one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            Error::Postgres(e) => e.code().map(|c| c.code()),
+            _ => None,
+        }
+    }
+}
+
+/// The server's own message where it sent one ("db error" alone says nothing).
+fn postgres_text(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({}): {}", db.severity(), db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}

@@ -1,0 +1,264 @@
+//! A throwaway PostgreSQL server for tests: Debian's `initdb` and `postgres` (installed by
+//! `scripts/bootstrap.sh`), its own data dir in a temporary folder, its own port on
+//! loopback, no Unix socket, a random password, and stopped when dropped (or when the
+//! thread that started it dies, should the test process be killed). PostgreSQL refuses to
+//! run as root, so as root it runs as Debian's `postgres` user.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a server may take to accept connections.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The superuser tests connect as.
+const USER: &str = "gpufleet";
+
+/// A running server; stopped (immediate shutdown) and its files removed on drop.
+pub struct TestServer {
+    dir: tempfile::TempDir,
+    child: Child,
+    port: u16,
+    password: String,
+}
+
+impl TestServer {
+    /// Starts a server, or says what is missing.
+    pub fn start() -> Result<Self, String> {
+        let bin = bin_dir()?;
+        let owner = owner()?;
+        let dir = tempfile::Builder::new()
+            .prefix("gpufleet-pg-")
+            .tempdir()
+            .map_err(|e| format!("a temporary folder: {e}"))?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+                .map_err(|e| format!("chown {}: {e}", dir.path().display()))?;
+        }
+        let password = random_hex(16)?;
+        let pwfile = dir.path().join("pwfile");
+        std::fs::write(&pwfile, &password).map_err(|e| format!("{}: {e}", pwfile.display()))?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(&pwfile, Some(uid), Some(gid)).map_err(|e| e.to_string())?;
+        }
+        let data = dir.path().join("data");
+        let mut initdb = Command::new(bin.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-U",
+                USER,
+                "--auth=scram-sha-256",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+            ])
+            .arg(format!("--pwfile={}", pwfile.display()));
+        as_owner(&mut initdb, owner);
+        let out = initdb.output().map_err(|e| format!("initdb: {e}"))?;
+        let _ = std::fs::remove_file(&pwfile);
+        if !out.status.success() {
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        // A port the kernel just gave out is free unless another process takes it between
+        // here and the server's bind; the server then fails to start, and we try another.
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = free_port()?;
+            match spawn(&bin, &data, dir.path(), port, owner) {
+                Ok(child) => {
+                    let server = TestServer {
+                        dir,
+                        child,
+                        port,
+                        password,
+                    };
+                    return match server.wait_ready() {
+                        Ok(()) => Ok(server),
+                        Err(e) => Err(e),
+                    };
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// The superuser's address of database `name` (`postgres` always exists).
+    pub fn url(&self, name: &str) -> String {
+        format!(
+            "postgres://{USER}:{}@127.0.0.1:{}/{name}?connect_timeout=10",
+            self.password, self.port
+        )
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A new empty database of its own, by its address.
+    pub fn database(&self, name: &str) -> Result<String, String> {
+        let mut admin = postgres::Client::connect(&self.url("postgres"), postgres::NoTls)
+            .map_err(|e| format!("connecting to the test server: {e}"))?;
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .map_err(|e| format!("CREATE DATABASE {name}: {e}"))?;
+        Ok(self.url(name))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Waits until the server accepts a connection, or says why it did not.
+    fn wait_ready(&self) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match postgres::Client::connect(&self.url("postgres"), postgres::NoTls) {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!(
+                        "the test PostgreSQL server did not accept connections in {START_TIMEOUT:?}: {e}\n{}",
+                        self.log()
+                    ))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        // SIGQUIT: immediate shutdown, the backends with it; the data is thrown away.
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGQUIT);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(
+    bin: &Path,
+    data: &Path,
+    dir: &Path,
+    port: u16,
+    owner: Option<(u32, u32)>,
+) -> Result<Child, String> {
+    let log = std::fs::File::create(dir.join("server.log")).map_err(|e| e.to_string())?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(dir.join("server.log"), Some(uid), Some(gid))
+            .map_err(|e| e.to_string())?;
+    }
+    let mut cmd = Command::new(bin.join("postgres"));
+    cmd.arg("-D")
+        .arg(data)
+        .arg("-p")
+        .arg(port.to_string())
+        // Loopback only, no socket file (clone paths may be long), and a test's data
+        // need not survive a crash of the machine.
+        .args([
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "unix_socket_directories=",
+            "-c",
+            "fsync=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=100",
+            "-c",
+            "shared_buffers=32MB",
+        ])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log);
+    as_owner(&mut cmd, owner);
+    // SAFETY: prctl in the child before exec, async-signal-safe. The server dies with the
+    // thread that started it, should the test process be killed before its drop.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("postgres: {e}"))?;
+    // A server that could not bind its port exits at once.
+    std::thread::sleep(Duration::from_millis(20));
+    if let Ok(Some(status)) = child.try_wait() {
+        let mut text = String::new();
+        let _ = std::fs::File::open(dir.join("server.log"))
+            .and_then(|mut f| f.read_to_string(&mut text));
+        return Err(format!("postgres exited ({status}): {}", text.trim()));
+    }
+    Ok(child)
+}
+
+fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) {
+    if let Some((uid, gid)) = owner {
+        cmd.uid(uid).gid(gid);
+    }
+}
+
+/// The newest of Debian's PostgreSQL versions installed.
+fn bin_dir() -> Result<PathBuf, String> {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .map_err(|_| missing())?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").is_file().then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin).ok_or_else(missing)
+}
+
+fn missing() -> String {
+    "PostgreSQL is not installed: no /usr/lib/postgresql/*/bin/initdb (Debian's postgresql; \
+     scripts/bootstrap.sh installs it)"
+        .to_string()
+}
+
+/// As root, Debian's `postgres` user's uid and gid; otherwise none (we run it as ourselves).
+fn owner() -> Result<Option<(u32, u32)>, String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(None);
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").map_err(|e| format!("/etc/passwd: {e}"))?;
+    passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&"postgres"))
+        .and_then(|f| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))
+        .map(Some)
+        .ok_or_else(|| {
+            "as root, PostgreSQL runs as Debian's postgres user, and there is none \
+             (scripts/bootstrap.sh installs postgresql)"
+                .to_string()
+        })
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("a free port: {e}"))?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+fn random_hex(bytes: usize) -> Result<String, String> {
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
