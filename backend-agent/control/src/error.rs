@@ -51,6 +51,14 @@ impl From<Error> for tonic::Status {
     }
 }
 
+/// A store function already on the engine seam (`gpufleet_sql`), called where the rest
+/// still speaks rusqlite: SQLite's errors stay SQLite's (disk full among them).
+impl From<gpufleet_sql::Error> for Error {
+    fn from(e: gpufleet_sql::Error) -> Self {
+        Error::Store(e.into())
+    }
+}
+
 /// A storage failure: logged in full, reported as RESOURCE_EXHAUSTED when the disk is
 /// full (SQLITE_FULL: a write hit ENOSPC) and as INTERNAL otherwise, with the same text.
 pub fn db_error(e: rusqlite::Error) -> tonic::Status {

@@ -60,3 +60,17 @@ fn postgres_text(e: &postgres::Error) -> String {
         None => e.to_string(),
     }
 }
+
+/// While the store moves onto this seam module by module, a ported function's error goes
+/// up through callers that still return rusqlite's: SQLite's own error as it was, no row
+/// as rusqlite's no row, and anything else (only PostgreSQL's, which no such caller
+/// reaches) carried whole.
+impl From<Error> for rusqlite::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Sqlite(e) => e,
+            Error::NoRows => rusqlite::Error::QueryReturnedNoRows,
+            other => rusqlite::Error::ToSqlConversionFailure(Box::new(other)),
+        }
+    }
+}

@@ -21,6 +21,7 @@ pub mod idempotency;
 pub mod invariants;
 pub mod leases;
 pub mod nodes;
+pub mod postgres;
 pub mod preemption;
 pub mod queue;
 pub mod quotas;
