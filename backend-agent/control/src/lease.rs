@@ -24,7 +24,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gpufleet_process::signals::stopped;
-use gpufleet_sql::Conn;
 use rusqlite::Connection;
 use tokio::sync::watch;
 
@@ -178,7 +177,7 @@ impl Leadership {
     ) -> rusqlite::Result<Acquired> {
         let ttl = i64::try_from(self.settings.ttl.as_secs()).unwrap_or(i64::MAX);
         Ok(leases::acquire(
-            &Conn::sqlite(conn),
+            conn,
             SINGLETONS,
             self.replica(),
             ttl,
@@ -233,10 +232,10 @@ impl Leadership {
             )));
         };
         let epoch_i = i64::try_from(epoch).unwrap_or(i64::MAX);
-        if leases::held(&Conn::sqlite(conn), SINGLETONS, self.replica(), epoch_i)? {
+        if leases::held(conn, SINGLETONS, self.replica(), epoch_i)? {
             return Ok(());
         }
-        let now_held = leases::get(&Conn::sqlite(conn), SINGLETONS)?
+        let now_held = leases::get(conn, SINGLETONS)?
             .map(|l| format!("replica {} holds epoch {}", l.holder, l.epoch))
             .unwrap_or_else(|| "nobody holds it".into());
         self.lose(&now_held);

@@ -724,7 +724,7 @@ async fn renew_lease(state: Arc<AppState>, stop: watch::Receiver<bool>) {
             .apply(move |conn| {
                 let epoch = i64::try_from(epoch).unwrap_or(i64::MAX);
                 Ok(store::leases::release(
-                    &gpufleet_sql::Conn::sqlite(conn),
+                    conn,
                     crate::lease::SINGLETONS,
                     leadership.replica(),
                     epoch,

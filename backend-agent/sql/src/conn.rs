@@ -70,15 +70,83 @@ impl PgClient for postgres::Transaction<'_> {
     }
 }
 
-/// A connection or an open transaction: statements run on it as they come.
+/// A PostgreSQL client or transaction behind a `RefCell`: postgres' calls take `&mut`,
+/// and a [`Conn`] is shared and copied as a `&rusqlite::Connection` is.
+pub(crate) trait PgCell {
+    fn run(
+        &self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<u64, postgres::Error>;
+    fn rows(
+        &self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<postgres::Row>, postgres::Error>;
+    fn batch(&self, sql: &str) -> Result<(), postgres::Error>;
+}
+
+impl<T: PgClient> PgCell for RefCell<T> {
+    fn run(
+        &self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<u64, postgres::Error> {
+        self.borrow_mut().run(sql, params)
+    }
+    fn rows(
+        &self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<postgres::Row>, postgres::Error> {
+        self.borrow_mut().rows(sql, params)
+    }
+    fn batch(&self, sql: &str) -> Result<(), postgres::Error> {
+        self.borrow_mut().batch(sql)
+    }
+}
+
+/// A connection or an open transaction: statements run on it as they come. Copied
+/// freely; it borrows what it runs on.
+#[derive(Clone, Copy)]
 pub struct Conn<'a> {
     inner: Inner<'a>,
 }
 
+#[derive(Clone, Copy)]
 enum Inner<'a> {
     Sqlite(&'a rusqlite::Connection),
-    // postgres' calls take `&mut`; a Conn is shared by `&` as rusqlite's is.
-    Postgres(RefCell<&'a mut (dyn PgClient + 'a)>),
+    Postgres(&'a (dyn PgCell + 'a)),
+}
+
+/// What a store function takes: a [`Conn`], or a rusqlite connection or transaction
+/// (its callers that still speak rusqlite pass theirs unchanged).
+pub trait AsConn {
+    fn as_conn(&self) -> Conn<'_>;
+}
+
+impl AsConn for Conn<'_> {
+    fn as_conn(&self) -> Conn<'_> {
+        *self
+    }
+}
+
+impl AsConn for rusqlite::Connection {
+    fn as_conn(&self) -> Conn<'_> {
+        Conn::sqlite(self)
+    }
+}
+
+impl AsConn for rusqlite::Transaction<'_> {
+    fn as_conn(&self) -> Conn<'_> {
+        Conn::sqlite(self)
+    }
+}
+
+impl AsConn for rusqlite::Savepoint<'_> {
+    fn as_conn(&self) -> Conn<'_> {
+        Conn::sqlite(self)
+    }
 }
 
 /// A row read: its columns' values, in order.
@@ -118,9 +186,9 @@ impl<'a> Conn<'a> {
         }
     }
 
-    pub(crate) fn postgres(client: &'a mut (dyn PgClient + 'a)) -> Self {
+    pub(crate) fn postgres(client: &'a (dyn PgCell + 'a)) -> Self {
         Conn {
-            inner: Inner::Postgres(RefCell::new(client)),
+            inner: Inner::Postgres(client),
         }
     }
 
@@ -141,7 +209,7 @@ impl<'a> Conn<'a> {
             Inner::Postgres(c) => {
                 let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
                     params.iter().map(|p| p as _).collect();
-                let n = c.borrow_mut().run(&placeholders::to_postgres(sql), &refs)?;
+                let n = c.run(&placeholders::to_postgres(sql), &refs)?;
                 Ok(usize::try_from(n).unwrap_or(usize::MAX))
             }
         }
@@ -151,7 +219,7 @@ impl<'a> Conn<'a> {
     pub fn execute_batch(&self, sql: &str) -> Result<()> {
         match &self.inner {
             Inner::Sqlite(c) => Ok(c.execute_batch(sql)?),
-            Inner::Postgres(c) => Ok(c.borrow_mut().batch(sql)?),
+            Inner::Postgres(c) => Ok(c.batch(sql)?),
         }
     }
 
@@ -177,9 +245,7 @@ impl<'a> Conn<'a> {
             Inner::Postgres(c) => {
                 let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
                     params.iter().map(|p| p as _).collect();
-                let rows = c
-                    .borrow_mut()
-                    .rows(&placeholders::to_postgres(sql), &refs)?;
+                let rows = c.rows(&placeholders::to_postgres(sql), &refs)?;
                 rows.iter()
                     .map(|r| {
                         let values = (0..r.len())

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use std::cell::RefCell;
+
 use postgres::IsolationLevel;
 
 use crate::conn::Conn;
@@ -16,17 +18,19 @@ pub const MAX_ATTEMPTS: u32 = 12;
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
 
 /// An open connection of either engine.
-pub enum Database {
+pub struct Database {
+    engine: Owned,
+}
+
+enum Owned {
     Sqlite(rusqlite::Connection),
-    Postgres(postgres::Client),
+    // In a cell, so that [`Database::conn`] lends it as a shared [`Conn`].
+    Postgres(RefCell<postgres::Client>),
 }
 
 impl std::fmt::Debug for Database {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Database::Sqlite(_) => f.write_str("Database::Sqlite"),
-            Database::Postgres(_) => f.write_str("Database::Postgres"),
-        }
+        write!(f, "Database({:?})", self.engine())
     }
 }
 
@@ -47,24 +51,31 @@ impl Database {
                 redacted(url)
             )));
         }
-        Ok(Database::Postgres(postgres::Client::connect(
-            url,
-            postgres::NoTls,
-        )?))
+        let client = postgres::Client::connect(url, postgres::NoTls)?;
+        Ok(Database {
+            engine: Owned::Postgres(RefCell::new(client)),
+        })
+    }
+
+    /// An SQLite connection the caller opened (and set up) itself.
+    pub fn sqlite(conn: rusqlite::Connection) -> Self {
+        Database {
+            engine: Owned::Sqlite(conn),
+        }
     }
 
     pub fn engine(&self) -> crate::Engine {
-        match self {
-            Database::Sqlite(_) => crate::Engine::Sqlite,
-            Database::Postgres(_) => crate::Engine::Postgres,
+        match self.engine {
+            Owned::Sqlite(_) => crate::Engine::Sqlite,
+            Owned::Postgres(_) => crate::Engine::Postgres,
         }
     }
 
     /// Statements outside any transaction (each its own on PostgreSQL).
-    pub fn conn(&mut self) -> Conn<'_> {
-        match self {
-            Database::Sqlite(c) => Conn::sqlite(c),
-            Database::Postgres(c) => Conn::postgres(c),
+    pub fn conn(&self) -> Conn<'_> {
+        match &self.engine {
+            Owned::Sqlite(c) => Conn::sqlite(c),
+            Owned::Postgres(c) => Conn::postgres(c),
         }
     }
 
@@ -74,15 +85,16 @@ impl Database {
     /// [`MAX_ATTEMPTS`] times, so `f` must do nothing outside the transaction. A refusal
     /// that should still commit what was written is `f`'s `Ok` value.
     pub fn write<T>(&mut self, mut f: impl FnMut(&Conn<'_>) -> Result<T>) -> Result<T> {
-        match self {
-            Database::Sqlite(c) => {
+        match &mut self.engine {
+            Owned::Sqlite(c) => {
                 // IMMEDIATE: the writer's lock at the start, so that what f read stays true.
                 let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
                 let v = f(&Conn::sqlite(&tx))?;
                 tx.commit()?;
                 Ok(v)
             }
-            Database::Postgres(c) => {
+            Owned::Postgres(c) => {
+                let c = c.get_mut();
                 let mut attempt = 1;
                 loop {
                     match postgres_transaction(c, IsolationLevel::Serializable, false, &mut f) {
@@ -100,16 +112,16 @@ impl Database {
 
     /// Runs `f` on one consistent snapshot, writing nothing.
     pub fn read<T>(&mut self, mut f: impl FnMut(&Conn<'_>) -> Result<T>) -> Result<T> {
-        match self {
-            Database::Sqlite(c) => {
+        match &mut self.engine {
+            Owned::Sqlite(c) => {
                 let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Deferred)?;
                 let v = f(&Conn::sqlite(&tx))?;
                 tx.commit()?;
                 Ok(v)
             }
             // A read-only snapshot never fails for racing a write.
-            Database::Postgres(c) => {
-                postgres_transaction(c, IsolationLevel::RepeatableRead, true, &mut f)
+            Owned::Postgres(c) => {
+                postgres_transaction(c.get_mut(), IsolationLevel::RepeatableRead, true, &mut f)
             }
         }
     }
@@ -121,13 +133,14 @@ fn postgres_transaction<T>(
     read_only: bool,
     f: &mut impl FnMut(&Conn<'_>) -> Result<T>,
 ) -> Result<T> {
-    let mut tx = client
+    let tx = client
         .build_transaction()
         .isolation_level(isolation)
         .read_only(read_only)
         .start()?;
-    let v = f(&Conn::postgres(&mut tx))?;
-    tx.commit()?;
+    let tx = RefCell::new(tx);
+    let v = f(&Conn::postgres(&tx))?;
+    tx.into_inner().commit()?;
     Ok(v)
 }
 
@@ -186,7 +199,7 @@ mod tests {
 
     #[test]
     fn an_sqlite_write_commits_and_a_failed_one_leaves_nothing() {
-        let mut db = Database::Sqlite(rusqlite::Connection::open_in_memory().unwrap());
+        let mut db = Database::sqlite(rusqlite::Connection::open_in_memory().unwrap());
         db.conn()
             .execute_batch("CREATE TABLE t (a INTEGER NOT NULL)")
             .unwrap();

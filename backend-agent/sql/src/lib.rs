@@ -21,7 +21,7 @@ pub mod value;
 #[cfg(feature = "test-server")]
 pub mod test_server;
 
-pub use conn::{Conn, Engine, Row};
+pub use conn::{AsConn, Conn, Engine, Row};
 pub use database::Database;
 pub use error::{Error, Result};
 pub use value::{FromValue, ToValue, Value};

@@ -18,7 +18,7 @@ fn the_same_statements_read_the_same_values_on_both_engines() {
     let url = pg.database("values").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let engines = [
-        Database::Sqlite(rusqlite::Connection::open(dir.path().join("t.db")).unwrap()),
+        Database::sqlite(rusqlite::Connection::open(dir.path().join("t.db")).unwrap()),
         Database::postgres(&url).unwrap(),
     ];
     let mut seen = Vec::new();

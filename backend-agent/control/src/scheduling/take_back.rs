@@ -105,7 +105,7 @@ pub(super) fn fenced_plan(
     fence.check(tx)?;
     let mut plan = plan_take_back(tx, gpu_type, t)?;
     let decided_in = match fence.is_singleton() {
-        true => store::leases::get(&gpufleet_sql::Conn::sqlite(tx), SINGLETONS)?.map(|l| l.epoch),
+        true => store::leases::get(tx, SINGLETONS)?.map(|l| l.epoch),
         false => None,
     };
     if let Some(epoch) = decided_in {
@@ -135,9 +135,7 @@ pub(super) fn fenced_settle(
     (t, replace_after): (i64, std::time::Duration),
 ) -> Result<Vec<String>> {
     fence.check(tx)?;
-    let Some(epoch) =
-        store::leases::get(&gpufleet_sql::Conn::sqlite(tx), SINGLETONS)?.map(|l| l.epoch)
-    else {
+    let Some(epoch) = store::leases::get(tx, SINGLETONS)?.map(|l| l.epoch) else {
         return Ok(Vec::new());
     };
     let mut settled = Vec::new();

@@ -12,7 +12,7 @@
 //! two replicas that read the same expired row (and it is run again, and finds the other's
 //! lease). The same statements run on both engines (`gpufleet_sql`).
 
-use gpufleet_sql::{params, Conn, Row};
+use gpufleet_sql::{params, AsConn, Row};
 
 /// A lease as the store holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,8 +43,8 @@ fn lease(r: &Row) -> gpufleet_sql::Result<Lease> {
 }
 
 /// The lease `name`, if it was ever taken.
-pub fn get(conn: &Conn<'_>, name: &str) -> gpufleet_sql::Result<Option<Lease>> {
-    conn.query_opt(
+pub fn get(conn: &impl AsConn, name: &str) -> gpufleet_sql::Result<Option<Lease>> {
+    conn.as_conn().query_opt(
         "SELECT name, holder, epoch, expires_at FROM leases WHERE name = ?1",
         params![name],
         lease,
@@ -59,7 +59,7 @@ pub fn get(conn: &Conn<'_>, name: &str) -> gpufleet_sql::Result<Option<Lease>> {
 /// the old one plus one, or to `now` when that is greater, so that a store put back from
 /// a backup still fences above the epochs agents saw since. `ttl_secs` is at least 1.
 pub fn acquire(
-    conn: &Conn<'_>,
+    conn: &impl AsConn,
     name: &str,
     holder: &str,
     ttl_secs: i64,
@@ -73,7 +73,7 @@ pub fn acquire(
         Some(l) => l.epoch.saturating_add(1).max(now),
         None => now.max(1),
     };
-    conn.execute(
+    conn.as_conn().execute(
         "INSERT INTO leases (name, holder, epoch, expires_at) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (name) DO UPDATE SET holder = ?2, epoch = ?3, expires_at = ?4",
         params![name, holder, epoch, expires_at],
@@ -89,14 +89,14 @@ pub fn acquire(
 /// Ends `holder`'s lease of `epoch` now (a stopping replica), so that another takes it
 /// over without waiting for the expiry. The row and its epoch stay. Whether it was held.
 pub fn release(
-    conn: &Conn<'_>,
+    conn: &impl AsConn,
     name: &str,
     holder: &str,
     epoch: i64,
     now: i64,
 ) -> gpufleet_sql::Result<bool> {
     // CASE, not MIN(a, b) (SQLite) or LEAST (PostgreSQL): one statement for both.
-    let n = conn.execute(
+    let n = conn.as_conn().execute(
         "UPDATE leases SET expires_at = CASE WHEN expires_at < ?4 THEN expires_at ELSE ?4 END
          WHERE name = ?1 AND holder = ?2 AND epoch = ?3",
         params![name, holder, epoch, now],
@@ -108,7 +108,12 @@ pub fn release(
 /// singleton calls it in its own transaction and writes nothing when it is false. An
 /// expired lease nobody took over is still held: no one else has written under a newer
 /// epoch.
-pub fn held(conn: &Conn<'_>, name: &str, holder: &str, epoch: i64) -> gpufleet_sql::Result<bool> {
+pub fn held(
+    conn: &impl AsConn,
+    name: &str,
+    holder: &str,
+    epoch: i64,
+) -> gpufleet_sql::Result<bool> {
     Ok(get(conn, name)?.is_some_and(|l| l.holder == holder && l.epoch == epoch))
 }
 

@@ -469,7 +469,7 @@ pub mod engines {
     pub fn sqlite() -> (Guard, Database) {
         let dir = tempfile::tempdir().unwrap();
         let conn = super::super::open(&dir.path().join("state.db")).unwrap();
-        (Guard::Sqlite(dir), Database::Sqlite(conn))
+        (Guard::Sqlite(dir), Database::sqlite(conn))
     }
 
     /// A migrated PostgreSQL database, and its address for more connections.
