@@ -71,6 +71,11 @@ pub enum Command {
     /// sequences, usage records that count exactly the GPUs held, and with --answers every
     /// acknowledged answer held. Exits 1 naming each violation.
     Check(CheckArgs),
+    /// Copy the control plane's SQLite store into an empty PostgreSQL database (the
+    /// store's second engine), in one transaction, and check the copy. serve must be
+    /// stopped. The database's address (postgres://user:password@host:port/db) comes
+    /// from GPUFLEET_DATABASE_URL or --to-file, never from the command line.
+    Migrate(MigrateArgs),
     /// Internal: one load test on the only GPU CUDA shows this process, one answer line
     /// printed. The node agent runs it for each MIG slice, with CUDA_VISIBLE_DEVICES set
     /// to the slice (CUDA reads it once per process).
@@ -475,6 +480,18 @@ pub struct CheckArgs {
     /// serve's test clock (see serve --clock-file): the checks look from its time.
     #[arg(long, env = "GPUFLEET_CLOCK_FILE", value_name = "PATH", hide = true)]
     pub clock_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    /// The control plane's data dir, whose state.db is copied (its lock is taken: serve
+    /// must be stopped).
+    #[arg(long, env = "GPUFLEET_DATA_DIR", default_value = "./.gpufleet")]
+    pub data_dir: PathBuf,
+    /// A file (0600) holding the PostgreSQL database's address, instead of
+    /// GPUFLEET_DATABASE_URL.
+    #[arg(long, value_name = "FILE")]
+    pub to_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

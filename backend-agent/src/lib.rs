@@ -11,6 +11,7 @@ pub mod client;
 pub mod embedded;
 pub mod exit;
 pub mod lists;
+pub mod migrate;
 pub mod price_book;
 pub mod replay;
 pub mod serve;

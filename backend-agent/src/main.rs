@@ -5,7 +5,7 @@
 //! a thin binary over the `gpufleet_agent` library, which composes the crates.
 
 use clap::Parser;
-use gpufleet_agent::{access, check, cli, client, exit, lists, replay, serve, usage};
+use gpufleet_agent::{access, check, cli, client, exit, lists, migrate, replay, serve, usage};
 
 /// A token given as a flag is in the process's command line, which every local user reads
 /// (`/proc/PID/cmdline`), a tenant's jobs on a node included; the environment and the
@@ -78,6 +78,7 @@ fn main() -> std::process::ExitCode {
             }
             cli::Command::Pki(args) => print_issued(&args),
             cli::Command::Check(args) => check::run(args).await,
+            cli::Command::Migrate(args) => migrate::run(args).await,
             cli::Command::Replay(args) => replay::run(args).await,
             cli::Command::ReplaySynthetic(args) => replay::synthetic(args),
             cli::Command::LoadProbe(args) => {

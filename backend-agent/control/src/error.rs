@@ -61,7 +61,9 @@ impl From<gpufleet_sql::Error> for Error {
 
 /// A storage failure: logged in full, reported as RESOURCE_EXHAUSTED when the disk is
 /// full (SQLITE_FULL: a write hit ENOSPC) and as INTERNAL otherwise, with the same text.
-pub fn db_error(e: rusqlite::Error) -> tonic::Status {
+/// Takes the engine seam's errors too (`gpufleet_sql`), SQLite's within them unchanged.
+pub fn db_error(e: impl Into<rusqlite::Error>) -> tonic::Status {
+    let e: rusqlite::Error = e.into();
     tracing::error!(error = %e, "database error");
     let text = format!("state database error: {e}");
     if is_disk_full(&e) {

@@ -169,6 +169,11 @@ impl Row {
         self.values.len()
     }
 
+    /// The columns' values, in order (a copy of a whole row to another engine).
+    pub fn into_values(self) -> Vec<Value> {
+        self.values
+    }
+
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()
     }

@@ -29,6 +29,7 @@ pub mod readers;
 pub mod reservations;
 pub mod slurm_access;
 pub mod take_backs;
+pub mod to_postgres;
 pub mod tenants;
 pub mod tokens;
 pub mod usage;
