@@ -2,9 +2,10 @@
 //! overlaps a time window, found through an index by length class and start (see
 //! [`overlapping`] and migration 8), and each cluster's node counts in one query. The
 //! cost of a read follows what overlaps the window, not how many reservations were ever
-//! made.
+//! made. The same statements run on SQLite and PostgreSQL (`gpufleet_sql`), but for
+//! SQLite's index hint.
 
-use rusqlite::Connection;
+use gpufleet_sql::{params, AsConn, Engine, Row, ToValue};
 
 /// What admission needs of a reservation: who holds how many nodes, when.
 #[derive(Debug, Clone)]
@@ -34,48 +35,64 @@ pub const CLASS_LONGEST: [i64; 8] = [
 /// at most a few times as many that end just before `from`. The cost follows what
 /// overlaps the window, not how many reservations were ever made.
 pub fn overlapping(
-    conn: &Connection,
+    conn: &impl AsConn,
     gpu_type: &str,
     from: i64,
     until: Option<i64>,
-) -> rusqlite::Result<Vec<ReservationHold>> {
-    let mut stmt = conn.prepare_cached(&OVERLAPPING_SQL)?;
-    stmt.raw_bind_parameter(1, gpu_type)?;
-    stmt.raw_bind_parameter(2, until.unwrap_or(i64::MAX))?;
-    stmt.raw_bind_parameter(3, from)?;
-    for class in 0..=CLASS_LONGEST.len() {
-        let starts_after = CLASS_LONGEST
-            .get(class)
-            .map_or(i64::MIN, |&longest| from.saturating_sub(longest));
-        stmt.raw_bind_parameter(FIRST_CLASS_PARAMETER + class, starts_after)?;
-    }
-    let mut rows = stmt.raw_query();
-    let mut out = Vec::new();
-    while let Some(r) = rows.next()? {
-        out.push(ReservationHold {
+) -> gpufleet_sql::Result<Vec<ReservationHold>> {
+    let c = conn.as_conn();
+    let until = until.unwrap_or(i64::MAX);
+    let starts_after = starts_after(from);
+    // In the order of overlapping_sql's parameters.
+    let mut values: Vec<&dyn ToValue> = vec![&gpu_type, &until, &from];
+    values.extend(starts_after.iter().map(|s| s as &dyn ToValue));
+    let sql = match c.engine() {
+        Engine::Sqlite => &*OVERLAPPING_SQLITE,
+        Engine::Postgres => &*OVERLAPPING_POSTGRES,
+    };
+    c.query_map(sql, &values, |r| {
+        Ok(ReservationHold {
             id: r.get(0)?,
             tenant_id: r.get(1)?,
             start_time: r.get(2)?,
             end_time: r.get(3)?,
             pool_nodes: r.get(4)?,
             on_demand_nodes: r.get(5)?,
-        });
-    }
-    Ok(out)
+        })
+    })
 }
 
-/// Where the per-class lower bounds of start_time begin among [`OVERLAPPING_SQL`]'s
+/// The lower bound of start_time of each length class, for a window from `from`.
+fn starts_after(from: i64) -> Vec<i64> {
+    (0..=CLASS_LONGEST.len())
+        .map(|class| {
+            CLASS_LONGEST
+                .get(class)
+                .map_or(i64::MIN, |&longest| from.saturating_sub(longest))
+        })
+        .collect()
+}
+
+/// Where the per-class lower bounds of start_time begin among [`overlapping_sql`]'s
 /// parameters (1: model, 2: until, 3: from).
 const FIRST_CLASS_PARAMETER: usize = 4;
 
+// SQLite is held to the window index by its hint (INDEXED BY: an error, never another
+// plan, if the index cannot serve the statement). PostgreSQL has no hints; its planner
+// reads the same covering index (the test `postgres_reads_the_window_index`).
+static OVERLAPPING_SQLITE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| overlapping_sql("INDEXED BY reservations_by_window"));
+static OVERLAPPING_POSTGRES: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| overlapping_sql(""));
+
 /// One statement, one index range per length class: ?1 model, ?2 until, ?3 from, and the
 /// lower bound of start_time of class k at ?(4 + k).
-static OVERLAPPING_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+fn overlapping_sql(index_hint: &str) -> String {
     (0..=CLASS_LONGEST.len())
         .map(|class| {
             format!(
                 "SELECT id, tenant_id, start_time, end_time, pool_nodes, on_demand_nodes
-                 FROM reservations INDEXED BY reservations_by_window
+                 FROM reservations {index_hint}
                  WHERE gpu_type = ?1 AND span_class = {class} AND start_time > ?{}
                    AND start_time < ?2 AND end_time > ?3",
                 FIRST_CLASS_PARAMETER + class
@@ -83,7 +100,7 @@ static OVERLAPPING_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|
         })
         .collect::<Vec<_>>()
         .join(" UNION ALL ")
-});
+}
 
 /// A cluster of one model as the holdings see it.
 #[derive(Debug, Clone)]
@@ -97,33 +114,37 @@ pub struct ClusterHold {
     pub on_demand: i64,
 }
 
+fn cluster_hold(r: &Row) -> gpufleet_sql::Result<ClusterHold> {
+    Ok(ClusterHold {
+        id: r.get(0)?,
+        tenant_id: r.get(1)?,
+        reservation_id: r.get(2)?,
+        reservation_end: r.get(3)?,
+        pool: r.get(4)?,
+        on_demand: r.get(5)?,
+    })
+}
+
 /// Every cluster of `gpu_type` with the pool and on-demand nodes it holds.
-pub fn clusters(conn: &Connection, gpu_type: &str) -> rusqlite::Result<Vec<ClusterHold>> {
-    let mut stmt = conn.prepare_cached(
+pub fn clusters(conn: &impl AsConn, gpu_type: &str) -> gpufleet_sql::Result<Vec<ClusterHold>> {
+    conn.as_conn().query_map(
         "SELECT c.id, c.tenant_id, c.reservation_id, r.end_time,
                 (SELECT COUNT(*) FROM nodes n WHERE n.cluster_id = c.id AND n.capacity = 'pool'),
                 (SELECT COUNT(*) FROM nodes n WHERE n.cluster_id = c.id AND n.capacity <> 'pool')
          FROM clusters c LEFT JOIN reservations r ON r.id = c.reservation_id
          WHERE c.gpu_type = ?1
          ORDER BY c.tenant_id, c.name",
-    )?;
-    let rows = stmt.query_map([gpu_type], |r| {
-        Ok(ClusterHold {
-            id: r.get(0)?,
-            tenant_id: r.get(1)?,
-            reservation_id: r.get(2)?,
-            reservation_end: r.get(3)?,
-            pool: r.get(4)?,
-            on_demand: r.get(5)?,
-        })
-    })?;
-    rows.collect()
+        params![gpu_type],
+        cluster_hold,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::reservations::{insert, ReservationRow};
+    use crate::store::postgres::engines;
+    use crate::store::reservations::ReservationRow;
+    use gpufleet_sql::{Conn, Database};
 
     fn reservation(id: &str, gpu_type: &str, start: i64, end: i64) -> ReservationRow {
         ReservationRow {
@@ -139,16 +160,44 @@ mod tests {
         }
     }
 
-    fn open() -> (tempfile::TempDir, Connection) {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = crate::store::open(&dir.path().join("state.db")).unwrap();
-        conn.execute(
-            "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
-             VALUES ('t', 't', 't', '{}', 'h', 0)",
-            [],
+    /// Plain SQL: `store::reservations` is not on the engine seam yet.
+    fn insert(c: &Conn<'_>, r: &ReservationRow) {
+        c.execute(
+            "INSERT INTO reservations (id, tenant_id, gpu_type, node_count, start_time, end_time,
+                 allow_on_demand, pool_nodes, on_demand_nodes)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![
+                r.id,
+                r.tenant_id,
+                r.gpu_type,
+                r.node_count,
+                r.start_time,
+                r.end_time,
+                r.allow_on_demand,
+                r.pool_nodes,
+                r.on_demand_nodes
+            ],
         )
         .unwrap();
-        (dir, conn)
+    }
+
+    fn add_tenant(db: &Database) {
+        db.conn()
+            .execute(
+                "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
+                 VALUES ('t', 't', 't', '{}', 'h', 0)",
+                params![],
+            )
+            .unwrap();
+    }
+
+    /// Each test runs on SQLite and on PostgreSQL, with the tenant `t`.
+    fn on_both(test: impl Fn(&mut Database)) {
+        for (_guard, mut db) in engines::both() {
+            eprintln!("on {:?}", db.engine());
+            add_tenant(&db);
+            test(&mut db);
+        }
     }
 
     fn ids(rows: Vec<ReservationHold>) -> Vec<String> {
@@ -161,115 +210,231 @@ mod tests {
     /// exact columns must.
     #[test]
     fn overlap_is_exact_at_the_edges_and_per_model() {
-        let (_dir, conn) = open();
-        let t = 1_900_000_000;
-        insert(&conn, &reservation("a", "H100-80GB", t, t + 10)).unwrap();
-        insert(&conn, &reservation("b", "H100-80GB", t + 10, t + 20)).unwrap();
-        insert(&conn, &reservation("c", "A100-80GB", t, t + 20)).unwrap();
-        let h100 = |from, until| ids(overlapping(&conn, "H100-80GB", from, until).unwrap());
-        assert_eq!(h100(t + 9, Some(t + 10)), ["a"]);
-        assert_eq!(h100(t + 10, Some(t + 11)), ["b"]);
-        assert_eq!(h100(t + 9, Some(t + 11)), ["a", "b"]);
-        assert_eq!(h100(t - 5, Some(t)), Vec::<String>::new());
-        assert_eq!(h100(t + 20, None), Vec::<String>::new());
-        assert_eq!(h100(t + 19, None), ["b"]);
-        assert_eq!(h100(0, None), ["a", "b"]);
+        on_both(|db| {
+            let c = db.conn();
+            let t = 1_900_000_000;
+            insert(&c, &reservation("a", "H100-80GB", t, t + 10));
+            insert(&c, &reservation("b", "H100-80GB", t + 10, t + 20));
+            insert(&c, &reservation("c", "A100-80GB", t, t + 20));
+            let h100 = |from, until| ids(overlapping(&c, "H100-80GB", from, until).unwrap());
+            assert_eq!(h100(t + 9, Some(t + 10)), ["a"]);
+            assert_eq!(h100(t + 10, Some(t + 11)), ["b"]);
+            assert_eq!(h100(t + 9, Some(t + 11)), ["a", "b"]);
+            assert_eq!(h100(t - 5, Some(t)), Vec::<String>::new());
+            assert_eq!(h100(t + 20, None), Vec::<String>::new());
+            assert_eq!(h100(t + 19, None), ["b"]);
+            assert_eq!(h100(0, None), ["a", "b"]);
+            // The extremes of the bounds bind on both engines.
+            assert_eq!(h100(i64::MIN, Some(i64::MAX)), ["a", "b"]);
+            assert_eq!(h100(i64::MAX, None), Vec::<String>::new());
+        });
     }
 
     #[test]
     fn the_index_follows_updates_and_deletes() {
-        let (_dir, conn) = open();
-        let t = 1_900_000_000;
-        let mut r = reservation("a", "H100-80GB", t, t + 10);
-        insert(&conn, &r).unwrap();
-        // Ten seconds long becomes a hundred days long: another length class.
-        r.end_time = t + 100 * 86_400;
-        crate::store::reservations::update(&conn, &r).unwrap();
-        assert_eq!(
-            ids(overlapping(&conn, "H100-80GB", t + 50 * 86_400, Some(t + 51 * 86_400)).unwrap()),
-            ["a"]
-        );
-        crate::store::reservations::delete(&conn, "a").unwrap();
-        assert!(overlapping(&conn, "H100-80GB", 0, None).unwrap().is_empty());
+        on_both(|db| {
+            let c = db.conn();
+            let t = 1_900_000_000;
+            insert(&c, &reservation("a", "H100-80GB", t, t + 10));
+            // Ten seconds long becomes a hundred days long: another length class.
+            c.execute(
+                "UPDATE reservations SET end_time = ?2 WHERE id = ?1",
+                params!["a", t + 100 * 86_400],
+            )
+            .unwrap();
+            assert_eq!(
+                ids(overlapping(&c, "H100-80GB", t + 50 * 86_400, Some(t + 51 * 86_400)).unwrap()),
+                ["a"]
+            );
+            c.execute("DELETE FROM reservations WHERE id = ?1", params!["a"])
+                .unwrap();
+            assert!(overlapping(&c, "H100-80GB", 0, None).unwrap().is_empty());
+        });
     }
 
-    /// The classes the migration's generated column computes are the ones the reads
-    /// assume: a reservation exactly as long as a class's longest is in that class.
+    /// The classes the migration's generated column computes (SQLite's migration 8,
+    /// PostgreSQL's schema) are the ones the reads assume: a reservation exactly as long
+    /// as a class's longest is in that class.
     #[test]
     fn length_classes_in_sql_match_the_reads() {
-        let (_dir, conn) = open();
-        let t = 1_900_000_000;
-        let class_of = |len: i64| -> i64 {
-            let id = format!("len-{len}");
-            insert(&conn, &reservation(&id, "H100-80GB", t, t + len)).unwrap();
-            conn.query_row(
-                "SELECT span_class FROM reservations WHERE id = ?1",
-                [&id],
-                |r| r.get(0),
-            )
-            .unwrap()
-        };
-        assert_eq!(class_of(1), 0);
-        for (k, &longest) in CLASS_LONGEST.iter().enumerate() {
-            assert_eq!(class_of(longest), k as i64, "{longest} s");
-            assert_eq!(class_of(longest + 1), k as i64 + 1, "{} s", longest + 1);
-        }
-        assert_eq!(class_of(40 * 365 * 86_400), CLASS_LONGEST.len() as i64);
+        on_both(|db| {
+            let c = db.conn();
+            let t = 1_900_000_000;
+            let class_of = |len: i64| -> i64 {
+                let id = format!("len-{len}");
+                insert(&c, &reservation(&id, "H100-80GB", t, t + len));
+                c.query_row(
+                    "SELECT span_class FROM reservations WHERE id = ?1",
+                    params![id],
+                    |r| r.get(0),
+                )
+                .unwrap()
+            };
+            assert_eq!(class_of(1), 0);
+            for (k, &longest) in CLASS_LONGEST.iter().enumerate() {
+                assert_eq!(class_of(longest), k as i64, "{longest} s");
+                assert_eq!(class_of(longest + 1), k as i64 + 1, "{} s", longest + 1);
+            }
+            assert_eq!(class_of(40 * 365 * 86_400), CLASS_LONGEST.len() as i64);
+        });
     }
 
     /// Against every row checked one by one: reservations of every length class, windows
-    /// of every size, edges one second either side.
+    /// of every size, edges one second either side. The same rows and windows on both
+    /// engines, so both give the same answers.
     #[test]
     fn overlap_matches_a_check_of_every_reservation() {
-        let (_dir, conn) = open();
-        let t = 1_900_000_000;
-        let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
-        let mut next = |n: i64| -> i64 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n as u64) as i64
-        };
-        let lengths = [
-            1,
-            3_599,
-            3_600,
-            3_601,
-            20_000,
-            200_000,
-            5_000_000,
-            60_000_000,
-            900_000_000,
-        ];
-        let mut all = Vec::new();
-        for i in 0..400 {
-            let start = t + next(2 * 365 * 86_400);
-            let len = lengths[i % lengths.len()] + next(3) - 1;
-            let model = if i % 7 == 0 { "A100-80GB" } else { "H100-80GB" };
-            let r = reservation(&format!("r{i}"), model, start, start + len.max(1));
-            insert(&conn, &r).unwrap();
-            all.push(r);
-        }
-        for _ in 0..300 {
-            let from = t - 86_400 + next(2 * 365 * 86_400);
-            let until = match next(4) {
-                0 => None,
-                1 => Some(from + 1),
-                2 => Some(from + 1 + next(48 * 3_600)),
-                _ => Some(from + 1 + next(400 * 86_400)),
+        on_both(|db| {
+            let t = 1_900_000_000;
+            let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+            let mut next = |n: i64| -> i64 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed % n as u64) as i64
             };
-            let mut expected: Vec<String> = all
-                .iter()
-                .filter(|r| r.gpu_type == "H100-80GB")
-                .filter(|r| r.end_time > from && until.is_none_or(|u| r.start_time < u))
-                .map(|r| r.id.clone())
+            let lengths = [
+                1,
+                3_599,
+                3_600,
+                3_601,
+                20_000,
+                200_000,
+                5_000_000,
+                60_000_000,
+                900_000_000,
+            ];
+            let mut all = Vec::new();
+            for i in 0..400 {
+                let start = t + next(2 * 365 * 86_400);
+                let len = lengths[i % lengths.len()] + next(3) - 1;
+                let model = if i % 7 == 0 { "A100-80GB" } else { "H100-80GB" };
+                all.push(reservation(
+                    &format!("r{i}"),
+                    model,
+                    start,
+                    start + len.max(1),
+                ));
+            }
+            db.write(|c| {
+                all.iter().for_each(|r| insert(c, r));
+                Ok(())
+            })
+            .unwrap();
+            let c = db.conn();
+            for _ in 0..300 {
+                let from = t - 86_400 + next(2 * 365 * 86_400);
+                let until = match next(4) {
+                    0 => None,
+                    1 => Some(from + 1),
+                    2 => Some(from + 1 + next(48 * 3_600)),
+                    _ => Some(from + 1 + next(400 * 86_400)),
+                };
+                let mut expected: Vec<String> = all
+                    .iter()
+                    .filter(|r| r.gpu_type == "H100-80GB")
+                    .filter(|r| r.end_time > from && until.is_none_or(|u| r.start_time < u))
+                    .map(|r| r.id.clone())
+                    .collect();
+                expected.sort();
+                assert_eq!(
+                    ids(overlapping(&c, "H100-80GB", from, until).unwrap()),
+                    expected,
+                    "window [{from}, {until:?})"
+                );
+            }
+        });
+    }
+
+    #[test]
+    fn clusters_count_their_pool_and_on_demand_nodes() {
+        on_both(|db| {
+            let c = db.conn();
+            let t = 1_900_000_000;
+            insert(&c, &reservation("r", "H100-80GB", t, t + 10));
+            c.execute_batch(
+                "INSERT INTO clusters (id, tenant_id, name, orchestrator, gpu_type, node_count,
+                     reservation_id, storage_gib, status, endpoint, credentials, storage_path, mig_layout)
+                 VALUES ('c1', 't', 'b', 'kubernetes', 'H100-80GB', 2, 'r', 1, 'running', '', '', '', '{}'),
+                        ('c2', 't', 'a', 'slurm', 'H100-80GB', 1, NULL, 1, 'running', '', '', '', '{}'),
+                        ('c3', 't', 'c', 'slurm', 'A100-80GB', 1, NULL, 1, 'running', '', '', '', '{}');
+                 INSERT INTO nodes (id, hostname, gpu_type, capacity, gpu_count, driver_version, cuda_version, cluster_id)
+                 VALUES ('n1', 'h1', 'H100-80GB', 'pool', 8, '', '', 'c1'),
+                        ('n2', 'h2', 'H100-80GB', 'on-demand', 8, '', '', 'c1'),
+                        ('n3', 'h3', 'H100-80GB', 'pool', 8, '', '', 'c2'),
+                        ('n4', 'h4', 'H100-80GB', 'pool', 8, '', '', NULL);",
+            )
+            .unwrap();
+            let held: Vec<_> = clusters(&c, "H100-80GB")
+                .unwrap()
+                .into_iter()
+                .map(|h| {
+                    (
+                        h.id,
+                        h.reservation_id,
+                        h.reservation_end,
+                        h.pool,
+                        h.on_demand,
+                    )
+                })
                 .collect();
-            expected.sort();
+            // In tenant and name order.
             assert_eq!(
-                ids(overlapping(&conn, "H100-80GB", from, until).unwrap()),
-                expected,
-                "window [{from}, {until:?})"
+                held,
+                [
+                    ("c2".to_string(), None, None, 1, 0),
+                    ("c1".to_string(), Some("r".to_string()), Some(t + 10), 1, 1),
+                ]
             );
-        }
+        });
+    }
+
+    /// PostgreSQL has no index hint: its planner must find the window index itself, for
+    /// every length class, with a table of many reservations of which few overlap.
+    #[test]
+    fn postgres_reads_the_window_index() {
+        let (_guard, mut db, _) = engines::postgres();
+        add_tenant(&db);
+        let t = 1_900_000_000_i64;
+        db.write(|c| {
+            // 5,000 reservations over ten years, of every length class.
+            c.execute(
+                "INSERT INTO reservations (id, tenant_id, gpu_type, node_count, start_time, end_time,
+                     allow_on_demand, pool_nodes, on_demand_nodes)
+                 SELECT 'r' || i, 't', CASE WHEN i % 3 = 0 THEN 'A100-80GB' ELSE 'H100-80GB' END, 1,
+                        CAST(?1 AS BIGINT) + i * 63072, CAST(?1 AS BIGINT) + i * 63072 + (ARRAY[600, 7200, 30000, 100000, 500000,
+                            2000000, 8000000, 30000000, 90000000])[1 + i % 9], 0, 1, 0
+                 FROM generate_series(CAST(1 AS BIGINT), 5000) AS i",
+                params![t],
+            )?;
+            Ok(())
+        })
+        .unwrap();
+        db.conn()
+            .execute_batch("VACUUM ANALYZE reservations")
+            .unwrap();
+        let from = t + 5 * 365 * 86_400;
+        let until = from + 7 * 86_400;
+        let c = db.conn();
+        let starts_after = starts_after(from);
+        let mut values: Vec<&dyn ToValue> = vec![&"H100-80GB", &until, &from];
+        values.extend(starts_after.iter().map(|s| s as &dyn ToValue));
+        let plan: Vec<String> = c
+            .query_map(
+                &format!("EXPLAIN {}", *OVERLAPPING_POSTGRES),
+                &values,
+                |r| r.get(0),
+            )
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(!plan.contains("Seq Scan"), "{plan}");
+        assert_eq!(
+            plan.matches("using reservations_by_window").count(),
+            CLASS_LONGEST.len() + 1,
+            "{plan}"
+        );
+        assert!(!overlapping(&c, "H100-80GB", from, Some(until))
+            .unwrap()
+            .is_empty());
     }
 }
