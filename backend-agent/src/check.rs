@@ -8,10 +8,16 @@ use crate::cli::CheckArgs;
 /// Prints each violation and fails when there is any; prints what was checked when
 /// there is none.
 pub async fn run(args: CheckArgs) -> anyhow::Result<()> {
-    let path = args
-        .store
-        .clone()
-        .unwrap_or_else(|| args.data_dir.join("state.db"));
+    let (path, url) = if args.postgres {
+        let url = crate::database_url::read(args.database_file.as_deref())?;
+        (gpufleet_sql::database::redacted(&url), Some(url))
+    } else {
+        let path = args
+            .store
+            .clone()
+            .unwrap_or_else(|| args.data_dir.join("state.db"));
+        (path.display().to_string(), None)
+    };
     let answers = match &args.answers {
         Some(file) => {
             let text = std::fs::read_to_string(file)
@@ -29,9 +35,16 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<()> {
     .now();
     let count = answers.as_ref().map_or(0, Vec::len);
     // SQLite reads block: off the async workers.
-    let checked = path.clone();
-    let violations = tokio::task::spawn_blocking(move || {
-        gpufleet_control::invariants::check_store(&checked, now, answers.as_deref())
+    let checked = args
+        .store
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("state.db"));
+    let violations = tokio::task::spawn_blocking(move || match url {
+        Some(url) => {
+            let mut db = gpufleet_sql::Database::postgres(&url)?;
+            gpufleet_control::invariants::check_database(&mut db, now, answers.as_deref())
+        }
+        None => gpufleet_control::invariants::check_store(&checked, now, answers.as_deref()),
     })
     .await??;
     for v in &violations {
@@ -40,7 +53,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<()> {
     if !violations.is_empty() {
         anyhow::bail!(
             "{}: {} violation{}",
-            path.display(),
+            path,
             violations.len(),
             if violations.len() == 1 { "" } else { "s" }
         );
@@ -52,7 +65,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<()> {
     };
     println!(
         "{}: no violation (capacity, quota, membership, sequences){answered}",
-        path.display()
+        path
     );
     Ok(())
 }

@@ -74,7 +74,7 @@ pub enum Command {
     /// Copy the control plane's SQLite store into an empty PostgreSQL database (the
     /// store's second engine), in one transaction, and check the copy. serve must be
     /// stopped. The database's address (postgres://user:password@host:port/db) comes
-    /// from GPUFLEET_DATABASE_URL or --to-file, never from the command line.
+    /// from GPUFLEET_DATABASE_URL or --database-file, never from the command line.
     Migrate(MigrateArgs),
     /// Internal: one load test on the only GPU CUDA shows this process, one answer line
     /// printed. The node agent runs it for each MIG slice, with CUDA_VISIBLE_DEVICES set
@@ -480,6 +480,13 @@ pub struct CheckArgs {
     /// serve's test clock (see serve --clock-file): the checks look from its time.
     #[arg(long, env = "GPUFLEET_CLOCK_FILE", value_name = "PATH", hide = true)]
     pub clock_file: Option<PathBuf>,
+    /// Check the store on PostgreSQL whose address is in GPUFLEET_DATABASE_URL (or
+    /// --database-file) instead of an SQLite file (e.g. after `gpufleet-agent migrate`).
+    #[arg(long, conflicts_with = "store")]
+    pub postgres: bool,
+    /// A file (0600) holding the PostgreSQL store's address, with --postgres.
+    #[arg(long, value_name = "FILE", requires = "postgres")]
+    pub database_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -488,10 +495,10 @@ pub struct MigrateArgs {
     /// must be stopped).
     #[arg(long, env = "GPUFLEET_DATA_DIR", default_value = "./.gpufleet")]
     pub data_dir: PathBuf,
-    /// A file (0600) holding the PostgreSQL database's address, instead of
-    /// GPUFLEET_DATABASE_URL.
+    /// A file (0600) holding the address of the PostgreSQL database to copy into,
+    /// instead of GPUFLEET_DATABASE_URL.
     #[arg(long, value_name = "FILE")]
-    pub to_file: Option<PathBuf>,
+    pub database_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

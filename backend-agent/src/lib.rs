@@ -8,6 +8,7 @@ pub mod access;
 pub mod check;
 pub mod cli;
 pub mod client;
+pub mod database_url;
 pub mod embedded;
 pub mod exit;
 pub mod lists;

@@ -1,8 +1,9 @@
 //! `gpufleet-agent migrate` (issue 41): a store that a real `serve` wrote through its API
 //! (teams, quotas, a reservation, clusters on nodes, a deleted one, events, the audit log,
 //! usage) is copied into a real PostgreSQL server, whole; refused while serve runs, into a
-//! database that already holds a store, and from a `--to-file` others can read; and the
-//! database's password is in none of its messages.
+//! database that already holds a store, and from a `--database-file` others can read; the
+//! database's password is in none of its messages; and `check --postgres` finds the copy
+//! as sound as `check` finds the SQLite file.
 
 mod common;
 
@@ -90,11 +91,11 @@ fn a_store_serve_wrote_is_copied_whole_into_postgres() {
     });
     agent.stop();
 
-    // A --to-file others can read is refused, naming the fix.
+    // A --database-file others can read is refused, naming the fix.
     let file = dir.path().join("database.url");
     std::fs::write(&file, &url).unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let open = migrate(&data, None, &["--to-file", file.to_str().unwrap()]);
+    let open = migrate(&data, None, &["--database-file", file.to_str().unwrap()]);
     assert!(!open.status.success());
     assert!(text(&open).contains("chmod 600"), "{}", text(&open));
     // A wrong password: refused, and the password is in no message.
@@ -118,7 +119,7 @@ fn a_store_serve_wrote_is_copied_whole_into_postgres() {
 
     // The copy, from the file made private.
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let done = migrate(&data, None, &["--to-file", file.to_str().unwrap()]);
+    let done = migrate(&data, None, &["--database-file", file.to_str().unwrap()]);
     assert!(done.status.success(), "{}", text(&done));
     let out = text(&done);
     assert!(
@@ -178,6 +179,27 @@ fn a_store_serve_wrote_is_copied_whole_into_postgres() {
         let n = on_sqlite.iter().find(|(t, _)| t == table).unwrap().1;
         assert!(n > 0, "serve wrote no {table}");
     }
+
+    // The invariants hold on the copy as on the original.
+    let check = |extra: &[&str], url: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"));
+        cmd.arg("check").arg("--data-dir").arg(&data).args(extra);
+        cmd.env_remove("GPUFLEET_DATABASE_URL");
+        if let Some(url) = url {
+            cmd.env("GPUFLEET_DATABASE_URL", url);
+        }
+        cmd.output().unwrap()
+    };
+    let on_sqlite = check(&[], None);
+    let on_postgres = check(&["--postgres"], Some(&url));
+    assert!(on_sqlite.status.success(), "{}", text(&on_sqlite));
+    assert!(on_postgres.status.success(), "{}", text(&on_postgres));
+    assert!(
+        text(&on_postgres).contains("postgres://gpufleet:***@")
+            && text(&on_postgres).contains("no violation (capacity, quota, membership, sequences)"),
+        "{}",
+        text(&on_postgres)
+    );
 
     // A second copy into the same database is refused.
     let again = migrate(&data, Some(&url), &[]);

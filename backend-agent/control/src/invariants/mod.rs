@@ -45,8 +45,18 @@ pub fn check_store(
     }
     let conn = crate::store::invariants::open_read_only(path)
         .map_err(|e| anyhow::anyhow!("cannot open {} read-only: {e}", path.display()))?;
-    let snapshot = Snapshot::load(&conn, now)
+    let snapshot = Snapshot::load(&mut gpufleet_sql::Database::sqlite(conn), now)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    Ok(check(&snapshot, answers))
+}
+
+/// The same on a store on PostgreSQL (`db`), read in one snapshot.
+pub fn check_database(
+    db: &mut gpufleet_sql::Database,
+    now: i64,
+    answers: Option<&[Answer]>,
+) -> anyhow::Result<Vec<Violation>> {
+    let snapshot = Snapshot::load(db, now)?;
     Ok(check(&snapshot, answers))
 }
 

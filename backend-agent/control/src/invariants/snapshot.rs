@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::Connection;
+use gpufleet_sql::Database;
 
 use crate::store::invariants::{
     self as reads, ClusterHeld, Log, Membership, ModelCapacity, QuotaLimit, ReservationHeld,
@@ -34,28 +34,27 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads the store in one snapshot (`conn` read-only, outside any transaction).
-    pub fn load(conn: &Connection, now: i64) -> rusqlite::Result<Snapshot> {
-        reads::snapshot(conn)?;
-        let loaded = Snapshot {
-            now,
-            reservations: reads::reservations(conn)?,
-            clusters: reads::clusters(conn)?,
-            models: reads::models(conn)?,
-            quotas: reads::quotas(conn)?,
-            tenant_names: reads::tenant_names(conn)?.into_iter().collect(),
-            memberships: reads::memberships(conn)?,
-            usage: reads::usage_held(conn)?,
-            events: reads::tenant_entries(conn, Log::Events)?,
-            audit: reads::tenant_entries(conn, Log::Audit)?,
-            event_prune_horizons: reads::event_prune_horizons(conn)?.into_iter().collect(),
-            request_ids: reads::request_ids(conn)?
-                .into_iter()
-                .map(|(kind, scope, request_id, id)| ((kind, scope, request_id), id))
-                .collect(),
-        };
-        conn.execute_batch("COMMIT")?;
-        Ok(loaded)
+    /// Reads the store in one read transaction of `db` (one committed state).
+    pub fn load(db: &mut Database, now: i64) -> gpufleet_sql::Result<Snapshot> {
+        db.read(|c| {
+            Ok(Snapshot {
+                now,
+                reservations: reads::reservations(c)?,
+                clusters: reads::clusters(c)?,
+                models: reads::models(c)?,
+                quotas: reads::quotas(c)?,
+                tenant_names: reads::tenant_names(c)?.into_iter().collect(),
+                memberships: reads::memberships(c)?,
+                usage: reads::usage_held(c)?,
+                events: reads::tenant_entries(c, Log::Events)?,
+                audit: reads::tenant_entries(c, Log::Audit)?,
+                event_prune_horizons: reads::event_prune_horizons(c)?.into_iter().collect(),
+                request_ids: reads::request_ids(c)?
+                    .into_iter()
+                    .map(|(kind, scope, request_id, id)| ((kind, scope, request_id), id))
+                    .collect(),
+            })
+        })
     }
 
     /// The reservation `id`.
