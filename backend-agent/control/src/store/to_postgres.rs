@@ -58,7 +58,7 @@ pub fn copy(
         super::MIGRATIONS.len()
     );
     super::postgres::migrate(pg, now).context("making PostgreSQL's schema")?;
-    let tables = pg.read(|c| tables(c))?;
+    let tables = pg.read(tables)?;
     let held: Vec<String> = pg.read(|c| {
         let mut held = Vec::new();
         for t in &tables {
@@ -121,7 +121,7 @@ pub fn copy(
     })?;
 
     // What the triggers counted from the copied rows is what SQLite counted.
-    let recounted = pg.read(|c| counts(c))?;
+    let recounted = pg.read(counts)?;
     anyhow::ensure!(
         recounted == counters,
         "PostgreSQL's counters differ from SQLite's after the copy: {recounted:?} against {counters:?}"
