@@ -357,7 +357,7 @@ pub fn release(conn: &Connection, node_id: &str, t: i64) -> rusqlite::Result<()>
         "UPDATE nodes SET cluster_id = NULL WHERE id = ?1",
         [node_id],
     )?;
-    super::usage::close(conn, node_id, t)
+    Ok(super::usage::close(conn, node_id, t)?)
 }
 
 pub fn gpus(conn: &Connection, node_id: &str) -> rusqlite::Result<Vec<GpuRow>> {
@@ -447,9 +447,20 @@ fn mig_device_row(r: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<MigDe
     })
 }
 
-/// `ids` as a JSON array, the one parameter of an `IN (SELECT value FROM json_each(?))`.
+/// `ids` as a JSON array, the one parameter `?1` of an `IN (`[`json_list_values`]`)`.
 pub(crate) fn json_list(ids: &[&str]) -> String {
     serde_json::to_string(ids).expect("strings encode as JSON")
+}
+
+/// The strings of the [`json_list`] in `?1`, one row each in a column `value`. JSON's
+/// functions differ: SQLite's `json_each`, PostgreSQL's `json_array_elements_text`.
+pub(crate) fn json_list_values(engine: gpufleet_sql::Engine) -> &'static str {
+    match engine {
+        gpufleet_sql::Engine::Sqlite => "SELECT value FROM json_each(?1)",
+        gpufleet_sql::Engine::Postgres => {
+            "SELECT value FROM json_array_elements_text(CAST(CAST(?1 AS TEXT) AS JSON))"
+        }
+    }
 }
 
 /// Records a GPU's MIG state as the hardware reported it after a change.
