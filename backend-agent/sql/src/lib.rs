@@ -16,6 +16,7 @@ pub mod conn;
 pub mod database;
 pub mod error;
 pub mod placeholders;
+pub mod savepoint;
 pub mod value;
 
 #[cfg(feature = "test-server")]
@@ -24,6 +25,7 @@ pub mod test_server;
 pub use conn::{AsConn, Conn, Engine, Row};
 pub use database::Database;
 pub use error::{Error, Result};
+pub use savepoint::Savepoint;
 pub use value::{FromValue, ToValue, Value};
 
 /// A statement's parameters: `params![a, b]` is `&[&a as &dyn ToValue, &b]`.

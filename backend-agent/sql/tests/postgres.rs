@@ -172,3 +172,51 @@ fn a_failed_write_leaves_nothing_and_says_why() {
         .unwrap();
     assert_eq!(n, 0);
 }
+
+/// Savepoints behave on PostgreSQL as on SQLite: a dropped one, nested or not, leaves
+/// nothing; a committed one keeps its rows with the transaction.
+#[test]
+fn savepoints_keep_or_drop_their_rows_on_postgres() {
+    let pg = server();
+    let url = pg.database("savepoints").unwrap();
+    let mut db = Database::postgres(&url).unwrap();
+    db.conn().execute_batch(SCHEMA).unwrap();
+    db.write(|c| {
+        let insert = |sp: &gpufleet_sql::Savepoint<'_>, id: i64| {
+            sp.execute("INSERT INTO t (id, name) VALUES (?1, 'x')", params![id])
+        };
+        let kept = gpufleet_sql::Savepoint::begin(*c)?;
+        insert(&kept, 1)?;
+        kept.commit()?;
+        {
+            let dropped = gpufleet_sql::Savepoint::begin(*c)?;
+            insert(&dropped, 2)?;
+        }
+        let mut outer = gpufleet_sql::Savepoint::begin(*c)?;
+        insert(&outer, 3)?;
+        {
+            let inner = outer.savepoint()?;
+            insert(&inner, 4)?;
+        }
+        let inner = outer.savepoint()?;
+        insert(&inner, 5)?;
+        inner.commit()?;
+        outer.commit()?;
+        // A statement that fails inside a savepoint spoils only the savepoint.
+        {
+            let failing = gpufleet_sql::Savepoint::begin(*c)?;
+            assert!(insert(&failing, 1).is_err());
+        }
+        // One dropped at the end of its own statement leaves nothing either.
+        insert(&gpufleet_sql::Savepoint::begin(*c)?, 6).map(|_| ())
+    })
+    .unwrap();
+    let ids = db
+        .read(|c| {
+            c.query_map("SELECT id FROM t ORDER BY id", params![], |r| {
+                r.get::<i64>(0)
+            })
+        })
+        .unwrap();
+    assert_eq!(ids, vec![1, 3, 5]);
+}
