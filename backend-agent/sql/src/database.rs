@@ -110,6 +110,50 @@ impl Database {
         }
     }
 
+    /// Runs `f` in a write transaction that holds the exclusive writer's lock `key` from
+    /// its first statement to its commit, and commits what it wrote: SQLite's `BEGIN
+    /// IMMEDIATE`; on PostgreSQL `pg_advisory_xact_lock(key)` in a `READ COMMITTED`
+    /// transaction, so that every statement after the lock sees every write committed
+    /// before it. Writers that all take the lock run one at a time across every
+    /// connection and process, as SQLite's writers do: their read-check-writes are exact
+    /// without being run again, so `f` runs once. An error from `f` rolls back.
+    pub fn write_exclusive<T>(
+        &mut self,
+        key: i64,
+        f: impl FnOnce(&Conn<'_>) -> Result<T>,
+    ) -> Result<T> {
+        match &mut self.engine {
+            Owned::Sqlite(c) => {
+                let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let v = f(&Conn::sqlite(&tx))?;
+                tx.commit()?;
+                Ok(v)
+            }
+            Owned::Postgres(c) => {
+                let tx = c
+                    .get_mut()
+                    .build_transaction()
+                    .isolation_level(IsolationLevel::ReadCommitted)
+                    .start()?;
+                let tx = RefCell::new(tx);
+                let conn = Conn::postgres(&tx);
+                conn.execute("SELECT pg_advisory_xact_lock(?1)", crate::params![key])?;
+                let v = f(&conn)?;
+                tx.into_inner().commit()?;
+                Ok(v)
+            }
+        }
+    }
+
+    /// Whether the connection is gone for good (PostgreSQL's server closed it, or the
+    /// network did): a new one is needed.
+    pub fn is_closed(&self) -> bool {
+        match &self.engine {
+            Owned::Sqlite(_) => false,
+            Owned::Postgres(c) => c.borrow().is_closed(),
+        }
+    }
+
     /// Runs `f` on one consistent snapshot, writing nothing.
     pub fn read<T>(&mut self, mut f: impl FnMut(&Conn<'_>) -> Result<T>) -> Result<T> {
         match &mut self.engine {

@@ -16,6 +16,9 @@ pub enum Error {
     /// A parameter's value does not fit its column's type.
     #[error("parameter: {0}")]
     Parameter(String),
+    /// A pool's connections all stayed in use.
+    #[error("{0}")]
+    Exhausted(String),
     /// `Database::open`'s address.
     #[error("database: {0}")]
     Address(String),

@@ -16,6 +16,7 @@ pub mod conn;
 pub mod database;
 pub mod error;
 pub mod placeholders;
+pub mod pool;
 pub mod savepoint;
 pub mod value;
 
@@ -25,6 +26,7 @@ pub mod test_server;
 pub use conn::{AsConn, Conn, Engine, Row};
 pub use database::Database;
 pub use error::{Error, Result};
+pub use pool::Pool;
 pub use savepoint::Savepoint;
 pub use value::{FromValue, ToValue, Value};
 

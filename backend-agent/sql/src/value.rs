@@ -226,6 +226,8 @@ pub(crate) fn from_postgres(row: &postgres::Row, i: usize) -> Result<Value> {
         reason: e.to_string(),
     };
     let v = match ty {
+        // A function that returns nothing (pg_advisory_xact_lock).
+        Type::VOID => None,
         Type::INT8 => row
             .try_get::<_, Option<i64>>(i)
             .map_err(column)?

@@ -220,3 +220,87 @@ fn savepoints_keep_or_drop_their_rows_on_postgres() {
         .unwrap();
     assert_eq!(ids, vec![1, 3, 5]);
 }
+
+/// Writers under the exclusive writer's lock run one at a time across connections: each
+/// read-then-write lands once, none is run again, and none fails.
+#[test]
+fn writers_under_the_exclusive_lock_lose_no_update_and_never_retry() {
+    let pg = server();
+    let url = pg.database("exclusive").unwrap();
+    let mut db = Database::postgres(&url).unwrap();
+    db.conn()
+        .execute_batch("CREATE TABLE counter (id BIGINT PRIMARY KEY, n BIGINT NOT NULL); INSERT INTO counter VALUES (1, 0)")
+        .unwrap();
+    const WRITERS: usize = 6;
+    const EACH: usize = 25;
+    std::thread::scope(|s| {
+        for _ in 0..WRITERS {
+            let url = url.clone();
+            s.spawn(move || {
+                let mut db = Database::postgres(&url).unwrap();
+                for _ in 0..EACH {
+                    db.write_exclusive(41, |c| {
+                        let n: i64 =
+                            c.query_row("SELECT n FROM counter WHERE id = 1", params![], |r| {
+                                r.get(0)
+                            })?;
+                        c.execute("UPDATE counter SET n = ?1 WHERE id = 1", params![n + 1])
+                    })
+                    .unwrap();
+                }
+            });
+        }
+    });
+    let n: i64 = db
+        .read(|c| {
+            c.query_row("SELECT n FROM counter WHERE id = 1", params![], |r| {
+                r.get(0)
+            })
+        })
+        .unwrap();
+    assert_eq!(n, (WRITERS * EACH) as i64);
+}
+
+/// The pool lends at most its bound at once: a fourth reader waits for one of three to
+/// come back, and connections are reused rather than opened anew.
+#[test]
+fn the_pool_lends_at_most_its_bound_and_reuses_connections() {
+    let pg = server();
+    let url = pg.database("pool").unwrap();
+    let pool = gpufleet_sql::Pool::new(&url, 3);
+    let backends = |db: &mut Database| -> i64 {
+        db.read(|c| {
+            c.query_row("SELECT CAST(pg_backend_pid() AS BIGINT)", params![], |r| {
+                r.get(0)
+            })
+        })
+        .unwrap()
+    };
+    let held: Vec<_> = (0..3).map(|_| pool.get().unwrap()).collect();
+    let mut pids: Vec<i64> = Vec::new();
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| {
+            let mut db = pool.get().unwrap();
+            backends(&mut db)
+        });
+        // The fourth waits: no fourth connection is opened while three are lent.
+        let open = |pg_url: &str| -> i64 {
+            let mut admin = Database::postgres(pg_url).unwrap();
+            admin
+                .read(|c| {
+                    c.query_row(
+                        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = 'pool' AND pid <> pg_backend_pid()",
+                        params![],
+                        |r| r.get(0),
+                    )
+                })
+                .unwrap()
+        };
+        assert_eq!(open(&url), 3);
+        let mut held = held;
+        pids = held.iter_mut().map(|db| backends(db)).collect();
+        drop(held);
+        let got = waiting.join().unwrap();
+        assert!(pids.contains(&got), "{got} is not one of {pids:?}");
+    });
+}
