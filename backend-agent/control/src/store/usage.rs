@@ -25,11 +25,17 @@
 //! when a node is released, and hours of readings as old when readings are recorded,
 //! their seconds carried into `usage_pruned` so the lifetime totals behind the
 //! Prometheus counters never go down.
+//!
+//! The statements run on SQLite and PostgreSQL (`gpufleet_sql`, issue 41). What differs:
+//! text is compared bytewise on both ([`bytewise`]: groups in order, the name a tenant's
+//! rows are read under), and an hour cut by a read's window is counted in doubles on
+//! SQLite and exactly (NUMERIC) on PostgreSQL ([`used`]). An interval's `id` is only a
+//! handle (never a cursor), so PostgreSQL's identity column numbers it.
 
 use std::collections::BTreeMap;
 
 use gpufleet_gpu::catalog;
-use rusqlite::{Connection, OptionalExtension};
+use gpufleet_sql::{params, AsConn, Conn, Engine, Row};
 
 /// How long closed intervals are kept: 400 days (part of the API's contract).
 pub const RETENTION_SECS: i64 = gpufleet_proto::limits::USAGE_RETENTION_SECS;
@@ -124,44 +130,58 @@ pub fn classify(
         .collect()
 }
 
+/// `column` compared by its bytes, as SQLite compares text and as `String` orders:
+/// PostgreSQL compares by the database's collation unless told `"C"`.
+fn bytewise(c: Conn<'_>, column: &str) -> String {
+    match c.engine() {
+        Engine::Sqlite => column.to_string(),
+        Engine::Postgres => format!("{column} COLLATE \"C\""),
+    }
+}
+
 /// Opens the intervals of `node_id`, just assigned to `cluster_id`, at `t`.
-pub fn open(conn: &Connection, node_id: &str, cluster_id: &str, t: i64) -> rusqlite::Result<()> {
-    let found = conn
-        .prepare_cached(
-            "SELECT c.tenant_id, t.name, c.name, n.gpu_type, n.capacity <> 'pool', n.gpu_count,
-                    EXISTS (SELECT 1 FROM cluster_preemption p WHERE p.cluster_id = c.id),
-                    COALESCE((SELECT q.gpus FROM quotas q
-                              WHERE q.tenant_id = c.tenant_id AND q.gpu_type = n.gpu_type), 0),
-                    c.mig_layout
-             FROM nodes n JOIN clusters c ON c.id = ?2 JOIN tenants t ON t.id = c.tenant_id
-             WHERE n.id = ?1",
-        )?
-        .query_row([node_id, cluster_id], |r| {
+pub fn open(
+    conn: &impl AsConn,
+    node_id: &str,
+    cluster_id: &str,
+    t: i64,
+) -> gpufleet_sql::Result<()> {
+    let c = conn.as_conn();
+    let found = c.query_opt(
+        "SELECT c.tenant_id, t.name, c.name, n.gpu_type, n.capacity <> 'pool', n.gpu_count,
+                EXISTS (SELECT 1 FROM cluster_preemption p WHERE p.cluster_id = c.id),
+                COALESCE((SELECT q.gpus FROM quotas q
+                          WHERE q.tenant_id = c.tenant_id AND q.gpu_type = n.gpu_type), 0),
+                c.mig_layout
+         FROM nodes n JOIN clusters c ON c.id = ?2 JOIN tenants t ON t.id = c.tenant_id
+         WHERE n.id = ?1",
+        params![node_id, cluster_id],
+        |r| {
             Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-                r.get::<_, bool>(4)?,
-                r.get::<_, i64>(5)?,
-                r.get::<_, bool>(6)?,
-                r.get::<_, i64>(7)?,
-                r.get::<_, String>(8)?,
+                r.get::<String>(0)?,
+                r.get::<String>(1)?,
+                r.get::<String>(2)?,
+                r.get::<String>(3)?,
+                r.get::<bool>(4)?,
+                r.get::<i64>(5)?,
+                r.get::<bool>(6)?,
+                r.get::<i64>(7)?,
+                r.get::<String>(8)?,
             ))
-        })
-        .optional()?;
+        },
+    )?;
     let Some((tenant_id, tenant, cluster, gpu_type, on_demand, gpus, preemptible, quota, layout)) =
         found
     else {
         return Ok(());
     };
     // A node's profiles repeat its GPUs, each with its part: their parts add up to them.
-    let guaranteed_held: i64 = conn
-        .prepare_cached(
-            "SELECT COALESCE(SUM(gpus * share_840ths), 0) / 840 FROM usage_intervals
-             WHERE end_time IS NULL AND tenant_id = ?1 AND gpu_type = ?2 AND class = 'guaranteed'",
-        )?
-        .query_row([&tenant_id, &gpu_type], |r| r.get(0))?;
+    let guaranteed_held: i64 = c.query_row(
+        "SELECT COALESCE(CAST(SUM(gpus * share_840ths) AS BIGINT), 0) / 840 FROM usage_intervals
+         WHERE end_time IS NULL AND tenant_id = ?1 AND gpu_type = ?2 AND class = 'guaranteed'",
+        params![tenant_id, gpu_type],
+        |r| r.get(0),
+    )?;
     let shares = profile_shares(&gpu_type, &super::from_json(&layout));
     for (class, n) in classify(on_demand, preemptible, gpus, quota, guaranteed_held) {
         let by = Holder {
@@ -173,7 +193,7 @@ pub fn open(conn: &Connection, node_id: &str, cluster_id: &str, t: i64) -> rusql
             class,
         };
         for s in &shares {
-            open_interval(conn, &by, n, t, s)?;
+            open_interval(c, &by, n, t, s)?;
         }
     }
     Ok(())
@@ -191,19 +211,18 @@ struct Holder<'a> {
 
 /// Opens at `t` the interval of `gpus` GPUs held by `by`, counted under the profile `s`.
 fn open_interval(
-    conn: &Connection,
+    c: Conn<'_>,
     by: &Holder,
     gpus: i64,
     t: i64,
     s: &ProfileShare,
-) -> rusqlite::Result<()> {
-    super::exec(
-        conn,
+) -> gpufleet_sql::Result<()> {
+    c.execute(
         "INSERT INTO usage_intervals
              (node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, start_time,
               mig_profile, slices, share_840ths)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        rusqlite::params![
+        params![
             by.node,
             by.tenant_id,
             by.tenant,
@@ -212,7 +231,7 @@ fn open_interval(
             by.class,
             gpus,
             t,
-            &s.profile,
+            s.profile,
             gpus * s.per_gpu,
             s.share
         ],
@@ -225,11 +244,13 @@ fn open_interval(
 /// at `t` and the same GPUs of the same classes open again cut into the new profiles. A
 /// node whose intervals already count the layout is left alone, so calling it when the
 /// layout did not change writes nothing. Run in the transaction that records the layout.
-pub fn relayout(conn: &Connection, cluster_id: &str, t: i64) -> rusqlite::Result<()> {
-    let found: Option<(String, String)> = conn
-        .prepare_cached("SELECT gpu_type, mig_layout FROM clusters WHERE id = ?1")?
-        .query_row([cluster_id], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
+pub fn relayout(conn: &impl AsConn, cluster_id: &str, t: i64) -> gpufleet_sql::Result<()> {
+    let c = conn.as_conn();
+    let found: Option<(String, String)> = c.query_opt(
+        "SELECT gpu_type, mig_layout FROM clusters WHERE id = ?1",
+        params![cluster_id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
     let Some((gpu_type, layout)) = found else {
         return Ok(());
     };
@@ -248,16 +269,15 @@ pub fn relayout(conn: &Connection, cluster_id: &str, t: i64) -> rusqlite::Result
         i64,
         i64,
     );
-    let open: Vec<Open> = conn
-        .prepare_cached(
-            "SELECT node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, mig_profile,
-                    slices, share_840ths
-             FROM usage_intervals
-             WHERE end_time IS NULL
-               AND node_id IN (SELECT id FROM nodes WHERE cluster_id = ?1)
-             ORDER BY node_id, class, mig_profile",
-        )?
-        .query_map([cluster_id], |r| {
+    let open: Vec<Open> = c.query_map(
+        "SELECT node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, mig_profile,
+                slices, share_840ths
+         FROM usage_intervals
+         WHERE end_time IS NULL
+           AND node_id IN (SELECT id FROM nodes WHERE cluster_id = ?1)
+         ORDER BY node_id, class, mig_profile",
+        params![cluster_id],
+        |r| {
             Ok((
                 r.get(0)?,
                 r.get(1)?,
@@ -270,8 +290,8 @@ pub fn relayout(conn: &Connection, cluster_id: &str, t: i64) -> rusqlite::Result
                 r.get(8)?,
                 r.get(9)?,
             ))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
+        },
+    )?;
     let mut nodes: BTreeMap<&str, Vec<&Open>> = BTreeMap::new();
     for o in &open {
         nodes.entry(o.0.as_str()).or_default().push(o);
@@ -290,15 +310,13 @@ pub fn relayout(conn: &Connection, cluster_id: &str, t: i64) -> rusqlite::Result
             continue;
         }
         // An interval opened at `t` (this transaction's assignment) counted nothing yet.
-        super::exec(
-            conn,
+        c.execute(
             "DELETE FROM usage_intervals WHERE node_id = ?1 AND end_time IS NULL AND start_time >= ?2",
-            (node, t),
+            params![node, t],
         )?;
-        super::exec(
-            conn,
+        c.execute(
             "UPDATE usage_intervals SET end_time = ?2 WHERE node_id = ?1 AND end_time IS NULL",
-            (node, t),
+            params![node, t],
         )?;
         // The node's classes once each (its profiles repeat them).
         let classes: std::collections::BTreeSet<(&str, &str, &str, &str, &str, i64)> = intervals
@@ -324,7 +342,7 @@ pub fn relayout(conn: &Connection, cluster_id: &str, t: i64) -> rusqlite::Result
                 class,
             };
             for s in &shares {
-                open_interval(conn, &by, gpus, t, s)?;
+                open_interval(c, &by, gpus, t, s)?;
             }
         }
     }
@@ -333,52 +351,58 @@ pub fn relayout(conn: &Connection, cluster_id: &str, t: i64) -> rusqlite::Result
 
 /// Closes the open intervals of `node_id` at `t` (never before they opened), and prunes
 /// what ended past the retention.
-pub fn close(conn: &Connection, node_id: &str, t: i64) -> rusqlite::Result<()> {
-    super::exec(
-        conn,
-        "UPDATE usage_intervals SET end_time = MAX(start_time, ?2)
+pub fn close(conn: &impl AsConn, node_id: &str, t: i64) -> gpufleet_sql::Result<()> {
+    let c = conn.as_conn();
+    c.execute(
+        "UPDATE usage_intervals SET end_time = CASE WHEN start_time > ?2 THEN start_time ELSE ?2 END
          WHERE node_id = ?1 AND end_time IS NULL",
-        (node_id, t),
+        params![node_id, t],
     )?;
-    prune(conn, t)
+    prune(&c, t)
 }
 
 /// Moves intervals that ended more than [`RETENTION_SECS`] before `t` into the
 /// per-(tenant, model, MIG profile, class) totals, so lifetime totals stay whole (held
 /// time in [`SHARE_UNITS`] of GPU-seconds, so that no part is rounded away).
-pub fn prune(conn: &Connection, t: i64) -> rusqlite::Result<()> {
+pub fn prune(conn: &impl AsConn, t: i64) -> gpufleet_sql::Result<()> {
+    let c = conn.as_conn();
     let cutoff = t - RETENTION_SECS;
-    super::exec(
-        conn,
-        "INSERT INTO usage_pruned (tenant_id, tenant, gpu_type, mig_profile, class,
-                                   gpu_seconds_840ths, slice_seconds)
-         SELECT tenant_id, MAX(tenant), gpu_type, mig_profile, class,
-                SUM(gpus * share_840ths * (end_time - start_time)),
-                SUM(slices * (end_time - start_time))
-         FROM usage_intervals WHERE end_time < ?1 GROUP BY tenant_id, gpu_type, mig_profile, class
-         ON CONFLICT (tenant_id, gpu_type, mig_profile, class) DO UPDATE
-             SET gpu_seconds_840ths = gpu_seconds_840ths + excluded.gpu_seconds_840ths,
-                 slice_seconds = slice_seconds + excluded.slice_seconds",
-        [cutoff],
+    // The totals' columns are named with their table in the updates: PostgreSQL reads a
+    // bare one as ambiguous with `excluded`'s.
+    let tenant = bytewise(c, "tenant");
+    c.execute(
+        &format!(
+            "INSERT INTO usage_pruned (tenant_id, tenant, gpu_type, mig_profile, class,
+                                       gpu_seconds_840ths, slice_seconds)
+             SELECT tenant_id, MAX({tenant}), gpu_type, mig_profile, class,
+                    CAST(SUM(gpus * share_840ths * (end_time - start_time)) AS BIGINT),
+                    CAST(SUM(slices * (end_time - start_time)) AS BIGINT)
+             FROM usage_intervals WHERE end_time < ?1
+             GROUP BY tenant_id, gpu_type, mig_profile, class
+             ON CONFLICT (tenant_id, gpu_type, mig_profile, class) DO UPDATE
+                 SET gpu_seconds_840ths = usage_pruned.gpu_seconds_840ths + excluded.gpu_seconds_840ths,
+                     slice_seconds = usage_pruned.slice_seconds + excluded.slice_seconds"
+        ),
+        params![cutoff],
     )?;
-    super::exec(
-        conn,
+    c.execute(
         "DELETE FROM usage_intervals WHERE end_time < ?1",
-        [cutoff],
+        params![cutoff],
     )?;
-    super::exec(
-        conn,
-        "INSERT INTO usage_pruned (tenant_id, tenant, gpu_type, mig_profile, class,
-                                   gpu_seconds_840ths, slice_seconds, used_ms, measured_ms)
-         SELECT tenant_id, MAX(tenant), gpu_type, mig_profile, class, 0, 0, SUM(used_ms),
-                SUM(measured_ms)
-         FROM usage_used WHERE last_t < ?1 GROUP BY tenant_id, gpu_type, mig_profile, class
-         ON CONFLICT (tenant_id, gpu_type, mig_profile, class) DO UPDATE
-             SET used_ms = used_ms + excluded.used_ms,
-                 measured_ms = measured_ms + excluded.measured_ms",
-        [cutoff],
+    c.execute(
+        &format!(
+            "INSERT INTO usage_pruned (tenant_id, tenant, gpu_type, mig_profile, class,
+                                       gpu_seconds_840ths, slice_seconds, used_ms, measured_ms)
+             SELECT tenant_id, MAX({tenant}), gpu_type, mig_profile, class, 0, 0,
+                    CAST(SUM(used_ms) AS BIGINT), CAST(SUM(measured_ms) AS BIGINT)
+             FROM usage_used WHERE last_t < ?1 GROUP BY tenant_id, gpu_type, mig_profile, class
+             ON CONFLICT (tenant_id, gpu_type, mig_profile, class) DO UPDATE
+                 SET used_ms = usage_pruned.used_ms + excluded.used_ms,
+                     measured_ms = usage_pruned.measured_ms + excluded.measured_ms"
+        ),
+        params![cutoff],
     )?;
-    super::exec(conn, "DELETE FROM usage_used WHERE last_t < ?1", [cutoff])?;
+    c.execute("DELETE FROM usage_used WHERE last_t < ?1", params![cutoff])?;
     Ok(())
 }
 
@@ -407,11 +431,23 @@ pub struct GroupBy {
     pub mig_profile: bool,
 }
 
+/// A read's groups: its first five columns, grouped and ordered by their places
+/// (PostgreSQL refuses a bare `''` in GROUP BY and ORDER BY; a place is the same on
+/// both).
+const GROUPS: &str = "GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5";
+
 impl GroupBy {
-    /// The SQL list of the grouped columns, `''` for those not grouped by. A cluster's
-    /// name is unique only within its tenant: grouping by cluster keeps the tenant.
-    fn columns(&self) -> String {
-        let col = |on: bool, name: &'static str| if on { name } else { "''" };
+    /// The SQL list of the grouped columns, `''` for those not grouped by, each ordered
+    /// bytewise. A cluster's name is unique only within its tenant: grouping by cluster
+    /// keeps the tenant.
+    fn columns(&self, c: Conn<'_>) -> String {
+        let col = |on: bool, name: &'static str| {
+            if on {
+                bytewise(c, name)
+            } else {
+                "''".to_string()
+            }
+        };
         [
             col(self.tenant || self.cluster, "tenant"),
             col(self.cluster, "cluster"),
@@ -426,38 +462,45 @@ impl GroupBy {
 /// GPU-seconds held in `[since, until)`, open intervals counted up to `now`, of one tenant
 /// (`tenant_id`) or all, grouped by `by` and ordered by the groups; at most `limit` rows.
 pub fn held(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_id: Option<&str>,
     since: i64,
     until: i64,
     now: i64,
     by: GroupBy,
     limit: i64,
-) -> rusqlite::Result<Vec<UsageRow>> {
-    let list = by.columns();
+) -> gpufleet_sql::Result<Vec<UsageRow>> {
+    let c = conn.as_conn();
+    let list = by.columns(c);
+    // Each interval's part of the window: from the later of its start and `since` (?2)
+    // to the earliest of its end (or `now`, ?4) and `until` (?3); intervals that start
+    // before the earlier of `until` and `now` (?6).
+    let to = "CASE WHEN COALESCE(end_time, ?4) < ?3 THEN COALESCE(end_time, ?4) ELSE ?3 END";
+    let from = "CASE WHEN start_time > ?2 THEN start_time ELSE ?2 END";
     let sql = format!(
         "SELECT {list},
-                (SUM(gpus * share_840ths * (MIN(COALESCE(end_time, ?4), ?3) - MAX(start_time, ?2)))
-                 + 420) / 840,
-                SUM(slices * (MIN(COALESCE(end_time, ?4), ?3) - MAX(start_time, ?2)))
+                (CAST(SUM(gpus * share_840ths * ({to} - {from})) AS BIGINT) + 420) / 840,
+                CAST(SUM(slices * ({to} - {from})) AS BIGINT)
          FROM usage_intervals
-         WHERE (?1 IS NULL OR tenant_id = ?1) AND start_time < MIN(?3, ?4)
+         WHERE (CAST(?1 AS TEXT) IS NULL OR tenant_id = ?1) AND start_time < ?6
            AND COALESCE(end_time, ?4) > ?2
-         GROUP BY {list} ORDER BY {list} LIMIT ?5"
+         {GROUPS} LIMIT ?5"
     );
-    let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map((tenant_id, since, until, now, limit), |r| {
-        Ok(UsageRow {
-            tenant: r.get(0)?,
-            cluster: r.get(1)?,
-            gpu_type: r.get(2)?,
-            class: r.get(3)?,
-            mig_profile: r.get(4)?,
-            gpu_seconds: r.get(5)?,
-            slice_seconds: r.get(6)?,
-        })
-    })?;
-    rows.collect()
+    c.query_map(
+        &sql,
+        params![tenant_id, since, until, now, limit, until.min(now)],
+        |r| {
+            Ok(UsageRow {
+                tenant: r.get(0)?,
+                cluster: r.get(1)?,
+                gpu_type: r.get(2)?,
+                class: r.get(3)?,
+                mig_profile: r.get(4)?,
+                gpu_seconds: r.get(5)?,
+                slice_seconds: r.get(6)?,
+            })
+        },
+    )
 }
 
 /// A tenant's lifetime GPU-seconds of one model, MIG profile and class.
@@ -474,30 +517,39 @@ pub struct Lifetime {
     pub slice_seconds: i64,
 }
 
+/// The ORDER BY of a lifetime read: by tenant, model, class and profile, bytewise.
+fn lifetime_order(c: Conn<'_>) -> String {
+    ["tenant_id", "gpu_type", "class", "mig_profile"]
+        .map(|col| bytewise(c, col))
+        .join(", ")
+}
+
 /// Lifetime GPU-seconds per (tenant, model, MIG profile, class) up to `now`, pruned
 /// history included, of one tenant or all: what the Prometheus counters report (they
 /// never go down: held time is summed in parts of a GPU and rounded once).
 pub fn lifetime(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_id: Option<&str>,
     now: i64,
-) -> rusqlite::Result<Vec<Lifetime>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT tenant_id, MAX(tenant), gpu_type, class, mig_profile, (SUM(s) + 420) / 840,
-                SUM(slice_s) FROM (
+) -> gpufleet_sql::Result<Vec<Lifetime>> {
+    let c = conn.as_conn();
+    let (tenant, order) = (bytewise(c, "tenant"), lifetime_order(c));
+    let end = "CASE WHEN COALESCE(end_time, ?1) > start_time THEN COALESCE(end_time, ?1) ELSE start_time END";
+    let sql = format!(
+        "SELECT tenant_id, MAX({tenant}), gpu_type, class, mig_profile,
+                (CAST(SUM(s) AS BIGINT) + 420) / 840, CAST(SUM(slice_s) AS BIGINT) FROM (
              SELECT tenant_id, tenant, gpu_type, class, mig_profile,
-                    gpus * share_840ths * (MAX(COALESCE(end_time, ?1), start_time) - start_time)
-                        AS s,
-                    slices * (MAX(COALESCE(end_time, ?1), start_time) - start_time) AS slice_s
-             FROM usage_intervals WHERE ?2 IS NULL OR tenant_id = ?2
+                    gpus * share_840ths * ({end} - start_time) AS s,
+                    slices * ({end} - start_time) AS slice_s
+             FROM usage_intervals WHERE CAST(?2 AS TEXT) IS NULL OR tenant_id = ?2
              UNION ALL
              SELECT tenant_id, tenant, gpu_type, class, mig_profile, gpu_seconds_840ths,
                     slice_seconds
-             FROM usage_pruned WHERE ?2 IS NULL OR tenant_id = ?2)
+             FROM usage_pruned WHERE CAST(?2 AS TEXT) IS NULL OR tenant_id = ?2) AS parts
          GROUP BY tenant_id, gpu_type, mig_profile, class
-         ORDER BY tenant_id, gpu_type, class, mig_profile",
-    )?;
-    let rows = stmt.query_map((now, tenant_id), |r| {
+         ORDER BY {order}"
+    );
+    c.query_map(&sql, params![now, tenant_id], |r| {
         Ok(Lifetime {
             tenant_id: r.get(0)?,
             tenant: r.get(1)?,
@@ -507,8 +559,7 @@ pub fn lifetime(
             gpu_seconds: r.get(5)?,
             slice_seconds: r.get(6)?,
         })
-    })?;
-    rows.collect()
+    })
 }
 
 /// One utilisation reading of a node, as the control plane received it at `t`: `reported`
@@ -540,6 +591,25 @@ struct Covered {
     node_gpus: i64,
 }
 
+fn covered(r: &Row) -> gpufleet_sql::Result<Covered> {
+    Ok(Covered {
+        id: r.get(0)?,
+        key: (
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+            r.get(6)?,
+        ),
+        gpus: r.get(7)?,
+        share: r.get(8)?,
+        end: r.get(9)?,
+        through: r.get(10)?,
+        node_gpus: r.get(11)?,
+    })
+}
+
 /// What one flush adds to a group's hour.
 #[derive(Default)]
 struct Added {
@@ -561,67 +631,52 @@ fn share(num: i64, den: i64) -> i64 {
 /// node split between classes is its GPUs over the node's. A reading no later than an
 /// interval's last one counted adds nothing to it (a restart cannot count one twice).
 pub fn record_used(
-    conn: &Connection,
+    conn: &impl AsConn,
     node_id: &str,
     readings: &[Reading],
     max_gap: i64,
-) -> rusqlite::Result<()> {
+) -> gpufleet_sql::Result<()> {
+    let c = conn.as_conn();
     let mut readings = readings.to_vec();
     readings.sort_by_key(|r| r.t);
     let Some(first) = readings.first().map(|r| r.t) else {
         return Ok(());
     };
     let max_gap = max_gap.max(1);
-    let covered: Vec<Covered> = conn
-        .prepare_cached(
-            "SELECT i.id, i.tenant_id, i.tenant, i.cluster, i.gpu_type, i.class, i.mig_profile,
-                    i.gpus, i.share_840ths, i.end_time,
-                    MAX(COALESCE(i.used_through, i.start_time), i.start_time),
-                    MAX(COALESCE(n.gpu_count, 0), i.gpus)
-             FROM usage_intervals i LEFT JOIN nodes n ON n.id = i.node_id
-             WHERE i.node_id = ?1 AND (i.end_time IS NULL OR i.end_time > ?2)",
-        )?
-        .query_map((node_id, first - max_gap), |r| {
-            Ok(Covered {
-                id: r.get(0)?,
-                key: (
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                ),
-                gpus: r.get(7)?,
-                share: r.get(8)?,
-                end: r.get(9)?,
-                through: r.get(10)?,
-                node_gpus: r.get(11)?,
-            })
-        })?
-        .collect::<rusqlite::Result<_>>()?;
+    let covered: Vec<Covered> = c.query_map(
+        "SELECT i.id, i.tenant_id, i.tenant, i.cluster, i.gpu_type, i.class, i.mig_profile,
+                i.gpus, i.share_840ths, i.end_time,
+                CASE WHEN COALESCE(i.used_through, i.start_time) > i.start_time
+                     THEN COALESCE(i.used_through, i.start_time) ELSE i.start_time END,
+                CASE WHEN COALESCE(n.gpu_count, 0) > i.gpus
+                     THEN COALESCE(n.gpu_count, 0) ELSE i.gpus END
+         FROM usage_intervals i LEFT JOIN nodes n ON n.id = i.node_id
+         WHERE i.node_id = ?1 AND (i.end_time IS NULL OR i.end_time > ?2)",
+        params![node_id, first - max_gap],
+        covered,
+    )?;
     let mut added: BTreeMap<(UsedKey, i64), Added> = BTreeMap::new();
-    for c in covered {
-        let mut through = c.through;
+    for cov in covered {
+        let mut through = cov.through;
         for r in &readings {
             if r.t <= through {
                 continue;
             }
             let from = through.max(r.t - max_gap);
-            let to = c.end.map_or(r.t, |e| e.min(r.t));
+            let to = cov.end.map_or(r.t, |e| e.min(r.t));
             through = r.t;
             let mut a = from;
             while r.reported > 0 && a < to {
                 let hour = a - a.rem_euclid(HOUR);
                 let b = to.min(hour + HOUR);
                 let secs = b - a;
-                let sum = added.entry((c.key.clone(), hour)).or_insert(Added {
+                let sum = added.entry((cov.key.clone(), hour)).or_insert(Added {
                     first: a,
                     last: b,
                     ..Added::default()
                 });
                 // The interval's GPUs' part of the node's.
-                let (num, den) = (c.gpus * c.share, c.node_gpus * SHARE_UNITS);
+                let (num, den) = (cov.gpus * cov.share, cov.node_gpus * SHARE_UNITS);
                 sum.used_ms += share(num * i64::from(r.busy_percent) * secs * 10, den);
                 sum.measured_ms += share(num * i64::from(r.reported) * secs * 1000, den);
                 sum.first = sum.first.min(a);
@@ -629,27 +684,29 @@ pub fn record_used(
                 a = b;
             }
         }
-        if through != c.through {
-            super::exec(
-                conn,
+        if through != cov.through {
+            c.execute(
                 "UPDATE usage_intervals SET used_through = ?2 WHERE id = ?1",
-                (c.id, through),
+                params![cov.id, through],
             )?;
         }
     }
     for ((key, hour), a) in added {
         let (tenant_id, tenant, cluster, gpu_type, class, mig_profile) = key;
-        super::exec(
-            conn,
+        // The hour's columns are named with their table: PostgreSQL reads a bare one as
+        // ambiguous with `excluded`'s.
+        c.execute(
             "INSERT INTO usage_used (tenant_id, tenant, cluster, gpu_type, class, mig_profile,
                                      hour, used_ms, measured_ms, first_t, last_t)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
              ON CONFLICT (tenant_id, cluster, gpu_type, class, mig_profile, hour) DO UPDATE
-                 SET used_ms = used_ms + excluded.used_ms,
-                     measured_ms = measured_ms + excluded.measured_ms,
-                     first_t = MIN(first_t, excluded.first_t),
-                     last_t = MAX(last_t, excluded.last_t)",
-            (
+                 SET used_ms = usage_used.used_ms + excluded.used_ms,
+                     measured_ms = usage_used.measured_ms + excluded.measured_ms,
+                     first_t = CASE WHEN usage_used.first_t < excluded.first_t
+                                    THEN usage_used.first_t ELSE excluded.first_t END,
+                     last_t = CASE WHEN usage_used.last_t > excluded.last_t
+                                   THEN usage_used.last_t ELSE excluded.last_t END",
+            params![
                 tenant_id,
                 tenant,
                 cluster,
@@ -660,8 +717,8 @@ pub fn record_used(
                 a.used_ms,
                 a.measured_ms,
                 a.first,
-                a.last,
-            ),
+                a.last
+            ],
         )?;
     }
     Ok(())
@@ -683,31 +740,37 @@ pub struct UsedRow {
 /// GPU-time used in `[since, until)` of one tenant or all, grouped as [`held`] groups:
 /// exact for hours wholly inside the window; an hour cut by the window counts the part of
 /// its readings' span inside it, pro rata. Only groups with readings are returned.
+///
+/// The pro rata parts are summed and rounded half away from zero on both engines, but
+/// SQLite computes them in doubles and PostgreSQL exactly (`1.0` is a NUMERIC there): the
+/// two can differ by a millisecond where a double's error crosses a half.
 pub fn used(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_id: Option<&str>,
     since: i64,
     until: i64,
     by: GroupBy,
     limit: i64,
-) -> rusqlite::Result<Vec<UsedRow>> {
-    let list = by.columns();
-    let part = |c: &str| {
+) -> gpufleet_sql::Result<Vec<UsedRow>> {
+    let c = conn.as_conn();
+    let list = by.columns(c);
+    let part = |col: &str| {
         format!(
-            "CASE WHEN first_t >= ?2 AND last_t <= ?3 THEN {c}
-                  ELSE {c} * (MIN(last_t, ?3) - MAX(first_t, ?2)) * 1.0 / (last_t - first_t) END"
+            "CASE WHEN first_t >= ?2 AND last_t <= ?3 THEN {col}
+                  ELSE {col} * (CASE WHEN last_t < ?3 THEN last_t ELSE ?3 END
+                                - CASE WHEN first_t > ?2 THEN first_t ELSE ?2 END)
+                       * 1.0 / (last_t - first_t) END"
         )
     };
     let (used_part, measured_part) = (part("used_ms"), part("measured_ms"));
     let sql = format!(
-        "SELECT {list}, CAST(ROUND(SUM({used_part})) AS INTEGER),
-                CAST(ROUND(SUM({measured_part})) AS INTEGER)
+        "SELECT {list}, CAST(ROUND(SUM({used_part})) AS BIGINT),
+                CAST(ROUND(SUM({measured_part})) AS BIGINT)
          FROM usage_used
-         WHERE (?1 IS NULL OR tenant_id = ?1) AND first_t < ?3 AND last_t > ?2
-         GROUP BY {list} ORDER BY {list} LIMIT ?4"
+         WHERE (CAST(?1 AS TEXT) IS NULL OR tenant_id = ?1) AND first_t < ?3 AND last_t > ?2
+         {GROUPS} LIMIT ?4"
     );
-    let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map((tenant_id, since, until, limit), |r| {
+    c.query_map(&sql, params![tenant_id, since, until, limit], |r| {
         Ok(UsedRow {
             tenant: r.get(0)?,
             cluster: r.get(1)?,
@@ -717,8 +780,7 @@ pub fn used(
             used_ms: r.get(5)?,
             measured_ms: r.get(6)?,
         })
-    })?;
-    rows.collect()
+    })
 }
 
 /// A tenant's lifetime GPU-time used and measured of one model, class and MIG profile
@@ -738,21 +800,23 @@ pub struct LifetimeUsed {
 /// included, of one tenant or all; only where readings measured some (a model and class
 /// whose GPUs report no utilisation has no row: not reported).
 pub fn lifetime_used(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_id: Option<&str>,
-) -> rusqlite::Result<Vec<LifetimeUsed>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT tenant_id, MAX(tenant), gpu_type, class, mig_profile, SUM(used_ms),
-                SUM(measured_ms) FROM (
+) -> gpufleet_sql::Result<Vec<LifetimeUsed>> {
+    let c = conn.as_conn();
+    let (tenant, order) = (bytewise(c, "tenant"), lifetime_order(c));
+    let sql = format!(
+        "SELECT tenant_id, MAX({tenant}), gpu_type, class, mig_profile,
+                CAST(SUM(used_ms) AS BIGINT), CAST(SUM(measured_ms) AS BIGINT) FROM (
              SELECT tenant_id, tenant, gpu_type, class, mig_profile, used_ms, measured_ms
-             FROM usage_used WHERE ?1 IS NULL OR tenant_id = ?1
+             FROM usage_used WHERE CAST(?1 AS TEXT) IS NULL OR tenant_id = ?1
              UNION ALL
              SELECT tenant_id, tenant, gpu_type, class, mig_profile, used_ms, measured_ms
-             FROM usage_pruned WHERE ?1 IS NULL OR tenant_id = ?1)
+             FROM usage_pruned WHERE CAST(?1 AS TEXT) IS NULL OR tenant_id = ?1) AS parts
          GROUP BY tenant_id, gpu_type, mig_profile, class HAVING SUM(measured_ms) > 0
-         ORDER BY tenant_id, gpu_type, class, mig_profile",
-    )?;
-    let rows = stmt.query_map([tenant_id], |r| {
+         ORDER BY {order}"
+    );
+    c.query_map(&sql, params![tenant_id], |r| {
         Ok(LifetimeUsed {
             tenant_id: r.get(0)?,
             tenant: r.get(1)?,
@@ -762,6 +826,5 @@ pub fn lifetime_used(
             used_ms: r.get(5)?,
             measured_ms: r.get(6)?,
         })
-    })?;
-    rows.collect()
+    })
 }
