@@ -1,6 +1,7 @@
 //! Idempotent creates: a retried create with the same request id finds the first object.
+//! The same statements run on SQLite and PostgreSQL (`gpufleet_sql`).
 
-use rusqlite::{Connection, OptionalExtension};
+use gpufleet_sql::{params, AsConn};
 
 use crate::fingerprint::Fingerprint;
 
@@ -15,18 +16,17 @@ pub enum Prior {
 }
 
 pub fn lookup(
-    conn: &Connection,
+    conn: &impl AsConn,
     kind: &str,
     scope: &str,
     request_id: &str,
     fingerprint: &Fingerprint,
-) -> rusqlite::Result<Prior> {
-    let mut stmt = conn.prepare_cached(
+) -> gpufleet_sql::Result<Prior> {
+    let row: Option<(String, String)> = conn.as_conn().query_opt(
         "SELECT fingerprint, object_id FROM idempotency WHERE kind = ?1 AND scope = ?2 AND request_id = ?3",
+        params![kind, scope, request_id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
-    let row: Option<(String, String)> = stmt
-        .query_row((kind, scope, request_id), |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
     Ok(match row {
         None => Prior::New,
         Some((seen, id)) if fingerprint.matches(&seen) => Prior::Same(id),
@@ -35,87 +35,112 @@ pub fn lookup(
 }
 
 pub fn record(
-    conn: &Connection,
+    conn: &impl AsConn,
     kind: &str,
     scope: &str,
     request_id: &str,
     fingerprint: &Fingerprint,
     object_id: &str,
-) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare_cached("INSERT INTO idempotency (kind, scope, request_id, fingerprint, object_id) VALUES (?1, ?2, ?3, ?4, ?5)")?;
-    stmt.execute((kind, scope, request_id, &fingerprint.current, object_id))?;
+) -> gpufleet_sql::Result<()> {
+    conn.as_conn().execute(
+        "INSERT INTO idempotency (kind, scope, request_id, fingerprint, object_id) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![kind, scope, request_id, fingerprint.current, object_id],
+    )?;
     Ok(())
 }
 
 /// Forgets the request ids of a deleted object, so a later create with one makes a new object.
-pub fn forget(conn: &Connection, object_id: &str) -> rusqlite::Result<()> {
-    conn.execute("DELETE FROM idempotency WHERE object_id = ?1", [object_id])?;
+pub fn forget(conn: &impl AsConn, object_id: &str) -> gpufleet_sql::Result<()> {
+    conn.as_conn().execute(
+        "DELETE FROM idempotency WHERE object_id = ?1",
+        params![object_id],
+    )?;
     Ok(())
 }
 
 /// Forgets one request id (whose object is gone), so that the same request makes a new one.
 pub fn forget_request(
-    conn: &Connection,
+    conn: &impl AsConn,
     kind: &str,
     scope: &str,
     request_id: &str,
-) -> rusqlite::Result<()> {
-    conn.prepare_cached(
+) -> gpufleet_sql::Result<()> {
+    conn.as_conn().execute(
         "DELETE FROM idempotency WHERE kind = ?1 AND scope = ?2 AND request_id = ?3",
-    )?
-    .execute((kind, scope, request_id))?;
+        params![kind, scope, request_id],
+    )?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::postgres::engines;
+    use gpufleet_sql::Database;
+
+    /// Each test runs on SQLite and on PostgreSQL.
+    fn on_both(test: impl Fn(&mut Database)) {
+        for (_guard, mut db) in engines::both() {
+            eprintln!("on {:?}", db.engine());
+            test(&mut db);
+        }
+    }
 
     #[test]
     fn a_forgotten_request_id_is_new_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
-        let f = Fingerprint::of(&[&"request".to_string()]);
-        record(&conn, "cluster", "t1", "r1", &f, "c1").unwrap();
-        record(&conn, "cluster", "t2", "r1", &f, "c2").unwrap();
-        assert!(
-            matches!(lookup(&conn, "cluster", "t1", "r1", &f).unwrap(), Prior::Same(id) if id == "c1")
-        );
-        forget_request(&conn, "cluster", "t1", "r1").unwrap();
-        assert!(matches!(
-            lookup(&conn, "cluster", "t1", "r1", &f).unwrap(),
-            Prior::New
-        ));
-        // Another scope's use of the same id stays.
-        assert!(
-            matches!(lookup(&conn, "cluster", "t2", "r1", &f).unwrap(), Prior::Same(id) if id == "c2")
-        );
-        // Recorded anew, the id points at the new object.
-        record(&conn, "cluster", "t1", "r1", &f, "c3").unwrap();
-        assert!(
-            matches!(lookup(&conn, "cluster", "t1", "r1", &f).unwrap(), Prior::Same(id) if id == "c3")
-        );
+        on_both(|db| {
+            let conn = db.conn();
+            let f = Fingerprint::of(&[&"request".to_string()]);
+            record(&conn, "cluster", "t1", "r1", &f, "c1").unwrap();
+            record(&conn, "cluster", "t2", "r1", &f, "c2").unwrap();
+            assert!(
+                matches!(lookup(&conn, "cluster", "t1", "r1", &f).unwrap(), Prior::Same(id) if id == "c1")
+            );
+            forget_request(&conn, "cluster", "t1", "r1").unwrap();
+            assert!(matches!(
+                lookup(&conn, "cluster", "t1", "r1", &f).unwrap(),
+                Prior::New
+            ));
+            // Another scope's use of the same id stays.
+            assert!(
+                matches!(lookup(&conn, "cluster", "t2", "r1", &f).unwrap(), Prior::Same(id) if id == "c2")
+            );
+            // Recorded anew, the id points at the new object.
+            record(&conn, "cluster", "t1", "r1", &f, "c3").unwrap();
+            assert!(
+                matches!(lookup(&conn, "cluster", "t1", "r1", &f).unwrap(), Prior::Same(id) if id == "c3")
+            );
+            // A deleted object's ids are all forgotten.
+            forget(&conn, "c3").unwrap();
+            assert!(matches!(
+                lookup(&conn, "cluster", "t1", "r1", &f).unwrap(),
+                Prior::New
+            ));
+            // The same id twice in one scope is refused by the key.
+            assert!(record(&conn, "cluster", "t2", "r1", &f, "c4").is_err());
+        });
     }
 
     #[test]
     fn a_request_id_stored_before_the_stable_encoding_is_still_a_retry() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
-        let fields: [&dyn crate::fingerprint::Canonical; 2] = [&"team-a".to_string(), &8i32];
-        let f = Fingerprint::of(&fields);
-        // As the previous release recorded it.
-        conn.execute(
-            "INSERT INTO idempotency (kind, scope, request_id, fingerprint, object_id) VALUES ('quota', 't', 'r1', ?1, 'q1')",
-            [&f.legacy],
-        )
-        .unwrap();
-        assert!(
-            matches!(lookup(&conn, "quota", "t", "r1", &f).unwrap(), Prior::Same(id) if id == "q1")
-        );
-        let other = Fingerprint::of(&[&"team-a".to_string(), &9i32]);
-        assert!(matches!(
-            lookup(&conn, "quota", "t", "r1", &other).unwrap(),
-            Prior::Conflict
-        ));
+        on_both(|db| {
+            let conn = db.conn();
+            let fields: [&dyn crate::fingerprint::Canonical; 2] = [&"team-a".to_string(), &8i32];
+            let f = Fingerprint::of(&fields);
+            // As the previous release recorded it.
+            conn.execute(
+                "INSERT INTO idempotency (kind, scope, request_id, fingerprint, object_id) VALUES ('quota', 't', 'r1', ?1, 'q1')",
+                params![f.legacy],
+            )
+            .unwrap();
+            assert!(
+                matches!(lookup(&conn, "quota", "t", "r1", &f).unwrap(), Prior::Same(id) if id == "q1")
+            );
+            let other = Fingerprint::of(&[&"team-a".to_string(), &9i32]);
+            assert!(matches!(
+                lookup(&conn, "quota", "t", "r1", &other).unwrap(),
+                Prior::Conflict
+            ));
+        });
     }
 }
