@@ -152,21 +152,31 @@ pub fn authenticate<T: crate::intent::Intent>(
 /// The tenant whose object `owner` names, when it exists.
 fn owner_of(conn: &Connection, owner: crate::intent::Owner) -> Option<String> {
     use crate::intent::Owner;
-    let found = match owner {
-        Owner::None => return None,
+    // Each arm to an Option: the store's modules return either engine's error type while
+    // they move onto the engine seam, and an error here reads as no owner.
+    match owner {
+        Owner::None => None,
         Owner::Tenant(t) => store::tenants::get(conn, t)
             .and_then(|row| match row {
                 Some(row) => Ok(Some(row)),
                 None => store::tenants::by_name(conn, t),
             })
-            .map(|row| row.map(|t| t.id)),
-        Owner::Quota(id) => store::quotas::get(conn, id).map(|q| q.map(|q| q.tenant_id)),
-        Owner::Reservation(id) => {
-            store::reservations::get(conn, id).map(|r| r.map(|r| r.tenant_id))
-        }
-        Owner::Cluster(id) => store::clusters::get(conn, id).map(|c| c.map(|c| c.tenant_id)),
-    };
-    found.ok().flatten()
+            .ok()
+            .flatten()
+            .map(|t| t.id),
+        Owner::Quota(id) => store::quotas::get(conn, id)
+            .ok()
+            .flatten()
+            .map(|q| q.tenant_id),
+        Owner::Reservation(id) => store::reservations::get(conn, id)
+            .ok()
+            .flatten()
+            .map(|r| r.tenant_id),
+        Owner::Cluster(id) => store::clusters::get(conn, id)
+            .ok()
+            .flatten()
+            .map(|c| c.tenant_id),
+    }
 }
 
 fn bearer<T>(request: &tonic::Request<T>) -> Result<&str, Status> {

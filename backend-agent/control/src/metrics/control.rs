@@ -38,7 +38,10 @@ struct Snapshot {
 }
 
 fn read(conn: &rusqlite::Connection, t: i64) -> Result<Snapshot, String> {
-    let err = |e: rusqlite::Error| format!("reading the state database: {e}");
+    // A fn, not a closure: the store's modules return either engine's error type.
+    fn err(e: impl std::fmt::Display) -> String {
+        format!("reading the state database: {e}")
+    }
     let nodes = store::nodes::list(conn, None, None).map_err(err)?;
     let tenants = store::tenants::list(conn).map_err(err)?;
     let quotas = store::quotas::list(conn, None).map_err(err)?;
