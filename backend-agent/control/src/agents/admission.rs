@@ -39,6 +39,14 @@ pub enum Refusal {
     Store(#[from] rusqlite::Error),
 }
 
+/// The store's functions on the engine seam fail with `gpufleet_sql`'s errors: SQLite's
+/// within them come out as they were.
+impl From<gpufleet_sql::Error> for Refusal {
+    fn from(e: gpufleet_sql::Error) -> Self {
+        Refusal::Store(e.into())
+    }
+}
+
 /// A registration's content, checked.
 pub struct Checked {
     pub name: String,
