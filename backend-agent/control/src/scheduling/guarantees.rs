@@ -2,7 +2,7 @@
 //! quota, may not exceed the GPUs of that model's pool nodes. Burst GPUs are best effort
 //! and do not count.
 
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use super::{gpus_per_node, node_counts};
 use crate::error::{Error, Result};
@@ -35,7 +35,7 @@ pub fn check(gpu_type: &str, gpus: i64, promised: Promised) -> std::result::Resu
 /// `except` (the one being updated) and adding `unstored`: guarantees a dry run counts
 /// that have no row (quotas a plan creates for tenants it creates too).
 pub fn promised(
-    conn: &Connection,
+    conn: &impl AsConn,
     gpu_type: &str,
     except: Option<&str>,
     unstored: i64,
@@ -55,7 +55,7 @@ pub fn promised(
 /// Refuses (FAILED_PRECONDITION) a quota guaranteeing `gpus` of `gpu_type` that would
 /// promise more than the pool has (see [`promised`] for `except` and `unstored`).
 pub fn admit(
-    conn: &Connection,
+    conn: &impl AsConn,
     gpu_type: &str,
     gpus: i64,
     except: Option<&str>,

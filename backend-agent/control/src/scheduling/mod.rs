@@ -16,13 +16,13 @@ pub mod sharing;
 mod sharing_tests;
 pub mod take_back;
 
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use crate::error::{Error, Result};
 use crate::rules::{Capacity, Span};
 use crate::store;
 
-pub fn gpus_per_node(conn: &Connection, gpu_type: &str) -> Result<i64> {
+pub fn gpus_per_node(conn: &impl AsConn, gpu_type: &str) -> Result<i64> {
     store::nodes::gpus_per_node(conn, gpu_type).map_err(Error::from)
 }
 
@@ -53,7 +53,7 @@ pub struct Exclude<'a> {
 ///   (the reservation covers them until then);
 /// - other clusters hold their nodes from now on (open-ended).
 pub fn holdings(
-    conn: &Connection,
+    conn: &impl AsConn,
     gpu_type: &str,
     now: i64,
     exclude: Exclude,
@@ -66,7 +66,7 @@ pub fn holdings(
 /// exactly what they would see with every holding; the reservations come from the
 /// store's window index, so the cost follows what overlaps, not history.
 pub fn holdings_during(
-    conn: &Connection,
+    conn: &impl AsConn,
     gpu_type: &str,
     now: i64,
     window: (i64, Option<i64>),
@@ -115,11 +115,11 @@ pub fn holdings_during(
     Ok(out)
 }
 
-pub fn node_counts(conn: &Connection, gpu_type: &str) -> Result<(i64, i64)> {
+pub fn node_counts(conn: &impl AsConn, gpu_type: &str) -> Result<(i64, i64)> {
     store::nodes::counts(conn, gpu_type).map_err(Error::from)
 }
 
-pub fn capacity(conn: &Connection, gpu_type: &str, holdings: &[Holding]) -> Result<Capacity> {
+pub fn capacity(conn: &impl AsConn, gpu_type: &str, holdings: &[Holding]) -> Result<Capacity> {
     let (pool_nodes, on_demand_nodes) = node_counts(conn, gpu_type)?;
     let span = |h: &Holding, amount: i64| Span {
         start: h.start,
@@ -149,7 +149,7 @@ pub fn demand(holdings: &[Holding], tenant_id: &str, gpus_per_node: i64) -> Vec<
 
 /// The store's quota limit for a tenant and model, for the rules.
 pub fn limit(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_id: &str,
     gpu_type: &str,
 ) -> Result<Option<crate::rules::Limit>> {

@@ -5,7 +5,7 @@
 //! say which nodes left and why. Reservations never count preemptible clusters' pool
 //! nodes: they yield.
 
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use crate::error::{Error, Result};
 use crate::rules::{Capacity, Span};
@@ -13,7 +13,7 @@ use crate::state::rfc3339;
 use crate::store::{self, clusters::ClusterRow};
 
 /// Records a new cluster's preemptibility (inside its create's transaction).
-pub fn mark(conn: &Connection, c: &ClusterRow, preemptible: bool, on_demand: bool) -> Result<()> {
+pub fn mark(conn: &impl AsConn, c: &ClusterRow, preemptible: bool, on_demand: bool) -> Result<()> {
     if on_demand && !preemptible {
         return Err(Error::Invalid(
             "allow_on_demand: only with preemptible = true (on-demand nodes then replace the pool nodes a reservation takes back)".into(),
@@ -32,14 +32,14 @@ pub fn mark(conn: &Connection, c: &ClusterRow, preemptible: bool, on_demand: boo
 }
 
 /// Whether `cluster_id` is preemptible.
-pub fn is_preemptible(conn: &Connection, cluster_id: &str) -> Result<bool> {
+pub fn is_preemptible(conn: &impl AsConn, cluster_id: &str) -> Result<bool> {
     Ok(store::preemption::get(conn, cluster_id)?.is_some())
 }
 
 /// Capacity as reservations see it from `t` on: preemptible clusters' pool nodes are free
 /// to them (those clusters give them back when the window starts).
 pub fn yield_to_reservations(
-    conn: &Connection,
+    conn: &impl AsConn,
     gpu_type: &str,
     t: i64,
     cap: &mut Capacity,

@@ -17,7 +17,7 @@
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use super::{capacity, demand, gpus_per_node, holdings, Exclude};
 use crate::error::{Error, Result};
@@ -47,7 +47,7 @@ impl Wait {
 /// than its tenant's quota could ever give (`exceeds quota`), or more pool nodes than the
 /// fleet has (`exceeds capacity`). Nothing is written.
 pub fn why_waiting(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_name: &str,
     cluster: &ClusterRow,
     t: i64,
@@ -145,7 +145,7 @@ pub const MAX_WAITING: i64 = 1024;
 
 /// Refuses a new create that would wait past [`MAX_WAITING_PER_TENANT`] or
 /// [`MAX_WAITING`] (clusters already waiting are not judged again).
-pub fn room_to_wait(conn: &Connection, tenant_name: &str, tenant_id: &str) -> Result<()> {
+pub fn room_to_wait(conn: &impl AsConn, tenant_name: &str, tenant_id: &str) -> Result<()> {
     let own = crate::store::queue::count(conn, Some(tenant_id))?;
     if own >= MAX_WAITING_PER_TENANT {
         return Err(Error::Precondition(format!(
@@ -163,7 +163,7 @@ pub fn room_to_wait(conn: &Connection, tenant_name: &str, tenant_id: &str) -> Re
 
 /// Records `cluster` (in status "queued") as waiting from `t` for `wait_seconds`, with a
 /// `queued` event saying why and until when.
-pub fn enqueue(conn: &Connection, cluster: &ClusterRow, t: i64, wait_seconds: i64) -> Result<()> {
+pub fn enqueue(conn: &impl AsConn, cluster: &ClusterRow, t: i64, wait_seconds: i64) -> Result<()> {
     let wait_until = t.saturating_add(wait_seconds.max(1));
     crate::store::queue::insert(
         conn,
@@ -202,7 +202,7 @@ pub fn refuse_while_queued(c: &ClusterRow) -> Result<()> {
 
 /// Removes a queued cluster (deleted, or its wait ran out): it holds nothing, so its rows
 /// go (its wait with it) and an event of `kind` says `message`.
-pub fn forget(conn: &Connection, c: &ClusterRow, t: i64, kind: &str, message: &str) -> Result<()> {
+pub fn forget(conn: &impl AsConn, c: &ClusterRow, t: i64, kind: &str, message: &str) -> Result<()> {
     crate::store::idempotency::forget(conn, &c.id)?;
     crate::store::health::forget_cluster(conn, &c.id)?;
     crate::store::clusters::delete(conn, &c.id)?;

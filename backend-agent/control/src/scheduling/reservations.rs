@@ -1,7 +1,7 @@
 //! Reservation scheduling: placing a reservation's nodes in the pool and on demand under
 //! the tenant's quota, and what its clusters hold.
 
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use super::{capacity, demand, gpus_per_node, holdings, holdings_during, Exclude};
 use crate::error::{Error, Result};
@@ -12,7 +12,7 @@ use crate::store::{self, nodes::POOL, reservations::ReservationRow};
 /// A tenant's reservations (of one model, or all), split into those not ended at `t`
 /// and those ended. Ended reservations hold nothing: they never block a delete.
 pub fn live_and_ended(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_id: &str,
     gpu_type: Option<&str>,
     t: i64,
@@ -25,7 +25,7 @@ pub fn live_and_ended(
 /// Removes ended reservations together with the quota or tenant they belong to (in the
 /// caller's transaction). Clusters that drew from them block that delete first: a
 /// cluster has its reservation's tenant and model.
-pub fn remove_ended(conn: &Connection, ended: &[ReservationRow]) -> Result<()> {
+pub fn remove_ended(conn: &impl AsConn, ended: &[ReservationRow]) -> Result<()> {
     for r in ended {
         store::reservations::delete(conn, &r.id)?;
         store::idempotency::forget(conn, &r.id)?;
@@ -34,7 +34,7 @@ pub fn remove_ended(conn: &Connection, ended: &[ReservationRow]) -> Result<()> {
 }
 
 /// Pool and on-demand nodes the clusters of a reservation hold.
-pub fn held_by_clusters(conn: &Connection, reservation_id: &str) -> Result<Split> {
+pub fn held_by_clusters(conn: &impl AsConn, reservation_id: &str) -> Result<Split> {
     let mut held = Split {
         pool: 0,
         on_demand: 0,
@@ -52,7 +52,7 @@ pub fn held_by_clusters(conn: &Connection, reservation_id: &str) -> Result<Split
 }
 
 /// Turning allow_on_demand off cannot take nodes away from running clusters.
-pub fn refuse_cluster_on_demand(conn: &Connection, reservation_id: &str) -> Result<()> {
+pub fn refuse_cluster_on_demand(conn: &impl AsConn, reservation_id: &str) -> Result<()> {
     for c in store::clusters::list(conn, None, None, Some(reservation_id))? {
         let on_demand = store::nodes::list(conn, None, Some(&c.id))?
             .iter()
@@ -70,7 +70,7 @@ pub fn refuse_cluster_on_demand(conn: &Connection, reservation_id: &str) -> Resu
 
 /// Checks that the pool can hold all of `r`'s nodes over the rest of its window (the
 /// same arithmetic as a create, leaving `r` itself out), so its on-demand nodes can move.
-pub fn pool_takes_back(conn: &Connection, r: &ReservationRow, t: i64) -> Result<()> {
+pub fn pool_takes_back(conn: &impl AsConn, r: &ReservationRow, t: i64) -> Result<()> {
     let exclude = Exclude {
         cluster: None,
         reservation: Some((&r.id, r.end_time)),
@@ -103,7 +103,7 @@ pub fn pool_takes_back(conn: &Connection, r: &ReservationRow, t: i64) -> Result<
 
 /// Places `r` (its node_count and window) against everything else, and checks the quota.
 pub fn place(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_name: &str,
     r: &mut ReservationRow,
     exclude: Exclude,

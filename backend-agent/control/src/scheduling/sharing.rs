@@ -28,6 +28,7 @@
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
+use gpufleet_sql::AsConn;
 use rusqlite::Connection;
 
 use super::Holding;
@@ -80,7 +81,7 @@ pub fn compare_shares(a: (i64, i64), b: (i64, i64)) -> Ordering {
 /// tenant's name is loaded only where a message may name it (a lending limit that keeps
 /// GPUs idle, or GPUs borrowed); it is empty otherwise.
 pub fn shares(
-    conn: &Connection,
+    conn: &impl AsConn,
     gpu_type: &str,
     held: &[Holding],
     t: i64,
@@ -113,7 +114,7 @@ pub fn shares(
 }
 
 /// A tenant's name for a message (its id when it is gone).
-pub fn tenant_name(conn: &Connection, tenant_id: &str) -> Result<String> {
+pub fn tenant_name(conn: &impl AsConn, tenant_id: &str) -> Result<String> {
     Ok(store::tenants::get(conn, tenant_id)?.map_or_else(|| tenant_id.to_string(), |t| t.name))
 }
 
