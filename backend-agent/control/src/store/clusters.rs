@@ -126,7 +126,9 @@ pub fn by_name(
     )
 }
 
-/// Clusters filtered by tenant, GPU model and/or reservation.
+/// Clusters filtered by tenant, GPU model and/or reservation, in tenant and name order
+/// by their bytes, as SQLite's ORDER BY gives them (PostgreSQL's follows the database's
+/// collation, where case and punctuation weigh differently).
 pub fn list(
     conn: &impl AsConn,
     tenant_id: Option<&str>,
@@ -134,7 +136,7 @@ pub fn list(
     reservation_id: Option<&str>,
 ) -> gpufleet_sql::Result<Vec<ClusterRow>> {
     // CAST: PostgreSQL cannot tell the type of a parameter that is only tested for NULL.
-    conn.as_conn().query_map(
+    let mut clusters = conn.as_conn().query_map(
         &format!(
             "SELECT {COLUMNS} FROM clusters
              WHERE (CAST(?1 AS TEXT) IS NULL OR tenant_id = ?1)
@@ -144,7 +146,9 @@ pub fn list(
         ),
         params![tenant_id, gpu_type, reservation_id],
         from_row,
-    )
+    )?;
+    clusters.sort_by(|a, b| (&a.tenant_id, &a.name).cmp(&(&b.tenant_id, &b.name)));
+    Ok(clusters)
 }
 
 pub fn update(conn: &impl AsConn, c: &ClusterRow) -> gpufleet_sql::Result<()> {
@@ -442,6 +446,38 @@ mod tests {
             );
             assert!(tenants_of(c, &[]).unwrap().is_empty());
         });
+    }
+
+    /// Under a PostgreSQL collation where case weighs less than letters, the list still
+    /// comes in SQLite's (bytewise) order.
+    #[test]
+    fn postgres_lists_in_bytewise_order_whatever_the_collation() {
+        let (_guard, db, _) = engines::postgres();
+        fixtures(&db);
+        let c = db.conn();
+        c.execute_batch("ALTER TABLE clusters ALTER COLUMN name TYPE TEXT COLLATE \"und-x-icu\"")
+            .unwrap();
+        for name in ["b", "C", "a"] {
+            insert(&c, &cluster(name, "t1", name, "H100-80GB")).unwrap();
+        }
+        insert(&c, &cluster("t2-a", "t2", "a", "H100-80GB")).unwrap();
+        // The premise: the database's own order is not bytewise.
+        let collated: Vec<String> = c
+            .query_map(
+                "SELECT name FROM clusters WHERE tenant_id = 't1' ORDER BY name",
+                params![],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(collated, ["a", "b", "C"]);
+        assert_eq!(
+            ids(list(&c, None, None, None).unwrap()),
+            ["C", "a", "b", "t2-a"]
+        );
+        assert_eq!(
+            ids(with_status(&c, &["running"]).unwrap()),
+            ["C", "a", "b", "t2-a"]
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! made. The same statements run on SQLite and PostgreSQL (`gpufleet_sql`), but for
 //! SQLite's index hint.
 
-use gpufleet_sql::{params, AsConn, Engine, Row, ToValue};
+use gpufleet_sql::{params, AsConn, Engine, ToValue};
 
 /// What admission needs of a reservation: who holds how many nodes, when.
 #[derive(Debug, Clone)]
@@ -114,29 +114,33 @@ pub struct ClusterHold {
     pub on_demand: i64,
 }
 
-fn cluster_hold(r: &Row) -> gpufleet_sql::Result<ClusterHold> {
-    Ok(ClusterHold {
-        id: r.get(0)?,
-        tenant_id: r.get(1)?,
-        reservation_id: r.get(2)?,
-        reservation_end: r.get(3)?,
-        pool: r.get(4)?,
-        on_demand: r.get(5)?,
-    })
-}
-
-/// Every cluster of `gpu_type` with the pool and on-demand nodes it holds.
+/// Every cluster of `gpu_type` with the pool and on-demand nodes it holds, in tenant and
+/// name order by their bytes, as SQLite's ORDER BY gives them (PostgreSQL's follows the
+/// database's collation).
 pub fn clusters(conn: &impl AsConn, gpu_type: &str) -> gpufleet_sql::Result<Vec<ClusterHold>> {
-    conn.as_conn().query_map(
+    let mut held = conn.as_conn().query_map(
         "SELECT c.id, c.tenant_id, c.reservation_id, r.end_time,
                 (SELECT COUNT(*) FROM nodes n WHERE n.cluster_id = c.id AND n.capacity = 'pool'),
-                (SELECT COUNT(*) FROM nodes n WHERE n.cluster_id = c.id AND n.capacity <> 'pool')
+                (SELECT COUNT(*) FROM nodes n WHERE n.cluster_id = c.id AND n.capacity <> 'pool'),
+                c.name
          FROM clusters c LEFT JOIN reservations r ON r.id = c.reservation_id
          WHERE c.gpu_type = ?1
          ORDER BY c.tenant_id, c.name",
         params![gpu_type],
-        cluster_hold,
-    )
+        |r| {
+            let hold = ClusterHold {
+                id: r.get(0)?,
+                tenant_id: r.get(1)?,
+                reservation_id: r.get(2)?,
+                reservation_end: r.get(3)?,
+                pool: r.get(4)?,
+                on_demand: r.get(5)?,
+            };
+            Ok((r.get::<String>(6)?, hold))
+        },
+    )?;
+    held.sort_by(|(a_name, a), (b_name, b)| (&a.tenant_id, a_name).cmp(&(&b.tenant_id, b_name)));
+    Ok(held.into_iter().map(|(_, hold)| hold).collect())
 }
 
 #[cfg(test)]
@@ -387,6 +391,37 @@ mod tests {
                 ]
             );
         });
+    }
+
+    /// Under a PostgreSQL collation where case weighs less than letters, the clusters
+    /// still come in SQLite's (bytewise) order.
+    #[test]
+    fn postgres_reads_clusters_in_bytewise_order_whatever_the_collation() {
+        let (_guard, db, _) = engines::postgres();
+        add_tenant(&db);
+        let c = db.conn();
+        c.execute_batch(
+            "ALTER TABLE clusters ALTER COLUMN name TYPE TEXT COLLATE \"und-x-icu\";
+             INSERT INTO clusters (id, tenant_id, name, orchestrator, gpu_type, node_count,
+                 reservation_id, storage_gib, status, endpoint, credentials, storage_path, mig_layout)
+             VALUES ('c-b', 't', 'b', 'slurm', 'H100-80GB', 1, NULL, 1, 'running', '', '', '', '{}'),
+                    ('c-C', 't', 'C', 'slurm', 'H100-80GB', 1, NULL, 1, 'running', '', '', '', '{}'),
+                    ('c-a', 't', 'a', 'slurm', 'H100-80GB', 1, NULL, 1, 'running', '', '', '', '{}');",
+        )
+        .unwrap();
+        // The premise: the database's own order is not bytewise.
+        let collated: Vec<String> = c
+            .query_map("SELECT id FROM clusters ORDER BY name", params![], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(collated, ["c-a", "c-b", "c-C"]);
+        let held: Vec<String> = clusters(&c, "H100-80GB")
+            .unwrap()
+            .into_iter()
+            .map(|h| h.id)
+            .collect();
+        assert_eq!(held, ["c-C", "c-a", "c-b"]);
     }
 
     /// PostgreSQL has no index hint: its planner must find the window index itself, for
