@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use crate::error::{Error, Result};
 use crate::store::{self, nodes::NodeRow};
@@ -74,7 +74,7 @@ fn held_why(gpu_type: &str, reason: &str) -> String {
 /// A quarantine it allows is counted in the model's window; the one past the cap opens
 /// the breaker.
 pub fn decide(
-    conn: &Connection,
+    conn: &impl AsConn,
     settings: &Settings,
     node: &NodeRow,
     now: i64,
@@ -127,7 +127,7 @@ pub struct View {
 }
 
 /// Every model of the fleet's breaker.
-pub fn views(conn: &Connection, settings: &Settings, now: i64) -> Result<Vec<View>> {
+pub fn views(conn: &impl AsConn, settings: &Settings, now: i64) -> Result<Vec<View>> {
     let open = store::breaker::list_open(conn)?;
     let window_start = now.saturating_sub(settings.window_seconds());
     store::breaker::model_nodes(conn)?
@@ -155,7 +155,7 @@ pub fn views(conn: &Connection, settings: &Settings, now: i64) -> Result<Vec<Vie
 /// Closes `gpu_type`'s breaker and starts its window afresh (an operator's reset).
 /// Returns the breaker after, and whether it was open.
 pub fn reset(
-    conn: &Connection,
+    conn: &impl AsConn,
     settings: &Settings,
     gpu_type: &str,
     now: i64,
@@ -175,6 +175,7 @@ pub fn reset(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::Connection;
     use crate::store::nodes::POOL;
 
     fn node(conn: &Connection, id: &str) -> NodeRow {

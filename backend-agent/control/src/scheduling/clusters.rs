@@ -2,6 +2,7 @@
 //! brings, its status around a change, settling changes a restart cut short, and
 //! replacing unreachable nodes.
 
+use gpufleet_sql::AsConn;
 use rusqlite::Connection;
 
 use super::placement::nodes_to_add;
@@ -52,7 +53,7 @@ pub fn scale_reclaiming(
 }
 
 pub fn scale(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_name: &str,
     cluster: &ClusterRow,
     t: i64,
@@ -81,7 +82,7 @@ pub fn scale(
 /// `to_release` back to whole GPUs. Unreachable nodes being released are left out: their
 /// agents reset them when they come back, before anyone else can have them.
 pub fn layout_changes(
-    conn: &Connection,
+    conn: &impl AsConn,
     cluster: &ClusterRow,
     to_release: &[NodeRow],
 ) -> Result<Vec<crate::mig::Change>> {
@@ -107,11 +108,11 @@ pub fn layout_changes(
 /// cluster, its request id and its storage gone. A volume that holds data (a kept
 /// volume the create attached) stays: nothing the team wrote is deleted by a create.
 pub fn undo_create(
-    conn: &Connection,
+    conn: &impl AsConn,
     volumes: &Volumes,
     cluster: &ClusterRow,
     t: i64,
-) -> rusqlite::Result<()> {
+) -> gpufleet_sql::Result<()> {
     for n in store::nodes::list(conn, None, Some(&cluster.id))? {
         store::nodes::release(conn, &n.id, t)?;
     }
@@ -139,11 +140,13 @@ pub fn undo_create(
 /// layout is in the store; agents converge when they register), a delete is finished.
 /// `t`: now, when the nodes it releases stop being held.
 pub fn recover_interrupted(
-    conn: &mut Connection,
+    conn: &impl AsConn,
     volumes: &Volumes,
     t: i64,
-) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
+) -> gpufleet_sql::Result<()> {
+    // A transaction of its own where `conn` is in none (on SQLite an outermost savepoint
+    // is a `BEGIN DEFERRED`, its release the commit), a savepoint inside the caller's else.
+    let tx = gpufleet_sql::Savepoint::begin(conn.as_conn())?;
     for c in store::clusters::with_status(&tx, &CHANGING)? {
         tracing::warn!(cluster = %c.name, status = %c.status, "settling a change interrupted by a restart");
         match c.status.as_str() {

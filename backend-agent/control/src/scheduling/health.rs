@@ -15,6 +15,7 @@ use std::time::Duration;
 use gpufleet_proto::limits::MAX_BANDWIDTH_GBPS;
 use gpufleet_proto::v1;
 use gpufleet_wire::checks::BANDWIDTH_NO_DATA as NO_DATA;
+use gpufleet_sql::AsConn;
 use rusqlite::Connection;
 use tokio::sync::watch;
 
@@ -225,7 +226,7 @@ fn check_from(c: v1::CheckResult) -> Check {
 }
 
 /// The MIG layout the store recorded for each GPU of the node.
-fn recorded_layout(conn: &Connection, node_id: &str) -> Result<Vec<v1::GpuLayout>> {
+fn recorded_layout(conn: &impl AsConn, node_id: &str) -> Result<Vec<v1::GpuLayout>> {
     Ok(crate::recorded::recorded_gpus(conn, node_id)?
         .iter()
         .map(|g| v1::GpuLayout {

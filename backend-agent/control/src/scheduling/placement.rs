@@ -1,6 +1,7 @@
 //! Which nodes a cluster gets: the capacity, quota, reservation and preemption checks
 //! that pick them. Nothing here writes.
 
+use gpufleet_sql::AsConn;
 use rusqlite::Connection;
 
 use super::reservations::held_by_clusters;
@@ -17,7 +18,7 @@ use crate::store::{
 /// Picks the nodes that take `cluster` from the nodes it holds (`current`) to
 /// `cluster.node_count`, after the capacity and quota checks. Nothing is written.
 pub fn nodes_to_add(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_name: &str,
     cluster: &ClusterRow,
     current: usize,
@@ -215,7 +216,7 @@ pub fn owner_reclaim(
 /// nodes (of `gpus_per_node` GPUs) fit only in the free pool GPUs now less what those
 /// limits keep (see [`super::sharing`]).
 fn within_lending_limits(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_name: &str,
     cluster: &ClusterRow,
     (held, gpus_per_node): (&[super::Holding], i64),

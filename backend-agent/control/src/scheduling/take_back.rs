@@ -17,6 +17,7 @@
 
 use std::sync::Arc;
 
+use gpufleet_sql::AsConn;
 use rusqlite::Connection;
 use tokio::sync::watch;
 
@@ -513,7 +514,7 @@ pub(super) fn fenced_record(
 /// (inside: the records are kept either way). A handed-over take-back whose
 /// replacements failed shrinks the cluster instead: its taken nodes are the owner's.
 fn record_take_back(
-    tx: &Connection,
+    tx: &impl AsConn,
     work: TakeBack,
     converged: Result<()>,
     // Now, and how long an unreachable node waits for its replacement (for the status).
