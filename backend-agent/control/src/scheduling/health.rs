@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use gpufleet_proto::limits::MAX_BANDWIDTH_GBPS;
 use gpufleet_proto::v1;
-use gpufleet_wire::checks::BANDWIDTH_NO_DATA as NO_DATA;
 use gpufleet_sql::AsConn;
+use gpufleet_wire::checks::BANDWIDTH_NO_DATA as NO_DATA;
 use rusqlite::Connection;
 use tokio::sync::watch;
 
