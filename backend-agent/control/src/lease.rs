@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gpufleet_process::signals::stopped;
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 use tokio::sync::watch;
 
 use crate::error::Error;
@@ -171,19 +171,12 @@ impl Leadership {
     /// [`Leadership::record`] with the answer.
     pub fn acquire(
         &self,
-        conn: &Connection,
+        conn: &impl AsConn,
         now: i64,
         exclusive: bool,
-    ) -> rusqlite::Result<Acquired> {
+    ) -> gpufleet_sql::Result<Acquired> {
         let ttl = i64::try_from(self.settings.ttl.as_secs()).unwrap_or(i64::MAX);
-        Ok(leases::acquire(
-            conn,
-            SINGLETONS,
-            self.replica(),
-            ttl,
-            now,
-            exclusive,
-        )?)
+        leases::acquire(conn, SINGLETONS, self.replica(), ttl, now, exclusive)
     }
 
     /// What a committed [`Leadership::acquire`] that was asked at `asked` answered.
@@ -224,7 +217,7 @@ impl Leadership {
     /// The fence of a singleton's write, in its own transaction: an error, and nothing
     /// written, unless this replica leads and the store's epoch is still the one it
     /// holds.
-    pub fn fence(&self, conn: &Connection) -> crate::error::Result<()> {
+    pub fn fence(&self, conn: &impl AsConn) -> crate::error::Result<()> {
         let Some(epoch) = self.epoch() else {
             return Err(Error::Precondition(format!(
                 "lease: replica {} does not hold the singletons' lease; a singleton's work runs on the replica that does",
@@ -272,7 +265,7 @@ impl Fence {
     /// Call first in the write's transaction: for a singleton, an error (and the caller
     /// writes nothing) unless this replica still leads with the store's epoch
     /// ([`Leadership::fence`]); for a request, nothing.
-    pub fn check(&self, conn: &Connection) -> crate::error::Result<()> {
+    pub fn check(&self, conn: &impl AsConn) -> crate::error::Result<()> {
         match &self.0 {
             Some(leadership) => leadership.fence(conn),
             None => Ok(()),
@@ -381,6 +374,7 @@ pub async fn while_leader<S, F>(
 #[cfg(test)]
 pub mod testing {
     use super::*;
+    use rusqlite::Connection;
     use std::sync::Arc;
 
     /// A replica named `name` with the default TTL, leading nothing yet.
@@ -436,6 +430,7 @@ pub mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::Connection;
     use std::sync::Arc;
 
     fn store() -> (tempfile::TempDir, Connection) {
