@@ -2,7 +2,7 @@
 //! admin-scoped ones, a rotated admin token) are kept only as SHA-256 hashes and looked up
 //! by hash; the admin token `serve` started with is compared in constant time.
 
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 use tonic::Status;
 
 // The secrets' own primitives live apart (the join token uses them too, without auth).
@@ -86,7 +86,7 @@ pub const TENANT_TOKEN_NAME: &str = "default";
 /// Fills the request's audit note (see `crate::audit`) whatever the outcome.
 pub fn authenticate<T: crate::intent::Intent>(
     state: &AppState,
-    conn: &Connection,
+    conn: &impl AsConn,
     request: &tonic::Request<T>,
 ) -> Result<Caller, Status> {
     let intent = request.get_ref();
@@ -150,7 +150,7 @@ pub fn authenticate<T: crate::intent::Intent>(
 }
 
 /// The tenant whose object `owner` names, when it exists.
-fn owner_of(conn: &Connection, owner: crate::intent::Owner) -> Option<String> {
+fn owner_of(conn: &impl AsConn, owner: crate::intent::Owner) -> Option<String> {
     use crate::intent::Owner;
     // Each arm to an Option: the store's modules return either engine's error type while
     // they move onto the engine seam, and an error here reads as no owner.
@@ -192,7 +192,7 @@ fn bearer<T>(request: &tonic::Request<T>) -> Result<&str, Status> {
 /// The grant of a bearer token's secret: a token of the store that is neither revoked,
 /// rotated past its overlap nor expired (each refused saying which), or the admin token
 /// `serve` was started with while it has not been rotated.
-pub fn resolve_bearer(state: &AppState, conn: &Connection, token: &str) -> Result<Grant, Status> {
+pub fn resolve_bearer(state: &AppState, conn: &impl AsConn, token: &str) -> Result<Grant, Status> {
     malformed(token).map_err(Status::unauthenticated)?;
     let now = state.now();
     if let Some(row) = store::tokens::by_hash(conn, &hash_token(token)).map_err(db_error)? {
@@ -218,7 +218,7 @@ pub fn resolve_bearer(state: &AppState, conn: &Connection, token: &str) -> Resul
 }
 
 /// UNAUTHENTICATED naming why a known token no longer works.
-fn refused(conn: &Connection, row: &store::tokens::TokenRow, now: i64) -> Result<(), Status> {
+fn refused(conn: &impl AsConn, row: &store::tokens::TokenRow, now: i64) -> Result<(), Status> {
     let whose = || match &row.tenant_id {
         None => format!("token '{}'", row.name),
         Some(id) => {

@@ -2,7 +2,7 @@
 //! changing it, the status once a change is through (degraded while a node is
 //! unreachable), and a degraded cluster's return to running.
 
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use crate::error::{Error, Result};
 use crate::store::{self, clusters::ClusterRow, nodes::NODE_UNREACHABLE};
@@ -28,7 +28,7 @@ pub fn refuse_while_changing(c: &ClusterRow) -> Result<()> {
 /// Its status once a change is through: degraded while a node is unreachable, saying
 /// since when, why, and from when it is replaced (`replace_after` later).
 pub fn settled_status(
-    conn: &Connection,
+    conn: &impl AsConn,
     cluster_id: &str,
     replace_after: std::time::Duration,
 ) -> Result<(String, String)> {
@@ -58,7 +58,7 @@ pub fn settled_status(
 }
 
 /// A degraded cluster whose nodes are all reachable again is running again.
-pub fn refresh_cluster(conn: &Connection, cluster_id: &str) -> rusqlite::Result<()> {
+pub fn refresh_cluster(conn: &impl AsConn, cluster_id: &str) -> gpufleet_sql::Result<()> {
     let Some(c) = store::clusters::get(conn, cluster_id)? else {
         return Ok(());
     };

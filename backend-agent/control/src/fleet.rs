@@ -29,7 +29,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 use gpufleet_gpu::hardware::{GpuBackend, SimulatedNode};
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 use serde::Deserialize;
 
 use crate::catalog;
@@ -393,11 +393,13 @@ pub fn declared(fleet: &FleetFile) -> Vec<(&NodeGroup, &'static str, String)> {
 /// Creates the node rows on first start; later starts keep what the store holds.
 /// Returns the number of nodes created.
 /// `now` is when the nodes come into being (their `state_since`).
-pub fn seed(conn: &mut Connection, fleet: &FleetFile, now: i64) -> anyhow::Result<usize> {
+/// All of them or none: in a savepoint, which on SQLite outside a transaction is one of
+/// its own; on PostgreSQL `conn` must be in the caller's transaction.
+pub fn seed(conn: &impl AsConn, fleet: &FleetFile, now: i64) -> anyhow::Result<usize> {
     if nodes::count(conn)? > 0 {
         return Ok(0);
     }
-    let tx = conn.transaction()?;
+    let tx = gpufleet_sql::Savepoint::begin(conn.as_conn())?;
     let mut created = 0;
     for (g, capacity, host) in declared(fleet) {
         let model = gpufleet_gpu::catalog::model(&g.gpu_type).expect("validated");
@@ -499,8 +501,8 @@ mod tests {
         )
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
-        seed(&mut conn, &f, 0).unwrap();
+        let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        seed(&conn, &f, 0).unwrap();
         let node = &nodes::list(&conn, None, None).unwrap()[0];
         let host = nodes::host(&conn, &node.id).unwrap().unwrap();
         assert_eq!(
@@ -607,9 +609,9 @@ mod tests {
     #[test]
     fn seeds_once() {
         let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::store::open(&dir.path().join("s.db")).unwrap();
-        assert_eq!(seed(&mut conn, &default_fleet(), 0).unwrap(), 12);
-        assert_eq!(seed(&mut conn, &default_fleet(), 0).unwrap(), 0);
+        let conn = crate::store::open(&dir.path().join("s.db")).unwrap();
+        assert_eq!(seed(&conn, &default_fleet(), 0).unwrap(), 12);
+        assert_eq!(seed(&conn, &default_fleet(), 0).unwrap(), 0);
         let pool: Vec<_> = nodes::list(&conn, Some("H100-80GB"), None)
             .unwrap()
             .into_iter()

@@ -9,14 +9,16 @@
 
 use anyhow::bail;
 use gpufleet_gpu::hardware::{GpuBackend, GpuInfo};
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use crate::store::nodes::{self, GpuRow, NodeRow, POOL};
 
 /// Seeds (first start) or checks and refreshes (later starts) the host node; returns
-/// its node id and whether it was created now.
+/// its node id and whether it was created now. All of it or nothing: in a savepoint,
+/// which on SQLite outside a transaction is one of its own; on PostgreSQL `conn` must be
+/// in the caller's transaction.
 pub fn seed(
-    conn: &mut Connection,
+    conn: &impl AsConn,
     backend: &dyn GpuBackend,
     now: i64,
 ) -> anyhow::Result<(String, bool)> {
@@ -25,7 +27,7 @@ pub fn seed(
         .gpus()
         .map_err(|e| anyhow::anyhow!("--hardware nvml: reading this host's GPUs: {e}"))?;
     let model = gpufleet_wire::inventory::host_model(&gpus)?;
-    let tx = conn.transaction()?;
+    let tx = gpufleet_sql::Savepoint::begin(conn.as_conn())?;
     let recorded = nodes::list(&tx, None, None)?;
     let created = if recorded.is_empty() {
         let node = NodeRow {
@@ -79,7 +81,7 @@ pub fn seed(
 
 /// A store seeded before must hold this host alone, with the GPUs it has now.
 fn require_same_host(
-    conn: &Connection,
+    conn: &impl AsConn,
     recorded: &[NodeRow],
     hostname: &str,
     gpus: &[GpuInfo],
@@ -134,6 +136,7 @@ fn require_same_host(
 mod tests {
 
     use gpufleet_gpu::hardware::{GpuHealth, HwError, MigInstance, SimulatedNode};
+    use rusqlite::Connection;
 
     use super::*;
 
@@ -159,10 +162,10 @@ mod tests {
 
     #[test]
     fn seeds_the_host_node_with_its_gpus_and_mig_instances() {
-        let (_dir, mut conn) = store();
+        let (_dir, conn) = store();
         let host = host_with_mig();
         assert_eq!(
-            seed(&mut conn, &host, 0).unwrap(),
+            seed(&conn, &host, 0).unwrap(),
             ("gpu-host-7".to_string(), true)
         );
 
@@ -232,14 +235,14 @@ mod tests {
 
     #[test]
     fn a_later_start_keeps_the_node_and_records_the_real_mig_state() {
-        let (_dir, mut conn) = store();
+        let (_dir, conn) = store();
         let host = host_with_mig();
-        seed(&mut conn, &host, 0).unwrap();
+        seed(&conn, &host, 0).unwrap();
         // Changed outside the control plane while it was down.
         host.destroy_instance(1, 6).unwrap();
 
         assert_eq!(
-            seed(&mut conn, &host, 0).unwrap(),
+            seed(&conn, &host, 0).unwrap(),
             ("gpu-host-7".to_string(), false)
         );
         assert_eq!(nodes::count(&conn).unwrap(), 1);
@@ -249,9 +252,9 @@ mod tests {
 
     #[test]
     fn a_store_of_another_fleet_is_refused() {
-        let (_dir, mut conn) = store();
-        crate::fleet::seed(&mut conn, &crate::fleet::default_fleet(), 0).unwrap();
-        let err = seed(&mut conn, &host_with_mig(), 0)
+        let (_dir, conn) = store();
+        crate::fleet::seed(&conn, &crate::fleet::default_fleet(), 0).unwrap();
+        let err = seed(&conn, &host_with_mig(), 0)
             .unwrap_err()
             .to_string();
         assert!(
@@ -264,21 +267,21 @@ mod tests {
 
     #[test]
     fn the_same_gpus_in_another_index_order_are_the_same_host() {
-        let (_dir, mut conn) = store();
+        let (_dir, conn) = store();
         let host = |gpus: Vec<GpuInfo>| Inventory(gpus);
         let g = |index: u32, uuid: &str| GpuInfo {
             uuid: uuid.into(),
             ..gpu(index, "H100-80GB", 81559)
         };
         seed(
-            &mut conn,
+            &conn,
             &host(vec![g(0, "GPU-a"), g(1, "GPU-b"), g(2, "GPU-c")]),
             0,
         )
         .unwrap();
         // After a reboot NVML enumerates them in another order.
         let (_, created) = seed(
-            &mut conn,
+            &conn,
             &host(vec![g(0, "GPU-c"), g(1, "GPU-a"), g(2, "GPU-b")]),
             0,
         )
@@ -298,7 +301,7 @@ mod tests {
             ]
         );
         let err = seed(
-            &mut conn,
+            &conn,
             &host(vec![g(0, "GPU-c"), g(1, "GPU-a"), g(2, "GPU-x")]),
             0,
         )
@@ -309,11 +312,11 @@ mod tests {
 
     #[test]
     fn other_gpus_on_the_same_host_are_refused() {
-        let (_dir, mut conn) = store();
-        seed(&mut conn, &host_with_mig(), 0).unwrap();
+        let (_dir, conn) = store();
+        seed(&conn, &host_with_mig(), 0).unwrap();
         let model = gpufleet_gpu::catalog::model("H100-80GB").unwrap();
         let replaced = SimulatedNode::new("gpu-host-7", model, 2, DRIVER);
-        let err = seed(&mut conn, &replaced, 0).unwrap_err().to_string();
+        let err = seed(&conn, &replaced, 0).unwrap_err().to_string();
         assert!(
             err.contains("GPUs changed since the state was seeded"),
             "{err}"
@@ -363,9 +366,9 @@ mod tests {
 
     #[test]
     fn an_unmapped_model_names_nvmls_name_and_records_nothing() {
-        let (_dir, mut conn) = store();
+        let (_dir, conn) = store();
         let host = Inventory(vec![gpu(0, "Tesla V100-SXM2-32GB", 32768)]);
-        let err = seed(&mut conn, &host, 0).unwrap_err().to_string();
+        let err = seed(&conn, &host, 0).unwrap_err().to_string();
         assert!(
             err.contains(
                 "GPU 0 is \"Tesla V100-SXM2-32GB\" (32768 MiB), which is not a catalog model"
@@ -377,23 +380,23 @@ mod tests {
 
     #[test]
     fn nvml_names_map_to_catalog_models_and_mixed_models_are_refused() {
-        let (_dir, mut conn) = store();
+        let (_dir, conn) = store();
         let mixed = Inventory(vec![
             gpu(0, "NVIDIA H100 80GB HBM3", 81559),
             gpu(1, "NVIDIA A100-SXM4-80GB", 81920),
         ]);
-        let err = seed(&mut conn, &mixed, 0).unwrap_err().to_string();
+        let err = seed(&conn, &mixed, 0).unwrap_err().to_string();
         assert!(
             err.contains("GPU 1 is A100-80GB but GPU 0 is H100-80GB"),
             "{err}"
         );
         let host = Inventory(vec![gpu(0, "NVIDIA H100 80GB HBM3", 81559)]);
-        seed(&mut conn, &host, 0).unwrap();
+        seed(&conn, &host, 0).unwrap();
         assert_eq!(
             nodes::list(&conn, None, None).unwrap()[0].gpu_type,
             "H100-80GB"
         );
-        assert!(seed(&mut conn, &Inventory(Vec::new()), 0)
+        assert!(seed(&conn, &Inventory(Vec::new()), 0)
             .unwrap_err()
             .to_string()
             .contains("reports no GPUs"));

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use gpufleet_gpu::hardware::GpuInfo;
 use gpufleet_gpu::mig::{self, Layout, Placement};
 use gpufleet_proto::v1;
+use gpufleet_sql::AsConn;
 use rusqlite::Connection;
 
 use crate::error::{Error, Result};
@@ -117,7 +118,7 @@ pub fn target(gpu_type: &str, layout: &Layout) -> Result<Option<Vec<Placement>>>
 
 /// `nodes` to `layout`, `released` to whole GPUs.
 pub fn changes(
-    conn: &Connection,
+    conn: &impl AsConn,
     gpu_type: &str,
     nodes: &[NodeRow],
     layout: &Layout,
@@ -242,7 +243,7 @@ pub async fn converge(state: &AppState, changes: &[Change]) -> Result<()> {
 }
 
 /// What a node's GPUs should be: its cluster's layout, or whole GPUs when it is free.
-fn desired(conn: &Connection, node: &NodeRow) -> Result<Option<Vec<Placement>>> {
+fn desired(conn: &impl AsConn, node: &NodeRow) -> Result<Option<Vec<Placement>>> {
     let Some(cluster_id) = &node.cluster_id else {
         return Ok(None);
     };
@@ -330,7 +331,7 @@ async fn plan_for(state: &AppState, node_id: &str) -> Result<Change> {
 }
 
 /// What it takes to bring `node` from its recorded GPUs to what they should be.
-fn change_of(conn: &Connection, node: NodeRow) -> Result<Change> {
+fn change_of(conn: &impl AsConn, node: NodeRow) -> Result<Change> {
     Ok(Change {
         before: crate::recorded::recorded_gpus(conn, &node.id)?,
         target: desired(conn, &node)?,
@@ -414,7 +415,7 @@ fn record_reconciled(
 
 /// A cluster's node that is ready again after its cluster recorded it unreachable: the
 /// cluster's log says so, so that its latest word on the node is not `node_unreachable`.
-fn record_back(conn: &Connection, cluster_id: &str, hostname: &str, t: i64) -> Result<()> {
+fn record_back(conn: &impl AsConn, cluster_id: &str, hostname: &str, t: i64) -> Result<()> {
     let last = store::events::last_of_node(conn, cluster_id, hostname)?;
     if last.as_ref().map(|e| e.kind.as_str()) != Some("node_unreachable") {
         return Ok(());
@@ -455,7 +456,7 @@ const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The ready nodes whose recorded GPUs differ from what they should be, outside any
 /// change under way (their cluster settled, no order waiting).
-fn drifted(state: &AppState, conn: &Connection) -> Result<Vec<String>> {
+fn drifted(state: &AppState, conn: &impl AsConn) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for node in store::nodes::list(conn, None, None)? {
         if node.state != store::nodes::NODE_READY || state.agents.has_pending(&node.id) {

@@ -15,6 +15,7 @@
 //! their volumes are used in place and no order is sent (`Volumes::mounts_on_nodes`).
 
 use gpufleet_proto::v1;
+use gpufleet_sql::AsConn;
 use gpufleet_wire::protocol_version::{Version, NODE_LOCAL_VOLUMES};
 
 use crate::error::{Error, Result};
@@ -25,7 +26,7 @@ use crate::store;
 /// What each of `node_ids` should have mounted: its cluster's volume, or nothing.
 fn wanted(
     volumes: &crate::volumes::Volumes,
-    conn: &rusqlite::Connection,
+    conn: &impl AsConn,
     node_ids: &[String],
 ) -> Result<Vec<(String, String, v1::SetVolumes)>> {
     let mut out = Vec::new();
@@ -51,7 +52,7 @@ fn wanted(
 /// (made before node-local volumes, in the control plane's data dir).
 fn mount_of(
     volumes: &crate::volumes::Volumes,
-    conn: &rusqlite::Connection,
+    conn: &impl AsConn,
     c: store::clusters::ClusterRow,
 ) -> Result<Option<v1::VolumeMount>> {
     if !volumes.is_node_local() {

@@ -4,12 +4,12 @@
 
 use anyhow::Context;
 use gpufleet_gpu::hardware::{GpuInfo, MigInstance, SimulatedNode};
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use crate::store;
 
 /// A node's GPUs as the store last recorded them (what its agent verified).
-pub fn recorded_gpus(conn: &Connection, node_id: &str) -> rusqlite::Result<Vec<GpuInfo>> {
+pub fn recorded_gpus(conn: &impl AsConn, node_id: &str) -> gpufleet_sql::Result<Vec<GpuInfo>> {
     let mut gpus = Vec::new();
     for g in store::nodes::gpus(conn, node_id)? {
         let instances = store::nodes::mig_devices(conn, node_id, g.index)?
@@ -38,7 +38,7 @@ pub fn recorded_gpus(conn: &Connection, node_id: &str) -> rusqlite::Result<Vec<G
 /// Every node of the store as a simulated node with its recorded MIG state (the
 /// embedded agents' hardware).
 pub fn simulated_nodes(
-    conn: &Connection,
+    conn: &impl AsConn,
 ) -> anyhow::Result<Vec<(store::nodes::NodeRow, SimulatedNode)>> {
     let mut out = Vec::new();
     for n in store::nodes::list(conn, None, None)? {

@@ -52,6 +52,7 @@ use std::time::{Duration, Instant};
 
 use gpufleet_proto::v1;
 use gpufleet_slurm::PortRange;
+use gpufleet_sql::AsConn;
 use rusqlite::Connection;
 use tokio::sync::watch;
 
@@ -209,7 +210,7 @@ fn new_port(range: PortRange, taken: &mut BTreeSet<u16>) -> Result<u16> {
 /// refuses the bring-up naming both; the candidates are spread over 100 million uids, so
 /// two control planes sharing a host rarely meet. No host lookup runs here, on the writer.)
 pub fn record(
-    conn: &Connection,
+    conn: &impl AsConn,
     cluster_id: &str,
     new: NewAccess,
     ssh_public_keys: &[String],
@@ -248,7 +249,7 @@ pub fn record(
     Ok(())
 }
 
-fn access_of(conn: &Connection, c: &ClusterRow) -> Result<SlurmAccess> {
+fn access_of(conn: &impl AsConn, c: &ClusterRow) -> Result<SlurmAccess> {
     store::slurm_access::get(conn, &c.id)?.ok_or_else(|| {
         Error::Internal(format!(
             "cluster {}: its Slurm access is not recorded",
@@ -381,7 +382,7 @@ impl Plan {
 
 /// The host a node declared, or (a node that has not registered since hosts were
 /// recorded) this host's loopback with 1 CPU.
-fn host_of(conn: &Connection, node: &NodeRow) -> Result<store::nodes::NodeHost> {
+fn host_of(conn: &impl AsConn, node: &NodeRow) -> Result<store::nodes::NodeHost> {
     Ok(
         store::nodes::host(conn, &node.id)?.unwrap_or_else(|| store::nodes::NodeHost {
             address: "127.0.0.1".into(),
@@ -423,7 +424,7 @@ fn first_job_id(next_seen: u64) -> u64 {
         .min(conf::MAX_FIRST_JOB_ID)
 }
 
-fn plan(state: &AppState, conn: &Connection, cluster_id: &str) -> Result<Option<Plan>> {
+fn plan(state: &AppState, conn: &impl AsConn, cluster_id: &str) -> Result<Option<Plan>> {
     let Some(c) = store::clusters::get(conn, cluster_id)? else {
         return Ok(None);
     };
@@ -1404,7 +1405,7 @@ fn record_status(
 /// directory): the login's host key moves to the store (so known_hosts stays valid), the
 /// rest goes, and so does the account when no node of the cluster runs here. Their
 /// daemons stopped with that control plane; the cluster's head node runs them now.
-fn retire_legacy(state: &AppState, conn: &Connection) -> Result<()> {
+fn retire_legacy(state: &AppState, conn: &impl AsConn) -> Result<()> {
     let root = state.data_dir.join("slurm");
     let Ok(entries) = std::fs::read_dir(&root) else {
         return Ok(());

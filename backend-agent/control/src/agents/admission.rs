@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use gpufleet_gpu::hardware::GpuInfo;
 use gpufleet_proto::v1;
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use gpufleet_wire::protocol_version::Version;
 
@@ -410,7 +410,7 @@ fn check_mig_devices(
 }
 
 /// A new secret for `node_id`: recorded as its hash, given back once to send.
-fn issue_secret(tx: &Connection, node_id: &str) -> Result<String, Refusal> {
+fn issue_secret(tx: &impl AsConn, node_id: &str) -> Result<String, Refusal> {
     let secret = crate::auth::new_token(SECRET_PREFIX);
     nodes::set_secret_hash(tx, node_id, &crate::auth::hash_token(&secret))?;
     Ok(secret)
@@ -418,7 +418,7 @@ fn issue_secret(tx: &Connection, node_id: &str) -> Result<String, Refusal> {
 
 /// A known node's registration must present the secret issued to its name (a node with
 /// none recorded, from before secrets, is issued one now).
-fn check_secret(tx: &Connection, known: &NodeRow, c: &Checked) -> Result<Option<String>, Refusal> {
+fn check_secret(tx: &impl AsConn, known: &NodeRow, c: &Checked) -> Result<Option<String>, Refusal> {
     let hash = nodes::secret_hash(tx, &known.id)?;
     if hash.is_empty() {
         return issue_secret(tx, &known.id).map(Some);
@@ -461,7 +461,7 @@ pub fn source_of(peer: std::net::IpAddr) -> String {
 /// should be. A new name joins as a candidate, and only while fewer than `slots.max`
 /// wait and fewer than `slots.per_source` of them came from its source. Runs inside the
 /// caller's transaction (a refusal leaves it to be rolled back).
-pub fn admit(tx: &Connection, c: &Checked, now: i64, slots: &Slots) -> Result<Admitted, Refusal> {
+pub fn admit(tx: &impl AsConn, c: &Checked, now: i64, slots: &Slots) -> Result<Admitted, Refusal> {
     let issued_secret;
     let id = match nodes::by_hostname(tx, &c.name)? {
         None => {
@@ -546,7 +546,7 @@ pub fn admit(tx: &Connection, c: &Checked, now: i64, slots: &Slots) -> Result<Ad
 }
 
 /// What a known node reports must match its record, except MIG state and versions.
-fn contradiction(conn: &Connection, known: &NodeRow, c: &Checked) -> Result<(), Refusal> {
+fn contradiction(conn: &impl AsConn, known: &NodeRow, c: &Checked) -> Result<(), Refusal> {
     let differs = |what: &str, recorded: &str, reported: &str| {
         Refusal::Contradiction(format!(
             "node {}: the control plane recorded {what} {recorded}, the agent reports {reported}; \
@@ -595,6 +595,8 @@ fn contradiction(conn: &Connection, known: &NodeRow, c: &Checked) -> Result<(), 
 
 #[cfg(test)]
 mod tests {
+    use rusqlite::Connection;
+
     use super::*;
 
     /// `admit` in a transaction of its own, kept when it succeeds.

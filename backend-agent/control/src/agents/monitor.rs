@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpufleet_process::signals::stopped;
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 use tokio::sync::watch;
 
 use crate::error::Error;
@@ -23,7 +23,7 @@ use crate::store::{
 const RETRY_AFTER_SECS: i64 = 5;
 
 fn mark_unreachable(
-    conn: &Connection,
+    conn: &impl AsConn,
     node_id: &str,
     why: &str,
     replace_after: Duration,

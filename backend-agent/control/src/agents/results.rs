@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use gpufleet_proto::v1;
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use super::admission::{self, Refusal};
 use crate::message_cut::cut;
@@ -50,13 +50,13 @@ fn bounded(mut r: v1::OrderResult) -> v1::OrderResult {
 /// Why `inv` cannot be this node's: out of a registration's bounds, or not the model
 /// and GPUs the control plane recorded for it.
 fn foreign_inventory(
-    conn: &Connection,
+    conn: &impl AsConn,
     node: &store::nodes::NodeRow,
     inv: &v1::NodeInventory,
-) -> Result<Option<String>, rusqlite::Error> {
+) -> crate::error::Result<Option<String>> {
     if let Err(refused) = admission::check_inventory(inv) {
         return match refused {
-            Refusal::Store(e) => Err(e),
+            Refusal::Store(e) => Err(e.into()),
             other => Ok(Some(other.to_string())),
         };
     }
@@ -85,7 +85,7 @@ fn foreign_inventory(
 /// Records what a claimed answer verified about the node (its driver and its GPUs' MIG
 /// state) and returns the answer as its sender should see it: bounded, or failed when
 /// its inventory is not the node's.
-pub fn record(conn: &Connection, node_id: &str, result: v1::OrderResult) -> v1::OrderResult {
+pub fn record(conn: &impl AsConn, node_id: &str, result: v1::OrderResult) -> v1::OrderResult {
     let mut result = bounded(result);
     let Some(inv) = result.inventory.take() else {
         return result;

@@ -7,7 +7,7 @@
 //! The hashes are not keyed: whoever can write the database can also rewrite a whole
 //! chain. Each chain's newest hash, copied elsewhere, is what makes a rewrite show.
 
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 
 use crate::store::audit::{self, ChainRecord, Link};
 
@@ -57,9 +57,11 @@ pub fn name(chain: &str) -> String {
 }
 
 /// Walks every chain inside one read transaction of `conn` (a consistent snapshot while
-/// serve writes). Blocking.
-pub fn verify(conn: &mut Connection) -> rusqlite::Result<Verified> {
-    let tx = conn.transaction()?;
+/// serve writes): on SQLite a savepoint of its own is that transaction (or nests in the
+/// caller's); on PostgreSQL `conn` must be in a transaction already (`Database::read`'s
+/// snapshot). Nothing is written: the savepoint is rolled back. Blocking.
+pub fn verify(conn: &impl AsConn) -> gpufleet_sql::Result<Verified> {
+    let tx = gpufleet_sql::Savepoint::begin(conn.as_conn())?;
     let records = audit::chain_records(&tx)?;
     let mut chains = audit::chains(&tx)?;
     chains.extend(records.iter().map(|r| r.chain.clone()));
@@ -249,7 +251,7 @@ pub fn hex(hash: &[u8]) -> String {
 /// [`verify`] on the state database at `path`, opened read-only (serve may be running).
 /// Blocking.
 pub fn verify_file(path: &std::path::Path) -> anyhow::Result<Verified> {
-    let mut conn = audit::open_read_only(path)
+    let conn = audit::open_read_only(path)
         .map_err(|e| anyhow::anyhow!("cannot read the audit log in {}: {e}", path.display()))?;
     if !audit::chained(&conn)? {
         anyhow::bail!(
@@ -257,11 +259,13 @@ pub fn verify_file(path: &std::path::Path) -> anyhow::Result<Verified> {
             path.display()
         );
     }
-    Ok(verify(&mut conn)?)
+    Ok(verify(&conn)?)
 }
 
 #[cfg(test)]
 mod tests {
+    use rusqlite::Connection;
+
     use super::*;
     use crate::store::audit::{prune_within, record, AuditRow, Retention, RETENTION};
 
@@ -296,7 +300,7 @@ mod tests {
         (dir, conn)
     }
 
-    fn first_break(conn: &mut Connection) -> Broken {
+    fn first_break(conn: &Connection) -> Broken {
         let v = verify(conn).unwrap();
         v.broken
             .first()
@@ -306,8 +310,8 @@ mod tests {
 
     #[test]
     fn an_untouched_log_is_whole_and_each_chain_counted() {
-        let (_dir, mut conn) = filled();
-        let v = verify(&mut conn).unwrap();
+        let (_dir, conn) = filled();
+        let v = verify(&conn).unwrap();
         assert!(v.broken.is_empty(), "{v:?}");
         let counts: Vec<(&str, u64)> = v
             .whole
@@ -319,14 +323,14 @@ mod tests {
 
     #[test]
     fn an_edited_entry_is_named() {
-        let (_dir, mut conn) = filled();
+        let (_dir, conn) = filled();
         // Entry 4 is team-a's second; the third (7) carries its hash.
         conn.execute(
             "UPDATE audit_log SET outcome = 'PERMISSION_DENIED' WHERE seq = 4",
             [],
         )
         .unwrap();
-        let b = first_break(&mut conn);
+        let b = first_break(&conn);
         assert_eq!(b.seq, 4, "{b:?}");
         assert!(
             b.why.contains(
@@ -335,10 +339,10 @@ mod tests {
             "{b:?}"
         );
         // The newest, edited, is named against the recorded newest hash.
-        let (_dir, mut conn) = filled();
+        let (_dir, conn) = filled();
         conn.execute("UPDATE audit_log SET message = 'x' WHERE seq = 12", [])
             .unwrap();
-        let b = first_break(&mut conn);
+        let b = first_break(&conn);
         assert_eq!(b.seq, 12);
         assert!(
             b.why
@@ -349,10 +353,10 @@ mod tests {
 
     #[test]
     fn a_deleted_entry_is_named_as_a_gap() {
-        let (_dir, mut conn) = filled();
+        let (_dir, conn) = filled();
         conn.execute("DELETE FROM audit_log WHERE seq = 5", [])
             .unwrap();
-        let b = first_break(&mut conn);
+        let b = first_break(&conn);
         assert_eq!(b.seq, 8, "{b:?}");
         assert!(
             b.why.contains(
@@ -361,20 +365,20 @@ mod tests {
             "{b:?}"
         );
         // The first and the newest of a chain, too.
-        let (_dir, mut conn) = filled();
+        let (_dir, conn) = filled();
         conn.execute("DELETE FROM audit_log WHERE seq IN (1, 10)", [])
             .unwrap();
-        let v = verify(&mut conn).unwrap();
+        let v = verify(&conn).unwrap();
         let team = &v.broken[0];
         assert!(
             team.why
                 .contains("entries #1..#1 of tenant team-a's chain are missing before entry 4"),
             "{v:?}"
         );
-        let (_dir, mut conn) = filled();
+        let (_dir, conn) = filled();
         conn.execute("DELETE FROM audit_log WHERE seq = 10", [])
             .unwrap();
-        let b = first_break(&mut conn);
+        let b = first_break(&conn);
         assert_eq!(b.seq, 7);
         assert!(
             b.why
@@ -382,10 +386,10 @@ mod tests {
             "{b:?}"
         );
         // Moving an entry to another chain is an edit.
-        let (_dir, mut conn) = filled();
+        let (_dir, conn) = filled();
         conn.execute("UPDATE audit_log SET chain = '' WHERE seq = 3", [])
             .unwrap();
-        let b = first_break(&mut conn);
+        let b = first_break(&conn);
         assert!(
             b.why.contains("entry 3 is filed under the admin's chain"),
             "{b:?}"
@@ -394,7 +398,7 @@ mod tests {
 
     #[test]
     fn pruning_moves_each_chains_start_and_keeps_it_verifiable() {
-        let (_dir, mut conn) = filled();
+        let (_dir, conn) = filled();
         let keep = Retention {
             seconds: 100,
             identified_rows: 5,
@@ -403,7 +407,7 @@ mod tests {
         };
         // Age: entries before 5 go (at 1..4).
         let pruned = prune_within(&conn, 105, keep).unwrap();
-        let v = verify(&mut conn).unwrap();
+        let v = verify(&conn).unwrap();
         assert!(v.broken.is_empty(), "{v:?}");
         let left: i64 = conn
             .query_row("SELECT COUNT(*) FROM audit_log", [], |r| r.get(0))
@@ -427,9 +431,9 @@ mod tests {
             .query_row("SELECT COUNT(*) FROM audit_log", [], |r| r.get(0))
             .unwrap();
         assert_eq!(left, 0);
-        assert!(verify(&mut conn).unwrap().broken.is_empty());
+        assert!(verify(&conn).unwrap().broken.is_empty());
         record(&conn, &entry("team-a", "default", 1001)).unwrap();
-        let v = verify(&mut conn).unwrap();
+        let v = verify(&conn).unwrap();
         assert!(v.broken.is_empty(), "{v:?}");
         let team = v.whole.iter().find(|w| w.chain == "team-a").unwrap();
         assert_eq!(team.entries, 1);
@@ -437,7 +441,7 @@ mod tests {
         // A deleted chain record is named.
         conn.execute("DELETE FROM audit_chains WHERE chain = 'team-a'", [])
             .unwrap();
-        assert!(first_break(&mut conn)
+        assert!(first_break(&conn)
             .why
             .contains("of which nothing is recorded"));
         let _ = RETENTION;
@@ -445,7 +449,7 @@ mod tests {
 
     #[test]
     fn entries_from_before_the_chains_are_kept_ahead_and_counted_apart() {
-        let (_dir, mut conn) = filled();
+        let (_dir, conn) = filled();
         // As the migration leaves entries of an older release: no place, no hash.
         conn.execute(
             "INSERT INTO audit_log (seq, tenant_seq, at, tenant_id, token_name, token_scope, method, object, outcome, message, chain)
@@ -453,7 +457,7 @@ mod tests {
             [],
         )
         .unwrap();
-        let v = verify(&mut conn).unwrap();
+        let v = verify(&conn).unwrap();
         assert!(v.broken.is_empty(), "{v:?}");
         assert_eq!(v.whole[0].unchained, 1);
         // One with its hash removed after the chain began is an edit.
@@ -462,7 +466,7 @@ mod tests {
             [],
         )
         .unwrap();
-        let b = first_break(&mut conn);
+        let b = first_break(&conn);
         assert!(
             b.why
                 .contains("entry 5 carries no hash, yet comes after entry 2"),

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use gpufleet_sql::AsConn;
 use prometheus::Registry;
 
 use crate::rules::{peak, Span};
@@ -37,7 +38,7 @@ struct Snapshot {
     holdings: BTreeMap<String, Vec<Holding>>,
 }
 
-fn read(conn: &rusqlite::Connection, t: i64) -> Result<Snapshot, String> {
+fn read(conn: &impl AsConn, t: i64) -> Result<Snapshot, String> {
     // A fn, not a closure: the store's modules return either engine's error type.
     fn err(e: impl std::fmt::Display) -> String {
         format!("reading the state database: {e}")

@@ -35,6 +35,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use gpufleet_sql::AsConn;
 use prometheus::Registry;
 
 use crate::scheduling::{holdings, Exclude, Holding};
@@ -68,11 +69,7 @@ struct Snapshot {
     usage_used: Vec<store::usage::LifetimeUsed>,
 }
 
-fn read(
-    conn: &rusqlite::Connection,
-    tenant_id: &str,
-    now: i64,
-) -> crate::error::Result<Option<Snapshot>> {
+fn read(conn: &impl AsConn, tenant_id: &str, now: i64) -> crate::error::Result<Option<Snapshot>> {
     let Some(tenant) = store::tenants::get(conn, tenant_id)? else {
         return Ok(None);
     };

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use gpufleet_process::metrics_endpoint::{Rendered, Unrendered};
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::Caller;
@@ -150,7 +150,7 @@ pub async fn render(
 /// read the store is an error.
 fn caller_of(
     state: &AppState,
-    conn: &Connection,
+    conn: &impl AsConn,
     token: &str,
 ) -> crate::error::Result<Option<Caller>> {
     match crate::auth::resolve_bearer(state, conn, token) {
