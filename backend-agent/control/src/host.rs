@@ -254,9 +254,7 @@ mod tests {
     fn a_store_of_another_fleet_is_refused() {
         let (_dir, conn) = store();
         crate::fleet::seed(&conn, &crate::fleet::default_fleet(), 0).unwrap();
-        let err = seed(&conn, &host_with_mig(), 0)
-            .unwrap_err()
-            .to_string();
+        let err = seed(&conn, &host_with_mig(), 0).unwrap_err().to_string();
         assert!(
             err.contains("holds 12 node(s)")
                 && err.contains("not this host gpu-host-7")
