@@ -64,6 +64,15 @@ impl Database {
         }
     }
 
+    /// The SQLite connection back, for what only SQLite has (a commit record, WAL
+    /// readers); None on PostgreSQL.
+    pub fn into_sqlite(self) -> Option<rusqlite::Connection> {
+        match self.engine {
+            Owned::Sqlite(c) => Some(c),
+            Owned::Postgres(_) => None,
+        }
+    }
+
     pub fn engine(&self) -> crate::Engine {
         match self.engine {
             Owned::Sqlite(_) => crate::Engine::Sqlite,
