@@ -314,3 +314,104 @@ pub async fn replace_unreachable(state: &AppState, node_id: &str) -> Result<()> 
         })
         .await?
 }
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::Connection;
+
+    use super::recover_interrupted;
+    use crate::store;
+    use crate::volumes::Volumes;
+
+    const T0: i64 = 1_900_000_000;
+
+    /// Tenant `a`; pool nodes n1 to n4; a create (`c1`: n1), an update down to one node
+    /// (`u1`: n2, n3) and a delete (`d1`: n4) a restart cut short, and a running `r1`.
+    fn seed() -> (tempfile::TempDir, Connection, Volumes) {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = store::open(&dir.path().join("state.db")).unwrap();
+        conn.execute_batch(
+            "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
+                 VALUES ('a', 'team-a', '', '{}', 'ha', 0);
+             INSERT INTO nodes (id, hostname, gpu_type, capacity, gpu_count, driver_version,
+                                cuda_version, state)
+                 VALUES ('n1', 'n1', 'H100-80GB', 'pool', 8, '550', '12.4', 'ready'),
+                        ('n2', 'n2', 'H100-80GB', 'pool', 8, '550', '12.4', 'ready'),
+                        ('n3', 'n3', 'H100-80GB', 'pool', 8, '550', '12.4', 'ready'),
+                        ('n4', 'n4', 'H100-80GB', 'pool', 8, '550', '12.4', 'ready');
+             INSERT INTO clusters (id, tenant_id, name, orchestrator, gpu_type, node_count,
+                                   storage_gib, status, status_reason, endpoint, credentials,
+                                   storage_path, mig_layout)
+                 VALUES ('c1', 'a', 'c1', 'kubernetes', 'H100-80GB', 1, 1, 'creating', '', '',
+                         '', 'c1', '{}'),
+                        ('u1', 'a', 'u1', 'kubernetes', 'H100-80GB', 1, 1, 'updating', '', '',
+                         '', 'u1', '{}'),
+                        ('d1', 'a', 'd1', 'kubernetes', 'H100-80GB', 1, 1, 'deleting', '', '',
+                         '', 'd1', '{}'),
+                        ('r1', 'a', 'r1', 'kubernetes', 'H100-80GB', 0, 1, 'running', '', '',
+                         '', 'r1', '{}');",
+        )
+        .unwrap();
+        for (node, cluster) in [("n1", "c1"), ("n2", "u1"), ("n3", "u1"), ("n4", "d1")] {
+            assert!(store::nodes::assign(&conn, node, cluster, T0 - 60).unwrap());
+        }
+        let volumes = Volumes::in_data_dir(dir.path().join("volumes"));
+        (dir, conn, volumes)
+    }
+
+    /// Each cluster's status and nodes, and the nodes no cluster holds.
+    fn state(conn: &Connection) -> (Vec<(String, String, Vec<String>)>, Vec<String>) {
+        let mut clusters = Vec::new();
+        for id in ["c1", "u1", "d1", "r1"] {
+            if let Some(c) = store::clusters::get(conn, id).unwrap() {
+                let mut nodes: Vec<String> = store::nodes::list(conn, None, Some(id))
+                    .unwrap()
+                    .into_iter()
+                    .map(|n| n.hostname)
+                    .collect();
+                nodes.sort();
+                clusters.push((c.id, c.status, nodes));
+            }
+        }
+        let mut free: Vec<String> = store::nodes::free(conn, "H100-80GB", "pool")
+            .unwrap()
+            .into_iter()
+            .map(|n| n.hostname)
+            .collect();
+        free.sort();
+        (clusters, free)
+    }
+
+    #[test]
+    fn a_restart_takes_back_creates_carries_updates_forward_and_finishes_deletes() {
+        let (_dir, mut conn, volumes) = seed();
+        recover_interrupted(&mut conn, &volumes, T0).unwrap();
+        let (clusters, free) = state(&conn);
+        assert_eq!(
+            clusters,
+            vec![
+                ("u1".to_string(), "running".to_string(), vec!["n2".to_string()]),
+                ("r1".to_string(), "running".to_string(), vec![]),
+            ]
+        );
+        assert_eq!(free, ["n1", "n3", "n4"]);
+        // Its own transaction, committed: the connection is in none after it.
+        assert!(conn.is_autocommit());
+    }
+
+    #[test]
+    fn a_failure_part_way_writes_nothing_and_leaves_no_transaction_open() {
+        let (_dir, conn, volumes) = seed();
+        let before = state(&conn);
+        // The delete fails after its node was released.
+        conn.execute_batch(
+            "CREATE TEMP TRIGGER refuse BEFORE DELETE ON clusters WHEN old.id = 'd1'
+             BEGIN SELECT RAISE(ABORT, 'refused'); END;",
+        )
+        .unwrap();
+        let err = recover_interrupted(&conn, &volumes, T0).unwrap_err();
+        assert!(err.to_string().contains("refused"), "{err}");
+        assert_eq!(state(&conn), before);
+        assert!(conn.is_autocommit());
+    }
+}
