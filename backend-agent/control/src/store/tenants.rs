@@ -54,12 +54,16 @@ pub fn by_name(conn: &impl AsConn, name: &str) -> gpufleet_sql::Result<Option<Te
     )
 }
 
+/// Every tenant, by name in bytewise order, as SQLite's ORDER BY gives it (PostgreSQL's
+/// follows the database's collation, where case and punctuation weigh differently).
 pub fn list(conn: &impl AsConn) -> gpufleet_sql::Result<Vec<TenantRow>> {
-    conn.as_conn().query_map(
+    let mut tenants = conn.as_conn().query_map(
         &format!("SELECT {COLUMNS} FROM tenants ORDER BY name"),
         params![],
         from_row,
-    )
+    )?;
+    tenants.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(tenants)
 }
 
 pub fn update(
@@ -109,6 +113,14 @@ mod tests {
     fn a_tenant_is_found_by_id_and_name_updated_and_deleted() {
         on_both(|db| {
             let c = db.conn();
+            if c.engine() == gpufleet_sql::Engine::Postgres {
+                // A collation where case weighs less than letters: still bytewise.
+                c.execute_batch(
+                    "ALTER TABLE tenants ALTER COLUMN name TYPE TEXT COLLATE \"und-x-icu\"",
+                )
+                .unwrap();
+            }
+            insert(&c, &tenant("t0", "C")).unwrap();
             insert(&c, &tenant("t2", "b")).unwrap();
             insert(&c, &tenant("t1", "a")).unwrap();
             // Names are unique.
@@ -133,9 +145,9 @@ mod tests {
             let a = get(&c, "t1").unwrap().unwrap();
             assert_eq!((a.display_name.as_str(), a.labels.len()), ("Team A", 0));
             let names: Vec<String> = list(&c).unwrap().into_iter().map(|t| t.name).collect();
-            assert_eq!(names, vec!["a", "b"]);
+            assert_eq!(names, vec!["C", "a", "b"]);
             delete(&c, "t2").unwrap();
-            assert_eq!(list(&c).unwrap().len(), 1);
+            assert_eq!(list(&c).unwrap().len(), 2);
         });
     }
 }
