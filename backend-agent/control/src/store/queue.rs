@@ -1,8 +1,9 @@
 //! Creates waiting for capacity (issue 42): one row per cluster in status "queued", saying
 //! since when it waits and until when. The row goes with its cluster (`ON DELETE
-//! CASCADE`), so a queued cluster deleted by any path leaves nothing behind.
+//! CASCADE`), so a queued cluster deleted by any path leaves nothing behind. The same
+//! statements run on SQLite and PostgreSQL (`gpufleet_sql`).
 
-use rusqlite::Connection;
+use gpufleet_sql::{params, AsConn};
 
 /// A queued cluster's wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,60 +15,140 @@ pub struct QueuedRow {
     pub wait_until: i64,
 }
 
-pub fn insert(conn: &Connection, row: &QueuedRow) -> rusqlite::Result<()> {
-    super::exec(
-        conn,
+pub fn insert(conn: &impl AsConn, row: &QueuedRow) -> gpufleet_sql::Result<()> {
+    conn.as_conn().execute(
         "INSERT INTO cluster_queue (cluster_id, queued_at, wait_until) VALUES (?1, ?2, ?3)",
-        rusqlite::params![row.cluster_id, row.queued_at, row.wait_until],
+        params![row.cluster_id, row.queued_at, row.wait_until],
     )?;
     Ok(())
 }
 
-/// Every queued cluster's wait, oldest first (ties by id: one order on every replica).
-pub fn list(conn: &Connection) -> rusqlite::Result<Vec<QueuedRow>> {
-    let mut stmt = conn.prepare_cached(
+/// Every queued cluster's wait, oldest first (ties by id: one order on every replica,
+/// and on either engine: the id by its bytes, as SQLite's ORDER BY gives it, whatever
+/// PostgreSQL's collation).
+pub fn list(conn: &impl AsConn) -> gpufleet_sql::Result<Vec<QueuedRow>> {
+    let mut rows = conn.as_conn().query_map(
         "SELECT cluster_id, queued_at, wait_until FROM cluster_queue
          ORDER BY queued_at, cluster_id",
+        params![],
+        |r| {
+            Ok(QueuedRow {
+                cluster_id: r.get(0)?,
+                queued_at: r.get(1)?,
+                wait_until: r.get(2)?,
+            })
+        },
     )?;
-    let rows = stmt.query_map([], |r| {
-        Ok(QueuedRow {
-            cluster_id: r.get(0)?,
-            queued_at: r.get(1)?,
-            wait_until: r.get(2)?,
-        })
-    })?;
-    rows.collect()
+    rows.sort_by(|a, b| (a.queued_at, &a.cluster_id).cmp(&(b.queued_at, &b.cluster_id)));
+    Ok(rows)
 }
 
 /// The wait of `cluster_id`, if it is queued.
-pub fn get(conn: &Connection, cluster_id: &str) -> rusqlite::Result<Option<QueuedRow>> {
-    use rusqlite::OptionalExtension;
-    conn.prepare_cached("SELECT queued_at, wait_until FROM cluster_queue WHERE cluster_id = ?1")?
-        .query_row([cluster_id], |r| {
+pub fn get(conn: &impl AsConn, cluster_id: &str) -> gpufleet_sql::Result<Option<QueuedRow>> {
+    conn.as_conn().query_opt(
+        "SELECT queued_at, wait_until FROM cluster_queue WHERE cluster_id = ?1",
+        params![cluster_id],
+        |r| {
             Ok(QueuedRow {
                 cluster_id: cluster_id.to_string(),
                 queued_at: r.get(0)?,
                 wait_until: r.get(1)?,
             })
-        })
-        .optional()
+        },
+    )
 }
 
 /// The cluster no longer waits (admitted).
-pub fn remove(conn: &Connection, cluster_id: &str) -> rusqlite::Result<()> {
-    super::exec(
-        conn,
+pub fn remove(conn: &impl AsConn, cluster_id: &str) -> gpufleet_sql::Result<()> {
+    conn.as_conn().execute(
         "DELETE FROM cluster_queue WHERE cluster_id = ?1",
-        [cluster_id],
+        params![cluster_id],
     )?;
     Ok(())
 }
 
 /// How many clusters wait: `tenant_id`'s, or the whole fleet's.
-pub fn count(conn: &Connection, tenant_id: Option<&str>) -> rusqlite::Result<i64> {
-    conn.prepare_cached(
+pub fn count(conn: &impl AsConn, tenant_id: Option<&str>) -> gpufleet_sql::Result<i64> {
+    // CAST: PostgreSQL cannot tell the type of a parameter that is only tested for NULL.
+    conn.as_conn().query_row(
         "SELECT COUNT(*) FROM cluster_queue q JOIN clusters c ON c.id = q.cluster_id
-         WHERE ?1 IS NULL OR c.tenant_id = ?1",
-    )?
-    .query_row([tenant_id], |r| r.get(0))
+         WHERE CAST(?1 AS TEXT) IS NULL OR c.tenant_id = ?1",
+        params![tenant_id],
+        |r| r.get(0),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::postgres::engines;
+    use gpufleet_sql::{Database, Engine};
+
+    /// Each test runs on SQLite and on PostgreSQL.
+    fn on_both(test: impl Fn(&mut Database)) {
+        for (_guard, mut db) in engines::both() {
+            eprintln!("on {:?}", db.engine());
+            test(&mut db);
+        }
+    }
+
+    fn wait(cluster_id: &str, queued_at: i64) -> QueuedRow {
+        QueuedRow {
+            cluster_id: cluster_id.into(),
+            queued_at,
+            wait_until: queued_at + 60,
+        }
+    }
+
+    fn ids(rows: Vec<QueuedRow>) -> Vec<String> {
+        rows.into_iter().map(|r| r.cluster_id).collect()
+    }
+
+    #[test]
+    fn queued_clusters_wait_oldest_first_and_go_with_their_cluster() {
+        on_both(|db| {
+            let c = db.conn();
+            if c.engine() == Engine::Postgres {
+                // A collation where case weighs less than letters: ties still bytewise.
+                c.execute_batch(
+                    "ALTER TABLE cluster_queue ALTER COLUMN cluster_id TYPE TEXT COLLATE \"und-x-icu\"",
+                )
+                .unwrap();
+            }
+            c.execute_batch(
+                "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
+                 VALUES ('t1', 'a', 'A', '{}', 'h1', 0), ('t2', 'b', 'B', '{}', 'h2', 0);
+                 INSERT INTO clusters (id, tenant_id, name, orchestrator, gpu_type, node_count,
+                     storage_gib, status, endpoint, credentials, storage_path, mig_layout)
+                 VALUES ('b', 't1', 'b', 'slurm', 'H100', 1, 1, 'queued', '', '', '', ''),
+                        ('C', 't1', 'c', 'slurm', 'H100', 1, 1, 'queued', '', '', '', ''),
+                        ('a', 't2', 'a', 'slurm', 'H100', 1, 1, 'queued', '', '', '', ''),
+                        ('d', 't2', 'd', 'slurm', 'H100', 1, 1, 'queued', '', '', '', '');",
+            )
+            .unwrap();
+            insert(&c, &wait("b", 10)).unwrap();
+            insert(&c, &wait("C", 10)).unwrap();
+            insert(&c, &wait("a", 20)).unwrap();
+            insert(&c, &wait("d", 5)).unwrap();
+            // A wait that ends before it starts is refused by the schema on both.
+            let mut bad = wait("d", 5);
+            bad.wait_until = 5;
+            assert!(insert(&c, &bad).is_err());
+
+            assert_eq!(ids(list(&c).unwrap()), ["d", "C", "b", "a"]);
+            assert_eq!(get(&c, "a").unwrap(), Some(wait("a", 20)));
+            assert_eq!(get(&c, "z").unwrap(), None);
+            assert_eq!(count(&c, None).unwrap(), 4);
+            assert_eq!(count(&c, Some("t1")).unwrap(), 2);
+            assert_eq!(count(&c, Some("t9")).unwrap(), 0);
+
+            remove(&c, "d").unwrap();
+            assert_eq!(get(&c, "d").unwrap(), None);
+            // A deleted cluster's wait goes with it.
+            c.execute("DELETE FROM clusters WHERE id = 'a'", params![])
+                .unwrap();
+            assert_eq!(ids(list(&c).unwrap()), ["C", "b"]);
+            assert_eq!(count(&c, Some("t2")).unwrap(), 0);
+        });
+    }
 }
