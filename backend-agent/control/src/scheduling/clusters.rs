@@ -390,7 +390,11 @@ mod tests {
         assert_eq!(
             clusters,
             vec![
-                ("u1".to_string(), "running".to_string(), vec!["n2".to_string()]),
+                (
+                    "u1".to_string(),
+                    "running".to_string(),
+                    vec!["n2".to_string()]
+                ),
                 ("r1".to_string(), "running".to_string(), vec![]),
             ]
         );

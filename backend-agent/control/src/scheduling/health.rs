@@ -16,7 +16,6 @@ use gpufleet_proto::limits::MAX_BANDWIDTH_GBPS;
 use gpufleet_proto::v1;
 use gpufleet_sql::AsConn;
 use gpufleet_wire::checks::BANDWIDTH_NO_DATA as NO_DATA;
-use rusqlite::Connection;
 use tokio::sync::watch;
 
 use super::{breaker, drivers};
@@ -663,7 +662,7 @@ async fn quarantine_checked(
 /// the fence (a singleton's check writes nothing once its replica lost the lease). Whether
 /// the node was free.
 fn quarantine_in(
-    conn: &Connection,
+    conn: &impl AsConn,
     fence: &Fence,
     settings: &breaker::Settings,
     n: &NodeRow,

@@ -131,7 +131,7 @@ pub(super) fn fenced_plan(
 /// request's change) is never touched. The names of the clusters settled.
 pub(super) fn fenced_settle(
     fence: &Fence,
-    tx: &Connection,
+    tx: &impl AsConn,
     // Now, and how long an unreachable node waits for its replacement (for the status).
     (t, replace_after): (i64, std::time::Duration),
 ) -> Result<Vec<String>> {
@@ -492,7 +492,7 @@ async fn carry_out(state: &AppState, work: TakeBack, fence: Fence) -> Result<()>
 /// settled meanwhile (its mark is gone).
 pub(super) fn fenced_record(
     fence: &Fence,
-    tx: &Connection,
+    tx: &impl AsConn,
     work: TakeBack,
     converged: Result<()>,
     now: (i64, std::time::Duration),
