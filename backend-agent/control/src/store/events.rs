@@ -27,6 +27,11 @@ pub const KEEP_PER_OBJECT: i64 = 1000;
 /// commit order, since they are readers' cursors. Call it inside a write transaction
 /// (`Database::write`, or SQLite's one writer): on PostgreSQL the transaction is
 /// serializable, so of two that read the same MAX one fails and is run again.
+///
+/// tenant_seq is MAX + 1 on both engines (as SQLite's store always numbered it): a number
+/// comes again only if the tenant's newest event is deleted, and nothing deletes it: the
+/// pruning keeps each object's newest, an object's events are its one tenant's, and
+/// `nodes::forget_candidate` deletes a free node's events, which are no tenant's.
 pub fn record(
     conn: &impl AsConn,
     at: i64,
