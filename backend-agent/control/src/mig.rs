@@ -13,7 +13,6 @@ use gpufleet_gpu::hardware::GpuInfo;
 use gpufleet_gpu::mig::{self, Layout, Placement};
 use gpufleet_proto::v1;
 use gpufleet_sql::AsConn;
-use rusqlite::Connection;
 
 use crate::error::{Error, Result};
 use crate::lease::Fence;
@@ -383,7 +382,7 @@ pub async fn mark_reconciled(state: &AppState, fence: &Fence, node: NodeRow, rea
 /// [`mark_reconciled`]'s transaction: the node ready (or busy with `reason`), back in its
 /// cluster's log, the cluster's status refreshed; after the fence, nothing when it refuses.
 fn record_reconciled(
-    conn: &Connection,
+    conn: &impl AsConn,
     fence: &Fence,
     node_id: &str,
     cluster: Option<&str>,

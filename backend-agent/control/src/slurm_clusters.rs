@@ -53,7 +53,6 @@ use std::time::{Duration, Instant};
 use gpufleet_proto::v1;
 use gpufleet_slurm::PortRange;
 use gpufleet_sql::AsConn;
-use rusqlite::Connection;
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
@@ -1385,7 +1384,7 @@ async fn watch_once(state: &Arc<AppState>) -> Result<()> {
 /// The supervisor's record of a Slurm cluster's status: the settled one with what Slurm
 /// says over it, after the fence (nothing once this replica lost the lease).
 fn record_status(
-    conn: &Connection,
+    conn: &impl AsConn,
     fence: &Fence,
     c: &ClusterRow,
     replace_after: Duration,
