@@ -359,8 +359,10 @@ mod tests {
         (dir, conn, volumes)
     }
 
-    /// Each cluster's status and nodes, and the nodes no cluster holds.
-    fn state(conn: &Connection) -> (Vec<(String, String, Vec<String>)>, Vec<String>) {
+    /// Each cluster (id, status, nodes), and the nodes no cluster holds.
+    type State = (Vec<(String, String, Vec<String>)>, Vec<String>);
+
+    fn state(conn: &Connection) -> State {
         let mut clusters = Vec::new();
         for id in ["c1", "u1", "d1", "r1"] {
             if let Some(c) = store::clusters::get(conn, id).unwrap() {
@@ -384,8 +386,8 @@ mod tests {
 
     #[test]
     fn a_restart_takes_back_creates_carries_updates_forward_and_finishes_deletes() {
-        let (_dir, mut conn, volumes) = seed();
-        recover_interrupted(&mut conn, &volumes, T0).unwrap();
+        let (_dir, conn, volumes) = seed();
+        recover_interrupted(&conn, &volumes, T0).unwrap();
         let (clusters, free) = state(&conn);
         assert_eq!(
             clusters,
