@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rusqlite::{Connection, Savepoint};
+use gpufleet_sql::AsConn;
+use rusqlite::Savepoint;
 use tokio::sync::watch;
 
 use super::clusters::Clusters;
@@ -154,7 +155,7 @@ pub fn round(
 }
 
 /// Each tenant's pool GPUs beyond its guarantee of `gpu_type` now, and its weight.
-fn standings(conn: &Connection, gpu_type: &str, t: i64) -> Result<HashMap<String, Standing>> {
+fn standings(conn: &impl AsConn, gpu_type: &str, t: i64) -> Result<HashMap<String, Standing>> {
     let gpn = crate::scheduling::gpus_per_node(conn, gpu_type)?.max(1);
     let held = crate::scheduling::holdings(conn, gpu_type, t, Default::default())?;
     Ok(
@@ -226,7 +227,7 @@ fn admit(
 
 /// The clusters of a model behind one that does not fit: each says why it waits, and
 /// that one comes first (not which: it may be another tenant's).
-fn behind(conn: &Connection, waiting: &[(ClusterRow, Waiting)], t: i64) -> Result<()> {
+fn behind(conn: &impl AsConn, waiting: &[(ClusterRow, Waiting)], t: i64) -> Result<()> {
     for (c, _) in waiting {
         let tenant_name = crate::scheduling::sharing::tenant_name(conn, &c.tenant_id)?;
         let reason = match queue::why_waiting(conn, &tenant_name, c, t) {
@@ -243,7 +244,7 @@ fn behind(conn: &Connection, waiting: &[(ClusterRow, Waiting)], t: i64) -> Resul
 }
 
 /// A cluster that still waits says why now (written only when that changed).
-fn still_waiting(conn: &Connection, c: &ClusterRow, reason: &str) -> Result<()> {
+fn still_waiting(conn: &impl AsConn, c: &ClusterRow, reason: &str) -> Result<()> {
     if c.status_reason != reason {
         store::clusters::set_status(conn, &c.id, "queued", reason)?;
     }
@@ -252,7 +253,7 @@ fn still_waiting(conn: &Connection, c: &ClusterRow, reason: &str) -> Result<()> 
 
 /// A queued cluster whose wait ran out goes, holding nothing; its event says why it was
 /// never admitted.
-fn expire(conn: &Connection, c: &ClusterRow, t: i64, waited: i64) -> Result<()> {
+fn expire(conn: &impl AsConn, c: &ClusterRow, t: i64, waited: i64) -> Result<()> {
     let message = format!(
         "not admitted within its wait ({waited}s): {}; the queued cluster was deleted, it held nothing",
         c.status_reason
@@ -264,7 +265,7 @@ fn expire(conn: &Connection, c: &ClusterRow, t: i64, waited: i64) -> Result<()> 
 /// The admitted cluster's volume, as its create would have made it (a kept volume of the
 /// same name is attached). Returns the directory when it is new.
 fn make_volume(
-    conn: &Connection,
+    conn: &impl AsConn,
     volumes: &Volumes,
     c: &ClusterRow,
 ) -> Result<Option<std::path::PathBuf>> {

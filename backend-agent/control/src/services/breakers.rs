@@ -2,7 +2,8 @@
 //! an operator's reset. The rules are `scheduling::breaker`'s; this is their API edge.
 
 use gpufleet_proto::v1;
-use rusqlite::{Connection, Savepoint};
+use gpufleet_sql::Conn;
+use rusqlite::Savepoint;
 use tonic::{Request, Status};
 
 use super::fleet::Fleet;
@@ -33,12 +34,12 @@ fn message(v: View) -> v1::QuarantineBreaker {
 impl Fleet {
     pub(super) fn list_quarantine_breakers(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ListQuarantineBreakersRequest>,
     ) -> Result<v1::ListQuarantineBreakersResponse, Status> {
-        let (caller, _) = super::enter(&self.state, conn, request)?;
+        let (caller, _) = super::enter(&self.state, &conn, request)?;
         caller.require_admin("listing the quarantine breakers")?;
-        let views = breaker::views(conn, &self.state.breaker, self.state.now())?;
+        let views = breaker::views(&conn, &self.state.breaker, self.state.now())?;
         Ok(v1::ListQuarantineBreakersResponse {
             breakers: views.into_iter().map(message).collect(),
         })

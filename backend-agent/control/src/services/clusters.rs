@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpufleet_proto::v1::{self, tenant_cluster_service_server::TenantClusterService};
-use rusqlite::{Connection, Savepoint};
+use gpufleet_sql::{AsConn, Conn};
+use rusqlite::Savepoint;
 use tonic::{Request, Response, Status};
 
 use super::reservations::visible_reservation;
@@ -29,14 +30,18 @@ pub struct Clusters {
     pub state: Arc<AppState>,
 }
 
-fn visible_cluster(conn: &Connection, caller: &Caller, id: &str) -> Result<ClusterRow, Status> {
+fn visible_cluster(conn: &impl AsConn, caller: &Caller, id: &str) -> Result<ClusterRow, Status> {
     match store::clusters::get(conn, id).map_err(db_error)? {
         Some(c) if caller.sees(&c.tenant_id) => Ok(c),
         _ => Err(not_found("tenant cluster", id)),
     }
 }
 
-fn message(conn: &Connection, caller: &Caller, c: ClusterRow) -> Result<v1::TenantCluster, Status> {
+fn message(
+    conn: &impl AsConn,
+    caller: &Caller,
+    c: ClusterRow,
+) -> Result<v1::TenantCluster, Status> {
     let mut nodes = store::nodes::list(conn, None, Some(&c.id)).map_err(db_error)?;
     let nodes_omitted = super::paging::shown_nodes(&mut nodes);
     let acceptance = super::health::cluster_acceptance(conn, &c.id)?;
@@ -176,7 +181,7 @@ fn admit_volume(volumes: &Volumes, dir: &std::path::Path, gib: i64) -> Result<()
 /// A validate_only answer: the cluster as the request would make it (nodes included), no
 /// credentials issued.
 fn dry_run_answer(
-    conn: &Connection,
+    conn: &impl AsConn,
     caller: &Caller,
     c: ClusterRow,
 ) -> Result<v1::TenantCluster, Status> {
@@ -225,12 +230,12 @@ struct UpdateChange {
 /// Events for nodes that joined (`allocated`, with the cluster's layout when it has one)
 /// and left (`released`) the cluster.
 fn record_membership(
-    conn: &Connection,
+    conn: &impl AsConn,
     c: &ClusterRow,
     joined: &[NodeRow],
     left: &[NodeRow],
     t: i64,
-) -> rusqlite::Result<()> {
+) -> gpufleet_sql::Result<()> {
     for n in joined {
         let layout = if c.mig_layout.is_empty() {
             "whole GPUs".to_string()
@@ -266,7 +271,7 @@ fn record_membership(
 }
 
 /// The ids of the nodes `cluster_id` holds.
-fn members(conn: &Connection, cluster_id: &str) -> Result<Vec<String>, Status> {
+fn members(conn: &impl AsConn, cluster_id: &str) -> Result<Vec<String>, Status> {
     Ok(store::nodes::list(conn, None, Some(cluster_id))
         .map_err(db_error)?
         .into_iter()
@@ -802,28 +807,28 @@ impl Clusters {
 
     fn get(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::GetTenantClusterRequest>,
     ) -> Result<v1::TenantCluster, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
-        let c = visible_cluster(conn, &caller, &req.id)?;
-        message(conn, &caller, c)
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
+        let c = visible_cluster(&conn, &caller, &req.id)?;
+        message(&conn, &caller, c)
     }
 
     fn list(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ListTenantClustersRequest>,
     ) -> Result<v1::ListTenantClustersResponse, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
-        let scope = list_scope(conn, &caller, &req.tenant_id)?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
+        let scope = list_scope(&conn, &caller, &req.tenant_id)?;
         let page = super::paging::parse(req.page_size, &req.page_token)?;
-        let rows = store::clusters::list(conn, scope.as_deref(), None, None).map_err(db_error)?;
+        let rows = store::clusters::list(&conn, scope.as_deref(), None, None).map_err(db_error)?;
         let (clusters, next_page_token) = super::paging::page(
             rows,
             &page,
             |c| format!("{}\u{0}{}", c.tenant_id, c.name),
-            |c| message(conn, &caller, c),
+            |c| message(&conn, &caller, c),
         )?;
         Ok(v1::ListTenantClustersResponse {
             clusters,

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use gpufleet_proto::v1;
-use rusqlite::{Connection, Savepoint};
+use gpufleet_sql::AsConn;
+use rusqlite::Savepoint;
 use tonic::{Request, Status};
 
 use crate::scheduling::drivers;
@@ -40,7 +41,7 @@ fn committed(
     Ok(answer)
 }
 
-fn node_named(conn: &Connection, name: &str) -> Result<store::nodes::NodeRow, Status> {
+fn node_named(conn: &impl AsConn, name: &str) -> Result<store::nodes::NodeRow, Status> {
     store::nodes::by_hostname(conn, name)
         .map_err(db_error)?
         .ok_or_else(|| super::not_found("node", name))

@@ -1,7 +1,7 @@
 //! Per-tenant limits that keep one tenant's volume from slowing the others: how many
 //! reservations that have not ended one tenant may hold (`serve --max-open-reservations`).
 
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 use tonic::Status;
 
 use crate::state::db_error;
@@ -9,7 +9,7 @@ use crate::store::{self, tenants::TenantRow};
 
 /// FAILED_PRECONDITION when `tenant` already holds `max` reservations that end after `now`.
 pub fn room_for_reservation(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant: &TenantRow,
     max: u32,
     now: i64,

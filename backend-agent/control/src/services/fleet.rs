@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpufleet_proto::v1::{self, fleet_service_server::FleetService};
-use rusqlite::{Connection, Savepoint};
+use gpufleet_sql::{AsConn, Conn};
+use rusqlite::Savepoint;
 use tonic::{Request, Response, Status};
 
 use super::{invalid, node_messages};
@@ -22,15 +23,15 @@ pub struct Fleet {
 impl Fleet {
     fn list_nodes(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ListNodesRequest>,
     ) -> Result<v1::ListNodesResponse, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
         let gpu_type = Some(req.gpu_type.as_str()).filter(|s| !s.is_empty());
         let cluster = Some(req.cluster_id.as_str()).filter(|s| !s.is_empty());
         // Filtering by another tenant's cluster answers like an unknown cluster: nothing.
         if let Some(c) = cluster {
-            let visible = store::clusters::get(conn, c)
+            let visible = store::clusters::get(&conn, c)
                 .map_err(db_error)?
                 .is_some_and(|c| caller.sees(&c.tenant_id));
             if !visible {
@@ -41,9 +42,9 @@ impl Fleet {
         // A tenant sees the nodes of its own clusters and no other: which nodes other teams
         // run on, and how they are split, is theirs (capacity is in ListGpuTypes' counts).
         let rows = match &caller {
-            crate::auth::Caller::Admin => store::nodes::list(conn, gpu_type, cluster),
+            crate::auth::Caller::Admin => store::nodes::list(&conn, gpu_type, cluster),
             crate::auth::Caller::Tenant(tenant) => {
-                store::nodes::list_of_tenant(conn, tenant, gpu_type, cluster)
+                store::nodes::list_of_tenant(&conn, tenant, gpu_type, cluster)
             }
         }
         .map_err(db_error)?;
@@ -51,7 +52,7 @@ impl Fleet {
             rows,
             &page,
             |n| n.hostname.clone(),
-            |page_rows| node_messages(conn, Some(&self.state.agents), &caller, page_rows),
+            |page_rows| node_messages(&conn, Some(&self.state.agents), &caller, page_rows),
         )?;
         Ok(v1::ListNodesResponse {
             nodes,
@@ -61,12 +62,12 @@ impl Fleet {
 
     fn list_gpu_types(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ListGpuTypesRequest>,
     ) -> Result<v1::ListGpuTypesResponse, Status> {
-        super::enter(&self.state, conn, request)?;
+        super::enter(&self.state, &conn, request)?;
         let mut types: BTreeMap<String, v1::GpuType> = BTreeMap::new();
-        for n in store::nodes::list(conn, None, None).map_err(db_error)? {
+        for n in store::nodes::list(&conn, None, None).map_err(db_error)? {
             let t = types
                 .entry(n.gpu_type.clone())
                 .or_insert_with(|| v1::GpuType {
@@ -94,10 +95,10 @@ impl Fleet {
 
     fn availability(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::AvailabilityRequest>,
     ) -> Result<v1::Availability, Status> {
-        let (_, req) = super::enter(&self.state, conn, request)?;
+        let (_, req) = super::enter(&self.state, &conn, request)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         let t = self.state.now();
         let start = req
@@ -125,10 +126,10 @@ impl Fleet {
         // Only what overlaps the window asked about (from `start` on for an earliest
         // window) counts, so only that is read.
         let until = if wanted.is_some() { None } else { end };
-        let held = holdings_during(conn, &req.gpu_type, t, (start, until), Exclude::default())?;
-        let mut cap = capacity(conn, &req.gpu_type, &held)?;
+        let held = holdings_during(&conn, &req.gpu_type, t, (start, until), Exclude::default())?;
+        let mut cap = capacity(&conn, &req.gpu_type, &held)?;
         // What a reservation could have: preemptible clusters' pool nodes yield to it.
-        crate::scheduling::preemption::yield_to_reservations(conn, &req.gpu_type, t, &mut cap)?;
+        crate::scheduling::preemption::yield_to_reservations(&conn, &req.gpu_type, t, &mut cap)?;
         // "Never" is an answer, not an error: a plan (or the pre-destroy plan of `terraform
         // destroy`) reading this after its own apply used the pool must not fail.
         let (earliest_start, earliest_start_reason) = match wanted {
@@ -157,20 +158,20 @@ impl Fleet {
 
     fn check_mig_layout(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::CheckMigLayoutRequest>,
     ) -> Result<v1::CheckMigLayoutResponse, Status> {
-        let (_, req) = super::enter(&self.state, conn, request)?;
+        let (_, req) = super::enter(&self.state, &conn, request)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         crate::mig::check(&req.gpu_type, &req.layout).map_err(Into::into)
     }
 
     fn metrics_endpoint(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::GetMetricsEndpointRequest>,
     ) -> Result<v1::MetricsEndpoint, Status> {
-        super::enter(&self.state, conn, request)?;
+        super::enter(&self.state, &conn, request)?;
         Ok(v1::MetricsEndpoint {
             address: self
                 .state
@@ -192,7 +193,7 @@ fn driver_message(r: &crate::drivers::Release) -> v1::DriverVersion {
 }
 
 /// The node named `name` (its hostname), or NOT_FOUND.
-fn node_named(conn: &Connection, name: &str) -> Result<store::nodes::NodeRow, Status> {
+fn node_named(conn: &impl AsConn, name: &str) -> Result<store::nodes::NodeRow, Status> {
     store::nodes::by_hostname(conn, name)
         .map_err(db_error)?
         .ok_or_else(|| super::not_found("node", name))
@@ -263,10 +264,10 @@ impl Fleet {
 
     fn list_driver_versions(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ListDriverVersionsRequest>,
     ) -> Result<v1::ListDriverVersionsResponse, Status> {
-        let (_, req) = super::enter(&self.state, conn, request)?;
+        let (_, req) = super::enter(&self.state, &conn, request)?;
         let drivers = self.state.drivers.list(&req.gpu_type, &req.cuda_version)?;
         Ok(v1::ListDriverVersionsResponse {
             drivers: drivers.into_iter().map(driver_message).collect(),
@@ -275,10 +276,10 @@ impl Fleet {
 
     fn resolve_driver(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ResolveDriverRequest>,
     ) -> Result<v1::ResolveDriverResponse, Status> {
-        let (_, req) = super::enter(&self.state, conn, request)?;
+        let (_, req) = super::enter(&self.state, &conn, request)?;
         let r = self.state.drivers.resolve(
             &req.gpu_type,
             &req.cuda_version,
@@ -292,19 +293,19 @@ impl Fleet {
 
     fn list_events(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ListEventsRequest>,
     ) -> Result<v1::ListEventsResponse, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
         let page = super::paging::parse(req.page_size, &req.page_token)?;
         let id = req.object_id;
         if id.is_empty() {
-            return event_stream(conn, &caller, &page);
+            return event_stream(&conn, &caller, &page);
         }
-        let visible = store::clusters::get(conn, &id)
+        let visible = store::clusters::get(&conn, &id)
             .map_err(db_error)?
             .is_some_and(|c| caller.sees(&c.tenant_id));
-        let events = store::events::list(conn, &id).map_err(db_error)?;
+        let events = store::events::list(&conn, &id).map_err(db_error)?;
         // A deleted cluster's events stay readable by the tenant they belong to.
         let visible = visible || events.first().is_some_and(|e| caller.sees(&e.tenant_id));
         if !visible {
@@ -348,7 +349,7 @@ fn event_message(caller: &crate::auth::Caller, e: store::events::EventRow) -> v1
 /// admin's is the whole fleet's: a quarantine traced to the cluster and tenant whose
 /// work it came from). Read a page at a time from the store.
 fn event_stream(
-    conn: &Connection,
+    conn: &impl AsConn,
     caller: &crate::auth::Caller,
     page: &crate::limits::Page,
 ) -> Result<v1::ListEventsResponse, Status> {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpufleet_proto::v1::{self, health_service_server::HealthService};
-use rusqlite::Connection;
+use gpufleet_sql::{AsConn, Conn};
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
@@ -18,7 +18,7 @@ pub struct Health {
     pub state: Arc<AppState>,
 }
 
-fn visible_cluster(conn: &Connection, caller: &Caller, id: &str) -> Result<ClusterRow, Status> {
+fn visible_cluster(conn: &impl AsConn, caller: &Caller, id: &str) -> Result<ClusterRow, Status> {
     match store::clusters::get(conn, id).map_err(db_error)? {
         Some(c) if caller.sees(&c.tenant_id) => Ok(c),
         _ => Err(super::not_found("tenant cluster", id)),
@@ -56,7 +56,7 @@ fn node_health(r: ResultRow, with_checks: bool) -> v1::NodeHealth {
 /// The cluster's acceptance settings and each node's latest result: the nodes it has
 /// now, and those its latest run took out.
 pub fn report(
-    conn: &Connection,
+    conn: &impl AsConn,
     cluster_id: &str,
     with_checks: bool,
 ) -> Result<v1::ClusterHealthReport, Status> {
@@ -103,7 +103,7 @@ pub struct ClusterAcceptance {
 /// The per-node summary is the cluster's latest run's (acceptance or on demand): it
 /// stays the same across restarts and periodic checks, which the report shows.
 pub fn cluster_acceptance(
-    conn: &Connection,
+    conn: &impl AsConn,
     cluster_id: &str,
 ) -> Result<ClusterAcceptance, Status> {
     let a = store::health::acceptance(conn, cluster_id).map_err(db_error)?;
@@ -167,12 +167,12 @@ impl Health {
 
     fn get_health_report(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::GetHealthReportRequest>,
     ) -> Result<v1::ClusterHealthReport, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
-        let c = visible_cluster(conn, &caller, &req.cluster_id)?;
-        report(conn, &c.id, true)
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
+        let c = visible_cluster(&conn, &caller, &req.cluster_id)?;
+        report(&conn, &c.id, true)
     }
 }
 
@@ -210,7 +210,7 @@ pub fn create_settings(
 
 /// Stores them with the new cluster (same transaction).
 pub fn store_created(
-    conn: &Connection,
+    conn: &impl AsConn,
     cluster_id: &str,
     mut settings: store::health::Acceptance,
 ) -> Result<(), Status> {
@@ -222,7 +222,7 @@ pub fn store_created(
 /// for checks run without a level.
 pub fn store_updated(
     state: &AppState,
-    conn: &Connection,
+    conn: &impl AsConn,
     cluster: &ClusterRow,
     req: &v1::UpdateTenantClusterRequest,
 ) -> Result<(), Status> {

@@ -2,7 +2,7 @@
 //! and that this caller may see, nearest first. A tenant token sees only its own tenant,
 //! so its answer is the same whether the name it asked for exists or not.
 
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 use tonic::Status;
 
 use crate::auth::Caller;
@@ -14,7 +14,7 @@ const MAX_LISTED: usize = 8;
 
 /// NOT_FOUND for a tenant spelled `spelling` (a name or an id), with the tenants this
 /// caller may see: the admin's nearest names, a tenant token's own tenant.
-pub fn unknown_tenant(conn: &Connection, caller: &Caller, spelling: &str) -> Status {
+pub fn unknown_tenant(conn: &impl AsConn, caller: &Caller, spelling: &str) -> Status {
     let hint = match tenant_hint(conn, caller, spelling) {
         Ok(hint) => hint,
         Err(e) => return e,
@@ -25,7 +25,7 @@ pub fn unknown_tenant(conn: &Connection, caller: &Caller, spelling: &str) -> Sta
     ))
 }
 
-fn tenant_hint(conn: &Connection, caller: &Caller, spelling: &str) -> Result<String, Status> {
+fn tenant_hint(conn: &impl AsConn, caller: &Caller, spelling: &str) -> Result<String, Status> {
     let mut names: Vec<String> = store::tenants::list(conn)
         .map_err(db_error)?
         .into_iter()

@@ -24,7 +24,8 @@ mod usage;
 use std::collections::HashMap;
 
 use gpufleet_proto::v1;
-use rusqlite::{Connection, Savepoint};
+use gpufleet_sql::{AsConn, Conn};
+use rusqlite::Savepoint;
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
@@ -36,7 +37,7 @@ use crate::store::{self, tenants::TenantRow};
 /// bounds, then the message itself.
 pub fn enter<T: crate::limits::Bounded + crate::intent::Intent>(
     state: &AppState,
-    conn: &Connection,
+    conn: &impl AsConn,
     request: Request<T>,
 ) -> Result<(Caller, T), Status> {
     let caller = crate::auth::authenticate(state, conn, &request)?;
@@ -50,7 +51,7 @@ pub async fn reading<S, T, A>(
     state: &AppState,
     svc: &S,
     request: Request<T>,
-    handler: fn(&S, &Connection, Request<T>) -> Result<A, Status>,
+    handler: fn(&S, Conn<'_>, Request<T>) -> Result<A, Status>,
 ) -> Result<Response<A>, Status>
 where
     S: Clone + Send + 'static,
@@ -59,7 +60,7 @@ where
 {
     let svc = svc.clone();
     state
-        .read(move |conn| handler(&svc, conn, request))
+        .read(move |conn| handler(&svc, conn.as_conn(), request))
         .await
         .map(Response::new)
 }
@@ -118,7 +119,7 @@ pub fn request_id_conflict(request_id: &str, kind: &str) -> Status {
 /// The tenant a request acts for: the given id when the caller may see it, the caller's
 /// own tenant when a tenant token leaves it empty.
 pub fn target_tenant(
-    conn: &Connection,
+    conn: &impl AsConn,
     caller: &Caller,
     tenant_id: &str,
 ) -> Result<TenantRow, Status> {
@@ -137,7 +138,7 @@ pub const ADMIN_NAMES_THE_TENANT: &str = "tenant_id: required with the admin tok
 
 /// A tenant by its id or its name, when the caller may see it (another tenant's answers
 /// like one that does not exist).
-pub fn visible_tenant(conn: &Connection, caller: &Caller, id: &str) -> Result<TenantRow, Status> {
+pub fn visible_tenant(conn: &impl AsConn, caller: &Caller, id: &str) -> Result<TenantRow, Status> {
     let found = match store::tenants::get(conn, id).map_err(db_error)? {
         Some(t) => Some(t),
         None => store::tenants::by_name(conn, id).map_err(db_error)?,
@@ -149,7 +150,7 @@ pub fn visible_tenant(conn: &Connection, caller: &Caller, id: &str) -> Result<Te
 }
 
 /// A tenant's name by id, for answers ("" when it is gone).
-pub fn tenant_name(conn: &Connection, tenant_id: &str) -> Result<String, Status> {
+pub fn tenant_name(conn: &impl AsConn, tenant_id: &str) -> Result<String, Status> {
     Ok(store::tenants::get(conn, tenant_id)
         .map_err(db_error)?
         .map(|t| t.name)
@@ -158,7 +159,7 @@ pub fn tenant_name(conn: &Connection, tenant_id: &str) -> Result<String, Status>
 
 /// The tenant filter of a List call: None (all) for the admin without a filter.
 pub fn list_scope(
-    conn: &Connection,
+    conn: &impl AsConn,
     caller: &Caller,
     tenant_id: &str,
 ) -> Result<Option<String>, Status> {
@@ -179,7 +180,7 @@ pub fn to_hash_map<V: Clone>(m: &std::collections::BTreeMap<String, V>) -> HashM
 /// Nodes as the API shows them; a tenant caller does not learn who holds others' nodes.
 /// With `agents`, each node's heartbeat age is filled in.
 pub fn node_messages(
-    conn: &Connection,
+    conn: &impl AsConn,
     agents: Option<&crate::registry::Registry>,
     caller: &Caller,
     rows: Vec<store::nodes::NodeRow>,
@@ -278,7 +279,7 @@ mod tests {
             "[[pool]]\ngpu_type = \"A100-80GB\"\nnodes = 40\ngpus_per_node = 4\n",
         )
         .unwrap();
-        crate::fleet::seed(&mut conn, &fleet, 0).unwrap();
+        crate::fleet::seed(&conn, &fleet, 0).unwrap();
         let rows = store::nodes::list(&conn, None, None).unwrap();
         let sliced = rows[7].id.clone();
         let devices = [MigDeviceRow {

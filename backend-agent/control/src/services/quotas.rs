@@ -14,7 +14,8 @@ use crate::scheduling::{
 };
 use crate::state::{db_error, AppState};
 use crate::{catalog, store};
-use rusqlite::{Connection, Savepoint};
+use gpufleet_sql::{AsConn, Conn};
+use rusqlite::Savepoint;
 use store::{idempotency::Prior, quotas::QuotaRow};
 
 #[derive(Clone)]
@@ -22,7 +23,7 @@ pub struct Quotas {
     pub state: Arc<AppState>,
 }
 
-fn message(conn: &Connection, q: QuotaRow) -> Result<v1::GpuQuota, Status> {
+fn message(conn: &impl AsConn, q: QuotaRow) -> Result<v1::GpuQuota, Status> {
     Ok(v1::GpuQuota {
         tenant_name: super::tenant_name(conn, &q.tenant_id)?,
         id: q.id,
@@ -35,7 +36,7 @@ fn message(conn: &Connection, q: QuotaRow) -> Result<v1::GpuQuota, Status> {
     })
 }
 
-fn visible_quota(conn: &Connection, caller: &Caller, id: &str) -> Result<QuotaRow, Status> {
+fn visible_quota(conn: &impl AsConn, caller: &Caller, id: &str) -> Result<QuotaRow, Status> {
     match store::quotas::get(conn, id).map_err(db_error)? {
         Some(q) if caller.sees(&q.tenant_id) => Ok(q),
         _ => Err(not_found("gpu quota", id)),
@@ -44,7 +45,7 @@ fn visible_quota(conn: &Connection, caller: &Caller, id: &str) -> Result<QuotaRo
 
 /// A quota is for a model the fleet has: one for a model without nodes could never be
 /// used, and reads like a promise.
-fn require_in_fleet(conn: &Connection, gpu_type: &str) -> Result<(), Status> {
+fn require_in_fleet(conn: &impl AsConn, gpu_type: &str) -> Result<(), Status> {
     // Counts leave quarantined nodes out: they are nobody's capacity until returned.
     if store::nodes::counts(conn, gpu_type).map_err(db_error)? != (0, 0) {
         return Ok(());
@@ -84,7 +85,7 @@ fn require_in_fleet(conn: &Connection, gpu_type: &str) -> Result<(), Status> {
 /// `gpu_type` cannot keep (see [`guarantees::admit`]); the refusal's `ErrorInfo` says so
 /// (`over_pool`), for a client that may make room with a lowering it applies beside it.
 fn admit_guarantee(
-    conn: &Connection,
+    conn: &impl AsConn,
     gpu_type: &str,
     gpus: i64,
     except: Option<&str>,
@@ -125,7 +126,7 @@ impl Assumed {
 /// [`Assumed`]), leaving out the request's own (`own`: its tenant's id and model). Only a
 /// dry run counts them, and only the admin's: quotas are the admin's to set.
 pub(super) fn assume_planned(
-    tx: &Connection,
+    tx: &impl AsConn,
     caller: &Caller,
     field: &str,
     planned: &[v1::PlannedQuota],
@@ -285,27 +286,27 @@ impl Quotas {
 
     fn get(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::GetGpuQuotaRequest>,
     ) -> Result<v1::GpuQuota, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
-        message(conn, visible_quota(conn, &caller, &req.id)?)
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
+        message(&conn, visible_quota(&conn, &caller, &req.id)?)
     }
 
     fn list(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ListGpuQuotasRequest>,
     ) -> Result<v1::ListGpuQuotasResponse, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
-        let scope = list_scope(conn, &caller, &req.tenant_id)?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
+        let scope = list_scope(&conn, &caller, &req.tenant_id)?;
         let page = super::paging::parse(req.page_size, &req.page_token)?;
-        let quotas = store::quotas::list(conn, scope.as_deref()).map_err(db_error)?;
+        let quotas = store::quotas::list(&conn, scope.as_deref()).map_err(db_error)?;
         let (quotas, next_page_token) = super::paging::page(
             quotas,
             &page,
             |q| format!("{}\u{0}{}", q.tenant_id, q.gpu_type),
-            |q| message(conn, q),
+            |q| message(&conn, q),
         )?;
         Ok(v1::ListGpuQuotasResponse {
             quotas,
@@ -422,20 +423,20 @@ impl Quotas {
 
     fn usage(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::QuotaUsageRequest>,
     ) -> Result<v1::QuotaUsage, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
-        let tenant = super::target_tenant(conn, &caller, &req.tenant_id)?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
+        let tenant = super::target_tenant(&conn, &caller, &req.tenant_id)?;
         catalog::require_known("gpu_type", &req.gpu_type).map_err(invalid)?;
         let t = self.state.now();
-        let all = holdings(conn, &req.gpu_type, t, Exclude::default())?;
+        let all = holdings(&conn, &req.gpu_type, t, Exclude::default())?;
         // What a cluster without a reservation could take now: pool nodes free from now on.
-        let cap = capacity(conn, &req.gpu_type, &all)?;
+        let cap = capacity(&conn, &req.gpu_type, &all)?;
         let capacity_free = cap.free_pool(t, None);
-        let gpn = gpus_per_node(conn, &req.gpu_type)?;
+        let gpn = gpus_per_node(&conn, &req.gpu_type)?;
         // Of the pool GPUs free now, what other tenants' lending limits leave this one.
-        let shares = crate::scheduling::sharing::shares(conn, &req.gpu_type, &all, t, gpn)?;
+        let shares = crate::scheduling::sharing::shares(&conn, &req.gpu_type, &all, t, gpn)?;
         let lendable = crate::scheduling::sharing::Lendable::of(
             cap.free_pool(t, Some(t + 1)).saturating_mul(gpn),
             &shares,
@@ -460,7 +461,7 @@ impl Quotas {
             })
             .collect();
         let reserved = rules::peak(&reservations, t, None);
-        let limit = crate::scheduling::limit(conn, &tenant.id, &req.gpu_type)?.unwrap_or(Limit {
+        let limit = crate::scheduling::limit(&conn, &tenant.id, &req.gpu_type)?.unwrap_or(Limit {
             gpus: 0,
             burst_gpus: 0,
         });
@@ -533,7 +534,7 @@ impl GpuQuotaService for Quotas {
         r: Request<v1::UsageRequest>,
     ) -> Result<Response<v1::UsageReport>, Status> {
         super::reading(&self.state, self, r, |svc, conn, r| {
-            super::usage::report(&svc.state, conn, r)
+            super::usage::report(&svc.state, &conn, r)
         })
         .await
     }

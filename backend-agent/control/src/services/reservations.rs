@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use gpufleet_proto::limits::MAX_DURATION_SECONDS;
 use gpufleet_proto::v1::{self, reservation_service_server::ReservationService};
-use rusqlite::{Connection, Savepoint};
+use gpufleet_sql::{AsConn, Conn};
+use rusqlite::Savepoint;
 use tonic::{Request, Response, Status};
 
 use super::{
@@ -49,7 +50,7 @@ fn planned_row(p: &v1::PlannedReservation, tenant_id: &str, t: i64) -> Option<Re
     })
 }
 
-pub fn message(conn: &Connection, r: ReservationRow, now: i64) -> Result<v1::Reservation, Status> {
+pub fn message(conn: &impl AsConn, r: ReservationRow, now: i64) -> Result<v1::Reservation, Status> {
     Ok(v1::Reservation {
         tenant_name: super::tenant_name(conn, &r.tenant_id)?,
         status: rules::reservation_status(r.start_time, r.end_time, now).into(),
@@ -66,7 +67,7 @@ pub fn message(conn: &Connection, r: ReservationRow, now: i64) -> Result<v1::Res
 }
 
 pub fn visible_reservation(
-    conn: &Connection,
+    conn: &impl AsConn,
     caller: &Caller,
     id: &str,
 ) -> Result<ReservationRow, Status> {
@@ -195,7 +196,7 @@ impl Reservations {
     /// and quota over its window (`r`'s split filled in).
     fn admit(
         &self,
-        conn: &Connection,
+        conn: &impl AsConn,
         tenant: &TenantRow,
         r: &mut ReservationRow,
         t: i64,
@@ -272,29 +273,29 @@ impl Reservations {
 
     fn get(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::GetReservationRequest>,
     ) -> Result<v1::Reservation, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
-        let r = visible_reservation(conn, &caller, &req.id)?;
-        message(conn, r, self.state.now())
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
+        let r = visible_reservation(&conn, &caller, &req.id)?;
+        message(&conn, r, self.state.now())
     }
 
     fn list(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ListReservationsRequest>,
     ) -> Result<v1::ListReservationsResponse, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
-        let scope = list_scope(conn, &caller, &req.tenant_id)?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
+        let scope = list_scope(&conn, &caller, &req.tenant_id)?;
         let t = self.state.now();
         let page = super::paging::parse(req.page_size, &req.page_token)?;
-        let rows = store::reservations::list(conn, scope.as_deref(), None).map_err(db_error)?;
+        let rows = store::reservations::list(&conn, scope.as_deref(), None).map_err(db_error)?;
         let (reservations, next_page_token) = super::paging::page(
             rows,
             &page,
             |r| format!("{}\u{0}{}", super::paging::int_key(r.start_time), r.id),
-            |r| message(conn, r, t),
+            |r| message(&conn, r, t),
         )?;
         Ok(v1::ListReservationsResponse {
             reservations,

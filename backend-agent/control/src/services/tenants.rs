@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use gpufleet_proto::error_info::QUOTA_IDS;
 use gpufleet_proto::v1::{self, tenant_service_server::TenantService};
-use rusqlite::{Connection, Savepoint};
+use gpufleet_sql::Conn;
+use rusqlite::Savepoint;
 use tonic::{Request, Response, Status};
 
 use super::{
@@ -132,10 +133,10 @@ impl Tenants {
 
     fn get(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::GetTenantRequest>,
     ) -> Result<v1::Tenant, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
         let id = match (&caller, req.id.as_str()) {
             (Caller::Tenant(own), "") => own.clone(),
             (Caller::Admin, "") => {
@@ -145,17 +146,17 @@ impl Tenants {
             }
             (_, id) => id.to_string(),
         };
-        Ok(message(visible_tenant(conn, &caller, &id)?))
+        Ok(message(visible_tenant(&conn, &caller, &id)?))
     }
 
     fn list(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ListTenantsRequest>,
     ) -> Result<v1::ListTenantsResponse, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
         let page = super::paging::parse(req.page_size, &req.page_token)?;
-        let mut tenants = store::tenants::list(conn).map_err(db_error)?;
+        let mut tenants = store::tenants::list(&conn).map_err(db_error)?;
         tenants.retain(|t| caller.sees(&t.id));
         let (tenants, next_page_token) =
             super::paging::page(tenants, &page, |t| t.name.clone(), |t| Ok(message(t)))?;

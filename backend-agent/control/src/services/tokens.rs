@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use gpufleet_proto::v1::{self, access_service_server::AccessService};
-use rusqlite::{Connection, Savepoint};
+use gpufleet_sql::{AsConn, Conn};
+use rusqlite::Savepoint;
 use tonic::{Request, Response, Status};
 
 use super::{invalid, request_id_conflict, target_tenant, to_timestamp};
@@ -32,7 +33,7 @@ pub const MAX_ROWS: usize = 1024;
 
 /// Forgets refused tokens past their keeping time, then refuses when the owner's rows
 /// are at [`MAX_ROWS`]. Run before anything adds a row.
-fn make_room(tx: &Connection, owner: &Owner, now: i64) -> Result<(), Status> {
+fn make_room(tx: &impl AsConn, owner: &Owner, now: i64) -> Result<(), Status> {
     store::tokens::forget_old(tx, now).map_err(db_error)?;
     let rows = store::tokens::list(tx, owner.tenant_id.as_deref())
         .map_err(db_error)?
@@ -54,7 +55,7 @@ pub struct Access {
 
 /// Issues the token a tenant is created with ("default", write).
 pub fn issue_default(
-    tx: &Connection,
+    tx: &impl AsConn,
     tenant_id: &str,
     secret: &str,
     now: i64,
@@ -76,7 +77,7 @@ pub fn issue_default(
 /// A retried tenant create: a fresh secret for its "default" token (only hashes are kept,
 /// so the first secret cannot be answered again).
 pub fn reissue_default(
-    tx: &Connection,
+    tx: &impl AsConn,
     tenant_id: &str,
     secret: &str,
     now: i64,
@@ -97,7 +98,7 @@ struct Owner {
 }
 
 impl Owner {
-    fn of(conn: &Connection, caller: &Caller, tenant_id: &str) -> Result<Owner, Status> {
+    fn of(conn: &impl AsConn, caller: &Caller, tenant_id: &str) -> Result<Owner, Status> {
         if tenant_id.is_empty() && *caller == Caller::Admin {
             return Ok(Owner {
                 tenant_id: None,
@@ -150,7 +151,7 @@ fn message(t: TokenRow, now: i64) -> v1::Token {
 /// A retried request whose answer was lost: a fresh secret for the live token it made
 /// (only hashes are kept, so the first secret cannot be answered again).
 fn reissue(
-    tx: &Connection,
+    tx: &impl AsConn,
     owner: &Owner,
     id: &str,
     name: &str,
@@ -293,14 +294,14 @@ impl Access {
 
     fn get(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::GetTokenRequest>,
     ) -> Result<v1::Token, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
-        let owner = Owner::of(conn, &caller, &req.tenant_id)?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
+        let owner = Owner::of(&conn, &caller, &req.tenant_id)?;
         let now = self.state.now();
         // The live one, else the newest refused one (so its state says why).
-        let rows = store::tokens::list(conn, owner.tenant_id.as_deref()).map_err(db_error)?;
+        let rows = store::tokens::list(&conn, owner.tenant_id.as_deref()).map_err(db_error)?;
         let mut named: Vec<TokenRow> = rows.into_iter().filter(|t| t.name == req.name).collect();
         named.sort_by_key(|t| {
             (
@@ -316,14 +317,14 @@ impl Access {
 
     fn list(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ListTokensRequest>,
     ) -> Result<v1::ListTokensResponse, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
         let page = super::paging::parse(req.page_size, &req.page_token)?;
-        let owner = Owner::of(conn, &caller, &req.tenant_id)?;
+        let owner = Owner::of(&conn, &caller, &req.tenant_id)?;
         let now = self.state.now();
-        let rows = store::tokens::list(conn, owner.tenant_id.as_deref()).map_err(db_error)?;
+        let rows = store::tokens::list(&conn, owner.tenant_id.as_deref()).map_err(db_error)?;
         // A short-lived token once revoked (a run's ephemeral token after its close) is as
         // good as forgotten (the next issue forgets it): runs do not pile up in the list.
         let rows = rows
@@ -507,18 +508,18 @@ impl Access {
 
     fn audit(
         &self,
-        conn: &Connection,
+        conn: Conn<'_>,
         request: Request<v1::ListAuditEntriesRequest>,
     ) -> Result<v1::ListAuditEntriesResponse, Status> {
-        let (caller, req) = super::enter(&self.state, conn, request)?;
+        let (caller, req) = super::enter(&self.state, &conn, request)?;
         let page = super::paging::parse(req.page_size, &req.page_token)?;
-        let tenant = super::list_scope(conn, &caller, &req.tenant_id)?;
+        let tenant = super::list_scope(&conn, &caller, &req.tenant_id)?;
         let after = match &page.after {
             Some(key) => super::paging::int_of_key(key)
                 .ok_or_else(|| invalid("page_token: not a token of this list"))?,
             None => 0,
         };
-        let rows = store::audit::list(conn, tenant.as_deref(), after, page.size as i64 + 1)
+        let rows = store::audit::list(&conn, tenant.as_deref(), after, page.size as i64 + 1)
             .map_err(db_error)?;
         // A tenant's own sequence when one tenant's are read: it tells nothing of others.
         let seq = move |e: &store::audit::AuditRow| match tenant {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use gpufleet_proto::limits::{usage_by, usage_window, MAX_USAGE_ROWS, USAGE_RETENTION_SECS};
 use gpufleet_proto::v1;
-use rusqlite::Connection;
+use gpufleet_sql::AsConn;
 use tonic::{Request, Status};
 
 use super::invalid;
@@ -18,7 +18,7 @@ use crate::store::usage::{self, GroupBy};
 
 pub fn report(
     state: &AppState,
-    conn: &Connection,
+    conn: &impl AsConn,
     request: Request<v1::UsageRequest>,
 ) -> Result<v1::UsageReport, Status> {
     let (caller, req) = super::enter(state, conn, request)?;
