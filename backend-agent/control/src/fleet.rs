@@ -625,4 +625,36 @@ mod tests {
         assert_eq!(gpus.len(), 8);
         assert!(gpus[0].uuid.starts_with("GPU-") && gpus[0].uuid != gpus[1].uuid);
     }
+
+    /// On either engine in the caller's transaction (on PostgreSQL it must be in one), and
+    /// on SQLite outside any, where its savepoint is a transaction of its own.
+    #[test]
+    fn seeds_once_on_either_engine() {
+        for (_guard, mut db) in crate::store::postgres::engines::both() {
+            let engine = db.engine();
+            let seeded = |db: &mut gpufleet_sql::Database| {
+                db.write(|c| Ok(seed(c, &default_fleet(), 0).map_err(|e| e.to_string())))
+                    .unwrap()
+                    .unwrap()
+            };
+            assert_eq!(seeded(&mut db), 12, "{engine:?}");
+            assert_eq!(seeded(&mut db), 0, "{engine:?}");
+            let all = db.read(|c| nodes::list(c, None, None)).unwrap();
+            assert_eq!(all.len(), 12, "{engine:?}");
+            assert!(all.iter().all(|n| n.state == nodes::NODE_UNREACHABLE));
+            let gpus = db.read(|c| nodes::gpus(c, &all[0].id)).unwrap();
+            assert_eq!(gpus.len() as i64, all[0].gpu_count, "{engine:?}");
+            let host = db.read(|c| nodes::host(c, &all[0].id)).unwrap().unwrap();
+            assert_eq!(host.address, "127.0.0.1", "{engine:?}");
+        }
+        let (_guard, db) = crate::store::postgres::engines::sqlite();
+        assert_eq!(seed(&db.conn(), &default_fleet(), 0).unwrap(), 12);
+        assert_eq!(
+            db.conn()
+                .query_row("SELECT COUNT(*) FROM nodes", gpufleet_sql::params![], |r| r
+                    .get::<i64>(0))
+                .unwrap(),
+            12
+        );
+    }
 }

@@ -473,4 +473,48 @@ mod tests {
             "{b:?}"
         );
     }
+
+    /// The same walk on either engine, in the snapshot of `Database::read`; an edit is
+    /// named alike on both.
+    #[test]
+    fn chains_verify_alike_on_either_engine() {
+        for (_guard, mut db) in crate::store::postgres::engines::both() {
+            let engine = db.engine();
+            db.write(|c| {
+                for at in 1..=12 {
+                    let e = match at % 3 {
+                        1 => entry("team-a", "default", at),
+                        2 => entry("", "admin", at),
+                        _ => entry("", "", at),
+                    };
+                    record(c, &e)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+            let v = db.read(|c| verify(c)).unwrap();
+            assert!(v.broken.is_empty(), "{engine:?}: {v:?}");
+            let counts: Vec<(&str, u64)> = v
+                .whole
+                .iter()
+                .map(|w| (w.chain.as_str(), w.entries))
+                .collect();
+            assert_eq!(counts, vec![("", 4), ("*", 4), ("team-a", 4)], "{engine:?}");
+            db.write(|c| {
+                c.execute(
+                    "UPDATE audit_log SET outcome = 'PERMISSION_DENIED' WHERE seq = 4",
+                    gpufleet_sql::params![],
+                )
+            })
+            .unwrap();
+            let v = db.read(|c| verify(c)).unwrap();
+            assert_eq!(v.broken.len(), 1, "{engine:?}: {v:?}");
+            assert!(
+                v.broken[0].why.contains(
+                    "entry 4 of tenant team-a's chain does not match the hash entry 7 carries"
+                ),
+                "{engine:?}: {v:?}"
+            );
+        }
+    }
 }
