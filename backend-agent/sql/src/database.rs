@@ -12,7 +12,7 @@ use crate::conn::Conn;
 use crate::error::{Error, Result};
 
 /// How many times a write that lost a race is run, in all, before its error is returned.
-pub const MAX_ATTEMPTS: u32 = 12;
+pub const MAX_ATTEMPTS: u32 = 40;
 
 /// The longest wait between two attempts of a write.
 const MAX_BACKOFF: Duration = Duration::from_millis(100);

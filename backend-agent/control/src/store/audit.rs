@@ -996,11 +996,15 @@ mod tests {
                     }
                 }
             });
-            for w in writers {
-                w.join().unwrap();
-            }
+            // The reader stops even when a writer failed, so that the failure is told
+            // rather than waited on for ever.
+            let written: Vec<_> = writers.into_iter().map(|w| w.join()).collect();
             done.store(true, std::sync::atomic::Ordering::SeqCst);
-            reader.join().unwrap()
+            let seen = reader.join().unwrap();
+            for w in written {
+                w.unwrap();
+            }
+            seen
         });
         let copies = (0..REPLICAS as i64)
             .flat_map(|r| (0..APPENDS).map(move |i| (r + i) % 4 == 3))

@@ -29,21 +29,23 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
 ///   virtual ones);
 /// - the counters SQLite's triggers keep (`model_nodes`, `tenant_reservations`) are kept by
 ///   PL/pgSQL triggers doing the same;
+/// - every text column compares bytewise (`COLLATE "C"`), as SQLite's do, whatever the
+///   database's own collation: orders, ranges and cursors over names are the same;
 /// - `commit_counter` is not here: it detects an SQLite file put back from a backup, and
 ///   PostgreSQL's durability and its replicas are the database's own.
 const SCHEMA_28: &str = r#"
 CREATE TABLE tenants (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE,
-    display_name TEXT NOT NULL,
-    labels TEXT NOT NULL,
-    token_hash TEXT NOT NULL UNIQUE,
+    id TEXT COLLATE "C" PRIMARY KEY,
+    name TEXT COLLATE "C" NOT NULL UNIQUE,
+    display_name TEXT COLLATE "C" NOT NULL,
+    labels TEXT COLLATE "C" NOT NULL,
+    token_hash TEXT COLLATE "C" NOT NULL UNIQUE,
     created_at BIGINT NOT NULL
 );
 CREATE TABLE quotas (
-    id TEXT PRIMARY KEY,
-    tenant_id TEXT NOT NULL REFERENCES tenants(id),
-    gpu_type TEXT NOT NULL,
+    id TEXT COLLATE "C" PRIMARY KEY,
+    tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+    gpu_type TEXT COLLATE "C" NOT NULL,
     gpus BIGINT NOT NULL CHECK (gpus >= 0),
     burst_gpus BIGINT NOT NULL CHECK (burst_gpus >= 0),
     weight BIGINT NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
@@ -51,9 +53,9 @@ CREATE TABLE quotas (
     UNIQUE (tenant_id, gpu_type)
 );
 CREATE TABLE reservations (
-    id TEXT PRIMARY KEY,
-    tenant_id TEXT NOT NULL REFERENCES tenants(id),
-    gpu_type TEXT NOT NULL,
+    id TEXT COLLATE "C" PRIMARY KEY,
+    tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+    gpu_type TEXT COLLATE "C" NOT NULL,
     node_count BIGINT NOT NULL CHECK (node_count >= 1),
     start_time BIGINT NOT NULL,
     end_time BIGINT NOT NULL,
@@ -77,115 +79,115 @@ CREATE TABLE reservations (
     CHECK (pool_nodes + on_demand_nodes = node_count)
 );
 CREATE TABLE clusters (
-    id TEXT PRIMARY KEY,
-    tenant_id TEXT NOT NULL REFERENCES tenants(id),
-    name TEXT NOT NULL,
-    orchestrator TEXT NOT NULL CHECK (orchestrator IN ('kubernetes', 'slurm')),
-    gpu_type TEXT NOT NULL,
+    id TEXT COLLATE "C" PRIMARY KEY,
+    tenant_id TEXT COLLATE "C" NOT NULL REFERENCES tenants(id),
+    name TEXT COLLATE "C" NOT NULL,
+    orchestrator TEXT COLLATE "C" NOT NULL CHECK (orchestrator IN ('kubernetes', 'slurm')),
+    gpu_type TEXT COLLATE "C" NOT NULL,
     node_count BIGINT NOT NULL CHECK (node_count >= 0),
-    reservation_id TEXT REFERENCES reservations(id),
+    reservation_id TEXT COLLATE "C" REFERENCES reservations(id),
     storage_gib BIGINT NOT NULL CHECK (storage_gib >= 1),
-    status TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    credentials TEXT NOT NULL,
-    storage_path TEXT NOT NULL,
-    mig_layout TEXT NOT NULL,
-    status_reason TEXT NOT NULL DEFAULT '',
-    cuda_version TEXT NOT NULL DEFAULT '',
-    driver_version TEXT NOT NULL DEFAULT '',
+    status TEXT COLLATE "C" NOT NULL,
+    endpoint TEXT COLLATE "C" NOT NULL,
+    credentials TEXT COLLATE "C" NOT NULL,
+    storage_path TEXT COLLATE "C" NOT NULL,
+    mig_layout TEXT COLLATE "C" NOT NULL,
+    status_reason TEXT COLLATE "C" NOT NULL DEFAULT '',
+    cuda_version TEXT COLLATE "C" NOT NULL DEFAULT '',
+    driver_version TEXT COLLATE "C" NOT NULL DEFAULT '',
     max_unavailable BIGINT NOT NULL DEFAULT 1 CHECK (max_unavailable >= 1),
-    storage_retention TEXT NOT NULL DEFAULT 'delete' CHECK (storage_retention IN ('delete', 'keep')),
+    storage_retention TEXT COLLATE "C" NOT NULL DEFAULT 'delete' CHECK (storage_retention IN ('delete', 'keep')),
     UNIQUE (tenant_id, name)
 );
 CREATE TABLE nodes (
-    id TEXT PRIMARY KEY,
-    hostname TEXT NOT NULL UNIQUE,
-    gpu_type TEXT NOT NULL,
-    capacity TEXT NOT NULL CHECK (capacity IN ('pool', 'on-demand')),
+    id TEXT COLLATE "C" PRIMARY KEY,
+    hostname TEXT COLLATE "C" NOT NULL UNIQUE,
+    gpu_type TEXT COLLATE "C" NOT NULL,
+    capacity TEXT COLLATE "C" NOT NULL CHECK (capacity IN ('pool', 'on-demand')),
     gpu_count BIGINT NOT NULL,
-    driver_version TEXT NOT NULL,
-    cuda_version TEXT NOT NULL,
-    cluster_id TEXT REFERENCES clusters(id),
-    state TEXT NOT NULL DEFAULT 'unreachable'
+    driver_version TEXT COLLATE "C" NOT NULL,
+    cuda_version TEXT COLLATE "C" NOT NULL,
+    cluster_id TEXT COLLATE "C" REFERENCES clusters(id),
+    state TEXT COLLATE "C" NOT NULL DEFAULT 'unreachable'
         CHECK (state IN ('ready', 'busy', 'unreachable', 'quarantined')),
-    state_reason TEXT NOT NULL DEFAULT '',
+    state_reason TEXT COLLATE "C" NOT NULL DEFAULT '',
     state_since BIGINT NOT NULL DEFAULT 0,
-    secret_hash TEXT NOT NULL DEFAULT '',
+    secret_hash TEXT COLLATE "C" NOT NULL DEFAULT '',
     in_service_since BIGINT,
-    joined_from TEXT NOT NULL DEFAULT ''
+    joined_from TEXT COLLATE "C" NOT NULL DEFAULT ''
 );
 CREATE TABLE gpus (
-    node_id TEXT NOT NULL REFERENCES nodes(id),
+    node_id TEXT COLLATE "C" NOT NULL REFERENCES nodes(id),
     idx BIGINT NOT NULL,
-    uuid TEXT NOT NULL UNIQUE,
-    model TEXT NOT NULL,
+    uuid TEXT COLLATE "C" NOT NULL UNIQUE,
+    model TEXT COLLATE "C" NOT NULL,
     memory_mib BIGINT NOT NULL,
     mig_enabled BIGINT NOT NULL,
     PRIMARY KEY (node_id, idx)
 );
 CREATE TABLE mig_devices (
-    node_id TEXT NOT NULL,
+    node_id TEXT COLLATE "C" NOT NULL,
     gpu_idx BIGINT NOT NULL,
-    profile TEXT NOT NULL,
+    profile TEXT COLLATE "C" NOT NULL,
     profile_id BIGINT NOT NULL,
     start BIGINT NOT NULL,
     size BIGINT NOT NULL,
     memory_mib BIGINT NOT NULL,
-    uuid TEXT NOT NULL,
+    uuid TEXT COLLATE "C" NOT NULL,
     PRIMARY KEY (node_id, gpu_idx, start),
     FOREIGN KEY (node_id, gpu_idx) REFERENCES gpus(node_id, idx)
 );
 CREATE TABLE idempotency (
-    kind TEXT NOT NULL,
-    scope TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    object_id TEXT NOT NULL,
+    kind TEXT COLLATE "C" NOT NULL,
+    scope TEXT COLLATE "C" NOT NULL,
+    request_id TEXT COLLATE "C" NOT NULL,
+    fingerprint TEXT COLLATE "C" NOT NULL,
+    object_id TEXT COLLATE "C" NOT NULL,
     PRIMARY KEY (kind, scope, request_id)
 );
 CREATE TABLE events (
     seq BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
     at BIGINT NOT NULL,
-    object_id TEXT NOT NULL,
-    tenant_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    node TEXT NOT NULL,
-    message TEXT NOT NULL,
+    object_id TEXT COLLATE "C" NOT NULL,
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    kind TEXT COLLATE "C" NOT NULL,
+    node TEXT COLLATE "C" NOT NULL,
+    message TEXT COLLATE "C" NOT NULL,
     tenant_seq BIGINT
 );
 CREATE INDEX events_by_object ON events (object_id, seq);
 CREATE INDEX events_tenant_seq ON events (tenant_id, tenant_seq);
 CREATE TABLE health_results (
     seq BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-    run_id TEXT NOT NULL,
-    node_id TEXT NOT NULL,
-    node TEXT NOT NULL,
-    cluster_id TEXT NOT NULL,
-    tenant_id TEXT NOT NULL,
-    level TEXT NOT NULL CHECK (level IN ('quick', 'medium', 'long')),
-    verdict TEXT NOT NULL CHECK (verdict IN ('passed', 'failed')),
-    summary TEXT NOT NULL,
-    checks TEXT NOT NULL,
-    action TEXT NOT NULL,
+    run_id TEXT COLLATE "C" NOT NULL,
+    node_id TEXT COLLATE "C" NOT NULL,
+    node TEXT COLLATE "C" NOT NULL,
+    cluster_id TEXT COLLATE "C" NOT NULL,
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    level TEXT COLLATE "C" NOT NULL CHECK (level IN ('quick', 'medium', 'long')),
+    verdict TEXT COLLATE "C" NOT NULL CHECK (verdict IN ('passed', 'failed')),
+    summary TEXT COLLATE "C" NOT NULL,
+    checks TEXT COLLATE "C" NOT NULL,
+    action TEXT COLLATE "C" NOT NULL,
     finished_at BIGINT NOT NULL
 );
 CREATE INDEX health_by_node ON health_results (node_id, seq);
 CREATE INDEX health_by_cluster ON health_results (cluster_id, seq);
 CREATE TABLE cluster_acceptance (
-    cluster_id TEXT PRIMARY KEY,
-    level TEXT NOT NULL CHECK (level IN ('quick', 'medium', 'long')),
+    cluster_id TEXT COLLATE "C" PRIMARY KEY,
+    level TEXT COLLATE "C" NOT NULL CHECK (level IN ('quick', 'medium', 'long')),
     min_bus_bandwidth_gbps DOUBLE PRECISION NOT NULL CHECK (min_bus_bandwidth_gbps >= 0),
     run_on_create BIGINT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('passed', 'failed', 'running', 'not_run')),
-    run_id TEXT NOT NULL,
-    run_level TEXT NOT NULL,
+    status TEXT COLLATE "C" NOT NULL CHECK (status IN ('passed', 'failed', 'running', 'not_run')),
+    run_id TEXT COLLATE "C" NOT NULL,
+    run_level TEXT COLLATE "C" NOT NULL,
     checked_at BIGINT NOT NULL,
     alg_bandwidth_gbps DOUBLE PRECISION NOT NULL,
     bus_bandwidth_gbps DOUBLE PRECISION NOT NULL
 );
 CREATE TABLE node_endpoints (
-    node_id TEXT PRIMARY KEY,
-    bandwidth_addr TEXT NOT NULL
+    node_id TEXT COLLATE "C" PRIMARY KEY,
+    bandwidth_addr TEXT COLLATE "C" NOT NULL
 );
 CREATE INDEX reservations_by_tenant ON reservations (tenant_id, end_time);
 CREATE INDEX reservations_by_window ON reservations
@@ -197,17 +199,17 @@ CREATE INDEX nodes_candidates ON nodes (state_since) WHERE in_service_since IS N
 CREATE INDEX nodes_candidates_from ON nodes (joined_from) WHERE in_service_since IS NULL;
 CREATE INDEX clusters_by_model ON clusters (gpu_type);
 CREATE TABLE cluster_preemption (
-    cluster_id TEXT PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
+    cluster_id TEXT COLLATE "C" PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
     allow_on_demand BIGINT NOT NULL
 );
 CREATE TABLE model_nodes (
-    gpu_type TEXT NOT NULL,
-    capacity TEXT NOT NULL,
+    gpu_type TEXT COLLATE "C" NOT NULL,
+    capacity TEXT COLLATE "C" NOT NULL,
     nodes BIGINT NOT NULL CHECK (nodes >= 0),
     PRIMARY KEY (gpu_type, capacity)
 );
 CREATE TABLE tenant_reservations (
-    tenant_id TEXT PRIMARY KEY,
+    tenant_id TEXT COLLATE "C" PRIMARY KEY,
     reservations BIGINT NOT NULL CHECK (reservations >= 0)
 );
 CREATE FUNCTION tenant_reservations_count() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -253,46 +255,46 @@ CREATE TRIGGER model_nodes_delete AFTER DELETE ON nodes
     FOR EACH ROW WHEN (OLD.state <> 'quarantined') EXECUTE FUNCTION model_nodes_out();
 CREATE TABLE automatic_quarantines (
     seq BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-    gpu_type TEXT NOT NULL,
-    node_id TEXT NOT NULL,
+    gpu_type TEXT COLLATE "C" NOT NULL,
+    node_id TEXT COLLATE "C" NOT NULL,
     at BIGINT NOT NULL
 );
 CREATE INDEX automatic_quarantines_by_model ON automatic_quarantines (gpu_type, at);
 CREATE TABLE quarantine_breakers (
-    gpu_type TEXT PRIMARY KEY,
+    gpu_type TEXT COLLATE "C" PRIMARY KEY,
     opened_at BIGINT NOT NULL,
-    reason TEXT NOT NULL,
+    reason TEXT COLLATE "C" NOT NULL,
     held BIGINT NOT NULL DEFAULT 0
 );
 CREATE TABLE slurm_access (
-    cluster_id TEXT PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
-    munge_key TEXT NOT NULL,
+    cluster_id TEXT COLLATE "C" PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
+    munge_key TEXT COLLATE "C" NOT NULL,
     uid BIGINT NOT NULL UNIQUE,
     controller_port BIGINT NOT NULL,
     login_port BIGINT NOT NULL,
-    ssh_public_keys TEXT NOT NULL DEFAULT '[]',
-    head_node TEXT NOT NULL DEFAULT '',
-    backup_node TEXT NOT NULL DEFAULT '',
-    node_ports TEXT NOT NULL DEFAULT '{}',
-    login_host_key TEXT NOT NULL DEFAULT '',
-    login_host_public TEXT NOT NULL DEFAULT '',
+    ssh_public_keys TEXT COLLATE "C" NOT NULL DEFAULT '[]',
+    head_node TEXT COLLATE "C" NOT NULL DEFAULT '',
+    backup_node TEXT COLLATE "C" NOT NULL DEFAULT '',
+    node_ports TEXT COLLATE "C" NOT NULL DEFAULT '{}',
+    login_host_key TEXT COLLATE "C" NOT NULL DEFAULT '',
+    login_host_public TEXT COLLATE "C" NOT NULL DEFAULT '',
     next_job_id BIGINT NOT NULL DEFAULT 0,
     first_job_id BIGINT NOT NULL DEFAULT 0
 );
 CREATE TABLE node_hosts (
-    node_id TEXT PRIMARY KEY REFERENCES nodes(id) ON DELETE CASCADE,
-    address TEXT NOT NULL,
-    hostname TEXT NOT NULL,
+    node_id TEXT COLLATE "C" PRIMARY KEY REFERENCES nodes(id) ON DELETE CASCADE,
+    address TEXT COLLATE "C" NOT NULL,
+    hostname TEXT COLLATE "C" NOT NULL,
     cpus BIGINT NOT NULL,
     memory_mib BIGINT NOT NULL,
     simulated BIGINT NOT NULL
 );
 CREATE TABLE tokens (
-    id TEXT PRIMARY KEY,
-    tenant_id TEXT REFERENCES tenants(id) ON DELETE CASCADE,
-    name TEXT NOT NULL,
-    scope TEXT NOT NULL CHECK (scope IN ('read', 'write')),
-    hash TEXT NOT NULL UNIQUE,
+    id TEXT COLLATE "C" PRIMARY KEY,
+    tenant_id TEXT COLLATE "C" REFERENCES tenants(id) ON DELETE CASCADE,
+    name TEXT COLLATE "C" NOT NULL,
+    scope TEXT COLLATE "C" NOT NULL CHECK (scope IN ('read', 'write')),
+    hash TEXT COLLATE "C" NOT NULL UNIQUE,
     created_at BIGINT NOT NULL,
     expires_at BIGINT,
     rotated_at BIGINT,
@@ -305,15 +307,15 @@ CREATE TABLE audit_log (
     seq BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
     tenant_seq BIGINT,
     at BIGINT NOT NULL,
-    tenant_id TEXT NOT NULL,
-    token_name TEXT NOT NULL,
-    token_scope TEXT NOT NULL,
-    method TEXT NOT NULL,
-    object TEXT NOT NULL,
-    outcome TEXT NOT NULL,
-    message TEXT NOT NULL,
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    token_name TEXT COLLATE "C" NOT NULL,
+    token_scope TEXT COLLATE "C" NOT NULL,
+    method TEXT COLLATE "C" NOT NULL,
+    object TEXT COLLATE "C" NOT NULL,
+    outcome TEXT COLLATE "C" NOT NULL,
+    message TEXT COLLATE "C" NOT NULL,
     by_admin BIGINT NOT NULL DEFAULT 0,
-    chain TEXT NOT NULL DEFAULT '',
+    chain TEXT COLLATE "C" NOT NULL DEFAULT '',
     chain_seq BIGINT,
     prev_hash BYTEA
 );
@@ -321,7 +323,7 @@ CREATE INDEX audit_log_tenant ON audit_log (tenant_id, tenant_seq);
 CREATE INDEX audit_log_at ON audit_log (at);
 CREATE INDEX audit_log_chain ON audit_log (chain, seq);
 CREATE TABLE audit_chains (
-    chain TEXT PRIMARY KEY,
+    chain TEXT COLLATE "C" PRIMARY KEY,
     start_seq BIGINT NOT NULL,
     start_chain_seq BIGINT NOT NULL,
     start_prev_hash BYTEA NOT NULL,
@@ -331,22 +333,22 @@ CREATE TABLE audit_chains (
     pruned BIGINT NOT NULL
 );
 CREATE TABLE audit_tenant_seqs (
-    tenant_id TEXT PRIMARY KEY,
+    tenant_id TEXT COLLATE "C" PRIMARY KEY,
     last BIGINT NOT NULL
 );
 CREATE TABLE usage_intervals (
     id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-    node_id TEXT NOT NULL,
-    tenant_id TEXT NOT NULL,
-    tenant TEXT NOT NULL,
-    cluster TEXT NOT NULL,
-    gpu_type TEXT NOT NULL,
-    class TEXT NOT NULL,
+    node_id TEXT COLLATE "C" NOT NULL,
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    tenant TEXT COLLATE "C" NOT NULL,
+    cluster TEXT COLLATE "C" NOT NULL,
+    gpu_type TEXT COLLATE "C" NOT NULL,
+    class TEXT COLLATE "C" NOT NULL,
     gpus BIGINT NOT NULL CHECK (gpus > 0),
     start_time BIGINT NOT NULL,
     end_time BIGINT CHECK (end_time IS NULL OR end_time >= start_time),
     used_through BIGINT,
-    mig_profile TEXT NOT NULL DEFAULT 'none',
+    mig_profile TEXT COLLATE "C" NOT NULL DEFAULT 'none',
     slices BIGINT NOT NULL DEFAULT 0 CHECK (slices >= 0),
     share_840ths BIGINT NOT NULL DEFAULT 840 CHECK (share_840ths BETWEEN 1 AND 840)
 );
@@ -357,18 +359,18 @@ CREATE INDEX usage_intervals_end ON usage_intervals (end_time);
 CREATE INDEX usage_intervals_tenant ON usage_intervals (tenant_id, start_time);
 CREATE INDEX usage_intervals_node ON usage_intervals (node_id, end_time);
 CREATE TABLE leases (
-    name TEXT PRIMARY KEY,
-    holder TEXT NOT NULL,
+    name TEXT COLLATE "C" PRIMARY KEY,
+    holder TEXT COLLATE "C" NOT NULL,
     epoch BIGINT NOT NULL CHECK (epoch >= 1),
     expires_at BIGINT NOT NULL
 );
 CREATE TABLE usage_used (
-    tenant_id TEXT NOT NULL,
-    tenant TEXT NOT NULL,
-    cluster TEXT NOT NULL,
-    gpu_type TEXT NOT NULL,
-    class TEXT NOT NULL,
-    mig_profile TEXT NOT NULL,
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    tenant TEXT COLLATE "C" NOT NULL,
+    cluster TEXT COLLATE "C" NOT NULL,
+    gpu_type TEXT COLLATE "C" NOT NULL,
+    class TEXT COLLATE "C" NOT NULL,
+    mig_profile TEXT COLLATE "C" NOT NULL,
     hour BIGINT NOT NULL,
     used_ms BIGINT NOT NULL CHECK (used_ms >= 0),
     measured_ms BIGINT NOT NULL CHECK (measured_ms >= used_ms),
@@ -379,11 +381,11 @@ CREATE TABLE usage_used (
 CREATE INDEX usage_used_last ON usage_used (last_t);
 CREATE INDEX usage_used_tenant ON usage_used (tenant_id, last_t);
 CREATE TABLE usage_pruned (
-    tenant_id TEXT NOT NULL,
-    tenant TEXT NOT NULL,
-    gpu_type TEXT NOT NULL,
-    mig_profile TEXT NOT NULL,
-    class TEXT NOT NULL,
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    tenant TEXT COLLATE "C" NOT NULL,
+    gpu_type TEXT COLLATE "C" NOT NULL,
+    mig_profile TEXT COLLATE "C" NOT NULL,
+    class TEXT COLLATE "C" NOT NULL,
     gpu_seconds_840ths BIGINT NOT NULL,
     slice_seconds BIGINT NOT NULL DEFAULT 0,
     used_ms BIGINT NOT NULL DEFAULT 0,
@@ -391,14 +393,14 @@ CREATE TABLE usage_pruned (
     PRIMARY KEY (tenant_id, gpu_type, mig_profile, class)
 );
 CREATE TABLE cluster_queue (
-    cluster_id TEXT PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
+    cluster_id TEXT COLLATE "C" PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
     queued_at BIGINT NOT NULL,
     wait_until BIGINT NOT NULL CHECK (wait_until > queued_at)
 );
 CREATE TABLE pending_take_backs (
-    cluster_id TEXT PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
+    cluster_id TEXT COLLATE "C" PRIMARY KEY REFERENCES clusters(id) ON DELETE CASCADE,
     epoch BIGINT NOT NULL CHECK (epoch >= 1),
-    replacements TEXT NOT NULL,
+    replacements TEXT COLLATE "C" NOT NULL,
     decided_at BIGINT NOT NULL
 );
 "#;
@@ -519,6 +521,40 @@ mod tests {
             .unwrap()
             .into_iter()
             .collect()
+    }
+
+    /// Text compares bytewise on PostgreSQL as on SQLite, whatever the database's own
+    /// collation.
+    #[test]
+    fn every_text_column_compares_bytewise() {
+        let (_guard, mut db, _) = engines::postgres();
+        let other: Vec<String> = db
+            .read(|c| {
+                c.query_map(
+                    "SELECT table_name || '.' || column_name FROM information_schema.columns
+                     WHERE table_schema = 'public' AND data_type = 'text'
+                       AND table_name <> 'schema_version'
+                       AND COALESCE(collation_name, '') <> 'C'",
+                    params![],
+                    |r| r.get(0),
+                )
+            })
+            .unwrap();
+        assert!(other.is_empty(), "not bytewise: {other:?}");
+        let order: Vec<String> = db
+            .write(|c| {
+                c.execute(
+                    "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
+                     VALUES ('1', 'b', '', '{}', 'h1', 0), ('2', 'B', '', '{}', 'h2', 0),
+                            ('3', 'a', '', '{}', 'h3', 0), ('4', '_', '', '{}', 'h4', 0)",
+                    params![],
+                )?;
+                c.query_map("SELECT name FROM tenants ORDER BY name", params![], |r| {
+                    r.get(0)
+                })
+            })
+            .unwrap();
+        assert_eq!(order, ["B", "_", "a", "b"]);
     }
 
     /// A new SQLite migration fails this until PostgreSQL's schema has it too.
