@@ -296,7 +296,7 @@ impl ControlPlane {
             Fleet::External => Vec::new(),
             Fleet::ThisHost(backend) => {
                 let (node_id, created) =
-                    crate::host::seed(&mut conn, &*backend, config.clock.now())?;
+                    crate::host::seed(&conn, &*backend, config.clock.now())?;
                 if created {
                     tracing::info!(node = %node_id, "seeded this host as the fleet's one node");
                 }
@@ -321,7 +321,7 @@ impl ControlPlane {
                     offered = fleet_def.drivers.clone();
                 }
                 delivers = fleet_def.delivers();
-                let seeded = fleet::seed(&mut conn, &fleet_def, config.clock.now())?;
+                let seeded = fleet::seed(&conn, &fleet_def, config.clock.now())?;
                 if seeded > 0 {
                     tracing::info!(nodes = seeded, "seeded the simulated fleet");
                 }
@@ -346,7 +346,7 @@ impl ControlPlane {
             None => crate::volumes::Volumes::in_data_dir(data_dir.join(crate::state::VOLUMES))
                 .with_node_mounts(external_nodes),
         };
-        crate::scheduling::clusters::recover_interrupted(&mut conn, &volumes, config.clock.now())?;
+        crate::scheduling::clusters::recover_interrupted(&conn, &volumes, config.clock.now())?;
         // Those include the take-backs a former leader left unrecorded: their marks go, so
         // that no later leader takes a request's `updating` for one of them.
         store::take_backs::clear_all(&conn)?;

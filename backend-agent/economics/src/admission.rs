@@ -47,7 +47,7 @@ impl Admission {
             .tempdir()
             .context("cannot make the replay's temporary store")?;
         let mut conn = store::open(&dir.path().join("state.db"))?;
-        gpufleet_control::fleet::seed(&mut conn, &hardware(fleet), now)?;
+        gpufleet_control::fleet::seed(&conn, &hardware(fleet), now)?;
         let tx = conn.transaction()?;
         let mut tenants = Vec::new();
         for (i, team) in fleet.teams.iter().enumerate() {

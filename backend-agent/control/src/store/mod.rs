@@ -696,6 +696,17 @@ const MIGRATIONS: &[&str] = &[
         decided_at INTEGER NOT NULL
     ) WITHOUT ROWID;
     "#,
+    // 29: clusters numbered in the order they are created (`created_seq`), which the
+    // take-back's "newest gives back first" reads (`store::preemption::holding_pool`):
+    // SQLite's rowid said it, and PostgreSQL (issue 41) has no rowid. Existing clusters
+    // keep their rowid's order; a new one is numbered by a trigger.
+    r#"
+    ALTER TABLE clusters ADD COLUMN created_seq INTEGER;
+    UPDATE clusters SET created_seq = rowid;
+    CREATE TRIGGER clusters_created_seq AFTER INSERT ON clusters WHEN NEW.created_seq IS NULL BEGIN
+        UPDATE clusters SET created_seq = NEW.rowid WHERE rowid = NEW.rowid;
+    END;
+    "#,
 ];
 
 /// Prepared statements kept per connection.

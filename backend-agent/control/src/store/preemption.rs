@@ -1,9 +1,8 @@
 //! Which clusters are preemptible: their pool nodes go back to reservations whose window
 //! starts, replaced by on-demand nodes when `allow_on_demand`. The same statements run on
-//! SQLite and PostgreSQL (`gpufleet_sql`), but for [`holding_pool`], SQLite's only.
+//! SQLite and PostgreSQL (`gpufleet_sql`).
 
 use gpufleet_sql::{params, AsConn};
-use rusqlite::Connection;
 
 /// Marks `cluster_id` preemptible.
 pub fn insert(
@@ -41,22 +40,21 @@ pub fn pool_nodes(conn: &impl AsConn, gpu_type: &str) -> gpufleet_sql::Result<i6
 }
 
 /// Preemptible clusters of `gpu_type` holding pool nodes, with their allow_on_demand;
-/// the newest first (the last to come gives back first).
-///
-/// SQLite's only: "newest" is the clusters' rowid, their order of insertion, and
-/// PostgreSQL's schema has no column that keeps that order (cluster ids are random
-/// UUIDs, and a row's physical place moves as it is updated). It moves onto the seam
-/// once both schemas number clusters as they are created.
-pub fn holding_pool(conn: &Connection, gpu_type: &str) -> rusqlite::Result<Vec<(String, bool)>> {
-    let mut stmt = conn.prepare(
+/// the newest first (the last to come gives back first), by the order clusters were
+/// created in (`created_seq`).
+pub fn holding_pool(
+    conn: &impl AsConn,
+    gpu_type: &str,
+) -> gpufleet_sql::Result<Vec<(String, bool)>> {
+    conn.as_conn().query_map(
         "SELECT c.id, p.allow_on_demand FROM clusters c
          JOIN cluster_preemption p ON p.cluster_id = c.id
          WHERE c.gpu_type = ?1 AND EXISTS
              (SELECT 1 FROM nodes n WHERE n.cluster_id = c.id AND n.capacity = 'pool')
-         ORDER BY c.rowid DESC",
-    )?;
-    let rows = stmt.query_map([gpu_type], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    rows.collect()
+         ORDER BY c.created_seq DESC",
+        params![gpu_type],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
 }
 
 /// Models some preemptible cluster holds pool nodes of, by their bytes, as SQLite's
@@ -143,31 +141,30 @@ mod tests {
         });
     }
 
-    /// SQLite's only, as holding_pool is (see it).
     #[test]
     fn the_newest_preemptible_cluster_gives_back_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = super::super::open(&dir.path().join("state.db")).unwrap();
-        let c = conn.as_conn();
-        fixtures(&c);
-        // Inserted last, though its id sorts first.
-        c.execute_batch(
-            "INSERT INTO clusters (id, tenant_id, name, orchestrator, gpu_type, node_count,
+        on_both(|db| {
+            let c = db.conn();
+            fixtures(&c);
+            // Inserted last, though its id sorts first.
+            c.execute_batch(
+                "INSERT INTO clusters (id, tenant_id, name, orchestrator, gpu_type, node_count,
                  storage_gib, status, endpoint, credentials, storage_path, mig_layout)
              VALUES ('a0', 't1', 'a0', 'slurm', 'H100', 1, 1, 'running', '', '', '', '');
              UPDATE nodes SET cluster_id = 'a0' WHERE id = 'n7';",
-        )
-        .unwrap();
-        insert(&c, "a0", false).unwrap();
-        // c2 holds no pool node, c3's are another model's, c4 is not preemptible.
-        assert_eq!(
-            holding_pool(&conn, "H100").unwrap(),
-            vec![("a0".to_string(), false), ("c1".to_string(), true)]
-        );
-        assert_eq!(
-            holding_pool(&conn, "h100").unwrap(),
-            vec![("c3".to_string(), false)]
-        );
+            )
+            .unwrap();
+            insert(&c, "a0", false).unwrap();
+            // c2 holds no pool node, c3's are another model's, c4 is not preemptible.
+            assert_eq!(
+                holding_pool(&c, "H100").unwrap(),
+                vec![("a0".to_string(), false), ("c1".to_string(), true)]
+            );
+            assert_eq!(
+                holding_pool(&c, "h100").unwrap(),
+                vec![("c3".to_string(), false)]
+            );
+        });
     }
 
     /// SQLite's own: it inspects SQLite's schema text and file.

@@ -82,7 +82,7 @@ pub fn count(conn: &impl AsConn, tenant_id: Option<&str>) -> gpufleet_sql::Resul
 mod tests {
     use super::*;
     use crate::store::postgres::engines;
-    use gpufleet_sql::{Database, Engine};
+    use gpufleet_sql::Database;
 
     /// Each test runs on SQLite and on PostgreSQL.
     fn on_both(test: impl Fn(&mut Database)) {

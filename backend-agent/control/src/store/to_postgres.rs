@@ -268,7 +268,7 @@ mod tests {
         INSERT INTO reservations (id, tenant_id, gpu_type, node_count, start_time, end_time, allow_on_demand, pool_nodes, on_demand_nodes)
             VALUES ('r1', 't1', 'H100-80GB', 2, 1000, 90000, 1, 1, 1);
         INSERT INTO clusters VALUES ('c1', 't1', 'train', 'slurm', 'H100-80GB', 2, 'r1', 100, 'running', '10.0.0.1:22',
-            'enc:v1:abc', '/srv/c1', '{"1g.10gb":7}', '', '12.4', '550.54', 1, 'keep');
+            'enc:v1:abc', '/srv/c1', '{"1g.10gb":7}', '', '12.4', '550.54', 1, 'keep', NULL);
         INSERT INTO nodes VALUES ('n1', 'gpu-1', 'H100-80GB', 'pool', 8, '550.54', '12.4', 'c1', 'busy', '', 5, 'sh', 10, '10.0.0.1'),
                                  ('n2', 'gpu-2', 'H100-80GB', 'on-demand', 8, '550.54', '12.4', NULL, 'quarantined', 'xid 79', 6, '', NULL, '');
         INSERT INTO gpus VALUES ('n1', 0, 'GPU-aaaa', 'H100-80GB', 81559, 1);
@@ -336,7 +336,7 @@ mod tests {
         let (_dir, mut sqlite) = filled_sqlite();
         let (_guard, mut pg, _) = engines::postgres();
         let copied = copy(&mut sqlite, &mut pg, 1).unwrap();
-        let tables = pg.read(|c| tables(c)).unwrap();
+        let tables = pg.read(tables).unwrap();
         // Every table of the store holds rows here: a new table fails this until the
         // fixture has one of its rows, and so is tested by the copy.
         let empty: Vec<&str> = copied
@@ -358,7 +358,7 @@ mod tests {
             assert_eq!(Some(rows), target.get(table), "table {table}");
         }
         // The counters the triggers kept from the copied rows.
-        let counted = pg.read(|c| counts(c)).unwrap();
+        let counted = pg.read(counts).unwrap();
         assert_eq!(
             counted,
             vec!["H100-80GB/pool=1".to_string(), "t1=1".to_string()]
