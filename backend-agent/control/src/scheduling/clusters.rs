@@ -3,7 +3,6 @@
 //! replacing unreachable nodes.
 
 use gpufleet_sql::AsConn;
-use rusqlite::Connection;
 
 use super::placement::nodes_to_add;
 use crate::cluster_status::{settled_status, CHANGING};
@@ -34,7 +33,7 @@ pub struct Scaling {
 /// `take_back::for_owner`); the caller hands `taken_back` to `take_back::finish` after
 /// its commit. `replace_after`: for the victims' statuses.
 pub fn scale_reclaiming(
-    conn: &Connection,
+    conn: &impl AsConn,
     tenant_name: &str,
     cluster: &ClusterRow,
     t: i64,

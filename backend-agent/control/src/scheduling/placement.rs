@@ -2,7 +2,6 @@
 //! that pick them. Nothing here writes.
 
 use gpufleet_sql::AsConn;
-use rusqlite::Connection;
 
 use super::reservations::held_by_clusters;
 use super::{capacity, demand, gpus_per_node, holdings, Exclude};
@@ -161,7 +160,7 @@ pub fn nodes_to_add(
 /// clusters hold that many nodes beyond their own guarantees. Otherwise the usual
 /// refusal of [`nodes_to_add`] stands: burst never preempts. Nothing is written.
 pub fn owner_reclaim(
-    conn: &Connection,
+    conn: &impl AsConn,
     cluster: &ClusterRow,
     current: usize,
     t: i64,

@@ -114,13 +114,13 @@ pub enum Placed {
 /// drawing from a reservation never waits: its reservation says when it has nodes.
 /// `now`: the clock and how soon unreachable nodes are replaced (for victims' statuses).
 pub fn place_or_wait(
-    tx: &mut rusqlite::Savepoint<'_>,
+    conn: &impl AsConn,
     tenant_name: &str,
     cluster: &ClusterRow,
     (t, replace_after): (i64, std::time::Duration),
     wait_seconds: i64,
 ) -> Result<Placed> {
-    let attempt = tx.savepoint()?;
+    let attempt = gpufleet_sql::Savepoint::begin(conn.as_conn())?;
     match super::clusters::scale_reclaiming(&attempt, tenant_name, cluster, t, replace_after) {
         Ok(scaling) => {
             attempt.commit()?;
@@ -131,7 +131,7 @@ pub fn place_or_wait(
         {
             drop(attempt); // rolled back
             tracing::debug!(cluster = %cluster.name, %refused, "a create that does not fit now");
-            why_waiting(tx, tenant_name, cluster, t).map(Placed::Waits)
+            why_waiting(conn, tenant_name, cluster, t).map(Placed::Waits)
         }
         Err(refused) => Err(refused),
     }

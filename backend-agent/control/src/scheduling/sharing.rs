@@ -29,7 +29,6 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 
 use gpufleet_sql::AsConn;
-use rusqlite::Connection;
 
 use super::Holding;
 use crate::cluster_status::CHANGING;
@@ -185,10 +184,8 @@ pub struct Borrower {
 /// back now (a cluster a request is changing is left to the next take-back), with their
 /// shares from `shares`: each with its clusters newest first (among equal shares, the
 /// last to come gives back first) and the pool nodes each holds; and those clusters' rows.
-/// SQLite's only, as `store::preemption::holding_pool` (its newest first) is, and so are
-/// its callers: an owner's take-back and the preemption loop's plan.
 pub fn borrowers(
-    conn: &Connection,
+    conn: &impl AsConn,
     gpu_type: &str,
     shares: &[Share],
 ) -> Result<(Vec<Borrower>, Vec<ClusterRow>)> {

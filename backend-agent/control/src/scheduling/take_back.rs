@@ -18,7 +18,6 @@
 use std::sync::Arc;
 
 use gpufleet_sql::AsConn;
-use rusqlite::Connection;
 use tokio::sync::watch;
 
 use super::sharing;
@@ -99,7 +98,7 @@ async fn settle_former_leaders(state: &AppState) -> Result<()> {
 /// epoch that decided it, which its record clears ([`fenced_record`]).
 pub(super) fn fenced_plan(
     fence: &Fence,
-    tx: &Connection,
+    tx: &impl AsConn,
     gpu_type: &str,
     t: i64,
 ) -> Result<Vec<TakeBack>> {
@@ -189,7 +188,7 @@ pub(super) fn fenced_settle(
 /// one with replacements once [`finish`] has brought them up. Not a singleton: it runs on
 /// the replica serving the request, and its writes are the request's.
 pub fn for_owner(
-    tx: &Connection,
+    tx: &impl AsConn,
     owner: &str,
     cluster: &ClusterRow,
     nodes: i64,
@@ -281,7 +280,7 @@ pub struct Reclaimed {
 }
 
 /// Decides (and records: replacements assigned, clusters "updating") which nodes go back.
-pub(super) fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<Vec<TakeBack>> {
+pub(super) fn plan_take_back(tx: &impl AsConn, gpu_type: &str, t: i64) -> Result<Vec<TakeBack>> {
     let held = holdings(tx, gpu_type, t, Exclude::default())?;
     let cap = capacity(tx, gpu_type, &held)?;
     // Everything that holds pool nodes now, preemptible clusters included.
@@ -312,7 +311,7 @@ pub(super) fn plan_take_back(tx: &Connection, gpu_type: &str, t: i64) -> Result<
 /// from other tenants' nodes beyond their guarantees and has the taken nodes released
 /// now (handed over); None: reservations, whose take-back releases them when recorded.
 fn take_back(
-    tx: &Connection,
+    tx: &impl AsConn,
     (gpu_type, cap): (&str, &crate::rules::Capacity),
     (held, gpn): (&[super::Holding], i64),
     nodes: i64,
@@ -424,7 +423,7 @@ type Shares = std::collections::HashMap<String, (String, i64, i64)>;
 /// a request is changing are left to the next round. `owner`: only other tenants' nodes
 /// beyond their guarantees (`sharing::beyond_guarantee`).
 fn fair_share_victims(
-    tx: &Connection,
+    tx: &impl AsConn,
     gpu_type: &str,
     (held, gpn): (&[super::Holding], i64),
     excess: i64,

@@ -87,7 +87,7 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
 /// for its own tenant's quota is passed over. A cluster still waiting gets its current
 /// reason. Returns the admitted clusters, committed as `creating`.
 pub fn round(
-    mut sp: Savepoint<'_>,
+    sp: Savepoint<'_>,
     fence: &Fence,
     volumes: &Volumes,
     now: (i64, std::time::Duration),
@@ -129,7 +129,7 @@ pub fn round(
             };
             let (c, w) = waiting.remove(i);
             let standing = standings.get(&c.tenant_id).copied();
-            match admit(&mut sp, &c, w.queued_at, standing, now)? {
+            match admit(&sp, &c, w.queued_at, standing, now)? {
                 Ok(a) => admitted.push(a),
                 Err(Wait::Quota(_)) => continue,
                 Err(Wait::Capacity(_)) => {
@@ -176,7 +176,7 @@ fn standings(conn: &impl AsConn, gpu_type: &str, t: i64) -> Result<HashMap<Strin
 /// create's), status `creating`, no longer waiting, an `admitted` event. Otherwise its
 /// status_reason says why it still waits, and the [`Wait`] is returned.
 fn admit(
-    sp: &mut Savepoint<'_>,
+    sp: &impl AsConn,
     c: &ClusterRow,
     queued_at: i64,
     standing: Option<Standing>,
