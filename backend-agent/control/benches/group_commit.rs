@@ -51,7 +51,7 @@ async fn write(writer: &GroupCommit, i: usize) -> Duration {
             sp.execute(
                 "INSERT INTO events (at, object_id, tenant_id, kind, node, message)
                  VALUES (?1, ?2, 'tenant', 'bench', 'node', 'a state change of about this size')",
-                (i as i64, format!("object-{}", i % 100)),
+                gpufleet_sql::params![i as i64, format!("object-{}", i % 100)],
             )?;
             sp.commit()?;
             Ok(())

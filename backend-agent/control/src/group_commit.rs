@@ -1,22 +1,30 @@
-//! Group commit: write requests that arrive together share one SQLite transaction.
+//! Group commit: write requests that arrive together share one transaction.
 //!
-//! One writer thread takes queued requests, runs each inside its own savepoint on the
-//! writer connection, and commits once for all of them. Each request's read-check-write
+//! One writer thread takes queued requests, runs each inside its own savepoint of the
+//! open transaction, and commits once for all of them. Each request's read-check-write
 //! sees every earlier request's writes (they still run one at a time), a refusal rolls
 //! back only its own savepoint, and nobody is answered before the COMMIT that makes its
-//! write durable. Under load one commit (its WAL write, and any checkpoint it triggers)
-//! serves many requests instead of one each, and requests no longer queue on the
-//! connection's mutex in separate threads.
+//! write durable. Under load one commit serves many requests instead of one each, and
+//! requests no longer queue on the connection's mutex in separate threads.
 //!
-//! With a commit record (`store::commit_record`), each transaction also counts itself in
-//! the database, and the new count is written to the record after the COMMIT and before
-//! any answer: what was acknowledged is never more than the record says.
+//! On SQLite the writer is the store's one writer connection. With a commit record
+//! (`store::commit_record`), each transaction also counts itself in the database, and the
+//! new count is written to the record after the COMMIT and before any answer: what was
+//! acknowledged is never more than the record says.
+//!
+//! On PostgreSQL each replica has a writer, and every batch holds the database's writer
+//! lock from its first statement to its commit (`Database::write_exclusive`): batches of
+//! every replica run one at a time and each statement sees every batch committed before,
+//! as SQLite's one writer does, so a request's read-check-write is exact across replicas
+//! and runs once. A connection the server closed (a failover) is opened again for the
+//! next batch; the requests of the batch it failed are answered with the error.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{Connection, Savepoint, Transaction};
+use gpufleet_sql::{Conn, Database, Savepoint};
+use rusqlite::{Connection, Transaction};
 
 use crate::error::Error;
 use crate::store::commit_record::{self, CommitRecord};
@@ -24,36 +32,65 @@ use crate::store::commit_record::{self, CommitRecord};
 /// How many requests one transaction takes at most, so a commit never waits long.
 const MAX_BATCH: usize = 64;
 
+/// The key of the PostgreSQL advisory lock every replica's writer takes for a batch.
+pub const WRITER_LOCK: i64 = 0x0067_7066_6c65_6574; // "gpfleet"
+
 /// Why a batch's COMMIT failed, told to each of its requests: the domain's error for it
-/// (a full disk, or an internal error), made anew for each.
+/// (a full disk, an unreachable database, or an internal error), made anew for each.
 #[derive(Clone)]
 struct CommitFailed {
-    disk_full: bool,
+    kind: Failure,
     text: String,
 }
 
+#[derive(Clone, Copy)]
+enum Failure {
+    DiskFull,
+    Unreachable,
+    Internal,
+}
+
 impl CommitFailed {
-    fn of(e: &rusqlite::Error) -> CommitFailed {
+    fn of(e: &gpufleet_sql::Error) -> CommitFailed {
         tracing::error!(error = %e, "database error");
+        let kind = match e {
+            gpufleet_sql::Error::Sqlite(e) if crate::error::is_disk_full(e) => Failure::DiskFull,
+            gpufleet_sql::Error::Postgres(e) if e.is_closed() || e.as_db_error().is_none() => {
+                Failure::Unreachable
+            }
+            _ => Failure::Internal,
+        };
         CommitFailed {
-            disk_full: crate::error::is_disk_full(e),
+            kind,
             text: format!("state database error: {e}"),
         }
     }
 
     fn error(self) -> Error {
-        if self.disk_full {
-            Error::DiskFull(self.text)
-        } else {
-            Error::Internal(self.text)
+        match self.kind {
+            Failure::DiskFull => Error::DiskFull(self.text),
+            Failure::Unreachable => Error::Unavailable(self.text),
+            Failure::Internal => Error::Internal(self.text),
         }
     }
 }
 
 /// What a request does once its transaction has committed (or failed to).
 type Reply = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
-/// A queued request: runs in the open transaction and leaves its reply for later.
-type Job = Box<dyn FnOnce(&mut Transaction<'_>) -> Reply + Send>;
+/// A queued request: runs in the open transaction and leaves its reply for later; given
+/// no transaction (the database could not be reached), it answers that at once.
+type Job = Box<dyn FnOnce(Option<Conn<'_>>) -> Reply + Send>;
+
+/// The database a writer writes.
+pub enum Writer {
+    /// The store's writer connection, and its commit record when it has one.
+    Sqlite {
+        db: Arc<Mutex<Connection>>,
+        record: Option<CommitRecord>,
+    },
+    /// A PostgreSQL database's address; the writer holds its own connection.
+    Postgres { url: String },
+}
 
 /// The queue in front of the writer thread.
 pub struct GroupCommit {
@@ -61,13 +98,21 @@ pub struct GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts the writer thread over `db`, keeping `record` (when given) one step behind
-    /// each commit; it stops when this is dropped.
+    /// Starts the writer thread over SQLite's `db`, keeping `record` (when given) one step
+    /// behind each commit; it stops when this is dropped.
     pub fn start(db: Arc<Mutex<Connection>>, record: Option<CommitRecord>) -> GroupCommit {
+        Self::start_writer(Writer::Sqlite { db, record })
+    }
+
+    /// Starts the writer thread over `writer`.
+    pub fn start_writer(writer: Writer) -> GroupCommit {
         let (queue, jobs) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("gpufleet-writer".into())
-            .spawn(move || run(&db, record.as_ref(), &jobs))
+            .spawn(move || match writer {
+                Writer::Sqlite { db, record } => run_sqlite(&db, record.as_ref(), &jobs),
+                Writer::Postgres { url } => run_postgres(&url, &jobs),
+            })
             .expect("start the state writer thread");
         GroupCommit { queue }
     }
@@ -82,11 +127,15 @@ impl GroupCommit {
         work: impl FnOnce(Savepoint<'_>) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move |tx| {
-            let outcome = tx
-                .savepoint()
-                .map_err(|e| E::from(Error::Store(e)))
-                .and_then(work);
+        let job: Job = Box::new(move |conn| {
+            let outcome = match conn {
+                Some(conn) => Savepoint::begin(conn)
+                    .map_err(|e| E::from(Error::from(e)))
+                    .and_then(work),
+                None => Err(E::from(Error::Unavailable(
+                    "the state database cannot be reached; try again".into(),
+                ))),
+            };
             Box::new(move |committed: Result<(), CommitFailed>| {
                 let committed = committed.map_err(|f| E::from(f.error()));
                 // The caller may have gone away; the write stands either way.
@@ -102,25 +151,19 @@ impl GroupCommit {
     }
 }
 
-fn run(db: &Mutex<Connection>, record: Option<&CommitRecord>, jobs: &mpsc::Receiver<Job>) {
+fn run_sqlite(db: &Mutex<Connection>, record: Option<&CommitRecord>, jobs: &mpsc::Receiver<Job>) {
     while let Ok(first) = jobs.recv() {
         let mut conn = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut tx = match conn.transaction() {
+        let tx = match conn.transaction() {
             Ok(tx) => tx,
             Err(e) => {
-                // Dropping the job answers its caller with an internal error.
+                // Dropping the job answers its caller with an error.
                 tracing::error!(error = %e, "cannot begin a write transaction");
                 continue;
             }
         };
         let changes_before = tx.total_changes();
-        let mut replies = vec![run_one(first, &mut tx)];
-        while replies.len() < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(job) => replies.push(run_one(job, &mut tx)),
-                Err(_) => break,
-            }
-        }
+        let replies = run_batch(first, Conn::sqlite(&tx), jobs);
         // A batch of refusals and reads changed no row: it writes nothing, so it counts
         // no commit (and, under synchronous=FULL, costs no fsync).
         let record = record.filter(|_| tx.total_changes() != changes_before);
@@ -132,14 +175,54 @@ fn run(db: &Mutex<Connection>, record: Option<&CommitRecord>, jobs: &mpsc::Recei
     }
 }
 
+fn run_postgres(url: &str, jobs: &mpsc::Receiver<Job>) {
+    let mut db: Option<Database> = None;
+    while let Ok(first) = jobs.recv() {
+        if db.as_ref().is_none_or(Database::is_closed) {
+            db = match Database::postgres(url) {
+                Ok(db) => Some(db),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot connect the state writer to its database");
+                    first(None)(Ok(()));
+                    continue;
+                }
+            };
+        }
+        let Some(conn) = db.as_mut() else { continue };
+        let mut replies = Vec::new();
+        let committed = conn
+            .write_exclusive(WRITER_LOCK, |c| {
+                replies = run_batch(first, *c, jobs);
+                Ok(())
+            })
+            .map_err(|e| CommitFailed::of(&e));
+        for reply in replies {
+            reply(committed.clone());
+        }
+    }
+}
+
+/// Runs `first` and whatever else is queued, up to [`MAX_BATCH`], in the open transaction.
+fn run_batch(first: Job, conn: Conn<'_>, jobs: &mpsc::Receiver<Job>) -> Vec<Reply> {
+    let mut replies = vec![run_one(first, conn)];
+    while replies.len() < MAX_BATCH {
+        match jobs.try_recv() {
+            Ok(job) => replies.push(run_one(job, conn)),
+            Err(_) => break,
+        }
+    }
+    replies
+}
+
 /// Commits the batch, counted in the database and then in `record` when there is one.
 fn commit(tx: Transaction<'_>, record: Option<&CommitRecord>) -> Result<(), CommitFailed> {
+    let failed = |e: rusqlite::Error| CommitFailed::of(&gpufleet_sql::Error::Sqlite(e));
     let Some(record) = record else {
-        return tx.commit().map_err(|e| CommitFailed::of(&e));
+        return tx.commit().map_err(failed);
     };
     // A batch that cannot be counted is not committed (dropping it rolls it back).
-    let count = commit_record::advance(&tx).map_err(|e| CommitFailed::of(&e))?;
-    tx.commit().map_err(|e| CommitFailed::of(&e))?;
+    let count = commit_record::advance(&tx).map_err(failed)?;
+    tx.commit().map_err(failed)?;
     // The commit stands either way; a record left behind only weakens the next start's
     // check, it never fails it.
     if let Err(e) = record.write(count) {
@@ -150,8 +233,8 @@ fn commit(tx: Transaction<'_>, record: Option<&CommitRecord>) -> Result<(), Comm
 
 /// One request; a panic in it rolls back its savepoint (dropped while unwinding) and
 /// answers its caller with an internal error, and the others carry on.
-fn run_one(job: Job, tx: &mut Transaction<'_>) -> Reply {
-    std::panic::catch_unwind(AssertUnwindSafe(|| job(tx))).unwrap_or_else(|_| {
+fn run_one(job: Job, conn: Conn<'_>) -> Reply {
+    std::panic::catch_unwind(AssertUnwindSafe(|| job(Some(conn)))).unwrap_or_else(|_| {
         tracing::error!("a write request panicked; its changes were rolled back");
         Box::new(|_| {})
     })
@@ -161,6 +244,7 @@ fn run_one(job: Job, tx: &mut Transaction<'_>) -> Reply {
 mod tests {
     use super::*;
     use crate::error::db_error;
+    use gpufleet_sql::params;
     use tonic::Status;
 
     fn db() -> Arc<Mutex<Connection>> {
@@ -185,15 +269,17 @@ mod tests {
     fn insert(k: &'static str) -> impl FnOnce(Savepoint<'_>) -> Result<i64, Status> + Send {
         move |sp| {
             let taken: i64 = sp
-                .query_row("SELECT COUNT(*) FROM t WHERE k = ?1", [k], |r| r.get(0))
+                .query_row("SELECT COUNT(*) FROM t WHERE k = ?1", params![k], |r| {
+                    r.get(0)
+                })
                 .map_err(db_error)?;
             if taken > 0 {
                 return Err(Status::already_exists(k));
             }
-            sp.execute("INSERT INTO t (k, v) VALUES (?1, 1)", [k])
+            sp.execute("INSERT INTO t (k, v) VALUES (?1, 1)", params![k])
                 .map_err(db_error)?;
             let n = sp
-                .query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+                .query_row("SELECT COUNT(*) FROM t", params![], |r| r.get(0))
                 .map_err(db_error)?;
             sp.commit().map_err(db_error)?;
             Ok(n)
@@ -233,7 +319,7 @@ mod tests {
         let writer = GroupCommit::start(db.clone(), None);
         let dry = writer
             .write(|sp| -> Result<(), Status> {
-                sp.execute("INSERT INTO t (k, v) VALUES ('dry', 1)", [])
+                sp.execute("INSERT INTO t (k, v) VALUES ('dry', 1)", params![])
                     .map_err(db_error)?;
                 // Dropped without commit: rolled back.
                 Ok(())
@@ -242,7 +328,7 @@ mod tests {
         assert!(dry.is_ok());
         let panicked = writer
             .write(|sp| -> Result<(), Status> {
-                sp.execute("INSERT INTO t (k, v) VALUES ('boom', 1)", [])
+                sp.execute("INSERT INTO t (k, v) VALUES ('boom', 1)", params![])
                     .map_err(db_error)?;
                 panic!("a bug in a handler");
             })
@@ -307,7 +393,7 @@ mod tests {
             .write(|sp| -> Result<(), Status> {
                 sp.execute(
                     "INSERT INTO t (k, v) VALUES (hex(randomblob(100000)), 1)",
-                    [],
+                    params![],
                 )
                 .map_err(db_error)?;
                 sp.commit().map_err(db_error)
@@ -337,7 +423,7 @@ mod tests {
         let writer = GroupCommit::start(db.clone(), None);
         let failed = writer
             .write(|sp| -> Result<(), Status> {
-                sp.execute("INSERT INTO child (p) VALUES ('missing')", [])
+                sp.execute("INSERT INTO child (p) VALUES ('missing')", params![])
                     .map_err(db_error)?;
                 sp.commit().map_err(db_error)
             })

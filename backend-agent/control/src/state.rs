@@ -6,13 +6,15 @@
 //! savepoint of a transaction it shares with the requests that arrived with it
 //! ([`AppState::write`], group commit), so a check and the write it guards never
 //! interleave with another request's. Requests that only read take a pooled read-only
-//! connection on a blocking thread ([`AppState::read`]): WAL lets them read the last
-//! committed state without waiting for the writer.
+//! connection on a blocking thread ([`AppState::read`]): on SQLite, WAL lets them read
+//! the last committed state without waiting for the writer; on PostgreSQL they read one
+//! snapshot each from a bounded pool of connections. Both engines behind `gpufleet_sql`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rusqlite::{Connection, Savepoint};
+use gpufleet_sql::{Conn, Savepoint};
+use rusqlite::Connection;
 
 use crate::error::Error;
 
@@ -90,12 +92,23 @@ impl Default for CandidateSettings {
     }
 }
 
+/// The database under the state, and how it is read.
+enum Backing {
+    /// The writer's connection (read through where no read-only one exists), the pool of
+    /// read-only ones, and WAL checkpoints on their own thread (none for a database
+    /// without a file).
+    Sqlite {
+        db: Arc<Mutex<Connection>>,
+        readers: Arc<crate::store::readers::Readers>,
+        _checkpoints: Option<crate::store::checkpoints::Checkpoints>,
+    },
+    /// Read connections to the database every replica shares.
+    Postgres { readers: Arc<gpufleet_sql::Pool> },
+}
+
 pub struct AppState {
-    db: Arc<Mutex<Connection>>,
+    backing: Backing,
     writes: crate::group_commit::GroupCommit,
-    /// WAL checkpoints on their own thread (none for a database without a file).
-    _checkpoints: Option<crate::store::checkpoints::Checkpoints>,
-    readers: Arc<crate::store::readers::Readers>,
     pub data_dir: PathBuf,
     pub admin_token: String,
     /// The file the admin token was read from (the data dir's `admin.token`); None when it
@@ -163,11 +176,63 @@ impl AppState {
         let readers = Arc::new(open_readers(&db));
         let checkpoints = start_checkpoints(&db);
         let db = Arc::new(Mutex::new(db));
-        Self {
-            writes: crate::group_commit::GroupCommit::start(db.clone(), record),
-            _checkpoints: checkpoints,
+        let writes = crate::group_commit::GroupCommit::start(db.clone(), record);
+        let backing = Backing::Sqlite {
             db,
             readers,
+            _checkpoints: checkpoints,
+        };
+        Self::over(
+            backing,
+            writes,
+            data_dir,
+            admin_token,
+            join_token,
+            agents,
+            drivers,
+        )
+    }
+
+    /// Over the PostgreSQL database at `url` (migrated): this replica's writer holds one
+    /// connection and reads take up to [`READERS`] more.
+    pub fn on_postgres(
+        url: &str,
+        data_dir: PathBuf,
+        admin_token: String,
+        join_token: String,
+        agents: crate::registry::Registry,
+        drivers: crate::drivers::Offer,
+    ) -> Self {
+        let writes =
+            crate::group_commit::GroupCommit::start_writer(crate::group_commit::Writer::Postgres {
+                url: url.to_string(),
+            });
+        let backing = Backing::Postgres {
+            readers: Arc::new(gpufleet_sql::Pool::new(url, READERS)),
+        };
+        Self::over(
+            backing,
+            writes,
+            data_dir,
+            admin_token,
+            join_token,
+            agents,
+            drivers,
+        )
+    }
+
+    fn over(
+        backing: Backing,
+        writes: crate::group_commit::GroupCommit,
+        data_dir: PathBuf,
+        admin_token: String,
+        join_token: String,
+        agents: crate::registry::Registry,
+        drivers: crate::drivers::Offer,
+    ) -> Self {
+        Self {
+            backing,
+            writes,
             volumes: crate::volumes::Volumes::in_data_dir(data_dir.join(VOLUMES)),
             data_dir,
             admin_token,
@@ -295,11 +360,11 @@ impl AppState {
     /// background bookkeeping: states, statuses, events).
     pub async fn apply<T: Send + 'static, E: From<Error> + Send + 'static>(
         &self,
-        work: impl FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+        work: impl FnOnce(&Conn<'_>) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E> {
         self.write(move |sp| {
-            let value = work(&sp)?;
-            sp.commit().map_err(|e| E::from(Error::Store(e)))?;
+            let value = work(&sp.conn())?;
+            sp.commit().map_err(|e| E::from(Error::from(e)))?;
             Ok(value)
         })
         .await
@@ -311,20 +376,40 @@ impl AppState {
     /// database: no async worker ever waits on SQLite or its lock.
     pub async fn read<T: Send + 'static, E: From<Error> + Send + 'static>(
         &self,
-        work: impl FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+        work: impl FnOnce(&Conn<'_>) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E> {
-        let readers = self.readers.clone();
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || match readers.get() {
-            Some(Ok(reader)) => work(&reader),
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "read connection unusable; reading through the writer");
-                work(&lock(&db))
+        let read = match &self.backing {
+            Backing::Sqlite { db, readers, .. } => {
+                let (db, readers) = (db.clone(), readers.clone());
+                tokio::task::spawn_blocking(move || match readers.get() {
+                    Some(Ok(reader)) => work(&Conn::sqlite(&reader)),
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "read connection unusable; reading through the writer");
+                        work(&Conn::sqlite(&lock(&db)))
+                    }
+                    None => work(&Conn::sqlite(&lock(&db))),
+                })
             }
-            None => work(&lock(&db)),
-        })
-        .await
-        .map_err(|e| E::from(Error::Internal(format!("request worker failed: {e}"))))?
+            Backing::Postgres { readers } => {
+                let readers = readers.clone();
+                tokio::task::spawn_blocking(move || {
+                    let mut db = readers.get().map_err(|e| E::from(Error::from(e)))?;
+                    // One snapshot for the whole read, run once (a read-only snapshot is
+                    // never run again).
+                    let mut work = Some(work);
+                    db.read(|c| Ok(work.take().map(|w| w(c))))
+                        .map_err(|e| E::from(Error::from(e)))?
+                        .unwrap_or_else(|| Err(E::from(Error::Internal("a read ran twice".into()))))
+                })
+            }
+        };
+        read.await
+            .map_err(|e| E::from(Error::Internal(format!("request worker failed: {e}"))))?
+    }
+
+    /// Whether the store is PostgreSQL's, shared by replicas, rather than an SQLite file.
+    pub fn on_shared_database(&self) -> bool {
+        matches!(self.backing, Backing::Postgres { .. })
     }
 }
 

@@ -92,6 +92,20 @@ impl Pool {
     }
 }
 
+/// The idle connections are closed on a thread of their own: closing one blocks, and a
+/// pool may go with the last owner of an async server's state, on an async worker.
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let idle =
+            std::mem::take(&mut self.state.get_mut().unwrap_or_else(|p| p.into_inner()).idle);
+        if !idle.is_empty() {
+            let _ = std::thread::Builder::new()
+                .name("gpufleet-pool-close".into())
+                .spawn(move || drop(idle));
+        }
+    }
+}
+
 impl Drop for Pooled<'_> {
     fn drop(&mut self) {
         let Some(db) = self.db.take() else { return };

@@ -44,6 +44,13 @@ impl<'a> Savepoint<'a> {
         Ok(())
     }
 
+    /// Undoes what was written since the savepoint opened; it stays open.
+    pub fn rollback(&mut self) -> Result<()> {
+        self.conn
+            .execute(&format!("ROLLBACK TO {}", name(self.depth)), params![])?;
+        Ok(())
+    }
+
     pub fn conn(&self) -> Conn<'a> {
         self.conn
     }

@@ -175,8 +175,8 @@ pub fn reset(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rusqlite::Connection;
     use crate::store::nodes::POOL;
+    use rusqlite::Connection;
 
     fn node(conn: &Connection, id: &str) -> NodeRow {
         let row = NodeRow {

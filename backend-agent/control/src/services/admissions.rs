@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use gpufleet_sql::AsConn;
-use rusqlite::Savepoint;
+use gpufleet_sql::Savepoint;
 use tokio::sync::watch;
 
 use super::clusters::Clusters;
@@ -370,8 +370,9 @@ mod tests {
         volumes: &Volumes,
         t: i64,
     ) -> crate::error::Result<Vec<String>> {
-        let mut tx = conn.transaction().unwrap();
-        let admitted = super::round(tx.savepoint().unwrap(), fence, volumes, (t, REPLACE_AFTER))?;
+        let tx = conn.transaction().unwrap();
+        let sp = gpufleet_sql::Savepoint::begin(gpufleet_sql::Conn::sqlite(&tx)).unwrap();
+        let admitted = super::round(sp, fence, volumes, (t, REPLACE_AFTER))?;
         tx.commit().unwrap();
         Ok(admitted.into_iter().map(|a| a.cluster.id).collect())
     }

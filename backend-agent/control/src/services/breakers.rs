@@ -3,7 +3,7 @@
 
 use gpufleet_proto::v1;
 use gpufleet_sql::Conn;
-use rusqlite::Savepoint;
+use gpufleet_sql::Savepoint;
 use tonic::{Request, Status};
 
 use super::fleet::Fleet;

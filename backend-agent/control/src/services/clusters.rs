@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpufleet_proto::v1::{self, tenant_cluster_service_server::TenantClusterService};
+use gpufleet_sql::Savepoint;
 use gpufleet_sql::{AsConn, Conn};
-use rusqlite::Savepoint;
 use tonic::{Request, Response, Status};
 
 use super::reservations::visible_reservation;
@@ -448,7 +448,7 @@ impl Clusters {
     /// run whose name is taken, checked (and rolled back) under a name no cluster has.
     fn admit_create(
         &self,
-        mut tx: Savepoint<'_>,
+        tx: Savepoint<'_>,
         caller: Caller,
         tenant: store::tenants::TenantRow,
         mut req: v1::CreateTenantClusterRequest,
@@ -583,7 +583,7 @@ impl Clusters {
         // clusters come back for it (`scheduling::take_back::for_owner`).
         let (now, replace_after) = (self.state.now(), self.state.agents.replace_after);
         let placed = crate::scheduling::queue::place_or_wait(
-            &mut tx,
+            &tx,
             &tenant.name,
             &cluster,
             (now, replace_after),
@@ -1611,10 +1611,15 @@ mod tests {
         (c1.node_count, c1.status) = (2, "degraded".into());
         store::clusters::update(&conn, &c1).unwrap();
         let (stale, current) = crate::lease::testing::stale_and_current(&mut conn);
-        let mut tx = conn.transaction().unwrap();
-        let refused = super::prepare_refill(tx.savepoint().unwrap(), &stale, "c1", 2000)
-            .err()
-            .expect("a former leader's refill was not refused");
+        let tx = conn.transaction().unwrap();
+        let refused = super::prepare_refill(
+            gpufleet_sql::Savepoint::begin(gpufleet_sql::Conn::sqlite(&tx)).unwrap(),
+            &stale,
+            "c1",
+            2000,
+        )
+        .err()
+        .expect("a former leader's refill was not refused");
         drop(tx);
         assert!(refused.message().contains("writes nothing"), "{refused:?}");
         let after = store::clusters::get(&conn, "c1").unwrap().unwrap();
@@ -1626,8 +1631,14 @@ mod tests {
             store::nodes::get(&conn, "n2").unwrap().unwrap().cluster_id,
             None
         );
-        let mut tx = conn.transaction().unwrap();
-        let refill = super::prepare_refill(tx.savepoint().unwrap(), &current, "c1", 2000).unwrap();
+        let tx = conn.transaction().unwrap();
+        let refill = super::prepare_refill(
+            gpufleet_sql::Savepoint::begin(gpufleet_sql::Conn::sqlite(&tx)).unwrap(),
+            &current,
+            "c1",
+            2000,
+        )
+        .unwrap();
         tx.commit().unwrap();
         // The leader's takes the free node; the change goes on as an update's.
         let added: Vec<String> = refill

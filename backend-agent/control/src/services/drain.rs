@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use gpufleet_proto::v1;
 use gpufleet_sql::AsConn;
-use rusqlite::Savepoint;
+use gpufleet_sql::Savepoint;
 use tonic::{Request, Status};
 
 use crate::scheduling::drivers;

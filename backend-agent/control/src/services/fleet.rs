@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpufleet_proto::v1::{self, fleet_service_server::FleetService};
+use gpufleet_sql::Savepoint;
 use gpufleet_sql::{AsConn, Conn};
-use rusqlite::Savepoint;
 use tonic::{Request, Response, Status};
 
 use super::{invalid, node_messages};

@@ -24,8 +24,8 @@ mod usage;
 use std::collections::HashMap;
 
 use gpufleet_proto::v1;
+use gpufleet_sql::Savepoint;
 use gpufleet_sql::{AsConn, Conn};
-use rusqlite::Savepoint;
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;

@@ -14,8 +14,8 @@ use crate::scheduling::{
 };
 use crate::state::{db_error, AppState};
 use crate::{catalog, store};
+use gpufleet_sql::Savepoint;
 use gpufleet_sql::{AsConn, Conn};
-use rusqlite::Savepoint;
 use store::{idempotency::Prior, quotas::QuotaRow};
 
 #[derive(Clone)]

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use gpufleet_proto::limits::MAX_DURATION_SECONDS;
 use gpufleet_proto::v1::{self, reservation_service_server::ReservationService};
+use gpufleet_sql::Savepoint;
 use gpufleet_sql::{AsConn, Conn};
-use rusqlite::Savepoint;
 use tonic::{Request, Response, Status};
 
 use super::{

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use gpufleet_proto::error_info::QUOTA_IDS;
 use gpufleet_proto::v1::{self, tenant_service_server::TenantService};
 use gpufleet_sql::Conn;
-use rusqlite::Savepoint;
+use gpufleet_sql::Savepoint;
 use tonic::{Request, Response, Status};
 
 use super::{

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use gpufleet_proto::v1::{self, access_service_server::AccessService};
+use gpufleet_sql::Savepoint;
 use gpufleet_sql::{AsConn, Conn};
-use rusqlite::Savepoint;
 use tonic::{Request, Response, Status};
 
 use super::{invalid, request_id_conflict, target_tenant, to_timestamp};

@@ -29,8 +29,8 @@ pub mod readers;
 pub mod reservations;
 pub mod slurm_access;
 pub mod take_backs;
-pub mod to_postgres;
 pub mod tenants;
+pub mod to_postgres;
 pub mod tokens;
 pub mod usage;
 #[cfg(test)]

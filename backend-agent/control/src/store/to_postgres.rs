@@ -405,13 +405,15 @@ mod tests {
         let found = |v: Vec<crate::invariants::Violation>| -> Vec<String> {
             v.iter().map(|v| v.to_string()).collect()
         };
-        let lite = found(
-            crate::invariants::check_store(&dir.path().join("state.db"), now, None).unwrap(),
-        );
+        let lite =
+            found(crate::invariants::check_store(&dir.path().join("state.db"), now, None).unwrap());
         let post = found(crate::invariants::check_database(&mut pg, now, None).unwrap());
         assert_eq!(post, lite);
         assert_eq!(post.len(), 1, "{post:?}");
-        assert!(post[0].starts_with("capacity: H100-80GB on-demand overbooked"), "{post:?}");
+        assert!(
+            post[0].starts_with("capacity: H100-80GB on-demand overbooked"),
+            "{post:?}"
+        );
         assert!(!on_postgres.models.is_empty() && !on_postgres.usage.is_empty());
     }
 
