@@ -704,6 +704,19 @@ pub struct ServeArgs {
     /// would serve a lost commit without a word.
     #[arg(long, env = "GPUFLEET_ACCEPT_ROLLBACK")]
     pub accept_rollback: bool,
+    /// Serve the store on the PostgreSQL database whose address is in
+    /// GPUFLEET_DATABASE_URL (or --database-file), shared with any other replica, instead
+    /// of the data dir's SQLite file (made by `gpufleet-agent migrate`, or empty).
+    #[arg(long, env = "GPUFLEET_POSTGRES")]
+    pub postgres: bool,
+    /// A file (0600) holding the PostgreSQL store's address, with --postgres.
+    #[arg(
+        long,
+        env = "GPUFLEET_DATABASE_FILE",
+        value_name = "FILE",
+        requires = "postgres"
+    )]
+    pub database_file: Option<PathBuf>,
     /// Nodes that registered and are not yet in service (they have not passed the
     /// control plane's admission checks, nor been returned by an operator), at most: a
     /// new name past it is refused.
@@ -1047,6 +1060,8 @@ impl ServeArgs {
                 max_quarantines: self.breaker_max_quarantines,
                 max_percent: self.breaker_max_percent,
             },
+            // Read by `serve::run`, which may fail on it (`database_url`).
+            database: None,
             store: gpufleet_control::store::OpenOptions {
                 durability: match self.durability {
                     Durability::Full => gpufleet_control::store::Durability::Full,

@@ -18,7 +18,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     advertised(&args)?;
     slurm_ports(&args);
     let args_stop_workloads = args.stop_workloads;
-    let config = args.config(fleet);
+    let database = match args.postgres {
+        true => Some(crate::database_url::read(args.database_file.as_deref())?),
+        false => None,
+    };
+    let mut config = args.config(fleet);
+    config.database = database;
     let mut control = tokio::task::spawn_blocking(move || ControlPlane::open(config)).await??;
     // Watch for signals before announcing the port: a SIGTERM right after the listening
     // line must shut down cleanly, not kill the process by the default action.

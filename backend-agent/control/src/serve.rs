@@ -108,6 +108,9 @@ pub struct Config {
     /// How durable a commit is, and whether a store behind its commit record is served
     /// (`--durability`, `--accept-rollback`).
     pub store: store::OpenOptions,
+    /// The PostgreSQL database every replica shares (its address), instead of the data
+    /// dir's SQLite file (`--postgres`).
+    pub database: Option<String>,
     /// The bounds on the API's connections; what is not given follows the file limit
     /// `serve` runs with (`crate::connections::Limits::for_file_limit`).
     pub connections: crate::connections::Wanted,
@@ -150,6 +153,7 @@ impl Config {
             slurm_ports: Default::default(),
             prices: None,
             store: Default::default(),
+            database: None,
             connections: Default::default(),
             lease: Default::default(),
         }
@@ -173,7 +177,7 @@ pub struct EmbeddedHost {
 
 /// Every node of the store as an embedded host with simulated GPUs (its recorded MIG
 /// state and driver, and what it declares to Slurm).
-pub fn simulated_hosts(conn: &rusqlite::Connection) -> anyhow::Result<Vec<EmbeddedHost>> {
+pub fn simulated_hosts(conn: &impl gpufleet_sql::AsConn) -> anyhow::Result<Vec<EmbeddedHost>> {
     crate::recorded::simulated_nodes(conn)?
         .into_iter()
         .map(|(row, sim)| {
@@ -275,16 +279,36 @@ impl ControlPlane {
         let data_dir =
             gpufleet_process::data_dir::private(&config.data_dir, &[crate::state::VOLUMES])?;
         let lock = DataDirLock::acquire(&data_dir)?;
-        let (mut conn, record) = store::open_checked(&data_dir.join("state.db"), config.store)?;
-        // The singletons' lease, before anything of theirs runs. The data dir's lock says no
-        // other replica of this store is alive: the lease of a former process is taken over
-        // at once, with a higher epoch.
+        // The data dir's SQLite file (checked against its commit record), or the
+        // PostgreSQL database every replica shares, made current.
+        let (mut db, record) = match &config.database {
+            None => {
+                let (conn, record) = store::open_checked(&data_dir.join("state.db"), config.store)?;
+                (gpufleet_sql::Database::sqlite(conn), Some(record))
+            }
+            Some(url) => {
+                let shown = gpufleet_sql::database::redacted(url);
+                let mut db = gpufleet_sql::Database::postgres(url)
+                    .with_context(|| format!("connecting to {shown}"))?;
+                store::postgres::migrate(&mut db, config.clock.now())
+                    .with_context(|| format!("making {shown}'s schema current"))?;
+                tracing::info!(database = %shown, "serving the store on PostgreSQL");
+                (db, None)
+            }
+        };
+        // Every write of this start holds the writer's lock, as the writer does later.
+        let lock_key = crate::group_commit::WRITER_LOCK;
+        // The singletons' lease, before anything of theirs runs. On SQLite the data dir's
+        // lock says no other replica of this store is alive: the lease of a former process
+        // is taken over at once, with a higher epoch. On PostgreSQL other replicas may be
+        // alive: the lease is taken over only once it has expired.
         let leadership = Arc::new(crate::lease::Leadership::new(config.lease.clone()));
         {
             let asked = std::time::Instant::now();
-            let tx = conn.transaction()?;
-            let acquired = leadership.acquire(&tx, config.clock.now(), true)?;
-            tx.commit()?;
+            let exclusive = config.database.is_none();
+            let now = config.clock.now();
+            let acquired =
+                db.write_exclusive(lock_key, |c| leadership.acquire(c, now, exclusive))?;
             leadership.record(&acquired, asked);
         }
         let mut offered = config.drivers.clone();
@@ -295,8 +319,9 @@ impl ControlPlane {
         let embedded = match config.fleet {
             Fleet::External => Vec::new(),
             Fleet::ThisHost(backend) => {
+                let now = config.clock.now();
                 let (node_id, created) =
-                    crate::host::seed(&conn, &*backend, config.clock.now())?;
+                    db.write_exclusive(lock_key, |c| Ok(crate::host::seed(c, &*backend, now)))??;
                 if created {
                     tracing::info!(node = %node_id, "seeded this host as the fleet's one node");
                 }
@@ -321,7 +346,9 @@ impl ControlPlane {
                     offered = fleet_def.drivers.clone();
                 }
                 delivers = fleet_def.delivers();
-                let seeded = fleet::seed(&conn, &fleet_def, config.clock.now())?;
+                let now = config.clock.now();
+                let seeded =
+                    db.write_exclusive(lock_key, |c| Ok(fleet::seed(c, &fleet_def, now)))??;
                 if seeded > 0 {
                     tracing::info!(nodes = seeded, "seeded the simulated fleet");
                 }
@@ -332,7 +359,7 @@ impl ControlPlane {
                     .into_iter()
                     .map(|(_, _, host)| host)
                     .collect();
-                simulated_hosts(&conn)?
+                db.read(|c| Ok(simulated_hosts(c)))??
                     .into_iter()
                     .filter(|h| declared.contains(&h.name))
                     .collect()
@@ -346,12 +373,20 @@ impl ControlPlane {
             None => crate::volumes::Volumes::in_data_dir(data_dir.join(crate::state::VOLUMES))
                 .with_node_mounts(external_nodes),
         };
-        crate::scheduling::clusters::recover_interrupted(&conn, &volumes, config.clock.now())?;
-        // Those include the take-backs a former leader left unrecorded: their marks go, so
-        // that no later leader takes a request's `updating` for one of them.
-        store::take_backs::clear_all(&conn)?;
-        // Every agent registers anew with this process.
-        store::nodes::await_agents(&conn, config.clock.now())?;
+        let now = config.clock.now();
+        db.write_exclusive(lock_key, |c| {
+            Ok(
+                crate::scheduling::clusters::recover_interrupted(c, &volumes, now).and_then(|()| {
+                    // Those include the take-backs a former leader left unrecorded: their
+                    // marks go, so that no later leader takes a request's `updating` for
+                    // one of them.
+                    store::take_backs::clear_all(c)?;
+                    // Every agent registers anew with this process.
+                    store::nodes::await_agents(c, now)?;
+                    Ok(())
+                }),
+            )
+        })??;
         let (admin_token, admin_token_file) = match config.admin_token.filter(|t| !t.is_empty()) {
             Some(t) => (t, None),
             None => (
@@ -393,15 +428,21 @@ impl ControlPlane {
             .with_deadlines(config.order_deadlines.clone())
             .with_leadership(leadership);
         let state = Arc::new(
-            AppState::with_commit_record(
-                conn,
-                Some(record),
-                data_dir,
-                admin_token,
-                join_token,
-                registry,
-                drivers,
-            )
+            match &config.database {
+                None => AppState::with_commit_record(
+                    db.into_sqlite().expect("an SQLite store"),
+                    record,
+                    data_dir,
+                    admin_token,
+                    join_token,
+                    registry,
+                    drivers,
+                ),
+                Some(url) => {
+                    drop(db);
+                    AppState::on_postgres(url, data_dir, admin_token, join_token, registry, drivers)
+                }
+            }
             .with_admin_token_file(admin_token_file)
             .with_join_tokens(join_tokens)
             .with_health(config.health)
