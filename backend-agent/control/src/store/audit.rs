@@ -599,7 +599,7 @@ pub fn chained(conn: &impl AsConn) -> gpufleet_sql::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
+    use crate::store::postgres::engines::{self, on_both};
     use gpufleet_sql::Database;
 
     fn entry(tenant: &str, at: i64) -> AuditRow {
@@ -618,13 +618,6 @@ mod tests {
         }
     }
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     fn rec(db: &mut Database, e: &AuditRow) {
         db.write(|c| record(c, e)).unwrap();

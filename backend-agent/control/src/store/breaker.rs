@@ -118,16 +118,8 @@ pub fn model_nodes(conn: &impl AsConn) -> gpufleet_sql::Result<Vec<(String, i64)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
-    use gpufleet_sql::Database;
+    use crate::store::postgres::engines::on_both;
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     #[test]
     fn quarantines_are_counted_in_the_window_and_a_reset_forgets_them() {

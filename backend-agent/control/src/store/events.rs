@@ -136,16 +136,9 @@ pub fn stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
+    use crate::store::postgres::engines::{self, on_both};
     use gpufleet_sql::Database;
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     fn event(db: &mut Database, at: i64, object: &str, tenant: &str, kind: &str, node: &str) {
         db.write(|c| record(c, at, object, tenant, kind, node, "m"))

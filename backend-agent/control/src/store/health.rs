@@ -291,16 +291,8 @@ pub fn bandwidth_addr(conn: &impl AsConn, node_id: &str) -> gpufleet_sql::Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
-    use gpufleet_sql::Database;
+    use crate::store::postgres::engines::on_both;
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     fn row(run: &str, node: &str, cluster: &str, verdict: &str, at: i64) -> ResultRow {
         ResultRow {

@@ -75,16 +75,8 @@ pub fn forget_request(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
-    use gpufleet_sql::Database;
+    use crate::store::postgres::engines::on_both;
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     #[test]
     fn a_forgotten_request_id_is_new_again() {

@@ -120,7 +120,7 @@ pub fn held(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
+    use crate::store::postgres::engines::{self, on_both};
     use gpufleet_sql::Database;
 
     const NAME: &str = "singletons";
@@ -141,13 +141,6 @@ mod tests {
         db.read(|c| get(c, NAME)).unwrap()
     }
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     #[test]
     fn the_first_holder_takes_it_and_renewing_keeps_the_epoch() {

@@ -493,6 +493,14 @@ pub mod engines {
         (Guard::Postgres(server), db, url)
     }
 
+    /// Runs `test` on SQLite, then on PostgreSQL, saying which.
+    pub fn on_both(test: impl Fn(&mut Database)) {
+        for (_guard, mut db) in both() {
+            eprintln!("on {:?}", db.engine());
+            test(&mut db);
+        }
+    }
+
     /// Both, SQLite first.
     pub fn both() -> Vec<(Guard, Database)> {
         let (pg_guard, pg, _) = postgres();

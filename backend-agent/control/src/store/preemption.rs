@@ -74,16 +74,8 @@ pub fn models(conn: &impl AsConn) -> gpufleet_sql::Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
-    use gpufleet_sql::Database;
+    use crate::store::postgres::engines::on_both;
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     /// Tenant t1; clusters c1 (H100, preemptible, on-demand allowed: two pool nodes and an
     /// on-demand one), c2 (H100, preemptible: on-demand only), c3 (h100, preemptible: one

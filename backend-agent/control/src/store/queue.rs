@@ -81,16 +81,8 @@ pub fn count(conn: &impl AsConn, tenant_id: Option<&str>) -> gpufleet_sql::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
-    use gpufleet_sql::Database;
+    use crate::store::postgres::engines::on_both;
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     fn wait(cluster_id: &str, queued_at: i64) -> QueuedRow {
         QueuedRow {

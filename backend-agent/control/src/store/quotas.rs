@@ -148,16 +148,9 @@ pub fn delete(conn: &impl AsConn, id: &str) -> gpufleet_sql::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
-    use gpufleet_sql::{Database, Engine};
+    use crate::store::postgres::engines::on_both;
+    use gpufleet_sql::Engine;
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     fn quota(id: &str, tenant: &str, model: &str, gpus: i64) -> QuotaRow {
         QuotaRow::new(id.into(), tenant.into(), model.into(), gpus, gpus + 8)

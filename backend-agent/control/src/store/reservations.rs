@@ -146,16 +146,9 @@ pub fn delete(conn: &impl AsConn, id: &str) -> gpufleet_sql::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
-    use gpufleet_sql::{Database, Engine};
+    use crate::store::postgres::engines::on_both;
+    use gpufleet_sql::Engine;
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     fn reservation(id: &str, tenant: &str, model: &str, start: i64, end: i64) -> ReservationRow {
         ReservationRow {

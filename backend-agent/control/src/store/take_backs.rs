@@ -95,16 +95,8 @@ pub fn any_before(conn: &impl AsConn, epoch: i64) -> gpufleet_sql::Result<bool> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
-    use gpufleet_sql::Database;
+    use crate::store::postgres::engines::on_both;
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     #[test]
     fn a_mark_is_found_only_below_a_newer_epoch_and_cleared_only_by_its_own() {

@@ -88,16 +88,8 @@ pub fn delete(conn: &impl AsConn, id: &str) -> gpufleet_sql::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
-    use gpufleet_sql::Database;
+    use crate::store::postgres::engines::on_both;
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     fn tenant(id: &str, name: &str) -> TenantRow {
         TenantRow {

@@ -167,8 +167,7 @@ pub fn forget_old(conn: &impl AsConn, now: i64) -> gpufleet_sql::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::postgres::engines;
-    use gpufleet_sql::Database;
+    use crate::store::postgres::engines::on_both;
 
     fn row(tenant: Option<&str>, name: &str, at: i64) -> TokenRow {
         TokenRow {
@@ -184,13 +183,6 @@ mod tests {
         }
     }
 
-    /// Each test runs on SQLite and on PostgreSQL.
-    fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            test(&mut db);
-        }
-    }
 
     #[test]
     fn one_live_token_per_name_and_owner() {
