@@ -618,7 +618,6 @@ mod tests {
         }
     }
 
-
     fn rec(db: &mut Database, e: &AuditRow) {
         db.write(|c| record(c, e)).unwrap();
     }

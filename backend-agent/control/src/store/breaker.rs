@@ -120,7 +120,6 @@ mod tests {
     use super::*;
     use crate::store::postgres::engines::on_both;
 
-
     #[test]
     fn quarantines_are_counted_in_the_window_and_a_reset_forgets_them() {
         on_both(|db| {

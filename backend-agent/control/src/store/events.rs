@@ -139,7 +139,6 @@ mod tests {
     use crate::store::postgres::engines::{self, on_both};
     use gpufleet_sql::Database;
 
-
     fn event(db: &mut Database, at: i64, object: &str, tenant: &str, kind: &str, node: &str) {
         db.write(|c| record(c, at, object, tenant, kind, node, "m"))
             .unwrap();

@@ -293,7 +293,6 @@ mod tests {
     use super::*;
     use crate::store::postgres::engines::on_both;
 
-
     fn row(run: &str, node: &str, cluster: &str, verdict: &str, at: i64) -> ResultRow {
         ResultRow {
             run_id: run.into(),

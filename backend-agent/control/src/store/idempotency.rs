@@ -77,7 +77,6 @@ mod tests {
     use super::*;
     use crate::store::postgres::engines::on_both;
 
-
     #[test]
     fn a_forgotten_request_id_is_new_again() {
         on_both(|db| {

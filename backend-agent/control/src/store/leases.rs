@@ -141,7 +141,6 @@ mod tests {
         db.read(|c| get(c, NAME)).unwrap()
     }
 
-
     #[test]
     fn the_first_holder_takes_it_and_renewing_keeps_the_epoch() {
         on_both(|db| {

@@ -76,7 +76,6 @@ mod tests {
     use super::*;
     use crate::store::postgres::engines::on_both;
 
-
     /// Tenant t1; clusters c1 (H100, preemptible, on-demand allowed: two pool nodes and an
     /// on-demand one), c2 (H100, preemptible: on-demand only), c3 (h100, preemptible: one
     /// pool node), c4 (H100, not preemptible: a pool node), inserted in that order.

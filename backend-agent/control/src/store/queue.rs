@@ -83,7 +83,6 @@ mod tests {
     use super::*;
     use crate::store::postgres::engines::on_both;
 
-
     fn wait(cluster_id: &str, queued_at: i64) -> QueuedRow {
         QueuedRow {
             cluster_id: cluster_id.into(),

@@ -151,7 +151,6 @@ mod tests {
     use crate::store::postgres::engines::on_both;
     use gpufleet_sql::Engine;
 
-
     fn quota(id: &str, tenant: &str, model: &str, gpus: i64) -> QuotaRow {
         QuotaRow::new(id.into(), tenant.into(), model.into(), gpus, gpus + 8)
     }

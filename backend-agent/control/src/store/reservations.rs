@@ -149,7 +149,6 @@ mod tests {
     use crate::store::postgres::engines::on_both;
     use gpufleet_sql::Engine;
 
-
     fn reservation(id: &str, tenant: &str, model: &str, start: i64, end: i64) -> ReservationRow {
         ReservationRow {
             id: id.into(),

@@ -207,7 +207,6 @@ mod tests {
     use super::*;
     use crate::store::postgres::engines::on_both;
 
-
     #[test]
     fn access_round_trips_and_goes_with_its_cluster() {
         on_both(|db| {

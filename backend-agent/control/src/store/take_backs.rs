@@ -97,7 +97,6 @@ mod tests {
     use super::*;
     use crate::store::postgres::engines::on_both;
 
-
     #[test]
     fn a_mark_is_found_only_below_a_newer_epoch_and_cleared_only_by_its_own() {
         on_both(|db| {

@@ -90,7 +90,6 @@ mod tests {
     use super::*;
     use crate::store::postgres::engines::on_both;
 
-
     fn tenant(id: &str, name: &str) -> TenantRow {
         TenantRow {
             id: id.to_string(),

@@ -183,7 +183,6 @@ mod tests {
         }
     }
 
-
     #[test]
     fn one_live_token_per_name_and_owner() {
         on_both(|db| {
