@@ -707,7 +707,8 @@ pub struct ServeArgs {
     /// Serve the store on the PostgreSQL database whose address is in
     /// GPUFLEET_DATABASE_URL (or --database-file), shared with any other replica, instead
     /// of the data dir's SQLite file (made by `gpufleet-agent migrate`, or empty).
-    #[arg(long, env = "GPUFLEET_POSTGRES")]
+    /// (--accept-rollback is the SQLite file's: refused with it.)
+    #[arg(long, env = "GPUFLEET_POSTGRES", conflicts_with = "accept_rollback")]
     pub postgres: bool,
     /// A file (0600) holding the PostgreSQL store's address, with --postgres.
     #[arg(
@@ -1240,6 +1241,26 @@ mod tests {
             unreachable!("parsed as serve")
         };
         serve.config(gpufleet_control::serve::Fleet::External).store
+    }
+
+    /// The commit record's rollback is the SQLite file's: with --postgres it is refused,
+    /// naming both flags.
+    #[test]
+    fn accept_rollback_is_refused_with_postgres() {
+        use clap::Parser;
+        let e = super::Cli::try_parse_from([
+            "gpufleet-agent",
+            "serve",
+            "--postgres",
+            "--accept-rollback",
+        ])
+        .err()
+        .expect("refused")
+        .to_string();
+        assert!(
+            e.contains("--postgres") && e.contains("--accept-rollback"),
+            "{e}"
+        );
     }
 
     #[test]
