@@ -303,14 +303,15 @@ impl ControlPlane {
         // is taken over at once, with a higher epoch. On PostgreSQL other replicas may be
         // alive: the lease is taken over only once it has expired.
         let leadership = Arc::new(crate::lease::Leadership::new(config.lease.clone()));
-        {
+        let at_start = {
             let asked = std::time::Instant::now();
             let exclusive = config.database.is_none();
             let now = config.clock.now();
             let acquired =
                 db.write_exclusive(lock_key, |c| leadership.acquire(c, now, exclusive))?;
             leadership.record(&acquired, asked);
-        }
+            acquired
+        };
         let mut offered = config.drivers.clone();
         let mut delivers = fleet::Delivers::default();
         // External agents mount each cluster's volume on its nodes; embedded ones are this
@@ -374,7 +375,16 @@ impl ControlPlane {
                 .with_node_mounts(external_nodes),
         };
         let now = config.clock.now();
+        // Recovery treats this start as the store's only process. On PostgreSQL a replica
+        // that finds another leading does not run it: that one's work is not interrupted.
+        let recover = matches!(at_start, crate::store::leases::Acquired::Held(_));
+        if !recover {
+            tracing::info!("another replica leads: start-up recovery is left to it");
+        }
         db.write_exclusive(lock_key, |c| {
+            if !recover {
+                return Ok(Ok(()));
+            }
             Ok(
                 crate::scheduling::clusters::recover_interrupted(c, &volumes, now).and_then(|()| {
                     // Those include the take-backs a former leader left unrecorded: their
