@@ -3,7 +3,8 @@
 /// An error of either engine, or of the values between them.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("sqlite: {0}")]
+    /// SQLite's own words, as they were before the seam (operators and tests read them).
+    #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
     #[error("postgres: {}", postgres_text(.0))]
     Postgres(#[from] postgres::Error),

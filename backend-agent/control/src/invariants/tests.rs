@@ -420,3 +420,37 @@ fn usage_records_that_disagree_with_the_holdings_are_named() {
         .iter()
         .any(|v| v.concern == Concern::Usage));
 }
+
+/// `gpufleet-agent check` reads the same store, and finds the same, on both engines.
+#[test]
+fn the_invariants_read_the_same_on_both_engines() {
+    let (dir, mut sqlite) = crate::store::to_postgres::fixture::filled_sqlite();
+    let (_guard, mut pg, _) = crate::store::postgres::engines::postgres();
+    crate::store::to_postgres::copy(&mut sqlite, &mut pg, 1).unwrap();
+    drop(sqlite);
+    let now = 1200;
+    let on_sqlite = crate::invariants::Snapshot::load(
+        &mut gpufleet_sql::Database::sqlite(
+            crate::store::invariants::open_read_only(&dir.path().join("state.db")).unwrap(),
+        ),
+        now,
+    )
+    .unwrap();
+    let on_postgres = crate::invariants::Snapshot::load(&mut pg, now).unwrap();
+    assert_eq!(format!("{on_postgres:?}"), format!("{on_sqlite:?}"));
+    // The fixture holds something to find: its reservation holds an on-demand node
+    // while the only on-demand node is quarantined. Both engines find it, and only it.
+    let found = |v: Vec<crate::invariants::Violation>| -> Vec<String> {
+        v.iter().map(|v| v.to_string()).collect()
+    };
+    let lite =
+        found(crate::invariants::check_store(&dir.path().join("state.db"), now, None).unwrap());
+    let post = found(crate::invariants::check_database(&mut pg, now, None).unwrap());
+    assert_eq!(post, lite);
+    assert_eq!(post.len(), 1, "{post:?}");
+    assert!(
+        post[0].starts_with("capacity: H100-80GB on-demand overbooked"),
+        "{post:?}"
+    );
+    assert!(!on_postgres.models.is_empty() && !on_postgres.usage.is_empty());
+}

@@ -254,14 +254,13 @@ fn counts(c: &Conn<'_>) -> gpufleet_sql::Result<Vec<String>> {
     Ok(all)
 }
 
+/// A store with a row of every kind (the copy's tests, and the invariants' on both
+/// engines).
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::postgres::engines;
-
+pub mod fixture {
     /// A row in every table of the store, each table's own kind of object, linked as the
     /// control plane links them.
-    const EVERY_KIND: &str = r#"
+    pub const EVERY_KIND: &str = r#"
         INSERT INTO tenants VALUES ('t1', 'team-a', 'Team A', '{"cost":"42"}', 'h-t1', 100),
                                    ('t2', 'team-b', 'Team "B" ?1', '{}', 'h-t2', 101);
         INSERT INTO quotas VALUES ('q1', 't1', 'H100-80GB', 16, 8, 3, NULL), ('q2', 't2', 'H100-80GB', 8, 0, 1, 4);
@@ -304,6 +303,21 @@ mod tests {
         INSERT INTO pending_take_backs VALUES ('c1', 1700000000, '["n2"]', 950);
     "#;
 
+    /// An SQLite store opened as serve opens it, holding [`EVERY_KIND`].
+    pub fn filled_sqlite() -> (tempfile::TempDir, rusqlite::Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::store::open(&dir.path().join("state.db")).unwrap();
+        conn.execute_batch(EVERY_KIND).unwrap();
+        (dir, conn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixture::filled_sqlite;
+    use super::*;
+    use crate::store::postgres::engines;
+
     /// Every table's rows, ordered, as values; with the columns PostgreSQL's copy writes.
     fn contents(c: &Conn<'_>, tables: &[Table]) -> BTreeMap<String, Vec<Vec<Value>>> {
         tables
@@ -322,13 +336,6 @@ mod tests {
                 (t.name.clone(), rows)
             })
             .collect()
-    }
-
-    fn filled_sqlite() -> (tempfile::TempDir, rusqlite::Connection) {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = super::super::open(&dir.path().join("state.db")).unwrap();
-        conn.execute_batch(EVERY_KIND).unwrap();
-        (dir, conn)
     }
 
     #[test]
@@ -381,40 +388,6 @@ mod tests {
             again.contains("already holds a store") && again.contains("tenants (2 rows)"),
             "{again}"
         );
-    }
-
-    /// `gpufleet-agent check` reads the same store, and finds the same, on both engines.
-    #[test]
-    fn the_invariants_read_the_same_on_both_engines() {
-        let (dir, mut sqlite) = filled_sqlite();
-        let (_guard, mut pg, _) = engines::postgres();
-        copy(&mut sqlite, &mut pg, 1).unwrap();
-        drop(sqlite);
-        let now = 1200;
-        let on_sqlite = crate::invariants::Snapshot::load(
-            &mut Database::sqlite(
-                crate::store::invariants::open_read_only(&dir.path().join("state.db")).unwrap(),
-            ),
-            now,
-        )
-        .unwrap();
-        let on_postgres = crate::invariants::Snapshot::load(&mut pg, now).unwrap();
-        assert_eq!(format!("{on_postgres:?}"), format!("{on_sqlite:?}"));
-        // The fixture holds something to find: its reservation holds an on-demand node
-        // while the only on-demand node is quarantined. Both engines find it, and only it.
-        let found = |v: Vec<crate::invariants::Violation>| -> Vec<String> {
-            v.iter().map(|v| v.to_string()).collect()
-        };
-        let lite =
-            found(crate::invariants::check_store(&dir.path().join("state.db"), now, None).unwrap());
-        let post = found(crate::invariants::check_database(&mut pg, now, None).unwrap());
-        assert_eq!(post, lite);
-        assert_eq!(post.len(), 1, "{post:?}");
-        assert!(
-            post[0].starts_with("capacity: H100-80GB on-demand overbooked"),
-            "{post:?}"
-        );
-        assert!(!on_postgres.models.is_empty() && !on_postgres.usage.is_empty());
     }
 
     /// A row PostgreSQL refuses (text with a NUL, which SQLite keeps) fails the copy and
