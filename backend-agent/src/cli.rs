@@ -1254,8 +1254,7 @@ mod tests {
             "--postgres",
             "--accept-rollback",
         ])
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
         assert!(
             e.contains("--postgres") && e.contains("--accept-rollback"),
