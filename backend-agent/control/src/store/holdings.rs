@@ -197,11 +197,10 @@ mod tests {
 
     /// Each test runs on SQLite and on PostgreSQL, with the tenant `t`.
     fn on_both(test: impl Fn(&mut Database)) {
-        for (_guard, mut db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            add_tenant(&db);
-            test(&mut db);
-        }
+        engines::on_both(|db| {
+            add_tenant(db);
+            test(db);
+        });
     }
 
     fn ids(rows: Vec<ReservationHold>) -> Vec<String> {

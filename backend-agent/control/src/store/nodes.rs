@@ -648,11 +648,10 @@ mod tests {
     /// Each test runs on SQLite and on PostgreSQL, with tenants `t1` and `t2` and t1's
     /// cluster `c1` (plain SQL: tenants are not on the engine seam yet).
     fn on_both(test: impl Fn(&Conn<'_>)) {
-        for (_guard, db) in engines::both() {
-            eprintln!("on {:?}", db.engine());
-            fixtures(&db);
+        engines::on_both(|db| {
+            fixtures(db);
             test(&db.conn());
-        }
+        });
     }
 
     fn fixtures(db: &Database) {
