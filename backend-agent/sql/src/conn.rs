@@ -30,27 +30,8 @@ pub(crate) trait PgClient {
     fn batch(&mut self, sql: &str) -> Result<(), postgres::Error>;
 }
 
-impl PgClient for postgres::Client {
-    fn run(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn postgres::types::ToSql + Sync)],
-    ) -> Result<u64, postgres::Error> {
-        self.execute(sql, params)
-    }
-    fn rows(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn postgres::types::ToSql + Sync)],
-    ) -> Result<Vec<postgres::Row>, postgres::Error> {
-        self.query(sql, params)
-    }
-    fn batch(&mut self, sql: &str) -> Result<(), postgres::Error> {
-        self.batch_execute(sql)
-    }
-}
-
-impl PgClient for postgres::Transaction<'_> {
+// A client and a transaction alike.
+impl<T: postgres::GenericClient> PgClient for T {
     fn run(
         &mut self,
         sql: &str,
