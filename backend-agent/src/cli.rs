@@ -781,6 +781,12 @@ pub struct ServeArgs {
     /// replica takes over this long after the leader stops renewing. 3s to 5m.
     #[arg(long, env = "GPUFLEET_LEASE_TTL", default_value = "15s", value_parser = parse_lease_ttl)]
     pub lease_ttl: std::time::Duration,
+    /// Where the other replicas reach this one's API, e.g. https://cp-2.example:7443: a
+    /// replica that does not lead passes every call on to the one that does. Default: the
+    /// scheme and port serve listens on, at the --listen address (--advertise-address
+    /// when that is 0.0.0.0).
+    #[arg(long, env = "GPUFLEET_API_URL", value_parser = parse_api_url)]
+    pub api_url: Option<String>,
     /// The operator's price list (CSV `gpu_type,class,per_gpu_hour`, the file `replay
     /// --prices` and `usage --prices` read): GetUsage's rows grouped by gpu_type and class
     /// get their price and cost, so a team reads its cost with its own token
@@ -788,6 +794,23 @@ pub struct ServeArgs {
     /// column.
     #[arg(long, env = "GPUFLEET_PRICES", value_name = "FILE", value_parser = parse_prices)]
     pub prices: Option<gpufleet_control::usage_cost::PriceBook>,
+}
+
+/// `--api-url`: an http or https URL with a host, at most 256 bytes.
+fn parse_api_url(text: &str) -> Result<String, String> {
+    let url = text.trim();
+    if url.len() > 256 {
+        return Err(format!("{} bytes; at most 256", url.len()));
+    }
+    let uri: tonic::codegen::http::Uri = url
+        .parse()
+        .map_err(|e| format!("'{url}' is not a URL: {e}"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(format!(
+            "'{url}': give http:// or https:// and a host, e.g. https://cp-2.example:7443"
+        ));
+    }
+    Ok(url.trim_end_matches('/').to_string())
 }
 
 /// `--replica-id`.
@@ -1098,6 +1121,7 @@ impl ServeArgs {
                     .unwrap_or_else(gpufleet_control::lease::default_replica_id),
                 ttl: self.lease_ttl,
             },
+            api_url: self.api_url,
             prices: self.prices,
         }
     }

@@ -113,9 +113,25 @@ pub fn default_replica_id() -> String {
     format!("{host}-{pid}")
 }
 
+/// The replica that leads, as this replica last read the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    pub replica: String,
+    /// Where it serves its API ('' when it has not said yet).
+    pub url: String,
+    pub epoch: i64,
+}
+
 /// This replica's view of the lease: whether it leads, with which epoch.
 pub struct Leadership {
     settings: Settings,
+    /// Where this replica serves its API, written with each renewal ('' until known: the
+    /// port may be chosen at bind).
+    url: Mutex<String>,
+    /// Who leads, as the last answer of the store said (this replica or another).
+    leader: Mutex<Option<Leader>>,
+    /// Wakes [`run`] for a renewal now (the URL became known).
+    renew_now: tokio::sync::Notify,
     /// Some(epoch) while this replica leads; the singleton loops watch it.
     leads: watch::Sender<Option<u64>>,
     /// Until when the last renewal is good (the monotonic clock).
@@ -128,6 +144,9 @@ impl Leadership {
     pub fn new(settings: Settings) -> Self {
         Self {
             settings,
+            url: Mutex::new(String::new()),
+            leader: Mutex::new(None),
+            renew_now: tokio::sync::Notify::new(),
             leads: watch::channel(None).0,
             valid_until: Mutex::new(None),
             last: Default::default(),
@@ -140,6 +159,52 @@ impl Leadership {
 
     pub fn ttl(&self) -> Duration {
         self.settings.ttl
+    }
+
+    /// Where this replica serves its API ('' until set).
+    pub fn url(&self) -> String {
+        self.url.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Sets where this replica serves its API and has [`run`] renew at once, so that the
+    /// lease says it to the other replicas.
+    pub fn set_url(&self, url: &str) {
+        *self.url.lock().unwrap_or_else(|p| p.into_inner()) = url.to_string();
+        self.renew_now.notify_one();
+    }
+
+    /// Who leads, as the store last answered this replica (None before its first answer).
+    pub fn leader(&self) -> Option<Leader> {
+        self.leader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// None while this replica leads; otherwise why it does not, naming the leader it
+    /// knows of (node agents and forwarded calls are told it).
+    pub fn not_leading(&self) -> Option<String> {
+        if self.epoch().is_some() {
+            return None;
+        }
+        Some(match self.leader() {
+            Some(l) if l.replica != self.replica() => format!(
+                "replica {} does not lead; replica {} does (epoch {}{})",
+                self.replica(),
+                l.replica,
+                l.epoch,
+                if l.url.is_empty() {
+                    String::new()
+                } else {
+                    format!(", at {}", l.url)
+                }
+            ),
+            _ => format!(
+                "replica {} does not lead now (its lease lapsed, or nobody holds it); a replica takes the lease over within {}s",
+                self.replica(),
+                self.ttl().as_secs()
+            ),
+        })
     }
 
     /// The epoch this replica leads with now; None when it does not lead (never took
@@ -176,11 +241,25 @@ impl Leadership {
         exclusive: bool,
     ) -> gpufleet_sql::Result<Acquired> {
         let ttl = i64::try_from(self.settings.ttl.as_secs()).unwrap_or(i64::MAX);
-        leases::acquire(conn, SINGLETONS, self.replica(), ttl, now, exclusive)
+        leases::acquire(
+            conn,
+            SINGLETONS,
+            self.replica(),
+            &self.url(),
+            ttl,
+            now,
+            exclusive,
+        )
     }
 
     /// What a committed [`Leadership::acquire`] that was asked at `asked` answered.
     pub fn record(&self, acquired: &Acquired, asked: Instant) {
+        let (Acquired::Held(l) | Acquired::Busy(l)) = acquired;
+        *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(Leader {
+            replica: l.holder.clone(),
+            url: l.holder_url.clone(),
+            epoch: l.epoch,
+        });
         match acquired {
             Acquired::Held(l) => {
                 let epoch = u64::try_from(l.epoch).unwrap_or(0);
@@ -312,6 +391,7 @@ pub async fn run<R, RF, L, LF>(
         tokio::select! {
             _ = stopped(&mut stop) => break,
             _ = tokio::time::sleep(every) => {}
+            _ = leadership.renew_now.notified() => {}
         }
     }
     if let Some(epoch) = leadership.epoch() {

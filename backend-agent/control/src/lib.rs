@@ -46,6 +46,7 @@ pub mod slurm_clusters;
 pub mod slurm_tracker;
 pub mod state;
 pub mod store;
+pub mod takeover;
 pub mod telemetry;
 pub mod tls_reload;
 pub mod usage_cost;

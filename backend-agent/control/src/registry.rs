@@ -573,6 +573,7 @@ mod tests {
             holder: r.leadership.replica().to_string(),
             epoch: 7,
             expires_at: 1015,
+            holder_url: String::new(),
         };
         r.leadership
             .record(&crate::store::leases::Acquired::Held(lease), Instant::now());
@@ -706,6 +707,7 @@ mod tests {
             holder: "a".into(),
             epoch: 42,
             expires_at: 1015,
+            holder_url: String::new(),
         };
         leadership.record(&crate::store::leases::Acquired::Held(lease), Instant::now());
         let r = Registry::new(Duration::from_secs(30), Duration::from_secs(60))

@@ -116,6 +116,10 @@ pub struct Config {
     pub connections: crate::connections::Wanted,
     /// This replica's id and the singletons' lease TTL (`--replica-id`, `--lease-ttl`).
     pub lease: crate::lease::Settings,
+    /// Where the other replicas reach this one's API (`--api-url`); None: the scheme, the
+    /// listening address (or `advertise_address` when that is unspecified) and the bound
+    /// port.
+    pub api_url: Option<String>,
 }
 
 impl Config {
@@ -156,6 +160,7 @@ impl Config {
             database: None,
             connections: Default::default(),
             lease: Default::default(),
+            api_url: None,
         }
     }
 }
@@ -240,6 +245,11 @@ pub struct ControlPlane {
     listen: SocketAddr,
     metrics: Option<Metrics>,
     require_client_cert: bool,
+    /// The CA a replica that does not lead verifies the leader's certificate with.
+    replica_ca: Option<PathBuf>,
+    api_url: Option<String>,
+    /// The epoch this replica started leading with (None: another led at its start).
+    started_with: Option<u64>,
     connections: crate::connections::Limits,
     embedded: Vec<EmbeddedHost>,
     tasks: Vec<JoinHandle<()>>,
@@ -475,6 +485,12 @@ impl ControlPlane {
             listen: config.listen,
             metrics,
             require_client_cert: config.agent_ca.is_some(),
+            replica_ca: config.agent_ca.clone(),
+            started_with: match &at_start {
+                crate::store::leases::Acquired::Held(l) => u64::try_from(l.epoch).ok(),
+                crate::store::leases::Acquired::Busy(_) => None,
+            },
+            api_url: config.api_url.clone(),
             connections,
             embedded,
             tasks: Vec::new(),
@@ -526,6 +542,15 @@ impl ControlPlane {
             singleton!("refills", crate::services::clusters::run_refills),
             singleton!("admissions", crate::services::admissions::run),
             singleton!("drift", crate::mig::run_drift_sweeps),
+            {
+                let (state, started_with) = (state.clone(), self.started_with);
+                tokio::spawn(crate::lease::while_leader(
+                    state.lease().clone(),
+                    stop.clone(),
+                    "takeover",
+                    move |stop| crate::takeover::settle(state.clone(), started_with, stop),
+                ))
+            },
             tokio::spawn(crate::metering::run(state.clone(), stop.clone())),
         ]);
         if let Some(m) = &self.metrics {
@@ -603,6 +628,16 @@ impl ControlPlane {
         writeln!(stdout, "gpufleet-agent listening on {scheme}://{addr}")?;
         stdout.flush()?;
         drop(stdout);
+        // The lease says where the leader serves: the other replicas forward to it.
+        let api_url = self.api_url.clone().unwrap_or_else(|| {
+            let ip = if addr.ip().is_unspecified() {
+                self.state.slurm_address
+            } else {
+                addr.ip()
+            };
+            format!("{scheme}://{}", SocketAddr::new(ip, addr.port()))
+        });
+        self.state.lease().set_url(&api_url);
         tracing::info!(%addr, scheme, data_dir = %self.state.data_dir.display(), "serving");
         {
             let (lock, mut stop) = (self.lock.clone(), stop.clone());
@@ -652,6 +687,10 @@ impl ControlPlane {
             .layer(crate::services::short_errors::ShortErrorsLayer)
             .layer(crate::services::request_framing::RequestFramingLayer)
             .layer(crate::connections::activity::ActivityLayer::new(table))
+            .layer(crate::services::to_leader::ToLeaderLayer::new(
+                self.state.lease().clone(),
+                self.replica_ca.clone(),
+            ))
             .layer(audit)
             .add_service(
                 gpufleet_proto::v1::access_service_server::AccessServiceServer::new(

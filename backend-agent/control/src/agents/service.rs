@@ -89,6 +89,14 @@ impl NodeAgentService for Agents {
                 ));
             }
         }
+        // Orders come from the replica that leads (they carry its epoch), so node agents'
+        // sessions are with it: another replica turns the agent away, and the agent tries
+        // its next --control-plane address.
+        if let Some(why) = self.state.lease().not_leading() {
+            return Err(Status::unavailable(format!(
+                "{why}: node agents connect to the replica that leads"
+            )));
+        }
         // Where it registers from: candidates are bounded per source.
         let source = request
             .remote_addr()
@@ -205,13 +213,26 @@ impl NodeAgentService for Agents {
             })
             .unwrap_or_default();
         let state = self.state.clone();
+        let mut leads = self.state.lease().watch();
         tokio::spawn(async move {
             let mut pacing = Pacing::new(std::time::Instant::now());
             // Why the agent said it is stopping, when it did.
             let mut left = None;
+            // This replica stopped leading: the agent moves to the one that leads, and
+            // this replica records nothing of its going (the node is the leader's now).
+            let mut moved = false;
             loop {
                 let message = tokio::select! {
                     m = inbound.message() => m,
+                    _ = leads.wait_for(Option::is_none) => {
+                        let why = state.lease().not_leading().unwrap_or_default();
+                        tracing::info!(node = %node_id, %why, "ending a node agent's session: this replica no longer leads");
+                        let _ = ending.send(Err(Status::unavailable(format!(
+                            "{why}: node agents connect to the replica that leads"
+                        ))));
+                        moved = true;
+                        break;
+                    }
                     _ = revocation(&mut revoked) => {
                         tracing::warn!(node = %node_id, "ending the session of a node agent whose certificate was revoked");
                         let _ = ending.send(Err(Status::unauthenticated(
@@ -337,6 +358,9 @@ impl NodeAgentService for Agents {
             state.agents.telemetry.forget(&node_id, session);
             state.agents.volume_use.forget(&node_id, session);
             match left {
+                _ if moved => {
+                    state.agents.detach(&node_id, session);
+                }
                 // A planned stop: unreachable now, not after the node timeout.
                 Some(why) => {
                     if state.agents.declare_left(&node_id, session) {

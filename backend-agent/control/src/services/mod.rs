@@ -18,6 +18,7 @@ pub mod request_framing;
 pub mod reservations;
 pub mod short_errors;
 pub mod tenants;
+pub mod to_leader;
 pub mod tokens;
 mod usage;
 

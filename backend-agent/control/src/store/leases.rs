@@ -22,6 +22,9 @@ pub struct Lease {
     /// At least 1; raised by every takeover.
     pub epoch: i64,
     pub expires_at: i64,
+    /// Where the holder serves its API ('' when it has not said yet): replicas that do not
+    /// lead forward requests there.
+    pub holder_url: String,
 }
 
 /// What [`acquire`] did.
@@ -39,19 +42,21 @@ fn lease(r: &Row) -> gpufleet_sql::Result<Lease> {
         holder: r.get(1)?,
         epoch: r.get(2)?,
         expires_at: r.get(3)?,
+        holder_url: r.get(4)?,
     })
 }
 
 /// The lease `name`, if it was ever taken.
 pub fn get(conn: &impl AsConn, name: &str) -> gpufleet_sql::Result<Option<Lease>> {
     conn.as_conn().query_opt(
-        "SELECT name, holder, epoch, expires_at FROM leases WHERE name = ?1",
+        "SELECT name, holder, epoch, expires_at, holder_url FROM leases WHERE name = ?1",
         params![name],
         lease,
     )
 }
 
-/// Takes, takes over or renews the lease `name` for `holder` until `now + ttl_secs`.
+/// Takes, takes over or renews the lease `name` for `holder`, which serves its API at
+/// `holder_url`, until `now + ttl_secs`.
 /// The holder renews whatever the expiry says (nobody held it in between: the row still
 /// names it) and keeps the epoch. Another holder's lease is taken over once it has
 /// expired, or at once with `exclusive` (the caller knows no other holder can be alive:
@@ -62,6 +67,7 @@ pub fn acquire(
     conn: &impl AsConn,
     name: &str,
     holder: &str,
+    holder_url: &str,
     ttl_secs: i64,
     now: i64,
     exclusive: bool,
@@ -74,15 +80,16 @@ pub fn acquire(
         None => now.max(1),
     };
     conn.as_conn().execute(
-        "INSERT INTO leases (name, holder, epoch, expires_at) VALUES (?1, ?2, ?3, ?4)
-         ON CONFLICT (name) DO UPDATE SET holder = ?2, epoch = ?3, expires_at = ?4",
-        params![name, holder, epoch, expires_at],
+        "INSERT INTO leases (name, holder, epoch, expires_at, holder_url) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (name) DO UPDATE SET holder = ?2, epoch = ?3, expires_at = ?4, holder_url = ?5",
+        params![name, holder, epoch, expires_at, holder_url],
     )?;
     Ok(Acquired::Held(Lease {
         name: name.to_string(),
         holder: holder.to_string(),
         epoch,
         expires_at,
+        holder_url: holder_url.to_string(),
     }))
 }
 
@@ -126,7 +133,8 @@ mod tests {
     const NAME: &str = "singletons";
 
     fn take(db: &mut Database, holder: &str, ttl: i64, now: i64, exclusive: bool) -> Acquired {
-        db.write(|c| acquire(c, NAME, holder, ttl, now, exclusive))
+        let url = format!("http://{holder}:7700");
+        db.write(|c| acquire(c, NAME, holder, &url, ttl, now, exclusive))
             .unwrap()
     }
 
@@ -159,9 +167,13 @@ mod tests {
     fn another_holder_waits_for_the_expiry_then_takes_over_with_a_higher_epoch() {
         on_both(|db| {
             let a = held_lease(take(db, "a", 15, 1000, false));
-            // Before the expiry: refused, and the row is a's, unchanged.
+            // Before the expiry: refused, and the row is a's, unchanged; the answer says
+            // where a serves (b forwards requests there).
             match take(db, "b", 15, 1014, false) {
-                Acquired::Busy(l) => assert_eq!(l, a),
+                Acquired::Busy(l) => {
+                    assert_eq!(l, a);
+                    assert_eq!(l.holder_url, "http://a:7700");
+                }
                 Acquired::Held(_) => panic!("b took a lease that had not expired"),
             }
             assert_eq!(row(db), Some(a.clone()));

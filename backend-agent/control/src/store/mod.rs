@@ -707,6 +707,9 @@ const MIGRATIONS: &[&str] = &[
         UPDATE clusters SET created_seq = NEW.rowid WHERE rowid = NEW.rowid;
     END;
     "#,
+    // 30: where the lease's holder serves its API (`leases.holder_url`), so that a replica
+    // that does not lead forwards requests to the one that does (issue 41).
+    "ALTER TABLE leases ADD COLUMN holder_url TEXT NOT NULL DEFAULT '';",
 ];
 
 /// Prepared statements kept per connection.

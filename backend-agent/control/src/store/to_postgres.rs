@@ -294,7 +294,7 @@ pub mod fixture {
         INSERT INTO usage_intervals (node_id, tenant_id, tenant, cluster, gpu_type, class, gpus, start_time, end_time, used_through, mig_profile, slices, share_840ths)
             VALUES ('n1', 't1', 'team-a', 'train', 'H100-80GB', 'reserved', 8, 1000, NULL, 1500, '1g.10gb', 7, 840),
                    ('n1', 't1', 'team-a', 'train', 'H100-80GB', 'reserved', 8, 500, 1000, NULL, 'none', 0, 840);
-        INSERT INTO leases VALUES ('singletons', 'replica-1', 1700000000, 1700000015);
+        INSERT INTO leases VALUES ('singletons', 'replica-1', 1700000000, 1700000015, 'http://10.0.0.9:7700');
         INSERT INTO usage_used VALUES ('t1', 'team-a', 'train', 'H100-80GB', 'reserved', 'none', 0, 100, 200, 10, 20);
         INSERT INTO usage_pruned VALUES ('t1', 'team-a', 'H100-80GB', 'none', 'reserved', 8400, 0, 5, 9);
         INSERT INTO clusters (id, tenant_id, name, orchestrator, gpu_type, node_count, storage_gib, status, endpoint, credentials, storage_path, mig_layout)

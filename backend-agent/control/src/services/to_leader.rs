@@ -1,0 +1,172 @@
+//! Every replica serves the whole API: one that does not lead passes each call on to the
+//! one that does, whole (issue 41).
+//!
+//! Why not serve it here: a change to a cluster sends orders to node agents, which carry
+//! the lease's epoch and are refused by an agent that saw a newer one, and the agents'
+//! sessions are with the leader (a replica that does not lead turns them away:
+//! `agents::service`). Calls that only read or only write the store could be served here,
+//! but one rule for all keeps a client's view the same at every address. The call goes on
+//! as it came, as HTTP/2: headers (the bearer token, the deadline, the request id) and body
+//! unchanged, so the leader authenticates, audits and answers it as its own, and a retry
+//! with the same request id finds the first try wherever it ran.
+//!
+//! A replica that does not know a leader, or whose leader cannot be reached, answers
+//! UNAVAILABLE naming what it knows, and a client tries its next endpoint. A forwarded
+//! call is never forwarded again (`FORWARDED_BY`): two replicas that each believe the
+//! other leads answer instead of passing a call between them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use http::HeaderValue;
+use tonic::body::BoxBody;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Status;
+
+use crate::lease::Leadership;
+
+/// Set on a call a replica forwards, to the forwarding replica's id.
+pub const FORWARDED_BY: &str = "x-gpufleet-forwarded-by";
+
+/// Node agents' sessions are never forwarded: they are the leader's (see above).
+const NODE_AGENT_SERVICE: &str = "/gpufleet.v1.NodeAgentService/";
+
+/// How long forwarding waits for the leader's connection before answering UNAVAILABLE.
+const CONNECT_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+#[derive(Clone)]
+pub struct ToLeaderLayer {
+    to: Arc<Leaders>,
+}
+
+impl ToLeaderLayer {
+    /// `ca`: the CA that signed the replicas' server certificates (serve's `--agent-ca`,
+    /// the `pki` CA), needed to forward to a leader that serves https.
+    pub fn new(leadership: Arc<Leadership>, ca: Option<std::path::PathBuf>) -> Self {
+        Self {
+            to: Arc::new(Leaders {
+                leadership,
+                ca,
+                channel: Mutex::new(None),
+            }),
+        }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for ToLeaderLayer {
+    type Service = ToLeader<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ToLeader {
+            inner,
+            to: self.to.clone(),
+        }
+    }
+}
+
+/// The connection to the leader, kept while it stays the leader.
+struct Leaders {
+    leadership: Arc<Leadership>,
+    ca: Option<std::path::PathBuf>,
+    /// The leader's URL and a channel to it (connected lazily, reconnecting by itself).
+    channel: Mutex<Option<(String, Channel)>>,
+}
+
+impl Leaders {
+    /// Where to forward a call this replica does not lead for, or the status to answer.
+    fn route(&self, forwarded_by: Option<&HeaderValue>) -> Result<Channel, Status> {
+        let leadership = &self.leadership;
+        let why = leadership.not_leading().unwrap_or_default();
+        if let Some(by) = forwarded_by {
+            let by = String::from_utf8_lossy(by.as_bytes());
+            return Err(Status::unavailable(format!(
+                "{why}, and this call was forwarded here by replica {}: retry, or call the leader",
+                by.chars().take(64).collect::<String>()
+            )));
+        }
+        let leader = match leadership.leader() {
+            Some(l) if l.replica != leadership.replica() && !l.url.is_empty() => l,
+            _ => return Err(Status::unavailable(format!("{why}: retry"))),
+        };
+        let mut kept = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((url, channel)) = kept.as_ref() {
+            if *url == leader.url {
+                return Ok(channel.clone());
+            }
+        }
+        let channel = self.connect(&leader.url).map_err(|e| {
+            Status::unavailable(format!(
+                "{why}, and this replica cannot forward to it: {e:#}; call the leader"
+            ))
+        })?;
+        *kept = Some((leader.url.clone(), channel.clone()));
+        Ok(channel)
+    }
+
+    fn connect(&self, url: &str) -> anyhow::Result<Channel> {
+        let mut endpoint = Endpoint::from_shared(url.to_string())?.connect_timeout(CONNECT_WITHIN);
+        let host = endpoint.uri().host().unwrap_or_default().to_string();
+        if let Some(tls) = gpufleet_wire::tls::client_config(url, &host, self.ca.as_deref())
+            .map_err(|e| {
+                anyhow::anyhow!("{e:#} (a replica forwarding to an https leader verifies it with serve's --agent-ca, the CA that signed every replica's certificate)")
+            })?
+        {
+            endpoint = endpoint.tls_config(tls)?;
+        }
+        Ok(endpoint.connect_lazy())
+    }
+}
+
+#[derive(Clone)]
+pub struct ToLeader<S> {
+    inner: S,
+    to: Arc<Leaders>,
+}
+
+type Answer<E> = Pin<Box<dyn Future<Output = Result<http::Response<BoxBody>, E>> + Send>>;
+
+impl<S> tower_service::Service<http::Request<BoxBody>> for ToLeader<S>
+where
+    S: tower_service::Service<http::Request<BoxBody>, Response = http::Response<BoxBody>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<BoxBody>;
+    type Error = S::Error;
+    type Future = Answer<S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<BoxBody>) -> Self::Future {
+        let leads = self.to.leadership.epoch().is_some();
+        if leads || request.uri().path().starts_with(NODE_AGENT_SERVICE) {
+            return Box::pin(self.inner.call(request));
+        }
+        let mut channel = match self.to.route(request.headers().get(FORWARDED_BY)) {
+            Ok(channel) => channel,
+            Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
+        };
+        if let Ok(me) = HeaderValue::from_str(self.to.leadership.replica()) {
+            request.headers_mut().insert(FORWARDED_BY, me);
+        }
+        // What tonic put here for this connection (its peer, its TLS) is not the leader's.
+        *request.extensions_mut() = http::Extensions::new();
+        Box::pin(async move {
+            let ready = std::future::poll_fn(|cx| channel.poll_ready(cx)).await;
+            let answer = match ready {
+                Ok(()) => channel.call(request).await,
+                Err(e) => Err(e),
+            };
+            Ok(answer.unwrap_or_else(|e| {
+                Status::unavailable(format!(
+                    "this replica does not lead and could not reach the leader: {}; retry",
+                    gpufleet_wire::tls::causes(&e)
+                ))
+                .into_http()
+            }))
+        })
+    }
+}
