@@ -38,6 +38,7 @@ pub mod mirror;
 pub mod multihost;
 pub mod netns;
 pub mod node_agent;
+pub mod patroni;
 pub mod pki;
 pub mod prom;
 pub mod recipe;
