@@ -1,8 +1,10 @@
 //! The randomized concurrent checker (issue 41, `tests/src/checker.rs`) with a long
 //! budget: clients of several tenants create, resize and delete reservations and clusters
 //! over the gRPC API while `serve` is killed with `kill -9` every 1 to 4 s, then
-//! `gpufleet-agent check` judges the store and every acknowledged answer. The baseline,
-//! from the same run and seed: the same clients without kills. Prints a table (operations,
+//! `gpufleet-agent check` judges the store and every acknowledged answer; on SQLite (one
+//! `serve`) and on PostgreSQL (three replicas, one of them killed at a time, the leader
+//! as often as any). The baseline of each, from the same run and seed: the same clients
+//! without kills. Prints a table (operations,
 //! acknowledged, refused, retried, kills, violations at the end and half-way while the
 //! clients write, duration); nothing is asserted.
 //!
@@ -12,7 +14,7 @@
 
 use std::time::Duration;
 
-use gpufleet_e2e::checker::{self, Outcome, Settings};
+use gpufleet_e2e::checker::{self, Engine, Outcome, Settings};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -51,13 +53,38 @@ async fn main() {
         clients_per_tenant: env_u64("CLIENTS", 4) as usize,
         budget: Duration::from_secs(env_u64("BUDGET_S", 120)),
         kills_every: None,
+        engine: Engine::Sqlite,
     };
-    let baseline = checker::run(settings).await;
-    let killed = checker::run(Settings {
-        kills_every: Some((Duration::from_secs(1), Duration::from_secs(4))),
-        ..settings
-    })
-    .await;
+    let kills = Some((Duration::from_secs(1), Duration::from_secs(4)));
+    let postgres = Engine::Postgres { replicas: 3 };
+    let mut rows = Vec::new();
+    for (name, settings) in [
+        ("SQLite, no kills (baseline)", settings),
+        (
+            "SQLite, kill -9 every 1-4 s",
+            Settings {
+                kills_every: kills,
+                ..settings
+            },
+        ),
+        (
+            "PostgreSQL, 3 replicas, no kills",
+            Settings {
+                engine: postgres,
+                ..settings
+            },
+        ),
+        (
+            "PostgreSQL, 3 replicas, kill -9 of one every 1-4 s",
+            Settings {
+                engine: postgres,
+                kills_every: kills,
+                ..settings
+            },
+        ),
+    ] {
+        rows.push((name, checker::run(settings).await));
+    }
     println!();
     println!(
         "seed {seed}, {} tenants x {} clients, {} s per row",
@@ -68,9 +95,10 @@ async fn main() {
     println!();
     println!("| run | operations | acknowledged | refused | retried | kills | violations | half-way, while writing | duration (s) |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    row("no kills (baseline)", &baseline);
-    row("kill -9 every 1-4 s", &killed);
-    for o in [&baseline, &killed] {
+    for (name, o) in &rows {
+        row(name, o);
+    }
+    for (_, o) in &rows {
         for v in &o.violations {
             println!("{v}");
         }

@@ -132,6 +132,20 @@ impl Backend {
         ])
     }
 
+    /// One replica of several on one database (issue 41): `serve` with `args` (its
+    /// `--postgres` flags) and the admin and join tokens every replica shares, on a free
+    /// port it keeps across restarts.
+    pub fn start_replica(admin_token: &str, join_token: &str, args: &[&str]) -> Backend {
+        Backend::launch_as(
+            None,
+            None,
+            args,
+            None,
+            join_token.to_string(),
+            admin_token.to_string(),
+        )
+    }
+
     /// The multi-host tier: `serve` on host `on` (its data dir in that host's dir),
     /// listening on the host's address (plain http, so `--insecure`) with `args`; the
     /// harness's clients ([`Backend::admin`]) connect from host `dial_from`.
@@ -189,6 +203,24 @@ impl Backend {
         long: Option<usize>,
         join_token: String,
     ) -> Backend {
+        Backend::launch_as(
+            fleet_toml,
+            tls,
+            extra,
+            long,
+            join_token,
+            generate_token("admin"),
+        )
+    }
+
+    fn launch_as(
+        fleet_toml: Option<&str>,
+        tls: Option<ServerTls>,
+        extra: &[&str],
+        long: Option<usize>,
+        join_token: String,
+        admin_token: String,
+    ) -> Backend {
         let root = tempfile::Builder::new()
             .prefix("gpufleet-backend-")
             .tempdir()
@@ -210,7 +242,7 @@ impl Backend {
         let mut backend = Backend {
             child: None,
             root,
-            admin_token: generate_token("admin"),
+            admin_token,
             address: "127.0.0.1:0".to_string(),
             fleet_file,
             tls,

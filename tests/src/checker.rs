@@ -30,6 +30,7 @@ use tonic::Code;
 
 use crate::commands::output_within;
 use crate::fixtures::{create_quota, create_tenant};
+use crate::replicas::Replicas;
 use crate::{binaries, Backend, Clients};
 
 /// The env var that gives a seed back to rerun a run.
@@ -59,6 +60,126 @@ pub struct Settings {
     pub budget: Duration,
     /// `kill -9` of serve at random moments this far apart (None: never).
     pub kills_every: Option<(Duration, Duration)>,
+    /// The store's engine, and how many replicas serve it.
+    pub engine: Engine,
+}
+
+/// What serves the store in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// One `serve` on its data dir's SQLite file, its fleet embedded; a fault kills it
+    /// and starts it again at once.
+    Sqlite,
+    /// `replicas` of `serve --postgres` on one PostgreSQL server, the fleet simulated
+    /// node agents that know every replica; client `i` calls replica `i % replicas`. A
+    /// fault starts the replica the last one killed, then kills one at random (the
+    /// leader as often as any), so that another takes the lease over.
+    Postgres { replicas: usize },
+}
+
+/// The control plane of a run.
+pub enum Plane {
+    One(Backend),
+    Replicas(Replicas),
+}
+
+/// Where a run's store is, for `gpufleet-agent check`.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// The data dir of an SQLite store.
+    DataDir(PathBuf),
+    /// The file that holds a PostgreSQL store's address.
+    Postgres(PathBuf),
+}
+
+impl Plane {
+    async fn start(engine: Engine) -> Plane {
+        match engine {
+            Engine::Sqlite => Plane::One(Backend::start_with_fleet(FLEET)),
+            Engine::Postgres { replicas } => {
+                let mut plane =
+                    tokio::task::block_in_place(|| Replicas::start(replicas, "3s", &[]));
+                // FLEET's nodes: six pool nodes and three on demand of 8 H100s each.
+                for n in 0..9 {
+                    let capacity = if n < 6 { "pool" } else { "on-demand" };
+                    plane.start_node(
+                        &format!("h100-{n}"),
+                        &["--capacity", capacity, "--gpus", "8"],
+                    );
+                }
+                plane.wait_ready(0, 9).await;
+                Plane::Replicas(plane)
+            }
+        }
+    }
+
+    /// The admin's clients (of the first replica).
+    pub async fn admin(&self) -> Clients {
+        match self {
+            Plane::One(backend) => backend.admin().await,
+            Plane::Replicas(r) => r.replicas[0].admin().await,
+        }
+    }
+
+    /// Kills one at random (`kill -9`), after starting again the one killed before.
+    fn fault(&mut self, rng: &mut Rng, down: &mut Option<usize>) {
+        match self {
+            Plane::One(backend) => {
+                backend.crash();
+                backend.start_again();
+            }
+            Plane::Replicas(r) => {
+                if let Some(i) = down.take() {
+                    r.replicas[i].start_again();
+                }
+                let i = rng.below(r.replicas.len() as u64) as usize;
+                r.replicas[i].crash();
+                *down = Some(i);
+            }
+        }
+    }
+
+    /// Starts again the replica a fault left down, if any.
+    fn heal(&mut self, down: &mut Option<usize>) {
+        if let (Plane::Replicas(r), Some(i)) = (self, down.take()) {
+            r.replicas[i].start_again();
+        }
+    }
+
+    /// Clients acting with `token`, of the `i`th client's replica.
+    pub async fn clients(&self, token: &str, i: usize) -> Clients {
+        match self {
+            Plane::One(backend) => backend.clients(token).await,
+            Plane::Replicas(r) => r.replicas[i % r.replicas.len()].clients(token).await,
+        }
+    }
+
+    pub fn store(&self) -> Store {
+        match self {
+            Plane::One(backend) => Store::DataDir(backend.data_dir()),
+            Plane::Replicas(r) => Store::Postgres(r.database_file().to_path_buf()),
+        }
+    }
+}
+
+impl Store {
+    /// `gpufleet-agent check` of this store `[--answers FILE]`: (exited 0, its output).
+    pub fn check(&self, answers: Option<&Path>) -> (bool, String) {
+        let mut command = std::process::Command::new(binaries::agent());
+        command.arg("check");
+        match self {
+            Store::DataDir(dir) => command.arg("--data-dir").arg(dir),
+            Store::Postgres(file) => command.arg("--postgres").arg("--database-file").arg(file),
+        };
+        if let Some(answers) = answers {
+            command.arg("--answers").arg(answers);
+        }
+        output_within(
+            &mut command,
+            "gpufleet-agent check",
+            Duration::from_secs(60),
+        )
+    }
 }
 
 /// What a run did and what the check found.
@@ -85,8 +206,8 @@ pub struct Outcome {
     /// The answers log (removed with the outcome).
     pub answers_log: PathBuf,
     _answers_dir: tempfile::TempDir,
-    /// The serve the run checked, still running (stopped with the outcome).
-    pub backend: Backend,
+    /// The control plane the run checked, still running (stopped with the outcome).
+    pub plane: Plane,
 }
 
 /// The seed of `GPUFLEET_CHECKER_SEED`, else one from the clock; printed either way.
@@ -146,15 +267,16 @@ struct Tally {
     retried: u64,
 }
 
-/// Runs the checker against a new `serve` on [`FLEET`] and checks the store at the end.
+/// Runs the checker against a new control plane on [`FLEET`] and checks the store at the
+/// end.
 pub async fn run(settings: Settings) -> Outcome {
-    let mut backend = Backend::start_with_fleet(FLEET);
+    let mut plane = Plane::start(settings.engine).await;
     let answers_dir = tempfile::tempdir().expect("a temp dir");
     let answers_log = answers_dir.path().join("answers.jsonl");
     let answers = Answers(Arc::new(Mutex::new(
         std::fs::File::create(&answers_log).expect("create the answers log"),
     )));
-    let mut admin = backend.admin().await;
+    let mut admin = plane.admin().await;
     let mut tenants = Vec::new();
     for t in 0..settings.tenants {
         let (tenant, token) = create_tenant(&mut admin, &format!("team-{t}")).await;
@@ -163,18 +285,18 @@ pub async fn run(settings: Settings) -> Outcome {
     }
     let started = Instant::now();
     let deadline = started + settings.budget;
-    let data_dir = backend.data_dir();
+    let store = plane.store();
     let half_way = (started + settings.budget / 2).into();
     let mid_run = tokio::spawn(async move {
         tokio::time::sleep_until(half_way).await;
-        tokio::task::spawn_blocking(move || check(&data_dir, None))
+        tokio::task::spawn_blocking(move || store.check(None))
             .await
             .expect("the mid-run check")
     });
     let mut clients = Vec::new();
     for (t, (tenant_id, token)) in tenants.iter().enumerate() {
         for c in 0..settings.clients_per_tenant {
-            let api = backend.clients(token).await;
+            let api = plane.clients(token, clients.len()).await;
             let client = Client {
                 name: format!("t{t}c{c}"),
                 tenant_id: tenant_id.clone(),
@@ -192,6 +314,7 @@ pub async fn run(settings: Settings) -> Outcome {
     // The faults: kill -9 and start again, at random moments, until the budget is spent.
     let mut rng = Rng(settings.seed);
     let mut kills = 0;
+    let mut down = None;
     if let Some((low, high)) = settings.kills_every {
         loop {
             let at = Instant::now() + rng.between(low, high);
@@ -199,13 +322,12 @@ pub async fn run(settings: Settings) -> Outcome {
                 break;
             }
             tokio::time::sleep_until(at.into()).await;
-            tokio::task::block_in_place(|| {
-                backend.crash();
-                backend.start_again();
-            });
+            tokio::task::block_in_place(|| plane.fault(&mut rng, &mut down));
             kills += 1;
         }
     }
+    // Every replica serves the end of the run and the check.
+    tokio::task::block_in_place(|| plane.heal(&mut down));
     let mut tally = Tally::default();
     for client in clients {
         let t = client.await.expect("a client panicked");
@@ -216,8 +338,8 @@ pub async fn run(settings: Settings) -> Outcome {
     }
     let duration = started.elapsed();
     let (mid_run_passed, mid_run_output) = mid_run.await.expect("the mid-run check");
-    // Checked while serve runs: the check reads a snapshot as a WAL reader.
-    let (check_passed, check_output) = check(&backend.data_dir(), Some(&answers_log));
+    // Checked while serve runs: the check reads one snapshot (on SQLite as a WAL reader).
+    let (check_passed, check_output) = plane.store().check(Some(&answers_log));
     let violations = if check_passed {
         Vec::new()
     } else {
@@ -246,22 +368,8 @@ pub async fn run(settings: Settings) -> Outcome {
         mid_run_output,
         answers_log,
         _answers_dir: answers_dir,
-        backend,
+        plane,
     }
-}
-
-/// `gpufleet-agent check --data-dir DIR [--answers FILE]`: (exited 0, its output).
-pub fn check(data_dir: &Path, answers: Option<&Path>) -> (bool, String) {
-    let mut command = std::process::Command::new(binaries::agent());
-    command.arg("check").arg("--data-dir").arg(data_dir);
-    if let Some(answers) = answers {
-        command.arg("--answers").arg(answers);
-    }
-    output_within(
-        &mut command,
-        "gpufleet-agent check",
-        Duration::from_secs(60),
-    )
 }
 
 /// What one client does next.

@@ -9,15 +9,29 @@
 //! acknowledged delete gone. The same check without the answers half-way, while the
 //! clients write, finds none either; and a forged answer is named.
 //!
+//! The same runs on PostgreSQL with three replicas (client `i` calls replica `i % 3`),
+//! where a fault starts the replica killed before and kills one at random, the leader as
+//! often as any: another takes the lease over, the node agents move to it, and calls to
+//! the others are passed on to it.
+//!
 //! The seed is printed; rerun one with `GPUFLEET_CHECKER_SEED=<seed>`. The long run is
 //! `cargo bench -p gpufleet-e2e --bench invariants`.
 
 use std::time::Duration;
 
-use gpufleet_e2e::checker::{self, Settings};
+use gpufleet_e2e::checker::{self, Engine, Settings};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_under_concurrent_admission_breaks_no_invariant_and_loses_no_answer() {
+    run_and_check(Engine::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_on_postgres_killed_in_turn_break_no_invariant_and_lose_no_answer() {
+    run_and_check(Engine::Postgres { replicas: 3 }).await;
+}
+
+async fn run_and_check(engine: Engine) {
     let seed = checker::seed();
     let outcome = checker::run(Settings {
         seed,
@@ -25,10 +39,11 @@ async fn kill_9_under_concurrent_admission_breaks_no_invariant_and_loses_no_answ
         clients_per_tenant: 2,
         budget: Duration::from_secs(20),
         kills_every: Some((Duration::from_secs(2), Duration::from_secs(5))),
+        engine,
     })
     .await;
     eprintln!(
-        "seed {seed}: {} operations, {} acknowledged, {} refused, {} retried, {} kills in {:.1} s",
+        "{engine:?}, seed {seed}: {} operations, {} acknowledged, {} refused, {} retried, {} kills in {:.1} s",
         outcome.operations,
         outcome.acknowledged,
         outcome.refused,
@@ -69,12 +84,12 @@ async fn kill_9_under_concurrent_admission_breaks_no_invariant_and_loses_no_answ
     log.push_str(r#"{"request_id":"forged-1","op":"create","kind":"cluster","object":{"id":"never-made","node_count":1}}"#);
     log.push('\n');
     std::fs::write(&forged, log).unwrap();
-    let (passed, output) = checker::check(&outcome.backend.data_dir(), Some(&forged));
+    let (passed, output) = outcome.plane.store().check(Some(&forged));
     assert!(!passed, "{output}");
     assert!(
         output
             .contains("answer: cluster never-made is missing, but create forged-1 acknowledged it")
-            && output.contains("state.db: 1 violation"),
+            && output.contains(": 1 violation"),
         "{output}"
     );
 }

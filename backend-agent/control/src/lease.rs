@@ -132,6 +132,9 @@ pub struct Leadership {
     leader: Mutex<Option<Leader>>,
     /// Wakes [`run`] for a renewal now (the URL became known).
     renew_now: tokio::sync::Notify,
+    /// The replica is stopping: it gives the lease up, and nothing that follows the
+    /// lease (node agents' sessions) should take that for a loss.
+    stopping: std::sync::atomic::AtomicBool,
     /// Some(epoch) while this replica leads; the singleton loops watch it.
     leads: watch::Sender<Option<u64>>,
     /// Until when the last renewal is good (the monotonic clock).
@@ -147,6 +150,7 @@ impl Leadership {
             url: Mutex::new(String::new()),
             leader: Mutex::new(None),
             renew_now: tokio::sync::Notify::new(),
+            stopping: Default::default(),
             leads: watch::channel(None).0,
             valid_until: Mutex::new(None),
             last: Default::default(),
@@ -159,6 +163,11 @@ impl Leadership {
 
     pub fn ttl(&self) -> Duration {
         self.settings.ttl
+    }
+
+    /// Whether this replica is stopping (it released the lease, or is about to).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Where this replica serves its API ('' until set).
@@ -394,6 +403,9 @@ pub async fn run<R, RF, L, LF>(
             _ = leadership.renew_now.notified() => {}
         }
     }
+    leadership
+        .stopping
+        .store(true, std::sync::atomic::Ordering::Release);
     if let Some(epoch) = leadership.epoch() {
         leadership.stop_leading();
         match release(epoch).await {

@@ -221,10 +221,17 @@ impl NodeAgentService for Agents {
             // This replica stopped leading: the agent moves to the one that leads, and
             // this replica records nothing of its going (the node is the leader's now).
             let mut moved = false;
+            let mut follow_leadership = true;
             loop {
                 let message = tokio::select! {
                     m = inbound.message() => m,
-                    _ = leads.wait_for(Option::is_none) => {
+                    _ = leads.wait_for(Option::is_none), if follow_leadership => {
+                        // Stopping: the session ends with the server, in its grace
+                        // period, not here.
+                        if state.lease().is_stopping() {
+                            follow_leadership = false;
+                            continue;
+                        }
                         let why = state.lease().not_leading().unwrap_or_default();
                         tracing::info!(node = %node_id, %why, "ending a node agent's session: this replica no longer leads");
                         let _ = ending.send(Err(Status::unavailable(format!(
