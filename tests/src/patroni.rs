@@ -42,7 +42,7 @@ const PROBE_LIMIT: Duration = Duration::from_secs(2);
 /// How often waits look again.
 const POLL: Duration = Duration::from_millis(100);
 /// Lines of a member's log a failure shows.
-const LOG_TAIL: usize = 60;
+const LOG_TAIL: usize = 40;
 
 /// A running cluster; every member's processes are killed on drop (the [`Network`]'s drop
 /// kills whatever is left and removes the data).
@@ -153,16 +153,13 @@ impl<'n> PatroniCluster<'n> {
 
     /// The member whose Patroni says it is the primary now, if exactly one does.
     pub fn primary(&self) -> Option<String> {
-        let primaries: Vec<&str> = self
-            .members
-            .iter()
-            .filter(|m| m.rest_status("/primary") == Some(200))
-            .map(|m| m.host.name())
-            .collect();
-        match primaries[..] {
-            [one] => Some(one.to_string()),
-            _ => None,
-        }
+        self.only("/primary")
+    }
+
+    /// The member whose Patroni says it is the synchronous standby now, if exactly one
+    /// does: the one a failover promotes.
+    pub fn sync_standby(&self) -> Option<String> {
+        self.only("/sync")
     }
 
     /// Kills the primary as a crash would (SIGKILL to Patroni and to all of its
@@ -236,6 +233,20 @@ impl<'n> PatroniCluster<'n> {
                  replicas in {within:?}\n{}",
                 self.logs()
             );
+        }
+    }
+
+    /// The one member whose REST API answers 200 to `path`, if exactly one does.
+    fn only(&self, path: &str) -> Option<String> {
+        let found: Vec<&str> = self
+            .members
+            .iter()
+            .filter(|m| m.rest_status(path) == Some(200))
+            .map(|m| m.host.name())
+            .collect();
+        match found[..] {
+            [one] => Some(one.to_string()),
+            _ => None,
         }
     }
 
@@ -351,7 +362,7 @@ impl Member<'_> {
         }
     }
 
-    /// The HTTP status of `GET path` on this member's REST API, asked from its own host;
+    /// The HTTP status of `HEAD path` on this member's REST API, asked from its own host;
     /// None when it does not answer.
     fn rest_status(&self, path: &str) -> Option<u16> {
         let addr = SocketAddr::from((self.host.addr(), REST_PORT));
@@ -362,17 +373,13 @@ impl Member<'_> {
             .ok()?;
         stream.set_read_timeout(Some(PROBE_LIMIT)).ok()?;
         stream.set_write_timeout(Some(PROBE_LIMIT)).ok()?;
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-        let mut head = [0u8; 32];
-        let mut read = 0;
+        // HEAD: Patroni answers with the status line alone. Read to its end: a connection
+        // closed under Patroni's reply fills its log with tracebacks.
+        write!(stream, "HEAD {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+        let mut reply = Vec::new();
+        stream.take(4096).read_to_end(&mut reply).ok()?;
         // "HTTP/1.0 200 OK": the code is the status line's second word.
-        while read < head.len() {
-            match stream.read(&mut head[read..]) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => read += n,
-            }
-        }
-        std::str::from_utf8(&head[..read])
+        std::str::from_utf8(&reply)
             .ok()?
             .split_whitespace()
             .nth(1)?
@@ -538,6 +545,9 @@ bootstrap:
   initdb:
     - encoding: UTF8
     - no-locale
+    # Passwords from the start (initdb gets the superuser's from Patroni), never trust.
+    - auth-local: scram-sha-256
+    - auth-host: scram-sha-256
 postgresql:
   listen: '{me}:{PG_PORT}'
   connect_address: '{me}:{PG_PORT}'

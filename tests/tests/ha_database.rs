@@ -100,12 +100,25 @@ fn a_killed_primary_loses_no_acknowledged_write_and_rejoins_as_a_replica() {
         acked_since(began) >= ROWS_BEFORE
     });
 
+    // Commits wait for a standby: the primary names one, and Patroni promotes that one.
+    let sync = cluster
+        .sync_standby()
+        .expect("a synchronous standby before the kill");
+    let standby_names = cluster
+        .psql(client, &url, "SHOW synchronous_standby_names")
+        .unwrap_or_else(|e| panic!("SHOW synchronous_standby_names: {e}"));
+    assert!(
+        standby_names.contains(&sync),
+        "synchronous_standby_names is {standby_names:?}, not naming the sync standby {sync}"
+    );
+
     let killed_at = Instant::now();
     let old = cluster.kill_primary();
     // A write begun before the old primary's processes were all gone may have been its.
     let dead_at = Instant::now();
     let new = cluster.wait_for_primary_other_than(&old, ELECTION_LIMIT);
     let elected_in = killed_at.elapsed();
+    assert_eq!(new, sync, "the new primary is not the synchronous standby");
     wait_for("a write the new primary takes", WRITE_LIMIT, || {
         acked_since(dead_at) >= 1
     });
@@ -135,7 +148,8 @@ fn a_killed_primary_loses_no_acknowledged_write_and_rejoins_as_a_replica() {
         "{} writes acknowledged, {unknown} failed or unknown",
         acked_ids.len()
     );
-    let on_new = ids_on(&cluster, client, &cluster.member_url(&new, "postgres"));
+    let on_new = ids_on(&cluster, client, &cluster.member_url(&new, "postgres"))
+        .unwrap_or_else(|e| panic!("reading the rows on {new}: {e}"));
     let lost: Vec<&u64> = acked_ids.difference(&on_new).collect();
     assert!(
         lost.is_empty(),
@@ -145,10 +159,18 @@ fn a_killed_primary_loses_no_acknowledged_write_and_rejoins_as_a_replica() {
     cluster.restart(&old);
     cluster.wait_for_replica(&old, REJOIN_LIMIT);
     let old_url = cluster.member_url(&old, "postgres");
-    wait_for(
+    // The member may restart PostgreSQL once more as it rejoins (after pg_rewind): errors
+    // until then are waited out, the last one shown on a timeout.
+    wait_until(
         "every acknowledged row on the rejoined member",
         REJOIN_LIMIT,
-        || acked_ids.is_subset(&ids_on(&cluster, client, &old_url)),
+        || {
+            let ids = ids_on(&cluster, client, &old_url)?;
+            match acked_ids.difference(&ids).count() {
+                0 => Ok(()),
+                missing => Err(format!("{missing} of them missing")),
+            }
+        },
     );
     assert_eq!(
         cluster.primary().as_deref(),
@@ -161,22 +183,36 @@ fn a_killed_primary_loses_no_acknowledged_write_and_rejoins_as_a_replica() {
     );
 }
 
-/// The ids in table `acked` at `url`, read from `client`.
-fn ids_on(cluster: &PatroniCluster, client: &netns::Host, url: &str) -> BTreeSet<u64> {
-    let out = cluster
-        .psql(client, url, "SELECT id FROM acked")
-        .unwrap_or_else(|e| panic!("SELECT from {url}: {e}"));
-    out.lines()
+/// The ids in table `acked` at `url`, read from `client`, or psql's error.
+fn ids_on(
+    cluster: &PatroniCluster,
+    client: &netns::Host,
+    url: &str,
+) -> Result<BTreeSet<u64>, String> {
+    let out = cluster.psql(client, url, "SELECT id FROM acked")?;
+    Ok(out
+        .lines()
         .map(|l| l.parse().unwrap_or_else(|e| panic!("id {l:?}: {e}")))
-        .collect()
+        .collect())
 }
 
 fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    wait_until(what, within, || {
+        done().then_some(()).ok_or_else(|| "not yet".to_string())
+    });
+}
+
+/// Polls `probe` until it is Ok; past `within` fails saying `what` and its last error.
+fn wait_until(what: &str, within: Duration, mut probe: impl FnMut() -> Result<(), String>) {
     let deadline = Instant::now() + within;
-    while !done() {
+    loop {
+        let why = match probe() {
+            Ok(()) => return,
+            Err(why) => why,
+        };
         assert!(
             Instant::now() < deadline,
-            "still waiting for {what} after {within:?}"
+            "still waiting for {what} after {within:?} (last: {why})"
         );
         thread::sleep(POLL);
     }
