@@ -107,8 +107,8 @@ impl<'n> PatroniCluster<'n> {
             password,
             pg_bin,
         };
-        for i in 0..cluster.members.len() {
-            cluster.members[i].launch();
+        for member in &mut cluster.members {
+            member.launch();
         }
         cluster.wait_ready(START_LIMIT);
         cluster
@@ -172,10 +172,13 @@ impl<'n> PatroniCluster<'n> {
         primary
     }
 
-    /// SIGKILLs every process of member `host` and waits until they are gone.
+    /// SIGKILLs every process on member `host` (Patroni, PostgreSQL and anything else run
+    /// there) and waits until they are gone.
     pub fn kill(&mut self, host: &str) {
         let member = self.member_mut(host);
-        member.kill_all();
+        if let Err(e) = member.kill_all() {
+            panic!("{e}\n{}", member.log_tail());
+        }
     }
 
     /// Waits until a member other than `old` is the primary, and returns it.
@@ -283,8 +286,10 @@ impl<'n> PatroniCluster<'n> {
 
 impl Drop for PatroniCluster<'_> {
     fn drop(&mut self) {
+        // No panic here (a test's panic may be unwinding): the Network's drop kills what
+        // is left anyway.
         for member in &mut self.members {
-            member.kill_all();
+            let _ = member.kill_all();
         }
     }
 }
@@ -323,8 +328,8 @@ impl Member<'_> {
     }
 
     /// SIGKILL to every process of the host (Patroni, PostgreSQL, their children), then
-    /// waits until none is left.
-    fn kill_all(&mut self) {
+    /// waits until none is left, or says which are.
+    fn kill_all(&mut self) -> Result<(), String> {
         let spared = [
             self.host.holder_pid(),
             self.host.init_pid(),
@@ -342,10 +347,10 @@ impl Member<'_> {
                 break;
             }
             if Instant::now() > deadline {
-                panic!(
+                return Err(format!(
                     "{}: processes {left:?} still there {KILL_LIMIT:?} after SIGKILL",
                     self.host.name()
-                );
+                ));
             }
             for pid in left {
                 // SAFETY: kill(2) has no memory preconditions; these pids are this host's.
@@ -360,6 +365,7 @@ impl Member<'_> {
         if let Some(mut child) = self.patroni.take() {
             let _ = child.wait();
         }
+        Ok(())
     }
 
     /// The HTTP status of `HEAD path` on this member's REST API, asked from its own host;
