@@ -23,6 +23,11 @@ pub mod money;
 /// The metadata key that carries the bearer token on every call.
 pub const AUTHORIZATION: &str = "authorization";
 
+/// Set (to "1") on an UNAVAILABLE answer of a call the control plane did not run at all
+/// (a replica that does not lead and could not pass it on): a client may send any call
+/// again, not only one that is safe to run twice.
+pub const NOT_RUN: &str = "x-gpufleet-not-run";
+
 /// Formats the `authorization` metadata value for a token.
 pub fn bearer(token: &str) -> String {
     format!("Bearer {token}")

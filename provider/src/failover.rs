@@ -10,9 +10,15 @@
 //!   made.
 //!
 //! Any other call that may have run (an update, a delete, a create without a request id)
-//! fails as it did, and the next call goes to the next endpoint. A TLS failure or a
-//! deadline is not a lost connection: it is answered as it is. With one endpoint nothing
-//! changes: each call goes there once.
+//! fails as it did, and the next call goes to the next endpoint. An UNAVAILABLE answer
+//! marked [`gpufleet_proto::NOT_RUN`] (a replica that does not lead and could not pass
+//! the call on) counts as never sent. A TLS failure or a deadline is not a lost
+//! connection: it is answered as it is.
+//!
+//! When every endpoint failed so that the call may be sent again, the client goes round
+//! them again, backing off, for up to [`FAILOVER_WINDOW`]: while the replica that led is
+//! gone and another has not taken its lease over yet (the lease's TTL, 15 s by default),
+//! no endpoint can answer. With one endpoint nothing changes: each call goes there once.
 
 use std::error::Error as StdErrorTrait;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,6 +32,14 @@ use tonic::transport::Channel;
 
 /// At most this many endpoints.
 pub const MAX_ENDPOINTS: usize = 8;
+
+/// How long a call goes round its endpoints while none can answer it: longer than a
+/// replica takes to take an expired lease over (a TTL of 15 s and a renewal every 5 s).
+pub const FAILOVER_WINDOW: std::time::Duration = std::time::Duration::from_secs(45);
+/// The pause after a round in which every endpoint failed, doubled each round up to the
+/// last.
+const FIRST_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
+const LAST_PAUSE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// How a call to one endpoint failed, as far as moving to another goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,18 +174,28 @@ pub fn failure(error: &(dyn StdErrorTrait + 'static)) -> Option<Failure> {
 }
 
 /// A response that says UNAVAILABLE in its headers (the backend's own, e.g. a replica
-/// that is stopping): the call may have run.
-fn unavailable(response: &http::Response<BoxBody>) -> bool {
-    response
-        .headers()
+/// that is stopping): the call may have run, unless the backend says it did not.
+fn unavailable(response: &http::Response<BoxBody>) -> Option<Failure> {
+    let headers = response.headers();
+    if headers
         .get("grpc-status")
-        .is_some_and(|s| s.as_bytes() == b"14")
+        .is_none_or(|s| s.as_bytes() != b"14")
+    {
+        return None;
+    }
+    Some(if headers.contains_key(gpufleet_proto::NOT_RUN) {
+        Failure::NotSent
+    } else {
+        Failure::MaybeRan
+    })
 }
 
 /// The endpoints and which is current, shared by every clone of the client's channel.
 struct Shared<S> {
     endpoints: Vec<(String, S)>,
     current: AtomicUsize,
+    /// [`FAILOVER_WINDOW`] (tests: shorter).
+    window: std::time::Duration,
 }
 
 /// The channel the client's services call through: the endpoints' channels, in order.
@@ -195,8 +219,19 @@ impl<S> Failover<S> {
             shared: Arc::new(Shared {
                 endpoints,
                 current: AtomicUsize::new(0),
+                window: FAILOVER_WINDOW,
             }),
         }
+    }
+
+    /// The same, going round the endpoints for `window` at most.
+    #[cfg(test)]
+    fn with_window(endpoints: Vec<(String, S)>, window: std::time::Duration) -> Self {
+        let mut failover = Self::new(endpoints);
+        Arc::get_mut(&mut failover.shared)
+            .expect("not shared yet")
+            .window = window;
+        failover
     }
 
     /// The URL calls go to now.
@@ -245,6 +280,26 @@ where
         let (parts, body) = request.into_parts();
         let body = collect(body).await?;
         let kind = call_kind(parts.uri.path(), &body);
+        let deadline = tokio::time::Instant::now() + self.window;
+        let mut pause = FIRST_PAUSE;
+        loop {
+            match self.round(&parts, &body, kind).await {
+                Round::Answered(answer) => return answer,
+                Round::AllFailed(answer) => {
+                    if tokio::time::Instant::now() + pause > deadline {
+                        return answer;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(LAST_PAUSE);
+                }
+            }
+        }
+    }
+
+    /// One try of each endpoint, from the current one, until one answers or a failure
+    /// may not be sent again.
+    async fn round(&self, parts: &http::request::Parts, body: &Bytes, kind: Call) -> Round {
+        let n = self.endpoints.len();
         let start = self.current.load(Ordering::Relaxed);
         for attempt in 0..n {
             let at = (start + attempt) % n;
@@ -257,11 +312,11 @@ where
             *again.extensions_mut() = parts.extensions.clone();
             let answer = call(self.endpoints[at].1.clone(), again).await;
             let failed = match &answer {
-                Ok(response) => unavailable(response).then_some(Failure::MaybeRan),
+                Ok(response) => unavailable(response),
                 Err(e) => failure(e.as_ref()),
             };
             let Some(failed) = failed else {
-                return answer;
+                return Round::Answered(answer);
             };
             // Later calls go to the next endpoint (unless another call moved on already).
             let _ = self.current.compare_exchange(
@@ -270,12 +325,23 @@ where
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             );
-            if attempt + 1 == n || !may_retry(failed, kind) {
-                return answer;
+            if !may_retry(failed, kind) {
+                return Round::Answered(answer);
+            }
+            if attempt + 1 == n {
+                return Round::AllFailed(answer);
             }
         }
         unreachable!("the last attempt returns")
     }
+}
+
+/// How a round of the endpoints ended.
+enum Round {
+    /// With an answer to give (an endpoint's, or a failure that may not be sent again).
+    Answered(Result<Response, StdError>),
+    /// Every endpoint failed so that the call may be sent again: the last failure.
+    AllFailed(Result<Response, StdError>),
 }
 
 /// One call on one endpoint's channel, once it is ready.
@@ -404,6 +470,8 @@ mod tests {
     struct Fake {
         answer: fn() -> Result<Response, StdError>,
         seen: Arc<Mutex<Vec<String>>>,
+        /// Answers OK from the call after this many (a replica that came to lead).
+        ok_after: Option<usize>,
     }
 
     impl Service<Request> for Fake {
@@ -416,14 +484,21 @@ mod tests {
         }
 
         fn call(&mut self, request: Request) -> Self::Future {
-            let (seen, answer) = (self.seen.clone(), self.answer);
+            let (seen, answer, ok_after) = (self.seen.clone(), self.answer, self.ok_after);
             Box::pin(async move {
                 let body = collect(request.into_body()).await?;
                 let id = v1::CreateTenantRequest::decode(&body[5..])
                     .map(|r| r.request_id)
                     .unwrap_or_default();
-                seen.lock().unwrap().push(id);
-                answer()
+                let calls = {
+                    let mut seen = seen.lock().unwrap();
+                    seen.push(id);
+                    seen.len()
+                };
+                match ok_after {
+                    Some(n) if calls > n => ok(),
+                    _ => answer(),
+                }
             })
         }
     }
@@ -444,6 +519,17 @@ mod tests {
         )))
     }
 
+    fn not_run() -> Result<Response, StdError> {
+        let mut response = http::Response::new(tonic::body::empty_body());
+        response
+            .headers_mut()
+            .insert("grpc-status", http::HeaderValue::from_static("14"));
+        response
+            .headers_mut()
+            .insert(gpufleet_proto::NOT_RUN, http::HeaderValue::from_static("1"));
+        Ok(response)
+    }
+
     fn stopping() -> Result<Response, StdError> {
         let mut response = http::Response::new(tonic::body::empty_body());
         response
@@ -458,6 +544,7 @@ mod tests {
             .map(|&answer| Fake {
                 answer,
                 seen: Arc::default(),
+                ok_after: None,
             })
             .collect();
         let endpoints = fakes
@@ -521,13 +608,72 @@ mod tests {
         assert_eq!(seen(&fakes[1]), ["r-3"]);
         let (mut failover, fakes) = replicas(&[stopping, ok]);
         let answer = failover.call(create("")).await.unwrap();
-        assert!(unavailable(&answer), "the backend's UNAVAILABLE, as it was");
+        assert_eq!(
+            unavailable(&answer),
+            Some(Failure::MaybeRan),
+            "the backend's UNAVAILABLE, as it was"
+        );
         assert!(seen(&fakes[1]).is_empty());
+
+        // A replica that says it did not run the call: any call goes on to the next.
+        let (mut failover, fakes) = replicas(&[not_run, ok]);
+        failover.call(create("")).await.unwrap();
+        assert_eq!(seen(&fakes[1]), [""]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_endpoints_are_gone_round_until_one_answers_within_the_window() {
+        // Between two leaders: every replica answers "not run" until one leads (its
+        // fourth call here).
+        let (_, fakes) = replicas(&[not_run, not_run]);
+        let fakes: Vec<Fake> = fakes
+            .into_iter()
+            .map(|f| Fake {
+                ok_after: Some(3),
+                ..f
+            })
+            .collect();
+        let endpoints = fakes
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (format!("http://replica-{i}:7700"), f.clone()))
+            .collect();
+        let started = tokio::time::Instant::now();
+        let mut failover = Failover::with_window(endpoints, std::time::Duration::from_secs(45));
+        let answer = failover.call(create("")).await.unwrap();
+        assert_eq!(unavailable(&answer), None, "answered");
+        assert_eq!((seen(&fakes[0]).len(), seen(&fakes[1]).len()), (4, 3));
+        assert!(
+            started.elapsed() >= FIRST_PAUSE,
+            "it backed off between rounds"
+        );
+
+        // None ever answers: the last failure, once the window is spent.
+        let (_, fakes) = replicas(&[not_run, not_run]);
+        let endpoints = fakes
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (format!("http://replica-{i}:7700"), f.clone()))
+            .collect();
+        let started = tokio::time::Instant::now();
+        let window = std::time::Duration::from_secs(45);
+        let mut failover = Failover::with_window(endpoints, window);
+        let answer = failover.call(create("")).await.unwrap();
+        assert_eq!(unavailable(&answer), Some(Failure::NotSent));
+        assert!(started.elapsed() <= window, "{:?}", started.elapsed());
+        assert!(seen(&fakes[0]).len() > 3, "went round several times");
     }
 
     #[tokio::test]
     async fn every_endpoint_is_tried_once_and_the_last_failure_answers() {
-        let (mut failover, fakes) = replicas(&[refused, refused, refused]);
+        let (_, fakes) = replicas(&[refused, refused, refused]);
+        let endpoints = fakes
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (format!("http://replica-{i}:7700"), f.clone()))
+            .collect();
+        // No window: one round.
+        let mut failover = Failover::with_window(endpoints, std::time::Duration::ZERO);
         let err = failover.call(create("r-1")).await.unwrap_err();
         assert_eq!(failure(err.as_ref()), Some(Failure::NotSent));
         for fake in &fakes {

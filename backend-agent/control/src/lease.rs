@@ -132,6 +132,9 @@ pub struct Leadership {
     leader: Mutex<Option<Leader>>,
     /// Wakes [`run`] for a renewal now (the URL became known).
     renew_now: tokio::sync::Notify,
+    /// An epoch taken over after start whose former leader's half-done work is not
+    /// settled yet (0: none): until it is, this replica serves nothing as the leader.
+    unsettled: std::sync::atomic::AtomicU64,
     /// The replica is stopping: it gives the lease up, and nothing that follows the
     /// lease (node agents' sessions) should take that for a loss.
     stopping: std::sync::atomic::AtomicBool,
@@ -151,6 +154,7 @@ impl Leadership {
             leader: Mutex::new(None),
             renew_now: tokio::sync::Notify::new(),
             stopping: Default::default(),
+            unsettled: Default::default(),
             leads: watch::channel(None).0,
             valid_until: Mutex::new(None),
             last: Default::default(),
@@ -190,11 +194,33 @@ impl Leadership {
             .clone()
     }
 
-    /// None while this replica leads; otherwise why it does not, naming the leader it
-    /// knows of (node agents and forwarded calls are told it).
+    /// The epoch taken over that still waits for [`Leadership::settled`], if any.
+    pub fn unsettled(&self) -> Option<u64> {
+        let epoch = self.unsettled.load(std::sync::atomic::Ordering::Acquire);
+        (epoch != 0).then_some(epoch)
+    }
+
+    /// What the former leader left is settled for `epoch`: this replica serves as leader.
+    pub fn settled(&self, epoch: u64) {
+        let _ = self.unsettled.compare_exchange(
+            epoch,
+            0,
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+        );
+    }
+
+    /// None while this replica leads and serves as leader; otherwise why not, naming the
+    /// leader it knows of (node agents and forwarded calls are told it).
     pub fn not_leading(&self) -> Option<String> {
-        if self.epoch().is_some() {
-            return None;
+        if let Some(epoch) = self.epoch() {
+            return match self.unsettled() {
+                Some(taken) if taken == epoch => Some(format!(
+                    "replica {} is taking the lease over (epoch {epoch}) and settles what the former leader left first",
+                    self.replica()
+                )),
+                _ => None,
+            };
         }
         Some(match self.leader() {
             Some(l) if l.replica != self.replica() => format!(
@@ -264,18 +290,31 @@ impl Leadership {
     /// What a committed [`Leadership::acquire`] that was asked at `asked` answered.
     pub fn record(&self, acquired: &Acquired, asked: Instant) {
         let (Acquired::Held(l) | Acquired::Busy(l)) = acquired;
-        *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(Leader {
-            replica: l.holder.clone(),
-            url: l.holder_url.clone(),
-            epoch: l.epoch,
-        });
+        let answered_before = self
+            .leader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(Leader {
+                replica: l.holder.clone(),
+                url: l.holder_url.clone(),
+                epoch: l.epoch,
+            })
+            .is_some();
         match acquired {
             Acquired::Held(l) => {
                 let epoch = u64::try_from(l.epoch).unwrap_or(0);
                 *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) =
                     Some(asked + self.settings.ttl);
-                self.last
+                let last = self
+                    .last
                     .fetch_max(epoch, std::sync::atomic::Ordering::AcqRel);
+                // A takeover after start: another replica may have written under the
+                // epochs between, and what it left half-way is settled before this one
+                // serves (`takeover`). At start, `serve` settles before serving.
+                if answered_before && epoch > last {
+                    self.unsettled
+                        .store(epoch, std::sync::atomic::Ordering::Release);
+                }
                 let before = *self.leads.borrow();
                 if before != Some(epoch) {
                     tracing::info!(replica = %self.replica(), epoch, "this replica leads: it holds the singletons' lease");

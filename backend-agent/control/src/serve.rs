@@ -248,8 +248,6 @@ pub struct ControlPlane {
     /// The CA a replica that does not lead verifies the leader's certificate with.
     replica_ca: Option<PathBuf>,
     api_url: Option<String>,
-    /// The epoch this replica started leading with (None: another led at its start).
-    started_with: Option<u64>,
     connections: crate::connections::Limits,
     embedded: Vec<EmbeddedHost>,
     tasks: Vec<JoinHandle<()>>,
@@ -486,10 +484,6 @@ impl ControlPlane {
             metrics,
             require_client_cert: config.agent_ca.is_some(),
             replica_ca: config.agent_ca.clone(),
-            started_with: match &at_start {
-                crate::store::leases::Acquired::Held(l) => u64::try_from(l.epoch).ok(),
-                crate::store::leases::Acquired::Busy(_) => None,
-            },
             api_url: config.api_url.clone(),
             connections,
             embedded,
@@ -542,15 +536,7 @@ impl ControlPlane {
             singleton!("refills", crate::services::clusters::run_refills),
             singleton!("admissions", crate::services::admissions::run),
             singleton!("drift", crate::mig::run_drift_sweeps),
-            {
-                let (state, started_with) = (state.clone(), self.started_with);
-                tokio::spawn(crate::lease::while_leader(
-                    state.lease().clone(),
-                    stop.clone(),
-                    "takeover",
-                    move |stop| crate::takeover::settle(state.clone(), started_with, stop),
-                ))
-            },
+            singleton!("takeover", crate::takeover::settle),
             tokio::spawn(crate::metering::run(state.clone(), stop.clone())),
         ]);
         if let Some(m) = &self.metrics {

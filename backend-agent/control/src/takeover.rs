@@ -4,8 +4,10 @@
 //! register here, since the agents' sessions were the former leader's.
 //!
 //! At start `serve` does this itself before serving, for the epoch it starts with; this
-//! runs for any later one. It is one fenced write: a replica that lost the lease again
-//! meanwhile settles nothing. While it did not lead, this replica forwarded every call
+//! runs for any later one, and until it has, the replica serves nothing as the leader
+//! (calls are answered UNAVAILABLE, not run, and node agents are turned away), so no
+//! call meets a change of the former leader's that is about to be settled. It is one
+//! fenced write: a replica that lost the lease again meanwhile settles nothing. While it did not lead, this replica forwarded every call
 //! (`services::to_leader`), so no change of its own is under way to be taken for the
 //! former leader's.
 
@@ -19,16 +21,16 @@ use crate::state::AppState;
 use crate::store;
 
 /// Runs while this replica leads (a singleton): settles once for a lease taken over after
-/// start (an epoch other than `started_with`), then waits for `stop`.
-pub async fn settle(
-    state: Arc<AppState>,
-    started_with: Option<u64>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let epoch = state.lease().epoch();
-    if epoch.is_some() && epoch != started_with {
+/// start ([`crate::lease::Leadership::unsettled`]), trying again each second until it
+/// could, then waits for `stop`.
+pub async fn settle(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+    let leadership = state.lease().clone();
+    while let (Some(epoch), Some(taken)) = (leadership.epoch(), leadership.unsettled()) {
+        if epoch != taken {
+            break;
+        }
         let (fence, now, volumes) = (
-            Fence::singleton(state.lease().clone()),
+            Fence::singleton(leadership.clone()),
             state.now(),
             state.volumes.clone(),
         );
@@ -42,11 +44,21 @@ pub async fn settle(
             })
             .await;
         match settled {
-            Ok(()) => tracing::info!(
-                epoch,
-                "took the lease over: settled the former leader's interrupted changes; nodes wait for their agents to register here"
-            ),
-            Err(e) => tracing::error!(epoch, error = %e, "cannot settle what the former leader left"),
+            Ok(()) => {
+                leadership.settled(epoch);
+                tracing::info!(
+                    epoch,
+                    "took the lease over: settled the former leader's interrupted changes; this replica serves, and nodes wait for their agents to register here"
+                );
+                break;
+            }
+            Err(e) => {
+                tracing::error!(epoch, error = %e, "cannot settle what the former leader left; trying again");
+                tokio::select! {
+                    _ = stopped(&mut stop) => return,
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                }
+            }
         }
     }
     stopped(&mut stop).await;

@@ -141,13 +141,23 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<BoxBody>) -> Self::Future {
-        let leads = self.to.leadership.epoch().is_some();
-        if leads || request.uri().path().starts_with(NODE_AGENT_SERVICE) {
+        let leadership = &self.to.leadership;
+        if request.uri().path().starts_with(NODE_AGENT_SERVICE) {
             return Box::pin(self.inner.call(request));
+        }
+        match leadership.not_leading() {
+            None => return Box::pin(self.inner.call(request)),
+            // Leading, but still settling what the former leader left: nobody to pass
+            // it on to.
+            Some(why) if leadership.epoch().is_some() => {
+                let status = Status::unavailable(format!("{why}; retry"));
+                return Box::pin(async move { Ok(not_run(status)) });
+            }
+            Some(_) => {}
         }
         let mut channel = match self.to.route(request.headers().get(FORWARDED_BY)) {
             Ok(channel) => channel,
-            Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
+            Err(status) => return Box::pin(async move { Ok(not_run(status)) }),
         };
         if let Ok(me) = HeaderValue::from_str(self.to.leadership.replica()) {
             request.headers_mut().insert(FORWARDED_BY, me);
@@ -161,12 +171,42 @@ where
                 Err(e) => Err(e),
             };
             Ok(answer.unwrap_or_else(|e| {
-                Status::unavailable(format!(
+                let status = Status::unavailable(format!(
                     "this replica does not lead and could not reach the leader: {}; retry",
                     gpufleet_wire::tls::causes(&e)
-                ))
-                .into_http()
+                ));
+                if never_connected(&e) {
+                    not_run(status)
+                } else {
+                    // The connection broke under the call: the leader may have run it.
+                    status.into_http()
+                }
             }))
         })
     }
+}
+
+/// `status` as an answer that says the call was not run at all (`gpufleet_proto::NOT_RUN`):
+/// a client may send it again, whatever it is.
+fn not_run(status: Status) -> http::Response<BoxBody> {
+    let mut answer = status.into_http();
+    answer
+        .headers_mut()
+        .insert(gpufleet_proto::NOT_RUN, HeaderValue::from_static("1"));
+    answer
+}
+
+/// Whether forwarding failed before the call reached the leader (no connection).
+fn never_connected(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        let refused = e
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
+        if refused || e.downcast_ref::<tonic::ConnectError>().is_some() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
