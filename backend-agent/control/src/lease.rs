@@ -135,6 +135,9 @@ pub struct Leadership {
     /// An epoch taken over after start whose former leader's half-done work is not
     /// settled yet (0: none): until it is, this replica serves nothing as the leader.
     unsettled: std::sync::atomic::AtomicU64,
+    /// The epoch of [`Leadership::unsettled`] whose store is settled: node agents are
+    /// welcome, and the API waits for them to be back (0: none).
+    welcomes_agents: std::sync::atomic::AtomicU64,
     /// The replica is stopping: it gives the lease up, and nothing that follows the
     /// lease (node agents' sessions) should take that for a loss.
     stopping: std::sync::atomic::AtomicBool,
@@ -155,6 +158,7 @@ impl Leadership {
             renew_now: tokio::sync::Notify::new(),
             stopping: Default::default(),
             unsettled: Default::default(),
+            welcomes_agents: Default::default(),
             leads: watch::channel(None).0,
             valid_until: Mutex::new(None),
             last: Default::default(),
@@ -200,6 +204,13 @@ impl Leadership {
         (epoch != 0).then_some(epoch)
     }
 
+    /// The store is settled for the taken-over `epoch`: node agents may register here,
+    /// while the API still waits for them ([`Leadership::settled`]).
+    pub fn welcome_agents(&self, epoch: u64) {
+        self.welcomes_agents
+            .store(epoch, std::sync::atomic::Ordering::Release);
+    }
+
     /// What the former leader left is settled for `epoch`: this replica serves as leader.
     pub fn settled(&self, epoch: u64) {
         let _ = self.unsettled.compare_exchange(
@@ -210,12 +221,27 @@ impl Leadership {
         );
     }
 
-    /// None while this replica leads and serves as leader; otherwise why not, naming the
-    /// leader it knows of (node agents and forwarded calls are told it).
+    /// None while this replica leads and serves the API as the leader; otherwise why
+    /// not, naming the leader it knows of (a call is passed on to it, or answered so).
+    pub fn not_serving(&self) -> Option<String> {
+        match (self.epoch(), self.unsettled()) {
+            (Some(epoch), Some(taken)) if taken == epoch => Some(format!(
+                "replica {} is taking the lease over (epoch {epoch}): it settles what the former leader left and waits for the node agents first",
+                self.replica()
+            )),
+            _ => self.not_leading(),
+        }
+    }
+
+    /// None while this replica leads and node agents may register here (its store
+    /// settled after a takeover); otherwise why not, naming the leader it knows of.
     pub fn not_leading(&self) -> Option<String> {
         if let Some(epoch) = self.epoch() {
+            let welcome = self
+                .welcomes_agents
+                .load(std::sync::atomic::Ordering::Acquire);
             return match self.unsettled() {
-                Some(taken) if taken == epoch => Some(format!(
+                Some(taken) if taken == epoch && welcome != epoch => Some(format!(
                     "replica {} is taking the lease over (epoch {epoch}) and settles what the former leader left first",
                     self.replica()
                 )),

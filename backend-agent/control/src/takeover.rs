@@ -18,7 +18,15 @@ use tokio::sync::watch;
 
 use crate::lease::Fence;
 use crate::state::AppState;
-use crate::store;
+use crate::store::{
+    self,
+    nodes::{NODE_BUSY, NODE_QUARANTINED, NODE_READY},
+};
+
+/// How long a takeover waits for the former leader's node agents before it serves (at
+/// most the node timeout): calls meanwhile are answered "not run", and a client sends
+/// them again, so that they meet the fleet as it was, not nodes still on their way.
+const AGENTS_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs while this replica leads (a singleton): settles once for a lease taken over after
 /// start ([`crate::lease::Leadership::unsettled`]), trying again each second until it
@@ -35,21 +43,32 @@ pub async fn settle(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
             state.volumes.clone(),
         );
         let settled = state
-            .apply(move |conn| -> crate::error::Result<()> {
+            .apply(move |conn| -> crate::error::Result<Vec<String>> {
                 fence.check(conn)?;
                 crate::scheduling::clusters::recover_interrupted(conn, &volumes, now)?;
                 store::take_backs::clear_all(conn)?;
+                // The nodes in service: their agents are on their way from the former
+                // leader.
+                let in_service: Vec<String> = store::nodes::list(conn, None, None)?
+                    .into_iter()
+                    .filter(|n| [NODE_READY, NODE_BUSY].contains(&n.state.as_str()))
+                    .map(|n| n.id)
+                    .collect();
                 store::nodes::await_agents(conn, now)?;
-                Ok(())
+                Ok(in_service)
             })
             .await;
         match settled {
-            Ok(()) => {
-                leadership.settled(epoch);
+            Ok(in_service) => {
                 tracing::info!(
                     epoch,
-                    "took the lease over: settled the former leader's interrupted changes; this replica serves, and nodes wait for their agents to register here"
+                    nodes = in_service.len(),
+                    "took the lease over: settled the former leader's interrupted changes; waiting for the node agents to register here"
                 );
+                leadership.welcome_agents(epoch);
+                let back = agents_back(&state, in_service, &mut stop).await;
+                leadership.settled(epoch);
+                tracing::info!(epoch, back, "this replica serves as the leader");
                 break;
             }
             Err(e) => {
@@ -62,4 +81,47 @@ pub async fn settle(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
         }
     }
     stopped(&mut stop).await;
+}
+
+/// Waits until every node of `in_service` is settled again (ready, busy, or quarantined
+/// by its admission checks), for the node timeout at most ([`AGENTS_WITHIN`] at most);
+/// whether all were.
+async fn agents_back(
+    state: &Arc<AppState>,
+    in_service: Vec<String>,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + state.agents.node_timeout.min(AGENTS_WITHIN);
+    let mut waiting = in_service;
+    loop {
+        let ids = waiting.clone();
+        let still = state
+            .read(move |conn| -> crate::error::Result<Vec<String>> {
+                let mut still = Vec::new();
+                for id in ids {
+                    let back = store::nodes::get(conn, &id)?.is_none_or(|n| {
+                        [NODE_READY, NODE_BUSY, NODE_QUARANTINED].contains(&n.state.as_str())
+                    });
+                    if !back {
+                        still.push(id);
+                    }
+                }
+                Ok(still)
+            })
+            .await;
+        if let Ok(still) = still {
+            waiting = still;
+        }
+        if waiting.is_empty() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(nodes = ?waiting, "serving without these nodes: their agents did not register within the node timeout");
+            return false;
+        }
+        tokio::select! {
+            _ = stopped(stop) => return false,
+            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+        }
+    }
 }

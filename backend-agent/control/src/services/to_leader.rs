@@ -78,7 +78,7 @@ impl Leaders {
     /// Where to forward a call this replica does not lead for, or the status to answer.
     fn route(&self, forwarded_by: Option<&HeaderValue>) -> Result<Channel, Status> {
         let leadership = &self.leadership;
-        let why = leadership.not_leading().unwrap_or_default();
+        let why = leadership.not_serving().unwrap_or_default();
         if let Some(by) = forwarded_by {
             let by = String::from_utf8_lossy(by.as_bytes());
             return Err(Status::unavailable(format!(
@@ -145,7 +145,7 @@ where
         if request.uri().path().starts_with(NODE_AGENT_SERVICE) {
             return Box::pin(self.inner.call(request));
         }
-        match leadership.not_leading() {
+        match leadership.not_serving() {
             None => return Box::pin(self.inner.call(request)),
             // Leading, but still settling what the former leader left: nobody to pass
             // it on to.
