@@ -210,6 +210,9 @@ impl Client {
     }
 }
 
+/// Between pings of a connection, and how long one may go unanswered.
+const KEEPALIVE: Duration = Duration::from_secs(5);
+
 /// `endpoint` checked, with its settings (one of several when `several`: its diagnostics
 /// then name the `endpoints` attribute).
 fn checked_endpoint(
@@ -227,6 +230,12 @@ fn checked_endpoint(
         })?
         .connect_timeout(Duration::from_secs(10))
         .timeout(Duration::from_secs(120))
+        // A replica cut off the network answers nothing and closes nothing: unanswered
+        // pings end the connection, so that a call moves on to the next endpoint instead
+        // of waiting out its deadline.
+        .http2_keep_alive_interval(KEEPALIVE)
+        .keep_alive_timeout(KEEPALIVE)
+        .keep_alive_while_idle(true)
         .tcp_nodelay(true);
     if let Some(pem) = ca_cert_pem {
         if !pem.contains("-----BEGIN CERTIFICATE-----") {

@@ -18,7 +18,8 @@
 //! When every endpoint failed so that the call may be sent again, the client goes round
 //! them again, backing off, for up to [`FAILOVER_WINDOW`]: while the replica that led is
 //! gone and another has not taken its lease over yet (the lease's TTL, 15 s by default),
-//! no endpoint can answer. With one endpoint nothing changes: each call goes there once.
+//! no endpoint can answer. One endpoint (e.g. a load balancer's) is asked again so only
+//! while it answers "not run"; a call to an address that does not answer fails at once.
 
 use std::error::Error as StdErrorTrait;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -190,6 +191,12 @@ fn unavailable(response: &http::Response<BoxBody>) -> Option<Failure> {
     })
 }
 
+/// Whether an answer is the backend's UNAVAILABLE saying it did not run the call.
+fn said_not_run(response: &http::Response<BoxBody>) -> bool {
+    response.headers().contains_key(gpufleet_proto::NOT_RUN)
+        && unavailable(response) == Some(Failure::NotSent)
+}
+
 /// The endpoints and which is current, shared by every clone of the client's channel.
 struct Shared<S> {
     endpoints: Vec<(String, S)>,
@@ -273,9 +280,6 @@ where
 {
     async fn send(&self, request: Request) -> Result<Response, StdError> {
         let n = self.endpoints.len();
-        if n == 1 {
-            return call(self.endpoints[0].1.clone(), request).await;
-        }
         // The request again for each endpoint: a unary call's one frame.
         let (parts, body) = request.into_parts();
         let body = collect(body).await?;
@@ -286,7 +290,11 @@ where
             match self.round(&parts, &body, kind).await {
                 Round::Answered(answer) => return answer,
                 Round::AllFailed(answer) => {
-                    if tokio::time::Instant::now() + pause > deadline {
+                    // One endpoint (a load balancer's, say) is asked again only when the
+                    // backend said it did not run the call (a replica between leaders):
+                    // an address that does not answer at all is reported at once.
+                    let again = n > 1 || matches!(&answer, Ok(r) if said_not_run(r));
+                    if !again || tokio::time::Instant::now() + pause > deadline {
                         return answer;
                     }
                     tokio::time::sleep(pause).await;
@@ -664,7 +672,7 @@ mod tests {
         assert!(seen(&fakes[0]).len() > 3, "went round several times");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn every_endpoint_is_tried_once_and_the_last_failure_answers() {
         let (_, fakes) = replicas(&[refused, refused, refused]);
         let endpoints = fakes
@@ -679,6 +687,20 @@ mod tests {
         for fake in &fakes {
             assert_eq!(seen(fake), ["r-1"]);
         }
+        // One endpoint that answers "not run" (a replica between leaders, behind a load
+        // balancer) is asked again until it runs the call.
+        let fake = Fake {
+            answer: not_run,
+            seen: Arc::default(),
+            ok_after: Some(2),
+        };
+        let mut failover = Failover::with_window(
+            vec![("http://lb:7700".to_string(), fake.clone())],
+            std::time::Duration::from_secs(45),
+        );
+        let answer = failover.call(create("")).await.unwrap();
+        assert_eq!(unavailable(&answer), None);
+        assert_eq!(seen(&fake).len(), 3);
         // One endpoint: sent once, as without failover.
         let (mut failover, fakes) = replicas(&[reset]);
         failover.call(create("r-1")).await.unwrap_err();

@@ -150,6 +150,24 @@ impl Backend {
     /// listening on the host's address (plain http, so `--insecure`) with `args`; the
     /// harness's clients ([`Backend::admin`]) connect from host `dial_from`.
     pub fn start_on(on: &Host, dial_from: &Host, args: &[&str]) -> Backend {
+        Backend::start_sharing_on(
+            on,
+            dial_from,
+            &generate_token("admin"),
+            &generate_token("join"),
+            args,
+        )
+    }
+
+    /// Like [`Backend::start_on`], with the admin and join tokens of its fellow replicas
+    /// (issue 41: several replicas on one database).
+    pub fn start_sharing_on(
+        on: &Host,
+        dial_from: &Host,
+        admin_token: &str,
+        join_token: &str,
+        args: &[&str],
+    ) -> Backend {
         let root = tempfile::Builder::new()
             .prefix("gpufleet-backend-")
             .tempdir_in(on.dir())
@@ -159,11 +177,11 @@ impl Backend {
         let mut backend = Backend {
             child: None,
             root,
-            admin_token: generate_token("admin"),
+            admin_token: admin_token.to_string(),
             address: format!("{}:0", on.addr()),
             fleet_file: None,
             tls: None,
-            join_token: generate_token("join"),
+            join_token: join_token.to_string(),
             extra_args: extra,
             host: Some(on.launcher()),
             dial_from: Some(dial_from.launcher()),

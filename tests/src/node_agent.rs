@@ -67,6 +67,19 @@ impl NodeAgent {
         )
     }
 
+    /// The multi-host tier with several control-plane replicas (issue 41): an agent on
+    /// `host` given `control_plane` (every replica's address, comma-separated) and their
+    /// join token.
+    pub fn start_on_dialing(
+        host: &Host,
+        control_plane: &str,
+        join_token: &str,
+        name: &str,
+        extra: &[&str],
+    ) -> NodeAgent {
+        Self::launch(Some(host), control_plane, name, join_token, extra)
+    }
+
     fn launch(
         host: Option<&Host>,
         control_plane: &str,

@@ -280,6 +280,12 @@ impl Leadership {
         valid.then_some(epoch)
     }
 
+    /// How long the last good renewal still holds (None: this replica does not lead).
+    pub fn valid_for(&self) -> Option<Duration> {
+        let until = (*self.valid_until.lock().unwrap_or_else(|p| p.into_inner()))?;
+        until.checked_duration_since(Instant::now())
+    }
+
     /// The newest epoch this replica held, leading or not (0: never): a work order
     /// carries it, so that agents that saw a newer one refuse it.
     pub fn last_epoch(&self) -> u64 {
@@ -453,12 +459,21 @@ pub async fn run<R, RF, L, LF>(
     let every = leadership.ttl() / 3;
     loop {
         let asked = Instant::now();
-        match renew().await {
-            Ok(acquired) => leadership.record(&acquired, asked),
-            Err(e) => {
+        // A renewal that hangs (the database unreachable, a partition) must not outlast
+        // the lease: leading ends when the last good renewal is a TTL old.
+        let within = leadership.valid_for().unwrap_or(every).max(every);
+        match tokio::time::timeout(within, renew()).await {
+            Ok(Ok(acquired)) => leadership.record(&acquired, asked),
+            Ok(Err(e)) => {
                 tracing::error!(error = %e, "cannot renew the singletons' lease");
                 if leadership.epoch().is_none() {
                     leadership.lose(&format!("its renewals failed for the lease's TTL: {e}"));
+                }
+            }
+            Err(_) => {
+                tracing::error!(waited = ?within, "a renewal of the singletons' lease got no answer");
+                if leadership.epoch().is_none() {
+                    leadership.lose("no renewal was answered within the lease's TTL");
                 }
             }
         }

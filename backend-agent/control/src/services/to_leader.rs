@@ -106,7 +106,13 @@ impl Leaders {
     }
 
     fn connect(&self, url: &str) -> anyhow::Result<Channel> {
-        let mut endpoint = Endpoint::from_shared(url.to_string())?.connect_timeout(CONNECT_WITHIN);
+        // A leader cut off the network answers nothing: unanswered pings end the
+        // connection, and the calls on it are answered UNAVAILABLE.
+        let mut endpoint = Endpoint::from_shared(url.to_string())?
+            .connect_timeout(CONNECT_WITHIN)
+            .http2_keep_alive_interval(CONNECT_WITHIN)
+            .keep_alive_timeout(CONNECT_WITHIN)
+            .keep_alive_while_idle(true);
         let host = endpoint.uri().host().unwrap_or_default().to_string();
         if let Some(tls) = gpufleet_wire::tls::client_config(url, &host, self.ca.as_deref())
             .map_err(|e| {
