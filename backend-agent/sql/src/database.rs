@@ -41,9 +41,9 @@ pub fn is_postgres(address: &str) -> bool {
 }
 
 impl Database {
-    /// Connects to the PostgreSQL server at `url` (libpq's URI or key=value form; several
-    /// hosts and `target_session_attrs=read-write` find a cluster's primary). Without TLS:
-    /// the server is on the replica's own network; TLS to it is not built yet.
+    /// Connects to the PostgreSQL server at `url` (libpq's URI: several hosts and
+    /// `target_session_attrs=read-write` find a cluster's primary; `sslmode=verify-full`
+    /// with `sslrootcert=FILE` connects with TLS, verifying the server: [`crate::tls`]).
     pub fn postgres(url: &str) -> Result<Self> {
         if !is_postgres(url) {
             return Err(Error::Address(format!(
@@ -51,7 +51,12 @@ impl Database {
                 redacted(url)
             )));
         }
-        let client = postgres::Client::connect(url, postgres::NoTls)?;
+        let client = match crate::tls::split(url)? {
+            (url, crate::tls::Transport::Plain) => {
+                postgres::Client::connect(&url, postgres::NoTls)?
+            }
+            (url, crate::tls::Transport::Tls(tls)) => postgres::Client::connect(&url, tls)?,
+        };
         Ok(Database {
             engine: Owned::Postgres(RefCell::new(client)),
         })

@@ -57,11 +57,24 @@ impl Error {
     }
 }
 
-/// The server's own message where it sent one ("db error" alone says nothing).
+/// The server's own message where it sent one ("db error" alone says nothing), else the
+/// error with its causes ("error performing TLS handshake" says nothing of why).
 fn postgres_text(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({}): {}", db.severity(), db.code().code(), db.message()),
-        None => e.to_string(),
+        None => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                let said = cause.to_string();
+                if !text.contains(&said) {
+                    text.push_str(": ");
+                    text.push_str(&said);
+                }
+                source = cause.source();
+            }
+            text
+        }
     }
 }
 

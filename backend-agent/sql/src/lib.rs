@@ -18,6 +18,7 @@ pub mod error;
 pub mod placeholders;
 pub mod pool;
 pub mod savepoint;
+pub mod tls;
 pub mod value;
 
 #[cfg(feature = "test-server")]

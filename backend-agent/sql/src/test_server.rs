@@ -113,6 +113,46 @@ impl TestServer {
         Ok(self.url(name))
     }
 
+    /// Serves TLS beside plain connections, with the PEM certificate `cert` and key `key`
+    /// (written into the data dir, the key readable by the server only).
+    pub fn enable_tls(&self, cert: &str, key: &str) -> Result<(), String> {
+        let data = self.dir.path().join("data");
+        let owner = owner()?;
+        for (name, text) in [("server.crt", cert), ("server.key", key)] {
+            let path = data.join(name);
+            std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                    .map_err(|e| format!("chown {}: {e}", path.display()))?;
+            }
+        }
+        let mut admin = postgres::Client::connect(&self.url("postgres"), postgres::NoTls)
+            .map_err(|e| format!("connecting to the test server: {e}"))?;
+        // Two calls: ALTER SYSTEM runs outside a transaction, and a batch is one.
+        for sql in ["ALTER SYSTEM SET ssl = 'on'", "SELECT pg_reload_conf()"] {
+            admin
+                .batch_execute(sql)
+                .map_err(|e| format!("turning TLS on ({sql}): {}", crate::error::Error::from(e)))?;
+        }
+        // The reload is the postmaster's, after the call returns.
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let on = postgres::Client::connect(&self.url("postgres"), postgres::NoTls)
+                .and_then(|mut c| c.query_one("SHOW ssl", &[]))
+                .map(|row| row.get::<_, String>(0) == "on")
+                .unwrap_or(false);
+            if on {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("TLS never came on\n{}", self.log()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
