@@ -42,6 +42,7 @@ pub mod patroni;
 pub mod pki;
 pub mod prom;
 pub mod recipe;
+pub mod recipe_site;
 pub mod replicas;
 pub mod shared_storage;
 pub mod slurm_jobs;

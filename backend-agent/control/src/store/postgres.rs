@@ -417,18 +417,25 @@ CREATE TABLE pending_take_backs (
 );
 "#;
 
+/// The advisory lock every start's migrations hold: one replica at a time makes the
+/// schema current.
+const MIGRATION_LOCK: i64 = 0x0067_7066_6d69_6772; // "gpfmigr"
+
 /// Applies the migrations the database has not had, each in its own transaction; a
 /// database newer than this binary is refused. Replicas starting at once on one empty
-/// database race here: the loser's transaction fails and is run again, and finds the
-/// version applied.
+/// database take turns under [`MIGRATION_LOCK`] (serializable transactions do not guard
+/// DDL: two `CREATE TABLE`s of one name collide in the catalog), and each finds what the
+/// one before it applied.
 pub fn migrate(db: &mut Database, now: i64) -> anyhow::Result<usize> {
-    db.conn().execute_batch(
-        "CREATE TABLE IF NOT EXISTS schema_version (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
-    )?;
+    db.write_exclusive(MIGRATION_LOCK, |c| {
+        c.execute_batch(
+            "CREATE TABLE IF NOT EXISTS schema_version (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        )
+    })?;
     let mut applied = 0;
     for (i, m) in MIGRATIONS.iter().enumerate() {
         let version = i as i64 + 1;
-        let ran = db.write(|c| {
+        let ran = db.write_exclusive(MIGRATION_LOCK, |c| {
             if current(c)? >= version {
                 return Ok(false);
             }
@@ -516,6 +523,38 @@ pub mod engines {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replicas_starting_at_once_on_an_empty_database_all_find_it_current() {
+        let server =
+            gpufleet_sql::test_server::TestServer::start().unwrap_or_else(|e| panic!("{e}"));
+        let url = server.database("racing").unwrap();
+        let starts: Vec<_> = (0..4)
+            .map(|_| {
+                let url = url.clone();
+                std::thread::spawn(move || {
+                    let mut db = Database::postgres(&url).unwrap();
+                    migrate(&mut db, 1).map_err(|e| format!("{e:#}"))
+                })
+            })
+            .collect();
+        let applied: Vec<usize> = starts
+            .into_iter()
+            .map(|s| {
+                s.join()
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("a start failed: {e}"))
+            })
+            .collect();
+        // Each migration applied once, by whichever start came first to it.
+        assert_eq!(
+            applied.iter().sum::<usize>(),
+            MIGRATIONS.len(),
+            "{applied:?}"
+        );
+        let mut db = Database::postgres(&url).unwrap();
+        assert_eq!(db.read(current).unwrap(), MIGRATIONS.len() as i64);
+    }
 
     #[test]
     fn migrating_twice_applies_nothing_the_second_time() {
