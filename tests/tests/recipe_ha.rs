@@ -1,18 +1,19 @@
 //! The high-availability guide as an operator follows it (issue 41): the commands of
 //! `docs/guides/high-availability.md`, read from that file and run as they are on eight
-//! namespace hosts (`db-1`..`db-3`, `cp-1`..`cp-3`, `gpu-a`, `workstation`), from nothing
-//! to a three-member Patroni cluster, three `serve` replicas on it over TLS, a node agent
-//! that knows them all, a pipeline's apply through their `endpoints` with an empty plan
-//! after, and a clean `check`.
+//! namespace hosts (`db-1`..`db-3`, `cp-1`..`cp-3`, `gpu-a`, `gpu-b`, `workstation`), from
+//! nothing to a three-member Patroni cluster, three `serve` replicas on it over TLS, node
+//! agents that know them all, a pipeline's apply of a team's Slurm cluster through their
+//! `endpoints` with an empty plan after, the team's `srun -N2 hostname` across both GPU
+//! hosts through its own login, and a clean `check`.
 //!
 //! What the test gives that a reader has or gives themselves, and nothing else:
 //! - the guide's values (`DB1`..`DB3`, `CP1`..`CP3`: the hosts' addresses);
 //! - each host's own `/root`, `/var/lib` and `/srv` (overlays, so nothing reaches this
-//!   machine's), and `/etc/gpufleet` (0700) on the `cp` hosts and the GPU host (the
+//!   machine's), and `/etc/gpufleet` (0700) on the `cp` hosts and the GPU hosts (the
 //!   release's `INSTALL`); `gpufleet-agent` and `terraform` on PATH (the built binaries;
 //!   the provider through a development override);
 //! - `systemctl enable --now UNIT` and `scp -p` stood in for (`recipe_site`), with one
-//!   setting changed: the node agent's GPUs are simulated (`GPUFLEET_HARDWARE=sim`).
+//!   setting changed: the node agents' GPUs are simulated (`GPUFLEET_HARDWARE=sim`).
 //!
 //! It prints how many commands and flags the recipe takes.
 
@@ -26,7 +27,7 @@ use gpufleet_e2e::recipe_site::{Site, Spec};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(180);
-const HOSTS: [&str; 8] = [
+const HOSTS: [&str; 9] = [
     "db-1",
     "db-2",
     "db-3",
@@ -34,9 +35,10 @@ const HOSTS: [&str; 8] = [
     "cp-2",
     "cp-3",
     "gpu-a",
+    "gpu-b",
     "workstation",
 ];
-const INSTALLED: [&str; 4] = ["cp-1", "cp-2", "cp-3", "gpu-a"];
+const INSTALLED: [&str; 5] = ["cp-1", "cp-2", "cp-3", "gpu-a", "gpu-b"];
 /// The guide's values, each the address of a host.
 const VALUES: [(&str, &str); 6] = [
     ("DB1", "db-1"),
@@ -56,15 +58,31 @@ fn repo() -> PathBuf {
 #[test]
 fn the_high_availability_guide_runs_as_written() {
     netns::require("the high-availability recipe's hosts");
-    for program in ["patroni", "patronictl", "psql", "setpriv", "hostname"] {
+    for program in [
+        "patroni",
+        "patronictl",
+        "psql",
+        "setpriv",
+        "hostname",
+        "ssh",
+        "ssh-keygen",
+        "jq",
+        "slurmctld",
+        "slurmd",
+        "munged",
+        "sshd",
+    ] {
         let found = Command::new("sh")
-            .args(["-c", &format!("command -v {program} >/dev/null")])
+            .args([
+                "-c",
+                &format!("command -v {program} >/dev/null || test -x /usr/sbin/{program}"),
+            ])
             .status()
             .unwrap()
             .success();
         assert!(
             found,
-            "the recipe needs {program} (scripts/bootstrap.sh installs postgresql and patroni)"
+            "the recipe needs {program} (scripts/bootstrap.sh installs it)"
         );
     }
     let guide = std::fs::read_to_string(repo().join("docs/guides/high-availability.md"))
