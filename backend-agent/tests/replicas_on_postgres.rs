@@ -191,3 +191,64 @@ fn replicas_share_one_database_and_another_takes_over_when_the_leader_dies() {
         + &String::from_utf8_lossy(&check.stderr);
     assert!(check.status.success(), "{out}");
 }
+
+/// A replica that does not lead passes calls on, but it still counts its own callers'
+/// connections: one whose token is good is proven there too, so a flood past the peer's
+/// cap closes the flood's oldest connection to make room, not the pipeline's.
+#[test]
+fn a_followers_caller_with_a_good_token_keeps_its_connection_through_a_flood() {
+    let pg = TestServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = pg.database("gpufleet").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = database_file(dir.path(), &url);
+    let _leader = replica(dir.path(), "a", &file);
+    let follower = Agent::start_with(
+        &dir.path().join("b"),
+        &[
+            "--admin-token",
+            ADMIN,
+            "--join-token",
+            JOIN,
+            "--node-agents",
+            "external",
+            "--postgres",
+            "--database-file",
+            &file,
+            "--replica-id",
+            "b",
+            "--max-connections-per-peer",
+            "3",
+            "--first-request-within",
+            "10m",
+        ],
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        // The pipeline's connection, its call carried out by the leader.
+        let mut admin = follower.admin().await;
+        admin.tenant("team-a").await;
+        // Three silent connections from the same peer: the third is past the cap of 3.
+        let addr = follower.endpoint.trim_start_matches("http://").to_string();
+        let mut flood = Vec::new();
+        for _ in 0..3 {
+            flood.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+        }
+        // The oldest unproven one made room: the flood's first, not the pipeline's.
+        let mut first = flood.remove(0);
+        let mut buf = [0u8; 64];
+        let closed = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match tokio::io::AsyncReadExt::read(&mut first, &mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "the flood's first connection was not closed: the pipeline's made room instead"
+        );
+        assert_eq!(admin.tenant_count().await, 1);
+    });
+}

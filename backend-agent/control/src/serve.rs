@@ -674,7 +674,7 @@ impl ControlPlane {
             .layer(crate::services::request_framing::RequestFramingLayer)
             .layer(crate::connections::activity::ActivityLayer::new(table))
             .layer(crate::services::to_leader::ToLeaderLayer::new(
-                self.state.lease().clone(),
+                self.state.clone(),
                 self.replica_ca.clone(),
             ))
             .layer(audit)

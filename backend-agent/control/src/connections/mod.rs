@@ -250,8 +250,15 @@ impl Identity {
 /// Marks the connection a request came on (when it came through a [`Table`]) as one on
 /// which a caller proved who it is: a valid token, or a node agent's join token.
 pub fn mark_proven(extensions: &tonic::Extensions) {
-    if let Some(Identity(activity)) = extensions.get::<Identity>() {
-        activity.proven.store(true, Ordering::Relaxed);
+    if let Some(identity) = extensions.get::<Identity>() {
+        identity.prove();
+    }
+}
+
+impl Identity {
+    /// Its caller proved who it is (see [`mark_proven`]).
+    pub fn prove(&self) {
+        self.0.proven.store(true, Ordering::Relaxed);
     }
 }
 

@@ -25,7 +25,8 @@ use tonic::body::BoxBody;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
 
-use crate::lease::Leadership;
+use crate::connections::Identity;
+use crate::state::AppState;
 
 /// Set on a call a replica forwards, to the forwarding replica's id.
 pub const FORWARDED_BY: &str = "x-gpufleet-forwarded-by";
@@ -44,10 +45,11 @@ pub struct ToLeaderLayer {
 impl ToLeaderLayer {
     /// `ca`: the CA that signed the replicas' server certificates (serve's `--agent-ca`,
     /// the `pki` CA), needed to forward to a leader that serves https.
-    pub fn new(leadership: Arc<Leadership>, ca: Option<std::path::PathBuf>) -> Self {
+    pub fn new(state: Arc<AppState>, ca: Option<std::path::PathBuf>) -> Self {
         Self {
             to: Arc::new(Leaders {
-                leadership,
+                leadership: state.lease().clone(),
+                state,
                 ca,
                 channel: Mutex::new(None),
             }),
@@ -68,7 +70,8 @@ impl<S> tower_layer::Layer<S> for ToLeaderLayer {
 
 /// The connection to the leader, kept while it stays the leader.
 struct Leaders {
-    leadership: Arc<Leadership>,
+    leadership: Arc<crate::lease::Leadership>,
+    state: Arc<AppState>,
     ca: Option<std::path::PathBuf>,
     /// The leader's URL and a channel to it (connected lazily, reconnecting by itself).
     channel: Mutex<Option<(String, Channel)>>,
@@ -168,9 +171,32 @@ where
         if let Ok(me) = HeaderValue::from_str(self.to.leadership.replica()) {
             request.headers_mut().insert(FORWARDED_BY, me);
         }
+        let identity = request.extensions().get::<Identity>().cloned();
+        let token = request
+            .headers()
+            .get(gpufleet_proto::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::to_string);
         // What tonic put here for this connection (its peer, its TLS) is not the leader's.
         *request.extensions_mut() = http::Extensions::new();
+        let state = self.to.state.clone();
         Box::pin(async move {
+            // The leader authenticates the call; this replica only looks whether the
+            // token is good, so that the caller's connection here counts as proven and
+            // is not evicted for a newcomer under a flood (`connections`).
+            if let (Some(identity), Some(token)) = (identity, token) {
+                let checker = state.clone();
+                let good = state
+                    .read(move |conn| -> crate::error::Result<bool> {
+                        Ok(crate::auth::resolve_bearer(&checker, conn, &token).is_ok())
+                    })
+                    .await
+                    .unwrap_or(false);
+                if good {
+                    identity.prove();
+                }
+            }
             let ready = std::future::poll_fn(|cx| channel.poll_ready(cx)).await;
             let answer = match ready {
                 Ok(()) => channel.call(request).await,
