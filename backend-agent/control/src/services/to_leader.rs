@@ -8,7 +8,9 @@
 //! but one rule for all keeps a client's view the same at every address. The call goes on
 //! as it came, as HTTP/2: headers (the bearer token, the deadline, the request id) and body
 //! unchanged, so the leader authenticates, audits and answers it as its own, and a retry
-//! with the same request id finds the first try wherever it ran.
+//! with the same request id finds the first try wherever it ran. This replica only looks
+//! whether the caller's token is good, so that the caller's connection here counts as
+//! proven (`connections`: a flood evicts unproven connections first).
 //!
 //! A replica that does not know a leader, or whose leader cannot be reached, answers
 //! UNAVAILABLE naming what it knows, and a client tries its next endpoint. A forwarded
