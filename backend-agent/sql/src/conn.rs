@@ -1,6 +1,7 @@
 //! A connection, or a transaction, of either engine, as store functions take it.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::placeholders;
@@ -13,46 +14,54 @@ pub enum Engine {
     Postgres,
 }
 
-/// What a PostgreSQL client and transaction both do; `postgres::GenericClient` is not
-/// object safe.
-pub(crate) trait PgClient {
-    fn run(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn postgres::types::ToSql + Sync)],
-    ) -> Result<u64, postgres::Error>;
-    fn rows(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn postgres::types::ToSql + Sync)],
-    ) -> Result<Vec<postgres::Row>, postgres::Error>;
-    /// Statements without parameters, by the simple query protocol.
-    fn batch(&mut self, sql: &str) -> Result<(), postgres::Error>;
-}
+/// The statements a PostgreSQL connection has prepared, by their text: a statement
+/// given as text is prepared (a round trip to the server) and then run (another); one
+/// prepared before is only run. Prepared statements belong to the connection, and live
+/// through its transactions, rolled back or not. At most [`MAX_STATEMENTS`]: past that
+/// the cache starts again (the store has a few hundred statements).
+#[derive(Default)]
+pub(crate) struct Statements(RefCell<HashMap<String, postgres::Statement>>);
 
-// A client and a transaction alike.
-impl<T: postgres::GenericClient> PgClient for T {
-    fn run(
-        &mut self,
+/// How many prepared statements a connection keeps.
+const MAX_STATEMENTS: usize = 1024;
+
+impl Statements {
+    fn get(
+        &self,
+        client: &mut impl postgres::GenericClient,
         sql: &str,
-        params: &[&(dyn postgres::types::ToSql + Sync)],
-    ) -> Result<u64, postgres::Error> {
-        self.execute(sql, params)
-    }
-    fn rows(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn postgres::types::ToSql + Sync)],
-    ) -> Result<Vec<postgres::Row>, postgres::Error> {
-        self.query(sql, params)
-    }
-    fn batch(&mut self, sql: &str) -> Result<(), postgres::Error> {
-        self.batch_execute(sql)
+    ) -> Result<postgres::Statement, postgres::Error> {
+        if let Some(stmt) = self.0.borrow().get(sql) {
+            return Ok(stmt.clone());
+        }
+        let stmt = client.prepare(sql)?;
+        let mut cache = self.0.borrow_mut();
+        if cache.len() >= MAX_STATEMENTS {
+            cache.clear();
+        }
+        cache.insert(sql.to_string(), stmt.clone());
+        Ok(stmt)
     }
 }
 
-/// A PostgreSQL client or transaction behind a `RefCell`: postgres' calls take `&mut`,
-/// and a [`Conn`] is shared and copied as a `&rusqlite::Connection` is.
+/// A PostgreSQL client, or one of its transactions, with its connection's prepared
+/// statements; in a cell, as postgres' calls take `&mut` and a [`Conn`] is shared and
+/// copied as a `&rusqlite::Connection` is.
+pub(crate) struct Pg<C, S> {
+    pub(crate) cell: RefCell<C>,
+    pub(crate) statements: S,
+}
+
+impl<C, S: std::borrow::Borrow<Statements>> Pg<C, S> {
+    pub(crate) fn new(client: C, statements: S) -> Self {
+        Pg {
+            cell: RefCell::new(client),
+            statements,
+        }
+    }
+}
+
+/// What [`Conn`] asks of a [`Pg`] (`postgres::GenericClient` is not object safe).
 pub(crate) trait PgCell {
     fn run(
         &self,
@@ -64,26 +73,31 @@ pub(crate) trait PgCell {
         sql: &str,
         params: &[&(dyn postgres::types::ToSql + Sync)],
     ) -> Result<Vec<postgres::Row>, postgres::Error>;
+    /// Statements without parameters, by the simple query protocol.
     fn batch(&self, sql: &str) -> Result<(), postgres::Error>;
 }
 
-impl<T: PgClient> PgCell for RefCell<T> {
+impl<C: postgres::GenericClient, S: std::borrow::Borrow<Statements>> PgCell for Pg<C, S> {
     fn run(
         &self,
         sql: &str,
         params: &[&(dyn postgres::types::ToSql + Sync)],
     ) -> Result<u64, postgres::Error> {
-        self.borrow_mut().run(sql, params)
+        let mut client = self.cell.borrow_mut();
+        let stmt = self.statements.borrow().get(&mut *client, sql)?;
+        client.execute(&stmt, params)
     }
     fn rows(
         &self,
         sql: &str,
         params: &[&(dyn postgres::types::ToSql + Sync)],
     ) -> Result<Vec<postgres::Row>, postgres::Error> {
-        self.borrow_mut().rows(sql, params)
+        let mut client = self.cell.borrow_mut();
+        let stmt = self.statements.borrow().get(&mut *client, sql)?;
+        client.query(&stmt, params)
     }
     fn batch(&self, sql: &str) -> Result<(), postgres::Error> {
-        self.borrow_mut().batch(sql)
+        self.cell.borrow_mut().batch_execute(sql)
     }
 }
 

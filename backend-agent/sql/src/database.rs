@@ -4,11 +4,9 @@
 
 use std::time::Duration;
 
-use std::cell::RefCell;
-
 use postgres::IsolationLevel;
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Pg, Statements};
 use crate::error::{Error, Result};
 
 /// How many times a write that lost a race is run, in all, before its error is returned.
@@ -25,7 +23,7 @@ pub struct Database {
 enum Owned {
     Sqlite(rusqlite::Connection),
     // In a cell, so that [`Database::conn`] lends it as a shared [`Conn`].
-    Postgres(RefCell<postgres::Client>),
+    Postgres(Pg<postgres::Client, Statements>),
 }
 
 impl std::fmt::Debug for Database {
@@ -58,7 +56,7 @@ impl Database {
             (url, crate::tls::Transport::Tls(tls)) => postgres::Client::connect(&url, tls)?,
         };
         Ok(Database {
-            engine: Owned::Postgres(RefCell::new(client)),
+            engine: Owned::Postgres(Pg::new(client, Statements::default())),
         })
     }
 
@@ -107,11 +105,17 @@ impl Database {
                 tx.commit()?;
                 Ok(v)
             }
-            Owned::Postgres(c) => {
-                let c = c.get_mut();
+            Owned::Postgres(Pg { cell, statements }) => {
+                let c = cell.get_mut();
                 let mut attempt = 1;
                 loop {
-                    match postgres_transaction(c, IsolationLevel::Serializable, false, &mut f) {
+                    match postgres_transaction(
+                        c,
+                        statements,
+                        IsolationLevel::Serializable,
+                        false,
+                        &mut f,
+                    ) {
                         Err(e) if e.is_retryable() && attempt < MAX_ATTEMPTS => {
                             tracing::debug!(attempt, error = %e, "write raced another; again");
                             std::thread::sleep(backoff(attempt));
@@ -143,17 +147,17 @@ impl Database {
                 tx.commit()?;
                 Ok(v)
             }
-            Owned::Postgres(c) => {
-                let tx = c
+            Owned::Postgres(Pg { cell, statements }) => {
+                let tx = cell
                     .get_mut()
                     .build_transaction()
                     .isolation_level(IsolationLevel::ReadCommitted)
                     .start()?;
-                let tx = RefCell::new(tx);
+                let tx = Pg::new(tx, &*statements);
                 let conn = Conn::postgres(&tx);
                 conn.execute("SELECT pg_advisory_xact_lock(?1)", crate::params![key])?;
                 let v = f(&conn)?;
-                tx.into_inner().commit()?;
+                tx.cell.into_inner().commit()?;
                 Ok(v)
             }
         }
@@ -164,7 +168,7 @@ impl Database {
     pub fn is_closed(&self) -> bool {
         match &self.engine {
             Owned::Sqlite(_) => false,
-            Owned::Postgres(c) => c.borrow().is_closed(),
+            Owned::Postgres(c) => c.cell.borrow().is_closed(),
         }
     }
 
@@ -178,15 +182,20 @@ impl Database {
                 Ok(v)
             }
             // A read-only snapshot never fails for racing a write.
-            Owned::Postgres(c) => {
-                postgres_transaction(c.get_mut(), IsolationLevel::RepeatableRead, true, &mut f)
-            }
+            Owned::Postgres(Pg { cell, statements }) => postgres_transaction(
+                cell.get_mut(),
+                statements,
+                IsolationLevel::RepeatableRead,
+                true,
+                &mut f,
+            ),
         }
     }
 }
 
 fn postgres_transaction<T>(
     client: &mut postgres::Client,
+    statements: &Statements,
     isolation: IsolationLevel,
     read_only: bool,
     f: &mut impl FnMut(&Conn<'_>) -> Result<T>,
@@ -196,9 +205,9 @@ fn postgres_transaction<T>(
         .isolation_level(isolation)
         .read_only(read_only)
         .start()?;
-    let tx = RefCell::new(tx);
+    let tx = Pg::new(tx, statements);
     let v = f(&Conn::postgres(&tx))?;
-    tx.into_inner().commit()?;
+    tx.cell.into_inner().commit()?;
     Ok(v)
 }
 
