@@ -23,7 +23,8 @@ pub struct Database {
 enum Owned {
     Sqlite(rusqlite::Connection),
     // In a cell, so that [`Database::conn`] lends it as a shared [`Conn`].
-    Postgres(Pg<postgres::Client, Statements>),
+    // Boxed: a client and its statements are larger than an SQLite connection.
+    Postgres(Box<Pg<postgres::Client, Statements>>),
 }
 
 impl std::fmt::Debug for Database {
@@ -56,7 +57,7 @@ impl Database {
             (url, crate::tls::Transport::Tls(tls)) => postgres::Client::connect(&url, tls)?,
         };
         Ok(Database {
-            engine: Owned::Postgres(Pg::new(client, Statements::default())),
+            engine: Owned::Postgres(Box::new(Pg::new(client, Statements::default()))),
         })
     }
 
@@ -87,7 +88,7 @@ impl Database {
     pub fn conn(&self) -> Conn<'_> {
         match &self.engine {
             Owned::Sqlite(c) => Conn::sqlite(c),
-            Owned::Postgres(c) => Conn::postgres(c),
+            Owned::Postgres(c) => Conn::postgres(&**c),
         }
     }
 
@@ -105,7 +106,8 @@ impl Database {
                 tx.commit()?;
                 Ok(v)
             }
-            Owned::Postgres(Pg { cell, statements }) => {
+            Owned::Postgres(pg) => {
+                let Pg { cell, statements } = &mut **pg;
                 let c = cell.get_mut();
                 let mut attempt = 1;
                 loop {
@@ -147,7 +149,8 @@ impl Database {
                 tx.commit()?;
                 Ok(v)
             }
-            Owned::Postgres(Pg { cell, statements }) => {
+            Owned::Postgres(pg) => {
+                let Pg { cell, statements } = &mut **pg;
                 let tx = cell
                     .get_mut()
                     .build_transaction()
@@ -182,13 +185,16 @@ impl Database {
                 Ok(v)
             }
             // A read-only snapshot never fails for racing a write.
-            Owned::Postgres(Pg { cell, statements }) => postgres_transaction(
-                cell.get_mut(),
-                statements,
-                IsolationLevel::RepeatableRead,
-                true,
-                &mut f,
-            ),
+            Owned::Postgres(pg) => {
+                let Pg { cell, statements } = &mut **pg;
+                postgres_transaction(
+                    cell.get_mut(),
+                    statements,
+                    IsolationLevel::RepeatableRead,
+                    true,
+                    &mut f,
+                )
+            }
         }
     }
 }
