@@ -370,13 +370,25 @@ impl ThisRun {
         self.deleting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// How many deletes of this run have ended so far: taken before a delete is sent,
+    /// for [`ThisRun::dependents_deleted`].
+    pub fn deletes_ended(&self) -> u64 {
+        self.ended.load(Ordering::SeqCst)
+    }
+
     /// Waits while deletes under one of `spellings` (a tenant's id and name, or objects'
     /// ids) are under way;
     /// when none is, waits up to `grace` for one to start (Terraform starts the deletes
     /// that do not depend on each other together, but not in one instant). True when at
-    /// least one of them ended meanwhile: the tenant delete is worth another try.
-    pub async fn dependents_deleted(&self, spellings: &[&str], grace: Duration) -> bool {
-        let ended_before = self.ended.load(Ordering::SeqCst);
+    /// least one delete ended since `ended_before` ([`ThisRun::deletes_ended`] taken
+    /// before the refused delete was sent, so that one that ended while the refusal was
+    /// on its way counts): the delete is worth another try.
+    pub async fn dependents_deleted(
+        &self,
+        spellings: &[&str],
+        grace: Duration,
+        ended_before: u64,
+    ) -> bool {
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -432,13 +444,18 @@ mod tests {
         let run = Arc::new(ThisRun::default());
         let grace = Duration::from_millis(50);
         assert!(
-            !run.dependents_deleted(&["team"], grace).await,
+            !run.dependents_deleted(&["team"], grace, run.deletes_ended())
+                .await,
             "none began"
         );
         let guard = run.deleting(&["q-1", "team"]);
         let other = run.clone();
-        let waiter =
-            tokio::spawn(async move { other.dependents_deleted(&["id-1", "team"], grace).await });
+        let since = run.deletes_ended();
+        let waiter = tokio::spawn(async move {
+            other
+                .dependents_deleted(&["id-1", "team"], grace, since)
+                .await
+        });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         drop(guard);
@@ -446,12 +463,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_delete_that_ended_while_the_refusal_was_on_its_way_counts() {
+        let run = ThisRun::default();
+        // Taken before the tenant's delete is sent; its refusal names a quota whose own
+        // delete then begins and ends before the refusal arrives.
+        let since = run.deletes_ended();
+        drop(run.deleting(&["q-1", "team"]));
+        assert!(
+            run.dependents_deleted(&["team"], Duration::from_millis(50), since)
+                .await,
+            "the quota's delete ended after the tenant's was sent: worth another try"
+        );
+    }
+
+    #[tokio::test]
     async fn a_delete_that_begins_within_the_grace_is_waited_for() {
         let run = Arc::new(ThisRun::default());
         let other = run.clone();
+        let since = run.deletes_ended();
         let waiter = tokio::spawn(async move {
             other
-                .dependents_deleted(&["team"], Duration::from_secs(30))
+                .dependents_deleted(&["team"], Duration::from_secs(30), since)
                 .await
         });
         tokio::task::yield_now().await;

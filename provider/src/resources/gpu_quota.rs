@@ -562,11 +562,12 @@ impl ResourceType for GpuQuota {
                 id: id.clone(),
                 validate_only: false,
             };
+            let since = run.deletes_ended();
             match client.quotas().delete_gpu_quota(request).await {
                 Err(s) if !super::checks::used_by(&s).is_empty() => {
                     let users = super::checks::used_by(&s);
                     let keys: Vec<&str> = users.iter().map(String::as_str).collect();
-                    if !run.dependents_deleted(&keys, USERS_GRACE).await {
+                    if !run.dependents_deleted(&keys, USERS_GRACE, since).await {
                         return Err(client.diagnostic(&s).into());
                     }
                 }

@@ -251,10 +251,14 @@ impl ResourceType for Tenant {
                 id: id.clone(),
                 validate_only: false,
             };
+            let run = &self.provider.run;
+            let since = run.deletes_ended();
             match client.tenants().delete_tenant(request).await {
                 Err(s) if has_dependents(&s) => {
-                    let run = &self.provider.run;
-                    if !run.dependents_deleted(&[&id, &name], DELETE_GRACE).await {
+                    if !run
+                        .dependents_deleted(&[&id, &name], DELETE_GRACE, since)
+                        .await
+                    {
                         return Err(client.diagnostic(&s).into());
                     }
                 }
