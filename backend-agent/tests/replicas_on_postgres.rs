@@ -27,24 +27,27 @@ fn database_file(dir: &Path, url: &str) -> String {
 }
 
 fn replica(dir: &Path, id: &str, database_file: &str) -> Agent {
-    Agent::start_with(
-        &dir.join(id),
-        &[
-            "--admin-token",
-            ADMIN,
-            "--join-token",
-            JOIN,
-            "--node-agents",
-            "external",
-            "--postgres",
-            "--database-file",
-            database_file,
-            "--replica-id",
-            id,
-            "--lease-ttl",
-            TTL,
-        ],
-    )
+    replica_with(dir, id, database_file, &["--lease-ttl", TTL])
+}
+
+/// Replica `id` of the database in `database_file`, with the tokens every replica shares
+/// and `extra` flags.
+fn replica_with(dir: &Path, id: &str, database_file: &str, extra: &[&str]) -> Agent {
+    let mut flags = vec![
+        "--admin-token",
+        ADMIN,
+        "--join-token",
+        JOIN,
+        "--node-agents",
+        "external",
+        "--postgres",
+        "--database-file",
+        database_file,
+        "--replica-id",
+        id,
+    ];
+    flags.extend_from_slice(extra);
+    Agent::start_with(&dir.join(id), &flags)
 }
 
 /// A simulated node agent of 8 H100s that knows every replica's address.
@@ -202,20 +205,11 @@ fn a_followers_caller_with_a_good_token_keeps_its_connection_through_a_flood() {
     let dir = tempfile::tempdir().unwrap();
     let file = database_file(dir.path(), &url);
     let _leader = replica(dir.path(), "a", &file);
-    let follower = Agent::start_with(
-        &dir.path().join("b"),
+    let follower = replica_with(
+        dir.path(),
+        "b",
+        &file,
         &[
-            "--admin-token",
-            ADMIN,
-            "--join-token",
-            JOIN,
-            "--node-agents",
-            "external",
-            "--postgres",
-            "--database-file",
-            &file,
-            "--replica-id",
-            "b",
             "--max-connections-per-peer",
             "3",
             "--first-request-within",

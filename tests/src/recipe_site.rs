@@ -50,6 +50,25 @@ systemctl() {
 cd ~
 "#;
 
+/// Fails naming the first of `programs` this machine lacks (on PATH or in /usr/sbin):
+/// what a guide's hosts run is this machine's.
+pub fn require_programs(programs: &[&str]) {
+    for program in programs {
+        let found = std::process::Command::new("sh")
+            .args([
+                "-c",
+                &format!("command -v {program} >/dev/null || test -x /usr/sbin/{program}"),
+            ])
+            .status()
+            .unwrap()
+            .success();
+        assert!(
+            found,
+            "the recipe needs {program} (scripts/bootstrap.sh installs it)"
+        );
+    }
+}
+
 /// What a guide's test gives its hosts.
 pub struct Spec<'a> {
     pub hosts: &'a [&'a str],

@@ -24,12 +24,11 @@
 //! It prints how many commands and flags the recipe takes.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use gpufleet_e2e::netns::{self, Network};
 use gpufleet_e2e::recipe::{self, Kind};
-use gpufleet_e2e::recipe_site::{Site, Spec};
+use gpufleet_e2e::recipe_site::{require_programs, Site, Spec};
 use gpufleet_e2e::shared_storage::SharedStorage;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
@@ -54,7 +53,7 @@ const OVERRIDES: [(&str, &str); 1] = [("gpufleet-node", "GPUFLEET_HARDWARE=sim\n
 #[test]
 fn the_multi_host_guide_runs_as_written_and_a_team_runs_a_job_across_hosts() {
     netns::require("the recipe's hosts");
-    for program in [
+    require_programs(&[
         "ssh",
         "ssh-keygen",
         "jq",
@@ -62,20 +61,7 @@ fn the_multi_host_guide_runs_as_written_and_a_team_runs_a_job_across_hosts() {
         "slurmd",
         "munged",
         "sshd",
-    ] {
-        let found = Command::new("sh")
-            .args([
-                "-c",
-                &format!("command -v {program} >/dev/null || test -x /usr/sbin/{program}"),
-            ])
-            .status()
-            .unwrap()
-            .success();
-        assert!(
-            found,
-            "the recipe needs {program} (scripts/bootstrap.sh installs it)"
-        );
-    }
+    ]);
     let guide = std::fs::read_to_string(repo().join("docs/guides/fleet-across-hosts.md"))
         .expect("the guide");
     let steps = recipe::parse(&guide);

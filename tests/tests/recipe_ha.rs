@@ -18,12 +18,11 @@
 //! It prints how many commands and flags the recipe takes.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use gpufleet_e2e::netns::{self, Network};
 use gpufleet_e2e::recipe::{self, Kind};
-use gpufleet_e2e::recipe_site::{Site, Spec};
+use gpufleet_e2e::recipe_site::{require_programs, Site, Spec};
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(180);
@@ -58,7 +57,7 @@ fn repo() -> PathBuf {
 #[test]
 fn the_high_availability_guide_runs_as_written() {
     netns::require("the high-availability recipe's hosts");
-    for program in [
+    require_programs(&[
         "patroni",
         "patronictl",
         "psql",
@@ -71,20 +70,7 @@ fn the_high_availability_guide_runs_as_written() {
         "slurmd",
         "munged",
         "sshd",
-    ] {
-        let found = Command::new("sh")
-            .args([
-                "-c",
-                &format!("command -v {program} >/dev/null || test -x /usr/sbin/{program}"),
-            ])
-            .status()
-            .unwrap()
-            .success();
-        assert!(
-            found,
-            "the recipe needs {program} (scripts/bootstrap.sh installs it)"
-        );
-    }
+    ]);
     let guide = std::fs::read_to_string(repo().join("docs/guides/high-availability.md"))
         .expect("the guide");
     let steps = recipe::parse(&guide);
