@@ -176,6 +176,9 @@ fn replicas_share_one_database_and_another_takes_over_when_the_leader_dies() {
         assert_eq!(admin.get_cluster(&second.id).await.status, "running");
         let usage = admin.usage(&team.id, "H100-80GB").await;
         assert_eq!(usage.used, 16, "{usage:?}");
+        // Deleted before the agents are killed: a killed agent leaves its cluster's
+        // volume mounted on this machine.
+        admin.delete_cluster(&second.id).await;
     });
     let b_log = log_of(&b);
     assert!(b_log.contains("this replica leads"), "{b_log}");
