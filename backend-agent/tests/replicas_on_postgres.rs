@@ -50,6 +50,18 @@ fn replica_with(dir: &Path, id: &str, database_file: &str, extra: &[&str]) -> Ag
     Agent::start_with(&dir.join(id), &flags)
 }
 
+/// Processes killed when dropped, also when the test fails half-way.
+struct Killed(Vec<Child>);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// A simulated node agent of 8 H100s that knows every replica's address.
 fn node_agent(dir: &Path, name: &str, control_planes: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
@@ -118,10 +130,10 @@ fn replicas_share_one_database_and_another_takes_over_when_the_leader_dies() {
     let (a_url, b_url) = (a.endpoint.clone(), b.endpoint.clone());
     // The agents try b first: b turns them away, and they move on to a.
     let both = format!("{b_url},{a_url}");
-    let mut agents = [
+    let agents = Killed(vec![
         node_agent(dir.path(), "gpu-1", &both),
         node_agent(dir.path(), "gpu-2", &both),
-    ];
+    ]);
 
     let (team, first) = runtime.block_on(async {
         // Every call below goes to b, which does not lead: it passes them on to a.
@@ -184,10 +196,7 @@ fn replicas_share_one_database_and_another_takes_over_when_the_leader_dies() {
     assert!(b_log.contains("this replica leads"), "{b_log}");
     assert!(b_log.contains("took the lease over"), "{b_log}");
 
-    for agent in &mut agents {
-        let _ = agent.kill();
-        let _ = agent.wait();
-    }
+    drop(agents);
     b.stop();
     let check = Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"))
         .args(["check", "--postgres", "--database-file", &file])
