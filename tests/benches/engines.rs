@@ -54,6 +54,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gpufleet_e2e::fixtures::{create_quota, create_tenant};
 use gpufleet_e2e::replicas::Replicas;
 use gpufleet_e2e::{hcl, Backend, Clients, Terraform};
 use gpufleet_proto::timestamp::from_unix;
@@ -338,31 +339,8 @@ async fn side(
     let gpus_each = (pool as i64 - TERRAFORM_NODES) * 8 / n_tenants as i64;
     let mut tenants = Vec::new();
     for k in 0..n_tenants {
-        let tenant = admin
-            .tenants
-            .create_tenant(CreateTenantRequest {
-                request_id: format!("bench-tenant-{k}"),
-                name: format!("bench-{k}"),
-                display_name: format!("Engines benchmark {k}"),
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|s| panic!("CreateTenant: {s}"))
-            .into_inner()
-            .tenant
-            .expect("CreateTenant answers the tenant");
-        admin
-            .quotas
-            .create_gpu_quota(CreateGpuQuotaRequest {
-                request_id: format!("bench-quota-{k}"),
-                tenant_id: tenant.id.clone(),
-                gpu_type: GPU_TYPE.into(),
-                gpus: gpus_each,
-                burst_gpus: 0,
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|s| panic!("CreateGpuQuota: {s}"));
+        let (tenant, _) = create_tenant(&mut admin, &format!("bench-{k}")).await;
+        create_quota(&mut admin, &tenant.id, GPU_TYPE, gpus_each, 0).await;
         tenants.push(tenant.id);
     }
     let mut clients = Vec::new();
@@ -509,31 +487,8 @@ async fn leader_failovers(ttl: &str, rounds: usize) -> Vec<Failover> {
     r.wait_ready(0, 3).await;
     let mut log_from = vec![0; 3];
     let mut admin = r.replicas[0].admin().await;
-    let tenant = admin
-        .tenants
-        .create_tenant(CreateTenantRequest {
-            request_id: "failover-tenant".into(),
-            name: "failover".into(),
-            display_name: "Failover benchmark".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|s| panic!("CreateTenant: {s}"))
-        .into_inner()
-        .tenant
-        .expect("the tenant");
-    admin
-        .quotas
-        .create_gpu_quota(CreateGpuQuotaRequest {
-            request_id: "failover-quota".into(),
-            tenant_id: tenant.id.clone(),
-            gpu_type: GPU_TYPE.into(),
-            gpus: 4,
-            burst_gpus: 0,
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|s| panic!("CreateGpuQuota: {s}"));
+    let (tenant, _) = create_tenant(&mut admin, "failover").await;
+    create_quota(&mut admin, &tenant.id, GPU_TYPE, 4, 0).await;
     // A MIG layout, so that a replacement takes an order before the cluster runs again.
     let cluster = admin
         .clusters
