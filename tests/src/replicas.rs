@@ -137,3 +137,39 @@ impl Replicas {
             .collect()
     }
 }
+
+/// Waits (on `runtime`) until cluster `name` is being created, as `client` lists it, while
+/// `going()` says the apply creating it still runs: the moment a test strikes during a
+/// create. Panics, saying `context`, when the apply ended first or after `within`.
+pub fn wait_for_create_under_way(
+    runtime: &tokio::runtime::Runtime,
+    client: &mut crate::Clients,
+    name: &str,
+    within: Duration,
+    going: impl Fn() -> bool,
+    context: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let clusters = runtime
+            .block_on(
+                client
+                    .clusters
+                    .list_tenant_clusters(gpufleet_proto::v1::ListTenantClustersRequest::default()),
+            )
+            .map(|r| r.into_inner().clusters)
+            .unwrap_or_default();
+        if clusters
+            .iter()
+            .any(|c| c.name == name && c.status == "creating")
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline && going(),
+            "the create of {name} was never seen under way\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use gpufleet_e2e::netns::{self, Network};
 use gpufleet_e2e::patroni::PatroniCluster;
+use gpufleet_e2e::replicas::wait_for_create_under_way;
 use gpufleet_e2e::{binaries, eventually, grpc, hcl, Backend, NodeAgent, Terraform};
 use gpufleet_proto::v1::ListTenantClustersRequest;
 
@@ -152,28 +153,14 @@ fn an_apply_outlives_the_database_primarys_death_and_the_leaders_partition() {
     tf.write_main(&config(&[("train", 1), ("eval", 1)]));
     let (first, faults_at) = std::thread::scope(|s| {
         let apply = s.spawn(|| tf.run(&["apply", "-auto-approve", "-no-color", "-input=false"]));
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            let clusters = runtime
-                .block_on(
-                    client
-                        .clusters
-                        .list_tenant_clusters(ListTenantClustersRequest::default()),
-                )
-                .map(|r| r.into_inner().clusters)
-                .unwrap_or_default();
-            if clusters
-                .iter()
-                .any(|c| c.name == "eval" && c.status == "creating")
-            {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline && !apply.is_finished(),
-                "the create was never seen under way"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_create_under_way(
+            &runtime,
+            &mut client,
+            "eval",
+            LIMIT,
+            || !apply.is_finished(),
+            String::new,
+        );
         let faults_at = Instant::now();
         leader_host.cut();
         let killed = database.kill_primary();

@@ -7,12 +7,11 @@
 //! the killed replica is back, following), and `gpufleet-agent check` finds the store
 //! sound.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpufleet_e2e::checker::Store;
-use gpufleet_e2e::replicas::Replicas;
+use gpufleet_e2e::replicas::{wait_for_create_under_way, Replicas};
 use gpufleet_e2e::{hcl, Terraform};
-use gpufleet_proto::v1::ListTenantClustersRequest;
 
 /// A safety net against hangs, never a timing assertion: conditions are waited on.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -50,29 +49,14 @@ fn an_apply_outlives_the_leaders_kill_9_and_the_plan_after_is_empty() {
     std::thread::scope(|s| {
         let apply = s.spawn(|| tf.apply());
         // The create is under way on the leader (r0, the first to start).
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            let clusters = runtime
-                .block_on(
-                    admin
-                        .clusters
-                        .list_tenant_clusters(ListTenantClustersRequest::default()),
-                )
-                .map(|r| r.into_inner().clusters)
-                .unwrap_or_default();
-            if clusters
-                .iter()
-                .any(|c| c.name == "train" && c.status == "creating")
-            {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline && !apply.is_finished(),
-                "the create was never seen under way\n{}",
-                plane.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_create_under_way(
+            &runtime,
+            &mut admin,
+            "train",
+            LIMIT,
+            || !apply.is_finished(),
+            || plane.logs(),
+        );
         plane.replicas[0].crash();
         apply.join().expect("the apply's thread");
     });
