@@ -218,6 +218,9 @@ pub struct Waiting {
     /// The GPUs it asks for.
     pub gpus: i64,
     pub queued_at: i64,
+    /// Its place in the queue (`store::queue::list`): lower has waited longer, also among
+    /// clusters queued in the same second.
+    pub position: usize,
 }
 
 /// A tenant's standing in the order: pool GPUs it holds beyond its guarantee now, and its
@@ -230,7 +233,7 @@ pub struct Standing {
 
 /// The next cluster to admit of `waiting` (all of one GPU model): the lowest (GPUs its
 /// tenant holds beyond its guarantee + what it asks) / weight, compared exactly (no
-/// division); ties by queue time, then id. A tenant missing from `standings` counts as
+/// division); ties go to the one waiting longest (lowest `position`). A tenant missing from `standings` counts as
 /// holding nothing beyond its guarantee, weight 1.
 pub fn next(waiting: &[Waiting], standings: &HashMap<String, Standing>) -> Option<usize> {
     let share = |w: &Waiting| {
@@ -243,7 +246,7 @@ pub fn next(waiting: &[Waiting], standings: &HashMap<String, Standing>) -> Optio
     (0..waiting.len()).min_by(|&a, &b| {
         let (wa, wb) = (&waiting[a], &waiting[b]);
         match super::sharing::compare_shares(share(wa), share(wb)) {
-            Ordering::Equal => (wa.queued_at, &wa.cluster_id).cmp(&(wb.queued_at, &wb.cluster_id)),
+            Ordering::Equal => wa.position.cmp(&wb.position),
             other => other,
         }
     })
@@ -258,13 +261,18 @@ pub fn ran_out(wait_until: i64, now: i64) -> bool {
 mod tests {
     use super::*;
 
-    fn waiting(id: &str, tenant: &str, queued_at: i64) -> Waiting {
-        Waiting {
-            cluster_id: id.into(),
-            tenant_id: tenant.into(),
-            gpus: 8,
-            queued_at,
-        }
+    /// A queue of (id, tenant, queued_at), in its order.
+    fn queue(of: &[(&str, &str, i64)]) -> Vec<Waiting> {
+        of.iter()
+            .enumerate()
+            .map(|(position, &(id, tenant, queued_at))| Waiting {
+                cluster_id: id.into(),
+                tenant_id: tenant.into(),
+                gpus: 8,
+                queued_at,
+                position,
+            })
+            .collect()
     }
 
     /// Admits every waiting cluster in order, each raising its tenant's holding.
@@ -306,14 +314,14 @@ mod tests {
     #[test]
     fn weights_1_and_3_are_admitted_1_to_3_ties_going_to_the_oldest() {
         // a (weight 1) queued first, then b (weight 3), each three 8-GPU clusters.
-        let queue = vec![
-            waiting("a1", "a", 10),
-            waiting("a2", "a", 11),
-            waiting("a3", "a", 12),
-            waiting("b1", "b", 20),
-            waiting("b2", "b", 21),
-            waiting("b3", "b", 22),
-        ];
+        let queue = queue(&[
+            ("a1", "a", 10),
+            ("a2", "a", 11),
+            ("a3", "a", 12),
+            ("b1", "b", 20),
+            ("b2", "b", 21),
+            ("b3", "b", 22),
+        ]);
         // b: 8/3, then 16/3, then 24/3 = 8 ties a's 8/1: a1 is older; then b3 (8 < 16).
         let got = order(queue, teams((0, 1), (0, 3)));
         assert_eq!(got, ["b1", "b2", "a1", "b3", "a2", "a3"]);
@@ -326,21 +334,36 @@ mod tests {
     #[test]
     fn gpus_held_beyond_the_guarantee_count_against_a_tenant() {
         // b already borrows 32 GPUs: 40/3 > 8/1, so a goes first despite its weight.
-        let queue = vec![waiting("b1", "b", 1), waiting("a1", "a", 2)];
+        let queue = queue(&[("b1", "b", 1), ("a1", "a", 2)]);
         assert_eq!(next(&queue, &teams((0, 1), (32, 3))), Some(1));
         // Without what b holds, b's weight wins.
         assert_eq!(next(&queue, &teams((0, 1), (0, 3))), Some(0));
     }
 
     #[test]
-    fn equal_shares_go_by_queue_time_then_id() {
-        let queue = vec![
-            waiting("x2", "a", 5),
-            waiting("x1", "b", 5),
-            waiting("x0", "a", 6),
-        ];
-        assert_eq!(next(&queue, &teams((0, 1), (0, 1))), Some(1));
+    fn equal_shares_go_by_place_in_the_queue_not_by_id() {
+        // Queued in the same second: x2 was queued first, whatever the ids say.
+        let queue = queue(&[("x2", "a", 5), ("x1", "b", 5), ("x0", "a", 6)]);
+        assert_eq!(next(&queue, &teams((0, 1), (0, 1))), Some(0));
+        assert_eq!(next(&queue[1..], &teams((0, 1), (0, 1))), Some(0));
         assert_eq!(next(&[], &teams((0, 1), (0, 1))), None);
+    }
+
+    /// The e2e order with every cluster queued in the same second (a fast pipeline):
+    /// the tie between b's third and a's first still goes to a, queued first, though
+    /// its id sorts after b's (ids are random UUIDs).
+    #[test]
+    fn ties_within_one_second_go_to_the_one_queued_first() {
+        let queue = queue(&[
+            ("za1", "a", 10),
+            ("za2", "a", 10),
+            ("za3", "a", 10),
+            ("b1", "b", 10),
+            ("b2", "b", 10),
+            ("b3", "b", 10),
+        ]);
+        let got = order(queue, teams((0, 1), (0, 3)));
+        assert_eq!(got, ["b1", "b2", "za1", "b3", "za2", "za3"]);
     }
 
     #[test]

@@ -95,7 +95,7 @@ pub fn round(
     fence.check(&sp)?;
     let t = now.0;
     let mut by_model: HashMap<String, Vec<(ClusterRow, Waiting)>> = HashMap::new();
-    for q in store::queue::list(&sp)? {
+    for (position, q) in store::queue::list(&sp)?.into_iter().enumerate() {
         let Some(c) = store::clusters::get(&sp, &q.cluster_id)? else {
             continue;
         };
@@ -111,6 +111,7 @@ pub fn round(
             tenant_id: c.tenant_id.clone(),
             gpus,
             queued_at: q.queued_at,
+            position,
         };
         by_model
             .entry(c.gpu_type.clone())

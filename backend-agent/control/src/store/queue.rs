@@ -23,13 +23,14 @@ pub fn insert(conn: &impl AsConn, row: &QueuedRow) -> gpufleet_sql::Result<()> {
     Ok(())
 }
 
-/// Every queued cluster's wait, oldest first (ties by id: one order on every replica,
-/// and on either engine: the id by its bytes, as SQLite's ORDER BY gives it, whatever
-/// PostgreSQL's collation).
+/// Every queued cluster's wait in the order they wait: oldest first, and of those queued
+/// in the same second the one created first (`clusters.created_seq`), so that "waiting
+/// longest" is exact and one order on every replica and either engine.
 pub fn list(conn: &impl AsConn) -> gpufleet_sql::Result<Vec<QueuedRow>> {
-    let mut rows = conn.as_conn().query_map(
-        "SELECT cluster_id, queued_at, wait_until FROM cluster_queue
-         ORDER BY queued_at, cluster_id",
+    conn.as_conn().query_map(
+        "SELECT q.cluster_id, q.queued_at, q.wait_until
+         FROM cluster_queue q JOIN clusters c ON c.id = q.cluster_id
+         ORDER BY q.queued_at, c.created_seq, q.cluster_id",
         params![],
         |r| {
             Ok(QueuedRow {
@@ -38,9 +39,7 @@ pub fn list(conn: &impl AsConn) -> gpufleet_sql::Result<Vec<QueuedRow>> {
                 wait_until: r.get(2)?,
             })
         },
-    )?;
-    rows.sort_by(|a, b| (a.queued_at, &a.cluster_id).cmp(&(b.queued_at, &b.cluster_id)));
-    Ok(rows)
+    )
 }
 
 /// The wait of `cluster_id`, if it is queued.
@@ -96,10 +95,10 @@ mod tests {
     }
 
     #[test]
-    fn queued_clusters_wait_oldest_first_and_go_with_their_cluster() {
+    fn queued_clusters_wait_oldest_first_then_first_created_and_go_with_their_cluster() {
         on_both(|db| {
-            // Ties in bytewise order of ids on both engines (PostgreSQL's text columns
-            // are COLLATE "C").
+            // Waits queued in the same second go in the order their clusters were
+            // created (b before C), whatever their ids, on both engines.
             let c = db.conn();
             c.execute_batch(
                 "INSERT INTO tenants (id, name, display_name, labels, token_hash, created_at)
@@ -121,7 +120,7 @@ mod tests {
             bad.wait_until = 5;
             assert!(insert(&c, &bad).is_err());
 
-            assert_eq!(ids(list(&c).unwrap()), ["d", "C", "b", "a"]);
+            assert_eq!(ids(list(&c).unwrap()), ["d", "b", "C", "a"]);
             assert_eq!(get(&c, "a").unwrap(), Some(wait("a", 20)));
             assert_eq!(get(&c, "z").unwrap(), None);
             assert_eq!(count(&c, None).unwrap(), 4);
@@ -133,7 +132,7 @@ mod tests {
             // A deleted cluster's wait goes with it.
             c.execute("DELETE FROM clusters WHERE id = 'a'", params![])
                 .unwrap();
-            assert_eq!(ids(list(&c).unwrap()), ["C", "b"]);
+            assert_eq!(ids(list(&c).unwrap()), ["b", "C"]);
             assert_eq!(count(&c, Some("t2")).unwrap(), 0);
         });
     }
