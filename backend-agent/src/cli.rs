@@ -322,6 +322,12 @@ pub struct NodeArgs {
     /// Applies to homes made from then on.
     #[arg(long, env = "GPUFLEET_HOME_MIB", value_name = "MIB", default_value_t = gpufleet_slurm::home_fs::DEFAULT_MIB, value_parser = clap::value_parser!(u64).range(gpufleet_slurm::home_fs::MIN_MIB..=gpufleet_slurm::home_fs::MAX_MIB))]
     pub home_mib: u64,
+    /// Seconds a Slurm job step's credential lives on this node's daemons (Slurm's
+    /// AuthInfo cred_expire), which is also how long a requeued job waits before it may
+    /// start again: after its node was lost, the controller on this node holds it back
+    /// this long plus 1 s. A step's launch must fit in it. Give every node agent the same.
+    #[arg(long, env = "GPUFLEET_SLURM_CRED_EXPIRE", value_name = "SECONDS", default_value_t = gpufleet_slurm::conf::DEFAULT_CRED_EXPIRE_SECS, value_parser = clap::value_parser!(u32).range(gpufleet_slurm::conf::MIN_CRED_EXPIRE_SECS as i64..=gpufleet_slurm::conf::MAX_CRED_EXPIRE_SECS as i64))]
+    pub slurm_cred_expire: u32,
     /// End this node's Slurm daemons, its teams' jobs and login sessions when the agent
     /// stops. Without it they run on through a restart, crash or upgrade of the agent,
     /// and the next agent adopts them.
@@ -1029,6 +1035,7 @@ impl NodeArgs {
             },
             job_tmp_mib: self.job_tmp_mib,
             home_mib: self.home_mib,
+            slurm_cred_expire: self.slurm_cred_expire,
             stop_workloads: self.stop_workloads,
             clean: self.clean,
         }

@@ -128,6 +128,7 @@ fn agent(
         login_limits: Default::default(),
         job_tmp_mib: gpufleet_slurm::job_tmp::DEFAULT_MIB,
         home_mib: gpufleet_slurm::home_fs::DEFAULT_MIB,
+        slurm_cred_expire: gpufleet_slurm::conf::DEFAULT_CRED_EXPIRE_SECS,
         stop_workloads,
         // A Slurm cluster is checked against this host at plan (`slurm_clusters`).
         cgroup_root: None,

@@ -63,7 +63,16 @@ async fn a_lost_heads_batch_jobs_are_requeued_and_its_login_moves_to_the_backups
     let storage = SharedStorage::new(8);
     let shared = storage.arg();
     let mut agent_args = ONE_GPU_HOST.to_vec();
-    agent_args.extend(["--shared-storage", &shared, "--keepalive", "1s"]);
+    // A requeued job is held back 10 s + 1 s, not Slurm's default 120 s + 1 s (see
+    // docs/guides/slurm.md, "A lost node's jobs").
+    agent_args.extend([
+        "--shared-storage",
+        &shared,
+        "--keepalive",
+        "1s",
+        "--slurm-cred-expire",
+        "10",
+    ]);
     let Fleet {
         net,
         backend,

@@ -38,6 +38,9 @@ const LIMIT: Duration = Duration::from_secs(90);
 /// The wait for the requeued job to run again: Slurm holds a requeued job back for a
 /// while before it may start again (its begin time), on top of the replacement itself.
 const REQUEUE_LIMIT: Duration = Duration::from_secs(300);
+/// The agents' `--slurm-cred-expire`: a requeued job is held back this long plus 1 s
+/// (Slurm's default, 120 s, would take two minutes of the suite).
+const CRED_EXPIRE: &str = "10";
 const VISION: &str = "gpufleet_tenant_cluster.vision";
 const GPU_HOSTS: [&str; 3] = ["g1", "g2", "g3"];
 
@@ -51,7 +54,11 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
     } = Fleet::start(
         &GPU_HOSTS,
         &["--node-timeout", "2s", "--replace-after", "1s"],
-        &[&ONE_GPU_HOST[..], &["--keepalive", "1s"]].concat(),
+        &[
+            &ONE_GPU_HOST[..],
+            &["--keepalive", "1s", "--slurm-cred-expire", CRED_EXPIRE],
+        ]
+        .concat(),
         LIMIT,
     )
     .await;
@@ -73,6 +80,13 @@ async fn a_lost_nodes_batch_job_is_requeued_and_runs_again_on_the_replacement() 
 
     // Two batch jobs on both nodes, one of them run once at most; their steps write
     // where they run, then wait for the test's file.
+    // The controller runs with the agents' credential lifetime.
+    let config = team.ok("scontrol show config");
+    assert!(
+        config.lines().any(|l| l.starts_with("AuthInfo")
+            && l.contains(&format!("cred_expire={CRED_EXPIRE}"))),
+        "{config}"
+    );
     let (job, once) = submit_two(&team);
     eventually("the batch jobs' steps running on both nodes", LIMIT, || {
         let all: Vec<_> = nodes.iter().map(|n| written(net.host(n), &home)).collect();

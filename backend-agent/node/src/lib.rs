@@ -87,6 +87,8 @@ pub struct Config {
     /// The size of each Slurm cluster's home this agent makes on this host, in MiB
     /// (`--home-mib`).
     pub home_mib: u64,
+    /// The Slurm daemons' job credential lifetime in seconds (`--slurm-cred-expire`).
+    pub slurm_cred_expire: u32,
     /// End the node's Slurm daemons and jobs when the agent stops (else they run on, and
     /// the next agent adopts them).
     pub stop_workloads: bool,
@@ -120,6 +122,9 @@ pub struct Parts {
     pub job_tmp_mib: u64,
     /// The size of each Slurm cluster's home this agent makes on this host, in MiB.
     pub home_mib: u64,
+    /// The Slurm daemons' job credential lifetime in seconds, and so how long a requeued
+    /// job waits before it may start again (`--slurm-cred-expire`).
+    pub slurm_cred_expire: u32,
     /// End the node's Slurm daemons and jobs when the agent stops (else they run on, and
     /// the next agent adopts them).
     pub stop_workloads: bool,
@@ -189,7 +194,8 @@ pub fn assemble(parts: Parts) -> anyhow::Result<Arc<Agent>> {
                     job_tmp_mib: parts.job_tmp_mib,
                     home_mib: parts.home_mib,
                 },
-            ),
+            )
+            .with_cred_expire(parts.slurm_cred_expire),
             bandwidth: parts.bandwidth,
             shared_storage: parts.shared_storage,
             local_volumes: local_volumes::LocalVolumes::in_data_dir(&parts.data_dir),
@@ -411,6 +417,7 @@ pub async fn run(args: Config) -> anyhow::Result<()> {
         login_limits: args.login_limits,
         job_tmp_mib: args.job_tmp_mib,
         home_mib: args.home_mib,
+        slurm_cred_expire: args.slurm_cred_expire,
         stop_workloads: args.stop_workloads,
         cgroup_root: Some(PathBuf::from(gpufleet_slurm::CGROUP_ROOT)),
         bandwidth: Some(listener),

@@ -30,6 +30,7 @@ fn agent(dir: &Path, name: &str) -> Arc<Agent> {
         login_limits: Default::default(),
         job_tmp_mib: gpufleet_slurm::job_tmp::DEFAULT_MIB,
         home_mib: gpufleet_slurm::home_fs::DEFAULT_MIB,
+        slurm_cred_expire: gpufleet_slurm::conf::DEFAULT_CRED_EXPIRE_SECS,
         stop_workloads: true,
         cgroup_root: None,
         name: name.into(),

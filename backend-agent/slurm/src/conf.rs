@@ -205,22 +205,44 @@ pub fn shared(ctl: &Controller, nodes: &[Node], slurm_user: &str) -> String {
     s
 }
 
-/// The line that points a Slurm command or daemon at its munged.
-pub fn auth_info(socket: &Path) -> String {
-    format!("AuthInfo=socket={}\n", socket.display())
+/// Slurm's own default lifetime of a job step credential, in seconds (AuthInfo
+/// `cred_expire`), which is also how long a requeued job waits before it may start again.
+pub const DEFAULT_CRED_EXPIRE_SECS: u32 = 120;
+
+/// The shortest credential lifetime a node agent sets: a step's launch (its prolog, the
+/// job's container, the user's environment) must fit in it.
+pub const MIN_CRED_EXPIRE_SECS: u32 = 10;
+/// The longest: an hour of a requeued job held back is past any use.
+pub const MAX_CRED_EXPIRE_SECS: u32 = 3600;
+
+/// The line that points a Slurm command or daemon at its munged, with the credential
+/// lifetime when it is not Slurm's default (left unsaid then, so that the configuration,
+/// and the daemons an agent of an earlier release started with it, stay as they were).
+pub fn auth_info(socket: &Path, cred_expire: u32) -> String {
+    match cred_expire {
+        DEFAULT_CRED_EXPIRE_SECS => format!("AuthInfo=socket={}\n", socket.display()),
+        secs => format!("AuthInfo=socket={},cred_expire={secs}\n", socket.display()),
+    }
 }
 
 /// The controller's own lines: its munged, its state directory (`StateSaveLocation`,
 /// shared with the other controller of the cluster when there is one), its pid and log in
 /// its private `dir`, and the first job id it gives (see `MAX_FIRST_JOB_ID`; 0: Slurm's).
-pub fn controller_lines(dir: &Path, state: &Path, socket: &Path, first_job_id: u64) -> String {
+/// `cred_expire`: see [`auth_info`].
+pub fn controller_lines(
+    dir: &Path,
+    state: &Path,
+    socket: &Path,
+    cred_expire: u32,
+    first_job_id: u64,
+) -> String {
     let first = match first_job_id {
         0 | 1 => String::new(),
         n => format!("FirstJobId={n}\n"),
     };
     format!(
         "{}StateSaveLocation={}\nSlurmctldPidFile={}\nSlurmctldLogFile={}\n{first}",
-        auth_info(socket),
+        auth_info(socket, cred_expire),
         state.display(),
         dir.join("slurmctld.pid").display(),
         dir.join("slurmctld.log").display(),
@@ -239,11 +261,12 @@ pub fn controller_port(conf: &str) -> Option<u16> {
 }
 
 /// A node's own lines: its spool (which the cluster's account must reach: its batch
-/// scripts are there), and its pid and log in its private `dir`.
-pub fn slurmd_lines(spool: &Path, dir: &Path, socket: &Path) -> String {
+/// scripts are there), and its pid and log in its private `dir`. `cred_expire`: see
+/// [`auth_info`].
+pub fn slurmd_lines(spool: &Path, dir: &Path, socket: &Path, cred_expire: u32) -> String {
     format!(
         "{}SlurmdSpoolDir={}\nSlurmdPidFile={}\nSlurmdLogFile={}\n",
-        auth_info(socket),
+        auth_info(socket, cred_expire),
         spool.display(),
         dir.join("slurmd.pid").display(),
         dir.join("slurmd.log").display(),
@@ -335,9 +358,29 @@ mod tests {
     #[test]
     fn a_controller_is_given_its_first_job_id_unless_slurms_default() {
         let (dir, state, sock) = (Path::new("/d"), Path::new("/s"), Path::new("/m.sock"));
-        assert!(!controller_lines(dir, state, sock, 0).contains("FirstJobId"));
-        assert!(!controller_lines(dir, state, sock, 1).contains("FirstJobId"));
-        assert!(controller_lines(dir, state, sock, 10_007).ends_with("FirstJobId=10007\n"));
+        let lines = |first| controller_lines(dir, state, sock, DEFAULT_CRED_EXPIRE_SECS, first);
+        assert!(!lines(0).contains("FirstJobId"));
+        assert!(!lines(1).contains("FirstJobId"));
+        assert!(lines(10_007).ends_with("FirstJobId=10007\n"));
+    }
+
+    #[test]
+    fn the_credential_lifetime_is_said_only_when_it_is_not_slurms_default() {
+        let (dir, sock) = (Path::new("/d"), Path::new("/m.sock"));
+        // Slurm's default: the line an earlier release wrote, so its daemons are adopted.
+        assert_eq!(
+            auth_info(sock, DEFAULT_CRED_EXPIRE_SECS),
+            "AuthInfo=socket=/m.sock\n"
+        );
+        assert_eq!(
+            auth_info(sock, 15),
+            "AuthInfo=socket=/m.sock,cred_expire=15\n"
+        );
+        // The controller (which delays requeued jobs by it) and slurmd say the same.
+        assert!(controller_lines(dir, Path::new("/s"), sock, 15, 0)
+            .starts_with("AuthInfo=socket=/m.sock,cred_expire=15\n"));
+        assert!(slurmd_lines(Path::new("/spool"), dir, sock, 15)
+            .starts_with("AuthInfo=socket=/m.sock,cred_expire=15\n"));
     }
 
     #[test]

@@ -116,6 +116,9 @@ pub struct Slurm {
     login_limits: LoginLimits,
     /// What a cluster's jobs' `/tmp` and home may take of this host's disk.
     disk: DiskBounds,
+    /// The daemons' job credential lifetime, and so how long a requeued job waits before
+    /// it may start again (`--slurm-cred-expire`, see `conf::auth_info`).
+    cred_expire: u32,
     running: Arc<Mutex<HashMap<String, Running>>>,
 }
 
@@ -171,7 +174,16 @@ impl Slurm {
             shared_storage,
             login_limits,
             disk,
+            cred_expire: conf::DEFAULT_CRED_EXPIRE_SECS,
             running: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The same, its daemons' credentials living `secs` (see `conf::auth_info`).
+    pub fn with_cred_expire(self, secs: u32) -> Slurm {
+        Slurm {
+            cred_expire: secs,
+            ..self
         }
     }
 
@@ -349,6 +361,7 @@ impl Slurm {
                     seed_from: &seed_from,
                     shared_conf: &order.slurm_conf,
                     socket: &socket,
+                    cred_expire: self.cred_expire,
                     backup: c.backup,
                     first_job_id: c.first_job_id,
                     address: self.address,
@@ -380,6 +393,7 @@ impl Slurm {
                 volumes: volumes.clone(),
                 homes: homes.clone(),
                 job_tmp_mib: self.disk.job_tmp_mib,
+                cred_expire: self.cred_expire,
             },
             gpus,
         )?;
@@ -398,7 +412,11 @@ impl Slurm {
                     host_key: &l.host_key,
                     limits: &self.login_limits,
                     node: &node_part(&self.node),
-                    client_conf: format!("{}{}", order.slurm_conf, conf::auth_info(&socket)),
+                    client_conf: format!(
+                        "{}{}",
+                        order.slurm_conf,
+                        conf::auth_info(&socket, self.cred_expire)
+                    ),
                     volumes,
                     homes,
                 },

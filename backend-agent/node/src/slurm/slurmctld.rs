@@ -54,6 +54,8 @@ pub struct Spec<'a> {
     pub shared_conf: &'a str,
     /// The node's munged socket.
     pub socket: &'a Path,
+    /// Its job credentials' lifetime (see `conf::auth_info`).
+    pub cred_expire: u32,
     pub backup: bool,
     /// FirstJobId (checked by the caller; 0: Slurm's default).
     pub first_job_id: u64,
@@ -67,7 +69,13 @@ pub fn ensure(current: Option<Running>, want: &Spec) -> Result<Running, String> 
     let conf_text = format!(
         "{}{}",
         want.shared_conf,
-        conf::controller_lines(want.dir, &want.state, want.socket, want.first_job_id)
+        conf::controller_lines(
+            want.dir,
+            &want.state,
+            want.socket,
+            want.cred_expire,
+            want.first_job_id
+        )
     );
     let conf_path = want.dir.join("slurm.conf");
     let name = format!("slurmctld/{}", want.cluster);

@@ -73,6 +73,8 @@ pub struct Spec<'a> {
     pub homes: Option<sandbox::Volumes>,
     /// What the cluster's jobs on this node may keep in their `/tmp`, all together, in MiB.
     pub job_tmp_mib: u64,
+    /// Its job credentials' lifetime (see `conf::auth_info`).
+    pub cred_expire: u32,
 }
 
 /// Runs (or verifies, or adopts from a former agent) the node's slurmd as `want` says,
@@ -90,7 +92,7 @@ pub fn ensure(
     let full = format!(
         "{}{}",
         want.slurm_conf,
-        conf::slurmd_lines(&spool, dir, want.socket)
+        conf::slurmd_lines(&spool, dir, want.socket, want.cred_expire)
     );
     let gres_conf = if want.simulated {
         conf::gres(node, &sim_devices(shared, gpus)?)
