@@ -2,12 +2,14 @@
 //! `scripts/bootstrap.sh`), its own data dir in a temporary folder, its own port on
 //! loopback, no Unix socket, a random password, and stopped when dropped (or when the
 //! thread that started it dies, should the test process be killed). PostgreSQL refuses to
-//! run as root, so as root it runs as Debian's `postgres` user.
+//! run as root, so as root it runs as Debian's `postgres` user. A test may crash it and
+//! start it again ([`TestServer::crash_and_restart`]).
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// How long a server may take to accept connections.
@@ -20,8 +22,46 @@ const USER: &str = "gpufleet";
 pub struct TestServer {
     dir: tempfile::TempDir,
     child: Child,
+    /// The thread the server was spawned from, kept until the server is stopped.
+    _keeper: Keeper,
     port: u16,
     password: String,
+}
+
+/// Ends the thread a server was spawned from when dropped. The server dies with that
+/// thread (`PR_SET_PDEATHSIG` follows the spawning thread, not the process), so it is one
+/// of its own rather than whichever thread called: a tokio blocking thread ends when idle.
+struct Keeper {
+    _stop: mpsc::Sender<()>,
+}
+
+/// Spawns the server from a thread of its own that lives until the [`Keeper`] is dropped.
+fn spawn_kept(
+    bin: &Path,
+    data: &Path,
+    dir: &Path,
+    port: u16,
+    owner: Option<(u32, u32)>,
+) -> Result<(Child, Keeper), String> {
+    let (bin, data, dir) = (bin.to_path_buf(), data.to_path_buf(), dir.to_path_buf());
+    let (spawned_tx, spawned) = mpsc::channel();
+    let (keeper, stop) = mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("postgres-keeper".into())
+        .spawn(move || {
+            let result = spawn(&bin, &data, &dir, port, owner);
+            let started = result.is_ok();
+            let _ = spawned_tx.send(result);
+            if started {
+                // Until the Keeper's sender is dropped.
+                let _ = stop.recv();
+            }
+        })
+        .map_err(|e| format!("a thread for postgres: {e}"))?;
+    let child = spawned
+        .recv()
+        .map_err(|_| "the postgres thread ended".to_string())??;
+    Ok((child, Keeper { _stop: keeper }))
 }
 
 impl TestServer {
@@ -72,11 +112,12 @@ impl TestServer {
         let mut last = String::new();
         for _ in 0..3 {
             let port = free_port()?;
-            match spawn(&bin, &data, dir.path(), port, owner) {
-                Ok(child) => {
-                    let server = TestServer {
+            match spawn_kept(&bin, &data, dir.path(), port, owner) {
+                Ok((child, keeper)) => {
+                    let mut server = TestServer {
                         dir,
                         child,
+                        _keeper: keeper,
                         port,
                         password,
                     };
@@ -157,10 +198,55 @@ impl TestServer {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
-    /// Waits until the server accepts a connection, or says why it did not.
-    fn wait_ready(&self) -> Result<(), String> {
+    /// Kills the server as a crash of its machine's processes would (SIGKILL to the
+    /// postmaster and every backend, no shutdown), then starts it again on the same data
+    /// dir and port. Its crash recovery replays the WAL: every commit it acknowledged is
+    /// there again (written to the WAL before the commit answered; with `fsync=off` only
+    /// a crash of the machine itself could lose it).
+    pub fn crash_and_restart(&mut self) -> Result<(), String> {
+        let postmaster = self.child.id();
+        let backends = children_of(postmaster);
+        for pid in std::iter::once(postmaster).chain(backends.iter().copied()) {
+            // SAFETY: kill(2) on the server's own processes.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
+        let _ = self.child.wait();
+        let (bin, owner) = (bin_dir()?, owner()?);
+        let data = self.dir.path().join("data");
+        // A new postmaster refuses to start while a backend of the old one still holds
+        // its shared memory; the backends are gone a moment after their SIGKILL.
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
+            let started = spawn_kept(&bin, &data, self.dir.path(), self.port, owner).and_then(
+                |(child, keeper)| {
+                    self.child = child;
+                    self._keeper = keeper;
+                    self.wait_ready()
+                },
+            );
+            match started {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!("restarting after the crash: {e}"))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// Waits until the server accepts a connection, or says why it did not (also when it
+    /// exited).
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "the test PostgreSQL server exited ({status})\n{}",
+                    self.log()
+                ));
+            }
             match postgres::Client::connect(&self.url("postgres"), postgres::NoTls) {
                 Ok(_) => return Ok(()),
                 Err(e) if Instant::now() > deadline => {
@@ -193,7 +279,12 @@ fn spawn(
     port: u16,
     owner: Option<(u32, u32)>,
 ) -> Result<Child, String> {
-    let log = std::fs::File::create(dir.join("server.log")).map_err(|e| e.to_string())?;
+    // Appended to: a restarted server's log follows the one before the crash.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .map_err(|e| e.to_string())?;
     if let Some((uid, gid)) = owner {
         std::os::unix::fs::chown(dir.join("server.log"), Some(uid), Some(gid))
             .map_err(|e| e.to_string())?;
@@ -224,7 +315,8 @@ fn spawn(
         .stderr(log);
     as_owner(&mut cmd, owner);
     // SAFETY: prctl in the child before exec, async-signal-safe. The server dies with the
-    // thread that started it, should the test process be killed before its drop.
+    // thread that started it (its `Keeper`'s), should the test process be killed before
+    // its drop.
     unsafe {
         cmd.pre_exec(|| {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT);
@@ -241,6 +333,29 @@ fn spawn(
         return Err(format!("postgres exited ({status}): {}", text.trim()));
     }
     Ok(child)
+}
+
+/// The processes whose parent is `pid` (from /proc): a postmaster's backends.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let child: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == pid).then_some(child)
+        })
+        .collect()
 }
 
 fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) {

@@ -304,3 +304,38 @@ fn the_pool_lends_at_most_its_bound_and_reuses_connections() {
         assert!(pids.contains(&got), "{got} is not one of {pids:?}");
     });
 }
+
+/// A server killed (SIGKILL to every process of it) and started again has every commit it
+/// acknowledged; a pooled connection that broke with it fails its next use once, and the
+/// pool then connects anew.
+#[test]
+fn acknowledged_commits_outlive_a_crash_and_the_pool_connects_again() {
+    let mut pg = server();
+    let url = pg.database("crash").unwrap();
+    let pool = gpufleet_sql::Pool::new(&url, 1);
+    let count = |pool: &gpufleet_sql::Pool| -> gpufleet_sql::Result<i64> {
+        pool.get()?
+            .read(|c| c.query_row("SELECT COUNT(*) FROM t", params![], |r| r.get(0)))
+    };
+    pool.get()
+        .unwrap()
+        .conn()
+        .execute_batch("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+        .unwrap();
+    for i in 0..50i64 {
+        pool.get()
+            .unwrap()
+            .write(|c| c.execute("INSERT INTO t (id) VALUES (?1)", params![i]))
+            .unwrap();
+    }
+    pg.crash_and_restart().unwrap_or_else(|e| panic!("{e}"));
+    let broken = count(&pool);
+    assert!(broken.is_err(), "{broken:?}");
+    assert_eq!(count(&pool).unwrap(), 50);
+    // And it takes writes again.
+    pool.get()
+        .unwrap()
+        .write(|c| c.execute("INSERT INTO t (id) VALUES (?1)", params![50i64]))
+        .unwrap();
+    assert_eq!(count(&pool).unwrap(), 51);
+}
