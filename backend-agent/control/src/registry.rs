@@ -389,6 +389,22 @@ impl Registry {
         })
     }
 
+    /// Fails every waiting order, saying `why`: this replica stopped leading, so no agent
+    /// answers it here any more (agents answer the replica that leads), and an order kept
+    /// for a later leadership of its own would carry a former epoch. Returns how many.
+    pub fn fail_all_waiting(&self, why: &str) -> usize {
+        let mut inner = self.lock();
+        let waiting: Vec<Pending> = inner.pending.drain().map(|(_, p)| p).collect();
+        drop(inner);
+        let count = waiting.len();
+        for p in waiting {
+            let message = format!("node {}: {why}", p.node_id);
+            let _ = p.waiter.send(Outcome::Unreachable(message));
+        }
+        self.order_ended.notify_waiters();
+        count
+    }
+
     /// Fails every order past its deadline as a failed answer, so that its sender treats
     /// the node as broken for it. Returns the (node, kind, why) of each.
     pub fn fail_overdue(&self) -> Vec<(String, &'static str, String)> {
@@ -662,6 +678,29 @@ mod tests {
         );
         assert!(matches!(answer.await.unwrap(), Outcome::Answered(res) if res.ok));
         assert!(!r.has_pending("n1"));
+    }
+
+    #[tokio::test]
+    async fn orders_waited_on_fail_at_once_when_the_replica_stops_leading() {
+        let r = leading(Registry::new(
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+        ));
+        let (tx, _rx) = mpsc::unbounded_channel();
+        r.attach("n1", tx, Version::ours());
+        let (first, second) = (r.dispatch("n1", order("o1")), r.dispatch("n1", order("o2")));
+        assert_eq!(r.fail_all_waiting("this replica stopped leading"), 2);
+        for answer in [first, second] {
+            match answer.await.unwrap() {
+                Outcome::Unreachable(why) => {
+                    assert_eq!(why, "node n1: this replica stopped leading")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Nothing waits any more: a late answer to either is not believed.
+        assert!(r.claim("n1", "o1").is_none());
+        assert_eq!(r.fail_all_waiting("again"), 0);
     }
 
     #[tokio::test]

@@ -537,6 +537,7 @@ impl ControlPlane {
             singleton!("admissions", crate::services::admissions::run),
             singleton!("drift", crate::mig::run_drift_sweeps),
             singleton!("takeover", crate::takeover::settle),
+            tokio::spawn(fail_orders_when_not_leading(state.clone(), stop.clone())),
             tokio::spawn(crate::metering::run(state.clone(), stop.clone())),
         ]);
         if let Some(m) = &self.metrics {
@@ -776,6 +777,32 @@ impl ControlPlane {
         }
         tracing::info!("shut down cleanly");
         Ok(())
+    }
+}
+
+/// Each time this replica stops leading, fails the orders it waits on: their agents move to
+/// the replica that leads and answer there, so the changes that sent them end (and are
+/// settled by the leader) rather than wait out the orders' deadlines.
+async fn fail_orders_when_not_leading(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+    let mut leads = state.lease().watch();
+    loop {
+        tokio::select! {
+            _ = leads.wait_for(Option::is_some) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        tokio::select! {
+            _ = leads.wait_for(Option::is_none) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let failed = state.agents.fail_all_waiting(
+            "this replica stopped leading; the order goes unanswered here (node agents answer the replica that leads)",
+        );
+        if failed > 0 {
+            tracing::warn!(
+                orders = failed,
+                "this replica stopped leading: failed the orders it waited on"
+            );
+        }
     }
 }
 

@@ -148,30 +148,44 @@ pub fn recover_interrupted(
     let tx = gpufleet_sql::Savepoint::begin(conn.as_conn())?;
     for c in store::clusters::with_status(&tx, &CHANGING)? {
         tracing::warn!(cluster = %c.name, status = %c.status, "settling a change interrupted by a restart");
-        match c.status.as_str() {
-            "creating" => undo_create(&tx, volumes, &c, t)?,
-            "updating" => {
-                let mut held = store::nodes::list(&tx, None, Some(&c.id))?;
-                held.sort_by(|a, b| b.hostname.cmp(&a.hostname));
-                let extra = held.len().saturating_sub(c.node_count as usize);
-                for n in held.iter().take(extra) {
-                    store::nodes::release(&tx, &n.id, t)?;
-                }
-                store::clusters::set_status(&tx, &c.id, "running", "")?;
-            }
-            _ => {
-                for n in store::nodes::list(&tx, None, Some(&c.id))? {
-                    store::nodes::release(&tx, &n.id, t)?;
-                }
-                store::idempotency::forget(&tx, &c.id)?;
-                store::clusters::delete(&tx, &c.id)?;
-                if c.storage_retention != "keep" {
-                    let _ = volumes.remove(&volumes.dir_of(&c.tenant_id, &c.name, &c.storage_path));
-                }
-            }
-        }
+        settle_interrupted(&tx, volumes, &c, t)?;
     }
     tx.commit()
+}
+
+/// Settles one cluster `c` left in a changing status by a change nobody carries on (a
+/// restart, or a change whose record the store did not take): as
+/// [`recover_interrupted`] says.
+pub fn settle_interrupted(
+    conn: &impl AsConn,
+    volumes: &Volumes,
+    c: &ClusterRow,
+    t: i64,
+) -> gpufleet_sql::Result<()> {
+    match c.status.as_str() {
+        "creating" => undo_create(conn, volumes, c, t)?,
+        "updating" => {
+            let mut held = store::nodes::list(conn, None, Some(&c.id))?;
+            held.sort_by(|a, b| b.hostname.cmp(&a.hostname));
+            let extra = held.len().saturating_sub(c.node_count as usize);
+            for n in held.iter().take(extra) {
+                store::nodes::release(conn, &n.id, t)?;
+            }
+            store::clusters::set_status(conn, &c.id, "running", "")?;
+        }
+        "deleting" => {
+            for n in store::nodes::list(conn, None, Some(&c.id))? {
+                store::nodes::release(conn, &n.id, t)?;
+            }
+            store::idempotency::forget(conn, &c.id)?;
+            store::clusters::delete(conn, &c.id)?;
+            if c.storage_retention != "keep" {
+                let _ = volumes.remove(&volumes.dir_of(&c.tenant_id, &c.name, &c.storage_path));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Replaces an unreachable node of a cluster from the same source (its reservation, the

@@ -700,7 +700,8 @@ impl Clusters {
         };
         // The rest runs to the end even when the caller leaves (see `detached`).
         let this = self.clone();
-        super::detached::run(async move {
+        let id = cluster.id.clone();
+        super::detached::run(self.state.clone(), id, "creating", async move {
             // The preempted clusters' on-demand replacements first: they lost their nodes
             // to this create when it committed.
             crate::scheduling::take_back::finish(&this.state, taken_back).await;
@@ -998,7 +999,11 @@ impl Clusters {
         u.drain_within = drain_within;
         // The rest runs to the end even when the caller leaves (see `detached`).
         let this = self.clone();
-        super::detached::run(async move { this.complete_update(u).await }).await
+        let id = u.c.id.clone();
+        super::detached::run(self.state.clone(), id, "updating", async move {
+            this.complete_update(u).await
+        })
+        .await
     }
 
     /// An update's orders to the agents (driver, layout, then the driver roll) and its
@@ -1263,7 +1268,11 @@ impl Clusters {
         };
         // The rest runs to the end even when the caller leaves (see `detached`).
         let this = self.clone();
-        super::detached::run(async move { this.complete_delete(c, nodes, changes).await }).await
+        let id = c.id.clone();
+        super::detached::run(self.state.clone(), id, "deleting", async move {
+            this.complete_delete(c, nodes, changes).await
+        })
+        .await
     }
 
     /// A delete's orders to the agents (back to whole GPUs) and its record, or its undo.
