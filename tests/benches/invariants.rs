@@ -30,8 +30,14 @@ fn row(name: &str, o: &Outcome) {
         o.acknowledged,
         o.refused,
         o.retried,
-        o.kills,
-        if o.check_passed {
+        if o.database_kills > 0 {
+            format!("{} ({} of the database)", o.kills, o.database_kills)
+        } else {
+            o.kills.to_string()
+        },
+        if !o.changing_left.is_empty() {
+            format!("clusters left changing: {}", o.changing_left.join(", "))
+        } else if o.check_passed {
             "0".to_string()
         } else if o.violations.is_empty() {
             format!("check failed: {}", o.check_output.trim())

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use gpufleet_proto::timestamp::from_unix;
 use gpufleet_proto::v1::{
     CreateReservationRequest, CreateTenantClusterRequest, DeleteReservationRequest,
-    DeleteTenantClusterRequest, Reservation, TenantCluster, UpdateReservationRequest,
-    UpdateTenantClusterRequest,
+    DeleteTenantClusterRequest, ListTenantClustersRequest, Reservation, TenantCluster,
+    UpdateReservationRequest, UpdateTenantClusterRequest,
 };
 use serde_json::json;
 use tonic::Code;
@@ -47,6 +47,9 @@ const BURST: i64 = 24;
 /// How long a call that gets no answer is asked again before the run gives up (a
 /// safety net for a serve that never comes back, not a timing assertion).
 const RETRY_LIMIT: Duration = Duration::from_secs(120);
+/// How long one try may take: a call that neither answers nor fails in this long hangs,
+/// and the run fails naming it (a safety net, not a timing assertion).
+const CALL_LIMIT: Duration = Duration::from_secs(30);
 /// Between two tries of an unanswered call: serve is restarting.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
@@ -64,6 +67,13 @@ pub struct Settings {
     pub engine: Engine,
 }
 
+/// What a fault killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Killed {
+    Serve,
+    Database,
+}
+
 /// What serves the store in a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
@@ -73,7 +83,10 @@ pub enum Engine {
     /// `replicas` of `serve --postgres` on one PostgreSQL server, the fleet simulated
     /// node agents that know every replica; client `i` calls replica `i % replicas`. A
     /// fault starts the replica the last one killed, then kills one at random (the
-    /// leader as often as any), so that another takes the lease over.
+    /// leader as often as any), so that another takes the lease over; every third fault
+    /// (the 2nd, 5th, ...) kills the database server instead, every process of it, and
+    /// starts it again at once (its crash recovery; failover to another member is
+    /// `ha_database.rs`'s and `ha_control_plane.rs`'s).
     Postgres { replicas: usize },
 }
 
@@ -121,20 +134,27 @@ impl Plane {
         }
     }
 
-    /// Kills one at random (`kill -9`), after starting again the one killed before.
-    fn fault(&mut self, rng: &mut Rng, down: &mut Option<usize>) {
+    /// The run's `nth` fault (from 0): kills a `serve` at random (`kill -9`), after
+    /// starting again the one killed before, or the database (see [`Engine::Postgres`]).
+    fn fault(&mut self, nth: u64, rng: &mut Rng, down: &mut Option<usize>) -> Killed {
         match self {
             Plane::One(backend) => {
                 backend.crash();
                 backend.start_again();
+                Killed::Serve
             }
             Plane::Replicas(r) => {
                 if let Some(i) = down.take() {
                     r.replicas[i].start_again();
                 }
+                if nth % 3 == 1 {
+                    r.crash_database();
+                    return Killed::Database;
+                }
                 let i = rng.below(r.replicas.len() as u64) as usize;
                 r.replicas[i].crash();
                 *down = Some(i);
+                Killed::Serve
             }
         }
     }
@@ -182,6 +202,45 @@ impl Store {
     }
 }
 
+/// How long the clusters may take to settle once every client call was answered: a
+/// takeover after the last kill settles what the killed leader left (a safety net, not a
+/// timing assertion).
+const SETTLE_LIMIT: Duration = Duration::from_secs(60);
+
+/// The clusters still in a changing status (creating, updating, deleting) once they had
+/// [`SETTLE_LIMIT`] to settle after the clients' last answers, as `name status`: none
+/// should be, as every change asked for has ended (a change whose record the store did
+/// not take is settled, not left changing with nobody to carry it on).
+async fn changing_left(plane: &Plane) -> Vec<String> {
+    let give_up = Instant::now() + SETTLE_LIMIT;
+    let mut admin = plane.admin().await;
+    loop {
+        let listed = admin
+            .clusters
+            .list_tenant_clusters(ListTenantClustersRequest {
+                page_size: 1000,
+                ..Default::default()
+            })
+            .await;
+        let changing: Option<Vec<String>> = listed.ok().map(|r| {
+            r.into_inner()
+                .clusters
+                .iter()
+                .filter(|c| ["creating", "updating", "deleting"].contains(&c.status.as_str()))
+                .map(|c| format!("{} {}", c.name, c.status))
+                .collect()
+        });
+        match changing {
+            Some(c) if c.is_empty() => return c,
+            Some(c) if Instant::now() > give_up => return c,
+            None if Instant::now() > give_up => {
+                return vec!["(the clusters could not be listed)".into()]
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
 /// What a run did and what the check found.
 pub struct Outcome {
     pub seed: u64,
@@ -193,7 +252,11 @@ pub struct Outcome {
     /// Tries that got no answer and were asked again.
     pub retried: u64,
     pub kills: u64,
+    /// Of those, the database server's (PostgreSQL only).
+    pub database_kills: u64,
     pub duration: Duration,
+    /// Clusters left creating, updating or deleting after the run (see `changing_left`).
+    pub changing_left: Vec<String>,
     /// `gpufleet-agent check`'s verdict: whether it exited 0, and what it printed.
     pub check_passed: bool,
     pub check_output: String,
@@ -313,7 +376,7 @@ pub async fn run(settings: Settings) -> Outcome {
     }
     // The faults: kill -9 and start again, at random moments, until the budget is spent.
     let mut rng = Rng(settings.seed);
-    let mut kills = 0;
+    let (mut kills, mut database_kills) = (0, 0);
     let mut down = None;
     if let Some((low, high)) = settings.kills_every {
         loop {
@@ -322,8 +385,9 @@ pub async fn run(settings: Settings) -> Outcome {
                 break;
             }
             tokio::time::sleep_until(at.into()).await;
-            tokio::task::block_in_place(|| plane.fault(&mut rng, &mut down));
+            let killed = tokio::task::block_in_place(|| plane.fault(kills, &mut rng, &mut down));
             kills += 1;
+            database_kills += u64::from(killed == Killed::Database);
         }
     }
     // Every replica serves the end of the run and the check.
@@ -337,6 +401,7 @@ pub async fn run(settings: Settings) -> Outcome {
         tally.retried += t.retried;
     }
     let duration = started.elapsed();
+    let changing_left = changing_left(&plane).await;
     let (mid_run_passed, mid_run_output) = mid_run.await.expect("the mid-run check");
     // Checked while serve runs: the check reads one snapshot (on SQLite as a WAL reader).
     let (check_passed, check_output) = plane.store().check(Some(&answers_log));
@@ -360,7 +425,9 @@ pub async fn run(settings: Settings) -> Outcome {
         refused: tally.refused,
         retried: tally.retried,
         kills,
+        database_kills,
         duration,
+        changing_left,
         check_passed,
         check_output,
         violations,
@@ -443,7 +510,14 @@ impl Client {
     {
         let give_up = Instant::now() + RETRY_LIMIT;
         loop {
-            match call(self.api.clone()).await {
+            let tried = tokio::time::timeout(CALL_LIMIT, call(self.api.clone())).await;
+            let Ok(answer) = tried else {
+                panic!(
+                    "{}: {what} neither answered nor failed in {CALL_LIMIT:?}: a call hangs",
+                    self.name
+                )
+            };
+            match answer {
                 Ok(answer) => return Ok(answer.into_inner()),
                 Err(status) if unanswered(&status) => {
                     assert!(

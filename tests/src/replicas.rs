@@ -26,7 +26,7 @@ pub struct Replicas {
     pub nodes: Vec<NodeAgent>,
     database_file: PathBuf,
     _dir: tempfile::TempDir,
-    _database: TestServer,
+    database: TestServer,
 }
 
 impl Replicas {
@@ -73,7 +73,7 @@ impl Replicas {
             nodes: Vec::new(),
             database_file,
             _dir: dir,
-            _database: database,
+            database,
         }
     }
 
@@ -122,6 +122,14 @@ impl Replicas {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Kills the database server (every process of it, SIGKILL) and starts it again at
+    /// once: it recovers from its WAL, and the replicas connect to it anew.
+    pub fn crash_database(&mut self) {
+        self.database
+            .crash_and_restart()
+            .unwrap_or_else(|e| panic!("the database server: {e}"));
     }
 
     /// The file that holds the database's address (`--database-file`).

@@ -7,12 +7,16 @@
 //! exactly the GPUs held (issue 42), every acknowledged
 //! object as acknowledged (its create's request_id still leading to it) and every
 //! acknowledged delete gone. The same check without the answers half-way, while the
-//! clients write, finds none either; and a forged answer is named.
+//! clients write, finds none either; no call hangs (each try is answered or fails within
+//! 30 s), and once every call is answered no cluster is left creating, updating or
+//! deleting; and a forged answer is named.
 //!
 //! The same runs on PostgreSQL with three replicas (client `i` calls replica `i % 3`),
 //! where a fault starts the replica killed before and kills one at random, the leader as
 //! often as any: another takes the lease over, the node agents move to it, and calls to
-//! the others are passed on to it.
+//! the others are passed on to it. Every third fault kills the database server instead
+//! (SIGKILL to all its processes) and starts it again at once: the replicas' connections
+//! break under their calls, and what it acknowledged must be there after its recovery.
 //!
 //! The seed is printed; rerun one with `GPUFLEET_CHECKER_SEED=<seed>`. The long run is
 //! `cargo bench -p gpufleet-e2e --bench invariants`.
@@ -43,12 +47,13 @@ async fn run_and_check(engine: Engine) {
     })
     .await;
     eprintln!(
-        "{engine:?}, seed {seed}: {} operations, {} acknowledged, {} refused, {} retried, {} kills in {:.1} s",
+        "{engine:?}, seed {seed}: {} operations, {} acknowledged, {} refused, {} retried, {} kills ({} of the database) in {:.1} s",
         outcome.operations,
         outcome.acknowledged,
         outcome.refused,
         outcome.retried,
         outcome.kills,
+        outcome.database_kills,
         outcome.duration.as_secs_f64()
     );
     assert!(
@@ -61,6 +66,12 @@ async fn run_and_check(engine: Engine) {
         "no violation (capacity, quota, membership, sequences), and the {} acknowledged answers hold",
         outcome.acknowledged
     )), "{}", outcome.check_output);
+    // Every change the clients asked for ended: none is left with nobody to carry it on.
+    assert!(
+        outcome.changing_left.is_empty(),
+        "seed {seed}: clusters left changing: {:?}",
+        outcome.changing_left
+    );
     // Half-way, while the clients wrote, the store held every invariant too.
     eprintln!("half-way: {}", outcome.mid_run_output.trim());
     assert!(
@@ -70,6 +81,13 @@ async fn run_and_check(engine: Engine) {
     );
     // The run did what it is for: answers acknowledged across kills.
     assert!(outcome.kills >= 2, "seed {seed}: {} kills", outcome.kills);
+    if let Engine::Postgres { .. } = engine {
+        assert!(
+            outcome.database_kills >= 1,
+            "seed {seed}: {} kills, none of the database",
+            outcome.kills
+        );
+    }
     assert!(
         outcome.acknowledged > 0 && outcome.refused > 0,
         "seed {seed}: {} acknowledged, {} refused",
