@@ -3,7 +3,7 @@
 //! over the gRPC API while `serve` is killed with `kill -9` every 1 to 4 s, then
 //! `gpufleet-agent check` judges the store and every acknowledged answer; on SQLite (one
 //! `serve`) and on PostgreSQL (three replicas, one of them killed at a time, the leader
-//! as often as any). The baseline of each, from the same run and seed: the same clients
+//! as often as any, and every third fault the database server). The baseline of each, from the same run and seed: the same clients
 //! without kills. Prints a table (operations,
 //! acknowledged, refused, retried, kills, violations at the end and half-way while the
 //! clients write, duration); nothing is asserted.
@@ -81,7 +81,7 @@ async fn main() {
             },
         ),
         (
-            "PostgreSQL, 3 replicas, kill -9 of one every 1-4 s",
+            "PostgreSQL, 3 replicas, kill -9 of one every 1-4 s (every third: the database server)",
             Settings {
                 engine: postgres,
                 kills_every: kills,
