@@ -112,6 +112,26 @@ async fn until_ready(at: &Agent, within: Duration, what: &str) {
     }
 }
 
+/// Asks `admin`'s replica to list the tenants until it answers, every 50 ms: a follower
+/// that does not know yet where the leader serves answers UNAVAILABLE, not run.
+async fn until_forwarding(admin: &mut Clients, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let answer = admin
+            .tenants
+            .list_tenants(gpufleet_proto::v1::ListTenantsRequest::default())
+            .await;
+        match answer {
+            Ok(_) => return,
+            Err(e) => assert!(
+                e.code() == tonic::Code::Unavailable && Instant::now() < deadline,
+                "the follower does not pass calls on: {e:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn log_of(agent: &Agent) -> String {
     std::fs::read_to_string(agent.data_dir.with_extension("log")).unwrap_or_default()
 }
@@ -230,8 +250,11 @@ fn a_followers_caller_with_a_good_token_keeps_its_connection_through_a_flood() {
     );
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        // The pipeline's connection, its call carried out by the leader.
+        // The pipeline's connection, its call carried out by the leader. Until the
+        // follower has read where the leader serves (the leader's lease row says it once
+        // its listener is up), it answers "not run, retry": asked again, as clients do.
         let mut admin = follower.admin().await;
+        until_forwarding(&mut admin, Duration::from_secs(60)).await;
         admin.tenant("team-a").await;
         // Three silent connections from the same peer: the third is past the cap of 3.
         let addr = follower.endpoint.trim_start_matches("http://").to_string();
