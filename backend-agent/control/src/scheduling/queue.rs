@@ -233,8 +233,8 @@ pub struct Standing {
 
 /// The next cluster to admit of `waiting` (all of one GPU model): the lowest (GPUs its
 /// tenant holds beyond its guarantee + what it asks) / weight, compared exactly (no
-/// division); ties go to the one waiting longest (lowest `position`). A tenant missing from `standings` counts as
-/// holding nothing beyond its guarantee, weight 1.
+/// division); ties go to the one waiting longest (lowest `position`). A tenant missing
+/// from `standings` counts as holding nothing beyond its guarantee, weight 1.
 pub fn next(waiting: &[Waiting], standings: &HashMap<String, Standing>) -> Option<usize> {
     let share = |w: &Waiting| {
         let s = standings.get(&w.tenant_id).copied().unwrap_or(Standing {
@@ -313,22 +313,26 @@ mod tests {
 
     #[test]
     fn weights_1_and_3_are_admitted_1_to_3_ties_going_to_the_oldest() {
-        // a (weight 1) queued first, then b (weight 3), each three 8-GPU clusters.
-        let queue = queue(&[
-            ("a1", "a", 10),
-            ("a2", "a", 11),
-            ("a3", "a", 12),
-            ("b1", "b", 20),
-            ("b2", "b", 21),
-            ("b3", "b", 22),
-        ]);
-        // b: 8/3, then 16/3, then 24/3 = 8 ties a's 8/1: a1 is older; then b3 (8 < 16).
-        let got = order(queue, teams((0, 1), (0, 3)));
-        assert_eq!(got, ["b1", "b2", "a1", "b3", "a2", "a3"]);
-        // The first four (what a 4-node pool frees) go 1:3.
-        let first_four = &got[..4];
-        let from_b = first_four.iter().filter(|id| id.starts_with('b')).count();
-        assert_eq!((4 - from_b, from_b), (1, 3));
+        // a (weight 1) queued first, then b (weight 3), each three 8-GPU clusters; the
+        // same when all six were queued in one second (a fast pipeline) and a's ids sort
+        // after b's (ids are random UUIDs): a was still queued first.
+        for one_second in [false, true] {
+            let at = |t: i64| if one_second { 10 } else { t };
+            let queue = queue(&[
+                ("za1", "a", at(10)),
+                ("za2", "a", at(11)),
+                ("za3", "a", at(12)),
+                ("b1", "b", at(20)),
+                ("b2", "b", at(21)),
+                ("b3", "b", at(22)),
+            ]);
+            // b: 8/3, then 16/3, then 24/3 = 8 ties a's 8/1: za1 is older; then b3 (8 < 16).
+            let got = order(queue, teams((0, 1), (0, 3)));
+            assert_eq!(got, ["b1", "b2", "za1", "b3", "za2", "za3"], "{one_second}");
+            // The first four (what a 4-node pool frees) go 1:3.
+            let from_b = got[..4].iter().filter(|id| id.starts_with('b')).count();
+            assert_eq!((4 - from_b, from_b), (1, 3));
+        }
     }
 
     #[test]
@@ -347,23 +351,6 @@ mod tests {
         assert_eq!(next(&queue, &teams((0, 1), (0, 1))), Some(0));
         assert_eq!(next(&queue[1..], &teams((0, 1), (0, 1))), Some(0));
         assert_eq!(next(&[], &teams((0, 1), (0, 1))), None);
-    }
-
-    /// The e2e order with every cluster queued in the same second (a fast pipeline):
-    /// the tie between b's third and a's first still goes to a, queued first, though
-    /// its id sorts after b's (ids are random UUIDs).
-    #[test]
-    fn ties_within_one_second_go_to_the_one_queued_first() {
-        let queue = queue(&[
-            ("za1", "a", 10),
-            ("za2", "a", 10),
-            ("za3", "a", 10),
-            ("b1", "b", 10),
-            ("b2", "b", 10),
-            ("b3", "b", 10),
-        ]);
-        let got = order(queue, teams((0, 1), (0, 3)));
-        assert_eq!(got, ["b1", "b2", "za1", "b3", "za2", "za3"]);
     }
 
     #[test]
