@@ -8,6 +8,25 @@ cd "$GPUFLEET_ROOT"
 
 say() { printf '\n==> %s\n' "$*"; }
 
+# The suite's node agents make /run/gpufleet/volumes and /run/gpufleet/homes mounts of their
+# own (shared with their Slurm sandboxes, see gpufleet_slurm::sandbox::share_with_sandboxes)
+# and keep them for the host's next agent. A GPU host keeps them until it reboots (/run);
+# this machine does not: once the suite is over (passed or not) and nothing is mounted
+# under them, they go.
+host_mounts_down() {
+  local m
+  for m in /run/gpufleet/volumes /run/gpufleet/homes; do
+    while mountpoint -q "$m" && ! grep -q " $m/" /proc/mounts; do
+      umount "$m" || break
+    done
+    if grep -q " $m/" /proc/mounts; then
+      echo "left mounted under $m (a test did not tear down):" >&2
+      grep " $m/" /proc/mounts >&2
+    fi
+  done
+}
+trap host_mounts_down EXIT
+
 say "bootstrap"
 scripts/bootstrap.sh
 
